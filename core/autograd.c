@@ -1,0 +1,338 @@
+/* The tape engine: recording nodes, running backward, grad-ready hooks. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tensor_internal.h"
+
+static _Thread_local int no_grad_depth;
+static _Thread_local unsigned long backward_passes;
+static unsigned long node_seq;   /* atomic */
+static int next_hook_handle = 1; /* atomic; shared with module hooks via dt_hook_handle_next */
+
+int dt_hook_handle_next(void) { return __atomic_fetch_add(&next_hook_handle, 1, __ATOMIC_RELAXED); }
+
+void dt_no_grad_begin(void) { no_grad_depth++; }
+void dt_no_grad_end(void) {
+  DT_ASSERT(no_grad_depth > 0);
+  no_grad_depth--;
+}
+int dt_grad_enabled(void) { return no_grad_depth == 0; }
+unsigned long dt_backward_pass_count(void) { return backward_passes; }
+
+int dt_autograd_should_record(dt_tensor *const *inputs, int n) {
+  if (no_grad_depth > 0)
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (inputs[i] != NULL && inputs[i]->requires_grad)
+      return 1;
+  return 0;
+}
+
+/* Drops what the node holds (inputs, saved tensors, ctx): after backward
+ * or when the node dies. */
+static void node_free_graph(dt_node *n) {
+  for (int i = 0; i < n->n_inputs; i++) {
+    dt_tensor_release(n->inputs[i]);
+    n->inputs[i] = NULL;
+  }
+  for (int i = 0; i < DT_NODE_MAX_SAVED; i++) {
+    dt_tensor_release(n->saved[i]);
+    n->saved[i] = NULL;
+  }
+  if (n->ctx != NULL && n->ctx_free != NULL)
+    n->ctx_free(n->ctx);
+  n->ctx = NULL;
+  n->freed = 1;
+}
+
+void dt_node_release(dt_node *n) {
+  if (n == NULL)
+    return;
+  if (__atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) != 0)
+    return;
+  node_free_graph(n);
+  dt_tensor_release(n->grad_accum);
+  free(n);
+}
+
+dt_status dt_autograd_record(const char *name, dt_backward_fn backward,
+                             dt_tensor *const *inputs, int n_inputs, dt_tensor *output,
+                             dt_node **out_node) {
+  DT_ASSERT(n_inputs >= 0 && n_inputs <= DT_NODE_MAX_INPUTS);
+  DT_ASSERT(output->grad_fn == NULL);
+  dt_node *n = calloc(1, sizeof *n);
+  if (n == NULL)
+    return DT_ERROR(DT_ERR_OOM, "out of host memory for an autograd node (%s)", name);
+  n->refcount = 1;
+  n->seq = __atomic_add_fetch(&node_seq, 1, __ATOMIC_RELAXED);
+  n->name = name;
+  n->backward = backward;
+  n->n_inputs = n_inputs;
+  for (int i = 0; i < n_inputs; i++) {
+    n->inputs[i] = dt_tensor_retain(inputs[i]);
+    n->needs_grad[i] = inputs[i] != NULL && inputs[i]->requires_grad;
+  }
+  output->grad_fn = n;
+  output->requires_grad = 1;
+  if (out_node != NULL)
+    *out_node = n;
+  return DT_OK;
+}
+
+void dt_node_save(dt_node *node, int slot, dt_tensor *t) {
+  DT_ASSERT(slot >= 0 && slot < DT_NODE_MAX_SAVED);
+  dt_tensor_release(node->saved[slot]);
+  node->saved[slot] = dt_tensor_retain(t);
+}
+
+/* ---- grad-ready hooks ---- */
+
+dt_status dt_tensor_add_grad_ready_hook(dt_tensor *leaf, dt_grad_ready_fn fn, void *user,
+                                        dt_hook_handle *out) {
+  if (leaf->grad_fn != NULL || !leaf->requires_grad)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "grad-ready hooks attach to leaf tensors that require grad");
+  if (leaf->n_hooks == leaf->cap_hooks) {
+    int cap = leaf->cap_hooks ? 2 * leaf->cap_hooks : 2;
+    dt_grad_hook *h = realloc(leaf->hooks, sizeof *h * (size_t)cap);
+    if (h == NULL)
+      return DT_ERROR(DT_ERR_OOM, "out of host memory for a hook");
+    leaf->hooks = h;
+    leaf->cap_hooks = cap;
+  }
+  dt_hook_handle handle = dt_hook_handle_next();
+  leaf->hooks[leaf->n_hooks++] = (dt_grad_hook){handle, fn, user};
+  if (out != NULL)
+    *out = handle;
+  return DT_OK;
+}
+
+dt_status dt_tensor_remove_grad_ready_hook(dt_tensor *leaf, dt_hook_handle h) {
+  for (int i = 0; i < leaf->n_hooks; i++) {
+    if (leaf->hooks[i].handle == h) {
+      memmove(&leaf->hooks[i], &leaf->hooks[i + 1],
+              sizeof(dt_grad_hook) * (size_t)(leaf->n_hooks - i - 1));
+      leaf->n_hooks--;
+      return DT_OK;
+    }
+  }
+  return DT_ERROR(DT_ERR_INVALID_ARG, "no grad-ready hook with handle %d on this tensor", h);
+}
+
+static void fire_hooks(dt_tensor *leaf) {
+  for (int i = 0; i < leaf->n_hooks; i++)
+    leaf->hooks[i].fn(leaf, leaf->hooks[i].user);
+}
+
+/* ---- backward ---- */
+
+typedef struct node_list {
+  dt_node **v;
+  int n, cap;
+} node_list;
+
+static dt_status list_push(node_list *l, dt_node *n) {
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 64;
+    dt_node **v = realloc(l->v, sizeof *v * (size_t)cap);
+    if (v == NULL)
+      return DT_ERROR(DT_ERR_OOM, "out of host memory in backward");
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = n;
+  return DT_OK;
+}
+
+static int by_seq_desc(const void *a, const void *b) {
+  unsigned long x = (*(dt_node *const *)a)->seq, y = (*(dt_node *const *)b)->seq;
+  return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+/* Adds g into the node's pending gradient. Takes the reference to g. */
+static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
+  if (n->grad_accum == NULL) {
+    n->grad_accum = g;
+    return DT_OK;
+  }
+  dt_tensor *acc = n->grad_accum;
+  dt_tensor *gc;
+  dt_status st = dt_tensor_contiguous(g, &gc);
+  dt_tensor_release(g);
+  if (st != DT_OK)
+    return st;
+  int64_t numel = dt_tensor_numel(acc);
+  if (acc->refcount == 1 && acc->storage->refcount == 1 && dt_tensor_is_contiguous(acc)) {
+    st = dt_tensor_backend(acc)->axpby(acc->storage->device, numel, 1.0f, dt_tensor_data(gc),
+                                       1.0f, dt_tensor_data(acc));
+  } else {
+    /* acc is shared with another part of the graph: sum into a new tensor. */
+    dt_tensor *sum;
+    st = dt_tensor_empty(acc->shape, acc->ndim, DT_DTYPE_F32, acc->storage->device, &sum);
+    if (st == DT_OK) {
+      dt_tensor *accc;
+      st = dt_tensor_contiguous(acc, &accc);
+      if (st == DT_OK) {
+        const dt_backend_ops *be = dt_tensor_backend(sum);
+        st = be->axpby(sum->storage->device, numel, 1.0f, dt_tensor_data(accc), 0.0f,
+                       dt_tensor_data(sum));
+        if (st == DT_OK)
+          st = be->axpby(sum->storage->device, numel, 1.0f, dt_tensor_data(gc), 1.0f,
+                         dt_tensor_data(sum));
+        dt_tensor_release(accc);
+      }
+      if (st == DT_OK) {
+        dt_tensor_release(acc);
+        n->grad_accum = sum;
+      } else {
+        dt_tensor_release(sum);
+      }
+    }
+  }
+  dt_tensor_release(gc);
+  return st;
+}
+
+static dt_status collect_nodes(dt_node *root, node_list *out) {
+  node_list stack = {0};
+  dt_status st = list_push(&stack, root);
+  root->pending = 1; /* visited mark */
+  while (st == DT_OK && stack.n > 0) {
+    dt_node *n = stack.v[--stack.n];
+    st = list_push(out, n);
+    for (int i = 0; st == DT_OK && i < n->n_inputs; i++) {
+      dt_tensor *in = n->inputs[i];
+      if (!n->needs_grad[i] || in == NULL)
+        continue;
+      if (in->grad_fn != NULL) {
+        if (in->grad_fn->freed) {
+          st = DT_ERROR(DT_ERR_STATE,
+                        "backward through a graph that was already freed (node %s): a "
+                        "second backward needs a new forward pass",
+                        in->grad_fn->name);
+        } else if (!in->grad_fn->pending) {
+          in->grad_fn->pending = 1;
+          st = list_push(&stack, in->grad_fn);
+        }
+      } else if (in->requires_grad) {
+        in->pending_grads = 0;
+      }
+    }
+  }
+  free(stack.v);
+  return st;
+}
+
+dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
+  char a[200];
+  if (!loss->requires_grad)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "backward: the loss %s does not require grad (was it computed under "
+                    "no_grad, or from tensors without requires_grad?)",
+                    dt_tensor_describe(loss, a, sizeof a));
+  dt_tensor *seed;
+  if (grad_output != NULL) {
+    if (dt_tensor_numel(grad_output) != dt_tensor_numel(loss))
+      return DT_ERROR(DT_ERR_SHAPE, "backward: grad_output has %lld elements, loss has %lld",
+                      (long long)dt_tensor_numel(grad_output), (long long)dt_tensor_numel(loss));
+    DT_CHECK(dt_tensor_contiguous(grad_output, &seed));
+  } else {
+    if (dt_tensor_numel(loss) != 1)
+      return DT_ERROR(DT_ERR_SHAPE,
+                      "backward: loss %s is not a scalar: pass grad_output of its shape",
+                      dt_tensor_describe(loss, a, sizeof a));
+    DT_CHECK(dt_tensor_full(loss->shape, loss->ndim, 1.0f, loss->storage->device, &seed));
+  }
+  dt_status st = DT_OK;
+  if (loss->grad_fn == NULL) { /* a leaf loss */
+    st = dt_tensor_accumulate_grad(loss, seed);
+    dt_tensor_release(seed);
+    if (st == DT_OK)
+      fire_hooks(loss);
+    backward_passes++;
+    return st;
+  }
+  dt_node *root = loss->grad_fn;
+  if (root->freed) {
+    dt_tensor_release(seed);
+    return DT_ERROR(DT_ERR_STATE,
+                    "backward through a graph that was already freed (node %s): a second "
+                    "backward needs a new forward pass",
+                    root->name);
+  }
+  node_list nodes = {0};
+  st = collect_nodes(root, &nodes);
+  /* Keep every node alive while we run: freeing one node's inputs may drop
+   * the last reference to another node still to run. */
+  for (int i = 0; i < nodes.n; i++) {
+    __atomic_add_fetch(&nodes.v[i]->refcount, 1, __ATOMIC_RELAXED);
+    nodes.v[i]->pending = 0;
+  }
+  /* Count the edges into each leaf (pending_grads was reset while collecting). */
+  for (int i = 0; st == DT_OK && i < nodes.n; i++) {
+    dt_node *n = nodes.v[i];
+    for (int j = 0; j < n->n_inputs; j++) {
+      dt_tensor *in = n->inputs[j];
+      if (n->needs_grad[j] && in != NULL && in->grad_fn == NULL && in->requires_grad)
+        in->pending_grads++;
+    }
+  }
+  if (st == DT_OK) {
+    qsort(nodes.v, (size_t)nodes.n, sizeof *nodes.v, by_seq_desc);
+    root->grad_accum = seed;
+    seed = NULL;
+  }
+  dt_no_grad_begin();
+  for (int i = 0; st == DT_OK && i < nodes.n; i++) {
+    dt_node *n = nodes.v[i];
+    dt_tensor *grad_in[DT_NODE_MAX_INPUTS] = {0};
+    dt_tensor *g = n->grad_accum;
+    n->grad_accum = NULL;
+    if (g != NULL) {
+      dt_tensor *gc;
+      st = dt_tensor_contiguous(g, &gc);
+      dt_tensor_release(g);
+      if (st == DT_OK) {
+        st = n->backward(n, gc, grad_in);
+        if (st != DT_OK)
+          dt_error_wrap(st, "backward of %s", n->name);
+        dt_tensor_release(gc);
+      }
+    }
+    for (int j = 0; j < n->n_inputs; j++) {
+      dt_tensor *in = n->inputs[j];
+      dt_tensor *gj = grad_in[j];
+      grad_in[j] = NULL;
+      if (st != DT_OK || !n->needs_grad[j] || in == NULL) {
+        dt_tensor_release(gj);
+        continue;
+      }
+      if (in->grad_fn != NULL) {
+        if (gj != NULL)
+          st = accumulate_into_node(in->grad_fn, gj);
+      } else if (in->requires_grad) {
+        if (gj != NULL) {
+          st = dt_tensor_accumulate_grad(in, gj);
+          dt_tensor_release(gj);
+        }
+        if (st == DT_OK && --in->pending_grads == 0)
+          fire_hooks(in);
+      } else {
+        dt_tensor_release(gj);
+      }
+    }
+    node_free_graph(n);
+  }
+  dt_no_grad_end();
+  for (int i = 0; i < nodes.n; i++) {
+    dt_tensor_release(nodes.v[i]->grad_accum);
+    nodes.v[i]->grad_accum = NULL;
+    node_free_graph(nodes.v[i]);
+    dt_node_release(nodes.v[i]);
+  }
+  free(nodes.v);
+  dt_tensor_release(seed);
+  if (st == DT_OK)
+    backward_passes++;
+  return st;
+}

@@ -1,0 +1,361 @@
+/* The CPU reference backend: host memory with per-device accounting and an
+ * optional cap, synchronous streams and events, thread settings, and the
+ * dt_backend_ops table assembled from the cpu_kernels_*.c files. */
+#define _GNU_SOURCE
+#include <cblas.h>
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/backend.h"
+#include "core/cpu_internal.h"
+#include "core/memory.h"
+
+/* ---- settings from the environment (read once, here) ---- */
+
+static pthread_once_t cpu_env_once = PTHREAD_ONCE_INIT;
+static atomic_int cpu_num_threads = 1;
+static atomic_size_t cpu_memory_limit = 0;
+/* A DT_CPU_MEMORY_LIMIT that does not parse makes every allocation fail with
+ * this text, rather than being silently ignored. */
+static char cpu_limit_env_error[256];
+
+static int cpu_cores_available(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0)
+      return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static void cpu_apply_threads(int n) {
+  atomic_store(&cpu_num_threads, n);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+static void cpu_read_env(void) {
+  int threads = cpu_cores_available();
+  const char *s = getenv("DT_NUM_THREADS");
+  if (s && *s) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end && *end == '\0' && v >= 1 && v <= 4096)
+      threads = (int)v;
+    else
+      fprintf(stderr,
+              "dtrain: DT_NUM_THREADS='%s' is not a thread count (1..4096); using %d "
+              "(the cores available to this process)\n",
+              s, threads);
+  }
+  cpu_apply_threads(threads);
+
+  s = getenv("DT_CPU_MEMORY_LIMIT");
+  if (s && *s) {
+    size_t limit = 0;
+    if (dt_parse_bytes(s, &limit) == DT_OK)
+      atomic_store(&cpu_memory_limit, limit);
+    else
+      snprintf(cpu_limit_env_error, sizeof cpu_limit_env_error,
+               "DT_CPU_MEMORY_LIMIT='%s' is not a byte count: use e.g. 512M, 2G or 1048576, "
+               "or unset it",
+               s);
+  }
+}
+
+static void cpu_init(void) { pthread_once(&cpu_env_once, cpu_read_env); }
+
+int dt_cpu_threads(void) {
+  cpu_init();
+  return atomic_load_explicit(&cpu_num_threads, memory_order_relaxed);
+}
+
+void dt_cpu_set_num_threads(int n) {
+  cpu_init();
+  if (n < 1)
+    n = cpu_cores_available();
+  cpu_apply_threads(n);
+}
+
+int dt_cpu_num_threads(void) { return dt_cpu_threads(); }
+
+void dt_cpu_alloc_set_limit(size_t bytes) {
+  cpu_init();
+  atomic_store(&cpu_memory_limit, bytes);
+  cpu_limit_env_error[0] = '\0'; /* an explicit setting overrides a bad env value */
+}
+
+/* ---- memory ---- */
+
+typedef struct cpu_mem_stats {
+  size_t allocated;
+  size_t peak;
+  uint64_t num_allocs;
+  uint64_t num_ooms;
+} cpu_mem_stats;
+
+static pthread_mutex_t cpu_mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static cpu_mem_stats cpu_mem[DT_CPU_MAX_DEVICES];
+
+#define CPU_ALIGN 64
+
+static dt_status cpu_check_device(const char *what, dt_device dev) {
+  if (dev.type != DT_DEVICE_CPU || dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES) {
+    char buf[32];
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: device %s is not a CPU device cpu:0..cpu:%d",
+                    what, dt_device_format(dev, buf, sizeof buf), DT_CPU_MAX_DEVICES - 1);
+  }
+  return DT_OK;
+}
+
+static dt_status cpu_oom(dt_device dev, size_t bytes, size_t allocated, size_t limit,
+                         const char *why) {
+  char req[32], al[32], cap[32];
+  dt_format_bytes(bytes, req, sizeof req);
+  dt_format_bytes(allocated, al, sizeof al);
+  if (limit)
+    dt_format_bytes(limit, cap, sizeof cap);
+  else
+    snprintf(cap, sizeof cap, "none");
+  return DT_ERROR(DT_ERR_OOM,
+                  "CPU out of memory: tried to allocate %s (%zu bytes) on cpu:%d (%s); cpu:%d "
+                  "has %s allocated, cap %s (DT_CPU_MEMORY_LIMIT): reduce the batch size / "
+                  "use gradient accumulation (--accum), or raise DT_CPU_MEMORY_LIMIT",
+                  req, bytes, dev.index, why, dev.index, al, cap);
+}
+
+static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
+  *out = NULL;
+  DT_CHECK(cpu_check_device("cpu alloc", dev));
+  cpu_init();
+  if (cpu_limit_env_error[0])
+    return DT_ERROR(DT_ERR_INVALID_ARG, "cpu alloc of %zu bytes on cpu:%d: %s", bytes,
+                    dev.index, cpu_limit_env_error);
+  size_t limit = atomic_load(&cpu_memory_limit);
+  cpu_mem_stats *st = &cpu_mem[dev.index];
+
+  /* Reserve first so that concurrent allocations cannot both pass the cap. */
+  pthread_mutex_lock(&cpu_mem_lock);
+  size_t allocated = st->allocated;
+  if (limit && (bytes > limit || allocated > limit - bytes)) {
+    st->num_ooms++;
+    pthread_mutex_unlock(&cpu_mem_lock);
+    return cpu_oom(dev, bytes, allocated, limit, "over the cap");
+  }
+  st->allocated += bytes;
+  pthread_mutex_unlock(&cpu_mem_lock);
+
+  size_t rounded = bytes ? (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN : CPU_ALIGN;
+  void *p = rounded >= bytes ? aligned_alloc(CPU_ALIGN, rounded) : NULL;
+
+  pthread_mutex_lock(&cpu_mem_lock);
+  if (!p) {
+    st->allocated -= bytes;
+    st->num_ooms++;
+    allocated = st->allocated;
+    pthread_mutex_unlock(&cpu_mem_lock);
+    return cpu_oom(dev, bytes, allocated, limit, "malloc failed");
+  }
+  if (st->allocated > st->peak)
+    st->peak = st->allocated;
+  st->num_allocs++;
+  pthread_mutex_unlock(&cpu_mem_lock);
+  *out = p;
+  return DT_OK;
+}
+
+static void cpu_free(dt_device dev, void *ptr, size_t bytes) {
+  if (!ptr)
+    return;
+  free(ptr);
+  if (dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES)
+    return;
+  pthread_mutex_lock(&cpu_mem_lock);
+  cpu_mem_stats *st = &cpu_mem[dev.index];
+  st->allocated = st->allocated >= bytes ? st->allocated - bytes : 0;
+  pthread_mutex_unlock(&cpu_mem_lock);
+}
+
+static dt_status cpu_memory_stats(dt_device dev, dt_memory_stats *out) {
+  DT_CHECK(cpu_check_device("cpu memory_stats", dev));
+  cpu_init();
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&cpu_mem_lock);
+  const cpu_mem_stats *st = &cpu_mem[dev.index];
+  out->allocated = st->allocated;
+  out->reserved = st->allocated; /* no cache on the CPU */
+  out->peak_allocated = st->peak;
+  out->num_allocs = st->num_allocs;
+  out->num_ooms = st->num_ooms;
+  pthread_mutex_unlock(&cpu_mem_lock);
+  out->limit = atomic_load(&cpu_memory_limit);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  out->capacity = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+  return DT_OK;
+}
+
+static dt_status cpu_empty_cache(dt_device dev) { return cpu_check_device("cpu empty_cache", dev); }
+
+static dt_status cpu_reset_peak_stats(dt_device dev) {
+  DT_CHECK(cpu_check_device("cpu reset_peak_stats", dev));
+  pthread_mutex_lock(&cpu_mem_lock);
+  cpu_mem[dev.index].peak = cpu_mem[dev.index].allocated;
+  pthread_mutex_unlock(&cpu_mem_lock);
+  return DT_OK;
+}
+
+#define CPU_COPY_CHUNK ((size_t)1 << 22)
+
+static dt_status cpu_copy(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
+                          size_t bytes, dt_stream *stream) {
+  (void)stream;
+  if (dst_dev.type != DT_DEVICE_CPU || src_dev.type != DT_DEVICE_CPU) {
+    char a[32], b[32];
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
+                    "cpu copy: %s -> %s involves a non-CPU device: copy through that "
+                    "device's backend",
+                    dt_device_format(src_dev, a, sizeof a), dt_device_format(dst_dev, b, sizeof b));
+  }
+  if (bytes == 0 || dst == src)
+    return DT_OK;
+  const char *s = (const char *)src;
+  char *d = (char *)dst;
+  if ((d + bytes <= s || s + bytes <= d) && bytes >= 4 * CPU_COPY_CHUNK) {
+    int64_t chunks = (int64_t)((bytes + CPU_COPY_CHUNK - 1) / CPU_COPY_CHUNK);
+#pragma omp parallel for num_threads(dt_cpu_threads())
+    for (int64_t i = 0; i < chunks; i++) {
+      size_t off = (size_t)i * CPU_COPY_CHUNK;
+      size_t len = bytes - off < CPU_COPY_CHUNK ? bytes - off : CPU_COPY_CHUNK;
+      memcpy(d + off, s + off, len);
+    }
+    return DT_OK;
+  }
+  memmove(dst, src, bytes);
+  return DT_OK;
+}
+
+static dt_status cpu_memset_zero(dt_device dev, void *ptr, size_t bytes) {
+  (void)dev;
+  if (bytes)
+    memset(ptr, 0, bytes);
+  return DT_OK;
+}
+
+/* ---- devices, streams and events: the CPU runs everything synchronously ---- */
+
+static int cpu_device_count(void) { return DT_CPU_MAX_DEVICES; }
+
+/* Distinct addresses per kind; never dereferenced. */
+static char cpu_stream_tokens[3];
+
+static dt_stream *cpu_stream(dt_device dev, dt_stream_kind kind) {
+  (void)dev;
+  int k = (int)kind >= 0 && (int)kind < 3 ? (int)kind : 0;
+  return (dt_stream *)&cpu_stream_tokens[k];
+}
+
+static dt_status cpu_event_create(dt_device dev, dt_event **out) {
+  (void)dev;
+  void *ev = malloc(1);
+  if (!ev)
+    return DT_ERROR(DT_ERR_OOM, "cpu event_create: malloc of 1 byte failed: free host memory");
+  *out = (dt_event *)ev;
+  return DT_OK;
+}
+
+static void cpu_event_destroy(dt_event *ev) { free(ev); }
+
+static dt_status cpu_event_record(dt_event *ev, dt_stream *s) {
+  (void)ev;
+  (void)s;
+  return DT_OK;
+}
+
+static dt_status cpu_stream_wait_event(dt_stream *s, dt_event *ev) {
+  (void)ev;
+  (void)s;
+  return DT_OK;
+}
+
+static dt_status cpu_event_synchronize(dt_event *ev) {
+  (void)ev;
+  return DT_OK;
+}
+
+static dt_status cpu_stream_synchronize(dt_stream *s) {
+  (void)s;
+  return DT_OK;
+}
+
+static dt_status cpu_device_synchronize(dt_device dev) {
+  (void)dev;
+  return DT_OK;
+}
+
+/* ---- the table ---- */
+
+static const dt_backend_ops cpu_ops = {
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .memset_zero = cpu_memset_zero,
+    .memory_stats = cpu_memory_stats,
+    .empty_cache = cpu_empty_cache,
+    .reset_peak_stats = cpu_reset_peak_stats,
+    .stream = cpu_stream,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_synchronize = cpu_event_synchronize,
+    .stream_synchronize = cpu_stream_synchronize,
+    .device_synchronize = cpu_device_synchronize,
+    .cast = dt_cpu_cast,
+    .copy_strided = dt_cpu_copy_strided,
+    .fill = dt_cpu_fill,
+    .gemm = dt_cpu_gemm,
+    .binary = dt_cpu_binary,
+    .axpby = dt_cpu_axpby,
+    .unary_forward = dt_cpu_unary_forward,
+    .unary_backward = dt_cpu_unary_backward,
+    .reduce_sum = dt_cpu_reduce_sum,
+    .broadcast_axis = dt_cpu_broadcast_axis,
+    .sum_squares = dt_cpu_sum_squares,
+    .softmax_forward = dt_cpu_softmax_forward,
+    .softmax_backward = dt_cpu_softmax_backward,
+    .cross_entropy_forward = dt_cpu_cross_entropy_forward,
+    .cross_entropy_backward = dt_cpu_cross_entropy_backward,
+    .conv2d_workspace = dt_cpu_conv2d_workspace,
+    .conv2d_forward = dt_cpu_conv2d_forward,
+    .conv2d_backward = dt_cpu_conv2d_backward,
+    .maxpool2d_forward = dt_cpu_maxpool2d_forward,
+    .maxpool2d_backward = dt_cpu_maxpool2d_backward,
+    .avgpool2d_forward = dt_cpu_avgpool2d_forward,
+    .avgpool2d_backward = dt_cpu_avgpool2d_backward,
+    .batchnorm_forward = dt_cpu_batchnorm_forward,
+    .batchnorm_backward = dt_cpu_batchnorm_backward,
+    .layernorm_forward = dt_cpu_layernorm_forward,
+    .layernorm_backward = dt_cpu_layernorm_backward,
+    .embedding_forward = dt_cpu_embedding_forward,
+    .embedding_backward = dt_cpu_embedding_backward,
+    .dropout_forward = dt_cpu_dropout_forward,
+    .dropout_backward = dt_cpu_dropout_backward,
+    .sgd_update = dt_cpu_sgd_update,
+    .adamw_update = dt_cpu_adamw_update,
+};
+
+const dt_backend_ops *dt_cpu_backend(void) {
+  cpu_init();
+  return &cpu_ops;
+}

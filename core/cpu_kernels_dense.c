@@ -1,0 +1,463 @@
+/* CPU dense kernels: GEMM (OpenBLAS), elementwise ops, reductions, casts and
+ * strided copies. Reductions accumulate in double in fixed-size chunks, so a
+ * result does not depend on the thread count. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu_internal.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- GEMM ---- */
+
+static void gemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc) {
+  if (k == 0) { /* C = beta*C; BLAS implementations disagree on k = 0 */
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++)
+        c[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(int64_t)i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch
+dt_status dt_cpu_gemm(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                      const float *a, int lda, int64_t stride_a, const float *b, int ldb,
+                      int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
+                      int batch) {
+  (void)dev;
+  if (m < 0 || n < 0 || k < 0 || batch < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "gemm: negative size: m=%d n=%d k=%d batch=%d", m, n, k,
+                    batch);
+  int need_a = MAX(1, trans_a ? m : k), need_b = MAX(1, trans_b ? k : n), need_c = MAX(1, n);
+  if (lda < need_a || ldb < need_b || ldc < need_c)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "gemm: leading dimension too small: lda=%d (need >= %d), ldb=%d (need >= "
+                    "%d), ldc=%d (need >= %d) for m=%d n=%d k=%d trans_a=%d trans_b=%d",
+                    lda, need_a, ldb, need_b, ldc, need_c, m, n, k, trans_a, trans_b);
+  if (m == 0 || n == 0 || batch == 0)
+    return DT_OK;
+  int nt = dt_cpu_threads();
+  /* Many small products (attention heads): one single-threaded sgemm per
+   * OpenMP thread beats threading each small product. */
+  if (batch > 1 && nt > 1 && batch >= nt && (double)m * n * k < (double)(1 << 24)) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < batch; i++)
+      gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
+               beta, c + i * stride_c, ldc);
+    return DT_OK;
+  }
+  for (int i = 0; i < batch; i++)
+    gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+             c + i * stride_c, ldc);
+  return DT_OK;
+}
+
+/* ---- strided iteration shared by binary and copy_strided ---- */
+
+typedef struct strided_plan {
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int64_t s0[DT_MAX_DIMS]; /* strides of operand 0 */
+  int64_t s1[DT_MAX_DIMS]; /* strides of operand 1 */
+  int64_t s2[DT_MAX_DIMS]; /* strides of operand 2 */
+  int64_t numel;
+} strided_plan;
+
+/* Drops size-1 dims and merges neighbours that are contiguous with each
+ * other in every operand, so most plans end up 1-D or 2-D. */
+static void plan_build(strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
+                       const int64_t *s1, const int64_t *s2) {
+  int nd = 0;
+  p->numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    p->numel *= shape[d];
+    if (shape[d] == 1)
+      continue;
+    if (nd > 0) {
+      int j = nd - 1;
+      if (p->s0[j] == s0[d] * shape[d] && p->s1[j] == s1[d] * shape[d] &&
+          p->s2[j] == s2[d] * shape[d]) {
+        p->shape[j] *= shape[d];
+        p->s0[j] = s0[d];
+        p->s1[j] = s1[d];
+        p->s2[j] = s2[d];
+        continue;
+      }
+    }
+    p->shape[nd] = shape[d];
+    p->s0[nd] = s0[d];
+    p->s1[nd] = s1[d];
+    p->s2[nd] = s2[d];
+    nd++;
+  }
+  if (nd == 0) {
+    p->shape[0] = 1;
+    p->s0[0] = p->s1[0] = p->s2[0] = 0;
+    nd = 1;
+  }
+  p->ndim = nd;
+}
+
+/* Position of the iteration at flat index `start`: multi-index and the
+ * three operand offsets. */
+typedef struct strided_cursor {
+  int64_t idx[DT_MAX_DIMS];
+  int64_t o0, o1, o2;
+} strided_cursor;
+
+static void cursor_seek(const strided_plan *p, int64_t start, strided_cursor *c) {
+  c->o0 = c->o1 = c->o2 = 0;
+  for (int d = p->ndim - 1; d >= 0; d--) {
+    c->idx[d] = start % p->shape[d];
+    start /= p->shape[d];
+    c->o0 += c->idx[d] * p->s0[d];
+    c->o1 += c->idx[d] * p->s1[d];
+    c->o2 += c->idx[d] * p->s2[d];
+  }
+}
+
+/* Advances by `len` elements along the innermost dim (never past its end). */
+static void cursor_advance(const strided_plan *p, strided_cursor *c, int64_t len) {
+  int last = p->ndim - 1;
+  c->idx[last] += len;
+  c->o0 += len * p->s0[last];
+  c->o1 += len * p->s1[last];
+  c->o2 += len * p->s2[last];
+  if (c->idx[last] < p->shape[last])
+    return;
+  for (int d = last; d >= 0; d--) {
+    if (d < last) {
+      c->idx[d]++;
+      c->o0 += p->s0[d];
+      c->o1 += p->s1[d];
+      c->o2 += p->s2[d];
+    }
+    if (c->idx[d] < p->shape[d])
+      return;
+    c->o0 -= c->idx[d] * p->s0[d];
+    c->o1 -= c->idx[d] * p->s1[d];
+    c->o2 -= c->idx[d] * p->s2[d];
+    c->idx[d] = 0;
+  }
+}
+
+/* Number of equal flat ranges to split `numel` elements into: none smaller
+ * than half the parallel threshold, a few per thread for balance. */
+static int64_t flat_chunks(int64_t numel, int nt) {
+  int64_t c = numel / (DT_CPU_PAR_MIN / 2);
+  return MAX(1, MIN(c, (int64_t)nt * 4));
+}
+
+/* ---- binary ---- */
+
+#define BIN_LOOP(EXPR)                                                   \
+  do {                                                                   \
+    if (sa == 1 && sb == 1)                                              \
+      for (int64_t i = 0; i < len; i++) {                                \
+        float u = a[i], v = b[i];                                        \
+        out[i] = (EXPR);                                                 \
+      }                                                                  \
+    else if (sa == 1 && sb == 0) {                                       \
+      float v = b[0];                                                    \
+      for (int64_t i = 0; i < len; i++) {                                \
+        float u = a[i];                                                  \
+        out[i] = (EXPR);                                                 \
+      }                                                                  \
+    } else if (sa == 0 && sb == 1) {                                     \
+      float u = a[0];                                                    \
+      for (int64_t i = 0; i < len; i++) {                                \
+        float v = b[i];                                                  \
+        out[i] = (EXPR);                                                 \
+      }                                                                  \
+    } else                                                               \
+      for (int64_t i = 0; i < len; i++) {                                \
+        float u = a[i * sa], v = b[i * sb];                              \
+        out[i] = (EXPR);                                                 \
+      }                                                                  \
+  } while (0)
+
+static void binary_inner(dt_binary_op op, const float *a, int64_t sa, const float *b,
+                         int64_t sb, float *out, int64_t len) {
+  switch (op) {
+    case DT_BINARY_ADD: BIN_LOOP(u + v); break;
+    case DT_BINARY_SUB: BIN_LOOP(u - v); break;
+    case DT_BINARY_MUL: BIN_LOOP(u * v); break;
+  }
+}
+
+static void binary_range(const strided_plan *p, dt_binary_op op, const float *a, const float *b,
+                         float *out, int64_t start, int64_t end) {
+  strided_cursor c;
+  cursor_seek(p, start, &c);
+  int last = p->ndim - 1;
+  for (int64_t pos = start; pos < end;) {
+    int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
+    binary_inner(op, a + c.o0, p->s0[last], b + c.o1, p->s1[last], out + pos, len);
+    pos += len;
+    cursor_advance(p, &c, len);
+  }
+}
+
+// out (shape) = a (shape, a_strides) op b (shape, b_strides), out contiguous
+dt_status dt_cpu_binary(dt_device dev, const dt_binary_args *args, const float *a,
+                        const float *b, float *out) {
+  (void)dev;
+  if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim,
+                    DT_MAX_DIMS);
+  if ((unsigned)args->op > DT_BINARY_MUL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
+  int64_t out_strides[DT_MAX_DIMS];
+  int64_t acc = 1;
+  for (int d = args->ndim - 1; d >= 0; d--) {
+    if (args->shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "binary: negative size %lld in dim %d",
+                      (long long)args->shape[d], d);
+    out_strides[d] = acc;
+    acc *= args->shape[d];
+  }
+  strided_plan p;
+  plan_build(&p, args->ndim, args->shape, args->a_strides, args->b_strides, out_strides);
+  if (p.numel == 0)
+    return DT_OK;
+  if (p.numel < DT_CPU_PAR_MIN) {
+    binary_range(&p, args->op, a, b, out, 0, p.numel);
+    return DT_OK;
+  }
+  int nt = dt_cpu_threads();
+  int64_t chunks = flat_chunks(p.numel, nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t ci = 0; ci < chunks; ci++)
+    binary_range(&p, args->op, a, b, out, p.numel * ci / chunks, p.numel * (ci + 1) / chunks);
+  return DT_OK;
+}
+
+/* ---- elementwise ---- */
+
+// x (n) = value
+dt_status dt_cpu_fill(dt_device dev, float *x, float value, int64_t n) {
+  (void)dev;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    x[i] = value;
+  return DT_OK;
+}
+
+// y (n) = alpha * x + beta * y
+dt_status dt_cpu_axpby(dt_device dev, int64_t n, float alpha, const float *x, float beta,
+                       float *y) {
+  (void)dev;
+  int nt = dt_cpu_threads();
+  if (beta == 0.0f) {
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+      y[i] = alpha * x[i];
+  } else {
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+      y[i] = alpha * x[i] + beta * y[i];
+  }
+  return DT_OK;
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_CUBIC 0.044715f
+
+// y (n) = f(x)
+dt_status dt_cpu_unary_forward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
+                               float *y) {
+  (void)dev;
+  int nt = dt_cpu_threads();
+  switch (op) {
+    case DT_UNARY_RELU:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] < 0.0f ? 0.0f : x[i]; /* NaN propagates, as torch.relu */
+      return DT_OK;
+    case DT_UNARY_GELU:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
+      }
+      return DT_OK;
+    case DT_UNARY_TANH:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++)
+        y[i] = tanhf(x[i]);
+      return DT_OK;
+  }
+  return DT_ERROR(DT_ERR_INVALID_ARG, "unary_forward: unknown op %d", (int)op);
+}
+
+// dx (n) = dy * f'(x), overwritten
+dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
+                                const float *dy, float *dx) {
+  (void)dev;
+  int nt = dt_cpu_threads();
+  switch (op) {
+    case DT_UNARY_RELU:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++)
+        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+      return DT_OK;
+    case DT_UNARY_GELU:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
+        float sech2 = 1.0f - t * t;
+        float grad = 0.5f * (1.0f + t) +
+                     0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
+        dx[i] = dy[i] * grad;
+      }
+      return DT_OK;
+    case DT_UNARY_TANH:
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
+      for (int64_t i = 0; i < n; i++) {
+        float t = tanhf(x[i]);
+        dx[i] = dy[i] * (1.0f - t * t);
+      }
+      return DT_OK;
+  }
+  return DT_ERROR(DT_ERR_INVALID_ARG, "unary_backward: unknown op %d", (int)op);
+}
+
+/* ---- reductions ---- */
+
+/* Sum of a contiguous run in double, four accumulators for throughput. */
+static double sum_contiguous(const float *x, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += x[i];
+    s1 += x[i + 1];
+    s2 += x[i + 2];
+    s3 += x[i + 3];
+  }
+  for (; i < n; i++)
+    s0 += x[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+static double sum_squares_contiguous(const float *x, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += (double)x[i] * x[i];
+    s1 += (double)x[i + 1] * x[i + 1];
+    s2 += (double)x[i + 2] * x[i + 2];
+    s3 += (double)x[i + 3] * x[i + 3];
+  }
+  for (; i < n; i++)
+    s0 += (double)x[i] * x[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+#define RED_CHUNK 65536 /* elements per partial sum of a long run */
+#define RED_BLOCK 256   /* inner elements per task of a strided reduction */
+
+/* A long contiguous run summed as fixed chunks in parallel, then the chunk
+ * sums in order: the result is independent of the thread count. */
+static dt_status sum_long_run(const float *x, int64_t n, int squares, double *out) {
+  int64_t chunks = (n + RED_CHUNK - 1) / RED_CHUNK;
+  if (chunks <= 1) {
+    *out = squares ? sum_squares_contiguous(x, n) : sum_contiguous(x, n);
+    return DT_OK;
+  }
+  double *part = malloc((size_t)chunks * sizeof *part);
+  if (!part)
+    return DT_ERROR(DT_ERR_OOM, "reduction scratch of %lld doubles: malloc failed",
+                    (long long)chunks);
+  int nt = dt_cpu_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t ci = 0; ci < chunks; ci++) {
+    int64_t s = ci * RED_CHUNK, len = MIN(RED_CHUNK, n - s);
+    part[ci] = squares ? sum_squares_contiguous(x + s, len) : sum_contiguous(x + s, len);
+  }
+  double acc = 0;
+  for (int64_t ci = 0; ci < chunks; ci++)
+    acc += part[ci];
+  free(part);
+  *out = acc;
+  return DT_OK;
+}
+
+// x (outer, r, inner) -> y (outer, inner) = scale * sum_r x
+dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t outer, int64_t r,
+                            int64_t inner, float scale) {
+  (void)dev;
+  if (outer < 0 || r < 0 || inner < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "reduce_sum: negative size (%lld, %lld, %lld)",
+                    (long long)outer, (long long)r, (long long)inner);
+  if (outer == 0 || inner == 0)
+    return DT_OK;
+  int nt = dt_cpu_threads();
+  int par = outer * r * inner >= DT_CPU_PAR_MIN;
+  if (inner == 1) {
+    if (outer == 1) {
+      double s;
+      DT_CHECK(sum_long_run(x, r, 0, &s));
+      y[0] = (float)(s * scale);
+      return DT_OK;
+    }
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+      y[o] = (float)(sum_contiguous(x + o * r, r) * scale);
+    return DT_OK;
+  }
+  /* Tasks: (outer index, block of RED_BLOCK inner columns), each summing
+   * down r with double accumulators. */
+  int64_t blocks = (inner + RED_BLOCK - 1) / RED_BLOCK;
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < outer * blocks; task++) {
+    int64_t o = task / blocks, i0 = (task % blocks) * RED_BLOCK;
+    int64_t len = MIN(RED_BLOCK, inner - i0);
+    double acc[RED_BLOCK];
+    for (int64_t i = 0; i < len; i++)
+      acc[i] = 0.0;
+    const float *base = x + o * r * inner + i0;
+    for (int64_t k = 0; k < r; k++) {
+      const float *row = base + k * inner;
+      for (int64_t i = 0; i < len; i++)
+        acc[i] += row[i];
+    }
+    float *dst = y + o * inner + i0;
+    for (int64_t i = 0; i < len; i++)
+      dst[i] = (float)(acc[i] * scale);
+  }
+  return DT_OK;
+}
+
+// y (outer, inner) -> x (outer, r, inner) = scale * y
+dt_status dt_cpu_broadcast_axis(dt_device dev, const float *y, float *x, int64_t outer,
+                                int64_t r, int64_t inner, float scale) {
+  (void)dev;
+  if (outer < 0 || r < 0 || inner < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast_axis: negative size (%lld, %lld, %lld)",
+                    (long long)outer, (long long)r, (long long)inner);
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (outer * r * inner >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t row = 0; row < outer * r; row++) {
+    const float *src = y + (row / (r ? r : 1)) * inner;
+    float *dst = x + row * inner;
+    for (int64_t i = 0; i < inner; i++)
+      dst[i] = scale * src[i];
+  }
+  return DT_OK;
+}
+
+// x (n) -> *out = sum x^2 (double)
+dt_status dt_cpu_sum_squares(dt_device dev, const float *x, int64_t n, double *out) {
+  (void)dev;
+  if (n < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sum_squares: negative size %lld", (long long)n);
+  return sum_long_run(x, n, 1, out);
+}

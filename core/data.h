@@ -1,0 +1,112 @@
+/* Data sets, samplers and the background loader.
+ *
+ * idx files (raw or gzip, detected by magic) are validated strictly: bad
+ * magic, truncated data, mismatched image/label counts and absurd
+ * dimensions fail with DT_ERR_FORMAT naming the file and the problem,
+ * before any large allocation.
+ */
+#ifndef DT_CORE_DATA_H
+#define DT_CORE_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- idx reader ---- */
+typedef struct dt_idx {
+  uint8_t type;     /* 0x08 = u8 (the only type the readers here accept) */
+  int ndim;
+  int64_t dims[4];
+  uint8_t *data;    /* numel bytes, owned */
+  int64_t numel;
+} dt_idx;
+
+/* Reads a whole idx file. `expect_ndim` (0 = any) must match. Limits: at most
+ * 4 dims, each in [1, 2^31), total <= 2^32 bytes, and no more than the file
+ * can hold (for gzip, the decompressed stream is checked as it is read). */
+dt_status dt_idx_read(const char *path, int expect_ndim, dt_idx *out);
+void dt_idx_free(dt_idx *idx);
+
+/* ---- data sets ---- */
+typedef struct dt_dataset dt_dataset;
+
+typedef struct dt_dataset_vtable {
+  int64_t (*length)(void *impl);
+  /* Writes sample i's input (f32, `input_numel` values) and label. */
+  dt_status (*get)(void *impl, int64_t i, float *input, int32_t *label);
+  void (*destroy)(void *impl);
+} dt_dataset_vtable;
+
+/* The dataset takes ownership of impl. `input_shape` is one sample's shape. */
+dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64_t *input_shape,
+                            int ndim, int num_classes, dt_dataset **out);
+void dt_dataset_destroy(dt_dataset *d);
+int64_t dt_dataset_length(const dt_dataset *d);
+int dt_dataset_input_ndim(const dt_dataset *d);
+const int64_t *dt_dataset_input_shape(const dt_dataset *d);
+int64_t dt_dataset_input_numel(const dt_dataset *d);
+int dt_dataset_num_classes(const dt_dataset *d);
+dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *label);
+
+/* An image classification set from an idx image file (N, H, W) and label
+ * file (N): samples are (1, H, W) f32 in [0,1] normalised by (x-mean)/std
+ * (mean 0, std 1 leaves them in [0,1]). Counts must agree; labels must be
+ * < num_classes. */
+dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path,
+                                int num_classes, float mean, float std, dt_dataset **out);
+
+/* Standard files under `dir`: "fashion-mnist" or "mnist", split "train" or
+ * "test" (train-images-idx3-ubyte[.gz], t10k-...). */
+dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out);
+
+/* ---- samplers ---- */
+typedef struct dt_sampler_config {
+  int shuffle;
+  uint64_t seed;
+  int num_replicas; /* distributed: world size (1 = not distributed) */
+  int rank;
+  int drop_last;    /* distributed: drop the tail instead of padding */
+} dt_sampler_config;
+#define DT_SAMPLER_CONFIG_DEFAULT ((dt_sampler_config){1, 0, 1, 0, 0})
+
+typedef struct dt_sampler dt_sampler;
+dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, dt_sampler **out);
+void dt_sampler_destroy(dt_sampler *s);
+/* Recomputes the order for `epoch` (shuffle seed = seed + epoch, identical on
+ * all ranks); PyTorch DistributedSampler semantics for padding/drop_last. */
+dt_status dt_sampler_set_epoch(dt_sampler *s, int64_t epoch);
+int64_t dt_sampler_length(const dt_sampler *s); /* indices this rank sees per epoch */
+const int64_t *dt_sampler_indices(const dt_sampler *s);
+
+/* ---- loader ---- */
+typedef struct dt_loader_config {
+  int batch_size;
+  int drop_last;      /* drop a final partial batch */
+  int prefetch;       /* batches prepared ahead by the worker (>= 1) */
+  dt_device device;   /* where batches land */
+} dt_loader_config;
+#define DT_LOADER_CONFIG_DEFAULT ((dt_loader_config){64, 0, 2, {DT_DEVICE_CPU, 0}})
+
+typedef struct dt_loader dt_loader;
+/* The loader borrows dataset and sampler (they must outlive it). */
+dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
+                           dt_loader **out);
+void dt_loader_destroy(dt_loader *l);
+/* Starts an epoch (calls dt_sampler_set_epoch); a worker thread begins
+ * preparing batches. */
+dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch);
+int64_t dt_loader_num_batches(const dt_loader *l);
+/* Next batch: inputs (B, ...) f32 and labels (B) i32 on the device (new
+ * references). Returns DT_OK with *inputs NULL at the end of the epoch. */
+dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

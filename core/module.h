@@ -1,0 +1,117 @@
+/* Modules: parameters, buffers, children, hooks, train/eval.
+ *
+ * A module is an opaque handle over a user-defined implementation: a vtable
+ * (forward, destroy) and an `impl` pointer. Parameters, buffers and children
+ * are registered in a fixed order (the same on every rank); enumeration is
+ * depth-first in registration order with dotted names ("features.0.weight"),
+ * own parameters before children's.
+ *
+ * dt_module_call() is Python's __call__: forward pre-hooks, forward, forward
+ * hooks, each in registration order. A pre-hook may replace the input, a
+ * forward hook the output. Users override forward, never the call.
+ */
+#ifndef DT_CORE_MODULE_H
+#define DT_CORE_MODULE_H
+
+#include <stdint.h>
+
+#include "core/autograd.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_module dt_module;
+
+typedef struct dt_module_vtable {
+  const char *type_name; /* "Linear" */
+  /* input -> *output (new reference). */
+  dt_status (*forward)(dt_module *m, dt_tensor *input, dt_tensor **output);
+  /* Frees impl (the module's parameters, buffers and children are released
+   * by the module itself). May be NULL. */
+  void (*destroy)(void *impl);
+} dt_module_vtable;
+
+/* Creates a module. `impl` is owned by the module (freed by vt->destroy). */
+dt_status dt_module_create(const dt_module_vtable *vt, void *impl, dt_module **out);
+void dt_module_destroy(dt_module *m); /* NULL is a no-op; frees children too */
+
+void *dt_module_impl(const dt_module *m);
+const char *dt_module_type_name(const dt_module *m);
+
+/* Registration. The module takes a reference to the tensor / ownership of
+ * the child. Parameters are marked requires_grad. Names must be unique
+ * among a module's parameters, buffers and children. */
+dt_status dt_module_register_parameter(dt_module *m, const char *name, dt_tensor *param);
+dt_status dt_module_register_buffer(dt_module *m, const char *name, dt_tensor *buf);
+dt_status dt_module_add_child(dt_module *m, const char *name, dt_module *child);
+
+/* Local lookup (borrowed; NULL if absent). */
+dt_tensor *dt_module_parameter(const dt_module *m, const char *name);
+dt_tensor *dt_module_buffer(const dt_module *m, const char *name);
+dt_module *dt_module_child(const dt_module *m, const char *name);
+int dt_module_num_children(const dt_module *m);
+dt_module *dt_module_child_at(const dt_module *m, int i);
+
+/* Recursive enumeration (borrowed references, dotted names valid while the
+ * module lives). */
+int dt_module_num_parameters(const dt_module *m);
+dt_tensor *dt_module_parameter_at(const dt_module *m, int i, const char **name);
+int dt_module_num_buffers(const dt_module *m);
+dt_tensor *dt_module_buffer_at(const dt_module *m, int i, const char **name);
+/* Total number of parameter elements. */
+int64_t dt_module_parameter_count(const dt_module *m);
+
+/* Training flag, set recursively. */
+void dt_module_train(dt_module *m, int training);
+int dt_module_is_training(const dt_module *m);
+
+/* Moves every parameter and buffer to `dev` (recursively). Must be called
+ * before dt_param_arena_create. */
+dt_status dt_module_to(dt_module *m, dt_device dev);
+
+/* ---- hooks ---- */
+/* May set *replacement to a new tensor (ownership passes to the call) to
+ * replace the input; leaving it NULL keeps the input. */
+typedef dt_status (*dt_forward_pre_hook)(dt_module *m, dt_tensor *input,
+                                         dt_tensor **replacement, void *user);
+/* May set *replacement to replace the output. */
+typedef dt_status (*dt_forward_hook)(dt_module *m, dt_tensor *input, dt_tensor *output,
+                                     dt_tensor **replacement, void *user);
+
+dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook fn, void *user,
+                                              dt_hook_handle *out);
+dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void *user,
+                                          dt_hook_handle *out);
+/* Removes a pre- or forward hook by handle. DT_ERR_INVALID_ARG if unknown. */
+dt_status dt_module_remove_hook(dt_module *m, dt_hook_handle h);
+
+/* Runs pre-hooks, forward, forward hooks. *output is a new reference. */
+dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output);
+
+/* ---- flat parameter arena ----
+ * Moves every parameter's data into one flat buffer (registration order)
+ * and gives each a gradient that is a view into one flat gradient buffer
+ * (same order, zero-initialised). The module's parameter tensors keep their
+ * handles; their storage becomes the arena. Optimizers and the DDP reducer
+ * work on the arena. Parameters must all be f32 on one device. */
+typedef struct dt_param_arena dt_param_arena;
+
+dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out);
+void dt_param_arena_destroy(dt_param_arena *a);
+int dt_param_arena_count(const dt_param_arena *a);
+dt_tensor *dt_param_arena_param(const dt_param_arena *a, int i, const char **name);
+int64_t dt_param_arena_offset(const dt_param_arena *a, int i); /* elements */
+dt_tensor *dt_param_arena_data(const dt_param_arena *a);       /* flat (numel) */
+dt_tensor *dt_param_arena_grads(const dt_param_arena *a);      /* flat (numel) */
+int64_t dt_param_arena_numel(const dt_param_arena *a);
+dt_device dt_param_arena_device(const dt_param_arena *a);
+/* Zeroes the flat gradient buffer. */
+dt_status dt_param_arena_zero_grad(dt_param_arena *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

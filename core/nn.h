@@ -1,0 +1,41 @@
+/* Built-in modules. Initialisation follows PyTorch's defaults, drawn from a
+ * seeded generator: Linear and Conv2d weights Kaiming-uniform with a=sqrt(5)
+ * (bound 1/sqrt(fan_in)), biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)); norm
+ * layers weight 1, bias 0; Embedding N(0, 1).
+ * Modules are created on the CPU; use dt_module_to() to move them.
+ */
+#ifndef DT_CORE_NN_H
+#define DT_CORE_NN_H
+
+#include "core/module.h"
+#include "core/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+dt_status dt_nn_linear(int in_features, int out_features, int bias, dt_generator *gen,
+                       dt_module **out);
+dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
+                       int bias, dt_generator *gen, dt_module **out);
+/* Buffers running_mean, running_var, num_batches_tracked (i64). */
+dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module **out);
+dt_status dt_nn_layer_norm(int features, float eps, dt_module **out);
+dt_status dt_nn_embedding(int num_embeddings, int dim, dt_generator *gen, dt_module **out);
+dt_status dt_nn_relu(dt_module **out);
+dt_status dt_nn_gelu(dt_module **out);
+dt_status dt_nn_tanh(dt_module **out);
+dt_status dt_nn_flatten(dt_module **out);
+dt_status dt_nn_max_pool2d(int kernel, int stride, int padding, dt_module **out);
+dt_status dt_nn_avg_pool2d(int kernel, int stride, int padding, dt_module **out);
+/* Dropout draws from its own generator seeded with `seed`. */
+dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out);
+/* Children named "0", "1", ... in order; takes ownership of the modules
+ * (on failure too). */
+dt_status dt_nn_sequential(dt_module *const *mods, int n, dt_module **out);
+dt_status dt_nn_sequential_append(dt_module *seq, dt_module *mod);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

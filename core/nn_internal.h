@@ -1,0 +1,36 @@
+/* Helpers shared by the built-in modules (core/nn_*.c). Not public. */
+#ifndef DT_CORE_NN_INTERNAL_H
+#define DT_CORE_NN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "core/module.h"
+#include "core/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dt_module_create that frees `impl` (with free()) when it fails. */
+dt_status dt_nn_create(const dt_module_vtable *vt, void *impl, dt_module **out);
+
+/* Registers `t` as parameter / buffer `name` and drops the caller's
+ * reference, also on failure (so builders can hand over fresh tensors). */
+dt_status dt_nn_add_parameter(dt_module *m, const char *name, dt_tensor *t);
+dt_status dt_nn_add_buffer(dt_module *m, const char *name, dt_tensor *t);
+
+/* New CPU f32 tensors, initialised on the host. Uniform draws
+ * (2u - 1) * bound for u = dt_generator_uniform(gen), in row-major order. */
+dt_status dt_nn_uniform(const int64_t *shape, int ndim, float bound, dt_generator *gen,
+                        dt_tensor **out);
+dt_status dt_nn_normal(const int64_t *shape, int ndim, float std, dt_generator *gen,
+                       dt_tensor **out);
+dt_status dt_nn_constant(const int64_t *shape, int ndim, float value, dt_tensor **out);
+
+/* Fetches a registered parameter or reports which module lacks it. */
+dt_status dt_nn_param(dt_module *m, const char *name, dt_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

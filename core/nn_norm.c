@@ -1,0 +1,131 @@
+/* BatchNorm2d and LayerNorm: weight 1, bias 0 (PyTorch's defaults). */
+#include <stdlib.h>
+
+#include "core/nn.h"
+#include "core/nn_internal.h"
+#include "core/ops.h"
+
+typedef struct batch_norm_impl {
+  int channels;
+  float eps, momentum;
+} batch_norm_impl;
+
+typedef struct layer_norm_impl {
+  int features;
+  float eps;
+} layer_norm_impl;
+
+/* num_batches_tracked += 1. It is a device tensor (it is broadcast and
+ * checkpointed with the other buffers), so the count makes a round trip
+ * through the host: one 8-byte copy each way per training forward. */
+static dt_status increment_counter(dt_tensor *counter) {
+  int64_t n = 0;
+  DT_CHECK(dt_tensor_to_host(counter, &n, sizeof n));
+  n++;
+  dt_tensor *host = NULL;
+  DT_CHECK(dt_tensor_from_host(&n, NULL, 0, DT_DTYPE_I64, DT_CPU, &host));
+  dt_status st = dt_tensor_copy_(counter, host);
+  dt_tensor_release(host);
+  return st;
+}
+
+/* x (N,C,H,W) or (N,C) -> same shape */
+static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  batch_norm_impl *impl = dt_module_impl(m);
+  dt_tensor *w = NULL, *b = NULL;
+  DT_CHECK(dt_nn_param(m, "weight", &w));
+  DT_CHECK(dt_nn_param(m, "bias", &b));
+  dt_tensor *mean = dt_module_buffer(m, "running_mean");
+  dt_tensor *var = dt_module_buffer(m, "running_var");
+  dt_tensor *count = dt_module_buffer(m, "num_batches_tracked");
+  if (mean == NULL || var == NULL || count == NULL)
+    return DT_ERROR(DT_ERR_STATE, "BatchNorm2d is missing one of its running-stat buffers");
+  int training = dt_module_is_training(m);
+  DT_CHECK(dt_op_batch_norm2d(x, w, b, mean, var, training, impl->momentum, impl->eps, y));
+  if (training) {
+    dt_status st = increment_counter(count);
+    if (st != DT_OK) {
+      dt_tensor_release(*y);
+      *y = NULL;
+      return st;
+    }
+  }
+  return DT_OK;
+}
+
+static const dt_module_vtable batch_norm_vtable = {"BatchNorm2d", batch_norm_forward, free};
+
+static dt_status batch_norm_init(dt_module *m, int channels) {
+  int64_t c = channels;
+  dt_tensor *t = NULL;
+  DT_CHECK(dt_nn_constant(&c, 1, 1.0f, &t));
+  DT_CHECK(dt_nn_add_parameter(m, "weight", t));
+  DT_CHECK(dt_nn_constant(&c, 1, 0.0f, &t));
+  DT_CHECK(dt_nn_add_parameter(m, "bias", t));
+  DT_CHECK(dt_nn_constant(&c, 1, 0.0f, &t));
+  DT_CHECK(dt_nn_add_buffer(m, "running_mean", t));
+  DT_CHECK(dt_nn_constant(&c, 1, 1.0f, &t));
+  DT_CHECK(dt_nn_add_buffer(m, "running_var", t));
+  DT_CHECK(dt_tensor_zeros(NULL, 0, DT_DTYPE_I64, DT_CPU, &t));
+  DT_CHECK(dt_nn_add_buffer(m, "num_batches_tracked", t));
+  return DT_OK;
+}
+
+dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module **out) {
+  if (channels <= 0 || !(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f) || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "BatchNorm2d(%d, eps %g, momentum %g): channels must be positive, eps > 0, "
+                    "momentum in [0, 1] (PyTorch: eps 1e-5, momentum 0.1)",
+                    channels, (double)eps, (double)momentum);
+  batch_norm_impl *impl = malloc(sizeof *impl);
+  if (impl != NULL)
+    *impl = (batch_norm_impl){channels, eps, momentum};
+  dt_module *m = NULL;
+  DT_CHECK(dt_nn_create(&batch_norm_vtable, impl, &m));
+  dt_status st = batch_norm_init(m, channels);
+  if (st != DT_OK) {
+    dt_module_destroy(m);
+    return st;
+  }
+  *out = m;
+  return DT_OK;
+}
+
+/* x (..., features) -> same shape */
+static dt_status layer_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  layer_norm_impl *impl = dt_module_impl(m);
+  dt_tensor *w = NULL, *b = NULL;
+  DT_CHECK(dt_nn_param(m, "weight", &w));
+  DT_CHECK(dt_nn_param(m, "bias", &b));
+  return dt_op_layer_norm(x, w, b, impl->eps, y);
+}
+
+static const dt_module_vtable layer_norm_vtable = {"LayerNorm", layer_norm_forward, free};
+
+dt_status dt_nn_layer_norm(int features, float eps, dt_module **out) {
+  if (features <= 0 || !(eps > 0.0f) || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "LayerNorm(%d, eps %g): features must be positive and eps > 0 (PyTorch: "
+                    "1e-5)",
+                    features, (double)eps);
+  layer_norm_impl *impl = malloc(sizeof *impl);
+  if (impl != NULL)
+    *impl = (layer_norm_impl){features, eps};
+  dt_module *m = NULL;
+  DT_CHECK(dt_nn_create(&layer_norm_vtable, impl, &m));
+  int64_t c = features;
+  dt_tensor *t = NULL;
+  dt_status st = dt_nn_constant(&c, 1, 1.0f, &t);
+  if (st == DT_OK)
+    st = dt_nn_add_parameter(m, "weight", t);
+  if (st == DT_OK)
+    st = dt_nn_constant(&c, 1, 0.0f, &t);
+  if (st == DT_OK)
+    st = dt_nn_add_parameter(m, "bias", t);
+  if (st != DT_OK) {
+    dt_module_destroy(m);
+    return st;
+  }
+  *out = m;
+  return DT_OK;
+}

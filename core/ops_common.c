@@ -1,0 +1,214 @@
+/* Shared helpers of the differentiable ops: argument checks, recording,
+ * reductions over dims and their broadcast inverse. */
+#include "core/ops_internal.h"
+
+#include <string.h>
+
+int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst) {
+  int k = 0;
+  for (int i = 0; i < n; ++i)
+    if (ts[i])
+      dst[k++] = ts[i];
+  return k;
+}
+
+dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
+  dt_tensor *live[16];
+  DT_ASSERT(n <= 16);
+  int k = dt_ops_compact(ts, n, live);
+  if (k == 0)
+    return DT_OK;
+  DT_CHECK(dt_check_same_device(op, live, k));
+  return dt_check_f32(op, live, k);
+}
+
+dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
+                              int n, dt_tensor *out, dt_node **node) {
+  dt_tensor *live[DT_NODE_MAX_INPUTS];
+  DT_ASSERT(n <= DT_NODE_MAX_INPUTS);
+  *node = NULL;
+  int k = dt_ops_compact(inputs, n, live);
+  if (k == 0 || !dt_autograd_should_record(live, k))
+    return DT_OK;
+  return dt_autograd_record(name, backward, live, k, out, node);
+}
+
+dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
+  dt_tensor *alias = NULL;
+  DT_CHECK(dt_tensor_detach(out, &alias));
+  dt_node_save(node, slot, alias);
+  dt_tensor_release(alias);
+  return DT_OK;
+}
+
+dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
+  dt_tensor *y = NULL;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
+                           dt_tensor_device(x), &y));
+  int64_t n = dt_tensor_numel(x);
+  if (n > 0) {
+    dt_status st = dt_tensor_backend(x)->axpby(dt_tensor_device(x), n, alpha, DT_F32(x), 0.0f,
+                                               DT_F32(y));
+    if (st != DT_OK) {
+      dt_tensor_release(y);
+      return st;
+    }
+  }
+  *out = y;
+  return DT_OK;
+}
+
+/* Merged view of a shape: runs of adjacent dims with the same "reduced"
+ * flag collapse into one dim; size-1 dims are dropped (reducing them is a
+ * no-op). */
+typedef struct merged_dims {
+  int n;
+  int64_t size[DT_MAX_DIMS];
+  int reduced[DT_MAX_DIMS];
+} merged_dims;
+
+static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_dims *m) {
+  m->n = 0;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 1)
+      continue;
+    int red = mask[d] != 0;
+    if (m->n > 0 && m->reduced[m->n - 1] == red) {
+      m->size[m->n - 1] *= shape[d];
+    } else {
+      m->size[m->n] = shape[d];
+      m->reduced[m->n] = red;
+      m->n++;
+    }
+  }
+}
+
+static int64_t product(const int64_t *v, int from, int to) {
+  int64_t p = 1;
+  for (int i = from; i < to; ++i)
+    p *= v[i];
+  return p;
+}
+
+dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
+                             const int *mask, float scale, float *out) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  merged_dims m;
+  merge_dims(shape, ndim, mask, &m);
+  int64_t out_numel = 1, groups = 0;
+  int empty_reduction = 0;
+  for (int i = 0; i < m.n; ++i) {
+    if (m.reduced[i]) {
+      groups++;
+      if (m.size[i] == 0)
+        empty_reduction = 1;
+    } else {
+      out_numel *= m.size[i];
+    }
+  }
+  if (out_numel == 0)
+    return DT_OK;
+  if (empty_reduction)
+    return be->fill(dev, out, 0.0f, out_numel);
+  if (groups == 0)
+    return be->axpby(dev, out_numel, scale, x, 0.0f, out);
+
+  /* One reduce_sum per reduced run, innermost first; the scale is applied
+   * by the first, the last writes into `out`. */
+  dt_status st = DT_OK;
+  dt_tensor *bufs[2] = {NULL, NULL};
+  const float *src = x;
+  int done = 0;
+  for (int i = m.n - 1; i >= 0; --i) {
+    if (!m.reduced[i])
+      continue;
+    int64_t outer = product(m.size, 0, i), r = m.size[i], inner = product(m.size, i + 1, m.n);
+    float *dst;
+    if (++done == groups) {
+      dst = out;
+    } else {
+      int64_t n = outer * inner;
+      dt_tensor *buf = NULL;
+      DT_CHECK_GOTO(dt_tensor_empty(&n, 1, DT_DTYPE_F32, dev, &buf), release_bufs);
+      dt_tensor_release(bufs[done & 1]);
+      bufs[done & 1] = buf;
+      dst = DT_F32(buf);
+    }
+    DT_CHECK_GOTO(be->reduce_sum(dev, src, dst, outer, r, inner, done == 1 ? scale : 1.0f),
+                  release_bufs);
+    m.size[i] = 1;
+    src = dst;
+  }
+release_bufs:
+  dt_tensor_release(bufs[0]);
+  dt_tensor_release(bufs[1]);
+  return st;
+}
+
+dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
+                                const int *mask, float scale, float *x) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  merged_dims m;
+  merge_dims(shape, ndim, mask, &m);
+  int64_t numel = product(m.size, 0, m.n);
+  if (numel == 0)
+    return DT_OK;
+  int groups = 0, last = -1;
+  for (int i = 0; i < m.n; ++i)
+    if (m.reduced[i]) {
+      groups++;
+      last = i;
+    }
+  if (groups == 0)
+    return be->axpby(dev, numel, scale, y, 0.0f, x);
+  if (groups == 1)
+    return be->broadcast_axis(dev, y, x, product(m.size, 0, last), m.size[last],
+                              product(m.size, last + 1, m.n), scale);
+
+  /* Several runs: a strided copy with 0 strides on the broadcast dims. */
+  int64_t src_strides[DT_MAX_DIMS], dst_strides[DT_MAX_DIMS];
+  int64_t s = 1;
+  for (int i = m.n - 1; i >= 0; --i) {
+    dst_strides[i] = product(m.size, i + 1, m.n);
+    src_strides[i] = m.reduced[i] ? 0 : s;
+    if (!m.reduced[i])
+      s *= m.size[i];
+  }
+  DT_CHECK(be->copy_strided(dev, x, dst_strides, y, src_strides, m.size, m.n, sizeof(float)));
+  if (scale != 1.0f)
+    DT_CHECK(be->axpby(dev, numel, scale, x, 0.0f, x));
+  return DT_OK;
+}
+
+dt_status dt_ops_reduce_to_shape(dt_tensor *g, const int64_t *tshape, int tndim, float scale,
+                                 dt_tensor **out) {
+  int gndim = dt_tensor_ndim(g);
+  const int64_t *gshape = dt_tensor_shape(g);
+  DT_ASSERT(gndim >= tndim);
+  int mask[DT_MAX_DIMS];
+  int lead = gndim - tndim;
+  for (int d = 0; d < gndim; ++d)
+    mask[d] = d < lead || (tshape[d - lead] == 1 && gshape[d] != 1);
+  dt_tensor *r = NULL;
+  DT_CHECK(dt_tensor_empty(tshape, tndim, DT_DTYPE_F32, dt_tensor_device(g), &r));
+  dt_status st = dt_ops_reduce_dims(dt_tensor_device(g), DT_F32(g), gshape, gndim, mask, scale,
+                                    DT_F32(r));
+  if (st != DT_OK) {
+    dt_tensor_release(r);
+    return st;
+  }
+  *out = r;
+  return DT_OK;
+}
+
+dt_status dt_ops_normalize_dim(const char *op, int dim, int ndim, int *out) {
+  int d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: dim %d out of range for a %d-dim tensor: use -%d..%d", op, dim, ndim,
+                    ndim, ndim - 1);
+  *out = d;
+  return DT_OK;
+}

@@ -1,0 +1,60 @@
+/* Helpers shared by the differentiable ops (core/ops_*.c). Not public API. */
+#ifndef DT_CORE_OPS_INTERNAL_H
+#define DT_CORE_OPS_INTERNAL_H
+
+#include <stdint.h>
+
+#include "core/autograd_internal.h"
+#include "core/backend.h"
+#include "core/ops.h"
+#include "core/tensor_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* f32 data pointer of a tensor (device memory for device tensors). */
+#define DT_F32(t) ((float *)dt_tensor_data(t))
+
+/* Validates the inputs of a float op: every non-NULL tensor on the same
+ * device and f32. `ts` may contain NULLs (optional bias etc.). */
+dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n);
+
+/* Copies the non-NULL tensors of ts into dst; returns how many. */
+int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst);
+
+/* Records a node for `out` if any (non-NULL) input requires grad and grad
+ * mode is on; *node is NULL otherwise. NULL inputs are skipped, so the
+ * node's input i is the i-th non-NULL entry of `inputs`. */
+dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
+                              int n, dt_tensor *out, dt_node **node);
+
+/* Saves a detached alias of an op's own output (no reference cycle
+ * output -> node -> output). */
+dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out);
+
+/* out (new, contiguous, same shape) = alpha * x; x must be contiguous f32. */
+dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out);
+
+/* Sum of x (contiguous, `shape`) over the dims with mask[d] != 0, times
+ * `scale`, written to `out` (contiguous, `shape` with those dims = 1). */
+dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
+                             const int *mask, float scale, float *out);
+
+/* Broadcasts y (contiguous, `shape` with the masked dims = 1) back to x
+ * (contiguous, `shape`): x = scale * y. */
+dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
+                                const int *mask, float scale, float *x);
+
+/* Gradient of a broadcast: g (contiguous, gshape) summed down to a new
+ * tensor of tshape (NumPy broadcasting of tshape to gshape), times scale. */
+dt_status dt_ops_reduce_to_shape(dt_tensor *g, const int64_t *tshape, int tndim, float scale,
+                                 dt_tensor **out);
+
+/* Normalises a possibly negative dim for an ndim-dim tensor; error names op. */
+dt_status dt_ops_normalize_dim(const char *op, int dim, int ndim, int *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,249 @@
+/* Linear algebra ops: matmul (2-D, flattened leading dims, batched) and
+ * linear (x W^T + b), both on the backend's gemm. */
+#include <limits.h>
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* C (batch x m,n) = op(A) op(B) (+ beta C) with the degenerate sizes
+ * handled here (BLAS conventions differ on k == 0). */
+static dt_status gemm(dt_device dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb,
+                      int64_t sb, float beta, float *c, int64_t ldc, int64_t sc, int64_t batch) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  if (m == 0 || n == 0 || batch == 0)
+    return DT_OK;
+  if (k == 0)
+    return beta == 0.0f ? be->fill(dev, c, 0.0f, batch * m * n) : DT_OK;
+  return be->gemm(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb,
+                  beta, c, (int)ldc, sc, (int)batch);
+}
+
+static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k,
+                                 int64_t batch) {
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s: gemm sizes m=%lld n=%lld k=%lld batch=%lld exceed the 32-bit range of "
+                    "the kernels: split the batch",
+                    op, (long long)m, (long long)n, (long long)k, (long long)batch);
+  return DT_OK;
+}
+
+/* ---- matmul ---- */
+
+/* saved: 0 a (contiguous), 1 b (contiguous); ints: 0 batch, 1 m, 2 k, 3 n,
+ * 4 batched (b has the batch dims too). Unbatched a is (batch*m, k). */
+static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *a = node->saved[0], *b = node->saved[1];
+  int64_t batch = node->ints[0], m = node->ints[1], k = node->ints[2], n = node->ints[3];
+  int batched = (int)node->ints[4];
+  dt_device dev = dt_tensor_device(g);
+  dt_tensor *da = NULL, *db = NULL;
+  dt_status st = DT_OK;
+  if (!batched) {
+    m *= batch;
+    batch = 1;
+  }
+  if (node->needs_grad[0]) {
+    /* da (m,k) = g (m,n) @ b^T, b (k,n) */
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(a), dt_tensor_ndim(a), DT_DTYPE_F32, dev, &da),
+                  fail);
+    DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n,
+                       batched ? k * n : 0, 0.0f, DT_F32(da), k, m * k, batch),
+                  fail);
+  }
+  if (node->needs_grad[1]) {
+    /* db (k,n) = a^T (k,m) @ g (m,n) */
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(b), dt_tensor_ndim(b), DT_DTYPE_F32, dev, &db),
+                  fail);
+    DT_CHECK_GOTO(gemm(dev, 1, 0, k, n, m, DT_F32(a), k, m * k, DT_F32(g), n, m * n, 0.0f,
+                       DT_F32(db), n, k * n, batch),
+                  fail);
+  }
+  grad_in[0] = da;
+  grad_in[1] = db;
+  return DT_OK;
+fail:
+  dt_tensor_release(da);
+  dt_tensor_release(db);
+  return st;
+}
+
+dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
+  static const char *op = "dt_op_matmul";
+  if (!a || !b || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *ins[2] = {a, b};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 2));
+  int na = dt_tensor_ndim(a), nb = dt_tensor_ndim(b);
+  const int64_t *sa = dt_tensor_shape(a), *sb = dt_tensor_shape(b);
+  char bufa[128], bufb[128];
+  int batched = nb >= 3;
+  int shapes_ok = na >= 2 && nb >= 2 && sa[na - 1] == sb[nb - 2];
+  if (shapes_ok && batched)
+    shapes_ok = na == nb && memcmp(sa, sb, (size_t)(na - 2) * sizeof(int64_t)) == 0;
+  if (!shapes_ok)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: cannot multiply %s by %s: expected a (..., m, k) @ b (k, n) or batched "
+                    "a (B..., m, k) @ b (B..., k, n)",
+                    op, dt_shape_format(sa, na, bufa, sizeof bufa),
+                    dt_shape_format(sb, nb, bufb, sizeof bufb));
+  int64_t m = sa[na - 2], k = sa[na - 1], n = sb[nb - 1];
+  int64_t batch = dt_shape_numel(sa, na - 2);
+  DT_CHECK(check_int_range(op, batched ? m : m * batch, n, k, batched ? batch : 1));
+
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, sa, (size_t)(na - 1) * sizeof(int64_t));
+  oshape[na - 1] = n;
+  dt_tensor *ac = NULL, *bc = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  dt_device dev = dt_tensor_device(a);
+  DT_CHECK_GOTO(dt_tensor_contiguous(a, &ac), fail);
+  DT_CHECK_GOTO(dt_tensor_contiguous(b, &bc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, na, DT_DTYPE_F32, dev, &y), fail);
+  /* y (m,n) = a (m,k) @ b (k,n), per batch when batched */
+  if (batched)
+    DT_CHECK_GOTO(gemm(dev, 0, 0, m, n, k, DT_F32(ac), k, m * k, DT_F32(bc), n, k * n, 0.0f,
+                       DT_F32(y), n, m * n, batch),
+                  fail);
+  else
+    DT_CHECK_GOTO(gemm(dev, 0, 0, m * batch, n, k, DT_F32(ac), k, 0, DT_F32(bc), n, 0, 0.0f,
+                       DT_F32(y), n, 0, 1),
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, ac);
+    dt_node_save(node, 1, bc);
+    node->ints[0] = batch;
+    node->ints[1] = m;
+    node->ints[2] = k;
+    node->ints[3] = n;
+    node->ints[4] = batched;
+  }
+  dt_tensor_release(ac);
+  dt_tensor_release(bc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(bc);
+  dt_tensor_release(ac);
+  return st;
+}
+
+/* ---- linear ---- */
+
+/* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous;
+ * ints: 0 rows, 1 in, 2 out, 3 has bias. Inputs: x, weight[, bias]. */
+static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *w = node->saved[1];
+  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
+  int has_bias = (int)node->ints[3];
+  dt_device dev = dt_tensor_device(g);
+  const dt_backend_ops *be = dt_tensor_backend(g);
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL;
+  dt_status st = DT_OK;
+  if (node->needs_grad[0]) {
+    /* dx (rows, in) = g (rows, out) @ w (out, in) */
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(node->inputs[0]),
+                                  dt_tensor_ndim(node->inputs[0]), DT_DTYPE_F32, dev, &dx),
+                  fail);
+    DT_CHECK_GOTO(gemm(dev, 0, 0, rows, in, outf, DT_F32(g), outf, 0, DT_F32(w), in, 0, 0.0f,
+                       DT_F32(dx), in, 0, 1),
+                  fail);
+  }
+  if (node->needs_grad[1]) {
+    /* dw (out, in) = g^T (out, rows) @ x (rows, in) */
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 2, DT_DTYPE_F32, dev, &dw), fail);
+    DT_CHECK_GOTO(gemm(dev, 1, 0, outf, in, rows, DT_F32(g), outf, 0, DT_F32(x), in, 0, 0.0f,
+                       DT_F32(dw), in, 0, 1),
+                  fail);
+  }
+  if (has_bias && node->needs_grad[2]) {
+    /* db (out) = sum over rows of g (rows, out) */
+    DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), fail);
+    if (rows == 0)
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(db), 0.0f, outf), fail);
+    else if (outf > 0)
+      DT_CHECK_GOTO(be->reduce_sum(dev, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), fail);
+  }
+  grad_in[0] = dx;
+  grad_in[1] = dw;
+  if (has_bias)
+    grad_in[2] = db;
+  return DT_OK;
+fail:
+  dt_tensor_release(dx);
+  dt_tensor_release(dw);
+  dt_tensor_release(db);
+  return st;
+}
+
+dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tensor **out) {
+  static const char *op = "dt_op_linear";
+  if (!x || !weight || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
+  dt_tensor *ins[3] = {x, weight, bias};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  int nx = dt_tensor_ndim(x);
+  const int64_t *sx = dt_tensor_shape(x), *sw = dt_tensor_shape(weight);
+  char bx[128], bw[128], bb[128];
+  if (nx < 1 || dt_tensor_ndim(weight) != 2 || sx[nx - 1] != sw[1])
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: x %s and weight %s do not match: expected x (..., in) and weight "
+                    "(out, in)",
+                    op, dt_shape_format(sx, nx, bx, sizeof bx),
+                    dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw));
+  int64_t in = sw[1], outf = sw[0];
+  if (bias && (dt_tensor_ndim(bias) != 1 || dt_tensor_shape(bias)[0] != outf))
+    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)",
+                    op, dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
+                    dt_shape_format(sw, 2, bw, sizeof bw), (long long)outf);
+  int64_t rows = in > 0 ? dt_tensor_numel(x) / in : dt_shape_numel(sx, nx - 1);
+  DT_CHECK(check_int_range(op, rows, outf, in, 1));
+
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, sx, (size_t)nx * sizeof(int64_t));
+  oshape[nx - 1] = outf;
+  dt_device dev = dt_tensor_device(x);
+  const dt_backend_ops *be = dt_tensor_backend(x);
+  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_tensor_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_tensor_contiguous(weight, &wc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), fail);
+  float beta = 0.0f;
+  if (bias && rows > 0 && outf > 0) {
+    /* y (rows, out) = bias broadcast over rows, then y += x @ w^T */
+    DT_CHECK_GOTO(dt_tensor_contiguous(bias, &bc), fail);
+    DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), fail);
+    beta = 1.0f;
+  }
+  /* y (rows, out) = x (rows, in) @ w^T, w (out, in) */
+  DT_CHECK_GOTO(gemm(dev, 0, 1, rows, outf, in, DT_F32(xc), in, 0, DT_F32(wc), in, 0, beta,
+                     DT_F32(y), outf, 0, 1),
+                fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, xc);
+    dt_node_save(node, 1, wc);
+    node->ints[0] = rows;
+    node->ints[1] = in;
+    node->ints[2] = outf;
+    node->ints[3] = bias != NULL;
+  }
+  dt_tensor_release(bc);
+  dt_tensor_release(wc);
+  dt_tensor_release(xc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(bc);
+  dt_tensor_release(wc);
+  dt_tensor_release(xc);
+  return st;
+}

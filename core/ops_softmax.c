@@ -1,0 +1,69 @@
+/* softmax / log_softmax over the last dimension. */
+#include "core/ops_internal.h"
+
+/* saved: 0 y (the output, detached); ints: 0 log, 1 cols */
+static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *y = node->saved[0];
+  int64_t cols = node->ints[1], n = dt_tensor_numel(y);
+  dt_tensor *dx = NULL;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(y), dt_tensor_ndim(y), DT_DTYPE_F32,
+                           dt_tensor_device(y), &dx));
+  if (n > 0) {
+    dt_status st = dt_tensor_backend(y)->softmax_backward(
+        dt_tensor_device(y), DT_F32(y), DT_F32(g), DT_F32(dx), n / cols, cols, (int)node->ints[0]);
+    if (st != DT_OK) {
+      dt_tensor_release(dx);
+      return st;
+    }
+  }
+  grad_in[0] = dx;
+  return DT_OK;
+}
+
+static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  int ndim = dt_tensor_ndim(x);
+  if (ndim == 0)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input is 0-dim: softmax needs at least one dimension", op);
+  int d = 0;
+  DT_CHECK(dt_ops_normalize_dim(op, dim, ndim, &d));
+  if (d != ndim - 1)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s: dim %d of a %d-dim tensor: only the last dimension (-1) is supported: "
+                    "permute the dimension to the end first",
+                    op, dim, ndim);
+  dt_tensor *xc = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK(dt_tensor_contiguous(x, &xc));
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(xc), ndim, DT_DTYPE_F32, dt_tensor_device(xc), &y),
+                fail);
+  int64_t cols = dt_tensor_shape(xc)[ndim - 1], n = dt_tensor_numel(xc);
+  if (n > 0)
+    DT_CHECK_GOTO(dt_tensor_backend(xc)->softmax_forward(dt_tensor_device(xc), DT_F32(xc),
+                                                         DT_F32(y), n / cols, cols, log),
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, softmax_backward, &x, 1, y, &node), fail);
+  if (node) {
+    DT_CHECK_GOTO(dt_ops_save_output(node, 0, y), fail);
+    node->ints[0] = log;
+    node->ints[1] = cols;
+  }
+  dt_tensor_release(xc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(xc);
+  return st;
+}
+
+dt_status dt_op_softmax(dt_tensor *x, int dim, dt_tensor **out) {
+  return softmax_op("dt_op_softmax", x, dim, 0, out);
+}
+
+dt_status dt_op_log_softmax(dt_tensor *x, int dim, dt_tensor **out) {
+  return softmax_op("dt_op_log_softmax", x, dim, 1, out);
+}

