@@ -461,3 +461,204 @@ dt_status dt_cpu_sum_squares(dt_device dev, const float *x, int64_t n, double *o
     return DT_ERROR(DT_ERR_INVALID_ARG, "sum_squares: negative size %lld", (long long)n);
   return sum_long_run(x, n, 1, out);
 }
+
+/* ---- casts ---- */
+
+#define CAST_BLOCK 1024
+
+static int dtype_is_int(dt_dtype t) {
+  return t == DT_DTYPE_I32 || t == DT_DTYPE_I64 || t == DT_DTYPE_U8;
+}
+
+/* Float to integer truncates toward zero like C and PyTorch, saturating at
+ * the int64 range (NaN -> 0) instead of invoking undefined behaviour. */
+static int64_t f64_to_i64(double v) {
+  if (v != v)
+    return 0;
+  if (v >= 9223372036854775807.0)
+    return INT64_MAX;
+  if (v <= -9223372036854775808.0)
+    return INT64_MIN;
+  return (int64_t)v;
+}
+
+static void load_f64(const void *in, dt_dtype t, int64_t s, int64_t n, double *v) {
+  switch (t) {
+    case DT_DTYPE_F32:
+      for (int64_t i = 0; i < n; i++) v[i] = ((const float *)in)[s + i];
+      break;
+    case DT_DTYPE_F16:
+      for (int64_t i = 0; i < n; i++) v[i] = dt_f16_to_f32(((const uint16_t *)in)[s + i]);
+      break;
+    case DT_DTYPE_BF16:
+      for (int64_t i = 0; i < n; i++) v[i] = dt_bf16_to_f32(((const uint16_t *)in)[s + i]);
+      break;
+    default: break;
+  }
+}
+
+static void load_i64(const void *in, dt_dtype t, int64_t s, int64_t n, int64_t *v) {
+  switch (t) {
+    case DT_DTYPE_I32:
+      for (int64_t i = 0; i < n; i++) v[i] = ((const int32_t *)in)[s + i];
+      break;
+    case DT_DTYPE_I64:
+      for (int64_t i = 0; i < n; i++) v[i] = ((const int64_t *)in)[s + i];
+      break;
+    case DT_DTYPE_U8:
+      for (int64_t i = 0; i < n; i++) v[i] = ((const uint8_t *)in)[s + i];
+      break;
+    default: break;
+  }
+}
+
+/* Stores float values; `fv` holds them as f32 already rounded once. */
+static void store_float(void *out, dt_dtype t, int64_t s, int64_t n, const float *fv) {
+  switch (t) {
+    case DT_DTYPE_F32: memcpy((float *)out + s, fv, (size_t)n * sizeof(float)); break;
+    case DT_DTYPE_F16:
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[s + i] = dt_f32_to_f16(fv[i]);
+      break;
+    case DT_DTYPE_BF16:
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[s + i] = dt_f32_to_bf16(fv[i]);
+      break;
+    default: break;
+  }
+}
+
+/* Integers wrap modulo 2^bits when narrowed, as PyTorch. */
+static void store_int(void *out, dt_dtype t, int64_t s, int64_t n, const int64_t *iv) {
+  switch (t) {
+    case DT_DTYPE_I32:
+      for (int64_t i = 0; i < n; i++) ((int32_t *)out)[s + i] = (int32_t)(uint32_t)iv[i];
+      break;
+    case DT_DTYPE_I64: memcpy((int64_t *)out + s, iv, (size_t)n * sizeof(int64_t)); break;
+    case DT_DTYPE_U8:
+      for (int64_t i = 0; i < n; i++) ((uint8_t *)out)[s + i] = (uint8_t)iv[i];
+      break;
+    default: break;
+  }
+}
+
+static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, int64_t s,
+                       int64_t n) {
+  double dv[CAST_BLOCK];
+  int64_t iv[CAST_BLOCK];
+  float fv[CAST_BLOCK];
+  if (src == DT_DTYPE_F32 && !dtype_is_int(dst)) { /* the hot f32 -> f16/bf16 path */
+    store_float(out, dst, s, n, (const float *)in + s);
+    return;
+  }
+  if (dtype_is_int(src)) {
+    load_i64(in, src, s, n, iv);
+    if (dtype_is_int(dst)) {
+      store_int(out, dst, s, n, iv);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++)
+      fv[i] = (float)iv[i];
+    store_float(out, dst, s, n, fv);
+    return;
+  }
+  load_f64(in, src, s, n, dv);
+  if (dtype_is_int(dst)) {
+    for (int64_t i = 0; i < n; i++)
+      iv[i] = f64_to_i64(dv[i]);
+    store_int(out, dst, s, n, iv);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++)
+    fv[i] = (float)dv[i];
+  store_float(out, dst, s, n, fv);
+}
+
+// in (n, src dtype) -> out (n, dst dtype)
+dt_status dt_cpu_cast(dt_device dev, const void *in, dt_dtype src, void *out, dt_dtype dst,
+                      int64_t n) {
+  (void)dev;
+  if ((unsigned)src >= DT_DTYPE_COUNT || (unsigned)dst >= DT_DTYPE_COUNT)
+    return DT_ERROR(DT_ERR_DTYPE, "cast: unknown dtype (src %d, dst %d)", (int)src, (int)dst);
+  if (n <= 0)
+    return DT_OK;
+  if (src == dst) {
+    if (in != out)
+      memmove(out, in, (size_t)n * dt_dtype_size(src));
+    return DT_OK;
+  }
+  int nt = dt_cpu_threads();
+  int64_t blocks = (n + CAST_BLOCK - 1) / CAST_BLOCK;
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t bi = 0; bi < blocks; bi++)
+    cast_block(in, src, out, dst, bi * CAST_BLOCK, MIN(CAST_BLOCK, n - bi * CAST_BLOCK));
+  return DT_OK;
+}
+
+/* ---- strided copy ---- */
+
+#define COPY_LOOP(T)                                                         \
+  do {                                                                       \
+    T *d = (T *)dst;                                                         \
+    const T *s = (const T *)src;                                             \
+    if (ds == 1 && ss == 1)                                                  \
+      memcpy(d, s, (size_t)len * sizeof(T));                                 \
+    else                                                                     \
+      for (int64_t i = 0; i < len; i++)                                      \
+        d[i * ds] = s[i * ss];                                               \
+  } while (0)
+
+static void copy_inner(char *dst, int64_t ds, const char *src, int64_t ss, int64_t len,
+                       size_t es) {
+  switch (es) {
+    case 1: COPY_LOOP(uint8_t); break;
+    case 2: COPY_LOOP(uint16_t); break;
+    case 4: COPY_LOOP(uint32_t); break;
+    case 8: COPY_LOOP(uint64_t); break;
+    default:
+      for (int64_t i = 0; i < len; i++)
+        memcpy(dst + i * ds * (int64_t)es, src + i * ss * (int64_t)es, es);
+      break;
+  }
+}
+
+static void copy_range(const strided_plan *p, char *dst, const char *src, size_t es,
+                       int64_t start, int64_t end) {
+  strided_cursor c;
+  cursor_seek(p, start, &c);
+  int last = p->ndim - 1;
+  for (int64_t pos = start; pos < end;) {
+    int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
+    copy_inner(dst + c.o0 * (int64_t)es, p->s0[last], src + c.o1 * (int64_t)es, p->s1[last],
+               len, es);
+    pos += len;
+    cursor_advance(p, &c, len);
+  }
+}
+
+// src (shape, src_strides) -> dst (shape, dst_strides), elements of elem_size bytes
+dt_status dt_cpu_copy_strided(dt_device dev, void *dst, const int64_t *dst_strides,
+                              const void *src, const int64_t *src_strides, const int64_t *shape,
+                              int ndim, size_t elem_size) {
+  (void)dev;
+  if (ndim < 0 || ndim > DT_MAX_DIMS || elem_size == 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: ndim %d (max %d), elem_size %zu", ndim,
+                    DT_MAX_DIMS, elem_size);
+  int64_t zeros[DT_MAX_DIMS] = {0};
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: negative size %lld in dim %d",
+                      (long long)shape[d], d);
+  strided_plan p;
+  plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
+  if (p.numel == 0)
+    return DT_OK;
+  if (p.numel < DT_CPU_PAR_MIN) {
+    copy_range(&p, dst, src, elem_size, 0, p.numel);
+    return DT_OK;
+  }
+  int nt = dt_cpu_threads();
+  int64_t chunks = flat_chunks(p.numel, nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t ci = 0; ci < chunks; ci++)
+    copy_range(&p, dst, src, elem_size, p.numel * ci / chunks, p.numel * (ci + 1) / chunks);
+  return DT_OK;
+}

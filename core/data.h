@@ -29,7 +29,13 @@ typedef struct dt_idx {
 
 /* Reads a whole idx file. `expect_ndim` (0 = any) must match. Limits: at most
  * 4 dims, each in [1, 2^31), total <= 2^32 bytes, and no more than the file
- * can hold (for gzip, the decompressed stream is checked as it is read). */
+ * can hold (for gzip, the decompressed stream is checked as it is read and
+ * the buffer grows only as data arrives). A raw file must hold exactly
+ * header + numel bytes (truncated or trailing data: DT_ERR_FORMAT); so must
+ * a gzip stream's decompressed content. Errors: DT_ERR_IO (cannot open or
+ * read; the message has strerror), DT_ERR_FORMAT (bad magic, element type
+ * other than 0x08, ndim, dims, truncation, corrupt gzip). Every message
+ * names the file. On failure *out is zeroed. Free with dt_idx_free. */
 dt_status dt_idx_read(const char *path, int expect_ndim, dt_idx *out);
 void dt_idx_free(dt_idx *idx);
 
@@ -43,7 +49,11 @@ typedef struct dt_dataset_vtable {
   void (*destroy)(void *impl);
 } dt_dataset_vtable;
 
-/* The dataset takes ownership of impl. `input_shape` is one sample's shape. */
+/* The dataset takes ownership of impl (on failure too: vt->destroy runs).
+ * `input_shape` is one sample's shape (1 to DT_MAX_DIMS-1 dims; the loader
+ * adds the batch dim). vt->get may be called from the loader's worker
+ * thread, concurrently with other dataset calls: it must be thread-safe
+ * for reads. dt_dataset_get checks the index (DT_ERR_INVALID_ARG). */
 dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64_t *input_shape,
                             int ndim, int num_classes, dt_dataset **out);
 void dt_dataset_destroy(dt_dataset *d);
@@ -61,8 +71,12 @@ dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *
 dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path,
                                 int num_classes, float mean, float std, dt_dataset **out);
 
-/* Standard files under `dir`: "fashion-mnist" or "mnist", split "train" or
- * "test" (train-images-idx3-ubyte[.gz], t10k-...). */
+/* Standard files under `dir` (e.g. /usr/share/datasets/fashion-mnist), split
+ * "train" or "test": train-images-idx3-ubyte.gz / train-labels-idx1-ubyte.gz
+ * (or t10k-...), each tried with ".gz" first, then without. 10 classes.
+ * Normalised with the training set's statistics: Fashion-MNIST (0.2860,
+ * 0.3530) when `dir` contains "fashion", else MNIST (0.1307, 0.3081).
+ * Missing files: DT_ERR_IO naming the directory and file. */
 dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out);
 
 /* ---- samplers ---- */
@@ -78,8 +92,13 @@ typedef struct dt_sampler_config {
 typedef struct dt_sampler dt_sampler;
 dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, dt_sampler **out);
 void dt_sampler_destroy(dt_sampler *s);
-/* Recomputes the order for `epoch` (shuffle seed = seed + epoch, identical on
- * all ranks); PyTorch DistributedSampler semantics for padding/drop_last. */
+/* Recomputes the order for `epoch` (Fisher-Yates with a dt_generator seeded
+ * seed + epoch, identical on all ranks). PyTorch DistributedSampler
+ * semantics with R = num_replicas: if drop_last and len % R != 0,
+ * num_samples = floor(len / R) and the list is truncated to num_samples*R;
+ * else num_samples = ceil(len / R) and the list is padded by repeating it
+ * from its start; rank r takes list[r : num_samples*R : R]. The create call
+ * sets epoch 0. */
 dt_status dt_sampler_set_epoch(dt_sampler *s, int64_t epoch);
 int64_t dt_sampler_length(const dt_sampler *s); /* indices this rank sees per epoch */
 const int64_t *dt_sampler_indices(const dt_sampler *s);
@@ -94,7 +113,10 @@ typedef struct dt_loader_config {
 #define DT_LOADER_CONFIG_DEFAULT ((dt_loader_config){64, 0, 2, {DT_DEVICE_CPU, 0}})
 
 typedef struct dt_loader dt_loader;
-/* The loader borrows dataset and sampler (they must outlive it). */
+/* The loader borrows dataset and sampler (they must outlive it, and the
+ * sampler must not be changed while an epoch runs). batch_size >= 1,
+ * prefetch in [1, 64]; the device must exist. Host memory: prefetch
+ * batches of batch_size samples. Destroying mid-epoch stops the worker. */
 dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
                            dt_loader **out);
 void dt_loader_destroy(dt_loader *l);
@@ -103,7 +125,11 @@ void dt_loader_destroy(dt_loader *l);
 dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch);
 int64_t dt_loader_num_batches(const dt_loader *l);
 /* Next batch: inputs (B, ...) f32 and labels (B) i32 on the device (new
- * references). Returns DT_OK with *inputs NULL at the end of the epoch. */
+ * references); B < batch_size only for the last batch without drop_last.
+ * Returns DT_OK with *inputs NULL at the end of the epoch. DT_ERR_STATE
+ * before the first dt_loader_start_epoch. A failure of dt_dataset_get in
+ * the worker is returned here with its status and message (and again on
+ * later calls, until the next epoch starts). */
 dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels);
 
 #ifdef __cplusplus

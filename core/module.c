@@ -405,7 +405,7 @@ static dt_status move_tensor(dt_tensor *t, dt_device dev, const char *name) {
   dt_status st = dt_tensor_to_device(t, dev, &moved);
   dt_no_grad_end();
   if (st != DT_OK)
-    return dt_error_wrap(st, "moving \"%s\": ", name);
+    return dt_error_wrap(st, "moving \"%s\"", name);
   dt_tensor_rebind(t, moved->storage, moved->offset);
   dt_tensor_release(moved);
   if (dt_tensor_grad(t) != NULL)
@@ -440,14 +440,13 @@ dt_status dt_module_to(dt_module *m, dt_device dev) {
 
 /* ---- hooks ---- */
 
-static dt_status add_hook(dt_module *m, module_hook **list, int *n, int *cap, module_hook h,
+static dt_status add_hook(module_hook **list, int *n, int *cap, module_hook h,
                           dt_hook_handle *out) {
   DT_CHECK(grow((void **)list, cap, *n + 1, sizeof **list, "hook"));
   h.handle = atomic_fetch_add(&next_hook_handle, 1);
   (*list)[(*n)++] = h;
   if (out != NULL)
     *out = h.handle;
-  (void)m;
   return DT_OK;
 }
 
@@ -457,7 +456,7 @@ dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook 
     return DT_ERROR(DT_ERR_INVALID_ARG, "registering a forward pre-hook: module or function "
                     "is NULL");
   module_hook h = {0, fn, NULL, user};
-  return add_hook(m, &m->pre_hooks, &m->n_pre_hooks, &m->cap_pre_hooks, h, out);
+  return add_hook(&m->pre_hooks, &m->n_pre_hooks, &m->cap_pre_hooks, h, out);
 }
 
 dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void *user,
@@ -466,7 +465,7 @@ dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void
     return DT_ERROR(DT_ERR_INVALID_ARG, "registering a forward hook: module or function is "
                     "NULL");
   module_hook h = {0, NULL, fn, user};
-  return add_hook(m, &m->hooks, &m->n_hooks, &m->cap_hooks, h, out);
+  return add_hook(&m->hooks, &m->n_hooks, &m->cap_hooks, h, out);
 }
 
 static int remove_from(module_hook *list, int *n, dt_hook_handle h) {

@@ -34,16 +34,21 @@ typedef struct dt_module_vtable {
   void (*destroy)(void *impl);
 } dt_module_vtable;
 
-/* Creates a module. `impl` is owned by the module (freed by vt->destroy). */
+/* Creates a module (training mode on, like PyTorch). `impl` is owned by the
+ * module (freed by vt->destroy at destroy; on failure the caller keeps it).
+ * vt must outlive the module and have a forward. */
 dt_status dt_module_create(const dt_module_vtable *vt, void *impl, dt_module **out);
 void dt_module_destroy(dt_module *m); /* NULL is a no-op; frees children too */
 
 void *dt_module_impl(const dt_module *m);
 const char *dt_module_type_name(const dt_module *m);
 
-/* Registration. The module takes a reference to the tensor / ownership of
- * the child. Parameters are marked requires_grad. Names must be unique
- * among a module's parameters, buffers and children. */
+/* Registration. On success the module takes a reference to the tensor /
+ * ownership of the child; on failure the caller keeps both. Parameters must
+ * be leaves and are marked requires_grad (so they must be float). Names
+ * must be non-empty, contain no '.', and be unique among a module's
+ * parameters, buffers and children (DT_ERR_INVALID_ARG otherwise). A child
+ * has exactly one parent. */
 dt_status dt_module_register_parameter(dt_module *m, const char *name, dt_tensor *param);
 dt_status dt_module_register_buffer(dt_module *m, const char *name, dt_tensor *buf);
 dt_status dt_module_add_child(dt_module *m, const char *name, dt_module *child);
@@ -55,8 +60,12 @@ dt_module *dt_module_child(const dt_module *m, const char *name);
 int dt_module_num_children(const dt_module *m);
 dt_module *dt_module_child_at(const dt_module *m, int i);
 
-/* Recursive enumeration (borrowed references, dotted names valid while the
- * module lives). */
+/* Recursive enumeration (borrowed references, dotted names valid until the
+ * next registration below the module or its destruction). Depth-first in
+ * registration order, own entries before children's. A tensor registered
+ * under two names (tied weights) is listed once, under its first name, as
+ * PyTorch's named_parameters(). The list is cached and rebuilt after a
+ * registration anywhere below the module. Out-of-range i returns NULL. */
 int dt_module_num_parameters(const dt_module *m);
 dt_tensor *dt_module_parameter_at(const dt_module *m, int i, const char **name);
 int dt_module_num_buffers(const dt_module *m);
@@ -68,16 +77,26 @@ int64_t dt_module_parameter_count(const dt_module *m);
 void dt_module_train(dt_module *m, int training);
 int dt_module_is_training(const dt_module *m);
 
-/* Moves every parameter and buffer to `dev` (recursively). Must be called
- * before dt_param_arena_create. */
+/* Moves every parameter and buffer to `dev` (recursively). The tensor
+ * handles stay the same (their storage is replaced), so pointers obtained
+ * earlier remain valid; requires_grad is kept, existing gradients are
+ * dropped. Must be called before dt_param_arena_create (it would move the
+ * parameters out of the arena). Errors: the device does not exist, OOM. */
 dt_status dt_module_to(dt_module *m, dt_device dev);
 
-/* ---- hooks ---- */
+/* ---- hooks ----
+ * Handles are unique in the process (never reused). A hook returning an
+ * error aborts the call with that status (a replacement it set is
+ * released). Hooks must not register or remove hooks on the same module
+ * while it is being called. */
 /* May set *replacement to a new tensor (ownership passes to the call) to
- * replace the input; leaving it NULL keeps the input. */
+ * replace the input; leaving it NULL keeps the input. To return the input
+ * itself, retain it first. Later pre-hooks and forward see the replacement. */
 typedef dt_status (*dt_forward_pre_hook)(dt_module *m, dt_tensor *input,
                                          dt_tensor **replacement, void *user);
-/* May set *replacement to replace the output. */
+/* `input` is the (possibly replaced) input seen by forward. May set
+ * *replacement (a new reference) to replace the output; the call releases
+ * the replaced output. Later hooks see the replacement. */
 typedef dt_status (*dt_forward_hook)(dt_module *m, dt_tensor *input, dt_tensor *output,
                                      dt_tensor **replacement, void *user);
 
@@ -88,7 +107,8 @@ dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void
 /* Removes a pre- or forward hook by handle. DT_ERR_INVALID_ARG if unknown. */
 dt_status dt_module_remove_hook(dt_module *m, dt_hook_handle h);
 
-/* Runs pre-hooks, forward, forward hooks. *output is a new reference. */
+/* Runs pre-hooks, forward, forward hooks. *output is a new reference (NULL
+ * on failure, with nothing leaked). */
 dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output);
 
 /* ---- flat parameter arena ----
@@ -96,7 +116,13 @@ dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output);
  * and gives each a gradient that is a view into one flat gradient buffer
  * (same order, zero-initialised). The module's parameter tensors keep their
  * handles; their storage becomes the arena. Optimizers and the DDP reducer
- * work on the arena. Parameters must all be f32 on one device. */
+ * work on the arena. Parameters must all be f32 (DT_ERR_DTYPE) on one
+ * device (DT_ERR_DEVICE_MISMATCH) and leaves; a module without parameters
+ * is DT_ERR_INVALID_ARG. Offsets are dense (no padding) so that any run of
+ * consecutive parameters is one contiguous slice. A gradient that existed
+ * before is copied into the arena. The parameters keep the arena's storage
+ * alive: the arena may be destroyed before the module. Accessors take an
+ * index in [0, count): out of range gives NULL / -1. */
 typedef struct dt_param_arena dt_param_arena;
 
 dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out);
@@ -108,7 +134,7 @@ dt_tensor *dt_param_arena_data(const dt_param_arena *a);       /* flat (numel) *
 dt_tensor *dt_param_arena_grads(const dt_param_arena *a);      /* flat (numel) */
 int64_t dt_param_arena_numel(const dt_param_arena *a);
 dt_device dt_param_arena_device(const dt_param_arena *a);
-/* Zeroes the flat gradient buffer. */
+/* Zeroes the flat gradient buffer (one memset on the arena's device). */
 dt_status dt_param_arena_zero_grad(dt_param_arena *a);
 
 #ifdef __cplusplus

@@ -3,6 +3,9 @@
  * (bound 1/sqrt(fan_in)), biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)); norm
  * layers weight 1, bias 0; Embedding N(0, 1).
  * Modules are created on the CPU; use dt_module_to() to move them.
+ * `gen` must not be NULL (DT_ERR_INVALID_ARG): seed it with
+ * dt_generator_init(); weights are drawn before biases, row-major.
+ * Parameter names as PyTorch: "weight", "bias".
  */
 #ifndef DT_CORE_NN_H
 #define DT_CORE_NN_H
@@ -18,7 +21,10 @@ dt_status dt_nn_linear(int in_features, int out_features, int bias, dt_generator
                        dt_module **out);
 dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
                        int bias, dt_generator *gen, dt_module **out);
-/* Buffers running_mean, running_var, num_batches_tracked (i64). */
+/* Parameters weight, bias (C); buffers running_mean (C), running_var (C),
+ * num_batches_tracked (i64, rank 0). Uses batch statistics and updates the
+ * running ones in training mode, running statistics in eval mode. PyTorch
+ * defaults: eps 1e-5, momentum 0.1. */
 dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module **out);
 dt_status dt_nn_layer_norm(int features, float eps, dt_module **out);
 dt_status dt_nn_embedding(int num_embeddings, int dim, dt_generator *gen, dt_module **out);
@@ -26,13 +32,20 @@ dt_status dt_nn_relu(dt_module **out);
 dt_status dt_nn_gelu(dt_module **out);
 dt_status dt_nn_tanh(dt_module **out);
 dt_status dt_nn_flatten(dt_module **out);
+/* stride 0 means stride = kernel (PyTorch's default); padding <= kernel/2. */
 dt_status dt_nn_max_pool2d(int kernel, int stride, int padding, dt_module **out);
 dt_status dt_nn_avg_pool2d(int kernel, int stride, int padding, dt_module **out);
-/* Dropout draws from its own generator seeded with `seed`. */
+/* Dropout draws from its own generator seeded with `seed`; identity in eval
+ * mode. p in [0, 1). */
 dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out);
 /* Children named "0", "1", ... in order; takes ownership of the modules
- * (on failure too). */
+ * (on failure too). Forward calls every child in registration order through
+ * dt_module_call (so child hooks fire), whatever its name: children added
+ * with dt_module_add_child ("features", "classifier") take part, as in
+ * nn.Sequential(OrderedDict). n = 0 gives an empty Sequential (identity). */
 dt_status dt_nn_sequential(dt_module *const *mods, int n, dt_module **out);
+/* Appends `mod` as child "<number of children>"; takes ownership of mod (on
+ * failure too). seq must come from dt_nn_sequential. */
 dt_status dt_nn_sequential_append(dt_module *seq, dt_module *mod);
 
 #ifdef __cplusplus

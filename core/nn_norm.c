@@ -23,7 +23,8 @@ static dt_status increment_counter(dt_tensor *counter) {
   DT_CHECK(dt_tensor_to_host(counter, &n, sizeof n));
   n++;
   dt_tensor *host = NULL;
-  DT_CHECK(dt_tensor_from_host(&n, NULL, 0, DT_DTYPE_I64, DT_CPU, &host));
+  int64_t scalar_shape[1] = {1}; /* unused: rank 0 */
+  DT_CHECK(dt_tensor_from_host(&n, scalar_shape, 0, DT_DTYPE_I64, DT_CPU, &host));
   dt_status st = dt_tensor_copy_(counter, host);
   dt_tensor_release(host);
   return st;
@@ -66,7 +67,7 @@ static dt_status batch_norm_init(dt_module *m, int channels) {
   DT_CHECK(dt_nn_add_buffer(m, "running_mean", t));
   DT_CHECK(dt_nn_constant(&c, 1, 1.0f, &t));
   DT_CHECK(dt_nn_add_buffer(m, "running_var", t));
-  DT_CHECK(dt_tensor_zeros(NULL, 0, DT_DTYPE_I64, DT_CPU, &t));
+  DT_CHECK(dt_tensor_zeros(&c, 0, DT_DTYPE_I64, DT_CPU, &t)); /* rank 0, as PyTorch */
   DT_CHECK(dt_nn_add_buffer(m, "num_batches_tracked", t));
   return DT_OK;
 }

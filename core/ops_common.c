@@ -33,6 +33,13 @@ dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tens
   return dt_autograd_record(name, backward, live, k, out, node);
 }
 
+dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
+  dt_no_grad_begin();
+  dt_status st = dt_tensor_contiguous(t, out);
+  dt_no_grad_end();
+  return st;
+}
+
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
   dt_tensor *alias = NULL;
   DT_CHECK(dt_tensor_detach(out, &alias));

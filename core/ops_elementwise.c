@@ -166,7 +166,7 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   dt_tensor *x = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_contiguous(a, &x));
+  DT_CHECK(dt_ops_contiguous(a, &x));
   DT_CHECK_GOTO(dt_ops_scaled_copy(x, alpha, &y), fail);
   DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), fail);
   if (node)
@@ -209,7 +209,7 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   dt_tensor *x = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_contiguous(a, &x));
+  DT_CHECK(dt_ops_contiguous(a, &x));
   DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
                                 dt_tensor_device(x), &y),
                 fail);

@@ -29,6 +29,11 @@ int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst);
 dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
                               int n, dt_tensor *out, dt_node **node);
 
+/* A contiguous version of t (a new reference; t itself when already
+ * contiguous) made without recording: the op records its own node on the
+ * original input, so a "contiguous" node would only hold memory. */
+dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out);
+
 /* Saves a detached alias of an op's own output (no reference cycle
  * output -> node -> output). */
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out);

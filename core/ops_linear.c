@@ -100,8 +100,8 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   dt_node *node = NULL;
   dt_status st;
   dt_device dev = dt_tensor_device(a);
-  DT_CHECK_GOTO(dt_tensor_contiguous(a, &ac), fail);
-  DT_CHECK_GOTO(dt_tensor_contiguous(b, &bc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(a, &ac), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(b, &bc), fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, na, DT_DTYPE_F32, dev, &y), fail);
   /* y (m,n) = a (m,k) @ b (k,n), per batch when batched */
   if (batched)
@@ -212,13 +212,13 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_tensor_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_tensor_contiguous(weight, &wc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), fail);
   float beta = 0.0f;
   if (bias && rows > 0 && outf > 0) {
     /* y (rows, out) = bias broadcast over rows, then y += x @ w^T */
-    DT_CHECK_GOTO(dt_tensor_contiguous(bias, &bc), fail);
+    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), fail);
     DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), fail);
     beta = 1.0f;
   }

@@ -37,7 +37,7 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
   dt_tensor *xc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_contiguous(x, &xc));
+  DT_CHECK(dt_ops_contiguous(x, &xc));
   DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(xc), ndim, DT_DTYPE_F32, dt_tensor_device(xc), &y),
                 fail);
   int64_t cols = dt_tensor_shape(xc)[ndim - 1], n = dt_tensor_numel(xc);

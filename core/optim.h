@@ -34,14 +34,20 @@ typedef struct dt_adamw_config {
 
 /* The optimizer keeps a pointer to the arena (which must outlive it).
  * Invalid hyper-parameters (lr < 0, momentum < 0, nesterov without
- * momentum or with dampening, betas outside [0,1)) are DT_ERR_INVALID_ARG. */
+ * momentum or with dampening, betas outside [0,1), eps or weight_decay < 0,
+ * any non-finite value) are DT_ERR_INVALID_ARG. State buffers are zeros on
+ * the arena's device. */
 dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg,
                               dt_optimizer **out);
 dt_status dt_optim_adamw_create(dt_param_arena *arena, const dt_adamw_config *cfg,
                                 dt_optimizer **out);
 void dt_optim_destroy(dt_optimizer *o);
 
-/* One update with the gradients in the arena's flat gradient buffer. */
+/* One update with the gradients in the arena's flat gradient buffer: one
+ * fused backend kernel, following torch.optim.SGD / torch.optim.AdamW
+ * (AdamW's bias correction uses t = step count + 1). An lr set through
+ * dt_optim_set_lr that is negative or non-finite fails here with
+ * DT_ERR_INVALID_ARG. */
 dt_status dt_optim_step(dt_optimizer *o);
 dt_status dt_optim_zero_grad(dt_optimizer *o);
 void dt_optim_set_lr(dt_optimizer *o, float lr);
@@ -49,8 +55,11 @@ float dt_optim_lr(const dt_optimizer *o);
 int64_t dt_optim_step_count(const dt_optimizer *o);
 const char *dt_optim_name(const dt_optimizer *o); /* "sgd", "adamw" */
 
-/* State (step count, momentum / moment buffers) as a flat f32 array:
- * size in elements, copy out, copy in (for checkpoints). */
+/* State for checkpoints: the buffers as one flat f32 array (SGD: the
+ * momentum buffer, none when momentum is 0; AdamW: exp_avg then exp_avg_sq),
+ * each the size of the arena. The step count travels separately
+ * (dt_optim_step_count / the step_count argument). A size mismatch is
+ * DT_ERR_SHAPE. */
 int64_t dt_optim_state_numel(const dt_optimizer *o);
 dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel);
 dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
@@ -74,13 +83,29 @@ typedef struct dt_lr_schedule {
 } dt_lr_schedule;
 #define DT_LR_SCHEDULE_DEFAULT ((dt_lr_schedule){0.01f, 0, 0, DT_LR_DECAY_CONSTANT, 0.0f, 1, 0.1f})
 
-/* Learning rate for 0-based optimizer step `step`. */
+/* DT_ERR_INVALID_ARG for a schedule dt_lr_at cannot honour: base_lr < 0 or
+ * non-finite, warmup_steps < 0; cosine: total_steps <= warmup_steps or
+ * min_lr outside [0, base_lr]; step: step_size < 1 or gamma <= 0. */
+dt_status dt_lr_schedule_check(const dt_lr_schedule *s);
+
+/* Learning rate for 0-based optimizer step `step`:
+ *   step < warmup_steps:  base_lr * (step + 1) / warmup_steps;
+ *   then, with t = step - warmup_steps,
+ *   constant:  base_lr;
+ *   cosine:    min_lr + (base_lr - min_lr) * (1 + cos(pi * t / (total_steps -
+ *              warmup_steps))) / 2, and min_lr from total_steps on;
+ *   step:      base_lr * gamma^floor(t / step_size).
+ * Pure function; a negative step counts as 0. Validate with
+ * dt_lr_schedule_check first. */
 float dt_lr_at(const dt_lr_schedule *s, int64_t step);
 
 /* ---- clipping ---- */
 /* Scales the arena's gradients so that their global L2 norm is at most
- * max_norm (PyTorch's clip_grad_norm_, eps 1e-6). *total_norm (may be NULL)
- * receives the norm before clipping. */
+ * max_norm (PyTorch's clip_grad_norm_, eps 1e-6): when the norm exceeds
+ * max_norm the gradients are multiplied by max_norm / (norm + 1e-6), else
+ * left untouched (also when the norm is NaN). *total_norm (may be NULL)
+ * receives the norm before clipping. max_norm must be finite and > 0. Call
+ * it after the gradient all-reduce so every rank scales identically. */
 dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total_norm);
 
 #ifdef __cplusplus

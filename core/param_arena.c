@@ -120,7 +120,7 @@ dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out) {
 destroy_arena:
   /* Parameters already rebound keep the arena's storage alive through their
    * own references, so releasing the arena's handles is safe. */
-  st = dt_error_wrap(st, "creating the parameter arena of a %s module: ",
+  st = dt_error_wrap(st, "creating the parameter arena of a %s module",
                      dt_module_type_name(m));
   dt_param_arena_destroy(a);
   return st;

@@ -8,6 +8,9 @@ False, so a CPU-only build works anywhere (//cuda then builds a stub that
 reports DT_ERR_UNSUPPORTED).
 """
 
+def _link(libdir, libs):
+    return repr(["-L" + libdir, "-Wl,-rpath," + libdir] + ["-l" + l for l in libs])
+
 def _cuda_impl(ctx):
     home = ctx.os.environ.get("CUDA_HOME", "") or "/usr/local/cuda"
     disabled = ctx.os.environ.get("DT_NO_CUDA", "") not in ["", "0"]
@@ -29,7 +32,6 @@ def _cuda_impl(ctx):
     ))
     if available:
         libdir = home + "/lib64"
-        link = lambda libs: repr(["-L" + libdir, "-Wl,-rpath," + libdir] + ["-l" + l for l in libs])
         build = """
 package(default_visibility = ["//visibility:public"])
 
@@ -45,10 +47,10 @@ cc_library(name = "cudnn", deps = [":headers"], linkopts = {cudnn})
 
 cc_library(name = "nccl", deps = [":headers"], linkopts = {nccl})
 """.format(
-            cudart = link(["cudart"]),
-            cublas = link(["cublasLt", "cublas"]),
-            cudnn = link(["cudnn"]),
-            nccl = link(["nccl"]),
+            cudart = _link(libdir, ["cudart"]),
+            cublas = _link(libdir, ["cublasLt", "cublas"]),
+            cudnn = _link(libdir, ["cudnn"]),
+            nccl = _link(libdir, ["nccl"]),
         )
     else:
         build = """

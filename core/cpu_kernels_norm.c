@@ -1,0 +1,300 @@
+/* CPU kernels for batch and layer normalisation. Statistics are two-pass in
+ * double; per-channel sums are formed from per-(channel, sample) partials
+ * combined in a fixed order, so results do not depend on the thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu_internal.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ---- batch normalisation ---- */
+
+static dt_status bn_check(const char *op, int64_t n, int64_t c, int64_t hw) {
+  if (n < 0 || c < 0 || hw < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (n %lld, c %lld, hw %lld)", op,
+                    (long long)n, (long long)c, (long long)hw);
+  return DT_OK;
+}
+
+static double *bn_partials(const char *op, int64_t count) {
+  double *p = malloc((size_t)(count > 0 ? count : 1) * 2 * sizeof(double));
+  if (!p)
+    DT_ERROR(DT_ERR_OOM, "%s: scratch of %lld doubles: malloc failed: free host memory", op,
+             (long long)count * 2);
+  return p;
+}
+
+// x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
+dt_status dt_cpu_batchnorm_forward(dt_device dev, const float *x, float *y, const float *gamma,
+                                   const float *beta, float *running_mean, float *running_var,
+                                   float *save_mean, float *save_invstd, int64_t n, int64_t c,
+                                   int64_t hw, int training, float momentum, float eps) {
+  (void)dev;
+  DT_CHECK(bn_check("batchnorm_forward", n, c, hw));
+  int64_t cnt = n * hw, total = n * c * hw;
+  int nt = dt_cpu_threads();
+  int par = total >= DT_CPU_PAR_MIN;
+  float *scale = malloc((size_t)(c > 0 ? c : 1) * 2 * sizeof(float));
+  if (!scale)
+    return DT_ERROR(DT_ERR_OOM, "batchnorm_forward: scratch of %lld floats: malloc failed",
+                    (long long)c * 2);
+  float *shift = scale + c;
+
+  if (training) {
+    if (cnt <= 1) {
+      free(scale);
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "batchnorm_forward: training needs more than 1 value per channel, got "
+                      "n=%lld x hw=%lld: use a batch larger than 1 or eval mode",
+                      (long long)n, (long long)hw);
+    }
+    double *part = bn_partials("batchnorm_forward", n * c);
+    if (!part) {
+      free(scale);
+      return DT_ERR_OOM;
+    }
+    /* pass 1: sums per (sample, channel) -> mean */
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+    for (int64_t task = 0; task < n * c; task++) {
+      const float *xp = x + task * hw;
+      double s = 0.0;
+      for (int64_t i = 0; i < hw; i++)
+        s += xp[i];
+      part[task] = s;
+    }
+    double *mean = part + n * c; /* reuses the second half: (c) means, then (c) vars */
+    for (int64_t ci = 0; ci < c; ci++) {
+      double s = 0.0;
+      for (int64_t ni = 0; ni < n; ni++)
+        s += part[ni * c + ci];
+      mean[ci] = s / (double)cnt;
+    }
+    /* pass 2: squared deviations */
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+    for (int64_t task = 0; task < n * c; task++) {
+      const float *xp = x + task * hw;
+      double m = mean[task % c], s = 0.0;
+      for (int64_t i = 0; i < hw; i++) {
+        double dlt = xp[i] - m;
+        s += dlt * dlt;
+      }
+      part[task] = s;
+    }
+    for (int64_t ci = 0; ci < c; ci++) {
+      double s = 0.0;
+      for (int64_t ni = 0; ni < n; ni++)
+        s += part[ni * c + ci];
+      double var = s / (double)cnt;
+      double invstd = 1.0 / sqrt(var + (double)eps);
+      double g = gamma ? gamma[ci] : 1.0, b = beta ? beta[ci] : 0.0;
+      scale[ci] = (float)(g * invstd);
+      shift[ci] = (float)(b - mean[ci] * g * invstd);
+      if (save_mean)
+        save_mean[ci] = (float)mean[ci];
+      if (save_invstd)
+        save_invstd[ci] = (float)invstd;
+      if (running_mean)
+        running_mean[ci] = (float)((1.0 - momentum) * running_mean[ci] + momentum * mean[ci]);
+      if (running_var)
+        running_var[ci] = (float)((1.0 - momentum) * running_var[ci] +
+                                  momentum * var * (double)cnt / (double)(cnt - 1));
+    }
+    free(part);
+  } else {
+    if (!running_mean || !running_var) {
+      free(scale);
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "batchnorm_forward: eval mode needs running_mean and running_var");
+    }
+    for (int64_t ci = 0; ci < c; ci++) {
+      double invstd = 1.0 / sqrt((double)running_var[ci] + (double)eps);
+      double g = gamma ? gamma[ci] : 1.0, b = beta ? beta[ci] : 0.0;
+      scale[ci] = (float)(g * invstd);
+      shift[ci] = (float)(b - running_mean[ci] * g * invstd);
+      /* So that a backward through eval mode can use the running stats. */
+      if (save_mean)
+        save_mean[ci] = running_mean[ci];
+      if (save_invstd)
+        save_invstd[ci] = (float)invstd;
+    }
+  }
+
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < n * c; task++) {
+    const float *xp = x + task * hw;
+    float *yp = y + task * hw;
+    float a = scale[task % c], b = shift[task % c];
+    for (int64_t i = 0; i < hw; i++)
+      yp[i] = xp[i] * a + b;
+  }
+  free(scale);
+  return DT_OK;
+}
+
+// x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma (c), dbeta (c) (overwrite)
+dt_status dt_cpu_batchnorm_backward(dt_device dev, const float *x, const float *dy,
+                                    const float *gamma, const float *save_mean,
+                                    const float *save_invstd, float *dx, float *dgamma,
+                                    float *dbeta, int64_t n, int64_t c, int64_t hw) {
+  (void)dev;
+  DT_CHECK(bn_check("batchnorm_backward", n, c, hw));
+  int64_t cnt = n * hw, total = n * c * hw;
+  int nt = dt_cpu_threads();
+  int par = total >= DT_CPU_PAR_MIN;
+  /* partials: (n*c) sums of dy, then (n*c) sums of dy*(x-mean) */
+  double *part = bn_partials("batchnorm_backward", n * c);
+  if (!part)
+    return DT_ERR_OOM;
+  double *part_dy = part, *part_dyx = part + n * c;
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < n * c; task++) {
+    const float *xp = x + task * hw, *gp = dy + task * hw;
+    double m = save_mean[task % c], s = 0.0, sx = 0.0;
+    for (int64_t i = 0; i < hw; i++) {
+      s += gp[i];
+      sx += gp[i] * ((double)xp[i] - m);
+    }
+    part_dy[task] = s;
+    part_dyx[task] = sx;
+  }
+  float *k_dy = malloc((size_t)(c > 0 ? c : 1) * 3 * sizeof(float));
+  if (!k_dy) {
+    free(part);
+    return DT_ERROR(DT_ERR_OOM, "batchnorm_backward: scratch of %lld floats: malloc failed",
+                    (long long)c * 3);
+  }
+  float *k_x = k_dy + c, *k_mul = k_dy + 2 * c;
+  for (int64_t ci = 0; ci < c; ci++) {
+    double s = 0.0, sx = 0.0;
+    for (int64_t ni = 0; ni < n; ni++) {
+      s += part_dy[ni * c + ci];
+      sx += part_dyx[ni * c + ci];
+    }
+    double invstd = save_invstd[ci], g = gamma ? gamma[ci] : 1.0;
+    if (dgamma)
+      dgamma[ci] = (float)(sx * invstd);
+    if (dbeta)
+      dbeta[ci] = (float)s;
+    /* dx = g*invstd * (dy - s/cnt - (x-mean) * invstd^2 * sx/cnt) */
+    double inv_cnt = cnt > 0 ? 1.0 / (double)cnt : 0.0;
+    k_mul[ci] = (float)(g * invstd);
+    k_dy[ci] = (float)(s * inv_cnt);
+    k_x[ci] = (float)(sx * inv_cnt * invstd * invstd);
+  }
+  free(part);
+  if (dx) {
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+    for (int64_t task = 0; task < n * c; task++) {
+      int64_t ci = task % c;
+      const float *xp = x + task * hw, *gp = dy + task * hw;
+      float *dp = dx + task * hw;
+      float m = save_mean[ci], mul = k_mul[ci], kd = k_dy[ci], kx = k_x[ci];
+      for (int64_t i = 0; i < hw; i++)
+        dp[i] = mul * (gp[i] - kd - (xp[i] - m) * kx);
+    }
+  }
+  free(k_dy);
+  return DT_OK;
+}
+
+/* ---- layer normalisation ---- */
+
+// x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
+dt_status dt_cpu_layernorm_forward(dt_device dev, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd,
+                                   int64_t rows, int64_t cols, float eps) {
+  (void)dev;
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_forward: bad size (rows %lld, cols %lld)",
+                    (long long)rows, (long long)cols);
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; j++)
+      s += xr[j];
+    double m = s / (double)cols, v = 0.0;
+    for (int64_t j = 0; j < cols; j++) {
+      double dlt = xr[j] - m;
+      v += dlt * dlt;
+    }
+    float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
+    if (mean)
+      mean[r] = mf;
+    if (rstd)
+      rstd[r] = rs;
+    if (gamma && beta)
+      for (int64_t j = 0; j < cols; j++)
+        yr[j] = (xr[j] - mf) * rs * gamma[j] + beta[j];
+    else
+      for (int64_t j = 0; j < cols; j++)
+        yr[j] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+  }
+  return DT_OK;
+}
+
+#define LN_COL_BLOCK 256
+
+// x, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
+// dgamma, dbeta (cols) accumulated (+=)
+dt_status dt_cpu_layernorm_backward(dt_device dev, const float *x, const float *gamma,
+                                    const float *mean, const float *rstd, const float *dy,
+                                    float *dx, float *dgamma, float *dbeta, int64_t rows,
+                                    int64_t cols) {
+  (void)dev;
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_backward: bad size (rows %lld, cols %lld)",
+                    (long long)rows, (long long)cols);
+  int nt = dt_cpu_threads();
+  int par = rows * cols >= DT_CPU_PAR_MIN / 4;
+  if (dx) {
+    /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma */
+#pragma omp parallel for if (par) num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float *xr = x + r * cols, *gr = dy + r * cols;
+      float *dr = dx + r * cols;
+      float m = mean[r], rs = rstd[r];
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t j = 0; j < cols; j++) {
+        float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+        sg += g;
+        sgx += (double)g * ((xr[j] - m) * rs);
+      }
+      float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+      for (int64_t j = 0; j < cols; j++) {
+        float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+        dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
+      }
+    }
+  }
+  if (!dgamma && !dbeta)
+    return DT_OK;
+  /* Column blocks down all rows: race-free, fixed order. */
+  int64_t blocks = (cols + LN_COL_BLOCK - 1) / LN_COL_BLOCK;
+#pragma omp parallel for if (par && blocks > 1) num_threads(nt) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    int64_t j0 = b * LN_COL_BLOCK, len = MIN(LN_COL_BLOCK, cols - j0);
+    double ag[LN_COL_BLOCK], ab[LN_COL_BLOCK];
+    for (int64_t j = 0; j < len; j++)
+      ag[j] = ab[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      const float *xr = x + r * cols + j0, *gr = dy + r * cols + j0;
+      float m = mean[r], rs = rstd[r];
+      for (int64_t j = 0; j < len; j++) {
+        ag[j] += (double)gr[j] * ((xr[j] - m) * rs);
+        ab[j] += gr[j];
+      }
+    }
+    for (int64_t j = 0; j < len; j++) {
+      if (dgamma)
+        dgamma[j0 + j] += (float)ag[j];
+      if (dbeta)
+        dbeta[j0 + j] += (float)ab[j];
+    }
+  }
+  return DT_OK;
+}

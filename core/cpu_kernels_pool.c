@@ -1,0 +1,161 @@
+/* CPU max and average pooling, NCHW, parallel over (image, channel) planes. */
+#include <math.h>
+#include <string.h>
+
+#include "core/cpu_internal.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+static dt_status check_pool_geom(const char *op, const dt_conv2d_geom *g) {
+  if (g->n < 0 || g->c < 0 || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 ||
+      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: bad geometry: n=%d c=%d h=%d w=%d kernel %dx%d stride %dx%d padding "
+                    "%dx%d",
+                    op, g->n, g->c, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+  if (2 * g->ph > g->kh || 2 * g->pw > g->kw)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "
+                    "kernel/2)",
+                    op, g->ph, g->pw, g->kh, g->kw);
+  int oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
+  int ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
+  if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw || g->oh != oh || g->ow != ow)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
+                    "padding %dx%d: the window must fit in the padded input",
+                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+  return DT_OK;
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w
+dt_status dt_cpu_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+                                   float *y, int32_t *argmax) {
+  (void)dev;
+  DT_CHECK(check_pool_geom("maxpool2d_forward", g));
+  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < planes; p++) {
+    const float *xp = x + p * hw;
+    float *yp = y + p * ohw;
+    int32_t *ap = argmax ? argmax + p * ohw : NULL;
+    for (int oy = 0; oy < g->oh; oy++) {
+      int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
+      y0 = MAX(y0, 0);
+      for (int ox = 0; ox < g->ow; ox++) {
+        int x0 = ox * g->sw - g->pw, x1 = MIN(x0 + g->kw, g->w);
+        x0 = MAX(x0, 0);
+        float best = -INFINITY;
+        int32_t at = y0 * g->w + x0;
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++) {
+            float v = xp[iy * g->w + ix];
+            if (v > best || v != v) { /* NaN wins, as PyTorch */
+              best = v;
+              at = iy * g->w + ix;
+              if (v != v)
+                goto done;
+            }
+          }
+      done:
+        yp[oy * g->ow + ox] = best;
+        if (ap)
+          ap[oy * g->ow + ox] = at;
+      }
+    }
+  }
+  return DT_OK;
+}
+
+// dy (n,c,oh,ow), argmax -> dx (n,c,h,w) overwritten
+dt_status dt_cpu_maxpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
+                                    const int32_t *argmax, float *dx) {
+  (void)dev;
+  DT_CHECK(check_pool_geom("maxpool2d_backward", g));
+  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  int nt = dt_cpu_threads();
+  int bad = 0;
+#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static) \
+    reduction(| : bad)
+  for (int64_t p = 0; p < planes; p++) {
+    float *dp = dx + p * hw;
+    const float *gp = dy + p * ohw;
+    const int32_t *ap = argmax + p * ohw;
+    memset(dp, 0, (size_t)hw * sizeof(float));
+    for (int64_t o = 0; o < ohw; o++) {
+      if (ap[o] < 0 || ap[o] >= hw) {
+        bad = 1;
+        continue;
+      }
+      dp[ap[o]] += gp[o];
+    }
+  }
+  if (bad)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "maxpool2d_backward: argmax outside [0, %lld): pass the indices from "
+                    "maxpool2d_forward with the same geometry",
+                    (long long)hw);
+  return DT_OK;
+}
+
+/* Divisor of output (oy, ox): the window clipped to the padded input, so
+ * padding counts (count_include_pad = true). */
+static float avg_divisor(const dt_conv2d_geom *g, int oy, int ox) {
+  int y0 = oy * g->sh - g->ph, x0 = ox * g->sw - g->pw;
+  int y1 = MIN(y0 + g->kh, g->h + g->ph), x1 = MIN(x0 + g->kw, g->w + g->pw);
+  return (float)((y1 - y0) * (x1 - x0));
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow)
+dt_status dt_cpu_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+                                   float *y) {
+  (void)dev;
+  DT_CHECK(check_pool_geom("avgpool2d_forward", g));
+  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < planes; p++) {
+    const float *xp = x + p * hw;
+    float *yp = y + p * ohw;
+    for (int oy = 0; oy < g->oh; oy++) {
+      int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
+      for (int ox = 0; ox < g->ow; ox++) {
+        int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
+        float s = 0.0f;
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++)
+            s += xp[iy * g->w + ix];
+        yp[oy * g->ow + ox] = s / avg_divisor(g, oy, ox);
+      }
+    }
+  }
+  return DT_OK;
+}
+
+// dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
+dt_status dt_cpu_avgpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
+                                    float *dx) {
+  (void)dev;
+  DT_CHECK(check_pool_geom("avgpool2d_backward", g));
+  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t p = 0; p < planes; p++) {
+    float *dp = dx + p * hw;
+    const float *gp = dy + p * ohw;
+    memset(dp, 0, (size_t)hw * sizeof(float));
+    for (int oy = 0; oy < g->oh; oy++) {
+      int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
+      for (int ox = 0; ox < g->ow; ox++) {
+        int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
+        float v = gp[oy * g->ow + ox] / avg_divisor(g, oy, ox);
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++)
+            dp[iy * g->w + ix] += v;
+      }
+    }
+  }
+  return DT_OK;
+}

@@ -1,0 +1,266 @@
+/* The background loader.
+ *
+ * One worker thread per epoch fills a ring of `prefetch` host batch buffers
+ * (gathering samples with dt_dataset_get) while the caller trains; the
+ * caller's dt_loader_next takes the oldest filled slot, copies it to the
+ * device with dt_tensor_from_host and hands the slot back.
+ *
+ *   worker:   wait for a free slot -> fill slot b % ring -> produced++
+ *   consumer: wait for produced > consumed -> copy slot -> consumed++
+ *
+ * The worker writes slot b only while b - consumed < ring, so it never
+ * touches the slot being copied. The ring is explicit so that a CUDA backend
+ * can later allocate the slots in pinned memory (host_buffer_alloc) and copy
+ * them asynchronously on the copy stream; a slot would then be handed back
+ * only once the copy's event has completed.
+ */
+#include "core/data.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+
+#define LOADER_ERROR_MAX 2048
+
+typedef struct batch_slot {
+  float *inputs;   /* (batch_size, input_numel) host */
+  int32_t *labels; /* (batch_size) host */
+  int64_t count;   /* samples in this batch */
+  dt_status status;
+  char error[LOADER_ERROR_MAX]; /* the worker's message when status != DT_OK */
+} batch_slot;
+
+struct dt_loader {
+  const dt_dataset *dataset;
+  dt_sampler *sampler;
+  dt_loader_config cfg;
+  int64_t input_numel;
+  int ring_size;
+  batch_slot *ring;
+
+  pthread_mutex_t mu;
+  pthread_cond_t filled; /* worker -> consumer: produced advanced */
+  pthread_cond_t freed;  /* consumer -> worker: consumed advanced, or stop */
+  int64_t num_batches;   /* this epoch */
+  int64_t produced;      /* slots published this epoch (guarded by mu) */
+  int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
+  atomic_int stop;       /* ask the worker to quit (checked per sample) */
+  int worker_running;    /* a thread exists and must be joined */
+  pthread_t worker;
+  int epoch_started;
+};
+
+/* Host memory for a slot. Plain aligned memory on CPU; the place where a
+ * CUDA build would ask for pinned (page-locked) memory. */
+static void *host_buffer_alloc(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+    return NULL;
+  return p;
+}
+
+static void host_buffer_free(void *p) { free(p); }
+
+static int64_t batches_for(int64_t samples, int batch_size, int drop_last) {
+  return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
+}
+
+/* Fills slot for batch b; records a failure in the slot. */
+static void fill_slot(dt_loader *l, int64_t b, batch_slot *slot) {
+  const int64_t *idx = dt_sampler_indices(l->sampler);
+  int64_t len = dt_sampler_length(l->sampler);
+  int64_t first = b * l->cfg.batch_size;
+  int64_t count = len - first < l->cfg.batch_size ? len - first : l->cfg.batch_size;
+  slot->count = count;
+  slot->status = DT_OK;
+  slot->error[0] = '\0';
+  for (int64_t k = 0; k < count; k++) {
+    if (atomic_load(&l->stop))
+      return;
+    dt_status st = dt_dataset_get(l->dataset, idx[first + k], slot->inputs + k * l->input_numel,
+                                  slot->labels + k);
+    if (st != DT_OK) {
+      slot->status = st;
+      snprintf(slot->error, sizeof slot->error, "sample %lld (batch %lld): %s",
+               (long long)idx[first + k], (long long)b, dt_last_error());
+      return;
+    }
+  }
+}
+
+static void *worker_main(void *arg) {
+  dt_loader *l = arg;
+  for (int64_t b = 0; b < l->num_batches; b++) {
+    pthread_mutex_lock(&l->mu);
+    while (!atomic_load(&l->stop) && l->produced - l->consumed >= l->ring_size)
+      pthread_cond_wait(&l->freed, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    if (atomic_load(&l->stop))
+      return NULL;
+
+    batch_slot *slot = &l->ring[b % l->ring_size];
+    fill_slot(l, b, slot);
+    if (atomic_load(&l->stop))
+      return NULL;
+
+    pthread_mutex_lock(&l->mu);
+    l->produced++;
+    pthread_cond_signal(&l->filled);
+    pthread_mutex_unlock(&l->mu);
+    if (slot->status != DT_OK)
+      return NULL; /* the consumer reports it; nothing after it is produced */
+  }
+  return NULL;
+}
+
+static void stop_worker(dt_loader *l) {
+  if (!l->worker_running)
+    return;
+  pthread_mutex_lock(&l->mu);
+  atomic_store(&l->stop, 1);
+  pthread_cond_broadcast(&l->freed);
+  pthread_mutex_unlock(&l->mu);
+  pthread_join(l->worker, NULL);
+  l->worker_running = 0;
+}
+
+dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
+                           dt_loader **out) {
+  if (!out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!d || !s)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dataset and sampler must not be NULL");
+  dt_loader_config c = cfg ? *cfg : DT_LOADER_CONFIG_DEFAULT;
+  if (c.batch_size < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "batch_size %d: must be >= 1", c.batch_size);
+  if (c.prefetch < 1 || c.prefetch > 64)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "prefetch %d: must be in [1, 64] batches", c.prefetch);
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(c.device, &be));
+
+  dt_loader *l = calloc(1, sizeof *l);
+  if (!l)
+    return DT_ERROR(DT_ERR_OOM, "cannot allocate a loader");
+  l->dataset = d;
+  l->sampler = s;
+  l->cfg = c;
+  l->input_numel = dt_dataset_input_numel(d);
+  l->ring_size = c.prefetch;
+  l->num_batches = batches_for(dt_sampler_length(s), c.batch_size, c.drop_last);
+  atomic_init(&l->stop, 0);
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->filled, NULL);
+  pthread_cond_init(&l->freed, NULL);
+  l->ring = calloc((size_t)l->ring_size, sizeof *l->ring);
+  if (!l->ring) {
+    dt_loader_destroy(l);
+    return DT_ERROR(DT_ERR_OOM, "cannot allocate the loader ring");
+  }
+  size_t input_bytes = (size_t)c.batch_size * (size_t)l->input_numel * sizeof(float);
+  for (int i = 0; i < l->ring_size; i++) {
+    l->ring[i].inputs = host_buffer_alloc(input_bytes);
+    l->ring[i].labels = host_buffer_alloc((size_t)c.batch_size * sizeof(int32_t));
+    if (!l->ring[i].inputs || !l->ring[i].labels) {
+      dt_loader_destroy(l);
+      return DT_ERROR(DT_ERR_OOM,
+                      "cannot allocate %d host batch buffers of %zu bytes: lower batch_size "
+                      "or prefetch",
+                      c.prefetch, input_bytes);
+    }
+  }
+  *out = l;
+  return DT_OK;
+}
+
+void dt_loader_destroy(dt_loader *l) {
+  if (!l)
+    return;
+  stop_worker(l);
+  if (l->ring) {
+    for (int i = 0; i < l->ring_size; i++) {
+      host_buffer_free(l->ring[i].inputs);
+      host_buffer_free(l->ring[i].labels);
+    }
+    free(l->ring);
+  }
+  pthread_cond_destroy(&l->freed);
+  pthread_cond_destroy(&l->filled);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
+  if (!l)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "loader is NULL");
+  stop_worker(l);
+  l->epoch_started = 0;
+  DT_CHECK(dt_sampler_set_epoch(l->sampler, epoch));
+  l->num_batches = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size,
+                               l->cfg.drop_last);
+  l->produced = 0;
+  l->consumed = 0;
+  atomic_store(&l->stop, 0);
+  if (l->num_batches > 0) {
+    int rc = pthread_create(&l->worker, NULL, worker_main, l);
+    if (rc != 0)
+      return DT_ERROR(DT_ERR_INTERNAL, "cannot start the loader worker thread: %s",
+                      strerror(rc));
+    l->worker_running = 1;
+  }
+  l->epoch_started = 1;
+  return DT_OK;
+}
+
+int64_t dt_loader_num_batches(const dt_loader *l) { return l->num_batches; }
+
+dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
+  if (!inputs || !labels)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "inputs and labels must not be NULL");
+  *inputs = NULL;
+  *labels = NULL;
+  if (!l)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "loader is NULL");
+  if (!l->epoch_started)
+    return DT_ERROR(DT_ERR_STATE, "no epoch started: call dt_loader_start_epoch first");
+  if (l->consumed >= l->num_batches) {
+    stop_worker(l); /* finished: just joins */
+    return DT_OK;
+  }
+
+  pthread_mutex_lock(&l->mu);
+  while (l->produced <= l->consumed)
+    pthread_cond_wait(&l->filled, &l->mu);
+  pthread_mutex_unlock(&l->mu);
+
+  batch_slot *slot = &l->ring[l->consumed % l->ring_size];
+  if (slot->status != DT_OK) /* sticky: the worker stopped at this batch */
+    return DT_ERROR(slot->status, "data loader worker failed on %s", slot->error);
+
+  const dt_dataset *d = l->dataset;
+  int64_t shape[DT_MAX_DIMS];
+  int ndim = dt_dataset_input_ndim(d);
+  shape[0] = slot->count;
+  memcpy(shape + 1, dt_dataset_input_shape(d), (size_t)ndim * sizeof *shape);
+  dt_tensor *x = NULL, *y = NULL;
+  dt_status st = dt_tensor_from_host(slot->inputs, shape, ndim + 1, DT_DTYPE_F32,
+                                     l->cfg.device, &x);
+  if (st == DT_OK)
+    st = dt_tensor_from_host(slot->labels, shape, 1, DT_DTYPE_I32, l->cfg.device, &y);
+  if (st != DT_OK) {
+    dt_tensor_release(x);
+    return st;
+  }
+
+  pthread_mutex_lock(&l->mu);
+  l->consumed++;
+  pthread_cond_signal(&l->freed);
+  pthread_mutex_unlock(&l->mu);
+  *inputs = x;
+  *labels = y;
+  return DT_OK;
+}

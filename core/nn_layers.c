@@ -1,0 +1,143 @@
+/* Parameter-free modules (ReLU, GELU, Tanh, Flatten, MaxPool2d, AvgPool2d,
+ * Dropout) and Embedding. */
+#include <stdlib.h>
+
+#include "core/nn.h"
+#include "core/nn_internal.h"
+#include "core/ops.h"
+
+/* ---- elementwise activations: x -> f(x), same shape ---- */
+
+static dt_status relu_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  (void)m;
+  return dt_op_relu(x, y);
+}
+
+static dt_status gelu_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  (void)m;
+  return dt_op_gelu(x, y);
+}
+
+static dt_status tanh_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  (void)m;
+  return dt_op_tanh(x, y);
+}
+
+/* x (N, ...) -> (N, prod(...)) */
+static dt_status flatten_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  (void)m;
+  return dt_op_flatten(x, y);
+}
+
+static const dt_module_vtable relu_vtable = {"ReLU", relu_forward, NULL};
+static const dt_module_vtable gelu_vtable = {"GELU", gelu_forward, NULL};
+static const dt_module_vtable tanh_vtable = {"Tanh", tanh_forward, NULL};
+static const dt_module_vtable flatten_vtable = {"Flatten", flatten_forward, NULL};
+
+static dt_status create_stateless(const dt_module_vtable *vt, dt_module **out) {
+  if (out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "creating a %s module: out is NULL", vt->type_name);
+  return dt_module_create(vt, NULL, out);
+}
+
+dt_status dt_nn_relu(dt_module **out) { return create_stateless(&relu_vtable, out); }
+dt_status dt_nn_gelu(dt_module **out) { return create_stateless(&gelu_vtable, out); }
+dt_status dt_nn_tanh(dt_module **out) { return create_stateless(&tanh_vtable, out); }
+dt_status dt_nn_flatten(dt_module **out) { return create_stateless(&flatten_vtable, out); }
+
+/* ---- pooling: x (N,C,H,W) -> (N,C,OH,OW) ---- */
+
+typedef struct pool_impl {
+  int kernel, stride, padding;
+} pool_impl;
+
+static dt_status max_pool_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  pool_impl *p = dt_module_impl(m);
+  return dt_op_max_pool2d(x, p->kernel, p->stride, p->padding, y);
+}
+
+static dt_status avg_pool_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  pool_impl *p = dt_module_impl(m);
+  return dt_op_avg_pool2d(x, p->kernel, p->stride, p->padding, y);
+}
+
+static const dt_module_vtable max_pool_vtable = {"MaxPool2d", max_pool_forward, free};
+static const dt_module_vtable avg_pool_vtable = {"AvgPool2d", avg_pool_forward, free};
+
+static dt_status create_pool(const dt_module_vtable *vt, int kernel, int stride, int padding,
+                             dt_module **out) {
+  if (stride == 0)
+    stride = kernel; /* PyTorch: stride defaults to kernel_size */
+  if (kernel <= 0 || stride <= 0 || padding < 0 || 2 * padding > kernel || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s(kernel %d, stride %d, padding %d): kernel and stride must be positive "
+                    "(stride 0 = kernel) and padding in [0, kernel/2]",
+                    vt->type_name, kernel, stride, padding);
+  pool_impl *impl = malloc(sizeof *impl);
+  if (impl != NULL)
+    *impl = (pool_impl){kernel, stride, padding};
+  return dt_nn_create(vt, impl, out);
+}
+
+dt_status dt_nn_max_pool2d(int kernel, int stride, int padding, dt_module **out) {
+  return create_pool(&max_pool_vtable, kernel, stride, padding, out);
+}
+
+dt_status dt_nn_avg_pool2d(int kernel, int stride, int padding, dt_module **out) {
+  return create_pool(&avg_pool_vtable, kernel, stride, padding, out);
+}
+
+/* ---- dropout: x -> x * mask / (1 - p) in training, x in eval ---- */
+
+typedef struct dropout_impl {
+  float p;
+  dt_generator gen;
+} dropout_impl;
+
+static dt_status dropout_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  dropout_impl *d = dt_module_impl(m);
+  return dt_op_dropout(x, d->p, dt_module_is_training(m), &d->gen, y);
+}
+
+static const dt_module_vtable dropout_vtable = {"Dropout", dropout_forward, free};
+
+dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out) {
+  if (!(p >= 0.0f && p < 1.0f) || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "Dropout(p %g): p must be in [0, 1)", (double)p);
+  dropout_impl *impl = malloc(sizeof *impl);
+  if (impl != NULL) {
+    impl->p = p;
+    dt_generator_init(&impl->gen, seed);
+  }
+  return dt_nn_create(&dropout_vtable, impl, out);
+}
+
+/* ---- embedding: idx (...) i32/i64 -> (..., dim) ---- */
+
+static dt_status embedding_forward(dt_module *m, dt_tensor *idx, dt_tensor **y) {
+  dt_tensor *table = NULL;
+  DT_CHECK(dt_nn_param(m, "weight", &table));
+  return dt_op_embedding(idx, table, y);
+}
+
+static const dt_module_vtable embedding_vtable = {"Embedding", embedding_forward, NULL};
+
+dt_status dt_nn_embedding(int num_embeddings, int dim, dt_generator *gen, dt_module **out) {
+  if (num_embeddings <= 0 || dim <= 0 || gen == NULL || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "Embedding(%d, %d): sizes must be positive and gen/out non-NULL",
+                    num_embeddings, dim);
+  dt_module *m = NULL;
+  DT_CHECK(dt_module_create(&embedding_vtable, NULL, &m));
+  int64_t shape[2] = {num_embeddings, dim};
+  dt_tensor *t = NULL;
+  dt_status st = dt_nn_normal(shape, 2, 1.0f, gen, &t);
+  if (st == DT_OK)
+    st = dt_nn_add_parameter(m, "weight", t);
+  if (st != DT_OK) {
+    dt_module_destroy(m);
+    return st;
+  }
+  *out = m;
+  return DT_OK;
+}

@@ -1,0 +1,260 @@
+/* Convolution and pooling, NCHW. */
+#include <limits.h>
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* Geometry of a conv / pool: fills g (oc = 0 for pooling) and checks that
+ * the output is non-empty and the sizes fit the kernels' int fields. */
+static dt_status make_geom(const char *op, const dt_tensor *x, int oc, int kh, int kw, int stride,
+                           int padding, dt_conv2d_geom *g) {
+  char bx[128];
+  const int64_t *s = dt_tensor_shape(x);
+  if (dt_tensor_ndim(x) != 4)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s is not 4-D: expected (N, C, H, W)", op,
+                    dt_shape_format(s, dt_tensor_ndim(x), bx, sizeof bx));
+  if (stride < 1 || padding < 0 || kh < 1 || kw < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: kernel %dx%d, stride %d, padding %d: kernel and stride must be >= 1, "
+                    "padding >= 0",
+                    op, kh, kw, stride, padding);
+  for (int i = 0; i < 4; ++i)
+    if (s[i] > INT_MAX)
+      return DT_ERROR(DT_ERR_UNSUPPORTED, "%s: input %s: dims above 2^31 are not supported", op,
+                      dt_shape_format(s, 4, bx, sizeof bx));
+  memset(g, 0, sizeof *g);
+  g->n = (int)s[0];
+  g->c = (int)s[1];
+  g->h = (int)s[2];
+  g->w = (int)s[3];
+  g->oc = oc;
+  g->kh = kh;
+  g->kw = kw;
+  g->sh = g->sw = stride;
+  g->ph = g->pw = padding;
+  int64_t hp = (int64_t)g->h + 2 * padding, wp = (int64_t)g->w + 2 * padding;
+  if (hp < kh || wp < kw)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: input %s with padding %d is smaller than the %dx%d kernel: use a "
+                    "smaller kernel or more padding",
+                    op, dt_shape_format(s, 4, bx, sizeof bx), padding, kh, kw);
+  g->oh = (int)((hp - kh) / stride + 1);
+  g->ow = (int)((wp - kw) / stride + 1);
+  return DT_OK;
+}
+
+static void geom_to_ints(const dt_conv2d_geom *g, int64_t *ints) {
+  const int64_t v[8] = {g->n, g->c, g->h, g->w, g->oc, (int64_t)g->kh << 32 | g->kw,
+                        g->sh, g->ph};
+  memcpy(ints, v, sizeof v);
+}
+
+static void ints_to_geom(const int64_t *ints, dt_conv2d_geom *g) {
+  memset(g, 0, sizeof *g);
+  g->n = (int)ints[0];
+  g->c = (int)ints[1];
+  g->h = (int)ints[2];
+  g->w = (int)ints[3];
+  g->oc = (int)ints[4];
+  g->kh = (int)(ints[5] >> 32);
+  g->kw = (int)(ints[5] & 0xffffffff);
+  g->sh = g->sw = (int)ints[6];
+  g->ph = g->pw = (int)ints[7];
+  g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
+  g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
+}
+
+/* A temporary u8 buffer for the conv kernels' workspace (NULL when 0). */
+static dt_status alloc_workspace(dt_device dev, const dt_conv2d_geom *g, dt_tensor **ws) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  size_t bytes = be->conv2d_workspace(dev, g);
+  *ws = NULL;
+  if (bytes == 0)
+    return DT_OK;
+  int64_t n = (int64_t)bytes;
+  return dt_tensor_empty(&n, 1, DT_DTYPE_U8, dev, ws);
+}
+
+/* ---- conv2d ---- */
+
+/* saved: 0 x, 1 weight (contiguous); ints: geometry. Inputs x, w[, bias]. */
+static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *w = node->saved[1];
+  int has_bias = node->n_inputs == 3;
+  dt_conv2d_geom g;
+  ints_to_geom(node->ints, &g);
+  dt_device dev = dt_tensor_device(gy);
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL;
+  dt_status st;
+  if (node->needs_grad[0])
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), 4, DT_DTYPE_F32, dev, &dx), fail);
+  if (node->needs_grad[1])
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 4, DT_DTYPE_F32, dev, &dw), fail);
+  if (has_bias && node->needs_grad[2]) {
+    int64_t oc = g.oc;
+    DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), fail);
+  }
+  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), fail);
+  DT_CHECK_GOTO(dt_tensor_backend(gy)->conv2d_backward(
+                    dev, &g, DT_F32(x), DT_F32(w), DT_F32(gy), dx ? DT_F32(dx) : NULL,
+                    dw ? DT_F32(dw) : NULL, db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
+                fail);
+  dt_tensor_release(ws);
+  grad_in[0] = dx;
+  grad_in[1] = dw;
+  if (has_bias)
+    grad_in[2] = db;
+  return DT_OK;
+fail:
+  dt_tensor_release(ws);
+  dt_tensor_release(db);
+  dt_tensor_release(dw);
+  dt_tensor_release(dx);
+  return st;
+}
+
+dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride,
+                       int padding, dt_tensor **out) {
+  static const char *op = "dt_op_conv2d";
+  if (!x || !weight || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
+  dt_tensor *ins[3] = {x, weight, bias};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  const int64_t *sw = dt_tensor_shape(weight);
+  char bx[128], bw[128], bb[128];
+  if (dt_tensor_ndim(weight) != 4 || dt_tensor_ndim(x) != 4 || sw[1] != dt_tensor_shape(x)[1] ||
+      sw[0] > INT_MAX || sw[2] > INT_MAX || sw[3] > INT_MAX)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: input %s and weight %s do not match: expected x (N, C, H, W) and "
+                    "weight (OC, C, KH, KW)",
+                    op, dt_shape_format(dt_tensor_shape(x), dt_tensor_ndim(x), bx, sizeof bx),
+                    dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw));
+  if (bias && (dt_tensor_ndim(bias) != 1 || dt_tensor_shape(bias)[0] != sw[0]))
+    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)",
+                    op, dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
+                    dt_shape_format(sw, 4, bw, sizeof bw), (long long)sw[0]);
+  dt_conv2d_geom g;
+  DT_CHECK(make_geom(op, x, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
+
+  dt_device dev = dt_tensor_device(x);
+  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  int64_t oshape[4] = {g.n, g.oc, g.oh, g.ow};
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), fail);
+  if (bias)
+    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), fail);
+  /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
+  DT_CHECK_GOTO(dt_tensor_backend(x)->conv2d_forward(dev, &g, DT_F32(xc), DT_F32(wc),
+                                                     bc ? DT_F32(bc) : NULL, DT_F32(y),
+                                                     ws ? dt_tensor_data(ws) : NULL),
+                fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, xc);
+    dt_node_save(node, 1, wc);
+    geom_to_ints(&g, node->ints);
+  }
+  dt_tensor_release(ws);
+  dt_tensor_release(bc);
+  dt_tensor_release(wc);
+  dt_tensor_release(xc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(ws);
+  dt_tensor_release(y);
+  dt_tensor_release(bc);
+  dt_tensor_release(wc);
+  dt_tensor_release(xc);
+  return st;
+}
+
+/* ---- pooling ---- */
+
+/* saved: 0 argmax (i32, max pooling only); ints: geometry; reals[0]: 1 for
+ * max pooling. */
+static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_conv2d_geom g;
+  ints_to_geom(node->ints, &g);
+  dt_device dev = dt_tensor_device(gy);
+  const dt_backend_ops *be = dt_tensor_backend(gy);
+  dt_tensor *dx = NULL;
+  dt_status st;
+  int64_t xshape[4] = {g.n, g.c, g.h, g.w};
+  DT_CHECK(dt_tensor_empty(xshape, 4, DT_DTYPE_F32, dev, &dx));
+  if (dt_tensor_numel(dx) > 0) {
+    if (node->reals[0] != 0.0)
+      DT_CHECK_GOTO(be->maxpool2d_backward(dev, &g, DT_F32(gy),
+                                           (const int32_t *)dt_tensor_data(node->saved[0]),
+                                           DT_F32(dx)),
+                    fail);
+    else
+      DT_CHECK_GOTO(be->avgpool2d_backward(dev, &g, DT_F32(gy), DT_F32(dx)), fail);
+  }
+  grad_in[0] = dx;
+  return DT_OK;
+fail:
+  dt_tensor_release(dx);
+  return st;
+}
+
+static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
+                        int padding, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  dt_conv2d_geom g;
+  DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));
+  if (2 * padding > kernel)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: padding %d is more than half the kernel %d: windows would lie wholly "
+                    "in the padding (PyTorch rejects this too)",
+                    op, padding, kernel);
+  dt_device dev = dt_tensor_device(x);
+  const dt_backend_ops *be = dt_tensor_backend(x);
+  dt_tensor *xc = NULL, *y = NULL, *argmax = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  int64_t oshape[4] = {g.n, g.c, g.oh, g.ow};
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), fail);
+  /* x (n,c,h,w) -> y (n,c,oh,ow) [, argmax (n,c,oh,ow) flat index in h*w] */
+  if (is_max) {
+    DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), fail);
+    if (dt_tensor_numel(y) > 0)
+      DT_CHECK_GOTO(be->maxpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y),
+                                          (int32_t *)dt_tensor_data(argmax)),
+                    fail);
+  } else if (dt_tensor_numel(y) > 0) {
+    DT_CHECK_GOTO(be->avgpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y)), fail);
+  }
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), fail);
+  if (node) {
+    geom_to_ints(&g, node->ints);
+    node->reals[0] = is_max;
+    if (is_max)
+      dt_node_save(node, 0, argmax);
+  }
+  dt_tensor_release(argmax);
+  dt_tensor_release(xc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(argmax);
+  dt_tensor_release(y);
+  dt_tensor_release(xc);
+  return st;
+}
+
+dt_status dt_op_max_pool2d(dt_tensor *x, int kernel, int stride, int padding, dt_tensor **out) {
+  return pool2d("dt_op_max_pool2d", 1, x, kernel, stride, padding, out);
+}
+
+dt_status dt_op_avg_pool2d(dt_tensor *x, int kernel, int stride, int padding, dt_tensor **out) {
+  return pool2d("dt_op_avg_pool2d", 0, x, kernel, stride, padding, out);
+}

@@ -1,0 +1,152 @@
+/* Embedding lookup and dropout. */
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* ---- embedding ---- */
+
+/* saved: 0 idx (contiguous); ints: 0 n, 1 v, 2 d */
+static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *idx = node->saved[0];
+  int64_t n = node->ints[0], v = node->ints[1], d = node->ints[2];
+  int64_t tshape[2] = {v, d};
+  dt_device dev = dt_tensor_device(gy);
+  dt_tensor *dtable = NULL;
+  /* dtable (v, d) += scatter of dy (n, d) */
+  DT_CHECK(dt_tensor_zeros(tshape, 2, DT_DTYPE_F32, dev, &dtable));
+  if (n * d > 0) {
+    dt_status st = dt_tensor_backend(gy)->embedding_backward(
+        dev, dt_tensor_data(idx), dt_tensor_dtype(idx), DT_F32(gy), DT_F32(dtable), n, v, d);
+    if (st != DT_OK) {
+      dt_tensor_release(dtable);
+      return st;
+    }
+  }
+  grad_in[0] = dtable;
+  return DT_OK;
+}
+
+dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
+  static const char *op = "dt_op_embedding";
+  if (!idx || !table || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {idx, table};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &table, 1));
+  dt_dtype idt = dt_tensor_dtype(idx);
+  if (idt != DT_DTYPE_I32 && idt != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: indices must be i32 or i64", op,
+                    dt_dtype_name(idt));
+  int ni = dt_tensor_ndim(idx);
+  char bi[128], bt[128];
+  if (dt_tensor_ndim(table) != 2 || ni + 1 > DT_MAX_DIMS)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: indices %s and table %s: expected a (V, D) table and at most %d index "
+                    "dims",
+                    op, dt_shape_format(dt_tensor_shape(idx), ni, bi, sizeof bi),
+                    dt_shape_format(dt_tensor_shape(table), dt_tensor_ndim(table), bt, sizeof bt),
+                    DT_MAX_DIMS - 1);
+  int64_t v = dt_tensor_shape(table)[0], d = dt_tensor_shape(table)[1];
+  int64_t n = dt_tensor_numel(idx);
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, dt_tensor_shape(idx), (size_t)ni * sizeof(int64_t));
+  oshape[ni] = d;
+
+  dt_device dev = dt_tensor_device(table);
+  dt_tensor *ic = NULL, *tc = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(idx, &ic), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(table, &tc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, ni + 1, DT_DTYPE_F32, dev, &y), fail);
+  /* idx (n), table (v, d) -> y (n, d) */
+  if (n * d > 0)
+    DT_CHECK_GOTO(dt_tensor_backend(table)->embedding_forward(dev, dt_tensor_data(ic), idt,
+                                                              DT_F32(tc), DT_F32(y), n, v, d),
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, ic);
+    node->ints[0] = n;
+    node->ints[1] = v;
+    node->ints[2] = d;
+  }
+  st = DT_OK;
+  *out = y;
+  y = NULL;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(tc);
+  dt_tensor_release(ic);
+  return st;
+}
+
+/* ---- dropout ---- */
+
+/* saved: 0 mask (u8); reals: 0 p */
+static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *mask = node->saved[0];
+  int64_t n = dt_tensor_numel(mask);
+  dt_tensor *dx = NULL;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(mask), dt_tensor_ndim(mask), DT_DTYPE_F32,
+                           dt_tensor_device(gy), &dx));
+  if (n > 0) {
+    /* dx = dy * mask / (1 - p) */
+    dt_status st = dt_tensor_backend(gy)->dropout_backward(
+        dt_tensor_device(gy), DT_F32(gy), (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
+        (float)node->reals[0]);
+    if (st != DT_OK) {
+      dt_tensor_release(dx);
+      return st;
+    }
+  }
+  grad_in[0] = dx;
+  return DT_OK;
+}
+
+dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen,
+                        dt_tensor **out) {
+  static const char *op = "dt_op_dropout";
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  if (!(p >= 0.0f && p <= 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g is outside [0, 1]", op, (double)p);
+  if (!training || p == 0.0f) {
+    *out = dt_tensor_retain(x);
+    return DT_OK;
+  }
+  if (!gen)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: training mode needs a dt_generator (seeded with dt_generator_init)", op);
+  dt_device dev = dt_tensor_device(x);
+  int64_t n = dt_tensor_numel(x);
+  dt_tensor *xc = NULL, *y = NULL, *mask = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &y),
+                fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_U8, dev, &mask),
+                fail);
+  /* keep element i iff uniform(seed, offset + i) >= p; y = x * mask / (1 - p) */
+  uint64_t offset = dt_generator_advance(gen, (uint64_t)n);
+  if (n > 0)
+    DT_CHECK_GOTO(dt_tensor_backend(x)->dropout_forward(dev, DT_F32(xc), DT_F32(y),
+                                                        (uint8_t *)dt_tensor_data(mask), n, p,
+                                                        gen->seed, offset),
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, mask);
+    node->reals[0] = p;
+  }
+  st = DT_OK;
+  *out = y;
+  y = NULL;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(mask);
+  dt_tensor_release(xc);
+  return st;
+}

@@ -1,0 +1,272 @@
+/* Losses: cross-entropy (fused log-softmax + NLL) and mean squared error. */
+#include <math.h>
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* shape pointer for 0-dim (scalar) outputs */
+static const int64_t scalar_shape[1] = {1};
+
+/* out (0-dim) = scale * sum(x (n)); x contiguous f32. n == 0 gives 0. */
+static dt_status sum_to_scalar(dt_device dev, const float *x, int64_t n, float scale,
+                               float *out) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  if (n == 0)
+    return be->fill(dev, out, 0.0f, 1);
+  return be->reduce_sum(dev, x, out, 1, n, 1, scale);
+}
+
+static const char *reduction_name(dt_reduction r) {
+  switch (r) {
+    case DT_REDUCTION_MEAN: return "mean";
+    case DT_REDUCTION_SUM: return "sum";
+    case DT_REDUCTION_NONE: return "none";
+  }
+  return "?";
+}
+
+static dt_status check_reduction(const char *op, dt_reduction r) {
+  if (r != DT_REDUCTION_MEAN && r != DT_REDUCTION_SUM && r != DT_REDUCTION_NONE)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: unknown reduction %d: use DT_REDUCTION_MEAN, _SUM or _NONE", op, (int)r);
+  return DT_OK;
+}
+
+/* ---- cross-entropy ---- */
+
+/* saved: 0 logits (rows, c) contiguous, 1 target (rows) contiguous, 2 lse
+ * (rows); ints: 0 reduction, 1 ignore_index, 2 count, 3 rows, 4 c. */
+static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *logits = node->saved[0], *target = node->saved[1], *lse = node->saved[2];
+  dt_reduction red = (dt_reduction)node->ints[0];
+  int64_t ignore = node->ints[1], count = node->ints[2], rows = node->ints[3], c = node->ints[4];
+  dt_device dev = dt_tensor_device(g);
+  const dt_backend_ops *be = dt_tensor_backend(g);
+  dt_tensor *dlogits = NULL, *drows = NULL;
+  dt_status st;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(logits), dt_tensor_ndim(logits), DT_DTYPE_F32, dev,
+                           &dlogits));
+  if (rows * c > 0) {
+    const float *dloss_rows = DT_F32(g);
+    if (red != DT_REDUCTION_NONE) {
+      /* drows (rows) = scale * g (scalar); mean over no rows gives 0 grads */
+      float scale = red == DT_REDUCTION_SUM ? 1.0f : (count > 0 ? 1.0f / (float)count : 0.0f);
+      DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &drows), fail);
+      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), fail);
+      dloss_rows = DT_F32(drows);
+    }
+    DT_CHECK_GOTO(be->cross_entropy_backward(dev, DT_F32(logits), dt_tensor_data(target),
+                                             dt_tensor_dtype(target), DT_F32(lse), dloss_rows,
+                                             DT_F32(dlogits), rows, c, ignore),
+                  fail);
+  }
+  dt_tensor_release(drows);
+  grad_in[0] = dlogits;
+  return DT_OK;
+fail:
+  dt_tensor_release(drows);
+  dt_tensor_release(dlogits);
+  return st;
+}
+
+dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
+                              int64_t ignore_index, dt_tensor **out) {
+  static const char *op = "dt_op_cross_entropy";
+  if (!logits || !target || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {logits, target};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &logits, 1));
+  DT_CHECK(check_reduction(op, reduction));
+  dt_dtype tdt = dt_tensor_dtype(target);
+  if (tdt != DT_DTYPE_I32 && tdt != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: target dtype %s: class ids must be i32 or i64", op,
+                    dt_dtype_name(tdt));
+  int nl = dt_tensor_ndim(logits);
+  const int64_t *sl = dt_tensor_shape(logits);
+  char bl[128], bt[128];
+  int64_t c = nl >= 1 ? sl[nl - 1] : 0;
+  int64_t rows = nl >= 1 ? dt_shape_numel(sl, nl - 1) : 0;
+  if (nl < 1 || c < 1 || dt_tensor_numel(target) != rows)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: logits %s and target %s do not match: expected logits (N, C) or "
+                    "(..., C) with C >= 1 and target (N) or (...)",
+                    op, dt_shape_format(sl, nl, bl, sizeof bl),
+                    dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt,
+                                    sizeof bt));
+
+  dt_device dev = dt_tensor_device(logits);
+  const dt_backend_ops *be = dt_tensor_backend(logits);
+  dt_tensor *lc = NULL, *tc = NULL, *loss_rows = NULL, *lse = NULL, *y = NULL;
+  dt_node *node = NULL;
+  int64_t count = 0;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), fail);
+  /* loss_rows has target's shape so that reduction "none" returns it as is */
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(target), dt_tensor_ndim(target), DT_DTYPE_F32,
+                                dev, &loss_rows),
+                fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), fail);
+  if (rows > 0)
+    DT_CHECK_GOTO(be->cross_entropy_forward(dev, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
+                                            ignore_index, DT_F32(loss_rows), DT_F32(lse),
+                                            &count),
+                  fail);
+  if (reduction == DT_REDUCTION_NONE) {
+    y = dt_tensor_retain(loss_rows);
+  } else {
+    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), fail);
+    if (reduction == DT_REDUCTION_MEAN && count == 0)
+      /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail);
+    else
+      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows,
+                                  reduction == DT_REDUCTION_MEAN ? 1.0f / (float)count : 1.0f,
+                                  DT_F32(y)),
+                    fail);
+  }
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, lc);
+    dt_node_save(node, 1, tc);
+    dt_node_save(node, 2, lse);
+    node->ints[0] = reduction;
+    node->ints[1] = ignore_index;
+    node->ints[2] = count;
+    node->ints[3] = rows;
+    node->ints[4] = c;
+  }
+  dt_tensor_release(loss_rows);
+  dt_tensor_release(lse);
+  dt_tensor_release(tc);
+  dt_tensor_release(lc);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(loss_rows);
+  dt_tensor_release(lse);
+  dt_tensor_release(tc);
+  dt_tensor_release(lc);
+  return st;
+}
+
+/* ---- mean squared error ---- */
+
+/* out (shape) = a op b with a, b of that same shape (any strides) */
+static dt_status same_shape_binary(dt_binary_op opc, const dt_tensor *a, const dt_tensor *b,
+                                   float *out) {
+  dt_binary_args args;
+  memset(&args, 0, sizeof args);
+  args.op = opc;
+  int ndim = dt_tensor_ndim(a);
+  if (dt_tensor_numel(a) == 0)
+    return DT_OK;
+  if (ndim == 0) {
+    args.ndim = 1;
+    args.shape[0] = 1;
+  } else {
+    args.ndim = ndim;
+    memcpy(args.shape, dt_tensor_shape(a), (size_t)ndim * sizeof(int64_t));
+    memcpy(args.a_strides, dt_tensor_strides(a), (size_t)ndim * sizeof(int64_t));
+    memcpy(args.b_strides, dt_tensor_strides(b), (size_t)ndim * sizeof(int64_t));
+  }
+  return dt_tensor_backend(a)->binary(dt_tensor_device(a), &args, DT_F32(a), DT_F32(b), out);
+}
+
+/* saved: 0 diff = a - b (contiguous); ints: 0 reduction, 1 numel.
+ * da = coef * g * diff, db = -da; coef 2 (sum, none) or 2/numel (mean). */
+static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *diff = node->saved[0];
+  dt_reduction red = (dt_reduction)node->ints[0];
+  int64_t n = node->ints[1];
+  dt_device dev = dt_tensor_device(g);
+  const dt_backend_ops *be = dt_tensor_backend(g);
+  dt_tensor *gb = NULL, *da = NULL;
+  dt_status st = DT_OK;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32, dev, &da));
+  if (n > 0) {
+    if (red == DT_REDUCTION_NONE) {
+      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, g, diff, DT_F32(da)), fail);
+      DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), fail);
+    } else {
+      float coef = red == DT_REDUCTION_SUM ? 2.0f : 2.0f / (float)n;
+      DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32,
+                                    dev, &gb),
+                    fail);
+      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), fail);
+      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), fail);
+    }
+  }
+  if (node->needs_grad[1])
+    DT_CHECK_GOTO(dt_ops_scaled_copy(da, -1.0f, &grad_in[1]), fail);
+  dt_tensor_release(gb);
+  if (node->needs_grad[0])
+    grad_in[0] = da;
+  else
+    dt_tensor_release(da);
+  return DT_OK;
+fail:
+  dt_tensor_release(gb);
+  dt_tensor_release(da);
+  return st;
+}
+
+dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tensor **out) {
+  static const char *op = "dt_op_mse";
+  if (!a || !b || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *ins[2] = {a, b};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 2));
+  DT_CHECK(check_reduction(op, reduction));
+  int nd = dt_tensor_ndim(a);
+  char ba[128], bb[128];
+  if (nd != dt_tensor_ndim(b) ||
+      memcmp(dt_tensor_shape(a), dt_tensor_shape(b), (size_t)nd * sizeof(int64_t)) != 0)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: input %s and target %s differ in shape: mse (reduction %s) needs equal "
+                    "shapes (no broadcasting)",
+                    op, dt_shape_format(dt_tensor_shape(a), nd, ba, sizeof ba),
+                    dt_shape_format(dt_tensor_shape(b), dt_tensor_ndim(b), bb, sizeof bb),
+                    reduction_name(reduction));
+  dt_device dev = dt_tensor_device(a);
+  const dt_backend_ops *be = dt_tensor_backend(a);
+  int64_t n = dt_tensor_numel(a);
+  dt_tensor *diff = NULL, *sq = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  /* diff = a - b; sq = diff^2; y = sq or its (scaled) sum */
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(a), nd, DT_DTYPE_F32, dev, &diff));
+  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_SUB, a, b, DT_F32(diff)), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(a), nd, DT_DTYPE_F32, dev, &sq), fail);
+  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, diff, diff, DT_F32(sq)), fail);
+  if (reduction == DT_REDUCTION_NONE) {
+    y = dt_tensor_retain(sq);
+  } else {
+    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), fail);
+    if (reduction == DT_REDUCTION_MEAN && n == 0)
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail); /* PyTorch: mean of nothing */
+    else
+      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(sq), n,
+                                  reduction == DT_REDUCTION_MEAN ? 1.0f / (float)n : 1.0f,
+                                  DT_F32(y)),
+                    fail);
+  }
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, diff);
+    node->ints[0] = reduction;
+    node->ints[1] = n;
+  }
+  dt_tensor_release(sq);
+  dt_tensor_release(diff);
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(sq);
+  dt_tensor_release(diff);
+  return st;
+}

@@ -1,0 +1,314 @@
+/* Normalisation: batch_norm2d (NCHW or NC) and layer_norm (last dim). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* A (C) parameter: the given one made contiguous, or `fill` everywhere
+ * when NULL (affine = False). */
+static dt_status param_or_const(dt_tensor *p, int64_t c, float fill, dt_device dev,
+                                dt_tensor **out) {
+  if (p)
+    return dt_ops_contiguous(p, out);
+  return dt_tensor_full(&c, 1, fill, dev, out);
+}
+
+static dt_status check_vec(const char *op, const char *what, dt_tensor *t, int64_t c) {
+  char b[128];
+  if (t && (dt_tensor_ndim(t) != 1 || dt_tensor_shape(t)[0] != c))
+    return DT_ERROR(DT_ERR_SHAPE, "%s: %s %s does not match %lld features: expected (%lld)", op,
+                    what, dt_shape_format(dt_tensor_shape(t), dt_tensor_ndim(t), b, sizeof b),
+                    (long long)c, (long long)c);
+  return DT_OK;
+}
+
+/* Gives dx, dgamma, dbeta to the node's inputs (x, [gamma], [beta]) that
+ * need them and releases the rest. */
+static void hand_out_grads(dt_node *node, int has_gamma, int has_beta, dt_tensor *dx,
+                           dt_tensor *dgamma, dt_tensor *dbeta, dt_tensor **grad_in) {
+  dt_tensor *g[3] = {dx, dgamma, dbeta};
+  int present[3] = {1, has_gamma, has_beta};
+  for (int i = 0, k = 0; i < 3; ++i) {
+    if (present[i] && node->needs_grad[k]) {
+      grad_in[k] = g[i];
+      g[i] = NULL;
+    }
+    k += present[i];
+    dt_tensor_release(g[i]);
+  }
+}
+
+/* ---- batch norm ---- */
+
+/* ints: 0 n, 1 c, 2 hw, 3 training, 4 has gamma, 5 has beta.
+ * saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd (the batch
+ * statistics in training; a snapshot of the running ones in eval). */
+static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
+            *invstd = node->saved[3];
+  int64_t n = node->ints[0], c = node->ints[1], hw = node->ints[2];
+  int training = (int)node->ints[3], has_gamma = (int)node->ints[4],
+      has_beta = (int)node->ints[5];
+  dt_device dev = dt_tensor_device(gy);
+  const dt_backend_ops *be = dt_tensor_backend(gy);
+  dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
+  dt_status st;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &dx));
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dgamma), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dbeta), fail);
+  /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
+   * dx is the training formula, replaced below in eval mode. */
+  if (n * hw > 0 && c > 0)
+    DT_CHECK_GOTO(be->batchnorm_backward(dev, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
+                                         DT_F32(invstd), DT_F32(dx), DT_F32(dgamma),
+                                         DT_F32(dbeta), n, c, hw),
+                  fail);
+  else
+    DT_CHECK_GOTO(be->fill(dev, DT_F32(dgamma), 0.0f, c), fail);
+  if (!training && n * hw > 0 && c > 0) {
+    /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
+     * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */
+    DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), fail);
+    dt_binary_args args;
+    memset(&args, 0, sizeof args);
+    args.op = DT_BINARY_MUL;
+    args.ndim = 1;
+    args.shape[0] = c;
+    args.a_strides[0] = args.b_strides[0] = 1;
+    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), fail);
+    args.ndim = 3;
+    args.shape[0] = n;
+    args.shape[1] = c;
+    args.shape[2] = hw;
+    args.a_strides[0] = c * hw;
+    args.a_strides[1] = hw;
+    args.a_strides[2] = 1;
+    args.b_strides[0] = 0;
+    args.b_strides[1] = 1;
+    args.b_strides[2] = 0;
+    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), fail);
+  }
+  dt_tensor_release(scale);
+  hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
+  return DT_OK;
+fail:
+  dt_tensor_release(scale);
+  dt_tensor_release(dbeta);
+  dt_tensor_release(dgamma);
+  dt_tensor_release(dx);
+  return st;
+}
+
+/* Eval mode, recording: snapshot of the running mean and 1/sqrt(var + eps)
+ * (computed on the host; the stats are C floats). */
+static dt_status running_stats_snapshot(dt_tensor *rm, dt_tensor *rv, float eps,
+                                        dt_tensor **mean, dt_tensor **invstd) {
+  int64_t c = dt_tensor_numel(rv);
+  dt_device dev = dt_tensor_device(rv);
+  float *host = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
+  if (!host)
+    return DT_ERROR(DT_ERR_OOM, "batch_norm2d: out of host memory for %lld running stats",
+                    (long long)c);
+  dt_status st = dt_tensor_to_host(rv, host, sizeof(float) * (size_t)c);
+  for (int64_t i = 0; st == DT_OK && i < c; ++i)
+    host[i] = (float)(1.0 / sqrt((double)host[i] + (double)eps));
+  if (st == DT_OK)
+    st = dt_tensor_from_host(host, &c, 1, DT_DTYPE_F32, dev, invstd);
+  free(host);
+  if (st == DT_OK) {
+    st = dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, mean);
+    if (st == DT_OK)
+      st = dt_tensor_copy_(*mean, rm);
+    if (st != DT_OK) {
+      dt_tensor_release(*mean);
+      dt_tensor_release(*invstd);
+      *mean = *invstd = NULL;
+    }
+  }
+  return st;
+}
+
+dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                             dt_tensor *running_mean, dt_tensor *running_var, int training,
+                             float momentum, float eps, dt_tensor **out) {
+  static const char *op = "dt_op_batch_norm2d";
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *all[5] = {x, gamma, beta, running_mean, running_var};
+  DT_CHECK(dt_ops_check_inputs(op, all, 5));
+  int nd = dt_tensor_ndim(x);
+  const int64_t *s = dt_tensor_shape(x);
+  char b[128];
+  if (nd != 4 && nd != 2)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s: expected (N, C, H, W) or (N, C)", op,
+                    dt_shape_format(s, nd, b, sizeof b));
+  int64_t n = s[0], c = s[1], hw = nd == 4 ? s[2] * s[3] : 1;
+  DT_CHECK(check_vec(op, "gamma", gamma, c));
+  DT_CHECK(check_vec(op, "beta", beta, c));
+  DT_CHECK(check_vec(op, "running_mean", running_mean, c));
+  DT_CHECK(check_vec(op, "running_var", running_var, c));
+  if ((running_mean == NULL) != (running_var == NULL))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: running_mean and running_var must both be given or both be NULL", op);
+  if (!training && running_mean == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: eval mode needs running_mean and running_var (or use training mode)", op);
+  if ((running_mean && !dt_tensor_is_contiguous(running_mean)) ||
+      (running_var && !dt_tensor_is_contiguous(running_var)))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: running_mean / running_var are updated in place and must be "
+                    "contiguous",
+                    op);
+  if (training && n * hw <= 1 && c > 0)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: input %s: training mode needs more than one value per channel to "
+                    "estimate the variance: use a larger batch or eval mode",
+                    op, dt_shape_format(s, nd, b, sizeof b));
+
+  dt_device dev = dt_tensor_device(x);
+  const dt_backend_ops *be = dt_tensor_backend(x);
+  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL,
+            *rm = NULL, *rv = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(param_or_const(gamma, c, 1.0f, dev, &gc), fail);
+  DT_CHECK_GOTO(param_or_const(beta, c, 0.0f, dev, &bc), fail);
+  if (running_mean) {
+    rm = dt_tensor_retain(running_mean);
+    rv = dt_tensor_retain(running_var);
+  } else { /* training without running stats: scratch buffers */
+    DT_CHECK_GOTO(dt_tensor_zeros(&c, 1, DT_DTYPE_F32, dev, &rm), fail);
+    DT_CHECK_GOTO(dt_tensor_full(&c, 1, 1.0f, dev, &rv), fail);
+  }
+  DT_CHECK_GOTO(dt_tensor_empty(s, nd, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &mean), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), fail);
+  /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
+  if (n * c * hw > 0)
+    DT_CHECK_GOTO(be->batchnorm_forward(dev, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
+                                        DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd), n,
+                                        c, hw, training, momentum, eps),
+                  fail);
+  dt_tensor *ins[3] = {x, gamma, beta};
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), fail);
+  if (node) {
+    if (!training) {
+      dt_tensor_release(mean);
+      dt_tensor_release(invstd);
+      mean = invstd = NULL;
+      DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), fail);
+    }
+    dt_node_save(node, 0, xc);
+    dt_node_save(node, 1, gc);
+    dt_node_save(node, 2, mean);
+    dt_node_save(node, 3, invstd);
+    node->ints[0] = n;
+    node->ints[1] = c;
+    node->ints[2] = hw;
+    node->ints[3] = training != 0;
+    node->ints[4] = gamma != NULL;
+    node->ints[5] = beta != NULL;
+  }
+  st = DT_OK;
+  *out = y;
+  y = NULL;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(invstd);
+  dt_tensor_release(mean);
+  dt_tensor_release(rv);
+  dt_tensor_release(rm);
+  dt_tensor_release(bc);
+  dt_tensor_release(gc);
+  dt_tensor_release(xc);
+  return st;
+}
+
+/* ---- layer norm ---- */
+
+/* ints: 0 rows, 1 cols, 2 has gamma, 3 has beta.
+ * saved: 0 x (rows, cols), 1 gamma (or ones), 2 mean (rows), 3 rstd (rows) */
+static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
+            *rstd = node->saved[3];
+  int64_t rows = node->ints[0], cols = node->ints[1];
+  int has_gamma = (int)node->ints[2], has_beta = (int)node->ints[3];
+  dt_device dev = dt_tensor_device(gy);
+  dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL;
+  dt_status st;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &dx));
+  /* dgamma, dbeta are accumulated by the kernel */
+  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), fail);
+  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), fail);
+  if (rows * cols > 0)
+    DT_CHECK_GOTO(dt_tensor_backend(gy)->layernorm_backward(
+                      dev, DT_F32(x), DT_F32(gamma), DT_F32(mean), DT_F32(rstd), DT_F32(gy),
+                      DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), rows, cols),
+                  fail);
+  hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
+  return DT_OK;
+fail:
+  dt_tensor_release(dbeta);
+  dt_tensor_release(dgamma);
+  dt_tensor_release(dx);
+  return st;
+}
+
+dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                           dt_tensor **out) {
+  static const char *op = "dt_op_layer_norm";
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *ins[3] = {x, gamma, beta};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  int nd = dt_tensor_ndim(x);
+  char b[128];
+  if (nd < 1)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s is 0-dim: expected (..., D)", op,
+                    dt_shape_format(dt_tensor_shape(x), nd, b, sizeof b));
+  int64_t cols = dt_tensor_shape(x)[nd - 1];
+  int64_t rows = dt_shape_numel(dt_tensor_shape(x), nd - 1);
+  DT_CHECK(check_vec(op, "gamma", gamma, cols));
+  DT_CHECK(check_vec(op, "beta", beta, cols));
+
+  dt_device dev = dt_tensor_device(x);
+  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), fail);
+  DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), nd, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), fail);
+  /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
+  if (rows * cols > 0)
+    DT_CHECK_GOTO(dt_tensor_backend(x)->layernorm_forward(dev, DT_F32(xc), DT_F32(gc), DT_F32(bc),
+                                                          DT_F32(y), DT_F32(mean), DT_F32(rstd),
+                                                          rows, cols, eps),
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), fail);
+  if (node) {
+    dt_node_save(node, 0, xc);
+    dt_node_save(node, 1, gc);
+    dt_node_save(node, 2, mean);
+    dt_node_save(node, 3, rstd);
+    node->ints[0] = rows;
+    node->ints[1] = cols;
+    node->ints[2] = gamma != NULL;
+    node->ints[3] = beta != NULL;
+  }
+  st = DT_OK;
+  *out = y;
+  y = NULL;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(rstd);
+  dt_tensor_release(mean);
+  dt_tensor_release(bc);
+  dt_tensor_release(gc);
+  dt_tensor_release(xc);
+  return st;
+}

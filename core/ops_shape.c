@@ -1,0 +1,286 @@
+/* Reductions (sum, mean over dims), concat, flatten and argmax. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ops_internal.h"
+
+/* ---- sum / mean ---- */
+
+/* ints: 0 ndim of x, 1..ndim mask; reals: 0 scale */
+static dt_status reduce_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *x = node->inputs[0];
+  int ndim = (int)node->ints[0];
+  int mask[DT_MAX_DIMS];
+  for (int d = 0; d < ndim; ++d)
+    mask[d] = (int)node->ints[1 + d];
+  dt_tensor *dx = NULL;
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), ndim, DT_DTYPE_F32, dt_tensor_device(g), &dx));
+  /* dx (x's shape) = scale * g broadcast over the reduced dims */
+  dt_status st = dt_ops_broadcast_dims(dt_tensor_device(g), DT_F32(g), dt_tensor_shape(x), ndim,
+                                       mask, (float)node->reals[0], DT_F32(dx));
+  if (st != DT_OK) {
+    dt_tensor_release(dx);
+    return st;
+  }
+  grad_in[0] = dx;
+  return DT_OK;
+}
+
+static dt_status reduce_op(const char *op, int is_mean, dt_tensor *x, const int *dims, int ndims,
+                           int keepdim, dt_tensor **out) {
+  if (!x || !out || (ndims > 0 && !dims) || ndims < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument or negative ndims", op);
+  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  int nd = dt_tensor_ndim(x);
+  const int64_t *s = dt_tensor_shape(x);
+  int mask[DT_MAX_DIMS] = {0};
+  for (int i = 0; i < ndims; ++i) {
+    int d = 0;
+    DT_CHECK(dt_ops_normalize_dim(op, dims[i], nd, &d));
+    if (mask[d])
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s: dim %d is listed twice", op, dims[i]);
+    mask[d] = 1;
+  }
+  if (ndims == 0)
+    for (int d = 0; d < nd; ++d)
+      mask[d] = 1;
+  int64_t count = 1, oshape[DT_MAX_DIMS], kshape[DT_MAX_DIMS];
+  int ond = 0;
+  for (int d = 0; d < nd; ++d) {
+    kshape[d] = mask[d] ? 1 : s[d];
+    if (mask[d])
+      count *= s[d];
+    if (!mask[d] || keepdim)
+      oshape[ond++] = kshape[d];
+  }
+  float scale = is_mean ? (count > 0 ? 1.0f / (float)count : NAN) : 1.0f;
+
+  dt_device dev = dt_tensor_device(x);
+  dt_tensor *xc = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(ond ? oshape : kshape, ond, DT_DTYPE_F32, dev, &y), fail);
+  if (is_mean && count == 0) /* PyTorch: the mean of no elements is NaN */
+    DT_CHECK_GOTO(dt_tensor_backend(x)->fill(dev, DT_F32(y), NAN, dt_tensor_numel(y)), fail);
+  else
+    DT_CHECK_GOTO(dt_ops_reduce_dims(dev, DT_F32(xc), s, nd, mask, scale, DT_F32(y)), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, reduce_backward, &x, 1, y, &node), fail);
+  if (node) {
+    node->ints[0] = nd;
+    for (int d = 0; d < nd; ++d)
+      node->ints[1 + d] = mask[d];
+    node->reals[0] = count > 0 ? scale : 0.0;
+  }
+  st = DT_OK;
+  *out = y;
+  y = NULL;
+fail:
+  dt_tensor_release(y);
+  dt_tensor_release(xc);
+  return st;
+}
+
+dt_status dt_op_sum(dt_tensor *x, const int *dims, int ndims, int keepdim, dt_tensor **out) {
+  return reduce_op("dt_op_sum", 0, x, dims, ndims, keepdim, out);
+}
+
+dt_status dt_op_mean(dt_tensor *x, const int *dims, int ndims, int keepdim, dt_tensor **out) {
+  return reduce_op("dt_op_mean", 1, x, dims, ndims, keepdim, out);
+}
+
+/* ---- concat ---- */
+
+/* ints: 0 dim, 1.. size of each input along dim */
+static dt_status concat_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  int dim = (int)node->ints[0];
+  const int64_t *gstrides = dt_tensor_strides(g);
+  const dt_backend_ops *be = dt_tensor_backend(g);
+  int64_t start = 0;
+  for (int i = 0; i < node->n_inputs; ++i) {
+    dt_tensor *x = node->inputs[i];
+    int64_t len = node->ints[1 + i];
+    if (node->needs_grad[i]) {
+      dt_tensor *dx = NULL;
+      DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
+                               dt_tensor_device(g), &dx));
+      /* dx = g[..., start:start+len, ...] along dim */
+      if (dt_tensor_numel(dx) > 0) {
+        dt_status st = be->copy_strided(dt_tensor_device(g), DT_F32(dx), dt_tensor_strides(dx),
+                                        DT_F32(g) + start * gstrides[dim], gstrides,
+                                        dt_tensor_shape(x), dt_tensor_ndim(x), sizeof(float));
+        if (st != DT_OK) {
+          dt_tensor_release(dx);
+          return st;
+        }
+      }
+      grad_in[i] = dx;
+    }
+    start += len;
+  }
+  return DT_OK;
+}
+
+/* Concatenates n (<= DT_NODE_MAX_INPUTS when recording) checked tensors. */
+static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int dim,
+                               dt_tensor **out) {
+  int nd = dt_tensor_ndim(xs[0]);
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, dt_tensor_shape(xs[0]), (size_t)nd * sizeof(int64_t));
+  oshape[dim] = 0;
+  for (int i = 0; i < n; ++i)
+    oshape[dim] += dt_tensor_shape(xs[i])[dim];
+  dt_device dev = dt_tensor_device(xs[0]);
+  dt_dtype dtype = dt_tensor_dtype(xs[0]);
+  size_t es = dt_dtype_size(dtype);
+  const dt_backend_ops *be = dt_tensor_backend(xs[0]);
+  dt_tensor *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK(dt_tensor_empty(oshape, nd, dtype, dev, &y));
+  const int64_t *ostrides = dt_tensor_strides(y);
+  int64_t start = 0;
+  for (int i = 0; i < n; ++i) {
+    /* y[..., start:start+len, ...] = xs[i] (any layout) */
+    if (dt_tensor_numel(xs[i]) > 0)
+      DT_CHECK_GOTO(be->copy_strided(dev, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es,
+                                     ostrides, dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]),
+                                     dt_tensor_shape(xs[i]), nd, es),
+                    fail);
+    start += dt_tensor_shape(xs[i])[dim];
+  }
+  if (n <= DT_NODE_MAX_INPUTS)
+    DT_CHECK_GOTO(dt_ops_maybe_record(op, concat_backward, xs, n, y, &node), fail);
+  if (node) {
+    node->ints[0] = dim;
+    for (int i = 0; i < n; ++i)
+      node->ints[1 + i] = dt_tensor_shape(xs[i])[dim];
+  }
+  *out = y;
+  return DT_OK;
+fail:
+  dt_tensor_release(y);
+  return st;
+}
+
+/* When recording more inputs than a node holds: concat groups of
+ * DT_NODE_MAX_INPUTS, then concat the groups (a tree; each level copies
+ * the data once). */
+static dt_status concat_tree(const char *op, dt_tensor *const *xs, int n, int dim,
+                             dt_tensor **out) {
+  if (n <= DT_NODE_MAX_INPUTS)
+    return concat_direct(op, xs, n, dim, out);
+  int groups = (n + DT_NODE_MAX_INPUTS - 1) / DT_NODE_MAX_INPUTS;
+  dt_tensor **parts = calloc((size_t)groups, sizeof *parts);
+  if (!parts)
+    return DT_ERROR(DT_ERR_OOM, "%s: out of host memory for %d partial results", op, groups);
+  dt_status st = DT_OK;
+  for (int gi = 0; st == DT_OK && gi < groups; ++gi) {
+    int first = gi * DT_NODE_MAX_INPUTS;
+    int len = n - first < DT_NODE_MAX_INPUTS ? n - first : DT_NODE_MAX_INPUTS;
+    st = concat_direct(op, xs + first, len, dim, &parts[gi]);
+  }
+  if (st == DT_OK)
+    st = concat_tree(op, parts, groups, dim, out);
+  for (int gi = 0; gi < groups; ++gi)
+    dt_tensor_release(parts[gi]);
+  free(parts);
+  return st;
+}
+
+dt_status dt_op_concat(dt_tensor *const *xs, int n, int dim, dt_tensor **out) {
+  static const char *op = "dt_op_concat";
+  if (!xs || n < 1 || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: needs at least one tensor", op);
+  for (int i = 0; i < n; ++i)
+    if (!xs[i])
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s: tensor %d is NULL", op, i);
+  DT_CHECK(dt_check_same_device(op, xs, n));
+  int nd = dt_tensor_ndim(xs[0]);
+  int d = 0;
+  if (nd < 1)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: cannot concatenate 0-dim tensors: reshape them to (1)", op);
+  DT_CHECK(dt_ops_normalize_dim(op, dim, nd, &d));
+  char b0[128], bi[128];
+  for (int i = 1; i < n; ++i) {
+    if (dt_tensor_dtype(xs[i]) != dt_tensor_dtype(xs[0]))
+      return DT_ERROR(DT_ERR_DTYPE, "%s: tensor %d is %s, tensor 0 is %s: convert them first", op,
+                      i, dt_dtype_name(dt_tensor_dtype(xs[i])),
+                      dt_dtype_name(dt_tensor_dtype(xs[0])));
+    int ok = dt_tensor_ndim(xs[i]) == nd;
+    for (int k = 0; ok && k < nd; ++k)
+      ok = k == d || dt_tensor_shape(xs[i])[k] == dt_tensor_shape(xs[0])[k];
+    if (!ok)
+      return DT_ERROR(DT_ERR_SHAPE,
+                      "%s: tensor %d %s does not match tensor 0 %s: all dims but %d must be "
+                      "equal",
+                      op, i, dt_shape_format(dt_tensor_shape(xs[i]), dt_tensor_ndim(xs[i]), bi,
+                                             sizeof bi),
+                      dt_shape_format(dt_tensor_shape(xs[0]), nd, b0, sizeof b0), d);
+  }
+  if (dt_autograd_should_record(xs, n) && dt_tensor_dtype(xs[0]) != DT_DTYPE_F32)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: inputs requiring grad must be f32 (got %s)", op,
+                    dt_dtype_name(dt_tensor_dtype(xs[0])));
+  if (n > DT_NODE_MAX_INPUTS && dt_autograd_should_record(xs, n))
+    return concat_tree(op, xs, n, d, out);
+  return concat_direct(op, xs, n, d, out);
+}
+
+/* ---- flatten ---- */
+
+dt_status dt_op_flatten(dt_tensor *x, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dt_op_flatten: NULL argument");
+  int nd = dt_tensor_ndim(x);
+  if (nd < 1)
+    return DT_ERROR(DT_ERR_SHAPE, "dt_op_flatten: input is 0-dim: expected (N, ...)");
+  /* (N, ...) -> (N, prod(...)): a view (reshape copies non-contiguous input) */
+  int64_t shape[2] = {dt_tensor_shape(x)[0], dt_shape_numel(dt_tensor_shape(x) + 1, nd - 1)};
+  return dt_tensor_reshape(x, shape, 2, out);
+}
+
+/* ---- argmax ---- */
+
+dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
+  static const char *op = "dt_op_argmax";
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  DT_CHECK(dt_check_f32(op, &x, 1));
+  int nd = dt_tensor_ndim(x);
+  char b[128];
+  if (nd < 1 || dt_tensor_shape(x)[nd - 1] < 1)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s: needs a non-empty last dimension", op,
+                    dt_shape_format(dt_tensor_shape(x), nd, b, sizeof b));
+  int64_t cols = dt_tensor_shape(x)[nd - 1], n = dt_tensor_numel(x), rows = n / cols;
+  /* On the host until a backend kernel exists: argmax is for metrics, not
+   * the training step. */
+  float *host = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  int64_t *idx = malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
+  dt_status st = DT_OK;
+  if (!host || !idx) {
+    st = DT_ERROR(DT_ERR_OOM, "%s: out of host memory for %lld elements", op, (long long)n);
+    goto done;
+  }
+  DT_CHECK_GOTO(dt_tensor_to_host(x, host, sizeof(float) * (size_t)n), done);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *v = host + r * cols;
+    int64_t best = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (isnan(v[j])) { /* NaN wins, as in PyTorch */
+        best = j;
+        break;
+      }
+      if (v[j] > v[best])
+        best = j;
+    }
+    idx[r] = best;
+  }
+  DT_CHECK_GOTO(dt_tensor_from_host(idx, dt_tensor_shape(x), nd - 1, DT_DTYPE_I64,
+                                    dt_tensor_device(x), out),
+                done);
+done:
+  free(idx);
+  free(host);
+  return st;
+}

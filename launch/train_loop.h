@@ -1,0 +1,91 @@
+/* The training loop behind `dtrain train`, as a library so that tests and
+ * the distributed launcher reuse it.
+ *
+ *   dt_train_config cfg = dt_train_config_default();
+ *   cfg.epochs = 2;
+ *   dt_train_result r;
+ *   dt_status st = dt_train_run(&cfg, stdout, &r);   // message in dt_last_error()
+ *
+ * One run: build the model (models/models.h) on the device, move its
+ * parameters into a flat arena, create the optimizer and LR schedule, then
+ * per epoch: shuffled mini-batches from the background loader, forward,
+ * cross-entropy, backward, and one optimizer step every `accum`
+ * micro-batches; at the end of each epoch an evaluation on the test split
+ * in eval mode without grad.
+ *
+ * Gradient accumulation is PyTorch-style: `batch` is the micro-batch size;
+ * each micro-batch's loss is scaled by 1/K, where K = `accum` (or the size
+ * of the trailing group at the end of an epoch, which still steps), so a
+ * step sees the mean gradient of its micro-batches.
+ */
+#ifndef DT_LAUNCH_TRAIN_LOOP_H
+#define DT_LAUNCH_TRAIN_LOOP_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/data.h"
+#include "core/module.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_train_config {
+  const char *model;     /* "lenet", "mlp" (see models/models.h) */
+  const char *data;      /* "fashion-mnist" or "mnist": a folder under data_dir */
+  const char *data_dir;  /* folder holding the data sets ("data") */
+  const char *device;    /* "cpu", "cpu:0", "cuda:0" */
+  const char *optimizer; /* "sgd" or "adamw" */
+  const char *schedule;  /* "constant", "cosine" or "step" (after the warm-up) */
+  int epochs;
+  int batch;             /* micro-batch size */
+  float lr;
+  float momentum;        /* SGD */
+  float weight_decay;
+  int nesterov;          /* SGD */
+  int warmup;            /* optimizer steps of linear warm-up */
+  int step_size;         /* schedule "step": steps between decays (0 = one epoch) */
+  float gamma;           /* schedule "step": decay factor */
+  float min_lr;          /* schedule "cosine": floor */
+  int accum;             /* micro-batches per optimizer step */
+  float clip;            /* global gradient-norm cap, 0 = off */
+  uint64_t seed;         /* model initialisation and data order */
+  int threads;           /* CPU threads, 0 = the backend's default */
+  int log_interval;      /* micro-batches between progress lines, 0 = none */
+  int max_steps;         /* micro-batches per epoch, 0 = the whole epoch */
+  int eval_batch;        /* batch size for evaluation */
+} dt_train_config;
+
+/* lenet on fashion-mnist under "data", cpu, sgd, constant schedule, 1 epoch,
+ * batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
+ * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000. */
+dt_train_config dt_train_config_default(void);
+
+typedef struct dt_train_result {
+  int epochs;              /* epochs completed */
+  int64_t optimizer_steps; /* total optimizer steps taken */
+  double train_loss;       /* mean micro-batch loss over the last epoch */
+  double test_loss;        /* after the last epoch */
+  double test_accuracy;    /* after the last epoch, in [0, 1] */
+  double seconds;          /* wall time of the whole run */
+} dt_train_result;
+
+/* Runs the configured job. Progress lines, one evaluation line per epoch and
+ * a final `test_accuracy=0.XXXX` line go to `log` (NULL = silent). Errors:
+ * bad config (DT_ERR_INVALID_ARG), unavailable device (from
+ * dt_backend_get), missing or corrupt data (DT_ERR_IO / DT_ERR_FORMAT),
+ * out of memory, a non-finite loss (DT_ERR_STATE), each with a message. */
+dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out);
+
+/* Mean cross-entropy and accuracy of `model` over all of `data`, in eval
+ * mode without grad (the training flag is restored afterwards). */
+dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
+                            double *loss, double *accuracy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

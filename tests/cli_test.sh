@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The dtrain command line: help, flag errors, subcommand errors, bench, and
+# clear failures for an unavailable device and a missing data folder.
+set -uo pipefail
+
+dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="launch/dtrain"
+[ -x "$dtrain" ] || { echo "cli_test: dtrain binary not found" >&2; exit 1; }
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+failures=0
+checks=0
+out="$tmp/out"
+err="$tmp/err"
+rc=0
+
+run() {
+  "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+
+fail() {
+  failures=$((failures + 1))
+  echo "FAIL: $*"
+  echo "  stdout: $(head -c 2000 "$out")"
+  echo "  stderr: $(head -c 2000 "$err")"
+}
+
+# expect RC WHERE PATTERN DESCRIPTION: the last run exited RC and WHERE
+# (out|err) matches the extended regex PATTERN.
+expect() {
+  local want=$1 where=$2 pattern=$3 what=$4
+  checks=$((checks + 1))
+  if [ "$rc" != "$want" ]; then
+    fail "$what: exit status $rc, expected $want"
+  elif ! grep -Eq -- "$pattern" "${!where}"; then
+    fail "$what: $where does not match /$pattern/"
+  else
+    echo "ok: $what"
+  fi
+}
+
+run --help
+expect 0 out "train" "dtrain --help lists train"
+expect 0 out "bench" "dtrain --help lists bench"
+
+run help train
+expect 0 out "--batch" "dtrain help train shows the train flags"
+
+run
+expect 2 err "usage: dtrain" "dtrain without a command prints usage"
+
+run frobnicate
+expect 2 err "unknown command 'frobnicate'.*train.*bench" "unknown command lists the commands"
+
+run train --help
+expect 0 out "usage: dtrain train" "dtrain train --help"
+for flag in model data data-dir epochs batch accum lr optimizer momentum nesterov weight-decay \
+  schedule warmup clip seed threads device log-interval; do
+  expect 0 out "--$flag" "dtrain train --help lists --$flag"
+done
+expect 0 out "--batch N +micro-batch size \(default: 64\)" "train --help shows defaults"
+
+run bench --help
+expect 0 out "--steps" "dtrain bench --help lists --steps"
+run doctor --help
+expect 0 out "usage: dtrain doctor" "dtrain doctor --help"
+
+run train --foo 3
+expect 2 err "dtrain train: unknown flag --foo \(see dtrain train --help\)" "unknown flag"
+run train --foo=3
+expect 2 err "unknown flag --foo " "unknown flag with ="
+run bench --bar
+expect 2 err "dtrain bench: unknown flag --bar" "unknown bench flag"
+
+run train --batch abc
+expect 2 err "invalid value 'abc' for --batch: expected a positive integer" "malformed int"
+run train --batch=0
+expect 2 err "invalid value '0' for --batch" "zero batch"
+run train --lr=-1
+expect 2 err "invalid value '-1' for --lr" "negative lr"
+run train --lr 1e400
+expect 2 err "invalid value '1e400' for --lr" "lr out of range"
+run train --epochs 99999999999
+expect 2 err "invalid value '99999999999' for --epochs" "int overflow"
+run train --optimizer sgdx
+expect 2 err "expected one of sgd\|adamw" "optimizer choices"
+run train --schedule linear
+expect 2 err "expected one of constant\|cosine\|step" "schedule choices"
+run train --nesterov=maybe
+expect 2 err "invalid value 'maybe' for --nesterov" "malformed switch"
+run train --batch
+expect 2 err "flag --batch needs a value" "missing value"
+run train extra
+expect 2 err "unexpected argument 'extra'" "positional argument"
+
+run bench --model mlp --batch 8 --steps 3 --warmup 1
+expect 0 out "^steps_per_s=[0-9.]+ samples_per_s=[0-9.]+ ms_per_step=[0-9.]+$" "bench mlp"
+expect 0 out "forward_ms=" "bench breakdown"
+run bench --model lenet --batch 4 --steps 2 --warmup 0 --optimizer adamw --threads 1
+expect 0 out "^steps_per_s=" "bench lenet adamw"
+run bench --model nosuchnet --steps 1
+expect 1 err "dtrain: error: .*unknown model" "bench unknown model"
+
+# No GPU here (or no CUDA backend in this build): a clear error, not a crash.
+if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
+  run train --device cuda:0
+  expect 1 err "dtrain: error: .*cuda:0" "train on an unavailable CUDA device"
+fi
+run train --device tpu:0
+expect 1 err "dtrain: error: " "unknown device type"
+
+missing="$tmp/no-such-dir"
+run train --data-dir "$missing"
+expect 1 err "dtrain: error: .*$missing/fashion-mnist.*tools/setup.sh" "missing data dir"
+DT_DATA_DIR="$missing" run train --data mnist
+expect 1 err "$missing/mnist" "missing data dir from DT_DATA_DIR"
+
+# A corrupt data set: a clear format error naming the file.
+bad="$tmp/bad/fashion-mnist"
+mkdir -p "$bad"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte \
+  t10k-labels-idx1-ubyte; do
+  printf 'not an idx file' >"$bad/$f"
+done
+run train --data-dir "$tmp/bad"
+expect 1 err "dtrain: error: .*train-(images|labels)-idx" "corrupt data names the file"
+
+echo "cli_test: $checks checks, $failures failed"
+[ "$failures" = 0 ]

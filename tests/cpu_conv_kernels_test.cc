@@ -1,0 +1,346 @@
+// CPU reference backend, convolution / pooling / normalisation kernels of
+// dt_cpu_backend() against direct implementations in double (the dense,
+// softmax, optimizer and memory kernels are in cpu_kernels_test.cc).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/memory.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace {
+
+using Vec = std::vector<float>;
+
+const dt_backend_ops *be() { return dt_cpu_backend(); }
+
+Vec randn(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(n);
+  for (size_t i = 0; i < n; i++)
+    v[i] = lo + (hi - lo) * dt_rng_uniform(seed, i);
+  return v;
+}
+
+void expect_close(const Vec &got, const std::vector<double> &want, double atol, double rtol,
+                  const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); i++)
+    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
+}
+
+// Runs the body under several thread counts (serial and both parallel paths).
+class ThreadCounts : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    saved_ = dt_cpu_num_threads();
+    dt_cpu_set_num_threads(GetParam());
+  }
+  void TearDown() override { dt_cpu_set_num_threads(saved_); }
+  int saved_ = 1;
+};
+
+/* ------------------------------------------------------- conv and pooling */
+
+dt_conv2d_geom geom(int n, int c, int h, int w, int oc, int kh, int kw, int sh, int sw, int ph,
+                    int pw) {
+  dt_conv2d_geom g;
+  g.n = n, g.c = c, g.h = h, g.w = w, g.oc = oc, g.kh = kh, g.kw = kw;
+  g.sh = sh, g.sw = sw, g.ph = ph, g.pw = pw;
+  g.oh = (h + 2 * ph - kh) / sh + 1;
+  g.ow = (w + 2 * pw - kw) / sw + 1;
+  return g;
+}
+
+// Calls f(n, o, oy, ox, c, ki, kj, x index) for every valid (output, tap) pair.
+template <typename F>
+void for_each_tap(const dt_conv2d_geom &g, int channels_out, F f) {
+  for (int n = 0; n < g.n; n++)
+    for (int o = 0; o < channels_out; o++)
+      for (int oy = 0; oy < g.oh; oy++)
+        for (int ox = 0; ox < g.ow; ox++)
+          for (int c = 0; c < g.c; c++)
+            for (int ki = 0; ki < g.kh; ki++)
+              for (int kj = 0; kj < g.kw; kj++) {
+                int iy = oy * g.sh - g.ph + ki, ix = ox * g.sw - g.pw + kj;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w)
+                  continue;
+                f(n, o, oy, ox, c, ki, kj, ((n * g.c + c) * g.h + iy) * g.w + ix);
+              }
+}
+
+std::vector<dt_conv2d_geom> conv_geoms() {
+  return {
+      geom(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1),   // 3x3 same
+      geom(4, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2),   // stride 2, padding 2
+      geom(3, 5, 6, 5, 4, 1, 1, 1, 1, 0, 0),   // pointwise (no im2col)
+      geom(5, 2, 8, 7, 3, 3, 2, 2, 1, 1, 0),   // rectangular kernel, mixed stride
+      geom(1, 1, 28, 28, 6, 5, 5, 1, 1, 0, 0), // LeNet conv1, one image
+  };
+}
+
+TEST_P(ThreadCounts, Conv2dForwardVsDirect) {
+  for (const dt_conv2d_geom &g : conv_geoms()) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
+    size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
+    Vec x = randn(nx, 20), w = randn(nw, 21), b = randn(g.oc, 22), y(ny, NAN);
+    ASSERT_EQ(0u, be()->conv2d_workspace(DT_CPU, &g));
+    ASSERT_EQ(DT_OK, be()->conv2d_forward(DT_CPU, &g, x.data(), w.data(), b.data(), y.data(),
+                                          nullptr))
+        << dt_last_error();
+    std::vector<double> want(ny);
+    for (int n = 0; n < g.n; n++)
+      for (int o = 0; o < g.oc; o++)
+        for (int i = 0; i < g.oh * g.ow; i++)
+          want[(size_t)(n * g.oc + o) * g.oh * g.ow + i] = b[o];
+    for_each_tap(g, g.oc, [&](int n, int o, int oy, int ox, int c, int ki, int kj, int xi) {
+      want[((size_t)(n * g.oc + o) * g.oh + oy) * g.ow + ox] +=
+          (double)x[xi] * w[((o * g.c + c) * g.kh + ki) * g.kw + kj];
+    });
+    expect_close(y, want, 1e-5, 1e-5, "conv2d forward");
+  }
+}
+
+TEST_P(ThreadCounts, Conv2dBackwardVsNaive) {
+  for (const dt_conv2d_geom &g : conv_geoms()) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
+    size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
+    Vec x = randn(nx, 23), w = randn(nw, 24), dy = randn(ny, 25);
+    Vec dx(nx, NAN), dw(nw, NAN), db(g.oc, NAN);
+    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), dx.data(),
+                                           dw.data(), db.data(), nullptr))
+        << dt_last_error();
+    std::vector<double> wdx(nx, 0.0), wdw(nw, 0.0), wdb(g.oc, 0.0);
+    for_each_tap(g, g.oc, [&](int n, int o, int oy, int ox, int c, int ki, int kj, int xi) {
+      double gy = dy[((size_t)(n * g.oc + o) * g.oh + oy) * g.ow + ox];
+      int wi = ((o * g.c + c) * g.kh + ki) * g.kw + kj;
+      wdx[xi] += gy * w[wi];
+      wdw[wi] += gy * x[xi];
+    });
+    for (int n = 0; n < g.n; n++)
+      for (int o = 0; o < g.oc; o++)
+        for (int i = 0; i < g.oh * g.ow; i++)
+          wdb[o] += dy[(size_t)(n * g.oc + o) * g.oh * g.ow + i];
+    expect_close(dx, wdx, 1e-5, 1e-5, "conv2d dx");
+    expect_close(dw, wdw, 1e-4, 1e-5, "conv2d dw");
+    expect_close(db, wdb, 1e-5, 1e-5, "conv2d db");
+    // each output is optional
+    Vec dw2(nw, NAN);
+    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), nullptr,
+                                           dw2.data(), nullptr, nullptr));
+    expect_close(dw2, wdw, 1e-4, 1e-5, "conv2d dw only");
+  }
+}
+
+TEST(CpuConv, FiniteDifferenceAndBadGeometry) {
+  // d/dx of L = sum(r * conv(x)) by central differences, stride 2 padding 1
+  dt_conv2d_geom g = geom(1, 2, 5, 5, 2, 3, 3, 2, 2, 1, 1);
+  size_t nx = 50, nw = 36, ny = (size_t)2 * g.oh * g.ow;
+  Vec x = randn(nx, 26), w = randn(nw, 27), r = randn(ny, 28), y(ny), dx(nx), dw(nw);
+  ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), r.data(), dx.data(),
+                                         dw.data(), nullptr, nullptr));
+  auto loss = [&](const Vec &xx, const Vec &ww) {
+    EXPECT_EQ(DT_OK, be()->conv2d_forward(DT_CPU, &g, xx.data(), ww.data(), nullptr, y.data(),
+                                          nullptr));
+    double s = 0;
+    for (size_t i = 0; i < ny; i++) s += (double)r[i] * y[i];
+    return s;
+  };
+  const float h = 1e-2f;
+  for (size_t i = 0; i < nx; i += 7) {
+    Vec xp = x, xm = x;
+    xp[i] += h, xm[i] -= h;
+    EXPECT_NEAR(dx[i], (loss(xp, w) - loss(xm, w)) / (2 * h), 2e-3) << "dx " << i;
+  }
+  for (size_t i = 0; i < nw; i += 5) {
+    Vec wp = w, wm = w;
+    wp[i] += h, wm[i] -= h;
+    EXPECT_NEAR(dw[i], (loss(x, wp) - loss(x, wm)) / (2 * h), 2e-3) << "dw " << i;
+  }
+  dt_conv2d_geom bad = g;
+  bad.oh += 1;
+  EXPECT_EQ(DT_ERR_SHAPE, be()->conv2d_forward(DT_CPU, &bad, x.data(), w.data(), nullptr,
+                                               y.data(), nullptr));
+}
+
+TEST_P(ThreadCounts, MaxPoolForwardBackward) {
+  for (dt_conv2d_geom g : {geom(2, 3, 8, 8, 0, 2, 2, 2, 2, 0, 0), geom(1, 2, 7, 6, 0, 3, 3, 2, 2, 1, 1),
+                           geom(2, 1, 5, 5, 0, 3, 2, 1, 2, 1, 1)}) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
+    Vec x = randn(nx, 29), y(ny), dy = randn(ny, 30), dx(nx, NAN);
+    std::vector<int32_t> am(ny);
+    ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y.data(), am.data()))
+        << dt_last_error();
+    std::vector<double> wdx(nx, 0.0);
+    for (int p = 0; p < g.n * g.c; p++)
+      for (int oy = 0; oy < g.oh; oy++)
+        for (int ox = 0; ox < g.ow; ox++) {
+          float best = -INFINITY;
+          int at = -1;
+          for (int ki = 0; ki < g.kh; ki++)
+            for (int kj = 0; kj < g.kw; kj++) {
+              int iy = oy * g.sh - g.ph + ki, ix = ox * g.sw - g.pw + kj;
+              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+              if (x[(size_t)p * g.h * g.w + iy * g.w + ix] > best)
+                best = x[(size_t)p * g.h * g.w + iy * g.w + ix], at = iy * g.w + ix;
+            }
+          size_t o = ((size_t)p * g.oh + oy) * g.ow + ox;
+          ASSERT_EQ(y[o], best);
+          ASSERT_EQ(am[o], at);
+          wdx[(size_t)p * g.h * g.w + at] += dy[o];
+        }
+    ASSERT_EQ(DT_OK, be()->maxpool2d_backward(DT_CPU, &g, dy.data(), am.data(), dx.data()));
+    expect_close(dx, wdx, 1e-6, 0, "maxpool dx");
+  }
+}
+
+TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {
+  // 1x1x3x3 input 1..9, kernel 3, stride 1, padding 1 -> corner = (1+2+4+5)/9
+  dt_conv2d_geom g = geom(1, 1, 3, 3, 0, 3, 3, 1, 1, 1, 1);
+  Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, y(9), dx(9);
+  ASSERT_EQ(DT_OK, be()->avgpool2d_forward(DT_CPU, &g, x.data(), y.data()));
+  EXPECT_FLOAT_EQ(y[0], 12.0f / 9);
+  EXPECT_FLOAT_EQ(y[4], 45.0f / 9);
+  EXPECT_FLOAT_EQ(y[8], (5 + 6 + 8 + 9) / 9.0f);
+  Vec dy(9, 9.0f);
+  ASSERT_EQ(DT_OK, be()->avgpool2d_backward(DT_CPU, &g, dy.data(), dx.data()));
+  // each input gets 1 from every window covering it: corner 4, edge 6, centre 9
+  EXPECT_EQ(dx, (Vec{4, 6, 4, 6, 9, 6, 4, 6, 4}));
+  // adjointness on a strided geometry: <avgpool(x), r> == <x, avgpool^T(r)>
+  dt_conv2d_geom g2 = geom(2, 3, 9, 8, 0, 3, 3, 2, 2, 1, 1);
+  size_t nx = (size_t)2 * 3 * 9 * 8, ny = (size_t)2 * 3 * g2.oh * g2.ow;
+  Vec x2 = randn(nx, 31), y2(ny), r = randn(ny, 32), dx2(nx);
+  ASSERT_EQ(DT_OK, be()->avgpool2d_forward(DT_CPU, &g2, x2.data(), y2.data()));
+  ASSERT_EQ(DT_OK, be()->avgpool2d_backward(DT_CPU, &g2, r.data(), dx2.data()));
+  double lhs = 0, rhs = 0;
+  for (size_t i = 0; i < ny; i++) lhs += (double)y2[i] * r[i];
+  for (size_t i = 0; i < nx; i++) rhs += (double)x2[i] * dx2[i];
+  EXPECT_NEAR(lhs, rhs, 1e-4);
+}
+
+/* ---------------------------------------------------------- normalisation */
+
+TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
+  const int64_t n = 4, c = 3, hw = 5, cnt = n * hw;
+  Vec x = randn(n * c * hw, 33, -2.0f, 3.0f), gamma = {1.0f, 2.0f, -0.5f}, beta = {0.0f, 1.0f, 2.0f};
+  Vec rm = {0.5f, 0.0f, -1.0f}, rv = {1.0f, 2.0f, 0.5f}, rm0 = rm, rv0 = rv;
+  Vec y(x.size()), mean(c), invstd(c);
+  const float mom = 0.1f, eps = 1e-5f;
+  ASSERT_EQ(DT_OK, be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
+                                           rm.data(), rv.data(), mean.data(), invstd.data(), n, c,
+                                           hw, 1, mom, eps))
+      << dt_last_error();
+  std::vector<double> wy(x.size()), mu(c), var(c);
+  for (int64_t ci = 0; ci < c; ci++) {
+    double s = 0, ss = 0;
+    for (int64_t ni = 0; ni < n; ni++)
+      for (int64_t i = 0; i < hw; i++) s += x[(ni * c + ci) * hw + i];
+    mu[ci] = s / cnt;
+    for (int64_t ni = 0; ni < n; ni++)
+      for (int64_t i = 0; i < hw; i++) {
+        double d = x[(ni * c + ci) * hw + i] - mu[ci];
+        ss += d * d;
+      }
+    var[ci] = ss / cnt;  // biased, for normalising
+    EXPECT_NEAR(mean[ci], mu[ci], 1e-6);
+    EXPECT_NEAR(invstd[ci], 1 / std::sqrt(var[ci] + eps), 1e-5);
+    EXPECT_NEAR(rm[ci], 0.9 * rm0[ci] + 0.1 * mu[ci], 1e-6);
+    EXPECT_NEAR(rv[ci], 0.9 * rv0[ci] + 0.1 * var[ci] * cnt / (cnt - 1), 1e-6);  // unbiased
+    for (int64_t ni = 0; ni < n; ni++)
+      for (int64_t i = 0; i < hw; i++) {
+        int64_t k = (ni * c + ci) * hw + i;
+        wy[k] = (x[k] - mu[ci]) / std::sqrt(var[ci] + eps) * gamma[ci] + beta[ci];
+      }
+  }
+  expect_close(y, wy, 1e-5, 1e-5, "batchnorm y");
+
+  // backward vs the closed form in double
+  Vec dy = randn(x.size(), 34), dx(x.size()), dg(c, NAN), dbt(c, NAN);
+  ASSERT_EQ(DT_OK, be()->batchnorm_backward(DT_CPU, x.data(), dy.data(), gamma.data(),
+                                            mean.data(), invstd.data(), dx.data(), dg.data(),
+                                            dbt.data(), n, c, hw));
+  std::vector<double> wdx(x.size()), wdg(c), wdb(c);
+  for (int64_t ci = 0; ci < c; ci++) {
+    double is = 1 / std::sqrt(var[ci] + eps), sdy = 0, sdyx = 0;
+    for (int64_t ni = 0; ni < n; ni++)
+      for (int64_t i = 0; i < hw; i++) {
+        int64_t k = (ni * c + ci) * hw + i;
+        sdy += dy[k];
+        sdyx += dy[k] * (x[k] - mu[ci]) * is;
+      }
+    wdg[ci] = sdyx, wdb[ci] = sdy;
+    for (int64_t ni = 0; ni < n; ni++)
+      for (int64_t i = 0; i < hw; i++) {
+        int64_t k = (ni * c + ci) * hw + i;
+        double xh = (x[k] - mu[ci]) * is;
+        wdx[k] = gamma[ci] * is / cnt * (cnt * dy[k] - sdy - xh * sdyx);
+      }
+  }
+  expect_close(dx, wdx, 1e-5, 1e-4, "batchnorm dx");
+  expect_close(dg, wdg, 1e-5, 1e-5, "batchnorm dgamma (overwritten)");
+  expect_close(dbt, wdb, 1e-5, 1e-5, "batchnorm dbeta (overwritten)");
+
+  // eval mode uses the running statistics and leaves them alone
+  Vec rm1 = rm, rv1 = rv;
+  ASSERT_EQ(DT_OK, be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
+                                           rm.data(), rv.data(), mean.data(), invstd.data(), n, c,
+                                           hw, 0, mom, eps));
+  EXPECT_EQ(rm, rm1);
+  EXPECT_EQ(rv, rv1);
+  EXPECT_NEAR(y[0], (x[0] - rm[0]) / std::sqrt(rv[0] + eps) * gamma[0] + beta[0], 1e-5);
+  // one value per channel cannot be normalised in training
+  EXPECT_EQ(DT_ERR_INVALID_ARG,
+            be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
+                                    rm.data(), rv.data(), mean.data(), invstd.data(), 1, c, 1, 1,
+                                    mom, eps));
+}
+
+TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
+  const int64_t rows = 300, cols = 260;  // cols > one column block
+  const float eps = 1e-5f;
+  Vec x = randn(rows * cols, 35, -2, 2), gamma = randn(cols, 36), beta = randn(cols, 37);
+  Vec y(x.size()), mean(rows), rstd(rows);
+  ASSERT_EQ(DT_OK, be()->layernorm_forward(DT_CPU, x.data(), gamma.data(), beta.data(), y.data(),
+                                           mean.data(), rstd.data(), rows, cols, eps));
+  Vec dy = randn(x.size(), 38), dx(x.size()), dg(cols, 1.0f), db(cols, 2.0f);
+  ASSERT_EQ(DT_OK, be()->layernorm_backward(DT_CPU, x.data(), gamma.data(), mean.data(),
+                                            rstd.data(), dy.data(), dx.data(), dg.data(),
+                                            db.data(), rows, cols));
+  std::vector<double> wy(x.size()), wdx(x.size()), wdg(cols, 1.0), wdb(cols, 2.0);
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = &x[r * cols], *gr = &dy[r * cols];
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < cols; j++) s += xr[j];
+    double m = s / cols;
+    for (int64_t j = 0; j < cols; j++) ss += (xr[j] - m) * (xr[j] - m);
+    double rs = 1 / std::sqrt(ss / cols + eps), a = 0, b = 0;
+    ASSERT_NEAR(mean[r], m, 1e-6);
+    ASSERT_NEAR(rstd[r], rs, 1e-5 * rs);
+    for (int64_t j = 0; j < cols; j++) {
+      double xh = (xr[j] - m) * rs;
+      wy[r * cols + j] = xh * gamma[j] + beta[j];
+      a += gr[j] * gamma[j];
+      b += gr[j] * gamma[j] * xh;
+      wdg[j] += gr[j] * xh;
+      wdb[j] += gr[j];
+    }
+    for (int64_t j = 0; j < cols; j++) {
+      double xh = (xr[j] - m) * rs;
+      wdx[r * cols + j] = rs * (gr[j] * gamma[j] - a / cols - xh * b / cols);
+    }
+  }
+  expect_close(y, wy, 1e-5, 1e-5, "layernorm y");
+  expect_close(dx, wdx, 1e-5, 1e-4, "layernorm dx");
+  expect_close(dg, wdg, 1e-4, 1e-5, "layernorm dgamma (+=)");
+  expect_close(db, wdb, 1e-4, 1e-5, "layernorm dbeta (+=)");
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ThreadCounts, ::testing::Values(1, 2, 3));
+
+}  // namespace

@@ -1,0 +1,71 @@
+// Helpers shared by the GoogleTest suites: tensors from host vectors,
+// seeded random tensors, reading tensors back, and a finite-difference
+// gradient checker for differentiable ops.
+#ifndef DT_TESTS_TEST_UTIL_H
+#define DT_TESTS_TEST_UTIL_H
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace dtt {
+
+// Owning handle: releases its tensor when it goes out of scope.
+struct TensorDeleter {
+  void operator()(dt_tensor *t) const { dt_tensor_release(t); }
+};
+using TensorRef = std::unique_ptr<dt_tensor, TensorDeleter>;
+
+// n uniform values in [lo, hi), a pure function of (seed, index).
+std::vector<float> RandomValues(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// f32 tensor with the given values (numel must match the shape).
+dt_tensor *MakeTensor(const std::vector<float> &values, const std::vector<int64_t> &shape,
+                      bool requires_grad = false, dt_device dev = DT_CPU);
+// f32 tensor of seeded uniform values in [lo, hi).
+dt_tensor *RandomTensor(const std::vector<int64_t> &shape, uint64_t seed,
+                        bool requires_grad = false, float lo = -1.0f, float hi = 1.0f,
+                        dt_device dev = DT_CPU);
+// i32 or i64 tensor (class ids, token ids).
+dt_tensor *MakeIndexTensor(const std::vector<int64_t> &values, const std::vector<int64_t> &shape,
+                           dt_dtype dtype = DT_DTYPE_I64, dt_device dev = DT_CPU);
+
+// Elements (row-major) of an f32 tensor of any layout, on the host.
+std::vector<float> ToVector(const dt_tensor *t);
+// Elements of an i32/i64 tensor as int64.
+std::vector<int64_t> ToIndexVector(const dt_tensor *t);
+std::vector<int64_t> Shape(const dt_tensor *t);
+
+// ---- finite-difference gradient check ----
+
+// Builds the op's output from the inputs (the same tensors every call).
+using OpFn = std::function<dt_status(const std::vector<dt_tensor *> &inputs, dt_tensor **out)>;
+
+struct GradCheckOptions {
+  double eps = 1e-2;   // central-difference step (on the f32 values)
+  double atol = 5e-3;  // |analytic - numeric| <= atol + rtol * max(|analytic|, |numeric|)
+  double rtol = 1e-2;
+  uint64_t seed = 777; // of the random projection R
+  // Fail when every numeric gradient of an input is ~0 (the check would be
+  // vacuous); set for inputs whose gradient really is zero.
+  bool allow_zero_grad = false;
+};
+
+// Checks the gradients of every input with requires_grad. The loss is
+// L = sum(op(x) * R) for a fixed random R (every output element matters);
+// the analytic gradient comes from dt_backward(out, R), the numeric one
+// from central differences of L computed in double on the host.
+::testing::AssertionResult GradCheck(const OpFn &fn, const std::vector<dt_tensor *> &inputs,
+                                     const GradCheckOptions &opt = GradCheckOptions());
+
+}  // namespace dtt
+
+#endif  // DT_TESTS_TEST_UTIL_H

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End to end: `dtrain train` on real Fashion-MNIST.
+#   1. a short run exercising accumulation, warm-up, cosine decay and
+#      clipping on the MLP (must finish and print test_accuracy=);
+#   2. the default job, LeNet-5 for one epoch, must reach test accuracy
+#      >= 0.85.
+# Data: $DT_DATA_DIR if set, else the repository's data/ folder (found from
+# this script's real path; tools/setup.sh fills it), else the Debian
+# package's /usr/share/datasets.
+set -uo pipefail
+
+dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="launch/dtrain"
+[ -x "$dtrain" ] || { echo "train_e2e_test: dtrain binary not found" >&2; exit 1; }
+
+find_data_dir() {
+  if [ -n "${DT_DATA_DIR:-}" ]; then
+    echo "$DT_DATA_DIR"
+    return
+  fi
+  local self repo
+  self=$(readlink -f "${BASH_SOURCE[0]}")
+  repo=$(cd "$(dirname "$self")/.." && pwd)
+  if [ -d "$repo/data/fashion-mnist" ]; then
+    echo "$repo/data"
+  elif [ -d /usr/share/datasets/fashion-mnist ]; then
+    echo /usr/share/datasets
+  else
+    echo "train_e2e_test: no Fashion-MNIST found: run tools/setup.sh or set DT_DATA_DIR" >&2
+    exit 1
+  fi
+}
+data_dir=$(find_data_dir) || exit 1
+echo "train_e2e_test: data from $data_dir"
+log="${TEST_TMPDIR:-/tmp}/train.log"
+
+"$dtrain" train --data-dir "$data_dir" --model mlp --max-steps 30 --accum 3 --warmup 2 \
+  --schedule cosine --clip 1.0 --log-interval 10 --lr 0.05 | tee "$log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ] || ! tail -1 "$log" | grep -Eq '^test_accuracy=0\.[0-9]{4}$'; then
+  echo "FAIL: short MLP run (exit $rc) did not end with test_accuracy=" >&2
+  exit 1
+fi
+
+"$dtrain" train --data-dir "$data_dir" | tee "$log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ]; then
+  echo "FAIL: dtrain train exited with $rc" >&2
+  exit 1
+fi
+acc=$(tail -1 "$log" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p')
+if [ -z "$acc" ]; then
+  echo "FAIL: the last line is not test_accuracy=...: $(tail -1 "$log")" >&2
+  exit 1
+fi
+if ! awk -v a="$acc" 'BEGIN { exit !(a >= 0.85) }'; then
+  echo "FAIL: LeNet-5 after one epoch: test_accuracy=$acc < 0.85" >&2
+  exit 1
+fi
+echo "ok: LeNet-5, one epoch of Fashion-MNIST: test_accuracy=$acc >= 0.85"

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# dtrain bench beside the same benchmark in PyTorch (tools/bench_torch.py),
+# alternating the two for several rounds so that both see the same machine
+# load, for MLP batch 128 and LeNet-5 batch 64. Prints the median steps/s
+# of each and the ratio dtrain / PyTorch.
+#
+#   tools/bench_compare.sh [--rounds R] [--steps N] [--threads T]
+#
+# Needs Debian's python3-torch (tools/setup.sh --bench).
+set -euo pipefail
+
+root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+rounds=5
+steps=200
+threads=$(nproc)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench_compare: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+python=/usr/bin/python3
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "bench_compare: PyTorch is not installed for $python: run tools/setup.sh --bench" >&2
+  exit 1
+fi
+
+# Build (and set up) once through the wrapper, then call the binary directly.
+"$root/dtrain" --help >/dev/null
+dtrain="$root/bazel-bin/launch/dtrain"
+
+steps_per_s() { sed -n 's/^steps_per_s=\([0-9.]*\) .*/\1/p'; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+printf '%-16s %14s %14s %16s\n' "benchmark" "dtrain step/s" "torch step/s" "dtrain/torch"
+for config in "mlp 128" "lenet 64"; do
+  read -r model batch <<<"$config"
+  ours=()
+  theirs=()
+  for ((r = 0; r < rounds; r++)); do
+    ours+=("$("$dtrain" bench --model "$model" --batch "$batch" --steps "$steps" \
+      --threads "$threads" | steps_per_s)")
+    theirs+=("$("$python" "$root/tools/bench_torch.py" --model "$model" --batch "$batch" \
+      --steps "$steps" --threads "$threads" | steps_per_s)")
+  done
+  a=$(printf '%s\n' "${ours[@]}" | median)
+  b=$(printf '%s\n' "${theirs[@]}" | median)
+  ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }')
+  printf '%-16s %14.1f %14.1f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
+done
+echo "($rounds alternating rounds of $steps steps each, $threads threads, medians)"
