@@ -1,12 +1,12 @@
 /* Data sets: the generic vtable wrapper and idx image classification sets
  * (MNIST, Fashion-MNIST). */
-#include "core/data.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "core/data.h"
 
 struct dt_dataset {
   const dt_dataset_vtable *vt;
@@ -31,8 +31,10 @@ dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64
   }
   /* The loader prepends the batch dimension, so one dim is kept free. */
   if (ndim < 1 || ndim > DT_MAX_DIMS - 1 || !input_shape) {
-    st = DT_ERROR(DT_ERR_INVALID_ARG, "input ndim %d: must be 1 to %d (one dim is kept for the "
-                  "batch)", ndim, DT_MAX_DIMS - 1);
+    st = DT_ERROR(DT_ERR_INVALID_ARG,
+                  "input ndim %d: must be 1 to %d (one dim is kept for the "
+                  "batch)",
+                  ndim, DT_MAX_DIMS - 1);
     goto fail;
   }
   int64_t numel = 1;
@@ -99,8 +101,8 @@ dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *
 /* ---- idx image classification ---- */
 
 typedef struct idx_images {
-  dt_idx images; /* (N, H, W) u8 */
-  dt_idx labels; /* (N) u8 */
+  dt_idx images;  /* (N, H, W) u8 */
+  dt_idx labels;  /* (N) u8 */
   int64_t pixels; /* H * W */
   float lut[256]; /* (v/255 - mean) / std */
 } idx_images;
@@ -129,8 +131,8 @@ static const dt_dataset_vtable idx_images_vtable = {
     idx_images_destroy,
 };
 
-dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path,
-                                int num_classes, float mean, float std, dt_dataset **out) {
+dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path, int num_classes,
+                                float mean, float std, dt_dataset **out) {
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
   *out = NULL;

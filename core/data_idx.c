@@ -6,8 +6,6 @@
  * stream's buffer grows only as decompressed bytes actually arrive, so a tiny
  * corrupt file claiming 4 GB costs nothing.
  */
-#include "core/data.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -15,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "core/data.h"
 
 #define IDX_TYPE_U8 0x08
 #define IDX_MAX_DIM (INT64_C(1) << 31)     /* each dim < 2^31 */
@@ -46,8 +46,7 @@ static const char *gz_error_text(gzFile gz, int *is_io) {
 
 /* Reads exactly `len` bytes; *got receives the count read. A stream or I/O
  * error is reported (status set); a short read is not (the caller words it). */
-static dt_status gz_read_fully(gzFile gz, const char *path, void *buf, size_t len,
-                               size_t *got) {
+static dt_status gz_read_fully(gzFile gz, const char *path, void *buf, size_t len, size_t *got) {
   size_t done = 0;
   while (done < len) {
     size_t want = len - done;
@@ -95,8 +94,8 @@ static dt_status idx_parse_header(gzFile gz, const char *path, int expect_ndim, 
                     path, magic[2], idx_type_name(magic[2]));
   int ndim = magic[3];
   if (ndim < 1 || ndim > 4)
-    return DT_ERROR(DT_ERR_FORMAT, "%s: unsupported number of dimensions %d: expected 1 to 4",
-                    path, ndim);
+    return DT_ERROR(DT_ERR_FORMAT, "%s: unsupported number of dimensions %d: expected 1 to 4", path,
+                    ndim);
   if (expect_ndim > 0 && ndim != expect_ndim)
     return DT_ERROR(DT_ERR_FORMAT,
                     "%s: wrong number of dimensions: expected %d, the header says %d (images "
@@ -134,8 +133,8 @@ static dt_status idx_parse_header(gzFile gz, const char *path, int expect_ndim, 
 }
 
 /* Raw file: its size is known, so the body is validated before allocating. */
-static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size,
-                              int64_t header_bytes, dt_idx *out) {
+static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size, int64_t header_bytes,
+                              dt_idx *out) {
   int64_t found = file_size - header_bytes;
   if (found < out->numel)
     return DT_ERROR(DT_ERR_FORMAT,
@@ -154,7 +153,8 @@ static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size,
   size_t got = 0;
   dt_status st = gz_read_fully(gz, path, data, (size_t)out->numel, &got);
   if (st == DT_OK && (int64_t)got != out->numel)
-    st = DT_ERROR(DT_ERR_IO, "%s: short read: expected %lld bytes of data, read %zu (was the "
+    st = DT_ERROR(DT_ERR_IO,
+                  "%s: short read: expected %lld bytes of data, read %zu (was the "
                   "file modified while reading?)",
                   path, (long long)out->numel, got);
   if (st != DT_OK) {

@@ -14,15 +14,14 @@
  * them asynchronously on the copy stream; a slot would then be handed back
  * only once the copy's event has completed.
  */
-#include "core/data.h"
-
 #include <pthread.h>
-#include <stdio.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/data.h"
 
 #define LOADER_ERROR_MAX 2048
 
@@ -200,16 +199,14 @@ dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
   stop_worker(l);
   l->epoch_started = 0;
   DT_CHECK(dt_sampler_set_epoch(l->sampler, epoch));
-  l->num_batches = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size,
-                               l->cfg.drop_last);
+  l->num_batches = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size, l->cfg.drop_last);
   l->produced = 0;
   l->consumed = 0;
   atomic_store(&l->stop, 0);
   if (l->num_batches > 0) {
     int rc = pthread_create(&l->worker, NULL, worker_main, l);
     if (rc != 0)
-      return DT_ERROR(DT_ERR_INTERNAL, "cannot start the loader worker thread: %s",
-                      strerror(rc));
+      return DT_ERROR(DT_ERR_INTERNAL, "cannot start the loader worker thread: %s", strerror(rc));
     l->worker_running = 1;
   }
   l->epoch_started = 1;
@@ -247,8 +244,8 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   shape[0] = slot->count;
   memcpy(shape + 1, dt_dataset_input_shape(d), (size_t)ndim * sizeof *shape);
   dt_tensor *x = NULL, *y = NULL;
-  dt_status st = dt_tensor_from_host(slot->inputs, shape, ndim + 1, DT_DTYPE_F32,
-                                     l->cfg.device, &x);
+  dt_status st =
+      dt_tensor_from_host(slot->inputs, shape, ndim + 1, DT_DTYPE_F32, l->cfg.device, &x);
   if (st == DT_OK)
     st = dt_tensor_from_host(slot->labels, shape, 1, DT_DTYPE_I32, l->cfg.device, &y);
   if (st != DT_OK) {

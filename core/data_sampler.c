@@ -6,11 +6,10 @@
  *                               padded cyclically from its start;
  *   rank r takes list[r : total : R].
  */
-#include "core/data.h"
-
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/data.h"
 #include "core/rng.h"
 
 struct dt_sampler {
@@ -36,8 +35,8 @@ dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, d
     return DT_ERROR(DT_ERR_INVALID_ARG, "rank %d: must be in [0, num_replicas %d)", c.rank,
                     c.num_replicas);
   int64_t r = c.num_replicas;
-  int64_t num_samples = (c.drop_last && dataset_len % r != 0) ? dataset_len / r
-                                                              : (dataset_len + r - 1) / r;
+  int64_t num_samples =
+      (c.drop_last && dataset_len % r != 0) ? dataset_len / r : (dataset_len + r - 1) / r;
 
   dt_sampler *s = calloc(1, sizeof *s);
   if (!s)

@@ -45,8 +45,7 @@ static dt_status check_sgd_config(const dt_sgd_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "sgd: invalid dampening %g: must be finite",
                     (double)c->dampening);
   if (!(c->weight_decay >= 0.0f) || !is_finite(c->weight_decay))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "sgd: invalid weight_decay %g: must be finite and >= 0",
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd: invalid weight_decay %g: must be finite and >= 0",
                     (double)c->weight_decay);
   if (c->nesterov && (c->momentum <= 0.0f || c->dampening != 0.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -68,8 +67,7 @@ static dt_status check_adamw_config(const dt_adamw_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: invalid eps %g: must be finite and >= 0",
                     (double)c->eps);
   if (!(c->weight_decay >= 0.0f) || !is_finite(c->weight_decay))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "adamw: invalid weight_decay %g: must be finite and >= 0",
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: invalid weight_decay %g: must be finite and >= 0",
                     (double)c->weight_decay);
   return DT_OK;
 }
@@ -85,8 +83,8 @@ static dt_status optim_create(dt_param_arena *arena, optim_kind kind, int n_stat
   int64_t n = dt_param_arena_numel(arena);
   for (int i = 0; i < n_state && n > 0; i++) {
     int64_t shape[1] = {n};
-    dt_status st = dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dt_param_arena_device(arena),
-                                   &o->state[i]);
+    dt_status st =
+        dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dt_param_arena_device(arena), &o->state[i]);
     if (st != DT_OK) {
       dt_optim_destroy(o);
       return dt_error_wrap(st, "%s state buffer %d of %lld floats",
@@ -107,8 +105,7 @@ static dt_status check_create_args(dt_param_arena *arena, const void *cfg, dt_op
   return DT_OK;
 }
 
-dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg,
-                              dt_optimizer **out) {
+dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg, dt_optimizer **out) {
   DT_CHECK(check_create_args(arena, cfg, out));
   DT_CHECK(check_sgd_config(cfg));
   DT_CHECK(optim_create(arena, OPTIM_SGD, cfg->momentum != 0.0f ? 1 : 0, out));
@@ -164,8 +161,8 @@ dt_status dt_optim_step(dt_optimizer *o) {
     if (o->steps >= INT_MAX)
       return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
                       (long long)o->steps);
-    st = be->adamw_update(dev, p, g, state_ptr(o, 0), state_ptr(o, 1), n, o->lr, c->beta1,
-                          c->beta2, c->eps, c->weight_decay, (int)(o->steps + 1));
+    st = be->adamw_update(dev, p, g, state_ptr(o, 0), state_ptr(o, 1), n, o->lr, c->beta1, c->beta2,
+                          c->eps, c->weight_decay, (int)(o->steps + 1));
   }
   if (st != DT_OK)
     return dt_error_wrap(st, "%s step %lld", dt_optim_name(o), (long long)o->steps);
@@ -182,9 +179,7 @@ dt_status dt_optim_zero_grad(dt_optimizer *o) {
 void dt_optim_set_lr(dt_optimizer *o, float lr) { o->lr = lr; }
 float dt_optim_lr(const dt_optimizer *o) { return o->lr; }
 int64_t dt_optim_step_count(const dt_optimizer *o) { return o->steps; }
-const char *dt_optim_name(const dt_optimizer *o) {
-  return o->kind == OPTIM_SGD ? "sgd" : "adamw";
-}
+const char *dt_optim_name(const dt_optimizer *o) { return o->kind == OPTIM_SGD ? "sgd" : "adamw"; }
 
 int64_t dt_optim_state_numel(const dt_optimizer *o) {
   return (int64_t)o->n_state * dt_param_arena_numel(o->arena);
@@ -195,8 +190,8 @@ dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel) 
     return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer and host buffer must not be NULL");
   int64_t want = dt_optim_state_numel(o);
   if (numel != want)
-    return DT_ERROR(DT_ERR_SHAPE, "%s state holds %lld floats, the buffer %lld",
-                    dt_optim_name(o), (long long)want, (long long)numel);
+    return DT_ERROR(DT_ERR_SHAPE, "%s state holds %lld floats, the buffer %lld", dt_optim_name(o),
+                    (long long)want, (long long)numel);
   int64_t n = dt_param_arena_numel(o->arena);
   for (int i = 0; i < o->n_state; i++)
     DT_CHECK(dt_tensor_to_host(o->state[i], host + i * n, (size_t)n * sizeof(float)));

@@ -14,8 +14,7 @@ dt_status dt_lr_schedule_check(const dt_lr_schedule *s) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "lr schedule: warmup_steps %lld: must be >= 0",
                     (long long)s->warmup_steps);
   switch (s->decay) {
-    case DT_LR_DECAY_CONSTANT:
-      return DT_OK;
+    case DT_LR_DECAY_CONSTANT: return DT_OK;
     case DT_LR_DECAY_COSINE:
       if (s->total_steps <= s->warmup_steps)
         return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -23,9 +22,8 @@ dt_status dt_lr_schedule_check(const dt_lr_schedule *s) {
                         "(%lld)",
                         (long long)s->total_steps, (long long)s->warmup_steps);
       if (!(s->min_lr >= 0.0f) || !(s->min_lr <= s->base_lr))
-        return DT_ERROR(DT_ERR_INVALID_ARG,
-                        "lr schedule: min_lr %g: must be in [0, base_lr %g]", (double)s->min_lr,
-                        (double)s->base_lr);
+        return DT_ERROR(DT_ERR_INVALID_ARG, "lr schedule: min_lr %g: must be in [0, base_lr %g]",
+                        (double)s->min_lr, (double)s->base_lr);
       return DT_OK;
     case DT_LR_DECAY_STEP:
       if (s->step_size < 1)
@@ -47,8 +45,7 @@ float dt_lr_at(const dt_lr_schedule *s, int64_t step) {
     return (float)(base * (double)(step + 1) / (double)s->warmup_steps);
   int64_t t = step - (s->warmup_steps > 0 ? s->warmup_steps : 0);
   switch (s->decay) {
-    case DT_LR_DECAY_CONSTANT:
-      return (float)base;
+    case DT_LR_DECAY_CONSTANT: return (float)base;
     case DT_LR_DECAY_COSINE: {
       int64_t span = s->total_steps - (s->warmup_steps > 0 ? s->warmup_steps : 0);
       if (span <= 0 || t >= span)

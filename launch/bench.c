@@ -37,8 +37,7 @@ static double now_seconds(void) {
 }
 
 /* Random inputs (batch,1,28,28) ~ N(0,1) and labels in [0, NUM_CLASSES). */
-static dt_status make_batch(int batch, uint64_t seed, dt_device dev, dt_tensor **x,
-                            dt_tensor **y) {
+static dt_status make_batch(int batch, uint64_t seed, dt_device dev, dt_tensor **x, dt_tensor **y) {
   dt_status st = DT_OK;
   const int64_t xshape[4] = {batch, 1, 28, 28};
   const int64_t yshape[1] = {batch};
@@ -141,9 +140,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   DT_CHECK_GOTO(dt_memory_reset_peak(dev), cleanup);
   double t0 = now_seconds();
   for (int i = 0; i < cfg->steps; i++)
-    DT_CHECK_GOTO(train_step(model, opt, be, dev, x, y, &timed,
-                             i + 1 == cfg->steps ? &r.final_loss : NULL),
-                  cleanup);
+    DT_CHECK_GOTO(
+        train_step(model, opt, be, dev, x, y, &timed, i + 1 == cfg->steps ? &r.final_loss : NULL),
+        cleanup);
   r.seconds = now_seconds() - t0;
 
   dt_memory_stats ms;
@@ -178,25 +177,22 @@ int dt_cli_bench(int argc, char **argv) {
       {"warmup", DT_FLAG_INT, &cfg.warmup, "N", "untimed warm-up steps", 0, NULL},
       {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME",
        "sgd (lr 0.01, momentum 0.9) or adamw (lr 1e-3)", 0, "sgd|adamw"},
-      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0,
-       NULL},
+      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
       {"device", DT_FLAG_STRING, &cfg.device, "DEV", "cpu, cpu:N or cuda:N", 0, NULL},
-      {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0,
-       NULL},
+      {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0, NULL},
   };
   int nflags = (int)(sizeof flags / sizeof flags[0]);
   switch (dt_flags_parse("bench", flags, nflags, argc, argv, stderr)) {
-    case DT_FLAGS_OK:
-      break;
+    case DT_FLAGS_OK: break;
     case DT_FLAGS_HELP:
-      printf("usage: dtrain bench [flags]\n\n"
-             "Times training steps (forward, cross-entropy, backward, optimizer) on one\n"
-             "synthetic batch, after untimed warm-up steps, and prints\n"
-             "steps_per_s=... samples_per_s=... ms_per_step=...\n\nflags:\n");
+      printf(
+          "usage: dtrain bench [flags]\n\n"
+          "Times training steps (forward, cross-entropy, backward, optimizer) on one\n"
+          "synthetic batch, after untimed warm-up steps, and prints\n"
+          "steps_per_s=... samples_per_s=... ms_per_step=...\n\nflags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
-    case DT_FLAGS_ERROR:
-      return 2;
+    case DT_FLAGS_ERROR: return 2;
   }
 
   dt_bench_result r;
@@ -205,14 +201,16 @@ int dt_cli_bench(int argc, char **argv) {
     fprintf(stderr, "dtrain: error: %s\n", dt_last_error());
     return 1;
   }
-  printf("dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-         "device %s threads %d\n",
-         cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-         cfg.device, dt_cpu_num_threads());
-  printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s,
-         r.samples_per_s, r.ms_per_step);
-  printf("breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f peak_mem=%.1fMiB "
-         "loss=%.4f\n",
-         r.forward_ms, r.backward_ms, r.optimizer_ms, r.peak_mib, r.final_loss);
+  printf(
+      "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
+      "device %s threads %d\n",
+      cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
+      cfg.device, dt_cpu_num_threads());
+  printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s, r.samples_per_s,
+         r.ms_per_step);
+  printf(
+      "breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f peak_mem=%.1fMiB "
+      "loss=%.4f\n",
+      r.forward_ms, r.backward_ms, r.optimizer_ms, r.peak_mib, r.final_loss);
   return 0;
 }

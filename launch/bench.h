@@ -23,9 +23,9 @@ typedef struct dt_bench_config {
   const char *optimizer; /* "sgd" (lr 0.01, momentum 0.9) or "adamw" (lr 1e-3) */
   const char *device;    /* "cpu", "cuda:0" */
   int batch;
-  int steps;             /* timed steps */
-  int warmup;            /* untimed steps before */
-  int threads;           /* CPU threads, 0 = default */
+  int steps;   /* timed steps */
+  int warmup;  /* untimed steps before */
+  int threads; /* CPU threads, 0 = default */
   uint64_t seed;
 } dt_bench_config;
 
@@ -34,14 +34,14 @@ dt_bench_config dt_bench_config_default(void);
 
 typedef struct dt_bench_result {
   int64_t parameters;
-  double seconds;         /* timed steps only */
+  double seconds; /* timed steps only */
   double steps_per_s;
   double samples_per_s;
   double ms_per_step;
-  double forward_ms;      /* per step: forward + loss */
-  double backward_ms;     /* per step */
-  double optimizer_ms;    /* per step: zero_grad + update */
-  double peak_mib;        /* peak device memory during the timed steps */
+  double forward_ms;   /* per step: forward + loss */
+  double backward_ms;  /* per step */
+  double optimizer_ms; /* per step: zero_grad + update */
+  double peak_mib;     /* peak device memory during the timed steps */
   double final_loss;
 } dt_bench_result;
 

@@ -49,15 +49,14 @@ int dt_cli_doctor(int argc, char **argv) {
        "folder holding the data sets (env DT_DATA_DIR)", 0, NULL},
   };
   switch (dt_flags_parse("doctor", flags, 1, argc, argv, stderr)) {
-    case DT_FLAGS_OK:
-      break;
+    case DT_FLAGS_OK: break;
     case DT_FLAGS_HELP:
-      printf("usage: dtrain doctor [flags]\n\nReports the devices, CPU threads, memory cap and "
-             "data sets this build can use.\n\nflags:\n");
+      printf(
+          "usage: dtrain doctor [flags]\n\nReports the devices, CPU threads, memory cap and "
+          "data sets this build can use.\n\nflags:\n");
       dt_flags_print(flags, 1, stdout);
       return 0;
-    case DT_FLAGS_ERROR:
-      return 2;
+    case DT_FLAGS_ERROR: return 2;
   }
 
   char buf[64];

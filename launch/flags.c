@@ -134,14 +134,14 @@ dt_flags_result dt_flags_parse(const char *command, dt_flag *flags, int nflags, 
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      fprintf(err, "dtrain %s: flag --%s needs a value (see dtrain %s --help)\n", command,
-              f->name, command);
+      fprintf(err, "dtrain %s: flag --%s needs a value (see dtrain %s --help)\n", command, f->name,
+              command);
       return DT_FLAGS_ERROR;
     }
     char expected[128];
     if (!set_value(f, value, expected, sizeof expected)) {
-      fprintf(err, "dtrain %s: invalid value '%s' for --%s: expected %s\n", command, value,
-              f->name, expected);
+      fprintf(err, "dtrain %s: invalid value '%s' for --%s: expected %s\n", command, value, f->name,
+              expected);
       return DT_FLAGS_ERROR;
     }
   }
@@ -150,23 +150,15 @@ dt_flags_result dt_flags_parse(const char *command, dt_flag *flags, int nflags, 
 
 static void format_value(const dt_flag *f, char *buf, size_t cap) {
   switch (f->type) {
-    case DT_FLAG_INT:
-      snprintf(buf, cap, "%d", *(const int *)f->value);
-      break;
-    case DT_FLAG_U64:
-      snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)f->value);
-      break;
-    case DT_FLAG_FLOAT:
-      snprintf(buf, cap, "%g", *(const float *)f->value);
-      break;
+    case DT_FLAG_INT: snprintf(buf, cap, "%d", *(const int *)f->value); break;
+    case DT_FLAG_U64: snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)f->value); break;
+    case DT_FLAG_FLOAT: snprintf(buf, cap, "%g", *(const float *)f->value); break;
     case DT_FLAG_STRING: {
       const char *s = *(const char *const *)f->value;
       snprintf(buf, cap, "%s", s ? s : "");
       break;
     }
-    case DT_FLAG_BOOL:
-      snprintf(buf, cap, "%s", *(const int *)f->value ? "on" : "off");
-      break;
+    case DT_FLAG_BOOL: snprintf(buf, cap, "%s", *(const int *)f->value ? "on" : "off"); break;
   }
 }
 

@@ -25,7 +25,7 @@ typedef enum dt_flag_type {
 } dt_flag_type;
 
 typedef struct dt_flag {
-  const char *name;    /* without the leading "--" */
+  const char *name; /* without the leading "--" */
   dt_flag_type type;
   void *value;         /* holds the default on entry, the parsed value on return */
   const char *metavar; /* "N", "LR" (shown in the usage) */

@@ -89,8 +89,8 @@ static int cli_train(int argc, char **argv) {
       {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME", "sgd or adamw", 0, "sgd|adamw"},
       {"momentum", DT_FLAG_FLOAT, &cfg.momentum, "M", "SGD momentum", 0, NULL},
       {"nesterov", DT_FLAG_BOOL, &cfg.nesterov, NULL, "SGD with Nesterov momentum", 0, NULL},
-      {"weight-decay", DT_FLAG_FLOAT, &cfg.weight_decay, "WD",
-       "weight decay (decoupled for adamw)", 0, NULL},
+      {"weight-decay", DT_FLAG_FLOAT, &cfg.weight_decay, "WD", "weight decay (decoupled for adamw)",
+       0, NULL},
       {"schedule", DT_FLAG_STRING, &cfg.schedule, "NAME",
        "LR decay after the warm-up: constant, cosine or step", 0, "constant|cosine|step"},
       {"warmup", DT_FLAG_INT, &cfg.warmup, "STEPS", "optimizer steps of linear LR warm-up", 0,
@@ -98,34 +98,30 @@ static int cli_train(int argc, char **argv) {
       {"step-size", DT_FLAG_INT, &cfg.step_size, "STEPS",
        "step schedule: steps between decays, 0 = one epoch", 0, NULL},
       {"gamma", DT_FLAG_FLOAT, &cfg.gamma, "G", "step schedule: decay factor", 0, NULL},
-      {"min-lr", DT_FLAG_FLOAT, &cfg.min_lr, "LR", "cosine schedule: final learning rate", 0,
-       NULL},
-      {"clip", DT_FLAG_FLOAT, &cfg.clip, "NORM", "clip the global gradient norm, 0 = off", 0,
-       NULL},
+      {"min-lr", DT_FLAG_FLOAT, &cfg.min_lr, "LR", "cosine schedule: final learning rate", 0, NULL},
+      {"clip", DT_FLAG_FLOAT, &cfg.clip, "NORM", "clip the global gradient norm, 0 = off", 0, NULL},
       {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for initialisation and data order", 0, NULL},
-      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0,
-       NULL},
+      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
       {"device", DT_FLAG_STRING, &cfg.device, "DEV", "cpu, cpu:N or cuda:N", 0, NULL},
       {"log-interval", DT_FLAG_INT, &cfg.log_interval, "N",
        "micro-batches between progress lines, 0 = none", 0, NULL},
       {"max-steps", DT_FLAG_INT, &cfg.max_steps, "N",
        "stop each epoch after N micro-batches, 0 = full epochs", 0, NULL},
-      {"eval-batch", DT_FLAG_INT, &cfg.eval_batch, "N", "batch size for the test-set evaluation",
-       1, NULL},
+      {"eval-batch", DT_FLAG_INT, &cfg.eval_batch, "N", "batch size for the test-set evaluation", 1,
+       NULL},
   };
   int nflags = (int)(sizeof flags / sizeof flags[0]);
   switch (dt_flags_parse("train", flags, nflags, argc, argv, stderr)) {
-    case DT_FLAGS_OK:
-      break;
+    case DT_FLAGS_OK: break;
     case DT_FLAGS_HELP:
-      printf("usage: dtrain train [flags]\n\n"
-             "Trains a model, evaluates it on the test split after every epoch and ends with\n"
-             "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
-             "epoch, SGD with momentum, on the CPU.\n\nflags:\n");
+      printf(
+          "usage: dtrain train [flags]\n\n"
+          "Trains a model, evaluates it on the test split after every epoch and ends with\n"
+          "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
+          "epoch, SGD with momentum, on the CPU.\n\nflags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
-    case DT_FLAGS_ERROR:
-      return 2;
+    case DT_FLAGS_ERROR: return 2;
   }
   dt_status st = dt_train_run(&cfg, stdout, NULL);
   if (st != DT_OK) {

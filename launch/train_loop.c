@@ -80,16 +80,18 @@ static void state_destroy(train_state *s) {
 
 static dt_status check_config(const dt_train_config *c) {
   if (!c->model || !c->data || !c->data_dir || !c->device || !c->optimizer || !c->schedule)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "model, data, data_dir, device, optimizer and schedule "
-                                        "must all be set (start from dt_train_config_default())");
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "model, data, data_dir, device, optimizer and schedule "
+                    "must all be set (start from dt_train_config_default())");
   if (c->epochs < 1 || c->batch < 1 || c->accum < 1 || c->eval_batch < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "epochs (%d), batch (%d), accum (%d) and eval_batch (%d) must be >= 1",
                     c->epochs, c->batch, c->accum, c->eval_batch);
   if (c->warmup < 0 || c->step_size < 0 || c->log_interval < 0 || c->max_steps < 0 ||
       c->threads < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "warmup, step_size, log_interval, max_steps and threads "
-                                        "must be >= 0");
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "warmup, step_size, log_interval, max_steps and threads "
+                    "must be >= 0");
   if (!(c->lr >= 0) || !(c->clip >= 0) || !(c->weight_decay >= 0))
     return DT_ERROR(DT_ERR_INVALID_ARG, "lr (%g), clip (%g) and weight_decay (%g) must be >= 0",
                     c->lr, c->clip, c->weight_decay);
@@ -98,8 +100,8 @@ static dt_status check_config(const dt_train_config *c) {
                     c->optimizer);
   if (strcmp(c->schedule, "constant") && strcmp(c->schedule, "cosine") &&
       strcmp(c->schedule, "step"))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "unknown schedule '%s': expected constant, cosine or step", c->schedule);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown schedule '%s': expected constant, cosine or step",
+                    c->schedule);
   return DT_OK;
 }
 
@@ -452,8 +454,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
                   done);
     r.epochs = epoch;
     if (log) {
-      fprintf(log, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n",
-              epoch, r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);
+      fprintf(log, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n", epoch,
+              r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);
       fflush(log);
     }
   }

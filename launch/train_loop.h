@@ -41,22 +41,22 @@ typedef struct dt_train_config {
   const char *optimizer; /* "sgd" or "adamw" */
   const char *schedule;  /* "constant", "cosine" or "step" (after the warm-up) */
   int epochs;
-  int batch;             /* micro-batch size */
+  int batch; /* micro-batch size */
   float lr;
-  float momentum;        /* SGD */
+  float momentum; /* SGD */
   float weight_decay;
-  int nesterov;          /* SGD */
-  int warmup;            /* optimizer steps of linear warm-up */
-  int step_size;         /* schedule "step": steps between decays (0 = one epoch) */
-  float gamma;           /* schedule "step": decay factor */
-  float min_lr;          /* schedule "cosine": floor */
-  int accum;             /* micro-batches per optimizer step */
-  float clip;            /* global gradient-norm cap, 0 = off */
-  uint64_t seed;         /* model initialisation and data order */
-  int threads;           /* CPU threads, 0 = the backend's default */
-  int log_interval;      /* micro-batches between progress lines, 0 = none */
-  int max_steps;         /* micro-batches per epoch, 0 = the whole epoch */
-  int eval_batch;        /* batch size for evaluation */
+  int nesterov;     /* SGD */
+  int warmup;       /* optimizer steps of linear warm-up */
+  int step_size;    /* schedule "step": steps between decays (0 = one epoch) */
+  float gamma;      /* schedule "step": decay factor */
+  float min_lr;     /* schedule "cosine": floor */
+  int accum;        /* micro-batches per optimizer step */
+  float clip;       /* global gradient-norm cap, 0 = off */
+  uint64_t seed;    /* model initialisation and data order */
+  int threads;      /* CPU threads, 0 = the backend's default */
+  int log_interval; /* micro-batches between progress lines, 0 = none */
+  int max_steps;    /* micro-batches per epoch, 0 = the whole epoch */
+  int eval_batch;   /* batch size for evaluation */
 } dt_train_config;
 
 /* lenet on fashion-mnist under "data", cpu, sgd, constant schedule, 1 epoch,

@@ -483,8 +483,9 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
               be()->adamw_update(DT_CPU, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, s));
     EXPECT_NEAR(p, want[s - 1], 2e-6) << "step " << s;
   }
-  EXPECT_NEAR(m, 0.5 * (1 - 0.9 * 0.9 * 0.9), 1e-7);
-  EXPECT_NEAR(v, 0.25 * (1 - 0.999 * 0.999 * 0.999), 1e-9);
+  const double b1f = 0.9f, b2f = 0.999f;  // the betas as the kernel sees them
+  EXPECT_NEAR(m, 0.5 * (1 - b1f * b1f * b1f), 1e-7);
+  EXPECT_NEAR(v, 0.25 * (1 - b2f * b2f * b2f), 1e-9);
 
   // varying gradients over 40000 elements vs the formula in double
   const int64_t n = 40000;

@@ -1,5 +1,7 @@
 // Data: idx reader (raw, gzip, every corruption), idx image datasets,
 // samplers (PyTorch DistributedSampler rules) and the background loader.
+#include "core/data.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "core/data.h"
 #include "core/tensor.h"
 
 namespace {
@@ -396,9 +397,9 @@ TEST_F(IdxDatasetTest, MnistLikeFindsGzipAndPlainNames) {
 TEST(FashionMnist, LoadsTheInstalledDataset) {
   const char *dir = "/usr/share/datasets/fashion-mnist";
   struct stat sb;
-  ASSERT_EQ(stat(dir, &sb), 0)
-      << dir << " is missing: install the Debian package dataset-fashion-mnist "
-      << "(tools/setup.sh does)";
+  ASSERT_EQ(stat(dir, &sb), 0) << dir
+                               << " is missing: install the Debian package dataset-fashion-mnist "
+                               << "(tools/setup.sh does)";
   const float mean = 0.2860f, std = 0.3530f;
   const char *splits[2] = {"train", "test"};
   const int64_t sizes[2] = {60000, 10000};

@@ -1,6 +1,8 @@
 // Optimizers (SGD, AdamW), LR schedules and gradient clipping against values
 // worked out from the update rules published in PyTorch's documentation
 // (torch.optim.SGD, torch.optim.AdamW, clip_grad_norm_).
+#include "core/optim.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "core/module.h"
-#include "core/optim.h"
 #include "core/tensor.h"
 
 namespace {
@@ -222,7 +223,8 @@ TEST_F(OptimTest, StateRoundTripResumesIdentically) {
     dt_sgd_config sc = {0.05f, 0.9f, 0.0f, 0.01f, 1};
     dt_adamw_config ac = DT_ADAMW_CONFIG_DEFAULT;
     auto create = [&](dt_optimizer **o) {
-      return kind.adamw ? dt_optim_adamw_create(arena_, &ac, o) : dt_optim_sgd_create(arena_, &sc, o);
+      return kind.adamw ? dt_optim_adamw_create(arena_, &ac, o)
+                        : dt_optim_sgd_create(arena_, &sc, o);
     };
     SetParams(kStart);
     dt_optimizer *a = nullptr;
@@ -358,10 +360,10 @@ TEST(LrSchedule, CosineEndpointsAndMidpoint) {
   s.decay = DT_LR_DECAY_COSINE;
   s.min_lr = 0.1f;
   ASSERT_DT_OK(dt_lr_schedule_check(&s));
-  EXPECT_FLOAT_EQ(dt_lr_at(&s, 0), 0.1f);   // warm-up: 1 * 1/10
-  EXPECT_FLOAT_EQ(dt_lr_at(&s, 9), 1.0f);   // warm-up ends at base
-  EXPECT_FLOAT_EQ(dt_lr_at(&s, 10), 1.0f);  // cosine starts at base
-  EXPECT_FLOAT_EQ(dt_lr_at(&s, 60), 0.55f); // midpoint: (base + min) / 2
+  EXPECT_FLOAT_EQ(dt_lr_at(&s, 0), 0.1f);    // warm-up: 1 * 1/10
+  EXPECT_FLOAT_EQ(dt_lr_at(&s, 9), 1.0f);    // warm-up ends at base
+  EXPECT_FLOAT_EQ(dt_lr_at(&s, 10), 1.0f);   // cosine starts at base
+  EXPECT_FLOAT_EQ(dt_lr_at(&s, 60), 0.55f);  // midpoint: (base + min) / 2
   // 0.1 + 0.9 * (1 + cos(pi * 99/100)) / 2
   EXPECT_NEAR(dt_lr_at(&s, 109), 0.10022204783542078, 1e-7);
   EXPECT_FLOAT_EQ(dt_lr_at(&s, 110), 0.1f);  // end: min_lr

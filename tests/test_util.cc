@@ -29,8 +29,9 @@ dt_tensor *MakeTensor(const std::vector<float> &values, const std::vector<int64_
   dt_status st =
       dt_tensor_from_host(values.data(), shape.data(), (int)shape.size(), DT_DTYPE_F32, dev, &t);
   EXPECT_EQ(st, DT_OK) << dt_last_error();
-  if (t && requires_grad)
+  if (t && requires_grad) {
     EXPECT_EQ(dt_tensor_set_requires_grad(t, 1), DT_OK) << dt_last_error();
+  }
   return t;
 }
 

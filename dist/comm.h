@@ -1,0 +1,169 @@
+/* Communicators: asynchronous collectives over a group of ranks.
+ *
+ *   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+ *   cc.timeout_s = 60;
+ *   dt_comm *comm;
+ *   dt_comm_create_for_pg(pg, &cc, &comm);   // mpi, or local(1) for a single process
+ *   dt_work *w;
+ *   dt_comm_allreduce(comm, grads, DT_REDUCE_AVG, NULL, &w);
+ *   ... overlap other work ...
+ *   dt_status st = dt_work_wait(w, 0);        // 0: no extra deadline of the caller
+ *   dt_work_release(w);
+ *   dt_comm_destroy(comm);
+ *
+ * Every collective is asynchronous and returns a work handle (one reference
+ * for the caller). Collectives run in submission order; every rank must
+ * submit the same collectives in the same order (MPI semantics). Buffers are
+ * dt_tensors (contiguous; the communicator retains them until the work
+ * completes), so the caller stays backend-agnostic: the device inside the
+ * tensor tells a backend where the data lives.
+ *
+ * Backends:
+ *   mpi    host memory (cpu tensors). A dedicated communication thread per
+ *          communicator runs the queued collectives (nonblocking MPI calls,
+ *          polled), so they overlap the caller's backward pass.
+ *   local  N participants that are threads of one process (data-parallel
+ *          replicas), on cpu tensors, shared-memory reduction. Each
+ *          participant also has a communication thread. Sums are taken in
+ *          rank order, so every participant gets bitwise identical results.
+ *   nccl   (later) device memory, enqueued on the device's comm stream; the
+ *          `ready` event in dt_coll_opts is what the comm stream waits on.
+ *
+ * Watchdog: each collective has a deadline (cfg.timeout_s from the moment it
+ * starts on the communication thread). Past it the rank prints
+ *   dtrain: rank R: collective #SEQ (allreduce, bucket B, N bytes, peers P)
+ *   did not complete within T s; aborting the job
+ * to stderr and, with cfg.abort_on_timeout, ends the whole job (MPI_Abort;
+ * abort() for the local backend). Without it the work fails with
+ * DT_ERR_TIMEOUT and the communicator is broken: every later collective
+ * fails at once (nobody hangs).
+ */
+#ifndef DT_DIST_COMM_H
+#define DT_DIST_COMM_H
+
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "dist/process_group.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_reduce_op {
+  DT_REDUCE_SUM = 0,
+  DT_REDUCE_AVG = 1, /* sum / world size */
+} dt_reduce_op;
+
+typedef enum dt_coll_kind {
+  DT_COLL_ALLREDUCE = 0,
+  DT_COLL_BROADCAST,
+  DT_COLL_ALLGATHER,
+  DT_COLL_REDUCE_SCATTER,
+  DT_COLL_BARRIER,
+} dt_coll_kind;
+const char *dt_coll_kind_name(dt_coll_kind k);
+
+typedef struct dt_comm_config {
+  double timeout_s;     /* per-collective deadline (> 0); default 300 */
+  int abort_on_timeout; /* 1: print and end the job; 0: DT_ERR_TIMEOUT */
+} dt_comm_config;
+#define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1})
+
+/* Optional per-collective settings (NULL = all defaults). */
+typedef struct dt_coll_opts {
+  /* The data is complete once this event (recorded on the producer's
+   * stream) has completed; host backends synchronise on it before reading,
+   * nccl makes its comm stream wait on it. NULL: the data is ready now. */
+  dt_event *ready;
+  int bucket;        /* DDP bucket index for the watchdog message, -1 none */
+} dt_coll_opts;
+#define DT_COLL_OPTS_DEFAULT ((dt_coll_opts){NULL, -1})
+
+typedef struct dt_comm dt_comm;
+typedef struct dt_work dt_work;
+
+/* ---- creation ---- */
+/* An mpi communicator over all ranks of `pg` (which must use MPI and
+ * outlive the communicator). Collective: every rank calls it. */
+dt_status dt_comm_create_mpi(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out);
+
+/* A local group of `size` participants (threads of this process). The group
+ * is reference-counted by its communicators; release the creator's
+ * reference with dt_local_group_release. */
+typedef struct dt_local_group dt_local_group;
+dt_status dt_local_group_create(int size, dt_local_group **out);
+void dt_local_group_release(dt_local_group *g); /* NULL is a no-op */
+/* Participant `rank` of the group. Call once per rank (any thread). */
+dt_status dt_comm_create_local(dt_local_group *g, int rank, const dt_comm_config *cfg,
+                               dt_comm **out);
+
+/* mpi when pg uses MPI, else a local group of one (a trivial communicator,
+ * so the same DDP code runs in a single process). */
+dt_status dt_comm_create_for_pg(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out);
+
+/* Waits for the queued collectives, stops the communication thread and
+ * frees the communicator. NULL is a no-op. */
+void dt_comm_destroy(dt_comm *c);
+
+int dt_comm_rank(const dt_comm *c);
+int dt_comm_size(const dt_comm *c);
+const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local" */
+const dt_comm_config *dt_comm_get_config(const dt_comm *c);
+/* Number of collectives submitted so far (the next one gets this + 1). */
+uint64_t dt_comm_seq(const dt_comm *c);
+/* 1 after a collective timed out without aborting. */
+int dt_comm_is_broken(const dt_comm *c);
+
+/* ---- collectives ----
+ * Tensors must be contiguous and on a device the backend serves (cpu for
+ * mpi and local). Shape/dtype errors are DT_ERR_SHAPE / DT_ERR_DTYPE at
+ * submission; a disagreement between ranks that a backend can detect
+ * (local: kind, size, root) fails the work with DT_ERR_DIST_MISMATCH. */
+
+/* In place: t = op over ranks of t. f32. */
+dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, const dt_coll_opts *opts,
+                            dt_work **out);
+/* In place: t = root's t. Any dtype (bytes). */
+dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, const dt_coll_opts *opts,
+                            dt_work **out);
+/* out (size * numel(in)) = concatenation of every rank's in, in rank order.
+ * Same dtype; any dtype. */
+dt_status dt_comm_allgather(dt_comm *c, dt_tensor *in, dt_tensor *out, const dt_coll_opts *opts,
+                            dt_work **out_work);
+/* in (size * n) f32; out (n) = op over ranks of this rank's slice
+ * in[rank*n : (rank+1)*n]. */
+dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_reduce_op op,
+                                 const dt_coll_opts *opts, dt_work **out_work);
+dt_status dt_comm_barrier(dt_comm *c, const dt_coll_opts *opts, dt_work **out);
+
+/* ---- work handles ---- */
+/* Waits until the work completes and returns its status (the error message
+ * is copied to this thread). timeout_s > 0 bounds the wait: DT_ERR_TIMEOUT
+ * if the work is still running then (the work itself keeps running under
+ * the communicator's watchdog); timeout_s <= 0 waits for completion, which
+ * the watchdog bounds. */
+dt_status dt_work_wait(dt_work *w, double timeout_s);
+/* 1 when complete (successfully or not), else 0. Never blocks. */
+int dt_work_test(dt_work *w);
+uint64_t dt_work_seq(const dt_work *w);
+/* Monotonic times in seconds (dt_comm_now()): submitted, started on the
+ * communication thread, completed; 0 when not reached yet. */
+void dt_work_times(const dt_work *w, double *submitted, double *started, double *completed);
+void dt_work_release(dt_work *w); /* NULL is a no-op */
+
+/* Submits and waits: convenience for setup-time collectives. */
+dt_status dt_comm_allreduce_sync(dt_comm *c, dt_tensor *t, dt_reduce_op op);
+dt_status dt_comm_broadcast_sync(dt_comm *c, dt_tensor *t, int root);
+dt_status dt_comm_allgather_sync(dt_comm *c, dt_tensor *in, dt_tensor *out);
+dt_status dt_comm_barrier_sync(dt_comm *c);
+
+/* CLOCK_MONOTONIC in seconds. */
+double dt_comm_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
