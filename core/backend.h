@@ -131,7 +131,7 @@ typedef struct dt_backend_ops {
                      float *y);
   /* y (n) = f(x) */
   dt_status (*unary_forward)(dt_device dev, dt_unary_op op, int64_t n, const float *x, float *y);
-  /* dx (n) = dy * f'(x)  (+= when accumulate) */
+  /* dx (n) = dy * f'(x) (overwrites dx) */
   dt_status (*unary_backward)(dt_device dev, dt_unary_op op, int64_t n, const float *x,
                               const float *dy, float *dx);
   /* Reduce the middle axis of x (outer, r, inner) -> y (outer, inner):
@@ -195,8 +195,9 @@ typedef struct dt_backend_ops {
                                  const float *beta, float *running_mean, float *running_var,
                                  float *save_mean, float *save_invstd, int64_t n, int64_t c,
                                  int64_t hw, int training, float momentum, float eps);
-  /* training-mode backward: dx, dgamma, dbeta from x, dy, saved stats.
-   * Eval mode (training = 0): dx = dy * gamma * invstd (running). */
+  /* Training-mode backward: dx, dgamma, dbeta (all overwritten) from x, dy
+   * and the saved batch statistics. Eval mode is handled by the op on top
+   * (dx = dy * gamma * invstd of the running statistics). */
   dt_status (*batchnorm_backward)(dt_device dev, const float *x, const float *dy,
                                   const float *gamma, const float *save_mean,
                                   const float *save_invstd, float *dx, float *dgamma,

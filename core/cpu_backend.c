@@ -117,8 +117,10 @@ static dt_status cpu_check_device(const char *what, dt_device dev) {
   return DT_OK;
 }
 
-static dt_status cpu_oom(dt_device dev, size_t bytes, size_t allocated, size_t limit,
-                         const char *why) {
+/* The out-of-memory text, in PyTorch's spirit: what was asked, where, what
+ * is held, the cap, and what to do. */
+static void cpu_oom_message(char *buf, size_t cap_len, dt_device dev, size_t bytes,
+                            size_t allocated, size_t limit, const char *why) {
   char req[32], al[32], cap[32];
   dt_format_bytes(bytes, req, sizeof req);
   dt_format_bytes(allocated, al, sizeof al);
@@ -126,11 +128,11 @@ static dt_status cpu_oom(dt_device dev, size_t bytes, size_t allocated, size_t l
     dt_format_bytes(limit, cap, sizeof cap);
   else
     snprintf(cap, sizeof cap, "none");
-  return DT_ERROR(DT_ERR_OOM,
-                  "CPU out of memory: tried to allocate %s (%zu bytes) on cpu:%d (%s); cpu:%d "
-                  "has %s allocated, cap %s (DT_CPU_MEMORY_LIMIT): reduce the batch size / "
-                  "use gradient accumulation (--accum), or raise DT_CPU_MEMORY_LIMIT",
-                  req, bytes, dev.index, why, dev.index, al, cap);
+  snprintf(buf, cap_len,
+           "CPU out of memory: tried to allocate %s (%zu bytes) on cpu:%d (%s); cpu:%d has %s "
+           "allocated, cap %s (DT_CPU_MEMORY_LIMIT): reduce the batch size / use gradient "
+           "accumulation (--accum), or raise DT_CPU_MEMORY_LIMIT",
+           req, bytes, dev.index, why, dev.index, al, cap);
 }
 
 static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
@@ -149,7 +151,9 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
   if (limit && (bytes > limit || allocated > limit - bytes)) {
     st->num_ooms++;
     pthread_mutex_unlock(&cpu_mem_lock);
-    return cpu_oom(dev, bytes, allocated, limit, "over the cap");
+    char msg[512];
+    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, "over the cap");
+    return DT_ERROR(DT_ERR_OOM, "%s", msg);
   }
   st->allocated += bytes;
   pthread_mutex_unlock(&cpu_mem_lock);
@@ -163,7 +167,9 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
     st->num_ooms++;
     allocated = st->allocated;
     pthread_mutex_unlock(&cpu_mem_lock);
-    return cpu_oom(dev, bytes, allocated, limit, "malloc failed");
+    char msg[512];
+    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, "malloc failed");
+    return DT_ERROR(DT_ERR_OOM, "%s", msg);
   }
   if (st->allocated > st->peak)
     st->peak = st->allocated;

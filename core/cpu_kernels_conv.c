@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,18 +113,42 @@ static void col2im(const dt_conv2d_geom *g, const float *col, float *x, int par)
 
 /* ---- per-thread scratch ---- */
 
-static _Thread_local float *scratch_buf;
-static _Thread_local size_t scratch_cap;
+/* A pthread key rather than _Thread_local so that the buffer is freed when
+ * a thread exits (OpenMP retires pool threads when the count shrinks). */
+typedef struct thread_scratch_buf {
+  float *data;
+  size_t cap; /* floats */
+} thread_scratch_buf;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_destroy(void *p) {
+  thread_scratch_buf *b = p;
+  free(b->data);
+  free(b);
+}
+
+static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_destroy); }
 
 /* A buffer of at least `floats` for the calling thread, reused by later
  * calls on the same thread; NULL when malloc fails. */
 static float *thread_scratch(size_t floats) {
-  if (floats > scratch_cap) {
-    free(scratch_buf);
-    scratch_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-    scratch_cap = scratch_buf ? floats : 0;
+  pthread_once(&scratch_once, scratch_key_init);
+  thread_scratch_buf *b = pthread_getspecific(scratch_key);
+  if (!b) {
+    b = calloc(1, sizeof *b);
+    if (!b || pthread_setspecific(scratch_key, b) != 0) {
+      free(b);
+      return NULL;
+    }
   }
-  return scratch_buf;
+  if (floats > b->cap) {
+    free(b->data);
+    b->data = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    b->cap = b->data ? floats : 0;
+  }
+  return b->data;
 }
 
 static int is_pointwise(const dt_conv2d_geom *g) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "core/rng.h"
@@ -126,7 +128,10 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
   TensorRef out_ref(out);
   if (!dt_tensor_requires_grad(out))
     return ::testing::AssertionFailure() << "the op's output does not require grad";
+  // R: random signs, magnitudes in [0.5, 1.5) (no element nearly ignored)
   std::vector<float> r = RandomValues((size_t)dt_tensor_numel(out), opt.seed, -1.0f, 1.0f);
+  for (float &v : r)
+    v = v < 0 ? v - 0.5f : v + 0.5f;
   TensorRef rt(MakeTensor(r, Shape(out), false, dt_tensor_device(out)));
   st = dt_backward(out, rt.get());
   if (st != DT_OK)
@@ -180,6 +185,9 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
         n_fail++;
       }
     }
+    if (getenv("DT_GRADCHECK_VERBOSE"))
+      fprintf(stderr, "gradcheck input %zu: %zu elements, max |numeric| %.3g, max |diff| %.3g\n",
+              k, n, max_numeric, max_err);
     if (Upload(x, orig) != DT_OK)
       return ::testing::AssertionFailure() << "upload failed: " << dt_last_error();
     if (!opt.allow_zero_grad && n > 0 && max_numeric < 1e-6)

@@ -31,7 +31,7 @@ fi
 
 # Build (and set up) once through the wrapper, then call the binary directly.
 "$root/dtrain" --help >/dev/null
-dtrain="$root/bazel-bin/launch/dtrain"
+dtrain="$(cd "$root" && bazel info -c opt bazel-bin 2>/dev/null)/launch/dtrain"
 
 steps_per_s() { sed -n 's/^steps_per_s=\([0-9.]*\) .*/\1/p'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

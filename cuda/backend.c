@@ -1,0 +1,210 @@
+/* The CUDA backend table: copies, streams and events here; memory in
+ * allocator.c; kernels in blas.c, dnn.c, kernels_*.cu. Registered for
+ * DT_DEVICE_CUDA by a constructor when //cuda is linked (alwayslink), without
+ * touching the GPU: the probe runs on the first device_count() call, and with
+ * no usable GPU the count is 0, so dt_backend_get() reports that no CUDA
+ * GPU is visible and dt_cuda_probe() says why. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+#include "cuda/cuda_internal.h"
+
+/* ---- copies ---- */
+
+static int is_cuda(dt_device d) { return d.type == DT_DEVICE_CUDA; }
+
+// src (bytes) on src_dev -> dst (bytes) on dst_dev; host <-> device or device <-> device
+static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
+                           size_t bytes, dt_stream *stream) {
+  if (bytes == 0 || dst == src)
+    return DT_OK;
+  if (!is_cuda(dst_dev) && !is_cuda(src_dev)) {
+    memmove(dst, src, bytes);
+    return DT_OK;
+  }
+  if ((dst_dev.type != DT_DEVICE_CPU && !is_cuda(dst_dev)) ||
+      (src_dev.type != DT_DEVICE_CPU && !is_cuda(src_dev))) {
+    char a[32], b[32];
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH, "cuda copy: %s -> %s: unknown device type",
+                    dt_device_format(src_dev, a, sizeof a), dt_device_format(dst_dev, b, sizeof b));
+  }
+  dt_device dev = is_cuda(dst_dev) ? dst_dev : src_dev;
+  dt_cuda_ctx *ctx = NULL;
+  if (is_cuda(src_dev) && is_cuda(dst_dev) && src_dev.index != dst_dev.index) {
+    /* Across GPUs: the source's pending writes must land first. */
+    dt_cuda_ctx *sctx = NULL;
+    DT_CHECK(dt_cuda_ctx_get(src_dev, &sctx));
+    if (!stream)
+      DT_CUDA_CHECK(cudaStreamSynchronize(dt_cuda_compute_stream(sctx)));
+    DT_CHECK(dt_cuda_ctx_get(dst_dev, &ctx));
+    cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
+    DT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
+    if (!stream)
+      DT_CUDA_CHECK(cudaStreamSynchronize(s));
+    return DT_OK;
+  }
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  /* Synchronous copies go through the compute stream so that they are
+   * ordered after the kernels that produced the data. */
+  cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (!stream)
+    DT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return DT_OK;
+}
+
+static dt_status cuda_memset_zero(dt_device dev, void *ptr, size_t bytes) {
+  if (bytes == 0)
+    return DT_OK;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, dt_cuda_compute_stream(ctx)));
+  return DT_OK;
+}
+
+/* ---- streams and events ---- */
+
+static dt_stream *cuda_stream(dt_device dev, dt_stream_kind kind) {
+  dt_cuda_ctx *ctx = NULL;
+  if ((int)kind < 0 || (int)kind > 2 || dt_cuda_ctx_get(dev, &ctx) != DT_OK)
+    return NULL;
+  return &ctx->streams[kind];
+}
+
+void *dt_cuda_stream_handle(dt_stream *s) { return s ? (void *)s->s : NULL; }
+
+void *dt_cuda_event_handle(dt_event *ev) { return ev ? (void *)ev->e : NULL; }
+
+static dt_status cuda_event_create(dt_device dev, dt_event **out) {
+  *out = NULL;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  dt_event *ev = calloc(1, sizeof *ev);
+  if (!ev)
+    return DT_ERROR(DT_ERR_OOM, "cuda event_create: host malloc failed");
+  ev->device = dev.index;
+  cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    free(ev);
+    return dt_cuda_fail(e, "cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming)", __func__,
+                        __FILE__, __LINE__);
+  }
+  *out = ev;
+  return DT_OK;
+}
+
+static void cuda_event_destroy(dt_event *ev) {
+  if (!ev)
+    return;
+  cudaEventDestroy(ev->e);
+  free(ev);
+}
+
+static dt_status check_stream_event(const char *op, dt_stream *s, dt_event *ev) {
+  if (!ev)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL event", op);
+  if (s && s->device != ev->device)
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
+                    "%s: event of cuda:%d used with a stream of cuda:%d: record an event on "
+                    "the stream's own device",
+                    op, ev->device, s->device);
+  return DT_OK;
+}
+
+static dt_status cuda_event_record(dt_event *ev, dt_stream *s) {
+  DT_CHECK(check_stream_event("event_record", s, ev));
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get((dt_device){DT_DEVICE_CUDA, ev->device}, &ctx));
+  DT_CUDA_CHECK(cudaEventRecord(ev->e, s ? s->s : dt_cuda_compute_stream(ctx)));
+  return DT_OK;
+}
+
+static dt_status cuda_stream_wait_event(dt_stream *s, dt_event *ev) {
+  if (!s)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "stream_wait_event: NULL stream");
+  if (!ev)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "stream_wait_event: NULL event");
+  /* Cross-device waits are legal in CUDA (the event may come from another GPU). */
+  DT_CUDA_CHECK(cudaStreamWaitEvent(s->s, ev->e, 0));
+  return DT_OK;
+}
+
+static dt_status cuda_event_synchronize(dt_event *ev) {
+  if (!ev)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "event_synchronize: NULL event");
+  DT_CUDA_CHECK(cudaEventSynchronize(ev->e));
+  return DT_OK;
+}
+
+static dt_status cuda_stream_synchronize(dt_stream *s) {
+  if (!s)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "stream_synchronize: NULL stream");
+  DT_CUDA_CHECK(cudaStreamSynchronize(s->s));
+  return DT_OK;
+}
+
+static dt_status cuda_device_synchronize(dt_device dev) {
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_CHECK(cudaDeviceSynchronize());
+  return DT_OK;
+}
+
+/* ---- the table ---- */
+
+static const dt_backend_ops cuda_ops = {
+    .name = "cuda",
+    .device_count = dt_cuda_device_count,
+    .alloc = dt_cuda_alloc,
+    .free = dt_cuda_free,
+    .copy = cuda_copy,
+    .memset_zero = cuda_memset_zero,
+    .memory_stats = dt_cuda_memory_stats,
+    .empty_cache = dt_cuda_empty_cache,
+    .reset_peak_stats = dt_cuda_reset_peak_stats,
+    .stream = cuda_stream,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_synchronize = cuda_event_synchronize,
+    .stream_synchronize = cuda_stream_synchronize,
+    .device_synchronize = cuda_device_synchronize,
+    .cast = dt_cuda_cast,
+    .copy_strided = dt_cuda_copy_strided,
+    .fill = dt_cuda_fill,
+    .gemm = dt_cuda_gemm,
+    .binary = dt_cuda_binary,
+    .axpby = dt_cuda_axpby,
+    .unary_forward = dt_cuda_unary_forward,
+    .unary_backward = dt_cuda_unary_backward,
+    .reduce_sum = dt_cuda_reduce_sum,
+    .broadcast_axis = dt_cuda_broadcast_axis,
+    .sum_squares = dt_cuda_sum_squares,
+    .softmax_forward = dt_cuda_softmax_forward,
+    .softmax_backward = dt_cuda_softmax_backward,
+    .cross_entropy_forward = dt_cuda_cross_entropy_forward,
+    .cross_entropy_backward = dt_cuda_cross_entropy_backward,
+    .conv2d_workspace = dt_cuda_conv2d_workspace,
+    .conv2d_forward = dt_cuda_conv2d_forward,
+    .conv2d_backward = dt_cuda_conv2d_backward,
+    .maxpool2d_forward = dt_cuda_maxpool2d_forward,
+    .maxpool2d_backward = dt_cuda_maxpool2d_backward,
+    .avgpool2d_forward = dt_cuda_avgpool2d_forward,
+    .avgpool2d_backward = dt_cuda_avgpool2d_backward,
+    .batchnorm_forward = dt_cuda_batchnorm_forward,
+    .batchnorm_backward = dt_cuda_batchnorm_backward,
+    .layernorm_forward = dt_cuda_layernorm_forward,
+    .layernorm_backward = dt_cuda_layernorm_backward,
+    .embedding_forward = dt_cuda_embedding_forward,
+    .embedding_backward = dt_cuda_embedding_backward,
+    .dropout_forward = dt_cuda_dropout_forward,
+    .dropout_backward = dt_cuda_dropout_backward,
+    .sgd_update = dt_cuda_sgd_update,
+    .adamw_update = dt_cuda_adamw_update,
+};
+
+__attribute__((constructor)) static void dt_cuda_register_backend(void) {
+  dt_backend_register(DT_DEVICE_CUDA, &cuda_ops);
+}

@@ -1,0 +1,95 @@
+/* Helpers shared by the .cu files of cuda/: launch sizing, the context and
+ * stream of a device, block reductions. Internal; CUDA C++ only. */
+#ifndef DT_CUDA_KERNELS_COMMON_CUH
+#define DT_CUDA_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuda_internal.h"
+
+#define DT_THREADS 256
+
+/* Blocks for a grid-stride loop over n elements: enough to fill the GPU,
+ * few enough that each thread does several elements. */
+static inline unsigned dt_grid_for(int64_t n, int threads = DT_THREADS) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1)
+    b = 1;
+  if (b > 65536)
+    b = 65536;
+  return (unsigned)b;
+}
+
+/* Threads per block for a row of `cols` processed by one block: a multiple
+ * of 32 between 32 and 256. */
+static inline int dt_row_threads(int64_t cols) {
+  int t = 32;
+  while (t < 256 && t < cols)
+    t *= 2;
+  return t;
+}
+
+#define DT_GRID_STRIDE(i, n)                                                    \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);     \
+       i += (int64_t)blockDim.x * gridDim.x)
+
+/* Fetches the context of `dev` into `ctx` and its compute stream into
+ * `stream`, returning the status on failure. */
+#define DT_CUDA_STREAM(dev, ctx, stream)          \
+  dt_cuda_ctx *ctx = NULL;                        \
+  DT_CHECK(dt_cuda_ctx_get((dev), &ctx));         \
+  cudaStream_t stream = dt_cuda_compute_stream(ctx)
+
+template <typename T>
+__device__ __forceinline__ T dt_warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float dt_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
+ * gets the result. `shared` holds 32 T. */
+template <typename T>
+__device__ T dt_block_sum(T v, T *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = dt_warp_sum(v);
+  __syncthreads(); /* shared may still be read from a previous call */
+  if (lane == 0)
+    shared[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? shared[lane] : (T)0;
+  return dt_warp_sum(r);
+}
+
+__device__ inline float dt_block_max(float v, float *shared) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = dt_warp_max(v);
+  __syncthreads();
+  if (lane == 0)
+    shared[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? shared[lane] : -INFINITY;
+  return dt_warp_max(r);
+}
+
+/* dt_rng_bits / dt_rng_uniform of core/rng.c, bit for bit. */
+__device__ __forceinline__ uint64_t dt_rng_bits_dev(uint64_t seed, uint64_t counter) {
+  uint64_t z = seed ^ (counter * 0x9E3779B97F4A7C15ull);
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float dt_rng_uniform_dev(uint64_t seed, uint64_t counter) {
+  return (float)(dt_rng_bits_dev(seed, counter) >> 40) * (1.0f / 16777216.0f);
+}
+
+#endif

@@ -1,0 +1,608 @@
+/* CUDA dense kernels: casts, strided copies, fill, binary and unary ops,
+ * axpby, reductions and the fused optimizer updates. Semantics follow the
+ * CPU reference (core/cpu_kernels_dense.c); reductions accumulate in double
+ * in a fixed order, so results do not depend on timing. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda/kernels_common.cuh"
+
+/* ---- casts ---- */
+
+static __device__ __forceinline__ bool dtype_is_int(int t) {
+  return t == DT_DTYPE_I32 || t == DT_DTYPE_I64 || t == DT_DTYPE_U8;
+}
+
+static __device__ __forceinline__ double load_float(const void *p, int t, int64_t i) {
+  switch (t) {
+    case DT_DTYPE_F32: return ((const float *)p)[i];
+    case DT_DTYPE_F16: return __half2float(((const __half *)p)[i]);
+    default: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  }
+}
+
+static __device__ __forceinline__ int64_t load_int(const void *p, int t, int64_t i) {
+  switch (t) {
+    case DT_DTYPE_I32: return ((const int32_t *)p)[i];
+    case DT_DTYPE_I64: return ((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+  }
+}
+
+static __device__ __forceinline__ void store_float(void *p, int t, int64_t i, float v) {
+  switch (t) {
+    case DT_DTYPE_F32: ((float *)p)[i] = v; break;
+    case DT_DTYPE_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    default: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
+/* Narrowing wraps modulo 2^bits, as the CPU (and PyTorch). */
+static __device__ __forceinline__ void store_int(void *p, int t, int64_t i, int64_t v) {
+  switch (t) {
+    case DT_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)v; break;
+    case DT_DTYPE_I64: ((int64_t *)p)[i] = v; break;
+    default: ((uint8_t *)p)[i] = (uint8_t)v; break;
+  }
+}
+
+/* Truncation toward zero, saturating at the int64 range, NaN -> 0. */
+static __device__ __forceinline__ int64_t f64_to_i64(double v) {
+  if (v != v)
+    return 0;
+  if (v >= 9223372036854775807.0)
+    return INT64_MAX;
+  if (v <= -9223372036854775808.0)
+    return INT64_MIN;
+  return (int64_t)v;
+}
+
+// in (n, src dtype) -> out (n, dst dtype)
+static __global__ void cast_kernel(const void *in, int src, void *out, int dst, int64_t n) {
+  bool src_int = dtype_is_int(src), dst_int = dtype_is_int(dst);
+  DT_GRID_STRIDE(i, n) {
+    if (src_int) {
+      int64_t v = load_int(in, src, i);
+      if (dst_int)
+        store_int(out, dst, i, v);
+      else
+        store_float(out, dst, i, (float)v);
+    } else {
+      double v = load_float(in, src, i);
+      if (dst_int)
+        store_int(out, dst, i, f64_to_i64(v));
+      else
+        store_float(out, dst, i, (float)v);
+    }
+  }
+}
+
+extern "C" dt_status dt_cuda_cast(dt_device dev, const void *in, dt_dtype src, void *out,
+                                  dt_dtype dst, int64_t n) {
+  if ((unsigned)src >= DT_DTYPE_COUNT || (unsigned)dst >= DT_DTYPE_COUNT)
+    return DT_ERROR(DT_ERR_DTYPE, "cast: unknown dtype (src %d, dst %d)", (int)src, (int)dst);
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  if (src == dst) {
+    if (in != out)
+      DT_CUDA_CHECK(cudaMemcpyAsync(out, in, (size_t)n * dt_dtype_size(src),
+                                    cudaMemcpyDeviceToDevice, stream));
+    return DT_OK;
+  }
+  cast_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(in, (int)src, out, (int)dst, n);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- strided iteration ---- */
+
+/* Up to three operands' strides over a shape with size-1 dims dropped and
+ * neighbours that are contiguous in every operand merged (as the CPU plan). */
+struct strided_plan {
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int64_t s[3][DT_MAX_DIMS];
+  int64_t numel;
+};
+
+static void plan_build(strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
+                       const int64_t *s1, const int64_t *s2) {
+  const int64_t *in[3] = {s0, s1, s2};
+  int nd = 0;
+  p->numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    p->numel *= shape[d];
+    if (shape[d] == 1)
+      continue;
+    if (nd > 0) {
+      int j = nd - 1;
+      bool merge = true;
+      for (int k = 0; k < 3; k++)
+        merge = merge && p->s[k][j] == in[k][d] * shape[d];
+      if (merge) {
+        p->shape[j] *= shape[d];
+        for (int k = 0; k < 3; k++)
+          p->s[k][j] = in[k][d];
+        continue;
+      }
+    }
+    p->shape[nd] = shape[d];
+    for (int k = 0; k < 3; k++)
+      p->s[k][nd] = in[k][d];
+    nd++;
+  }
+  if (nd == 0) {
+    p->shape[0] = 1;
+    for (int k = 0; k < 3; k++)
+      p->s[k][0] = 0;
+    nd = 1;
+  }
+  p->ndim = nd;
+}
+
+/* Offsets of flat index i in operands 0..2 (first `nops` computed). */
+static __device__ __forceinline__ void plan_offsets(const strided_plan &p, int64_t i, int nops,
+                                                    int64_t *o) {
+  o[0] = o[1] = o[2] = 0;
+  for (int d = p.ndim - 1; d >= 0; d--) {
+    int64_t sz = p.shape[d];
+    int64_t q = d ? i / sz : 0;
+    int64_t idx = d ? i - q * sz : i;
+    for (int k = 0; k < nops; k++)
+      o[k] += idx * p.s[k][d];
+    i = q;
+  }
+}
+
+// src (shape, strides s[1]) -> dst (shape, strides s[0]), elements of T
+template <typename T>
+static __global__ void copy_strided_kernel(T *dst, const T *src, strided_plan p) {
+  DT_GRID_STRIDE(i, p.numel) {
+    int64_t o[3];
+    plan_offsets(p, i, 2, o);
+    dst[o[0]] = src[o[1]];
+  }
+}
+
+static __global__ void copy_strided_bytes_kernel(char *dst, const char *src, strided_plan p,
+                                                 int64_t es) {
+  DT_GRID_STRIDE(i, p.numel) {
+    int64_t o[3];
+    plan_offsets(p, i, 2, o);
+    for (int64_t b = 0; b < es; b++)
+      dst[o[0] * es + b] = src[o[1] * es + b];
+  }
+}
+
+extern "C" dt_status dt_cuda_copy_strided(dt_device dev, void *dst, const int64_t *dst_strides,
+                                          const void *src, const int64_t *src_strides,
+                                          const int64_t *shape, int ndim, size_t elem_size) {
+  if (ndim < 0 || ndim > DT_MAX_DIMS || elem_size == 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: ndim %d (max %d), elem_size %zu", ndim,
+                    DT_MAX_DIMS, elem_size);
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: negative size %lld in dim %d",
+                      (long long)shape[d], d);
+  int64_t zeros[DT_MAX_DIMS] = {0};
+  strided_plan p;
+  plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
+  if (p.numel == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  if (p.ndim == 1 && p.s[0][0] == 1 && p.s[1][0] == 1) {
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)p.numel * elem_size,
+                                  cudaMemcpyDeviceToDevice, stream));
+    return DT_OK;
+  }
+  unsigned grid = dt_grid_for(p.numel);
+  switch (elem_size) {
+    case 1:
+      copy_strided_kernel<<<grid, DT_THREADS, 0, stream>>>((uint8_t *)dst, (const uint8_t *)src, p);
+      break;
+    case 2:
+      copy_strided_kernel<<<grid, DT_THREADS, 0, stream>>>((uint16_t *)dst, (const uint16_t *)src,
+                                                           p);
+      break;
+    case 4:
+      copy_strided_kernel<<<grid, DT_THREADS, 0, stream>>>((uint32_t *)dst, (const uint32_t *)src,
+                                                           p);
+      break;
+    case 8:
+      copy_strided_kernel<<<grid, DT_THREADS, 0, stream>>>((uint64_t *)dst, (const uint64_t *)src,
+                                                           p);
+      break;
+    default:
+      copy_strided_bytes_kernel<<<grid, DT_THREADS, 0, stream>>>((char *)dst, (const char *)src, p,
+                                                                 (int64_t)elem_size);
+      break;
+  }
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- elementwise ---- */
+
+// x (n) = value
+static __global__ void fill_kernel(float *x, float value, int64_t n) {
+  DT_GRID_STRIDE(i, n) x[i] = value;
+}
+
+extern "C" dt_status dt_cuda_fill(dt_device dev, float *x, float value, int64_t n) {
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  fill_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, value, n);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+// out (numel) = a (strides s[1]) op b (strides s[2]); out strides s[0] are contiguous
+static __global__ void binary_kernel(int op, const float *a, const float *b, float *out,
+                                     strided_plan p) {
+  DT_GRID_STRIDE(i, p.numel) {
+    int64_t o[3];
+    plan_offsets(p, i, 3, o);
+    float u = a[o[1]], v = b[o[2]];
+    out[o[0]] = op == DT_BINARY_ADD ? u + v : op == DT_BINARY_SUB ? u - v : u * v;
+  }
+}
+
+extern "C" dt_status dt_cuda_binary(dt_device dev, const dt_binary_args *args, const float *a,
+                                    const float *b, float *out) {
+  if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim,
+                    DT_MAX_DIMS);
+  if ((unsigned)args->op > DT_BINARY_MUL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
+  int64_t out_strides[DT_MAX_DIMS];
+  int64_t acc = 1;
+  for (int d = args->ndim - 1; d >= 0; d--) {
+    if (args->shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "binary: negative size %lld in dim %d",
+                      (long long)args->shape[d], d);
+    out_strides[d] = acc;
+    acc *= args->shape[d];
+  }
+  strided_plan p;
+  plan_build(&p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
+  if (p.numel == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  binary_kernel<<<dt_grid_for(p.numel), DT_THREADS, 0, stream>>>((int)args->op, a, b, out, p);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+// y (n) = alpha * x + beta * y (beta 0: y not read)
+static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, float beta,
+                                    float *y) {
+  if (beta == 0.0f) {
+    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+  } else {
+    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i] + beta * y[i];
+  }
+}
+
+extern "C" dt_status dt_cuda_axpby(dt_device dev, int64_t n, float alpha, const float *x,
+                                   float beta, float *y) {
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  axpby_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(n, alpha, x, beta, y);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_CUBIC 0.044715f
+
+// y (n) = f(x)
+static __global__ void unary_forward_kernel(int op, int64_t n, const float *x, float *y) {
+  DT_GRID_STRIDE(i, n) {
+    float v = x[i];
+    if (op == DT_UNARY_RELU)
+      y[i] = v < 0.0f ? 0.0f : v;
+    else if (op == DT_UNARY_GELU)
+      y[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
+    else
+      y[i] = tanhf(v);
+  }
+}
+
+// dx (n) = dy * f'(x), overwritten
+static __global__ void unary_backward_kernel(int op, int64_t n, const float *x, const float *dy,
+                                             float *dx) {
+  DT_GRID_STRIDE(i, n) {
+    float v = x[i];
+    if (op == DT_UNARY_RELU) {
+      dx[i] = v > 0.0f ? dy[i] : 0.0f;
+    } else if (op == DT_UNARY_GELU) {
+      float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
+      float sech2 = 1.0f - t * t;
+      float grad = 0.5f * (1.0f + t) +
+                   0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
+      dx[i] = dy[i] * grad;
+    } else {
+      float t = tanhf(v);
+      dx[i] = dy[i] * (1.0f - t * t);
+    }
+  }
+}
+
+extern "C" dt_status dt_cuda_unary_forward(dt_device dev, dt_unary_op op, int64_t n,
+                                           const float *x, float *y) {
+  if ((unsigned)op > DT_UNARY_TANH)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "unary_forward: unknown op %d", (int)op);
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  unary_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, y);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_unary_backward(dt_device dev, dt_unary_op op, int64_t n,
+                                            const float *x, const float *dy, float *dx) {
+  if ((unsigned)op > DT_UNARY_TANH)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "unary_backward: unknown op %d", (int)op);
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  unary_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, dy, dx);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- reductions ---- */
+
+// x (outer, r) -> y (outer) = scale * sum_r x; one block per row
+static __global__ void reduce_rows_kernel(const float *x, float *y, int64_t outer, int64_t r,
+                                          float scale) {
+  __shared__ double sh[32];
+  for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
+    const float *row = x + o * r;
+    double acc = 0.0;
+    for (int64_t k = threadIdx.x; k < r; k += blockDim.x)
+      acc += row[k];
+    acc = dt_block_sum(acc, sh);
+    if (threadIdx.x == 0)
+      y[o] = (float)(acc * scale);
+  }
+}
+
+// x (outer, r, inner) -> part (outer, splits, inner): sums of r-chunks; grid (inner/32, splits, outer)
+static __global__ void reduce_cols_partial_kernel(const float *x, double *part, int64_t r,
+                                                  int64_t inner, int64_t chunk) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t o = blockIdx.z, split = blockIdx.y;
+  if (i >= inner)
+    return;
+  int64_t k0 = split * chunk, k1 = k0 + chunk < r ? k0 + chunk : r;
+  const float *base = x + o * r * inner + i;
+  double acc = 0.0;
+  for (int64_t k = k0; k < k1; k++)
+    acc += base[k * inner];
+  part[(o * gridDim.y + split) * inner + i] = acc;
+}
+
+// part (outer, splits, inner) -> y (outer, inner) = scale * sum over splits, in order
+static __global__ void reduce_cols_final_kernel(const double *part, float *y, int64_t outer,
+                                                int64_t splits, int64_t inner, float scale) {
+  DT_GRID_STRIDE(t, outer * inner) {
+    int64_t o = t / inner, i = t - o * inner;
+    double acc = 0.0;
+    for (int64_t s = 0; s < splits; s++)
+      acc += part[(o * splits + s) * inner + i];
+    y[t] = (float)(acc * scale);
+  }
+}
+
+extern "C" dt_status dt_cuda_reduce_sum(dt_device dev, const float *x, float *y, int64_t outer,
+                                        int64_t r, int64_t inner, float scale) {
+  if (outer < 0 || r < 0 || inner < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "reduce_sum: negative size (%lld, %lld, %lld)",
+                    (long long)outer, (long long)r, (long long)inner);
+  if (outer == 0 || inner == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  if (inner == 1) {
+    unsigned grid = (unsigned)(outer < 65536 ? outer : 65536);
+    reduce_rows_kernel<<<grid, DT_THREADS, 0, stream>>>(x, y, outer, r, scale);
+    DT_CUDA_CHECK_LAUNCH();
+    return DT_OK;
+  }
+  if (outer > 65535)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "reduce_sum: outer size %lld over 65535 with inner %lld: reshape so the "
+                    "reduced axis is last or first",
+                    (long long)outer, (long long)inner);
+  /* Split r into chunks so that enough blocks run; partials in double. */
+  int64_t splits = r < 64 ? 1 : (r + 63) / 64;
+  if (splits > 128)
+    splits = 128;
+  int64_t chunk = r ? (r + splits - 1) / splits : 0;
+  double *part = NULL;
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(outer * splits * inner) * sizeof(double),
+                                 (void **)&part));
+  dim3 grid((unsigned)((inner + 31) / 32), (unsigned)splits, (unsigned)outer);
+  reduce_cols_partial_kernel<<<grid, 32, 0, stream>>>(x, part, r, inner, chunk);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    reduce_cols_final_kernel<<<dt_grid_for(outer * inner), DT_THREADS, 0, stream>>>(
+        part, y, outer, splits, inner, scale);
+    e = cudaGetLastError();
+  }
+  dt_cuda_scratch_free(ctx, part); /* stream-ordered: reused only after these kernels */
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
+// y (outer, inner) -> x (outer, r, inner) = scale * y
+static __global__ void broadcast_axis_kernel(const float *y, float *x, int64_t r, int64_t inner,
+                                             int64_t total, float scale) {
+  DT_GRID_STRIDE(t, total) {
+    int64_t i = t % inner, o = t / (inner * r);
+    x[t] = scale * y[o * inner + i];
+  }
+}
+
+extern "C" dt_status dt_cuda_broadcast_axis(dt_device dev, const float *y, float *x,
+                                            int64_t outer, int64_t r, int64_t inner,
+                                            float scale) {
+  if (outer < 0 || r < 0 || inner < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast_axis: negative size (%lld, %lld, %lld)",
+                    (long long)outer, (long long)r, (long long)inner);
+  int64_t total = outer * r * inner;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  broadcast_axis_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(y, x, r, inner, total,
+                                                                       scale);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+#define SUMSQ_BLOCKS 1024
+
+// x (n) -> part (gridDim.x) = per-block sums of squares
+static __global__ void sum_squares_partial_kernel(const float *x, int64_t n, double *part) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  DT_GRID_STRIDE(i, n) acc += (double)x[i] * x[i];
+  acc = dt_block_sum(acc, sh);
+  if (threadIdx.x == 0)
+    part[blockIdx.x] = acc;
+}
+
+// part (m) -> *out = sum, one block
+static __global__ void sum_final_kernel(const double *part, int m, double *out) {
+  __shared__ double sh[32];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < m; i += blockDim.x)
+    acc += part[i];
+  acc = dt_block_sum(acc, sh);
+  if (threadIdx.x == 0)
+    *out = acc;
+}
+
+extern "C" dt_status dt_cuda_sum_squares(dt_device dev, const float *x, int64_t n, double *out) {
+  if (n < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sum_squares: negative size %lld", (long long)n);
+  *out = 0.0;
+  if (n == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  unsigned blocks = dt_grid_for(n, DT_THREADS * 8);
+  if (blocks > SUMSQ_BLOCKS)
+    blocks = SUMSQ_BLOCKS;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  double *part = (double *)ctx->dev_scratch;
+  double *result = part + SUMSQ_BLOCKS;
+  sum_squares_partial_kernel<<<blocks, DT_THREADS, 0, stream>>>(x, n, part);
+  sum_final_kernel<<<1, DT_THREADS, 0, stream>>>(part, (int)blocks, result);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(ctx->host_scratch, result, sizeof(double), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess)
+    *out = *(const double *)ctx->host_scratch;
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
+/* ---- optimizers ---- */
+
+// param, grad, momentum_buf (n): PyTorch SGD
+static __global__ void sgd_kernel(float *param, const float *grad, float *buf, int64_t n,
+                                  float lr, float momentum, float dampening, float wd,
+                                  int nesterov, int first_step) {
+  DT_GRID_STRIDE(i, n) {
+    float p = param[i];
+    float g = grad[i];
+    if (wd != 0.0f)
+      g += wd * p;
+    if (momentum != 0.0f) {
+      float b = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
+      buf[i] = b;
+      g = nesterov ? g + momentum * b : b;
+    }
+    param[i] = p - lr * g;
+  }
+}
+
+extern "C" dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float *grad,
+                                        float *momentum_buf, int64_t n, float lr, float momentum,
+                                        float dampening, float weight_decay, int nesterov,
+                                        int first_step) {
+  if (n <= 0)
+    return DT_OK;
+  if (momentum != 0.0f && !momentum_buf)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: momentum %g needs a momentum buffer",
+                    (double)momentum);
+  DT_CUDA_STREAM(dev, ctx, stream);
+  sgd_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, momentum_buf, n, lr,
+                                                        momentum, dampening, weight_decay,
+                                                        nesterov, first_step);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+// param, grad, m, v (n): PyTorch AdamW with bias corrections bc1, bc2
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
+                                    int64_t n, float lr, float b1, float b2, float eps, float wd,
+                                    float bc1, float bc2) {
+  DT_GRID_STRIDE(i, n) {
+    float p = param[i], g = grad[i];
+    p -= lr * wd * p;
+    float mi = b1 * m[i] + (1.0f - b1) * g;
+    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+  }
+}
+
+extern "C" dt_status dt_cuda_adamw_update(dt_device dev, float *param, const float *grad,
+                                          float *m, float *v, int64_t n, float lr, float beta1,
+                                          float beta2, float eps, float weight_decay, int step) {
+  if (step < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: step %d: steps count from 1", step);
+  if (n <= 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+  float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+  adamw_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, m, v, n, lr, beta1, beta2,
+                                                          eps, weight_decay, bc1, bc2);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- batchnorm eval statistics (for cuda/dnn.c) ---- */
+
+// rm, rv (c) -> save_mean = rm, save_invstd = 1/sqrt(rv + eps), each (c)
+static __global__ void bn_eval_stats_kernel(const float *rm, const float *rv, float *save_mean,
+                                            float *save_invstd, int64_t c, float eps) {
+  DT_GRID_STRIDE(i, c) {
+    if (save_mean)
+      save_mean[i] = rm[i];
+    if (save_invstd)
+      save_invstd[i] = (float)(1.0 / sqrt((double)rv[i] + (double)eps));
+  }
+}
+
+extern "C" dt_status dt_cuda_bn_eval_stats(dt_cuda_ctx *ctx, const float *rm, const float *rv,
+                                           float *save_mean, float *save_invstd, int64_t c,
+                                           float eps) {
+  if (c <= 0 || (!save_mean && !save_invstd))
+    return DT_OK;
+  bn_eval_stats_kernel<<<dt_grid_for(c), DT_THREADS, 0, dt_cuda_compute_stream(ctx)>>>(
+      rm, rv, save_mean, save_invstd, c, eps);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}

@@ -1,0 +1,162 @@
+/* The mpi communicator backend: host buffers, nonblocking MPI collectives
+ * polled on the communication thread so that the thread can enforce the
+ * watchdog deadline without a second MPI caller. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "dist/comm_internal.h"
+#include "dist/mpi_util.h"
+#include "dist/process_group_internal.h"
+
+typedef struct mpi_comm {
+  dt_pg *pg;
+  MPI_Comm comm; /* private dup: our collectives never mix with anyone else's */
+} mpi_comm;
+
+static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
+  if (w->count > INT_MAX || w->bytes > INT_MAX)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s of %lld elements (%zu bytes): above the 2^31-1 count MPI takes in one "
+                    "call; use smaller DDP buckets",
+                    dt_coll_kind_name(w->kind), (long long)w->count, w->bytes);
+  int n = (int)w->count, nb = (int)w->bytes;
+  switch (w->kind) {
+  case DT_COLL_ALLREDUCE:
+    DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, dt_tensor_data(w->out), n, MPI_FLOAT, MPI_SUM,
+                                m->comm, req));
+    return DT_OK;
+  case DT_COLL_BROADCAST:
+    DT_MPI_CHECK(MPI_Ibcast(dt_tensor_data(w->out), nb, MPI_BYTE, w->root, m->comm, req));
+    return DT_OK;
+  case DT_COLL_ALLGATHER:
+    DT_MPI_CHECK(MPI_Iallgather(dt_tensor_data(w->in), nb, MPI_BYTE, dt_tensor_data(w->out), nb,
+                                MPI_BYTE, m->comm, req));
+    return DT_OK;
+  case DT_COLL_REDUCE_SCATTER:
+    DT_MPI_CHECK(MPI_Ireduce_scatter_block(dt_tensor_data(w->in), dt_tensor_data(w->out), n,
+                                           MPI_FLOAT, MPI_SUM, m->comm, req));
+    return DT_OK;
+  case DT_COLL_BARRIER:
+    DT_MPI_CHECK(MPI_Ibarrier(m->comm, req));
+    return DT_OK;
+  }
+  return DT_ERROR(DT_ERR_INTERNAL, "unknown collective kind %d", (int)w->kind);
+}
+
+static dt_status test_request(mpi_comm *m, MPI_Request *req, int *done) {
+  dt_pg_mpi_lock(m->pg);
+  int rc = MPI_Test(req, done, MPI_STATUS_IGNORE);
+  dt_pg_mpi_unlock(m->pg);
+  DT_MPI_CHECK(rc);
+  return DT_OK;
+}
+
+static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
+  mpi_comm *m = impl;
+  MPI_Request req = MPI_REQUEST_NULL;
+  dt_pg_mpi_lock(m->pg);
+  dt_status st = start_collective(m, w, &req);
+  dt_pg_mpi_unlock(m->pg);
+  if (st != DT_OK)
+    return st;
+  /* Open MPI progresses nonblocking collectives only inside MPI calls, so
+   * poll: spin briefly for latency, then sleep a little between tests so
+   * the thread does not steal a core from the backward pass. */
+  int done = 0;
+  for (long polls = 0; !done; polls++) {
+    DT_CHECK(test_request(m, &req, &done));
+    if (done)
+      break;
+    if (polls > 200) {
+      struct timespec pause = {0, polls > 20000 ? 200000L : 20000L};
+      nanosleep(&pause, NULL);
+    }
+    if ((polls & 15) == 0 && dt_comm_now() > deadline) {
+      w->leaked = 1; /* the request still owns the buffers */
+      return DT_ERR_TIMEOUT;
+    }
+  }
+  if (w->op == DT_REDUCE_AVG && (w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER)) {
+    float *x = dt_tensor_data(w->out);
+    float world = (float)dt_comm_size(w->comm);
+    for (int64_t i = 0; i < w->count; i++)
+      x[i] /= world;
+  }
+  return DT_OK;
+}
+
+static void mpi_abort_job(void *impl, int code) {
+  mpi_comm *m = impl;
+  dt_pg_abort(m->pg, code);
+}
+
+static void mpi_destroy(void *impl, int broken) {
+  mpi_comm *m = impl;
+  if (m == NULL)
+    return;
+  /* A stuck request still refers to the communicator: freeing it would be
+   * erroneous, and the job is ending anyway. */
+  if (!broken && m->comm != MPI_COMM_NULL) {
+    dt_pg_mpi_lock(m->pg);
+    MPI_Comm_free(&m->comm);
+    dt_pg_mpi_unlock(m->pg);
+  }
+  free(m);
+}
+
+static const dt_comm_backend mpi_backend = {
+    .name = "mpi",
+    .host_memory = 1,
+    .run = mpi_run,
+    .abort_job = mpi_abort_job,
+    .destroy = mpi_destroy,
+};
+
+static dt_status dup_comm(dt_pg *pg, MPI_Comm *out) {
+  DT_MPI_CHECK(MPI_Comm_dup(pg->world_comm, out));
+  DT_MPI_CHECK(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
+  return DT_OK;
+}
+
+dt_status dt_comm_create_mpi(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out) {
+  if (pg == NULL || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "creating an mpi communicator: pg or out is NULL");
+  *out = NULL;
+  if (!pg->uses_mpi)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "creating an mpi communicator: the process group is a single process "
+                    "without MPI (launch with mpirun / srun --mpi=pmix, or use "
+                    "dt_comm_create_for_pg)");
+  mpi_comm *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return DT_ERROR(DT_ERR_OOM, "creating an mpi communicator: out of host memory");
+  m->pg = pg;
+  m->comm = MPI_COMM_NULL;
+  dt_pg_mpi_lock(pg);
+  dt_status st = dup_comm(pg, &m->comm);
+  dt_pg_mpi_unlock(pg);
+  if (st != DT_OK) {
+    mpi_destroy(m, 0);
+    return dt_error_wrap(st, "creating an mpi communicator on rank %d", pg->rank);
+  }
+  char peers[96];
+  if (pg->world == 1)
+    snprintf(peers, sizeof peers, "rank 0 only");
+  else
+    snprintf(peers, sizeof peers, "ranks 0-%d", pg->world - 1);
+  return dt_comm_create_with_backend(&mpi_backend, m, pg->rank, pg->world, peers, cfg, out);
+}
+
+dt_status dt_comm_create_for_pg(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out) {
+  if (pg == NULL || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "creating a communicator: pg or out is NULL");
+  if (pg->uses_mpi)
+    return dt_comm_create_mpi(pg, cfg, out);
+  dt_local_group *g = NULL;
+  DT_CHECK(dt_local_group_create(1, &g));
+  dt_status st = dt_comm_create_local(g, 0, cfg, out);
+  dt_local_group_release(g);
+  return st;
+}

@@ -1,0 +1,123 @@
+/* The DDP reducer: data-parallel gradient averaging that overlaps backward.
+ *
+ *   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+ *   dt_ddp *ddp;
+ *   DT_CHECK(dt_ddp_create(model, arena, comm, &cfg, &ddp)); // collective
+ *   for (;;) {
+ *     dt_module_call(model, x, &logits);      // buffers broadcast from rank 0
+ *     ... loss ...
+ *     dt_backward(loss, NULL);                // buckets all-reduce as grads get ready
+ *     DT_CHECK(dt_ddp_finish_backward(ddp));  // waits for every bucket
+ *     dt_optim_step(opt); dt_optim_zero_grad(opt);
+ *   }
+ *   dt_ddp_destroy(ddp);
+ *
+ * Construction (collective over `comm`): checks that every rank registered
+ * the same parameters (names, shapes, dtypes) — else DT_ERR_DIST_MISMATCH on
+ * every rank naming the first difference — then broadcasts the parameters
+ * (the arena, one flat buffer) and the buffers from rank 0.
+ *
+ * Buckets are contiguous slices of the arena's flat gradient buffer, formed
+ * in reverse registration order (the order in which backward produces the
+ * gradients): the first closes once it holds cfg.first_bucket_bytes, the
+ * others at cfg.bucket_bytes. Each parameter's .grad is a view into the
+ * flat buffer, hence into its bucket: no copies. A grad-ready hook on every
+ * parameter counts down its bucket; when a bucket's last gradient is ready
+ * its asynchronous all-reduce (average) is launched — in bucket order on
+ * every rank (a bucket that completes early waits for the ones before it),
+ * so the collectives match across ranks.
+ *
+ * No-sync: between dt_ddp_no_sync_begin and _end backward passes only
+ * accumulate locally; the next synchronised backward reduces the
+ * accumulated gradients (gradient accumulation, PyTorch's `no_sync`).
+ *
+ * Unused parameters: a parameter that received no gradient since the last
+ * synchronised step makes dt_ddp_finish_backward fail with DT_ERR_STATE
+ * naming it (every rank must launch every bucket, or the job would hang);
+ * with cfg.allow_unused its gradient is zero-filled and reduced instead.
+ *
+ * The reducer keeps borrowed pointers to the module, arena and comm, which
+ * must outlive it. One reducer per module; use it from one thread (the one
+ * that runs forward and backward).
+ */
+#ifndef DT_DIST_DDP_H
+#define DT_DIST_DDP_H
+
+#include <stddef.h>
+
+#include "core/module.h"
+#include "core/status.h"
+#include "dist/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_ddp_config {
+  size_t first_bucket_bytes; /* 1 MiB: small, so the first all-reduce starts early */
+  size_t bucket_bytes;       /* 25 MiB */
+  int broadcast_buffers;     /* 1: buffers from rank 0 before each training forward */
+  int allow_unused;          /* 1: zero-fill gradients of unused parameters */
+  int check_parameters;      /* 1: verify names/shapes/dtypes across ranks at creation */
+} dt_ddp_config;
+#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){1u << 20, 25u << 20, 1, 0, 1})
+
+typedef struct dt_ddp dt_ddp;
+
+/* `arena` must have been created from `model` (dt_param_arena_create).
+ * Collective over comm. Registers a forward pre-hook on `model` (buffer
+ * broadcast and state checks) and a grad-ready hook on every parameter;
+ * dt_ddp_destroy removes them. */
+dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
+                        const dt_ddp_config *cfg, dt_ddp **out);
+/* Waits for launched buckets, removes the hooks, frees. NULL is a no-op. */
+void dt_ddp_destroy(dt_ddp *d);
+
+/* Call after dt_backward and before the optimizer: launches what is left
+ * (in bucket order), waits for every bucket's all-reduce and reports
+ * unused parameters and communication errors. In a no-sync scope it only
+ * ends the pass. */
+dt_status dt_ddp_finish_backward(dt_ddp *d);
+
+/* Gradient accumulation scopes (do not nest). */
+dt_status dt_ddp_no_sync_begin(dt_ddp *d);
+dt_status dt_ddp_no_sync_end(dt_ddp *d);
+int dt_ddp_in_no_sync(const dt_ddp *d);
+
+/* Broadcasts the module's buffers from rank 0 now (the forward pre-hook
+ * calls this when cfg.broadcast_buffers and the module is training). */
+dt_status dt_ddp_broadcast_buffers(dt_ddp *d);
+
+/* ---- introspection ---- */
+int dt_ddp_num_buckets(const dt_ddp *d);
+/* Bucket b: first element offset and length in the flat gradient buffer,
+ * and the range of parameter indices [first_param, last_param]. */
+void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel, int *first_param,
+                        int *last_param);
+
+/* Timeline of the last synchronised backward, in dt_comm_now() seconds. */
+typedef struct dt_ddp_bucket_timing {
+  double ready_s;     /* last gradient of the bucket ready */
+  double launch_s;    /* all-reduce submitted */
+  double start_s;     /* all-reduce started on the communication thread */
+  double end_s;       /* all-reduce complete */
+  size_t bytes;
+} dt_ddp_bucket_timing;
+
+typedef struct dt_ddp_timeline {
+  double first_grad_s;  /* first grad-ready hook of the pass */
+  double last_grad_s;   /* last grad-ready hook of the pass */
+  double backward_end_s; /* dt_ddp_finish_backward entered */
+  double finish_end_s;   /* dt_ddp_finish_backward returned (all buckets done) */
+  int n_buckets;
+  const dt_ddp_bucket_timing *buckets; /* valid until the next pass */
+} dt_ddp_timeline;
+void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out);
+
+/* Synchronised backward passes completed. */
+long dt_ddp_sync_count(const dt_ddp *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
