@@ -20,7 +20,7 @@ fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-bazel test --noshow_progress --ui_event_filters=-info --test_output=errors \
+bazel test --keep_going --noshow_progress --ui_event_filters=-info --test_output=errors \
   --test_summary=short //... "$@" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 

@@ -1,8 +1,8 @@
 /* Shared helpers of the differentiable ops: argument checks, recording,
  * reductions over dims and their broadcast inverse. */
-#include "core/ops_internal.h"
-
 #include <string.h>
+
+#include "core/ops_internal.h"
 
 int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst) {
   int k = 0;
@@ -50,12 +50,12 @@ dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
 
 dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
   dt_tensor *y = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
-                           dt_tensor_device(x), &y));
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x),
+                           &y));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
-    dt_status st = dt_tensor_backend(x)->axpby(dt_tensor_device(x), n, alpha, DT_F32(x), 0.0f,
-                                               DT_F32(y));
+    dt_status st =
+        dt_tensor_backend(x)->axpby(dt_tensor_device(x), n, alpha, DT_F32(x), 0.0f, DT_F32(y));
     if (st != DT_OK) {
       dt_tensor_release(y);
       return st;
@@ -200,8 +200,8 @@ dt_status dt_ops_reduce_to_shape(dt_tensor *g, const int64_t *tshape, int tndim,
     mask[d] = d < lead || (tshape[d - lead] == 1 && gshape[d] != 1);
   dt_tensor *r = NULL;
   DT_CHECK(dt_tensor_empty(tshape, tndim, DT_DTYPE_F32, dt_tensor_device(g), &r));
-  dt_status st = dt_ops_reduce_dims(dt_tensor_device(g), DT_F32(g), gshape, gndim, mask, scale,
-                                    DT_F32(r));
+  dt_status st =
+      dt_ops_reduce_dims(dt_tensor_device(g), DT_F32(g), gshape, gndim, mask, scale, DT_F32(r));
   if (st != DT_OK) {
     dt_tensor_release(r);
     return st;
@@ -210,12 +210,20 @@ dt_status dt_ops_reduce_to_shape(dt_tensor *g, const int64_t *tshape, int tndim,
   return DT_OK;
 }
 
+dt_status dt_ops_grad_as_shape(dt_tensor *g, const int64_t *shape, int ndim, dt_tensor **out) {
+  if (dt_tensor_ndim(g) == ndim &&
+      memcmp(dt_tensor_shape(g), shape, (size_t)ndim * sizeof(int64_t)) == 0) {
+    *out = dt_tensor_retain(g);
+    return DT_OK;
+  }
+  return dt_tensor_view_flat(g, 0, shape, ndim, out);
+}
+
 dt_status dt_ops_normalize_dim(const char *op, int dim, int ndim, int *out) {
   int d = dim < 0 ? dim + ndim : dim;
   if (d < 0 || d >= ndim)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: dim %d out of range for a %d-dim tensor: use -%d..%d", op, dim, ndim,
-                    ndim, ndim - 1);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: dim %d out of range for a %d-dim tensor: use -%d..%d",
+                    op, dim, ndim, ndim, ndim - 1);
   *out = d;
   return DT_OK;
 }

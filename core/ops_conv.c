@@ -44,8 +44,7 @@ static dt_status make_geom(const char *op, const dt_tensor *x, int oc, int kh, i
 }
 
 static void geom_to_ints(const dt_conv2d_geom *g, int64_t *ints) {
-  const int64_t v[8] = {g->n, g->c, g->h, g->w, g->oc, (int64_t)g->kh << 32 | g->kw,
-                        g->sh, g->ph};
+  const int64_t v[8] = {g->n, g->c, g->h, g->w, g->oc, (int64_t)g->kh << 32 | g->kw, g->sh, g->ph};
   memcpy(ints, v, sizeof v);
 }
 
@@ -114,8 +113,8 @@ fail:
   return st;
 }
 
-dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride,
-                       int padding, dt_tensor **out) {
+dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride, int padding,
+                       dt_tensor **out) {
   static const char *op = "dt_op_conv2d";
   if (!x || !weight || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
@@ -131,8 +130,8 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
                     op, dt_shape_format(dt_tensor_shape(x), dt_tensor_ndim(x), bx, sizeof bx),
                     dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw));
   if (bias && (dt_tensor_ndim(bias) != 1 || dt_tensor_shape(bias)[0] != sw[0]))
-    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)",
-                    op, dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
+    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)", op,
+                    dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
                     dt_shape_format(sw, 4, bw, sizeof bw), (long long)sw[0]);
   dt_conv2d_geom g;
   DT_CHECK(make_geom(op, x, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
@@ -149,10 +148,10 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), fail);
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
-  DT_CHECK_GOTO(dt_tensor_backend(x)->conv2d_forward(dev, &g, DT_F32(xc), DT_F32(wc),
-                                                     bc ? DT_F32(bc) : NULL, DT_F32(y),
-                                                     ws ? dt_tensor_data(ws) : NULL),
-                fail);
+  DT_CHECK_GOTO(
+      dt_tensor_backend(x)->conv2d_forward(dev, &g, DT_F32(xc), DT_F32(wc), bc ? DT_F32(bc) : NULL,
+                                           DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
+      fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), fail);
   if (node) {
     dt_node_save(node, 0, xc);
@@ -189,10 +188,10 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   DT_CHECK(dt_tensor_empty(xshape, 4, DT_DTYPE_F32, dev, &dx));
   if (dt_tensor_numel(dx) > 0) {
     if (node->reals[0] != 0.0)
-      DT_CHECK_GOTO(be->maxpool2d_backward(dev, &g, DT_F32(gy),
-                                           (const int32_t *)dt_tensor_data(node->saved[0]),
-                                           DT_F32(dx)),
-                    fail);
+      DT_CHECK_GOTO(
+          be->maxpool2d_backward(dev, &g, DT_F32(gy),
+                                 (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
+          fail);
     else
       DT_CHECK_GOTO(be->avgpool2d_backward(dev, &g, DT_F32(gy), DT_F32(dx)), fail);
   }
@@ -227,9 +226,9 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), fail);
     if (dt_tensor_numel(y) > 0)
-      DT_CHECK_GOTO(be->maxpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y),
-                                          (int32_t *)dt_tensor_data(argmax)),
-                    fail);
+      DT_CHECK_GOTO(
+          be->maxpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y), (int32_t *)dt_tensor_data(argmax)),
+          fail);
   } else if (dt_tensor_numel(y) > 0) {
     DT_CHECK_GOTO(be->avgpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y)), fail);
   }

@@ -21,8 +21,8 @@ static dt_status broadcast_shape(const char *op, const dt_tensor *a, const dt_te
                       "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld): sizes must "
                       "match or be 1",
                       op, dt_shape_format(dt_tensor_shape(a), na, bufa, sizeof bufa),
-                      dt_shape_format(dt_tensor_shape(b), nb, bufb, sizeof bufb), d,
-                      (long long)sa, (long long)sb);
+                      dt_shape_format(dt_tensor_shape(b), nb, bufb, sizeof bufb), d, (long long)sa,
+                      (long long)sb);
     }
     shape[d] = sa == 1 ? sb : sa;
   }
@@ -72,20 +72,33 @@ static int same_shape(const dt_tensor *a, const int64_t *shape, int ndim) {
 }
 
 /* Gradient of a broadcast operand: g summed to t's shape, times scale. */
-static dt_status grad_to_operand(dt_tensor *g, const dt_tensor *t, float scale,
-                                 dt_tensor **out) {
+static dt_status grad_to_operand(dt_tensor *g, const dt_tensor *t, float scale, dt_tensor **out) {
   if (same_shape(t, dt_tensor_shape(g), dt_tensor_ndim(g)))
     return dt_ops_scaled_copy(g, scale, out);
   return dt_ops_reduce_to_shape(g, dt_tensor_shape(t), dt_tensor_ndim(t), scale, out);
 }
 
-static dt_status add_sub_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+/* g with the broadcast output shape of the node's two inputs */
+static dt_status output_grad(dt_node *node, dt_tensor *g, dt_tensor **out) {
+  int64_t shape[DT_MAX_DIMS];
+  int ndim = 0;
+  DT_CHECK(broadcast_shape(node->name, node->inputs[0], node->inputs[1], shape, &ndim));
+  return dt_ops_grad_as_shape(g, shape, ndim, out);
+}
+
+static dt_status add_sub_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in) {
   float sign_b = node->ints[0] == DT_BINARY_SUB ? -1.0f : 1.0f;
+  dt_tensor *g = NULL;
+  dt_status st;
+  DT_CHECK(output_grad(node, grad_out, &g));
   if (node->needs_grad[0])
-    DT_CHECK(grad_to_operand(g, node->inputs[0], 1.0f, &grad_in[0]));
+    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[0], 1.0f, &grad_in[0]), done);
   if (node->needs_grad[1])
-    DT_CHECK(grad_to_operand(g, node->inputs[1], sign_b, &grad_in[1]));
-  return DT_OK;
+    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[1], sign_b, &grad_in[1]), done);
+  st = DT_OK;
+done:
+  dt_tensor_release(g);
+  return st;
 }
 
 /* d(a*b)/da = g * b (broadcast), summed to a's shape; likewise for b. */
@@ -106,13 +119,19 @@ static dt_status mul_grad_for(dt_tensor *g, const dt_tensor *self, const dt_tens
   return st;
 }
 
-static dt_status mul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+static dt_status mul_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in) {
   dt_tensor *a = node->inputs[0], *b = node->inputs[1];
+  dt_tensor *g = NULL;
+  dt_status st;
+  DT_CHECK(output_grad(node, grad_out, &g));
   if (node->needs_grad[0])
-    DT_CHECK(mul_grad_for(g, a, b, &grad_in[0]));
+    DT_CHECK_GOTO(mul_grad_for(g, a, b, &grad_in[0]), done);
   if (node->needs_grad[1])
-    DT_CHECK(mul_grad_for(g, b, a, &grad_in[1]));
-  return DT_OK;
+    DT_CHECK_GOTO(mul_grad_for(g, b, a, &grad_in[1]), done);
+  st = DT_OK;
+done:
+  dt_tensor_release(g);
+  return st;
 }
 
 static dt_status binary_op(const char *name, dt_binary_op op, dt_tensor *a, dt_tensor *b,
@@ -129,8 +148,8 @@ static dt_status binary_op(const char *name, dt_binary_op op, dt_tensor *a, dt_t
   dt_status st = run_binary(op, a, b, shape, ndim, DT_F32(y));
   dt_node *node = NULL;
   if (st == DT_OK)
-    st = dt_ops_maybe_record(name, op == DT_BINARY_MUL ? mul_backward : add_sub_backward, ins,
-                             2, y, &node);
+    st = dt_ops_maybe_record(name, op == DT_BINARY_MUL ? mul_backward : add_sub_backward, ins, 2, y,
+                             &node);
   if (st != DT_OK) {
     dt_tensor_release(y);
     return st;
@@ -186,13 +205,12 @@ fail:
 static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0];
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
-                           dt_tensor_device(x), &dx));
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x),
+                           &dx));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
-    dt_status st = dt_tensor_backend(x)->unary_backward(dt_tensor_device(x),
-                                                        (dt_unary_op)node->ints[0], n,
-                                                        DT_F32(x), DT_F32(g), DT_F32(dx));
+    dt_status st = dt_tensor_backend(x)->unary_backward(
+        dt_tensor_device(x), (dt_unary_op)node->ints[0], n, DT_F32(x), DT_F32(g), DT_F32(dx));
     if (st != DT_OK) {
       dt_tensor_release(dx);
       return st;
@@ -210,14 +228,14 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
-                                dt_tensor_device(x), &y),
-                fail);
+  DT_CHECK_GOTO(
+      dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x), &y),
+      fail);
   int64_t n = dt_tensor_numel(x);
   if (n > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x),
-                                                      DT_F32(y)),
-                  fail);
+    DT_CHECK_GOTO(
+        dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x), DT_F32(y)),
+        fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), fail);
   if (node) {
     node->ints[0] = op;

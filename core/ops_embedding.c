@@ -92,9 +92,9 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
                            dt_tensor_device(gy), &dx));
   if (n > 0) {
     /* dx = dy * mask / (1 - p) */
-    dt_status st = dt_tensor_backend(gy)->dropout_backward(
-        dt_tensor_device(gy), DT_F32(gy), (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
-        (float)node->reals[0]);
+    dt_status st = dt_tensor_backend(gy)->dropout_backward(dt_tensor_device(gy), DT_F32(gy),
+                                                           (const uint8_t *)dt_tensor_data(mask),
+                                                           DT_F32(dx), n, (float)node->reals[0]);
     if (st != DT_OK) {
       dt_tensor_release(dx);
       return st;
@@ -104,8 +104,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
   return DT_OK;
 }
 
-dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen,
-                        dt_tensor **out) {
+dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, dt_tensor **out) {
   static const char *op = "dt_op_dropout";
   if (!x || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
@@ -132,10 +131,10 @@ dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen,
   /* keep element i iff uniform(seed, offset + i) >= p; y = x * mask / (1 - p) */
   uint64_t offset = dt_generator_advance(gen, (uint64_t)n);
   if (n > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(x)->dropout_forward(dev, DT_F32(xc), DT_F32(y),
-                                                        (uint8_t *)dt_tensor_data(mask), n, p,
-                                                        gen->seed, offset),
-                  fail);
+    DT_CHECK_GOTO(
+        dt_tensor_backend(x)->dropout_forward(
+            dev, DT_F32(xc), DT_F32(y), (uint8_t *)dt_tensor_data(mask), n, p, gen->seed, offset),
+        fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), fail);
   if (node) {
     dt_node_save(node, 0, mask);

@@ -56,6 +56,11 @@ dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *sh
 dt_status dt_ops_reduce_to_shape(dt_tensor *g, const int64_t *tshape, int tndim, float scale,
                                  dt_tensor **out);
 
+/* grad_out seen with the op output's shape: a new reference to g when the
+ * shapes agree, else a view (dt_backward accepts a seed gradient with the
+ * loss's numel but any shape). g is contiguous. */
+dt_status dt_ops_grad_as_shape(dt_tensor *g, const int64_t *shape, int ndim, dt_tensor **out);
+
 /* Normalises a possibly negative dim for an ndim-dim tensor; error names op. */
 dt_status dt_ops_normalize_dim(const char *op, int dim, int ndim, int *out);
 

@@ -16,12 +16,11 @@ static dt_status gemm(dt_device dev, int ta, int tb, int64_t m, int64_t n, int64
     return DT_OK;
   if (k == 0)
     return beta == 0.0f ? be->fill(dev, c, 0.0f, batch * m * n) : DT_OK;
-  return be->gemm(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb,
-                  beta, c, (int)ldc, sc, (int)batch);
+  return be->gemm(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb, beta,
+                  c, (int)ldc, sc, (int)batch);
 }
 
-static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k,
-                                 int64_t batch) {
+static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k, int64_t batch) {
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
     return DT_ERROR(DT_ERR_UNSUPPORTED,
                     "%s: gemm sizes m=%lld n=%lld k=%lld batch=%lld exceed the 32-bit range of "
@@ -49,8 +48,8 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     /* da (m,k) = g (m,n) @ b^T, b (k,n) */
     DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(a), dt_tensor_ndim(a), DT_DTYPE_F32, dev, &da),
                   fail);
-    DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n,
-                       batched ? k * n : 0, 0.0f, DT_F32(da), k, m * k, batch),
+    DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n, batched ? k * n : 0,
+                       0.0f, DT_F32(da), k, m * k, batch),
                   fail);
   }
   if (node->needs_grad[1]) {
@@ -147,8 +146,8 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   dt_status st = DT_OK;
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(node->inputs[0]),
-                                  dt_tensor_ndim(node->inputs[0]), DT_DTYPE_F32, dev, &dx),
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(node->inputs[0]), dt_tensor_ndim(node->inputs[0]),
+                                  DT_DTYPE_F32, dev, &dx),
                   fail);
     DT_CHECK_GOTO(gemm(dev, 0, 0, rows, in, outf, DT_F32(g), outf, 0, DT_F32(w), in, 0, 0.0f,
                        DT_F32(dx), in, 0, 1),
@@ -198,8 +197,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
                     dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw));
   int64_t in = sw[1], outf = sw[0];
   if (bias && (dt_tensor_ndim(bias) != 1 || dt_tensor_shape(bias)[0] != outf))
-    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)",
-                    op, dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
+    return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)", op,
+                    dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
                     dt_shape_format(sw, 2, bw, sizeof bw), (long long)outf);
   int64_t rows = in > 0 ? dt_tensor_numel(x) / in : dt_shape_numel(sx, nx - 1);
   DT_CHECK(check_int_range(op, rows, outf, in, 1));

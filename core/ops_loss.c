@@ -8,8 +8,7 @@
 static const int64_t scalar_shape[1] = {1};
 
 /* out (0-dim) = scale * sum(x (n)); x contiguous f32. n == 0 gives 0. */
-static dt_status sum_to_scalar(dt_device dev, const float *x, int64_t n, float scale,
-                               float *out) {
+static dt_status sum_to_scalar(dt_device dev, const float *x, int64_t n, float scale, float *out) {
   const dt_backend_ops *be = NULL;
   DT_CHECK(dt_backend_get(dev, &be));
   if (n == 0)
@@ -89,12 +88,12 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   int64_t c = nl >= 1 ? sl[nl - 1] : 0;
   int64_t rows = nl >= 1 ? dt_shape_numel(sl, nl - 1) : 0;
   if (nl < 1 || c < 1 || dt_tensor_numel(target) != rows)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: logits %s and target %s do not match: expected logits (N, C) or "
-                    "(..., C) with C >= 1 and target (N) or (...)",
-                    op, dt_shape_format(sl, nl, bl, sizeof bl),
-                    dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt,
-                                    sizeof bt));
+    return DT_ERROR(
+        DT_ERR_SHAPE,
+        "%s: logits %s and target %s do not match: expected logits (N, C) or "
+        "(..., C) with C >= 1 and target (N) or (...)",
+        op, dt_shape_format(sl, nl, bl, sizeof bl),
+        dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt, sizeof bt));
 
   dt_device dev = dt_tensor_device(logits);
   const dt_backend_ops *be = dt_tensor_backend(logits);
@@ -105,14 +104,13 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), fail);
   DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), fail);
   /* loss_rows has target's shape so that reduction "none" returns it as is */
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(target), dt_tensor_ndim(target), DT_DTYPE_F32,
-                                dev, &loss_rows),
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(target), dt_tensor_ndim(target), DT_DTYPE_F32, dev,
+                                &loss_rows),
                 fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), fail);
   if (rows > 0)
     DT_CHECK_GOTO(be->cross_entropy_forward(dev, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
-                                            ignore_index, DT_F32(loss_rows), DT_F32(lse),
-                                            &count),
+                                            ignore_index, DT_F32(loss_rows), DT_F32(lse), &count),
                   fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(loss_rows);
@@ -122,10 +120,10 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
       /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
       DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail);
     else
-      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows,
-                                  reduction == DT_REDUCTION_MEAN ? 1.0f / (float)count : 1.0f,
-                                  DT_F32(y)),
-                    fail);
+      DT_CHECK_GOTO(
+          sum_to_scalar(dev, DT_F32(loss_rows), rows,
+                        reduction == DT_REDUCTION_MEAN ? 1.0f / (float)count : 1.0f, DT_F32(y)),
+          fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), fail);
   if (node) {
@@ -193,9 +191,9 @@ static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) 
       DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), fail);
     } else {
       float coef = red == DT_REDUCTION_SUM ? 2.0f : 2.0f / (float)n;
-      DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32,
-                                    dev, &gb),
-                    fail);
+      DT_CHECK_GOTO(
+          dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32, dev, &gb),
+          fail);
       DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), fail);
       DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), fail);
     }
@@ -249,10 +247,10 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
     if (reduction == DT_REDUCTION_MEAN && n == 0)
       DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail); /* PyTorch: mean of nothing */
     else
-      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(sq), n,
-                                  reduction == DT_REDUCTION_MEAN ? 1.0f / (float)n : 1.0f,
-                                  DT_F32(y)),
-                    fail);
+      DT_CHECK_GOTO(
+          sum_to_scalar(dev, DT_F32(sq), n, reduction == DT_REDUCTION_MEAN ? 1.0f / (float)n : 1.0f,
+                        DT_F32(y)),
+          fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), fail);
   if (node) {

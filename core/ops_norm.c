@@ -48,8 +48,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
             *invstd = node->saved[3];
   int64_t n = node->ints[0], c = node->ints[1], hw = node->ints[2];
-  int training = (int)node->ints[3], has_gamma = (int)node->ints[4],
-      has_beta = (int)node->ints[5];
+  int training = (int)node->ints[3], has_gamma = (int)node->ints[4], has_beta = (int)node->ints[5];
   dt_device dev = dt_tensor_device(gy);
   const dt_backend_ops *be = dt_tensor_backend(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
@@ -60,10 +59,10 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(be->batchnorm_backward(dev, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
-                                         DT_F32(invstd), DT_F32(dx), DT_F32(dgamma),
-                                         DT_F32(dbeta), n, c, hw),
-                  fail);
+    DT_CHECK_GOTO(
+        be->batchnorm_backward(dev, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
+                               DT_F32(invstd), DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw),
+        fail);
   else
     DT_CHECK_GOTO(be->fill(dev, DT_F32(dgamma), 0.0f, c), fail);
   if (!training && n * hw > 0 && c > 0) {
@@ -102,8 +101,8 @@ fail:
 
 /* Eval mode, recording: snapshot of the running mean and 1/sqrt(var + eps)
  * (computed on the host; the stats are C floats). */
-static dt_status running_stats_snapshot(dt_tensor *rm, dt_tensor *rv, float eps,
-                                        dt_tensor **mean, dt_tensor **invstd) {
+static dt_status running_stats_snapshot(dt_tensor *rm, dt_tensor *rv, float eps, dt_tensor **mean,
+                                        dt_tensor **invstd) {
   int64_t c = dt_tensor_numel(rv);
   dt_device dev = dt_tensor_device(rv);
   float *host = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
@@ -168,8 +167,8 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
 
   dt_device dev = dt_tensor_device(x);
   const dt_backend_ops *be = dt_tensor_backend(x);
-  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL,
-            *rm = NULL, *rv = NULL;
+  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL, *rm = NULL,
+            *rv = NULL;
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
@@ -188,8 +187,8 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
     DT_CHECK_GOTO(be->batchnorm_forward(dev, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
-                                        DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd), n,
-                                        c, hw, training, momentum, eps),
+                                        DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd), n, c,
+                                        hw, training, momentum, eps),
                   fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), fail);
@@ -285,10 +284,10 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), fail);
   /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(x)->layernorm_forward(dev, DT_F32(xc), DT_F32(gc), DT_F32(bc),
-                                                          DT_F32(y), DT_F32(mean), DT_F32(rstd),
-                                                          rows, cols, eps),
-                  fail);
+    DT_CHECK_GOTO(
+        dt_tensor_backend(x)->layernorm_forward(dev, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
+                                                DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+        fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), fail);
   if (node) {
     dt_node_save(node, 0, xc);

@@ -93,33 +93,40 @@ dt_status dt_op_mean(dt_tensor *x, const int *dims, int ndims, int keepdim, dt_t
 /* ---- concat ---- */
 
 /* ints: 0 dim, 1.. size of each input along dim */
-static dt_status concat_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in) {
   int dim = (int)node->ints[0];
+  int nd = dt_tensor_ndim(node->inputs[0]);
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, dt_tensor_shape(node->inputs[0]), (size_t)nd * sizeof(int64_t));
+  oshape[dim] = 0;
+  for (int i = 0; i < node->n_inputs; ++i)
+    oshape[dim] += node->ints[1 + i];
+  dt_tensor *g = NULL;
+  DT_CHECK(dt_ops_grad_as_shape(grad_out, oshape, nd, &g));
   const int64_t *gstrides = dt_tensor_strides(g);
   const dt_backend_ops *be = dt_tensor_backend(g);
+  dt_status st = DT_OK;
   int64_t start = 0;
-  for (int i = 0; i < node->n_inputs; ++i) {
+  for (int i = 0; st == DT_OK && i < node->n_inputs; ++i) {
     dt_tensor *x = node->inputs[i];
     int64_t len = node->ints[1 + i];
     if (node->needs_grad[i]) {
       dt_tensor *dx = NULL;
-      DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32,
-                               dt_tensor_device(g), &dx));
+      st = dt_tensor_empty(dt_tensor_shape(x), nd, DT_DTYPE_F32, dt_tensor_device(g), &dx);
       /* dx = g[..., start:start+len, ...] along dim */
-      if (dt_tensor_numel(dx) > 0) {
-        dt_status st = be->copy_strided(dt_tensor_device(g), DT_F32(dx), dt_tensor_strides(dx),
-                                        DT_F32(g) + start * gstrides[dim], gstrides,
-                                        dt_tensor_shape(x), dt_tensor_ndim(x), sizeof(float));
-        if (st != DT_OK) {
-          dt_tensor_release(dx);
-          return st;
-        }
-      }
-      grad_in[i] = dx;
+      if (st == DT_OK && dt_tensor_numel(dx) > 0)
+        st = be->copy_strided(dt_tensor_device(g), DT_F32(dx), dt_tensor_strides(dx),
+                              DT_F32(g) + start * gstrides[dim], gstrides, dt_tensor_shape(x), nd,
+                              sizeof(float));
+      if (st == DT_OK)
+        grad_in[i] = dx;
+      else
+        dt_tensor_release(dx);
     }
     start += len;
   }
-  return DT_OK;
+  dt_tensor_release(g);
+  return st;
 }
 
 /* Concatenates n (<= DT_NODE_MAX_INPUTS when recording) checked tensors. */
@@ -144,10 +151,11 @@ static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int 
   for (int i = 0; i < n; ++i) {
     /* y[..., start:start+len, ...] = xs[i] (any layout) */
     if (dt_tensor_numel(xs[i]) > 0)
-      DT_CHECK_GOTO(be->copy_strided(dev, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es,
-                                     ostrides, dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]),
-                                     dt_tensor_shape(xs[i]), nd, es),
-                    fail);
+      DT_CHECK_GOTO(
+          be->copy_strided(dev, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es,
+                           ostrides, dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]),
+                           dt_tensor_shape(xs[i]), nd, es),
+          fail);
     start += dt_tensor_shape(xs[i])[dim];
   }
   if (n <= DT_NODE_MAX_INPUTS)
@@ -215,8 +223,8 @@ dt_status dt_op_concat(dt_tensor *const *xs, int n, int dim, dt_tensor **out) {
       return DT_ERROR(DT_ERR_SHAPE,
                       "%s: tensor %d %s does not match tensor 0 %s: all dims but %d must be "
                       "equal",
-                      op, i, dt_shape_format(dt_tensor_shape(xs[i]), dt_tensor_ndim(xs[i]), bi,
-                                             sizeof bi),
+                      op, i,
+                      dt_shape_format(dt_tensor_shape(xs[i]), dt_tensor_ndim(xs[i]), bi, sizeof bi),
                       dt_shape_format(dt_tensor_shape(xs[0]), nd, b0, sizeof b0), d);
   }
   if (dt_autograd_should_record(xs, n) && dt_tensor_dtype(xs[0]) != DT_DTYPE_F32)
@@ -276,9 +284,9 @@ dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
     }
     idx[r] = best;
   }
-  DT_CHECK_GOTO(dt_tensor_from_host(idx, dt_tensor_shape(x), nd - 1, DT_DTYPE_I64,
-                                    dt_tensor_device(x), out),
-                done);
+  DT_CHECK_GOTO(
+      dt_tensor_from_host(idx, dt_tensor_shape(x), nd - 1, DT_DTYPE_I64, dt_tensor_device(x), out),
+      done);
 done:
   free(idx);
   free(host);

@@ -6,8 +6,8 @@ static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_
   dt_tensor *y = node->saved[0];
   int64_t cols = node->ints[1], n = dt_tensor_numel(y);
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(y), dt_tensor_ndim(y), DT_DTYPE_F32,
-                           dt_tensor_device(y), &dx));
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(y), dt_tensor_ndim(y), DT_DTYPE_F32, dt_tensor_device(y),
+                           &dx));
   if (n > 0) {
     dt_status st = dt_tensor_backend(y)->softmax_backward(
         dt_tensor_device(y), DT_F32(y), DT_F32(g), DT_F32(dx), n / cols, cols, (int)node->ints[0]);

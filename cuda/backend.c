@@ -5,6 +5,7 @@
  * no usable GPU the count is 0, so dt_backend_get() reports that no CUDA
  * GPU is visible and dt_cuda_probe() says why. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda.h"

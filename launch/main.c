@@ -118,7 +118,7 @@ static int cli_train(int argc, char **argv) {
           "usage: dtrain train [flags]\n\n"
           "Trains a model, evaluates it on the test split after every epoch and ends with\n"
           "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
-          "epoch, SGD with momentum, on the CPU.\n\nflags:\n");
+          "epoch, SGD with momentum and a cosine learning-rate decay, on the CPU.\n\nflags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
     case DT_FLAGS_ERROR: return 2;

@@ -23,7 +23,7 @@ dt_train_config dt_train_config_default(void) {
   c.data_dir = "data";
   c.device = "cpu";
   c.optimizer = "sgd";
-  c.schedule = "constant";
+  c.schedule = "cosine";
   c.epochs = 1;
   c.batch = 64;
   c.lr = 0.05f;

@@ -59,8 +59,8 @@ typedef struct dt_train_config {
   int eval_batch;   /* batch size for evaluation */
 } dt_train_config;
 
-/* lenet on fashion-mnist under "data", cpu, sgd, constant schedule, 1 epoch,
- * batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
+/* lenet on fashion-mnist under "data", cpu, sgd, cosine schedule (to 0 over the run),
+ * 1 epoch, batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
  * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000. */
 dt_train_config dt_train_config_default(void);
 

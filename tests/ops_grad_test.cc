@@ -78,8 +78,8 @@ void CheckBinary(dt_status (*op)(dt_tensor *, dt_tensor *, dt_tensor **)) {
     dt_tensor *a = ts.add(RandomTensor(c.a, seed++, true));
     dt_tensor *b = ts.add(RandomTensor(c.b, seed++, true));
     OpFn fn = [op](const In &x, dt_tensor **out) { return op(x[0], x[1], out); };
-    EXPECT_TRUE(GradCheck(fn, {a, b})) << "a " << ::testing::PrintToString(c.a) << " b "
-                                       << ::testing::PrintToString(c.b);
+    EXPECT_TRUE(GradCheck(fn, {a, b}))
+        << "a " << ::testing::PrintToString(c.a) << " b " << ::testing::PrintToString(c.b);
   }
 }
 
@@ -197,9 +197,7 @@ TEST(OpsGrad, Linear) {
   dt_tensor *x = ts.add(RandomTensor({4, 3}, 30, true));
   dt_tensor *w = ts.add(RandomTensor({5, 3}, 31, true));
   dt_tensor *b = ts.add(RandomTensor({5}, 32, true));
-  OpFn with_bias = [](const In &v, dt_tensor **out) {
-    return dt_op_linear(v[0], v[1], v[2], out);
-  };
+  OpFn with_bias = [](const In &v, dt_tensor **out) { return dt_op_linear(v[0], v[1], v[2], out); };
   OpFn no_bias = [](const In &v, dt_tensor **out) {
     return dt_op_linear(v[0], v[1], nullptr, out);
   };
@@ -284,7 +282,7 @@ TEST(OpsGrad, Conv2d) {
       {{2, 3, 6, 5}, {4, 3, 3, 3}, 2, 1, true},   // stride 2 + padding
       {{2, 2, 5, 6}, {3, 2, 2, 3}, 1, 1, false},  // rectangular kernel, no bias
       {{1, 2, 7, 7}, {2, 2, 3, 3}, 3, 2, true},
-      {{2, 4, 3, 3}, {3, 4, 1, 1}, 1, 0, true},   // 1x1
+      {{2, 4, 3, 3}, {3, 4, 1, 1}, 1, 0, true},  // 1x1
   };
   uint64_t seed = 41;
   for (const ConvCase &c : cases) {
@@ -299,9 +297,9 @@ TEST(OpsGrad, Conv2d) {
     In inputs = {x, w};
     if (b)
       inputs.push_back(b);
-    EXPECT_TRUE(GradCheck(fn, inputs)) << "x " << ::testing::PrintToString(c.x) << " w "
-                                       << ::testing::PrintToString(c.w) << " stride "
-                                       << stride << " padding " << padding;
+    EXPECT_TRUE(GradCheck(fn, inputs))
+        << "x " << ::testing::PrintToString(c.x) << " w " << ::testing::PrintToString(c.w)
+        << " stride " << stride << " padding " << padding;
   }
 }
 
@@ -437,8 +435,8 @@ struct ReduceCase {
 };
 
 const ReduceCase kReduceCases[] = {
-    {{2, 3, 4}, {}, 0},         // all dims -> scalar
-    {{2, 3, 4}, {}, 1},         // all dims, keepdim -> (1, 1, 1)
+    {{2, 3, 4}, {}, 0},  // all dims -> scalar
+    {{2, 3, 4}, {}, 1},  // all dims, keepdim -> (1, 1, 1)
     {{2, 3, 4}, {0}, 0},
     {{2, 3, 4}, {-1}, 1},
     {{2, 3, 4}, {1, 2}, 1},     // adjacent dims

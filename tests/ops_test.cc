@@ -1,6 +1,8 @@
 // Ops: forward values against hand-computed references, argument errors
 // (device, shape, dtype), no_grad, views, dtype round trips and
 // grad-ready hooks across several ops. Gradients: ops_grad_test.cc.
+#include "core/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "core/autograd.h"
-#include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/test_util.h"
@@ -88,8 +89,7 @@ TEST(OpsForward, Activations) {
   ts.add(y);
   V want;
   for (float v : {-2.0f, -0.5f, 0.0f, 1.5f})
-    want.push_back(0.5f * v *
-                   (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))));
+    want.push_back(0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v))));
   ExpectNear(ToVector(y), want);
 }
 
@@ -131,8 +131,8 @@ TEST(OpsForward, SoftmaxAndLogSoftmax) {
   ASSERT_EQ(dt_op_log_softmax(x, 1, &y), DT_OK);
   ts.add(y);
   float l3 = std::log(3.0f);
-  ExpectNear(ToVector(y), {std::log(0.0900306f), std::log(0.2447285f), std::log(0.6652410f), -l3,
-                           -l3, -l3});
+  ExpectNear(ToVector(y),
+             {std::log(0.0900306f), std::log(0.2447285f), std::log(0.6652410f), -l3, -l3, -l3});
 }
 
 TEST(OpsForward, CrossEntropy) {
@@ -187,8 +187,7 @@ TEST(OpsForward, CrossEntropyRejectsOutOfRangeTarget) {
   dt_tensor *logits = ts.add(RandomTensor({2, 3}, 6));
   dt_tensor *target = ts.add(MakeIndexTensor({0, 3}, {2}));
   dt_tensor *y = nullptr;
-  EXPECT_EQ(dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, -100, &y),
-            DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, -100, &y), DT_ERR_INVALID_ARG);
   EXPECT_EQ(y, nullptr);
 }
 
@@ -254,15 +253,505 @@ TEST(OpsForward, LayerNorm) {
   dt_tensor *g = ts.add(MakeTensor({1, 1, 2, 2}, {4}));
   dt_tensor *b = ts.add(MakeTensor({0, 1, 0, 1}, {4}));
   dt_tensor *y = nullptr;
-  ASSERT_EQ(dt_op_layer_norm(x, g, b, 0.0f, &y), DT_OK);
+  ASSERT_EQ(dt_op_layer_norm(x, g, b, 1e-5f, &y), DT_OK);
   ts.add(y);
-  float s = 1 / std::sqrt(1.25f);
-  ExpectNear(ToVector(y), {-1.5f * s, -0.5f * s + 1, 2 * 0.5f * s, 2 * 1.5f * s + 1, NAN, NAN,
-                           NAN, NAN}
-                              .size() == 8
-                              ? V{-1.5f * s, -0.5f * s + 1, 2 * 0.5f * s, 2 * 1.5f * s + 1}
-                              : V{},
-             1e-5f);
+  float s = 1 / std::sqrt(1.25f + 1e-5f);
+  // a constant row normalises to 0, leaving beta
+  ExpectNear(ToVector(y), {-1.5f * s, -0.5f * s + 1, 2 * 0.5f * s, 2 * 1.5f * s + 1, 0, 1, 0, 1});
+}
+
+TEST(OpsForward, BatchNormEvalUsesRunningStats) {
+  Tensors ts;
+  dt_tensor *x = ts.add(MakeTensor({1, 2, 3, 4}, {2, 2}));  // (N, C)
+  dt_tensor *rm = ts.add(MakeTensor({1, 2}, {2}));
+  dt_tensor *rv = ts.add(MakeTensor({4, 1}, {2}));
+  dt_tensor *g = ts.add(MakeTensor({2, 1}, {2}));
+  dt_tensor *b = ts.add(MakeTensor({0, 1}, {2}));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_batch_norm2d(x, g, b, rm, rv, 0, 0.1f, 0.0f, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  ExpectNear(ToVector(y), {0, 1, 2, 3});
+  ExpectNear(ToVector(rm), {1, 2});  // untouched in eval mode
+  ExpectNear(ToVector(rv), {4, 1});
+}
+
+TEST(OpsForward, BatchNormTrainingUpdatesRunningStats) {
+  Tensors ts;
+  dt_tensor *x = ts.add(MakeTensor({1, 2, 3, 4}, {4, 1, 1, 1}));
+  dt_tensor *rm = ts.add(MakeTensor({0}, {1}));
+  dt_tensor *rv = ts.add(MakeTensor({1}, {1}));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_batch_norm2d(x, nullptr, nullptr, rm, rv, 1, 0.1f, 0.0f, &y), DT_OK)
+      << dt_last_error();
+  ts.add(y);
+  float s = 1 / std::sqrt(1.25f);  // biased variance normalises
+  ExpectNear(ToVector(y), {-1.5f * s, -0.5f * s, 0.5f * s, 1.5f * s});
+  ExpectNear(ToVector(rm), {0.25f});
+  ExpectNear(ToVector(rv), {0.9f + 0.1f * 5.0f / 3.0f});  // unbiased variance is tracked
+  // one value per channel cannot estimate a variance
+  dt_tensor *one = ts.add(MakeTensor({1, 2}, {1, 2}));
+  EXPECT_EQ(dt_op_batch_norm2d(one, nullptr, nullptr, nullptr, nullptr, 1, 0.1f, 1e-5f, &y),
+            DT_ERR_SHAPE);
+}
+
+TEST(OpsForward, Embedding) {
+  Tensors ts;
+  dt_tensor *table = ts.add(MakeTensor({0, 1, 10, 11, 20, 21}, {3, 2}));
+  dt_tensor *idx = ts.add(MakeIndexTensor({2, 0, 2, 1}, {2, 2}, DT_DTYPE_I32));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_embedding(idx, table, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{2, 2, 2}));
+  ExpectNear(ToVector(y), {20, 21, 0, 1, 20, 21, 10, 11});
+  dt_tensor *bad = ts.add(MakeIndexTensor({3}, {1}));
+  EXPECT_EQ(dt_op_embedding(bad, table, &y), DT_ERR_INVALID_ARG);
+}
+
+TEST(OpsForward, Dropout) {
+  Tensors ts;
+  const int n = 4000;
+  dt_tensor *x = ts.add(MakeTensor(V(n, 1.0f), {n}));
+  dt_generator gen;
+  dt_generator_init(&gen, 42);
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_dropout(x, 0.25f, 1, &gen, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  EXPECT_EQ(gen.offset, (uint64_t)n);  // the generator advanced by numel
+  V v = ToVector(y);
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    bool keep = dt_rng_uniform(42, (uint64_t)i) >= 0.25f;  // the documented mask
+    EXPECT_FLOAT_EQ(v[i], keep ? 1.0f / 0.75f : 0.0f) << i;
+    kept += keep;
+  }
+  EXPECT_NEAR(kept / (double)n, 0.75, 0.03);
+  // the next call draws fresh counters: a different mask
+  dt_tensor *y2 = nullptr;
+  ASSERT_EQ(dt_op_dropout(x, 0.25f, 1, &gen, &y2), DT_OK);
+  ts.add(y2);
+  EXPECT_NE(ToVector(y2), v);
+  // eval mode and p = 0 return x itself
+  dt_tensor *same = nullptr;
+  ASSERT_EQ(dt_op_dropout(x, 0.25f, 0, &gen, &same), DT_OK);
+  ts.add(same);
+  EXPECT_EQ(same, x);
+  ASSERT_EQ(dt_op_dropout(x, 0.0f, 1, &gen, &same), DT_OK);
+  ts.add(same);
+  EXPECT_EQ(same, x);
+  EXPECT_EQ(dt_op_dropout(x, 1.5f, 1, &gen, &same), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_op_dropout(x, 0.5f, 1, nullptr, &same), DT_ERR_INVALID_ARG);
+}
+
+TEST(OpsForward, SumAndMeanShapes) {
+  Tensors ts;
+  V v(24);
+  for (int i = 0; i < 24; ++i)
+    v[i] = (float)i;
+  dt_tensor *x = ts.add(MakeTensor(v, {2, 3, 4}));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_sum(x, nullptr, 0, 0, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(dt_tensor_ndim(y), 0);
+  ExpectNear(ToVector(y), {276});
+  int d02[] = {0, 2};
+  ASSERT_EQ(dt_op_sum(x, d02, 2, 1, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{1, 3, 1}));
+  // sum over i0, i2 of 12*i0 + 4*i1 + i2 = 2*(0+1+2+3) + 12*4 + 8*4*i1
+  ExpectNear(ToVector(y), {60, 92, 124});
+  int dlast[] = {-1};
+  ASSERT_EQ(dt_op_mean(x, dlast, 1, 0, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{2, 3}));
+  ExpectNear(ToVector(y), {1.5f, 5.5f, 9.5f, 13.5f, 17.5f, 21.5f});
+  int d1[] = {1};
+  ASSERT_EQ(dt_op_mean(x, d1, 1, 1, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{2, 1, 4}));
+  ExpectNear(ToVector(y), {4, 5, 6, 7, 16, 17, 18, 19});
+  int dup[] = {1, -2};
+  EXPECT_EQ(dt_op_sum(x, dup, 2, 0, &y), DT_ERR_INVALID_ARG);
+  int out_of_range[] = {3};
+  EXPECT_EQ(dt_op_sum(x, out_of_range, 1, 0, &y), DT_ERR_INVALID_ARG);
+}
+
+TEST(OpsForward, ConcatAndFlatten) {
+  Tensors ts;
+  dt_tensor *a = ts.add(MakeTensor({1, 2, 3, 4}, {2, 2}));
+  dt_tensor *b = ts.add(MakeTensor({5, 6}, {1, 2}));
+  dt_tensor *c = ts.add(MakeTensor({7, 8}, {2, 1}));
+  dt_tensor *y = nullptr;
+  dt_tensor *ab[] = {a, b};
+  ASSERT_EQ(dt_op_concat(ab, 2, 0, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{3, 2}));
+  ExpectNear(ToVector(y), {1, 2, 3, 4, 5, 6});
+  dt_tensor *ac[] = {a, c, a};
+  ASSERT_EQ(dt_op_concat(ac, 3, 1, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{2, 5}));
+  ExpectNear(ToVector(y), {1, 2, 7, 1, 2, 3, 4, 8, 3, 4});
+  // a transposed (non-contiguous) input is copied by its strides
+  dt_tensor *at = nullptr;
+  ASSERT_EQ(dt_tensor_transpose(a, 0, 1, &at), DT_OK);
+  ts.add(at);
+  dt_tensor *tb[] = {at, b};
+  ASSERT_EQ(dt_op_concat(tb, 2, 0, &y), DT_OK);
+  ts.add(y);
+  ExpectNear(ToVector(y), {1, 3, 2, 4, 5, 6});
+  dt_tensor *bad[] = {a, c};
+  EXPECT_EQ(dt_op_concat(bad, 2, 0, &y), DT_ERR_SHAPE);
+
+  dt_tensor *x4 = ts.add(RandomTensor({2, 3, 2, 2}, 3));
+  ASSERT_EQ(dt_op_flatten(x4, &y), DT_OK);
+  ts.add(y);
+  EXPECT_EQ(Shape(y), (S{2, 12}));
+  EXPECT_TRUE(dt_tensor_shares_storage(y, x4));
+  EXPECT_EQ(ToVector(y), ToVector(x4));
+}
+
+TEST(OpsForward, Argmax) {
+  Tensors ts;
+  dt_tensor *x = ts.add(MakeTensor({1, 3, 3, -1, -5, -0.5f, 0, NAN, 9}, {3, 3}));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_argmax(x, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  EXPECT_EQ(dt_tensor_dtype(y), DT_DTYPE_I64);
+  EXPECT_EQ(Shape(y), (S{3}));
+  // first maximum wins ties; NaN is the maximum (as PyTorch)
+  EXPECT_EQ(dtt::ToIndexVector(y), (std::vector<int64_t>{1, 2, 1}));
+}
+
+// ---- argument errors ----
+
+TEST(OpsErrors, DeviceMismatchNamesOpAndDevices) {
+  Tensors ts;
+  dt_device cpu1 = {DT_DEVICE_CPU, 1};
+  dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  dt_tensor *b = ts.add(RandomTensor({2, 3}, 2, false, -1, 1, cpu1));
+  ASSERT_NE(b, nullptr);
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_add(a, b, &y), DT_ERR_DEVICE_MISMATCH);
+  EXPECT_EQ(y, nullptr);
+  std::string msg = dt_last_error();
+  EXPECT_NE(msg.find("dt_op_add"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cpu:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cpu:1"), std::string::npos) << msg;
+
+  dt_tensor *w = ts.add(RandomTensor({4, 3}, 3, false, -1, 1, cpu1));
+  EXPECT_EQ(dt_op_linear(a, w, nullptr, &y), DT_ERR_DEVICE_MISMATCH);
+  EXPECT_NE(std::string(dt_last_error()).find("dt_op_linear"), std::string::npos);
+  dt_tensor *t = ts.add(MakeIndexTensor({0, 1}, {2}, DT_DTYPE_I64, cpu1));
+  EXPECT_EQ(dt_op_cross_entropy(a, t, DT_REDUCTION_MEAN, -100, &y), DT_ERR_DEVICE_MISMATCH);
+  EXPECT_NE(std::string(dt_last_error()).find("dt_op_cross_entropy"), std::string::npos);
+  dt_tensor *ab[] = {a, b};
+  EXPECT_EQ(dt_op_concat(ab, 2, 0, &y), DT_ERR_DEVICE_MISMATCH);
+  // the same op on one device works
+  EXPECT_EQ(dt_op_mul(b, b, &y), DT_OK);
+  ts.add(y);
+  EXPECT_TRUE(dt_device_equal(dt_tensor_device(y), cpu1));
+}
+
+TEST(OpsErrors, ShapeErrors) {
+  Tensors ts;
+  dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  dt_tensor *b = ts.add(RandomTensor({4}, 2));
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_add(a, b, &y), DT_ERR_SHAPE);
+  std::string msg = dt_last_error();
+  EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4]"), std::string::npos) << msg;
+  EXPECT_EQ(dt_op_matmul(a, a, &y), DT_ERR_SHAPE);
+  dt_tensor *w = ts.add(RandomTensor({5, 4}, 3));
+  EXPECT_EQ(dt_op_linear(a, w, nullptr, &y), DT_ERR_SHAPE);
+  dt_tensor *w3 = ts.add(RandomTensor({5, 3}, 4));
+  EXPECT_EQ(dt_op_linear(a, w3, b, &y), DT_ERR_SHAPE);  // bias (4) for 5 outputs
+  dt_tensor *b3a = ts.add(RandomTensor({2, 3, 4}, 5)), *b3b = ts.add(RandomTensor({3, 4, 2}, 6));
+  EXPECT_EQ(dt_op_matmul(b3a, b3b, &y), DT_ERR_SHAPE);  // batch sizes differ
+  dt_tensor *x4 = ts.add(RandomTensor({1, 2, 5, 5}, 7));
+  dt_tensor *k = ts.add(RandomTensor({3, 4, 3, 3}, 8));
+  EXPECT_EQ(dt_op_conv2d(x4, k, nullptr, 1, 0, &y), DT_ERR_SHAPE);  // 2 vs 4 channels
+  dt_tensor *k7 = ts.add(RandomTensor({3, 2, 7, 7}, 9));
+  EXPECT_EQ(dt_op_conv2d(x4, k7, nullptr, 1, 0, &y), DT_ERR_SHAPE);  // kernel > input
+  EXPECT_EQ(dt_op_conv2d(a, k, nullptr, 1, 0, &y), DT_ERR_SHAPE);    // not 4-D
+  EXPECT_EQ(dt_op_max_pool2d(x4, 2, 0, 0, &y), DT_ERR_INVALID_ARG);  // stride 0
+  EXPECT_EQ(dt_op_mse(a, b, DT_REDUCTION_MEAN, &y), DT_ERR_SHAPE);
+  dt_tensor *t = ts.add(MakeIndexTensor({0, 1, 2}, {3}));
+  EXPECT_EQ(dt_op_cross_entropy(a, t, DT_REDUCTION_MEAN, -100, &y), DT_ERR_SHAPE);
+  dt_tensor *g = ts.add(RandomTensor({4}, 10));
+  EXPECT_EQ(dt_op_layer_norm(a, g, nullptr, 1e-5f, &y), DT_ERR_SHAPE);
+  EXPECT_EQ(dt_op_batch_norm2d(x4, g, nullptr, nullptr, nullptr, 1, 0.1f, 1e-5f, &y), DT_ERR_SHAPE);
+  EXPECT_EQ(y, nullptr);
+}
+
+TEST(OpsErrors, SoftmaxOnlyOverTheLastDim) {
+  Tensors ts;
+  dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_softmax(a, 0, &y), DT_ERR_UNSUPPORTED);
+  EXPECT_EQ(dt_op_log_softmax(a, 2, &y), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_op_softmax(a, 1, &y), DT_OK);
+  ts.add(y);
+}
+
+TEST(OpsErrors, HalfPrecisionInputsAreRejected) {
+  Tensors ts;
+  dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  for (dt_dtype dt : {DT_DTYPE_F16, DT_DTYPE_BF16}) {
+    dt_tensor *h = nullptr;
+    ASSERT_EQ(dt_tensor_to_dtype(a, dt, &h), DT_OK) << dt_last_error();
+    ts.add(h);
+    dt_tensor *y = nullptr;
+    EXPECT_EQ(dt_op_add(a, h, &y), DT_ERR_DTYPE);
+    EXPECT_NE(std::string(dt_last_error()).find("dt_op_add"), std::string::npos);
+    EXPECT_EQ(dt_op_relu(h, &y), DT_ERR_DTYPE);
+    EXPECT_EQ(dt_op_softmax(h, -1, &y), DT_ERR_DTYPE);
+    dt_tensor *w = ts.add(RandomTensor({4, 3}, 2));
+    EXPECT_EQ(dt_op_linear(h, w, nullptr, &y), DT_ERR_DTYPE);
+    EXPECT_EQ(dt_op_sum(h, nullptr, 0, 0, &y), DT_ERR_DTYPE);
+    EXPECT_EQ(y, nullptr);
+  }
+  // class ids must be integers
+  dt_tensor *ft = ts.add(MakeTensor({0, 1}, {2}));
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_cross_entropy(a, ft, DT_REDUCTION_MEAN, -100, &y), DT_ERR_DTYPE);
+  dt_tensor *table = ts.add(RandomTensor({3, 2}, 3));
+  EXPECT_EQ(dt_op_embedding(ft, table, &y), DT_ERR_DTYPE);
+}
+
+// ---- autograd behaviour of ops ----
+
+TEST(OpsAutograd, NoGradRecordsNothing) {
+  Tensors ts;
+  dt_tensor *x = ts.add(RandomTensor({2, 3}, 1, true));
+  dt_tensor *w = ts.add(RandomTensor({4, 3}, 2, true));
+  dt_tensor *t = ts.add(MakeIndexTensor({0, 3}, {2}));
+  dt_no_grad_begin();
+  EXPECT_FALSE(dt_grad_enabled());
+  dt_tensor *h = nullptr, *a = nullptr, *loss = nullptr;
+  ASSERT_EQ(dt_op_linear(x, w, nullptr, &h), DT_OK);
+  ts.add(h);
+  ASSERT_EQ(dt_op_relu(h, &a), DT_OK);
+  ts.add(a);
+  ASSERT_EQ(dt_op_cross_entropy(a, t, DT_REDUCTION_MEAN, -100, &loss), DT_OK);
+  ts.add(loss);
+  dt_no_grad_end();
+  for (dt_tensor *o : {h, a, loss}) {
+    EXPECT_EQ(dt_tensor_requires_grad(o), 0);
+    EXPECT_TRUE(dt_tensor_is_leaf(o));
+  }
+  EXPECT_EQ(dt_backward(loss, nullptr), DT_ERR_INVALID_ARG);
+  // and with grad mode back on, the same ops record
+  ASSERT_EQ(dt_op_linear(x, w, nullptr, &h), DT_OK);
+  ts.add(h);
+  EXPECT_EQ(dt_tensor_requires_grad(h), 1);
+  EXPECT_FALSE(dt_tensor_is_leaf(h));
+  // inputs that do not require grad record nothing either
+  dt_tensor *c = ts.add(RandomTensor({2, 3}, 3));
+  ASSERT_EQ(dt_op_tanh(c, &a), DT_OK);
+  ts.add(a);
+  EXPECT_EQ(dt_tensor_requires_grad(a), 0);
+}
+
+TEST(OpsAutograd, ViewsShareStorageAndPassGradients) {
+  Tensors ts;
+  dt_tensor *x = ts.add(RandomTensor({4, 6}, 1, true));
+  dt_tensor *v = nullptr;
+  int64_t shape[] = {2, 3, 4};
+  ASSERT_EQ(dt_tensor_reshape(x, shape, 3, &v), DT_OK);
+  ts.add(v);
+  EXPECT_TRUE(dt_tensor_shares_storage(v, x));
+  int perm[] = {2, 0, 1};
+  dt_tensor *p = nullptr;
+  ASSERT_EQ(dt_tensor_permute(v, perm, &p), DT_OK);
+  ts.add(p);
+  EXPECT_TRUE(dt_tensor_shares_storage(p, x));
+  EXPECT_FALSE(dt_tensor_is_contiguous(p));
+  dt_tensor *tr = nullptr;
+  ASSERT_EQ(dt_tensor_transpose(x, 0, 1, &tr), DT_OK);
+  ts.add(tr);
+  EXPECT_TRUE(dt_tensor_shares_storage(tr, x));
+  dt_tensor *sl = nullptr;
+  ASSERT_EQ(dt_tensor_slice(x, 1, 3, &sl), DT_OK);
+  ts.add(sl);
+  EXPECT_TRUE(dt_tensor_shares_storage(sl, x));
+  EXPECT_EQ(Shape(sl), (S{2, 6}));
+
+  // gradients through each view, checked by finite differences
+  OpFn reshape_fn = [](const In &in, dt_tensor **out) {
+    int64_t s[] = {3, 8};
+    dt_tensor *r = nullptr;
+    DT_CHECK(dt_tensor_reshape(in[0], s, 2, &r));
+    dt_status st = dt_op_mul(r, r, out);
+    dt_tensor_release(r);
+    return st;
+  };
+  OpFn permute_fn = [](const In &in, dt_tensor **out) {
+    int64_t s[] = {2, 3, 4};
+    int pm[] = {2, 0, 1};
+    dt_tensor *r = nullptr, *q = nullptr;
+    DT_CHECK(dt_tensor_reshape(in[0], s, 3, &r));
+    dt_status st = dt_tensor_permute(r, pm, &q);
+    if (st == DT_OK)
+      st = dt_op_matmul(q, in[1], out);  // (4, 2, 3) @ (3, 2): non-contiguous a
+    dt_tensor_release(q);
+    dt_tensor_release(r);
+    return st;
+  };
+  OpFn transpose_fn = [](const In &in, dt_tensor **out) {
+    dt_tensor *t = nullptr;
+    DT_CHECK(dt_tensor_transpose(in[0], 0, 1, &t));
+    dt_status st = dt_op_softmax(t, -1, out);
+    dt_tensor_release(t);
+    return st;
+  };
+  OpFn slice_fn = [](const In &in, dt_tensor **out) {
+    dt_tensor *s = nullptr;
+    DT_CHECK(dt_tensor_slice(in[0], 1, 3, &s));
+    dt_status st = dt_op_tanh(s, out);
+    dt_tensor_release(s);
+    return st;
+  };
+  dt_tensor *m = ts.add(RandomTensor({3, 2}, 2, true));
+  EXPECT_TRUE(GradCheck(reshape_fn, {x}));
+  EXPECT_TRUE(GradCheck(permute_fn, {x, m}));
+  EXPECT_TRUE(GradCheck(transpose_fn, {x}));
+  EXPECT_TRUE(GradCheck(slice_fn, {x}));
+  // the rows outside the slice get exactly zero
+  V g = ToVector(dt_tensor_grad(x));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(g[i], 0.0f);
+    EXPECT_EQ(g[18 + i], 0.0f);
+  }
+}
+
+TEST(OpsAutograd, DtypeRoundTrips) {
+  Tensors ts;
+  const float one_plus = 1.0f + std::ldexp(1.0f, -11);  // halfway between two f16 values
+  V v = {0.5f, -2.0f, 65504.0f, one_plus, 1.0f + 3 * std::ldexp(1.0f, -11), std::ldexp(1.0f, -24),
+         1e5f, 0.1f};
+  dt_tensor *x = ts.add(MakeTensor(v, {8}));
+  dt_tensor *h = nullptr, *back = nullptr;
+  ASSERT_EQ(dt_tensor_to_dtype(x, DT_DTYPE_F16, &h), DT_OK);
+  ts.add(h);
+  ASSERT_EQ(dt_tensor_to_dtype(h, DT_DTYPE_F32, &back), DT_OK);
+  ts.add(back);
+  V r = ToVector(back);
+  EXPECT_EQ(r[0], 0.5f);
+  EXPECT_EQ(r[1], -2.0f);
+  EXPECT_EQ(r[2], 65504.0f);                              // largest f16
+  EXPECT_EQ(r[3], 1.0f);                                  // tie rounds to even (down)
+  EXPECT_EQ(r[4], 1.0f + std::ldexp(1.0f, -9));           // tie rounds to even (up)
+  EXPECT_EQ(r[5], std::ldexp(1.0f, -24));                 // smallest subnormal
+  EXPECT_TRUE(std::isinf(r[6]));                          // overflow
+  EXPECT_NEAR(r[7], 0.1f, 0.1f * std::ldexp(1.0f, -11));  // within half an ulp
+
+  V vb = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), 3.0e38f, -0.0f};
+  dt_tensor *xb = ts.add(MakeTensor(vb, {4}));
+  dt_tensor *b16 = nullptr;
+  ASSERT_EQ(dt_tensor_to_dtype(xb, DT_DTYPE_BF16, &b16), DT_OK);
+  ts.add(b16);
+  ASSERT_EQ(dt_tensor_to_dtype(b16, DT_DTYPE_F32, &back), DT_OK);
+  ts.add(back);
+  r = ToVector(back);
+  EXPECT_EQ(r[0], 1.0f);                         // tie to even (down)
+  EXPECT_EQ(r[1], 1.0f + std::ldexp(1.0f, -6));  // tie to even (up)
+  EXPECT_NEAR(r[2], 3.0e38f, 3.0e38f * 1e-2f);   // bf16 keeps f32's range
+  EXPECT_TRUE(std::signbit(r[3]));
+
+  // the conversion is differentiable: d/dx sum(f32(f16(x))) = 1
+  dt_tensor *xg = ts.add(MakeTensor({0.25f, -1.5f, 3.0f}, {3}, true));
+  dt_tensor *hg = nullptr, *bg = nullptr, *s = nullptr;
+  ASSERT_EQ(dt_tensor_to_dtype(xg, DT_DTYPE_F16, &hg), DT_OK);
+  ts.add(hg);
+  ASSERT_EQ(dt_tensor_to_dtype(hg, DT_DTYPE_F32, &bg), DT_OK);
+  ts.add(bg);
+  ASSERT_EQ(dt_op_sum(bg, nullptr, 0, 0, &s), DT_OK);
+  ts.add(s);
+  ASSERT_EQ(dt_backward(s, nullptr), DT_OK) << dt_last_error();
+  ExpectNear(ToVector(dt_tensor_grad(xg)), {1, 1, 1});
+}
+
+// dt_backward accepts a seed with the loss's numel in any shape; the
+// broadcasting ops must still reduce over the right dims.
+TEST(OpsAutograd, FlatSeedGradientThroughBroadcastAndConcat) {
+  Tensors ts;
+  dt_tensor *a = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {2, 3}, true));
+  dt_tensor *b = ts.add(MakeTensor({1, 1, 1}, {3}, true));
+  dt_tensor *y = nullptr;
+  ASSERT_EQ(dt_op_mul(a, b, &y), DT_OK);
+  ts.add(y);
+  dt_tensor *seed = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {6}));
+  ASSERT_EQ(dt_backward(y, seed), DT_OK) << dt_last_error();
+  ExpectNear(ToVector(dt_tensor_grad(a)), {1, 2, 3, 4, 5, 6});
+  ExpectNear(ToVector(dt_tensor_grad(b)), {1 + 4 * 4, 2 * 2 + 5 * 5, 3 * 3 + 6 * 6});
+
+  dt_tensor *c = ts.add(MakeTensor({7, 8}, {2, 1}, true));
+  dt_tensor *ac[] = {a, c};
+  ASSERT_EQ(dt_op_concat(ac, 2, 1, &y), DT_OK);  // (2, 4)
+  ts.add(y);
+  dt_tensor *seed8 = ts.add(MakeTensor({1, 2, 3, 4, 5, 6, 7, 8}, {8}));
+  ASSERT_EQ(dt_backward(y, seed8), DT_OK) << dt_last_error();
+  ExpectNear(ToVector(dt_tensor_grad(c)), {4, 8});
+}
+
+struct HookLog {
+  int calls = 0;
+  unsigned long pass_at_last_call = 0;
+  V grad_at_call;
+};
+
+void RecordHook(dt_tensor *leaf, void *user) {
+  HookLog *log = static_cast<HookLog *>(user);
+  log->calls++;
+  log->pass_at_last_call = dt_backward_pass_count();
+  log->grad_at_call = ToVector(dt_tensor_grad(leaf));
+}
+
+TEST(OpsAutograd, GradReadyHookFiresOncePerLeafAcrossOps) {
+  Tensors ts;
+  dt_tensor *x = ts.add(RandomTensor({3, 4}, 1, true));
+  dt_tensor *w = ts.add(RandomTensor({2, 4}, 2, true));
+  dt_tensor *b = ts.add(RandomTensor({2}, 3, true));
+  HookLog wlog, xlog, blog;
+  dt_hook_handle hw = 0, hx = 0, hb = 0;
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, RecordHook, &wlog, &hw), DT_OK);
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(x, RecordHook, &xlog, &hx), DT_OK);
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(b, RecordHook, &blog, &hb), DT_OK);
+  for (int pass = 1; pass <= 2; ++pass) {
+    // w feeds two linears and a mul; x feeds both linears; b one add
+    dt_tensor *h1 = nullptr, *h2 = nullptr, *s = nullptr, *ww = nullptr, *t = nullptr, *u = nullptr,
+              *loss = nullptr;
+    ASSERT_EQ(dt_op_linear(x, w, b, &h1), DT_OK);
+    ASSERT_EQ(dt_op_linear(x, w, nullptr, &h2), DT_OK);
+    ASSERT_EQ(dt_op_add(h1, h2, &s), DT_OK);
+    ASSERT_EQ(dt_op_mul(w, w, &ww), DT_OK);
+    ASSERT_EQ(dt_op_sum(s, nullptr, 0, 0, &t), DT_OK);
+    ASSERT_EQ(dt_op_sum(ww, nullptr, 0, 0, &u), DT_OK);
+    ASSERT_EQ(dt_op_add(t, u, &loss), DT_OK);
+    unsigned long before = dt_backward_pass_count();
+    ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+    EXPECT_EQ(wlog.calls, pass);
+    EXPECT_EQ(xlog.calls, pass);
+    EXPECT_EQ(blog.calls, pass);
+    // the hook ran during this pass, with the pass's gradient complete
+    EXPECT_EQ(wlog.pass_at_last_call, before);
+    EXPECT_EQ(wlog.grad_at_call, ToVector(dt_tensor_grad(w)));
+    EXPECT_EQ(xlog.grad_at_call, ToVector(dt_tensor_grad(x)));
+    for (dt_tensor *o : {h1, h2, s, ww, t, u, loss})
+      dt_tensor_release(o);
+  }
+  // the gradient accumulated over the two passes: 2 * (2 * colsum(x) + 2w)
+  V xv = ToVector(x), wv = ToVector(w), gw = ToVector(dt_tensor_grad(w));
+  for (int o = 0; o < 2; ++o)
+    for (int i = 0; i < 4; ++i) {
+      float colsum = xv[i] + xv[4 + i] + xv[8 + i];
+      EXPECT_NEAR(gw[o * 4 + i], 2 * (2 * colsum + 2 * wv[o * 4 + i]), 1e-4f);
+    }
+  ExpectNear(ToVector(dt_tensor_grad(b)), {6, 6});
+  EXPECT_EQ(dt_tensor_remove_grad_ready_hook(w, hw), DT_OK);
+  EXPECT_EQ(dt_tensor_remove_grad_ready_hook(x, hx), DT_OK);
+  EXPECT_EQ(dt_tensor_remove_grad_ready_hook(b, hb), DT_OK);
 }
 
 }  // namespace

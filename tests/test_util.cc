@@ -17,6 +17,12 @@ std::vector<float> RandomValues(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+// A shape pointer that is never NULL (an empty vector's data() may be).
+static const int64_t *ShapePtr(const std::vector<int64_t> &shape) {
+  static const int64_t scalar = 1;
+  return shape.empty() ? &scalar : shape.data();
+}
+
 static int64_t Numel(const std::vector<int64_t> &shape) {
   int64_t n = 1;
   for (int64_t d : shape)
@@ -29,7 +35,7 @@ dt_tensor *MakeTensor(const std::vector<float> &values, const std::vector<int64_
   EXPECT_EQ((int64_t)values.size(), Numel(shape)) << "MakeTensor: values do not fill the shape";
   dt_tensor *t = nullptr;
   dt_status st =
-      dt_tensor_from_host(values.data(), shape.data(), (int)shape.size(), DT_DTYPE_F32, dev, &t);
+      dt_tensor_from_host(values.data(), ShapePtr(shape), (int)shape.size(), DT_DTYPE_F32, dev, &t);
   EXPECT_EQ(st, DT_OK) << dt_last_error();
   if (t && requires_grad) {
     EXPECT_EQ(dt_tensor_set_requires_grad(t, 1), DT_OK) << dt_last_error();
@@ -49,9 +55,9 @@ dt_tensor *MakeIndexTensor(const std::vector<int64_t> &values, const std::vector
   dt_status st;
   if (dtype == DT_DTYPE_I32) {
     std::vector<int32_t> v(values.begin(), values.end());
-    st = dt_tensor_from_host(v.data(), shape.data(), (int)shape.size(), dtype, dev, &t);
+    st = dt_tensor_from_host(v.data(), ShapePtr(shape), (int)shape.size(), dtype, dev, &t);
   } else {
-    st = dt_tensor_from_host(values.data(), shape.data(), (int)shape.size(), dtype, dev, &t);
+    st = dt_tensor_from_host(values.data(), ShapePtr(shape), (int)shape.size(), dtype, dev, &t);
   }
   EXPECT_EQ(st, DT_OK) << dt_last_error();
   return t;
@@ -180,14 +186,14 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
       max_err = std::max(max_err, err);
       if (!(err <= tol)) {
         if (n_fail < 8)
-          failures << "\n  input " << k << " element " << i << ": analytic " << a
-                   << ", numeric " << numeric << " (|diff| " << err << " > tol " << tol << ")";
+          failures << "\n  input " << k << " element " << i << ": analytic " << a << ", numeric "
+                   << numeric << " (|diff| " << err << " > tol " << tol << ")";
         n_fail++;
       }
     }
     if (getenv("DT_GRADCHECK_VERBOSE"))
-      fprintf(stderr, "gradcheck input %zu: %zu elements, max |numeric| %.3g, max |diff| %.3g\n",
-              k, n, max_numeric, max_err);
+      fprintf(stderr, "gradcheck input %zu: %zu elements, max |numeric| %.3g, max |diff| %.3g\n", k,
+              n, max_numeric, max_err);
     if (Upload(x, orig) != DT_OK)
       return ::testing::AssertionFailure() << "upload failed: " << dt_last_error();
     if (!opt.allow_zero_grad && n > 0 && max_numeric < 1e-6)
@@ -195,8 +201,8 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
              << "input " << k << ": every numeric gradient is ~0: the check is vacuous";
   }
   if (n_fail > 0)
-    return ::testing::AssertionFailure() << n_fail << " gradient element(s) differ:"
-                                         << failures.str();
+    return ::testing::AssertionFailure()
+           << n_fail << " gradient element(s) differ:" << failures.str();
   return ::testing::AssertionSuccess();
 }
 

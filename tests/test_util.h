@@ -53,7 +53,7 @@ struct GradCheckOptions {
   double eps = 1e-2;   // central-difference step (on the f32 values)
   double atol = 5e-4;  // |analytic - numeric| <= atol + rtol * max(|analytic|, |numeric|)
   double rtol = 5e-3;
-  uint64_t seed = 777; // of the random projection R
+  uint64_t seed = 777;  // of the random projection R
   // Fail when every numeric gradient of an input is ~0 (the check would be
   // vacuous); set for inputs whose gradient really is zero.
   bool allow_zero_grad = false;

@@ -90,7 +90,7 @@ def cuda_library(
         return
 
     cu_srcs = [s for s in srcs if s.endswith(".cu")]
-    other_srcs = [s for s in srcs if not s.endswith(".cu")]
+    other_srcs = [s for s in srcs if not s.endswith(".cu") and not s.endswith(".cuh")]
     local_hdrs = [s for s in srcs if s.endswith(".h") or s.endswith(".cuh")]
     objs = []
     for src in cu_srcs:

@@ -1,0 +1,512 @@
+/* Convolution and batch normalisation through cuDNN 9 (the legacy
+ * cudnnConvolution* / cudnnBatchNormalization* API, still in cuDNN 9).
+ *
+ * Per device, each convolution geometry gets its descriptors and its
+ * algorithms (forward, backward data, backward filter) chosen once and
+ * cached: by cuDNN's heuristics, or by timing every algorithm when
+ * DT_CUDNN_BENCHMARK=1 (PyTorch's cudnn.benchmark). Workspaces come from
+ * the caching allocator. Pooling is in kernels_nn.cu: the backend contract
+ * hands argmax indices between max-pool forward and backward, which cuDNN
+ * pooling does not produce. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+#include "cuda/cuda_internal.h"
+
+#define WORKSPACE_CAP ((size_t)1 << 30) /* largest workspace an algorithm may ask for */
+
+/* ---- geometry ---- */
+
+dt_status dt_cuda_check_geom(const char *op, const dt_conv2d_geom *g, int conv) {
+  if (g->n < 0 || (conv ? g->c <= 0 : g->c < 0) || g->h <= 0 || g->w <= 0 || g->kh <= 0 ||
+      g->kw <= 0 || g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: bad geometry: n=%d c=%d h=%d w=%d oc=%d kernel %dx%d stride %dx%d "
+                    "padding %dx%d",
+                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+  if (!conv && (2 * g->ph > g->kh || 2 * g->pw > g->kw))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "
+                    "kernel/2)",
+                    op, g->ph, g->pw, g->kh, g->kw);
+  int oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
+  int ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
+  if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw || g->oh != oh || g->ow != ow)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
+                    "padding %dx%d: the kernel must fit in the padded input",
+                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+  return DT_OK;
+}
+
+/* ---- the per-device cache of convolution plans ---- */
+
+typedef struct conv_plan {
+  dt_conv2d_geom g;
+  int tf32;
+  cudnnTensorDescriptor_t x, y, bias;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
+  size_t ws_fwd, ws_bwd_data, ws_bwd_filter;
+} conv_plan;
+
+struct dt_cuda_conv_cache {
+  conv_plan **plans;
+  size_t n, cap;
+};
+
+static void plan_destroy(conv_plan *p) {
+  if (!p)
+    return;
+  if (p->x)
+    cudnnDestroyTensorDescriptor(p->x);
+  if (p->y)
+    cudnnDestroyTensorDescriptor(p->y);
+  if (p->bias)
+    cudnnDestroyTensorDescriptor(p->bias);
+  if (p->w)
+    cudnnDestroyFilterDescriptor(p->w);
+  if (p->conv)
+    cudnnDestroyConvolutionDescriptor(p->conv);
+  free(p);
+}
+
+void dt_cuda_conv_cache_destroy(dt_cuda_conv_cache *c) {
+  if (!c)
+    return;
+  for (size_t i = 0; i < c->n; i++)
+    plan_destroy(c->plans[i]);
+  free(c->plans);
+  free(c);
+}
+
+static int benchmark_mode(void) {
+  const char *s = getenv("DT_CUDNN_BENCHMARK");
+  return s && strcmp(s, "1") == 0;
+}
+
+static dt_status no_algorithm(const char *what, const dt_conv2d_geom *g) {
+  return DT_ERROR(DT_ERR_UNSUPPORTED,
+                  "cuDNN has no %s algorithm for conv2d n=%d c=%d h=%d w=%d oc=%d kernel %dx%d "
+                  "stride %dx%d padding %dx%d within a %zu MiB workspace",
+                  what, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                  WORKSPACE_CAP >> 20);
+}
+
+/* Picks the three algorithms: the first usable one of cuDNN's ranking. */
+static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
+  cudnnHandle_t h = ctx->cudnn;
+  int bench = benchmark_mode(), got = 0;
+  {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    if (bench)
+      DT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(
+          h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+    else
+      DT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+          h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+    int i = 0;
+    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+      i++;
+    if (i == got)
+      return no_algorithm("forward", &p->g);
+    p->fwd = perf[i].algo;
+    p->fwd_math = perf[i].mathType;
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
+    DT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->fwd,
+                                                           &p->ws_fwd));
+  }
+  {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    if (bench)
+      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+          h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+    else
+      DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+    int i = 0;
+    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+      i++;
+    if (i == got)
+      return no_algorithm("backward-data", &p->g);
+    p->bwd_data = perf[i].algo;
+    p->bwd_data_math = perf[i].mathType;
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math));
+    DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x,
+                                                                p->bwd_data, &p->ws_bwd_data));
+  }
+  {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    if (bench)
+      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+          h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+    else
+      DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+    int i = 0;
+    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+      i++;
+    if (i == got)
+      return no_algorithm("backward-filter", &p->g);
+    p->bwd_filter = perf[i].algo;
+    p->bwd_filter_math = perf[i].mathType;
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math));
+    DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, p->x, p->y, p->conv, p->w, p->bwd_filter, &p->ws_bwd_filter));
+  }
+  return DT_OK;
+}
+
+static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32,
+                             conv_plan **out) {
+  dt_status st = DT_OK;
+  conv_plan *p = calloc(1, sizeof *p);
+  if (!p)
+    return DT_ERROR(DT_ERR_OOM, "conv2d plan: host malloc failed");
+  p->g = *g;
+  p->tf32 = tf32;
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->x), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->y), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
+                                                 g->c, g->h, g->w),
+                      fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
+                                                 g->oc, g->oh, g->ow),
+                      fail);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g->oc, 1, 1),
+      fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, g->oc,
+                                                 g->c, g->kh, g->kw),
+                      fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetConvolution2dDescriptor(p->conv, g->ph, g->pw, g->sh, g->sw, 1, 1,
+                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                      fail);
+  /* FMA math keeps f32 convolutions exact when TF32 is off. */
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), fail);
+  DT_CHECK_GOTO(plan_choose(ctx, p), fail);
+  if (!tf32) {
+    p->fwd_math = p->bwd_data_math = p->bwd_filter_math = CUDNN_FMA_MATH;
+  }
+  *out = p;
+  return DT_OK;
+fail:
+  plan_destroy(p);
+  return st;
+}
+
+/* The cached plan for g (created on first use). */
+static dt_status plan_get(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, conv_plan **out) {
+  int tf32 = dt_cuda_tf32_enabled();
+  dt_status st = DT_OK;
+  pthread_mutex_lock(&ctx->conv_lock);
+  if (!ctx->conv_cache) {
+    ctx->conv_cache = calloc(1, sizeof *ctx->conv_cache);
+    if (!ctx->conv_cache) {
+      st = DT_ERROR(DT_ERR_OOM, "conv2d plan cache: host malloc failed");
+      goto unlock;
+    }
+  }
+  dt_cuda_conv_cache *c = ctx->conv_cache;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->plans[i]->tf32 == tf32 && memcmp(&c->plans[i]->g, g, sizeof *g) == 0) {
+      *out = c->plans[i];
+      goto unlock;
+    }
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 16;
+    conv_plan **plans = realloc(c->plans, cap * sizeof *plans);
+    if (!plans) {
+      st = DT_ERROR(DT_ERR_OOM, "conv2d plan cache: host realloc failed");
+      goto unlock;
+    }
+    c->plans = plans;
+    c->cap = cap;
+  }
+  conv_plan *p = NULL;
+  st = plan_create(ctx, g, tf32, &p);
+  if (st == DT_OK) {
+    c->plans[c->n++] = p;
+    *out = p;
+  }
+unlock:
+  pthread_mutex_unlock(&ctx->conv_lock);
+  return st;
+}
+
+size_t dt_cuda_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g) {
+  dt_cuda_ctx *ctx = NULL;
+  conv_plan *p = NULL;
+  if (dt_cuda_check_geom("conv2d_workspace", g, 1) != DT_OK || g->n == 0 ||
+      dt_cuda_ctx_get(dev, &ctx) != DT_OK || plan_get(ctx, g, &p) != DT_OK)
+    return 0; /* the kernel call itself reports the error */
+  size_t ws = p->ws_fwd;
+  if (p->ws_bwd_data > ws)
+    ws = p->ws_bwd_data;
+  if (p->ws_bwd_filter > ws)
+    ws = p->ws_bwd_filter;
+  return ws;
+}
+
+/* `given` when the caller passed a workspace, else a temporary one from the
+ * allocator (freed by the caller through *tmp). */
+static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void **ws,
+                               void **tmp) {
+  *tmp = NULL;
+  *ws = given;
+  if (given || bytes == 0)
+    return DT_OK;
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, bytes, tmp));
+  *ws = *tmp;
+  return DT_OK;
+}
+
+// x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow)
+dt_status dt_cuda_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+                                 const float *w, const float *bias, float *y, void *workspace) {
+  DT_CHECK(dt_cuda_check_geom("conv2d_forward", g, 1));
+  if (g->n == 0)
+    return DT_OK;
+  dt_cuda_ctx *ctx = NULL;
+  conv_plan *p = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CHECK(plan_get(ctx, g, &p));
+  void *ws = NULL, *tmp = NULL;
+  DT_CHECK(workspace_get(ctx, workspace, p->ws_fwd, &ws, &tmp));
+  const float one = 1.0f, zero = 0.0f;
+  dt_status st = DT_OK;
+  pthread_mutex_lock(&ctx->conv_lock); /* the descriptor's math type is per direction */
+  DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->fwd_math), unlock);
+  DT_CUDNN_CHECK_GOTO(cudnnConvolutionForward(ctx->cudnn, &one, p->x, x, p->w, w, p->conv, p->fwd,
+                                              ws, p->ws_fwd, &zero, p->y, y),
+                      unlock);
+  if (bias)
+    DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), unlock);
+unlock:
+  pthread_mutex_unlock(&ctx->conv_lock);
+  if (tmp)
+    dt_cuda_scratch_free(ctx, tmp);
+  return st;
+}
+
+// x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten)
+dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+                                  const float *w, const float *dy, float *dx, float *dw,
+                                  float *db, void *workspace) {
+  DT_CHECK(dt_cuda_check_geom("conv2d_backward", g, 1));
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  if (g->n == 0) { /* no samples: the parameter gradients are zero */
+    size_t wbytes = (size_t)g->oc * g->c * g->kh * g->kw * sizeof(float);
+    if (dw)
+      DT_CUDA_CHECK(cudaMemsetAsync(dw, 0, wbytes, dt_cuda_compute_stream(ctx)));
+    if (db)
+      DT_CUDA_CHECK(
+          cudaMemsetAsync(db, 0, (size_t)g->oc * sizeof(float), dt_cuda_compute_stream(ctx)));
+    return DT_OK;
+  }
+  conv_plan *p = NULL;
+  DT_CHECK(plan_get(ctx, g, &p));
+  size_t need = 0;
+  if (dx)
+    need = p->ws_bwd_data;
+  if (dw && p->ws_bwd_filter > need)
+    need = p->ws_bwd_filter;
+  void *ws = NULL, *tmp = NULL;
+  DT_CHECK(workspace_get(ctx, workspace, need, &ws, &tmp));
+  const float one = 1.0f, zero = 0.0f;
+  dt_status st = DT_OK;
+  pthread_mutex_lock(&ctx->conv_lock);
+  if (dx) {
+    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), unlock);
+    DT_CUDNN_CHECK_GOTO(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dy, p->conv,
+                                                     p->bwd_data, ws, p->ws_bwd_data, &zero, p->x,
+                                                     dx),
+                        unlock);
+  }
+  if (dw) {
+    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math), unlock);
+    DT_CUDNN_CHECK_GOTO(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, x, p->y, dy,
+                                                       p->conv, p->bwd_filter, ws,
+                                                       p->ws_bwd_filter, &zero, p->w, dw),
+                        unlock);
+  }
+  if (db)
+    DT_CUDNN_CHECK_GOTO(
+        cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), unlock);
+unlock:
+  pthread_mutex_unlock(&ctx->conv_lock);
+  if (tmp)
+    dt_cuda_scratch_free(ctx, tmp);
+  return st;
+}
+
+/* ---- batch normalisation ---- */
+
+/* Descriptors of x viewed as (n, c, hw, 1) and of the per-channel vectors. */
+typedef struct bn_desc {
+  cudnnTensorDescriptor_t x, bn;
+} bn_desc;
+
+static void bn_desc_destroy(bn_desc *d) {
+  if (d->x)
+    cudnnDestroyTensorDescriptor(d->x);
+  if (d->bn)
+    cudnnDestroyTensorDescriptor(d->bn);
+}
+
+static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
+  memset(d, 0, sizeof *d);
+  if (n > INT32_MAX || c > INT32_MAX || hw > INT32_MAX)
+    return DT_ERROR(DT_ERR_UNSUPPORTED, "batchnorm: size (n %lld, c %lld, hw %lld) over 2^31",
+                    (long long)n, (long long)c, (long long)hw);
+  dt_status st = DT_OK;
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n,
+                                                 (int)c, (int)hw, 1),
+                      fail);
+  DT_CUDNN_CHECK_GOTO(cudnnDeriveBNTensorDescriptor(d->bn, d->x, CUDNN_BATCHNORM_SPATIAL), fail);
+  return DT_OK;
+fail:
+  bn_desc_destroy(d);
+  return st;
+}
+
+/* Per-channel stand-ins for NULL arguments: `count` vectors of c floats,
+ * the first `ones` of them filled with 1, the rest with 0. */
+static dt_status bn_scratch(dt_cuda_ctx *ctx, dt_device dev, int64_t c, int count, int ones,
+                            float **out) {
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(c * count) * sizeof(float), (void **)out));
+  dt_status st = DT_OK;
+  if (ones)
+    st = dt_cuda_fill(dev, *out, 1.0f, c * ones);
+  if (st == DT_OK && count > ones)
+    st = dt_cuda_fill(dev, *out + c * ones, 0.0f, c * (count - ones));
+  if (st != DT_OK)
+    dt_cuda_scratch_free(ctx, *out);
+  return st;
+}
+
+// x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
+dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, const float *gamma,
+                                    const float *beta, float *running_mean, float *running_var,
+                                    float *save_mean, float *save_invstd, int64_t n, int64_t c,
+                                    int64_t hw, int training, float momentum, float eps) {
+  if (n < 0 || c < 0 || hw < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm_forward: negative size (n %lld, c %lld, hw "
+                    "%lld)", (long long)n, (long long)c, (long long)hw);
+  if (training && n * hw <= 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_forward: training needs more than 1 value per channel, got "
+                    "n=%lld x hw=%lld: use a batch larger than 1 or eval mode",
+                    (long long)n, (long long)hw);
+  if (!training && (!running_mean || !running_var))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_forward: eval mode needs running_mean and running_var");
+  if (training && (!running_mean) != (!running_var))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_forward: pass both running_mean and running_var, or neither");
+  if (eps < CUDNN_BN_MIN_EPSILON)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "batchnorm_forward: eps %g is below cuDNN's minimum %g: use eps >= %g",
+                    (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
+  if (n * c * hw == 0)
+    return DT_OK;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  bn_desc d;
+  DT_CHECK(bn_desc_create(n, c, hw, &d));
+  /* scratch: [ones (gamma)] [zeros (beta)] [save_mean] [save_invstd] */
+  float *tmp = NULL;
+  dt_status st = bn_scratch(ctx, dev, c, 4, 1, &tmp);
+  if (st != DT_OK) {
+    bn_desc_destroy(&d);
+    return st;
+  }
+  const float *g = gamma ? gamma : tmp;
+  const float *b = beta ? beta : tmp + c;
+  const float one = 1.0f, zero = 0.0f;
+  if (training) {
+    float *sm = save_mean ? save_mean : tmp + 2 * c;
+    float *si = save_invstd ? save_invstd : tmp + 3 * c;
+    DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardTraining(
+                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y,
+                            d.bn, g, b, (double)momentum, running_mean, running_var,
+                            (double)eps, sm, si),
+                        done);
+  } else {
+    DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardInference(
+                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y,
+                            d.bn, g, b, running_mean, running_var, (double)eps),
+                        done);
+    /* As the CPU: a backward through eval mode uses the running stats. */
+    st = dt_cuda_bn_eval_stats(ctx, running_mean, running_var, save_mean, save_invstd, c, eps);
+  }
+done:
+  dt_cuda_scratch_free(ctx, tmp);
+  bn_desc_destroy(&d);
+  return st;
+}
+
+// x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma, dbeta (c), overwritten
+dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float *dy,
+                                     const float *gamma, const float *save_mean,
+                                     const float *save_invstd, float *dx, float *dgamma,
+                                     float *dbeta, int64_t n, int64_t c, int64_t hw) {
+  if (n < 0 || c < 0 || hw < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm_backward: negative size (n %lld, c %lld, hw "
+                    "%lld)", (long long)n, (long long)c, (long long)hw);
+  if (!save_mean || !save_invstd)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_backward: needs save_mean and save_invstd from the forward");
+  if (c == 0)
+    return DT_OK;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  if (n * hw == 0) {
+    if (dgamma)
+      DT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float),
+                                    dt_cuda_compute_stream(ctx)));
+    if (dbeta)
+      DT_CUDA_CHECK(cudaMemsetAsync(dbeta, 0, (size_t)c * sizeof(float),
+                                    dt_cuda_compute_stream(ctx)));
+    return DT_OK;
+  }
+  bn_desc d;
+  DT_CHECK(bn_desc_create(n, c, hw, &d));
+  /* scratch: [ones (gamma)] [dgamma] [dbeta]; dx scratch separately */
+  float *tmp = NULL, *dx_tmp = NULL;
+  dt_status st = bn_scratch(ctx, dev, c, 3, 1, &tmp);
+  if (st != DT_OK) {
+    bn_desc_destroy(&d);
+    return st;
+  }
+  if (!dx) {
+    st = dt_cuda_scratch_alloc(ctx, (size_t)(n * c * hw) * sizeof(float), (void **)&dx_tmp);
+    if (st != DT_OK)
+      goto done;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationBackward(
+                          ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x,
+                          d.x, dy, d.x, dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp,
+                          dgamma ? dgamma : tmp + c, dbeta ? dbeta : tmp + 2 * c,
+                          CUDNN_BN_MIN_EPSILON, save_mean, save_invstd),
+                      done);
+done:
+  if (dx_tmp)
+    dt_cuda_scratch_free(ctx, dx_tmp);
+  dt_cuda_scratch_free(ctx, tmp);
+  bn_desc_destroy(&d);
+  return st;
+}

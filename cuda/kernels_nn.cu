@@ -1,0 +1,694 @@
+/* CUDA kernels for softmax, cross-entropy, layer norm, embedding, dropout
+ * and pooling. Semantics follow the CPU reference (core/cpu_kernels_nn.c,
+ * cpu_kernels_norm.c, cpu_kernels_pool.c). Row kernels use one block per
+ * row; pooling backward gathers in the CPU's summation order, so it matches
+ * bit for bit; the dropout mask is core/rng.c's counter-based stream.
+ *
+ * Index validation (cross-entropy targets, embedding ids) runs inside the
+ * forward kernels: the first bad position is reported through the device
+ * scratch, which costs one small device-to-host copy and a sync. Backward
+ * kernels skip invalid indices instead (the forward already refused them). */
+#include <math.h>
+
+#include "cuda/kernels_common.cuh"
+
+static dt_status check_rows_cols(const char *op, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (rows %lld, cols %lld)", op,
+                    (long long)rows, (long long)cols);
+  return DT_OK;
+}
+
+static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
+
+static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
+  return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
+/* Device scratch layout for index checks: the first bad position (min) and
+ * a count of kept rows. */
+struct index_report {
+  unsigned long long bad; /* ~0 = none */
+  unsigned long long count;
+};
+
+/* Resets the report, runs nothing else. Caller holds ctx->scratch_lock. */
+static cudaError_t report_reset(dt_cuda_ctx *ctx, cudaStream_t stream) {
+  index_report *r = (index_report *)ctx->dev_scratch;
+  cudaError_t e = cudaMemsetAsync(&r->bad, 0xff, sizeof r->bad, stream);
+  if (e == cudaSuccess)
+    e = cudaMemsetAsync(&r->count, 0, sizeof r->count, stream);
+  return e;
+}
+
+/* Copies the report (and the bad index value, if any) to the host. */
+static cudaError_t report_read(dt_cuda_ctx *ctx, cudaStream_t stream, const void *idx, int i32,
+                               index_report *out, int64_t *bad_value) {
+  cudaError_t e = cudaMemcpyAsync(ctx->host_scratch, ctx->dev_scratch, sizeof *out,
+                                  cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess)
+    return e;
+  *out = *(const index_report *)ctx->host_scratch;
+  *bad_value = 0;
+  if (out->bad != ~0ull) {
+    size_t es = i32 ? 4 : 8;
+    char *h = (char *)ctx->host_scratch + 64;
+    e = cudaMemcpyAsync(h, (const char *)idx + out->bad * es, es, cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess)
+      e = cudaStreamSynchronize(stream);
+    if (e == cudaSuccess)
+      *bad_value = i32 ? *(const int32_t *)h : *(const int64_t *)h;
+  }
+  return e;
+}
+
+/* ---- softmax ---- */
+
+// x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
+static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t rows,
+                                              int64_t cols, int log_) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      mx = fmaxf(mx, xr[j]);
+    mx = dt_block_max(mx, shf);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      s += expf(xr[j] - mx);
+    s = dt_block_sum(s, shd);
+    if (log_) {
+      float lsf = (float)log(s);
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        yr[j] = (xr[j] - mx) - lsf;
+    } else {
+      float inv = (float)(1.0 / s);
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        yr[j] = expf(xr[j] - mx) * inv;
+    }
+  }
+}
+
+// y, dy (rows, cols) -> dx (rows, cols); y is the forward output
+static __global__ void softmax_backward_kernel(const float *y, const float *dy, float *dx,
+                                               int64_t rows, int64_t cols, int log_) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *yr = y + r * cols, *gr = dy + r * cols;
+    float *dr = dx + r * cols;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      s += log_ ? (double)gr[j] : (double)gr[j] * yr[j];
+    float sf = (float)dt_block_sum(s, shd);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dr[j] = log_ ? gr[j] - expf(yr[j]) * sf : yr[j] * (gr[j] - sf);
+  }
+}
+
+extern "C" dt_status dt_cuda_softmax_forward(dt_device dev, const float *x, float *y,
+                                             int64_t rows, int64_t cols, int log_) {
+  DT_CHECK(check_rows_cols("softmax_forward", rows, cols));
+  if (rows == 0 || cols == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  softmax_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(x, y, rows, cols,
+                                                                              log_);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_softmax_backward(dt_device dev, const float *y, const float *dy,
+                                              float *dx, int64_t rows, int64_t cols, int log_) {
+  DT_CHECK(check_rows_cols("softmax_backward", rows, cols));
+  if (rows == 0 || cols == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  softmax_backward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(y, dy, dx, rows,
+                                                                               cols, log_);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- cross-entropy ---- */
+
+// logits (n,c), target (n) -> loss_rows (n), lse (n); report: first bad row, kept rows
+static __global__ void cross_entropy_forward_kernel(const float *logits, const void *target,
+                                                    int i32, int64_t n, int64_t c,
+                                                    int64_t ignore_index, float *loss_rows,
+                                                    float *lse, index_report *rep) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float *xr = logits + i * c;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      mx = fmaxf(mx, xr[j]);
+    mx = dt_block_max(mx, shf);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      s += expf(xr[j] - mx);
+    s = dt_block_sum(s, shd);
+    if (threadIdx.x == 0) {
+      double l = (double)mx + log(s);
+      if (lse)
+        lse[i] = (float)l;
+      int64_t t = index_at(target, i32, i);
+      if (t == ignore_index) {
+        loss_rows[i] = 0.0f;
+      } else if (t < 0 || t >= c) {
+        loss_rows[i] = 0.0f;
+        atomicMin(&rep->bad, (unsigned long long)i);
+      } else {
+        loss_rows[i] = (float)(l - (double)xr[t]);
+        atomicAdd(&rep->count, 1ull);
+      }
+    }
+  }
+}
+
+extern "C" dt_status dt_cuda_cross_entropy_forward(dt_device dev, const float *logits,
+                                                   const void *target, dt_dtype target_dtype,
+                                                   int64_t n, int64_t c, int64_t ignore_index,
+                                                   float *loss_rows, float *lse,
+                                                   int64_t *out_count) {
+  DT_CHECK(check_rows_cols("cross_entropy_forward", n, c));
+  if (target_dtype != DT_DTYPE_I32 && target_dtype != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "cross_entropy_forward: target dtype %s: class ids must be i32 or i64",
+                    dt_dtype_name(target_dtype));
+  if (out_count)
+    *out_count = 0;
+  if (n == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  int i32 = target_dtype == DT_DTYPE_I32;
+  index_report rep;
+  int64_t bad_value = 0;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  cudaError_t e = report_reset(ctx, stream);
+  if (e == cudaSuccess) {
+    cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
+        logits, target, i32, n, c, ignore_index, loss_rows, lse,
+        (index_report *)ctx->dev_scratch);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = report_read(ctx, stream, target, i32, &rep, &bad_value);
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  DT_CUDA_CHECK(e);
+  if (rep.bad != ~0ull)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "cross_entropy_forward: target %lld at row %lld is outside [0, %lld) and is "
+                    "not ignore_index (%lld): check the labels against the number of classes",
+                    (long long)bad_value, (long long)rep.bad, (long long)c,
+                    (long long)ignore_index);
+  if (out_count)
+    *out_count = (int64_t)rep.count;
+  return DT_OK;
+}
+
+// logits (n,c), target (n), lse (n), dloss_rows (n) -> dlogits (n,c)
+static __global__ void cross_entropy_backward_kernel(const float *logits, const void *target,
+                                                     int i32, const float *lse,
+                                                     const float *dloss_rows, float *dlogits,
+                                                     int64_t n, int64_t c,
+                                                     int64_t ignore_index) {
+  DT_GRID_STRIDE(k, n * c) {
+    int64_t i = k / c, j = k - i * c;
+    int64_t t = index_at(target, i32, i);
+    if (t == ignore_index || t < 0 || t >= c) {
+      dlogits[k] = 0.0f;
+      continue;
+    }
+    float g = dloss_rows[i];
+    float v = g * expf(logits[k] - lse[i]);
+    dlogits[k] = j == t ? v - g : v;
+  }
+}
+
+extern "C" dt_status dt_cuda_cross_entropy_backward(dt_device dev, const float *logits,
+                                                    const void *target, dt_dtype target_dtype,
+                                                    const float *lse, const float *dloss_rows,
+                                                    float *dlogits, int64_t n, int64_t c,
+                                                    int64_t ignore_index) {
+  DT_CHECK(check_rows_cols("cross_entropy_backward", n, c));
+  if (target_dtype != DT_DTYPE_I32 && target_dtype != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "cross_entropy_backward: target dtype %s: class ids must be i32 or i64",
+                    dt_dtype_name(target_dtype));
+  if (n * c == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  cross_entropy_backward_kernel<<<dt_grid_for(n * c), DT_THREADS, 0, stream>>>(
+      logits, target, target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- layer norm ---- */
+
+// x (rows, cols), gamma/beta (cols) or NULL -> y (rows, cols), mean, rstd (rows)
+static __global__ void layernorm_forward_kernel(const float *x, const float *gamma,
+                                                const float *beta, float *y, float *mean,
+                                                float *rstd, int64_t rows, int64_t cols,
+                                                float eps) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      s += xr[j];
+    double m = dt_block_sum(s, shd) / (double)cols;
+    double v = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      double d = xr[j] - m;
+      v += d * d;
+    }
+    v = dt_block_sum(v, shd);
+    float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
+    if (threadIdx.x == 0) {
+      if (mean)
+        mean[r] = mf;
+      if (rstd)
+        rstd[r] = rs;
+    }
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      yr[j] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+  }
+}
+
+extern "C" dt_status dt_cuda_layernorm_forward(dt_device dev, const float *x, const float *gamma,
+                                               const float *beta, float *y, float *mean,
+                                               float *rstd, int64_t rows, int64_t cols,
+                                               float eps) {
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_forward: bad size (rows %lld, cols %lld)",
+                    (long long)rows, (long long)cols);
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
+      x, gamma, beta, y, mean, rstd, rows, cols, eps);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+// x, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols) overwritten
+static __global__ void layernorm_backward_dx_kernel(const float *x, const float *gamma,
+                                                    const float *mean, const float *rstd,
+                                                    const float *dy, float *dx, int64_t rows,
+                                                    int64_t cols) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * cols, *gr = dy + r * cols;
+    float *dr = dx + r * cols;
+    float m = mean[r], rs = rstd[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      sg += g;
+      sgx += (double)g * ((xr[j] - m) * rs);
+    }
+    sg = dt_block_sum(sg, shd);
+    sgx = dt_block_sum(sgx, shd);
+    float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
+    }
+  }
+}
+
+// x, dy (rows, cols) -> part (splits, 2, cols): per row-chunk sums of dy*xhat and dy
+static __global__ void layernorm_backward_param_partial_kernel(const float *x,
+                                                               const float *mean,
+                                                               const float *rstd,
+                                                               const float *dy, double *part,
+                                                               int64_t rows, int64_t cols,
+                                                               int64_t chunk) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t split = blockIdx.y;
+  if (j >= cols)
+    return;
+  int64_t r0 = split * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  double ag = 0.0, ab = 0.0;
+  for (int64_t r = r0; r < r1; r++) {
+    float g = dy[r * cols + j];
+    ag += (double)g * ((x[r * cols + j] - mean[r]) * rstd[r]);
+    ab += g;
+  }
+  part[(split * 2) * cols + j] = ag;
+  part[(split * 2 + 1) * cols + j] = ab;
+}
+
+// part (splits, 2, cols) -> dgamma, dbeta (cols) += sums over splits, in order
+static __global__ void layernorm_backward_param_final_kernel(const double *part, int64_t splits,
+                                                             int64_t cols, float *dgamma,
+                                                             float *dbeta) {
+  DT_GRID_STRIDE(j, cols) {
+    double ag = 0.0, ab = 0.0;
+    for (int64_t s = 0; s < splits; s++) {
+      ag += part[(s * 2) * cols + j];
+      ab += part[(s * 2 + 1) * cols + j];
+    }
+    if (dgamma)
+      dgamma[j] += (float)ag;
+    if (dbeta)
+      dbeta[j] += (float)ab;
+  }
+}
+
+extern "C" dt_status dt_cuda_layernorm_backward(dt_device dev, const float *x,
+                                                const float *gamma, const float *mean,
+                                                const float *rstd, const float *dy, float *dx,
+                                                float *dgamma, float *dbeta, int64_t rows,
+                                                int64_t cols) {
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_backward: bad size (rows %lld, cols %lld)",
+                    (long long)rows, (long long)cols);
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  if (dx) {
+    layernorm_backward_dx_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
+        x, gamma, mean, rstd, dy, dx, rows, cols);
+    DT_CUDA_CHECK_LAUNCH();
+  }
+  if (!dgamma && !dbeta)
+    return DT_OK;
+  int64_t splits = rows < 64 ? 1 : (rows + 63) / 64;
+  if (splits > 256)
+    splits = 256;
+  int64_t chunk = (rows + splits - 1) / splits;
+  double *part = NULL;
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(splits * 2 * cols) * sizeof(double),
+                                 (void **)&part));
+  dim3 grid((unsigned)((cols + 31) / 32), (unsigned)splits);
+  layernorm_backward_param_partial_kernel<<<grid, 32, 0, stream>>>(x, mean, rstd, dy, part, rows,
+                                                                   cols, chunk);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    layernorm_backward_param_final_kernel<<<dt_grid_for(cols), DT_THREADS, 0, stream>>>(
+        part, splits, cols, dgamma, dbeta);
+    e = cudaGetLastError();
+  }
+  dt_cuda_scratch_free(ctx, part);
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
+/* ---- embedding ---- */
+
+// idx (n), table (v,d) -> y (n,d); report: first bad position
+static __global__ void embedding_forward_kernel(const void *idx, int i32, const float *table,
+                                                float *y, int64_t n, int64_t v, int64_t d,
+                                                index_report *rep) {
+  DT_GRID_STRIDE(k, n * d) {
+    int64_t i = k / d, j = k - i * d;
+    int64_t t = index_at(idx, i32, i);
+    if (t < 0 || t >= v) {
+      if (j == 0)
+        atomicMin(&rep->bad, (unsigned long long)i);
+      y[k] = 0.0f;
+    } else {
+      y[k] = table[t * d + j];
+    }
+  }
+}
+
+static dt_status check_index_dtype(const char *op, dt_dtype dt) {
+  if (dt != DT_DTYPE_I32 && dt != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: indices must be i32 or i64", op,
+                    dt_dtype_name(dt));
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_embedding_forward(dt_device dev, const void *idx, dt_dtype idx_dtype,
+                                               const float *table, float *y, int64_t n, int64_t v,
+                                               int64_t d) {
+  DT_CHECK(check_rows_cols("embedding_forward", n, d));
+  DT_CHECK(check_index_dtype("embedding_forward", idx_dtype));
+  if (n == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  int i32 = idx_dtype == DT_DTYPE_I32;
+  index_report rep;
+  int64_t bad_value = 0;
+  pthread_mutex_lock(&ctx->scratch_lock);
+  cudaError_t e = report_reset(ctx, stream);
+  if (e == cudaSuccess && d > 0) {
+    embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
+        idx, i32, table, y, n, v, d, (index_report *)ctx->dev_scratch);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = report_read(ctx, stream, idx, i32, &rep, &bad_value);
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  DT_CUDA_CHECK(e);
+  if (rep.bad != ~0ull)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "embedding_forward: index %lld at position %lld is outside [0, %lld): check "
+                    "the token ids against the vocabulary size",
+                    (long long)bad_value, (long long)rep.bad, (long long)v);
+  return DT_OK;
+}
+
+// dy (n,d) -> dtable (v,d) += scatter by idx (n); atomics, so the order of
+// repeated indices varies from run to run (within f32 rounding)
+static __global__ void embedding_backward_kernel(const void *idx, int i32, const float *dy,
+                                                 float *dtable, int64_t n, int64_t v,
+                                                 int64_t d) {
+  DT_GRID_STRIDE(k, n * d) {
+    int64_t i = k / d, j = k - i * d;
+    int64_t t = index_at(idx, i32, i);
+    if (t >= 0 && t < v)
+      atomicAdd(&dtable[t * d + j], dy[k]);
+  }
+}
+
+extern "C" dt_status dt_cuda_embedding_backward(dt_device dev, const void *idx,
+                                                dt_dtype idx_dtype, const float *dy,
+                                                float *dtable, int64_t n, int64_t v, int64_t d) {
+  DT_CHECK(check_rows_cols("embedding_backward", n, d));
+  DT_CHECK(check_index_dtype("embedding_backward", idx_dtype));
+  if (n * d == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  embedding_backward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
+      idx, idx_dtype == DT_DTYPE_I32, dy, dtable, n, v, d);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- dropout ---- */
+
+static dt_status check_p(const char *op, float p) {
+  if (!(p >= 0.0f && p <= 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g outside [0, 1]", op, (double)p);
+  return DT_OK;
+}
+
+// x (n) -> y (n), mask (n) u8: keep i iff uniform(seed, offset + i) >= p
+static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t *mask, int64_t n,
+                                              float p, float scale, uint64_t seed,
+                                              uint64_t offset) {
+  DT_GRID_STRIDE(i, n) {
+    uint8_t keep = dt_rng_uniform_dev(seed, offset + (uint64_t)i) >= p;
+    mask[i] = keep;
+    y[i] = keep ? x[i] * scale : 0.0f;
+  }
+}
+
+// dy (n), mask (n) -> dx (n) = dy * mask / (1-p)
+static __global__ void dropout_backward_kernel(const float *dy, const uint8_t *mask, float *dx,
+                                               int64_t n, float scale) {
+  DT_GRID_STRIDE(i, n) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+extern "C" dt_status dt_cuda_dropout_forward(dt_device dev, const float *x, float *y,
+                                             uint8_t *mask, int64_t n, float p, uint64_t seed,
+                                             uint64_t offset) {
+  DT_CHECK(check_p("dropout_forward", p));
+  if (n <= 0)
+    return DT_OK;
+  float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  dropout_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, y, mask, n, p, scale, seed,
+                                                                    offset);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_dropout_backward(dt_device dev, const float *dy, const uint8_t *mask,
+                                              float *dx, int64_t n, float p) {
+  DT_CHECK(check_p("dropout_backward", p));
+  if (n <= 0)
+    return DT_OK;
+  float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  dropout_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(dy, mask, dx, n, scale);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- pooling ---- */
+
+/* Output rows oy whose window [oy*s - p, oy*s - p + k) contains input iy. */
+static __device__ __forceinline__ void covering(int iy, int s, int p, int k, int on, int *lo,
+                                                int *hi) {
+  int a = iy + p - k + 1; /* oy*s >= a */
+  int l = a <= 0 ? 0 : (a + s - 1) / s;
+  int h = (iy + p) / s; /* oy*s <= iy + p */
+  *lo = l;
+  *hi = h < on - 1 ? h : on - 1;
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
+static __global__ void maxpool_forward_kernel(dt_conv2d_geom g, const float *x, float *y,
+                                              int32_t *argmax, int64_t total) {
+  DT_GRID_STRIDE(t, total) {
+    int64_t plane = t / ((int64_t)g.oh * g.ow);
+    int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
+    const float *xp = x + plane * g.h * g.w;
+    int y0 = oy * g.sh - g.ph, y1 = min(y0 + g.kh, g.h);
+    int x0 = ox * g.sw - g.pw, x1 = min(x0 + g.kw, g.w);
+    y0 = max(y0, 0);
+    x0 = max(x0, 0);
+    float best = -INFINITY;
+    int32_t at = y0 * g.w + x0;
+    bool nan = false;
+    for (int iy = y0; iy < y1 && !nan; iy++)
+      for (int ix = x0; ix < x1; ix++) {
+        float v = xp[iy * g.w + ix];
+        if (v > best || v != v) { /* NaN wins, as PyTorch */
+          best = v;
+          at = iy * g.w + ix;
+          if (v != v) {
+            nan = true;
+            break;
+          }
+        }
+      }
+    y[t] = best;
+    if (argmax)
+      argmax[t] = at;
+  }
+}
+
+// dy (n,c,oh,ow), argmax -> dx (n,c,h,w): gathers in output order, as the CPU scatter
+static __global__ void maxpool_backward_kernel(dt_conv2d_geom g, const float *dy,
+                                               const int32_t *argmax, float *dx, int64_t total) {
+  DT_GRID_STRIDE(t, total) {
+    int64_t plane = t / ((int64_t)g.h * g.w);
+    int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
+    const float *gp = dy + plane * g.oh * g.ow;
+    const int32_t *ap = argmax + plane * g.oh * g.ow;
+    int oy0, oy1, ox0, ox1;
+    covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
+    covering(ix, g.sw, g.pw, g.kw, g.ow, &ox0, &ox1);
+    float s = 0.0f;
+    for (int oy = oy0; oy <= oy1; oy++)
+      for (int ox = ox0; ox <= ox1; ox++)
+        if (ap[oy * g.ow + ox] == pos)
+          s += gp[oy * g.ow + ox];
+    dx[t] = s;
+  }
+}
+
+/* Divisor of output (oy, ox): the window clipped to the padded input. */
+static __device__ __forceinline__ float avg_divisor(const dt_conv2d_geom &g, int oy, int ox) {
+  int y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+  int y1 = min(y0 + g.kh, g.h + g.ph), x1 = min(x0 + g.kw, g.w + g.pw);
+  return (float)((y1 - y0) * (x1 - x0));
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow), padding counted in the divisor
+static __global__ void avgpool_forward_kernel(dt_conv2d_geom g, const float *x, float *y,
+                                              int64_t total) {
+  DT_GRID_STRIDE(t, total) {
+    int64_t plane = t / ((int64_t)g.oh * g.ow);
+    int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
+    const float *xp = x + plane * g.h * g.w;
+    int y0 = max(oy * g.sh - g.ph, 0), y1 = min(oy * g.sh - g.ph + g.kh, g.h);
+    int x0 = max(ox * g.sw - g.pw, 0), x1 = min(ox * g.sw - g.pw + g.kw, g.w);
+    float s = 0.0f;
+    for (int iy = y0; iy < y1; iy++)
+      for (int ix = x0; ix < x1; ix++)
+        s += xp[iy * g.w + ix];
+    y[t] = s / avg_divisor(g, oy, ox);
+  }
+}
+
+// dy (n,c,oh,ow) -> dx (n,c,h,w): gathers in output order, as the CPU scatter
+static __global__ void avgpool_backward_kernel(dt_conv2d_geom g, const float *dy, float *dx,
+                                               int64_t total) {
+  DT_GRID_STRIDE(t, total) {
+    int64_t plane = t / ((int64_t)g.h * g.w);
+    int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
+    const float *gp = dy + plane * g.oh * g.ow;
+    int oy0, oy1, ox0, ox1;
+    covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
+    covering(ix, g.sw, g.pw, g.kw, g.ow, &ox0, &ox1);
+    float s = 0.0f;
+    for (int oy = oy0; oy <= oy1; oy++)
+      for (int ox = ox0; ox <= ox1; ox++)
+        s += gp[oy * g.ow + ox] / avg_divisor(g, oy, ox);
+    dx[t] = s;
+  }
+}
+
+extern "C" dt_status dt_cuda_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g,
+                                               const float *x, float *y, int32_t *argmax) {
+  DT_CHECK(dt_cuda_check_geom("maxpool2d_forward", g, 0));
+  int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  maxpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, argmax, total);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_maxpool2d_backward(dt_device dev, const dt_conv2d_geom *g,
+                                                const float *dy, const int32_t *argmax,
+                                                float *dx) {
+  DT_CHECK(dt_cuda_check_geom("maxpool2d_backward", g, 0));
+  int64_t total = (int64_t)g->n * g->c * g->h * g->w;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  maxpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, argmax, dx,
+                                                                         total);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g,
+                                               const float *x, float *y) {
+  DT_CHECK(dt_cuda_check_geom("avgpool2d_forward", g, 0));
+  int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  avgpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, total);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_avgpool2d_backward(dt_device dev, const dt_conv2d_geom *g,
+                                                const float *dy, float *dx) {
+  DT_CHECK(dt_cuda_check_geom("avgpool2d_backward", g, 0));
+  int64_t total = (int64_t)g->n * g->c * g->h * g->w;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_STREAM(dev, ctx, stream);
+  avgpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, dx, total);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}

@@ -1,0 +1,81 @@
+/* cuda/cuda.h without CUDA: the library //cuda becomes when the toolkit is
+ * absent or the build asked for none (--config=cpu). No backend is
+ * registered, so dt_backend_get(cuda:N) fails with DT_ERR_UNSUPPORTED and
+ * core's "this build of dtrain has no CUDA backend" message; everything
+ * here says the same. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+
+#define NOT_BUILT                                                                     \
+  "this build of dtrain has no CUDA support (built without the CUDA toolkit, or with " \
+  "--config=cpu): rebuild where the toolkit is installed (/usr/local/cuda or "         \
+  "$CUDA_HOME), or use --device cpu"
+
+int dt_cuda_built(void) { return 0; }
+
+dt_status dt_cuda_probe(void) { return DT_ERROR(DT_ERR_UNSUPPORTED, NOT_BUILT); }
+
+dt_status dt_cuda_get_versions(dt_cuda_versions *out) {
+  memset(out, 0, sizeof *out);
+  return DT_OK;
+}
+
+dt_status dt_cuda_get_device_info(int index, dt_cuda_device_info *out) {
+  memset(out, 0, sizeof *out);
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "device info for cuda:%d: " NOT_BUILT, index);
+}
+
+dt_status dt_cuda_doctor(FILE *out, int *problems) {
+  if (problems)
+    *problems = 1;
+  if (fprintf(out, "CUDA\n  build:    none: %s\n  verdict:  1 problem above; --device cpu "
+                   "works regardless\n",
+              NOT_BUILT) < 0)
+    return DT_ERROR(DT_ERR_IO, "dtrain doctor: writing the CUDA report failed");
+  return DT_OK;
+}
+
+dt_status dt_cuda_pinned_alloc(size_t bytes, void **out) {
+  *out = NULL;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "pinned allocation of %zu bytes: " NOT_BUILT, bytes);
+}
+
+void dt_cuda_pinned_free(void *ptr) { (void)ptr; }
+
+dt_status dt_cuda_pinned_stats(dt_memory_stats *out) {
+  memset(out, 0, sizeof *out);
+  return DT_ERROR(DT_ERR_UNSUPPORTED, NOT_BUILT);
+}
+
+dt_status dt_cuda_pinned_empty_cache(void) { return DT_OK; }
+
+void *dt_cuda_stream_handle(dt_stream *s) {
+  (void)s;
+  return NULL;
+}
+
+void *dt_cuda_event_handle(dt_event *ev) {
+  (void)ev;
+  return NULL;
+}
+
+void dt_cuda_set_tf32(int enabled) { (void)enabled; }
+
+int dt_cuda_tf32_enabled(void) { return 0; }
+
+dt_status dt_cuda_set_memory_limit(int index, size_t bytes) {
+  (void)bytes;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "memory limit for cuda:%d: " NOT_BUILT, index);
+}
+
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
+                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
+                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
+                          int ldc, int64_t stride_c, dt_dtype c_type, int batch) {
+  (void)dev, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a;
+  (void)lda, (void)stride_a, (void)b, (void)ldb, (void)stride_b, (void)ab_type, (void)beta;
+  (void)c, (void)ldc, (void)stride_c, (void)c_type, (void)batch;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "gemm_ex: " NOT_BUILT);
+}

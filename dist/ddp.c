@@ -1,0 +1,401 @@
+/* The DDP reducer: buckets over the flat gradient buffer, launched from
+ * grad-ready hooks in bucket order, averaged by the communicator. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/ddp.h"
+#include "dist/ddp_internal.h"
+
+typedef struct ddp_bucket {
+  int first, last; /* parameter indices, first <= last */
+  int64_t offset, numel;
+  dt_tensor *view; /* slice of the flat gradient buffer */
+  int n_params;
+  int pending;     /* parameters of this pass still to become ready */
+  int ready;
+  dt_work *work;
+} ddp_bucket;
+
+typedef struct ddp_hook_ctx {
+  dt_ddp *d;
+  int index;
+} ddp_hook_ctx;
+
+struct dt_ddp {
+  dt_module *model;
+  dt_param_arena *arena;
+  dt_comm *comm;
+  dt_ddp_config cfg;
+
+  int n_params;
+  int *bucket_of;
+  unsigned char *ready_this_pass;
+  unsigned char *used_since_sync;
+  dt_hook_handle *grad_hooks;
+  ddp_hook_ctx *hook_ctx;
+  dt_hook_handle pre_hook;
+
+  int n_buckets;
+  ddp_bucket *buckets;
+  dt_ddp_bucket_timing *timings;
+  int next_launch; /* buckets launch strictly in index order */
+
+  int in_pass;     /* a synchronised backward has started and is not finished */
+  int no_sync;
+  dt_status error; /* first error raised inside a hook (hooks return void) */
+  char error_msg[1024];
+  double first_grad_s, last_grad_s, backward_end_s, finish_end_s;
+  long sync_count;
+};
+
+static void record_error(dt_ddp *d, dt_status st) {
+  if (d->error == DT_OK) {
+    d->error = st;
+    snprintf(d->error_msg, sizeof d->error_msg, "%s", dt_last_error());
+  }
+}
+
+static void launch_bucket(dt_ddp *d, int b) {
+  ddp_bucket *bk = &d->buckets[b];
+  /* A device backend will record an event on the compute stream here and
+   * pass it as opts.ready (the comm stream waits on it); the CPU backend
+   * computes synchronously, so the gradients are complete already. */
+  dt_coll_opts opts = DT_COLL_OPTS_DEFAULT;
+  opts.bucket = b;
+  dt_status st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
+  d->timings[b].launch_s = dt_comm_now();
+  if (st != DT_OK)
+    record_error(d, dt_error_wrap(st, "launching the all-reduce of DDP bucket %d", b));
+}
+
+static void launch_ready_buckets(dt_ddp *d) {
+  while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready)
+    launch_bucket(d, d->next_launch++);
+}
+
+static void on_grad_ready(dt_tensor *leaf, void *user) {
+  (void)leaf;
+  ddp_hook_ctx *ctx = user;
+  dt_ddp *d = ctx->d;
+  int i = ctx->index;
+  double now = dt_comm_now();
+  d->used_since_sync[i] = 1;
+  if (d->no_sync)
+    return;
+  if (!d->in_pass) {
+    d->in_pass = 1;
+    d->first_grad_s = now;
+  }
+  d->last_grad_s = now;
+  if (d->ready_this_pass[i]) {
+    const char *name = NULL;
+    dt_param_arena_param(d->arena, i, &name);
+    record_error(d, DT_ERROR(DT_ERR_STATE,
+                             "parameter \"%s\" received its gradient twice in one synchronised "
+                             "pass: call dt_ddp_finish_backward after every dt_backward",
+                             name));
+    return;
+  }
+  d->ready_this_pass[i] = 1;
+  ddp_bucket *bk = &d->buckets[d->bucket_of[i]];
+  if (--bk->pending == 0) {
+    bk->ready = 1;
+    d->timings[d->bucket_of[i]].ready_s = now;
+    launch_ready_buckets(d);
+  }
+}
+
+static dt_status pre_forward(dt_module *m, dt_tensor *input, dt_tensor **replacement,
+                             void *user) {
+  (void)input;
+  (void)replacement;
+  dt_ddp *d = user;
+  if (d->in_pass)
+    return DT_ERROR(DT_ERR_STATE,
+                    "DDP: a forward started before the last synchronised backward was finished: "
+                    "call dt_ddp_finish_backward after dt_backward (before the optimizer step)");
+  if (d->cfg.broadcast_buffers && dt_module_is_training(m))
+    return dt_ddp_broadcast_buffers(d);
+  return DT_OK;
+}
+
+dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
+  int n = dt_module_num_buffers(d->model);
+  if (n == 0 || dt_comm_size(d->comm) == 1)
+    return DT_OK;
+  dt_work **works = calloc((size_t)n, sizeof *works);
+  if (works == NULL)
+    return DT_ERROR(DT_ERR_OOM, "broadcasting %d buffers: out of host memory", n);
+  dt_status st = DT_OK;
+  int launched = 0;
+  for (; launched < n && st == DT_OK; launched++)
+    st = dt_comm_broadcast(d->comm, dt_module_buffer_at(d->model, launched, NULL), 0, NULL,
+                           &works[launched]);
+  for (int i = 0; i < launched; i++) {
+    if (works[i] == NULL)
+      continue;
+    dt_status wst = dt_work_wait(works[i], 0);
+    if (st == DT_OK)
+      st = wst;
+    dt_work_release(works[i]);
+  }
+  free(works);
+  return st == DT_OK ? DT_OK : dt_error_wrap(st, "DDP: broadcasting buffers from rank 0");
+}
+
+static void reset_pass(dt_ddp *d) {
+  for (int b = 0; b < d->n_buckets; b++) {
+    d->buckets[b].pending = d->buckets[b].n_params;
+    d->buckets[b].ready = 0;
+  }
+  memset(d->ready_this_pass, 0, (size_t)d->n_params);
+  d->next_launch = 0;
+  d->in_pass = 0;
+  d->error = DT_OK;
+}
+
+static dt_status build_buckets(dt_ddp *d) {
+  int n = d->n_params;
+  d->buckets = calloc((size_t)n, sizeof *d->buckets); /* at most one per parameter */
+  d->timings = calloc((size_t)n, sizeof *d->timings);
+  if (d->buckets == NULL || d->timings == NULL)
+    return DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d buckets", n);
+  dt_tensor *grads = dt_param_arena_grads(d->arena);
+  int i = n - 1;
+  while (i >= 0) {
+    int b = d->n_buckets;
+    size_t cap = b == 0 ? d->cfg.first_bucket_bytes : d->cfg.bucket_bytes;
+    ddp_bucket *bk = &d->buckets[b];
+    bk->last = i;
+    size_t bytes = 0;
+    while (i >= 0 && (bytes == 0 || bytes < cap)) {
+      bytes += (size_t)dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL)) * sizeof(float);
+      d->bucket_of[i] = b;
+      i--;
+    }
+    bk->first = i + 1;
+    bk->n_params = bk->last - bk->first + 1;
+    bk->offset = dt_param_arena_offset(d->arena, bk->first);
+    bk->numel = dt_param_arena_offset(d->arena, bk->last) +
+                dt_tensor_numel(dt_param_arena_param(d->arena, bk->last, NULL)) - bk->offset;
+    d->timings[b].bytes = (size_t)bk->numel * sizeof(float);
+    d->n_buckets++;
+    DT_CHECK(dt_tensor_view_flat(grads, bk->offset, &bk->numel, 1, &bk->view));
+  }
+  return DT_OK;
+}
+
+static dt_status install_hooks(dt_ddp *d) {
+  for (int i = 0; i < d->n_params; i++) {
+    d->hook_ctx[i] = (ddp_hook_ctx){d, i};
+    DT_CHECK(dt_tensor_add_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), on_grad_ready,
+                                           &d->hook_ctx[i], &d->grad_hooks[i]));
+  }
+  return dt_module_register_forward_pre_hook(d->model, pre_forward, d, &d->pre_hook);
+}
+
+dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
+                        const dt_ddp_config *cfg, dt_ddp **out) {
+  if (model == NULL || arena == NULL || comm == NULL || out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "DDP: model, arena, comm and out must not be NULL");
+  *out = NULL;
+  dt_ddp_config c = cfg ? *cfg : DT_DDP_CONFIG_DEFAULT;
+  if (c.first_bucket_bytes == 0 || c.bucket_bytes == 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "DDP: bucket caps must be > 0 bytes (got first %zu, then %zu; defaults 1 MiB "
+                    "and 25 MiB)",
+                    c.first_bucket_bytes, c.bucket_bytes);
+  if (dt_param_arena_count(arena) != dt_module_num_parameters(model))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "DDP: the arena holds %d parameters but the model has %d: create the arena "
+                    "from this model",
+                    dt_param_arena_count(arena), dt_module_num_parameters(model));
+  dt_ddp *d = calloc(1, sizeof *d);
+  if (d == NULL)
+    return DT_ERROR(DT_ERR_OOM, "DDP: out of host memory");
+  d->model = model;
+  d->arena = arena;
+  d->comm = comm;
+  d->cfg = c;
+  d->n_params = dt_param_arena_count(arena);
+  int n = d->n_params;
+  d->bucket_of = calloc((size_t)n, sizeof *d->bucket_of);
+  d->ready_this_pass = calloc((size_t)n, 1);
+  d->used_since_sync = calloc((size_t)n, 1);
+  d->grad_hooks = calloc((size_t)n, sizeof *d->grad_hooks);
+  d->hook_ctx = calloc((size_t)n, sizeof *d->hook_ctx);
+  dt_status st = DT_OK;
+  if (!d->bucket_of || !d->ready_this_pass || !d->used_since_sync || !d->grad_hooks ||
+      !d->hook_ctx) {
+    st = DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d parameters", n);
+    goto destroy_ddp;
+  }
+  if (c.check_parameters)
+    DT_CHECK_GOTO(dt_ddp_verify_parameters(comm, model, arena), destroy_ddp);
+  if (dt_comm_size(comm) > 1) {
+    DT_CHECK_GOTO(dt_comm_broadcast_sync(comm, dt_param_arena_data(arena), 0), destroy_ddp);
+    DT_CHECK_GOTO(dt_ddp_broadcast_buffers(d), destroy_ddp);
+  }
+  DT_CHECK_GOTO(build_buckets(d), destroy_ddp);
+  DT_CHECK_GOTO(install_hooks(d), destroy_ddp);
+  reset_pass(d);
+  *out = d;
+  return DT_OK;
+
+destroy_ddp:
+  st = dt_error_wrap(st, "creating the DDP reducer on rank %d of %d", dt_comm_rank(comm),
+                     dt_comm_size(comm));
+  dt_ddp_destroy(d);
+  return st;
+}
+
+static dt_status wait_buckets(dt_ddp *d) {
+  dt_status st = DT_OK;
+  char msg[1024] = "";
+  for (int b = 0; b < d->n_buckets; b++) {
+    ddp_bucket *bk = &d->buckets[b];
+    if (bk->work == NULL)
+      continue;
+    dt_status wst = dt_work_wait(bk->work, 0);
+    if (wst != DT_OK && st == DT_OK) {
+      st = wst;
+      snprintf(msg, sizeof msg, "%s", dt_last_error());
+    }
+    dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
+    dt_work_release(bk->work);
+    bk->work = NULL;
+  }
+  if (st != DT_OK)
+    return DT_ERROR(st, "%s", msg);
+  return DT_OK;
+}
+
+void dt_ddp_destroy(dt_ddp *d) {
+  if (d == NULL)
+    return;
+  if (d->buckets)
+    wait_buckets(d);
+  if (d->pre_hook)
+    dt_module_remove_hook(d->model, d->pre_hook);
+  for (int i = 0; d->grad_hooks && i < d->n_params; i++)
+    if (d->grad_hooks[i])
+      dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->grad_hooks[i]);
+  for (int b = 0; d->buckets && b < d->n_buckets; b++)
+    dt_tensor_release(d->buckets[b].view);
+  free(d->buckets);
+  free(d->timings);
+  free(d->hook_ctx);
+  free(d->grad_hooks);
+  free(d->used_since_sync);
+  free(d->ready_this_pass);
+  free(d->bucket_of);
+  free(d);
+}
+
+/* Handles parameters without a gradient in this pass: zero-fills (when
+ * allowed and unused since the last step) or lists them in *names. Either
+ * way they count as ready, so every bucket launches and the collectives
+ * still match across ranks. Returns how many there were. */
+static int settle_unused(dt_ddp *d, char *names, size_t cap, dt_status *st) {
+  int missing = 0;
+  size_t len = 0;
+  names[0] = '\0';
+  for (int i = 0; i < d->n_params; i++) {
+    if (d->ready_this_pass[i])
+      continue;
+    const char *name = NULL;
+    dt_tensor *p = dt_param_arena_param(d->arena, i, &name);
+    if (d->cfg.allow_unused && !d->used_since_sync[i] && *st == DT_OK)
+      *st = dt_tensor_fill_(dt_tensor_grad(p), 0.0f);
+    if (missing < 12 && len + strlen(name) + 3 < cap)
+      len += (size_t)snprintf(names + len, cap - len, "%s%s", missing ? ", " : "", name);
+    missing++;
+    d->ready_this_pass[i] = 1;
+    ddp_bucket *bk = &d->buckets[d->bucket_of[i]];
+    if (--bk->pending == 0)
+      bk->ready = 1;
+  }
+  if (missing > 12)
+    snprintf(names + len, cap - len, ", ... (%d in all)", missing);
+  return missing;
+}
+
+dt_status dt_ddp_finish_backward(dt_ddp *d) {
+  d->backward_end_s = dt_comm_now();
+  if (d->no_sync)
+    return DT_OK;
+  if (!d->in_pass)
+    d->first_grad_s = d->last_grad_s = d->backward_end_s;
+  char names[768];
+  dt_status fill = DT_OK;
+  int missing = settle_unused(d, names, sizeof names, &fill);
+  launch_ready_buckets(d);
+  dt_status st = wait_buckets(d);
+  dt_status hook_error = d->error;
+  char hook_msg[1024];
+  snprintf(hook_msg, sizeof hook_msg, "%s", d->error_msg);
+  int in_pass = d->in_pass;
+  reset_pass(d);
+  memset(d->used_since_sync, 0, (size_t)d->n_params);
+  d->sync_count++;
+  d->finish_end_s = dt_comm_now();
+  if (hook_error != DT_OK)
+    return DT_ERROR(hook_error, "%s", hook_msg);
+  if (st != DT_OK)
+    return dt_error_wrap(st, "DDP: reducing gradients");
+  if (fill != DT_OK)
+    return dt_error_wrap(fill, "DDP: zero-filling unused gradients");
+  if (missing > 0 && !d->cfg.allow_unused)
+    return DT_ERROR(DT_ERR_STATE,
+                    "DDP: parameters that received no gradient%s: %s: every rank must reduce "
+                    "every parameter; use them in the forward, or set "
+                    "dt_ddp_config.allow_unused (zero-fill)",
+                    in_pass ? " in this backward" : " (no backward ran since the last step)",
+                    names);
+  return DT_OK;
+}
+
+dt_status dt_ddp_no_sync_begin(dt_ddp *d) {
+  if (d->no_sync)
+    return DT_ERROR(DT_ERR_STATE, "DDP: no_sync scopes do not nest");
+  if (d->in_pass)
+    return DT_ERROR(DT_ERR_STATE,
+                    "DDP: no_sync begun during a synchronised backward: call "
+                    "dt_ddp_finish_backward first");
+  d->no_sync = 1;
+  return DT_OK;
+}
+
+dt_status dt_ddp_no_sync_end(dt_ddp *d) {
+  if (!d->no_sync)
+    return DT_ERROR(DT_ERR_STATE, "DDP: no_sync_end without no_sync_begin");
+  d->no_sync = 0;
+  return DT_OK;
+}
+
+int dt_ddp_in_no_sync(const dt_ddp *d) { return d->no_sync; }
+int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
+long dt_ddp_sync_count(const dt_ddp *d) { return d->sync_count; }
+
+void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel, int *first_param,
+                        int *last_param) {
+  const ddp_bucket *bk = &d->buckets[b];
+  if (offset)
+    *offset = bk->offset;
+  if (numel)
+    *numel = bk->numel;
+  if (first_param)
+    *first_param = bk->first;
+  if (last_param)
+    *last_param = bk->last;
+}
+
+void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out) {
+  out->first_grad_s = d->first_grad_s;
+  out->last_grad_s = d->last_grad_s;
+  out->backward_end_s = d->backward_end_s;
+  out->finish_end_s = d->finish_end_s;
+  out->n_buckets = d->n_buckets;
+  out->buckets = d->timings;
+}

@@ -1,0 +1,67 @@
+/* Failure scenarios for dist_fault_test.sh, run under mpirun:
+ *   dist_fault_tool stuck TIMEOUT   the last rank stops calling collectives;
+ *                                   the others' watchdog must abort the job
+ *   dist_fault_tool kill            the last rank dies (SIGKILL) mid-job;
+ *                                   mpirun must end the job (watchdog 120 s)
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist/comm.h"
+#include "dist/process_group.h"
+
+static int fail(const char *what) {
+  fprintf(stderr, "dist_fault_tool: %s: %s\n", what, dt_last_error());
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0)) {
+    fprintf(stderr, "usage: dist_fault_tool stuck TIMEOUT_S | kill\n");
+    return 2;
+  }
+  int stuck = strcmp(argv[1], "stuck") == 0;
+  dt_pg *pg = NULL;
+  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
+  pc.mode = DT_PG_MPI;
+  if (dt_pg_create(&pc, &pg) != DT_OK)
+    return fail("process group");
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = stuck ? atof(argc > 2 ? argv[2] : "3") : 120.0;
+  dt_comm *comm = NULL;
+  if (dt_comm_create_mpi(pg, &cc, &comm) != DT_OK)
+    return fail("communicator");
+  int rank = dt_pg_rank(pg), last = dt_pg_world_size(pg) - 1;
+  int64_t n = 1024;
+  dt_tensor *t = NULL;
+  if (dt_tensor_full(&n, 1, 1.0f, DT_CPU, &t) != DT_OK)
+    return fail("tensor");
+  if (dt_comm_allreduce_sync(comm, t, DT_REDUCE_SUM) != DT_OK)
+    return fail("first allreduce");
+  printf("rank %d: first allreduce done\n", rank);
+  fflush(stdout);
+  if (rank == last) {
+    if (stuck) {
+      sleep(120); /* stops calling collectives */
+    } else {
+      raise(SIGKILL);
+    }
+  }
+  for (int i = 0; i < 1000; i++) {
+    dt_work *w = NULL;
+    if (dt_comm_allreduce(comm, t, DT_REDUCE_SUM, NULL, &w) != DT_OK)
+      return fail("allreduce");
+    dt_status st = dt_work_wait(w, 0);
+    dt_work_release(w);
+    if (st != DT_OK)
+      return fail("allreduce wait");
+  }
+  printf("rank %d: finished without noticing the failure\n", rank);
+  dt_tensor_release(t);
+  dt_comm_destroy(comm);
+  dt_pg_destroy(pg);
+  return 0;
+}

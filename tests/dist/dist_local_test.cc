@@ -1,0 +1,465 @@
+// dist/ in one process: the local communicator (threads), the process group
+// without a launcher, the DDP reducer over a group of one (buckets, unused
+// parameters, no_sync, timeline) and the data-parallel mode.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/nn.h"
+#include "dist/dp.h"
+#include "dist/process_group.h"
+#include "tests/dist/dist_test_util.h"
+
+namespace {
+
+using dtt::make_batch;
+
+class DistLocal : public ::testing::Test {
+ protected:
+  void SetUp() override { dt_cpu_set_num_threads(1); }
+};
+
+dt_comm_config test_comm_config(double timeout = 20.0) {
+  dt_comm_config c = DT_COMM_CONFIG_DEFAULT;
+  c.timeout_s = timeout;
+  c.abort_on_timeout = 0;
+  return c;
+}
+
+// Runs body(rank, comm) on n threads over one local group.
+void run_group(int n, const std::function<void(int, dt_comm *)> &body, double timeout = 20.0) {
+  dt_local_group *g = nullptr;
+  DT_ASSERT_OK(dt_local_group_create(n, &g));
+  std::vector<dt_comm *> comms(n, nullptr);
+  dt_comm_config cc = test_comm_config(timeout);
+  for (int r = 0; r < n; r++)
+    DT_ASSERT_OK(dt_comm_create_local(g, r, &cc, &comms[r]));
+  dt_local_group_release(g);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; r++)
+    threads.emplace_back([&, r] { body(r, comms[r]); });
+  for (auto &t : threads)
+    t.join();
+  for (int r = 0; r < n; r++)
+    dt_comm_destroy(comms[r]);
+}
+
+dt_tensor *host_f32(const std::vector<float> &v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  dt_tensor *t = nullptr;
+  dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &t);
+  return t;
+}
+
+std::vector<float> to_vec(dt_tensor *t) {
+  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
+  dt_tensor_to_host(t, v.data(), v.size() * sizeof(float));
+  return v;
+}
+
+TEST_F(DistLocal, AllreduceSumAndAvgAreExactAndIdentical) {
+  for (int n : {1, 2, 3, 4}) {
+    const int count = 1000 + 7;  // not divisible by n: uneven slices
+    std::vector<std::vector<float>> results(n), avgs(n);
+    run_group(n, [&](int r, dt_comm *c) {
+      std::vector<float> v(count);
+      for (int i = 0; i < count; i++)
+        v[i] = 0.1f * static_cast<float>(i % 13) + static_cast<float>(r) * 1.37f;
+      dt_tensor *t = host_f32(v), *u = host_f32(v);
+      dt_work *w = nullptr;
+      EXPECT_EQ(dt_comm_allreduce(c, t, DT_REDUCE_SUM, nullptr, &w), DT_OK) << dt_last_error();
+      EXPECT_EQ(dt_work_wait(w, 0), DT_OK) << dt_last_error();
+      EXPECT_TRUE(dt_work_test(w));
+      dt_work_release(w);
+      EXPECT_EQ(dt_comm_allreduce_sync(c, u, DT_REDUCE_AVG), DT_OK) << dt_last_error();
+      results[r] = to_vec(t);
+      avgs[r] = to_vec(u);
+      dt_tensor_release(t);
+      dt_tensor_release(u);
+    });
+    for (int i = 0; i < count; i++) {
+      float expect = 0;
+      for (int r = 0; r < n; r++)
+        expect += 0.1f * static_cast<float>(i % 13) + static_cast<float>(r) * 1.37f;
+      ASSERT_NEAR(results[0][i], expect, 1e-4) << "n=" << n << " i=" << i;
+      ASSERT_NEAR(avgs[0][i], expect / n, 1e-5) << "n=" << n << " i=" << i;
+    }
+    for (int r = 1; r < n; r++) {
+      EXPECT_EQ(0, std::memcmp(results[r].data(), results[0].data(), count * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(avgs[r].data(), avgs[0].data(), count * sizeof(float)));
+    }
+  }
+}
+
+TEST_F(DistLocal, BroadcastAllgatherReduceScatterBarrier) {
+  const int n = 3, count = 5;
+  std::vector<std::vector<float>> bcast(n), gathered(n), scattered(n);
+  run_group(n, [&](int r, dt_comm *c) {
+    std::vector<float> mine(count), big(count * n);
+    for (int i = 0; i < count; i++)
+      mine[i] = static_cast<float>(10 * r + i);
+    for (int i = 0; i < count * n; i++)
+      big[i] = static_cast<float>(r + 1) * static_cast<float>(i);
+    dt_tensor *b = host_f32(mine), *in = host_f32(mine), *all = host_f32(big),
+              *rs_in = host_f32(big), *rs_out = host_f32(std::vector<float>(count));
+    EXPECT_EQ(dt_comm_broadcast_sync(c, b, 1), DT_OK) << dt_last_error();
+    EXPECT_EQ(dt_comm_allgather_sync(c, in, all), DT_OK) << dt_last_error();
+    dt_work *w = nullptr;
+    EXPECT_EQ(dt_comm_reduce_scatter(c, rs_in, rs_out, DT_REDUCE_SUM, nullptr, &w), DT_OK);
+    EXPECT_EQ(dt_work_wait(w, 10.0), DT_OK) << dt_last_error();
+    dt_work_release(w);
+    EXPECT_EQ(dt_comm_barrier_sync(c), DT_OK) << dt_last_error();
+    bcast[r] = to_vec(b);
+    gathered[r] = to_vec(all);
+    scattered[r] = to_vec(rs_out);
+    for (dt_tensor *t : {b, in, all, rs_in, rs_out})
+      dt_tensor_release(t);
+  });
+  for (int r = 0; r < n; r++) {
+    for (int i = 0; i < count; i++) {
+      EXPECT_EQ(bcast[r][i], static_cast<float>(10 + i));
+      for (int k = 0; k < n; k++)
+        EXPECT_EQ(gathered[r][k * count + i], static_cast<float>(10 * k + i));
+      // sum over k of (k+1) * (r*count + i) = 6 * (r*count + i)
+      EXPECT_EQ(scattered[r][i], 6.0f * static_cast<float>(r * count + i));
+    }
+  }
+}
+
+TEST_F(DistLocal, DisagreeingCollectivesFailOnEveryParticipant) {
+  std::vector<dt_status> got(2, DT_OK);
+  std::vector<std::string> msg(2);
+  run_group(2, [&](int r, dt_comm *c) {
+    dt_tensor *t = host_f32(std::vector<float>(r == 0 ? 4 : 5, 1.0f));
+    got[r] = dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM);
+    msg[r] = dt_last_error();
+    dt_tensor_release(t);
+  });
+  for (int r = 0; r < 2; r++) {
+    EXPECT_EQ(got[r], DT_ERR_DIST_MISMATCH) << msg[r];
+    EXPECT_NE(msg[r].find("disagree"), std::string::npos) << msg[r];
+  }
+}
+
+TEST_F(DistLocal, MissingParticipantTimesOutInsteadOfHanging) {
+  dt_status got = DT_OK, later = DT_OK;
+  std::string msg;
+  double seconds = 0;
+  ::testing::internal::CaptureStderr();
+  run_group(
+      2,
+      [&](int r, dt_comm *c) {
+        if (r == 1)
+          return;  // never submits
+        dt_tensor *t = host_f32(std::vector<float>(8, 1.0f));
+        auto t0 = std::chrono::steady_clock::now();
+        got = dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM);
+        msg = dt_last_error();
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        later = dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM);
+        dt_tensor_release(t);
+      },
+      0.5);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(got, DT_ERR_TIMEOUT) << msg;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_NE(err.find("dtrain: rank 0: collective #1 (allreduce, 32 bytes, peers local "
+                     "participants 0-1) did not complete within 0.5 s"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(later, DT_ERR_STATE);  // broken: fails at once
+}
+
+TEST_F(DistLocal, WaitWithDeadlineReturnsTimeout) {
+  run_group(
+      2,
+      [&](int r, dt_comm *c) {
+        if (r == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          EXPECT_EQ(dt_comm_barrier_sync(c), DT_OK) << dt_last_error();
+          return;
+        }
+        dt_work *w = nullptr;
+        ASSERT_EQ(dt_comm_barrier(c, nullptr, &w), DT_OK);
+        EXPECT_EQ(dt_work_wait(w, 0.1), DT_ERR_TIMEOUT);
+        EXPECT_FALSE(dt_work_test(w));
+        EXPECT_EQ(dt_work_wait(w, 0), DT_OK) << dt_last_error();
+        dt_work_release(w);
+      },
+      10.0);
+}
+
+TEST_F(DistLocal, ProcessGroupWithoutLauncherIsOneProcess) {
+  if (dt_pg_detect_launcher() != DT_LAUNCHER_NONE)
+    GTEST_SKIP() << "running under a launcher";
+  dt_pg *pg = nullptr;
+  DT_ASSERT_OK(dt_pg_create(nullptr, &pg));
+  EXPECT_EQ(dt_pg_world_size(pg), 1);
+  EXPECT_EQ(dt_pg_rank(pg), 0);
+  EXPECT_EQ(dt_pg_local_rank(pg), 0);
+  EXPECT_FALSE(dt_pg_uses_mpi(pg));
+  EXPECT_GT(std::strlen(dt_pg_host(pg)), 0u);
+  dt_comm *c = nullptr;
+  DT_ASSERT_OK(dt_comm_create_for_pg(pg, nullptr, &c));
+  EXPECT_STREQ(dt_comm_backend_name(c), "local");
+  dt_tensor *t = host_f32({1, 2, 3});
+  DT_ASSERT_OK(dt_comm_allreduce_sync(c, t, DT_REDUCE_AVG));
+  EXPECT_EQ(to_vec(t), (std::vector<float>{1, 2, 3}));
+  dt_tensor_release(t);
+  dt_comm_destroy(c);
+  dt_comm *m = nullptr;
+  EXPECT_EQ(dt_comm_create_mpi(pg, nullptr, &m), DT_ERR_INVALID_ARG);
+  dt_pg_destroy(pg);
+}
+
+// ---- DDP over a group of one ----
+
+struct Single {
+  dt_comm *comm = nullptr;
+  Single() {
+    dt_comm_config cc = test_comm_config();
+    dt_local_group *g = nullptr;
+    dt_local_group_create(1, &g);
+    dt_comm_create_local(g, 0, &cc, &comm);
+    dt_local_group_release(g);
+  }
+  ~Single() { dt_comm_destroy(comm); }
+};
+
+TEST_F(DistLocal, BucketsAreReverseOrderedContiguousSlices) {
+  Single s;
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  DT_ASSERT_OK(dtt::build_model("mlp", &m));  // 784-512-512-10
+  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = 64 << 10;
+  cfg.bucket_bytes = 1 << 20;
+  DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
+  int nb = dt_ddp_num_buckets(ddp);
+  // reverse order: bucket 0 = 3.weight+3.bias (20 KiB) + 2.bias... until >= 64 KiB
+  int64_t end = dt_param_arena_numel(arena);
+  int expect_last = dt_param_arena_count(arena) - 1;
+  for (int b = 0; b < nb; b++) {
+    int64_t off, numel;
+    int first, last;
+    dt_ddp_bucket_info(ddp, b, &off, &numel, &first, &last);
+    EXPECT_EQ(last, expect_last) << "bucket " << b;
+    EXPECT_EQ(off + numel, end) << "bucket " << b;
+    EXPECT_EQ(off, dt_param_arena_offset(arena, first));
+    expect_last = first - 1;
+    end = off;
+  }
+  EXPECT_EQ(end, 0);
+  EXPECT_EQ(expect_last, -1);
+  // A bucket closes as soon as it reaches its cap: without its last-added
+  // (lowest-index) parameter it was still below the cap.
+  for (int b = 0; b < nb; b++) {
+    int64_t off, numel;
+    int first, last;
+    dt_ddp_bucket_info(ddp, b, &off, &numel, &first, &last);
+    size_t cap = b == 0 ? cfg.first_bucket_bytes : cfg.bucket_bytes;
+    int64_t without_first =
+        numel - dt_tensor_numel(dt_param_arena_param(arena, first, nullptr));
+    EXPECT_LT(static_cast<size_t>(without_first) * 4, cap) << "bucket " << b;
+    if (b + 1 < nb) {
+      EXPECT_GE(static_cast<size_t>(numel) * 4, cap) << "bucket " << b;
+    }
+  }
+  // 784-512-512-10: {5.bias, 5.weight, 3.bias, 3.weight} then {1.bias, 1.weight}
+  EXPECT_EQ(nb, 2);
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+}
+
+// A module whose forward uses child "used" and never child "unused".
+dt_status half_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
+  dt_tensor *flat = nullptr;
+  DT_CHECK(dt_op_flatten(x, &flat));
+  dt_status st = dt_module_call(dt_module_child(m, "used"), flat, out);
+  dt_tensor_release(flat);
+  return st;
+}
+const dt_module_vtable kHalfVt = {"Half", half_forward, nullptr};
+
+TEST_F(DistLocal, UnusedParametersAreNamedOrZeroFilled) {
+  for (int allow : {0, 1}) {
+    Single s;
+    dt_module *m = nullptr, *a = nullptr, *b = nullptr;
+    dt_generator gen;
+    dt_generator_init(&gen, 3);
+    DT_ASSERT_OK(dt_module_create(&kHalfVt, nullptr, &m));
+    DT_ASSERT_OK(dt_nn_linear(784, 10, 1, &gen, &a));
+    DT_ASSERT_OK(dt_nn_linear(4, 4, 1, &gen, &b));
+    DT_ASSERT_OK(dt_module_add_child(m, "used", a));
+    DT_ASSERT_OK(dt_module_add_child(m, "unused", b));
+    dt_param_arena *arena = nullptr;
+    dt_ddp *ddp = nullptr;
+    DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+    dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+    cfg.allow_unused = allow;
+    DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
+    dt_tensor *x, *y;
+    make_batch(0, 4, &x, &y);
+    DT_ASSERT_OK(dtt::loss_backward(m, x, y, 1.0f, nullptr));
+    dt_status st = dt_ddp_finish_backward(ddp);
+    if (allow) {
+      EXPECT_EQ(st, DT_OK) << dt_last_error();
+      dt_tensor *g = dt_tensor_grad(dt_module_parameter(b, "weight"));
+      double v = 1;
+      DT_ASSERT_OK(dt_tensor_item(g, 0, &v));
+      EXPECT_EQ(v, 0.0);
+    } else {
+      EXPECT_EQ(st, DT_ERR_STATE);
+      std::string msg = dt_last_error();
+      EXPECT_NE(msg.find("parameters that received no gradient"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("unused.weight, unused.bias"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("allow_unused"), std::string::npos) << msg;
+    }
+    // The reducer is usable again for the next pass.
+    DT_ASSERT_OK(dt_param_arena_zero_grad(arena));
+    DT_ASSERT_OK(dtt::loss_backward(m, x, y, 1.0f, nullptr));
+    EXPECT_EQ(dt_ddp_finish_backward(ddp), allow ? DT_OK : DT_ERR_STATE);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    dt_ddp_destroy(ddp);
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(m);
+  }
+}
+
+TEST_F(DistLocal, ForwardBeforeFinishBackwardIsAnError) {
+  Single s;
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  DT_ASSERT_OK(dtt::build_model("mlp-small", &m));
+  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, nullptr, &ddp));
+  dt_tensor *x, *y, *out = nullptr;
+  make_batch(0, 4, &x, &y);
+  DT_ASSERT_OK(dtt::loss_backward(m, x, y, 1.0f, nullptr));
+  EXPECT_EQ(dt_module_call(m, x, &out), DT_ERR_STATE);
+  EXPECT_NE(std::string(dt_last_error()).find("dt_ddp_finish_backward"), std::string::npos);
+  DT_ASSERT_OK(dt_ddp_finish_backward(ddp));
+  DT_ASSERT_OK(dt_module_call(m, x, &out));
+  dt_tensor_release(out);
+  dt_tensor_release(x);
+  dt_tensor_release(y);
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+}
+
+TEST_F(DistLocal, NoSyncAccumulationEqualsOneBatch) {
+  Single s;
+  const int k = 3, b = 4, steps = 3;
+  std::vector<float> ref = dtt::train_reference("mlp-small", steps, k * b);
+  dtt::DdpRun run = dtt::train_ddp(s.comm, "mlp-small", steps, b, k);
+  EXPECT_LE(dtt::rel_error(run.params, ref), 1e-5)
+      << "max abs diff " << dtt::max_abs_diff(run.params, ref);
+}
+
+TEST_F(DistLocal, TimelineRecordsEveryBucket) {
+  Single s;
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = cfg.bucket_bytes = 256 << 10;
+  dtt::DdpRun run = dtt::train_ddp(s.comm, "mlp-wide", 1, 16, 1, cfg);
+  ASSERT_GE(run.n_buckets, 3);
+  const dt_ddp_timeline &t = run.timeline;
+  EXPECT_LE(t.first_grad_s, t.last_grad_s);
+  EXPECT_LE(t.last_grad_s, t.backward_end_s);
+  EXPECT_LE(t.backward_end_s, t.finish_end_s);
+  for (int i = 0; i < run.n_buckets; i++) {
+    const dt_ddp_bucket_timing &bt = run.buckets[i];
+    EXPECT_GT(bt.launch_s, 0) << i;
+    EXPECT_GE(bt.start_s, bt.launch_s) << i;
+    EXPECT_GE(bt.end_s, bt.start_s) << i;
+    if (i > 0) {
+      EXPECT_GE(bt.launch_s, run.buckets[i - 1].launch_s) << i;  // bucket order
+    }
+  }
+  EXPECT_LT(run.buckets[0].launch_s, t.backward_end_s);  // launched from a hook
+}
+
+// ---- data-parallel mode ----
+
+struct DpArgs {
+  std::string model;
+};
+
+dt_status dp_model(void *user, int, dt_module **out) {
+  return dtt::build_model(static_cast<DpArgs *>(user)->model, out);
+}
+
+dt_status dp_optim(void *, int, dt_param_arena *arena, dt_optimizer **out) {
+  dt_sgd_config c = dtt::test_sgd();
+  return dt_optim_sgd_create(arena, &c, out);
+}
+
+void check_dp_equals_one_device(const std::string &model, int n_devices, int batch) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference(model, steps, batch);
+  std::vector<dt_device> devs;
+  for (int i = 0; i < n_devices; i++)
+    devs.push_back({DT_DEVICE_CPU, i});
+  DpArgs args{model};
+  dt_dp *dp = nullptr;
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.comm = test_comm_config();
+  DT_ASSERT_OK(dt_dp_create(devs.data(), n_devices, dp_model, &args, dp_optim, nullptr, &cfg, &dp));
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    double loss = 0;
+    DT_ASSERT_OK(dt_dp_step(dp, x, y, &loss));
+    EXPECT_TRUE(std::isfinite(loss));
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+  std::vector<float> p0 = dtt::arena_values(dt_dp_replica_arena(dp, 0));
+  EXPECT_LE(dtt::rel_error(p0, ref), 1e-5)
+      << model << " over " << n_devices << " devices: max abs diff " << dtt::max_abs_diff(p0, ref);
+  for (int i = 1; i < n_devices; i++) {
+    std::vector<float> pi = dtt::arena_values(dt_dp_replica_arena(dp, i));
+    EXPECT_EQ(0, std::memcmp(pi.data(), p0.data(), p0.size() * sizeof(float)))
+        << "replica " << i << " differs from replica 0";
+  }
+  dt_dp_destroy(dp);
+}
+
+TEST_F(DistLocal, DataParallelMlpEqualsOneDevice) {
+  check_dp_equals_one_device("mlp", 2, 16);
+  check_dp_equals_one_device("mlp", 3, 16);  // uneven split: 5, 5, 6
+}
+
+TEST_F(DistLocal, DataParallelLenetEqualsOneDevice) {
+  check_dp_equals_one_device("lenet", 2, 12);
+  check_dp_equals_one_device("lenet", 3, 12);
+}
+
+TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {
+  DpArgs args{"mlp-small"};
+  dt_dp *dp = nullptr;
+  dt_device twice[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 0}};
+  EXPECT_EQ(dt_dp_create(twice, 2, dp_model, &args, dp_optim, nullptr, nullptr, &dp),
+            DT_ERR_INVALID_ARG);
+  dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
+  DT_ASSERT_OK(dt_dp_create(two, 2, dp_model, &args, dp_optim, nullptr, nullptr, &dp));
+  dt_tensor *x, *y;
+  make_batch(0, 1, &x, &y);
+  EXPECT_EQ(dt_dp_step(dp, x, y, nullptr), DT_ERR_INVALID_ARG);
+  dt_tensor_release(x);
+  dt_tensor_release(y);
+  dt_dp_destroy(dp);
+}
+
+}  // namespace

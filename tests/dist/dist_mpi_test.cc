@@ -1,0 +1,194 @@
+// dist/ across processes: run under `mpirun -np W` (see dist_mpi_test.sh).
+// Every rank runs every test; each test's collectives are the same on all
+// ranks. The communicator's watchdog (30 s here) turns a rank that fails
+// early into a job abort rather than a hang.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "dist/process_group.h"
+#include "tests/dist/dist_test_util.h"
+
+namespace {
+
+dt_pg *g_pg = nullptr;
+dt_comm *g_comm = nullptr;
+
+class DistMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dt_cpu_set_num_threads(1);
+    ASSERT_NE(g_comm, nullptr);
+  }
+  int world() const { return dt_comm_size(g_comm); }
+  int rank() const { return dt_comm_rank(g_comm); }
+};
+
+TEST_F(DistMpi, ProcessGroupFromMpirun) {
+  EXPECT_TRUE(dt_pg_uses_mpi(g_pg));
+  EXPECT_EQ(dt_pg_world_size(g_pg), world());
+  EXPECT_GE(dt_pg_mpi_thread_level(g_pg), 2);  // SERIALIZED or MULTIPLE
+  // One host: the shared-memory split gives every rank.
+  EXPECT_EQ(dt_pg_local_size(g_pg), world());
+  EXPECT_EQ(dt_pg_local_rank(g_pg), rank());
+  char buf[256];
+  std::printf("[rank %d] %s\n", rank(), dt_pg_describe(g_pg, buf, sizeof buf));
+}
+
+TEST_F(DistMpi, Collectives) {
+  int w = world(), r = rank();
+  std::vector<float> v = {1.0f + r, 2.0f * r, 3.0f};
+  int64_t n = 3, nw = 3 * w;
+  dt_tensor *t = nullptr, *a = nullptr, *g = nullptr, *rs_out = nullptr;
+  DT_ASSERT_OK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &t));
+  DT_ASSERT_OK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &a));
+  DT_ASSERT_OK(dt_tensor_zeros(&nw, 1, DT_DTYPE_F32, DT_CPU, &g));
+  DT_ASSERT_OK(dt_tensor_zeros(&n, 1, DT_DTYPE_F32, DT_CPU, &rs_out));
+  dt_work *w1 = nullptr, *w2 = nullptr;
+  DT_ASSERT_OK(dt_comm_allreduce(g_comm, t, DT_REDUCE_SUM, nullptr, &w1));
+  DT_ASSERT_OK(dt_comm_allreduce(g_comm, a, DT_REDUCE_AVG, nullptr, &w2));
+  DT_ASSERT_OK(dt_work_wait(w2, 0));  // in order: w1 is done too
+  EXPECT_TRUE(dt_work_test(w1));
+  DT_ASSERT_OK(dt_work_wait(w1, 0));
+  EXPECT_LT(dt_work_seq(w1), dt_work_seq(w2));
+  dt_work_release(w1);
+  dt_work_release(w2);
+  float sum_r = w * (w - 1) / 2.0f;
+  auto item = [](dt_tensor *p, int64_t i) {
+    double v = NAN;
+    dt_tensor_item(p, i, &v);
+    return v;
+  };
+  EXPECT_EQ(item(t, 0), w + sum_r);
+  EXPECT_EQ(item(t, 1), 2 * sum_r);
+  EXPECT_FLOAT_EQ(item(a, 2), 3.0f);
+  EXPECT_FLOAT_EQ(item(a, 0), (w + sum_r) / w);
+  DT_ASSERT_OK(dt_comm_allgather_sync(g_comm, t, g));
+  EXPECT_EQ(item(g, 3 * (w - 1) + 1), 2 * sum_r);
+  // reduce_scatter of g (every rank holds the same w*3 values)
+  dt_work *w3 = nullptr;
+  DT_ASSERT_OK(dt_comm_reduce_scatter(g_comm, g, rs_out, DT_REDUCE_SUM, nullptr, &w3));
+  DT_ASSERT_OK(dt_work_wait(w3, 30));
+  dt_work_release(w3);
+  EXPECT_EQ(item(rs_out, 1), w * 2 * sum_r);
+  // broadcast from the last rank
+  float mine = 100.0f + r;
+  int64_t one = 1;
+  dt_tensor *b = nullptr;
+  DT_ASSERT_OK(dt_tensor_from_host(&mine, &one, 1, DT_DTYPE_F32, DT_CPU, &b));
+  DT_ASSERT_OK(dt_comm_broadcast_sync(g_comm, b, w - 1));
+  EXPECT_EQ(item(b, 0), 100.0 + w - 1);
+  DT_ASSERT_OK(dt_comm_barrier_sync(g_comm));
+  for (dt_tensor *p : {t, a, g, rs_out, b})
+    dt_tensor_release(p);
+}
+
+void check_ddp_equals_big_batch(dt_comm *comm, const std::string &model, int per_rank,
+                                int accum = 1) {
+  const int steps = 5;
+  int w = dt_comm_size(comm);
+  std::vector<float> ref = dtt::train_reference(model, steps, w * per_rank * accum);
+  dtt::DdpRun run = dtt::train_ddp(comm, model, steps, per_rank, accum);
+  double rel = dtt::rel_error(run.params, ref);
+  std::printf("[rank %d] %s W=%d b=%d accum=%d: relative error %.3g, max abs diff %.3g\n",
+              dt_comm_rank(comm), model.c_str(), w, per_rank, accum, rel,
+              dtt::max_abs_diff(run.params, ref));
+  EXPECT_LE(rel, 1e-5);
+  // Every rank holds bitwise the same parameters.
+  int64_t n = static_cast<int64_t>(run.params.size()), nw = n * w;
+  dt_tensor *mine = nullptr, *all = nullptr;
+  DT_ASSERT_OK(dt_tensor_from_host(run.params.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &mine));
+  DT_ASSERT_OK(dt_tensor_zeros(&nw, 1, DT_DTYPE_F32, DT_CPU, &all));
+  DT_ASSERT_OK(dt_comm_allgather_sync(comm, mine, all));
+  std::vector<float> v(static_cast<size_t>(nw));
+  dt_tensor_to_host(all, v.data(), v.size() * sizeof(float));
+  for (int k = 1; k < w; k++)
+    EXPECT_EQ(0, std::memcmp(v.data(), v.data() + k * n, n * sizeof(float)))
+        << "rank " << k << " differs from rank 0";
+  dt_tensor_release(mine);
+  dt_tensor_release(all);
+}
+
+TEST_F(DistMpi, DdpMlpEqualsOneProcessWithWorldTimesBatch) {
+  check_ddp_equals_big_batch(g_comm, "mlp", 8);
+}
+
+TEST_F(DistMpi, DdpLenetEqualsOneProcessWithWorldTimesBatch) {
+  check_ddp_equals_big_batch(g_comm, "lenet", 8);
+}
+
+TEST_F(DistMpi, DdpNoSyncAccumulationEqualsOneBatch) {
+  check_ddp_equals_big_batch(g_comm, "mlp-small", 4, 3);
+}
+
+TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = 64 << 10;
+  cfg.bucket_bytes = 256 << 10;
+  dtt::DdpRun run = dtt::train_ddp(g_comm, "mlp-wide", 2, 32, 1, cfg);
+  ASSERT_GE(run.n_buckets, 3);
+  const dt_ddp_timeline &t = run.timeline;
+  std::printf("[rank %d] backward %.2f ms (first grad -> finish entered); buckets:",
+              rank(), 1e3 * (t.backward_end_s - t.first_grad_s));
+  for (int b = 0; b < run.n_buckets; b++)
+    std::printf(" #%d %zu B launch %+.2f start %+.2f end %+.2f ms;", b, run.buckets[b].bytes,
+                1e3 * (run.buckets[b].launch_s - t.backward_end_s),
+                1e3 * (run.buckets[b].start_s - t.backward_end_s),
+                1e3 * (run.buckets[b].end_s - t.backward_end_s));
+  std::printf(" (relative to backward end)\n");
+  EXPECT_LT(run.buckets[0].launch_s, t.backward_end_s);
+  EXPECT_LT(run.buckets[0].start_s, t.backward_end_s)
+      << "the first bucket's all-reduce did not start before backward ended";
+}
+
+TEST_F(DistMpi, ParameterMismatchFailsOnEveryRank) {
+  if (world() < 2)
+    GTEST_SKIP();
+  // The last rank builds a narrower hidden layer.
+  int hidden = rank() == world() - 1 ? 48 : 64;
+  int sizes[] = {784, hidden, 10};
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  DT_ASSERT_OK(dt_model_mlp(sizes, 3, 1, &m));
+  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  dt_status st = dt_ddp_create(m, arena, g_comm, nullptr, &ddp);
+  std::string msg = dt_last_error();
+  std::printf("[rank %d] %s\n", rank(), msg.c_str());
+  EXPECT_EQ(st, DT_ERR_DIST_MISMATCH) << msg;
+  EXPECT_EQ(ddp, nullptr);
+  EXPECT_NE(msg.find("\"1.weight\" f32[64, 784]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"1.weight\" f32[48, 784]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank " + std::to_string(world() - 1)), std::string::npos) << msg;
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  // The communicator is still in step on every rank.
+  DT_ASSERT_OK(dt_comm_barrier_sync(g_comm));
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
+  pc.mode = DT_PG_MPI;
+  if (dt_pg_create(&pc, &g_pg) != DT_OK) {
+    std::fprintf(stderr, "dist_mpi_test: %s\n", dt_last_error());
+    return 1;
+  }
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = 30;
+  if (dt_comm_create_mpi(g_pg, &cc, &g_comm) != DT_OK) {
+    std::fprintf(stderr, "dist_mpi_test: %s\n", dt_last_error());
+    dt_pg_destroy(g_pg);
+    return 1;
+  }
+  int rc = RUN_ALL_TESTS();
+  dt_comm_destroy(g_comm);
+  dt_pg_destroy(g_pg);
+  return rc;
+}

@@ -1,0 +1,227 @@
+// Helpers shared by the dist/ test suites: synthetic batches, a plain
+// single-process training reference, a DDP training run over any
+// communicator, and comparisons.
+#ifndef DT_TESTS_DIST_TEST_UTIL_H
+#define DT_TESTS_DIST_TEST_UTIL_H
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/module.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "dist/comm.h"
+#include "dist/ddp.h"
+#include "models/models.h"
+
+#define DT_ASSERT_OK(expr)                                                          \
+  do {                                                                              \
+    dt_status s_ = (expr);                                                          \
+    ASSERT_EQ(s_, DT_OK) << #expr << ": " << dt_status_name(s_) << ": " << dt_last_error(); \
+  } while (0)
+
+namespace dtt {
+
+constexpr int kImage = 28 * 28;
+
+// Samples [first, first + n) of an endless synthetic data set: inputs
+// (n, 1, 28, 28) in [-1, 1), labels (n) i32 in [0, 10). Deterministic, so
+// every rank and the reference see the same global batch.
+inline void make_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y) {
+  std::vector<float> xs(static_cast<size_t>(n) * kImage);
+  std::vector<int32_t> ys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t sample = static_cast<uint64_t>(first + i);
+    for (int j = 0; j < kImage; j++)
+      xs[static_cast<size_t>(i) * kImage + j] =
+          2.0f * dt_rng_uniform(1234, sample * kImage + static_cast<uint64_t>(j)) - 1.0f;
+    ys[static_cast<size_t>(i)] = static_cast<int32_t>(dt_rng_bits(99, sample) % 10);
+  }
+  int64_t xshape[4] = {n, 1, 28, 28};
+  int64_t yshape[1] = {n};
+  *x = nullptr;
+  *y = nullptr;
+  dt_tensor_from_host(xs.data(), xshape, 4, DT_DTYPE_F32, DT_CPU, x);
+  dt_tensor_from_host(ys.data(), yshape, 1, DT_DTYPE_I32, DT_CPU, y);
+}
+
+inline dt_status build_model(const std::string &name, dt_module **out) {
+  if (name == "mlp-small") {
+    static const int sizes[] = {784, 64, 10};
+    return dt_model_mlp(sizes, 3, 7, out);
+  }
+  if (name == "mlp-wide") {  // bigger, for overlap measurements
+    static const int sizes[] = {784, 1024, 1024, 1024, 10};
+    return dt_model_mlp(sizes, 5, 7, out);
+  }
+  return dt_model_create(name.c_str(), 7, out);
+}
+
+inline dt_sgd_config test_sgd() {
+  dt_sgd_config c = DT_SGD_CONFIG_DEFAULT;
+  c.lr = 0.05f;
+  c.momentum = 0.9f;
+  return c;
+}
+
+// Mean cross-entropy of model(x) against y, times `scale`, backpropagated.
+inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float scale,
+                               double *loss_value) {
+  dt_tensor *logits = nullptr, *loss = nullptr, *scaled = nullptr;
+  dt_status st = dt_module_call(m, x, &logits);
+  if (st == DT_OK)
+    st = dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, -100, &loss);
+  if (st == DT_OK && loss_value)
+    st = dt_tensor_item(loss, 0, loss_value);
+  if (st == DT_OK && scale != 1.0f)
+    st = dt_op_scale(loss, scale, &scaled);
+  if (st == DT_OK)
+    st = dt_backward(scaled ? scaled : loss, nullptr);
+  dt_tensor_release(scaled);
+  dt_tensor_release(loss);
+  dt_tensor_release(logits);
+  return st;
+}
+
+inline std::vector<float> arena_values(dt_param_arena *a) {
+  std::vector<float> v(static_cast<size_t>(dt_param_arena_numel(a)));
+  dt_tensor_to_host(dt_param_arena_data(a), v.data(), v.size() * sizeof(float));
+  return v;
+}
+
+inline std::vector<float> arena_grads(dt_param_arena *a) {
+  std::vector<float> v(static_cast<size_t>(dt_param_arena_numel(a)));
+  dt_tensor_to_host(dt_param_arena_grads(a), v.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Plain single-process training: `steps` SGD steps, each over global
+// samples [s * batch, (s + 1) * batch), gradient of the batch mean.
+inline std::vector<float> train_reference(const std::string &model, int steps, int batch) {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  std::vector<float> out;
+  dt_sgd_config sgd = test_sgd();
+  if (build_model(model, &m) != DT_OK || dt_param_arena_create(m, &arena) != DT_OK ||
+      dt_optim_sgd_create(arena, &sgd, &opt) != DT_OK) {
+    ADD_FAILURE() << "reference setup: " << dt_last_error();
+  } else {
+    for (int s = 0; s < steps; s++) {
+      dt_tensor *x, *y;
+      make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+      dt_status st = loss_backward(m, x, y, 1.0f, nullptr);
+      if (st == DT_OK)
+        st = dt_optim_step(opt);
+      if (st == DT_OK)
+        st = dt_optim_zero_grad(opt);
+      dt_tensor_release(x);
+      dt_tensor_release(y);
+      if (st != DT_OK) {
+        ADD_FAILURE() << "reference step " << s << ": " << dt_last_error();
+        break;
+      }
+    }
+    out = arena_values(arena);
+  }
+  dt_optim_destroy(opt);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return out;
+}
+
+struct DdpRun {
+  std::vector<float> params;
+  dt_ddp_timeline timeline{};
+  std::vector<dt_ddp_bucket_timing> buckets;
+  int n_buckets = 0;
+};
+
+// DDP training over `comm`: `steps` steps with a global batch of
+// world * per_rank * accum samples per step; this rank takes its per_rank
+// slice of each of `accum` micro-batches (no_sync for all but the last).
+inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int per_rank,
+                        int accum = 1, dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT) {
+  DdpRun run;
+  int world = dt_comm_size(comm), rank = dt_comm_rank(comm);
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  dt_ddp *ddp = nullptr;
+  dt_sgd_config sgd = test_sgd();
+  if (build_model(model, &m) != DT_OK || dt_param_arena_create(m, &arena) != DT_OK ||
+      dt_optim_sgd_create(arena, &sgd, &opt) != DT_OK ||
+      dt_ddp_create(m, arena, comm, &cfg, &ddp) != DT_OK) {
+    ADD_FAILURE() << "DDP setup on rank " << rank << ": " << dt_last_error();
+  } else {
+    int64_t global = static_cast<int64_t>(world) * per_rank;
+    for (int s = 0; s < steps; s++) {
+      dt_status st = DT_OK;
+      for (int k = 0; k < accum && st == DT_OK; k++) {
+        int64_t first = (static_cast<int64_t>(s) * accum + k) * global + rank * per_rank;
+        dt_tensor *x, *y;
+        make_batch(first, per_rank, &x, &y);
+        int last = k == accum - 1;
+        if (!last)
+          st = dt_ddp_no_sync_begin(ddp);
+        if (st == DT_OK)
+          st = loss_backward(m, x, y, 1.0f / static_cast<float>(accum), nullptr);
+        if (st == DT_OK && !last)
+          st = dt_ddp_no_sync_end(ddp);
+        if (st == DT_OK && last)
+          st = dt_ddp_finish_backward(ddp);
+        dt_tensor_release(x);
+        dt_tensor_release(y);
+      }
+      if (st == DT_OK)
+        st = dt_optim_step(opt);
+      if (st == DT_OK)
+        st = dt_optim_zero_grad(opt);
+      if (st != DT_OK) {
+        ADD_FAILURE() << "DDP step " << s << " on rank " << rank << ": " << dt_last_error();
+        break;
+      }
+    }
+    run.params = arena_values(arena);
+    dt_ddp_get_timeline(ddp, &run.timeline);
+    run.n_buckets = dt_ddp_num_buckets(ddp);
+    run.buckets.assign(run.timeline.buckets, run.timeline.buckets + run.timeline.n_buckets);
+    run.timeline.buckets = nullptr;
+  }
+  dt_ddp_destroy(ddp);
+  dt_optim_destroy(opt);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return run;
+}
+
+// ||a - b|| / ||b||
+inline double rel_error(const std::vector<float> &a, const std::vector<float> &b) {
+  if (a.size() != b.size() || b.empty())
+    return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / (std::sqrt(den) + 1e-30);
+}
+
+inline double max_abs_diff(const std::vector<float> &a, const std::vector<float> &b) {
+  double m = a.size() == b.size() ? 0 : INFINITY;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++)
+    m = std::fmax(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace dtt
+
+#endif
