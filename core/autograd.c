@@ -232,9 +232,12 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
                     dt_tensor_describe(loss, a, sizeof a));
   dt_tensor *seed;
   if (grad_output != NULL) {
-    if (dt_tensor_numel(grad_output) != dt_tensor_numel(loss))
-      return DT_ERROR(DT_ERR_SHAPE, "backward: grad_output has %lld elements, loss has %lld",
-                      (long long)dt_tensor_numel(grad_output), (long long)dt_tensor_numel(loss));
+    char b[200];
+    if (grad_output->ndim != loss->ndim ||
+        memcmp(grad_output->shape, loss->shape, sizeof(int64_t) * (size_t)loss->ndim) != 0)
+      return DT_ERROR(DT_ERR_SHAPE, "backward: grad_output %s does not have the loss's shape %s",
+                      dt_tensor_describe(grad_output, b, sizeof b),
+                      dt_tensor_describe(loss, a, sizeof a));
     DT_CHECK(dt_tensor_contiguous(grad_output, &seed));
   } else {
     if (dt_tensor_numel(loss) != 1)

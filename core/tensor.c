@@ -93,8 +93,9 @@ dt_status dt_tensor_wrap(dt_storage *s, int64_t offset, const int64_t *shape, in
   t->storage = s;
   t->offset = offset;
   t->ndim = ndim;
-  memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
-  dt_contiguous_strides(shape, ndim, t->strides);
+  if (ndim > 0)
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  dt_contiguous_strides(t->shape, ndim, t->strides);
   t->dtype = dtype;
   *out = t;
   return DT_OK;

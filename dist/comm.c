@@ -131,7 +131,7 @@ static void run_one(dt_comm *c, dt_work *w) {
             c->cfg.abort_on_timeout ? "aborting the job" : "failing it (abort_on_timeout off)");
     fflush(stderr);
     if (c->cfg.abort_on_timeout)
-      c->be->abort_job(c->impl, 124);
+      c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
     snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu timed out after %g s",
              (unsigned long long)w->seq, c->cfg.timeout_s);
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
@@ -394,30 +394,34 @@ void dt_work_times(const dt_work *w, double *submitted, double *started, double 
   pthread_mutex_unlock(&mw->mu);
 }
 
-static dt_status wait_release(dt_status st, dt_work *w) {
-  if (st != DT_OK)
-    return st;
-  st = dt_work_wait(w, 0);
-  dt_work_release(w);
+static dt_status wait_release(dt_status submitted, dt_work **w) {
+  if (submitted != DT_OK)
+    return submitted;
+  dt_status st = dt_work_wait(*w, 0);
+  dt_work_release(*w);
   return st;
 }
 
 dt_status dt_comm_allreduce_sync(dt_comm *c, dt_tensor *t, dt_reduce_op op) {
   dt_work *w = NULL;
-  return wait_release(dt_comm_allreduce(c, t, op, NULL, &w), w);
+  dt_status st = dt_comm_allreduce(c, t, op, NULL, &w);
+  return wait_release(st, &w);
 }
 
 dt_status dt_comm_broadcast_sync(dt_comm *c, dt_tensor *t, int root) {
   dt_work *w = NULL;
-  return wait_release(dt_comm_broadcast(c, t, root, NULL, &w), w);
+  dt_status st = dt_comm_broadcast(c, t, root, NULL, &w);
+  return wait_release(st, &w);
 }
 
 dt_status dt_comm_allgather_sync(dt_comm *c, dt_tensor *in, dt_tensor *out) {
   dt_work *w = NULL;
-  return wait_release(dt_comm_allgather(c, in, out, NULL, &w), w);
+  dt_status st = dt_comm_allgather(c, in, out, NULL, &w);
+  return wait_release(st, &w);
 }
 
 dt_status dt_comm_barrier_sync(dt_comm *c) {
   dt_work *w = NULL;
-  return wait_release(dt_comm_barrier(c, NULL, &w), w);
+  dt_status st = dt_comm_barrier(c, NULL, &w);
+  return wait_release(st, &w);
 }

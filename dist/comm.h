@@ -36,7 +36,8 @@
  * to stderr and, with cfg.abort_on_timeout, ends the whole job (MPI_Abort;
  * abort() for the local backend). Without it the work fails with
  * DT_ERR_TIMEOUT and the communicator is broken: every later collective
- * fails at once (nobody hangs).
+ * fails at once (nobody hangs). The job's exit status after a watchdog abort
+ * is DT_COMM_WATCHDOG_EXIT_CODE (MPI_Abort's error code; local: SIGABRT).
  */
 #ifndef DT_DIST_COMM_H
 #define DT_DIST_COMM_H
@@ -51,6 +52,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define DT_COMM_WATCHDOG_EXIT_CODE 70 /* EX_SOFTWARE; distinct from timeout(1)'s 124 */
 
 typedef enum dt_reduce_op {
   DT_REDUCE_SUM = 0,

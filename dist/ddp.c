@@ -63,8 +63,8 @@ static void launch_bucket(dt_ddp *d, int b) {
    * computes synchronously, so the gradients are complete already. */
   dt_coll_opts opts = DT_COLL_OPTS_DEFAULT;
   opts.bucket = b;
-  dt_status st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
   d->timings[b].launch_s = dt_comm_now();
+  dt_status st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
   if (st != DT_OK)
     record_error(d, dt_error_wrap(st, "launching the all-reduce of DDP bucket %d", b));
 }

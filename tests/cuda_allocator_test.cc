@@ -298,8 +298,9 @@ TEST_F(BlockPoolTest, RandomWorkloadKeepsInvariants) {
       size_t sum = 0;
       for (size_t i = 0; i < sorted.size(); i++) {
         sum += sorted[i].size;
-        if (i)
+        if (i) {
           ASSERT_LE(sorted[i - 1].p + sorted[i - 1].size, sorted[i].p) << "overlapping blocks";
+        }
       }
       dt_memory_stats s = Stats();
       ASSERT_EQ(s.allocated, sum);
@@ -349,8 +350,9 @@ TEST(CudaAvailability, DoctorReportsWithoutAGpu) {
   EXPECT_NE(report.find("CUDA"), std::string::npos);
   EXPECT_NE(report.find("verdict"), std::string::npos) << report;
   EXPECT_GE(problems, 0);
-  if (dt_cuda_probe() != DT_OK)
+  if (dt_cuda_probe() != DT_OK) {
     EXPECT_GE(problems, 1) << report;
+  }
   std::fprintf(stderr, "%s", report.c_str());
 }
 

@@ -125,24 +125,53 @@ TEST_F(DistMpi, DdpNoSyncAccumulationEqualsOneBatch) {
   check_ddp_equals_big_batch(g_comm, "mlp-small", 4, 3);
 }
 
+// Overlap, measured: with several buckets the first bucket's all-reduce is
+// launched from a grad-ready hook and starts on the communication thread
+// while backward is still running. Launch-before-end is exact; start time
+// depends on the scheduler (this machine may be shared and oversubscribed),
+// so the start is required in most of the steps, not all.
 TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
   cfg.first_bucket_bytes = 64 << 10;
   cfg.bucket_bytes = 256 << 10;
-  dtt::DdpRun run = dtt::train_ddp(g_comm, "mlp-wide", 2, 32, 1, cfg);
-  ASSERT_GE(run.n_buckets, 3);
-  const dt_ddp_timeline &t = run.timeline;
-  std::printf("[rank %d] backward %.2f ms (first grad -> finish entered); buckets:",
-              rank(), 1e3 * (t.backward_end_s - t.first_grad_s));
-  for (int b = 0; b < run.n_buckets; b++)
-    std::printf(" #%d %zu B launch %+.2f start %+.2f end %+.2f ms;", b, run.buckets[b].bytes,
-                1e3 * (run.buckets[b].launch_s - t.backward_end_s),
-                1e3 * (run.buckets[b].start_s - t.backward_end_s),
-                1e3 * (run.buckets[b].end_s - t.backward_end_s));
-  std::printf(" (relative to backward end)\n");
-  EXPECT_LT(run.buckets[0].launch_s, t.backward_end_s);
-  EXPECT_LT(run.buckets[0].start_s, t.backward_end_s)
-      << "the first bucket's all-reduce did not start before backward ended";
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  DT_ASSERT_OK(dtt::build_model("mlp-wide", &m));
+  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  DT_ASSERT_OK(dt_ddp_create(m, arena, g_comm, &cfg, &ddp));
+  ASSERT_GE(dt_ddp_num_buckets(ddp), 3);
+  const int steps = 3, batch = 64;
+  int started_early = 0;
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    dtt::make_batch((s * world() + rank()) * batch, batch, &x, &y);
+    DT_ASSERT_OK(dtt::loss_backward(m, x, y, 1.0f, nullptr));
+    DT_ASSERT_OK(dt_ddp_finish_backward(ddp));
+    DT_ASSERT_OK(dt_param_arena_zero_grad(arena));
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    dt_ddp_timeline t;
+    dt_ddp_get_timeline(ddp, &t);
+    std::printf("[rank %d] step %d: backward %.1f ms (first grad ready -> finish entered); "
+                "buckets (ms relative to backward end):",
+                rank(), s, 1e3 * (t.backward_end_s - t.first_grad_s));
+    for (int b = 0; b < t.n_buckets; b++)
+      std::printf(" #%d %zu B launch %+.1f start %+.1f end %+.1f;", b, t.buckets[b].bytes,
+                  1e3 * (t.buckets[b].launch_s - t.backward_end_s),
+                  1e3 * (t.buckets[b].start_s - t.backward_end_s),
+                  1e3 * (t.buckets[b].end_s - t.backward_end_s));
+    std::printf("\n");
+    EXPECT_LT(t.buckets[0].launch_s, t.backward_end_s) << "step " << s;
+    for (int b = 1; b < t.n_buckets; b++)
+      EXPECT_GE(t.buckets[b].launch_s, t.buckets[b - 1].launch_s) << "step " << s;
+    started_early += t.buckets[0].start_s < t.backward_end_s;
+  }
+  EXPECT_GE(started_early, 2) << "the first bucket's all-reduce started before backward ended in "
+                              << started_early << " of " << steps << " steps";
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
 }
 
 TEST_F(DistMpi, ParameterMismatchFailsOnEveryRank) {

@@ -5,6 +5,8 @@
 set -euo pipefail
 np=$1
 shift
+# Bazel's per-test files must not be shared by several ranks.
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
 args=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1)
 if [ "$(id -u)" = 0 ]; then
   args+=(--allow-run-as-root)
