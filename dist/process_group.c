@@ -19,12 +19,11 @@ dt_launcher dt_pg_detect_launcher(void) {
     return DT_LAUNCHER_PMIX;
   if (env_set("PMI_RANK") || env_set("PMI_SIZE"))
     return DT_LAUNCHER_PMI;
-  /* SLURM_PROCID is also set inside a plain batch script (one task): only a
-   * step of several tasks without PMI variables is a launch we cannot join. */
+  /* SLURM_PROCID is also set inside a plain batch script, whose step has
+   * one task: only an srun step of several tasks without PMI variables is a
+   * launch we cannot join (srun without --mpi=pmix). */
   const char *ntasks = getenv("SLURM_STEP_NUM_TASKS");
-  if (ntasks == NULL)
-    ntasks = getenv("SLURM_NTASKS");
-  if (env_set("SLURM_PROCID") && ntasks != NULL && atoi(ntasks) > 1 && env_set("SLURM_STEP_ID"))
+  if (env_set("SLURM_PROCID") && ntasks != NULL && atoi(ntasks) > 1)
     return DT_LAUNCHER_SLURM_NO_PMI;
   return DT_LAUNCHER_NONE;
 }
@@ -115,7 +114,7 @@ dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out) {
                   "this process is one of %s Slurm tasks but no MPI launcher environment "
                   "(PMIx/PMI) is present, so the tasks cannot find each other: start the "
                   "step with `srun --mpi=pmix`, or run mpirun inside the allocation",
-                  getenv("SLURM_NTASKS") ? getenv("SLURM_NTASKS") : "several");
+                  getenv("SLURM_STEP_NUM_TASKS"));
     goto destroy_pg;
   }
   int want_mpi = c.mode == DT_PG_MPI || (c.mode == DT_PG_AUTO && pg->launcher != DT_LAUNCHER_NONE);

@@ -672,16 +672,19 @@ TEST(OpsAutograd, DtypeRoundTrips) {
   ExpectNear(ToVector(dt_tensor_grad(xg)), {1, 1, 1});
 }
 
-// dt_backward accepts a seed with the loss's numel in any shape; the
-// broadcasting ops must still reduce over the right dims.
-TEST(OpsAutograd, FlatSeedGradientThroughBroadcastAndConcat) {
+// dt_backward requires a seed of the loss's shape (as PyTorch does); with it
+// the broadcasting ops reduce over the right dims.
+TEST(OpsAutograd, SeedGradientThroughBroadcastAndConcat) {
   Tensors ts;
   dt_tensor *a = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {2, 3}, true));
   dt_tensor *b = ts.add(MakeTensor({1, 1, 1}, {3}, true));
   dt_tensor *y = nullptr;
   ASSERT_EQ(dt_op_mul(a, b, &y), DT_OK);
   ts.add(y);
-  dt_tensor *seed = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {6}));
+  dt_tensor *flat = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {6}));
+  EXPECT_EQ(dt_backward(y, flat), DT_ERR_SHAPE);
+  EXPECT_NE(std::string(dt_last_error()).find("shape"), std::string::npos);
+  dt_tensor *seed = ts.add(MakeTensor({1, 2, 3, 4, 5, 6}, {2, 3}));
   ASSERT_EQ(dt_backward(y, seed), DT_OK) << dt_last_error();
   ExpectNear(ToVector(dt_tensor_grad(a)), {1, 2, 3, 4, 5, 6});
   ExpectNear(ToVector(dt_tensor_grad(b)), {1 + 4 * 4, 2 * 2 + 5 * 5, 3 * 3 + 6 * 6});
@@ -690,7 +693,7 @@ TEST(OpsAutograd, FlatSeedGradientThroughBroadcastAndConcat) {
   dt_tensor *ac[] = {a, c};
   ASSERT_EQ(dt_op_concat(ac, 2, 1, &y), DT_OK);  // (2, 4)
   ts.add(y);
-  dt_tensor *seed8 = ts.add(MakeTensor({1, 2, 3, 4, 5, 6, 7, 8}, {8}));
+  dt_tensor *seed8 = ts.add(MakeTensor({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4}));
   ASSERT_EQ(dt_backward(y, seed8), DT_OK) << dt_last_error();
   ExpectNear(ToVector(dt_tensor_grad(c)), {4, 8});
 }
