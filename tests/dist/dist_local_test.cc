@@ -218,6 +218,32 @@ TEST_F(DistLocal, ProcessGroupWithoutLauncherIsOneProcess) {
   dt_pg_destroy(pg);
 }
 
+TEST_F(DistLocal, LauncherDetectionFromEnvironment) {
+  if (dt_pg_detect_launcher() != DT_LAUNCHER_NONE)
+    GTEST_SKIP() << "running under a launcher";
+  // A batch script: one task in the step, not a launch to join.
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+  EXPECT_EQ(dt_pg_detect_launcher(), DT_LAUNCHER_NONE);
+  // srun -n 2 without --mpi=pmix: refuse with advice instead of running two
+  // unrelated single-process trainings.
+  setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+  EXPECT_EQ(dt_pg_detect_launcher(), DT_LAUNCHER_SLURM_NO_PMI);
+  dt_pg *pg = nullptr;
+  EXPECT_EQ(dt_pg_create(nullptr, &pg), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("srun --mpi=pmix"), std::string::npos)
+      << dt_last_error();
+  setenv("PMIX_RANK", "0", 1);  // srun --mpi=pmix
+  EXPECT_EQ(dt_pg_detect_launcher(), DT_LAUNCHER_PMIX);
+  unsetenv("PMIX_RANK");
+  unsetenv("SLURM_PROCID");
+  unsetenv("SLURM_STEP_NUM_TASKS");
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(dt_pg_detect_launcher(), DT_LAUNCHER_OPEN_MPI);
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(dt_pg_detect_launcher(), DT_LAUNCHER_NONE);
+}
+
 // ---- DDP over a group of one ----
 
 struct Single {
