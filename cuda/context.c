@@ -1,8 +1,8 @@
 /* The CUDA backend's process state: the availability probe (driver, runtime,
  * devices), per-device contexts (streams, cuBLAS and cuDNN handles, the
  * caching allocator, scratch), settings read from the environment (here
- * only: DT_CUDA_TF32, DT_CUDA_MEMORY_LIMIT), error translation, versions
- * and device properties. */
+ * only: DT_CUDA_TF32, DT_CUDA_MEMORY_LIMIT, DT_CUDNN_BENCHMARK), error
+ * translation, versions and device properties. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -203,6 +203,17 @@ dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx) {
     ctx->cublas_tf32 = want;
   }
   return DT_OK;
+}
+
+int dt_cuda_cudnn_benchmark(void) {
+  static atomic_int setting = -1;
+  int v = atomic_load(&setting);
+  if (v < 0) {
+    const char *s = getenv("DT_CUDNN_BENCHMARK");
+    v = s && strcmp(s, "1") == 0;
+    atomic_store(&setting, v);
+  }
+  return v;
 }
 
 static dt_status memory_limit_from_env(size_t *out) {

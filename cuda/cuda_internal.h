@@ -74,6 +74,9 @@ dt_status dt_cuda_ctx_get(dt_device dev, dt_cuda_ctx **out);
 static inline cudaStream_t dt_cuda_compute_stream(const dt_cuda_ctx *ctx) {
   return ctx->streams[DT_STREAM_COMPUTE].s;
 }
+/* DT_CUDNN_BENCHMARK=1: time every cuDNN convolution algorithm once per
+ * shape instead of taking the heuristics' first choice. */
+int dt_cuda_cudnn_benchmark(void);
 /* Sets the cuBLAS math mode from the global TF32 setting if it changed. */
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx);
 

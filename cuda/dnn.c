@@ -85,11 +85,6 @@ void dt_cuda_conv_cache_destroy(dt_cuda_conv_cache *c) {
   free(c);
 }
 
-static int benchmark_mode(void) {
-  const char *s = getenv("DT_CUDNN_BENCHMARK");
-  return s && strcmp(s, "1") == 0;
-}
-
 static dt_status no_algorithm(const char *what, const dt_conv2d_geom *g) {
   return DT_ERROR(DT_ERR_UNSUPPORTED,
                   "cuDNN has no %s algorithm for conv2d n=%d c=%d h=%d w=%d oc=%d kernel %dx%d "
@@ -98,10 +93,11 @@ static dt_status no_algorithm(const char *what, const dt_conv2d_geom *g) {
                   WORKSPACE_CAP >> 20);
 }
 
-/* Picks the three algorithms: the first usable one of cuDNN's ranking. */
+/* Picks the three algorithms: the first usable one of cuDNN's ranking,
+ * with FMA math (exact f32) when TF32 is off. */
 static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   cudnnHandle_t h = ctx->cudnn;
-  int bench = benchmark_mode(), got = 0;
+  int bench = dt_cuda_cudnn_benchmark(), got = 0;
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     if (bench)
@@ -116,7 +112,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     if (i == got)
       return no_algorithm("forward", &p->g);
     p->fwd = perf[i].algo;
-    p->fwd_math = perf[i].mathType;
+    p->fwd_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
     DT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->fwd,
                                                            &p->ws_fwd));
@@ -135,7 +131,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     if (i == got)
       return no_algorithm("backward-data", &p->g);
     p->bwd_data = perf[i].algo;
-    p->bwd_data_math = perf[i].mathType;
+    p->bwd_data_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math));
     DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x,
                                                                 p->bwd_data, &p->ws_bwd_data));
@@ -154,7 +150,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     if (i == got)
       return no_algorithm("backward-filter", &p->g);
     p->bwd_filter = perf[i].algo;
-    p->bwd_filter_math = perf[i].mathType;
+    p->bwd_filter_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math));
     DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         h, p->x, p->y, p->conv, p->w, p->bwd_filter, &p->ws_bwd_filter));
@@ -194,9 +190,6 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
   DT_CUDNN_CHECK_GOTO(
       cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), fail);
   DT_CHECK_GOTO(plan_choose(ctx, p), fail);
-  if (!tf32) {
-    p->fwd_math = p->bwd_data_math = p->bwd_filter_math = CUDNN_FMA_MATH;
-  }
   *out = p;
   return DT_OK;
 fail:
