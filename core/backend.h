@@ -79,6 +79,9 @@ typedef struct dt_backend_ops {
 
   /* ---- devices ---- */
   int (*device_count)(void);
+  /* Optional: when device_count() is 0, records why (driver missing, driver
+   * older than the runtime, ...) and returns the status to report. */
+  dt_status (*unavailable)(void);
 
   /* ---- memory ---- */
   dt_status (*alloc)(dt_device dev, size_t bytes, void **out);
@@ -89,6 +92,11 @@ typedef struct dt_backend_ops {
   dt_status (*copy)(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
                     size_t bytes, dt_stream *stream);
   dt_status (*memset_zero)(dt_device dev, void *ptr, size_t bytes);
+  /* Optional (NULL: plain host memory is as good): page-locked host memory
+   * from which `copy` on a stream runs asynchronously (the data loader's
+   * batch buffers). */
+  dt_status (*host_alloc)(size_t bytes, void **out);
+  void (*host_free)(void *ptr);
   dt_status (*memory_stats)(dt_device dev, dt_memory_stats *out);
   dt_status (*empty_cache)(dt_device dev);
   dt_status (*reset_peak_stats)(dt_device dev);

@@ -40,6 +40,13 @@ dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out) {
   }
   int n = ops->device_count();
   if (dev.index < 0 || dev.index >= n) {
+    if (n == 0 && ops->unavailable != NULL) {
+      dt_status why = ops->unavailable();
+      if (why != DT_OK)
+        return dt_error_wrap(why, "device %s requested but unusable (run `dtrain doctor`; or use "
+                                  "--device cpu)",
+                             name);
+    }
     if (dev.type == DT_DEVICE_CUDA && n == 0)
       return DT_ERROR(DT_ERR_NO_DEVICE,
                       "device %s requested but no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, "

@@ -21,6 +21,14 @@
 static pthread_once_t cpu_env_once = PTHREAD_ONCE_INIT;
 static atomic_int cpu_num_threads = 1;
 static atomic_size_t cpu_memory_limit = 0;
+/* The allocator's block cache (see "memory" below); DT_CPU_ALLOC_CACHE=0
+ * turns it off so that ASan / valgrind see every free. Off by default under
+ * AddressSanitizer. */
+#if defined(__SANITIZE_ADDRESS__)
+static atomic_int cpu_cache_enabled = 0;
+#else
+static atomic_int cpu_cache_enabled = 1;
+#endif
 /* A DT_CPU_MEMORY_LIMIT that does not parse makes every allocation fail with
  * this text, rather than being silently ignored. */
 static char cpu_limit_env_error[256];
@@ -59,6 +67,10 @@ static void cpu_read_env(void) {
   }
   cpu_apply_threads(threads);
 
+  s = getenv("DT_CPU_ALLOC_CACHE");
+  if (s && *s)
+    atomic_store(&cpu_cache_enabled, strcmp(s, "0") != 0);
+
   s = getenv("DT_CPU_MEMORY_LIMIT");
   if (s && *s) {
     size_t limit = 0;
@@ -94,19 +106,77 @@ void dt_cpu_alloc_set_limit(size_t bytes) {
   cpu_limit_env_error[0] = '\0'; /* an explicit setting overrides a bad env value */
 }
 
-/* ---- memory ---- */
+/* ---- memory ----
+ *
+ * A per-device cache of freed blocks in size classes (8 per power of two
+ * above 1 KiB, so a block wastes at most 1/8 of its size): steady-state
+ * training frees and re-allocates the same sizes every step, and handing
+ * them back to malloc makes glibc return large blocks to the kernel and
+ * page-fault them in again. `allocated` counts the bytes of live tensors as
+ * requested (the cap applies to it); `reserved` counts the class sizes of
+ * live and cached blocks. A cache hit still counts in num_allocs. */
 
 typedef struct cpu_mem_stats {
   size_t allocated;
+  size_t reserved;
+  size_t cached;
   size_t peak;
   uint64_t num_allocs;
   uint64_t num_ooms;
 } cpu_mem_stats;
 
+#define CPU_ALIGN 64
+#define CPU_SMALL_CLASSES 16                /* 64 B .. 1 KiB in 64 B steps */
+#define CPU_CLASS_STEPS 8                   /* classes per power of two above 1 KiB */
+#define CPU_CACHE_MAX_BLOCK ((size_t)1 << 28) /* larger blocks go back to the system */
+#define CPU_CACHE_MAX_BYTES ((size_t)1 << 30) /* cap on cached bytes per device */
+#define CPU_NUM_CLASSES (CPU_SMALL_CLASSES + (28 - 10) * CPU_CLASS_STEPS)
+
+/* A cached block stores the next pointer of its class list in itself. */
+typedef struct cpu_free_block {
+  struct cpu_free_block *next;
+} cpu_free_block;
+
 static pthread_mutex_t cpu_mem_lock = PTHREAD_MUTEX_INITIALIZER;
 static cpu_mem_stats cpu_mem[DT_CPU_MAX_DEVICES];
+static cpu_free_block *cpu_free_lists[DT_CPU_MAX_DEVICES][CPU_NUM_CLASSES];
 
-#define CPU_ALIGN 64
+/* Size class of a request: the rounded block size, and its class index
+ * (-1 for blocks too large to cache). */
+static size_t cpu_block_size(size_t bytes, int *cls) {
+  size_t s = bytes < CPU_ALIGN ? CPU_ALIGN : bytes;
+  if (s <= (size_t)CPU_SMALL_CLASSES * CPU_ALIGN) {
+    size_t size = (s + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    *cls = (int)(size / CPU_ALIGN) - 1;
+    return size;
+  }
+  int k = 63 - __builtin_clzll((unsigned long long)(s - 1)); /* s in (2^k, 2^(k+1)] */
+  size_t step = (size_t)1 << (k - 3);
+  size_t size = (s + step - 1) / step * step;
+  if (size > CPU_CACHE_MAX_BLOCK || size < s) {
+    *cls = -1;
+    return (s + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+  }
+  *cls = CPU_SMALL_CLASSES + (k - 10) * CPU_CLASS_STEPS +
+         (int)((size - ((size_t)1 << k)) / step) - 1;
+  return size;
+}
+
+/* Frees every cached block of a device; call with cpu_mem_lock held. */
+static void cpu_cache_release_locked(int dev_index) {
+  cpu_mem_stats *st = &cpu_mem[dev_index];
+  for (int c = 0; c < CPU_NUM_CLASSES; c++) {
+    cpu_free_block *b = cpu_free_lists[dev_index][c];
+    while (b) {
+      cpu_free_block *next = b->next;
+      free(b);
+      b = next;
+    }
+    cpu_free_lists[dev_index][c] = NULL;
+  }
+  st->reserved -= st->cached;
+  st->cached = 0;
+}
 
 static dt_status cpu_check_device(const char *what, dt_device dev) {
   if (dev.type != DT_DEVICE_CPU || dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES) {
@@ -144,6 +214,9 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
                     dev.index, cpu_limit_env_error);
   size_t limit = atomic_load(&cpu_memory_limit);
   cpu_mem_stats *st = &cpu_mem[dev.index];
+  int cls;
+  size_t size = cpu_block_size(bytes, &cls);
+  int use_cache = atomic_load_explicit(&cpu_cache_enabled, memory_order_relaxed);
 
   /* Reserve first so that concurrent allocations cannot both pass the cap. */
   pthread_mutex_lock(&cpu_mem_lock);
@@ -156,14 +229,34 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
     return DT_ERROR(DT_ERR_OOM, "%s", msg);
   }
   st->allocated += bytes;
+  void *p = NULL;
+  if (cls >= 0 && cpu_free_lists[dev.index][cls]) {
+    cpu_free_block *b = cpu_free_lists[dev.index][cls];
+    cpu_free_lists[dev.index][cls] = b->next;
+    st->cached -= size;
+    p = b;
+  } else {
+    /* Under a cap, cached blocks must not keep the process above it. */
+    if (limit && st->cached && st->reserved + size > limit)
+      cpu_cache_release_locked(dev.index);
+    st->reserved += size;
+  }
   pthread_mutex_unlock(&cpu_mem_lock);
 
-  size_t rounded = bytes ? (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN : CPU_ALIGN;
-  void *p = rounded >= bytes ? aligned_alloc(CPU_ALIGN, rounded) : NULL;
+  if (!p && size >= bytes) {
+    p = aligned_alloc(CPU_ALIGN, size);
+    if (!p && use_cache) { /* give the cache back and try once more */
+      pthread_mutex_lock(&cpu_mem_lock);
+      cpu_cache_release_locked(dev.index);
+      pthread_mutex_unlock(&cpu_mem_lock);
+      p = aligned_alloc(CPU_ALIGN, size);
+    }
+  }
 
   pthread_mutex_lock(&cpu_mem_lock);
   if (!p) {
     st->allocated -= bytes;
+    st->reserved -= size;
     st->num_ooms++;
     allocated = st->allocated;
     pthread_mutex_unlock(&cpu_mem_lock);
@@ -182,13 +275,27 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
 static void cpu_free(dt_device dev, void *ptr, size_t bytes) {
   if (!ptr)
     return;
-  free(ptr);
-  if (dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES)
+  if (dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES) {
+    free(ptr);
     return;
+  }
+  int cls;
+  size_t size = cpu_block_size(bytes, &cls);
+  int keep = cls >= 0 && atomic_load_explicit(&cpu_cache_enabled, memory_order_relaxed);
   pthread_mutex_lock(&cpu_mem_lock);
   cpu_mem_stats *st = &cpu_mem[dev.index];
   st->allocated = st->allocated >= bytes ? st->allocated - bytes : 0;
+  if (keep && st->cached + size <= CPU_CACHE_MAX_BYTES) {
+    cpu_free_block *b = ptr;
+    b->next = cpu_free_lists[dev.index][cls];
+    cpu_free_lists[dev.index][cls] = b;
+    st->cached += size;
+    ptr = NULL;
+  } else {
+    st->reserved = st->reserved >= size ? st->reserved - size : 0;
+  }
   pthread_mutex_unlock(&cpu_mem_lock);
+  free(ptr);
 }
 
 static dt_status cpu_memory_stats(dt_device dev, dt_memory_stats *out) {
@@ -198,7 +305,7 @@ static dt_status cpu_memory_stats(dt_device dev, dt_memory_stats *out) {
   pthread_mutex_lock(&cpu_mem_lock);
   const cpu_mem_stats *st = &cpu_mem[dev.index];
   out->allocated = st->allocated;
-  out->reserved = st->allocated; /* no cache on the CPU */
+  out->reserved = st->reserved > st->allocated ? st->reserved : st->allocated;
   out->peak_allocated = st->peak;
   out->num_allocs = st->num_allocs;
   out->num_ooms = st->num_ooms;
@@ -209,7 +316,13 @@ static dt_status cpu_memory_stats(dt_device dev, dt_memory_stats *out) {
   return DT_OK;
 }
 
-static dt_status cpu_empty_cache(dt_device dev) { return cpu_check_device("cpu empty_cache", dev); }
+static dt_status cpu_empty_cache(dt_device dev) {
+  DT_CHECK(cpu_check_device("cpu empty_cache", dev));
+  pthread_mutex_lock(&cpu_mem_lock);
+  cpu_cache_release_locked(dev.index);
+  pthread_mutex_unlock(&cpu_mem_lock);
+  return DT_OK;
+}
 
 static dt_status cpu_reset_peak_stats(dt_device dev) {
   DT_CHECK(cpu_check_device("cpu reset_peak_stats", dev));

@@ -244,7 +244,7 @@ dt_status dt_cpu_binary(dt_device dev, const dt_binary_args *args, const float *
 dt_status dt_cpu_fill(dt_device dev, float *x, float value, int64_t n) {
   (void)dev;
   int nt = dt_cpu_threads();
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++)
     x[i] = value;
   return DT_OK;
@@ -256,11 +256,11 @@ dt_status dt_cpu_axpby(dt_device dev, int64_t n, float alpha, const float *x, fl
   (void)dev;
   int nt = dt_cpu_threads();
   if (beta == 0.0f) {
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
     for (int64_t i = 0; i < n; i++)
       y[i] = alpha * x[i];
   } else {
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
     for (int64_t i = 0; i < n; i++)
       y[i] = alpha * x[i] + beta * y[i];
   }
@@ -277,7 +277,7 @@ dt_status dt_cpu_unary_forward(dt_device dev, dt_unary_op op, int64_t n, const f
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
       for (int64_t i = 0; i < n; i++)
         y[i] = x[i] < 0.0f ? 0.0f : x[i]; /* NaN propagates, as torch.relu */
       return DT_OK;
@@ -304,7 +304,7 @@ dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const 
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
       for (int64_t i = 0; i < n; i++)
         dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
       return DT_OK;

@@ -29,6 +29,60 @@ static dt_status check_pool_geom(const char *op, const dt_conv2d_geom *g) {
   return DT_OK;
 }
 
+/* Whether v replaces the running maximum: larger, or the first NaN (NaN
+ * wins and sticks, as PyTorch). Ties keep the earlier index. Bitwise
+ * operators so that the loops below stay branch-free and vectorize. */
+static inline int max_takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
+/* Max of a 2x2 window a b / c d in scan order, with the flat index of the
+ * winner (`at` is the index of a, `w` the row length). */
+static inline float max_2x2(float a, float b, float c, float d, int32_t at, int32_t w,
+                            int32_t *at_out) {
+  float best = a;
+  int32_t i = at;
+  int t = max_takes(b, best);
+  best = t ? b : best;
+  i = t ? at + 1 : i;
+  t = max_takes(c, best);
+  best = t ? c : best;
+  i = t ? at + w : i;
+  t = max_takes(d, best);
+  best = t ? d : best;
+  i = t ? at + w + 1 : i;
+  *at_out = i;
+  return best;
+}
+
+/* The common 2x2, stride 2, unpadded window: one plane x (h,w) -> y (oh,ow),
+ * argmax (oh,ow) or NULL. Same scan order as the general loop, so the
+ * results are identical. */
+static void maxpool_2x2_plane(const dt_conv2d_geom *g, const float *x, float *y, int32_t *argmax) {
+  int32_t w = g->w;
+  for (int oy = 0; oy < g->oh; oy++) {
+    const float *r0 = x + (int64_t)(2 * oy) * w, *r1 = r0 + w;
+    float *yr = y + (int64_t)oy * g->ow;
+    int32_t base = 2 * oy * w;
+    if (argmax) {
+      int32_t *ar = argmax + (int64_t)oy * g->ow;
+#pragma omp simd
+      for (int ox = 0; ox < g->ow; ox++)
+        yr[ox] = max_2x2(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], base + 2 * ox, w,
+                         &ar[ox]);
+    } else {
+#pragma omp simd
+      for (int ox = 0; ox < g->ow; ox++) {
+        int32_t at;
+        yr[ox] = max_2x2(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], base + 2 * ox, w,
+                         &at);
+      }
+    }
+  }
+}
+
+static int is_2x2_stride2(const dt_conv2d_geom *g) {
+  return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
+}
+
 // x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w
 dt_status dt_cpu_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
                                    float *y, int32_t *argmax) {
@@ -41,6 +95,10 @@ dt_status dt_cpu_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const
     const float *xp = x + p * hw;
     float *yp = y + p * ohw;
     int32_t *ap = argmax ? argmax + p * ohw : NULL;
+    if (is_2x2_stride2(g)) {
+      maxpool_2x2_plane(g, xp, yp, ap);
+      continue;
+    }
     for (int oy = 0; oy < g->oh; oy++) {
       int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
       y0 = MAX(y0, 0);

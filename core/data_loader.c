@@ -9,10 +9,15 @@
  *   consumer: wait for produced > consumed -> copy slot -> consumed++
  *
  * The worker writes slot b only while b - consumed < ring, so it never
- * touches the slot being copied. The ring is explicit so that a CUDA backend
- * can later allocate the slots in pinned memory (host_buffer_alloc) and copy
- * them asynchronously on the copy stream; a slot would then be handed back
- * only once the copy's event has completed.
+ * touches the slot being copied.
+ *
+ * On a device whose backend offers page-locked host memory (CUDA), the slots
+ * are allocated there and dt_loader_next copies a batch asynchronously on
+ * the device's copy stream, records an event, and makes the compute stream
+ * wait on it: the caller's kernels queue behind the copy without the host
+ * waiting. The slot is handed back to the worker only at the following
+ * dt_loader_next, after its copy event has completed, so one batch is in
+ * transfer while the previous one computes and the worker fills the rest.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,6 +31,7 @@
 #define LOADER_ERROR_MAX 2048
 
 typedef struct batch_slot {
+  dt_event *copied; /* async path: the copy out of this slot has completed */
   float *inputs;   /* (batch_size, input_numel) host */
   int32_t *labels; /* (batch_size) host */
   int64_t count;   /* samples in this batch */
@@ -47,22 +53,34 @@ struct dt_loader {
   int64_t num_batches;   /* this epoch */
   int64_t produced;      /* slots published this epoch (guarded by mu) */
   int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
+  int64_t taken;         /* slots the consumer has read (>= consumed) */
+  const dt_backend_ops *be;
+  int async_copy;        /* pinned slots + copy stream (see the top) */
   atomic_int stop;       /* ask the worker to quit (checked per sample) */
   int worker_running;    /* a thread exists and must be joined */
   pthread_t worker;
   int epoch_started;
 };
 
-/* Host memory for a slot. Plain aligned memory on CPU; the place where a
- * CUDA build would ask for pinned (page-locked) memory. */
-static void *host_buffer_alloc(size_t bytes) {
+/* Host memory for a slot: page-locked when the backend offers it, else
+ * plain aligned memory. */
+static void *host_buffer_alloc(const dt_loader *l, size_t bytes) {
   void *p = NULL;
+  if (l->async_copy)
+    return l->be->host_alloc(bytes ? bytes : 64, &p) == DT_OK ? p : NULL;
   if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
     return NULL;
   return p;
 }
 
-static void host_buffer_free(void *p) { free(p); }
+static void host_buffer_free(const dt_loader *l, void *p) {
+  if (p == NULL)
+    return;
+  if (l->async_copy)
+    l->be->host_free(p);
+  else
+    free(p);
+}
 
 static int64_t batches_for(int64_t samples, int batch_size, int drop_last) {
   return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
@@ -149,6 +167,8 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
   l->sampler = s;
   l->cfg = c;
   l->input_numel = dt_dataset_input_numel(d);
+  l->be = be;
+  l->async_copy = be->host_alloc != NULL && be->host_free != NULL;
   l->ring_size = c.prefetch;
   l->num_batches = batches_for(dt_sampler_length(s), c.batch_size, c.drop_last);
   atomic_init(&l->stop, 0);
@@ -162,8 +182,13 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
   }
   size_t input_bytes = (size_t)c.batch_size * (size_t)l->input_numel * sizeof(float);
   for (int i = 0; i < l->ring_size; i++) {
-    l->ring[i].inputs = host_buffer_alloc(input_bytes);
-    l->ring[i].labels = host_buffer_alloc((size_t)c.batch_size * sizeof(int32_t));
+    l->ring[i].inputs = host_buffer_alloc(l, input_bytes);
+    l->ring[i].labels = host_buffer_alloc(l, (size_t)c.batch_size * sizeof(int32_t));
+    if (l->async_copy && l->ring[i].inputs != NULL &&
+        be->event_create(c.device, &l->ring[i].copied) != DT_OK) {
+      dt_loader_destroy(l);
+      return dt_error_wrap(DT_ERR_INTERNAL, "cannot create the loader's copy events");
+    }
     if (!l->ring[i].inputs || !l->ring[i].labels) {
       dt_loader_destroy(l);
       return DT_ERROR(DT_ERR_OOM,
@@ -182,8 +207,12 @@ void dt_loader_destroy(dt_loader *l) {
   stop_worker(l);
   if (l->ring) {
     for (int i = 0; i < l->ring_size; i++) {
-      host_buffer_free(l->ring[i].inputs);
-      host_buffer_free(l->ring[i].labels);
+      if (l->ring[i].copied != NULL) {
+        l->be->event_synchronize(l->ring[i].copied); /* no copy still reads the slot */
+        l->be->event_destroy(l->ring[i].copied);
+      }
+      host_buffer_free(l, l->ring[i].inputs);
+      host_buffer_free(l, l->ring[i].labels);
     }
     free(l->ring);
   }
@@ -202,6 +231,7 @@ dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
   l->num_batches = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size, l->cfg.drop_last);
   l->produced = 0;
   l->consumed = 0;
+  l->taken = 0;
   atomic_store(&l->stop, 0);
   if (l->num_batches > 0) {
     int rc = pthread_create(&l->worker, NULL, worker_main, l);
@@ -215,6 +245,39 @@ dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
 
 int64_t dt_loader_num_batches(const dt_loader *l) { return l->num_batches; }
 
+/* Hands the slots whose copies have finished back to the worker. */
+static dt_status release_taken_slots(dt_loader *l) {
+  while (l->consumed < l->taken) {
+    batch_slot *slot = &l->ring[l->consumed % l->ring_size];
+    if (l->async_copy)
+      DT_CHECK(l->be->event_synchronize(slot->copied));
+    pthread_mutex_lock(&l->mu);
+    l->consumed++;
+    pthread_cond_signal(&l->freed);
+    pthread_mutex_unlock(&l->mu);
+  }
+  return DT_OK;
+}
+
+/* A device tensor holding `bytes` of host data: a synchronous copy, or on
+ * the async path a copy on the copy stream. */
+static dt_status upload(dt_loader *l, const void *host, const int64_t *shape, int ndim,
+                        dt_dtype dtype, dt_tensor **out) {
+  if (!l->async_copy)
+    return dt_tensor_from_host(host, shape, ndim, dtype, l->cfg.device, out);
+  dt_tensor *t;
+  DT_CHECK(dt_tensor_empty(shape, ndim, dtype, l->cfg.device, &t));
+  size_t bytes = (size_t)dt_tensor_numel(t) * dt_dtype_size(dtype);
+  dt_status st = l->be->copy(dt_tensor_data(t), l->cfg.device, host, DT_CPU, bytes,
+                             l->be->stream(l->cfg.device, DT_STREAM_COPY));
+  if (st != DT_OK) {
+    dt_tensor_release(t);
+    return st;
+  }
+  *out = t;
+  return DT_OK;
+}
+
 dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   if (!inputs || !labels)
     return DT_ERROR(DT_ERR_INVALID_ARG, "inputs and labels must not be NULL");
@@ -224,17 +287,18 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "loader is NULL");
   if (!l->epoch_started)
     return DT_ERROR(DT_ERR_STATE, "no epoch started: call dt_loader_start_epoch first");
-  if (l->consumed >= l->num_batches) {
+  DT_CHECK(release_taken_slots(l));
+  if (l->taken >= l->num_batches) {
     stop_worker(l); /* finished: just joins */
     return DT_OK;
   }
 
   pthread_mutex_lock(&l->mu);
-  while (l->produced <= l->consumed)
+  while (l->produced <= l->taken)
     pthread_cond_wait(&l->filled, &l->mu);
   pthread_mutex_unlock(&l->mu);
 
-  batch_slot *slot = &l->ring[l->consumed % l->ring_size];
+  batch_slot *slot = &l->ring[l->taken % l->ring_size];
   if (slot->status != DT_OK) /* sticky: the worker stopped at this batch */
     return DT_ERROR(slot->status, "data loader worker failed on %s", slot->error);
 
@@ -244,19 +308,24 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   shape[0] = slot->count;
   memcpy(shape + 1, dt_dataset_input_shape(d), (size_t)ndim * sizeof *shape);
   dt_tensor *x = NULL, *y = NULL;
-  dt_status st =
-      dt_tensor_from_host(slot->inputs, shape, ndim + 1, DT_DTYPE_F32, l->cfg.device, &x);
+  dt_status st = upload(l, slot->inputs, shape, ndim + 1, DT_DTYPE_F32, &x);
   if (st == DT_OK)
-    st = dt_tensor_from_host(slot->labels, shape, 1, DT_DTYPE_I32, l->cfg.device, &y);
-  if (st != DT_OK) {
+    st = upload(l, slot->labels, shape, 1, DT_DTYPE_I32, &y);
+  if (st == DT_OK && l->async_copy) {
+    /* The compute stream waits for the copy; the host does not. */
+    st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));
+    if (st == DT_OK)
+      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE),
+                                    slot->copied);
+  }
+  if (st != DT_OK) { /* the slot stays taken-but-unread; destroy waits for its copies */
     dt_tensor_release(x);
+    dt_tensor_release(y);
     return st;
   }
-
-  pthread_mutex_lock(&l->mu);
-  l->consumed++;
-  pthread_cond_signal(&l->freed);
-  pthread_mutex_unlock(&l->mu);
+  l->taken++;
+  if (!l->async_copy)
+    DT_CHECK(release_taken_slots(l)); /* the synchronous copy is done */
   *inputs = x;
   *labels = y;
   return DT_OK;

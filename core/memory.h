@@ -4,7 +4,10 @@
  * (bytes, or with a K/M/G suffix) caps what may be allocated so that the
  * out-of-memory path can be exercised: an allocation over the cap fails with
  * DT_ERR_OOM and a message giving the requested size, what is allocated, the
- * cap and advice. CUDA: see cuda/ (caching allocator).
+ * cap and advice. Freed blocks are kept in a per-device cache of size
+ * classes and reused (`reserved` counts them, `allocated` only live
+ * tensors; dt_empty_cache hands them back; DT_CPU_ALLOC_CACHE=0 turns the
+ * cache off). CUDA: see cuda/ (caching allocator).
  */
 #ifndef DT_CORE_MEMORY_H
 #define DT_CORE_MEMORY_H

@@ -157,6 +157,9 @@ static dt_status cuda_device_synchronize(dt_device dev) {
 static const dt_backend_ops cuda_ops = {
     .name = "cuda",
     .device_count = dt_cuda_device_count,
+    .unavailable = dt_cuda_probe,
+    .host_alloc = dt_cuda_pinned_alloc,
+    .host_free = dt_cuda_pinned_free,
     .alloc = dt_cuda_alloc,
     .free = dt_cuda_free,
     .copy = cuda_copy,

