@@ -8,7 +8,12 @@
 #include "core/backend.h"
 #include "core/memory.h"
 #include "core/status.h"
+#include "cuda/cuda.h"
 #include "launch/flags.h"
+
+/* From OpenBLAS and Open MPI; declared here to keep their headers out. */
+char *openblas_get_config(void);
+int MPI_Get_library_version(char *version, int *resultlen);
 
 static int file_exists(const char *path) {
   struct stat st;
@@ -74,8 +79,25 @@ int dt_cli_doctor(int argc, char **argv) {
     printf("  cuda           %d device(s)\n", dt_device_count(DT_DEVICE_CUDA));
   else
     printf("  cuda           unavailable: %s\n", dt_last_error());
+  printf("libraries:\n");
+  printf("  OpenBLAS       %s\n", openblas_get_config());
+  char mpi[8192];
+  int mpi_len = 0;
+  if (MPI_Get_library_version(mpi, &mpi_len) == 0) {
+    char *nl = strchr(mpi, ',');
+    if (nl)
+      *nl = '\0';
+    printf("  MPI            %s\n", mpi);
+  }
+  int problems = 0;
+  dt_cuda_doctor(stdout, &problems);
   printf("data sets (--data-dir %s):\n", data_dir);
   report_data_set(data_dir, "fashion-mnist");
   report_data_set(data_dir, "mnist");
+  if (problems == 0)
+    printf("verdict: ok\n");
+  else
+    printf("verdict: %d problem(s) for GPU training (see above); CPU training works\n",
+           problems);
   return 0;
 }
