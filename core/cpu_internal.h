@@ -55,6 +55,9 @@ dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t out
 dt_status dt_cpu_broadcast_axis(dt_device dev, const float *y, float *x, int64_t outer,
                                 int64_t r, int64_t inner, float scale);
 dt_status dt_cpu_sum_squares(dt_device dev, const float *x, int64_t n, double *out);
+/* Sum of x (n) in double with four interleaved accumulators (the order
+ * every CPU reduction uses). */
+double dt_cpu_sum_contiguous(const float *x, int64_t n);
 
 /* ---- softmax, losses, normalisation, embedding, dropout (cpu_kernels_nn.c) ---- */
 dt_status dt_cpu_softmax_forward(dt_device dev, const float *x, float *y, int64_t rows,

@@ -51,34 +51,39 @@ static void valid_cols(const dt_conv2d_geom *g, int kj, int *lo, int *hi) {
     *hi = *lo;
 }
 
-/* ---- im2col / col2im ---- */
+/* ---- im2col / col2im ----
+ *
+ * The rows are short (ow is 10..28 in LeNet), so the copies are plain loops
+ * marked `omp simd` rather than memcpy calls, whose per-call cost dominated
+ * at these lengths. */
 
 // x (c,h,w) -> col (c*kh*kw, oh*ow)
 static void im2col(const dt_conv2d_geom *g, const float *x, float *col, int par) {
   int rows = g->c * g->kh * g->kw, ohw = g->oh * g->ow;
+  int padded = g->ph > 0 || g->pw > 0; /* else every window lies inside x */
 #pragma omp parallel for if (par) num_threads(dt_cpu_threads()) schedule(static)
   for (int r = 0; r < rows; r++) {
     int ci = r / (g->kh * g->kw), ki = (r / g->kw) % g->kh, kj = r % g->kw;
-    int lo, hi;
+    int lo, hi, ow = g->ow, sw = g->sw;
     valid_cols(g, kj, &lo, &hi);
     float *dst = col + (int64_t)r * ohw;
     const float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int oy = 0; oy < g->oh; oy++, dst += g->ow) {
+    if (padded) /* one call for the row, then only the valid runs are copied */
+      memset(dst, 0, (size_t)ohw * sizeof(float));
+    for (int oy = 0; oy < g->oh; oy++, dst += ow) {
       int iy = oy * g->sh - g->ph + ki;
-      if (iy < 0 || iy >= g->h) {
-        memset(dst, 0, (size_t)g->ow * sizeof(float));
+      if (iy < 0 || iy >= g->h)
         continue;
-      }
       const float *src = plane + (int64_t)iy * g->w - g->pw + kj;
-      for (int ox = 0; ox < lo; ox++)
-        dst[ox] = 0.0f;
-      if (g->sw == 1)
-        memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-      else
+      if (sw == 1) {
+#pragma omp simd
         for (int ox = lo; ox < hi; ox++)
-          dst[ox] = src[ox * g->sw];
-      for (int ox = hi; ox < g->ow; ox++)
-        dst[ox] = 0.0f;
+          dst[ox] = src[ox];
+      } else {
+#pragma omp simd
+        for (int ox = lo; ox < hi; ox++)
+          dst[ox] = src[ox * sw];
+      }
     }
   }
 }
@@ -89,6 +94,7 @@ static void col2im(const dt_conv2d_geom *g, const float *col, float *x, int par)
 #pragma omp parallel for if (par) num_threads(dt_cpu_threads()) schedule(static)
   for (int ci = 0; ci < g->c; ci++) {
     float *plane = x + (int64_t)ci * g->h * g->w;
+    int sw = g->sw;
     memset(plane, 0, (size_t)g->h * g->w * sizeof(float));
     for (int ki = 0; ki < g->kh; ki++)
       for (int kj = 0; kj < g->kw; kj++) {
@@ -100,12 +106,14 @@ static void col2im(const dt_conv2d_geom *g, const float *col, float *x, int par)
           if (iy < 0 || iy >= g->h)
             continue;
           float *dst = plane + (int64_t)iy * g->w - g->pw + kj;
-          if (g->sw == 1)
+          if (sw == 1) {
+#pragma omp simd
             for (int ox = lo; ox < hi; ox++)
               dst[ox] += src[ox];
-          else
+          } else {
             for (int ox = lo; ox < hi; ox++)
-              dst[ox * g->sw] += src[ox];
+              dst[ox * sw] += src[ox];
+          }
         }
       }
   }
@@ -166,11 +174,192 @@ size_t dt_cpu_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g) {
   return 0;
 }
 
+/* ---- stride-1 convolution on wide rows ----
+ *
+ * With stride 1, output (oy, ox) reads the padded input at (oy + ki,
+ * ox + kj). Numbering the outputs oy * wp + ox (wp the padded row length)
+ * makes the im2col row of tap (ci, ki, kj) one contiguous run of the padded
+ * plane, L = (oh - 1) * wp + ow floats from ci*hp*wp + ki*wp + kj: one
+ * memcpy per row instead of oh short copies, and col2im becomes L-long
+ * vector adds. The wp - ow columns between output rows are computed and
+ * dropped (forward) or fed zero gradients (backward), which adds exact
+ * zeros to the sums. */
+
+typedef struct wide_geom {
+  int hp, wp, L, ckk;
+  int64_t plane; /* hp * wp */
+  int padded;
+} wide_geom;
+
+static int is_wide(const dt_conv2d_geom *g) {
+  return g->sh == 1 && g->sw == 1 && !is_pointwise(g);
+}
+
+static void wide_geom_of(const dt_conv2d_geom *g, wide_geom *wg) {
+  wg->hp = g->h + 2 * g->ph;
+  wg->wp = g->w + 2 * g->pw;
+  wg->L = (g->oh - 1) * wg->wp + g->ow;
+  wg->ckk = g->c * g->kh * g->kw;
+  wg->plane = (int64_t)wg->hp * wg->wp;
+  wg->padded = g->ph > 0 || g->pw > 0;
+}
+
+static size_t round16(size_t floats) { return (floats + 15) / 16 * 16; }
+
+/* Scratch floats per image: padded input, columns (ckk, L), wide output
+ * or gradient (oc, L), padded input gradient. */
+static size_t wide_scratch_floats(const dt_conv2d_geom *g, const wide_geom *wg) {
+  size_t xp = wg->padded ? round16((size_t)g->c * wg->plane) : 0;
+  return 2 * xp + round16((size_t)wg->ckk * wg->L) + round16((size_t)g->oc * wg->L);
+}
+
+// x (c,h,w) -> xp (c,hp,wp) with zero borders
+static void wide_pad(const dt_conv2d_geom *g, const wide_geom *wg, const float *x, float *xp) {
+  memset(xp, 0, (size_t)g->c * wg->plane * sizeof(float));
+  for (int ci = 0; ci < g->c; ci++)
+    for (int iy = 0; iy < g->h; iy++)
+      memcpy(xp + ci * wg->plane + (int64_t)(iy + g->ph) * wg->wp + g->pw,
+             x + ((int64_t)ci * g->h + iy) * g->w, (size_t)g->w * sizeof(float));
+}
+
+// xp (c,hp,wp) -> col (ckk, L)
+static void wide_im2col(const dt_conv2d_geom *g, const wide_geom *wg, const float *xp, float *col,
+                        int par) {
+#pragma omp parallel for if (par) num_threads(dt_cpu_threads()) schedule(static)
+  for (int r = 0; r < wg->ckk; r++) {
+    int ci = r / (g->kh * g->kw), ki = (r / g->kw) % g->kh, kj = r % g->kw;
+    memcpy(col + (int64_t)r * wg->L, xp + ci * wg->plane + (int64_t)ki * wg->wp + kj,
+           (size_t)wg->L * sizeof(float));
+  }
+}
+
+// dcol (ckk, L) -> dxp (c,hp,wp) overwritten with the sum of overlapping entries
+static void wide_col2im(const dt_conv2d_geom *g, const wide_geom *wg, const float *dcol,
+                        float *dxp, int par) {
+  int L = wg->L, taps = g->kh * g->kw;
+#pragma omp parallel for if (par) num_threads(dt_cpu_threads()) schedule(static)
+  for (int ci = 0; ci < g->c; ci++) {
+    float *plane = dxp + ci * wg->plane;
+    memset(plane, 0, (size_t)wg->plane * sizeof(float));
+    for (int t = 0; t < taps; t++) {
+      float *dst = plane + (int64_t)(t / g->kw) * wg->wp + t % g->kw;
+      const float *src = dcol + ((int64_t)ci * taps + t) * L;
+#pragma omp simd
+      for (int p = 0; p < L; p++)
+        dst[p] += src[p];
+    }
+  }
+}
+
+// one image: x (c,h,w), w (oc, ckk), bias (oc) or NULL -> y (oc, oh, ow); 0 when out of memory
+static int wide_forward_image(const dt_conv2d_geom *g, const float *x, const float *w,
+                              const float *bias, float *y, int par) {
+  wide_geom wg;
+  wide_geom_of(g, &wg);
+  float *buf = thread_scratch(wide_scratch_floats(g, &wg));
+  if (!buf)
+    return 0;
+  float *col = buf, *wide = col + round16((size_t)wg.ckk * wg.L);
+  const float *xp = x;
+  if (wg.padded) {
+    float *pad = wide + round16((size_t)g->oc * wg.L);
+    wide_pad(g, &wg, x, pad);
+    xp = pad;
+  }
+  wide_im2col(g, &wg, xp, col, par);
+  /* wide (oc, L) = w (oc, ckk) @ col (ckk, L) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->oc, wg.L, wg.ckk, 1.0f, w, wg.ckk, col,
+              wg.L, 0.0f, wide, wg.L);
+  for (int o = 0; o < g->oc; o++) {
+    float b = bias ? bias[o] : 0.0f;
+    for (int oy = 0; oy < g->oh; oy++) {
+      const float *src = wide + (int64_t)o * wg.L + (int64_t)oy * wg.wp;
+      float *dst = y + ((int64_t)o * g->oh + oy) * g->ow;
+      if (bias) {
+#pragma omp simd
+        for (int ox = 0; ox < g->ow; ox++)
+          dst[ox] = src[ox] + b;
+      } else {
+#pragma omp simd
+        for (int ox = 0; ox < g->ow; ox++)
+          dst[ox] = src[ox];
+      }
+    }
+  }
+  return 1;
+}
+
+/* One image of the backward on wide rows: dwt_acc (ckk, oc) += col dy^T
+ * (beta 0 for the first image of a run), dx (c,h,w) = col2im(w^T dy). */
+static int wide_backward_image(const dt_conv2d_geom *g, const float *x, const float *w,
+                               const float *dy, float *dx, float *dwt_acc, float dw_beta,
+                               int par) {
+  wide_geom wg;
+  wide_geom_of(g, &wg);
+  float *buf = thread_scratch(wide_scratch_floats(g, &wg));
+  if (!buf)
+    return 0;
+  size_t xp_floats = wg.padded ? round16((size_t)g->c * wg.plane) : 0;
+  float *col = buf, *dwide = col + round16((size_t)wg.ckk * wg.L);
+  float *pad = dwide + round16((size_t)g->oc * wg.L), *dpad = pad + xp_floats;
+  /* dwide (oc, L): dy spread onto wide rows, zeros in the dropped columns */
+  for (int o = 0; o < g->oc; o++)
+    for (int oy = 0; oy < g->oh; oy++) {
+      float *dst = dwide + (int64_t)o * wg.L + (int64_t)oy * wg.wp;
+      const float *src = dy + ((int64_t)o * g->oh + oy) * g->ow;
+      int gap = oy + 1 < g->oh ? wg.wp - g->ow : 0;
+#pragma omp simd
+      for (int ox = 0; ox < g->ow; ox++)
+        dst[ox] = src[ox];
+      for (int k = 0; k < gap; k++)
+        dst[g->ow + k] = 0.0f;
+    }
+  if (dwt_acc) {
+    const float *xp = x;
+    if (wg.padded) {
+      wide_pad(g, &wg, x, pad);
+      xp = pad;
+    }
+    wide_im2col(g, &wg, xp, col, par);
+    /* dwt_acc (ckk, oc) += col (ckk, L) @ dwide^T (L, oc) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, wg.ckk, g->oc, wg.L, 1.0f, col, wg.L,
+                dwide, wg.L, dw_beta, dwt_acc, g->oc);
+  }
+  if (dx) {
+    /* dcol (ckk, L) = w^T (ckk, oc) @ dwide (oc, L), into the column buffer */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, wg.ckk, wg.L, g->oc, 1.0f, w, wg.ckk,
+                dwide, wg.L, 0.0f, col, wg.L);
+    if (!wg.padded) {
+      wide_col2im(g, &wg, col, dx, par);
+    } else {
+      wide_col2im(g, &wg, col, dpad, par);
+      for (int ci = 0; ci < g->c; ci++)
+        for (int iy = 0; iy < g->h; iy++)
+          memcpy(dx + ((int64_t)ci * g->h + iy) * g->w,
+                 dpad + ci * wg.plane + (int64_t)(iy + g->ph) * wg.wp + g->pw,
+                 (size_t)g->w * sizeof(float));
+    }
+  }
+  return 1;
+}
+
 /* ---- convolution ---- */
+
+/* Scratch floats one image needs (for the out-of-memory message). */
+static size_t conv_scratch_floats(const dt_conv2d_geom *g) {
+  if (is_wide(g)) {
+    wide_geom wg;
+    wide_geom_of(g, &wg);
+    return wide_scratch_floats(g, &wg);
+  }
+  return (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
+}
 
 // one image: x (c,h,w), w (oc, c*kh*kw) -> y (oc, oh*ow)
 static int conv_forward_image(const dt_conv2d_geom *g, const float *x, const float *w,
                               const float *bias, float *y, int par) {
+  if (is_wide(g))
+    return wide_forward_image(g, x, w, bias, y, par);
   int ckk = g->c * g->kh * g->kw, ohw = g->oh * g->ow;
   const float *col = x;
   if (!is_pointwise(g)) {
@@ -199,6 +388,7 @@ dt_status dt_cpu_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const fl
   DT_CHECK(check_geom("conv2d_forward", g, 1));
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   size_t col_floats = (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
+  size_t scratch_floats = conv_scratch_floats(g);
   int nt = dt_cpu_threads();
   int failed = 0;
   if (nt > 1 && g->n >= nt) {
@@ -210,14 +400,16 @@ dt_status dt_cpu_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const fl
     for (int i = 0; i < g->n && !failed; i++)
       failed = !conv_forward_image(g, x + i * in_sz, w, bias, y + i * out_sz, par);
   }
-  return failed ? scratch_oom("conv2d_forward", col_floats) : DT_OK;
+  return failed ? scratch_oom("conv2d_forward", scratch_floats) : DT_OK;
 }
 
-/* One image of the backward: dw_acc (oc, ckk) += dy (oc, ohw) col^T (beta
- * 0 for the first image of a run), dx (c,h,w) = col2im(w^T dy). */
+/* One image of the backward: dwt_acc (ckk, oc) += col dy^T (beta 0 for
+ * the first image of a run), dx (c,h,w) = col2im(w^T dy). */
 static int conv_backward_image(const dt_conv2d_geom *g, const float *x, const float *w,
-                               const float *dy, float *dx, float *dw_acc, float dw_beta,
+                               const float *dy, float *dx, float *dwt_acc, float dw_beta,
                                int par) {
+  if (is_wide(g))
+    return wide_backward_image(g, x, w, dy, dx, dwt_acc, dw_beta, par);
   int ckk = g->c * g->kh * g->kw, ohw = g->oh * g->ow;
   int pointwise = is_pointwise(g);
   float *buf = NULL;
@@ -226,14 +418,14 @@ static int conv_backward_image(const dt_conv2d_geom *g, const float *x, const fl
     if (!buf)
       return 0;
   }
-  if (dw_acc) {
+  if (dwt_acc) {
     const float *col = x;
     if (!pointwise) {
       im2col(g, x, buf, par);
       col = buf;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->oc, ckk, ohw, 1.0f, dy, ohw, col, ohw,
-                dw_beta, dw_acc, ckk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ckk, g->oc, ohw, 1.0f, col, ohw, dy, ohw,
+                dw_beta, dwt_acc, g->oc);
   }
   if (dx) {
     float *dcol = pointwise ? dx : buf;
@@ -254,66 +446,68 @@ dt_status dt_cpu_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const f
   (void)workspace;
   DT_CHECK(check_geom("conv2d_backward", g, 1));
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
-  int64_t ohw = (int64_t)g->oh * g->ow, w_sz = (int64_t)g->oc * g->c * g->kh * g->kw;
-  size_t col_floats = (size_t)g->c * g->kh * g->kw * ohw;
+  int64_t ohw = (int64_t)g->oh * g->ow, ckk = (int64_t)g->c * g->kh * g->kw, w_sz = g->oc * ckk;
+  size_t col_floats = (size_t)ckk * ohw;
   int nt = dt_cpu_threads();
 
-  if (db) { /* db[o] = sum over images and pixels of dy, in double */
+  if (db) { /* db[o] = sum over images of each image's pixel sum, in double */
 #pragma omp parallel for if ((int64_t)g->n * out_sz >= DT_CPU_PAR_MIN) num_threads(nt)
     for (int o = 0; o < g->oc; o++) {
       double s = 0.0;
-      for (int i = 0; i < g->n; i++) {
-        const float *p = dy + i * out_sz + o * ohw;
-        for (int64_t k = 0; k < ohw; k++)
-          s += p[k];
-      }
+      for (int i = 0; i < g->n; i++)
+        s += dt_cpu_sum_contiguous(dy + i * out_sz + o * ohw, ohw);
       db[o] = (float)s;
     }
   }
   if (!dx && !dw)
     return DT_OK;
-  if (dw && g->n == 0)
+  if (dw && g->n == 0) {
     memset(dw, 0, (size_t)w_sz * sizeof(float));
+    dw = NULL;
+  }
 
+  /* Each team (a thread with a contiguous run of images, or the one
+   * sequential run) accumulates dw transposed, (ckk, oc), in its own
+   * buffer: that orientation of the product runs faster in OpenBLAS for
+   * these shapes. The buffers are summed in team order into dw. */
+  int per_image = nt > 1 && g->n >= nt;
+  int teams = per_image ? MIN(nt, g->n) : 1;
+  float *dwt = NULL;
+  if (dw) {
+    dwt = malloc((size_t)teams * w_sz * sizeof(float));
+    if (!dwt)
+      return DT_ERROR(DT_ERR_OOM, "conv2d_backward: %d weight-gradient buffers of %lld floats: "
+                      "malloc failed", teams, (long long)w_sz);
+  }
   int failed = 0;
-  if (nt > 1 && g->n >= nt) {
-    /* Thread t takes a contiguous run of images and accumulates its own dw
-     * partial; the partials are summed in thread order afterwards. */
-    int teams = MIN(nt, g->n);
-    float *partials = NULL;
-    if (dw && teams > 1) {
-      partials = malloc((size_t)(teams - 1) * w_sz * sizeof(float));
-      if (!partials)
-        return DT_ERROR(DT_ERR_OOM, "conv2d_backward: %d weight-gradient partials of %lld "
-                        "floats: malloc failed", teams - 1, (long long)w_sz);
-    }
+  if (per_image) {
 #pragma omp parallel num_threads(teams) reduction(| : failed)
     {
       int t = omp_get_thread_num(), nteam = omp_get_num_threads();
       int i0 = (int)((int64_t)g->n * t / nteam), i1 = (int)((int64_t)g->n * (t + 1) / nteam);
-      float *acc = !dw ? NULL : t == 0 ? dw : partials + (int64_t)(t - 1) * w_sz;
+      float *acc = dwt ? dwt + (int64_t)t * w_sz : NULL;
       if (acc && i0 == i1)
         memset(acc, 0, (size_t)w_sz * sizeof(float));
       for (int i = i0; i < i1 && !failed; i++)
         failed |= !conv_backward_image(g, x + i * in_sz, w, dy + i * out_sz,
                                        dx ? dx + i * in_sz : NULL, acc, i == i0 ? 0.0f : 1.0f, 0);
-#pragma omp barrier
-      if (dw && !failed) {
-        /* sum partials into dw, split by element range */
-        int64_t e0 = w_sz * t / nteam, e1 = w_sz * (t + 1) / nteam;
-        for (int p = 1; p < nteam; p++) {
-          const float *src = partials + (int64_t)(p - 1) * w_sz;
-          for (int64_t e = e0; e < e1; e++)
-            dw[e] += src[e];
-        }
-      }
+      if (t == 0)
+        teams = nteam; /* read after the region's closing barrier */
     }
-    free(partials);
   } else {
     int par = (int64_t)col_floats >= DT_CPU_PAR_MIN;
     for (int i = 0; i < g->n && !failed; i++)
       failed = !conv_backward_image(g, x + i * in_sz, w, dy + i * out_sz,
-                                    dx ? dx + i * in_sz : NULL, dw, i == 0 ? 0.0f : 1.0f, par);
+                                    dx ? dx + i * in_sz : NULL, dwt, i == 0 ? 0.0f : 1.0f, par);
   }
-  return failed ? scratch_oom("conv2d_backward", col_floats) : DT_OK;
+  if (dw && !failed)
+    for (int o = 0; o < g->oc; o++)
+      for (int64_t r = 0; r < ckk; r++) {
+        float v = dwt[r * g->oc + o];
+        for (int t = 1; t < teams; t++)
+          v += dwt[(int64_t)t * w_sz + r * g->oc + o];
+        dw[o * ckk + r] = v;
+      }
+  free(dwt);
+  return failed ? scratch_oom("conv2d_backward", conv_scratch_floats(g)) : DT_OK;
 }

@@ -305,8 +305,10 @@ dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const 
   switch (op) {
     case DT_UNARY_RELU:
 #pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-      for (int64_t i = 0; i < n; i++)
-        dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+      for (int64_t i = 0; i < n; i++) {
+        float g = dy[i]; /* loaded unconditionally so that the select vectorizes */
+        dx[i] = x[i] > 0.0f ? g : 0.0f;
+      }
       return DT_OK;
     case DT_UNARY_GELU:
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
@@ -332,19 +334,20 @@ dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const 
 
 /* ---- reductions ---- */
 
-/* Sum of a contiguous run in double, four accumulators for throughput. */
-static double sum_contiguous(const float *x, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+/* Sum of a contiguous run in double, four accumulators for throughput
+ * (lane j sums x[i + j]; the lanes are independent, so they vectorize
+ * without reassociating anything). */
+double dt_cpu_sum_contiguous(const float *x, int64_t n) {
+  double s[4] = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    s0 += x[i];
-    s1 += x[i + 1];
-    s2 += x[i + 2];
-    s3 += x[i + 3];
+#pragma omp simd
+    for (int j = 0; j < 4; j++)
+      s[j] += x[i + j];
   }
   for (; i < n; i++)
-    s0 += x[i];
-  return (s0 + s1) + (s2 + s3);
+    s[0] += x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 static double sum_squares_contiguous(const float *x, int64_t n) {
@@ -369,7 +372,7 @@ static double sum_squares_contiguous(const float *x, int64_t n) {
 static dt_status sum_long_run(const float *x, int64_t n, int squares, double *out) {
   int64_t chunks = (n + RED_CHUNK - 1) / RED_CHUNK;
   if (chunks <= 1) {
-    *out = squares ? sum_squares_contiguous(x, n) : sum_contiguous(x, n);
+    *out = squares ? sum_squares_contiguous(x, n) : dt_cpu_sum_contiguous(x, n);
     return DT_OK;
   }
   double *part = malloc((size_t)chunks * sizeof *part);
@@ -380,7 +383,7 @@ static dt_status sum_long_run(const float *x, int64_t n, int squares, double *ou
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t ci = 0; ci < chunks; ci++) {
     int64_t s = ci * RED_CHUNK, len = MIN(RED_CHUNK, n - s);
-    part[ci] = squares ? sum_squares_contiguous(x + s, len) : sum_contiguous(x + s, len);
+    part[ci] = squares ? sum_squares_contiguous(x + s, len) : dt_cpu_sum_contiguous(x + s, len);
   }
   double acc = 0;
   for (int64_t ci = 0; ci < chunks; ci++)
@@ -410,7 +413,7 @@ dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t out
     }
 #pragma omp parallel for if (par) num_threads(nt) schedule(static)
     for (int64_t o = 0; o < outer; o++)
-      y[o] = (float)(sum_contiguous(x + o * r, r) * scale);
+      y[o] = (float)(dt_cpu_sum_contiguous(x + o * r, r) * scale);
     return DT_OK;
   }
   /* Tasks: (outer index, block of RED_BLOCK inner columns), each summing
@@ -426,6 +429,7 @@ dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t out
     const float *base = x + o * r * inner + i0;
     for (int64_t k = 0; k < r; k++) {
       const float *row = base + k * inner;
+#pragma omp simd
       for (int64_t i = 0; i < len; i++)
         acc[i] += row[i];
     }

@@ -23,6 +23,18 @@ dt_status dt_cpu_sgd_update(dt_device dev, float *param, const float *grad,
                     (double)momentum, (double)dampening);
   float keep = 1.0f - dampening;
   int nt = dt_cpu_threads();
+  if (momentum != 0.0f && weight_decay == 0.0f && !nesterov && !first_step) {
+    /* The common case on its own, branch-free, so that it vectorizes (GCC
+     * keeps the invariant flags below as branches: the arithmetic they
+     * guard may trap). Same arithmetic as the general loop. */
+#pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      float b = momentum * momentum_buf[i] + keep * grad[i];
+      momentum_buf[i] = b;
+      param[i] = param[i] - lr * b;
+    }
+    return DT_OK;
+  }
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
     float g = grad[i];

@@ -1,5 +1,6 @@
 /* CPU max and average pooling, NCHW, parallel over (image, channel) planes. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
@@ -30,9 +31,29 @@ static dt_status check_pool_geom(const char *op, const dt_conv2d_geom *g) {
 }
 
 /* Whether v replaces the running maximum: larger, or the first NaN (NaN
- * wins and sticks, as PyTorch). Ties keep the earlier index. Bitwise
- * operators so that the loops below stay branch-free and vectorize. */
+ * wins and sticks, as PyTorch). Ties keep the earlier index. */
 static inline int max_takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
+static inline uint32_t bits_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float float_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* best, at = v, v_at if v takes; selected through bit masks because GCC
+ * turns float ?: into branches, which mispredict on random data and keep
+ * the 2x2 loop from vectorizing. */
+static inline void max_update(float v, int32_t v_at, float *best, int32_t *at) {
+  uint32_t m = -(uint32_t)max_takes(v, *best);
+  *best = float_of((bits_of(*best) & ~m) | (bits_of(v) & m));
+  *at = (int32_t)(((uint32_t)*at & ~m) | ((uint32_t)v_at & m));
+}
 
 /* Max of a 2x2 window a b / c d in scan order, with the flat index of the
  * winner (`at` is the index of a, `w` the row length). */
@@ -40,15 +61,9 @@ static inline float max_2x2(float a, float b, float c, float d, int32_t at, int3
                             int32_t *at_out) {
   float best = a;
   int32_t i = at;
-  int t = max_takes(b, best);
-  best = t ? b : best;
-  i = t ? at + 1 : i;
-  t = max_takes(c, best);
-  best = t ? c : best;
-  i = t ? at + w : i;
-  t = max_takes(d, best);
-  best = t ? d : best;
-  i = t ? at + w + 1 : i;
+  max_update(b, at + 1, &best, &i);
+  max_update(c, at + w, &best, &i);
+  max_update(d, at + w + 1, &best, &i);
   *at_out = i;
   return best;
 }

@@ -40,6 +40,8 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
       DT_CUDA_CHECK(cudaStreamSynchronize(dt_cuda_compute_stream(sctx)));
     DT_CHECK(dt_cuda_ctx_get(dst_dev, &ctx));
     cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
+    if (stream && stream->device == dst_dev.index)
+      DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
     DT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
     if (!stream)
       DT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -49,6 +51,11 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
   /* Synchronous copies go through the compute stream so that they are
    * ordered after the kernels that produced the data. */
   cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
+  /* A copy into device memory on another stream (the loader's copy
+   * stream) must not overwrite a cached block that queued compute work
+   * still uses. */
+  if (is_cuda(dst_dev))
+    DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
   DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   if (!stream)
     DT_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -70,6 +70,9 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
     return DT_OK;
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  /* The handle's math mode applies to CUBLAS_COMPUTE_32F too: keep it in
+   * step with the setting so that TF32 off means exact f32 products. */
+  DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
   /* f32 inputs follow the TF32 setting; f16/bf16 inputs always use tensor
    * cores with f32 accumulation. */
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;

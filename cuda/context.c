@@ -205,6 +205,19 @@ dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx) {
   return DT_OK;
 }
 
+dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s) {
+  cudaStream_t compute = dt_cuda_compute_stream(ctx);
+  if (s == compute)
+    return DT_OK;
+  pthread_mutex_lock(&ctx->fence_lock);
+  cudaError_t e = cudaEventRecord(ctx->fence, compute);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(s, ctx->fence, 0);
+  pthread_mutex_unlock(&ctx->fence_lock);
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
 int dt_cuda_cudnn_benchmark(void) {
   static atomic_int setting = -1;
   int v = atomic_load(&setting);
@@ -243,6 +256,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   c->cublas_tf32 = -1;
   pthread_mutex_init(&c->scratch_lock, NULL);
   pthread_mutex_init(&c->conv_lock, NULL);
+  pthread_mutex_init(&c->fence_lock, NULL);
   DT_CUDA_CHECK_GOTO(cudaSetDevice(index), fail);
   struct cudaDeviceProp prop;
   DT_CUDA_CHECK_GOTO(cudaGetDeviceProperties(&prop, index), fail);
@@ -268,6 +282,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
     }
   }
   DT_CHECK_GOTO(dt_cuda_ctx_sync_math_mode(c), fail);
+  DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->fence, cudaEventDisableTiming), fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreate(&c->cudnn), fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetStream(c->cudnn, c->streams[DT_STREAM_COMPUTE].s), fail);
   DT_CUDA_CHECK_GOTO(cudaMalloc(&c->dev_scratch, DT_CUDA_SCRATCH_BYTES), fail);
@@ -288,6 +303,8 @@ fail:
     cudnnDestroy(c->cudnn);
   if (c->cublas)
     cublasDestroy(c->cublas);
+  if (c->fence)
+    cudaEventDestroy(c->fence);
   for (int k = 0; k < 3; k++)
     if (c->streams[k].s)
       cudaStreamDestroy(c->streams[k].s);

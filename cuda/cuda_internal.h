@@ -58,6 +58,13 @@ typedef struct dt_cuda_ctx {
   pthread_mutex_t scratch_lock;
   dt_cuda_conv_cache *conv_cache;
   pthread_mutex_t conv_lock;
+  /* Recorded on the compute stream before a copy on another stream writes
+   * device memory: blocks are cached per compute stream (allocator.c), so
+   * a block handed to such a copy may still be in use by queued compute
+   * work; the copy stream waits for it. `fence_lock` keeps the record and
+   * the wait together. */
+  cudaEvent_t fence;
+  pthread_mutex_t fence_lock;
   char name[256];
   size_t total_memory;
   int cc_major, cc_minor;
@@ -77,6 +84,9 @@ static inline cudaStream_t dt_cuda_compute_stream(const dt_cuda_ctx *ctx) {
 /* DT_CUDNN_BENCHMARK=1: time every cuDNN convolution algorithm once per
  * shape instead of taking the heuristics' first choice. */
 int dt_cuda_cudnn_benchmark(void);
+/* Makes `s` wait for the work queued so far on the compute stream of ctx
+ * (no-op when `s` is that stream). */
+dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s);
 /* Sets the cuBLAS math mode from the global TF32 setting if it changed. */
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx);
 

@@ -93,13 +93,24 @@ static dt_status no_algorithm(const char *what, const dt_conv2d_geom *g) {
                   WORKSPACE_CAP >> 20);
 }
 
+/* Whether a ranked algorithm may be used: it works, its workspace fits,
+ * and it keeps f32 data in f32 (TF32 at most): ALLOW_CONVERSION would let
+ * cuDNN round the inputs to f16. */
+#define USABLE(perf)                                                          \
+  ((perf).status == CUDNN_STATUS_SUCCESS && (perf).memory <= WORKSPACE_CAP && \
+   (perf).mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+
 /* Picks the three algorithms: the first usable one of cuDNN's ranking,
- * with FMA math (exact f32) when TF32 is off. */
+ * with FMA math (exact f32) when TF32 is off. Each query starts from the
+ * plan's base math type (the previous direction's choice is not a
+ * constraint on the next). */
 static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   cudnnHandle_t h = ctx->cudnn;
   int bench = dt_cuda_cudnn_benchmark(), got = 0;
+  const cudnnMathType_t base = p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
       DT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(
           h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
@@ -107,7 +118,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
       DT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
           h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
     int i = 0;
-    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+    while (i < got && !USABLE(perf[i]))
       i++;
     if (i == got)
       return no_algorithm("forward", &p->g);
@@ -119,6 +130,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
       DT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
           h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
@@ -126,7 +138,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
       DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
           h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
     int i = 0;
-    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+    while (i < got && !USABLE(perf[i]))
       i++;
     if (i == got)
       return no_algorithm("backward-data", &p->g);
@@ -138,6 +150,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
       DT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
           h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
@@ -145,7 +158,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
       DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
     int i = 0;
-    while (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE_CAP))
+    while (i < got && !USABLE(perf[i]))
       i++;
     if (i == got)
       return no_algorithm("backward-filter", &p->g);

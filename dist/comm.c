@@ -24,6 +24,7 @@ struct dt_comm {
   uint64_t seq;
   int broken; /* atomic */
   char broken_why[256];
+  dt_comm_staging staging; /* host copies of device tensors (host backends) */
 };
 
 double dt_comm_now(void) {
@@ -71,6 +72,14 @@ static struct timespec abs_monotonic(double t) {
 
 static void work_free(dt_work *w) {
   if (!w->leaked) {
+    if (w->be != NULL && w->be->work_free != NULL)
+      w->be->work_free(w);
+    if (w->dev_ops != NULL) {
+      if (w->own_ready)
+        w->dev_ops->event_destroy(w->own_ready);
+      if (w->done_ev)
+        w->dev_ops->event_destroy(w->done_ev);
+    }
     dt_tensor_release(w->in);
     dt_tensor_release(w->out);
     pthread_mutex_destroy(&w->mu);
@@ -86,6 +95,10 @@ void dt_work_release(dt_work *w) {
 
 static void work_complete(dt_work *w, dt_status st, const char *msg) {
   pthread_mutex_lock(&w->mu);
+  if (w->done) { /* a stream work seen complete by a waiter and the watchdog */
+    pthread_mutex_unlock(&w->mu);
+    return;
+  }
   w->status = st;
   if (st != DT_OK)
     snprintf(w->error, sizeof w->error, "%s", msg);
@@ -116,14 +129,19 @@ static void run_one(dt_comm *c, dt_work *w) {
     return;
   }
   dt_status st = DT_OK;
-  if (w->ready != NULL) {
-    const dt_backend_ops *ops = NULL;
-    st = dt_backend_get(dt_tensor_device(w->in), &ops);
+  double deadline = w->started_s + c->cfg.timeout_s;
+  if (w->dev_ops != NULL) {
+    st = dt_comm_staged_run(&c->staging, c->be, c->impl, w, deadline);
+  } else {
+    if (w->ready != NULL && w->in != NULL) {
+      const dt_backend_ops *ops = NULL;
+      st = dt_backend_get(dt_tensor_device(w->in), &ops);
+      if (st == DT_OK)
+        st = ops->event_synchronize(w->ready);
+    }
     if (st == DT_OK)
-      st = ops->event_synchronize(w->ready);
+      st = c->be->run(c->impl, w, deadline);
   }
-  if (st == DT_OK)
-    st = c->be->run(c->impl, w, w->started_s + c->cfg.timeout_s);
   if (st == DT_ERR_TIMEOUT) {
     describe_work(w, what, sizeof what);
     fprintf(stderr, "dtrain: rank %d: %s did not complete within %g s; %s\n", c->rank, what,
@@ -165,6 +183,90 @@ static void *comm_thread_main(void *arg) {
   return NULL;
 }
 
+/* ---- the watchdog of stream backends ---- */
+
+/* Pops every work still in flight and fails it with `st`. */
+static void fail_in_flight(dt_comm *c, dt_status st, const char *msg) {
+  pthread_mutex_lock(&c->mu);
+  dt_work *w = c->head;
+  c->head = c->tail = NULL;
+  pthread_mutex_unlock(&c->mu);
+  while (w != NULL) {
+    dt_work *next = w->next;
+    work_complete(w, st, msg);
+    dt_work_release(w); /* the queue's reference */
+    w = next;
+  }
+}
+
+/* A device collective is stuck past its deadline (st DT_ERR_TIMEOUT) or
+ * the transport failed: name the collective, abort the transport and,
+ * with abort_on_timeout, the job. */
+static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
+  char what[256], why[768];
+  describe_work(w, what, sizeof what);
+  if (st == DT_ERR_TIMEOUT)
+    snprintf(why, sizeof why, "did not complete within %g s on the device", c->cfg.timeout_s);
+  else
+    snprintf(why, sizeof why, "failed: %s", dt_last_error());
+  fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
+          c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
+  fflush(stderr);
+  if (c->be->abort_comm)
+    c->be->abort_comm(c->impl);
+  if (c->cfg.abort_on_timeout)
+    c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
+  snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu %s", (unsigned long long)w->seq,
+           st == DT_ERR_TIMEOUT ? "timed out" : "failed on the device");
+  __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  dt_status err = DT_ERROR(st == DT_ERR_TIMEOUT ? DT_ERR_TIMEOUT : st,
+                           "rank %d: %s %s: the %s communicator was aborted (a peer is stuck, "
+                           "dead or submitting collectives in a different order; raise "
+                           "--comm-timeout if it is only slow)",
+                           c->rank, what, why, c->be->name);
+  fail_in_flight(c, err, dt_last_error());
+}
+
+/* Polls the oldest enqueued work until it completes, fails or passes its
+ * deadline; the host never waits on the device here. */
+static void *watchdog_main(void *arg) {
+  dt_comm *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    while (c->head == NULL && !c->stop)
+      pthread_cond_wait(&c->cv, &c->mu);
+    dt_work *w = c->head;
+    pthread_mutex_unlock(&c->mu);
+    if (w == NULL)
+      break; /* stop requested and nothing in flight */
+    int done = 0;
+    dt_status st = c->be->check_async(c->impl);
+    if (st == DT_OK)
+      st = c->be->query(c->impl, w, &done);
+    if (st != DT_OK) {
+      stream_failure(c, w, st);
+      continue;
+    }
+    if (done) {
+      pthread_mutex_lock(&c->mu);
+      c->head = w->next;
+      if (c->head == NULL)
+        c->tail = NULL;
+      pthread_mutex_unlock(&c->mu);
+      work_complete(w, DT_OK, "");
+      dt_work_release(w);
+      continue;
+    }
+    if (dt_comm_now() > w->started_s + c->cfg.timeout_s) {
+      stream_failure(c, w, DT_ERR_TIMEOUT);
+      continue;
+    }
+    struct timespec pause = {0, 500000L}; /* 0.5 ms: event queries are cheap */
+    nanosleep(&pause, NULL);
+  }
+  return NULL;
+}
+
 dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int rank, int size,
                                       const char *peers, const dt_comm_config *cfg,
                                       dt_comm **out) {
@@ -189,7 +291,7 @@ dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int
   snprintf(c->peers, sizeof c->peers, "%s", peers);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
-  int rc = pthread_create(&c->thread, NULL, comm_thread_main, c);
+  int rc = pthread_create(&c->thread, NULL, be->enqueue ? watchdog_main : comm_thread_main, c);
   if (rc != 0) {
     dt_comm_destroy(c);
     return DT_ERROR(DT_ERR_INTERNAL, "starting the %s communication thread: %s", be->name,
@@ -210,7 +312,9 @@ void dt_comm_destroy(dt_comm *c) {
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
   }
-  c->be->destroy(c->impl, __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE));
+  int broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
+  dt_comm_staging_free(&c->staging, broken);
+  c->be->destroy(c->impl, broken);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
@@ -238,12 +342,44 @@ static dt_status check_buffer(const dt_comm *c, const char *what, const char *ro
                     "%s on the %s communicator: %s tensor %s is not contiguous (pass "
                     "dt_tensor_contiguous() of it)",
                     what, c->be->name, role, dt_tensor_describe(t, d, sizeof d));
-  if (c->be->host_memory && dt_tensor_device(t).type != DT_DEVICE_CPU)
+  dt_device dev = dt_tensor_device(t);
+  if (c->be->host_memory && dev.type != DT_DEVICE_CPU && !dt_comm_can_stage(dev))
     return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
-                    "%s on the %s communicator: %s tensor %s is not in host memory (the %s "
-                    "backend reduces cpu tensors; use the nccl backend for cuda)",
+                    "%s on the %s communicator: %s tensor %s is neither in host memory nor on "
+                    "a device whose backend has streams, events and copies to stage it through",
+                    what, c->be->name, role, dt_tensor_describe(t, d, sizeof d));
+  if (!c->be->host_memory && dev.type == DT_DEVICE_CPU)
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
+                    "%s on the %s communicator: %s tensor %s is in host memory: the %s backend "
+                    "reduces device tensors (use the mpi backend for cpu tensors)",
                     what, c->be->name, role, dt_tensor_describe(t, d, sizeof d), c->be->name);
   return DT_OK;
+}
+
+static dt_status check_same_device(const dt_comm *c, const char *what, const dt_tensor *in,
+                                   const dt_tensor *out) {
+  if (dt_device_equal(dt_tensor_device(in), dt_tensor_device(out)))
+    return DT_OK;
+  char a[32], b[32];
+  return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
+                  "%s on the %s communicator: input on %s but output on %s: put both on one "
+                  "device",
+                  what, c->be->name, dt_device_format(dt_tensor_device(in), a, sizeof a),
+                  dt_device_format(dt_tensor_device(out), b, sizeof b));
+}
+
+/* Device tensors: the device's backend, the readiness event (recorded on
+ * the compute stream when the caller gave none) and the completion event. */
+static dt_status prepare_device_work(dt_work *w, const dt_coll_opts *opts) {
+  const dt_backend_ops *ops = NULL;
+  DT_CHECK(dt_backend_get(w->dev, &ops));
+  w->dev_ops = ops;
+  if (opts == NULL || opts->ready == NULL) {
+    DT_CHECK(ops->event_create(w->dev, &w->own_ready));
+    DT_CHECK(ops->event_record(w->own_ready, ops->stream(w->dev, DT_STREAM_COMPUTE)));
+    w->ready = w->own_ready;
+  }
+  return ops->event_create(w->dev, &w->done_ev);
 }
 
 static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tensor *in,
@@ -257,16 +393,22 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
                     "%s on the %s communicator of rank %d: the communicator is broken (%s); "
                     "create a new job",
                     dt_coll_kind_name(kind), c->be->name, c->rank, c->broken_why);
+  if (in != NULL && c->be->check_device != NULL)
+    DT_CHECK(c->be->check_device(c->impl, dt_tensor_device(in)));
   dt_work *w = calloc(1, sizeof *w);
   if (w == NULL)
     return DT_ERROR(DT_ERR_OOM, "%s: out of host memory for a work record",
                     dt_coll_kind_name(kind));
   w->refcount = 2; /* caller + queue */
   w->comm = c;
+  w->be = c->be;
   w->kind = kind;
   w->op = op;
   w->in = in ? dt_tensor_retain(in) : NULL;
   w->out = out ? dt_tensor_retain(out) : NULL;
+  w->in_data = in ? dt_tensor_data(in) : NULL;
+  w->out_data = out ? dt_tensor_data(out) : NULL;
+  w->dev = in ? dt_tensor_device(in) : DT_CPU;
   w->root = root;
   w->bucket = opts ? opts->bucket : -1;
   w->ready = opts ? opts->ready : NULL;
@@ -276,8 +418,38 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
   pthread_mutex_init(&w->mu, NULL);
   init_monotonic_cond(&w->cv);
   w->submitted_s = dt_comm_now();
+  dt_status st = DT_OK;
+  if (w->dev.type != DT_DEVICE_CPU)
+    st = prepare_device_work(w, opts);
+  else if (c->be->enqueue != NULL && kind != DT_COLL_BARRIER)
+    st = DT_ERROR(DT_ERR_INTERNAL, "%s backend got a host tensor", c->be->name);
+  if (st != DT_OK) {
+    st = dt_error_wrap(st, "submitting a %s on the %s communicator", dt_coll_kind_name(kind),
+                       c->be->name);
+    w->refcount = 1;
+    dt_work_release(w);
+    return st;
+  }
   pthread_mutex_lock(&c->mu);
   w->seq = ++c->seq;
+  if (c->be->enqueue != NULL) {
+    /* Enqueue in sequence order; the host does not wait for the device. */
+    w->on_stream = 1;
+    w->started_s = w->submitted_s;
+    st = c->be->enqueue(c->impl, w);
+    if (st != DT_OK) {
+      /* The ranks' collectives are out of step now: nobody may hang on it. */
+      snprintf(c->broken_why, sizeof c->broken_why, "enqueueing collective #%llu failed: %s",
+               (unsigned long long)w->seq, dt_last_error());
+      __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+      pthread_mutex_unlock(&c->mu);
+      st = dt_error_wrap(st, "rank %d: enqueueing %s #%llu on the %s communicator", c->rank,
+                         dt_coll_kind_name(kind), (unsigned long long)w->seq, c->be->name);
+      w->refcount = 1;
+      dt_work_release(w);
+      return st;
+    }
+  }
   if (c->tail)
     c->tail->next = w;
   else
@@ -311,6 +483,7 @@ dt_status dt_comm_allgather(dt_comm *c, dt_tensor *in, dt_tensor *out, const dt_
                             dt_work **out_work) {
   DT_CHECK(check_buffer(c, "allgather", "input", in));
   DT_CHECK(check_buffer(c, "allgather", "output", out));
+  DT_CHECK(check_same_device(c, "allgather", in, out));
   if (dt_tensor_dtype(in) != dt_tensor_dtype(out))
     return DT_ERROR(DT_ERR_DTYPE, "allgather: input is %s but output is %s",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
@@ -327,6 +500,7 @@ dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_r
                                  const dt_coll_opts *opts, dt_work **out_work) {
   DT_CHECK(check_buffer(c, "reduce_scatter", "input", in));
   DT_CHECK(check_buffer(c, "reduce_scatter", "output", out));
+  DT_CHECK(check_same_device(c, "reduce_scatter", in, out));
   if (dt_tensor_dtype(in) != DT_DTYPE_F32 || dt_tensor_dtype(out) != DT_DTYPE_F32)
     return DT_ERROR(DT_ERR_DTYPE, "reduce_scatter: input %s, output %s: both must be f32",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
@@ -345,19 +519,58 @@ dt_status dt_comm_barrier(dt_comm *c, const dt_coll_opts *opts, dt_work **out) {
 
 /* ---- waiting ---- */
 
-dt_status dt_work_wait(dt_work *w, double timeout_s) {
+/* Stream works: asks the backend whether the device finished. */
+static void poll_stream_work(dt_work *w) {
+  int done = 0;
+  dt_comm *c = w->comm;
+  dt_status st = c->be->query(c->impl, w, &done);
+  if (st != DT_OK)
+    work_complete(w, st, dt_last_error()); /* the watchdog reports and aborts */
+  else if (done)
+    work_complete(w, DT_OK, "");
+}
+
+int dt_work_test(dt_work *w) {
+  pthread_mutex_lock(&w->mu);
+  int done = w->done;
+  pthread_mutex_unlock(&w->mu);
+  if (!done && w->on_stream) {
+    poll_stream_work(w);
+    pthread_mutex_lock(&w->mu);
+    done = w->done;
+    pthread_mutex_unlock(&w->mu);
+  }
+  return done;
+}
+
+static dt_status timeout_error(dt_work *w, double timeout_s) {
   char what[256];
+  describe_work(w, what, sizeof what);
+  return DT_ERROR(DT_ERR_TIMEOUT,
+                  "waiting for %s: not complete after %g s (it keeps running under the "
+                  "watchdog's %g s deadline)",
+                  what, timeout_s, w->comm->cfg.timeout_s);
+}
+
+/* Waits for the host-side completion of `w` (for stream works: the device's). */
+static dt_status host_wait(dt_work *w, double timeout_s) {
+  char what[256];
+  if (w->on_stream) {
+    double until = timeout_s > 0 ? dt_comm_now() + timeout_s : 0;
+    for (long polls = 0; !dt_work_test(w); polls++) {
+      if (until > 0 && dt_comm_now() > until)
+        return timeout_error(w, timeout_s);
+      struct timespec pause = {0, polls < 100 ? 20000L : 500000L};
+      nanosleep(&pause, NULL);
+    }
+  }
   pthread_mutex_lock(&w->mu);
   if (timeout_s > 0) {
     struct timespec until = abs_monotonic(dt_comm_now() + timeout_s);
     while (!w->done) {
       if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && !w->done) {
         pthread_mutex_unlock(&w->mu);
-        describe_work(w, what, sizeof what);
-        return DT_ERROR(DT_ERR_TIMEOUT,
-                        "waiting for %s: not complete after %g s (it keeps running under the "
-                        "watchdog's %g s deadline)",
-                        what, timeout_s, w->comm->cfg.timeout_s);
+        return timeout_error(w, timeout_s);
       }
     }
   } else {
@@ -373,11 +586,41 @@ dt_status dt_work_wait(dt_work *w, double timeout_s) {
   return DT_OK;
 }
 
-int dt_work_test(dt_work *w) {
-  pthread_mutex_lock(&w->mu);
-  int done = w->done;
-  pthread_mutex_unlock(&w->mu);
-  return done;
+dt_status dt_work_wait(dt_work *w, double timeout_s) {
+  DT_CHECK(host_wait(w, timeout_s));
+  /* Host-staged: the copy back to the device was enqueued; wait for it. */
+  if (w->done_ev != NULL && !w->on_stream)
+    return w->dev_ops->event_synchronize(w->done_ev);
+  return DT_OK;
+}
+
+dt_status dt_work_wait_stream(dt_work *w, dt_stream *s) {
+  if (w->dev_ops == NULL)
+    return host_wait(w, 0);
+  if (s == NULL)
+    s = w->dev_ops->stream(w->dev, DT_STREAM_COMPUTE);
+  if (w->on_stream) {
+    pthread_mutex_lock(&w->mu);
+    int failed = w->done && w->status != DT_OK;
+    pthread_mutex_unlock(&w->mu);
+    if (failed)
+      return host_wait(w, 0); /* returns the work's error */
+    if (w->be->wait_stream != NULL)
+      return w->be->wait_stream(w->comm->impl, w, s);
+    return w->dev_ops->stream_wait_event(s, w->done_ev);
+  }
+  DT_CHECK(host_wait(w, 0));
+  return w->dev_ops->stream_wait_event(s, w->done_ev);
+}
+
+dt_status dt_work_device_times(dt_work *w, double *start_ms, double *end_ms, double *waited_ms) {
+  if (!w->on_stream || w->be->device_times == NULL)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "device times of a %s collective: only stream backends (nccl) time their "
+                    "collectives on the device",
+                    w->be->name);
+  DT_CHECK(host_wait(w, 0));
+  return w->be->device_times(w->comm->impl, w, start_ms, end_ms, waited_ms);
 }
 
 uint64_t dt_work_seq(const dt_work *w) { return w->seq; }
@@ -424,4 +667,40 @@ dt_status dt_comm_barrier_sync(dt_comm *c) {
   dt_work *w = NULL;
   dt_status st = dt_comm_barrier(c, NULL, &w);
   return wait_release(st, &w);
+}
+
+/* ---- backend choice ---- */
+
+const char *dt_comm_backend_choice_name(dt_comm_backend_choice b) {
+  switch (b) {
+  case DT_COMM_BACKEND_AUTO:
+    return "auto";
+  case DT_COMM_BACKEND_MPI:
+    return "mpi";
+  case DT_COMM_BACKEND_NCCL:
+    return "nccl";
+  }
+  return "unknown";
+}
+
+dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out) {
+  static const dt_comm_backend_choice all[] = {DT_COMM_BACKEND_AUTO, DT_COMM_BACKEND_MPI,
+                                               DT_COMM_BACKEND_NCCL};
+  for (size_t i = 0; s != NULL && i < sizeof all / sizeof all[0]; i++)
+    if (strcmp(s, dt_comm_backend_choice_name(all[i])) == 0) {
+      *out = all[i];
+      return DT_OK;
+    }
+  return DT_ERROR(DT_ERR_INVALID_ARG,
+                  "communication backend '%s': expected auto, mpi (host memory; GPU tensors "
+                  "are staged through it) or nccl",
+                  s ? s : "(null)");
+}
+
+dt_status dt_comm_config_from_env(dt_comm_config *cfg) {
+  const char *v = getenv("DT_COMM_BACKEND");
+  if (v == NULL || v[0] == '\0')
+    return DT_OK;
+  dt_status st = dt_comm_backend_parse(v, &cfg->backend);
+  return st == DT_OK ? DT_OK : dt_error_wrap(st, "environment variable DT_COMM_BACKEND");
 }

@@ -19,15 +19,41 @@
  * tensor tells a backend where the data lives.
  *
  * Backends:
- *   mpi    host memory (cpu tensors). A dedicated communication thread per
- *          communicator runs the queued collectives (nonblocking MPI calls,
- *          polled), so they overlap the caller's backward pass.
+ *   mpi    host memory. A dedicated communication thread per communicator
+ *          runs the queued collectives (nonblocking MPI calls, polled), so
+ *          they overlap the caller's backward pass.
  *   local  N participants that are threads of one process (data-parallel
- *          replicas), on cpu tensors, shared-memory reduction. Each
- *          participant also has a communication thread. Sums are taken in
- *          rank order, so every participant gets bitwise identical results.
- *   nccl   (later) device memory, enqueued on the device's comm stream; the
- *          `ready` event in dt_coll_opts is what the comm stream waits on.
+ *          replicas), shared-memory reduction. Each participant also has a
+ *          communication thread. Sums are taken in rank order, so every
+ *          participant gets bitwise identical results.
+ *   nccl   device memory (cuda tensors; dist/comm_nccl.c, built with CUDA
+ *          only). Collectives are enqueued on the device's communication
+ *          stream (DT_STREAM_COMM) from the submitting thread: the comm
+ *          stream waits on the `ready` event, runs the NCCL kernel, records
+ *          a completion event. The host never blocks; the communication
+ *          thread is the watchdog (event queries, ncclCommGetAsyncError).
+ *
+ * Host-staged device tensors. mpi and local also take tensors of a device
+ * whose backend has streams, events and asynchronous copies (cuda): on the
+ * communication thread, the device's comm stream waits on `ready`, copies
+ * the data into page-locked host memory (backend host_alloc), the host
+ * reduces it, and the comm stream copies it back and records the work's
+ * completion event. This is the fallback where NCCL is absent or refuses
+ * (two ranks on one GPU). It uses only the dt_backend_ops table, so a
+ * stand-in device backend exercises it without a GPU.
+ *
+ * Device readiness. For a device tensor, `ready` NULL means "ready in the
+ * order of the device's compute stream at submission": the communicator
+ * records its own event there (PyTorch's current-stream rule).
+ *
+ * Completion, for device tensors:
+ *   dt_work_wait        blocks the host until the result is in the tensor.
+ *   dt_work_wait_stream makes a device stream wait for the result without
+ *                       blocking the host (nccl); host-staged works first
+ *                       wait on the host for the staging to finish. This is
+ *                       what DDP uses before the optimizer step.
+ *   dt_work_test        never blocks (nccl: cudaEventQuery).
+ * For host tensors all three are the host wait / test they always were.
  *
  * Watchdog: each collective has a deadline (cfg.timeout_s from the moment it
  * starts on the communication thread). Past it the rank prints
@@ -69,11 +95,26 @@ typedef enum dt_coll_kind {
 } dt_coll_kind;
 const char *dt_coll_kind_name(dt_coll_kind k);
 
+/* Which communicator dt_comm_create_for_device builds for device tensors. */
+typedef enum dt_comm_backend_choice {
+  DT_COMM_BACKEND_AUTO = 0, /* cuda: nccl, falling back to host-staged mpi with a note */
+  DT_COMM_BACKEND_MPI = 1,  /* host memory (device tensors host-staged); dp: local */
+  DT_COMM_BACKEND_NCCL = 2, /* nccl or a clear error */
+} dt_comm_backend_choice;
+const char *dt_comm_backend_choice_name(dt_comm_backend_choice b); /* "auto", "mpi", "nccl" */
+/* Parses "auto", "mpi" or "nccl"; DT_ERR_INVALID_ARG otherwise. */
+dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out);
+
 typedef struct dt_comm_config {
   double timeout_s;     /* per-collective deadline (> 0); default 300 */
   int abort_on_timeout; /* 1: print and end the job; 0: DT_ERR_TIMEOUT */
+  dt_comm_backend_choice backend; /* for dt_comm_create_for_device / dp; default auto */
 } dt_comm_config;
-#define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1})
+#define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1, DT_COMM_BACKEND_AUTO})
+
+/* Applies the environment to *cfg: DT_COMM_BACKEND=auto|mpi|nccl. The only
+ * place dist/ reads it. DT_ERR_INVALID_ARG (with the value) when malformed. */
+dt_status dt_comm_config_from_env(dt_comm_config *cfg);
 
 /* Optional per-collective settings (NULL = all defaults). */
 typedef struct dt_coll_opts {
@@ -107,13 +148,61 @@ dt_status dt_comm_create_local(dt_local_group *g, int rank, const dt_comm_config
  * so the same DDP code runs in a single process). */
 dt_status dt_comm_create_for_pg(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out);
 
+/* ---- device communicators ---- */
+
+/* The device this rank should use: cuda:<local_rank> relative to the
+ * visible set (CUDA_VISIBLE_DEVICES); with one visible GPU every rank of
+ * the host takes cuda:0 (per-rank binding by the launcher, or ranks
+ * sharing one GPU). DT_ERR_NO_DEVICE when there are fewer visible GPUs
+ * than ranks on this host (more than one, but not enough), naming both. */
+dt_status dt_comm_pick_device(const dt_pg *pg, dt_device *out);
+
+/* 1 when this build has the nccl backend (built with CUDA and NCCL). */
+int dt_nccl_built(void);
+/* ncclGetVersion (e.g. 22805), 0 when not built. */
+int dt_nccl_version(void);
+
+/* An nccl communicator over all ranks of `pg` on GPU `dev` (cuda:N, N
+ * relative to CUDA_VISIBLE_DEVICES). Collective. Rank 0 creates the
+ * unique id and broadcasts it over MPI (no MPI needed for a single
+ * process); then ncclCommInitRank. Before that, every rank's GPU PCI bus id
+ * is gathered: ranks sharing a GPU fail on every rank with
+ * DT_ERR_UNSUPPORTED naming them (NCCL refuses duplicate GPUs; use the
+ * host-staged mpi backend). Every rank gets the same status. Without
+ * CUDA/NCCL in the build: DT_ERR_UNSUPPORTED saying so. */
+dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg,
+                              dt_comm **out);
+
+/* The communicator for tensors on `dev`, by cfg->backend:
+ *   cpu devices: mpi under a launcher, else a local group of one
+ *                (dt_comm_create_for_pg);
+ *   cuda, auto:  nccl; when nccl is not built, or refuses (shared GPU,
+ *                init failure agreed by all ranks), prints
+ *                "dtrain: rank R: <why>; using the host-staged mpi backend"
+ *                and returns the host-staged one;
+ *   cuda, mpi:   host-staged over mpi (local group of one without MPI);
+ *   cuda, nccl:  nccl or its error.
+ * Collective. */
+dt_status dt_comm_create_for_device(dt_pg *pg, dt_device dev, const dt_comm_config *cfg,
+                                    dt_comm **out);
+
+/* An NCCL clique for data-parallel threads of one process
+ * (ncclCommInitAll over `n` distinct GPUs). Reference-counted by its
+ * communicators; release the creator's reference. */
+typedef struct dt_nccl_clique dt_nccl_clique;
+dt_status dt_nccl_clique_create(const dt_device *devices, int n, dt_nccl_clique **out);
+void dt_nccl_clique_release(dt_nccl_clique *q); /* NULL is a no-op */
+/* Participant `rank`'s communicator (its GPU is devices[rank]). */
+dt_status dt_comm_create_nccl_clique(dt_nccl_clique *q, int rank, const dt_comm_config *cfg,
+                                     dt_comm **out);
+
 /* Waits for the queued collectives, stops the communication thread and
  * frees the communicator. NULL is a no-op. */
 void dt_comm_destroy(dt_comm *c);
 
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
-const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local" */
+const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local", "nccl" */
 const dt_comm_config *dt_comm_get_config(const dt_comm *c);
 /* Number of collectives submitted so far (the next one gets this + 1). */
 uint64_t dt_comm_seq(const dt_comm *c);
@@ -121,8 +210,9 @@ uint64_t dt_comm_seq(const dt_comm *c);
 int dt_comm_is_broken(const dt_comm *c);
 
 /* ---- collectives ----
- * Tensors must be contiguous and on a device the backend serves (cpu for
- * mpi and local). Shape/dtype errors are DT_ERR_SHAPE / DT_ERR_DTYPE at
+ * Tensors must be contiguous and on a device the backend serves (cpu, or a
+ * device with streams and events host-staged, for mpi and local; the
+ * communicator's own GPU for nccl). Shape/dtype errors are DT_ERR_SHAPE / DT_ERR_DTYPE at
  * submission; a disagreement between ranks that a backend can detect
  * (local: kind, size, root) fails the work with DT_ERR_DIST_MISMATCH. */
 
@@ -149,8 +239,23 @@ dt_status dt_comm_barrier(dt_comm *c, const dt_coll_opts *opts, dt_work **out);
  * the communicator's watchdog); timeout_s <= 0 waits for completion, which
  * the watchdog bounds. */
 dt_status dt_work_wait(dt_work *w, double timeout_s);
+/* Makes device stream `s` wait for the work (see "Completion" above): nccl
+ * works enqueue a wait on their completion event and return at once (an
+ * error status only if the work is already known to have failed);
+ * host-staged works wait on the host (like dt_work_wait(w, 0)) and then
+ * enqueue the wait; host works are dt_work_wait(w, 0). `s` NULL: the
+ * compute stream of the work's device. */
+dt_status dt_work_wait_stream(dt_work *w, dt_stream *s);
 /* 1 when complete (successfully or not), else 0. Never blocks. */
 int dt_work_test(dt_work *w);
+/* Device-side times of a work that ran on a device stream, in
+ * milliseconds since the communicator was created, on the device clock:
+ * start and end of the collective on the communication stream, and where
+ * the stream given to dt_work_wait_stream stood when it was called (for
+ * DDP: the end of backward on the compute stream; -1 if never called).
+ * Blocks until those points have executed. DT_ERR_UNSUPPORTED for
+ * backends without device timing (host ones, host-staged). */
+dt_status dt_work_device_times(dt_work *w, double *start_ms, double *end_ms, double *waited_ms);
 uint64_t dt_work_seq(const dt_work *w);
 /* Monotonic times in seconds (dt_comm_now()): submitted, started on the
  * communication thread, completed; 0 when not reached yet. */

@@ -5,8 +5,13 @@
  * time), the watchdog message and the broken state. A backend provides
  * `run`, which executes one collective to completion on the communication
  * thread and must give up at `deadline` (dt_comm_now() time) with
- * DT_ERR_TIMEOUT. A backend that enqueues on device streams (nccl) will add
- * an `enqueue` entry used instead of the thread.
+ * DT_ERR_TIMEOUT. A backend that enqueues on device streams (nccl) sets
+ * `enqueue` instead: submission enqueues on the caller's thread and the
+ * communication thread becomes the watchdog, polling `query` and
+ * `check_async` against each work's deadline.
+ *
+ * Device tensors on a host backend are staged by comm_staged.c around
+ * `run` (w->in_data / w->out_data then point at page-locked host copies).
  */
 #ifndef DT_DIST_COMM_INTERNAL_H
 #define DT_DIST_COMM_INTERNAL_H
@@ -29,7 +34,21 @@ struct dt_work {
   dt_tensor *out; /* retained */
   int root;
   int bucket;
-  dt_event *ready;
+  dt_event *ready;  /* opts.ready, or own_ready */
+  /* Where the backend reads and writes: the tensors' data, or host copies
+   * of it while a device tensor is staged. */
+  void *in_data, *out_data;
+  /* Device tensors (dev.type != cpu): the device's backend, an event the
+   * communicator recorded on the compute stream when opts.ready was NULL,
+   * and the completion event (recorded on the device's comm stream once
+   * the result is in the tensor). All NULL for host tensors. */
+  dt_device dev;
+  const dt_backend_ops *dev_ops;
+  dt_event *own_ready;
+  dt_event *done_ev;
+  int on_stream;      /* enqueued by a stream backend (completion = done_ev) */
+  const struct dt_comm_backend *be;
+  void *backend_data; /* freed by be->work_free */
   uint64_t seq;
   int64_t count;   /* elements per rank (in's numel; reduce_scatter: out's) */
   size_t elem;     /* element size in bytes */
@@ -58,7 +77,59 @@ typedef struct dt_comm_backend {
   /* Frees impl. `broken`: a collective may be stuck inside the transport,
    * so release only what it cannot touch. */
   void (*destroy)(void *impl, int broken);
+
+  /* Optional: DT_OK when the backend serves tensors on `dev` (nccl: its
+   * own GPU only), checked at submission. */
+  dt_status (*check_device)(void *impl, dt_device dev);
+
+  /* ---- stream backends (nccl); NULL for host backends ---- */
+  /* Enqueues `w` on the device's communication stream (waiting on
+   * w->ready first) and records w->done_ev after it. Called on the
+   * submitting thread, in sequence order. */
+  dt_status (*enqueue)(void *impl, dt_work *w);
+  /* *done = 1 once w->done_ev has completed; a status for a failed device. */
+  dt_status (*query)(void *impl, dt_work *w, int *done);
+  /* An error the transport raised asynchronously (ncclCommGetAsyncError),
+   * with the message set; DT_OK when healthy. */
+  dt_status (*check_async)(void *impl);
+  /* Aborts the transport so nothing stays stuck on the device
+   * (ncclCommAbort). Later calls on impl fail. */
+  void (*abort_comm)(void *impl);
+  /* Optional: dt_work_wait_stream for enqueued works (default: the
+   * device backend's stream_wait_event on w->done_ev). */
+  dt_status (*wait_stream)(void *impl, dt_work *w, dt_stream *s);
+  /* Optional: dt_work_device_times. */
+  dt_status (*device_times)(void *impl, dt_work *w, double *start_ms, double *end_ms,
+                            double *waited_ms);
+  /* Optional: frees w->backend_data (may run after the communicator is
+   * destroyed: must not use impl). */
+  void (*work_free)(dt_work *w);
 } dt_comm_backend;
+
+/* ---- host staging of device tensors (comm_staged.c) ---- */
+
+/* Page-locked staging memory of one communicator, grown on demand. Used
+ * only from the communication thread. */
+typedef struct dt_comm_staging {
+  const dt_backend_ops *ops; /* the device's backend (host_alloc, copy, events) */
+  dt_device dev;
+  void *buf;
+  size_t cap;
+  int pinned;        /* buf came from ops->host_alloc (else malloc) */
+  dt_event *copied;  /* device -> host copy complete */
+} dt_comm_staging;
+
+/* 1 when tensors on `dev` can be host-staged: a non-cpu device whose
+ * backend has streams, events and copies. */
+int dt_comm_can_stage(dt_device dev);
+/* Runs `w` (a device-tensor work) on a host backend: comm stream waits on
+ * w->ready, device -> staging copy, host `run` on the staging memory,
+ * staging -> device copy, w->done_ev recorded on the comm stream. */
+dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void *impl,
+                             dt_work *w, double deadline);
+/* Frees the staging memory (not when `broken`: a stuck request may still
+ * write into it). */
+void dt_comm_staging_free(dt_comm_staging *s, int broken);
 
 /* Creates a communicator over a backend and starts its thread. `peers`
  * describes the group for watchdog messages ("ranks 0-3"). Takes ownership

@@ -204,7 +204,7 @@ static dt_status local_run(void *impl, dt_work *w, double deadline) {
   dt_local_group *g = lc->g;
   local_slot *me = &g->slots[lc->rank];
   *me = (local_slot){w->kind, w->op, w->count, w->elem, w->root, w->seq,
-                     w->in ? dt_tensor_data(w->in) : NULL, w->out ? dt_tensor_data(w->out) : NULL};
+                     w->in_data, w->out_data};
   DT_CHECK(group_barrier(g, lc->rank, w->seq, deadline));
   dt_status mismatch = check_slots(g);
   if (mismatch == DT_OK)

@@ -24,18 +24,18 @@ static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
   int n = (int)w->count, nb = (int)w->bytes;
   switch (w->kind) {
   case DT_COLL_ALLREDUCE:
-    DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, dt_tensor_data(w->out), n, MPI_FLOAT, MPI_SUM,
+    DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w->out_data, n, MPI_FLOAT, MPI_SUM,
                                 m->comm, req));
     return DT_OK;
   case DT_COLL_BROADCAST:
-    DT_MPI_CHECK(MPI_Ibcast(dt_tensor_data(w->out), nb, MPI_BYTE, w->root, m->comm, req));
+    DT_MPI_CHECK(MPI_Ibcast(w->out_data, nb, MPI_BYTE, w->root, m->comm, req));
     return DT_OK;
   case DT_COLL_ALLGATHER:
-    DT_MPI_CHECK(MPI_Iallgather(dt_tensor_data(w->in), nb, MPI_BYTE, dt_tensor_data(w->out), nb,
+    DT_MPI_CHECK(MPI_Iallgather(w->in_data, nb, MPI_BYTE, w->out_data, nb,
                                 MPI_BYTE, m->comm, req));
     return DT_OK;
   case DT_COLL_REDUCE_SCATTER:
-    DT_MPI_CHECK(MPI_Ireduce_scatter_block(dt_tensor_data(w->in), dt_tensor_data(w->out), n,
+    DT_MPI_CHECK(MPI_Ireduce_scatter_block(w->in_data, w->out_data, n,
                                            MPI_FLOAT, MPI_SUM, m->comm, req));
     return DT_OK;
   case DT_COLL_BARRIER:
@@ -79,7 +79,7 @@ static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
     }
   }
   if (w->op == DT_REDUCE_AVG && (w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER)) {
-    float *x = dt_tensor_data(w->out);
+    float *x = w->out_data;
     float world = (float)dt_comm_size(w->comm);
     for (int64_t i = 0; i < w->count; i++)
       x[i] /= world;

@@ -14,7 +14,9 @@ typedef struct ddp_bucket {
   int n_params;
   int pending;     /* parameters of this pass still to become ready */
   int ready;
-  dt_work *work;
+  dt_event *ready_ev; /* recorded on the compute stream when the bucket is ready */
+  dt_work *work;      /* in flight */
+  dt_work *last_work; /* the last pass's, kept for its device times */
 } ddp_bucket;
 
 typedef struct ddp_hook_ctx {
@@ -27,6 +29,10 @@ struct dt_ddp {
   dt_param_arena *arena;
   dt_comm *comm;
   dt_ddp_config cfg;
+  dt_device dev; /* where the gradients live */
+  const dt_backend_ops *ops;
+  dt_stream *compute;
+  double dev_backward_end_ms;
 
   int n_params;
   int *bucket_of;
@@ -58,13 +64,21 @@ static void record_error(dt_ddp *d, dt_status st) {
 
 static void launch_bucket(dt_ddp *d, int b) {
   ddp_bucket *bk = &d->buckets[b];
-  /* A device backend will record an event on the compute stream here and
-   * pass it as opts.ready (the comm stream waits on it); the CPU backend
-   * computes synchronously, so the gradients are complete already. */
+  /* The gradients are complete once the compute stream reaches this point:
+   * the communicator's stream waits on the event (nccl, host staging); the
+   * CPU backend computes synchronously and its events are no-ops. */
   dt_coll_opts opts = DT_COLL_OPTS_DEFAULT;
   opts.bucket = b;
+  opts.ready = bk->ready_ev;
   d->timings[b].launch_s = dt_comm_now();
-  dt_status st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
+  dt_work_release(bk->last_work);
+  bk->last_work = NULL;
+  dt_status st = d->ops->event_record(bk->ready_ev, d->compute);
+  if (st != DT_OK) {
+    record_error(d, dt_error_wrap(st, "recording DDP bucket %d's ready event", b));
+    return;
+  }
+  st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
   if (st != DT_OK)
     record_error(d, dt_error_wrap(st, "launching the all-reduce of DDP bucket %d", b));
 }
@@ -162,6 +176,9 @@ static dt_status build_buckets(dt_ddp *d) {
   if (d->buckets == NULL || d->timings == NULL)
     return DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d buckets", n);
   dt_tensor *grads = dt_param_arena_grads(d->arena);
+  d->dev = dt_tensor_device(grads);
+  DT_CHECK(dt_backend_get(d->dev, &d->ops));
+  d->compute = d->ops->stream(d->dev, DT_STREAM_COMPUTE);
   int i = n - 1;
   while (i >= 0) {
     int b = d->n_buckets;
@@ -182,6 +199,7 @@ static dt_status build_buckets(dt_ddp *d) {
     d->timings[b].bytes = (size_t)bk->numel * sizeof(float);
     d->n_buckets++;
     DT_CHECK(dt_tensor_view_flat(grads, bk->offset, &bk->numel, 1, &bk->view));
+    DT_CHECK(d->ops->event_create(d->dev, &bk->ready_ev));
   }
   return DT_OK;
 }
@@ -250,20 +268,25 @@ destroy_ddp:
   return st;
 }
 
-static dt_status wait_buckets(dt_ddp *d) {
+/* Makes the compute stream wait for every launched bucket (on_host: the
+ * host waits instead, for destruction). Device communicators return at
+ * once: the optimizer's kernels queue behind the all-reduces. */
+static dt_status wait_buckets(dt_ddp *d, int on_host) {
   dt_status st = DT_OK;
   char msg[1024] = "";
   for (int b = 0; b < d->n_buckets; b++) {
     ddp_bucket *bk = &d->buckets[b];
     if (bk->work == NULL)
       continue;
-    dt_status wst = dt_work_wait(bk->work, 0);
+    dt_status wst =
+        on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
     if (wst != DT_OK && st == DT_OK) {
       st = wst;
       snprintf(msg, sizeof msg, "%s", dt_last_error());
     }
     dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
-    dt_work_release(bk->work);
+    d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
+    bk->last_work = bk->work;
     bk->work = NULL;
   }
   if (st != DT_OK)
@@ -275,14 +298,18 @@ void dt_ddp_destroy(dt_ddp *d) {
   if (d == NULL)
     return;
   if (d->buckets)
-    wait_buckets(d);
+    wait_buckets(d, 1);
   if (d->pre_hook)
     dt_module_remove_hook(d->model, d->pre_hook);
   for (int i = 0; d->grad_hooks && i < d->n_params; i++)
     if (d->grad_hooks[i])
       dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->grad_hooks[i]);
-  for (int b = 0; d->buckets && b < d->n_buckets; b++)
+  for (int b = 0; d->buckets && b < d->n_buckets; b++) {
+    dt_work_release(d->buckets[b].last_work);
+    if (d->buckets[b].ready_ev)
+      d->ops->event_destroy(d->buckets[b].ready_ev);
     dt_tensor_release(d->buckets[b].view);
+  }
   free(d->buckets);
   free(d->timings);
   free(d->hook_ctx);
@@ -331,7 +358,8 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
   dt_status fill = DT_OK;
   int missing = settle_unused(d, names, sizeof names, &fill);
   launch_ready_buckets(d);
-  dt_status st = wait_buckets(d);
+  dt_status st = wait_buckets(d, 0);
+  d->dev_backward_end_ms = -1;
   dt_status hook_error = d->error;
   char hook_msg[1024];
   snprintf(hook_msg, sizeof hook_msg, "%s", d->error_msg);
@@ -391,7 +419,25 @@ void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel,
     *last_param = bk->last;
 }
 
+dt_status dt_ddp_read_device_timeline(dt_ddp *d) {
+  d->dev_backward_end_ms = -1;
+  for (int b = 0; b < d->n_buckets; b++) {
+    dt_work *w = d->buckets[b].last_work;
+    if (w == NULL)
+      return DT_ERROR(DT_ERR_STATE, "DDP device timeline: bucket %d was not reduced in the "
+                                    "last synchronised pass",
+                      b);
+    double waited = -1;
+    DT_CHECK(dt_work_device_times(w, &d->timings[b].dev_start_ms, &d->timings[b].dev_end_ms,
+                                  &waited));
+    if (waited >= 0 && (d->dev_backward_end_ms < 0 || waited < d->dev_backward_end_ms))
+      d->dev_backward_end_ms = waited;
+  }
+  return DT_OK;
+}
+
 void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out) {
+  out->dev_backward_end_ms = d->dev_backward_end_ms;
   out->first_grad_s = d->first_grad_s;
   out->last_grad_s = d->last_grad_s;
   out->backward_end_s = d->backward_end_s;

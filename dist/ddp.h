@@ -27,6 +27,15 @@
  * every rank (a bucket that completes early waits for the ones before it),
  * so the collectives match across ranks.
  *
+ * Devices. For device gradients (cuda) each bucket records an event on the
+ * compute stream when it launches, passed as the collective's `ready`
+ * event: the communicator's stream waits on it, never the host.
+ * dt_ddp_finish_backward makes the compute stream wait for every bucket
+ * (dt_work_wait_stream) and returns without blocking on the device with
+ * nccl, so the optimizer's kernels queue behind the all-reduces (llm.c's
+ * zero.cuh pattern). With CPU tensors the same code runs; the CPU
+ * backend's events are no-ops.
+ *
  * No-sync: between dt_ddp_no_sync_begin and _end backward passes only
  * accumulate locally; the next synchronised backward reduces the
  * accumulated gradients (gradient accumulation, PyTorch's `no_sync`).
@@ -100,8 +109,12 @@ typedef struct dt_ddp_bucket_timing {
   double ready_s;     /* last gradient of the bucket ready */
   double launch_s;    /* all-reduce submitted */
   double start_s;     /* all-reduce started on the communication thread */
-  double end_s;       /* all-reduce complete */
+  double end_s;       /* all-reduce complete (device communicators: its host part) */
   size_t bytes;
+  /* On the device clock (ms since the communicator's creation), filled by
+   * dt_ddp_read_device_timeline; -1 until then: the all-reduce's start and
+   * end on the communication stream. */
+  double dev_start_ms, dev_end_ms;
 } dt_ddp_bucket_timing;
 
 typedef struct dt_ddp_timeline {
@@ -111,8 +124,19 @@ typedef struct dt_ddp_timeline {
   double finish_end_s;   /* dt_ddp_finish_backward returned (all buckets done) */
   int n_buckets;
   const dt_ddp_bucket_timing *buckets; /* valid until the next pass */
+  /* Device clock: where the compute stream stood when
+   * dt_ddp_finish_backward made it wait for the buckets, i.e. the end of
+   * backward on the device; -1 until dt_ddp_read_device_timeline. */
+  double dev_backward_end_ms;
 } dt_ddp_timeline;
 void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out);
+
+/* Fills the device-clock fields of the last synchronised pass's timeline
+ * (blocks until those points have executed; call after the step, for
+ * traces and tests). Overlap shows as buckets[0].dev_start_ms <
+ * dev_backward_end_ms. DT_ERR_UNSUPPORTED for communicators without device
+ * timing (host backends, host staging). */
+dt_status dt_ddp_read_device_timeline(dt_ddp *d);
 
 /* Synchronised backward passes completed. */
 long dt_ddp_sync_count(const dt_ddp *d);

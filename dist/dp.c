@@ -1,5 +1,6 @@
 /* Single-process data parallelism: replica threads driven in lock step by
- * the caller, gradients reduced by DDP over the local communicator. */
+ * the caller, gradients reduced by DDP over the local communicator (cpu;
+ * cuda host-staged) or an NCCL clique (cuda). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,8 @@ typedef struct dp_replica {
 struct dt_dp {
   int n;
   dp_replica *replicas;
-  dt_local_group *group;
+  dt_local_group *group;   /* cpu, or cuda host-staged */
+  dt_nccl_clique *clique;  /* cuda over nccl */
   dt_dp_config cfg;
 
   pthread_mutex_t mu;
@@ -191,13 +193,14 @@ static dt_status run_all(dt_dp *dp, dp_task task, const char *what) {
 }
 
 static dt_status check_devices(const dt_device *devices, int n) {
-  char a[32];
+  char a[32], b[32];
   for (int i = 0; i < n; i++) {
-    if (devices[i].type != DT_DEVICE_CPU)
-      return DT_ERROR(DT_ERR_UNSUPPORTED,
-                      "data-parallel mode on %s: only cpu devices are supported until the nccl "
-                      "backend lands (use --devices cpu:0,cpu:1,...)",
-                      dt_device_format(devices[i], a, sizeof a));
+    if (devices[i].type != devices[0].type)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "data-parallel mode: %s and %s are of different types: use all cpu or all "
+                      "cuda devices",
+                      dt_device_format(devices[0], a, sizeof a),
+                      dt_device_format(devices[i], b, sizeof b));
     const dt_backend_ops *ops = NULL;
     DT_CHECK(dt_backend_get(devices[i], &ops));
     for (int j = 0; j < i; j++)
@@ -208,6 +211,25 @@ static dt_status check_devices(const dt_device *devices, int n) {
                         dt_device_format(devices[i], a, sizeof a));
   }
   return DT_OK;
+}
+
+/* cpu: a local group. cuda: an NCCL clique (ncclCommInitAll), or by
+ * choice or fallback a local group that host-stages the gradients. */
+static dt_status create_group(dt_dp *dp, const dt_device *devices, int n) {
+  dt_comm_backend_choice choice = dp->cfg.comm.backend;
+  if (devices[0].type == DT_DEVICE_CUDA && choice != DT_COMM_BACKEND_MPI) {
+    dt_status st = dt_nccl_clique_create(devices, n, &dp->clique);
+    if (st == DT_OK || choice == DT_COMM_BACKEND_NCCL)
+      return st;
+    fprintf(stderr, "dtrain: data-parallel mode: nccl unavailable: %s; reducing through host "
+                    "memory instead\n",
+            dt_last_error());
+  } else if (devices[0].type == DT_DEVICE_CPU && choice == DT_COMM_BACKEND_NCCL) {
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "data-parallel mode: the nccl backend reduces GPU memory; with cpu devices "
+                    "use auto or mpi");
+  }
+  return dt_local_group_create(n, &dp->group);
 }
 
 dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn model_fn,
@@ -234,13 +256,17 @@ dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn m
                   n_devices);
     goto destroy_dp;
   }
-  DT_CHECK_GOTO(dt_local_group_create(n_devices, &dp->group), destroy_dp);
+  DT_CHECK_GOTO(create_group(dp, devices, n_devices), destroy_dp);
   for (int i = 0; i < n_devices; i++) {
     dp_replica *r = &dp->replicas[i];
     r->dp = dp;
     r->index = i;
     r->device = devices[i];
-    DT_CHECK_GOTO(dt_comm_create_local(dp->group, i, &dp->cfg.comm, &r->comm), destroy_dp);
+    if (dp->clique != NULL)
+      DT_CHECK_GOTO(dt_comm_create_nccl_clique(dp->clique, i, &dp->cfg.comm, &r->comm),
+                    destroy_dp);
+    else
+      DT_CHECK_GOTO(dt_comm_create_local(dp->group, i, &dp->cfg.comm, &r->comm), destroy_dp);
     int rc = pthread_create(&r->thread, NULL, replica_thread, r);
     if (rc != 0) {
       st = DT_ERROR(DT_ERR_INTERNAL, "data-parallel mode: starting replica thread %d: %s", i,
@@ -289,6 +315,7 @@ void dt_dp_destroy(dt_dp *dp) {
     dt_module_destroy(r->model);
   }
   dt_local_group_release(dp->group);
+  dt_nccl_clique_release(dp->clique);
   pthread_mutex_destroy(&dp->mu);
   pthread_cond_destroy(&dp->cv);
   free(dp->replicas);

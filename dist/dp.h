@@ -3,9 +3,13 @@
  * One worker thread and one full replica (model, parameter arena,
  * optimizer, DDP reducer) per device; each batch is split across the
  * replicas; gradients are averaged by the same DDP reducer as multi-process
- * training, over the `local` communicator (cpu devices; an NCCL clique for
- * cuda devices later); every replica steps its own optimizer on identical
- * gradients, so no device is special and the replicas stay identical.
+ * training, over the `local` communicator (cpu devices) or an NCCL clique
+ * from ncclCommInitAll (cuda devices: each replica thread enqueues on its
+ * own GPU's comm stream; cfg.comm.backend = mpi, or auto without NCCL,
+ * host-stages the gradients through the local communicator instead); every
+ * replica runs forward, backward and its own optimizer step on its own
+ * device on identical gradients, so no device is special (nothing is
+ * gathered to one GPU) and the replicas stay identical.
  *
  *   dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
  *   dt_device devs[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
@@ -56,7 +60,7 @@ typedef struct dt_dp_config {
 typedef struct dt_dp dt_dp;
 
 /* Starts one thread per device and builds the replicas. Devices must be
- * distinct cpu devices (cuda: DT_ERR_UNSUPPORTED until the nccl backend).
+ * distinct and of one type (all cpu or all cuda).
  * The user pointers must stay valid during the call only. */
 dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn model_fn,
                        void *model_user, dt_dp_optim_fn optim_fn, void *optim_user,

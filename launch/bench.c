@@ -11,6 +11,8 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/rng.h"
+#include "dist/comm.h"
+#include "dist/ddp.h"
 #include "launch/flags.h"
 #include "models/models.h"
 
@@ -27,6 +29,10 @@ dt_bench_config dt_bench_config_default(void) {
   c.warmup = 10;
   c.threads = 0;
   c.seed = 0;
+  c.pg = NULL;
+  c.comm_timeout = 300.0;
+  c.bucket_cap_mb = 25.0f;
+  c.first_bucket_mb = 1.0f;
   return c;
 }
 
@@ -64,12 +70,30 @@ done:
 
 typedef struct phase_times {
   double forward, backward, optimizer;
+  double allreduce, overlapped, exposed; /* DDP, from the reducer's timeline */
 } phase_times;
 
-/* One training step; adds each phase's time to *t. */
-static dt_status train_step(dt_module *model, dt_optimizer *opt, const dt_backend_ops *be,
-                            dt_device dev, dt_tensor *x, dt_tensor *y, phase_times *t,
-                            double *loss_value) {
+/* Adds the last synchronised pass's communication figures to *t. */
+static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
+  dt_ddp_timeline tl;
+  dt_ddp_get_timeline(ddp, &tl);
+  for (int b = 0; b < tl.n_buckets; b++) {
+    const dt_ddp_bucket_timing *bt = &tl.buckets[b];
+    if (bt->end_s <= 0 || bt->start_s <= 0)
+      continue;
+    t->allreduce += bt->end_s - bt->start_s;
+    double hidden_end = bt->end_s < tl.backward_end_s ? bt->end_s : tl.backward_end_s;
+    if (hidden_end > bt->start_s)
+      t->overlapped += hidden_end - bt->start_s;
+  }
+  t->exposed += tl.finish_end_s - tl.backward_end_s;
+}
+
+/* One training step; adds each phase's time to *t. With a reducer the
+ * backward phase includes waiting for the gradient all-reduce. */
+static dt_status train_step(dt_module *model, dt_optimizer *opt, dt_ddp *ddp,
+                            const dt_backend_ops *be, dt_device dev, dt_tensor *x, dt_tensor *y,
+                            phase_times *t, double *loss_value) {
   dt_status st;
   dt_tensor *logits = NULL, *loss = NULL;
   double t0 = now_seconds();
@@ -80,6 +104,10 @@ static dt_status train_step(dt_module *model, dt_optimizer *opt, const dt_backen
   DT_CHECK_GOTO(be->device_synchronize(dev), done);
   double t2 = now_seconds();
   DT_CHECK_GOTO(dt_backward(loss, NULL), done);
+  if (ddp) {
+    DT_CHECK_GOTO(dt_ddp_finish_backward(ddp), done);
+    add_comm_times(ddp, t);
+  }
   DT_CHECK_GOTO(be->device_synchronize(dev), done);
   double t3 = now_seconds();
   DT_CHECK_GOTO(dt_optim_step(opt), done);
@@ -103,6 +131,10 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_module *model = NULL;
   dt_param_arena *arena = NULL;
   dt_optimizer *opt = NULL;
+  dt_comm *comm = NULL;
+  dt_ddp *ddp = NULL;
+  int world = cfg->pg ? dt_pg_world_size(cfg->pg) : 1;
+  int rank = cfg->pg ? dt_pg_rank(cfg->pg) : 0;
   dt_tensor *x = NULL, *y = NULL;
   dt_bench_result r;
   memset(&r, 0, sizeof r);
@@ -119,6 +151,19 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   DT_CHECK_GOTO(dt_module_to(model, dev), cleanup);
   dt_module_train(model, 1);
   DT_CHECK_GOTO(dt_param_arena_create(model, &arena), cleanup);
+  if (world > 1) {
+    dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+    cc.timeout_s = cfg->comm_timeout;
+    DT_CHECK_GOTO(dt_comm_create_for_pg(cfg->pg, &cc, &comm), cleanup);
+    dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
+    dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * 1024.0 * 1024.0);
+    dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * 1024.0 * 1024.0);
+    if (dc.first_bucket_bytes < 4)
+      dc.first_bucket_bytes = 4;
+    if (dc.bucket_bytes < 4)
+      dc.bucket_bytes = 4;
+    DT_CHECK_GOTO(dt_ddp_create(model, arena, comm, &dc, &ddp), cleanup);
+  }
   if (!strcmp(cfg->optimizer, "sgd")) {
     dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
     sgd.lr = 0.01f;
@@ -132,17 +177,24 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
                   cfg->optimizer);
     goto cleanup;
   }
-  DT_CHECK_GOTO(make_batch(cfg->batch, cfg->seed, dev, &x, &y), cleanup);
+  /* Each rank its own batch, as in data-parallel training. */
+  DT_CHECK_GOTO(make_batch(cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), cleanup);
 
-  phase_times warm = {0, 0, 0}, timed = {0, 0, 0};
+  phase_times warm, timed;
+  memset(&warm, 0, sizeof warm);
+  memset(&timed, 0, sizeof timed);
   for (int i = 0; i < cfg->warmup; i++)
-    DT_CHECK_GOTO(train_step(model, opt, be, dev, x, y, &warm, NULL), cleanup);
+    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &warm, NULL), cleanup);
   DT_CHECK_GOTO(dt_memory_reset_peak(dev), cleanup);
+  if (comm)
+    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), cleanup);
   double t0 = now_seconds();
   for (int i = 0; i < cfg->steps; i++)
-    DT_CHECK_GOTO(
-        train_step(model, opt, be, dev, x, y, &timed, i + 1 == cfg->steps ? &r.final_loss : NULL),
-        cleanup);
+    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &timed,
+                             i + 1 == cfg->steps ? &r.final_loss : NULL),
+                  cleanup);
+  if (comm)
+    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), cleanup);
   r.seconds = now_seconds() - t0;
 
   dt_memory_stats ms;
@@ -151,7 +203,15 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.peak_mib = (double)ms.peak_allocated / (1024.0 * 1024.0);
   r.parameters = dt_module_parameter_count(model);
   r.steps_per_s = cfg->steps / r.seconds;
-  r.samples_per_s = r.steps_per_s * cfg->batch;
+  r.samples_per_s = r.steps_per_s * cfg->batch * world;
+  r.world = world;
+  if (ddp) {
+    r.buckets = dt_ddp_num_buckets(ddp);
+    r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
+    r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
+    r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
+    r.grad_mib = (double)dt_param_arena_numel(arena) * sizeof(float) / (1024.0 * 1024.0);
+  }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;
   r.backward_ms = 1e3 * timed.backward / cfg->steps;
@@ -161,18 +221,21 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
 cleanup:
   dt_tensor_release(y);
   dt_tensor_release(x);
+  dt_ddp_destroy(ddp);
+  dt_comm_destroy(comm);
   dt_optim_destroy(opt);
   dt_param_arena_destroy(arena);
   dt_module_destroy(model);
   return st;
 }
 
-int dt_cli_bench(int argc, char **argv) {
+int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = dt_bench_config_default();
+  float comm_timeout = (float)cfg.comm_timeout;
   dt_flag flags[] = {
       {"model", DT_FLAG_STRING, &cfg.model, "NAME", "model: mlp (784-512-512-10) or lenet", 0,
        NULL},
-      {"batch", DT_FLAG_INT, &cfg.batch, "N", "batch size", 1, NULL},
+      {"batch", DT_FLAG_INT, &cfg.batch, "N", "batch size (per rank under a launcher)", 1, NULL},
       {"steps", DT_FLAG_INT, &cfg.steps, "N", "timed training steps", 1, NULL},
       {"warmup", DT_FLAG_INT, &cfg.warmup, "N", "untimed warm-up steps", 0, NULL},
       {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME",
@@ -180,37 +243,57 @@ int dt_cli_bench(int argc, char **argv) {
       {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
       {"device", DT_FLAG_STRING, &cfg.device, "DEV", "cpu, cpu:N or cuda:N", 0, NULL},
       {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0, NULL},
+      {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
+       "DDP: seconds a collective may take before the job is aborted", 0.001, NULL},
+      {"bucket-cap-mb", DT_FLAG_FLOAT, &cfg.bucket_cap_mb, "MB", "DDP: bucket size after the first",
+       1e-6, NULL},
+      {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB", "DDP: first bucket size", 1e-6,
+       NULL},
   };
   int nflags = (int)(sizeof flags / sizeof flags[0]);
-  switch (dt_flags_parse("bench", flags, nflags, argc, argv, stderr)) {
+  switch (dt_flags_parse("bench", flags, nflags, argc, argv, err)) {
     case DT_FLAGS_OK: break;
     case DT_FLAGS_HELP:
       printf(
           "usage: dtrain bench [flags]\n\n"
           "Times training steps (forward, cross-entropy, backward, optimizer) on one\n"
           "synthetic batch, after untimed warm-up steps, and prints\n"
-          "steps_per_s=... samples_per_s=... ms_per_step=...\n\nflags:\n");
+          "steps_per_s=... samples_per_s=... ms_per_step=...\n"
+          "Under a launcher (dtrain launch -n N -- bench ...) every rank runs --batch\n"
+          "samples per step through a DDP reducer; samples_per_s counts all ranks and a\n"
+          "ddp: line gives the all-reduce time and how much of it the overlap hid.\n\n"
+          "flags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
     case DT_FLAGS_ERROR: return 2;
   }
+  cfg.comm_timeout = comm_timeout;
+  cfg.pg = pg;
+  int rank = pg ? dt_pg_rank(pg) : 0;
 
   dt_bench_result r;
   dt_status st = dt_bench_run(&cfg, &r);
-  if (st != DT_OK) {
-    fprintf(stderr, "dtrain: error: %s\n", dt_last_error());
-    return 1;
-  }
+  if (st != DT_OK)
+    return 1; /* the caller prints dt_last_error() with the rank */
+  if (rank != 0)
+    return 0;
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
       "device %s threads %d\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       cfg.device, dt_cpu_num_threads());
+  if (r.world > 1)
+    printf("ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients)\n",
+           r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   printf(
       "breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f peak_mem=%.1fMiB "
       "loss=%.4f\n",
       r.forward_ms, r.backward_ms, r.optimizer_ms, r.peak_mib, r.final_loss);
+  if (r.world > 1)
+    printf("comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f (per step)\n",
+           r.allreduce_ms, r.overlapped_ms,
+           r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms);
   return 0;
 }

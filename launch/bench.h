@@ -6,13 +6,24 @@
  * cross-entropy, backward and optimizer update. The per-phase times come
  * from device synchronisations at phase boundaries (free on the CPU).
  * tools/bench_torch.py runs the same benchmark in PyTorch.
+ *
+ * Under a launcher (cfg.pg of world W > 1) every rank runs the benchmark
+ * with per-rank batch `batch` and a DDP reducer: the backward phase then
+ * includes waiting for the gradient all-reduce (dt_ddp_finish_backward),
+ * samples/s counts all ranks (W * batch per step), and the reducer's
+ * timeline gives the communication figures: time in all-reduce per step,
+ * the part of it that ran while backward was still computing (hidden by
+ * the overlap), and the part the step waited for (exposed). Weak scaling:
+ * compare W ranks x T threads with 1 rank x T threads at the same batch.
  */
 #ifndef DT_LAUNCH_BENCH_H
 #define DT_LAUNCH_BENCH_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/status.h"
+#include "dist/process_group.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,9 +38,15 @@ typedef struct dt_bench_config {
   int warmup;  /* untimed steps before */
   int threads; /* CPU threads, 0 = default */
   uint64_t seed;
+  /* Distributed (world > 1): DDP over an mpi communicator. */
+  dt_pg *pg;               /* borrowed; NULL or world 1 = one process */
+  double comm_timeout;     /* seconds (300) */
+  float bucket_cap_mb;     /* 25 */
+  float first_bucket_mb;   /* 1 */
 } dt_bench_config;
 
-/* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0 */
+/* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
+ * no process group */
 dt_bench_config dt_bench_config_default(void);
 
 typedef struct dt_bench_result {
@@ -43,13 +60,23 @@ typedef struct dt_bench_result {
   double optimizer_ms; /* per step: zero_grad + update */
   double peak_mib;     /* peak device memory during the timed steps */
   double final_loss;
+  /* DDP (world > 1), per timed step, means over the timed steps. */
+  int world;
+  int buckets;
+  double allreduce_ms;  /* all-reduce running on the communication thread */
+  double overlapped_ms; /* of which while backward was still computing */
+  double exposed_ms;    /* backward end to all buckets reduced: the step waited */
+  double grad_mib;      /* gradient bytes all-reduced per step */
 } dt_bench_result;
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out);
 
-/* The `dtrain bench` subcommand: argv holds the arguments after "bench".
- * Returns the process exit status (0, 1 on a runtime error, 2 on bad flags). */
-int dt_cli_bench(int argc, char **argv);
+/* The `dtrain bench` subcommand: argv holds the arguments after "bench";
+ * pg is the process group (world 1 without a launcher); flag errors go to
+ * `err`. Rank 0 prints the results. Returns the process exit status (0; 1
+ * on a runtime error, whose message is left in dt_last_error() for the
+ * caller to print; 2 on bad flags). */
+int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
 
 #ifdef __cplusplus
 }

@@ -1,29 +1,49 @@
-/* The dtrain command: subcommand dispatch and `dtrain train`.
- * Only this folder calls exit(); everything below returns a dt_status. */
+/* The dtrain command: subcommand dispatch, `dtrain train`, and the process
+ * group of a distributed run. Only this folder calls exit(); everything
+ * below returns a dt_status.
+ *
+ * train and bench run in a process group (dist/process_group.h), created
+ * once here: a plain single process without a launcher, one rank of an MPI
+ * job under mpirun / `srun --mpi=pmix` / `dtrain launch`. Rank 0 prints the
+ * progress and results (other ranks too with --verbose-ranks, prefixed
+ * "rank R: "); an error on any rank is printed as
+ * "dtrain: error: rank R: ..." and ends the whole job (MPI_Abort), so no
+ * rank is left waiting in a collective. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/status.h"
+#include "dist/process_group.h"
 #include "launch/bench.h"
 #include "launch/doctor.h"
 #include "launch/flags.h"
+#include "launch/launcher.h"
 #include "launch/train_loop.h"
 
 typedef struct command {
   const char *name;
   const char *summary;
-  int (*run)(int argc, char **argv);
+  int in_group; /* runs in the process group (train, bench) */
+  int (*run)(int argc, char **argv, dt_pg *pg, FILE *err);
 } command;
 
-static int cli_train(int argc, char **argv);
-static int cli_help(int argc, char **argv);
+static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
-    {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", cli_train},
-    {"bench", "time training steps on synthetic data (steps_per_s=...)", dt_cli_bench},
-    {"doctor", "report the devices, threads and data sets this build can use", dt_cli_doctor},
-    {"help", "show this help, or the help of a command: dtrain help train", cli_help},
+    {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
+    {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
+    {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
+     cli_launch},
+    {"doctor", "report the devices, threads and data sets this build can use", 0, cli_doctor},
+    {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -51,7 +71,25 @@ static void print_unknown_command(const char *name) {
   fprintf(stderr, "; see dtrain --help)\n");
 }
 
-static int cli_help(int argc, char **argv) {
+static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
+  return dt_cli_bench(argc, argv, pg, err);
+}
+
+static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  (void)err;
+  return dt_cli_doctor(argc, argv);
+}
+
+static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  (void)err;
+  return dt_cli_launch(argc, argv);
+}
+
+static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  (void)err;
   if (argc == 0) {
     print_usage(stdout);
     return 0;
@@ -67,11 +105,13 @@ static int cli_help(int argc, char **argv) {
   }
   char help_flag[] = "--help";
   char *args[] = {help_flag, NULL};
-  return c->run(1, args);
+  return c->run(1, args, NULL, stderr);
 }
 
-static int cli_train(int argc, char **argv) {
+static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_train_config cfg = dt_train_config_default();
+  float comm_timeout = (float)cfg.comm_timeout;
+  int verbose_ranks = 0;
   const char *env_dir = getenv("DT_DATA_DIR");
   if (env_dir && env_dir[0])
     cfg.data_dir = env_dir;
@@ -109,27 +149,115 @@ static int cli_train(int argc, char **argv) {
        "stop each epoch after N micro-batches, 0 = full epochs", 0, NULL},
       {"eval-batch", DT_FLAG_INT, &cfg.eval_batch, "N", "batch size for the test-set evaluation", 1,
        NULL},
+      {"mode", DT_FLAG_STRING, &cfg.mode, "MODE",
+       "ddp: one process per rank (under a launcher); dp: one process, one replica per "
+       "device of --devices",
+       0, "ddp|dp"},
+      {"devices", DT_FLAG_STRING, &cfg.devices, "LIST", "--mode dp: replicas' devices, cpu:0,cpu:1",
+       0, NULL},
+      {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
+       "seconds a collective may take before the job is aborted", 0.001, NULL},
+      {"bucket-cap-mb", DT_FLAG_FLOAT, &cfg.bucket_cap_mb, "MB", "DDP: gradient bucket size",
+       1e-6, NULL},
+      {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB",
+       "DDP: first bucket (small, so the first all-reduce starts early)", 1e-6, NULL},
+      {"allow-unused", DT_FLAG_BOOL, &cfg.allow_unused, NULL,
+       "DDP: zero-fill gradients of parameters the forward did not use", 0, NULL},
+      {"verbose-ranks", DT_FLAG_BOOL, &verbose_ranks, NULL,
+       "every rank prints its progress (prefixed rank R:), not only rank 0", 0, NULL},
   };
   int nflags = (int)(sizeof flags / sizeof flags[0]);
-  switch (dt_flags_parse("train", flags, nflags, argc, argv, stderr)) {
+  switch (dt_flags_parse("train", flags, nflags, argc, argv, err)) {
     case DT_FLAGS_OK: break;
     case DT_FLAGS_HELP:
       printf(
           "usage: dtrain train [flags]\n\n"
           "Trains a model, evaluates it on the test split after every epoch and ends with\n"
           "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
-          "epoch, SGD with momentum and a cosine learning-rate decay, on the CPU.\n\nflags:\n");
+          "epoch, SGD with momentum and a cosine learning-rate decay, on the CPU.\n"
+          "Under a launcher (dtrain launch -n N -- train, mpirun, srun --mpi=pmix) it\n"
+          "trains with DDP: --batch per rank, global batch N x --batch.\n\nflags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
     case DT_FLAGS_ERROR: return 2;
   }
-  dt_status st = dt_train_run(&cfg, stdout, NULL);
-  if (st != DT_OK) {
-    fflush(stdout);
-    fprintf(stderr, "dtrain: error: %s\n", dt_last_error());
-    return 1;
+  if (cfg.devices && strcmp(cfg.mode, "dp") == 0) {
+    dt_device devs[DT_TRAIN_MAX_DEVICES];
+    int n = 0;
+    if (dt_train_parse_devices(cfg.devices, devs, DT_TRAIN_MAX_DEVICES, &n) != DT_OK) {
+      fprintf(err, "dtrain train: invalid value '%s' for --devices: %s\n", cfg.devices,
+              dt_last_error());
+      return 2;
+    }
+  }
+  cfg.comm_timeout = comm_timeout;
+  cfg.pg = pg;
+  int rank = dt_pg_rank(pg);
+  char prefix[32] = "";
+  if (rank != 0)
+    snprintf(prefix, sizeof prefix, "rank %d: ", rank);
+  cfg.log_prefix = prefix;
+  dt_status st = dt_train_run(&cfg, rank == 0 || verbose_ranks ? stdout : NULL, NULL);
+  return st == DT_OK ? 0 : 1;
+}
+
+/* Under a launcher, before MPI is up: this process's rank from the
+ * launcher's environment (0 without one), so that only rank 0 reports a bad
+ * command line. */
+static int launcher_env_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                     "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && v[0])
+      return atoi(v);
   }
   return 0;
+}
+
+/* Ranks of a job on one host share its cores: without --threads or
+ * DT_NUM_THREADS (dtrain launch and the Slurm scripts set it), each rank
+ * takes cores / local ranks threads. */
+static void share_cores(const dt_pg *pg) {
+  const char *env = getenv("DT_NUM_THREADS");
+  if (dt_pg_local_size(pg) <= 1 || (env && env[0]))
+    return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  int per_rank = cores / dt_pg_local_size(pg);
+  dt_cpu_set_num_threads(per_rank > 0 ? per_rank : 1);
+}
+
+/* Runs a command inside the process group; never returns. */
+static void run_in_group(const command *c, int argc, char **argv) {
+  int env_rank = launcher_env_rank();
+  FILE *err = stderr, *devnull = NULL;
+  if (env_rank != 0 && (devnull = fopen("/dev/null", "w")) != NULL)
+    err = devnull;
+  dt_pg *pg = NULL;
+  if (dt_pg_create(NULL, &pg) != DT_OK) {
+    fprintf(stderr, "dtrain: error: rank %d: %s\n", env_rank, dt_last_error());
+    exit(1);
+  }
+  share_cores(pg);
+  dt_clear_error();
+  int rc = c->run(argc, argv, pg, err);
+  if (rc == 1) {
+    fflush(stdout);
+    if (dt_pg_world_size(pg) > 1)
+      fprintf(stderr, "dtrain: error: rank %d: %s\n", dt_pg_rank(pg), dt_last_error());
+    else
+      fprintf(stderr, "dtrain: error: %s\n", dt_last_error());
+    /* The other ranks may be waiting in a collective: end the whole job. */
+    if (dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1)
+      dt_pg_abort(pg, 1);
+  }
+  fflush(stdout);
+  dt_pg_destroy(pg);
+  if (devnull)
+    fclose(devnull);
+  exit(rc);
 }
 
 int main(int argc, char **argv) {
@@ -139,11 +267,13 @@ int main(int argc, char **argv) {
   }
   const char *name = argv[1];
   if (!strcmp(name, "--help") || !strcmp(name, "-h"))
-    exit(cli_help(0, NULL));
+    exit(cli_help(0, NULL, NULL, stderr));
   const command *c = find_command(name);
   if (!c) {
     print_unknown_command(name);
     exit(2);
   }
-  exit(c->run(argc - 2, argv + 2));
+  if (c->in_group)
+    run_in_group(c, argc - 2, argv + 2);
+  exit(c->run(argc - 2, argv + 2, NULL, stderr));
 }

@@ -1,6 +1,7 @@
 #include "launch/train_loop.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,9 +12,11 @@
 #include "core/memory.h"
 #include "core/ops.h"
 #include "core/optim.h"
+#include "launch/train_internal.h"
 #include "models/models.h"
 
 #define IGNORE_INDEX (-100)
+#define MIB (1024.0 * 1024.0)
 
 dt_train_config dt_train_config_default(void) {
   dt_train_config c;
@@ -41,6 +44,14 @@ dt_train_config dt_train_config_default(void) {
   c.log_interval = 100;
   c.max_steps = 0;
   c.eval_batch = 1000;
+  c.pg = NULL;
+  c.mode = "ddp";
+  c.devices = NULL;
+  c.comm_timeout = 300.0;
+  c.bucket_cap_mb = 25.0f;
+  c.first_bucket_mb = 1.0f;
+  c.allow_unused = 0;
+  c.log_prefix = "";
   return c;
 }
 
@@ -52,25 +63,16 @@ static double now_seconds(void) {
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
-/* Everything one run owns, released in reverse order by state_destroy. */
-typedef struct train_state {
-  dt_device dev;
-  dt_dataset *train_set;
-  dt_dataset *test_set;
-  dt_sampler *sampler;
-  dt_loader *loader;
-  dt_module *model;
-  dt_param_arena *arena;
-  dt_optimizer *opt;
-  dt_lr_schedule schedule;
-  int64_t batches_per_epoch; /* micro-batches run per epoch */
-  int64_t steps_per_epoch;   /* optimizer steps per epoch */
-} train_state;
-
 static void state_destroy(train_state *s) {
-  dt_optim_destroy(s->opt);
-  dt_param_arena_destroy(s->arena);
-  dt_module_destroy(s->model);
+  if (s->dp) {
+    dt_dp_destroy(s->dp); /* owns the replicas' models, arenas and optimizers */
+  } else {
+    dt_ddp_destroy(s->ddp);
+    dt_optim_destroy(s->opt);
+    dt_comm_destroy(s->comm);
+    dt_param_arena_destroy(s->arena);
+    dt_module_destroy(s->model);
+  }
   dt_loader_destroy(s->loader);
   dt_sampler_destroy(s->sampler);
   dt_dataset_destroy(s->test_set);
@@ -78,10 +80,13 @@ static void state_destroy(train_state *s) {
   memset(s, 0, sizeof *s);
 }
 
+static int is_dp_mode(const dt_train_config *c) { return c->mode && !strcmp(c->mode, "dp"); }
+
 static dt_status check_config(const dt_train_config *c) {
-  if (!c->model || !c->data || !c->data_dir || !c->device || !c->optimizer || !c->schedule)
+  if (!c->model || !c->data || !c->data_dir || !c->device || !c->optimizer || !c->schedule ||
+      !c->mode)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "model, data, data_dir, device, optimizer and schedule "
+                    "model, data, data_dir, device, optimizer, schedule and mode "
                     "must all be set (start from dt_train_config_default())");
   if (c->epochs < 1 || c->batch < 1 || c->accum < 1 || c->eval_batch < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -102,6 +107,58 @@ static dt_status check_config(const dt_train_config *c) {
       strcmp(c->schedule, "step"))
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown schedule '%s': expected constant, cosine or step",
                     c->schedule);
+  if (strcmp(c->mode, "ddp") && strcmp(c->mode, "dp"))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
+  if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
+                    "> 0",
+                    c->comm_timeout, c->bucket_cap_mb, c->first_bucket_mb);
+  int world = c->pg ? dt_pg_world_size(c->pg) : 1;
+  if (is_dp_mode(c) && world > 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--mode dp runs one process over the devices of --devices, but this process "
+                    "is one of %d ranks: use --mode dp without mpirun, or DDP (the default "
+                    "mode) with one rank per device",
+                    world);
+  if (is_dp_mode(c) && (!c->devices || !c->devices[0]))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--mode dp needs the replicas' devices: --devices cpu:0,cpu:1,...");
+  if (!is_dp_mode(c) && c->devices && c->devices[0])
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--devices '%s' is for --mode dp (one process, one replica per device); "
+                    "for DDP give one --device per rank (default: cpu, or cuda:<local rank>)",
+                    c->devices);
+  return DT_OK;
+}
+
+dt_status dt_train_parse_devices(const char *list, dt_device *devs, int cap, int *n) {
+  *n = 0;
+  if (!list || !list[0])
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "empty device list: expected devices separated by commas, e.g. cpu:0,cpu:1");
+  const char *p = list;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[64];
+    if (len == 0 || len >= sizeof item)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "device list '%s': %s item: expected devices separated by commas, e.g. "
+                      "cpu:0,cpu:1",
+                      list, len == 0 ? "an empty" : "an overlong");
+    if (*n >= cap)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "device list '%s': more than %d devices", list, cap);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    dt_status st = dt_device_parse(item, &devs[*n]);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "device list '%s': item '%s'", list, item);
+    (*n)++;
+    if (!end)
+      break;
+    p = end + 1;
+  }
   return DT_OK;
 }
 
@@ -121,28 +178,71 @@ static dt_status data_folder(const dt_train_config *c, char *path, size_t cap) {
   return DT_OK;
 }
 
-static dt_status build_optimizer(const dt_train_config *c, train_state *s) {
+dt_status train_build_optimizer(const dt_train_config *c, dt_param_arena *arena,
+                                dt_optimizer **out) {
   if (!strcmp(c->optimizer, "sgd")) {
     dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
     sgd.lr = c->lr;
     sgd.momentum = c->momentum;
     sgd.weight_decay = c->weight_decay;
     sgd.nesterov = c->nesterov;
-    return dt_optim_sgd_create(s->arena, &sgd, &s->opt);
+    return dt_optim_sgd_create(arena, &sgd, out);
   }
   dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
   adamw.lr = c->lr;
   adamw.weight_decay = c->weight_decay;
-  return dt_optim_adamw_create(s->arena, &adamw, &s->opt);
+  return dt_optim_adamw_create(arena, &adamw, out);
+}
+
+/* The rank's device: --device as given when it names an index; "cpu" is
+ * cpu:0 on every rank (ranks are separate processes), "cuda" is
+ * cuda:<local rank>. */
+static dt_status rank_device(const dt_train_config *c, dt_device *dev) {
+  DT_CHECK(dt_device_parse(c->device, dev));
+  if (c->pg && dev->type != DT_DEVICE_CPU && !strchr(c->device, ':'))
+    dev->index = dt_pg_local_rank(c->pg);
+  return DT_OK;
+}
+
+/* One process (world 1) or one DDP rank: model, arena, reducer, optimizer. */
+static dt_status build_model(const dt_train_config *c, train_state *s) {
+  DT_CHECK(dt_model_create(c->model, c->seed, &s->model));
+  DT_CHECK(dt_module_to(s->model, s->dev));
+  dt_module_train(s->model, 1);
+  DT_CHECK(dt_param_arena_create(s->model, &s->arena));
+  if (s->world > 1) {
+    dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+    cc.timeout_s = c->comm_timeout;
+    DT_CHECK(dt_comm_create_for_pg(c->pg, &cc, &s->comm));
+    dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
+    dc.first_bucket_bytes = (size_t)(c->first_bucket_mb * MIB);
+    dc.bucket_bytes = (size_t)(c->bucket_cap_mb * MIB);
+    if (dc.first_bucket_bytes < 4)
+      dc.first_bucket_bytes = 4;
+    if (dc.bucket_bytes < 4)
+      dc.bucket_bytes = 4;
+    dc.allow_unused = c->allow_unused;
+    DT_CHECK(dt_ddp_create(s->model, s->arena, s->comm, &dc, &s->ddp));
+  }
+  return train_build_optimizer(c, s->arena, &s->opt);
 }
 
 static dt_status state_create(const dt_train_config *c, train_state *s) {
   const dt_backend_ops *backend = NULL;
   char folder[4096];
   memset(s, 0, sizeof *s);
+  s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
+  s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
 
-  /* Cheap checks first: the device, then the data folder. */
-  DT_CHECK(dt_device_parse(c->device, &s->dev));
+  /* Cheap checks first: the device(s), then the data folder. */
+  if (is_dp_mode(c)) {
+    dt_device devs[DT_TRAIN_MAX_DEVICES];
+    int n = 0;
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+    s->dev = devs[0];
+  } else {
+    DT_CHECK(rank_device(c, &s->dev));
+  }
   DT_CHECK(dt_backend_get(s->dev, &backend));
   if (c->threads > 0)
     dt_cpu_set_num_threads(c->threads);
@@ -154,6 +254,9 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
   sc.shuffle = 1;
   sc.seed = c->seed;
+  sc.num_replicas = s->world; /* DistributedSampler: pads the last shard */
+  sc.rank = s->rank;
+  sc.drop_last = 0;
   DT_CHECK(dt_sampler_create(dt_dataset_length(s->train_set), &sc, &s->sampler));
   dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
   lc.batch_size = c->batch;
@@ -161,11 +264,10 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   lc.device = s->dev;
   DT_CHECK(dt_loader_create(s->train_set, s->sampler, &lc, &s->loader));
 
-  DT_CHECK(dt_model_create(c->model, c->seed, &s->model));
-  DT_CHECK(dt_module_to(s->model, s->dev));
-  dt_module_train(s->model, 1);
-  DT_CHECK(dt_param_arena_create(s->model, &s->arena));
-  DT_CHECK(build_optimizer(c, s));
+  if (is_dp_mode(c))
+    DT_CHECK(train_dp_create(c, s));
+  else
+    DT_CHECK(build_model(c, s));
 
   s->batches_per_epoch = dt_loader_num_batches(s->loader);
   if (c->max_steps > 0 && c->max_steps < s->batches_per_epoch)
@@ -183,6 +285,26 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   ls->decay = !strcmp(c->schedule, "cosine") ? DT_LR_DECAY_COSINE
               : !strcmp(c->schedule, "step") ? DT_LR_DECAY_STEP
                                              : DT_LR_DECAY_CONSTANT;
+  return DT_OK;
+}
+
+/* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact). */
+static dt_status allreduce_sums(train_state *s, double *vals, int n) {
+  if (s->world <= 1)
+    return DT_OK;
+  float buf[8];
+  int64_t shape = n;
+  dt_tensor *t = NULL;
+  for (int i = 0; i < n; i++)
+    buf[i] = (float)vals[i];
+  DT_CHECK(dt_tensor_from_host(buf, &shape, 1, DT_DTYPE_F32, DT_CPU, &t));
+  dt_status st = dt_comm_allreduce_sync(s->comm, t, DT_REDUCE_SUM);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, buf, (size_t)n * sizeof *buf);
+  dt_tensor_release(t);
+  DT_CHECK(st);
+  for (int i = 0; i < n; i++)
+    vals[i] = buf[i];
   return DT_OK;
 }
 
@@ -205,12 +327,15 @@ static dt_status accumulate_loss(dt_tensor *loss, dt_tensor **sum) {
   return st;
 }
 
-/* Reads and clears the device-side loss sum. */
-static dt_status take_loss_sum(dt_tensor **sum, double *out) {
-  *out = 0.0;
+/* Reads and clears the device-side loss sum, plus the host-side one (dp). */
+static dt_status take_loss_sum(dt_tensor **sum, double *host_sum, double *out) {
+  *out = *host_sum;
+  *host_sum = 0.0;
   if (*sum == NULL)
     return DT_OK;
-  dt_status st = dt_tensor_item(*sum, 0, out);
+  double v = 0.0;
+  dt_status st = dt_tensor_item(*sum, 0, &v);
+  *out += v;
   dt_tensor_release(*sum);
   *sum = NULL;
   return st;
@@ -225,11 +350,16 @@ static dt_status check_finite(double mean_loss, int epoch, int64_t batch) {
                   mean_loss, epoch, (long long)batch);
 }
 
-/* One micro-batch: forward, loss (scaled by 1/group), backward. */
+/* One micro-batch: forward, loss (scaled by 1/group), backward. With DDP,
+ * a micro-batch that does not end its accumulation group (sync = 0) runs in
+ * a no_sync scope; the one that does waits for the gradient all-reduce. */
 static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group,
-                                   dt_tensor **loss_sum) {
+                                   int sync, dt_tensor **loss_sum) {
   dt_status st;
   dt_tensor *logits = NULL, *loss = NULL, *scaled = NULL;
+  int no_sync = s->ddp && !sync;
+  if (no_sync)
+    DT_CHECK(dt_ddp_no_sync_begin(s->ddp));
   DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), done);
   DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, IGNORE_INDEX, &loss), done);
   if (group > 1) {
@@ -238,15 +368,25 @@ static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, i
   } else {
     DT_CHECK_GOTO(dt_backward(loss, NULL), done);
   }
+  if (s->ddp && sync)
+    DT_CHECK_GOTO(dt_ddp_finish_backward(s->ddp), done);
   DT_CHECK_GOTO(accumulate_loss(loss, loss_sum), done);
 done:
+  if (no_sync) {
+    dt_status end = dt_ddp_no_sync_end(s->ddp);
+    if (st == DT_OK)
+      st = end;
+  }
   dt_tensor_release(scaled);
   dt_tensor_release(loss);
   dt_tensor_release(logits);
   return st;
 }
 
+/* Clipping sees the all-reduced gradients (DDP finished in the micro-batch). */
 static dt_status optimizer_step(const dt_train_config *c, train_state *s) {
+  if (s->dp)
+    return train_dp_optimizer_step(c, s);
   if (c->clip > 0)
     DT_CHECK(dt_clip_grad_norm(s->arena, c->clip, NULL));
   dt_optim_set_lr(s->opt, dt_lr_at(&s->schedule, dt_optim_step_count(s->opt)));
@@ -254,25 +394,40 @@ static dt_status optimizer_step(const dt_train_config *c, train_state *s) {
   return dt_optim_zero_grad(s->opt);
 }
 
-static void log_progress(FILE *log, train_state *s, int epoch, int64_t b, double loss,
-                         double samples_per_s) {
+static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) {
+  if (!log)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  fputs(c->log_prefix ? c->log_prefix : "", log);
+  vfprintf(log, fmt, ap);
+  va_end(ap);
+  fflush(log);
+}
+
+static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch,
+                         int64_t b, double loss, double samples_per_s) {
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
     memset(&ms, 0, sizeof ms);
-  fprintf(log,
-          "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-          "MiB)\n",
-          epoch, (long long)b, (long long)s->batches_per_epoch, loss, dt_optim_lr(s->opt),
-          samples_per_s, mib(ms.allocated), mib(ms.peak_allocated));
-  fflush(log);
+  log_line(log, c,
+           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
+           "MiB)\n",
+           epoch, (long long)b, (long long)s->batches_per_epoch, loss, dt_optim_lr(s->opt),
+           samples_per_s, mib(ms.allocated), mib(ms.peak_allocated));
 }
 
-/* One epoch over the training set; *mean_loss = mean micro-batch loss. */
+/* One epoch over the training set (this rank's shard); *mean_loss = mean
+ * micro-batch loss over all ranks. samples/s in the progress lines counts
+ * every rank's samples (world x this rank's). */
 static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, FILE *log,
                              double *mean_loss) {
   dt_status st = DT_OK;
   dt_tensor *x = NULL, *y = NULL, *loss_sum = NULL;
+  double host_loss_sum = 0.0;
   double epoch_loss = 0.0, interval_start = now_seconds();
   int64_t interval_batches = 0, interval_samples = 0, done_batches = 0;
   int group = 1;
@@ -287,12 +442,19 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       int64_t left = s->batches_per_epoch - b;
       group = (int)(left < c->accum ? left : c->accum);
     }
+    int sync = (pos == group - 1);
     interval_samples += dt_tensor_dim(x, 0);
-    DT_CHECK_GOTO(train_micro_batch(s, x, y, group, &loss_sum), fail);
+    if (s->dp) {
+      double l = 0.0;
+      DT_CHECK_GOTO(train_dp_micro_batch(s, x, y, group, sync, &l), fail);
+      host_loss_sum += l;
+    } else {
+      DT_CHECK_GOTO(train_micro_batch(s, x, y, group, sync, &loss_sum), fail);
+    }
     dt_tensor_release(x);
     dt_tensor_release(y);
     x = y = NULL;
-    if (pos == group - 1)
+    if (sync)
       DT_CHECK_GOTO(optimizer_step(c, s), fail);
     done_batches++;
     interval_batches++;
@@ -301,28 +463,38 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     int log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
-      DT_CHECK_GOTO(take_loss_sum(&loss_sum, &sum), fail);
+      DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), fail);
       epoch_loss += sum;
       DT_CHECK_GOTO(check_finite(sum / (double)interval_batches, epoch, b + 1), fail);
       if (log_now) {
         double t = now_seconds();
-        log_progress(log, s, epoch, b + 1, sum / (double)interval_batches,
-                     (double)interval_samples / (t - interval_start));
+        log_progress(log, c, s, epoch, b + 1, sum / (double)interval_batches,
+                     (double)s->world * (double)interval_samples / (t - interval_start));
         interval_start = t;
       }
       interval_batches = interval_samples = 0;
     }
   }
   /* A loader that ended early (fewer batches than announced) leaves a
-   * partial accumulation group: step on it too. */
-  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < s->batches_per_epoch)
+   * partial accumulation group: finish it and step on it too. */
+  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < s->batches_per_epoch) {
+    if (s->ddp || s->dp) {
+      /* Its gradients were never reduced; every rank's loader announces
+       * the same count, so this means the data changed under us. */
+      st = DT_ERROR(DT_ERR_STATE,
+                    "the data loader ended after %lld of %lld micro-batches inside an "
+                    "accumulation group: the ranks would disagree; check the data set files",
+                    (long long)done_batches, (long long)s->batches_per_epoch);
+      goto fail;
+    }
     DT_CHECK_GOTO(optimizer_step(c, s), fail);
-  if (loss_sum) {
-    double sum;
-    DT_CHECK_GOTO(take_loss_sum(&loss_sum, &sum), fail);
-    epoch_loss += sum;
   }
-  *mean_loss = done_batches > 0 ? epoch_loss / (double)done_batches : 0.0;
+  double sum;
+  DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), fail);
+  epoch_loss += sum;
+  double totals[2] = {epoch_loss, (double)done_batches};
+  DT_CHECK_GOTO(allreduce_sums(s, totals, 2), fail);
+  *mean_loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   return DT_OK;
 fail:
   dt_tensor_release(x);
@@ -331,106 +503,48 @@ fail:
   return st;
 }
 
-/* Counts correct predictions of logits (B, C) against labels (B) i32. */
-static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *correct) {
-  dt_status st = DT_OK;
-  dt_tensor *pred = NULL;
-  int64_t n = dt_tensor_dim(labels, 0);
-  int64_t *p = malloc((size_t)n * sizeof *p);
-  int32_t *l = malloc((size_t)n * sizeof *l);
-  if (!p || !l) {
-    st = DT_ERROR(DT_ERR_OOM, "no host memory for %lld predictions", (long long)n);
-    goto done;
-  }
-  DT_CHECK_GOTO(dt_op_argmax(logits, &pred), done);
-  if (dt_tensor_dtype(labels) != DT_DTYPE_I32 || dt_tensor_dtype(pred) != DT_DTYPE_I64 ||
-      dt_tensor_numel(pred) != n) {
-    st = DT_ERROR(DT_ERR_DTYPE, "expected i32 labels (%s) and i64 predictions (%s) of %lld rows",
-                  dt_dtype_name(dt_tensor_dtype(labels)), dt_dtype_name(dt_tensor_dtype(pred)),
-                  (long long)n);
-    goto done;
-  }
-  DT_CHECK_GOTO(dt_tensor_to_host(pred, p, (size_t)n * sizeof *p), done);
-  DT_CHECK_GOTO(dt_tensor_to_host(labels, l, (size_t)n * sizeof *l), done);
-  for (int64_t i = 0; i < n; i++)
-    *correct += (p[i] == (int64_t)l[i]);
-done:
-  dt_tensor_release(pred);
-  free(l);
-  free(p);
-  return st;
-}
-
-dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
-                            double *loss, double *accuracy) {
-  dt_status st = DT_OK;
-  dt_sampler *sampler = NULL;
-  dt_loader *loader = NULL;
-  dt_tensor *x = NULL, *y = NULL, *logits = NULL, *batch_loss = NULL;
-  double loss_sum = 0.0;
-  int64_t seen = 0, correct = 0;
-  int was_training = dt_module_is_training(model);
-
-  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
-  sc.shuffle = 0;
-  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
-  lc.batch_size = batch;
-  lc.device = dev;
-  DT_CHECK(dt_sampler_create(dt_dataset_length(data), &sc, &sampler));
-  DT_CHECK_GOTO(dt_loader_create(data, sampler, &lc, &loader), free_sampler);
-  DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), free_loader);
-
-  dt_module_train(model, 0);
-  dt_no_grad_begin();
-  for (;;) {
-    DT_CHECK_GOTO(dt_loader_next(loader, &x, &y), free_batch);
-    if (x == NULL)
-      break;
-    DT_CHECK_GOTO(dt_module_call(model, x, &logits), free_batch);
-    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, IGNORE_INDEX, &batch_loss),
-                  free_batch);
-    double v;
-    DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), free_batch);
-    loss_sum += v;
-    DT_CHECK_GOTO(count_correct(logits, y, &correct), free_batch);
-    seen += dt_tensor_dim(y, 0);
-    dt_tensor_release(batch_loss);
-    dt_tensor_release(logits);
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-    x = y = logits = batch_loss = NULL;
-  }
-  *loss = seen ? loss_sum / (double)seen : 0.0;
-  *accuracy = seen ? (double)correct / (double)seen : 0.0;
-free_batch:
-  dt_tensor_release(batch_loss);
-  dt_tensor_release(logits);
-  dt_tensor_release(x);
-  dt_tensor_release(y);
-  dt_no_grad_end();
-  dt_module_train(model, was_training);
-free_loader:
-  dt_loader_destroy(loader);
-free_sampler:
-  dt_sampler_destroy(sampler);
-  return st;
+/* Test loss and accuracy over the whole test set: each rank its shard. */
+static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss,
+                          double *accuracy) {
+  double sums[3] = {0, 0, 0};
+  int64_t correct = 0, count = 0;
+  DT_CHECK(dt_train_evaluate_shard(s->model, s->test_set, c->eval_batch, s->dev, s->rank,
+                                   s->world, &sums[0], &correct, &count));
+  sums[1] = (double)correct;
+  sums[2] = (double)count;
+  DT_CHECK(allreduce_sums(s, sums, 3));
+  *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
+  *accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+  return DT_OK;
 }
 
 static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   char dev[32];
   dt_device_format(s->dev, dev, sizeof dev);
-  fprintf(log,
-          "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
-          "threads %d\n",
-          c->model, (long long)dt_module_parameter_count(s->model), c->data,
-          (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
-          dev, dt_cpu_num_threads());
-  fprintf(log,
-          "dtrain train: epochs %d batch %d accum %d optimizer %s lr %g schedule %s warmup %d "
-          "seed %llu\n",
-          c->epochs, c->batch, c->accum, c->optimizer, c->lr, c->schedule, c->warmup,
-          (unsigned long long)c->seed);
-  fflush(log);
+  log_line(log, c,
+           "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
+           "threads %d\n",
+           c->model, (long long)dt_module_parameter_count(s->model), c->data,
+           (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
+           s->dp ? c->devices : dev, dt_cpu_num_threads());
+  if (s->dp) {
+    log_line(log, c,
+             "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
+             "(global batch %d)\n",
+             s->n_replicas, c->batch, c->batch);
+  } else if (s->world > 1) {
+    char who[256];
+    log_line(log, c,
+             "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
+             "(first %g MiB, then %g MiB), comm timeout %g s\n",
+             s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
+             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, c->comm_timeout);
+  }
+  log_line(log, c,
+           "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
+           "warmup %d seed %llu\n",
+           c->epochs, c->batch, s->world * c->batch, c->accum, c->optimizer, c->lr, c->schedule,
+           c->warmup, (unsigned long long)c->seed);
 }
 
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
@@ -443,28 +557,19 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), done);
-  if (log)
-    log_header(log, cfg, &s);
+  log_header(log, cfg, &s);
 
   for (int epoch = 1; epoch <= cfg->epochs; epoch++) {
     double t0 = now_seconds();
     DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, log, &r.train_loss), done);
-    DT_CHECK_GOTO(dt_train_evaluate(s.model, s.test_set, cfg->eval_batch, s.dev, &r.test_loss,
-                                    &r.test_accuracy),
-                  done);
+    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), done);
     r.epochs = epoch;
-    if (log) {
-      fprintf(log, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n", epoch,
-              r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);
-      fflush(log);
-    }
+    log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n",
+             epoch, r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);
   }
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.seconds = now_seconds() - start;
-  if (log) {
-    fprintf(log, "test_accuracy=%.4f\n", r.test_accuracy);
-    fflush(log);
-  }
+  log_line(log, cfg, "test_accuracy=%.4f\n", r.test_accuracy);
   if (out)
     *out = r;
 done:

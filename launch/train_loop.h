@@ -13,6 +13,19 @@
  * micro-batches; at the end of each epoch an evaluation on the test split
  * in eval mode without grad.
  *
+ * Distributed (DDP): with a process group of world W > 1 (cfg.pg), each rank
+ * trains on its DistributedSampler shard with micro-batch `batch`, so the
+ * global batch is W * batch; a DDP reducer (dist/ddp.h) averages the
+ * gradients over an mpi communicator, overlapping backward; the first K-1
+ * micro-batches of an accumulation group run in a no_sync scope. The test
+ * accuracy is over the whole test set: each rank evaluates its shard (no
+ * padding duplicates) and the sums are all-reduced. Every rank returns the
+ * same result; the caller decides which rank logs.
+ *
+ * Data-parallel mode (mode "dp"): one process, one replica per device of
+ * `devices` (dist/dp.h); each micro-batch of `batch` samples is split across
+ * the replicas; evaluation on replica 0.
+ *
  * Gradient accumulation is PyTorch-style: `batch` is the micro-batch size;
  * each micro-batch's loss is scaled by 1/K, where K = `accum` (or the size
  * of the trailing group at the end of an epoch, which still steps), so a
@@ -28,6 +41,7 @@
 #include "core/module.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "dist/process_group.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,11 +71,30 @@ typedef struct dt_train_config {
   int log_interval; /* micro-batches between progress lines, 0 = none */
   int max_steps;    /* micro-batches per epoch, 0 = the whole epoch */
   int eval_batch;   /* batch size for evaluation */
+
+  /* Distributed. */
+  dt_pg *pg;              /* borrowed; NULL or world 1 = one process */
+  const char *mode;       /* "ddp" (one process per rank; the default) or "dp" */
+  const char *devices;    /* mode dp: "cpu:0,cpu:1,..." */
+  double comm_timeout;    /* seconds per collective before the watchdog aborts (300) */
+  float bucket_cap_mb;    /* DDP bucket size after the first (25) */
+  float first_bucket_mb;  /* DDP first bucket (1) */
+  int allow_unused;       /* DDP: zero-fill gradients of unused parameters */
+  const char *log_prefix; /* prepended to every log line ("" or "rank 1: ") */
 } dt_train_config;
+
+#define DT_TRAIN_MAX_DEVICES 64
+
+/* Parses a device list "cpu:0,cpu:1" (no spaces, no empty items, at most
+ * DT_TRAIN_MAX_DEVICES) into devs; *n gets the count. DT_ERR_INVALID_ARG
+ * naming the bad item. Duplicates and unavailable devices are left to
+ * dt_dp_create. */
+dt_status dt_train_parse_devices(const char *list, dt_device *devs, int cap, int *n);
 
 /* lenet on fashion-mnist under "data", cpu, sgd, cosine schedule (to 0 over the run),
  * 1 epoch, batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
- * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000. */
+ * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000; no process
+ * group, mode ddp, comm timeout 300 s, buckets 1 MiB then 25 MiB. */
 dt_train_config dt_train_config_default(void);
 
 typedef struct dt_train_result {
@@ -84,6 +117,13 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
  * mode without grad (the training flag is restored afterwards). */
 dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
                             double *loss, double *accuracy);
+
+/* Shard `rank` of `world` of `data` (samples rank, rank+world, ..., no
+ * padding): sums of the cross-entropy and of correct predictions, and the
+ * number of samples, for an all-reduce across ranks. */
+dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int batch,
+                                  dt_device dev, int rank, int world, double *loss_sum,
+                                  int64_t *correct, int64_t *count);
 
 #ifdef __cplusplus
 }

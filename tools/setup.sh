@@ -26,7 +26,7 @@ for arg in "$@"; do
     --bench) bench=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)

@@ -1,0 +1,34 @@
+/* `dtrain launch`: the workstation launcher. Runs the dtrain binary itself
+ * under Open MPI's mpirun with sensible binding and threads per rank:
+ *
+ *   dtrain launch -n N [--hosts h1,h2 | --hostfile F] [--threads C]
+ *                 [--mpirun-arg ARG]... [--dry-run] -- train ...
+ *
+ * execs
+ *
+ *   mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C
+ *          -x DT_NUM_THREADS=C [-x DT_DATA_DIR] [--oversubscribe]
+ *          [--allow-run-as-root] [--host ... | --hostfile ...] [ARG...]
+ *          /path/to/dtrain train ...
+ *
+ * with C = max(1, cores / N) where cores is what sched_getaffinity allows
+ * this process (or --threads C); --oversubscribe when N > cores (mpirun
+ * counts slots per physical core and refuses otherwise), --allow-run-as-root
+ * when running as root. The command line is printed to stderr first.
+ */
+#ifndef DT_LAUNCH_LAUNCHER_H
+#define DT_LAUNCH_LAUNCHER_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* argv holds the arguments after "launch". Returns an exit status only when
+ * it does not exec mpirun (bad command line: 2; mpirun missing: 1;
+ * --dry-run: 0). */
+int dt_cli_launch(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,129 @@
+/* Test-set evaluation: whole set, or one rank's shard for a distributed
+ * evaluation whose sums are all-reduced by the caller. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "launch/train_loop.h"
+
+#define IGNORE_INDEX (-100)
+
+/* Counts correct predictions of logits (B, C) against labels (B) i32. */
+static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *correct) {
+  dt_status st = DT_OK;
+  dt_tensor *pred = NULL;
+  int64_t n = dt_tensor_dim(labels, 0);
+  int64_t *p = malloc((size_t)n * sizeof *p);
+  int32_t *l = malloc((size_t)n * sizeof *l);
+  if (!p || !l) {
+    st = DT_ERROR(DT_ERR_OOM, "no host memory for %lld predictions", (long long)n);
+    goto done;
+  }
+  DT_CHECK_GOTO(dt_op_argmax(logits, &pred), done);
+  if (dt_tensor_dtype(labels) != DT_DTYPE_I32 || dt_tensor_dtype(pred) != DT_DTYPE_I64 ||
+      dt_tensor_numel(pred) != n) {
+    st = DT_ERROR(DT_ERR_DTYPE, "expected i32 labels (%s) and i64 predictions (%s) of %lld rows",
+                  dt_dtype_name(dt_tensor_dtype(labels)), dt_dtype_name(dt_tensor_dtype(pred)),
+                  (long long)n);
+    goto done;
+  }
+  DT_CHECK_GOTO(dt_tensor_to_host(pred, p, (size_t)n * sizeof *p), done);
+  DT_CHECK_GOTO(dt_tensor_to_host(labels, l, (size_t)n * sizeof *l), done);
+  for (int64_t i = 0; i < n; i++)
+    *correct += (p[i] == (int64_t)l[i]);
+done:
+  dt_tensor_release(pred);
+  free(l);
+  free(p);
+  return st;
+}
+
+/* Keeps the first `keep` rows of *t (a batch that runs into the sampler's
+ * padding). */
+static dt_status keep_rows(dt_tensor **t, int64_t keep) {
+  dt_tensor *s = NULL;
+  DT_CHECK(dt_tensor_slice(*t, 0, keep, &s));
+  dt_tensor_release(*t);
+  *t = s;
+  return DT_OK;
+}
+
+dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int batch,
+                                  dt_device dev, int rank, int world, double *loss_sum,
+                                  int64_t *correct, int64_t *count) {
+  dt_status st = DT_OK;
+  dt_sampler *sampler = NULL;
+  dt_loader *loader = NULL;
+  dt_tensor *x = NULL, *y = NULL, *logits = NULL, *batch_loss = NULL;
+  int was_training = dt_module_is_training(model);
+  int64_t len = dt_dataset_length(data);
+  /* DistributedSampler pads the tail by repeating the start; the padded
+   * positions come last in a rank's list, so its real samples are the
+   * first `real` ones: positions rank, rank + world, ... below len. */
+  int64_t real = rank < len ? (len - rank + world - 1) / world : 0;
+  *loss_sum = 0.0;
+  *correct = 0;
+  *count = 0;
+
+  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
+  sc.shuffle = 0;
+  sc.num_replicas = world;
+  sc.rank = rank;
+  sc.drop_last = 0;
+  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
+  lc.batch_size = batch;
+  lc.device = dev;
+  DT_CHECK(dt_sampler_create(len, &sc, &sampler));
+  DT_CHECK_GOTO(dt_loader_create(data, sampler, &lc, &loader), free_sampler);
+  DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), free_loader);
+
+  dt_module_train(model, 0);
+  dt_no_grad_begin();
+  while (*count < real) {
+    DT_CHECK_GOTO(dt_loader_next(loader, &x, &y), free_batch);
+    if (x == NULL)
+      break;
+    int64_t b = dt_tensor_dim(y, 0);
+    if (*count + b > real) {
+      DT_CHECK_GOTO(keep_rows(&x, real - *count), free_batch);
+      DT_CHECK_GOTO(keep_rows(&y, real - *count), free_batch);
+      b = real - *count;
+    }
+    DT_CHECK_GOTO(dt_module_call(model, x, &logits), free_batch);
+    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, IGNORE_INDEX, &batch_loss),
+                  free_batch);
+    double v;
+    DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), free_batch);
+    *loss_sum += v;
+    DT_CHECK_GOTO(count_correct(logits, y, correct), free_batch);
+    *count += b;
+    dt_tensor_release(batch_loss);
+    dt_tensor_release(logits);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    x = y = logits = batch_loss = NULL;
+  }
+free_batch:
+  dt_tensor_release(batch_loss);
+  dt_tensor_release(logits);
+  dt_tensor_release(x);
+  dt_tensor_release(y);
+  dt_no_grad_end();
+  dt_module_train(model, was_training);
+free_loader:
+  dt_loader_destroy(loader);
+free_sampler:
+  dt_sampler_destroy(sampler);
+  return st;
+}
+
+dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
+                            double *loss, double *accuracy) {
+  double loss_sum = 0.0;
+  int64_t correct = 0, seen = 0;
+  DT_CHECK(dt_train_evaluate_shard(model, data, batch, dev, 0, 1, &loss_sum, &correct, &seen));
+  *loss = seen ? loss_sum / (double)seen : 0.0;
+  *accuracy = seen ? (double)correct / (double)seen : 0.0;
+  return DT_OK;
+}

@@ -1,0 +1,469 @@
+// Host-staged device tensors over the mpi communicator, under mpirun.
+//
+// Default: a stand-in device backend (the CPU table registered as CUDA,
+// with page-locked memory, streams and events that record what they are
+// asked to do), so the staging protocol and DDP's event protocol run on any
+// machine: ready event on the compute stream -> comm stream waits on it ->
+// device->host copy on the comm stream -> host all-reduce -> host->device
+// copy on the comm stream -> completion event -> the compute stream waits
+// on it before the optimizer; the host thread running backward never
+// synchronises an event.
+//
+// DT_TEST_REAL_CUDA=1, or the dist_gpu_staged build (run by
+// tools/gpu_check.sh under mpirun -np 2 on a GPU machine): the real CUDA
+// backend; the ranks share cuda:0 through host staging (NCCL refuses
+// duplicate GPUs) and must match the single-process result.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/backend.h"
+#include "cuda/cuda.h"
+#include "dist/dp.h"
+#include "dist/process_group.h"
+#include "tests/dist/dist_test_util.h"
+
+namespace {
+
+dt_pg *g_pg = nullptr;
+dt_comm *g_comm = nullptr;
+bool g_real = false;
+const dt_device kDev = {DT_DEVICE_CUDA, 0};
+
+// ---- the stand-in backend ----
+
+struct Stream {
+  const char *name;
+};
+Stream kCompute{"compute"}, kCopy{"copy"}, kComm{"comm"};
+
+struct FakeEvent {
+  int id;
+  const Stream *recorded_on = nullptr;
+};
+
+struct Entry {
+  std::thread::id thread;
+  std::string op;  // record, wait, sync, d2h, h2d, sgd, ssync
+  const Stream *stream;
+  int event;             // -1 none
+  const Stream *ev_from; // where the event was last recorded
+};
+
+std::mutex g_mu;
+std::vector<Entry> g_trace;
+std::map<char *, size_t> g_pinned;  // page-locked blocks: start -> bytes
+int g_next_event = 0;
+const dt_backend_ops *g_cpu = nullptr;
+
+void Log(const char *op, dt_stream *s, FakeEvent *e) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_trace.push_back({std::this_thread::get_id(), op, reinterpret_cast<const Stream *>(s),
+                     e ? e->id : -1, e ? e->recorded_on : nullptr});
+}
+std::vector<Entry> TakeTrace() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::vector<Entry> t;
+  t.swap(g_trace);
+  return t;
+}
+
+dt_device AsCpu(dt_device d) { return {DT_DEVICE_CPU, d.index}; }
+dt_status FakeHostAlloc(size_t bytes, void **out) {
+  *out = malloc(bytes);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_pinned[static_cast<char *>(*out)] = bytes;
+  return DT_OK;
+}
+void FakeHostFree(void *p) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_pinned.erase(static_cast<char *>(p));
+  }
+  free(p);
+}
+dt_stream *FakeStream(dt_device, dt_stream_kind kind) {
+  Stream *s = kind == DT_STREAM_COPY ? &kCopy : kind == DT_STREAM_COMM ? &kComm : &kCompute;
+  return reinterpret_cast<dt_stream *>(s);
+}
+dt_status FakeEventCreate(dt_device, dt_event **out) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  *out = reinterpret_cast<dt_event *>(new FakeEvent{g_next_event++});
+  return DT_OK;
+}
+void FakeEventDestroy(dt_event *e) { delete reinterpret_cast<FakeEvent *>(e); }
+dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
+  FakeEvent *fe = reinterpret_cast<FakeEvent *>(e);
+  fe->recorded_on = reinterpret_cast<const Stream *>(s);
+  Log("record", s, fe);
+  return DT_OK;
+}
+dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
+  Log("wait", s, reinterpret_cast<FakeEvent *>(e));
+  return DT_OK;
+}
+dt_status FakeEventSync(dt_event *e) {
+  Log("sync", nullptr, reinterpret_cast<FakeEvent *>(e));
+  return DT_OK;
+}
+dt_status FakeStreamSync(dt_stream *s) {
+  Log("ssync", s, nullptr);
+  return DT_OK;
+}
+dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
+                   dt_stream *stream) {
+  if (stream == reinterpret_cast<dt_stream *>(&kComm) && dd.type != sd.type) {
+    bool d2h = dd.type == DT_DEVICE_CPU;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      char *host = static_cast<char *>(d2h ? dst : const_cast<void *>(src));
+      auto it = g_pinned.upper_bound(host);
+      bool pinned = it != g_pinned.begin() && (--it, host + bytes <= it->first + it->second);
+      EXPECT_TRUE(pinned) << "staging copies use page-locked host memory";
+    }
+    Log(d2h ? "d2h" : "h2d", stream, nullptr);
+  }
+  return g_cpu->copy(dst, AsCpu(dd), src, AsCpu(sd), bytes, nullptr);
+}
+dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
+  return g_cpu->alloc(AsCpu(dev), bytes, out);
+}
+void FakeFree(dt_device dev, void *p, size_t bytes) { g_cpu->free(AsCpu(dev), p, bytes); }
+dt_status FakeMemsetZero(dt_device dev, void *p, size_t bytes) {
+  return g_cpu->memset_zero(AsCpu(dev), p, bytes);
+}
+dt_status FakeSgd(dt_device dev, float *param, const float *grad, float *buf, int64_t n, float lr,
+                  float momentum, float dampening, float wd, int nesterov, int first) {
+  Log("sgd", reinterpret_cast<dt_stream *>(&kCompute), nullptr);
+  return g_cpu->sgd_update(AsCpu(dev), param, grad, buf, n, lr, momentum, dampening, wd,
+                           nesterov, first);
+}
+
+void RegisterStandIn() {
+  g_cpu = dt_cpu_backend();
+  static dt_backend_ops fake;
+  fake = *g_cpu;
+  fake.name = "stand-in cuda";
+  fake.unavailable = nullptr;
+  fake.host_alloc = FakeHostAlloc;
+  fake.host_free = FakeHostFree;
+  fake.stream = FakeStream;
+  fake.event_create = FakeEventCreate;
+  fake.event_destroy = FakeEventDestroy;
+  fake.event_record = FakeEventRecord;
+  fake.stream_wait_event = FakeStreamWait;
+  fake.event_synchronize = FakeEventSync;
+  fake.stream_synchronize = FakeStreamSync;
+  fake.copy = FakeCopy;
+  fake.alloc = FakeAlloc;
+  fake.free = FakeFree;
+  fake.memset_zero = FakeMemsetZero;
+  fake.sgd_update = FakeSgd;
+  dt_backend_register(DT_DEVICE_CUDA, &fake);
+}
+
+// ---- helpers ----
+
+dt_tensor *OnDevice(const std::vector<float> &v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  dt_tensor *t = nullptr;
+  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kDev, &t), DT_OK) << dt_last_error();
+  return t;
+}
+
+std::vector<float> Host(dt_tensor *t) {
+  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
+  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK);
+  return v;
+}
+
+class DistStaged : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dt_cpu_set_num_threads(1);
+    ASSERT_NE(g_comm, nullptr);
+    TakeTrace();
+  }
+  int world() const { return dt_comm_size(g_comm); }
+  int rank() const { return dt_comm_rank(g_comm); }
+};
+
+TEST_F(DistStaged, CollectivesOnDeviceTensors) {
+  int w = world(), r = rank();
+  dt_tensor *t = OnDevice({1.0f + r, 2.0f * r, 3.0f});
+  dt_tensor *a = OnDevice({1.0f + r, 2.0f * r, 3.0f});
+  dt_work *w1 = nullptr, *w2 = nullptr;
+  DT_ASSERT_OK(dt_comm_allreduce(g_comm, t, DT_REDUCE_SUM, nullptr, &w1));
+  DT_ASSERT_OK(dt_comm_allreduce(g_comm, a, DT_REDUCE_AVG, nullptr, &w2));
+  DT_ASSERT_OK(dt_work_wait(w1, 0));
+  DT_ASSERT_OK(dt_work_wait(w2, 0));
+  dt_work_release(w1);
+  dt_work_release(w2);
+  float sum_r = w * (w - 1) / 2.0f;
+  EXPECT_EQ(Host(t), (std::vector<float>{w + sum_r, 2 * sum_r, 3.0f * w}));
+  std::vector<float> avg = Host(a);
+  EXPECT_FLOAT_EQ(avg[0], (w + sum_r) / w);
+  EXPECT_FLOAT_EQ(avg[2], 3.0f);
+  // allgather and reduce_scatter stage input and output separately.
+  std::vector<float> zeros(3 * w, 0.0f);
+  dt_tensor *g = OnDevice(zeros), *rs = OnDevice({0, 0, 0});
+  DT_ASSERT_OK(dt_comm_allgather_sync(g_comm, t, g));
+  EXPECT_EQ(Host(g)[3 * (w - 1) + 1], 2 * sum_r);
+  dt_work *w3 = nullptr;
+  DT_ASSERT_OK(dt_comm_reduce_scatter(g_comm, g, rs, DT_REDUCE_SUM, nullptr, &w3));
+  DT_ASSERT_OK(dt_work_wait(w3, 30));
+  dt_work_release(w3);
+  EXPECT_EQ(Host(rs)[1], w * 2 * sum_r);
+  dt_tensor *b = OnDevice({100.0f + r});
+  DT_ASSERT_OK(dt_comm_broadcast_sync(g_comm, b, w - 1));
+  EXPECT_EQ(Host(b)[0], 100.0f + w - 1);
+  if (!g_real) {
+    // The first all-reduce, on the communication thread: the comm stream
+    // waits on the event the communicator recorded on the compute stream
+    // (ready was NULL), copies down, the host syncs only that copy, copies
+    // up, records completion; dt_work_wait then syncs the completion.
+    std::vector<Entry> tr = TakeTrace();
+    std::vector<std::string> ops;
+    for (const Entry &e : tr)
+      ops.push_back(e.op + (e.stream ? std::string(":") + e.stream->name : ""));
+    ASSERT_GE(ops.size(), 6u);
+    EXPECT_EQ(ops[0], "record:compute");  // w1's own ready event at submission
+    auto first = [&](const std::string &op) {
+      for (size_t i = 0; i < ops.size(); i++)
+        if (ops[i] == op)
+          return static_cast<int>(i);
+      return -1;
+    };
+    int wait = first("wait:comm"), d2h = first("d2h:comm"), h2d = first("h2d:comm");
+    ASSERT_GE(wait, 0);
+    EXPECT_EQ(tr[wait].ev_from, &kCompute);
+    EXPECT_LT(wait, d2h);
+    EXPECT_LT(d2h, h2d);
+    bool done_recorded = false;
+    for (int i = h2d + 1; i < static_cast<int>(ops.size()) && !done_recorded; i++)
+      done_recorded = ops[i] == "record:comm";
+    EXPECT_TRUE(done_recorded) << "completion recorded on the comm stream after the copy up";
+  }
+  for (dt_tensor *p : {t, a, g, rs, b})
+    dt_tensor_release(p);
+}
+
+// DDP with every parameter and gradient on the device, over 2+ ranks, equals
+// one process on the whole batch (CPU reference).
+struct DeviceRun {
+  std::vector<float> params;
+  int n_buckets = 0;
+};
+
+DeviceRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank,
+                           bool check_protocol) {
+  DeviceRun run;
+  int w = dt_comm_size(g_comm), r = dt_comm_rank(g_comm);
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  dt_ddp *ddp = nullptr;
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = 32 << 10;  // several buckets
+  cfg.bucket_bytes = 128 << 10;
+  dt_sgd_config sgd = dtt::test_sgd();
+  if (dtt::build_model(model, &m) != DT_OK || dt_module_to(m, kDev) != DT_OK ||
+      dt_param_arena_create(m, &arena) != DT_OK ||
+      dt_optim_sgd_create(arena, &sgd, &opt) != DT_OK ||
+      dt_ddp_create(m, arena, g_comm, &cfg, &ddp) != DT_OK) {
+    ADD_FAILURE() << "setup on rank " << r << ": " << dt_last_error();
+  } else {
+    run.n_buckets = dt_ddp_num_buckets(ddp);
+    std::thread::id me = std::this_thread::get_id();
+    for (int s = 0; s < steps; s++) {
+      dt_tensor *xh, *yh, *x = nullptr, *y = nullptr;
+      dtt::make_batch(static_cast<int64_t>(s) * w * per_rank + r * per_rank, per_rank, &xh, &yh);
+      EXPECT_EQ(dt_tensor_to_device(xh, kDev, &x), DT_OK);
+      EXPECT_EQ(dt_tensor_to_device(yh, kDev, &y), DT_OK);
+      TakeTrace();
+      dt_status st = dtt::loss_backward(m, x, y, 1.0f, nullptr);
+      if (st == DT_OK)
+        st = dt_ddp_finish_backward(ddp);
+      if (st == DT_OK)
+        st = dt_optim_step(opt);
+      if (st == DT_OK)
+        st = dt_optim_zero_grad(opt);
+      for (dt_tensor *p : {xh, yh, x, y})
+        dt_tensor_release(p);
+      if (st != DT_OK) {
+        ADD_FAILURE() << "step " << s << " on rank " << r << ": " << dt_last_error();
+        break;
+      }
+      if (!check_protocol)
+        continue;
+      std::vector<Entry> tr = TakeTrace();
+      std::set<int> ready_events, done_events, comm_waited_on, compute_waited_on;
+      size_t first_sgd = tr.size();
+      int d2h = 0, h2d = 0;
+      for (size_t i = 0; i < tr.size(); i++) {
+        const Entry &e = tr[i];
+        if (e.op == "sgd" && first_sgd == tr.size())
+          first_sgd = i;
+        if (e.op == "record" && e.stream == &kCompute && e.thread == me)
+          ready_events.insert(e.event);
+        if (e.op == "record" && e.stream == &kComm && tr[i - 1].op == "h2d")
+          done_events.insert(e.event);
+        if (e.op == "wait" && e.stream == &kComm)
+          comm_waited_on.insert(e.event);
+        if (e.op == "wait" && e.stream == &kCompute && i < first_sgd)
+          compute_waited_on.insert(e.event);
+        d2h += e.op == "d2h";
+        h2d += e.op == "h2d";
+        if (i < first_sgd) {
+          EXPECT_FALSE(e.op == "sync" && e.thread == me)
+              << "step " << s << ": the training thread synchronised an event before the "
+              << "optimizer (the host must not block on the device during backward)";
+        }
+      }
+      EXPECT_EQ(static_cast<int>(ready_events.size()), run.n_buckets) << "step " << s;
+      EXPECT_EQ(ready_events, comm_waited_on) << "the comm stream waits on each bucket's event";
+      EXPECT_EQ(d2h, run.n_buckets);
+      EXPECT_EQ(h2d, run.n_buckets);
+      EXPECT_EQ(static_cast<int>(done_events.size()), run.n_buckets);
+      EXPECT_EQ(done_events, compute_waited_on)
+          << "the compute stream waits on every bucket's completion before the optimizer";
+      EXPECT_LT(first_sgd, tr.size()) << "the optimizer ran on the device";
+    }
+    run.params = dtt::arena_values(arena);
+  }
+  dt_ddp_destroy(ddp);
+  dt_optim_destroy(opt);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return run;
+}
+
+TEST_F(DistStaged, DdpOnDeviceEqualsOneProcessWithWorldTimesBatch) {
+  const int steps = 4, per_rank = 8;
+  for (const char *model : {"mlp", "lenet"}) {
+    std::vector<float> ref = dtt::train_reference(model, steps, world() * per_rank);
+    DeviceRun run = TrainDdpOnDevice(model, steps, per_rank, !g_real);
+    double rel = dtt::rel_error(run.params, ref);
+    std::printf("[rank %d] %s on %s over %d ranks, %d buckets, host-staged: relative error %.3g\n",
+                rank(), model, g_real ? "cuda:0 (shared)" : "a stand-in device", world(),
+                run.n_buckets, rel);
+    EXPECT_GE(run.n_buckets, 2) << model;
+    // The stand-in computes with the CPU kernels; a GPU differs in rounding.
+    EXPECT_LE(rel, g_real ? 1e-4 : 1e-5) << model;
+  }
+}
+
+// Auto selection: NCCL is unusable here (no GPU for it; or, on the GPU
+// machine, the ranks share cuda:0), every rank agrees and falls back to
+// host staging.
+TEST_F(DistStaged, AutoFallsBackToHostStagingOnEveryRank) {
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = 30;
+  dt_comm *c = nullptr;
+  DT_ASSERT_OK(dt_comm_create_for_device(g_pg, kDev, &cc, &c));
+  std::string name = dt_comm_backend_name(c);
+  if (g_real && world() == 1) {
+    EXPECT_EQ(name, dt_nccl_built() ? "nccl" : "mpi");
+  } else {
+    EXPECT_EQ(name, "mpi");
+  }
+  dt_tensor *t = OnDevice({1.0f});
+  DT_ASSERT_OK(dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM));
+  EXPECT_EQ(Host(t)[0], static_cast<float>(world()));
+  dt_tensor_release(t);
+  dt_comm_destroy(c);
+  if (!g_real || world() > 1) {
+    cc.backend = DT_COMM_BACKEND_NCCL;
+    dt_status st = dt_comm_create_nccl(g_pg, kDev, &cc, &c);
+    std::string msg = dt_last_error();
+    std::printf("[rank %d] nccl refused as expected: %s\n", rank(), msg.c_str());
+    EXPECT_NE(st, DT_OK);
+    EXPECT_EQ(c, nullptr);
+    if (g_real) {
+      EXPECT_NE(msg.find("share GPU"), std::string::npos) << msg;
+    }
+  }
+  DT_ASSERT_OK(dt_comm_barrier_sync(g_comm));
+}
+
+// Data-parallel mode over two devices of the stand-in backend, reduced
+// through host memory (the local communicator with staging) equals one
+// device. Runs in each rank's process independently.
+dt_status DpModel(void *, int, dt_module **out) { return dtt::build_model("mlp", out); }
+dt_status DpOptim(void *, int, dt_param_arena *arena, dt_optimizer **out) {
+  dt_sgd_config c = dtt::test_sgd();
+  return dt_optim_sgd_create(arena, &c, out);
+}
+
+TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
+  if (g_real && dt_device_count(DT_DEVICE_CUDA) < 2)
+    GTEST_SKIP() << "needs 2 GPUs for data-parallel mode (the stand-in backend runs it in CI)";
+  const int steps = 4, batch = 16;
+  std::vector<float> ref = dtt::train_reference("mlp", steps, batch);
+  dt_device devs[2] = {{DT_DEVICE_CUDA, 0}, {DT_DEVICE_CUDA, 1}};
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.comm.timeout_s = 30;
+  cfg.comm.backend = DT_COMM_BACKEND_MPI;  // host memory: the local communicator stages
+  dt_dp *dp = nullptr;
+  DT_ASSERT_OK(dt_dp_create(devs, 2, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+  std::vector<float> p0 = dtt::arena_values(dt_dp_replica_arena(dp, 0));
+  std::vector<float> p1 = dtt::arena_values(dt_dp_replica_arena(dp, 1));
+  EXPECT_LE(dtt::rel_error(p0, ref), g_real ? 1e-4 : 1e-5);
+  EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), p0.size() * sizeof(float)));
+  dt_dp_destroy(dp);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const char *real = std::getenv("DT_TEST_REAL_CUDA");
+#ifdef DT_TEST_REAL_CUDA_DEFAULT
+  if (real == nullptr)
+    real = "1";  // the dist_gpu_staged build of this file
+#endif
+  g_real = real != nullptr && std::strcmp(real, "1") == 0;
+  if (g_real) {
+    dt_cuda_set_tf32(0);  // f32 GEMMs for the comparison with the CPU reference
+    if (dt_cuda_probe() != DT_OK) {
+      std::fprintf(stderr, "dist_staged_test: DT_TEST_REAL_CUDA=1 but: %s\n", dt_last_error());
+      return 1;
+    }
+  } else {
+    RegisterStandIn();
+  }
+  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
+  pc.mode = DT_PG_MPI;
+  if (dt_pg_create(&pc, &g_pg) != DT_OK) {
+    std::fprintf(stderr, "dist_staged_test: %s\n", dt_last_error());
+    return 1;
+  }
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = 30;
+  if (dt_comm_create_mpi(g_pg, &cc, &g_comm) != DT_OK) {
+    std::fprintf(stderr, "dist_staged_test: %s\n", dt_last_error());
+    dt_pg_destroy(g_pg);
+    return 1;
+  }
+  std::printf("dist_staged_test: %s device backend, rank %d of %d\n",
+              g_real ? "the real CUDA" : "a stand-in", dt_comm_rank(g_comm),
+              dt_comm_size(g_comm));
+  int rc = RUN_ALL_TESTS();
+  dt_comm_destroy(g_comm);
+  dt_pg_destroy(g_pg);
+  return rc;
+}

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Distributed training from the command line, end to end:
+#   - dtrain launch -n 2 -- train: the mpirun line it runs, DDP over 2 ranks,
+#     only rank 0 prints (other ranks with --verbose-ranks), the final line;
+#   - the main job (2 ranks x batch 32, one epoch) reaches >= 0.85 and matches
+#     the single-process run with the same global batch (64) within 0.01;
+#   - launch -- bench: the DDP figures (ddp: and comm: lines);
+#   - --mode dp --devices cpu:0,cpu:1 trains in one process;
+#   - clear errors: bad --devices, a failing rank (prefixed "rank R:", the job
+#     ends), launch without -n / --, mpirun missing.
+set -uo pipefail
+
+dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+[ -x "$dtrain" ] || { echo "ddp_cli_test: dtrain binary not found" >&2; exit 1; }
+dtrain=$(readlink -f "$dtrain")
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# Bazel's per-test files must not be shared by several ranks.
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
+
+find_data_dir() {
+  if [ -n "${DT_DATA_DIR:-}" ]; then echo "$DT_DATA_DIR"; return; fi
+  local repo
+  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
+  if [ -d "$repo/data/fashion-mnist" ]; then echo "$repo/data"
+  elif [ -d /usr/share/datasets/fashion-mnist ]; then echo /usr/share/datasets
+  else echo "ddp_cli_test: no Fashion-MNIST: run tools/setup.sh or set DT_DATA_DIR" >&2; return 1
+  fi
+}
+data_dir=$(find_data_dir) || exit 1
+export DT_DATA_DIR="$data_dir"
+
+failures=0
+checks=0
+out="$tmp/out"
+err="$tmp/err"
+rc=0
+timeout_bin=$(command -v timeout) || { echo "ddp_cli_test: timeout(1) not found" >&2; exit 1; }
+run() { # run with a deadline: nothing here may hang
+  "$timeout_bin" 300 "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+fail() {
+  failures=$((failures + 1))
+  echo "FAIL: $*"
+  echo "  stdout: $(tail -c 3000 "$out")"
+  echo "  stderr: $(tail -c 3000 "$err")"
+}
+# expect RC WHERE PATTERN DESCRIPTION
+expect() {
+  local want=$1 where=$2 pattern=$3 what=$4
+  checks=$((checks + 1))
+  if [ "$rc" != "$want" ]; then
+    fail "$what: exit status $rc, expected $want"
+  elif ! grep -Eq -- "$pattern" "${!where}"; then
+    fail "$what: $where does not match /$pattern/"
+  else
+    echo "ok: $what"
+  fi
+}
+expect_not() { # expect_not WHERE PATTERN DESCRIPTION
+  checks=$((checks + 1))
+  if grep -Eq -- "$2" "${!1}"; then
+    fail "$3: $1 matches /$2/"
+  else
+    echo "ok: $3"
+  fi
+}
+last_line_accuracy() { tail -1 "$out" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p'; }
+
+# ---- launch: the mpirun line, DDP, rank 0 prints ----------------------------
+run launch -n 2 -- train --model mlp --batch 32 --max-steps 40 --log-interval 20 --accum 2
+expect 0 err "^dtrain launch: mpirun -np 2 --bind-to none --map-by slot -x OMP_NUM_THREADS=[0-9]+ -x DT_NUM_THREADS=[0-9]+ .*$(basename "$dtrain") train --model mlp" \
+  "launch prints the mpirun command line"
+expect 0 out "ddp world 2 .*per-rank batch 32, global batch 64" "the header names world and batches"
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "rank 0 prints the final line"
+expect_not out "^rank 1: " "other ranks are quiet"
+[ "$(grep -c '^test_accuracy=' "$out")" = 1 ] || fail "test_accuracy printed more than once"
+
+run launch -n 2 -- train --model mlp --batch 16 --max-steps 10 --log-interval 5 --verbose-ranks
+expect 0 out "^rank 1: epoch 1 step 10/10" "--verbose-ranks: rank 1 prints, prefixed"
+
+# ---- the main job: 2 ranks x 32 == 1 process x 64 ---------------------------
+run train --log-interval 0
+single=$(last_line_accuracy)
+expect 0 out "^test_accuracy=" "single process, batch 64, one epoch"
+run launch -n 2 -- train --batch 32 --log-interval 0
+ddp=$(last_line_accuracy)
+expect 0 out "^test_accuracy=" "2 ranks, batch 32 each, one epoch"
+checks=$((checks + 1))
+if [ -n "$single" ] && [ -n "$ddp" ] &&
+  awk -v a="$ddp" -v b="$single" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a >= 0.85 && d <= 0.01) }'; then
+  echo "ok: 2-rank test_accuracy=$ddp >= 0.85, single-process $single (|diff| <= 0.01)"
+else
+  fail "2-rank test_accuracy=$ddp, single-process $single: want >= 0.85 and within 0.01"
+fi
+
+# ---- bench under the launcher ------------------------------------------------
+run launch -n 2 -- bench --model mlp --batch 16 --steps 5 --warmup 1
+expect 0 out "^ddp: world 2, per-rank batch 16, global batch 32, [0-9]+ buckets" "bench: ddp line"
+expect 0 out "^steps_per_s=[0-9.]+ samples_per_s=[0-9.]+ ms_per_step=[0-9.]+$" "bench: throughput"
+expect 0 out "^comm: allreduce_ms=[0-9.]+ overlapped_ms=[0-9.]+ hidden=[0-9]+% exposed_ms=[0-9.]+" \
+  "bench: the reducer's communication figures"
+
+# ---- data-parallel mode -----------------------------------------------------
+run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 20 --log-interval 10 --accum 2 --clip 1
+expect 0 out "mode dp: 2 replicas" "--mode dp: header"
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--mode dp --devices cpu:0,cpu:1 trains"
+run train --mode dp --devices cpu:0,gpu:1
+expect 2 err "invalid value 'cpu:0,gpu:1' for --devices: .*unknown device 'gpu:1'" "bad --devices item"
+run train --mode dp --devices cpu:0,,cpu:1
+expect 2 err "invalid value 'cpu:0,,cpu:1' for --devices: .*empty item" "empty --devices item"
+run train --mode dp --devices cpu:0,cpu:0 --max-steps 1
+expect 1 err "dtrain: error: .*device cpu:0 is listed twice" "duplicate --devices"
+run train --mode dp
+expect 1 err "dtrain: error: .*--mode dp needs the replicas' devices" "--mode dp without --devices"
+run train --devices cpu:0,cpu:1
+expect 1 err "dtrain: error: .*--devices 'cpu:0,cpu:1' is for --mode dp" "--devices without --mode dp"
+
+# ---- a failing rank ends the job, with its rank ------------------------------
+start=$(date +%s)
+run launch -n 2 -- train --data-dir "$tmp/no-such-dir"
+checks=$((checks + 1))
+if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then
+  fail "a failing rank: exit $rc (124 = hung)"
+elif ! grep -Eq "^dtrain: error: rank [01]: .*no-such-dir/fashion-mnist not found" "$err"; then
+  fail "a failing rank: no 'dtrain: error: rank R:' message"
+elif [ $(($(date +%s) - start)) -gt 60 ]; then
+  fail "a failing rank: the job took more than 60 s to end"
+else
+  echo "ok: a failing rank prints 'rank R:' and ends the job (exit $rc)"
+fi
+run launch -n 2 -- train --mode dp --devices cpu:0,cpu:1
+expect 1 err "dtrain: error: rank [01]: .*--mode dp runs one process" "--mode dp under a launcher"
+
+# ---- launch's own command line -----------------------------------------------
+run launch -- train
+expect 2 err "dtrain launch: the number of ranks is required: -n N" "launch without -n"
+run launch -n 2 train
+expect 2 err "put the dtrain command after --" "launch without --"
+run launch -n 0 -- train
+expect 2 err "invalid value '0' for -n" "launch -n 0"
+run launch -n 2 -- doctor
+expect 2 err "'doctor' cannot run on several ranks" "launch of a non-distributed command"
+run launch -n 512 --dry-run -- train --batch 8
+expect 0 err "mpirun -np 512 .*-x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1 .*--oversubscribe" \
+  "more ranks than cores: one thread each, --oversubscribe"
+run launch -n 1 --threads 3 --mpirun-arg --tag-output --hosts a,b --dry-run -- bench
+expect 0 err "mpirun -np 1 .*DT_NUM_THREADS=3 .*--host a,b --tag-output .*bench$" \
+  "--threads, --hosts and --mpirun-arg reach mpirun"
+PATH=/nonexistent DT_MPIRUN= run launch -n 2 -- train
+expect 1 err "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH" \
+  "mpirun missing"
+run launch --help
+expect 0 out "usage: dtrain launch -n N" "launch --help"
+
+echo "ddp_cli_test: $checks checks, $failures failed"
+[ "$failures" = 0 ]

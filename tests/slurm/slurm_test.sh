@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# A real Slurm cluster on this machine runs the launch/slurm/ batch scripts
+# (see ../shared/recipes/slurm-and-mpi-local.md for the recipe):
+#
+#   one_node_srun       one node (this host), 2 tasks, one-node.sbatch
+#   two_nodes_srun      two "nodes" made of network namespaces joined by a
+#                       bridge, 2 tasks each, multi-node-srun.sbatch
+#   two_nodes_mpirun    the same nodes, multi-node-mpirun.sbatch
+#
+# Each job trains LeNet-5 for a few steps with DDP; the test checks the job's
+# OUTPUT FILE (the header names the world size; the last line is
+# test_accuracy=...), not only its state: a drained node can leave a job
+# COMPLETED with no output at all. The cluster (slurmctld + slurmd, AuthType
+# auth/none, no munge) lives in a scratch folder on non-default ports and is
+# torn down on exit: jobs cancelled, daemons killed by their pid files,
+# namespaces and links deleted.
+#
+# Where the machine cannot create network namespaces (no root, no
+# CAP_NET_ADMIN, no `ip netns`), the two-node cases are reported as SKIPPED
+# with the reason, in the JUnit XML that ./test.sh counts; without root the
+# whole test is skipped the same way. Everything else that goes wrong fails.
+set -uo pipefail
+
+say() { echo "slurm_test: $*"; }
+
+# ---- inputs -----------------------------------------------------------------
+runfiles="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
+find_file() { # the first of the candidate paths that exists
+  for f in "$@"; do
+    [ -e "$f" ] && { readlink -f "$f"; return 0; }
+  done
+  return 1
+}
+dtrain=$(find_file "$runfiles/dtrain/launch/dtrain" "$runfiles/bazel-bin/launch/dtrain") ||
+  { say "dtrain binary not found"; exit 1; }
+scripts=$(dirname "$(find_file "$runfiles/dtrain/launch/slurm/one-node.sbatch" \
+  "$runfiles/launch/slurm/one-node.sbatch")") || { say "launch/slurm/ not found"; exit 1; }
+find_data_dir() {
+  if [ -n "${DT_DATA_DIR:-}" ]; then echo "$DT_DATA_DIR"; return; fi
+  local repo
+  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
+  if [ -d "$repo/data/fashion-mnist" ]; then echo "$repo/data"
+  elif [ -d /usr/share/datasets/fashion-mnist ]; then echo /usr/share/datasets
+  else say "no Fashion-MNIST found: run tools/setup.sh or set DT_DATA_DIR" >&2; return 1
+  fi
+}
+data_dir=$(find_data_dir) || exit 1
+data_dir=$(readlink -f "$data_dir")
+
+# ---- results as JUnit XML ---------------------------------------------------
+cases=()   # "name|status|seconds|message", status pass, fail or skip
+record() { cases+=("$1|$2|$3|$4"); say "$2: $1${4:+: $4}"; }
+xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
+write_xml() {
+  local n=${#cases[@]} f=0 s=0 c name status secs msg
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name status secs msg <<<"$c"
+    [ "$status" = fail ] && f=$((f + 1))
+    [ "$status" = skip ] && s=$((s + 1))
+  done
+  [ -n "${XML_OUTPUT_FILE:-}" ] || return 0
+  {
+    echo '<?xml version="1.0" encoding="UTF-8"?>'
+    echo '<testsuites>'
+    echo "<testsuite name=\"slurm_test\" tests=\"$n\" failures=\"$f\" errors=\"0\" skipped=\"$s\">"
+    for c in "${cases[@]}"; do
+      IFS='|' read -r name status secs msg <<<"$c"
+      msg=$(printf '%s' "$msg" | xml_escape)
+      echo "  <testcase name=\"$name\" classname=\"slurm_test\" time=\"$secs\">"
+      [ "$status" = fail ] && echo "    <failure message=\"$msg\"/>"
+      [ "$status" = skip ] && echo "    <skipped message=\"$msg\"/>"
+      echo "  </testcase>"
+    done
+    echo '</testsuite>'
+    echo '</testsuites>'
+  } >"$XML_OUTPUT_FILE"
+}
+finish() {
+  write_xml
+  local c failed=0
+  for c in "${cases[@]}"; do
+    case "$c" in *"|fail|"*) failed=1 ;; esac
+  done
+  exit "$failed"
+}
+
+if [ "$(id -u)" != 0 ]; then
+  for c in one_node_srun two_nodes_srun two_nodes_mpirun; do
+    record "$c" skip 0 "needs root to run slurmctld/slurmd as SlurmUser=root"
+  done
+  finish
+fi
+for tool in slurmctld slurmd sbatch scontrol sinfo srun mpirun ip nsenter unshare; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    record setup fail 0 "$tool is missing: run tools/setup.sh (it installs Slurm and Open MPI)"
+    finish
+  fi
+done
+
+# ---- scratch folder, names, ports -------------------------------------------
+# Short paths: slurmd puts unix sockets in its spool folder (108-byte limit).
+dir=$(mktemp -d /tmp/dtslurm.XXXXXX)
+tag=$(($$ % 10000))
+host=$(hostname -s)
+ctl_port=$((20000 + ($$ % 20000)))
+d_port=$((ctl_port + 1))
+subnet="10.$((200 + ($$ % 50))).$(($$ % 250))"
+bridge="dtbr$tag"
+namespaces=()
+export SLURM_CONF="$dir/slurm.conf"
+
+teardown() {
+  set +e
+  if [ -f "$SLURM_CONF" ]; then
+    scancel --quiet --full "$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')" >/dev/null 2>&1
+  fi
+  for pidfile in "$dir"/slurmd.*.pid "$dir"/slurmctld.pid; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
+  done
+  for _ in $(seq 50); do # up to 5 s for the daemons to exit
+    alive=0
+    for pidfile in "$dir"/slurmd.*.pid "$dir"/slurmctld.pid; do
+      [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null && alive=1
+    done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pidfile in "$dir"/slurmd.*.pid "$dir"/slurmctld.pid; do
+    [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null
+  done
+  for ns in "${namespaces[@]}"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  ip link del "$bridge" 2>/dev/null
+  rm -rf "$dir"
+}
+trap teardown EXIT
+trap 'exit 1' INT TERM
+
+# ---- can this machine make network namespaces? ------------------------------
+netns_reason=""
+probe="dtprobe$tag"
+if ! out=$(ip netns add "$probe" 2>&1); then
+  netns_reason="cannot create network namespaces here (ip netns add: $out)"
+else
+  ip netns del "$probe"
+  if ! out=$(ip link add "$bridge" type bridge 2>&1); then
+    netns_reason="cannot create a bridge here (ip link add type bridge: $out)"
+  fi
+fi
+
+make_nodes() { # two namespaces dtn1, dtn2 on the bridge; controller at .254
+  ip addr add "$subnet.254/24" dev "$bridge" || return 1
+  ip link set "$bridge" up || return 1
+  for i in 1 2; do
+    local ns="dtns$tag-$i" veth="dtv${tag}h$i"
+    ip netns add "$ns" || return 1
+    namespaces+=("$ns")
+    ip link add "$veth" type veth peer name eth0 netns "$ns" || return 1
+    ip link set "$veth" master "$bridge" up || return 1
+    ip -n "$ns" addr add "$subnet.$i/24" dev eth0 || return 1
+    ip -n "$ns" link set eth0 up || return 1
+    ip -n "$ns" link set lo up || return 1
+  done
+}
+if [ -z "$netns_reason" ] && ! make_nodes >"$dir/netns.log" 2>&1; then
+  netns_reason="setting up the namespace nodes failed: $(tail -2 "$dir/netns.log" | tr '\n' ' ')"
+fi
+if [ -n "$netns_reason" ]; then
+  say "SKIP (two-node cases): $netns_reason"
+  ctl_addr=127.0.0.1
+else
+  ctl_addr="$subnet.254"
+fi
+
+# ---- the cluster ------------------------------------------------------------
+mkdir -p "$dir/state" "$dir/spool" "$dir/tmp" "$dir/jobs"
+cpus=$(nproc)
+{
+  cat <<CONF
+ClusterName=dtraintest
+SlurmctldHost=$host($ctl_addr)
+SlurmctldPort=$ctl_port
+SlurmdPort=$d_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.%n.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.%n.log
+TmpFS=$dir/tmp/%n
+InactiveLimit=0
+KillWait=5
+MinJobAge=300
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
+CONF
+  if [ -z "$netns_reason" ]; then
+    cat <<CONF
+NodeName=dtn1 NodeAddr=$subnet.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=dtn2 NodeAddr=$subnet.2 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=ns Nodes=dtn1,dtn2 MaxTime=INFINITE State=UP
+CONF
+  fi
+} >"$SLURM_CONF"
+mkdir -p "$dir/tmp/$host" "$dir/spool/$host" "$dir/tmp/dtn1" "$dir/tmp/dtn2" \
+  "$dir/spool/dtn1" "$dir/spool/dtn2"
+
+cluster_fail() {
+  local why=$1
+  say "$why"
+  for f in "$dir"/*.log; do
+    [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }
+  done
+  for c in one_node_srun two_nodes_srun two_nodes_mpirun; do
+    record "$c" fail 0 "$why"
+  done
+  finish
+}
+
+slurmctld >"$dir/slurmctld.out" 2>&1 || cluster_fail "slurmctld did not start"
+slurmd -N "$host" >"$dir/slurmd.out" 2>&1 || cluster_fail "slurmd did not start"
+if [ -z "$netns_reason" ]; then
+  for i in 1 2; do
+    nsenter --net="/run/netns/dtns$tag-$i" unshare --uts /bin/sh -c \
+      "hostname dtn$i && exec slurmd -N dtn$i" >"$dir/slurmd-dtn$i.out" 2>&1 ||
+      cluster_fail "slurmd for dtn$i did not start"
+  done
+fi
+
+wait_idle() { # wait_idle NODE...: every node idle within 30 s
+  local node state
+  for _ in $(seq 300); do
+    local all=1
+    for node in "$@"; do
+      state=$(sinfo -h -N -n "$node" -o %t 2>/dev/null | head -1)
+      case "$state" in idle*) ;; *) all=0 ;; esac
+    done
+    [ "$all" = 1 ] && return 0
+    sleep 0.1
+  done
+  sinfo -N -l
+  return 1
+}
+wait_idle "$host" || cluster_fail "node $host did not become idle"
+say "cluster up: slurmctld on $ctl_addr:$ctl_port, node $host idle"
+
+# ---- jobs -------------------------------------------------------------------
+# run_job CASE EXPECTED_WORLD SBATCH_ARGS... -- SCRIPT ARGS...: submits, waits
+# (at most 150 s), checks the output file.
+run_job() {
+  local name=$1 world=$2
+  shift 2
+  local sbatch_args=()
+  while [ "$1" != "--" ]; do sbatch_args+=("$1"); shift; done
+  shift
+  local start id state out
+  start=$(date +%s)
+  if ! id=$(cd "$dir/jobs" && sbatch --parsable "${sbatch_args[@]}" \
+    --export="ALL,DTRAIN=$dtrain,DT_DATA_DIR=$data_dir" "$@" 2>"$dir/sbatch.err"); then
+    record "$name" fail 0 "sbatch failed: $(cat "$dir/sbatch.err")"
+    return
+  fi
+  id=${id%%;*}
+  state=""
+  for _ in $(seq 1500); do
+    state=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    case "$state" in
+      PENDING | RUNNING | CONFIGURING | COMPLETING | "") sleep 0.1 ;;
+      *) break ;;
+    esac
+  done
+  local secs=$(($(date +%s) - start))
+  out="$dir/jobs/dtrain-$id.out"
+  echo "--- job $id ($name): state $state after ${secs}s; $out:"
+  [ -f "$out" ] && cat "$out"
+  local last
+  last=$(tail -1 "$out" 2>/dev/null)
+  if [ "$state" != COMPLETED ]; then
+    scancel "$id" 2>/dev/null
+    record "$name" fail "$secs" "job $id ended in state '${state:-unknown}', not COMPLETED"
+  elif [ ! -s "$out" ]; then
+    record "$name" fail "$secs" "job $id COMPLETED but wrote no output file $out"
+  elif ! grep -q "ddp world $world " "$out"; then
+    record "$name" fail "$secs" "job $id output has no 'ddp world $world' header"
+  elif ! [[ "$last" =~ ^test_accuracy=0\.[0-9]{4}$ ]]; then
+    record "$name" fail "$secs" "job $id output does not end with test_accuracy=: '$last'"
+  else
+    record "$name" pass "$secs" ""
+  fi
+}
+
+job_args=(train --model lenet --batch 32 --max-steps 100 --log-interval 50 --eval-batch 500)
+run_job one_node_srun 2 -p local -- "$scripts/one-node.sbatch" "${job_args[@]}"
+
+if [ -n "$netns_reason" ]; then
+  record two_nodes_srun skip 0 "$netns_reason"
+  record two_nodes_mpirun skip 0 "$netns_reason"
+elif ! wait_idle dtn1 dtn2; then
+  record two_nodes_srun fail 0 "namespace nodes dtn1/dtn2 did not become idle"
+  record two_nodes_mpirun fail 0 "namespace nodes dtn1/dtn2 did not become idle"
+  for f in "$dir"/slurmd.dtn*.log; do echo "--- $f"; tail -20 "$f"; done
+else
+  # Keep Open MPI on the bridge (each namespace also has lo).
+  export OMPI_MCA_btl_tcp_if_include="$subnet.0/24" OMPI_MCA_oob_tcp_if_include="$subnet.0/24"
+  run_job two_nodes_srun 4 -p ns -N 2 --ntasks-per-node=2 -- \
+    "$scripts/multi-node-srun.sbatch" "${job_args[@]}"
+  run_job two_nodes_mpirun 4 -p ns -N 2 --ntasks-per-node=2 -- \
+    "$scripts/multi-node-mpirun.sbatch" "${job_args[@]}"
+fi
+finish
