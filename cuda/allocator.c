@@ -6,7 +6,10 @@
  * while kernels that use it are still queued is only reused by later work
  * on the same stream, which runs after them. Work on the copy or comm
  * streams must be fenced with events before the memory is freed (DDP waits
- * for its buckets before the optimizer step).
+ * for its buckets before the optimizer step). The other direction -- a
+ * block just handed out, written on the copy stream while compute work
+ * queued before its free may still use it -- is fenced by the copy itself
+ * (cuda_copy in backend.c waits for the compute stream).
  */
 #include <stdio.h>
 #include <string.h>

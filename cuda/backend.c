@@ -40,7 +40,7 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
       DT_CUDA_CHECK(cudaStreamSynchronize(dt_cuda_compute_stream(sctx)));
     DT_CHECK(dt_cuda_ctx_get(dst_dev, &ctx));
     cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
-    if (stream && stream->device == dst_dev.index)
+    if (stream && stream->kind == DT_STREAM_COPY && stream->device == dst_dev.index)
       DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
     DT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
     if (!stream)
@@ -51,10 +51,12 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
   /* Synchronous copies go through the compute stream so that they are
    * ordered after the kernels that produced the data. */
   cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
-  /* A copy into device memory on another stream (the loader's copy
-   * stream) must not overwrite a cached block that queued compute work
-   * still uses. */
-  if (is_cuda(dst_dev))
+  /* The copy stream fills freshly allocated tensors (the loader's input
+   * batches). Their blocks come from the compute stream's cache and may
+   * have been freed by the host while queued compute work still uses
+   * them: the copy waits for that work. (Copies on the comm stream go into
+   * long-lived buckets and keep overlapping compute.) */
+  if (is_cuda(dst_dev) && stream && stream->kind == DT_STREAM_COPY)
     DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
   DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   if (!stream)

@@ -84,8 +84,9 @@ static const char *find_mpirun(char *buf, size_t cap) {
 
 /* Prints one argument quoted for a POSIX shell when it needs it. */
 static void print_shell_word(FILE *out, const char *s) {
-  if (s[0] && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                        "-_=./:,@%+") == strlen(s)) {
+  if (s[0] && strspn(s,
+                     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                     "-_=./:,@%+") == strlen(s)) {
     fputs(s, out);
     return;
   }
@@ -161,9 +162,10 @@ int dt_cli_launch(int argc, char **argv) {
     } else if (a[0] == '-') {
       return bad_usage("unknown flag %s", a);
     } else {
-      return bad_usage("unexpected argument '%s': put the dtrain command after --, e.g. "
-                       "dtrain launch -n 2 -- train",
-                       a);
+      return bad_usage(
+          "unexpected argument '%s': put the dtrain command after --, e.g. "
+          "dtrain launch -n 2 -- train",
+          a);
     }
   }
   if (np == 0)
@@ -171,15 +173,17 @@ int dt_cli_launch(int argc, char **argv) {
   if (hosts && hostfile)
     return bad_usage("%s", "give --hosts or --hostfile, not both");
   if (sep < 0 || sep + 1 >= argc)
-    return bad_usage("%s", "missing the command to run after --, e.g. dtrain launch -n 2 -- "
-                           "train");
+    return bad_usage("%s",
+                     "missing the command to run after --, e.g. dtrain launch -n 2 -- "
+                     "train");
   const char *command = argv[sep + 1];
   if (strcmp(command, "train") && strcmp(command, "bench"))
     return bad_usage("'%s' cannot run on several ranks: launch train or bench", command);
   const char *env_rank = getenv("OMPI_COMM_WORLD_SIZE");
   if (env_rank && env_rank[0]) {
-    fprintf(stderr, "dtrain launch: already running under mpirun (OMPI_COMM_WORLD_SIZE=%s): "
-                    "run `dtrain %s ...` directly in the job\n",
+    fprintf(stderr,
+            "dtrain launch: already running under mpirun (OMPI_COMM_WORLD_SIZE=%s): "
+            "run `dtrain %s ...` directly in the job\n",
             env_rank, command);
     return 2;
   }

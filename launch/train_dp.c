@@ -16,9 +16,20 @@ static int cores_available(void) {
   return 1;
 }
 
+typedef struct replica_builder {
+  const dt_train_config *cfg;
+  int threads; /* CPU threads per replica */
+} replica_builder;
+
+/* Runs on the replica's own (long-lived) thread: OpenMP's thread count is a
+ * per-thread setting, so the replica sets it for itself here; otherwise each
+ * replica would start a team of one thread per core and they would fight
+ * over the cores (several times slower). */
 static dt_status build_replica_model(void *user, int replica, dt_module **out) {
   (void)replica;
-  const dt_train_config *c = user;
+  const replica_builder *b = user;
+  const dt_train_config *c = b->cfg;
+  dt_cpu_set_num_threads(b->threads);
   DT_CHECK(dt_model_create(c->model, c->seed, out));
   dt_module_train(*out, 1);
   return DT_OK;
@@ -27,7 +38,8 @@ static dt_status build_replica_model(void *user, int replica, dt_module **out) {
 static dt_status build_replica_optimizer(void *user, int replica, dt_param_arena *arena,
                                          dt_optimizer **out) {
   (void)replica;
-  return train_build_optimizer(user, arena, out);
+  const replica_builder *b = user;
+  return train_build_optimizer(b->cfg, arena, out);
 }
 
 dt_status train_dp_create(const dt_train_config *c, train_state *s) {
@@ -42,7 +54,8 @@ dt_status train_dp_create(const dt_train_config *c, train_state *s) {
   /* Replicas run their kernels side by side: share the cores, unless
    * --threads says how many each gets. */
   int per_replica = c->threads > 0 ? c->threads : cores_available() / n;
-  dt_cpu_set_num_threads(per_replica > 0 ? per_replica : 1);
+  replica_builder builder = {c, per_replica > 0 ? per_replica : 1};
+  dt_cpu_set_num_threads(builder.threads);
   dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
   cfg.comm.timeout_s = c->comm_timeout;
   cfg.ddp.first_bucket_bytes = (size_t)(c->first_bucket_mb * 1024.0 * 1024.0);
@@ -52,10 +65,9 @@ dt_status train_dp_create(const dt_train_config *c, train_state *s) {
   if (cfg.ddp.bucket_bytes < 4)
     cfg.ddp.bucket_bytes = 4;
   cfg.ddp.allow_unused = c->allow_unused;
-  /* The builders only read the config, during the call. */
-  void *user = (void *)c;
-  DT_CHECK(dt_dp_create(devs, n, build_replica_model, user, build_replica_optimizer, user, &cfg,
-                        &s->dp));
+  /* The builders only read `builder`, during the call. */
+  DT_CHECK(dt_dp_create(devs, n, build_replica_model, &builder, build_replica_optimizer, &builder,
+                        &cfg, &s->dp));
   s->n_replicas = n;
   s->dev = dt_dp_replica_device(s->dp, 0);
   s->model = dt_dp_replica_model(s->dp, 0);

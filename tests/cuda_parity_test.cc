@@ -556,6 +556,41 @@ TEST_F(CudaParity, StreamsOrderWorkThroughEvents) {
   EXPECT_GE(s.allocated, (size_t)(2 * n * sizeof(float)));
 }
 
+// A block freed by the host while queued compute kernels still read it is
+// cached for the compute stream; handed out again and filled on the copy
+// stream (as the loader does), the copy must wait for those kernels.
+TEST_F(CudaParity, CopyStreamWaitsForComputeStillUsingAReusedBlock) {
+  const int64_t n = 1 << 24;  // 64 MiB: the queued kernels take a while
+  const size_t bytes = (size_t)n * sizeof(float);
+  void *a = nullptr;
+  OK(gpu_->alloc(dev_, bytes, &a));
+  float *b = Zeros(n);
+  OK(gpu_->fill(dev_, (float *)a, 1.0f, n));
+  const int rounds = 20;
+  for (int r = 0; r < rounds; r++)  // b += a, queued on the compute stream
+    OK(gpu_->axpby(dev_, n, 1.0f, (const float *)a, 1.0f, b));
+  gpu_->free(dev_, a, bytes);  // the host lets go while the kernels are queued
+  void *again = nullptr;
+  OK(gpu_->alloc(dev_, bytes, &again));
+  bufs_.push_back({again, bytes});
+  EXPECT_EQ(again, a) << "the cached block is handed out again";
+  float *host = nullptr;
+  OK(gpu_->host_alloc(bytes, (void **)&host));
+  for (int64_t i = 0; i < n; i++)
+    host[i] = 5.0f;
+  dt_stream *copy = gpu_->stream(dev_, DT_STREAM_COPY);
+  OK(gpu_->copy(again, dev_, host, DT_CPU, bytes, copy));
+  OK(gpu_->device_synchronize(dev_));
+  gpu_->host_free(host);
+  Vec got = Down(b, n);
+  size_t bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    bad += got[i] != (float)rounds;
+  EXPECT_EQ(bad, 0u) << "the copy overwrote the block before the compute kernels read it";
+  Vec fresh = Down((const float *)again, 1000);
+  EXPECT_EQ(fresh, Vec(1000, 5.0f));
+}
+
 TEST_F(CudaParity, TensorRoundTripThroughCuda) {
   int64_t shape[2] = {3, 4};
   Vec v = Rand(12, 120);

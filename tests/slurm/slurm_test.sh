@@ -111,8 +111,9 @@ export SLURM_CONF="$dir/slurm.conf"
 
 teardown() {
   set +e
-  if [ -f "$SLURM_CONF" ]; then
-    scancel --quiet --full "$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')" >/dev/null 2>&1
+  if [ -f "$SLURM_CONF" ] && [ -f "$dir/slurmctld.pid" ]; then
+    # shellcheck disable=SC2046  # one argument per job id
+    scancel --quiet $(squeue -h -o %i 2>/dev/null) >/dev/null 2>&1
   fi
   for pidfile in "$dir"/slurmd.*.pid "$dir"/slurmctld.pid; do
     [ -f "$pidfile" ] || continue
