@@ -126,8 +126,8 @@ typedef struct cpu_mem_stats {
 } cpu_mem_stats;
 
 #define CPU_ALIGN 64
-#define CPU_SMALL_CLASSES 16                /* 64 B .. 1 KiB in 64 B steps */
-#define CPU_CLASS_STEPS 8                   /* classes per power of two above 1 KiB */
+#define CPU_SMALL_CLASSES 16                  /* 64 B .. 1 KiB in 64 B steps */
+#define CPU_CLASS_STEPS 8                     /* classes per power of two above 1 KiB */
 #define CPU_CACHE_MAX_BLOCK ((size_t)1 << 28) /* larger blocks go back to the system */
 #define CPU_CACHE_MAX_BYTES ((size_t)1 << 30) /* cap on cached bytes per device */
 #define CPU_NUM_CLASSES (CPU_SMALL_CLASSES + (28 - 10) * CPU_CLASS_STEPS)
@@ -157,8 +157,8 @@ static size_t cpu_block_size(size_t bytes, int *cls) {
     *cls = -1;
     return (s + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
   }
-  *cls = CPU_SMALL_CLASSES + (k - 10) * CPU_CLASS_STEPS +
-         (int)((size - ((size_t)1 << k)) / step) - 1;
+  *cls =
+      CPU_SMALL_CLASSES + (k - 10) * CPU_CLASS_STEPS + (int)((size - ((size_t)1 << k)) / step) - 1;
   return size;
 }
 

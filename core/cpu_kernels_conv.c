@@ -191,9 +191,7 @@ typedef struct wide_geom {
   int padded;
 } wide_geom;
 
-static int is_wide(const dt_conv2d_geom *g) {
-  return g->sh == 1 && g->sw == 1 && !is_pointwise(g);
-}
+static int is_wide(const dt_conv2d_geom *g) { return g->sh == 1 && g->sw == 1 && !is_pointwise(g); }
 
 static void wide_geom_of(const dt_conv2d_geom *g, wide_geom *wg) {
   wg->hp = g->h + 2 * g->ph;
@@ -234,8 +232,8 @@ static void wide_im2col(const dt_conv2d_geom *g, const wide_geom *wg, const floa
 }
 
 // dcol (ckk, L) -> dxp (c,hp,wp) overwritten with the sum of overlapping entries
-static void wide_col2im(const dt_conv2d_geom *g, const wide_geom *wg, const float *dcol,
-                        float *dxp, int par) {
+static void wide_col2im(const dt_conv2d_geom *g, const wide_geom *wg, const float *dcol, float *dxp,
+                        int par) {
   int L = wg->L, taps = g->kh * g->kw;
 #pragma omp parallel for if (par) num_threads(dt_cpu_threads()) schedule(static)
   for (int ci = 0; ci < g->c; ci++) {
@@ -292,8 +290,7 @@ static int wide_forward_image(const dt_conv2d_geom *g, const float *x, const flo
 /* One image of the backward on wide rows: dwt_acc (ckk, oc) += col dy^T
  * (beta 0 for the first image of a run), dx (c,h,w) = col2im(w^T dy). */
 static int wide_backward_image(const dt_conv2d_geom *g, const float *x, const float *w,
-                               const float *dy, float *dx, float *dwt_acc, float dw_beta,
-                               int par) {
+                               const float *dy, float *dx, float *dwt_acc, float dw_beta, int par) {
   wide_geom wg;
   wide_geom_of(g, &wg);
   float *buf = thread_scratch(wide_scratch_floats(g, &wg));
@@ -307,12 +304,21 @@ static int wide_backward_image(const dt_conv2d_geom *g, const float *x, const fl
     for (int oy = 0; oy < g->oh; oy++) {
       float *dst = dwide + (int64_t)o * wg.L + (int64_t)oy * wg.wp;
       const float *src = dy + ((int64_t)o * g->oh + oy) * g->ow;
-      int gap = oy + 1 < g->oh ? wg.wp - g->ow : 0;
+      int ow = g->ow, gap = oy + 1 < g->oh ? wg.wp - ow : 0;
+      if (gap > 0 && gap <= ow) {
+        /* zeros in the gap from one branch-free loop: the loads past ow
+         * stay inside dy's next row */
 #pragma omp simd
-      for (int ox = 0; ox < g->ow; ox++)
-        dst[ox] = src[ox];
-      for (int k = 0; k < gap; k++)
-        dst[g->ow + k] = 0.0f;
+        for (int ox = 0; ox < wg.wp; ox++) {
+          float v = src[ox];
+          dst[ox] = ox < ow ? v : 0.0f;
+        }
+      } else {
+        for (int ox = 0; ox < ow; ox++)
+          dst[ox] = src[ox];
+        for (int k = 0; k < gap; k++)
+          dst[ow + k] = 0.0f;
+      }
     }
   if (dwt_acc) {
     const float *xp = x;
@@ -406,8 +412,7 @@ dt_status dt_cpu_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const fl
 /* One image of the backward: dwt_acc (ckk, oc) += col dy^T (beta 0 for
  * the first image of a run), dx (c,h,w) = col2im(w^T dy). */
 static int conv_backward_image(const dt_conv2d_geom *g, const float *x, const float *w,
-                               const float *dy, float *dx, float *dwt_acc, float dw_beta,
-                               int par) {
+                               const float *dy, float *dx, float *dwt_acc, float dw_beta, int par) {
   if (is_wide(g))
     return wide_backward_image(g, x, w, dy, dx, dwt_acc, dw_beta, par);
   int ckk = g->c * g->kh * g->kw, ohw = g->oh * g->ow;
@@ -476,8 +481,10 @@ dt_status dt_cpu_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const f
   if (dw) {
     dwt = malloc((size_t)teams * w_sz * sizeof(float));
     if (!dwt)
-      return DT_ERROR(DT_ERR_OOM, "conv2d_backward: %d weight-gradient buffers of %lld floats: "
-                      "malloc failed", teams, (long long)w_sz);
+      return DT_ERROR(DT_ERR_OOM,
+                      "conv2d_backward: %d weight-gradient buffers of %lld floats: "
+                      "malloc failed",
+                      teams, (long long)w_sz);
   }
   int failed = 0;
   if (per_image) {

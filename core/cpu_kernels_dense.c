@@ -452,6 +452,7 @@ dt_status dt_cpu_broadcast_axis(dt_device dev, const float *y, float *x, int64_t
   for (int64_t row = 0; row < outer * r; row++) {
     const float *src = y + (row / (r ? r : 1)) * inner;
     float *dst = x + row * inner;
+#pragma omp simd
     for (int64_t i = 0; i < inner; i++)
       dst[i] = scale * src[i];
   }

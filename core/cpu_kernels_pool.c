@@ -32,7 +32,9 @@ static dt_status check_pool_geom(const char *op, const dt_conv2d_geom *g) {
 
 /* Whether v replaces the running maximum: larger, or the first NaN (NaN
  * wins and sticks, as PyTorch). Ties keep the earlier index. */
-static inline int max_takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+static inline int max_takes(float v, float best) {
+  return (v > best) | ((v != v) & (best == best));
+}
 
 static inline uint32_t bits_of(float f) {
   uint32_t u;
@@ -87,8 +89,8 @@ static void maxpool_2x2_plane(const dt_conv2d_geom *g, const float *x, float *y,
 #pragma omp simd
       for (int ox = 0; ox < g->ow; ox++) {
         int32_t at;
-        yr[ox] = max_2x2(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], base + 2 * ox, w,
-                         &at);
+        yr[ox] =
+            max_2x2(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], base + 2 * ox, w, &at);
       }
     }
   }

@@ -77,11 +77,17 @@ void for_each_tap(const dt_conv2d_geom &g, int channels_out, F f) {
 
 std::vector<dt_conv2d_geom> conv_geoms() {
   return {
-      geom(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1),   // 3x3 same
-      geom(4, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2),   // stride 2, padding 2
-      geom(3, 5, 6, 5, 4, 1, 1, 1, 1, 0, 0),   // pointwise (no im2col)
-      geom(5, 2, 8, 7, 3, 3, 2, 2, 1, 1, 0),   // rectangular kernel, mixed stride
-      geom(1, 1, 28, 28, 6, 5, 5, 1, 1, 0, 0), // LeNet conv1, one image
+      geom(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1),    // 3x3 same
+      geom(4, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2),    // stride 2, padding 2
+      geom(3, 5, 6, 5, 4, 1, 1, 1, 1, 0, 0),    // pointwise (no im2col)
+      geom(5, 2, 8, 7, 3, 3, 2, 2, 1, 1, 0),    // rectangular kernel, mixed stride
+      geom(1, 1, 28, 28, 6, 5, 5, 1, 1, 0, 0),  // LeNet conv1, one image
+      // stride 1 runs on wide rows (one contiguous im2col run per tap):
+      geom(4, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2),   // LeNet conv1, padded, a batch
+      geom(5, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0),  // LeNet conv2, a batch
+      geom(3, 2, 7, 9, 3, 3, 2, 1, 1, 1, 0),     // rectangular kernel, padding in h only
+      geom(2, 3, 5, 4, 4, 1, 1, 1, 1, 1, 1),     // 1x1 kernel with padding
+      geom(3, 2, 6, 5, 3, 2, 5, 1, 1, 0, 0),     // kernel as wide as the input (ow 1)
   };
 }
 
@@ -135,6 +141,10 @@ TEST_P(ThreadCounts, Conv2dBackwardVsNaive) {
     ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), nullptr,
                                            dw2.data(), nullptr, nullptr));
     expect_close(dw2, wdw, 1e-4, 1e-5, "conv2d dw only");
+    Vec dx2(nx, NAN);
+    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), dx2.data(),
+                                           nullptr, nullptr, nullptr));
+    expect_close(dx2, wdx, 1e-5, 1e-5, "conv2d dx only");
   }
 }
 
@@ -198,6 +208,52 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
     ASSERT_EQ(DT_OK, be()->maxpool2d_backward(DT_CPU, &g, dy.data(), am.data(), dx.data()));
     expect_close(dx, wdx, 1e-6, 0, "maxpool dx");
   }
+}
+
+// The 2x2 stride-2 window has its own branch-free loop: same winner as the
+// general scan (first maximum; the first NaN wins), odd sizes drop the last
+// row and column, and argmax may be NULL.
+TEST_P(ThreadCounts, MaxPool2x2TiesNanAndOddSizes) {
+  dt_conv2d_geom g = geom(2, 3, 7, 9, 0, 2, 2, 2, 2, 0, 0);
+  size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
+  Vec x = randn(nx, 33);
+  for (size_t i = 0; i < nx; i++)  // many ties
+    x[i] = std::round(x[i] * 2.0f) / 2.0f;
+  x[0] = x[1] = x[9] = x[10] = -INFINITY;  // a window of -inf: index of its first entry
+  x[2 * 9 + 3] = NAN;                      // window (1, 1): NaN in the second slot...
+  x[3 * 9 + 3] = NAN;                      // ...and another NaN after it
+  x[63 + 4] = NAN;                         // NaN in the first slot of a window
+  x[63 + 9 + 7] = INFINITY;
+  Vec y(ny), y2(ny);
+  std::vector<int32_t> am(ny);
+  ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y.data(), am.data()));
+  ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y2.data(), nullptr));
+  for (int p = 0; p < g.n * g.c; p++)
+    for (int oy = 0; oy < g.oh; oy++)
+      for (int ox = 0; ox < g.ow; ox++) {
+        float best = -INFINITY;
+        int at = (2 * oy) * g.w + 2 * ox;
+        for (int ki = 0; ki < 2 && !std::isnan(best); ki++)
+          for (int kj = 0; kj < 2; kj++) {
+            int i = (2 * oy + ki) * g.w + 2 * ox + kj;
+            float v = x[(size_t)p * g.h * g.w + i];
+            if (v > best || std::isnan(v)) {
+              best = v, at = i;
+              if (std::isnan(v))
+                break;
+            }
+          }
+        size_t o = ((size_t)p * g.oh + oy) * g.ow + ox;
+        if (std::isnan(best)) {
+          ASSERT_TRUE(std::isnan(y[o]) && std::isnan(y2[o])) << o;
+        } else {
+          ASSERT_EQ(y[o], best) << o;
+          ASSERT_EQ(y2[o], best) << o;
+        }
+        ASSERT_EQ(am[o], at) << o;
+      }
+  EXPECT_EQ(am[0], 0);              // the -inf window
+  EXPECT_EQ(am[4 + 1], 2 * 9 + 3);  // the first NaN, not the later one
 }
 
 TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {

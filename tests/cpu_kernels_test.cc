@@ -554,6 +554,55 @@ TEST(CpuMemory, CapGivesOomWithMessageAndStatsRecover) {
   EXPECT_EQ(DT_ERR_INVALID_ARG, be()->alloc({DT_DEVICE_CPU, 1000}, 16, &b));
 }
 
+TEST(CpuMemory, FreedBlocksAreCachedReusedAndReleased) {
+  dt_device dev = {DT_DEVICE_CPU, 6};  // a device no other test uses
+  ASSERT_EQ(DT_OK, dt_empty_cache(dev));
+  dt_memory_stats s0, st;
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &s0));
+  EXPECT_EQ(s0.reserved, s0.allocated);
+
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(DT_OK, be()->alloc(dev, 100000, &a)) << dt_last_error();
+  EXPECT_EQ((uintptr_t)a % 64, 0u);
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_EQ(st.allocated, s0.allocated + 100000);
+  EXPECT_GE(st.reserved, s0.reserved + 100000);  // rounded up to its size class
+  size_t block = st.reserved - s0.reserved;
+  EXPECT_LE(block, 100000u + 100000u / 8 + 64);
+
+  be()->free(dev, a, 100000);  // kept: allocated drops, reserved does not
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_EQ(st.allocated, s0.allocated);
+  EXPECT_EQ(st.reserved, s0.reserved + block);
+
+  ASSERT_EQ(DT_OK, be()->alloc(dev, 99000, &b));  // same class: the same block again
+  EXPECT_EQ(b, a);
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_EQ(st.allocated, s0.allocated + 99000);
+  EXPECT_EQ(st.reserved, s0.reserved + block);
+  EXPECT_EQ(st.num_allocs, s0.num_allocs + 2);  // a cache hit is still an allocation
+  be()->free(dev, b, 99000);
+  ASSERT_EQ(DT_OK, dt_empty_cache(dev));
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_EQ(st.reserved, s0.reserved);
+
+  // Under a cap, cached blocks are handed back before they would push the
+  // process over it; the cap itself still applies to live bytes only.
+  dt_cpu_set_memory_limit(s0.allocated + 300000);
+  ASSERT_EQ(DT_OK, be()->alloc(dev, 200000, &a));
+  be()->free(dev, a, 200000);
+  ASSERT_EQ(DT_OK, be()->alloc(dev, 250000, &b)) << dt_last_error();
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_LE(st.reserved, st.limit);
+  EXPECT_EQ(DT_ERR_OOM, be()->alloc(dev, 60000, &a));
+  be()->free(dev, b, 250000);
+  dt_cpu_set_memory_limit(0);
+  ASSERT_EQ(DT_OK, dt_empty_cache(dev));
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(dev, &st));
+  EXPECT_EQ(st.allocated, s0.allocated);
+  EXPECT_EQ(st.reserved, s0.reserved);
+}
+
 TEST(CpuMemory, ParseAndFormatBytes) {
   size_t v = 0;
   ASSERT_EQ(DT_OK, dt_parse_bytes("123", &v));

@@ -31,7 +31,9 @@ fi
 
 # Build (and set up) once through the wrapper, then call the binary directly.
 "$root/dtrain" --help >/dev/null
-dtrain="$(cd "$root" && bazel info -c opt bazel-bin 2>/dev/null)/launch/dtrain"
+# Same configuration as the wrapper's build (no -c opt: .bazelrc's -O2), so
+# that this is the binary just built and not a stale one from another config.
+dtrain="$(cd "$root" && bazel info bazel-bin 2>/dev/null)/launch/dtrain"
 
 steps_per_s() { sed -n 's/^steps_per_s=\([0-9.]*\) .*/\1/p'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
