@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/ops.h"
 #include "dist/dp.h"
 
@@ -44,6 +45,7 @@ struct dt_dp {
   dt_local_group *group;   /* cpu, or cuda host-staged */
   dt_nccl_clique *clique;  /* cuda over nccl */
   dt_dp_config cfg;
+  int threads; /* CPU threads per replica thread, resolved at creation */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -149,6 +151,8 @@ static void *replica_thread(void *arg) {
   dp_replica *r = arg;
   dt_dp *dp = r->dp;
   unsigned long seen = 0;
+  /* Per-thread setting (OpenMP's ICV): it must be made on this thread. */
+  dt_cpu_set_num_threads(dp->threads);
   for (;;) {
     pthread_mutex_lock(&dp->mu);
     while (dp->task_gen == seen)
@@ -241,12 +245,21 @@ dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn m
                     "required, with at least one device (got %d)",
                     n_devices);
   *out = NULL;
+  if (cfg != NULL && cfg->threads_per_replica < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "data-parallel mode: threads_per_replica is %d: give a count >= 1, or 0 to "
+                    "share the calling thread's count among the replicas",
+                    cfg->threads_per_replica);
   DT_CHECK(check_devices(devices, n_devices));
   dt_dp *dp = calloc(1, sizeof *dp);
   if (dp == NULL)
     return DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory");
   dp->cfg = cfg ? *cfg : DT_DP_CONFIG_DEFAULT;
   dp->n = n_devices;
+  dp->threads = dp->cfg.threads_per_replica > 0 ? dp->cfg.threads_per_replica
+                                                : dt_cpu_num_threads() / n_devices;
+  if (dp->threads < 1)
+    dp->threads = 1;
   pthread_mutex_init(&dp->mu, NULL);
   pthread_cond_init(&dp->cv, NULL);
   dt_status st = DT_OK;

@@ -24,8 +24,11 @@
  * before backward, so the averaged gradient is the gradient of the mean
  * over all B samples.
  *
- * CPU threads: every replica runs the CPU kernels from its own thread; set
- * dt_cpu_set_num_threads(cores / n) first so they do not oversubscribe.
+ * CPU threads: every replica runs the CPU kernels from its own thread, and
+ * OpenMP's thread count is a per-thread setting, so each replica thread
+ * sets its own (cfg.threads_per_replica) before it does anything else;
+ * otherwise every replica would start a team of one thread per core and
+ * they would fight over the cores.
  * Functions other than the accessors must be called from one thread.
  */
 #ifndef DT_DIST_DP_H
@@ -54,8 +57,14 @@ typedef struct dt_dp_config {
   dt_ddp_config ddp;
   dt_comm_config comm;
   int64_t ignore_index; /* cross-entropy target to ignore (-100, as PyTorch) */
+  /* CPU threads each replica thread runs its kernels with
+   * (dt_cpu_set_num_threads on that thread, first thing). 0 = the caller's
+   * count at dt_dp_create (dt_cpu_num_threads()) shared out: max(1, that / n).
+   * dt_cpu_num_threads() reports the per-replica count afterwards. */
+  int threads_per_replica;
 } dt_dp_config;
-#define DT_DP_CONFIG_DEFAULT ((dt_dp_config){DT_DDP_CONFIG_DEFAULT, DT_COMM_CONFIG_DEFAULT, -100})
+#define DT_DP_CONFIG_DEFAULT \
+  ((dt_dp_config){DT_DDP_CONFIG_DEFAULT, DT_COMM_CONFIG_DEFAULT, -100, 0})
 
 typedef struct dt_dp dt_dp;
 

@@ -14,6 +14,7 @@
 #include "dist/comm.h"
 #include "dist/ddp.h"
 #include "launch/flags.h"
+#include "launch/train_loop.h"
 #include "models/models.h"
 
 #define NUM_CLASSES 10
@@ -30,6 +31,7 @@ dt_bench_config dt_bench_config_default(void) {
   c.threads = 0;
   c.seed = 0;
   c.pg = NULL;
+  c.comm_backend = NULL;
   c.comm_timeout = 300.0;
   c.bucket_cap_mb = 25.0f;
   c.first_bucket_mb = 1.0f;
@@ -142,7 +144,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (cfg->batch < 1 || cfg->steps < 1 || cfg->warmup < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "batch (%d) and steps (%d) must be >= 1, warmup (%d) >= 0",
                     cfg->batch, cfg->steps, cfg->warmup);
-  DT_CHECK(dt_device_parse(cfg->device, &dev));
+  DT_CHECK(dt_train_rank_device(cfg->device, cfg->pg, &dev));
   DT_CHECK(dt_backend_get(dev, &be));
   if (cfg->threads > 0)
     dt_cpu_set_num_threads(cfg->threads);
@@ -154,7 +156,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (world > 1) {
     dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
     cc.timeout_s = cfg->comm_timeout;
-    DT_CHECK_GOTO(dt_comm_create_for_pg(cfg->pg, &cc, &comm), cleanup);
+    DT_CHECK_GOTO(dt_train_comm_config(cfg->comm_backend, &cc), cleanup);
+    DT_CHECK_GOTO(dt_comm_create_for_device(cfg->pg, dev, &cc, &comm), cleanup);
     dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
     dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * 1024.0 * 1024.0);
     dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * 1024.0 * 1024.0);
@@ -205,7 +208,11 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   r.world = world;
+  r.device = dev;
   if (ddp) {
+    const char *name = dt_comm_backend_name(comm);
+    snprintf(r.comm, sizeof r.comm, "%s",
+             dev.type != DT_DEVICE_CPU && strcmp(name, "nccl") != 0 ? "mpi (host-staged)" : name);
     r.buckets = dt_ddp_num_buckets(ddp);
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
@@ -232,6 +239,9 @@ cleanup:
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = dt_bench_config_default();
   float comm_timeout = (float)cfg.comm_timeout;
+  const char *env_backend = getenv("DT_COMM_BACKEND");
+  const char *default_backend = env_backend && env_backend[0] ? env_backend : "auto";
+  const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_flag flags[] = {
       {"model", DT_FLAG_STRING, &cfg.model, "NAME", "model: mlp (784-512-512-10) or lenet", 0,
        NULL},
@@ -241,7 +251,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME",
        "sgd (lr 0.01, momentum 0.9) or adamw (lr 1e-3)", 0, "sgd|adamw"},
       {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
-      {"device", DT_FLAG_STRING, &cfg.device, "DEV", "cpu, cpu:N or cuda:N", 0, NULL},
+      {"device", DT_FLAG_STRING, &cfg.device, "DEV",
+       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0,
+       NULL},
       {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0, NULL},
       {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
        "DDP: seconds a collective may take before the job is aborted", 0.001, NULL},
@@ -249,6 +261,10 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
        1e-6, NULL},
       {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB", "DDP: first bucket size", 1e-6,
        NULL},
+      {"comm-backend", DT_FLAG_STRING, &comm_backend, "NAME",
+       "DDP: auto (nccl on GPUs, else mpi), mpi (GPU tensors host-staged) or nccl; overrides "
+       "env DT_COMM_BACKEND",
+       0, "auto|mpi|nccl"},
   };
   int nflags = (int)(sizeof flags / sizeof flags[0]);
   switch (dt_flags_parse("bench", flags, nflags, argc, argv, err)) {
@@ -268,6 +284,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     case DT_FLAGS_ERROR: return 2;
   }
   cfg.comm_timeout = comm_timeout;
+  cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = pg ? dt_pg_rank(pg) : 0;
 
@@ -277,14 +294,16 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     return 1; /* the caller prints dt_last_error() with the rank */
   if (rank != 0)
     return 0;
+  char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
       "device %s threads %d\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      cfg.device, dt_cpu_num_threads());
+      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads());
   if (r.world > 1)
-    printf("ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients)\n",
-           r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib);
+    printf("ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
+           "over %s\n",
+           r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   printf(

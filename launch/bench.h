@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/backend.h"
 #include "core/status.h"
 #include "dist/process_group.h"
 
@@ -32,14 +33,17 @@ extern "C" {
 typedef struct dt_bench_config {
   const char *model;     /* "mlp", "lenet" */
   const char *optimizer; /* "sgd" (lr 0.01, momentum 0.9) or "adamw" (lr 1e-3) */
-  const char *device;    /* "cpu", "cuda:0" */
+  const char *device;    /* "cpu", "cuda:0", "cuda" (the rank's GPU: dt_train_rank_device) */
   int batch;
   int steps;   /* timed steps */
   int warmup;  /* untimed steps before */
   int threads; /* CPU threads, 0 = default */
   uint64_t seed;
-  /* Distributed (world > 1): DDP over an mpi communicator. */
+  /* Distributed (world > 1): DDP over the communicator that
+   * dt_comm_create_for_device picks for the device (mpi; nccl or
+   * host-staged mpi for cuda). */
   dt_pg *pg;               /* borrowed; NULL or world 1 = one process */
+  const char *comm_backend; /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
   double comm_timeout;     /* seconds (300) */
   float bucket_cap_mb;     /* 25 */
   float first_bucket_mb;   /* 1 */
@@ -50,6 +54,7 @@ typedef struct dt_bench_config {
 dt_bench_config dt_bench_config_default(void);
 
 typedef struct dt_bench_result {
+  dt_device device; /* the device rank 0 ran on */
   int64_t parameters;
   double seconds; /* timed steps only */
   double steps_per_s;
@@ -67,6 +72,7 @@ typedef struct dt_bench_result {
   double overlapped_ms; /* of which while backward was still computing */
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
   double grad_mib;      /* gradient bytes all-reduced per step */
+  char comm[32];        /* "mpi", "nccl", "mpi (host-staged)" */
 } dt_bench_result;
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out);

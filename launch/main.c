@@ -112,6 +112,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_train_config cfg = dt_train_config_default();
   float comm_timeout = (float)cfg.comm_timeout;
   int verbose_ranks = 0;
+  /* Shown as the default: DT_COMM_BACKEND when set (dist/ reads and checks
+   * it), else auto; cfg gets the flag only when it is given. */
+  const char *env_backend = getenv("DT_COMM_BACKEND");
+  const char *default_backend = env_backend && env_backend[0] ? env_backend : "auto";
+  const char *comm_backend = default_backend;
   const char *env_dir = getenv("DT_DATA_DIR");
   if (env_dir && env_dir[0])
     cfg.data_dir = env_dir;
@@ -142,7 +147,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       {"clip", DT_FLAG_FLOAT, &cfg.clip, "NORM", "clip the global gradient norm, 0 = off", 0, NULL},
       {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for initialisation and data order", 0, NULL},
       {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
-      {"device", DT_FLAG_STRING, &cfg.device, "DEV", "cpu, cpu:N or cuda:N", 0, NULL},
+      {"device", DT_FLAG_STRING, &cfg.device, "DEV",
+       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0,
+       NULL},
       {"log-interval", DT_FLAG_INT, &cfg.log_interval, "N",
        "micro-batches between progress lines, 0 = none", 0, NULL},
       {"max-steps", DT_FLAG_INT, &cfg.max_steps, "N",
@@ -153,8 +160,12 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        "ddp: one process per rank (under a launcher); dp: one process, one replica per "
        "device of --devices",
        0, "ddp|dp"},
-      {"devices", DT_FLAG_STRING, &cfg.devices, "LIST", "--mode dp: replicas' devices, cpu:0,cpu:1",
-       0, NULL},
+      {"devices", DT_FLAG_STRING, &cfg.devices, "LIST",
+       "--mode dp: replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1", 0, NULL},
+      {"comm-backend", DT_FLAG_STRING, &comm_backend, "NAME",
+       "gradient all-reduce: auto (nccl on GPUs, else mpi), mpi (GPU tensors host-staged) or "
+       "nccl; overrides env DT_COMM_BACKEND",
+       0, "auto|mpi|nccl"},
       {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
        "seconds a collective may take before the job is aborted", 0.001, NULL},
       {"bucket-cap-mb", DT_FLAG_FLOAT, &cfg.bucket_cap_mb, "MB", "DDP: gradient bucket size",
@@ -176,7 +187,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
           "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
           "epoch, SGD with momentum and a cosine learning-rate decay, on the CPU.\n"
           "Under a launcher (dtrain launch -n N -- train, mpirun, srun --mpi=pmix) it\n"
-          "trains with DDP: --batch per rank, global batch N x --batch.\n\nflags:\n");
+          "trains with DDP: --batch per rank, global batch N x --batch. On GPUs,\n"
+          "--device cuda gives each rank its own GPU (its local rank among\n"
+          "CUDA_VISIBLE_DEVICES) and the gradients go over NCCL (--comm-backend).\n\nflags:\n");
       dt_flags_print(flags, nflags, stdout);
       return 0;
     case DT_FLAGS_ERROR: return 2;
@@ -191,6 +204,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     }
   }
   cfg.comm_timeout = comm_timeout;
+  cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = dt_pg_rank(pg);
   char prefix[32] = "";

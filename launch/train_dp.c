@@ -1,35 +1,15 @@
 /* `dtrain train --mode dp`: one process, one replica per device (dist/dp.h),
  * each micro-batch split across the replicas. */
-#define _GNU_SOURCE
-#include <sched.h>
 #include <string.h>
 
 #include "core/backend.h"
 #include "launch/train_internal.h"
 #include "models/models.h"
 
-static int cores_available(void) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return CPU_COUNT(&set);
-  return 1;
-}
-
-typedef struct replica_builder {
-  const dt_train_config *cfg;
-  int threads; /* CPU threads per replica */
-} replica_builder;
-
-/* Runs on the replica's own (long-lived) thread: OpenMP's thread count is a
- * per-thread setting, so the replica sets it for itself here; otherwise each
- * replica would start a team of one thread per core and they would fight
- * over the cores (several times slower). */
+/* Runs on the replica's thread (dist/dp.c has set its CPU thread count). */
 static dt_status build_replica_model(void *user, int replica, dt_module **out) {
   (void)replica;
-  const replica_builder *b = user;
-  const dt_train_config *c = b->cfg;
-  dt_cpu_set_num_threads(b->threads);
+  const dt_train_config *c = user;
   DT_CHECK(dt_model_create(c->model, c->seed, out));
   dt_module_train(*out, 1);
   return DT_OK;
@@ -38,8 +18,7 @@ static dt_status build_replica_model(void *user, int replica, dt_module **out) {
 static dt_status build_replica_optimizer(void *user, int replica, dt_param_arena *arena,
                                          dt_optimizer **out) {
   (void)replica;
-  const replica_builder *b = user;
-  return train_build_optimizer(b->cfg, arena, out);
+  return train_build_optimizer(user, arena, out);
 }
 
 dt_status train_dp_create(const dt_train_config *c, train_state *s) {
@@ -51,13 +30,12 @@ dt_status train_dp_create(const dt_train_config *c, train_state *s) {
                     "--mode dp splits each micro-batch across the %d devices of --devices: "
                     "--batch %d is too small (use --batch >= %d)",
                     n, c->batch, n);
-  /* Replicas run their kernels side by side: share the cores, unless
-   * --threads says how many each gets. */
-  int per_replica = c->threads > 0 ? c->threads : cores_available() / n;
-  replica_builder builder = {c, per_replica > 0 ? per_replica : 1};
-  dt_cpu_set_num_threads(builder.threads);
   dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  /* Replicas run their kernels side by side: --threads each, or (0) this
+   * thread's count (cores, or DT_NUM_THREADS) shared out by dist/dp.c. */
+  cfg.threads_per_replica = c->threads;
   cfg.comm.timeout_s = c->comm_timeout;
+  DT_CHECK(dt_train_comm_config(c->comm_backend, &cfg.comm));
   cfg.ddp.first_bucket_bytes = (size_t)(c->first_bucket_mb * 1024.0 * 1024.0);
   cfg.ddp.bucket_bytes = (size_t)(c->bucket_cap_mb * 1024.0 * 1024.0);
   if (cfg.ddp.first_bucket_bytes < 4)
@@ -65,9 +43,9 @@ dt_status train_dp_create(const dt_train_config *c, train_state *s) {
   if (cfg.ddp.bucket_bytes < 4)
     cfg.ddp.bucket_bytes = 4;
   cfg.ddp.allow_unused = c->allow_unused;
-  /* The builders only read `builder`, during the call. */
-  DT_CHECK(dt_dp_create(devs, n, build_replica_model, &builder, build_replica_optimizer, &builder,
-                        &cfg, &s->dp));
+  /* The builders only read the config, during the call. */
+  DT_CHECK(dt_dp_create(devs, n, build_replica_model, (void *)c, build_replica_optimizer,
+                        (void *)c, &cfg, &s->dp));
   s->n_replicas = n;
   s->dev = dt_dp_replica_device(s->dp, 0);
   s->model = dt_dp_replica_model(s->dp, 0);

@@ -47,6 +47,7 @@ dt_train_config dt_train_config_default(void) {
   c.pg = NULL;
   c.mode = "ddp";
   c.devices = NULL;
+  c.comm_backend = NULL;
   c.comm_timeout = 300.0;
   c.bucket_cap_mb = 25.0f;
   c.first_bucket_mb = 1.0f;
@@ -194,13 +195,33 @@ dt_status train_build_optimizer(const dt_train_config *c, dt_param_arena *arena,
   return dt_optim_adamw_create(arena, &adamw, out);
 }
 
-/* The rank's device: --device as given when it names an index; "cpu" is
- * cpu:0 on every rank (ranks are separate processes), "cuda" is
- * cuda:<local rank>. */
-static dt_status rank_device(const dt_train_config *c, dt_device *dev) {
-  DT_CHECK(dt_device_parse(c->device, dev));
-  if (c->pg && dev->type != DT_DEVICE_CPU && !strchr(c->device, ':'))
-    dev->index = dt_pg_local_rank(c->pg);
+dt_status dt_train_rank_device(const char *name, const dt_pg *pg, dt_device *out) {
+  DT_CHECK(dt_device_parse(name, out));
+  if (out->type == DT_DEVICE_CUDA && !strchr(name, ':') && pg != NULL)
+    return dt_comm_pick_device(pg, out);
+  return DT_OK;
+}
+
+dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg) {
+  DT_CHECK(dt_comm_config_from_env(cfg));
+  if (backend != NULL && backend[0] != '\0') {
+    dt_status st = dt_comm_backend_parse(backend, &cfg->backend);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "--comm-backend");
+  }
+  return DT_OK;
+}
+
+/* The communicator backend applies to the device: nccl with cpu tensors is
+ * a mistake even in a single process, where no communicator is made. */
+static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  DT_CHECK(dt_train_comm_config(c->comm_backend, &cc));
+  if (cc.backend == DT_COMM_BACKEND_NCCL && dev.type == DT_DEVICE_CPU)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "communication backend nccl (--comm-backend or DT_COMM_BACKEND) with device "
+                    "%s: NCCL reduces GPU memory; train on cuda devices, or use auto or mpi",
+                    c->device);
   return DT_OK;
 }
 
@@ -211,9 +232,11 @@ static dt_status build_model(const dt_train_config *c, train_state *s) {
   dt_module_train(s->model, 1);
   DT_CHECK(dt_param_arena_create(s->model, &s->arena));
   if (s->world > 1) {
+    /* mpi for cpu; nccl or host-staged mpi for cuda (dist/comm.h). */
     dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
     cc.timeout_s = c->comm_timeout;
-    DT_CHECK(dt_comm_create_for_pg(c->pg, &cc, &s->comm));
+    DT_CHECK(dt_train_comm_config(c->comm_backend, &cc));
+    DT_CHECK(dt_comm_create_for_device(c->pg, s->dev, &cc, &s->comm));
     dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
     dc.first_bucket_bytes = (size_t)(c->first_bucket_mb * MIB);
     dc.bucket_bytes = (size_t)(c->bucket_cap_mb * MIB);
@@ -241,9 +264,10 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
     DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
     s->dev = devs[0];
   } else {
-    DT_CHECK(rank_device(c, &s->dev));
+    DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
   }
   DT_CHECK(dt_backend_get(s->dev, &backend));
+  DT_CHECK(check_comm_backend(c, s->dev));
   if (c->threads > 0)
     dt_cpu_set_num_threads(c->threads);
   DT_CHECK(data_folder(c, folder, sizeof folder));
@@ -261,7 +285,9 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
   lc.batch_size = c->batch;
   lc.drop_last = 0;
-  lc.device = s->dev;
+  /* dp over GPUs: batches stay in host memory and each replica copies its
+   * slice to its own GPU (none of them gathers or scatters for the rest). */
+  lc.device = is_dp_mode(c) && s->dev.type != DT_DEVICE_CPU ? DT_CPU : s->dev;
   DT_CHECK(dt_loader_create(s->train_set, s->sampler, &lc, &s->loader));
 
   if (is_dp_mode(c))
@@ -288,7 +314,8 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   return DT_OK;
 }
 
-/* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact). */
+/* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact), on
+ * the rank's device: an nccl communicator reduces GPU memory only. */
 static dt_status allreduce_sums(train_state *s, double *vals, int n) {
   if (s->world <= 1)
     return DT_OK;
@@ -297,7 +324,7 @@ static dt_status allreduce_sums(train_state *s, double *vals, int n) {
   dt_tensor *t = NULL;
   for (int i = 0; i < n; i++)
     buf[i] = (float)vals[i];
-  DT_CHECK(dt_tensor_from_host(buf, &shape, 1, DT_DTYPE_F32, DT_CPU, &t));
+  DT_CHECK(dt_tensor_from_host(buf, &shape, 1, DT_DTYPE_F32, s->dev, &t));
   dt_status st = dt_comm_allreduce_sync(s->comm, t, DT_REDUCE_SUM);
   if (st == DT_OK)
     st = dt_tensor_to_host(t, buf, (size_t)n * sizeof *buf);
@@ -518,6 +545,14 @@ static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss
   return DT_OK;
 }
 
+/* "nccl", "mpi", or "mpi (host-staged)" for device tensors over mpi. */
+static const char *comm_description(const train_state *s) {
+  const char *name = dt_comm_backend_name(s->comm);
+  if (s->dev.type != DT_DEVICE_CPU && strcmp(name, "nccl") != 0)
+    return "mpi (host-staged)";
+  return name;
+}
+
 static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   char dev[32];
   dt_device_format(s->dev, dev, sizeof dev);
@@ -536,9 +571,10 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
     char who[256];
     log_line(log, c,
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
-             "(first %g MiB, then %g MiB), comm timeout %g s\n",
+             "(first %g MiB, then %g MiB) over %s, comm timeout %g s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
-             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, c->comm_timeout);
+             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb,
+             comm_description(s), c->comm_timeout);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "

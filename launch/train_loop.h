@@ -16,15 +16,24 @@
  * Distributed (DDP): with a process group of world W > 1 (cfg.pg), each rank
  * trains on its DistributedSampler shard with micro-batch `batch`, so the
  * global batch is W * batch; a DDP reducer (dist/ddp.h) averages the
- * gradients over an mpi communicator, overlapping backward; the first K-1
+ * gradients, overlapping backward, over the communicator that
+ * dt_comm_create_for_device picks for the rank's device: mpi for cpu; for
+ * cuda nccl, or the host-staged mpi backend (no NCCL, or ranks sharing a
+ * GPU), as comm_backend / DT_COMM_BACKEND say. Device "cuda" without an
+ * index is the rank's GPU from dt_comm_pick_device (local rank within
+ * CUDA_VISIBLE_DEVICES; cuda:0 when one GPU is visible); "cuda:N" is
+ * honoured as given. The first K-1
  * micro-batches of an accumulation group run in a no_sync scope. The test
  * accuracy is over the whole test set: each rank evaluates its shard (no
  * padding duplicates) and the sums are all-reduced. Every rank returns the
  * same result; the caller decides which rank logs.
  *
  * Data-parallel mode (mode "dp"): one process, one replica per device of
- * `devices` (dist/dp.h); each micro-batch of `batch` samples is split across
- * the replicas; evaluation on replica 0.
+ * `devices` (dist/dp.h; cuda devices reduce over an NCCL clique, or host
+ * memory with comm_backend mpi); each micro-batch of `batch` samples is
+ * split across the replicas (with cuda devices the loader keeps batches in
+ * host memory and each replica copies its own slice, so no GPU is special);
+ * evaluation on replica 0.
  *
  * Gradient accumulation is PyTorch-style: `batch` is the micro-batch size;
  * each micro-batch's loss is scaled by 1/K, where K = `accum` (or the size
@@ -41,6 +50,7 @@
 #include "core/module.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "dist/comm.h"
 #include "dist/process_group.h"
 
 #ifdef __cplusplus
@@ -51,7 +61,7 @@ typedef struct dt_train_config {
   const char *model;     /* "lenet", "mlp" (see models/models.h) */
   const char *data;      /* "fashion-mnist" or "mnist": a folder under data_dir */
   const char *data_dir;  /* folder holding the data sets ("data") */
-  const char *device;    /* "cpu", "cpu:0", "cuda:0" */
+  const char *device;    /* "cpu", "cpu:0", "cuda:0", or "cuda": this rank's GPU (below) */
   const char *optimizer; /* "sgd" or "adamw" */
   const char *schedule;  /* "constant", "cosine" or "step" (after the warm-up) */
   int epochs;
@@ -75,7 +85,8 @@ typedef struct dt_train_config {
   /* Distributed. */
   dt_pg *pg;              /* borrowed; NULL or world 1 = one process */
   const char *mode;       /* "ddp" (one process per rank; the default) or "dp" */
-  const char *devices;    /* mode dp: "cpu:0,cpu:1,..." */
+  const char *devices;    /* mode dp: "cpu:0,cpu:1,..." or "cuda:0,cuda:1,..." */
+  const char *comm_backend; /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
   double comm_timeout;    /* seconds per collective before the watchdog aborts (300) */
   float bucket_cap_mb;    /* DDP bucket size after the first (25) */
   float first_bucket_mb;  /* DDP first bucket (1) */
@@ -91,10 +102,22 @@ typedef struct dt_train_config {
  * dt_dp_create. */
 dt_status dt_train_parse_devices(const char *list, dt_device *devs, int cap, int *n);
 
+/* This rank's device for --device `name`: as parsed, except "cuda" without
+ * an index, which is dt_comm_pick_device(pg) (local rank within
+ * CUDA_VISIBLE_DEVICES), or cuda:0 without a process group. Errors from
+ * dt_device_parse / dt_comm_pick_device (no GPU, too few GPUs). */
+dt_status dt_train_rank_device(const char *name, const dt_pg *pg, dt_device *out);
+
+/* Applies DT_COMM_BACKEND to *cfg (dt_comm_config_from_env), then
+ * `backend` ("auto", "mpi", "nccl"; NULL = keep), which wins: the
+ * --comm-backend flag. DT_ERR_INVALID_ARG naming the bad value. */
+dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg);
+
 /* lenet on fashion-mnist under "data", cpu, sgd, cosine schedule (to 0 over the run),
  * 1 epoch, batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
  * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000; no process
- * group, mode ddp, comm timeout 300 s, buckets 1 MiB then 25 MiB. */
+ * group, mode ddp, comm backend from the environment (auto), comm timeout 300 s,
+ * buckets 1 MiB then 25 MiB. */
 dt_train_config dt_train_config_default(void);
 
 typedef struct dt_train_result {

@@ -2,10 +2,12 @@
 // without a launcher, the DDP reducer over a group of one (buckets, unused
 // parameters, no_sync, timeline) and the data-parallel mode.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -486,6 +488,52 @@ TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {
   dt_tensor_release(x);
   dt_tensor_release(y);
   dt_dp_destroy(dp);
+}
+
+// OpenMP's thread count is per thread: each replica thread must set its own
+// (threads_per_replica), whatever the creating thread has.
+struct ThreadProbe {
+  std::mutex mu;
+  std::vector<int> omp_threads;  // omp_get_max_threads() on each replica's thread
+};
+
+dt_status probe_model(void *user, int replica, dt_module **out) {
+  auto *p = static_cast<ThreadProbe *>(user);
+  {
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->omp_threads[static_cast<size_t>(replica)] = omp_get_max_threads();
+  }
+  return dtt::build_model("mlp-small", out);
+}
+
+void expect_replica_threads(int threads_per_replica, int caller_threads, int want) {
+  dt_cpu_set_num_threads(caller_threads);
+  ThreadProbe probe;
+  probe.omp_threads.assign(2, -1);
+  dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.threads_per_replica = threads_per_replica;
+  dt_dp *dp = nullptr;
+  DT_ASSERT_OK(dt_dp_create(two, 2, probe_model, &probe, dp_optim, nullptr, &cfg, &dp));
+  for (int r = 0; r < 2; r++)
+    EXPECT_EQ(probe.omp_threads[static_cast<size_t>(r)], want)
+        << "replica " << r << " with threads_per_replica " << threads_per_replica
+        << ", caller " << caller_threads;
+  dt_dp_destroy(dp);
+}
+
+TEST_F(DistLocal, DataParallelReplicaThreadsSetTheirOwnThreadCount) {
+  expect_replica_threads(3, 1, 3);  // explicit, whatever the caller has
+  expect_replica_threads(0, 4, 2);  // default: the caller's 4 shared by 2 replicas
+  expect_replica_threads(0, 1, 1);  // never below one
+  dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.threads_per_replica = -1;
+  DpArgs args{"mlp-small"};
+  dt_dp *dp = nullptr;
+  EXPECT_EQ(dt_dp_create(two, 2, dp_model, &args, dp_optim, nullptr, &cfg, &dp),
+            DT_ERR_INVALID_ARG);
+  dt_cpu_set_num_threads(1);
 }
 
 }  // namespace
