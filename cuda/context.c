@@ -408,3 +408,24 @@ dt_status dt_cuda_get_device_info(int index, dt_cuda_device_info *out) {
     cudaSetDevice(prev);
   return DT_OK;
 }
+
+dt_status dt_cuda_peer_access(int i, int j, int *ok) {
+  *ok = 0;
+  int n = dt_cuda_device_count();
+  if (i < 0 || j < 0 || i >= n || j >= n) {
+    if (n == 0)
+      return dt_error_wrap(dt_cuda_probe(), "peer access cuda:%d -> cuda:%d", i, j);
+    return DT_ERROR(DT_ERR_NO_DEVICE,
+                    "peer access cuda:%d -> cuda:%d: %d CUDA device(s) visible "
+                    "(CUDA_VISIBLE_DEVICES)",
+                    i, j, n);
+  }
+  if (i == j) {
+    *ok = 1;
+    return DT_OK;
+  }
+  int can = 0;
+  DT_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, i, j));
+  *ok = can != 0;
+  return DT_OK;
+}

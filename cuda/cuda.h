@@ -59,6 +59,13 @@ typedef struct dt_cuda_device_info {
 /* Properties of GPU `index` (0 .. dt_device_count(DT_DEVICE_CUDA)-1). */
 dt_status dt_cuda_get_device_info(int index, dt_cuda_device_info *out);
 
+/* Whether GPU `i` can read and write GPU `j`'s memory directly
+ * (cudaDeviceCanAccessPeer: NVLink or PCIe peer-to-peer), indices relative
+ * to CUDA_VISIBLE_DEVICES; *ok = 1 for i == j. NCCL uses P2P between such
+ * GPUs and host shared memory between the others. DT_ERR_NO_DEVICE for an
+ * index that is not visible; DT_ERR_UNSUPPORTED without CUDA. */
+dt_status dt_cuda_peer_access(int i, int j, int *ok);
+
 /* The `dtrain doctor` section on CUDA: build, driver and runtime versions
  * and whether they are compatible, each GPU (name, memory, compute
  * capability and whether this build has code for it), cuBLAS, cuDNN and

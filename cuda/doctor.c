@@ -60,8 +60,9 @@ dt_status dt_cuda_doctor(FILE *out, int *problems) {
     OUT("  NCCL:     %d.%d.%d\n", v.nccl / 10000, (v.nccl % 10000) / 100, v.nccl % 100);
   } else {
     nprob++;
-    OUT("  NCCL:     not found (libnccl.so.2): multi-GPU training (--dist nccl) needs it; "
-        "put its directory on LD_LIBRARY_PATH (pip's nvidia/nccl/lib works)\n");
+    OUT("  NCCL:     not found (libnccl.so.2): multi-GPU training over NCCL "
+        "(--comm-backend auto|nccl) needs it; put its directory on LD_LIBRARY_PATH (pip's "
+        "nvidia/nccl/lib works)\n");
   }
 
   dt_status probe = dt_cuda_probe();

@@ -27,6 +27,11 @@ dt_status dt_cuda_get_device_info(int index, dt_cuda_device_info *out) {
   return DT_ERROR(DT_ERR_UNSUPPORTED, "device info for cuda:%d: " NOT_BUILT, index);
 }
 
+dt_status dt_cuda_peer_access(int i, int j, int *ok) {
+  *ok = 0;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "peer access cuda:%d -> cuda:%d: " NOT_BUILT, i, j);
+}
+
 dt_status dt_cuda_doctor(FILE *out, int *problems) {
   if (problems)
     *problems = 1;

@@ -10,25 +10,38 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/backend.h"
+
 #define MAX_MPIRUN_ARGS 64
+#define MAX_EXPORTS 64
+
+extern char **environ;
 
 static const char usage[] =
-    "usage: dtrain launch -n N [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
+    "usage: dtrain launch [-n N] [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
     "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]\n\n"
     "Runs N ranks of `dtrain <command>` (train or bench) under Open MPI's mpirun:\n"
     "  mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C -x DT_NUM_THREADS=C\n"
+    "         [-x DT_DATA_DIR] [-x DT_COMM_BACKEND] [-x CUDA_VISIBLE_DEVICES] [-x NCCL_...]\n"
     "         [--oversubscribe] [--allow-run-as-root] <this dtrain> <command> [flags]\n"
     "C = max(1, cores / N) threads per rank, cores being the CPUs this process may use;\n"
-    "--oversubscribe is added when N > cores, --allow-run-as-root when run as root.\n"
-    "The mpirun command line is printed to stderr before it runs.\n\n"
+    "--oversubscribe is added when N > cores, --allow-run-as-root when run as root;\n"
+    "DT_DATA_DIR, DT_COMM_BACKEND, CUDA_VISIBLE_DEVICES and every NCCL_* variable are\n"
+    "exported to the ranks when set here. The mpirun command line is printed to\n"
+    "stderr before it runs.\n\n"
+    "GPUs: without -n, on a machine with GPUs, N is the number of visible GPUs (one\n"
+    "rank per GPU); give the command --device cuda and each rank takes the GPU of its\n"
+    "local rank. Without GPUs (or with --hosts/--hostfile) -n is required.\n\n"
     "flags:\n"
-    "  -n, --np N            ranks to start (required)\n"
+    "  -n, --np N            ranks to start (default: one per visible GPU; required\n"
+    "                        without GPUs)\n"
     "  --hosts H1,H2,...     hosts to run on (mpirun --host; H:SLOTS gives slots)\n"
     "  --hostfile FILE       an Open MPI hostfile (mpirun --hostfile; see launch/mpirun/)\n"
     "  --threads C           CPU threads per rank (default: cores / N)\n"
     "  --mpirun-arg ARG      pass ARG to mpirun (repeat for several)\n"
     "  --dry-run             print the mpirun command line and exit\n\n"
-    "example: dtrain launch -n 2 -- train --batch 32\n";
+    "examples: dtrain launch -n 2 -- train --batch 32\n"
+    "          dtrain launch -- train --device cuda --batch 64     (one rank per GPU)\n";
 
 static int bad_usage(const char *fmt, const char *what) {
   fprintf(stderr, "dtrain launch: ");
@@ -80,6 +93,42 @@ static const char *find_mpirun(char *buf, size_t cap) {
     p = end + 1;
   }
   return NULL;
+}
+
+/* 1 when the dtrain command line names a device (--device, --devices). */
+static int names_device(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (!strncmp(argv[i], "--device", 8))
+      return 1;
+  return 0;
+}
+
+/* The variables the ranks need from this environment, for `-x NAME`:
+ * DT_DATA_DIR, DT_COMM_BACKEND, CUDA_VISIBLE_DEVICES (even empty: it then
+ * hides every GPU), and every NCCL_* (NCCL's transport settings). Names are
+ * copied into `buf`; returns how many were found (at most `cap`). */
+static int exported_names(const char **names, int cap, char *buf, size_t buf_cap) {
+  static const char *const fixed[] = {"DT_DATA_DIR", "DT_COMM_BACKEND", "CUDA_VISIBLE_DEVICES"};
+  int n = 0;
+  size_t used = 0;
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] && n < cap; i++) {
+    const char *v = getenv(fixed[i]);
+    if (v && (v[0] || !strcmp(fixed[i], "CUDA_VISIBLE_DEVICES")))
+      names[n++] = fixed[i];
+  }
+  for (char **e = environ; e && *e && n < cap; e++) {
+    const char *eq = strchr(*e, '=');
+    if (strncmp(*e, "NCCL_", 5) != 0 || !eq)
+      continue;
+    size_t len = (size_t)(eq - *e);
+    if (used + len + 1 > buf_cap)
+      break;
+    memcpy(buf + used, *e, len);
+    buf[used + len] = '\0';
+    names[n++] = buf + used;
+    used += len + 1;
+  }
+  return n;
 }
 
 /* Prints one argument quoted for a POSIX shell when it needs it. */
@@ -168,8 +217,6 @@ int dt_cli_launch(int argc, char **argv) {
           a);
     }
   }
-  if (np == 0)
-    return bad_usage("%s", "the number of ranks is required: -n N");
   if (hosts && hostfile)
     return bad_usage("%s", "give --hosts or --hostfile, not both");
   if (sep < 0 || sep + 1 >= argc)
@@ -179,6 +226,23 @@ int dt_cli_launch(int argc, char **argv) {
   const char *command = argv[sep + 1];
   if (strcmp(command, "train") && strcmp(command, "bench"))
     return bad_usage("'%s' cannot run on several ranks: launch train or bench", command);
+  if (np == 0) {
+    int gpus = hosts || hostfile ? 0 : dt_device_count(DT_DEVICE_CUDA);
+    if (hosts || hostfile)
+      return bad_usage("%s",
+                       "the number of ranks is required: -n N (with --hosts or --hostfile "
+                       "there is no default)");
+    if (gpus <= 0)
+      return bad_usage("%s",
+                       "the number of ranks is required: -n N (no GPU is visible here, so "
+                       "there is no one-rank-per-GPU default)");
+    np = gpus;
+    fprintf(stderr, "dtrain launch: %d GPU%s visible: one rank per GPU (-n %d)%s\n", gpus,
+            gpus == 1 ? "" : "s", gpus,
+            names_device(argc - sep - 1, argv + sep + 1)
+                ? ""
+                : "; add --device cuda to the command so that each rank trains on its GPU");
+  }
   const char *env_rank = getenv("OMPI_COMM_WORLD_SIZE");
   if (env_rank && env_rank[0]) {
     fprintf(stderr,
@@ -216,7 +280,11 @@ int dt_cli_launch(int argc, char **argv) {
   snprintf(omp, sizeof omp, "OMP_NUM_THREADS=%d", per_rank);
   snprintf(dtn, sizeof dtn, "DT_NUM_THREADS=%d", per_rank);
 
-  int cap = 32 + n_extra + argc;
+  const char *exports[MAX_EXPORTS];
+  char export_names[4096];
+  int n_exports = exported_names(exports, MAX_EXPORTS, export_names, sizeof export_names);
+
+  int cap = 32 + n_extra + argc + 2 * n_exports;
   char **args = calloc((size_t)cap, sizeof *args);
   if (!args) {
     fprintf(stderr, "dtrain: error: out of memory\n");
@@ -234,10 +302,9 @@ int dt_cli_launch(int argc, char **argv) {
   args[k++] = omp;
   args[k++] = "-x";
   args[k++] = dtn;
-  const char *data_dir = getenv("DT_DATA_DIR");
-  if (data_dir && data_dir[0]) {
+  for (int i = 0; i < n_exports; i++) {
     args[k++] = "-x";
-    args[k++] = "DT_DATA_DIR";
+    args[k++] = (char *)exports[i];
   }
   if (np > cores && !hosts && !hostfile)
     args[k++] = "--oversubscribe";

@@ -1,15 +1,23 @@
 /* `dtrain launch`: the workstation launcher. Runs the dtrain binary itself
  * under Open MPI's mpirun with sensible binding and threads per rank:
  *
- *   dtrain launch -n N [--hosts h1,h2 | --hostfile F] [--threads C]
+ *   dtrain launch [-n N] [--hosts h1,h2 | --hostfile F] [--threads C]
  *                 [--mpirun-arg ARG]... [--dry-run] -- train ...
  *
  * execs
  *
  *   mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C
- *          -x DT_NUM_THREADS=C [-x DT_DATA_DIR] [--oversubscribe]
+ *          -x DT_NUM_THREADS=C [-x DT_DATA_DIR] [-x DT_COMM_BACKEND]
+ *          [-x CUDA_VISIBLE_DEVICES] [-x NCCL_*]... [--oversubscribe]
  *          [--allow-run-as-root] [--host ... | --hostfile ...] [ARG...]
  *          /path/to/dtrain train ...
+ *
+ * Each -x names a variable set in this environment (CUDA_VISIBLE_DEVICES
+ * even when empty; every NCCL_* that is set). Without -n, N is the number
+ * of visible GPUs (dt_device_count(DT_DEVICE_CUDA)): one rank per GPU, each
+ * taking the GPU of its local rank with `--device cuda`; with no GPU, or
+ * with --hosts / --hostfile, -n is required (exit 2). The README's default
+ * job passes -n 2 itself (the ./dtrain wrapper).
  *
  * with C = max(1, cores / N) where cores is what sched_getaffinity allows
  * this process (or --threads C); --oversubscribe when N > cores (mpirun
