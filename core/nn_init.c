@@ -15,6 +15,15 @@ dt_status dt_nn_create(const dt_module_vtable *vt, void *impl, dt_module **out) 
   return st;
 }
 
+dt_status dt_nn_finish_create(dt_module *m, dt_status st, dt_module **out) {
+  if (st != DT_OK) {
+    dt_module_destroy(m);
+    return st;
+  }
+  *out = m;
+  return DT_OK;
+}
+
 dt_status dt_nn_add_parameter(dt_module *m, const char *name, dt_tensor *t) {
   dt_status st = dt_module_register_parameter(m, name, t);
   dt_tensor_release(t);
@@ -77,5 +86,13 @@ dt_status dt_nn_param(dt_module *m, const char *name, dt_tensor **out) {
   if (*out == NULL)
     return DT_ERROR(DT_ERR_STATE, "%s module has no parameter \"%s\"", dt_module_type_name(m),
                     name);
+  return DT_OK;
+}
+
+dt_status dt_nn_weight_bias(dt_module *m, int has_bias, dt_tensor **weight, dt_tensor **bias) {
+  *bias = NULL;
+  DT_CHECK(dt_nn_param(m, "weight", weight));
+  if (has_bias)
+    DT_CHECK(dt_nn_param(m, "bias", bias));
   return DT_OK;
 }

@@ -14,6 +14,10 @@ extern "C" {
 /* dt_module_create that frees `impl` (with free()) when it fails. */
 dt_status dt_nn_create(const dt_module_vtable *vt, void *impl, dt_module **out);
 
+/* Ends a builder whose initialisation returned st: *out = m on DT_OK, else
+ * m is destroyed (and *out untouched). Returns st. */
+dt_status dt_nn_finish_create(dt_module *m, dt_status st, dt_module **out);
+
 /* Registers `t` as parameter / buffer `name` and drops the caller's
  * reference, also on failure (so builders can hand over fresh tensors). */
 dt_status dt_nn_add_parameter(dt_module *m, const char *name, dt_tensor *t);
@@ -29,6 +33,9 @@ dt_status dt_nn_constant(const int64_t *shape, int ndim, float value, dt_tensor 
 
 /* Fetches a registered parameter or reports which module lacks it. */
 dt_status dt_nn_param(dt_module *m, const char *name, dt_tensor **out);
+
+/* Fetches "weight" and, when has_bias, "bias" (*bias = NULL otherwise). */
+dt_status dt_nn_weight_bias(dt_module *m, int has_bias, dt_tensor **weight, dt_tensor **bias);
 
 #ifdef __cplusplus
 }

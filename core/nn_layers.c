@@ -134,10 +134,5 @@ dt_status dt_nn_embedding(int num_embeddings, int dim, dt_generator *gen, dt_mod
   dt_status st = dt_nn_normal(shape, 2, 1.0f, gen, &t);
   if (st == DT_OK)
     st = dt_nn_add_parameter(m, "weight", t);
-  if (st != DT_OK) {
-    dt_module_destroy(m);
-    return st;
-  }
-  *out = m;
-  return DT_OK;
+  return dt_nn_finish_create(m, st, out);
 }

@@ -20,9 +20,7 @@ typedef struct conv2d_impl {
 static dt_status linear_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   linear_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
-  DT_CHECK(dt_nn_param(m, "weight", &w));
-  if (impl->has_bias)
-    DT_CHECK(dt_nn_param(m, "bias", &b));
+  DT_CHECK(dt_nn_weight_bias(m, impl->has_bias, &w, &b));
   return dt_op_linear(x, w, b, y);
 }
 
@@ -55,21 +53,14 @@ dt_status dt_nn_linear(int in_features, int out_features, int bias, dt_generator
   DT_CHECK(dt_nn_create(&linear_vtable, impl, &m));
   int64_t wshape[2] = {out_features, in_features};
   dt_status st = init_weight_bias(m, wshape, 2, out_features, in_features, bias, gen);
-  if (st != DT_OK) {
-    dt_module_destroy(m);
-    return st;
-  }
-  *out = m;
-  return DT_OK;
+  return dt_nn_finish_create(m, st, out);
 }
 
 /* x (N,C,H,W) -> (N,OC,OH,OW) */
 static dt_status conv2d_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   conv2d_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
-  DT_CHECK(dt_nn_param(m, "weight", &w));
-  if (impl->has_bias)
-    DT_CHECK(dt_nn_param(m, "bias", &b));
+  DT_CHECK(dt_nn_weight_bias(m, impl->has_bias, &w, &b));
   return dt_op_conv2d(x, w, b, impl->stride, impl->padding, y);
 }
 
@@ -91,10 +82,5 @@ dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride
   int64_t wshape[4] = {out_channels, in_channels, kernel, kernel};
   dt_status st = init_weight_bias(m, wshape, 4, out_channels, in_channels * kernel * kernel,
                                   bias, gen);
-  if (st != DT_OK) {
-    dt_module_destroy(m);
-    return st;
-  }
-  *out = m;
-  return DT_OK;
+  return dt_nn_finish_create(m, st, out);
 }

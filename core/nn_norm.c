@@ -34,8 +34,7 @@ static dt_status increment_counter(dt_tensor *counter) {
 static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   batch_norm_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
-  DT_CHECK(dt_nn_param(m, "weight", &w));
-  DT_CHECK(dt_nn_param(m, "bias", &b));
+  DT_CHECK(dt_nn_weight_bias(m, 1, &w, &b));
   dt_tensor *mean = dt_module_buffer(m, "running_mean");
   dt_tensor *var = dt_module_buffer(m, "running_var");
   dt_tensor *count = dt_module_buffer(m, "num_batches_tracked");
@@ -83,21 +82,14 @@ dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module 
     *impl = (batch_norm_impl){channels, eps, momentum};
   dt_module *m = NULL;
   DT_CHECK(dt_nn_create(&batch_norm_vtable, impl, &m));
-  dt_status st = batch_norm_init(m, channels);
-  if (st != DT_OK) {
-    dt_module_destroy(m);
-    return st;
-  }
-  *out = m;
-  return DT_OK;
+  return dt_nn_finish_create(m, batch_norm_init(m, channels), out);
 }
 
 /* x (..., features) -> same shape */
 static dt_status layer_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   layer_norm_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
-  DT_CHECK(dt_nn_param(m, "weight", &w));
-  DT_CHECK(dt_nn_param(m, "bias", &b));
+  DT_CHECK(dt_nn_weight_bias(m, 1, &w, &b));
   return dt_op_layer_norm(x, w, b, impl->eps, y);
 }
 
@@ -123,10 +115,5 @@ dt_status dt_nn_layer_norm(int features, float eps, dt_module **out) {
     st = dt_nn_constant(&c, 1, 0.0f, &t);
   if (st == DT_OK)
     st = dt_nn_add_parameter(m, "bias", t);
-  if (st != DT_OK) {
-    dt_module_destroy(m);
-    return st;
-  }
-  *out = m;
-  return DT_OK;
+  return dt_nn_finish_create(m, st, out);
 }

@@ -40,6 +40,21 @@ dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
   return st;
 }
 
+void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
+                              const int64_t *ints, int n_ints) {
+  if (!node)
+    return;
+  DT_ASSERT(n_ints <= (int)(sizeof node->ints / sizeof node->ints[0]));
+  for (int i = 0; i < n_saved; ++i)
+    dt_node_save(node, i, saved[i]);
+  for (int i = 0; i < n_ints; ++i)
+    node->ints[i] = ints[i];
+}
+
+dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out) {
+  return dt_tensor_empty(dt_tensor_shape(t), dt_tensor_ndim(t), DT_DTYPE_F32, dev, out);
+}
+
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
   dt_tensor *alias = NULL;
   DT_CHECK(dt_tensor_detach(out, &alias));
@@ -50,8 +65,7 @@ dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
 
 dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
   dt_tensor *y = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x),
-                           &y));
+  DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &y));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
     dt_status st =

@@ -87,9 +87,9 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL;
   dt_status st;
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), 4, DT_DTYPE_F32, dev, &dx), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), fail);
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 4, DT_DTYPE_F32, dev, &dw), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), fail);
   if (has_bias && node->needs_grad[2]) {
     int64_t oc = g.oc;
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), fail);
@@ -158,12 +158,9 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
     dt_node_save(node, 1, wc);
     geom_to_ints(&g, node->ints);
   }
-  dt_tensor_release(ws);
-  dt_tensor_release(bc);
-  dt_tensor_release(wc);
-  dt_tensor_release(xc);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(ws);
   dt_tensor_release(y);
@@ -239,10 +236,9 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
     if (is_max)
       dt_node_save(node, 0, argmax);
   }
-  dt_tensor_release(argmax);
-  dt_tensor_release(xc);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(argmax);
   dt_tensor_release(y);

@@ -190,9 +190,9 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), fail);
   if (node)
     node->reals[0] = alpha;
-  dt_tensor_release(x);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(x);
@@ -205,8 +205,7 @@ fail:
 static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0];
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x),
-                           &dx));
+  DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &dx));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
     dt_status st = dt_tensor_backend(x)->unary_backward(
@@ -228,22 +227,18 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(
-      dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dt_tensor_device(x), &y),
-      fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dt_tensor_device(x), &y), fail);
   int64_t n = dt_tensor_numel(x);
   if (n > 0)
     DT_CHECK_GOTO(
         dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x), DT_F32(y)),
         fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), fail);
-  if (node) {
-    node->ints[0] = op;
-    dt_node_save(node, 0, x);
-  }
-  dt_tensor_release(x);
+  const int64_t ints[1] = {op};
+  dt_ops_save_for_backward(node, &x, 1, ints, 1);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(x);

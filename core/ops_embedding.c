@@ -65,12 +65,8 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
                                                               DT_F32(tc), DT_F32(y), n, v, d),
                   fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, ic);
-    node->ints[0] = n;
-    node->ints[1] = v;
-    node->ints[2] = d;
-  }
+  const int64_t ints[3] = {n, v, d};
+  dt_ops_save_for_backward(node, &ic, 1, ints, 3);
   st = DT_OK;
   *out = y;
   y = NULL;
@@ -88,8 +84,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
   dt_tensor *mask = node->saved[0];
   int64_t n = dt_tensor_numel(mask);
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(mask), dt_tensor_ndim(mask), DT_DTYPE_F32,
-                           dt_tensor_device(gy), &dx));
+  DT_CHECK(dt_ops_empty_like(mask, dt_tensor_device(gy), &dx));
   if (n > 0) {
     /* dx = dy * mask / (1 - p) */
     dt_status st = dt_tensor_backend(gy)->dropout_backward(dt_tensor_device(gy), DT_F32(gy),
@@ -124,8 +119,7 @@ dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, 
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &y),
-                fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), fail);
   DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_U8, dev, &mask),
                 fail);
   /* keep element i iff uniform(seed, offset + i) >= p; y = x * mask / (1 - p) */

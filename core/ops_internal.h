@@ -34,6 +34,15 @@ dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tens
  * original input, so a "contiguous" node would only hold memory. */
 dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out);
 
+/* Keeps what an op's backward reads on its node: saved[i] (retained) in
+ * slot i and ints[i] in node->ints[i]. Does nothing when node is NULL (no
+ * node was recorded), so it can follow dt_ops_maybe_record directly. */
+void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
+                              const int64_t *ints, int n_ints);
+
+/* A new contiguous f32 tensor with t's shape on dev, uninitialised. */
+dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out);
+
 /* Saves a detached alias of an op's own output (no reference cycle
  * output -> node -> output). */
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out);

@@ -46,16 +46,14 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   }
   if (node->needs_grad[0]) {
     /* da (m,k) = g (m,n) @ b^T, b (k,n) */
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(a), dt_tensor_ndim(a), DT_DTYPE_F32, dev, &da),
-                  fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), fail);
     DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n, batched ? k * n : 0,
                        0.0f, DT_F32(da), k, m * k, batch),
                   fail);
   }
   if (node->needs_grad[1]) {
     /* db (k,n) = a^T (k,m) @ g (m,n) */
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(b), dt_tensor_ndim(b), DT_DTYPE_F32, dev, &db),
-                  fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), fail);
     DT_CHECK_GOTO(gemm(dev, 1, 0, k, n, m, DT_F32(a), k, m * k, DT_F32(g), n, m * n, 0.0f,
                        DT_F32(db), n, k * n, batch),
                   fail);
@@ -112,19 +110,12 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
                        DT_F32(y), n, 0, 1),
                   fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, ac);
-    dt_node_save(node, 1, bc);
-    node->ints[0] = batch;
-    node->ints[1] = m;
-    node->ints[2] = k;
-    node->ints[3] = n;
-    node->ints[4] = batched;
-  }
-  dt_tensor_release(ac);
-  dt_tensor_release(bc);
+  dt_tensor *saved[2] = {ac, bc};
+  const int64_t ints[5] = {batch, m, k, n, batched};
+  dt_ops_save_for_backward(node, saved, 2, ints, 5);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(bc);
@@ -146,16 +137,14 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   dt_status st = DT_OK;
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(node->inputs[0]), dt_tensor_ndim(node->inputs[0]),
-                                  DT_DTYPE_F32, dev, &dx),
-                  fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), fail);
     DT_CHECK_GOTO(gemm(dev, 0, 0, rows, in, outf, DT_F32(g), outf, 0, DT_F32(w), in, 0, 0.0f,
                        DT_F32(dx), in, 0, 1),
                   fail);
   }
   if (node->needs_grad[1]) {
     /* dw (out, in) = g^T (out, rows) @ x (rows, in) */
-    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 2, DT_DTYPE_F32, dev, &dw), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), fail);
     DT_CHECK_GOTO(gemm(dev, 1, 0, outf, in, rows, DT_F32(g), outf, 0, DT_F32(x), in, 0, 0.0f,
                        DT_F32(dw), in, 0, 1),
                   fail);
@@ -226,19 +215,12 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
                      DT_F32(y), outf, 0, 1),
                 fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, xc);
-    dt_node_save(node, 1, wc);
-    node->ints[0] = rows;
-    node->ints[1] = in;
-    node->ints[2] = outf;
-    node->ints[3] = bias != NULL;
-  }
-  dt_tensor_release(bc);
-  dt_tensor_release(wc);
-  dt_tensor_release(xc);
+  dt_tensor *saved[2] = {xc, wc};
+  const int64_t ints[4] = {rows, in, outf, bias != NULL};
+  dt_ops_save_for_backward(node, saved, 2, ints, 4);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(bc);

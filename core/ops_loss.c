@@ -44,8 +44,7 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
   const dt_backend_ops *be = dt_tensor_backend(g);
   dt_tensor *dlogits = NULL, *drows = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(logits), dt_tensor_ndim(logits), DT_DTYPE_F32, dev,
-                           &dlogits));
+  DT_CHECK(dt_ops_empty_like(logits, dev, &dlogits));
   if (rows * c > 0) {
     const float *dloss_rows = DT_F32(g);
     if (red != DT_REDUCTION_NONE) {
@@ -104,9 +103,7 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), fail);
   DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), fail);
   /* loss_rows has target's shape so that reduction "none" returns it as is */
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(target), dt_tensor_ndim(target), DT_DTYPE_F32, dev,
-                                &loss_rows),
-                fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(target, dev, &loss_rows), fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), fail);
   if (rows > 0)
     DT_CHECK_GOTO(be->cross_entropy_forward(dev, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
@@ -126,22 +123,12 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
           fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, lc);
-    dt_node_save(node, 1, tc);
-    dt_node_save(node, 2, lse);
-    node->ints[0] = reduction;
-    node->ints[1] = ignore_index;
-    node->ints[2] = count;
-    node->ints[3] = rows;
-    node->ints[4] = c;
-  }
-  dt_tensor_release(loss_rows);
-  dt_tensor_release(lse);
-  dt_tensor_release(tc);
-  dt_tensor_release(lc);
+  dt_tensor *saved[3] = {lc, tc, lse};
+  const int64_t ints[5] = {reduction, ignore_index, count, rows, c};
+  dt_ops_save_for_backward(node, saved, 3, ints, 5);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(loss_rows);
@@ -184,16 +171,14 @@ static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) 
   const dt_backend_ops *be = dt_tensor_backend(g);
   dt_tensor *gb = NULL, *da = NULL;
   dt_status st = DT_OK;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32, dev, &da));
+  DT_CHECK(dt_ops_empty_like(diff, dev, &da));
   if (n > 0) {
     if (red == DT_REDUCTION_NONE) {
       DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, g, diff, DT_F32(da)), fail);
       DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), fail);
     } else {
       float coef = red == DT_REDUCTION_SUM ? 2.0f : 2.0f / (float)n;
-      DT_CHECK_GOTO(
-          dt_tensor_empty(dt_tensor_shape(diff), dt_tensor_ndim(diff), DT_DTYPE_F32, dev, &gb),
-          fail);
+      DT_CHECK_GOTO(dt_ops_empty_like(diff, dev, &gb), fail);
       DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), fail);
       DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), fail);
     }
@@ -236,9 +221,9 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   dt_node *node = NULL;
   dt_status st;
   /* diff = a - b; sq = diff^2; y = sq or its (scaled) sum */
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(a), nd, DT_DTYPE_F32, dev, &diff));
+  DT_CHECK(dt_ops_empty_like(a, dev, &diff));
   DT_CHECK_GOTO(same_shape_binary(DT_BINARY_SUB, a, b, DT_F32(diff)), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(a), nd, DT_DTYPE_F32, dev, &sq), fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &sq), fail);
   DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, diff, diff, DT_F32(sq)), fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(sq);
@@ -253,15 +238,11 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
           fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, diff);
-    node->ints[0] = reduction;
-    node->ints[1] = n;
-  }
-  dt_tensor_release(sq);
-  dt_tensor_release(diff);
+  const int64_t ints[2] = {reduction, n};
+  dt_ops_save_for_backward(node, &diff, 1, ints, 2);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(sq);

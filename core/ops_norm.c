@@ -53,7 +53,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   const dt_backend_ops *be = dt_tensor_backend(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &dx));
+  DT_CHECK(dt_ops_empty_like(x, dev, &dx));
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dgamma), fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dbeta), fail);
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
@@ -192,24 +192,15 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                   fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), fail);
-  if (node) {
-    if (!training) {
-      dt_tensor_release(mean);
-      dt_tensor_release(invstd);
-      mean = invstd = NULL;
-      DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), fail);
-    }
-    dt_node_save(node, 0, xc);
-    dt_node_save(node, 1, gc);
-    dt_node_save(node, 2, mean);
-    dt_node_save(node, 3, invstd);
-    node->ints[0] = n;
-    node->ints[1] = c;
-    node->ints[2] = hw;
-    node->ints[3] = training != 0;
-    node->ints[4] = gamma != NULL;
-    node->ints[5] = beta != NULL;
+  if (node && !training) {
+    dt_tensor_release(mean);
+    dt_tensor_release(invstd);
+    mean = invstd = NULL;
+    DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), fail);
   }
+  dt_tensor *saved[4] = {xc, gc, mean, invstd};
+  const int64_t ints[6] = {n, c, hw, training != 0, gamma != NULL, beta != NULL};
+  dt_ops_save_for_backward(node, saved, 4, ints, 6);
   st = DT_OK;
   *out = y;
   y = NULL;
@@ -237,7 +228,7 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   dt_device dev = dt_tensor_device(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL;
   dt_status st;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &dx));
+  DT_CHECK(dt_ops_empty_like(x, dev, &dx));
   /* dgamma, dbeta are accumulated by the kernel */
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), fail);
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), fail);
@@ -279,7 +270,7 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
   DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), fail);
   DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), nd, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), fail);
   /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
@@ -289,16 +280,9 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
                                                 DT_F32(mean), DT_F32(rstd), rows, cols, eps),
         fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), fail);
-  if (node) {
-    dt_node_save(node, 0, xc);
-    dt_node_save(node, 1, gc);
-    dt_node_save(node, 2, mean);
-    dt_node_save(node, 3, rstd);
-    node->ints[0] = rows;
-    node->ints[1] = cols;
-    node->ints[2] = gamma != NULL;
-    node->ints[3] = beta != NULL;
-  }
+  dt_tensor *saved[4] = {xc, gc, mean, rstd};
+  const int64_t ints[4] = {rows, cols, gamma != NULL, beta != NULL};
+  dt_ops_save_for_backward(node, saved, 4, ints, 4);
   st = DT_OK;
   *out = y;
   y = NULL;

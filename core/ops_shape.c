@@ -15,7 +15,7 @@ static dt_status reduce_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   for (int d = 0; d < ndim; ++d)
     mask[d] = (int)node->ints[1 + d];
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), ndim, DT_DTYPE_F32, dt_tensor_device(g), &dx));
+  DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(g), &dx));
   /* dx (x's shape) = scale * g broadcast over the reduced dims */
   dt_status st = dt_ops_broadcast_dims(dt_tensor_device(g), DT_F32(g), dt_tensor_shape(x), ndim,
                                        mask, (float)node->reals[0], DT_F32(dx));
@@ -112,7 +112,7 @@ static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor *
     int64_t len = node->ints[1 + i];
     if (node->needs_grad[i]) {
       dt_tensor *dx = NULL;
-      st = dt_tensor_empty(dt_tensor_shape(x), nd, DT_DTYPE_F32, dt_tensor_device(g), &dx);
+      st = dt_ops_empty_like(x, dt_tensor_device(g), &dx);
       /* dx = g[..., start:start+len, ...] along dim */
       if (st == DT_OK && dt_tensor_numel(dx) > 0)
         st = be->copy_strided(dt_tensor_device(g), DT_F32(dx), dt_tensor_strides(dx),

@@ -6,8 +6,7 @@ static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_
   dt_tensor *y = node->saved[0];
   int64_t cols = node->ints[1], n = dt_tensor_numel(y);
   dt_tensor *dx = NULL;
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(y), dt_tensor_ndim(y), DT_DTYPE_F32, dt_tensor_device(y),
-                           &dx));
+  DT_CHECK(dt_ops_empty_like(y, dt_tensor_device(y), &dx));
   if (n > 0) {
     dt_status st = dt_tensor_backend(y)->softmax_backward(
         dt_tensor_device(y), DT_F32(y), DT_F32(g), DT_F32(dx), n / cols, cols, (int)node->ints[0]);
@@ -38,8 +37,7 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(x, &xc));
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(xc), ndim, DT_DTYPE_F32, dt_tensor_device(xc), &y),
-                fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(xc, dt_tensor_device(xc), &y), fail);
   int64_t cols = dt_tensor_shape(xc)[ndim - 1], n = dt_tensor_numel(xc);
   if (n > 0)
     DT_CHECK_GOTO(dt_tensor_backend(xc)->softmax_forward(dt_tensor_device(xc), DT_F32(xc),
@@ -51,9 +49,9 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
     node->ints[0] = log;
     node->ints[1] = cols;
   }
-  dt_tensor_release(xc);
+  st = DT_OK;
   *out = y;
-  return DT_OK;
+  y = NULL;
 fail:
   dt_tensor_release(y);
   dt_tensor_release(xc);

@@ -13,36 +13,14 @@ extern "C" {
 #include "core/tensor.h"
 #include "models/models.h"
 }
+#include "tests/test_util.h"
 
 namespace {
 
-#define ASSERT_DT_OK(expr)                                                     \
-  do {                                                                         \
-    dt_status s_ = (expr);                                                     \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error();     \
-  } while (0)
-
-std::vector<float> to_vec(const dt_tensor *t) {
-  std::vector<float> v((size_t)dt_tensor_numel(t));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
-
-dt_tensor *from_vec(const std::vector<float> &v, std::vector<int64_t> shape,
-                    dt_device dev = DT_CPU) {
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), shape.data(), (int)shape.size(), DT_DTYPE_F32, dev, &t),
-            DT_OK)
-      << dt_last_error();
-  return t;
-}
-
-std::vector<float> ramp(int64_t n, float scale = 0.1f) {
-  std::vector<float> v((size_t)n);
-  for (int64_t i = 0; i < n; i++)
-    v[(size_t)i] = scale * (float)((i * 7) % 13 - 6);
-  return v;
-}
+using dtt::CopyFromHost;
+using dtt::MakeTensor;
+using dtt::Ramp;
+using dtt::ToVector;
 
 // MLP 4-3-2: parameters 1.weight (3,4), 1.bias (3), 3.weight (2,3), 3.bias (2).
 dt_module *small_mlp(uint64_t seed) {
@@ -54,7 +32,7 @@ dt_module *small_mlp(uint64_t seed) {
 
 // Cross-entropy of the model on a fixed batch of 5, then backward.
 dt_status forward_backward(dt_module *m) {
-  dt_tensor *x = from_vec(ramp(5 * 4), {5, 4});
+  dt_tensor *x = MakeTensor(Ramp(5 * 4), {5, 4});
   int64_t labels[5] = {0, 1, 1, 0, 1};
   int64_t n = 5;
   dt_tensor *target = nullptr, *logits = nullptr, *loss = nullptr;
@@ -76,7 +54,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   dt_module *m = small_mlp(1);
   std::vector<std::vector<float>> before;
   for (int i = 0; i < dt_module_num_parameters(m); i++)
-    before.push_back(to_vec(dt_module_parameter_at(m, i, nullptr)));
+    before.push_back(ToVector(dt_module_parameter_at(m, i, nullptr)));
 
   dt_param_arena *a = nullptr;
   ASSERT_DT_OK(dt_param_arena_create(m, &a));
@@ -90,7 +68,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   ASSERT_EQ(dt_tensor_ndim(data), 1);
   EXPECT_EQ(dt_tensor_dim(data, 0), 23);
   EXPECT_EQ(dt_tensor_dim(grads, 0), 23);
-  std::vector<float> flat = to_vec(data);
+  std::vector<float> flat = ToVector(data);
   for (int i = 0; i < 4; i++) {
     const char *name = nullptr;
     dt_tensor *p = dt_param_arena_param(a, i, &name);
@@ -102,7 +80,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
     EXPECT_TRUE(dt_tensor_requires_grad(p));
     EXPECT_TRUE(dt_tensor_is_leaf(p));
     // Values were copied in.
-    EXPECT_EQ(to_vec(p), before[(size_t)i]);
+    EXPECT_EQ(ToVector(p), before[(size_t)i]);
     EXPECT_EQ(std::vector<float>(flat.begin() + offsets[i],
                                  flat.begin() + offsets[i] + (int64_t)before[(size_t)i].size()),
               before[(size_t)i]);
@@ -115,7 +93,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
     for (int d = 0; d < dt_tensor_ndim(p); d++)
       EXPECT_EQ(dt_tensor_dim(g, d), dt_tensor_dim(p, d));
   }
-  EXPECT_EQ(to_vec(grads), std::vector<float>(23, 0.0f));
+  EXPECT_EQ(ToVector(grads), std::vector<float>(23, 0.0f));
   EXPECT_EQ(dt_param_arena_param(a, 4, nullptr), nullptr);
   EXPECT_EQ(dt_param_arena_offset(a, -1), -1);
 
@@ -123,10 +101,8 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   std::vector<float> fresh(23);
   for (int i = 0; i < 23; i++)
     fresh[(size_t)i] = (float)i;
-  dt_tensor *src = from_vec(fresh, {23});
-  ASSERT_DT_OK(dt_tensor_copy_(data, src));
-  dt_tensor_release(src);
-  EXPECT_EQ(to_vec(dt_module_parameter(dt_module_child(m, "3"), "bias")),
+  ASSERT_DT_OK(CopyFromHost(data, fresh));
+  EXPECT_EQ(ToVector(dt_module_parameter(dt_module_child(m, "3"), "bias")),
             (std::vector<float>{21, 22}));
   double v = 0;
   ASSERT_DT_OK(dt_tensor_item(dt_module_parameter(dt_module_child(m, "1"), "weight"), 5, &v));
@@ -135,7 +111,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   dt_param_arena_destroy(a);
   dt_param_arena_destroy(nullptr);
   // The parameters keep the arena's storage alive.
-  EXPECT_EQ(to_vec(dt_module_parameter(dt_module_child(m, "3"), "bias")),
+  EXPECT_EQ(ToVector(dt_module_parameter(dt_module_child(m, "3"), "bias")),
             (std::vector<float>{21, 22}));
   dt_module_destroy(m);
 }
@@ -148,7 +124,7 @@ TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
   for (int i = 0; i < dt_module_num_parameters(ref); i++) {
     dt_tensor *g = dt_tensor_grad(dt_module_parameter_at(ref, i, nullptr));
     ASSERT_NE(g, nullptr);
-    std::vector<float> gv = to_vec(g);
+    std::vector<float> gv = ToVector(g);
     want.insert(want.end(), gv.begin(), gv.end());
   }
 
@@ -160,7 +136,7 @@ TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
     grad_handles.push_back(dt_tensor_grad(dt_param_arena_param(a, i, nullptr)));
 
   ASSERT_DT_OK(forward_backward(m));
-  std::vector<float> got = to_vec(dt_param_arena_grads(a));
+  std::vector<float> got = ToVector(dt_param_arena_grads(a));
   ASSERT_EQ(got.size(), want.size());
   bool any_nonzero = false;
   for (size_t i = 0; i < got.size(); i++) {
@@ -173,13 +149,13 @@ TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
     EXPECT_EQ(dt_tensor_grad(dt_param_arena_param(a, i, nullptr)), grad_handles[(size_t)i]);
 
   ASSERT_DT_OK(forward_backward(m)); // accumulates (+=)
-  got = to_vec(dt_param_arena_grads(a));
+  got = ToVector(dt_param_arena_grads(a));
   for (size_t i = 0; i < got.size(); i++)
     EXPECT_NEAR(got[i], 2.0f * want[i], 2e-6f) << "element " << i;
 
   ASSERT_DT_OK(dt_param_arena_zero_grad(a));
-  EXPECT_EQ(to_vec(dt_param_arena_grads(a)), std::vector<float>(got.size(), 0.0f));
-  EXPECT_EQ(to_vec(dt_tensor_grad(dt_param_arena_param(a, 2, nullptr))),
+  EXPECT_EQ(ToVector(dt_param_arena_grads(a)), std::vector<float>(got.size(), 0.0f));
+  EXPECT_EQ(ToVector(dt_tensor_grad(dt_param_arena_param(a, 2, nullptr))),
             std::vector<float>(6, 0.0f));
 
   dt_param_arena_destroy(a);
@@ -192,12 +168,12 @@ TEST(ParamArena, KeepsAnExistingGradient) {
   ASSERT_DT_OK(forward_backward(m));
   std::vector<float> want;
   for (int i = 0; i < dt_module_num_parameters(m); i++) {
-    std::vector<float> gv = to_vec(dt_tensor_grad(dt_module_parameter_at(m, i, nullptr)));
+    std::vector<float> gv = ToVector(dt_tensor_grad(dt_module_parameter_at(m, i, nullptr)));
     want.insert(want.end(), gv.begin(), gv.end());
   }
   dt_param_arena *a = nullptr;
   ASSERT_DT_OK(dt_param_arena_create(m, &a));
-  EXPECT_EQ(to_vec(dt_param_arena_grads(a)), want);
+  EXPECT_EQ(ToVector(dt_param_arena_grads(a)), want);
   dt_param_arena_destroy(a);
   dt_module_destroy(m);
 }

@@ -14,37 +14,15 @@
 #include "core/rng.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "tests/cpu_kernels_test_util.h"
 
 namespace {
 
-using Vec = std::vector<float>;
-
-const dt_backend_ops *be() { return dt_cpu_backend(); }
-
-Vec randn(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Vec v(n);
-  for (size_t i = 0; i < n; i++)
-    v[i] = lo + (hi - lo) * dt_rng_uniform(seed, i);
-  return v;
-}
-
-void expect_close(const Vec &got, const std::vector<double> &want, double atol, double rtol,
-                  const char *what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); i++)
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
-}
-
-// Runs the body under several thread counts (serial and both parallel paths).
-class ThreadCounts : public ::testing::TestWithParam<int> {
- protected:
-  void SetUp() override {
-    saved_ = dt_cpu_num_threads();
-    dt_cpu_set_num_threads(GetParam());
-  }
-  void TearDown() override { dt_cpu_set_num_threads(saved_); }
-  int saved_ = 1;
-};
+using dtk::be;
+using dtk::expect_close;
+using dtk::randn;
+using dtk::ThreadCounts;
+using dtk::Vec;
 
 /* ------------------------------------------------------- conv and pooling */
 

@@ -13,31 +13,19 @@ extern "C" {
 #include "core/tensor.h"
 #include "models/models.h"
 }
+#include "tests/test_util.h"
 
 namespace {
 
-#define ASSERT_DT_OK(expr)                                                     \
-  do {                                                                         \
-    dt_status s_ = (expr);                                                     \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error();     \
-  } while (0)
-
-std::vector<float> to_vec(const dt_tensor *t) {
-  std::vector<float> v((size_t)dt_tensor_numel(t));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
+using dtt::MakeTensor;
+using dtt::ToVector;
 
 // A batch of n MNIST-shaped images (n,1,28,28) with values in [0,1).
 dt_tensor *images(int64_t n) {
   std::vector<float> v((size_t)(n * 28 * 28));
   for (size_t i = 0; i < v.size(); i++)
     v[i] = (float)((i * 2654435761u) % 1000u) / 1000.0f;
-  int64_t shape[4] = {n, 1, 28, 28};
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), shape, 4, DT_DTYPE_F32, DT_CPU, &t), DT_OK)
-      << dt_last_error();
-  return t;
+  return MakeTensor(v, {n, 1, 28, 28});
 }
 
 // Forward of a batch, cross-entropy against labels i % 10, backward; every
@@ -68,7 +56,7 @@ void check_train_step(dt_module *m, int64_t n) {
     ASSERT_NE(g, nullptr) << name << " got no gradient";
     EXPECT_EQ(dt_tensor_numel(g), dt_tensor_numel(p)) << name;
     bool nonzero = false;
-    for (float v : to_vec(g)) {
+    for (float v : ToVector(g)) {
       ASSERT_TRUE(std::isfinite(v)) << name;
       nonzero |= v != 0.0f;
     }

@@ -14,38 +14,15 @@ extern "C" {
 #include "core/tensor_internal.h"
 #include "models/models.h"
 }
+#include "tests/test_util.h"
 
 namespace {
 
-#define ASSERT_DT_OK(expr)                                                     \
-  do {                                                                         \
-    dt_status s_ = (expr);                                                     \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error();     \
-  } while (0)
+using dtt::MakeTensor;
+using dtt::Ramp;
+using dtt::ToVector;
 
 int refcount(const dt_tensor *t) { return __atomic_load_n(&t->refcount, __ATOMIC_RELAXED); }
-
-std::vector<float> to_vec(const dt_tensor *t) {
-  std::vector<float> v((size_t)dt_tensor_numel(t));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
-
-dt_tensor *from_vec(const std::vector<float> &v, std::vector<int64_t> shape,
-                    dt_device dev = DT_CPU) {
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), shape.data(), (int)shape.size(), DT_DTYPE_F32, dev, &t),
-            DT_OK)
-      << dt_last_error();
-  return t;
-}
-
-std::vector<float> ramp(int64_t n, float scale = 0.1f) {
-  std::vector<float> v((size_t)n);
-  for (int64_t i = 0; i < n; i++)
-    v[(size_t)i] = scale * (float)((i * 7) % 13 - 6);
-  return v;
-}
 
 // ---- an identity module with a log, for the hook tests ----
 
@@ -107,7 +84,7 @@ TEST(ModuleHooks, RunInRegistrationOrderAroundForward) {
     for (int j = i + 1; j < 4; j++)
       EXPECT_NE(h[i], h[j]);
 
-  dt_tensor *x = from_vec({1, 2, 3}, {3});
+  dt_tensor *x = MakeTensor({1, 2, 3}, {3});
   dt_tensor *y = nullptr;
   ASSERT_DT_OK(dt_module_call(m, x, &y));
   EXPECT_EQ(log.events, (std::vector<std::string>{"pre1", "pre2", "forward", "post1", "post2"}));
@@ -156,16 +133,16 @@ TEST(ModuleHooks, PreHookReplacesInputWithoutLeaks) {
   Log log;
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
-  dt_tensor *x = from_vec({1, 2}, {2});
-  dt_tensor *r1 = from_vec({3, 4}, {2});
-  dt_tensor *r2 = from_vec({5, 6}, {2});
+  dt_tensor *x = MakeTensor({1, 2}, {2});
+  dt_tensor *r1 = MakeTensor({3, 4}, {2});
+  dt_tensor *r2 = MakeTensor({5, 6}, {2});
   HookCtx a{&log, "a", r1, DT_OK}, b{&log, "b", r2, DT_OK};
   ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &a, nullptr));
   ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &b, nullptr));
   dt_tensor *y = nullptr;
   ASSERT_DT_OK(dt_module_call(m, x, &y));
   EXPECT_EQ(y, r2); // the last replacement reaches forward
-  EXPECT_EQ(to_vec(y), (std::vector<float>{5, 6}));
+  EXPECT_EQ(ToVector(y), (std::vector<float>{5, 6}));
   EXPECT_EQ(refcount(x), 1);  // caller's reference only
   EXPECT_EQ(refcount(r1), 1); // intermediate replacement released
   EXPECT_EQ(refcount(r2), 2); // ours + the output
@@ -181,14 +158,14 @@ TEST(ModuleHooks, ForwardHookReplacesOutputWithoutLeaks) {
   Log log;
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
-  dt_tensor *x = from_vec({1, 2}, {2});
-  dt_tensor *r = from_vec({7, 8}, {2});
+  dt_tensor *x = MakeTensor({1, 2}, {2});
+  dt_tensor *r = MakeTensor({7, 8}, {2});
   HookCtx a{&log, "a", r, DT_OK};
   ASSERT_DT_OK(dt_module_register_forward_hook(m, post_hook, &a, nullptr));
   dt_tensor *y = nullptr;
   ASSERT_DT_OK(dt_module_call(m, x, &y));
   EXPECT_EQ(y, r);
-  EXPECT_EQ(to_vec(y), (std::vector<float>{7, 8}));
+  EXPECT_EQ(ToVector(y), (std::vector<float>{7, 8}));
   EXPECT_EQ(refcount(x), 1); // forward's output (x itself) was released
   EXPECT_EQ(refcount(r), 2);
   dt_tensor_release(y);
@@ -202,8 +179,8 @@ TEST(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
   Log log;
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
-  dt_tensor *x = from_vec({1}, {1});
-  dt_tensor *r = from_vec({2}, {1});
+  dt_tensor *x = MakeTensor({1}, {1});
+  dt_tensor *r = MakeTensor({2}, {1});
   HookCtx bad{&log, "bad", r, DT_ERR_SHAPE};
   dt_hook_handle h;
   ASSERT_DT_OK(dt_module_register_forward_hook(m, post_hook, &bad, &h));
@@ -251,7 +228,7 @@ TEST(ModuleRegistry, DuplicateNamesAreRejected) {
   dt_module *m = nullptr, *child = nullptr;
   ASSERT_DT_OK(dt_module_create(&identity_vtable, nullptr, &m));
   ASSERT_DT_OK(dt_module_create(&identity_vtable, nullptr, &child));
-  dt_tensor *t = from_vec({1, 2}, {2});
+  dt_tensor *t = MakeTensor({1, 2}, {2});
   ASSERT_DT_OK(dt_module_register_parameter(m, "w", t));
   EXPECT_TRUE(dt_tensor_requires_grad(t));
   EXPECT_EQ(dt_module_register_parameter(m, "w", t), DT_ERR_INVALID_ARG);
@@ -297,10 +274,10 @@ TEST(ModuleRegistry, NestedSequentialNamesAreDepthFirst) {
 
   // Own parameters come before children's, whatever the registration order,
   // and the cached list follows later registrations (here on a child).
-  dt_tensor *extra = from_vec({0}, {1});
+  dt_tensor *extra = MakeTensor({0}, {1});
   ASSERT_DT_OK(dt_module_register_parameter(seq, "scale", extra));
   ASSERT_DT_OK(dt_module_register_parameter(dt_module_child(seq, "1"), "gain", extra));
-  dt_tensor *other = from_vec({0}, {1});
+  dt_tensor *other = MakeTensor({0}, {1});
   ASSERT_DT_OK(dt_module_register_parameter(dt_module_child(seq, "1"), "shift", other));
   EXPECT_EQ(param_names(seq),
             (std::vector<std::string>{"scale", "0.weight", "0.bias", "1.shift", "1.0.weight",
@@ -349,8 +326,8 @@ TEST(ModuleInit, LinearIsUniformWithinOneOverSqrtFanIn) {
   dt_generator_init(&gen, 42);
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_nn_linear(256, 128, 1, &gen, &m));
-  std::vector<float> w = to_vec(dt_module_parameter(m, "weight"));
-  std::vector<float> b = to_vec(dt_module_parameter(m, "bias"));
+  std::vector<float> w = ToVector(dt_module_parameter(m, "weight"));
+  std::vector<float> b = ToVector(dt_module_parameter(m, "bias"));
   ASSERT_EQ(w.size(), 256u * 128u);
   ASSERT_EQ(b.size(), 128u);
   const double bound = 1.0 / std::sqrt(256.0);
@@ -373,9 +350,9 @@ TEST(ModuleInit, LinearIsUniformWithinOneOverSqrtFanIn) {
   dt_module *conv = nullptr;
   ASSERT_DT_OK(dt_nn_conv2d(6, 16, 5, 1, 0, 1, &gen, &conv));
   const double cbound = 1.0 / std::sqrt(6.0 * 25.0);
-  for (float v : to_vec(dt_module_parameter(conv, "weight")))
+  for (float v : ToVector(dt_module_parameter(conv, "weight")))
     ASSERT_LE(std::fabs(v), cbound);
-  for (float v : to_vec(dt_module_parameter(conv, "bias")))
+  for (float v : ToVector(dt_module_parameter(conv, "bias")))
     ASSERT_LE(std::fabs(v), cbound);
   dt_module_destroy(conv);
 
@@ -385,7 +362,7 @@ TEST(ModuleInit, LinearIsUniformWithinOneOverSqrtFanIn) {
 std::vector<float> all_params(const dt_module *m) {
   std::vector<float> out;
   for (int i = 0; i < dt_module_num_parameters(m); i++) {
-    std::vector<float> v = to_vec(dt_module_parameter_at(m, i, nullptr));
+    std::vector<float> v = ToVector(dt_module_parameter_at(m, i, nullptr));
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
@@ -411,20 +388,20 @@ TEST(ModuleInit, SeedDeterminesParameters) {
 TEST(ModuleInit, NormAndEmbeddingDefaults) {
   dt_module *bn = nullptr, *ln = nullptr, *emb = nullptr;
   ASSERT_DT_OK(dt_nn_batch_norm2d(3, 1e-5f, 0.1f, &bn));
-  EXPECT_EQ(to_vec(dt_module_parameter(bn, "weight")), (std::vector<float>{1, 1, 1}));
-  EXPECT_EQ(to_vec(dt_module_parameter(bn, "bias")), (std::vector<float>{0, 0, 0}));
-  EXPECT_EQ(to_vec(dt_module_buffer(bn, "running_mean")), (std::vector<float>{0, 0, 0}));
-  EXPECT_EQ(to_vec(dt_module_buffer(bn, "running_var")), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(ToVector(dt_module_parameter(bn, "weight")), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(ToVector(dt_module_parameter(bn, "bias")), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(ToVector(dt_module_buffer(bn, "running_mean")), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(ToVector(dt_module_buffer(bn, "running_var")), (std::vector<float>{1, 1, 1}));
   dt_tensor *count = dt_module_buffer(bn, "num_batches_tracked");
   EXPECT_EQ(dt_tensor_dtype(count), DT_DTYPE_I64);
   EXPECT_FALSE(dt_tensor_requires_grad(count));
   ASSERT_DT_OK(dt_nn_layer_norm(5, 1e-5f, &ln));
-  EXPECT_EQ(to_vec(dt_module_parameter(ln, "weight")), std::vector<float>(5, 1.0f));
-  EXPECT_EQ(to_vec(dt_module_parameter(ln, "bias")), std::vector<float>(5, 0.0f));
+  EXPECT_EQ(ToVector(dt_module_parameter(ln, "weight")), std::vector<float>(5, 1.0f));
+  EXPECT_EQ(ToVector(dt_module_parameter(ln, "bias")), std::vector<float>(5, 0.0f));
   dt_generator gen;
   dt_generator_init(&gen, 3);
   ASSERT_DT_OK(dt_nn_embedding(100, 50, &gen, &emb));
-  std::vector<float> w = to_vec(dt_module_parameter(emb, "weight"));
+  std::vector<float> w = ToVector(dt_module_parameter(emb, "weight"));
   double sum = 0, sq = 0;
   for (float v : w) {
     sum += v;
@@ -442,13 +419,13 @@ TEST(ModuleInit, NormAndEmbeddingDefaults) {
 TEST(ModuleBehaviour, BatchNormUpdatesRunningStatsInTrainingOnly) {
   dt_module *bn = nullptr;
   ASSERT_DT_OK(dt_nn_batch_norm2d(2, 1e-5f, 0.1f, &bn));
-  dt_tensor *x = from_vec(ramp(4 * 2 * 3 * 3, 0.5f), {4, 2, 3, 3});
+  dt_tensor *x = MakeTensor(Ramp(4 * 2 * 3 * 3, 0.5f), {4, 2, 3, 3});
   // Shift channel means so the batch mean is clearly nonzero.
   dt_tensor *y = nullptr;
   ASSERT_DT_OK(dt_module_call(bn, x, &y));
   dt_tensor_release(y);
-  std::vector<float> mean1 = to_vec(dt_module_buffer(bn, "running_mean"));
-  std::vector<float> var1 = to_vec(dt_module_buffer(bn, "running_var"));
+  std::vector<float> mean1 = ToVector(dt_module_buffer(bn, "running_mean"));
+  std::vector<float> var1 = ToVector(dt_module_buffer(bn, "running_var"));
   EXPECT_NE(var1, (std::vector<float>{1, 1}));
   double count = 0;
   ASSERT_DT_OK(dt_tensor_item(dt_module_buffer(bn, "num_batches_tracked"), 0, &count));
@@ -456,8 +433,8 @@ TEST(ModuleBehaviour, BatchNormUpdatesRunningStatsInTrainingOnly) {
 
   dt_module_train(bn, 0);
   ASSERT_DT_OK(dt_module_call(bn, x, &y));
-  EXPECT_EQ(to_vec(dt_module_buffer(bn, "running_mean")), mean1);
-  EXPECT_EQ(to_vec(dt_module_buffer(bn, "running_var")), var1);
+  EXPECT_EQ(ToVector(dt_module_buffer(bn, "running_mean")), mean1);
+  EXPECT_EQ(ToVector(dt_module_buffer(bn, "running_var")), var1);
   ASSERT_DT_OK(dt_tensor_item(dt_module_buffer(bn, "num_batches_tracked"), 0, &count));
   EXPECT_EQ(count, 1.0);
   dt_tensor_release(y);
@@ -465,7 +442,7 @@ TEST(ModuleBehaviour, BatchNormUpdatesRunningStatsInTrainingOnly) {
   dt_module_train(bn, 1);
   ASSERT_DT_OK(dt_module_call(bn, x, &y));
   dt_tensor_release(y);
-  EXPECT_NE(to_vec(dt_module_buffer(bn, "running_var")), var1);
+  EXPECT_NE(ToVector(dt_module_buffer(bn, "running_var")), var1);
   ASSERT_DT_OK(dt_tensor_item(dt_module_buffer(bn, "num_batches_tracked"), 0, &count));
   EXPECT_EQ(count, 2.0);
   dt_tensor_release(x);
@@ -474,17 +451,17 @@ TEST(ModuleBehaviour, BatchNormUpdatesRunningStatsInTrainingOnly) {
 
 TEST(ModuleBehaviour, DropoutIsSeededAndIdentityInEval) {
   const int64_t n = 1000;
-  dt_tensor *x = from_vec(std::vector<float>((size_t)n, 1.0f), {n});
+  dt_tensor *x = MakeTensor(std::vector<float>((size_t)n, 1.0f), {n});
   auto run = [&](uint64_t seed, int training) {
     dt_module *d = nullptr;
     EXPECT_EQ(dt_nn_dropout(0.5f, seed, &d), DT_OK) << dt_last_error();
     dt_module_train(d, training);
     dt_tensor *y = nullptr;
     EXPECT_EQ(dt_module_call(d, x, &y), DT_OK) << dt_last_error();
-    std::vector<float> first = to_vec(y);
+    std::vector<float> first = ToVector(y);
     dt_tensor_release(y);
     EXPECT_EQ(dt_module_call(d, x, &y), DT_OK) << dt_last_error();
-    std::vector<float> second = to_vec(y);
+    std::vector<float> second = ToVector(y);
     dt_tensor_release(y);
     dt_module_destroy(d);
     first.insert(first.end(), second.begin(), second.end());
@@ -519,7 +496,7 @@ TEST(ModuleDevice, MoveBetweenCpuDevicesKeepsHandlesAndValues) {
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_nn_sequential(mods, 2, &m));
   dt_tensor *w = dt_module_parameter_at(m, 0, nullptr);
-  std::vector<float> before = to_vec(w);
+  std::vector<float> before = ToVector(w);
 
   ASSERT_DT_OK(dt_module_to(m, cpu1));
   EXPECT_EQ(dt_module_parameter_at(m, 0, nullptr), w); // same handle
@@ -530,21 +507,21 @@ TEST(ModuleDevice, MoveBetweenCpuDevicesKeepsHandlesAndValues) {
   }
   for (int i = 0; i < dt_module_num_buffers(m); i++)
     EXPECT_TRUE(dt_device_equal(dt_tensor_device(dt_module_buffer_at(m, i, nullptr)), cpu1));
-  EXPECT_EQ(to_vec(w), before);
+  EXPECT_EQ(ToVector(w), before);
 
-  dt_tensor *x0 = from_vec(ramp(4 * 3), {4, 3});
+  dt_tensor *x0 = MakeTensor(Ramp(4 * 3), {4, 3});
   dt_tensor *y = nullptr;
   EXPECT_EQ(dt_module_call(m, x0, &y), DT_ERR_DEVICE_MISMATCH);
   EXPECT_EQ(y, nullptr);
   EXPECT_NE(std::string(dt_last_error()).find("cpu:1"), std::string::npos) << dt_last_error();
-  dt_tensor *x1 = from_vec(ramp(4 * 3), {4, 3}, cpu1);
+  dt_tensor *x1 = MakeTensor(Ramp(4 * 3), {4, 3}, false, cpu1);
   ASSERT_DT_OK(dt_module_call(m, x1, &y));
   EXPECT_TRUE(dt_device_equal(dt_tensor_device(y), cpu1));
   dt_tensor_release(y);
 
   ASSERT_DT_OK(dt_module_to(m, DT_CPU));
   EXPECT_TRUE(dt_device_equal(dt_tensor_device(w), DT_CPU));
-  EXPECT_EQ(to_vec(w), before);
+  EXPECT_EQ(ToVector(w), before);
   ASSERT_DT_OK(dt_module_call(m, x0, &y));
   dt_tensor_release(y);
   EXPECT_EQ(dt_module_to(m, dt_device{DT_DEVICE_CPU, 1000}), DT_ERR_NO_DEVICE);

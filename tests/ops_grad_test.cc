@@ -19,20 +19,8 @@ using dtt::MakeTensor;
 using dtt::OpFn;
 using dtt::RandomTensor;
 using dtt::TensorRef;
+using dtt::Tensors;
 using In = std::vector<dt_tensor *>;
-
-// Holds the test's tensors and releases them at the end.
-struct Tensors {
-  std::vector<dt_tensor *> v;
-  dt_tensor *add(dt_tensor *t) {
-    v.push_back(t);
-    return t;
-  }
-  ~Tensors() {
-    for (dt_tensor *t : v)
-      dt_tensor_release(t);
-  }
-};
 
 // Random values whose magnitude is at least `margin` (away from the kinks of
 // relu and the ties of max).

@@ -24,22 +24,11 @@ using dtt::OpFn;
 using dtt::RandomTensor;
 using dtt::Shape;
 using dtt::TensorRef;
+using dtt::Tensors;
 using dtt::ToVector;
 using In = std::vector<dt_tensor *>;
 using V = std::vector<float>;
 using S = std::vector<int64_t>;
-
-struct Tensors {
-  std::vector<dt_tensor *> v;
-  dt_tensor *add(dt_tensor *t) {
-    v.push_back(t);
-    return t;
-  }
-  ~Tensors() {
-    for (dt_tensor *t : v)
-      dt_tensor_release(t);
-  }
-};
 
 void ExpectNear(const V &got, const V &want, float tol = 1e-5f) {
   ASSERT_EQ(got.size(), want.size());

@@ -11,14 +11,9 @@
 
 #include "core/module.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace {
-
-#define ASSERT_DT_OK(expr)                                                 \
-  do {                                                                     \
-    dt_status s_ = (expr);                                                 \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
 
 dt_status NoForward(dt_module *, dt_tensor *, dt_tensor **) {
   return DT_ERROR(DT_ERR_UNSUPPORTED, "test module has no forward");
@@ -47,22 +42,14 @@ class OptimTest : public ::testing::Test {
     dt_module_destroy(m_);
   }
 
-  static void Set(dt_tensor *flat, const std::vector<float> &v) {
-    dt_tensor *src = nullptr;
-    int64_t n = (int64_t)v.size();
-    ASSERT_DT_OK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &src));
-    ASSERT_DT_OK(dt_tensor_copy_(flat, src));
-    dt_tensor_release(src);
+  void SetParams(const std::vector<float> &v) {
+    ASSERT_DT_OK(dtt::CopyFromHost(dt_param_arena_data(arena_), v));
   }
-  static std::vector<float> Get(const dt_tensor *flat) {
-    std::vector<float> v((size_t)dt_tensor_numel(flat));
-    EXPECT_EQ(dt_tensor_to_host(flat, v.data(), v.size() * sizeof(float)), DT_OK);
-    return v;
+  void SetGrads(const std::vector<float> &v) {
+    ASSERT_DT_OK(dtt::CopyFromHost(dt_param_arena_grads(arena_), v));
   }
-  void SetParams(const std::vector<float> &v) { Set(dt_param_arena_data(arena_), v); }
-  void SetGrads(const std::vector<float> &v) { Set(dt_param_arena_grads(arena_), v); }
-  std::vector<float> Params() { return Get(dt_param_arena_data(arena_)); }
-  std::vector<float> Grads() { return Get(dt_param_arena_grads(arena_)); }
+  std::vector<float> Params() { return dtt::ToVector(dt_param_arena_data(arena_)); }
+  std::vector<float> Grads() { return dtt::ToVector(dt_param_arena_grads(arena_)); }
 
   dt_module *m_ = nullptr;
   dt_param_arena *arena_ = nullptr;

@@ -9,32 +9,20 @@
 #include "core/memory.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace {
 
-std::vector<float> host(const dt_tensor *t) {
-  std::vector<float> v((size_t)dt_tensor_numel(t));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * 4), DT_OK) << dt_last_error();
-  return v;
-}
-
-dt_tensor *make(std::vector<float> v, std::vector<int64_t> shape, bool grad = false) {
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), shape.data(), (int)shape.size(), DT_DTYPE_F32, DT_CPU,
-                                &t),
-            DT_OK);
-  if (grad)
-    EXPECT_EQ(dt_tensor_set_requires_grad(t, 1), DT_OK);
-  return t;
-}
+using dtt::MakeTensor;
+using dtt::ToVector;
 
 TEST(Tensor, CreateAndReadBack) {
-  dt_tensor *t = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  dt_tensor *t = MakeTensor({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_EQ(dt_tensor_ndim(t), 2);
   EXPECT_EQ(dt_tensor_dim(t, -1), 3);
   EXPECT_EQ(dt_tensor_numel(t), 6);
   EXPECT_TRUE(dt_tensor_is_contiguous(t));
-  EXPECT_EQ(host(t), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(ToVector(t), (std::vector<float>{1, 2, 3, 4, 5, 6}));
   char buf[64];
   EXPECT_STREQ(dt_tensor_describe(t, buf, sizeof buf), "f32[2, 3] cpu:0");
   dt_tensor_release(t);
@@ -57,19 +45,19 @@ TEST(Tensor, ZerosFullItem) {
 }
 
 TEST(Tensor, ViewsShareStorage) {
-  dt_tensor *t = make({0, 1, 2, 3, 4, 5}, {2, 3});
+  dt_tensor *t = MakeTensor({0, 1, 2, 3, 4, 5}, {2, 3});
   dt_tensor *tr, *r, *s, *c;
   ASSERT_EQ(dt_tensor_transpose(t, 0, 1, &tr), DT_OK);
   EXPECT_TRUE(dt_tensor_shares_storage(t, tr));
   EXPECT_FALSE(dt_tensor_is_contiguous(tr));
-  EXPECT_EQ(host(tr), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(ToVector(tr), (std::vector<float>{0, 3, 1, 4, 2, 5}));
   int64_t shape[] = {-1, 2};
   ASSERT_EQ(dt_tensor_reshape(t, shape, 2, &r), DT_OK);
   EXPECT_TRUE(dt_tensor_shares_storage(t, r));
   EXPECT_EQ(dt_tensor_dim(r, 0), 3);
   ASSERT_EQ(dt_tensor_slice(r, 1, 3, &s), DT_OK);
   EXPECT_TRUE(dt_tensor_shares_storage(t, s));
-  EXPECT_EQ(host(s), (std::vector<float>{2, 3, 4, 5}));
+  EXPECT_EQ(ToVector(s), (std::vector<float>{2, 3, 4, 5}));
   ASSERT_EQ(dt_tensor_contiguous(tr, &c), DT_OK);
   EXPECT_FALSE(dt_tensor_shares_storage(t, c));
   EXPECT_TRUE(dt_tensor_is_contiguous(c));
@@ -83,14 +71,14 @@ TEST(Tensor, ViewsShareStorage) {
 }
 
 TEST(Tensor, CopyConvertsDtypeAndLayout) {
-  dt_tensor *t = make({1.5f, -2.25f, 3.0f, 65504.0f}, {2, 2});
+  dt_tensor *t = MakeTensor({1.5f, -2.25f, 3.0f, 65504.0f}, {2, 2});
   dt_tensor *h, *tr, *dst;
   ASSERT_EQ(dt_tensor_to_dtype(t, DT_DTYPE_F16, &h), DT_OK);
   ASSERT_EQ(dt_tensor_transpose(h, 0, 1, &tr), DT_OK);
   int64_t shape[] = {2, 2};
   ASSERT_EQ(dt_tensor_empty(shape, 2, DT_DTYPE_F32, DT_CPU, &dst), DT_OK);
   ASSERT_EQ(dt_tensor_copy_(dst, tr), DT_OK);
-  EXPECT_EQ(host(dst), (std::vector<float>{1.5f, 3.0f, -2.25f, 65504.0f}));
+  EXPECT_EQ(ToVector(dst), (std::vector<float>{1.5f, 3.0f, -2.25f, 65504.0f}));
   int64_t other[] = {4};
   dt_tensor *wrong;
   ASSERT_EQ(dt_tensor_empty(other, 1, DT_DTYPE_F32, DT_CPU, &wrong), DT_OK);
@@ -100,19 +88,19 @@ TEST(Tensor, CopyConvertsDtypeAndLayout) {
 }
 
 TEST(Tensor, CrossDeviceCopyBetweenCpuDevices) {
-  dt_tensor *t = make({1, 2, 3}, {3}, true);
+  dt_tensor *t = MakeTensor({1, 2, 3}, {3}, true);
   dt_device d1;
   ASSERT_EQ(dt_device_parse("cpu:1", &d1), DT_OK);
   dt_tensor *u;
   ASSERT_EQ(dt_tensor_to_device(t, d1, &u), DT_OK);
   EXPECT_TRUE(dt_device_equal(dt_tensor_device(u), d1));
-  EXPECT_EQ(host(u), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(ToVector(u), (std::vector<float>{1, 2, 3}));
   dt_tensor *s;
   ASSERT_EQ(dt_op_sum(u, nullptr, 0, 0, &s), DT_OK);
   ASSERT_EQ(dt_backward(s, nullptr), DT_OK) << dt_last_error();
   ASSERT_NE(dt_tensor_grad(t), nullptr);
   EXPECT_TRUE(dt_device_equal(dt_tensor_device(dt_tensor_grad(t)), DT_CPU));
-  EXPECT_EQ(host(dt_tensor_grad(t)), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(ToVector(dt_tensor_grad(t)), (std::vector<float>{1, 1, 1}));
   for (dt_tensor *p : {t, u, s})
     dt_tensor_release(p);
 }
@@ -129,12 +117,12 @@ TEST(Device, ParseAndErrors) {
 }
 
 TEST(Autograd, SecondBackwardFailsClearly) {
-  dt_tensor *x = make({1, 2}, {2}, true);
+  dt_tensor *x = MakeTensor({1, 2}, {2}, true);
   dt_tensor *y, *s;
   ASSERT_EQ(dt_op_mul(x, x, &y), DT_OK);
   ASSERT_EQ(dt_op_sum(y, nullptr, 0, 0, &s), DT_OK);
   ASSERT_EQ(dt_backward(s, nullptr), DT_OK) << dt_last_error();
-  EXPECT_EQ(host(dt_tensor_grad(x)), (std::vector<float>{2, 4}));
+  EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{2, 4}));
   EXPECT_EQ(dt_backward(s, nullptr), DT_ERR_STATE);
   EXPECT_NE(std::string(dt_last_error()).find("already freed"), std::string::npos);
   for (dt_tensor *p : {x, y, s})
@@ -142,18 +130,18 @@ TEST(Autograd, SecondBackwardFailsClearly) {
 }
 
 TEST(Autograd, NonScalarNeedsGradOutputAndAccumulates) {
-  dt_tensor *x = make({1, 2, 3}, {3}, true);
+  dt_tensor *x = MakeTensor({1, 2, 3}, {3}, true);
   dt_tensor *y;
   ASSERT_EQ(dt_op_scale(x, 3.0f, &y), DT_OK);
   EXPECT_EQ(dt_backward(y, nullptr), DT_ERR_SHAPE);
-  dt_tensor *go = make({1, 0, -1}, {3});
+  dt_tensor *go = MakeTensor({1, 0, -1}, {3});
   ASSERT_EQ(dt_backward(y, go), DT_OK) << dt_last_error();
-  EXPECT_EQ(host(dt_tensor_grad(x)), (std::vector<float>{3, 0, -3}));
+  EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{3, 0, -3}));
   // A second pass accumulates into .grad.
   dt_tensor *y2;
   ASSERT_EQ(dt_op_scale(x, 1.0f, &y2), DT_OK);
   ASSERT_EQ(dt_backward(y2, go), DT_OK);
-  EXPECT_EQ(host(dt_tensor_grad(x)), (std::vector<float>{4, 0, -4}));
+  EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{4, 0, -4}));
   for (dt_tensor *p : {x, y, go, y2})
     dt_tensor_release(p);
 }
@@ -167,13 +155,13 @@ struct HookLog {
 void on_ready(dt_tensor *leaf, void *user) {
   auto *log = static_cast<HookLog *>(user);
   log->calls++;
-  log->grad_at_fire = host(dt_tensor_grad(leaf));
+  log->grad_at_fire = ToVector(dt_tensor_grad(leaf));
 }
 
 TEST(Autograd, GradReadyHookFiresOnceWithCompleteGradient) {
   // w is used three times; the hook must fire once, after all three parts.
-  dt_tensor *w = make({1, 2}, {2}, true);
-  dt_tensor *other = make({5, 5}, {2}, true);
+  dt_tensor *w = MakeTensor({1, 2}, {2}, true);
+  dt_tensor *other = MakeTensor({5, 5}, {2}, true);
   HookLog log;
   dt_hook_handle h;
   ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, on_ready, &log, &h), DT_OK);
@@ -199,7 +187,7 @@ TEST(Autograd, GradReadyHookFiresOnceWithCompleteGradient) {
 }
 
 TEST(Autograd, NoGradRecordsNothing) {
-  dt_tensor *x = make({1, 2}, {2}, true);
+  dt_tensor *x = MakeTensor({1, 2}, {2}, true);
   dt_tensor *y;
   dt_no_grad_begin();
   EXPECT_FALSE(dt_grad_enabled());
@@ -218,7 +206,7 @@ TEST(Autograd, RequiresGradOnlyOnFloatLeaves) {
   dt_tensor *i;
   ASSERT_EQ(dt_tensor_zeros(shape, 1, DT_DTYPE_I32, DT_CPU, &i), DT_OK);
   EXPECT_EQ(dt_tensor_set_requires_grad(i, 1), DT_ERR_DTYPE);
-  dt_tensor *x = make({1, 2}, {2}, true), *y;
+  dt_tensor *x = MakeTensor({1, 2}, {2}, true), *y;
   ASSERT_EQ(dt_op_scale(x, 2.0f, &y), DT_OK);
   EXPECT_EQ(dt_tensor_set_requires_grad(y, 0), DT_ERR_INVALID_ARG);
   for (dt_tensor *p : {i, x, y})

@@ -17,6 +17,13 @@ std::vector<float> RandomValues(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+std::vector<float> Ramp(int64_t n, float scale) {
+  std::vector<float> v((size_t)n);
+  for (int64_t i = 0; i < n; i++)
+    v[(size_t)i] = scale * (float)((i * 7) % 13 - 6);
+  return v;
+}
+
 // A shape pointer that is never NULL (an empty vector's data() may be).
 static const int64_t *ShapePtr(const std::vector<int64_t> &shape) {
   static const int64_t scalar = 1;
@@ -87,6 +94,18 @@ std::vector<int64_t> Shape(const dt_tensor *t) {
   return std::vector<int64_t>(dt_tensor_shape(t), dt_tensor_shape(t) + dt_tensor_ndim(t));
 }
 
+dt_status CopyFromHost(dt_tensor *t, const std::vector<float> &values) {
+  if ((int64_t)values.size() != dt_tensor_numel(t))
+    return DT_ERROR(DT_ERR_SHAPE, "CopyFromHost: %zu values for a tensor of %lld elements",
+                    values.size(), (long long)dt_tensor_numel(t));
+  dt_tensor *tmp = nullptr;
+  DT_CHECK(dt_tensor_from_host(values.data(), dt_tensor_shape(t), dt_tensor_ndim(t), DT_DTYPE_F32,
+                               dt_tensor_device(t), &tmp));
+  dt_status st = dt_tensor_copy_(t, tmp);
+  dt_tensor_release(tmp);
+  return st;
+}
+
 // ---- gradient check ----
 
 // L = sum(op(inputs) * r) in double, without recording.
@@ -109,15 +128,6 @@ static ::testing::AssertionResult EvalLoss(const OpFn &fn, const std::vector<dt_
     s += (double)y[i] * (double)r[i];
   *loss = s;
   return ::testing::AssertionSuccess();
-}
-
-static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
-  dt_tensor *tmp = nullptr;
-  DT_CHECK(dt_tensor_from_host(v.data(), dt_tensor_shape(t), dt_tensor_ndim(t), DT_DTYPE_F32,
-                               dt_tensor_device(t), &tmp));
-  dt_status st = dt_tensor_copy_(t, tmp);
-  dt_tensor_release(tmp);
-  return st;
 }
 
 ::testing::AssertionResult GradCheck(const OpFn &fn, const std::vector<dt_tensor *> &inputs,
@@ -165,12 +175,12 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
       double lp = 0, lm = 0;
       work[i] = (float)((double)orig[i] + opt.eps);
       float xp = work[i];
-      if (Upload(x, work) != DT_OK)
+      if (CopyFromHost(x, work) != DT_OK)
         return ::testing::AssertionFailure() << "upload failed: " << dt_last_error();
       auto r1 = EvalLoss(fn, inputs, r, &lp);
       work[i] = (float)((double)orig[i] - opt.eps);
       float xm = work[i];
-      if (Upload(x, work) != DT_OK)
+      if (CopyFromHost(x, work) != DT_OK)
         return ::testing::AssertionFailure() << "upload failed: " << dt_last_error();
       auto r2 = EvalLoss(fn, inputs, r, &lm);
       work[i] = orig[i];
@@ -194,7 +204,7 @@ static dt_status Upload(dt_tensor *t, const std::vector<float> &v) {
     if (getenv("DT_GRADCHECK_VERBOSE"))
       fprintf(stderr, "gradcheck input %zu: %zu elements, max |numeric| %.3g, max |diff| %.3g\n", k,
               n, max_numeric, max_err);
-    if (Upload(x, orig) != DT_OK)
+    if (CopyFromHost(x, orig) != DT_OK)
       return ::testing::AssertionFailure() << "upload failed: " << dt_last_error();
     if (!opt.allow_zero_grad && n > 0 && max_numeric < 1e-6)
       return ::testing::AssertionFailure()

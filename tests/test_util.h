@@ -1,6 +1,6 @@
 // Helpers shared by the GoogleTest suites: tensors from host vectors,
-// seeded random tensors, reading tensors back, and a finite-difference
-// gradient checker for differentiable ops.
+// seeded random tensors, reading tensors back, owning holders, and a
+// finite-difference gradient checker for differentiable ops.
 #ifndef DT_TESTS_TEST_UTIL_H
 #define DT_TESTS_TEST_UTIL_H
 
@@ -16,6 +16,14 @@
 #include "core/status.h"
 #include "core/tensor.h"
 
+// Fails the test (and returns) unless expr is DT_OK; prints the status and
+// dt_last_error().
+#define ASSERT_DT_OK(expr)                                                 \
+  do {                                                                     \
+    dt_status s_ = (expr);                                                 \
+    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
+  } while (0)
+
 namespace dtt {
 
 // Owning handle: releases its tensor when it goes out of scope.
@@ -24,8 +32,24 @@ struct TensorDeleter {
 };
 using TensorRef = std::unique_ptr<dt_tensor, TensorDeleter>;
 
+// Holds a test's tensors and releases them at the end of the scope:
+// `dt_tensor *x = ts.add(MakeTensor(...));`.
+struct Tensors {
+  std::vector<dt_tensor *> v;
+  dt_tensor *add(dt_tensor *t) {
+    v.push_back(t);
+    return t;
+  }
+  ~Tensors() {
+    for (dt_tensor *t : v)
+      dt_tensor_release(t);
+  }
+};
+
 // n uniform values in [lo, hi), a pure function of (seed, index).
 std::vector<float> RandomValues(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+// n small deterministic values, scale * ((7i mod 13) - 6): no RNG needed.
+std::vector<float> Ramp(int64_t n, float scale = 0.1f);
 
 // f32 tensor with the given values (numel must match the shape).
 dt_tensor *MakeTensor(const std::vector<float> &values, const std::vector<int64_t> &shape,
@@ -43,6 +67,9 @@ std::vector<float> ToVector(const dt_tensor *t);
 // Elements of an i32/i64 tensor as int64.
 std::vector<int64_t> ToIndexVector(const dt_tensor *t);
 std::vector<int64_t> Shape(const dt_tensor *t);
+// Overwrites the elements (row-major) of the f32 tensor t, of any layout and
+// device, with values (numel must match).
+dt_status CopyFromHost(dt_tensor *t, const std::vector<float> &values);
 
 // ---- finite-difference gradient check ----
 

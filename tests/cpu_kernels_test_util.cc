@@ -1,0 +1,32 @@
+#include "tests/cpu_kernels_test_util.h"
+
+#include <cmath>
+
+#include "core/rng.h"
+
+namespace dtk {
+
+const dt_backend_ops *be() { return dt_cpu_backend(); }
+
+Vec randn(size_t n, uint64_t seed, float lo, float hi) {
+  Vec v(n);
+  for (size_t i = 0; i < n; i++)
+    v[i] = lo + (hi - lo) * dt_rng_uniform(seed, i);
+  return v;
+}
+
+void expect_close(const Vec &got, const std::vector<double> &want, double atol, double rtol,
+                  const char *what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); i++)
+    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
+}
+
+void ThreadCounts::SetUp() {
+  saved_ = dt_cpu_num_threads();
+  dt_cpu_set_num_threads(GetParam());
+}
+
+void ThreadCounts::TearDown() { dt_cpu_set_num_threads(saved_); }
+
+}  // namespace dtk
