@@ -84,7 +84,7 @@ static int report_distributed(void) {
   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
   if (dt_comm_config_from_env(&cc) != DT_OK) {
     problems++;
-    printf("  DT_COMM_BACKEND=%s  PROBLEM: %s; every train/bench run will stop on it\n", backend,
+    printf("  DT_COMM_BACKEND=%s  PROBLEM: %s; runs that read it stop with this error\n", backend,
            dt_last_error());
     dt_clear_error();
   } else if (backend && backend[0]) {
@@ -94,7 +94,8 @@ static int report_distributed(void) {
            "--comm-backend to choose)\n");
   }
   if (dt_nccl_built())
-    printf("  nccl backend   built in (NCCL %d)\n", dt_nccl_version());
+    printf("  nccl backend   built in (NCCL %d.%d.%d)\n", dt_nccl_version() / 10000,
+           dt_nccl_version() / 100 % 100, dt_nccl_version() % 100);
   else
     printf("  nccl backend   not built: GPU ranks reduce through host memory (mpi, host-staged)\n");
   const char *visible = getenv("CUDA_VISIBLE_DEVICES");
@@ -179,7 +180,7 @@ int dt_cli_doctor(int argc, char **argv) {
   report_data_set(data_dir, "fashion-mnist");
   report_data_set(data_dir, "mnist");
   if (dist_problems > 0)
-    printf("verdict: %d problem(s) with the distributed settings (see above)%s\n",
+    printf("verdict: %d problem(s) (see above): the distributed settings are invalid%s\n",
            dist_problems + problems, problems ? ", and CUDA is not ready" : "");
   else if (problems == 0)
     printf("verdict: ok\n");

@@ -107,6 +107,40 @@ if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
   run train --device cuda:0
   expect 1 err "dtrain: error: .*cuda:0" "train on an unavailable CUDA device"
 fi
+if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
+  run train --device cuda
+  expect 1 err "dtrain: error: picking rank 0's GPU: .*cuda" "train --device cuda without a GPU"
+fi
+# The communication backend: flag, environment, and nccl with CPU tensors.
+run train --comm-backend nccl
+expect 1 err "dtrain: error: .*communication backend nccl .*with device cpu: NCCL reduces GPU memory" \
+  "--comm-backend nccl on the CPU"
+run train --comm-backend gloo
+expect 2 err "invalid value 'gloo' for --comm-backend: expected one of auto\|mpi\|nccl" \
+  "--comm-backend choices"
+DT_COMM_BACKEND=gloo run train
+expect 1 err "dtrain: error: environment variable DT_COMM_BACKEND: .*'gloo'" "bad DT_COMM_BACKEND"
+DT_COMM_BACKEND=mpi run train --help
+expect 0 out "--comm-backend NAME .*\(default: mpi\)" "train --help shows DT_COMM_BACKEND as the default"
+
+# doctor: NCCL's transport environment and the backend choice.
+NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=lo run doctor
+expect 0 out "^    NCCL_DEBUG=INFO$" "doctor lists NCCL_DEBUG"
+expect 0 out "^    NCCL_SOCKET_IFNAME=lo$" "doctor lists NCCL_SOCKET_IFNAME"
+expect 0 out "DT_COMM_BACKEND not set: auto" "doctor: DT_COMM_BACKEND unset"
+expect 0 out "^verdict: " "doctor ends with a verdict"
+if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
+  expect 0 out "GPUs +none visible" "doctor says there is no GPU"
+fi
+env -u NCCL_DEBUG DT_COMM_BACKEND=mpi CUDA_VISIBLE_DEVICES=0,1 "$dtrain" doctor >"$out" 2>"$err"
+rc=$?
+expect 0 out "^  DT_COMM_BACKEND=mpi " "doctor shows DT_COMM_BACKEND"
+expect 0 out "^  CUDA_VISIBLE_DEVICES=0,1$" "doctor shows CUDA_VISIBLE_DEVICES"
+DT_COMM_BACKEND=gloo run doctor
+expect 0 out "DT_COMM_BACKEND=gloo +PROBLEM: .*'gloo'" "doctor flags a bad DT_COMM_BACKEND"
+expect 0 out "^verdict: [0-9]+ problem\(s\) .*distributed settings are invalid" \
+  "doctor's verdict counts it"
+
 run train --device tpu:0
 expect 1 err "dtrain: error: " "unknown device type"
 

@@ -24,7 +24,10 @@
 #   nvidia-smi and the versions, runs every *_test suite (and every other
 #   bin/ program under the bundled mpirun with 2 ranks), `dtrain doctor`, a
 #   short training run on cuda:0 (LeNet-5 one epoch with test accuracy, MLP
-#   --max-steps), `dtrain bench --device cuda:0` beside tools/bench_torch.py
+#   --max-steps), `dtrain launch -n 2 -- train --device cuda` (two ranks:
+#   on one GPU they share it through the host-staged fallback) and the
+#   launcher's one-rank-per-GPU default (--dry-run),
+#   `dtrain bench --device cuda:0` beside tools/bench_torch.py
 #   --device cuda for MLP batch 128 and LeNet-5 batch 64, and writes logs and
 #   OUT/summary.md (OUT default: $OUT, else out/gpu_results). Without a GPU
 #   the suites skip and the training/bench steps are left out (said so in
@@ -371,6 +374,26 @@ EOF
       done
     else
       echo "- skipped: the bundle has no data/fashion-mnist" >>"$summary"
+    fi
+
+    # dtrain launch on GPUs: the one-rank-per-GPU default, and 2 ranks with
+    # --device cuda (sharing the GPU when there is one: auto falls back to
+    # the host-staged mpi backend; with two GPUs: nccl).
+    { echo; echo '## dtrain launch --device cuda'; echo; } >>"$summary"
+    if [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
+      DT_MPIRUN="$mpirun" timeout 60 "$dtrain" launch --dry-run -- train --device cuda \
+        >"$out/launch_dry_run.log" 2>&1
+      echo "- launch without -n: \`$(grep -m1 'GPU' "$out/launch_dry_run.log")\`" >>"$summary"
+      local t0=$SECONDS
+      DT_MPIRUN="$mpirun" timeout 300 "$dtrain" launch -n 2 --mpirun-arg --oversubscribe -- \
+        train --model mlp --device cuda --max-steps 200 --log-interval 100 \
+        --data-dir "$b/data" >"$out/launch_cuda.log" 2>&1
+      rc=$?
+      [ "$rc" -eq 0 ] || failed=$((failed + 1))
+      echo "- \`dtrain launch -n 2 -- train --model mlp --device cuda --max-steps 200\`: exit $rc, $((SECONDS - t0)) s" >>"$summary"
+      { echo '```'; grep -E 'ddp world|nccl|host-staged|test_accuracy=|error' "$out/launch_cuda.log" | head -8; echo '```'; } >>"$summary"
+    else
+      echo "- skipped: needs mpirun and data/fashion-mnist in the bundle" >>"$summary"
     fi
 
     {

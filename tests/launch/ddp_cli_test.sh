@@ -148,11 +148,35 @@ expect 0 err "mpirun -np 512 .*-x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1 .*--over
 run launch -n 1 --threads 3 --mpirun-arg --tag-output --hosts a,b --dry-run -- bench
 expect 0 err "mpirun -np 1 .*DT_NUM_THREADS=3 .*--host a,b --tag-output .*bench$" \
   "--threads, --hosts and --mpirun-arg reach mpirun"
+# GPUs: the environment the ranks need, the one-rank-per-GPU default.
+NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=lo CUDA_VISIBLE_DEVICES=0 DT_COMM_BACKEND=mpi \
+  run launch -n 2 --dry-run -- train --device cuda
+expect 0 err "mpirun -np 2 .*-x DT_DATA_DIR -x DT_COMM_BACKEND -x CUDA_VISIBLE_DEVICES .*train --device cuda$" \
+  "DT_COMM_BACKEND and CUDA_VISIBLE_DEVICES reach the ranks"
+expect 0 err "mpirun .*-x NCCL_DEBUG " "NCCL_DEBUG reaches the ranks"
+expect 0 err "mpirun .*-x NCCL_SOCKET_IFNAME " "NCCL_SOCKET_IFNAME reaches the ranks"
+run launch -n 2 --dry-run -- train
+expect_not err "CUDA_VISIBLE_DEVICES|DT_COMM_BACKEND|NCCL_" "unset variables are not exported"
+if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
+  run launch --dry-run -- train
+  expect 2 err "the number of ranks is required: -n N \(no GPU is visible" \
+    "launch without -n and without GPUs"
+  run launch -n 2 -- train --device cuda --max-steps 1
+  expect 1 err "dtrain: error: rank [01]: picking rank [01]'s GPU" "--device cuda without a GPU, 2 ranks"
+fi
+run launch --hosts a,b --dry-run -- train
+expect 2 err "the number of ranks is required: -n N \(with --hosts" "launch --hosts without -n"
+run launch -n 2 -- train --model mlp --max-steps 4 --log-interval 0 --comm-backend mpi
+expect 0 out "ddp world 2 .*over mpi, comm timeout" "--comm-backend mpi on CPU ranks"
+run launch -n 2 -- train --model mlp --max-steps 1 --comm-backend nccl
+expect 1 err "dtrain: error: rank [01]: .*communication backend nccl .*device cpu" \
+  "--comm-backend nccl on CPU ranks"
+
 PATH=/nonexistent DT_MPIRUN= run launch -n 2 -- train
 expect 1 err "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH" \
   "mpirun missing"
 run launch --help
-expect 0 out "usage: dtrain launch -n N" "launch --help"
+expect 0 out "usage: dtrain launch \\[-n N\\]" "launch --help"
 
 echo "ddp_cli_test: $checks checks, $failures failed"
 [ "$failures" = 0 ]
