@@ -176,7 +176,7 @@ TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
 
 TEST_F(DistMpi, ParameterMismatchFailsOnEveryRank) {
   if (world() < 2)
-    GTEST_SKIP();
+    GTEST_SKIP() << "a mismatch needs at least 2 ranks (this run has " << world() << ")";
   // The last rank builds a narrower hidden layer.
   int hidden = rank() == world() - 1 ? 48 : 64;
   int sizes[] = {784, hidden, 10};
