@@ -120,7 +120,9 @@ static void describe_work(const dt_work *w, char *buf, size_t cap) {
 
 static void run_one(dt_comm *c, dt_work *w) {
   char what[256];
+  pthread_mutex_lock(&w->mu); /* dt_work_times may read it meanwhile */
   w->started_s = dt_comm_now();
+  pthread_mutex_unlock(&w->mu);
   if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
     describe_work(w, what, sizeof what);
     dt_status st = DT_ERROR(DT_ERR_STATE, "%s not run: the communicator is broken (%s)", what,
@@ -158,6 +160,13 @@ static void run_one(dt_comm *c, dt_work *w) {
                   "submitting collectives in a different order (raise --comm-timeout if "
                   "it is only slow)",
                   c->rank, what, c->cfg.timeout_s);
+  } else if (st != DT_OK) {
+    /* This rank did not take its part (staging, MPI, a mismatch): its next
+     * collective would pair with the peers' current one, so fail every
+     * later one at once instead. */
+    snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu failed: %s",
+             (unsigned long long)w->seq, dt_last_error());
+    __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
   }
   work_complete(w, st, st == DT_OK ? "" : dt_last_error());
 }
@@ -212,13 +221,22 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
   fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
           c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
+  /* Under c->mu: submit() enqueues on the transport while holding it, and
+   * the abort frees what an enqueue in progress would use. */
+  pthread_mutex_lock(&c->mu);
   if (c->be->abort_comm)
     c->be->abort_comm(c->impl);
+  pthread_mutex_unlock(&c->mu);
   if (c->cfg.abort_on_timeout)
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
-  snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu %s", (unsigned long long)w->seq,
-           st == DT_ERR_TIMEOUT ? "timed out" : "failed on the device");
-  __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  pthread_mutex_lock(&c->mu);
+  if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
+    snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu %s",
+             (unsigned long long)w->seq,
+             st == DT_ERR_TIMEOUT ? "timed out" : "failed on the device");
+    __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&c->mu);
   dt_status err = DT_ERROR(st == DT_ERR_TIMEOUT ? DT_ERR_TIMEOUT : st,
                            "rank %d: %s %s: the %s communicator was aborted (a peer is stuck, "
                            "dead or submitting collectives in a different order; raise "

@@ -101,6 +101,10 @@ static dt_status group_barrier(dt_local_group *g, int rank, uint64_t seq, double
   struct timespec until;
   until.tv_sec = (time_t)deadline;
   until.tv_nsec = (long)((deadline - (double)until.tv_sec) * 1e9);
+  if (until.tv_nsec >= 1000000000L) { /* rounding: EINVAL would spin forever */
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
   while (gen == g->generation && !g->broken) {
     if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && gen == g->generation &&
         !g->broken) {
@@ -210,6 +214,8 @@ static dt_status local_run(void *impl, dt_work *w, double deadline) {
   if (mismatch == DT_OK)
     do_collective(g, lc->rank);
   dt_status st = group_barrier(g, lc->rank, w->seq, deadline);
+  if (st != DT_OK)
+    w->leaked = 1; /* peers past the first barrier may still use our buffers */
   if (mismatch != DT_OK)
     return DT_ERR_DIST_MISMATCH; /* message already set by check_slots */
   return st;

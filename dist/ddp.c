@@ -83,8 +83,11 @@ static void launch_bucket(dt_ddp *d, int b) {
     record_error(d, dt_error_wrap(st, "launching the all-reduce of DDP bucket %d", b));
 }
 
+/* After an error nothing more launches: a bucket this rank skipped would
+ * pair the peers' all-reduce with our next bucket (wrong sums, or a hang). */
 static void launch_ready_buckets(dt_ddp *d) {
-  while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready)
+  while (d->error == DT_OK && d->next_launch < d->n_buckets &&
+         d->buckets[d->next_launch].ready)
     launch_bucket(d, d->next_launch++);
 }
 

@@ -135,17 +135,24 @@ TEST_F(DistLocal, BroadcastAllgatherReduceScatterBarrier) {
 }
 
 TEST_F(DistLocal, DisagreeingCollectivesFailOnEveryParticipant) {
-  std::vector<dt_status> got(2, DT_OK);
+  std::vector<dt_status> got(2, DT_OK), later(2, DT_OK);
   std::vector<std::string> msg(2);
+  std::vector<int> broken(2, 0);
   run_group(2, [&](int r, dt_comm *c) {
     dt_tensor *t = host_f32(std::vector<float>(r == 0 ? 4 : 5, 1.0f));
     got[r] = dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM);
     msg[r] = dt_last_error();
+    // A failed collective breaks the communicator: the ranks are out of
+    // step, so the next one fails at once instead of pairing wrongly.
+    broken[r] = dt_comm_is_broken(c);
+    later[r] = dt_comm_barrier_sync(c);
     dt_tensor_release(t);
   });
   for (int r = 0; r < 2; r++) {
     EXPECT_EQ(got[r], DT_ERR_DIST_MISMATCH) << msg[r];
     EXPECT_NE(msg[r].find("disagree"), std::string::npos) << msg[r];
+    EXPECT_TRUE(broken[r]);
+    EXPECT_EQ(later[r], DT_ERR_STATE);
   }
 }
 
