@@ -219,6 +219,11 @@ static dt_status collect_nodes(dt_node *root, node_list *out) {
       }
     }
   }
+  /* On failure, nodes still on the stack were marked but are not in `out`
+   * (whose marks dt_backward clears): unmark them, or a later backward
+   * through them would skip them as already visited. */
+  for (int i = 0; i < stack.n; i++)
+    stack.v[i]->pending = 0;
   free(stack.v);
   return st;
 }

@@ -264,7 +264,11 @@ dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out);
 int dt_device_count(dt_device_type type);
 
 /* CPU-backend settings. Threads: default = cores available to this process
- * (sched_getaffinity), overridden by DT_NUM_THREADS or this call. */
+ * (sched_getaffinity), overridden by DT_NUM_THREADS or this call; at most
+ * DT_CPU_MAX_THREADS (a larger n is clamped: OpenMP would fail to create
+ * the threads, or crash). Callers taking a count from the user reject
+ * larger values with a message. */
+#define DT_CPU_MAX_THREADS 4096
 void dt_cpu_set_num_threads(int n);
 int dt_cpu_num_threads(void);
 

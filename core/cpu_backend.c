@@ -57,13 +57,13 @@ static void cpu_read_env(void) {
   if (s && *s) {
     char *end = NULL;
     long v = strtol(s, &end, 10);
-    if (end && *end == '\0' && v >= 1 && v <= 4096)
+    if (end && *end == '\0' && v >= 1 && v <= DT_CPU_MAX_THREADS)
       threads = (int)v;
     else
       fprintf(stderr,
-              "dtrain: DT_NUM_THREADS='%s' is not a thread count (1..4096); using %d "
+              "dtrain: DT_NUM_THREADS='%s' is not a thread count (1..%d); using %d "
               "(the cores available to this process)\n",
-              s, threads);
+              s, DT_CPU_MAX_THREADS, threads);
   }
   cpu_apply_threads(threads);
 
@@ -95,6 +95,8 @@ void dt_cpu_set_num_threads(int n) {
   cpu_init();
   if (n < 1)
     n = cpu_cores_available();
+  if (n > DT_CPU_MAX_THREADS)
+    n = DT_CPU_MAX_THREADS;
   cpu_apply_threads(n);
 }
 

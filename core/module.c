@@ -3,7 +3,6 @@
 #include "core/module.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +56,6 @@ struct dt_module {
   flat_list flat_params;
   flat_list flat_buffers;
 };
-
-/* Hook handles are unique per process so that a handle from one module can
- * never remove another module's hook by accident. */
-static atomic_int next_hook_handle = 1;
 
 static dt_status grow(void **items, int *cap, int need, size_t elem, const char *what) {
   if (need <= *cap)
@@ -274,6 +269,8 @@ dt_module *dt_module_child(const dt_module *m, const char *name) {
 
 int dt_module_num_children(const dt_module *m) { return m->n_children; }
 
+dt_module *dt_module_parent(const dt_module *m) { return m->parent; }
+
 dt_module *dt_module_child_at(const dt_module *m, int i) {
   if (i < 0 || i >= m->n_children)
     return NULL;
@@ -443,7 +440,9 @@ dt_status dt_module_to(dt_module *m, dt_device dev) {
 static dt_status add_hook(module_hook **list, int *n, int *cap, module_hook h,
                           dt_hook_handle *out) {
   DT_CHECK(grow((void **)list, cap, *n + 1, sizeof **list, "hook"));
-  h.handle = atomic_fetch_add(&next_hook_handle, 1);
+  /* One process-wide sequence, shared with grad-ready hooks, so a handle
+   * from one module (or tensor) can never remove another's hook. */
+  h.handle = dt_hook_handle_next();
   (*list)[(*n)++] = h;
   if (out != NULL)
     *out = h.handle;

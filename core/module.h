@@ -59,6 +59,8 @@ dt_tensor *dt_module_buffer(const dt_module *m, const char *name);
 dt_module *dt_module_child(const dt_module *m, const char *name);
 int dt_module_num_children(const dt_module *m);
 dt_module *dt_module_child_at(const dt_module *m, int i);
+/* The module this one is a child of (borrowed), or NULL for a root. */
+dt_module *dt_module_parent(const dt_module *m);
 
 /* Recursive enumeration (borrowed references, dotted names valid until the
  * next registration below the module or its destruction). Depth-first in

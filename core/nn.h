@@ -45,7 +45,9 @@ dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out);
  * nn.Sequential(OrderedDict). n = 0 gives an empty Sequential (identity). */
 dt_status dt_nn_sequential(dt_module *const *mods, int n, dt_module **out);
 /* Appends `mod` as child "<number of children>"; takes ownership of mod (on
- * failure too). seq must come from dt_nn_sequential. */
+ * failure too), except when mod already has a parent or is seq or one of
+ * its ancestors: DT_ERR_INVALID_ARG, and mod stays with its owner. seq must
+ * come from dt_nn_sequential. */
 dt_status dt_nn_sequential_append(dt_module *seq, dt_module *mod);
 
 #ifdef __cplusplus

@@ -59,6 +59,17 @@ dt_status dt_nn_sequential_append(dt_module *seq, dt_module *mod) {
                     "appending to a Sequential: the container is NULL or not a Sequential, or "
                     "the module is NULL");
   }
+  /* A module that already has an owner (another container, or seq itself
+   * or one of its ancestors) is refused without destroying it: its owner
+   * still holds it. */
+  int owned = dt_module_parent(mod) != NULL;
+  for (const dt_module *a = seq; !owned && a != NULL; a = dt_module_parent(a))
+    owned = a == mod;
+  if (owned)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "appending a %s module to a Sequential: it already belongs to a module "
+                    "(or contains this Sequential): a module has exactly one parent",
+                    dt_module_type_name(mod));
   char name[16];
   snprintf(name, sizeof name, "%d", dt_module_num_children(seq));
   dt_status st = dt_module_add_child(seq, name, mod);

@@ -106,9 +106,21 @@ dt_status dt_tensor_empty(const int64_t *shape, int ndim, dt_dtype dtype, dt_dev
   DT_CHECK(check_shape(shape, ndim));
   if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
     return DT_ERROR(DT_ERR_DTYPE, "unknown dtype %d", (int)dtype);
-  int64_t n = dt_shape_numel(shape, ndim);
+  /* The byte count must not wrap: (2^32, 2^32) f32 would otherwise
+   * "allocate" 0 bytes for 2^64 elements. */
+  int64_t n = 1;
+  size_t bytes = 0;
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(n, shape[i], &n))
+      n = -1;
+  if (n < 0 || __builtin_mul_overflow((size_t)n, dt_dtype_size(dtype), &bytes) ||
+      bytes > (size_t)INT64_MAX) {
+    char buf[128];
+    return DT_ERROR(DT_ERR_SHAPE, "tensor shape %s of %s is too large: its size overflows 64 bits",
+                    dt_shape_format(shape, ndim, buf, sizeof buf), dt_dtype_name(dtype));
+  }
   dt_storage *s;
-  DT_CHECK(dt_storage_alloc(dev, (size_t)n * dt_dtype_size(dtype), &s));
+  DT_CHECK(dt_storage_alloc(dev, bytes, &s));
   dt_status st = dt_tensor_wrap(s, 0, shape, ndim, dtype, out);
   dt_storage_release(s);
   return st;

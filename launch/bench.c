@@ -144,6 +144,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (cfg->batch < 1 || cfg->steps < 1 || cfg->warmup < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "batch (%d) and steps (%d) must be >= 1, warmup (%d) >= 0",
                     cfg->batch, cfg->steps, cfg->warmup);
+  if (cfg->threads > DT_CPU_MAX_THREADS)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
+                    cfg->threads, DT_CPU_MAX_THREADS);
   DT_CHECK(dt_train_rank_device(cfg->device, cfg->pg, &dev));
   DT_CHECK(dt_backend_get(dev, &be));
   if (cfg->threads > 0)

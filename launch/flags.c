@@ -56,7 +56,8 @@ static int set_value(dt_flag *f, const char *text, char *expected, size_t cap) {
     case DT_FLAG_U64: {
       errno = 0;
       unsigned long long v = strtoull(text, &end, 10);
-      if (errno || end == text || *end || text[0] == '-') {
+      /* strtoull accepts "-1" (and " -1") and negates it: refuse any sign. */
+      if (errno || end == text || *end || strchr(text, '-') != NULL) {
         snprintf(expected, cap, "a non-negative integer");
         return 0;
       }

@@ -98,6 +98,9 @@ static dt_status check_config(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "warmup, step_size, log_interval, max_steps and threads "
                     "must be >= 0");
+  if (c->threads > DT_CPU_MAX_THREADS)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
+                    c->threads, DT_CPU_MAX_THREADS);
   if (!(c->lr >= 0) || !(c->clip >= 0) || !(c->weight_decay >= 0))
     return DT_ERROR(DT_ERR_INVALID_ARG, "lr (%g), clip (%g) and weight_decay (%g) must be >= 0",
                     c->lr, c->clip, c->weight_decay);
@@ -311,6 +314,14 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   ls->decay = !strcmp(c->schedule, "cosine") ? DT_LR_DECAY_COSINE
               : !strcmp(c->schedule, "step") ? DT_LR_DECAY_STEP
                                              : DT_LR_DECAY_CONSTANT;
+  /* --min-lr above --lr, --gamma 0, a warm-up as long as the run: refused
+   * here rather than trained on silently. */
+  dt_status st = dt_lr_schedule_check(ls);
+  if (st != DT_OK)
+    return dt_error_wrap(st, "--schedule %s over %lld optimizer steps (--warmup %d, --min-lr %g, "
+                         "--gamma %g)",
+                         c->schedule, (long long)ls->total_steps, c->warmup, (double)c->min_lr,
+                         (double)c->gamma);
   return DT_OK;
 }
 
@@ -599,6 +610,15 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     double t0 = now_seconds();
     DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, log, &r.train_loss), done);
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), done);
+    /* The epoch's last optimizer step is seen by no training loss: a step
+     * that made the parameters non-finite shows up here. */
+    if (!isfinite(r.test_loss)) {
+      st = DT_ERROR(DT_ERR_STATE,
+                    "training diverged: the test loss is %g after epoch %d (the parameters are "
+                    "no longer finite); lower --lr or --weight-decay, add --warmup or set --clip",
+                    r.test_loss, epoch);
+      goto done;
+    }
     r.epochs = epoch;
     log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n",
              epoch, r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);

@@ -160,5 +160,32 @@ done
 run train --data-dir "$tmp/bad"
 expect 1 err "dtrain: error: .*train-(images|labels)-idx" "corrupt data names the file"
 
+# A tiny valid data set (8 random 28x28 images per split) for flag checks
+# that need a run to start.
+tiny="$tmp/tiny/fashion-mnist"
+mkdir -p "$tiny"
+for p in train t10k; do
+  printf '\x00\x00\x08\x03\x00\x00\x00\x08\x00\x00\x00\x1c\x00\x00\x00\x1c' >"$tiny/$p-images-idx3-ubyte"
+  head -c 6272 /dev/urandom >>"$tiny/$p-images-idx3-ubyte"
+  printf '\x00\x00\x08\x01\x00\x00\x00\x08\x01\x02\x03\x04\x05\x06\x07\x00' >"$tiny/$p-labels-idx1-ubyte"
+done
+run train --data-dir "$tmp/tiny" --batch 4 --log-interval 0
+expect 0 out "^test_accuracy=" "train on the tiny data set"
+run train --data-dir "$tmp/tiny" --batch 4 --min-lr 1
+expect 1 err "dtrain: error: .*min_lr 1: must be in \[0, base_lr" "--min-lr above --lr is refused"
+run train --data-dir "$tmp/tiny" --batch 4 --warmup 5
+expect 1 err "dtrain: error: .*total_steps \(2\) > warmup_steps \(5\)" "warm-up longer than the run"
+run train --data-dir "$tmp/tiny" --batch 4 --schedule step --gamma 0
+expect 1 err "dtrain: error: .*gamma 0: must be finite and > 0" "--gamma 0 is refused"
+run train --data-dir "$tmp/tiny" --threads 100000
+expect 1 err "dtrain: error: .*threads 100000: at most 4096" "absurd --threads is refused, no crash"
+run bench --model mlp --batch 2 --steps 1 --threads 100000
+expect 1 err "dtrain: error: .*threads 100000: at most 4096" "absurd bench --threads"
+run train --data-dir "$tmp/tiny" --batch 8 --model mlp --weight-decay 3e38
+expect 1 err "dtrain: error: .*training diverged: the test loss is .*nan" \
+  "parameters blown up by the last step are caught"
+run train --seed " -1"
+expect 2 err "invalid value ' -1' for --seed" "negative seed with a leading space"
+
 echo "cli_test: $checks checks, $failures failed"
 [ "$failures" = 0 ]

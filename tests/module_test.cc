@@ -129,6 +129,24 @@ TEST(ModuleHooks, HandlesAreUniqueAcrossModules) {
   dt_module_destroy(b);
 }
 
+// Module hooks and grad-ready hooks draw from one process-wide sequence, so
+// a handle names exactly one hook of any kind (module.h).
+TEST(ModuleHooks, HandlesAreSharedWithGradReadyHooks) {
+  Log log;
+  dt_module *m = nullptr;
+  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+  dt_tensor *leaf = MakeTensor({1, 2}, {2}, true);
+  HookCtx c{&log, "x", nullptr, DT_OK};
+  dt_hook_handle g1, h, g2;
+  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(leaf, [](dt_tensor *, void *) {}, nullptr, &g1));
+  ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &c, &h));
+  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(leaf, [](dt_tensor *, void *) {}, nullptr, &g2));
+  EXPECT_LT(g1, h);
+  EXPECT_LT(h, g2);
+  dt_tensor_release(leaf);
+  dt_module_destroy(m);
+}
+
 TEST(ModuleHooks, PreHookReplacesInputWithoutLeaks) {
   Log log;
   dt_module *m = nullptr;
@@ -285,6 +303,31 @@ TEST(ModuleRegistry, NestedSequentialNamesAreDepthFirst) {
       << "a tensor registered twice (tied weights) is listed once, under its first name";
   dt_tensor_release(extra);
   dt_tensor_release(other);
+  dt_module_destroy(seq);
+}
+
+// Appending a module that already belongs to a container (or the container
+// itself) is refused without destroying it: the owner still holds it.
+TEST(ModuleRegistry, SequentialAppendOfOwnedModuleIsRefusedSafely) {
+  dt_module *relu = nullptr, *seq = nullptr, *other = nullptr;
+  ASSERT_DT_OK(dt_nn_relu(&relu));
+  ASSERT_DT_OK(dt_nn_sequential(&relu, 1, &seq));
+  EXPECT_EQ(dt_nn_sequential_append(seq, relu), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_nn_sequential_append(seq, seq), DT_ERR_INVALID_ARG);
+  ASSERT_DT_OK(dt_nn_sequential(nullptr, 0, &other));
+  EXPECT_EQ(dt_nn_sequential_append(other, relu), DT_ERR_INVALID_ARG);
+  dt_module *outer = nullptr;
+  ASSERT_DT_OK(dt_nn_sequential(&other, 1, &outer));
+  EXPECT_EQ(dt_nn_sequential_append(other, outer), DT_ERR_INVALID_ARG); // a cycle
+  EXPECT_EQ(dt_module_parent(other), outer);
+  EXPECT_EQ(dt_module_num_children(seq), 1);
+  EXPECT_EQ(dt_module_child_at(seq, 0), relu);
+  dt_tensor *x = MakeTensor({-1, 2}, {2}), *y = nullptr;
+  ASSERT_DT_OK(dt_module_call(seq, x, &y)); // seq and relu are intact
+  EXPECT_EQ(ToVector(y), (std::vector<float>{0, 2}));
+  dt_tensor_release(y);
+  dt_tensor_release(x);
+  dt_module_destroy(outer); // owns other
   dt_module_destroy(seq);
 }
 

@@ -44,6 +44,18 @@ TEST(Tensor, ZerosFullItem) {
   dt_tensor_release(f);
 }
 
+// A shape whose element or byte count overflows 64 bits is refused instead
+// of wrapping to a tiny allocation that later ops would overrun.
+TEST(Tensor, HugeShapeIsRefusedNotWrapped) {
+  const int64_t shape[2] = {INT64_C(1) << 32, INT64_C(1) << 32};
+  dt_tensor *t = nullptr;
+  EXPECT_EQ(dt_tensor_empty(shape, 2, DT_DTYPE_F32, DT_CPU, &t), DT_ERR_SHAPE);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(std::string(dt_last_error()).find("too large"), std::string::npos);
+  const int64_t bytes_wrap[1] = {INT64_C(1) << 62}; // 2^62 elements x 4 bytes
+  EXPECT_EQ(dt_tensor_zeros(bytes_wrap, 1, DT_DTYPE_F32, DT_CPU, &t), DT_ERR_SHAPE);
+}
+
 TEST(Tensor, ViewsShareStorage) {
   dt_tensor *t = MakeTensor({0, 1, 2, 3, 4, 5}, {2, 3});
   dt_tensor *tr, *r, *s, *c;
@@ -126,6 +138,27 @@ TEST(Autograd, SecondBackwardFailsClearly) {
   EXPECT_EQ(dt_backward(s, nullptr), DT_ERR_STATE);
   EXPECT_NE(std::string(dt_last_error()).find("already freed"), std::string::npos);
   for (dt_tensor *p : {x, y, s})
+    dt_tensor_release(p);
+}
+
+// A backward that fails on an already-freed part of the graph must not
+// leave the live part marked as visited: a later backward through it would
+// silently skip it (x would get no gradient).
+TEST(Autograd, FailedBackwardLeavesLiveGraphUsable) {
+  dt_tensor *x = MakeTensor({1, 2}, {2}, true);
+  dt_tensor *y, *ys, *t, *both, *bs, *ts;
+  ASSERT_EQ(dt_op_scale(x, 2.0f, &y), DT_OK);
+  ASSERT_EQ(dt_op_sum(y, nullptr, 0, 0, &ys), DT_OK);
+  ASSERT_EQ(dt_backward(ys, nullptr), DT_OK) << dt_last_error(); // frees y's graph
+  ASSERT_EQ(dt_op_scale(x, 3.0f, &t), DT_OK);
+  ASSERT_EQ(dt_op_add(t, y, &both), DT_OK); // t live, y freed
+  ASSERT_EQ(dt_op_sum(both, nullptr, 0, 0, &bs), DT_OK);
+  EXPECT_EQ(dt_backward(bs, nullptr), DT_ERR_STATE);
+  EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{2, 2}));
+  ASSERT_EQ(dt_op_sum(t, nullptr, 0, 0, &ts), DT_OK);
+  ASSERT_EQ(dt_backward(ts, nullptr), DT_OK) << dt_last_error();
+  EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{5, 5}));
+  for (dt_tensor *p : {x, y, ys, t, both, bs, ts})
     dt_tensor_release(p);
 }
 
