@@ -22,6 +22,13 @@ struct dt_comm {
   int thread_started;
   pthread_t thread;
   uint64_t seq;
+  /* Stream backends: orders enqueues (seq order = queue order) without
+   * holding `mu` while the transport runs, so that an enqueue blocked in
+   * the transport never stalls the watchdog. */
+  pthread_mutex_t submit_mu;
+  int64_t enqueue_since_us; /* atomic: when the enqueue in progress began (dt_comm_now, µs), 0 = none */
+  uint64_t enqueue_seq;  /* atomic: its sequence number */
+  int blocked_reported;  /* watchdog only */
   int broken; /* atomic */
   char broken_why[256];
   dt_comm_staging staging; /* host copies of device tensors (host backends) */
@@ -208,6 +215,15 @@ static void fail_in_flight(dt_comm *c, dt_status st, const char *msg) {
   }
 }
 
+/* Waits at most `seconds` for `mu`; 1 when taken. */
+static int lock_within(pthread_mutex_t *mu, double seconds) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until); /* pthread_mutex_timedlock's clock */
+  double t = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + seconds;
+  until = abs_monotonic(t); /* only splits t into seconds and nanoseconds */
+  return pthread_mutex_timedlock(mu, &until) == 0;
+}
+
 /* A device collective is stuck past its deadline (st DT_ERR_TIMEOUT) or
  * the transport failed: name the collective, abort the transport and,
  * with abort_on_timeout, the job. */
@@ -221,12 +237,13 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
   fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
           c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
-  /* Under c->mu: submit() enqueues on the transport while holding it, and
-   * the abort frees what an enqueue in progress would use. */
-  pthread_mutex_lock(&c->mu);
-  if (c->be->abort_comm)
+  /* Not while an enqueue runs: the abort frees what it uses. An enqueue
+   * wedged in the transport past the deadline leaves the transport as it
+   * is; the job ends below. */
+  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
     c->be->abort_comm(c->impl);
-  pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->submit_mu);
+  }
   if (c->cfg.abort_on_timeout)
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
   pthread_mutex_lock(&c->mu);
@@ -247,12 +264,42 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
 
 /* Polls the oldest enqueued work until it completes, fails or passes its
  * deadline; the host never waits on the device here. */
+/* An enqueue blocked in the transport (a launch queue full behind a stuck
+ * NCCL kernel, say) past the deadline: name it and end the job. */
+static void check_blocked_enqueue(dt_comm *c) {
+  int64_t since_us = __atomic_load_n(&c->enqueue_since_us, __ATOMIC_ACQUIRE);
+  if (since_us == 0 || dt_comm_now() <= 1e-6 * (double)since_us + c->cfg.timeout_s) {
+    c->blocked_reported = 0;
+    return;
+  }
+  if (c->blocked_reported)
+    return;
+  c->blocked_reported = 1;
+  fprintf(stderr,
+          "dtrain: rank %d: submitting collective #%llu to the %s communicator blocked the host "
+          "for more than %g s; %s\n",
+          c->rank, (unsigned long long)__atomic_load_n(&c->enqueue_seq, __ATOMIC_ACQUIRE),
+          c->be->name, c->cfg.timeout_s,
+          c->cfg.abort_on_timeout ? "aborting the job" : "still waiting (abort_on_timeout off)");
+  fflush(stderr);
+  if (c->cfg.abort_on_timeout)
+    c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
+}
+
 static void *watchdog_main(void *arg) {
   dt_comm *c = arg;
+  /* Idle, it still wakes every few milliseconds to watch the enqueue in
+   * progress (which does not hold `mu`). */
+  double idle_poll = c->cfg.timeout_s / 4 < 0.05 ? c->cfg.timeout_s / 4 : 0.05;
   for (;;) {
     pthread_mutex_lock(&c->mu);
-    while (c->head == NULL && !c->stop)
-      pthread_cond_wait(&c->cv, &c->mu);
+    while (c->head == NULL && !c->stop) {
+      struct timespec until = abs_monotonic(dt_comm_now() + idle_poll);
+      pthread_cond_timedwait(&c->cv, &c->mu, &until);
+      pthread_mutex_unlock(&c->mu);
+      check_blocked_enqueue(c);
+      pthread_mutex_lock(&c->mu);
+    }
     dt_work *w = c->head;
     pthread_mutex_unlock(&c->mu);
     if (w == NULL)
@@ -279,6 +326,7 @@ static void *watchdog_main(void *arg) {
       stream_failure(c, w, DT_ERR_TIMEOUT);
       continue;
     }
+    check_blocked_enqueue(c);
     struct timespec pause = {0, 500000L}; /* 0.5 ms: event queries are cheap */
     nanosleep(&pause, NULL);
   }
@@ -308,7 +356,8 @@ dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int
   c->cfg = cc;
   snprintf(c->peers, sizeof c->peers, "%s", peers);
   pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
+  pthread_mutex_init(&c->submit_mu, NULL);
+  init_monotonic_cond(&c->cv);
   int rc = pthread_create(&c->thread, NULL, be->enqueue ? watchdog_main : comm_thread_main, c);
   if (rc != 0) {
     dt_comm_destroy(c);
@@ -333,6 +382,7 @@ void dt_comm_destroy(dt_comm *c) {
   int broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   dt_comm_staging_free(&c->staging, broken);
   c->be->destroy(c->impl, broken);
+  pthread_mutex_destroy(&c->submit_mu);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
@@ -448,25 +498,38 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
     dt_work_release(w);
     return st;
   }
-  pthread_mutex_lock(&c->mu);
-  w->seq = ++c->seq;
   if (c->be->enqueue != NULL) {
-    /* Enqueue in sequence order; the host does not wait for the device. */
+    /* Enqueue in sequence order on the caller's thread, under submit_mu
+     * only; the host does not wait for the device. */
+    pthread_mutex_lock(&c->submit_mu);
+    pthread_mutex_lock(&c->mu);
+    w->seq = ++c->seq;
+    pthread_mutex_unlock(&c->mu);
     w->on_stream = 1;
     w->started_s = w->submitted_s;
+    __atomic_store_n(&c->enqueue_seq, w->seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->enqueue_since_us, (int64_t)(dt_comm_now() * 1e6) | 1, __ATOMIC_RELEASE);
     st = c->be->enqueue(c->impl, w);
+    __atomic_store_n(&c->enqueue_since_us, 0, __ATOMIC_RELEASE);
     if (st != DT_OK) {
+      pthread_mutex_lock(&c->mu);
       /* The ranks' collectives are out of step now: nobody may hang on it. */
-      snprintf(c->broken_why, sizeof c->broken_why, "enqueueing collective #%llu failed: %s",
-               (unsigned long long)w->seq, dt_last_error());
+      if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+        snprintf(c->broken_why, sizeof c->broken_why, "enqueueing collective #%llu failed: %s",
+                 (unsigned long long)w->seq, dt_last_error());
       __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
       pthread_mutex_unlock(&c->mu);
+      pthread_mutex_unlock(&c->submit_mu);
       st = dt_error_wrap(st, "rank %d: enqueueing %s #%llu on the %s communicator", c->rank,
                          dt_coll_kind_name(kind), (unsigned long long)w->seq, c->be->name);
       w->refcount = 1;
       dt_work_release(w);
       return st;
     }
+    pthread_mutex_lock(&c->mu);
+  } else {
+    pthread_mutex_lock(&c->mu);
+    w->seq = ++c->seq;
   }
   if (c->tail)
     c->tail->next = w;
@@ -475,6 +538,8 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
   c->tail = w;
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
+  if (c->be->enqueue != NULL)
+    pthread_mutex_unlock(&c->submit_mu); /* after the append: queue order = seq order */
   *out_work = w;
   return DT_OK;
 }
