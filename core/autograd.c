@@ -243,6 +243,12 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
       return DT_ERROR(DT_ERR_SHAPE, "backward: grad_output %s does not have the loss's shape %s",
                       dt_tensor_describe(grad_output, b, sizeof b),
                       dt_tensor_describe(loss, a, sizeof a));
+    if (grad_output->dtype != DT_DTYPE_F32 ||
+        !dt_device_equal(grad_output->storage->device, loss->storage->device))
+      return DT_ERROR(grad_output->dtype != DT_DTYPE_F32 ? DT_ERR_DTYPE : DT_ERR_DEVICE_MISMATCH,
+                      "backward: grad_output %s must be f32 on the loss's device (loss %s)",
+                      dt_tensor_describe(grad_output, b, sizeof b),
+                      dt_tensor_describe(loss, a, sizeof a));
     DT_CHECK(dt_tensor_contiguous(grad_output, &seed));
   } else {
     if (dt_tensor_numel(loss) != 1)

@@ -162,6 +162,23 @@ TEST(Autograd, FailedBackwardLeavesLiveGraphUsable) {
     dt_tensor_release(p);
 }
 
+TEST(Autograd, GradOutputMustBeF32OnTheLossDevice) {
+  dt_tensor *x = MakeTensor({1, 2}, {2}, true);
+  dt_tensor *y, *half, *other;
+  ASSERT_EQ(dt_op_scale(x, 2.0f, &y), DT_OK);
+  dt_tensor *go = MakeTensor({1, 1}, {2});
+  ASSERT_EQ(dt_tensor_to_dtype(go, DT_DTYPE_F16, &half), DT_OK);
+  EXPECT_EQ(dt_backward(y, half), DT_ERR_DTYPE);
+  dt_device d1;
+  ASSERT_EQ(dt_device_parse("cpu:1", &d1), DT_OK);
+  ASSERT_EQ(dt_tensor_to_device(go, d1, &other), DT_OK);
+  EXPECT_EQ(dt_backward(y, other), DT_ERR_DEVICE_MISMATCH);
+  EXPECT_NE(std::string(dt_last_error()).find("cpu:1"), std::string::npos) << dt_last_error();
+  ASSERT_EQ(dt_backward(y, go), DT_OK) << dt_last_error();
+  for (dt_tensor *p : {x, y, go, half, other})
+    dt_tensor_release(p);
+}
+
 TEST(Autograd, NonScalarNeedsGradOutputAndAccumulates) {
   dt_tensor *x = MakeTensor({1, 2, 3}, {3}, true);
   dt_tensor *y;
