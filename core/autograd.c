@@ -119,9 +119,24 @@ dt_status dt_tensor_remove_grad_ready_hook(dt_tensor *leaf, dt_hook_handle h) {
   return DT_ERROR(DT_ERR_INVALID_ARG, "no grad-ready hook with handle %d on this tensor", h);
 }
 
+/* Fires the hooks registered when the gradient became complete, in order,
+ * from a snapshot: a hook may remove itself (or others) while they fire. */
 static void fire_hooks(dt_tensor *leaf) {
-  for (int i = 0; i < leaf->n_hooks; i++)
-    leaf->hooks[i].fn(leaf, leaf->hooks[i].user);
+  dt_grad_hook small[8];
+  int n = leaf->n_hooks;
+  if (n == 0)
+    return;
+  dt_grad_hook *snap = n <= 8 ? small : malloc(sizeof *snap * (size_t)n);
+  if (snap == NULL) { /* no memory for a snapshot: fire in place */
+    for (int i = 0; i < leaf->n_hooks; i++)
+      leaf->hooks[i].fn(leaf, leaf->hooks[i].user);
+    return;
+  }
+  memcpy(snap, leaf->hooks, sizeof *snap * (size_t)n);
+  for (int i = 0; i < n; i++)
+    snap[i].fn(leaf, snap[i].user);
+  if (snap != small)
+    free(snap);
 }
 
 /* ---- backward ---- */

@@ -236,6 +236,38 @@ TEST(Autograd, GradReadyHookFiresOnceWithCompleteGradient) {
     dt_tensor_release(p);
 }
 
+struct SelfRemoving {
+  dt_hook_handle handle = 0;
+  int calls = 0;
+};
+
+void remove_self(dt_tensor *leaf, void *user) {
+  auto *s = static_cast<SelfRemoving *>(user);
+  s->calls++;
+  EXPECT_EQ(dt_tensor_remove_grad_ready_hook(leaf, s->handle), DT_OK);
+}
+
+void count_call(dt_tensor *, void *user) { (*static_cast<int *>(user))++; }
+
+TEST(Autograd, HookMayRemoveItselfWithoutSkippingTheNext) {
+  dt_tensor *w = MakeTensor({1, 2}, {2}, true);
+  SelfRemoving first;
+  int second = 0;
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, remove_self, &first, &first.handle), DT_OK);
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, count_call, &second, nullptr), DT_OK);
+  for (int pass = 0; pass < 2; pass++) {
+    dt_tensor *y, *s;
+    ASSERT_EQ(dt_op_scale(w, 2.0f, &y), DT_OK);
+    ASSERT_EQ(dt_op_sum(y, nullptr, 0, 0, &s), DT_OK);
+    ASSERT_EQ(dt_backward(s, nullptr), DT_OK);
+    dt_tensor_release(y);
+    dt_tensor_release(s);
+  }
+  EXPECT_EQ(first.calls, 1);  // removed itself during the first pass
+  EXPECT_EQ(second, 2);       // fired in both passes, not skipped
+  dt_tensor_release(w);
+}
+
 TEST(Autograd, NoGradRecordsNothing) {
   dt_tensor *x = MakeTensor({1, 2}, {2}, true);
   dt_tensor *y;
