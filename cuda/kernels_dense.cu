@@ -373,19 +373,22 @@ static __global__ void reduce_rows_kernel(const float *x, float *y, int64_t oute
   }
 }
 
-// x (outer, r, inner) -> part (outer, splits, inner): sums of r-chunks; grid (inner/32, splits, outer)
-static __global__ void reduce_cols_partial_kernel(const float *x, double *part, int64_t r,
-                                                  int64_t inner, int64_t chunk) {
+// x (outer, r, inner) -> part (outer, splits, inner): sums of r-chunks;
+// grid (inner/32, splits, min(outer, 65535)), grid-stride over outer in z
+static __global__ void reduce_cols_partial_kernel(const float *x, double *part, int64_t outer,
+                                                  int64_t r, int64_t inner, int64_t chunk) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  int64_t o = blockIdx.z, split = blockIdx.y;
+  int64_t split = blockIdx.y;
   if (i >= inner)
     return;
   int64_t k0 = split * chunk, k1 = k0 + chunk < r ? k0 + chunk : r;
-  const float *base = x + o * r * inner + i;
-  double acc = 0.0;
-  for (int64_t k = k0; k < k1; k++)
-    acc += base[k * inner];
-  part[(o * gridDim.y + split) * inner + i] = acc;
+  for (int64_t o = blockIdx.z; o < outer; o += gridDim.z) {
+    const float *base = x + o * r * inner + i;
+    double acc = 0.0;
+    for (int64_t k = k0; k < k1; k++)
+      acc += base[k * inner];
+    part[(o * gridDim.y + split) * inner + i] = acc;
+  }
 }
 
 // part (outer, splits, inner) -> y (outer, inner) = scale * sum over splits, in order
@@ -414,11 +417,6 @@ extern "C" dt_status dt_cuda_reduce_sum(dt_device dev, const float *x, float *y,
     DT_CUDA_CHECK_LAUNCH();
     return DT_OK;
   }
-  if (outer > 65535)
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "reduce_sum: outer size %lld over 65535 with inner %lld: reshape so the "
-                    "reduced axis is last or first",
-                    (long long)outer, (long long)inner);
   /* Split r into chunks so that enough blocks run; partials in double. */
   int64_t splits = r < 64 ? 1 : (r + 63) / 64;
   if (splits > 128)
@@ -427,8 +425,9 @@ extern "C" dt_status dt_cuda_reduce_sum(dt_device dev, const float *x, float *y,
   double *part = NULL;
   DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(outer * splits * inner) * sizeof(double),
                                  (void **)&part));
-  dim3 grid((unsigned)((inner + 31) / 32), (unsigned)splits, (unsigned)outer);
-  reduce_cols_partial_kernel<<<grid, 32, 0, stream>>>(x, part, r, inner, chunk);
+  dim3 grid((unsigned)((inner + 31) / 32), (unsigned)splits,
+            (unsigned)(outer < 65535 ? outer : 65535));
+  reduce_cols_partial_kernel<<<grid, 32, 0, stream>>>(x, part, outer, r, inner, chunk);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) {
     reduce_cols_final_kernel<<<dt_grid_for(outer * inner), DT_THREADS, 0, stream>>>(
@@ -525,13 +524,15 @@ static __global__ void sgd_kernel(float *param, const float *grad, float *buf, i
     float p = param[i];
     float g = grad[i];
     if (wd != 0.0f)
-      g += wd * p;
+      g = __fadd_rn(g, __fmul_rn(wd, p));
     if (momentum != 0.0f) {
-      float b = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
+      float b = first_step ? g
+                           : __fadd_rn(__fmul_rn(momentum, buf[i]),
+                                       __fmul_rn(1.0f - dampening, g));
       buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
+      g = nesterov ? __fadd_rn(g, __fmul_rn(momentum, b)) : b;
     }
-    param[i] = p - lr * g;
+    param[i] = __fsub_rn(p, __fmul_rn(lr, g));
   }
 }
 
@@ -539,11 +540,18 @@ extern "C" dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float
                                         float *momentum_buf, int64_t n, float lr, float momentum,
                                         float dampening, float weight_decay, int nesterov,
                                         int first_step) {
-  if (n <= 0)
-    return DT_OK;
+  if (n < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: negative size %lld", (long long)n);
   if (momentum != 0.0f && !momentum_buf)
     return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: momentum %g needs a momentum buffer",
                     (double)momentum);
+  if (nesterov && (momentum <= 0.0f || dampening != 0.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "sgd_update: nesterov needs momentum > 0 and dampening 0 (got momentum %g, "
+                    "dampening %g), as torch.optim.SGD",
+                    (double)momentum, (double)dampening);
+  if (n == 0)
+    return DT_OK;
   DT_CUDA_STREAM(dev, ctx, stream);
   sgd_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, momentum_buf, n, lr,
                                                         momentum, dampening, weight_decay,
@@ -552,33 +560,50 @@ extern "C" dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float
   return DT_OK;
 }
 
-// param, grad, m, v (n): PyTorch AdamW with bias corrections bc1, bc2
+// param, grad, m, v (n): PyTorch AdamW, the CPU's operation order
+// (core/cpu_kernels_optim.c); explicit _rn intrinsics keep nvcc from
+// contracting into FMAs, so that the result matches the CPU bit for bit.
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
-                                    int64_t n, float lr, float b1, float b2, float eps, float wd,
-                                    float bc1, float bc2) {
+                                    int64_t n, float decay, float b2, float eps, float w1,
+                                    float w2, float step_size, float bc2_sqrt) {
   DT_GRID_STRIDE(i, n) {
-    float p = param[i], g = grad[i];
-    p -= lr * wd * p;
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    float g = grad[i];
+    float p = __fmul_rn(param[i], decay);
+    float mo = m[i];
+    /* m.lerp_(g, 1-b1): PyTorch's lerp picks the form by the weight */
+    float mi = w1 < 0.5f ? __fadd_rn(mo, __fmul_rn(w1, __fsub_rn(g, mo)))
+                         : __fsub_rn(g, __fmul_rn(__fsub_rn(g, mo), 1.0f - w1));
+    float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(w2, g), g));
     m[i] = mi;
     v[i] = vi;
-    param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+    param[i] = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
   }
 }
 
 extern "C" dt_status dt_cuda_adamw_update(dt_device dev, float *param, const float *grad,
                                           float *m, float *v, int64_t n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, int step) {
+  if (n < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: negative size %lld", (long long)n);
   if (step < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: step %d: steps count from 1", step);
-  if (n <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "adamw_update: step %d: steps count from 1 (bias correction 1-beta^step)",
+                    step);
+  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: betas (%g, %g) must lie in [0, 1)",
+                    (double)beta1, (double)beta2);
+  if (n == 0)
     return DT_OK;
   DT_CUDA_STREAM(dev, ctx, stream);
-  float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
-  float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
-  adamw_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, m, v, n, lr, beta1, beta2,
-                                                          eps, weight_decay, bc1, bc2);
+  /* Scalars in double, as the CPU (and PyTorch's Python floats). */
+  float decay = (float)(1.0 - (double)lr * (double)weight_decay);
+  double bc1 = 1.0 - pow((double)beta1, step), bc2 = 1.0 - pow((double)beta2, step);
+  float step_size = (float)((double)lr / bc1);
+  float bc2_sqrt = (float)sqrt(bc2);
+  float w1 = 1.0f - beta1, w2 = 1.0f - beta2;
+  adamw_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, m, v, n, decay, beta2, eps,
+                                                          w1, w2, step_size, bc2_sqrt);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }

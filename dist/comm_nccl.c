@@ -217,6 +217,10 @@ static dt_status nccl_wait_stream(void *impl, dt_work *w, dt_stream *s) {
   nccl_comm *nc = impl;
   nccl_work_events *ev = w->backend_data;
   cudaStream_t cs = (cudaStream_t)dt_cuda_stream_handle(s);
+  /* The event is created on the current device and must be recorded on a
+   * stream of the same device: the calling thread's current device may be
+   * another GPU of this process. */
+  NC_CUDA(cudaSetDevice(nc->dev.index));
   if (ev->waited == NULL)
     NC_CUDA(cudaEventCreate(&ev->waited));
   NC_CUDA(cudaEventRecord(ev->waited, cs)); /* where the waiting stream stands */

@@ -1,9 +1,10 @@
 """Test helpers."""
 
-def dt_cc_test(name, deps = [], **kwargs):
+def dt_cc_test(name, deps = [], srcs_name = None, **kwargs):
+    """A GoogleTest suite from <srcs_name or name>.cc plus tests/test_util."""
     native.cc_test(
         name = name,
-        srcs = [name + ".cc"] + native.glob(["test_util*.h", "test_util*.cc"]),
+        srcs = [(srcs_name or name) + ".cc"] + native.glob(["test_util*.h", "test_util*.cc"]),
         deps = deps + [
             "//core",
             "//models",

@@ -171,7 +171,7 @@ bundle() {
   cd "$root" || die "no repository at $root"
   local targets
   targets=$(bazel query --noshow_progress \
-    'attr(name, "cuda|nccl|gpu", kind("cc_test|cc_binary", //tests/...))' 2>/dev/null)
+    'attr(name, "cuda|nccl|gpu", kind("cc_test|cc_binary", //tests/...)) except attr(name, "selfcheck", //tests/...)' 2>/dev/null)
   [ -n "$targets" ] || die "bazel query found no CUDA test targets under //tests"
   say "building: $(echo $targets) //launch:dtrain"
   bazel build --noshow_progress $targets //launch:dtrain >/dev/null 2>&1 ||
