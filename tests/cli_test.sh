@@ -8,36 +8,14 @@ dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
 [ -x "$dtrain" ] || { echo "cli_test: dtrain binary not found" >&2; exit 1; }
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-failures=0
-checks=0
-out="$tmp/out"
-err="$tmp/err"
-rc=0
+lib="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/tests/check_lib.sh"
+[ -f "$lib" ] || lib="$(dirname "$0")/check_lib.sh"
+# shellcheck source=tests/check_lib.sh
+. "$lib"
 
 run() {
   "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
-}
-
-fail() {
-  failures=$((failures + 1))
-  echo "FAIL: $*"
-  echo "  stdout: $(head -c 2000 "$out")"
-  echo "  stderr: $(head -c 2000 "$err")"
-}
-
-# expect RC WHERE PATTERN DESCRIPTION: the last run exited RC and WHERE
-# (out|err) matches the extended regex PATTERN.
-expect() {
-  local want=$1 where=$2 pattern=$3 what=$4
-  checks=$((checks + 1))
-  if [ "$rc" != "$want" ]; then
-    fail "$what: exit status $rc, expected $want"
-  elif ! grep -Eq -- "$pattern" "${!where}"; then
-    fail "$what: $where does not match /$pattern/"
-  else
-    echo "ok: $what"
-  fi
 }
 
 run --help

@@ -30,33 +30,14 @@ find_data_dir() {
 data_dir=$(find_data_dir) || exit 1
 export DT_DATA_DIR="$data_dir"
 
-failures=0
-checks=0
-out="$tmp/out"
-err="$tmp/err"
-rc=0
+lib="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/tests/check_lib.sh"
+[ -f "$lib" ] || lib="$(dirname "$0")/../check_lib.sh"
+# shellcheck source=tests/check_lib.sh
+. "$lib"
 timeout_bin=$(command -v timeout) || { echo "ddp_cli_test: timeout(1) not found" >&2; exit 1; }
 run() { # run with a deadline: nothing here may hang
   "$timeout_bin" 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
-}
-fail() {
-  failures=$((failures + 1))
-  echo "FAIL: $*"
-  echo "  stdout: $(tail -c 3000 "$out")"
-  echo "  stderr: $(tail -c 3000 "$err")"
-}
-# expect RC WHERE PATTERN DESCRIPTION
-expect() {
-  local want=$1 where=$2 pattern=$3 what=$4
-  checks=$((checks + 1))
-  if [ "$rc" != "$want" ]; then
-    fail "$what: exit status $rc, expected $want"
-  elif ! grep -Eq -- "$pattern" "${!where}"; then
-    fail "$what: $where does not match /$pattern/"
-  else
-    echo "ok: $what"
-  fi
 }
 expect_not() { # expect_not WHERE PATTERN DESCRIPTION
   checks=$((checks + 1))
