@@ -150,8 +150,8 @@ dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path
     return DT_ERROR(DT_ERR_OOM, "cannot allocate the dataset");
   dt_status st = DT_OK;
   /* Labels first: small, and a wrong path shows up before the big read. */
-  DT_CHECK_GOTO(dt_idx_read(labels_path, 1, &s->labels), fail);
-  DT_CHECK_GOTO(dt_idx_read(images_path, 3, &s->images), fail);
+  DT_CHECK_GOTO(dt_idx_read(labels_path, 1, &s->labels), st, fail);
+  DT_CHECK_GOTO(dt_idx_read(images_path, 3, &s->images), st, fail);
   if (s->images.dims[0] != s->labels.dims[0]) {
     st = DT_ERROR(DT_ERR_FORMAT,
                   "mismatched counts: %s holds %lld images but %s holds %lld labels: the "

@@ -189,7 +189,7 @@ static dt_status idx_read_gzip(gzFile gz, const char *path, int64_t header_bytes
     }
     int64_t room = cap - have;
     size_t got = 0;
-    DT_CHECK_GOTO(gz_read_fully(gz, path, data + have, (size_t)room, &got), fail);
+    DT_CHECK_GOTO(gz_read_fully(gz, path, data + have, (size_t)room, &got), st, fail);
     have += (int64_t)got;
     if ((int64_t)got < room)
       break; /* end of stream */
@@ -208,7 +208,7 @@ static dt_status idx_read_gzip(gzFile gz, const char *path, int64_t header_bytes
   }
   uint8_t extra[64];
   size_t more = 0;
-  DT_CHECK_GOTO(gz_read_fully(gz, path, extra, sizeof extra, &more), fail);
+  DT_CHECK_GOTO(gz_read_fully(gz, path, extra, sizeof extra, &more), st, fail);
   if (more > 0) {
     st = DT_ERROR(DT_ERR_FORMAT,
                   "%s: trailing garbage: expected %lld bytes of data, found more after them: "

@@ -195,8 +195,7 @@ static dt_status append_tensor(dt_module *m, named_tensor **list, int *n, int *c
 dt_status dt_module_register_parameter(dt_module *m, const char *name, dt_tensor *param) {
   DT_CHECK(check_new_name(m, name, "parameter"));
   if (param == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "registering parameter \"%s\": the tensor is NULL",
-                    name);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "registering parameter \"%s\": the tensor is NULL", name);
   if (!dt_tensor_is_leaf(param))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "registering parameter \"%s\": the tensor is the result of an op (not a "
@@ -216,8 +215,10 @@ dt_status dt_module_register_buffer(dt_module *m, const char *name, dt_tensor *b
 dt_status dt_module_add_child(dt_module *m, const char *name, dt_module *child) {
   DT_CHECK(check_new_name(m, name, "child"));
   if (child == NULL || child == m)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adding child \"%s\": the child is NULL or the module "
-                    "itself", name);
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "adding child \"%s\": the child is NULL or the module "
+                    "itself",
+                    name);
   if (child->parent != NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "adding child \"%s\": the %s module already belongs to another module: a "
@@ -225,14 +226,15 @@ dt_status dt_module_add_child(dt_module *m, const char *name, dt_module *child) 
                     name, dt_module_type_name(child));
   for (dt_module *a = m; a != NULL; a = a->parent)
     if (a == child)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "adding child \"%s\": it is an ancestor of the "
-                      "module (cycle)", name);
-  DT_CHECK(grow((void **)&m->children, &m->cap_children, m->n_children + 1,
-                sizeof *m->children, "child"));
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "adding child \"%s\": it is an ancestor of the "
+                      "module (cycle)",
+                      name);
+  DT_CHECK(grow((void **)&m->children, &m->cap_children, m->n_children + 1, sizeof *m->children,
+                "child"));
   char *copy = copy_string(name);
   if (copy == NULL)
-    return DT_ERROR(DT_ERR_OOM, "copying the child name \"%s\" failed: out of host memory",
-                    name);
+    return DT_ERROR(DT_ERR_OOM, "copying the child name \"%s\" failed: out of host memory", name);
   m->children[m->n_children].name = copy;
   m->children[m->n_children].m = child;
   m->n_children++;
@@ -289,8 +291,7 @@ static int flat_contains(const flat_list *l, const dt_tensor *t) {
 /* Appends m's tensors (own first, then each child's) with `prefix`.
  * A tensor registered twice (shared weights) is listed once, under its
  * first name, as PyTorch's named_parameters() does. */
-static dt_status flatten_into(const dt_module *m, int buffers, const char *prefix,
-                              flat_list *l) {
+static dt_status flatten_into(const dt_module *m, int buffers, const char *prefix, flat_list *l) {
   const named_tensor *own = buffers ? m->buffers : m->params;
   int n_own = buffers ? m->n_buffers : m->n_params;
   for (int i = 0; i < n_own; i++) {
@@ -311,8 +312,10 @@ static dt_status flatten_into(const dt_module *m, int buffers, const char *prefi
     size_t len = strlen(prefix) + strlen(m->children[c].name) + 2;
     char *child_prefix = malloc(len);
     if (child_prefix == NULL)
-      return DT_ERROR(DT_ERR_OOM, "building the dotted prefix of child \"%s\": out of host "
-                      "memory", m->children[c].name);
+      return DT_ERROR(DT_ERR_OOM,
+                      "building the dotted prefix of child \"%s\": out of host "
+                      "memory",
+                      m->children[c].name);
     snprintf(child_prefix, len, "%s%s.", prefix, m->children[c].name);
     dt_status st = flatten_into(m->children[c].m, buffers, child_prefix, l);
     free(child_prefix);
@@ -452,7 +455,8 @@ static dt_status add_hook(module_hook **list, int *n, int *cap, module_hook h,
 dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook fn, void *user,
                                               dt_hook_handle *out) {
   if (m == NULL || fn == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "registering a forward pre-hook: module or function "
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "registering a forward pre-hook: module or function "
                     "is NULL");
   module_hook h = {0, fn, NULL, user};
   return add_hook(&m->pre_hooks, &m->n_pre_hooks, &m->cap_pre_hooks, h, out);
@@ -461,7 +465,8 @@ dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook 
 dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void *user,
                                           dt_hook_handle *out) {
   if (m == NULL || fn == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "registering a forward hook: module or function is "
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "registering a forward hook: module or function is "
                     "NULL");
   module_hook h = {0, NULL, fn, user};
   return add_hook(&m->hooks, &m->n_hooks, &m->cap_hooks, h, out);
@@ -509,7 +514,7 @@ dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
       x = repl;
     }
   }
-  DT_CHECK_GOTO(m->vt->forward(m, x, &y), release_input);
+  DT_CHECK_GOTO(m->vt->forward(m, x, &y), st, release_input);
   for (int i = 0; i < m->n_hooks; i++) {
     dt_tensor *repl = NULL;
     st = m->hooks[i].post(m, x, y, &repl, m->hooks[i].user);

@@ -32,7 +32,7 @@ dt_status dt_nn_sequential(dt_module *const *mods, int n, dt_module **out) {
     st = DT_ERROR(DT_ERR_INVALID_ARG, "Sequential of %d modules: bad arguments", n);
     goto destroy_rest;
   }
-  DT_CHECK_GOTO(dt_module_create(&sequential_vtable, NULL, &seq), destroy_rest);
+  DT_CHECK_GOTO(dt_module_create(&sequential_vtable, NULL, &seq), st, destroy_rest);
   for (; i < n; i++) {
     st = dt_nn_sequential_append(seq, mods[i]); /* owns mods[i], also on failure */
     if (st != DT_OK) {

@@ -151,12 +151,12 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
     } else {
       int64_t n = outer * inner;
       dt_tensor *buf = NULL;
-      DT_CHECK_GOTO(dt_tensor_empty(&n, 1, DT_DTYPE_F32, dev, &buf), release_bufs);
+      DT_CHECK_GOTO(dt_tensor_empty(&n, 1, DT_DTYPE_F32, dev, &buf), st, release_bufs);
       dt_tensor_release(bufs[done & 1]);
       bufs[done & 1] = buf;
       dst = DT_F32(buf);
     }
-    DT_CHECK_GOTO(be->reduce_sum(dev, src, dst, outer, r, inner, done == 1 ? scale : 1.0f),
+    DT_CHECK_GOTO(be->reduce_sum(dev, src, dst, outer, r, inner, done == 1 ? scale : 1.0f), st,
                   release_bufs);
     m.size[i] = 1;
     src = dst;

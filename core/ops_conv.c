@@ -87,18 +87,18 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL;
   dt_status st;
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
   if (has_bias && node->needs_grad[2]) {
     int64_t oc = g.oc;
-    DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
-  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), fail);
+  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   DT_CHECK_GOTO(dt_tensor_backend(gy)->conv2d_backward(
                     dev, &g, DT_F32(x), DT_F32(w), DT_F32(gy), dx ? DT_F32(dx) : NULL,
                     dw ? DT_F32(dw) : NULL, db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
-                fail);
+                st, fail);
   dt_tensor_release(ws);
   grad_in[0] = dx;
   grad_in[1] = dw;
@@ -141,18 +141,18 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   dt_node *node = NULL;
   dt_status st;
   int64_t oshape[4] = {g.n, g.oc, g.oh, g.ow};
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), st, fail);
   if (bias)
-    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), fail);
-  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), fail);
+    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
+  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
   DT_CHECK_GOTO(
       dt_tensor_backend(x)->conv2d_forward(dev, &g, DT_F32(xc), DT_F32(wc), bc ? DT_F32(bc) : NULL,
                                            DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
-      fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), fail);
+      st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), st, fail);
   if (node) {
     dt_node_save(node, 0, xc);
     dt_node_save(node, 1, wc);
@@ -188,9 +188,9 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
       DT_CHECK_GOTO(
           be->maxpool2d_backward(dev, &g, DT_F32(gy),
                                  (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
-          fail);
+          st, fail);
     else
-      DT_CHECK_GOTO(be->avgpool2d_backward(dev, &g, DT_F32(gy), DT_F32(dx)), fail);
+      DT_CHECK_GOTO(be->avgpool2d_backward(dev, &g, DT_F32(gy), DT_F32(dx)), st, fail);
   }
   grad_in[0] = dx;
   return DT_OK;
@@ -217,19 +217,19 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   dt_node *node = NULL;
   dt_status st;
   int64_t oshape[4] = {g.n, g.c, g.oh, g.ow};
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
   /* x (n,c,h,w) -> y (n,c,oh,ow) [, argmax (n,c,oh,ow) flat index in h*w] */
   if (is_max) {
-    DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);
     if (dt_tensor_numel(y) > 0)
       DT_CHECK_GOTO(
           be->maxpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y), (int32_t *)dt_tensor_data(argmax)),
-          fail);
+          st, fail);
   } else if (dt_tensor_numel(y) > 0) {
-    DT_CHECK_GOTO(be->avgpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y)), fail);
+    DT_CHECK_GOTO(be->avgpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y)), st, fail);
   }
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), st, fail);
   if (node) {
     geom_to_ints(&g, node->ints);
     node->reals[0] = is_max;

@@ -92,9 +92,9 @@ static dt_status add_sub_backward(dt_node *node, dt_tensor *grad_out, dt_tensor 
   dt_status st;
   DT_CHECK(output_grad(node, grad_out, &g));
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[0], 1.0f, &grad_in[0]), done);
+    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[0], 1.0f, &grad_in[0]), st, done);
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[1], sign_b, &grad_in[1]), done);
+    DT_CHECK_GOTO(grad_to_operand(g, node->inputs[1], sign_b, &grad_in[1]), st, done);
   st = DT_OK;
 done:
   dt_tensor_release(g);
@@ -125,9 +125,9 @@ static dt_status mul_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **gr
   dt_status st;
   DT_CHECK(output_grad(node, grad_out, &g));
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(mul_grad_for(g, a, b, &grad_in[0]), done);
+    DT_CHECK_GOTO(mul_grad_for(g, a, b, &grad_in[0]), st, done);
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(mul_grad_for(g, b, a, &grad_in[1]), done);
+    DT_CHECK_GOTO(mul_grad_for(g, b, a, &grad_in[1]), st, done);
   st = DT_OK;
 done:
   dt_tensor_release(g);
@@ -186,8 +186,8 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(dt_ops_scaled_copy(x, alpha, &y), fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_scaled_copy(x, alpha, &y), st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), st, fail);
   if (node)
     node->reals[0] = alpha;
   st = DT_OK;
@@ -227,13 +227,13 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(dt_ops_empty_like(x, dt_tensor_device(x), &y), fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dt_tensor_device(x), &y), st, fail);
   int64_t n = dt_tensor_numel(x);
   if (n > 0)
     DT_CHECK_GOTO(
-        dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x), DT_F32(y)),
+        dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x), DT_F32(y)), st,
         fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), st, fail);
   const int64_t ints[1] = {op};
   dt_ops_save_for_backward(node, &x, 1, ints, 1);
   st = DT_OK;

@@ -56,15 +56,15 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
   dt_tensor *ic = NULL, *tc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(idx, &ic), fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(table, &tc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, ni + 1, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(idx, &ic), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(table, &tc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, ni + 1, DT_DTYPE_F32, dev, &y), st, fail);
   /* idx (n), table (v, d) -> y (n, d) */
   if (n * d > 0)
     DT_CHECK_GOTO(dt_tensor_backend(table)->embedding_forward(dev, dt_tensor_data(ic), idt,
                                                               DT_F32(tc), DT_F32(y), n, v, d),
-                  fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), fail);
+                  st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), st, fail);
   const int64_t ints[3] = {n, v, d};
   dt_ops_save_for_backward(node, &ic, 1, ints, 3);
   st = DT_OK;
@@ -118,9 +118,9 @@ dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, 
   dt_tensor *xc = NULL, *y = NULL, *mask = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_U8, dev, &mask),
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_U8, dev, &mask), st,
                 fail);
   /* keep element i iff uniform(seed, offset + i) >= p; y = x * mask / (1 - p) */
   uint64_t offset = dt_generator_advance(gen, (uint64_t)n);
@@ -128,8 +128,8 @@ dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, 
     DT_CHECK_GOTO(
         dt_tensor_backend(x)->dropout_forward(
             dev, DT_F32(xc), DT_F32(y), (uint8_t *)dt_tensor_data(mask), n, p, gen->seed, offset),
-        fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), fail);
+        st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), st, fail);
   if (node) {
     dt_node_save(node, 0, mask);
     node->reals[0] = p;

@@ -46,17 +46,17 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   }
   if (node->needs_grad[0]) {
     /* da (m,k) = g (m,n) @ b^T, b (k,n) */
-    DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), st, fail);
     DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n, batched ? k * n : 0,
                        0.0f, DT_F32(da), k, m * k, batch),
-                  fail);
+                  st, fail);
   }
   if (node->needs_grad[1]) {
     /* db (k,n) = a^T (k,m) @ g (m,n) */
-    DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), st, fail);
     DT_CHECK_GOTO(gemm(dev, 1, 0, k, n, m, DT_F32(a), k, m * k, DT_F32(g), n, m * n, 0.0f,
                        DT_F32(db), n, k * n, batch),
-                  fail);
+                  st, fail);
   }
   grad_in[0] = da;
   grad_in[1] = db;
@@ -97,19 +97,19 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   dt_node *node = NULL;
   dt_status st;
   dt_device dev = dt_tensor_device(a);
-  DT_CHECK_GOTO(dt_ops_contiguous(a, &ac), fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(b, &bc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, na, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(a, &ac), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(b, &bc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, na, DT_DTYPE_F32, dev, &y), st, fail);
   /* y (m,n) = a (m,k) @ b (k,n), per batch when batched */
   if (batched)
     DT_CHECK_GOTO(gemm(dev, 0, 0, m, n, k, DT_F32(ac), k, m * k, DT_F32(bc), n, k * n, 0.0f,
                        DT_F32(y), n, m * n, batch),
-                  fail);
+                  st, fail);
   else
     DT_CHECK_GOTO(gemm(dev, 0, 0, m * batch, n, k, DT_F32(ac), k, 0, DT_F32(bc), n, 0, 0.0f,
                        DT_F32(y), n, 0, 1),
-                  fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), fail);
+                  st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), st, fail);
   dt_tensor *saved[2] = {ac, bc};
   const int64_t ints[5] = {batch, m, k, n, batched};
   dt_ops_save_for_backward(node, saved, 2, ints, 5);
@@ -137,25 +137,25 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   dt_status st = DT_OK;
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
-    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
     DT_CHECK_GOTO(gemm(dev, 0, 0, rows, in, outf, DT_F32(g), outf, 0, DT_F32(w), in, 0, 0.0f,
                        DT_F32(dx), in, 0, 1),
-                  fail);
+                  st, fail);
   }
   if (node->needs_grad[1]) {
     /* dw (out, in) = g^T (out, rows) @ x (rows, in) */
-    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
     DT_CHECK_GOTO(gemm(dev, 1, 0, outf, in, rows, DT_F32(g), outf, 0, DT_F32(x), in, 0, 0.0f,
                        DT_F32(dw), in, 0, 1),
-                  fail);
+                  st, fail);
   }
   if (has_bias && node->needs_grad[2]) {
     /* db (out) = sum over rows of g (rows, out) */
-    DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), st, fail);
     if (rows == 0)
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(db), 0.0f, outf), fail);
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(db), 0.0f, outf), st, fail);
     else if (outf > 0)
-      DT_CHECK_GOTO(be->reduce_sum(dev, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), fail);
+      DT_CHECK_GOTO(be->reduce_sum(dev, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), st, fail);
   }
   grad_in[0] = dx;
   grad_in[1] = dw;
@@ -200,21 +200,21 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), st, fail);
   float beta = 0.0f;
   if (bias && rows > 0 && outf > 0) {
     /* y (rows, out) = bias broadcast over rows, then y += x @ w^T */
-    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), fail);
-    DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), fail);
+    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
+    DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), st, fail);
     beta = 1.0f;
   }
   /* y (rows, out) = x (rows, in) @ w^T, w (out, in) */
   DT_CHECK_GOTO(gemm(dev, 0, 1, rows, outf, in, DT_F32(xc), in, 0, DT_F32(wc), in, 0, beta,
                      DT_F32(y), outf, 0, 1),
-                fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), fail);
+                st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[2] = {xc, wc};
   const int64_t ints[4] = {rows, in, outf, bias != NULL};
   dt_ops_save_for_backward(node, saved, 2, ints, 4);

@@ -50,14 +50,14 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
     if (red != DT_REDUCTION_NONE) {
       /* drows (rows) = scale * g (scalar); mean over no rows gives 0 grads */
       float scale = red == DT_REDUCTION_SUM ? 1.0f : (count > 0 ? 1.0f / (float)count : 0.0f);
-      DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &drows), fail);
-      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), fail);
+      DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &drows), st, fail);
+      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), st, fail);
       dloss_rows = DT_F32(drows);
     }
     DT_CHECK_GOTO(be->cross_entropy_backward(dev, DT_F32(logits), dt_tensor_data(target),
                                              dt_tensor_dtype(target), DT_F32(lse), dloss_rows,
                                              DT_F32(dlogits), rows, c, ignore),
-                  fail);
+                  st, fail);
   }
   dt_tensor_release(drows);
   grad_in[0] = dlogits;
@@ -100,29 +100,29 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   dt_node *node = NULL;
   int64_t count = 0;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), st, fail);
   /* loss_rows has target's shape so that reduction "none" returns it as is */
-  DT_CHECK_GOTO(dt_ops_empty_like(target, dev, &loss_rows), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(target, dev, &loss_rows), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), st, fail);
   if (rows > 0)
     DT_CHECK_GOTO(be->cross_entropy_forward(dev, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
                                             ignore_index, DT_F32(loss_rows), DT_F32(lse), &count),
-                  fail);
+                  st, fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(loss_rows);
   } else {
-    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
     if (reduction == DT_REDUCTION_MEAN && count == 0)
       /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail);
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), st, fail);
     else
       DT_CHECK_GOTO(
           sum_to_scalar(dev, DT_F32(loss_rows), rows,
                         reduction == DT_REDUCTION_MEAN ? 1.0f / (float)count : 1.0f, DT_F32(y)),
-          fail);
+          st, fail);
   }
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), st, fail);
   dt_tensor *saved[3] = {lc, tc, lse};
   const int64_t ints[5] = {reduction, ignore_index, count, rows, c};
   dt_ops_save_for_backward(node, saved, 3, ints, 5);
@@ -174,17 +174,17 @@ static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) 
   DT_CHECK(dt_ops_empty_like(diff, dev, &da));
   if (n > 0) {
     if (red == DT_REDUCTION_NONE) {
-      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, g, diff, DT_F32(da)), fail);
-      DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), fail);
+      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, g, diff, DT_F32(da)), st, fail);
+      DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), st, fail);
     } else {
       float coef = red == DT_REDUCTION_SUM ? 2.0f : 2.0f / (float)n;
-      DT_CHECK_GOTO(dt_ops_empty_like(diff, dev, &gb), fail);
-      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), fail);
-      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), fail);
+      DT_CHECK_GOTO(dt_ops_empty_like(diff, dev, &gb), st, fail);
+      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), st, fail);
+      DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), st, fail);
     }
   }
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(dt_ops_scaled_copy(da, -1.0f, &grad_in[1]), fail);
+    DT_CHECK_GOTO(dt_ops_scaled_copy(da, -1.0f, &grad_in[1]), st, fail);
   dt_tensor_release(gb);
   if (node->needs_grad[0])
     grad_in[0] = da;
@@ -222,22 +222,22 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   dt_status st;
   /* diff = a - b; sq = diff^2; y = sq or its (scaled) sum */
   DT_CHECK(dt_ops_empty_like(a, dev, &diff));
-  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_SUB, a, b, DT_F32(diff)), fail);
-  DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &sq), fail);
-  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, diff, diff, DT_F32(sq)), fail);
+  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_SUB, a, b, DT_F32(diff)), st, fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &sq), st, fail);
+  DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, diff, diff, DT_F32(sq)), st, fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(sq);
   } else {
-    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
     if (reduction == DT_REDUCTION_MEAN && n == 0)
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), fail); /* PyTorch: mean of nothing */
+      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), st, fail); /* PyTorch: mean of nothing */
     else
       DT_CHECK_GOTO(
           sum_to_scalar(dev, DT_F32(sq), n, reduction == DT_REDUCTION_MEAN ? 1.0f / (float)n : 1.0f,
                         DT_F32(y)),
-          fail);
+          st, fail);
   }
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), st, fail);
   const int64_t ints[2] = {reduction, n};
   dt_ops_save_for_backward(node, &diff, 1, ints, 2);
   st = DT_OK;

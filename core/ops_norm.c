@@ -54,28 +54,28 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
   dt_status st;
   DT_CHECK(dt_ops_empty_like(x, dev, &dx));
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dgamma), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dbeta), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
     DT_CHECK_GOTO(
         be->batchnorm_backward(dev, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
                                DT_F32(invstd), DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw),
-        fail);
+        st, fail);
   else
-    DT_CHECK_GOTO(be->fill(dev, DT_F32(dgamma), 0.0f, c), fail);
+    DT_CHECK_GOTO(be->fill(dev, DT_F32(dgamma), 0.0f, c), st, fail);
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
      * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */
-    DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), fail);
+    DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), st, fail);
     dt_binary_args args;
     memset(&args, 0, sizeof args);
     args.op = DT_BINARY_MUL;
     args.ndim = 1;
     args.shape[0] = c;
     args.a_strides[0] = args.b_strides[0] = 1;
-    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), fail);
+    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), st, fail);
     args.ndim = 3;
     args.shape[0] = n;
     args.shape[1] = c;
@@ -86,7 +86,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
     args.b_strides[0] = 0;
     args.b_strides[1] = 1;
     args.b_strides[2] = 0;
-    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), fail);
+    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), st, fail);
   }
   dt_tensor_release(scale);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
@@ -171,32 +171,32 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
             *rv = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(param_or_const(gamma, c, 1.0f, dev, &gc), fail);
-  DT_CHECK_GOTO(param_or_const(beta, c, 0.0f, dev, &bc), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(param_or_const(gamma, c, 1.0f, dev, &gc), st, fail);
+  DT_CHECK_GOTO(param_or_const(beta, c, 0.0f, dev, &bc), st, fail);
   if (running_mean) {
     rm = dt_tensor_retain(running_mean);
     rv = dt_tensor_retain(running_var);
   } else { /* training without running stats: scratch buffers */
-    DT_CHECK_GOTO(dt_tensor_zeros(&c, 1, DT_DTYPE_F32, dev, &rm), fail);
-    DT_CHECK_GOTO(dt_tensor_full(&c, 1, 1.0f, dev, &rv), fail);
+    DT_CHECK_GOTO(dt_tensor_zeros(&c, 1, DT_DTYPE_F32, dev, &rm), st, fail);
+    DT_CHECK_GOTO(dt_tensor_full(&c, 1, 1.0f, dev, &rv), st, fail);
   }
-  DT_CHECK_GOTO(dt_tensor_empty(s, nd, DT_DTYPE_F32, dev, &y), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &mean), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), fail);
+  DT_CHECK_GOTO(dt_tensor_empty(s, nd, DT_DTYPE_F32, dev, &y), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &mean), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
     DT_CHECK_GOTO(be->batchnorm_forward(dev, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
                                         DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd), n, c,
                                         hw, training, momentum, eps),
-                  fail);
+                  st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);
   if (node && !training) {
     dt_tensor_release(mean);
     dt_tensor_release(invstd);
     mean = invstd = NULL;
-    DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), fail);
+    DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), st, fail);
   }
   dt_tensor *saved[4] = {xc, gc, mean, invstd};
   const int64_t ints[6] = {n, c, hw, training != 0, gamma != NULL, beta != NULL};
@@ -230,13 +230,13 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   dt_status st;
   DT_CHECK(dt_ops_empty_like(x, dev, &dx));
   /* dgamma, dbeta are accumulated by the kernel */
-  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), fail);
-  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), fail);
+  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
+  DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
   if (rows * cols > 0)
     DT_CHECK_GOTO(dt_tensor_backend(gy)->layernorm_backward(
                       dev, DT_F32(x), DT_F32(gamma), DT_F32(mean), DT_F32(rstd), DT_F32(gy),
                       DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), rows, cols),
-                  fail);
+                  st, fail);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
 fail:
@@ -267,19 +267,19 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
   dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), fail);
-  DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), fail);
-  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), st, fail);
+  DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), st, fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0)
     DT_CHECK_GOTO(
         dt_tensor_backend(x)->layernorm_forward(dev, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
                                                 DT_F32(mean), DT_F32(rstd), rows, cols, eps),
-        fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), fail);
+        st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[4] = {xc, gc, mean, rstd};
   const int64_t ints[4] = {rows, cols, gamma != NULL, beta != NULL};
   dt_ops_save_for_backward(node, saved, 4, ints, 4);

@@ -60,13 +60,13 @@ static dt_status reduce_op(const char *op, int is_mean, dt_tensor *x, const int 
   dt_tensor *xc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), fail);
-  DT_CHECK_GOTO(dt_tensor_empty(ond ? oshape : kshape, ond, DT_DTYPE_F32, dev, &y), fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(ond ? oshape : kshape, ond, DT_DTYPE_F32, dev, &y), st, fail);
   if (is_mean && count == 0) /* PyTorch: the mean of no elements is NaN */
-    DT_CHECK_GOTO(dt_tensor_backend(x)->fill(dev, DT_F32(y), NAN, dt_tensor_numel(y)), fail);
+    DT_CHECK_GOTO(dt_tensor_backend(x)->fill(dev, DT_F32(y), NAN, dt_tensor_numel(y)), st, fail);
   else
-    DT_CHECK_GOTO(dt_ops_reduce_dims(dev, DT_F32(xc), s, nd, mask, scale, DT_F32(y)), fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, reduce_backward, &x, 1, y, &node), fail);
+    DT_CHECK_GOTO(dt_ops_reduce_dims(dev, DT_F32(xc), s, nd, mask, scale, DT_F32(y)), st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, reduce_backward, &x, 1, y, &node), st, fail);
   if (node) {
     node->ints[0] = nd;
     for (int d = 0; d < nd; ++d)
@@ -155,11 +155,11 @@ static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int 
           be->copy_strided(dev, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es,
                            ostrides, dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]),
                            dt_tensor_shape(xs[i]), nd, es),
-          fail);
+          st, fail);
     start += dt_tensor_shape(xs[i])[dim];
   }
   if (n <= DT_NODE_MAX_INPUTS)
-    DT_CHECK_GOTO(dt_ops_maybe_record(op, concat_backward, xs, n, y, &node), fail);
+    DT_CHECK_GOTO(dt_ops_maybe_record(op, concat_backward, xs, n, y, &node), st, fail);
   if (node) {
     node->ints[0] = dim;
     for (int i = 0; i < n; ++i)
@@ -270,7 +270,7 @@ dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
     st = DT_ERROR(DT_ERR_OOM, "%s: out of host memory for %lld elements", op, (long long)n);
     goto done;
   }
-  DT_CHECK_GOTO(dt_tensor_to_host(x, host, sizeof(float) * (size_t)n), done);
+  DT_CHECK_GOTO(dt_tensor_to_host(x, host, sizeof(float) * (size_t)n), st, done);
   for (int64_t r = 0; r < rows; ++r) {
     const float *v = host + r * cols;
     int64_t best = 0;
@@ -286,7 +286,7 @@ dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
   }
   DT_CHECK_GOTO(
       dt_tensor_from_host(idx, dt_tensor_shape(x), nd - 1, DT_DTYPE_I64, dt_tensor_device(x), out),
-      done);
+      st, done);
 done:
   free(idx);
   free(host);

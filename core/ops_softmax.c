@@ -37,15 +37,15 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(x, &xc));
-  DT_CHECK_GOTO(dt_ops_empty_like(xc, dt_tensor_device(xc), &y), fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(xc, dt_tensor_device(xc), &y), st, fail);
   int64_t cols = dt_tensor_shape(xc)[ndim - 1], n = dt_tensor_numel(xc);
   if (n > 0)
     DT_CHECK_GOTO(dt_tensor_backend(xc)->softmax_forward(dt_tensor_device(xc), DT_F32(xc),
                                                          DT_F32(y), n / cols, cols, log),
-                  fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, softmax_backward, &x, 1, y, &node), fail);
+                  st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, softmax_backward, &x, 1, y, &node), st, fail);
   if (node) {
-    DT_CHECK_GOTO(dt_ops_save_output(node, 0, y), fail);
+    DT_CHECK_GOTO(dt_ops_save_output(node, 0, y), st, fail);
     node->ints[0] = log;
     node->ints[1] = cols;
   }

@@ -66,15 +66,17 @@ dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out) {
   a->names = calloc((size_t)n, sizeof *a->names);
   a->offsets = calloc((size_t)n, sizeof *a->offsets);
   if (a->params == NULL || a->names == NULL || a->offsets == NULL) {
-    st = DT_ERROR(DT_ERR_OOM, "allocating the arena's table of %d parameters: out of host "
-                  "memory", n);
+    st = DT_ERROR(DT_ERR_OOM,
+                  "allocating the arena's table of %d parameters: out of host "
+                  "memory",
+                  n);
     goto destroy_arena;
   }
   a->numel = numel;
   a->device = dev;
   int64_t shape[1] = {numel};
-  DT_CHECK_GOTO(dt_tensor_empty(shape, 1, DT_DTYPE_F32, dev, &a->data), destroy_arena);
-  DT_CHECK_GOTO(dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dev, &a->grads), destroy_arena);
+  DT_CHECK_GOTO(dt_tensor_empty(shape, 1, DT_DTYPE_F32, dev, &a->data), st, destroy_arena);
+  DT_CHECK_GOTO(dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dev, &a->grads), st, destroy_arena);
 
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -92,16 +94,16 @@ dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out) {
     a->n = i + 1;
 
     dt_tensor *data_view = NULL, *grad_view = NULL;
-    DT_CHECK_GOTO(dt_tensor_view_flat(a->data, off, dt_tensor_shape(p), dt_tensor_ndim(p),
-                                      &data_view),
-                  destroy_arena);
+    DT_CHECK_GOTO(
+        dt_tensor_view_flat(a->data, off, dt_tensor_shape(p), dt_tensor_ndim(p), &data_view), st,
+        destroy_arena);
     st = dt_tensor_copy_(data_view, p);
     dt_tensor_release(data_view);
     if (st != DT_OK)
       goto destroy_arena;
-    DT_CHECK_GOTO(dt_tensor_view_flat(a->grads, off, dt_tensor_shape(p), dt_tensor_ndim(p),
-                                      &grad_view),
-                  destroy_arena);
+    DT_CHECK_GOTO(
+        dt_tensor_view_flat(a->grads, off, dt_tensor_shape(p), dt_tensor_ndim(p), &grad_view), st,
+        destroy_arena);
     /* A gradient accumulated before the arena existed is kept. */
     dt_tensor *old_grad = dt_tensor_grad(p);
     if (old_grad != NULL)
@@ -120,8 +122,7 @@ dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out) {
 destroy_arena:
   /* Parameters already rebound keep the arena's storage alive through their
    * own references, so releasing the arena's handles is safe. */
-  st = dt_error_wrap(st, "creating the parameter arena of a %s module",
-                     dt_module_type_name(m));
+  st = dt_error_wrap(st, "creating the parameter arena of a %s module", dt_module_type_name(m));
   dt_param_arena_destroy(a);
   return st;
 }
@@ -170,6 +171,5 @@ dt_status dt_param_arena_zero_grad(dt_param_arena *a) {
   if (a == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "zeroing arena gradients: arena is NULL");
   const dt_backend_ops *be = dt_tensor_backend(a->grads);
-  return be->memset_zero(a->device, dt_tensor_data(a->grads),
-                         (size_t)a->numel * sizeof(float));
+  return be->memset_zero(a->device, dt_tensor_data(a->grads), (size_t)a->numel * sizeof(float));
 }

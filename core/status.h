@@ -43,8 +43,8 @@ const char *dt_last_error(void);
 void dt_clear_error(void);
 
 /* Record an error on this thread and return `s`. Use through DT_ERROR. */
-dt_status dt_error_set(dt_status s, const char *func, const char *file, int line,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+dt_status dt_error_set(dt_status s, const char *func, const char *file, int line, const char *fmt,
+                       ...) __attribute__((format(printf, 5, 6)));
 
 /* Prefix the current message with more context (keeps the status). */
 dt_status dt_error_wrap(dt_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -54,25 +54,27 @@ void dt_assert_fail(const char *expr, const char *file, int line) __attribute__(
 
 #define DT_ERROR(status, ...) dt_error_set((status), __func__, __FILE__, __LINE__, __VA_ARGS__)
 
-#define DT_CHECK(expr)                 \
-  do {                                 \
-    dt_status dt_check_s_ = (expr);    \
-    if (dt_check_s_ != DT_OK)          \
-      return dt_check_s_;              \
+#define DT_CHECK(expr)              \
+  do {                              \
+    dt_status dt_check_s_ = (expr); \
+    if (dt_check_s_ != DT_OK)       \
+      return dt_check_s_;           \
   } while (0)
 
-/* Requires a `dt_status st` in scope; jumps to `label` on failure. */
-#define DT_CHECK_GOTO(expr, label) \
-  do {                             \
-    st = (expr);                   \
-    if (st != DT_OK)               \
-      goto label;                  \
+/* Stores the status of `expr` in `status_var` and jumps to `label` (named
+ * for what it frees) on failure:
+ *   DT_CHECK_GOTO(dt_tensor_empty(..., &y), st, free_x); */
+#define DT_CHECK_GOTO(expr, status_var, label) \
+  do {                                         \
+    (status_var) = (expr);                     \
+    if ((status_var) != DT_OK)                 \
+      goto label;                              \
   } while (0)
 
-#define DT_ASSERT(expr)                                 \
-  do {                                                  \
-    if (!(expr))                                        \
-      dt_assert_fail(#expr, __FILE__, __LINE__);        \
+#define DT_ASSERT(expr)                          \
+  do {                                           \
+    if (!(expr))                                 \
+      dt_assert_fail(#expr, __FILE__, __LINE__); \
   } while (0)
 
 #ifdef __cplusplus

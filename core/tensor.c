@@ -386,20 +386,20 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
   dt_tensor *c = NULL, *conv = NULL, *moved = NULL;
   DT_CHECK(dt_tensor_contiguous((dt_tensor *)src, &c));
   if (c->dtype != dst->dtype) {
-    DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, sd, &conv), done);
-    DT_CHECK_GOTO(dt_tensor_backend(c)->cast(sd, dt_tensor_data(c), c->dtype,
-                                             dt_tensor_data(conv), dst->dtype, n),
-                  done);
+    DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, sd, &conv), st, done);
+    DT_CHECK_GOTO(dt_tensor_backend(c)->cast(sd, dt_tensor_data(c), c->dtype, dt_tensor_data(conv),
+                                             dst->dtype, n),
+                  st, done);
   } else {
     conv = dt_tensor_retain(c);
   }
   if (!dt_device_equal(dd, sd)) {
     const dt_backend_ops *be;
-    DT_CHECK_GOTO(copy_backend(dd, sd, &be), done);
-    DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, dd, &moved), done);
+    DT_CHECK_GOTO(copy_backend(dd, sd, &be), st, done);
+    DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, dd, &moved), st, done);
     DT_CHECK_GOTO(be->copy(dt_tensor_data(moved), dd, dt_tensor_data(conv), sd,
                            (size_t)n * dt_dtype_size(dst->dtype), NULL),
-                  done);
+                  st, done);
   } else {
     moved = dt_tensor_retain(conv);
   }
@@ -424,8 +424,8 @@ dt_status dt_tensor_fill_(dt_tensor *t, float value) {
 dt_status dt_tensor_item(const dt_tensor *t, int64_t index, double *out) {
   int64_t n = dt_tensor_numel(t);
   if (index < 0 || index >= n)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "item: index %lld out of range [0, %lld)",
-                    (long long)index, (long long)n);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "item: index %lld out of range [0, %lld)", (long long)index,
+                    (long long)n);
   /* Walk the strides to the element, then read it to the host. */
   int64_t off = 0, rem = index;
   for (int i = t->ndim - 1; i >= 0; i--) {
@@ -438,11 +438,36 @@ dt_status dt_tensor_item(const dt_tensor *t, int64_t index, double *out) {
   DT_CHECK(be->copy(buf, DT_CPU, (const char *)dt_tensor_data(t) + off * (int64_t)es,
                     t->storage->device, es, NULL));
   switch (t->dtype) {
-    case DT_DTYPE_F32: { float v; memcpy(&v, buf, 4); *out = v; break; }
-    case DT_DTYPE_F16: { uint16_t v; memcpy(&v, buf, 2); *out = dt_f16_to_f32(v); break; }
-    case DT_DTYPE_BF16: { uint16_t v; memcpy(&v, buf, 2); *out = dt_bf16_to_f32(v); break; }
-    case DT_DTYPE_I32: { int32_t v; memcpy(&v, buf, 4); *out = v; break; }
-    case DT_DTYPE_I64: { int64_t v; memcpy(&v, buf, 8); *out = (double)v; break; }
+    case DT_DTYPE_F32: {
+      float v;
+      memcpy(&v, buf, 4);
+      *out = v;
+      break;
+    }
+    case DT_DTYPE_F16: {
+      uint16_t v;
+      memcpy(&v, buf, 2);
+      *out = dt_f16_to_f32(v);
+      break;
+    }
+    case DT_DTYPE_BF16: {
+      uint16_t v;
+      memcpy(&v, buf, 2);
+      *out = dt_bf16_to_f32(v);
+      break;
+    }
+    case DT_DTYPE_I32: {
+      int32_t v;
+      memcpy(&v, buf, 4);
+      *out = v;
+      break;
+    }
+    case DT_DTYPE_I64: {
+      int64_t v;
+      memcpy(&v, buf, 8);
+      *out = (double)v;
+      break;
+    }
     case DT_DTYPE_U8: *out = buf[0]; break;
     default: return DT_ERROR(DT_ERR_DTYPE, "item: unknown dtype");
   }

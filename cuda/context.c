@@ -64,10 +64,10 @@ dt_status dt_cuda_fail(cudaError_t e, const char *stmt, const char *func, const 
 
 dt_status dt_cublas_fail(cublasStatus_t e, const char *stmt, const char *func, const char *file,
                          int line) {
-  dt_status s = e == CUBLAS_STATUS_ALLOC_FAILED      ? DT_ERR_OOM
-                : e == CUBLAS_STATUS_NOT_SUPPORTED   ? DT_ERR_UNSUPPORTED
-                : e == CUBLAS_STATUS_INVALID_VALUE   ? DT_ERR_INVALID_ARG
-                                                     : DT_ERR_CUDA;
+  dt_status s = e == CUBLAS_STATUS_ALLOC_FAILED    ? DT_ERR_OOM
+                : e == CUBLAS_STATUS_NOT_SUPPORTED ? DT_ERR_UNSUPPORTED
+                : e == CUBLAS_STATUS_INVALID_VALUE ? DT_ERR_INVALID_ARG
+                                                   : DT_ERR_CUDA;
   return dt_error_set(s, func, file, line, "cuBLAS error %s (%s) on cuda:%d in `%s`%s",
                       cublasGetStatusName(e), cublasGetStatusString(e), current_device(), stmt,
                       e == CUBLAS_STATUS_ALLOC_FAILED
@@ -81,11 +81,10 @@ dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, con
                 : e == CUDNN_STATUS_NOT_SUPPORTED ? DT_ERR_UNSUPPORTED
                 : e == CUDNN_STATUS_BAD_PARAM     ? DT_ERR_INVALID_ARG
                                                   : DT_ERR_CUDA;
-  return dt_error_set(s, func, file, line, "cuDNN error %d (%s) on cuda:%d in `%s`%s", (int)e,
-                      cudnnGetErrorString(e), current_device(), stmt,
-                      s == DT_ERR_UNSUPPORTED
-                          ? ": cuDNN has no algorithm for this shape/configuration"
-                          : "");
+  return dt_error_set(
+      s, func, file, line, "cuDNN error %d (%s) on cuda:%d in `%s`%s", (int)e,
+      cudnnGetErrorString(e), current_device(), stmt,
+      s == DT_ERR_UNSUPPORTED ? ": cuDNN has no algorithm for this shape/configuration" : "");
 }
 
 /* ---- probe: is there a usable GPU? ---- */
@@ -158,8 +157,8 @@ static void probe_run(void) {
     snprintf(probe_message, sizeof probe_message,
              "cudaGetDeviceCount failed: %s (%s) with driver CUDA %d.%d and runtime %d.%d: check "
              "`nvidia-smi`, or use --device cpu",
-             cudaGetErrorName(e), cudaGetErrorString(e), drv / 1000, (drv % 1000) / 10,
-             rt / 1000, (rt % 1000) / 10);
+             cudaGetErrorName(e), cudaGetErrorString(e), drv / 1000, (drv % 1000) / 10, rt / 1000,
+             (rt % 1000) / 10);
   }
 }
 
@@ -198,8 +197,8 @@ void dt_cuda_set_tf32(int enabled) { atomic_store(&tf32_setting, enabled ? 1 : 0
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx) {
   int want = dt_cuda_tf32_enabled();
   if (ctx->cublas_tf32 != want) {
-    DT_CUBLAS_CHECK(cublasSetMathMode(
-        ctx->cublas, want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    DT_CUBLAS_CHECK(
+        cublasSetMathMode(ctx->cublas, want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx->cublas_tf32 = want;
   }
   return DT_OK;
@@ -281,17 +280,17 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
       goto fail;
     }
   }
-  DT_CHECK_GOTO(dt_cuda_ctx_sync_math_mode(c), fail);
+  DT_CHECK_GOTO(dt_cuda_ctx_sync_math_mode(c), st, fail);
   DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->fence, cudaEventDisableTiming), fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreate(&c->cudnn), fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetStream(c->cudnn, c->streams[DT_STREAM_COMPUTE].s), fail);
   DT_CUDA_CHECK_GOTO(cudaMalloc(&c->dev_scratch, DT_CUDA_SCRATCH_BYTES), fail);
   DT_CUDA_CHECK_GOTO(cudaHostAlloc(&c->host_scratch, DT_CUDA_SCRATCH_BYTES, cudaHostAllocPortable),
                      fail);
-  DT_CHECK_GOTO(dt_cuda_pool_create(index, c->total_memory, &c->pool), fail);
+  DT_CHECK_GOTO(dt_cuda_pool_create(index, c->total_memory, &c->pool), st, fail);
   {
     size_t limit = 0;
-    DT_CHECK_GOTO(memory_limit_from_env(&limit), fail);
+    DT_CHECK_GOTO(memory_limit_from_env(&limit), st, fail);
     dt_block_pool_set_limit(c->pool, limit);
   }
   *out = c;

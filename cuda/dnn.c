@@ -125,8 +125,8 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     p->fwd = perf[i].algo;
     p->fwd_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
-    DT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->fwd,
-                                                           &p->ws_fwd));
+    DT_CUDNN_CHECK(
+        cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->fwd, &p->ws_fwd));
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -171,8 +171,7 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   return DT_OK;
 }
 
-static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32,
-                             conv_plan **out) {
+static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32, conv_plan **out) {
   dt_status st = DT_OK;
   conv_plan *p = calloc(1, sizeof *p);
   if (!p)
@@ -184,9 +183,9 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
-                                                 g->c, g->h, g->w),
-                      fail);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n, g->c, g->h, g->w),
+      fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
                                                  g->oc, g->oh, g->ow),
                       fail);
@@ -202,7 +201,7 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
   /* FMA math keeps f32 convolutions exact when TF32 is off. */
   DT_CUDNN_CHECK_GOTO(
       cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), fail);
-  DT_CHECK_GOTO(plan_choose(ctx, p), fail);
+  DT_CHECK_GOTO(plan_choose(ctx, p), st, fail);
   *out = p;
   return DT_OK;
 fail:
@@ -265,8 +264,7 @@ size_t dt_cuda_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g) {
 
 /* `given` when the caller passed a workspace, else a temporary one from the
  * allocator (freed by the caller through *tmp). */
-static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void **ws,
-                               void **tmp) {
+static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void **ws, void **tmp) {
   *tmp = NULL;
   *ws = given;
   if (given || bytes == 0)
@@ -306,8 +304,8 @@ unlock:
 
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten)
 dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                  const float *w, const float *dy, float *dx, float *dw,
-                                  float *db, void *workspace) {
+                                  const float *w, const float *dy, float *dx, float *dw, float *db,
+                                  void *workspace) {
   DT_CHECK(dt_cuda_check_geom("conv2d_backward", g, 1));
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
@@ -334,17 +332,17 @@ dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const 
   pthread_mutex_lock(&ctx->conv_lock);
   if (dx) {
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), unlock);
-    DT_CUDNN_CHECK_GOTO(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dy, p->conv,
-                                                     p->bwd_data, ws, p->ws_bwd_data, &zero, p->x,
-                                                     dx),
-                        unlock);
+    DT_CUDNN_CHECK_GOTO(
+        cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dy, p->conv, p->bwd_data, ws,
+                                     p->ws_bwd_data, &zero, p->x, dx),
+        unlock);
   }
   if (dw) {
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math), unlock);
-    DT_CUDNN_CHECK_GOTO(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, x, p->y, dy,
-                                                       p->conv, p->bwd_filter, ws,
-                                                       p->ws_bwd_filter, &zero, p->w, dw),
-                        unlock);
+    DT_CUDNN_CHECK_GOTO(
+        cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, x, p->y, dy, p->conv, p->bwd_filter,
+                                       ws, p->ws_bwd_filter, &zero, p->w, dw),
+        unlock);
   }
   if (db)
     DT_CUDNN_CHECK_GOTO(
@@ -409,8 +407,10 @@ dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, con
                                     float *save_mean, float *save_invstd, int64_t n, int64_t c,
                                     int64_t hw, int training, float momentum, float eps) {
   if (n < 0 || c < 0 || hw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm_forward: negative size (n %lld, c %lld, hw "
-                    "%lld)", (long long)n, (long long)c, (long long)hw);
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_forward: negative size (n %lld, c %lld, hw "
+                    "%lld)",
+                    (long long)n, (long long)c, (long long)hw);
   if (training && n * hw <= 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "batchnorm_forward: training needs more than 1 value per channel, got "
@@ -446,14 +446,13 @@ dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, con
     float *sm = save_mean ? save_mean : tmp + 2 * c;
     float *si = save_invstd ? save_invstd : tmp + 3 * c;
     DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardTraining(
-                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y,
-                            d.bn, g, b, (double)momentum, running_mean, running_var,
-                            (double)eps, sm, si),
+                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
+                            g, b, (double)momentum, running_mean, running_var, (double)eps, sm, si),
                         done);
   } else {
     DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardInference(
-                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y,
-                            d.bn, g, b, running_mean, running_var, (double)eps),
+                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
+                            g, b, running_mean, running_var, (double)eps),
                         done);
     /* As the CPU: a backward through eval mode uses the running stats. */
     st = dt_cuda_bn_eval_stats(ctx, running_mean, running_var, save_mean, save_invstd, c, eps);
@@ -470,8 +469,10 @@ dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float 
                                      const float *save_invstd, float *dx, float *dgamma,
                                      float *dbeta, int64_t n, int64_t c, int64_t hw) {
   if (n < 0 || c < 0 || hw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm_backward: negative size (n %lld, c %lld, hw "
-                    "%lld)", (long long)n, (long long)c, (long long)hw);
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm_backward: negative size (n %lld, c %lld, hw "
+                    "%lld)",
+                    (long long)n, (long long)c, (long long)hw);
   if (!save_mean || !save_invstd)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "batchnorm_backward: needs save_mean and save_invstd from the forward");
@@ -481,11 +482,11 @@ dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float 
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   if (n * hw == 0) {
     if (dgamma)
-      DT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float),
-                                    dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(
+          cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float), dt_cuda_compute_stream(ctx)));
     if (dbeta)
-      DT_CUDA_CHECK(cudaMemsetAsync(dbeta, 0, (size_t)c * sizeof(float),
-                                    dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(
+          cudaMemsetAsync(dbeta, 0, (size_t)c * sizeof(float), dt_cuda_compute_stream(ctx)));
     return DT_OK;
   }
   bn_desc d;
@@ -503,12 +504,12 @@ dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float 
       goto done;
   }
   const float one = 1.0f, zero = 0.0f;
-  DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationBackward(
-                          ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x,
-                          d.x, dy, d.x, dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp,
-                          dgamma ? dgamma : tmp + c, dbeta ? dbeta : tmp + 2 * c,
-                          CUDNN_BN_MIN_EPSILON, save_mean, save_invstd),
-                      done);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnBatchNormalizationBackward(
+          ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x, d.x, dy, d.x,
+          dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp, dgamma ? dgamma : tmp + c,
+          dbeta ? dbeta : tmp + 2 * c, CUDNN_BN_MIN_EPSILON, save_mean, save_invstd),
+      done);
 done:
   if (dx_tmp)
     dt_cuda_scratch_free(ctx, dx_tmp);

@@ -26,28 +26,26 @@
 
 static const char *nccl_advice(ncclResult_t r) {
   switch (r) {
-  case ncclUnhandledCudaError:
-    return "a CUDA call inside NCCL failed: an earlier kernel may have faulted (rerun with "
-           "CUDA_LAUNCH_BLOCKING=1) or the GPU is in a bad state (nvidia-smi)";
-  case ncclSystemError:
-    return "a system call or the network failed: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA, "
-           "firewalls and shared memory (/dev/shm); rerun with NCCL_DEBUG=INFO";
-  case ncclInvalidUsage:
-    return "NCCL was called in a way it does not support (two ranks on one GPU need the "
-           "host-staged mpi backend: DT_COMM_BACKEND=mpi)";
-  case ncclRemoteError:
-    return "a peer failed or exited: look at the other ranks' logs";
-  case ncclInternalError:
-    return "NCCL hit an internal error: rerun with NCCL_DEBUG=INFO and report it";
-  default:
-    return "rerun with NCCL_DEBUG=INFO for NCCL's own log";
+    case ncclUnhandledCudaError:
+      return "a CUDA call inside NCCL failed: an earlier kernel may have faulted (rerun with "
+             "CUDA_LAUNCH_BLOCKING=1) or the GPU is in a bad state (nvidia-smi)";
+    case ncclSystemError:
+      return "a system call or the network failed: check NCCL_SOCKET_IFNAME / NCCL_IB_HCA, "
+             "firewalls and shared memory (/dev/shm); rerun with NCCL_DEBUG=INFO";
+    case ncclInvalidUsage:
+      return "NCCL was called in a way it does not support (two ranks on one GPU need the "
+             "host-staged mpi backend: DT_COMM_BACKEND=mpi)";
+    case ncclRemoteError: return "a peer failed or exited: look at the other ranks' logs";
+    case ncclInternalError:
+      return "NCCL hit an internal error: rerun with NCCL_DEBUG=INFO and report it";
+    default: return "rerun with NCCL_DEBUG=INFO for NCCL's own log";
   }
 }
 
 dt_status dt_nccl_fail(ncclResult_t r, ncclComm_t comm, int rank, int device, const char *stmt,
                        const char *func, const char *file, int line) {
   const char *last = ncclGetLastError(comm);
-  dt_status s = r == ncclUnhandledCudaError                            ? DT_ERR_CUDA
+  dt_status s = r == ncclUnhandledCudaError                         ? DT_ERR_CUDA
                 : r == ncclInvalidArgument || r == ncclInvalidUsage ? DT_ERR_INVALID_ARG
                                                                     : DT_ERR_NCCL;
   return dt_error_set(s, func, file, line,
@@ -57,11 +55,11 @@ dt_status dt_nccl_fail(ncclResult_t r, ncclComm_t comm, int rank, int device, co
                       last && last[0] ? last : "(none)", nccl_advice(r));
 }
 
-dt_status dt_nccl_cuda_fail(cudaError_t e, int rank, int device, const char *stmt,
-                            const char *func, const char *file, int line) {
+dt_status dt_nccl_cuda_fail(cudaError_t e, int rank, int device, const char *stmt, const char *func,
+                            const char *file, int line) {
   return dt_error_set(e == cudaErrorMemoryAllocation ? DT_ERR_OOM : DT_ERR_CUDA, func, file, line,
-                      "CUDA error %s (%s) on rank %d, cuda:%d in `%s` (%s:%d)",
-                      cudaGetErrorName(e), cudaGetErrorString(e), rank, device, stmt, file, line);
+                      "CUDA error %s (%s) on rank %d, cuda:%d in `%s` (%s:%d)", cudaGetErrorName(e),
+                      cudaGetErrorString(e), rank, device, stmt, file, line);
 }
 
 int dt_nccl_built(void) { return 1; }
@@ -84,14 +82,14 @@ struct dt_nccl_clique {
 
 typedef struct nccl_comm {
   ncclComm_t comm;
-  dt_pg *pg;               /* NULL for a clique */
-  dt_nccl_clique *clique;  /* NULL for a process group */
+  dt_pg *pg;              /* NULL for a clique */
+  dt_nccl_clique *clique; /* NULL for a process group */
   int rank, size;
   dt_device dev;
-  cudaStream_t stream;     /* the device's DT_STREAM_COMM */
-  cudaEvent_t epoch;       /* timing origin, recorded at creation */
-  float *barrier_buf;      /* one float: barriers are tiny all-reduces */
-  int aborted;             /* atomic */
+  cudaStream_t stream; /* the device's DT_STREAM_COMM */
+  cudaEvent_t epoch;   /* timing origin, recorded at creation */
+  float *barrier_buf;  /* one float: barriers are tiny all-reduces */
+  int aborted;         /* atomic */
 } nccl_comm;
 
 typedef struct nccl_work_events {
@@ -132,22 +130,24 @@ static dt_status launch(nccl_comm *nc, dt_work *w) {
   ncclRedOp_t op = w->op == DT_REDUCE_AVG ? ncclAvg : ncclSum;
   cudaStream_t s = nc->stream;
   switch (w->kind) {
-  case DT_COLL_ALLREDUCE:
-    NC_NCCL(ncclAllReduce(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op, nc->comm, s));
-    return DT_OK;
-  case DT_COLL_BROADCAST:
-    NC_NCCL(ncclBroadcast(w->in_data, w->out_data, w->bytes, ncclUint8, w->root, nc->comm, s));
-    return DT_OK;
-  case DT_COLL_ALLGATHER:
-    NC_NCCL(ncclAllGather(w->in_data, w->out_data, w->bytes, ncclUint8, nc->comm, s));
-    return DT_OK;
-  case DT_COLL_REDUCE_SCATTER:
-    NC_NCCL(ncclReduceScatter(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op,
-                              nc->comm, s));
-    return DT_OK;
-  case DT_COLL_BARRIER:
-    NC_NCCL(ncclAllReduce(nc->barrier_buf, nc->barrier_buf, 1, ncclFloat32, ncclSum, nc->comm, s));
-    return DT_OK;
+    case DT_COLL_ALLREDUCE:
+      NC_NCCL(
+          ncclAllReduce(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op, nc->comm, s));
+      return DT_OK;
+    case DT_COLL_BROADCAST:
+      NC_NCCL(ncclBroadcast(w->in_data, w->out_data, w->bytes, ncclUint8, w->root, nc->comm, s));
+      return DT_OK;
+    case DT_COLL_ALLGATHER:
+      NC_NCCL(ncclAllGather(w->in_data, w->out_data, w->bytes, ncclUint8, nc->comm, s));
+      return DT_OK;
+    case DT_COLL_REDUCE_SCATTER:
+      NC_NCCL(ncclReduceScatter(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op,
+                                nc->comm, s));
+      return DT_OK;
+    case DT_COLL_BARRIER:
+      NC_NCCL(
+          ncclAllReduce(nc->barrier_buf, nc->barrier_buf, 1, ncclFloat32, ncclSum, nc->comm, s));
+      return DT_OK;
   }
   return DT_ERROR(DT_ERR_INTERNAL, "unknown collective kind %d", (int)w->kind);
 }
@@ -192,8 +192,7 @@ static dt_status nccl_check_async(void *impl) {
   NC_NCCL(ncclCommGetAsyncError(nc->comm, &async));
   if (async != ncclSuccess && async != ncclInProgress)
     return dt_nccl_fail(async, nc->comm, nc->rank, nc->dev.index,
-                        "ncclCommGetAsyncError (asynchronous error)", __func__, __FILE__,
-                        __LINE__);
+                        "ncclCommGetAsyncError (asynchronous error)", __func__, __FILE__, __LINE__);
   return DT_OK;
 }
 
@@ -368,10 +367,10 @@ static dt_status check_gpus(dt_pg *pg, nccl_comm *nc, dt_status local) {
   dt_status st = mpi_allgather_bytes(pg, &mine, all, (int)sizeof mine);
   for (int r = 0; st == DT_OK && r < pg->world; r++)
     if (!all[r].ok)
-      st = local != DT_OK ? DT_ERROR(local, "%s", local_msg)
-                          : DT_ERROR(DT_ERR_NO_DEVICE,
-                                     "rank %d (on %s) cannot use its GPU (see its message)", r,
-                                     all[r].host);
+      st = local != DT_OK
+               ? DT_ERROR(local, "%s", local_msg)
+               : DT_ERROR(DT_ERR_NO_DEVICE, "rank %d (on %s) cannot use its GPU (see its message)",
+                          r, all[r].host);
   for (int i = 0; st == DT_OK && i < pg->world; i++)
     for (int j = i + 1; st == DT_OK && j < pg->world; j++)
       if (strcmp(all[i].host, all[j].host) == 0 && strcmp(all[i].bus, all[j].bus) == 0)
@@ -399,15 +398,15 @@ static dt_status init_rank(dt_pg *pg, nccl_comm *nc) {
     DT_CHECK(mpi_bcast_bytes(pg, &msg, (int)sizeof msg));
   if (!msg.ok)
     return pg->rank == 0 ? st
-                         : DT_ERROR(DT_ERR_NCCL, "rank 0 could not create the NCCL unique id "
-                                                 "(see its message)");
+                         : DT_ERROR(DT_ERR_NCCL,
+                                    "rank 0 could not create the NCCL unique id "
+                                    "(see its message)");
   NC_CUDA(cudaSetDevice(nc->dev.index));
   NC_NCCL(ncclCommInitRank(&nc->comm, pg->world, msg.id, pg->rank));
   return DT_OK;
 }
 
-dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg,
-                              dt_comm **out) {
+dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg, dt_comm **out) {
   if (pg == NULL || out == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "creating an nccl communicator: pg or out is NULL");
   *out = NULL;
@@ -489,8 +488,7 @@ void dt_nccl_clique_release(dt_nccl_clique *q) {
 
 dt_status dt_nccl_clique_create(const dt_device *devices, int n, dt_nccl_clique **out) {
   if (devices == NULL || out == NULL || n < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "NCCL clique of %d GPUs: need >= 1 and an out pointer",
-                    n);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "NCCL clique of %d GPUs: need >= 1 and an out pointer", n);
   *out = NULL;
   char d[32];
   int *list = calloc((size_t)n, sizeof *list);
@@ -514,7 +512,7 @@ dt_status dt_nccl_clique_create(const dt_device *devices, int n, dt_nccl_clique 
                     dt_device_format(devices[i], d, sizeof d));
       goto fail;
     }
-    DT_CHECK_GOTO(dt_backend_get(devices[i], &ops), fail);
+    DT_CHECK_GOTO(dt_backend_get(devices[i], &ops), st, fail);
     for (int j = 0; j < i; j++)
       if (devices[j].index == devices[i].index) {
         st = DT_ERROR(DT_ERR_INVALID_ARG,

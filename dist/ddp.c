@@ -1,10 +1,11 @@
 /* The DDP reducer: buckets over the flat gradient buffer, launched from
  * grad-ready hooks in bucket order, averaged by the communicator. */
+#include "dist/ddp.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/ddp.h"
 #include "dist/ddp_internal.h"
 
 typedef struct ddp_bucket {
@@ -12,7 +13,7 @@ typedef struct ddp_bucket {
   int64_t offset, numel;
   dt_tensor *view; /* slice of the flat gradient buffer */
   int n_params;
-  int pending;     /* parameters of this pass still to become ready */
+  int pending; /* parameters of this pass still to become ready */
   int ready;
   dt_event *ready_ev; /* recorded on the compute stream when the bucket is ready */
   dt_work *work;      /* in flight */
@@ -47,7 +48,7 @@ struct dt_ddp {
   dt_ddp_bucket_timing *timings;
   int next_launch; /* buckets launch strictly in index order */
 
-  int in_pass;     /* a synchronised backward has started and is not finished */
+  int in_pass; /* a synchronised backward has started and is not finished */
   int no_sync;
   dt_status error; /* first error raised inside a hook (hooks return void) */
   char error_msg[1024];
@@ -86,8 +87,7 @@ static void launch_bucket(dt_ddp *d, int b) {
 /* After an error nothing more launches: a bucket this rank skipped would
  * pair the peers' all-reduce with our next bucket (wrong sums, or a hang). */
 static void launch_ready_buckets(dt_ddp *d) {
-  while (d->error == DT_OK && d->next_launch < d->n_buckets &&
-         d->buckets[d->next_launch].ready)
+  while (d->error == DT_OK && d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready)
     launch_bucket(d, d->next_launch++);
 }
 
@@ -123,8 +123,7 @@ static void on_grad_ready(dt_tensor *leaf, void *user) {
   }
 }
 
-static dt_status pre_forward(dt_module *m, dt_tensor *input, dt_tensor **replacement,
-                             void *user) {
+static dt_status pre_forward(dt_module *m, dt_tensor *input, dt_tensor **replacement, void *user) {
   (void)input;
   (void)replacement;
   dt_ddp *d = user;
@@ -253,13 +252,13 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
     goto destroy_ddp;
   }
   if (c.check_parameters)
-    DT_CHECK_GOTO(dt_ddp_verify_parameters(comm, model, arena), destroy_ddp);
+    DT_CHECK_GOTO(dt_ddp_verify_parameters(comm, model, arena), st, destroy_ddp);
   if (dt_comm_size(comm) > 1) {
-    DT_CHECK_GOTO(dt_comm_broadcast_sync(comm, dt_param_arena_data(arena), 0), destroy_ddp);
-    DT_CHECK_GOTO(dt_ddp_broadcast_buffers(d), destroy_ddp);
+    DT_CHECK_GOTO(dt_comm_broadcast_sync(comm, dt_param_arena_data(arena), 0), st, destroy_ddp);
+    DT_CHECK_GOTO(dt_ddp_broadcast_buffers(d), st, destroy_ddp);
   }
-  DT_CHECK_GOTO(build_buckets(d), destroy_ddp);
-  DT_CHECK_GOTO(install_hooks(d), destroy_ddp);
+  DT_CHECK_GOTO(build_buckets(d), st, destroy_ddp);
+  DT_CHECK_GOTO(install_hooks(d), st, destroy_ddp);
   reset_pass(d);
   *out = d;
   return DT_OK;
@@ -281,8 +280,7 @@ static dt_status wait_buckets(dt_ddp *d, int on_host) {
     ddp_bucket *bk = &d->buckets[b];
     if (bk->work == NULL)
       continue;
-    dt_status wst =
-        on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+    dt_status wst = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
     if (wst != DT_OK && st == DT_OK) {
       st = wst;
       snprintf(msg, sizeof msg, "%s", dt_last_error());
@@ -427,12 +425,13 @@ dt_status dt_ddp_read_device_timeline(dt_ddp *d) {
   for (int b = 0; b < d->n_buckets; b++) {
     dt_work *w = d->buckets[b].last_work;
     if (w == NULL)
-      return DT_ERROR(DT_ERR_STATE, "DDP device timeline: bucket %d was not reduced in the "
-                                    "last synchronised pass",
+      return DT_ERROR(DT_ERR_STATE,
+                      "DDP device timeline: bucket %d was not reduced in the "
+                      "last synchronised pass",
                       b);
     double waited = -1;
-    DT_CHECK(dt_work_device_times(w, &d->timings[b].dev_start_ms, &d->timings[b].dev_end_ms,
-                                  &waited));
+    DT_CHECK(
+        dt_work_device_times(w, &d->timings[b].dev_start_ms, &d->timings[b].dev_end_ms, &waited));
     if (waited >= 0 && (d->dev_backward_end_ms < 0 || waited < d->dev_backward_end_ms))
       d->dev_backward_end_ms = waited;
   }

@@ -34,8 +34,8 @@ static void describe_tensor_line(const char *kind, int i, const char *name, cons
                                  char *buf, size_t cap) {
   int n = snprintf(buf, cap, "%s %d \"%s\" %s[", kind, i, name, dt_dtype_name(dt_tensor_dtype(t)));
   for (int d = 0; d < dt_tensor_ndim(t) && n > 0 && (size_t)n < cap; d++)
-    n += snprintf(buf + n, cap - (size_t)n, "%s%lld", d ? ", " : "",
-                  (long long)dt_tensor_dim(t, d));
+    n +=
+        snprintf(buf + n, cap - (size_t)n, "%s%lld", d ? ", " : "", (long long)dt_tensor_dim(t, d));
   if (n > 0 && (size_t)n < cap)
     snprintf(buf + n, cap - (size_t)n, "]\n");
 }
@@ -82,8 +82,7 @@ static dt_status broadcast_text(dt_comm *comm, dt_device dev, const text *mine, 
     return st;
   char *buf = calloc((size_t)len + 1, 1);
   if (buf == NULL)
-    return DT_ERROR(DT_ERR_OOM, "receiving a model description of %lld bytes",
-                    (long long)len);
+    return DT_ERROR(DT_ERR_OOM, "receiving a model description of %lld bytes", (long long)len);
   if (dt_comm_rank(comm) == root)
     memcpy(buf, mine->s, (size_t)len);
   int64_t shape = len;
@@ -155,10 +154,10 @@ dt_status dt_ddp_verify_parameters(dt_comm *comm, dt_module *model, dt_param_are
     st = DT_ERROR(DT_ERR_OOM, "verifying parameters: out of host memory");
     goto free_text;
   }
-  DT_CHECK_GOTO(dt_tensor_from_host(&h, &one, 1, DT_DTYPE_I64, dev, &th), free_text);
-  DT_CHECK_GOTO(dt_tensor_zeros(&w, 1, DT_DTYPE_I64, dev, &tall), free_text);
-  DT_CHECK_GOTO(dt_comm_allgather_sync(comm, th, tall), free_text);
-  DT_CHECK_GOTO(dt_tensor_to_host(tall, all, (size_t)world * sizeof *all), free_text);
+  DT_CHECK_GOTO(dt_tensor_from_host(&h, &one, 1, DT_DTYPE_I64, dev, &th), st, free_text);
+  DT_CHECK_GOTO(dt_tensor_zeros(&w, 1, DT_DTYPE_I64, dev, &tall), st, free_text);
+  DT_CHECK_GOTO(dt_comm_allgather_sync(comm, th, tall), st, free_text);
+  DT_CHECK_GOTO(dt_tensor_to_host(tall, all, (size_t)world * sizeof *all), st, free_text);
   int differing = -1;
   for (int r = 1; r < world && differing < 0; r++)
     if (all[r] != all[0])
@@ -166,8 +165,8 @@ dt_status dt_ddp_verify_parameters(dt_comm *comm, dt_module *model, dt_param_are
   if (differing < 0)
     goto free_text;
   /* Every rank takes part in both broadcasts, so every rank can report. */
-  DT_CHECK_GOTO(broadcast_text(comm, dev, &mine, 0, &desc0), free_text);
-  DT_CHECK_GOTO(broadcast_text(comm, dev, &mine, differing, &descr), free_text);
+  DT_CHECK_GOTO(broadcast_text(comm, dev, &mine, 0, &desc0), st, free_text);
+  DT_CHECK_GOTO(broadcast_text(comm, dev, &mine, differing, &descr), st, free_text);
   st = report_first_difference(desc0, descr, differing);
 
 free_text:

@@ -1,6 +1,8 @@
 /* Single-process data parallelism: replica threads driven in lock step by
  * the caller, gradients reduced by DDP over the local communicator (cpu;
  * cuda host-staged) or an NCCL clique (cuda). */
+#include "dist/dp.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,12 +10,11 @@
 
 #include "core/backend.h"
 #include "core/ops.h"
-#include "dist/dp.h"
 
 typedef enum dp_task {
   DP_TASK_NONE = 0,
-  DP_TASK_BUILD,    /* model, arena, optimizer */
-  DP_TASK_DDP,      /* DDP reducer (collective over the replicas) */
+  DP_TASK_BUILD, /* model, arena, optimizer */
+  DP_TASK_DDP,   /* DDP reducer (collective over the replicas) */
   DP_TASK_FWD_BWD,
   DP_TASK_STEP,
   DP_TASK_CLIP,
@@ -34,16 +35,16 @@ typedef struct dp_replica {
   /* per task */
   dt_status status;
   char error[1024];
-  double loss;       /* unscaled mean over this replica's samples */
-  int64_t lo, hi;    /* sample range of the current batch */
+  double loss;    /* unscaled mean over this replica's samples */
+  int64_t lo, hi; /* sample range of the current batch */
   double norm;
 } dp_replica;
 
 struct dt_dp {
   int n;
   dp_replica *replicas;
-  dt_local_group *group;   /* cpu, or cuda host-staged */
-  dt_nccl_clique *clique;  /* cuda over nccl */
+  dt_local_group *group;  /* cpu, or cuda host-staged */
+  dt_nccl_clique *clique; /* cuda over nccl */
   dt_dp_config cfg;
   int threads; /* CPU threads per replica thread, resolved at creation */
 
@@ -92,18 +93,18 @@ static dt_status replica_forward_backward(dp_replica *r) {
   int no_sync = !dp->sync;
   if (no_sync)
     DT_CHECK(dt_ddp_no_sync_begin(r->ddp));
-  DT_CHECK_GOTO(to_replica(dp->inputs, r->lo, r->hi, r->device, &x), release);
-  DT_CHECK_GOTO(to_replica(dp->labels, r->lo, r->hi, r->device, &y), release);
-  DT_CHECK_GOTO(dt_module_call(r->model, x, &logits), release);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, dp->cfg.ignore_index, &loss),
+  DT_CHECK_GOTO(to_replica(dp->inputs, r->lo, r->hi, r->device, &x), st, release);
+  DT_CHECK_GOTO(to_replica(dp->labels, r->lo, r->hi, r->device, &y), st, release);
+  DT_CHECK_GOTO(dt_module_call(r->model, x, &logits), st, release);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, dp->cfg.ignore_index, &loss), st,
                 release);
-  DT_CHECK_GOTO(dt_tensor_item(loss, 0, &r->loss), release);
+  DT_CHECK_GOTO(dt_tensor_item(loss, 0, &r->loss), st, release);
   /* Weight n*b_r/B makes the average over replicas the global mean. */
-  float weight = (float)((double)dp->n * (double)(r->hi - r->lo) / (double)dp->batch) *
-                 dp->loss_scale;
+  float weight =
+      (float)((double)dp->n * (double)(r->hi - r->lo) / (double)dp->batch) * dp->loss_scale;
   if (weight != 1.0f)
-    DT_CHECK_GOTO(dt_op_scale(loss, weight, &scaled), release);
-  DT_CHECK_GOTO(dt_backward(scaled ? scaled : loss, NULL), release);
+    DT_CHECK_GOTO(dt_op_scale(loss, weight, &scaled), st, release);
+  DT_CHECK_GOTO(dt_backward(scaled ? scaled : loss, NULL), st, release);
 
 release:
   if (no_sync) {
@@ -129,20 +130,13 @@ release:
 static dt_status replica_run(dp_replica *r, dp_task task) {
   dt_dp *dp = r->dp;
   switch (task) {
-  case DP_TASK_BUILD:
-    return replica_build(r);
-  case DP_TASK_DDP:
-    return dt_ddp_create(r->model, r->arena, r->comm, &dp->cfg.ddp, &r->ddp);
-  case DP_TASK_FWD_BWD:
-    return replica_forward_backward(r);
-  case DP_TASK_STEP:
-    DT_CHECK(dt_optim_step(r->optim));
-    return dt_optim_zero_grad(r->optim);
-  case DP_TASK_CLIP:
-    return dt_clip_grad_norm(r->arena, dp->max_norm, &r->norm);
-  case DP_TASK_NONE:
-  case DP_TASK_EXIT:
-    return DT_OK;
+    case DP_TASK_BUILD: return replica_build(r);
+    case DP_TASK_DDP: return dt_ddp_create(r->model, r->arena, r->comm, &dp->cfg.ddp, &r->ddp);
+    case DP_TASK_FWD_BWD: return replica_forward_backward(r);
+    case DP_TASK_STEP: DT_CHECK(dt_optim_step(r->optim)); return dt_optim_zero_grad(r->optim);
+    case DP_TASK_CLIP: return dt_clip_grad_norm(r->arena, dp->max_norm, &r->norm);
+    case DP_TASK_NONE:
+    case DP_TASK_EXIT: return DT_OK;
   }
   return DT_ERROR(DT_ERR_INTERNAL, "unknown data-parallel task %d", (int)task);
 }
@@ -225,8 +219,9 @@ static dt_status create_group(dt_dp *dp, const dt_device *devices, int n) {
     dt_status st = dt_nccl_clique_create(devices, n, &dp->clique);
     if (st == DT_OK || choice == DT_COMM_BACKEND_NCCL)
       return st;
-    fprintf(stderr, "dtrain: data-parallel mode: nccl unavailable: %s; reducing through host "
-                    "memory instead\n",
+    fprintf(stderr,
+            "dtrain: data-parallel mode: nccl unavailable: %s; reducing through host "
+            "memory instead\n",
             dt_last_error());
   } else if (devices[0].type == DT_DEVICE_CPU && choice == DT_COMM_BACKEND_NCCL) {
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -265,21 +260,20 @@ dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn m
   dt_status st = DT_OK;
   dp->replicas = calloc((size_t)n_devices, sizeof *dp->replicas);
   if (dp->replicas == NULL) {
-    st = DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory for %d replicas",
-                  n_devices);
+    st = DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory for %d replicas", n_devices);
     goto destroy_dp;
   }
-  DT_CHECK_GOTO(create_group(dp, devices, n_devices), destroy_dp);
+  DT_CHECK_GOTO(create_group(dp, devices, n_devices), st, destroy_dp);
   for (int i = 0; i < n_devices; i++) {
     dp_replica *r = &dp->replicas[i];
     r->dp = dp;
     r->index = i;
     r->device = devices[i];
     if (dp->clique != NULL)
-      DT_CHECK_GOTO(dt_comm_create_nccl_clique(dp->clique, i, &dp->cfg.comm, &r->comm),
+      DT_CHECK_GOTO(dt_comm_create_nccl_clique(dp->clique, i, &dp->cfg.comm, &r->comm), st,
                     destroy_dp);
     else
-      DT_CHECK_GOTO(dt_comm_create_local(dp->group, i, &dp->cfg.comm, &r->comm), destroy_dp);
+      DT_CHECK_GOTO(dt_comm_create_local(dp->group, i, &dp->cfg.comm, &r->comm), st, destroy_dp);
     int rc = pthread_create(&r->thread, NULL, replica_thread, r);
     if (rc != 0) {
       st = DT_ERROR(DT_ERR_INTERNAL, "data-parallel mode: starting replica thread %d: %s", i,
@@ -294,8 +288,8 @@ dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn m
   dp->optim_user = optim_user;
   /* Build everything local first: the DDP step is collective, so it must
    * start on every replica or on none. */
-  DT_CHECK_GOTO(run_all(dp, DP_TASK_BUILD, "building the replicas"), destroy_dp);
-  DT_CHECK_GOTO(run_all(dp, DP_TASK_DDP, "creating the reducers"), destroy_dp);
+  DT_CHECK_GOTO(run_all(dp, DP_TASK_BUILD, "building the replicas"), st, destroy_dp);
+  DT_CHECK_GOTO(run_all(dp, DP_TASK_DDP, "creating the reducers"), st, destroy_dp);
   dp->model_fn = NULL;
   dp->optim_fn = NULL;
   *out = dp;
@@ -337,14 +331,13 @@ void dt_dp_destroy(dt_dp *dp) {
 
 int dt_dp_num_replicas(const dt_dp *dp) { return dp->n; }
 
-dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *labels,
-                                 float loss_scale, int sync, double *loss) {
+dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *labels, float loss_scale,
+                                 int sync, double *loss) {
   if (inputs == NULL || labels == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "data-parallel step: inputs or labels is NULL");
   int64_t b = dt_tensor_ndim(inputs) > 0 ? dt_tensor_dim(inputs, 0) : 0;
   if (dt_tensor_ndim(labels) != 1 || dt_tensor_dim(labels, 0) != b)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "data-parallel step: labels must be (B) for inputs of batch %lld",
+    return DT_ERROR(DT_ERR_SHAPE, "data-parallel step: labels must be (B) for inputs of batch %lld",
                     (long long)b);
   if (b < dp->n)
     return DT_ERROR(DT_ERR_INVALID_ARG,

@@ -62,8 +62,8 @@ static dt_status make_batch(int batch, uint64_t seed, dt_device dev, dt_tensor *
     xs[i] = dt_generator_normal(&gen);
   for (int i = 0; i < batch; i++)
     ys[i] = (int32_t)dt_generator_below(&gen, NUM_CLASSES);
-  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, 4, DT_DTYPE_F32, dev, x), done);
-  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, 1, DT_DTYPE_I32, dev, y), done);
+  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, 4, DT_DTYPE_F32, dev, x), st, done);
+  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, 1, DT_DTYPE_I32, dev, y), st, done);
 done:
   free(ys);
   free(xs);
@@ -99,27 +99,27 @@ static dt_status train_step(dt_module *model, dt_optimizer *opt, dt_ddp *ddp,
   dt_status st;
   dt_tensor *logits = NULL, *loss = NULL;
   double t0 = now_seconds();
-  DT_CHECK_GOTO(dt_optim_zero_grad(opt), done);
+  DT_CHECK_GOTO(dt_optim_zero_grad(opt), st, done);
   double t1 = now_seconds();
-  DT_CHECK_GOTO(dt_module_call(model, x, &logits), done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, -100, &loss), done);
-  DT_CHECK_GOTO(be->device_synchronize(dev), done);
+  DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, -100, &loss), st, done);
+  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
   double t2 = now_seconds();
-  DT_CHECK_GOTO(dt_backward(loss, NULL), done);
+  DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
   if (ddp) {
-    DT_CHECK_GOTO(dt_ddp_finish_backward(ddp), done);
+    DT_CHECK_GOTO(dt_ddp_finish_backward(ddp), st, done);
     add_comm_times(ddp, t);
   }
-  DT_CHECK_GOTO(be->device_synchronize(dev), done);
+  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
   double t3 = now_seconds();
-  DT_CHECK_GOTO(dt_optim_step(opt), done);
-  DT_CHECK_GOTO(be->device_synchronize(dev), done);
+  DT_CHECK_GOTO(dt_optim_step(opt), st, done);
+  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
   double t4 = now_seconds();
   t->forward += t2 - t1;
   t->backward += t3 - t2;
   t->optimizer += (t4 - t3) + (t1 - t0);
   if (loss_value)
-    DT_CHECK_GOTO(dt_tensor_item(loss, 0, loss_value), done);
+    DT_CHECK_GOTO(dt_tensor_item(loss, 0, loss_value), st, done);
 done:
   dt_tensor_release(loss);
   dt_tensor_release(logits);
@@ -153,14 +153,14 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     dt_cpu_set_num_threads(cfg->threads);
 
   DT_CHECK(dt_model_create(cfg->model, cfg->seed, &model));
-  DT_CHECK_GOTO(dt_module_to(model, dev), cleanup);
+  DT_CHECK_GOTO(dt_module_to(model, dev), st, cleanup);
   dt_module_train(model, 1);
-  DT_CHECK_GOTO(dt_param_arena_create(model, &arena), cleanup);
+  DT_CHECK_GOTO(dt_param_arena_create(model, &arena), st, cleanup);
   if (world > 1) {
     dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
     cc.timeout_s = cfg->comm_timeout;
-    DT_CHECK_GOTO(dt_train_comm_config(cfg->comm_backend, &cc), cleanup);
-    DT_CHECK_GOTO(dt_comm_create_for_device(cfg->pg, dev, &cc, &comm), cleanup);
+    DT_CHECK_GOTO(dt_train_comm_config(cfg->comm_backend, &cc), st, cleanup);
+    DT_CHECK_GOTO(dt_comm_create_for_device(cfg->pg, dev, &cc, &comm), st, cleanup);
     dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
     dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * 1024.0 * 1024.0);
     dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * 1024.0 * 1024.0);
@@ -168,39 +168,39 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
       dc.first_bucket_bytes = 4;
     if (dc.bucket_bytes < 4)
       dc.bucket_bytes = 4;
-    DT_CHECK_GOTO(dt_ddp_create(model, arena, comm, &dc, &ddp), cleanup);
+    DT_CHECK_GOTO(dt_ddp_create(model, arena, comm, &dc, &ddp), st, cleanup);
   }
   if (!strcmp(cfg->optimizer, "sgd")) {
     dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
     sgd.lr = 0.01f;
     sgd.momentum = 0.9f;
-    DT_CHECK_GOTO(dt_optim_sgd_create(arena, &sgd, &opt), cleanup);
+    DT_CHECK_GOTO(dt_optim_sgd_create(arena, &sgd, &opt), st, cleanup);
   } else if (!strcmp(cfg->optimizer, "adamw")) {
     dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
-    DT_CHECK_GOTO(dt_optim_adamw_create(arena, &adamw, &opt), cleanup);
+    DT_CHECK_GOTO(dt_optim_adamw_create(arena, &adamw, &opt), st, cleanup);
   } else {
     st = DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw",
                   cfg->optimizer);
     goto cleanup;
   }
   /* Each rank its own batch, as in data-parallel training. */
-  DT_CHECK_GOTO(make_batch(cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), cleanup);
+  DT_CHECK_GOTO(make_batch(cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), st, cleanup);
 
   phase_times warm, timed;
   memset(&warm, 0, sizeof warm);
   memset(&timed, 0, sizeof timed);
   for (int i = 0; i < cfg->warmup; i++)
-    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &warm, NULL), cleanup);
-  DT_CHECK_GOTO(dt_memory_reset_peak(dev), cleanup);
+    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &warm, NULL), st, cleanup);
+  DT_CHECK_GOTO(dt_memory_reset_peak(dev), st, cleanup);
   if (comm)
-    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), cleanup);
+    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
   double t0 = now_seconds();
   for (int i = 0; i < cfg->steps; i++)
     DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &timed,
                              i + 1 == cfg->steps ? &r.final_loss : NULL),
-                  cleanup);
+                  st, cleanup);
   if (comm)
-    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), cleanup);
+    DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
   r.seconds = now_seconds() - t0;
 
   dt_memory_stats ms;
@@ -255,8 +255,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
        "sgd (lr 0.01, momentum 0.9) or adamw (lr 1e-3)", 0, "sgd|adamw"},
       {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
       {"device", DT_FLAG_STRING, &cfg.device, "DEV",
-       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0,
-       NULL},
+       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0, NULL},
       {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0, NULL},
       {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
        "DDP: seconds a collective may take before the job is aborted", 0.001, NULL},
@@ -304,9 +303,10 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads());
   if (r.world > 1)
-    printf("ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
-           "over %s\n",
-           r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm);
+    printf(
+        "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
+        "over %s\n",
+        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   printf(

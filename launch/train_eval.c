@@ -20,7 +20,7 @@ static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *co
     st = DT_ERROR(DT_ERR_OOM, "no host memory for %lld predictions", (long long)n);
     goto done;
   }
-  DT_CHECK_GOTO(dt_op_argmax(logits, &pred), done);
+  DT_CHECK_GOTO(dt_op_argmax(logits, &pred), st, done);
   if (dt_tensor_dtype(labels) != DT_DTYPE_I32 || dt_tensor_dtype(pred) != DT_DTYPE_I64 ||
       dt_tensor_numel(pred) != n) {
     st = DT_ERROR(DT_ERR_DTYPE, "expected i32 labels (%s) and i64 predictions (%s) of %lld rows",
@@ -28,8 +28,8 @@ static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *co
                   (long long)n);
     goto done;
   }
-  DT_CHECK_GOTO(dt_tensor_to_host(pred, p, (size_t)n * sizeof *p), done);
-  DT_CHECK_GOTO(dt_tensor_to_host(labels, l, (size_t)n * sizeof *l), done);
+  DT_CHECK_GOTO(dt_tensor_to_host(pred, p, (size_t)n * sizeof *p), st, done);
+  DT_CHECK_GOTO(dt_tensor_to_host(labels, l, (size_t)n * sizeof *l), st, done);
   for (int64_t i = 0; i < n; i++)
     *correct += (p[i] == (int64_t)l[i]);
 done:
@@ -75,28 +75,28 @@ dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int 
   lc.batch_size = batch;
   lc.device = dev;
   DT_CHECK(dt_sampler_create(len, &sc, &sampler));
-  DT_CHECK_GOTO(dt_loader_create(data, sampler, &lc, &loader), free_sampler);
-  DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), free_loader);
+  DT_CHECK_GOTO(dt_loader_create(data, sampler, &lc, &loader), st, free_sampler);
+  DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), st, free_loader);
 
   dt_module_train(model, 0);
   dt_no_grad_begin();
   while (*count < real) {
-    DT_CHECK_GOTO(dt_loader_next(loader, &x, &y), free_batch);
+    DT_CHECK_GOTO(dt_loader_next(loader, &x, &y), st, free_batch);
     if (x == NULL)
       break;
     int64_t b = dt_tensor_dim(y, 0);
     if (*count + b > real) {
-      DT_CHECK_GOTO(keep_rows(&x, real - *count), free_batch);
-      DT_CHECK_GOTO(keep_rows(&y, real - *count), free_batch);
+      DT_CHECK_GOTO(keep_rows(&x, real - *count), st, free_batch);
+      DT_CHECK_GOTO(keep_rows(&y, real - *count), st, free_batch);
       b = real - *count;
     }
-    DT_CHECK_GOTO(dt_module_call(model, x, &logits), free_batch);
-    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, IGNORE_INDEX, &batch_loss),
+    DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, free_batch);
+    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, IGNORE_INDEX, &batch_loss), st,
                   free_batch);
     double v;
-    DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), free_batch);
+    DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), st, free_batch);
     *loss_sum += v;
-    DT_CHECK_GOTO(count_correct(logits, y, correct), free_batch);
+    DT_CHECK_GOTO(count_correct(logits, y, correct), st, free_batch);
     *count += b;
     dt_tensor_release(batch_loss);
     dt_tensor_release(logits);

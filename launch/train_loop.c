@@ -318,7 +318,8 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
    * here rather than trained on silently. */
   dt_status st = dt_lr_schedule_check(ls);
   if (st != DT_OK)
-    return dt_error_wrap(st, "--schedule %s over %lld optimizer steps (--warmup %d, --min-lr %g, "
+    return dt_error_wrap(st,
+                         "--schedule %s over %lld optimizer steps (--warmup %d, --min-lr %g, "
                          "--gamma %g)",
                          c->schedule, (long long)ls->total_steps, c->warmup, (double)c->min_lr,
                          (double)c->gamma);
@@ -391,24 +392,24 @@ static dt_status check_finite(double mean_loss, int epoch, int64_t batch) {
 /* One micro-batch: forward, loss (scaled by 1/group), backward. With DDP,
  * a micro-batch that does not end its accumulation group (sync = 0) runs in
  * a no_sync scope; the one that does waits for the gradient all-reduce. */
-static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group,
-                                   int sync, dt_tensor **loss_sum) {
+static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group, int sync,
+                                   dt_tensor **loss_sum) {
   dt_status st;
   dt_tensor *logits = NULL, *loss = NULL, *scaled = NULL;
   int no_sync = s->ddp && !sync;
   if (no_sync)
     DT_CHECK(dt_ddp_no_sync_begin(s->ddp));
-  DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, IGNORE_INDEX, &loss), done);
+  DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, IGNORE_INDEX, &loss), st, done);
   if (group > 1) {
-    DT_CHECK_GOTO(dt_op_scale(loss, 1.0f / (float)group, &scaled), done);
-    DT_CHECK_GOTO(dt_backward(scaled, NULL), done);
+    DT_CHECK_GOTO(dt_op_scale(loss, 1.0f / (float)group, &scaled), st, done);
+    DT_CHECK_GOTO(dt_backward(scaled, NULL), st, done);
   } else {
-    DT_CHECK_GOTO(dt_backward(loss, NULL), done);
+    DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
   }
   if (s->ddp && sync)
-    DT_CHECK_GOTO(dt_ddp_finish_backward(s->ddp), done);
-  DT_CHECK_GOTO(accumulate_loss(loss, loss_sum), done);
+    DT_CHECK_GOTO(dt_ddp_finish_backward(s->ddp), st, done);
+  DT_CHECK_GOTO(accumulate_loss(loss, loss_sum), st, done);
 done:
   if (no_sync) {
     dt_status end = dt_ddp_no_sync_end(s->ddp);
@@ -445,8 +446,8 @@ static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) 
   fflush(log);
 }
 
-static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch,
-                         int64_t b, double loss, double samples_per_s) {
+static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch, int64_t b,
+                         double loss, double samples_per_s) {
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
@@ -472,7 +473,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
 
   DT_CHECK(dt_loader_start_epoch(s->loader, epoch - 1));
   for (int64_t b = 0; b < s->batches_per_epoch; b++) {
-    DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), fail);
+    DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
       break;
     int64_t pos = b % c->accum;
@@ -484,16 +485,16 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     interval_samples += dt_tensor_dim(x, 0);
     if (s->dp) {
       double l = 0.0;
-      DT_CHECK_GOTO(train_dp_micro_batch(s, x, y, group, sync, &l), fail);
+      DT_CHECK_GOTO(train_dp_micro_batch(s, x, y, group, sync, &l), st, fail);
       host_loss_sum += l;
     } else {
-      DT_CHECK_GOTO(train_micro_batch(s, x, y, group, sync, &loss_sum), fail);
+      DT_CHECK_GOTO(train_micro_batch(s, x, y, group, sync, &loss_sum), st, fail);
     }
     dt_tensor_release(x);
     dt_tensor_release(y);
     x = y = NULL;
     if (sync)
-      DT_CHECK_GOTO(optimizer_step(c, s), fail);
+      DT_CHECK_GOTO(optimizer_step(c, s), st, fail);
     done_batches++;
     interval_batches++;
 
@@ -501,9 +502,9 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     int log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
-      DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), fail);
+      DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
       epoch_loss += sum;
-      DT_CHECK_GOTO(check_finite(sum / (double)interval_batches, epoch, b + 1), fail);
+      DT_CHECK_GOTO(check_finite(sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
         log_progress(log, c, s, epoch, b + 1, sum / (double)interval_batches,
@@ -525,13 +526,13 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
                     (long long)done_batches, (long long)s->batches_per_epoch);
       goto fail;
     }
-    DT_CHECK_GOTO(optimizer_step(c, s), fail);
+    DT_CHECK_GOTO(optimizer_step(c, s), st, fail);
   }
   double sum;
-  DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), fail);
+  DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
   epoch_loss += sum;
   double totals[2] = {epoch_loss, (double)done_batches};
-  DT_CHECK_GOTO(allreduce_sums(s, totals, 2), fail);
+  DT_CHECK_GOTO(allreduce_sums(s, totals, 2), st, fail);
   *mean_loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   return DT_OK;
 fail:
@@ -546,8 +547,8 @@ static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss
                           double *accuracy) {
   double sums[3] = {0, 0, 0};
   int64_t correct = 0, count = 0;
-  DT_CHECK(dt_train_evaluate_shard(s->model, s->test_set, c->eval_batch, s->dev, s->rank,
-                                   s->world, &sums[0], &correct, &count));
+  DT_CHECK(dt_train_evaluate_shard(s->model, s->test_set, c->eval_batch, s->dev, s->rank, s->world,
+                                   &sums[0], &correct, &count));
   sums[1] = (double)correct;
   sums[2] = (double)count;
   DT_CHECK(allreduce_sums(s, sums, 3));
@@ -584,8 +585,8 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
              "(first %g MiB, then %g MiB) over %s, comm timeout %g s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
-             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb,
-             comm_description(s), c->comm_timeout);
+             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
+             c->comm_timeout);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
@@ -603,13 +604,13 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   double start = now_seconds();
 
   DT_CHECK(check_config(cfg));
-  DT_CHECK_GOTO(state_create(cfg, &s), done);
+  DT_CHECK_GOTO(state_create(cfg, &s), st, done);
   log_header(log, cfg, &s);
 
   for (int epoch = 1; epoch <= cfg->epochs; epoch++) {
     double t0 = now_seconds();
-    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, log, &r.train_loss), done);
-    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), done);
+    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, log, &r.train_loss), st, done);
+    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
     /* The epoch's last optimizer step is seen by no training loss: a step
      * that made the parameters non-finite shows up here. */
     if (!isfinite(r.test_loss)) {

@@ -17,15 +17,15 @@ dt_status dt_model_mlp(const int *sizes, int n_sizes, uint64_t seed, dt_module *
   dt_generator_init(&gen, seed);
   dt_module *seq = NULL, *layer = NULL;
   DT_CHECK(dt_nn_sequential(NULL, 0, &seq));
-  DT_CHECK_GOTO(dt_nn_flatten(&layer), destroy_seq);
-  DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), destroy_seq);
+  DT_CHECK_GOTO(dt_nn_flatten(&layer), st, destroy_seq);
+  DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), st, destroy_seq);
   for (int i = 0; i + 1 < n_sizes; i++) {
     if (i > 0) {
-      DT_CHECK_GOTO(dt_nn_relu(&layer), destroy_seq);
-      DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), destroy_seq);
+      DT_CHECK_GOTO(dt_nn_relu(&layer), st, destroy_seq);
+      DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), st, destroy_seq);
     }
-    DT_CHECK_GOTO(dt_nn_linear(sizes[i], sizes[i + 1], 1, &gen, &layer), destroy_seq);
-    DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), destroy_seq);
+    DT_CHECK_GOTO(dt_nn_linear(sizes[i], sizes[i + 1], 1, &gen, &layer), st, destroy_seq);
+    DT_CHECK_GOTO(dt_nn_sequential_append(seq, layer), st, destroy_seq);
   }
   *out = seq;
   return DT_OK;
