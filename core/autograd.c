@@ -55,9 +55,8 @@ void dt_node_release(dt_node *n) {
   free(n);
 }
 
-dt_status dt_autograd_record(const char *name, dt_backward_fn backward,
-                             dt_tensor *const *inputs, int n_inputs, dt_tensor *output,
-                             dt_node **out_node) {
+dt_status dt_autograd_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
+                             int n_inputs, dt_tensor *output, dt_node **out_node) {
   DT_ASSERT(n_inputs >= 0 && n_inputs <= DT_NODE_MAX_INPUTS);
   DT_ASSERT(output->grad_fn == NULL);
   dt_node *n = calloc(1, sizeof *n);
@@ -178,8 +177,8 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
     return st;
   int64_t numel = dt_tensor_numel(acc);
   if (acc->refcount == 1 && acc->storage->refcount == 1 && dt_tensor_is_contiguous(acc)) {
-    st = dt_tensor_backend(acc)->axpby(acc->storage->device, numel, 1.0f, dt_tensor_data(gc),
-                                       1.0f, dt_tensor_data(acc));
+    st = dt_kernel_axpby(DT_TENSOR_EXEC(acc), numel, 1.0f, dt_tensor_data(gc), 1.0f,
+                         dt_tensor_data(acc));
   } else {
     /* acc is shared with another part of the graph: sum into a new tensor. */
     dt_tensor *sum;
@@ -188,12 +187,10 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
       dt_tensor *accc;
       st = dt_tensor_contiguous(acc, &accc);
       if (st == DT_OK) {
-        const dt_backend_ops *be = dt_tensor_backend(sum);
-        st = be->axpby(sum->storage->device, numel, 1.0f, dt_tensor_data(accc), 0.0f,
-                       dt_tensor_data(sum));
+        const dt_exec ex = dt_tensor_exec(sum);
+        st = dt_kernel_axpby(&ex, numel, 1.0f, dt_tensor_data(accc), 0.0f, dt_tensor_data(sum));
         if (st == DT_OK)
-          st = be->axpby(sum->storage->device, numel, 1.0f, dt_tensor_data(gc), 1.0f,
-                         dt_tensor_data(sum));
+          st = dt_kernel_axpby(&ex, numel, 1.0f, dt_tensor_data(gc), 1.0f, dt_tensor_data(sum));
         dt_tensor_release(accc);
       }
       if (st == DT_OK) {

@@ -1,19 +1,24 @@
-/* Device backends: one vtable per device type.
+/* Device backends: one vtable per device type, and the kernel dispatch.
  *
- * The CPU backend (core/cpu_backend.c) is always registered; the CUDA
- * backend (cuda/) registers itself when it is linked in and finds a GPU.
+ * The CPU backend (core/cpu_backend.c) registers itself when //core:cpu is
+ * linked; the CUDA backend (cuda/) when it is linked and finds a GPU.
  * Everything above the kernels (ops, autograd, modules, optimizers, DDP)
- * calls through this table and never branches on the device type.
+ * calls kernels through dt_kernel_<name>(), never through the table and
+ * never branching on the device type.
  *
- * Kernel conventions: pointers are device pointers to contiguous f32 data
- * unless the argument says otherwise; sizes are element counts; shapes are
- * given in the comment above each entry. Kernels are enqueued on the
- * device's compute stream (the CPU backend runs them synchronously).
- * A kernel returns DT_OK or a status with the message set.
+ * The kernels are listed once, in core/op_table.def (shapes and contracts
+ * there): it generates the table's kernel slots, the dispatch prototypes
+ * below and each backend's prototypes. A kernel receives the execution
+ * context (dt_exec: backend, device, stream, element type) it runs in;
+ * arguments are validated by the dispatch, once, before any backend sees
+ * them, so backends check only what depends on the data or on themselves.
+ * Pointers are device pointers to contiguous data; sizes are element
+ * counts. A kernel returns DT_OK or a status with the message set.
  */
 #ifndef DT_CORE_BACKEND_H
 #define DT_CORE_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,14 +72,37 @@ typedef struct dt_binary_args {
 
 /* A 2-D convolution / pooling geometry (NCHW). */
 typedef struct dt_conv2d_geom {
-  int n, c, h, w;   /* input */
-  int oc, kh, kw;   /* filters (oc unused for pooling) */
-  int sh, sw;       /* stride */
-  int ph, pw;       /* padding */
-  int oh, ow;       /* output */
+  int n, c, h, w; /* input */
+  int oc, kh, kw; /* filters (oc unused for pooling) */
+  int sh, sw;     /* stride */
+  int ph, pw;     /* padding */
+  int oh, ow;     /* output */
 } dt_conv2d_geom;
 
-typedef struct dt_backend_ops {
+typedef struct dt_backend_ops dt_backend_ops;
+
+/* Where a kernel runs: the backend and device, the stream it is enqueued on
+ * (the device's compute stream unless the caller chose another), and the
+ * element type of its float arguments. */
+typedef struct dt_exec {
+  const dt_backend_ops *be;
+  dt_device dev;
+  dt_stream *stream;
+  dt_dtype dtype;
+} dt_exec;
+
+/* Element-type sets of the op table's DT_KERNEL entries. */
+#define DT_KDTYPE(t) (1u << (t))
+#define DT_KF32 DT_KDTYPE(DT_DTYPE_F32)
+#define DT_KF16 DT_KDTYPE(DT_DTYPE_F16)
+#define DT_KBF16 DT_KDTYPE(DT_DTYPE_BF16)
+#define DT_KANY ((1u << DT_DTYPE_COUNT) - 1u)
+
+/* A kernel's parameter list with the execution context first. */
+#define DT_KPARAMS(...) (const dt_exec *ex, __VA_ARGS__)
+#define DT_KARGS(...) (ex, __VA_ARGS__)
+
+struct dt_backend_ops {
   const char *name; /* "cpu", "cuda" */
 
   /* ---- devices ---- */
@@ -89,8 +117,8 @@ typedef struct dt_backend_ops {
   /* Copy between this backend's device memory and host memory or itself.
    * `dst_dev` / `src_dev` say where each side lives (CPU = host). Async on
    * `stream` when not NULL, else synchronous. */
-  dt_status (*copy)(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
-                    size_t bytes, dt_stream *stream);
+  dt_status (*copy)(void *dst, dt_device dst_dev, const void *src, dt_device src_dev, size_t bytes,
+                    dt_stream *stream);
   dt_status (*memset_zero)(dt_device dev, void *ptr, size_t bytes);
   /* Optional (NULL: plain host memory is as good): page-locked host memory
    * from which `copy` on a stream runs asynchronously (the data loader's
@@ -111,148 +139,10 @@ typedef struct dt_backend_ops {
   dt_status (*stream_synchronize)(dt_stream *s);
   dt_status (*device_synchronize)(dt_device dev);
 
-  /* ---- conversions and copies (any dtype) ---- */
-  /* out (n, dst dtype) = convert(in (n, src dtype)) */
-  dt_status (*cast)(dt_device dev, const void *in, dt_dtype src, void *out, dt_dtype dst,
-                    int64_t n);
-  /* Strided copy of `ndim`-dim `shape` from src (strides in elements) to dst
-   * (strides in elements), same dtype of `elem_size` bytes. */
-  dt_status (*copy_strided)(dt_device dev, void *dst, const int64_t *dst_strides,
-                            const void *src, const int64_t *src_strides,
-                            const int64_t *shape, int ndim, size_t elem_size);
-  /* x (n) = value */
-  dt_status (*fill)(dt_device dev, float *x, float value, int64_t n);
-
-  /* ---- dense math (f32) ---- */
-  /* C (m,n) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (m,k),
-   * A is (m,k) with leading dim lda (or (k,m) when trans_a); likewise B.
-   * batch > 1: A, B, C advance by stride_a/b/c elements per batch. */
-  dt_status (*gemm)(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                    const float *a, int lda, int64_t stride_a, const float *b, int ldb,
-                    int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
-                    int batch);
-  /* out (shape) = a op b, see dt_binary_args */
-  dt_status (*binary)(dt_device dev, const dt_binary_args *args, const float *a,
-                      const float *b, float *out);
-  /* y (n) = alpha * x + beta * y (axpby; beta 0 ignores y's old contents) */
-  dt_status (*axpby)(dt_device dev, int64_t n, float alpha, const float *x, float beta,
-                     float *y);
-  /* y (n) = f(x) */
-  dt_status (*unary_forward)(dt_device dev, dt_unary_op op, int64_t n, const float *x, float *y);
-  /* dx (n) = dy * f'(x) (overwrites dx) */
-  dt_status (*unary_backward)(dt_device dev, dt_unary_op op, int64_t n, const float *x,
-                              const float *dy, float *dx);
-  /* Reduce the middle axis of x (outer, r, inner) -> y (outer, inner):
-   * y = scale * sum_r x. */
-  dt_status (*reduce_sum)(dt_device dev, const float *x, float *y, int64_t outer, int64_t r,
-                          int64_t inner, float scale);
-  /* Broadcast back: x (outer, r, inner) = scale * y (outer, inner). */
-  dt_status (*broadcast_axis)(dt_device dev, const float *y, float *x, int64_t outer,
-                              int64_t r, int64_t inner, float scale);
-  /* out = sum of squares of x (n), written to host *out (synchronises). */
-  dt_status (*sum_squares)(dt_device dev, const float *x, int64_t n, double *out);
-
-  /* ---- softmax family, over the last axis of (rows, cols) ---- */
-  dt_status (*softmax_forward)(dt_device dev, const float *x, float *y, int64_t rows,
-                               int64_t cols, int log);
-  /* dx from y (the forward output) and dy */
-  dt_status (*softmax_backward)(dt_device dev, const float *y, const float *dy, float *dx,
-                                int64_t rows, int64_t cols, int log);
-  /* Fused log-softmax + NLL. logits (n,c), target (n) i32 or i64
-   * (`target_dtype`); writes per-row loss (n) (0 for ignored rows) and
-   * logsumexp (n) for the backward; *out_count = rows not ignored (host).
-   * A target outside [0,c) that is not ignore_index is DT_ERR_INVALID_ARG. */
-  dt_status (*cross_entropy_forward)(dt_device dev, const float *logits, const void *target,
-                                     dt_dtype target_dtype, int64_t n, int64_t c,
-                                     int64_t ignore_index, float *loss_rows, float *lse,
-                                     int64_t *out_count);
-  /* dlogits (n,c) = scale_row * (softmax(logits) - onehot(target)), scale
-   * given per sample by dloss_rows (n) (0 rows for ignored targets). */
-  dt_status (*cross_entropy_backward)(dt_device dev, const float *logits, const void *target,
-                                      dt_dtype target_dtype, const float *lse,
-                                      const float *dloss_rows, float *dlogits, int64_t n,
-                                      int64_t c, int64_t ignore_index);
-
-  /* ---- convolution and pooling, NCHW ---- */
-  /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow).
-   * `workspace` may be used for im2col (size from conv2d_workspace). */
-  size_t (*conv2d_workspace)(dt_device dev, const dt_conv2d_geom *g);
-  dt_status (*conv2d_forward)(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                              const float *w, const float *bias, float *y, void *workspace);
-  /* dx (n,c,h,w) from dy, w; dw (oc,c,kh,kw) and db (oc) from dy, x
-   * (each output pointer may be NULL to skip; results overwrite). */
-  dt_status (*conv2d_backward)(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                               const float *w, const float *dy, float *dx, float *dw,
-                               float *db, void *workspace);
-  /* x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) i32 flat index in h*w */
-  dt_status (*maxpool2d_forward)(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                 float *y, int32_t *argmax);
-  dt_status (*maxpool2d_backward)(dt_device dev, const dt_conv2d_geom *g, const float *dy,
-                                  const int32_t *argmax, float *dx);
-  /* padding counts in the divisor (count_include_pad = true, PyTorch default) */
-  dt_status (*avgpool2d_forward)(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                 float *y);
-  dt_status (*avgpool2d_backward)(dt_device dev, const dt_conv2d_geom *g, const float *dy,
-                                  float *dx);
-
-  /* ---- normalisation ---- */
-  /* x (n,c,hw). Training: batch statistics -> mean (c), invstd (c); running
-   * stats updated with `momentum` (unbiased variance, as PyTorch). Eval: uses
-   * running_mean/var. gamma/beta (c). */
-  dt_status (*batchnorm_forward)(dt_device dev, const float *x, float *y, const float *gamma,
-                                 const float *beta, float *running_mean, float *running_var,
-                                 float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                 int64_t hw, int training, float momentum, float eps);
-  /* Training-mode backward: dx, dgamma, dbeta (all overwritten) from x, dy
-   * and the saved batch statistics. Eval mode is handled by the op on top
-   * (dx = dy * gamma * invstd of the running statistics). */
-  dt_status (*batchnorm_backward)(dt_device dev, const float *x, const float *dy,
-                                  const float *gamma, const float *save_mean,
-                                  const float *save_invstd, float *dx, float *dgamma,
-                                  float *dbeta, int64_t n, int64_t c, int64_t hw);
-  /* x (rows, cols) normalised over cols; gamma/beta (cols); saves mean, rstd (rows) */
-  dt_status (*layernorm_forward)(dt_device dev, const float *x, const float *gamma,
-                                 const float *beta, float *y, float *mean, float *rstd,
-                                 int64_t rows, int64_t cols, float eps);
-  /* dx overwritten; dgamma, dbeta accumulated (+=) */
-  dt_status (*layernorm_backward)(dt_device dev, const float *x, const float *gamma,
-                                  const float *mean, const float *rstd, const float *dy,
-                                  float *dx, float *dgamma, float *dbeta, int64_t rows,
-                                  int64_t cols);
-
-  /* ---- embedding ---- */
-  /* idx (n) i32/i64, table (v,d) -> y (n,d). Index out of range is
-   * DT_ERR_INVALID_ARG. */
-  dt_status (*embedding_forward)(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                 const float *table, float *y, int64_t n, int64_t v,
-                                 int64_t d);
-  /* dtable (v,d) += scatter of dy (n,d) */
-  dt_status (*embedding_backward)(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                  const float *dy, float *dtable, int64_t n, int64_t v,
-                                  int64_t d);
-
-  /* ---- dropout ---- */
-  /* mask (n) u8 = keep bits from the counter-based generator (seed, offset):
-   * keep element i iff dt_rng_uniform(seed, offset + i) >= p; y = x*mask/(1-p). */
-  dt_status (*dropout_forward)(dt_device dev, const float *x, float *y, uint8_t *mask,
-                               int64_t n, float p, uint64_t seed, uint64_t offset);
-  /* dx = dy * mask / (1-p) */
-  dt_status (*dropout_backward)(dt_device dev, const float *dy, const uint8_t *mask, float *dx,
-                                int64_t n, float p);
-
-  /* ---- optimizers, over flat buffers of n elements ---- */
-  /* PyTorch SGD: g = grad + wd*p; buf = momentum*buf + (1-dampening)*g
-   * (buf = g on the first step); g = nesterov ? g + momentum*buf : buf;
-   * p -= lr * g. momentum 0 skips the buffer. */
-  dt_status (*sgd_update)(dt_device dev, float *param, const float *grad, float *momentum_buf,
-                          int64_t n, float lr, float momentum, float dampening,
-                          float weight_decay, int nesterov, int first_step);
-  /* PyTorch AdamW: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-   * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
-  dt_status (*adamw_update)(dt_device dev, float *param, const float *grad, float *m, float *v,
-                            int64_t n, float lr, float beta1, float beta2, float eps,
-                            float weight_decay, int step);
-} dt_backend_ops;
+  /* ---- kernels: one slot per DT_KERNEL of core/op_table.def ---- */
+#define DT_KERNEL(name, dtypes, check, params, args) dt_status(*name) DT_KPARAMS params;
+#include "core/op_table.def"
+};
 
 /* Registers (or replaces) the backend for a device type. Not thread-safe:
  * call at start-up. */
@@ -262,6 +152,27 @@ dt_status dt_backend_register(dt_device_type type, const dt_backend_ops *ops);
 dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out);
 /* Number of devices of a type (0 when the backend is absent). */
 int dt_device_count(dt_device_type type);
+
+/* The execution context for kernels on `dev` with elements of `dtype`:
+ * the device's backend (checked as dt_backend_get does) and its compute
+ * stream. */
+dt_status dt_exec_init(dt_device dev, dt_dtype dtype, dt_exec *out);
+
+/* The dispatch, one function per kernel of core/op_table.def:
+ *   dt_exec ex;
+ *   DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
+ *   DT_CHECK(dt_kernel_axpby(&ex, n, 1.0f, x, 0.0f, y));
+ * Checks that the backend implements the kernel for ex->dtype
+ * (DT_ERR_DTYPE / DT_ERR_UNSUPPORTED otherwise) and the entry's argument
+ * checks (DT_ERR_INVALID_ARG / DT_ERR_SHAPE naming the kernel and the
+ * values), then runs the backend's kernel. */
+#define DT_KERNEL(name, dtypes, check, params, args) dt_status dt_kernel_##name DT_KPARAMS params;
+#include "core/op_table.def"
+
+/* The gemm entry's argument check (sizes >= 0, leading dimensions), for
+ * backend-specific GEMM variants outside the table (dt_cuda_gemm_ex). */
+dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
+                         int ldc, int batch);
 
 /* CPU-backend settings. Threads: default = cores available to this process
  * (sched_getaffinity), overridden by DT_NUM_THREADS or this call; at most

@@ -183,8 +183,8 @@ static void cpu_cache_release_locked(int dev_index) {
 static dt_status cpu_check_device(const char *what, dt_device dev) {
   if (dev.type != DT_DEVICE_CPU || dev.index < 0 || dev.index >= DT_CPU_MAX_DEVICES) {
     char buf[32];
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: device %s is not a CPU device cpu:0..cpu:%d",
-                    what, dt_device_format(dev, buf, sizeof buf), DT_CPU_MAX_DEVICES - 1);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: device %s is not a CPU device cpu:0..cpu:%d", what,
+                    dt_device_format(dev, buf, sizeof buf), DT_CPU_MAX_DEVICES - 1);
   }
   return DT_OK;
 }
@@ -212,8 +212,8 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
   DT_CHECK(cpu_check_device("cpu alloc", dev));
   cpu_init();
   if (cpu_limit_env_error[0])
-    return DT_ERROR(DT_ERR_INVALID_ARG, "cpu alloc of %zu bytes on cpu:%d: %s", bytes,
-                    dev.index, cpu_limit_env_error);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "cpu alloc of %zu bytes on cpu:%d: %s", bytes, dev.index,
+                    cpu_limit_env_error);
   size_t limit = atomic_load(&cpu_memory_limit);
   cpu_mem_stats *st = &cpu_mem[dev.index];
   int cls;
@@ -442,38 +442,8 @@ static const dt_backend_ops cpu_ops = {
     .event_synchronize = cpu_event_synchronize,
     .stream_synchronize = cpu_stream_synchronize,
     .device_synchronize = cpu_device_synchronize,
-    .cast = dt_cpu_cast,
-    .copy_strided = dt_cpu_copy_strided,
-    .fill = dt_cpu_fill,
-    .gemm = dt_cpu_gemm,
-    .binary = dt_cpu_binary,
-    .axpby = dt_cpu_axpby,
-    .unary_forward = dt_cpu_unary_forward,
-    .unary_backward = dt_cpu_unary_backward,
-    .reduce_sum = dt_cpu_reduce_sum,
-    .broadcast_axis = dt_cpu_broadcast_axis,
-    .sum_squares = dt_cpu_sum_squares,
-    .softmax_forward = dt_cpu_softmax_forward,
-    .softmax_backward = dt_cpu_softmax_backward,
-    .cross_entropy_forward = dt_cpu_cross_entropy_forward,
-    .cross_entropy_backward = dt_cpu_cross_entropy_backward,
-    .conv2d_workspace = dt_cpu_conv2d_workspace,
-    .conv2d_forward = dt_cpu_conv2d_forward,
-    .conv2d_backward = dt_cpu_conv2d_backward,
-    .maxpool2d_forward = dt_cpu_maxpool2d_forward,
-    .maxpool2d_backward = dt_cpu_maxpool2d_backward,
-    .avgpool2d_forward = dt_cpu_avgpool2d_forward,
-    .avgpool2d_backward = dt_cpu_avgpool2d_backward,
-    .batchnorm_forward = dt_cpu_batchnorm_forward,
-    .batchnorm_backward = dt_cpu_batchnorm_backward,
-    .layernorm_forward = dt_cpu_layernorm_forward,
-    .layernorm_backward = dt_cpu_layernorm_backward,
-    .embedding_forward = dt_cpu_embedding_forward,
-    .embedding_backward = dt_cpu_embedding_backward,
-    .dropout_forward = dt_cpu_dropout_forward,
-    .dropout_backward = dt_cpu_dropout_backward,
-    .sgd_update = dt_cpu_sgd_update,
-    .adamw_update = dt_cpu_adamw_update,
+#define DT_KERNEL(name, dtypes, check, params, args) .name = dt_cpu_##name,
+#include "core/op_table.def"
 };
 
 const dt_backend_ops *dt_cpu_backend(void) {

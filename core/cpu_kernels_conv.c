@@ -21,24 +21,6 @@
 
 /* ---- geometry ---- */
 
-static dt_status check_geom(const char *op, const dt_conv2d_geom *g, int conv) {
-  if (g->n < 0 || g->c <= 0 || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 ||
-      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: bad geometry: n=%d c=%d h=%d w=%d oc=%d kernel %dx%d stride %dx%d "
-                    "padding %dx%d",
-                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
-  int oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
-  int ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
-  if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw || g->oh != oh || g->ow != ow)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
-                    "padding %dx%d (expected %dx%d): the kernel must fit in the padded input",
-                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
-                    g->h + 2 * g->ph < g->kh ? 0 : oh, g->w + 2 * g->pw < g->kw ? 0 : ow);
-  return DT_OK;
-}
-
 /* floor(a / b) for b > 0 */
 static int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -164,14 +146,17 @@ static int is_pointwise(const dt_conv2d_geom *g) {
 }
 
 static dt_status scratch_oom(const char *op, size_t floats) {
-  return DT_ERROR(DT_ERR_OOM, "%s: im2col buffer of %zu bytes: malloc failed: reduce the batch "
-                  "size or image size", op, floats * sizeof(float));
+  return DT_ERROR(DT_ERR_OOM,
+                  "%s: im2col buffer of %zu bytes: malloc failed: reduce the batch "
+                  "size or image size",
+                  op, floats * sizeof(float));
 }
 
-size_t dt_cpu_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g) {
-  (void)dev;
+dt_status dt_cpu_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, size_t *bytes) {
+  (void)ex;
   (void)g;
-  return 0;
+  *bytes = 0;
+  return DT_OK;
 }
 
 /* ---- stride-1 convolution on wide rows ----
@@ -387,11 +372,10 @@ static int conv_forward_image(const dt_conv2d_geom *g, const float *x, const flo
 }
 
 // x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow)
-dt_status dt_cpu_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                 const float *w, const float *bias, float *y, void *workspace) {
-  (void)dev;
+  (void)ex;
   (void)workspace;
-  DT_CHECK(check_geom("conv2d_forward", g, 1));
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   size_t col_floats = (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
   size_t scratch_floats = conv_scratch_floats(g);
@@ -444,12 +428,11 @@ static int conv_backward_image(const dt_conv2d_geom *g, const float *x, const fl
 
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx (n,c,h,w), dw (oc,c,kh,kw), db (oc);
 // each may be NULL; all overwrite
-dt_status dt_cpu_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                 const float *w, const float *dy, float *dx, float *dw,
-                                 float *db, void *workspace) {
-  (void)dev;
+dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                 const float *w, const float *dy, float *dx, float *dw, float *db,
+                                 void *workspace) {
+  (void)ex;
   (void)workspace;
-  DT_CHECK(check_geom("conv2d_backward", g, 1));
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   int64_t ohw = (int64_t)g->oh * g->ow, ckk = (int64_t)g->c * g->kh * g->kw, w_sz = g->oc * ckk;
   size_t col_floats = (size_t)ckk * ohw;

@@ -21,25 +21,16 @@ static void gemm_one(int ta, int tb, int m, int n, int k, float alpha, const flo
         c[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(int64_t)i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-              n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch
-dt_status dt_cpu_gemm(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                      const float *a, int lda, int64_t stride_a, const float *b, int ldb,
-                      int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
+dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
+                      float alpha, const float *a, int lda, int64_t stride_a, const float *b,
+                      int ldb, int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
                       int batch) {
-  (void)dev;
-  if (m < 0 || n < 0 || k < 0 || batch < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "gemm: negative size: m=%d n=%d k=%d batch=%d", m, n, k,
-                    batch);
-  int need_a = MAX(1, trans_a ? m : k), need_b = MAX(1, trans_b ? k : n), need_c = MAX(1, n);
-  if (lda < need_a || ldb < need_b || ldc < need_c)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "gemm: leading dimension too small: lda=%d (need >= %d), ldb=%d (need >= "
-                    "%d), ldc=%d (need >= %d) for m=%d n=%d k=%d trans_a=%d trans_b=%d",
-                    lda, need_a, ldb, need_b, ldc, need_c, m, n, k, trans_a, trans_b);
+  (void)ex;
   if (m == 0 || n == 0 || batch == 0)
     return DT_OK;
   int nt = dt_cpu_threads();
@@ -48,8 +39,8 @@ dt_status dt_cpu_gemm(dt_device dev, int trans_a, int trans_b, int m, int n, int
   if (batch > 1 && nt > 1 && batch >= nt && (double)m * n * k < (double)(1 << 24)) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < batch; i++)
-      gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
-               beta, c + i * stride_c, ldc);
+      gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+               c + i * stride_c, ldc);
     return DT_OK;
   }
   for (int i = 0; i < batch; i++)
@@ -156,34 +147,34 @@ static int64_t flat_chunks(int64_t numel, int nt) {
 
 /* ---- binary ---- */
 
-#define BIN_LOOP(EXPR)                                                   \
-  do {                                                                   \
-    if (sa == 1 && sb == 1)                                              \
-      for (int64_t i = 0; i < len; i++) {                                \
-        float u = a[i], v = b[i];                                        \
-        out[i] = (EXPR);                                                 \
-      }                                                                  \
-    else if (sa == 1 && sb == 0) {                                       \
-      float v = b[0];                                                    \
-      for (int64_t i = 0; i < len; i++) {                                \
-        float u = a[i];                                                  \
-        out[i] = (EXPR);                                                 \
-      }                                                                  \
-    } else if (sa == 0 && sb == 1) {                                     \
-      float u = a[0];                                                    \
-      for (int64_t i = 0; i < len; i++) {                                \
-        float v = b[i];                                                  \
-        out[i] = (EXPR);                                                 \
-      }                                                                  \
-    } else                                                               \
-      for (int64_t i = 0; i < len; i++) {                                \
-        float u = a[i * sa], v = b[i * sb];                              \
-        out[i] = (EXPR);                                                 \
-      }                                                                  \
+#define BIN_LOOP(EXPR)                      \
+  do {                                      \
+    if (sa == 1 && sb == 1)                 \
+      for (int64_t i = 0; i < len; i++) {   \
+        float u = a[i], v = b[i];           \
+        out[i] = (EXPR);                    \
+      }                                     \
+    else if (sa == 1 && sb == 0) {          \
+      float v = b[0];                       \
+      for (int64_t i = 0; i < len; i++) {   \
+        float u = a[i];                     \
+        out[i] = (EXPR);                    \
+      }                                     \
+    } else if (sa == 0 && sb == 1) {        \
+      float u = a[0];                       \
+      for (int64_t i = 0; i < len; i++) {   \
+        float v = b[i];                     \
+        out[i] = (EXPR);                    \
+      }                                     \
+    } else                                  \
+      for (int64_t i = 0; i < len; i++) {   \
+        float u = a[i * sa], v = b[i * sb]; \
+        out[i] = (EXPR);                    \
+      }                                     \
   } while (0)
 
-static void binary_inner(dt_binary_op op, const float *a, int64_t sa, const float *b,
-                         int64_t sb, float *out, int64_t len) {
+static void binary_inner(dt_binary_op op, const float *a, int64_t sa, const float *b, int64_t sb,
+                         float *out, int64_t len) {
   switch (op) {
     case DT_BINARY_ADD: BIN_LOOP(u + v); break;
     case DT_BINARY_SUB: BIN_LOOP(u - v); break;
@@ -205,20 +196,12 @@ static void binary_range(const strided_plan *p, dt_binary_op op, const float *a,
 }
 
 // out (shape) = a (shape, a_strides) op b (shape, b_strides), out contiguous
-dt_status dt_cpu_binary(dt_device dev, const dt_binary_args *args, const float *a,
+dt_status dt_cpu_binary(const dt_exec *ex, const dt_binary_args *args, const float *a,
                         const float *b, float *out) {
-  (void)dev;
-  if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim,
-                    DT_MAX_DIMS);
-  if ((unsigned)args->op > DT_BINARY_MUL)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
+  (void)ex;
   int64_t out_strides[DT_MAX_DIMS];
   int64_t acc = 1;
   for (int d = args->ndim - 1; d >= 0; d--) {
-    if (args->shape[d] < 0)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "binary: negative size %lld in dim %d",
-                      (long long)args->shape[d], d);
     out_strides[d] = acc;
     acc *= args->shape[d];
   }
@@ -241,8 +224,8 @@ dt_status dt_cpu_binary(dt_device dev, const dt_binary_args *args, const float *
 /* ---- elementwise ---- */
 
 // x (n) = value
-dt_status dt_cpu_fill(dt_device dev, float *x, float value, int64_t n) {
-  (void)dev;
+dt_status dt_cpu_fill(const dt_exec *ex, float *x, float value, int64_t n) {
+  (void)ex;
   int nt = dt_cpu_threads();
 #pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++)
@@ -251,9 +234,9 @@ dt_status dt_cpu_fill(dt_device dev, float *x, float value, int64_t n) {
 }
 
 // y (n) = alpha * x + beta * y
-dt_status dt_cpu_axpby(dt_device dev, int64_t n, float alpha, const float *x, float beta,
+dt_status dt_cpu_axpby(const dt_exec *ex, int64_t n, float alpha, const float *x, float beta,
                        float *y) {
-  (void)dev;
+  (void)ex;
   int nt = dt_cpu_threads();
   if (beta == 0.0f) {
 #pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
@@ -271,9 +254,9 @@ dt_status dt_cpu_axpby(dt_device dev, int64_t n, float alpha, const float *x, fl
 #define GELU_CUBIC 0.044715f
 
 // y (n) = f(x)
-dt_status dt_cpu_unary_forward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
+dt_status dt_cpu_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const float *x,
                                float *y) {
-  (void)dev;
+  (void)ex;
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
@@ -298,9 +281,9 @@ dt_status dt_cpu_unary_forward(dt_device dev, dt_unary_op op, int64_t n, const f
 }
 
 // dx (n) = dy * f'(x), overwritten
-dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
+dt_status dt_cpu_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const float *x,
                                 const float *dy, float *dx) {
-  (void)dev;
+  (void)ex;
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
@@ -316,8 +299,8 @@ dt_status dt_cpu_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const 
         float v = x[i];
         float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
         float sech2 = 1.0f - t * t;
-        float grad = 0.5f * (1.0f + t) +
-                     0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
+        float grad =
+            0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
         dx[i] = dy[i] * grad;
       }
       return DT_OK;
@@ -394,12 +377,9 @@ static dt_status sum_long_run(const float *x, int64_t n, int squares, double *ou
 }
 
 // x (outer, r, inner) -> y (outer, inner) = scale * sum_r x
-dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t outer, int64_t r,
+dt_status dt_cpu_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer, int64_t r,
                             int64_t inner, float scale) {
-  (void)dev;
-  if (outer < 0 || r < 0 || inner < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "reduce_sum: negative size (%lld, %lld, %lld)",
-                    (long long)outer, (long long)r, (long long)inner);
+  (void)ex;
   if (outer == 0 || inner == 0)
     return DT_OK;
   int nt = dt_cpu_threads();
@@ -441,12 +421,9 @@ dt_status dt_cpu_reduce_sum(dt_device dev, const float *x, float *y, int64_t out
 }
 
 // y (outer, inner) -> x (outer, r, inner) = scale * y
-dt_status dt_cpu_broadcast_axis(dt_device dev, const float *y, float *x, int64_t outer,
+dt_status dt_cpu_broadcast_axis(const dt_exec *ex, const float *y, float *x, int64_t outer,
                                 int64_t r, int64_t inner, float scale) {
-  (void)dev;
-  if (outer < 0 || r < 0 || inner < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast_axis: negative size (%lld, %lld, %lld)",
-                    (long long)outer, (long long)r, (long long)inner);
+  (void)ex;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (outer * r * inner >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
   for (int64_t row = 0; row < outer * r; row++) {
@@ -460,10 +437,8 @@ dt_status dt_cpu_broadcast_axis(dt_device dev, const float *y, float *x, int64_t
 }
 
 // x (n) -> *out = sum x^2 (double)
-dt_status dt_cpu_sum_squares(dt_device dev, const float *x, int64_t n, double *out) {
-  (void)dev;
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "sum_squares: negative size %lld", (long long)n);
+dt_status dt_cpu_sum_squares(const dt_exec *ex, const float *x, int64_t n, double *out) {
+  (void)ex;
   return sum_long_run(x, n, 1, out);
 }
 
@@ -490,13 +465,16 @@ static int64_t f64_to_i64(double v) {
 static void load_f64(const void *in, dt_dtype t, int64_t s, int64_t n, double *v) {
   switch (t) {
     case DT_DTYPE_F32:
-      for (int64_t i = 0; i < n; i++) v[i] = ((const float *)in)[s + i];
+      for (int64_t i = 0; i < n; i++)
+        v[i] = ((const float *)in)[s + i];
       break;
     case DT_DTYPE_F16:
-      for (int64_t i = 0; i < n; i++) v[i] = dt_f16_to_f32(((const uint16_t *)in)[s + i]);
+      for (int64_t i = 0; i < n; i++)
+        v[i] = dt_f16_to_f32(((const uint16_t *)in)[s + i]);
       break;
     case DT_DTYPE_BF16:
-      for (int64_t i = 0; i < n; i++) v[i] = dt_bf16_to_f32(((const uint16_t *)in)[s + i]);
+      for (int64_t i = 0; i < n; i++)
+        v[i] = dt_bf16_to_f32(((const uint16_t *)in)[s + i]);
       break;
     default: break;
   }
@@ -505,13 +483,16 @@ static void load_f64(const void *in, dt_dtype t, int64_t s, int64_t n, double *v
 static void load_i64(const void *in, dt_dtype t, int64_t s, int64_t n, int64_t *v) {
   switch (t) {
     case DT_DTYPE_I32:
-      for (int64_t i = 0; i < n; i++) v[i] = ((const int32_t *)in)[s + i];
+      for (int64_t i = 0; i < n; i++)
+        v[i] = ((const int32_t *)in)[s + i];
       break;
     case DT_DTYPE_I64:
-      for (int64_t i = 0; i < n; i++) v[i] = ((const int64_t *)in)[s + i];
+      for (int64_t i = 0; i < n; i++)
+        v[i] = ((const int64_t *)in)[s + i];
       break;
     case DT_DTYPE_U8:
-      for (int64_t i = 0; i < n; i++) v[i] = ((const uint8_t *)in)[s + i];
+      for (int64_t i = 0; i < n; i++)
+        v[i] = ((const uint8_t *)in)[s + i];
       break;
     default: break;
   }
@@ -522,10 +503,12 @@ static void store_float(void *out, dt_dtype t, int64_t s, int64_t n, const float
   switch (t) {
     case DT_DTYPE_F32: memcpy((float *)out + s, fv, (size_t)n * sizeof(float)); break;
     case DT_DTYPE_F16:
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[s + i] = dt_f32_to_f16(fv[i]);
+      for (int64_t i = 0; i < n; i++)
+        ((uint16_t *)out)[s + i] = dt_f32_to_f16(fv[i]);
       break;
     case DT_DTYPE_BF16:
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)out)[s + i] = dt_f32_to_bf16(fv[i]);
+      for (int64_t i = 0; i < n; i++)
+        ((uint16_t *)out)[s + i] = dt_f32_to_bf16(fv[i]);
       break;
     default: break;
   }
@@ -535,11 +518,13 @@ static void store_float(void *out, dt_dtype t, int64_t s, int64_t n, const float
 static void store_int(void *out, dt_dtype t, int64_t s, int64_t n, const int64_t *iv) {
   switch (t) {
     case DT_DTYPE_I32:
-      for (int64_t i = 0; i < n; i++) ((int32_t *)out)[s + i] = (int32_t)(uint32_t)iv[i];
+      for (int64_t i = 0; i < n; i++)
+        ((int32_t *)out)[s + i] = (int32_t)(uint32_t)iv[i];
       break;
     case DT_DTYPE_I64: memcpy((int64_t *)out + s, iv, (size_t)n * sizeof(int64_t)); break;
     case DT_DTYPE_U8:
-      for (int64_t i = 0; i < n; i++) ((uint8_t *)out)[s + i] = (uint8_t)iv[i];
+      for (int64_t i = 0; i < n; i++)
+        ((uint8_t *)out)[s + i] = (uint8_t)iv[i];
       break;
     default: break;
   }
@@ -578,11 +563,9 @@ static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, in
 }
 
 // in (n, src dtype) -> out (n, dst dtype)
-dt_status dt_cpu_cast(dt_device dev, const void *in, dt_dtype src, void *out, dt_dtype dst,
+dt_status dt_cpu_cast(const dt_exec *ex, const void *in, dt_dtype src, void *out, dt_dtype dst,
                       int64_t n) {
-  (void)dev;
-  if ((unsigned)src >= DT_DTYPE_COUNT || (unsigned)dst >= DT_DTYPE_COUNT)
-    return DT_ERROR(DT_ERR_DTYPE, "cast: unknown dtype (src %d, dst %d)", (int)src, (int)dst);
+  (void)ex;
   if (n <= 0)
     return DT_OK;
   if (src == dst) {
@@ -600,19 +583,18 @@ dt_status dt_cpu_cast(dt_device dev, const void *in, dt_dtype src, void *out, dt
 
 /* ---- strided copy ---- */
 
-#define COPY_LOOP(T)                                                         \
-  do {                                                                       \
-    T *d = (T *)dst;                                                         \
-    const T *s = (const T *)src;                                             \
-    if (ds == 1 && ss == 1)                                                  \
-      memcpy(d, s, (size_t)len * sizeof(T));                                 \
-    else                                                                     \
-      for (int64_t i = 0; i < len; i++)                                      \
-        d[i * ds] = s[i * ss];                                               \
+#define COPY_LOOP(T)                         \
+  do {                                       \
+    T *d = (T *)dst;                         \
+    const T *s = (const T *)src;             \
+    if (ds == 1 && ss == 1)                  \
+      memcpy(d, s, (size_t)len * sizeof(T)); \
+    else                                     \
+      for (int64_t i = 0; i < len; i++)      \
+        d[i * ds] = s[i * ss];               \
   } while (0)
 
-static void copy_inner(char *dst, int64_t ds, const char *src, int64_t ss, int64_t len,
-                       size_t es) {
+static void copy_inner(char *dst, int64_t ds, const char *src, int64_t ss, int64_t len, size_t es) {
   switch (es) {
     case 1: COPY_LOOP(uint8_t); break;
     case 2: COPY_LOOP(uint16_t); break;
@@ -625,33 +607,26 @@ static void copy_inner(char *dst, int64_t ds, const char *src, int64_t ss, int64
   }
 }
 
-static void copy_range(const strided_plan *p, char *dst, const char *src, size_t es,
-                       int64_t start, int64_t end) {
+static void copy_range(const strided_plan *p, char *dst, const char *src, size_t es, int64_t start,
+                       int64_t end) {
   strided_cursor c;
   cursor_seek(p, start, &c);
   int last = p->ndim - 1;
   for (int64_t pos = start; pos < end;) {
     int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
-    copy_inner(dst + c.o0 * (int64_t)es, p->s0[last], src + c.o1 * (int64_t)es, p->s1[last],
-               len, es);
+    copy_inner(dst + c.o0 * (int64_t)es, p->s0[last], src + c.o1 * (int64_t)es, p->s1[last], len,
+               es);
     pos += len;
     cursor_advance(p, &c, len);
   }
 }
 
 // src (shape, src_strides) -> dst (shape, dst_strides), elements of elem_size bytes
-dt_status dt_cpu_copy_strided(dt_device dev, void *dst, const int64_t *dst_strides,
+dt_status dt_cpu_copy_strided(const dt_exec *ex, void *dst, const int64_t *dst_strides,
                               const void *src, const int64_t *src_strides, const int64_t *shape,
                               int ndim, size_t elem_size) {
-  (void)dev;
-  if (ndim < 0 || ndim > DT_MAX_DIMS || elem_size == 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: ndim %d (max %d), elem_size %zu", ndim,
-                    DT_MAX_DIMS, elem_size);
+  (void)ex;
   int64_t zeros[DT_MAX_DIMS] = {0};
-  for (int d = 0; d < ndim; d++)
-    if (shape[d] < 0)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: negative size %lld in dim %d",
-                      (long long)shape[d], d);
   strided_plan p;
   plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
   if (p.numel == 0)

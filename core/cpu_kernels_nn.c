@@ -7,13 +7,6 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
-static dt_status check_rows_cols(const char *op, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (rows %lld, cols %lld)", op,
-                    (long long)rows, (long long)cols);
-  return DT_OK;
-}
-
 /* ---- softmax ---- */
 
 /* max and log(sum(exp(x - max))) of one row (NaN and all -inf rows give
@@ -30,10 +23,9 @@ static void row_max_logsum(const float *x, int64_t cols, float *max_out, double 
 }
 
 // x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
-dt_status dt_cpu_softmax_forward(dt_device dev, const float *x, float *y, int64_t rows,
-                                 int64_t cols, int log_) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("softmax_forward", rows, cols));
+dt_status dt_cpu_softmax_forward(const dt_exec *ex, const float *x, float *y, int64_t rows,
+                                 int64_t cols, bool log_) {
+  (void)ex;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; r++) {
@@ -65,10 +57,9 @@ dt_status dt_cpu_softmax_forward(dt_device dev, const float *x, float *y, int64_
 }
 
 // y, dy (rows, cols) -> dx (rows, cols); y is the forward output
-dt_status dt_cpu_softmax_backward(dt_device dev, const float *y, const float *dy, float *dx,
-                                  int64_t rows, int64_t cols, int log_) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("softmax_backward", rows, cols));
+dt_status dt_cpu_softmax_backward(const dt_exec *ex, const float *y, const float *dy, float *dx,
+                                  int64_t rows, int64_t cols, bool log_) {
+  (void)ex;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; r++) {
@@ -102,9 +93,6 @@ static int64_t target_at(const void *t, dt_dtype dt, int64_t i) {
  * that is not ignore_index; counts the rows not ignored. */
 static dt_status check_targets(const char *op, const void *target, dt_dtype dt, int64_t n,
                                int64_t c, int64_t ignore_index, int64_t *count) {
-  if (dt != DT_DTYPE_I32 && dt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: target dtype %s: class ids must be i32 or i64", op,
-                    dt_dtype_name(dt));
   int64_t kept = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t t = target_at(target, dt, i);
@@ -123,15 +111,14 @@ static dt_status check_targets(const char *op, const void *target, dt_dtype dt, 
 }
 
 // logits (n,c), target (n) -> loss_rows (n), lse (n), *out_count (host)
-dt_status dt_cpu_cross_entropy_forward(dt_device dev, const float *logits, const void *target,
+dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, const void *target,
                                        dt_dtype target_dtype, int64_t n, int64_t c,
                                        int64_t ignore_index, float *loss_rows, float *lse,
                                        int64_t *out_count) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("cross_entropy_forward", n, c));
+  (void)ex;
   int64_t count = 0;
-  DT_CHECK(check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index,
-                         &count));
+  DT_CHECK(
+      check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index, &count));
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * c >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
@@ -151,14 +138,12 @@ dt_status dt_cpu_cross_entropy_forward(dt_device dev, const float *logits, const
 }
 
 // logits (n,c), target (n), lse (n), dloss_rows (n) -> dlogits (n,c)
-dt_status dt_cpu_cross_entropy_backward(dt_device dev, const float *logits, const void *target,
+dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, const void *target,
                                         dt_dtype target_dtype, const float *lse,
                                         const float *dloss_rows, float *dlogits, int64_t n,
                                         int64_t c, int64_t ignore_index) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("cross_entropy_backward", n, c));
-  DT_CHECK(check_targets("cross_entropy_backward", target, target_dtype, n, c, ignore_index,
-                         NULL));
+  (void)ex;
+  DT_CHECK(check_targets("cross_entropy_backward", target, target_dtype, n, c, ignore_index, NULL));
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * c >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
@@ -179,11 +164,7 @@ dt_status dt_cpu_cross_entropy_backward(dt_device dev, const float *logits, cons
 
 /* ---- embedding ---- */
 
-static dt_status check_indices(const char *op, const void *idx, dt_dtype dt, int64_t n,
-                               int64_t v) {
-  if (dt != DT_DTYPE_I32 && dt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: indices must be i32 or i64", op,
-                    dt_dtype_name(dt));
+static dt_status check_indices(const char *op, const void *idx, dt_dtype dt, int64_t n, int64_t v) {
   for (int64_t i = 0; i < n; i++) {
     int64_t k = target_at(idx, dt, i);
     if (k < 0 || k >= v)
@@ -196,11 +177,9 @@ static dt_status check_indices(const char *op, const void *idx, dt_dtype dt, int
 }
 
 // idx (n), table (v,d) -> y (n,d)
-dt_status dt_cpu_embedding_forward(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                   const float *table, float *y, int64_t n, int64_t v,
-                                   int64_t d) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("embedding_forward", n, d));
+dt_status dt_cpu_embedding_forward(const dt_exec *ex, const void *idx, dt_dtype idx_dtype,
+                                   const float *table, float *y, int64_t n, int64_t v, int64_t d) {
+  (void)ex;
   DT_CHECK(check_indices("embedding_forward", idx, idx_dtype, n, v));
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * d >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
@@ -212,18 +191,16 @@ dt_status dt_cpu_embedding_forward(dt_device dev, const void *idx, dt_dtype idx_
 #define EMB_COL_BLOCK 64
 
 // dy (n,d) -> dtable (v,d) += scatter by idx (n)
-dt_status dt_cpu_embedding_backward(dt_device dev, const void *idx, dt_dtype idx_dtype,
+dt_status dt_cpu_embedding_backward(const dt_exec *ex, const void *idx, dt_dtype idx_dtype,
                                     const float *dy, float *dtable, int64_t n, int64_t v,
                                     int64_t d) {
-  (void)dev;
-  DT_CHECK(check_rows_cols("embedding_backward", n, d));
+  (void)ex;
   DT_CHECK(check_indices("embedding_backward", idx, idx_dtype, n, v));
   /* Threads own disjoint column blocks, so repeated indices never race and
    * the summation order (by position) is fixed. */
   int64_t blocks = (d + EMB_COL_BLOCK - 1) / EMB_COL_BLOCK;
   int nt = dt_cpu_threads();
-#pragma omp parallel for if (n * d >= DT_CPU_PAR_MIN && blocks > 1) num_threads(nt) \
-    schedule(static)
+#pragma omp parallel for if (n * d >= DT_CPU_PAR_MIN && blocks > 1) num_threads(nt) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     int64_t j0 = b * EMB_COL_BLOCK, len = MIN(EMB_COL_BLOCK, d - j0);
     for (int64_t i = 0; i < n; i++) {
@@ -238,17 +215,10 @@ dt_status dt_cpu_embedding_backward(dt_device dev, const void *idx, dt_dtype idx
 
 /* ---- dropout ---- */
 
-static dt_status check_p(const char *op, float p) {
-  if (!(p >= 0.0f && p <= 1.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g outside [0, 1]", op, (double)p);
-  return DT_OK;
-}
-
 // x (n) -> y (n), mask (n) u8
-dt_status dt_cpu_dropout_forward(dt_device dev, const float *x, float *y, uint8_t *mask,
+dt_status dt_cpu_dropout_forward(const dt_exec *ex, const float *x, float *y, uint8_t *mask,
                                  int64_t n, float p, uint64_t seed, uint64_t offset) {
-  (void)dev;
-  DT_CHECK(check_p("dropout_forward", p));
+  (void)ex;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
@@ -261,10 +231,9 @@ dt_status dt_cpu_dropout_forward(dt_device dev, const float *x, float *y, uint8_
 }
 
 // dy (n), mask (n) -> dx (n) = dy * mask / (1-p)
-dt_status dt_cpu_dropout_backward(dt_device dev, const float *dy, const uint8_t *mask,
+dt_status dt_cpu_dropout_backward(const dt_exec *ex, const float *dy, const uint8_t *mask,
                                   float *dx, int64_t n, float p) {
-  (void)dev;
-  DT_CHECK(check_p("dropout_backward", p));
+  (void)ex;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)

@@ -11,13 +11,6 @@
 
 /* ---- batch normalisation ---- */
 
-static dt_status bn_check(const char *op, int64_t n, int64_t c, int64_t hw) {
-  if (n < 0 || c < 0 || hw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (n %lld, c %lld, hw %lld)", op,
-                    (long long)n, (long long)c, (long long)hw);
-  return DT_OK;
-}
-
 static double *bn_partials(const char *op, int64_t count) {
   double *p = malloc((size_t)(count > 0 ? count : 1) * 2 * sizeof(double));
   if (!p)
@@ -27,12 +20,11 @@ static double *bn_partials(const char *op, int64_t count) {
 }
 
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cpu_batchnorm_forward(dt_device dev, const float *x, float *y, const float *gamma,
+dt_status dt_cpu_batchnorm_forward(const dt_exec *ex, const float *x, float *y, const float *gamma,
                                    const float *beta, float *running_mean, float *running_var,
                                    float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                   int64_t hw, int training, float momentum, float eps) {
-  (void)dev;
-  DT_CHECK(bn_check("batchnorm_forward", n, c, hw));
+                                   int64_t hw, bool training, float momentum, float eps) {
+  (void)ex;
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;
@@ -43,13 +35,6 @@ dt_status dt_cpu_batchnorm_forward(dt_device dev, const float *x, float *y, cons
   float *shift = scale + c;
 
   if (training) {
-    if (cnt <= 1) {
-      free(scale);
-      return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "batchnorm_forward: training needs more than 1 value per channel, got "
-                      "n=%lld x hw=%lld: use a batch larger than 1 or eval mode",
-                      (long long)n, (long long)hw);
-    }
     double *part = bn_partials("batchnorm_forward", n * c);
     if (!part) {
       free(scale);
@@ -103,11 +88,6 @@ dt_status dt_cpu_batchnorm_forward(dt_device dev, const float *x, float *y, cons
     }
     free(part);
   } else {
-    if (!running_mean || !running_var) {
-      free(scale);
-      return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "batchnorm_forward: eval mode needs running_mean and running_var");
-    }
     for (int64_t ci = 0; ci < c; ci++) {
       double invstd = 1.0 / sqrt((double)running_var[ci] + (double)eps);
       double g = gamma ? gamma[ci] : 1.0, b = beta ? beta[ci] : 0.0;
@@ -134,12 +114,11 @@ dt_status dt_cpu_batchnorm_forward(dt_device dev, const float *x, float *y, cons
 }
 
 // x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma (c), dbeta (c) (overwrite)
-dt_status dt_cpu_batchnorm_backward(dt_device dev, const float *x, const float *dy,
+dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
                                     const float *gamma, const float *save_mean,
                                     const float *save_invstd, float *dx, float *dgamma,
                                     float *dbeta, int64_t n, int64_t c, int64_t hw) {
-  (void)dev;
-  DT_CHECK(bn_check("batchnorm_backward", n, c, hw));
+  (void)ex;
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;
@@ -202,13 +181,10 @@ dt_status dt_cpu_batchnorm_backward(dt_device dev, const float *x, const float *
 /* ---- layer normalisation ---- */
 
 // x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
-dt_status dt_cpu_layernorm_forward(dt_device dev, const float *x, const float *gamma,
+dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const float *gamma,
                                    const float *beta, float *y, float *mean, float *rstd,
                                    int64_t rows, int64_t cols, float eps) {
-  (void)dev;
-  if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_forward: bad size (rows %lld, cols %lld)",
-                    (long long)rows, (long long)cols);
+  (void)ex;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; r++) {
@@ -241,14 +217,11 @@ dt_status dt_cpu_layernorm_forward(dt_device dev, const float *x, const float *g
 
 // x, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
 // dgamma, dbeta (cols) accumulated (+=)
-dt_status dt_cpu_layernorm_backward(dt_device dev, const float *x, const float *gamma,
+dt_status dt_cpu_layernorm_backward(const dt_exec *ex, const float *x, const float *gamma,
                                     const float *mean, const float *rstd, const float *dy,
                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
                                     int64_t cols) {
-  (void)dev;
-  if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_backward: bad size (rows %lld, cols %lld)",
-                    (long long)rows, (long long)cols);
+  (void)ex;
   int nt = dt_cpu_threads();
   int par = rows * cols >= DT_CPU_PAR_MIN / 4;
   if (dx) {

@@ -6,21 +6,10 @@
 #include "core/cpu_internal.h"
 
 // param, grad, momentum_buf (n)
-dt_status dt_cpu_sgd_update(dt_device dev, float *param, const float *grad,
-                            float *momentum_buf, int64_t n, float lr, float momentum,
-                            float dampening, float weight_decay, int nesterov, int first_step) {
-  (void)dev;
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: negative size %lld", (long long)n);
-  if (momentum != 0.0f && !momentum_buf)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "sgd_update: momentum %g needs a momentum buffer (got NULL)",
-                    (double)momentum);
-  if (nesterov && (momentum <= 0.0f || dampening != 0.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "sgd_update: nesterov needs momentum > 0 and dampening 0 (got momentum %g, "
-                    "dampening %g), as torch.optim.SGD",
-                    (double)momentum, (double)dampening);
+dt_status dt_cpu_sgd_update(const dt_exec *ex, float *param, const float *grad, float *momentum_buf,
+                            int64_t n, float lr, float momentum, float dampening,
+                            float weight_decay, bool nesterov, bool first_step) {
+  (void)ex;
   float keep = 1.0f - dampening;
   int nt = dt_cpu_threads();
   if (momentum != 0.0f && weight_decay == 0.0f && !nesterov && !first_step) {
@@ -51,19 +40,10 @@ dt_status dt_cpu_sgd_update(dt_device dev, float *param, const float *grad,
 }
 
 // param, grad, m, v (n); step counts from 1
-dt_status dt_cpu_adamw_update(dt_device dev, float *param, const float *grad, float *m,
+dt_status dt_cpu_adamw_update(const dt_exec *ex, float *param, const float *grad, float *m,
                               float *v, int64_t n, float lr, float beta1, float beta2, float eps,
                               float weight_decay, int step) {
-  (void)dev;
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: negative size %lld", (long long)n);
-  if (step < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "adamw_update: step %d: steps count from 1 (bias correction 1-beta^step)",
-                    step);
-  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: betas (%g, %g) must lie in [0, 1)",
-                    (double)beta1, (double)beta2);
+  (void)ex;
   /* Scalars in double, as PyTorch computes them in Python floats. */
   float decay = (float)(1.0 - (double)lr * (double)weight_decay);
   double bc1 = 1.0 - pow((double)beta1, step), bc2 = 1.0 - pow((double)beta2, step);

@@ -8,28 +8,6 @@
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
-static dt_status check_pool_geom(const char *op, const dt_conv2d_geom *g) {
-  if (g->n < 0 || g->c < 0 || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 ||
-      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: bad geometry: n=%d c=%d h=%d w=%d kernel %dx%d stride %dx%d padding "
-                    "%dx%d",
-                    op, g->n, g->c, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
-  if (2 * g->ph > g->kh || 2 * g->pw > g->kw)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "
-                    "kernel/2)",
-                    op, g->ph, g->pw, g->kh, g->kw);
-  int oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
-  int ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
-  if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw || g->oh != oh || g->ow != ow)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
-                    "padding %dx%d: the window must fit in the padded input",
-                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
-  return DT_OK;
-}
-
 /* Whether v replaces the running maximum: larger, or the first NaN (NaN
  * wins and sticks, as PyTorch). Ties keep the earlier index. */
 static inline int max_takes(float v, float best) {
@@ -101,10 +79,9 @@ static int is_2x2_stride2(const dt_conv2d_geom *g) {
 }
 
 // x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w
-dt_status dt_cpu_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                    float *y, int32_t *argmax) {
-  (void)dev;
-  DT_CHECK(check_pool_geom("maxpool2d_forward", g));
+  (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
@@ -145,15 +122,15 @@ dt_status dt_cpu_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const
 }
 
 // dy (n,c,oh,ow), argmax -> dx (n,c,h,w) overwritten
-dt_status dt_cpu_maxpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
+dt_status dt_cpu_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                     const int32_t *argmax, float *dx) {
-  (void)dev;
-  DT_CHECK(check_pool_geom("maxpool2d_backward", g));
+  (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
   int nt = dt_cpu_threads();
   int bad = 0;
 #pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static) \
-    reduction(| : bad)
+    reduction(|                                                                              \
+              : bad)
   for (int64_t p = 0; p < planes; p++) {
     float *dp = dx + p * hw;
     const float *gp = dy + p * ohw;
@@ -184,10 +161,9 @@ static float avg_divisor(const dt_conv2d_geom *g, int oy, int ox) {
 }
 
 // x (n,c,h,w) -> y (n,c,oh,ow)
-dt_status dt_cpu_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+dt_status dt_cpu_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                    float *y) {
-  (void)dev;
-  DT_CHECK(check_pool_geom("avgpool2d_forward", g));
+  (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
@@ -210,10 +186,9 @@ dt_status dt_cpu_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const
 }
 
 // dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
-dt_status dt_cpu_avgpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
+dt_status dt_cpu_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                     float *dx) {
-  (void)dev;
-  DT_CHECK(check_pool_geom("avgpool2d_backward", g));
+  (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)

@@ -68,8 +68,7 @@ dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
   DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &y));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
-    dt_status st =
-        dt_tensor_backend(x)->axpby(dt_tensor_device(x), n, alpha, DT_F32(x), 0.0f, DT_F32(y));
+    dt_status st = dt_kernel_axpby(DT_TENSOR_EXEC(x), n, alpha, DT_F32(x), 0.0f, DT_F32(y));
     if (st != DT_OK) {
       dt_tensor_release(y);
       return st;
@@ -113,8 +112,8 @@ static int64_t product(const int64_t *v, int from, int to) {
 
 dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
                              const int *mask, float scale, float *out) {
-  const dt_backend_ops *be = NULL;
-  DT_CHECK(dt_backend_get(dev, &be));
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
   merge_dims(shape, ndim, mask, &m);
   int64_t out_numel = 1, groups = 0;
@@ -131,9 +130,9 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
   if (out_numel == 0)
     return DT_OK;
   if (empty_reduction)
-    return be->fill(dev, out, 0.0f, out_numel);
+    return dt_kernel_fill(&ex, out, 0.0f, out_numel);
   if (groups == 0)
-    return be->axpby(dev, out_numel, scale, x, 0.0f, out);
+    return dt_kernel_axpby(&ex, out_numel, scale, x, 0.0f, out);
 
   /* One reduce_sum per reduced run, innermost first; the scale is applied
    * by the first, the last writes into `out`. */
@@ -156,8 +155,8 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
       bufs[done & 1] = buf;
       dst = DT_F32(buf);
     }
-    DT_CHECK_GOTO(be->reduce_sum(dev, src, dst, outer, r, inner, done == 1 ? scale : 1.0f), st,
-                  release_bufs);
+    DT_CHECK_GOTO(dt_kernel_reduce_sum(&ex, src, dst, outer, r, inner, done == 1 ? scale : 1.0f),
+                  st, release_bufs);
     m.size[i] = 1;
     src = dst;
   }
@@ -169,8 +168,8 @@ release_bufs:
 
 dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
                                 const int *mask, float scale, float *x) {
-  const dt_backend_ops *be = NULL;
-  DT_CHECK(dt_backend_get(dev, &be));
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
   merge_dims(shape, ndim, mask, &m);
   int64_t numel = product(m.size, 0, m.n);
@@ -183,10 +182,10 @@ dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *sh
       last = i;
     }
   if (groups == 0)
-    return be->axpby(dev, numel, scale, y, 0.0f, x);
+    return dt_kernel_axpby(&ex, numel, scale, y, 0.0f, x);
   if (groups == 1)
-    return be->broadcast_axis(dev, y, x, product(m.size, 0, last), m.size[last],
-                              product(m.size, last + 1, m.n), scale);
+    return dt_kernel_broadcast_axis(&ex, y, x, product(m.size, 0, last), m.size[last],
+                                    product(m.size, last + 1, m.n), scale);
 
   /* Several runs: a strided copy with 0 strides on the broadcast dims. */
   int64_t src_strides[DT_MAX_DIMS], dst_strides[DT_MAX_DIMS];
@@ -197,9 +196,9 @@ dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *sh
     if (!m.reduced[i])
       s *= m.size[i];
   }
-  DT_CHECK(be->copy_strided(dev, x, dst_strides, y, src_strides, m.size, m.n, sizeof(float)));
+  DT_CHECK(dt_kernel_copy_strided(&ex, x, dst_strides, y, src_strides, m.size, m.n, sizeof(float)));
   if (scale != 1.0f)
-    DT_CHECK(be->axpby(dev, numel, scale, x, 0.0f, x));
+    DT_CHECK(dt_kernel_axpby(&ex, numel, scale, x, 0.0f, x));
   return DT_OK;
 }
 

@@ -65,10 +65,11 @@ static void ints_to_geom(const int64_t *ints, dt_conv2d_geom *g) {
 
 /* A temporary u8 buffer for the conv kernels' workspace (NULL when 0). */
 static dt_status alloc_workspace(dt_device dev, const dt_conv2d_geom *g, dt_tensor **ws) {
-  const dt_backend_ops *be = NULL;
-  DT_CHECK(dt_backend_get(dev, &be));
-  size_t bytes = be->conv2d_workspace(dev, g);
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
+  size_t bytes = 0;
   *ws = NULL;
+  DT_CHECK(dt_kernel_conv2d_workspace(&ex, g, &bytes));
   if (bytes == 0)
     return DT_OK;
   int64_t n = (int64_t)bytes;
@@ -95,9 +96,9 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
-  DT_CHECK_GOTO(dt_tensor_backend(gy)->conv2d_backward(
-                    dev, &g, DT_F32(x), DT_F32(w), DT_F32(gy), dx ? DT_F32(dx) : NULL,
-                    dw ? DT_F32(dw) : NULL, db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
+  DT_CHECK_GOTO(dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gy), &g, DT_F32(x), DT_F32(w), DT_F32(gy),
+                                          dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
+                                          db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
                 st, fail);
   dt_tensor_release(ws);
   grad_in[0] = dx;
@@ -149,8 +150,8 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
   DT_CHECK_GOTO(
-      dt_tensor_backend(x)->conv2d_forward(dev, &g, DT_F32(xc), DT_F32(wc), bc ? DT_F32(bc) : NULL,
-                                           DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
+      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x), &g, DT_F32(xc), DT_F32(wc),
+                               bc ? DT_F32(bc) : NULL, DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
       st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), st, fail);
   if (node) {
@@ -178,7 +179,7 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   dt_conv2d_geom g;
   ints_to_geom(node->ints, &g);
   dt_device dev = dt_tensor_device(gy);
-  const dt_backend_ops *be = dt_tensor_backend(gy);
+  const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL;
   dt_status st;
   int64_t xshape[4] = {g.n, g.c, g.h, g.w};
@@ -186,11 +187,11 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   if (dt_tensor_numel(dx) > 0) {
     if (node->reals[0] != 0.0)
       DT_CHECK_GOTO(
-          be->maxpool2d_backward(dev, &g, DT_F32(gy),
-                                 (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
+          dt_kernel_maxpool2d_backward(&ex, &g, DT_F32(gy),
+                                       (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
           st, fail);
     else
-      DT_CHECK_GOTO(be->avgpool2d_backward(dev, &g, DT_F32(gy), DT_F32(dx)), st, fail);
+      DT_CHECK_GOTO(dt_kernel_avgpool2d_backward(&ex, &g, DT_F32(gy), DT_F32(dx)), st, fail);
   }
   grad_in[0] = dx;
   return DT_OK;
@@ -212,7 +213,7 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
                     "in the padding (PyTorch rejects this too)",
                     op, padding, kernel);
   dt_device dev = dt_tensor_device(x);
-  const dt_backend_ops *be = dt_tensor_backend(x);
+  const dt_exec ex = dt_tensor_exec(x);
   dt_tensor *xc = NULL, *y = NULL, *argmax = NULL;
   dt_node *node = NULL;
   dt_status st;
@@ -223,11 +224,11 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);
     if (dt_tensor_numel(y) > 0)
-      DT_CHECK_GOTO(
-          be->maxpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y), (int32_t *)dt_tensor_data(argmax)),
-          st, fail);
+      DT_CHECK_GOTO(dt_kernel_maxpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y),
+                                                (int32_t *)dt_tensor_data(argmax)),
+                    st, fail);
   } else if (dt_tensor_numel(y) > 0) {
-    DT_CHECK_GOTO(be->avgpool2d_forward(dev, &g, DT_F32(xc), DT_F32(y)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_avgpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y)), st, fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), st, fail);
   if (node) {

@@ -63,7 +63,7 @@ static dt_status run_binary(dt_binary_op op, const dt_tensor *a, const dt_tensor
   }
   if (dt_shape_numel(shape, ndim) == 0)
     return DT_OK;
-  return dt_tensor_backend(a)->binary(dt_tensor_device(a), &args, DT_F32(a), DT_F32(b), out);
+  return dt_kernel_binary(DT_TENSOR_EXEC(a), &args, DT_F32(a), DT_F32(b), out);
 }
 
 static int same_shape(const dt_tensor *a, const int64_t *shape, int ndim) {
@@ -208,8 +208,8 @@ static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in
   DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &dx));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
-    dt_status st = dt_tensor_backend(x)->unary_backward(
-        dt_tensor_device(x), (dt_unary_op)node->ints[0], n, DT_F32(x), DT_F32(g), DT_F32(dx));
+    dt_status st = dt_kernel_unary_backward(DT_TENSOR_EXEC(x), (dt_unary_op)node->ints[0], n,
+                                            DT_F32(x), DT_F32(g), DT_F32(dx));
     if (st != DT_OK) {
       dt_tensor_release(dx);
       return st;
@@ -230,9 +230,8 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   DT_CHECK_GOTO(dt_ops_empty_like(x, dt_tensor_device(x), &y), st, fail);
   int64_t n = dt_tensor_numel(x);
   if (n > 0)
-    DT_CHECK_GOTO(
-        dt_tensor_backend(x)->unary_forward(dt_tensor_device(x), op, n, DT_F32(x), DT_F32(y)), st,
-        fail);
+    DT_CHECK_GOTO(dt_kernel_unary_forward(DT_TENSOR_EXEC(x), op, n, DT_F32(x), DT_F32(y)), st,
+                  fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), st, fail);
   const int64_t ints[1] = {op};
   dt_ops_save_for_backward(node, &x, 1, ints, 1);

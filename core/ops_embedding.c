@@ -15,8 +15,9 @@ static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **gr
   /* dtable (v, d) += scatter of dy (n, d) */
   DT_CHECK(dt_tensor_zeros(tshape, 2, DT_DTYPE_F32, dev, &dtable));
   if (n * d > 0) {
-    dt_status st = dt_tensor_backend(gy)->embedding_backward(
-        dev, dt_tensor_data(idx), dt_tensor_dtype(idx), DT_F32(gy), DT_F32(dtable), n, v, d);
+    dt_status st =
+        dt_kernel_embedding_backward(DT_TENSOR_EXEC(gy), dt_tensor_data(idx), dt_tensor_dtype(idx),
+                                     DT_F32(gy), DT_F32(dtable), n, v, d);
     if (st != DT_OK) {
       dt_tensor_release(dtable);
       return st;
@@ -61,8 +62,8 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
   DT_CHECK_GOTO(dt_tensor_empty(oshape, ni + 1, DT_DTYPE_F32, dev, &y), st, fail);
   /* idx (n), table (v, d) -> y (n, d) */
   if (n * d > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(table)->embedding_forward(dev, dt_tensor_data(ic), idt,
-                                                              DT_F32(tc), DT_F32(y), n, v, d),
+    DT_CHECK_GOTO(dt_kernel_embedding_forward(DT_TENSOR_EXEC(table), dt_tensor_data(ic), idt,
+                                              DT_F32(tc), DT_F32(y), n, v, d),
                   st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), st, fail);
   const int64_t ints[3] = {n, v, d};
@@ -87,9 +88,9 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
   DT_CHECK(dt_ops_empty_like(mask, dt_tensor_device(gy), &dx));
   if (n > 0) {
     /* dx = dy * mask / (1 - p) */
-    dt_status st = dt_tensor_backend(gy)->dropout_backward(dt_tensor_device(gy), DT_F32(gy),
-                                                           (const uint8_t *)dt_tensor_data(mask),
-                                                           DT_F32(dx), n, (float)node->reals[0]);
+    dt_status st = dt_kernel_dropout_backward(DT_TENSOR_EXEC(gy), DT_F32(gy),
+                                              (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
+                                              (float)node->reals[0]);
     if (st != DT_OK) {
       dt_tensor_release(dx);
       return st;
@@ -99,7 +100,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
   return DT_OK;
 }
 
-dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, dt_tensor **out) {
+dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen, dt_tensor **out) {
   static const char *op = "dt_op_dropout";
   if (!x || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
@@ -126,8 +127,8 @@ dt_status dt_op_dropout(dt_tensor *x, float p, int training, dt_generator *gen, 
   uint64_t offset = dt_generator_advance(gen, (uint64_t)n);
   if (n > 0)
     DT_CHECK_GOTO(
-        dt_tensor_backend(x)->dropout_forward(
-            dev, DT_F32(xc), DT_F32(y), (uint8_t *)dt_tensor_data(mask), n, p, gen->seed, offset),
+        dt_kernel_dropout_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y),
+                                  (uint8_t *)dt_tensor_data(mask), n, p, gen->seed, offset),
         st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), st, fail);
   if (node) {

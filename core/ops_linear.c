@@ -10,14 +10,14 @@
 static dt_status gemm(dt_device dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb,
                       int64_t sb, float beta, float *c, int64_t ldc, int64_t sc, int64_t batch) {
-  const dt_backend_ops *be = NULL;
-  DT_CHECK(dt_backend_get(dev, &be));
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   if (m == 0 || n == 0 || batch == 0)
     return DT_OK;
   if (k == 0)
-    return beta == 0.0f ? be->fill(dev, c, 0.0f, batch * m * n) : DT_OK;
-  return be->gemm(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb, beta,
-                  c, (int)ldc, sc, (int)batch);
+    return beta == 0.0f ? dt_kernel_fill(&ex, c, 0.0f, batch * m * n) : DT_OK;
+  return dt_kernel_gemm(&ex, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb,
+                        beta, c, (int)ldc, sc, (int)batch);
 }
 
 static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k, int64_t batch) {
@@ -132,7 +132,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
   int has_bias = (int)node->ints[3];
   dt_device dev = dt_tensor_device(g);
-  const dt_backend_ops *be = dt_tensor_backend(g);
+  const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL;
   dt_status st = DT_OK;
   if (node->needs_grad[0]) {
@@ -153,9 +153,10 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     /* db (out) = sum over rows of g (rows, out) */
     DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), st, fail);
     if (rows == 0)
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(db), 0.0f, outf), st, fail);
+      DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(db), 0.0f, outf), st, fail);
     else if (outf > 0)
-      DT_CHECK_GOTO(be->reduce_sum(dev, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), st, fail);
+      DT_CHECK_GOTO(dt_kernel_reduce_sum(&ex, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), st,
+                    fail);
   }
   grad_in[0] = dx;
   grad_in[1] = dw;
@@ -196,7 +197,7 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   memcpy(oshape, sx, (size_t)nx * sizeof(int64_t));
   oshape[nx - 1] = outf;
   dt_device dev = dt_tensor_device(x);
-  const dt_backend_ops *be = dt_tensor_backend(x);
+  const dt_exec ex = dt_tensor_exec(x);
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
@@ -207,7 +208,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   if (bias && rows > 0 && outf > 0) {
     /* y (rows, out) = bias broadcast over rows, then y += x @ w^T */
     DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
-    DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), st, fail);
+    DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), st,
+                  fail);
     beta = 1.0f;
   }
   /* y (rows, out) = x (rows, in) @ w^T, w (out, in) */

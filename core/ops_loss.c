@@ -9,11 +9,11 @@ static const int64_t scalar_shape[1] = {1};
 
 /* out (0-dim) = scale * sum(x (n)); x contiguous f32. n == 0 gives 0. */
 static dt_status sum_to_scalar(dt_device dev, const float *x, int64_t n, float scale, float *out) {
-  const dt_backend_ops *be = NULL;
-  DT_CHECK(dt_backend_get(dev, &be));
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   if (n == 0)
-    return be->fill(dev, out, 0.0f, 1);
-  return be->reduce_sum(dev, x, out, 1, n, 1, scale);
+    return dt_kernel_fill(&ex, out, 0.0f, 1);
+  return dt_kernel_reduce_sum(&ex, x, out, 1, n, 1, scale);
 }
 
 static const char *reduction_name(dt_reduction r) {
@@ -41,7 +41,7 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
   dt_reduction red = (dt_reduction)node->ints[0];
   int64_t ignore = node->ints[1], count = node->ints[2], rows = node->ints[3], c = node->ints[4];
   dt_device dev = dt_tensor_device(g);
-  const dt_backend_ops *be = dt_tensor_backend(g);
+  const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *dlogits = NULL, *drows = NULL;
   dt_status st;
   DT_CHECK(dt_ops_empty_like(logits, dev, &dlogits));
@@ -51,12 +51,13 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
       /* drows (rows) = scale * g (scalar); mean over no rows gives 0 grads */
       float scale = red == DT_REDUCTION_SUM ? 1.0f : (count > 0 ? 1.0f / (float)count : 0.0f);
       DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &drows), st, fail);
-      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), st, fail);
+      DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), st,
+                    fail);
       dloss_rows = DT_F32(drows);
     }
-    DT_CHECK_GOTO(be->cross_entropy_backward(dev, DT_F32(logits), dt_tensor_data(target),
-                                             dt_tensor_dtype(target), DT_F32(lse), dloss_rows,
-                                             DT_F32(dlogits), rows, c, ignore),
+    DT_CHECK_GOTO(dt_kernel_cross_entropy_backward(&ex, DT_F32(logits), dt_tensor_data(target),
+                                                   dt_tensor_dtype(target), DT_F32(lse), dloss_rows,
+                                                   DT_F32(dlogits), rows, c, ignore),
                   st, fail);
   }
   dt_tensor_release(drows);
@@ -95,7 +96,7 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
         dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt, sizeof bt));
 
   dt_device dev = dt_tensor_device(logits);
-  const dt_backend_ops *be = dt_tensor_backend(logits);
+  const dt_exec ex = dt_tensor_exec(logits);
   dt_tensor *lc = NULL, *tc = NULL, *loss_rows = NULL, *lse = NULL, *y = NULL;
   dt_node *node = NULL;
   int64_t count = 0;
@@ -106,16 +107,17 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   DT_CHECK_GOTO(dt_ops_empty_like(target, dev, &loss_rows), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), st, fail);
   if (rows > 0)
-    DT_CHECK_GOTO(be->cross_entropy_forward(dev, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
-                                            ignore_index, DT_F32(loss_rows), DT_F32(lse), &count),
-                  st, fail);
+    DT_CHECK_GOTO(
+        dt_kernel_cross_entropy_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
+                                        ignore_index, DT_F32(loss_rows), DT_F32(lse), &count),
+        st, fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(loss_rows);
   } else {
     DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
     if (reduction == DT_REDUCTION_MEAN && count == 0)
       /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), st, fail);
+      DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(y), NAN, 1), st, fail);
     else
       DT_CHECK_GOTO(
           sum_to_scalar(dev, DT_F32(loss_rows), rows,
@@ -158,7 +160,7 @@ static dt_status same_shape_binary(dt_binary_op opc, const dt_tensor *a, const d
     memcpy(args.a_strides, dt_tensor_strides(a), (size_t)ndim * sizeof(int64_t));
     memcpy(args.b_strides, dt_tensor_strides(b), (size_t)ndim * sizeof(int64_t));
   }
-  return dt_tensor_backend(a)->binary(dt_tensor_device(a), &args, DT_F32(a), DT_F32(b), out);
+  return dt_kernel_binary(DT_TENSOR_EXEC(a), &args, DT_F32(a), DT_F32(b), out);
 }
 
 /* saved: 0 diff = a - b (contiguous); ints: 0 reduction, 1 numel.
@@ -168,18 +170,18 @@ static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) 
   dt_reduction red = (dt_reduction)node->ints[0];
   int64_t n = node->ints[1];
   dt_device dev = dt_tensor_device(g);
-  const dt_backend_ops *be = dt_tensor_backend(g);
+  const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *gb = NULL, *da = NULL;
   dt_status st = DT_OK;
   DT_CHECK(dt_ops_empty_like(diff, dev, &da));
   if (n > 0) {
     if (red == DT_REDUCTION_NONE) {
       DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, g, diff, DT_F32(da)), st, fail);
-      DT_CHECK_GOTO(be->axpby(dev, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), st, fail);
+      DT_CHECK_GOTO(dt_kernel_axpby(&ex, n, 2.0f, DT_F32(da), 0.0f, DT_F32(da)), st, fail);
     } else {
       float coef = red == DT_REDUCTION_SUM ? 2.0f : 2.0f / (float)n;
       DT_CHECK_GOTO(dt_ops_empty_like(diff, dev, &gb), st, fail);
-      DT_CHECK_GOTO(be->broadcast_axis(dev, DT_F32(g), DT_F32(gb), 1, n, 1, coef), st, fail);
+      DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(g), DT_F32(gb), 1, n, 1, coef), st, fail);
       DT_CHECK_GOTO(same_shape_binary(DT_BINARY_MUL, gb, diff, DT_F32(da)), st, fail);
     }
   }
@@ -215,7 +217,7 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
                     dt_shape_format(dt_tensor_shape(b), dt_tensor_ndim(b), bb, sizeof bb),
                     reduction_name(reduction));
   dt_device dev = dt_tensor_device(a);
-  const dt_backend_ops *be = dt_tensor_backend(a);
+  const dt_exec ex = dt_tensor_exec(a);
   int64_t n = dt_tensor_numel(a);
   dt_tensor *diff = NULL, *sq = NULL, *y = NULL;
   dt_node *node = NULL;
@@ -230,7 +232,8 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   } else {
     DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
     if (reduction == DT_REDUCTION_MEAN && n == 0)
-      DT_CHECK_GOTO(be->fill(dev, DT_F32(y), NAN, 1), st, fail); /* PyTorch: mean of nothing */
+      DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(y), NAN, 1), st,
+                    fail); /* PyTorch: mean of nothing */
     else
       DT_CHECK_GOTO(
           sum_to_scalar(dev, DT_F32(sq), n, reduction == DT_REDUCTION_MEAN ? 1.0f / (float)n : 1.0f,

@@ -50,7 +50,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   int64_t n = node->ints[0], c = node->ints[1], hw = node->ints[2];
   int training = (int)node->ints[3], has_gamma = (int)node->ints[4], has_beta = (int)node->ints[5];
   dt_device dev = dt_tensor_device(gy);
-  const dt_backend_ops *be = dt_tensor_backend(gy);
+  const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
   dt_status st;
   DT_CHECK(dt_ops_empty_like(x, dev, &dx));
@@ -59,12 +59,12 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(
-        be->batchnorm_backward(dev, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
-                               DT_F32(invstd), DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw),
-        st, fail);
+    DT_CHECK_GOTO(dt_kernel_batchnorm_backward(&ex, DT_F32(x), DT_F32(gy), DT_F32(gamma),
+                                               DT_F32(mean), DT_F32(invstd), DT_F32(dx),
+                                               DT_F32(dgamma), DT_F32(dbeta), n, c, hw),
+                  st, fail);
   else
-    DT_CHECK_GOTO(be->fill(dev, DT_F32(dgamma), 0.0f, c), st, fail);
+    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dgamma), 0.0f, c), st, fail);
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
      * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */
@@ -75,7 +75,8 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
     args.ndim = 1;
     args.shape[0] = c;
     args.a_strides[0] = args.b_strides[0] = 1;
-    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_binary(&ex, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), st,
+                  fail);
     args.ndim = 3;
     args.shape[0] = n;
     args.shape[1] = c;
@@ -86,7 +87,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
     args.b_strides[0] = 0;
     args.b_strides[1] = 1;
     args.b_strides[2] = 0;
-    DT_CHECK_GOTO(be->binary(dev, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_binary(&ex, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), st, fail);
   }
   dt_tensor_release(scale);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
@@ -129,7 +130,7 @@ static dt_status running_stats_snapshot(dt_tensor *rm, dt_tensor *rv, float eps,
 }
 
 dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
-                             dt_tensor *running_mean, dt_tensor *running_var, int training,
+                             dt_tensor *running_mean, dt_tensor *running_var, bool training,
                              float momentum, float eps, dt_tensor **out) {
   static const char *op = "dt_op_batch_norm2d";
   if (!x || !out)
@@ -166,7 +167,7 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                     op, dt_shape_format(s, nd, b, sizeof b));
 
   dt_device dev = dt_tensor_device(x);
-  const dt_backend_ops *be = dt_tensor_backend(x);
+  const dt_exec ex = dt_tensor_exec(x);
   dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL, *rm = NULL,
             *rv = NULL;
   dt_node *node = NULL;
@@ -186,9 +187,9 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
-    DT_CHECK_GOTO(be->batchnorm_forward(dev, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
-                                        DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd), n, c,
-                                        hw, training, momentum, eps),
+    DT_CHECK_GOTO(dt_kernel_batchnorm_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
+                                              DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd),
+                                              n, c, hw, training, momentum, eps),
                   st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);
@@ -233,9 +234,9 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
   if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(gy)->layernorm_backward(
-                      dev, DT_F32(x), DT_F32(gamma), DT_F32(mean), DT_F32(rstd), DT_F32(gy),
-                      DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), rows, cols),
+    DT_CHECK_GOTO(dt_kernel_layernorm_backward(DT_TENSOR_EXEC(gy), DT_F32(x), DT_F32(gamma),
+                                               DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
+                                               DT_F32(dgamma), DT_F32(dbeta), rows, cols),
                   st, fail);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
@@ -276,8 +277,8 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
   /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0)
     DT_CHECK_GOTO(
-        dt_tensor_backend(x)->layernorm_forward(dev, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
-                                                DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+        dt_kernel_layernorm_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(gc), DT_F32(bc),
+                                    DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
         st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[4] = {xc, gc, mean, rstd};

@@ -27,8 +27,8 @@ static dt_status reduce_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   return DT_OK;
 }
 
-static dt_status reduce_op(const char *op, int is_mean, dt_tensor *x, const int *dims, int ndims,
-                           int keepdim, dt_tensor **out) {
+static dt_status reduce_op(const char *op, bool is_mean, dt_tensor *x, const int *dims, int ndims,
+                           bool keepdim, dt_tensor **out) {
   if (!x || !out || (ndims > 0 && !dims) || ndims < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument or negative ndims", op);
   DT_CHECK(dt_ops_check_inputs(op, &x, 1));
@@ -63,7 +63,7 @@ static dt_status reduce_op(const char *op, int is_mean, dt_tensor *x, const int 
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(ond ? oshape : kshape, ond, DT_DTYPE_F32, dev, &y), st, fail);
   if (is_mean && count == 0) /* PyTorch: the mean of no elements is NaN */
-    DT_CHECK_GOTO(dt_tensor_backend(x)->fill(dev, DT_F32(y), NAN, dt_tensor_numel(y)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_fill(DT_TENSOR_EXEC(x), DT_F32(y), NAN, dt_tensor_numel(y)), st, fail);
   else
     DT_CHECK_GOTO(dt_ops_reduce_dims(dev, DT_F32(xc), s, nd, mask, scale, DT_F32(y)), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, reduce_backward, &x, 1, y, &node), st, fail);
@@ -82,11 +82,11 @@ fail:
   return st;
 }
 
-dt_status dt_op_sum(dt_tensor *x, const int *dims, int ndims, int keepdim, dt_tensor **out) {
+dt_status dt_op_sum(dt_tensor *x, const int *dims, int ndims, bool keepdim, dt_tensor **out) {
   return reduce_op("dt_op_sum", 0, x, dims, ndims, keepdim, out);
 }
 
-dt_status dt_op_mean(dt_tensor *x, const int *dims, int ndims, int keepdim, dt_tensor **out) {
+dt_status dt_op_mean(dt_tensor *x, const int *dims, int ndims, bool keepdim, dt_tensor **out) {
   return reduce_op("dt_op_mean", 1, x, dims, ndims, keepdim, out);
 }
 
@@ -104,7 +104,7 @@ static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor *
   dt_tensor *g = NULL;
   DT_CHECK(dt_ops_grad_as_shape(grad_out, oshape, nd, &g));
   const int64_t *gstrides = dt_tensor_strides(g);
-  const dt_backend_ops *be = dt_tensor_backend(g);
+  const dt_exec ex = dt_tensor_exec(g);
   dt_status st = DT_OK;
   int64_t start = 0;
   for (int i = 0; st == DT_OK && i < node->n_inputs; ++i) {
@@ -115,9 +115,9 @@ static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor *
       st = dt_ops_empty_like(x, dt_tensor_device(g), &dx);
       /* dx = g[..., start:start+len, ...] along dim */
       if (st == DT_OK && dt_tensor_numel(dx) > 0)
-        st = be->copy_strided(dt_tensor_device(g), DT_F32(dx), dt_tensor_strides(dx),
-                              DT_F32(g) + start * gstrides[dim], gstrides, dt_tensor_shape(x), nd,
-                              sizeof(float));
+        st = dt_kernel_copy_strided(&ex, DT_F32(dx), dt_tensor_strides(dx),
+                                    DT_F32(g) + start * gstrides[dim], gstrides, dt_tensor_shape(x),
+                                    nd, sizeof(float));
       if (st == DT_OK)
         grad_in[i] = dx;
       else
@@ -141,7 +141,7 @@ static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int 
   dt_device dev = dt_tensor_device(xs[0]);
   dt_dtype dtype = dt_tensor_dtype(xs[0]);
   size_t es = dt_dtype_size(dtype);
-  const dt_backend_ops *be = dt_tensor_backend(xs[0]);
+  const dt_exec ex = dt_tensor_exec(xs[0]);
   dt_tensor *y = NULL;
   dt_node *node = NULL;
   dt_status st;
@@ -152,9 +152,9 @@ static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int 
     /* y[..., start:start+len, ...] = xs[i] (any layout) */
     if (dt_tensor_numel(xs[i]) > 0)
       DT_CHECK_GOTO(
-          be->copy_strided(dev, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es,
-                           ostrides, dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]),
-                           dt_tensor_shape(xs[i]), nd, es),
+          dt_kernel_copy_strided(
+              &ex, (char *)dt_tensor_data(y) + (size_t)(start * ostrides[dim]) * es, ostrides,
+              dt_tensor_data(xs[i]), dt_tensor_strides(xs[i]), dt_tensor_shape(xs[i]), nd, es),
           st, fail);
     start += dt_tensor_shape(xs[i])[dim];
   }

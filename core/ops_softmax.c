@@ -8,8 +8,8 @@ static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(y, dt_tensor_device(y), &dx));
   if (n > 0) {
-    dt_status st = dt_tensor_backend(y)->softmax_backward(
-        dt_tensor_device(y), DT_F32(y), DT_F32(g), DT_F32(dx), n / cols, cols, (int)node->ints[0]);
+    dt_status st = dt_kernel_softmax_backward(DT_TENSOR_EXEC(y), DT_F32(y), DT_F32(g), DT_F32(dx),
+                                              n / cols, cols, (int)node->ints[0]);
     if (st != DT_OK) {
       dt_tensor_release(dx);
       return st;
@@ -40,9 +40,9 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
   DT_CHECK_GOTO(dt_ops_empty_like(xc, dt_tensor_device(xc), &y), st, fail);
   int64_t cols = dt_tensor_shape(xc)[ndim - 1], n = dt_tensor_numel(xc);
   if (n > 0)
-    DT_CHECK_GOTO(dt_tensor_backend(xc)->softmax_forward(dt_tensor_device(xc), DT_F32(xc),
-                                                         DT_F32(y), n / cols, cols, log),
-                  st, fail);
+    DT_CHECK_GOTO(
+        dt_kernel_softmax_forward(DT_TENSOR_EXEC(xc), DT_F32(xc), DT_F32(y), n / cols, cols, log),
+        st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, softmax_backward, &x, 1, y, &node), st, fail);
   if (node) {
     DT_CHECK_GOTO(dt_ops_save_output(node, 0, y), st, fail);

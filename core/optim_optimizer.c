@@ -147,22 +147,21 @@ dt_status dt_optim_step(dt_optimizer *o) {
   }
   dt_tensor *params = dt_param_arena_data(o->arena);
   dt_tensor *grads = dt_param_arena_grads(o->arena);
-  const dt_backend_ops *be = dt_tensor_backend(params);
-  dt_device dev = dt_tensor_device(params);
+  const dt_exec ex = dt_tensor_exec(params);
   float *p = dt_tensor_data(params);
   const float *g = dt_tensor_data(grads);
   dt_status st;
   if (o->kind == OPTIM_SGD) {
     const dt_sgd_config *c = &o->sgd;
-    st = be->sgd_update(dev, p, g, state_ptr(o, 0), n, o->lr, c->momentum, c->dampening,
-                        c->weight_decay, c->nesterov, o->steps == 0);
+    st = dt_kernel_sgd_update(&ex, p, g, state_ptr(o, 0), n, o->lr, c->momentum, c->dampening,
+                              c->weight_decay, c->nesterov, o->steps == 0);
   } else {
     const dt_adamw_config *c = &o->adamw;
     if (o->steps >= INT_MAX)
       return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
                       (long long)o->steps);
-    st = be->adamw_update(dev, p, g, state_ptr(o, 0), state_ptr(o, 1), n, o->lr, c->beta1, c->beta2,
-                          c->eps, c->weight_decay, (int)(o->steps + 1));
+    st = dt_kernel_adamw_update(&ex, p, g, state_ptr(o, 0), state_ptr(o, 1), n, o->lr, c->beta1,
+                                c->beta2, c->eps, c->weight_decay, (int)(o->steps + 1));
   }
   if (st != DT_OK)
     return dt_error_wrap(st, "%s step %lld", dt_optim_name(o), (long long)o->steps);

@@ -72,11 +72,10 @@ dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total
   if (n == 0)
     return DT_OK;
   dt_tensor *grads = dt_param_arena_grads(arena);
-  const dt_backend_ops *be = dt_tensor_backend(grads);
-  dt_device dev = dt_tensor_device(grads);
+  const dt_exec ex = dt_tensor_exec(grads);
   float *g = dt_tensor_data(grads);
   double sum_sq = 0.0;
-  DT_CHECK(be->sum_squares(dev, g, n, &sum_sq));
+  DT_CHECK(dt_kernel_sum_squares(&ex, g, n, &sum_sq));
   double norm = sqrt(sum_sq);
   if (total_norm)
     *total_norm = norm;
@@ -85,7 +84,7 @@ dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total
   if (norm > (double)max_norm) {
     float coef = (float)((double)max_norm / (norm + 1e-6));
     /* g = 0 * g + coef * g: scales in place without relying on x != y. */
-    DT_CHECK(be->axpby(dev, n, 0.0f, g, coef, g));
+    DT_CHECK(dt_kernel_axpby(&ex, n, 0.0f, g, coef, g));
   }
   return DT_OK;
 }

@@ -263,6 +263,15 @@ const dt_backend_ops *dt_tensor_backend(const dt_tensor *t) {
   return be;
 }
 
+dt_exec dt_tensor_exec(const dt_tensor *t) {
+  dt_exec ex;
+  ex.be = dt_tensor_backend(t);
+  ex.dev = t->storage->device;
+  ex.dtype = t->dtype;
+  ex.stream = ex.be->stream ? ex.be->stream(ex.dev, DT_STREAM_COMPUTE) : NULL;
+  return ex;
+}
+
 /* ---- autograd flags ---- */
 
 dt_status dt_tensor_set_requires_grad(dt_tensor *t, int requires_grad) {
@@ -377,9 +386,9 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
   dt_device dd = dst->storage->device, sd = src->storage->device;
   dt_status st = DT_OK;
   if (dt_device_equal(dd, sd) && dst->dtype == src->dtype) {
-    const dt_backend_ops *be = dt_tensor_backend(dst);
-    return be->copy_strided(dd, dt_tensor_data(dst), dst->strides, dt_tensor_data(src),
-                            src->strides, dst->shape, dst->ndim, dt_dtype_size(dst->dtype));
+    const dt_exec ex = dt_tensor_exec(dst);
+    return dt_kernel_copy_strided(&ex, dt_tensor_data(dst), dst->strides, dt_tensor_data(src),
+                                  src->strides, dst->shape, dst->ndim, dt_dtype_size(dst->dtype));
   }
   /* General path: contiguous source, convert on the source device, move,
    * then scatter into dst's layout. */
@@ -387,8 +396,8 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
   DT_CHECK(dt_tensor_contiguous((dt_tensor *)src, &c));
   if (c->dtype != dst->dtype) {
     DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, sd, &conv), st, done);
-    DT_CHECK_GOTO(dt_tensor_backend(c)->cast(sd, dt_tensor_data(c), c->dtype, dt_tensor_data(conv),
-                                             dst->dtype, n),
+    DT_CHECK_GOTO(dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), c->dtype,
+                                 dt_tensor_data(conv), dst->dtype, n),
                   st, done);
   } else {
     conv = dt_tensor_retain(c);
@@ -403,9 +412,9 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
   } else {
     moved = dt_tensor_retain(conv);
   }
-  st = dt_tensor_backend(dst)->copy_strided(dd, dt_tensor_data(dst), dst->strides,
-                                            dt_tensor_data(moved), moved->strides, dst->shape,
-                                            dst->ndim, dt_dtype_size(dst->dtype));
+  st = dt_kernel_copy_strided(DT_TENSOR_EXEC(dst), dt_tensor_data(dst), dst->strides,
+                              dt_tensor_data(moved), moved->strides, dst->shape, dst->ndim,
+                              dt_dtype_size(dst->dtype));
 done:
   dt_tensor_release(moved);
   dt_tensor_release(conv);
@@ -417,8 +426,7 @@ dt_status dt_tensor_fill_(dt_tensor *t, float value) {
   if (t->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(t))
     return DT_ERROR(DT_ERR_DTYPE, "fill: needs a contiguous f32 tensor (got %s)",
                     dt_dtype_name(t->dtype));
-  return dt_tensor_backend(t)->fill(t->storage->device, dt_tensor_data(t), value,
-                                    dt_tensor_numel(t));
+  return dt_kernel_fill(DT_TENSOR_EXEC(t), dt_tensor_data(t), value, dt_tensor_numel(t));
 }
 
 dt_status dt_tensor_item(const dt_tensor *t, int64_t index, double *out) {
@@ -487,16 +495,16 @@ dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g) {
     dt_tensor *ng;
     st = dt_tensor_empty(leaf->shape, leaf->ndim, DT_DTYPE_F32, leaf->storage->device, &ng);
     if (st == DT_OK) {
-      st = dt_tensor_backend(ng)->axpby(ng->storage->device, dt_tensor_numel(ng), 1.0f,
-                                        dt_tensor_data(gc), 0.0f, dt_tensor_data(ng));
+      st = dt_kernel_axpby(DT_TENSOR_EXEC(ng), dt_tensor_numel(ng), 1.0f, dt_tensor_data(gc), 0.0f,
+                           dt_tensor_data(ng));
       if (st == DT_OK)
         leaf->grad = ng;
       else
         dt_tensor_release(ng);
     }
   } else {
-    st = dt_tensor_backend(leaf)->axpby(leaf->storage->device, dt_tensor_numel(gc), 1.0f,
-                                        dt_tensor_data(gc), 1.0f, dt_tensor_data(leaf->grad));
+    st = dt_kernel_axpby(DT_TENSOR_EXEC(leaf), dt_tensor_numel(gc), 1.0f, dt_tensor_data(gc), 1.0f,
+                         dt_tensor_data(leaf->grad));
   }
   dt_tensor_release(gc);
   return st;

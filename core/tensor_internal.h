@@ -14,11 +14,11 @@ extern "C" {
 #endif
 
 typedef struct dt_storage {
-  int refcount;          /* atomic */
+  int refcount; /* atomic */
   dt_device device;
   void *data;
   size_t bytes;
-  int owns_data;         /* freed through the backend when the count drops */
+  int owns_data; /* freed through the backend when the count drops */
 } dt_storage;
 
 typedef struct dt_grad_hook {
@@ -28,19 +28,19 @@ typedef struct dt_grad_hook {
 } dt_grad_hook;
 
 struct dt_tensor {
-  int refcount;          /* atomic */
+  int refcount; /* atomic */
   dt_storage *storage;
-  int64_t offset;        /* elements */
+  int64_t offset; /* elements */
   int ndim;
   int64_t shape[DT_MAX_DIMS];
   int64_t strides[DT_MAX_DIMS];
   dt_dtype dtype;
   int requires_grad;
-  dt_tensor *grad;       /* owned reference or NULL */
-  dt_node *grad_fn;      /* owned reference; NULL for leaves */
-  dt_grad_hook *hooks;   /* grad-ready hooks (leaves) */
+  dt_tensor *grad;     /* owned reference or NULL */
+  dt_node *grad_fn;    /* owned reference; NULL for leaves */
+  dt_grad_hook *hooks; /* grad-ready hooks (leaves) */
   int n_hooks, cap_hooks;
-  int pending_grads;     /* engine scratch: edges still to contribute */
+  int pending_grads; /* engine scratch: edges still to contribute */
 };
 
 /* Allocates a storage of `bytes` on dev (through the backend; OOM detail
@@ -67,6 +67,12 @@ dt_status dt_check_f32(const char *op, dt_tensor *const *ts, int n);
 
 /* Backend of a tensor's device (already validated when the tensor exists). */
 const dt_backend_ops *dt_tensor_backend(const dt_tensor *t);
+/* The execution context for kernels over t's elements: its backend, device,
+ * the device's compute stream and t's dtype. */
+dt_exec dt_tensor_exec(const dt_tensor *t);
+/* The same as a pointer to a temporary (valid to the end of the enclosing
+ * block), for a single kernel call: dt_kernel_fill(DT_TENSOR_EXEC(t), ...). */
+#define DT_TENSOR_EXEC(t) ((const dt_exec[1]){dt_tensor_exec(t)})
 
 /* Accumulates `g` into leaf->grad (allocating zeros on first use). */
 dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g);

@@ -204,9 +204,9 @@ dt_status dt_tensor_contiguous(dt_tensor *t, dt_tensor **out) {
   }
   dt_tensor *c;
   DT_CHECK(dt_tensor_empty(t->shape, t->ndim, t->dtype, t->storage->device, &c));
-  dt_status st = dt_tensor_backend(t)->copy_strided(t->storage->device, dt_tensor_data(c),
-                                                    c->strides, dt_tensor_data(t), t->strides,
-                                                    t->shape, t->ndim, dt_dtype_size(t->dtype));
+  dt_status st =
+      dt_kernel_copy_strided(DT_TENSOR_EXEC(t), dt_tensor_data(c), c->strides, dt_tensor_data(t),
+                             t->strides, t->shape, t->ndim, dt_dtype_size(t->dtype));
   if (st == DT_OK && dt_autograd_should_record(&t, 1)) {
     dt_node *node;
     st = dt_autograd_record("contiguous", identity_backward, &t, 1, c, &node);
@@ -245,8 +245,8 @@ dt_status dt_tensor_to_dtype(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
   DT_CHECK(dt_tensor_contiguous(t, &c));
   dt_status st = dt_tensor_empty(c->shape, c->ndim, dtype, c->storage->device, &r);
   if (st == DT_OK) {
-    st = dt_tensor_backend(c)->cast(c->storage->device, dt_tensor_data(c), c->dtype,
-                                    dt_tensor_data(r), dtype, dt_tensor_numel(c));
+    st = dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), c->dtype, dt_tensor_data(r), dtype,
+                        dt_tensor_numel(c));
     if (st == DT_OK && dt_dtype_is_float(dtype) && dt_dtype_is_float(c->dtype) &&
         dt_autograd_should_record(&c, 1)) {
       dt_node *node;

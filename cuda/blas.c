@@ -5,42 +5,25 @@
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
 
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-static dt_status check_gemm(int trans_a, int trans_b, int m, int n, int k, int lda, int ldb,
-                            int ldc, int batch) {
-  if (m < 0 || n < 0 || k < 0 || batch < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "gemm: negative size: m=%d n=%d k=%d batch=%d", m, n, k,
-                    batch);
-  int need_a = MAX(1, trans_a ? m : k), need_b = MAX(1, trans_b ? k : n), need_c = MAX(1, n);
-  if (lda < need_a || ldb < need_b || ldc < need_c)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "gemm: leading dimension too small: lda=%d (need >= %d), ldb=%d (need >= "
-                    "%d), ldc=%d (need >= %d) for m=%d n=%d k=%d trans_a=%d trans_b=%d",
-                    lda, need_a, ldb, need_b, ldc, need_c, m, n, k, trans_a, trans_b);
-  return DT_OK;
-}
-
 // A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch
-dt_status dt_cuda_gemm(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                       const float *a, int lda, int64_t stride_a, const float *b, int ldb,
-                       int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
+dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
+                       float alpha, const float *a, int lda, int64_t stride_a, const float *b,
+                       int ldb, int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
                        int batch) {
-  DT_CHECK(check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc, batch));
   if (m == 0 || n == 0 || batch == 0)
     return DT_OK;
-  dt_cuda_ctx *ctx = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_EXEC(ex, ctx, stream);
   DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
+  DT_CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1)
-    DT_CUBLAS_CHECK(cublasSgemm(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta,
-                                c, ldc));
+    DT_CUBLAS_CHECK(
+        cublasSgemm(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
   else
     DT_CUBLAS_CHECK(cublasSgemmStridedBatched(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, ldb,
-                                              stride_b, a, lda, stride_a, &beta, c, ldc,
-                                              stride_c, batch));
+                                              stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
+                                              batch));
   return DT_OK;
 }
 
@@ -54,11 +37,11 @@ static int cuda_type(dt_dtype t, cudaDataType_t *out) {
 }
 
 // mixed precision: A, B (ab_type) -> C (c_type), f32 accumulation
-dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
-                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
-                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
-                          int ldc, int64_t stride_c, dt_dtype c_type, int batch) {
-  DT_CHECK(check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc, batch));
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                          int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
+                          int64_t stride_c, dt_dtype c_type, int batch) {
+  DT_CHECK(dt_kcheck_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc, batch));
   cudaDataType_t tab, tc;
   if (!cuda_type(ab_type, &tab) || !cuda_type(c_type, &tc) ||
       (c_type != DT_DTYPE_F32 && c_type != ab_type))
@@ -80,9 +63,8 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
     compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, tab,
-                                             ldb, stride_b, a, tab, lda, stride_a, &beta, c, tc,
-                                             ldc, stride_c, batch, compute,
-                                             CUBLAS_GEMM_DEFAULT));
+  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, tab, ldb,
+                                             stride_b, a, tab, lda, stride_a, &beta, c, tc, ldc,
+                                             stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
   return DT_OK;
 }

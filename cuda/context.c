@@ -256,9 +256,9 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   pthread_mutex_init(&c->scratch_lock, NULL);
   pthread_mutex_init(&c->conv_lock, NULL);
   pthread_mutex_init(&c->fence_lock, NULL);
-  DT_CUDA_CHECK_GOTO(cudaSetDevice(index), fail);
+  DT_CUDA_CHECK_GOTO(cudaSetDevice(index), st, fail);
   struct cudaDeviceProp prop;
-  DT_CUDA_CHECK_GOTO(cudaGetDeviceProperties(&prop, index), fail);
+  DT_CUDA_CHECK_GOTO(cudaGetDeviceProperties(&prop, index), st, fail);
   snprintf(c->name, sizeof c->name, "%s", prop.name);
   c->total_memory = prop.totalGlobalMem;
   c->cc_major = prop.major;
@@ -266,7 +266,8 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   for (int k = 0; k < 3; k++) {
     c->streams[k].device = index;
     c->streams[k].kind = k;
-    DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->streams[k].s, cudaStreamNonBlocking), fail);
+    DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->streams[k].s, cudaStreamNonBlocking), st,
+                       fail);
   }
   {
     cublasStatus_t be = cublasCreate(&c->cublas);
@@ -281,12 +282,12 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
     }
   }
   DT_CHECK_GOTO(dt_cuda_ctx_sync_math_mode(c), st, fail);
-  DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->fence, cudaEventDisableTiming), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreate(&c->cudnn), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetStream(c->cudnn, c->streams[DT_STREAM_COMPUTE].s), fail);
-  DT_CUDA_CHECK_GOTO(cudaMalloc(&c->dev_scratch, DT_CUDA_SCRATCH_BYTES), fail);
+  DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->fence, cudaEventDisableTiming), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreate(&c->cudnn), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetStream(c->cudnn, c->streams[DT_STREAM_COMPUTE].s), st, fail);
+  DT_CUDA_CHECK_GOTO(cudaMalloc(&c->dev_scratch, DT_CUDA_SCRATCH_BYTES), st, fail);
   DT_CUDA_CHECK_GOTO(cudaHostAlloc(&c->host_scratch, DT_CUDA_SCRATCH_BYTES, cudaHostAllocPortable),
-                     fail);
+                     st, fail);
   DT_CHECK_GOTO(dt_cuda_pool_create(index, c->total_memory, &c->pool), st, fail);
   {
     size_t limit = 0;
@@ -348,6 +349,21 @@ dt_status dt_cuda_ctx_get(dt_device dev, dt_cuda_ctx **out) {
   if (current_device() != dev.index)
     DT_CUDA_CHECK(cudaSetDevice(dev.index));
   *out = c;
+  return DT_OK;
+}
+
+dt_status dt_cuda_exec_begin(const dt_exec *ex, dt_cuda_ctx **ctx, cudaStream_t *stream) {
+  DT_CHECK(dt_cuda_ctx_get(ex->dev, ctx));
+  if (!ex->stream) {
+    *stream = dt_cuda_compute_stream(*ctx);
+    return DT_OK;
+  }
+  if (ex->stream->device != ex->dev.index)
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH,
+                    "a kernel for cuda:%d was given a stream of cuda:%d: use a stream of the "
+                    "device the kernel runs on",
+                    ex->dev.index, ex->stream->device);
+  *stream = ex->stream->s;
   return DT_OK;
 }
 

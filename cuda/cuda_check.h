@@ -3,7 +3,7 @@
  * file:line in the message (ggml's ggml_cuda_error, NCCL's CUDACHECK).
  *
  *   DT_CUDA_CHECK(cudaMalloc(&p, n));              returns on failure
- *   DT_CUDA_CHECK_GOTO(cudaMemcpy(...), free_p);   needs `dt_status st`
+ *   DT_CUDA_CHECK_GOTO(cudaMemcpy(...), st, free_p);   needs `dt_status st`
  *
  * Mapping: cudaErrorMemoryAllocation -> DT_ERR_OOM, cudaErrorNoDevice ->
  * DT_ERR_NO_DEVICE, cudaErrorInsufficientDriver -> DT_ERR_VERSION, the rest
@@ -31,26 +31,26 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *stmt, const char *func, c
 dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, const char *file,
                         int line);
 
-#define DT_CUDA_CHECK(stmt)                                                  \
-  do {                                                                       \
-    cudaError_t dt_cuda_e_ = (stmt);                                         \
-    if (dt_cuda_e_ != cudaSuccess)                                           \
-      return dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__);  \
+#define DT_CUDA_CHECK(stmt)                                                 \
+  do {                                                                      \
+    cudaError_t dt_cuda_e_ = (stmt);                                        \
+    if (dt_cuda_e_ != cudaSuccess)                                          \
+      return dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__); \
   } while (0)
 
-#define DT_CUDA_CHECK_GOTO(stmt, label)                                      \
-  do {                                                                       \
-    cudaError_t dt_cuda_e_ = (stmt);                                         \
-    if (dt_cuda_e_ != cudaSuccess) {                                         \
-      st = dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__);    \
-      goto label;                                                            \
-    }                                                                        \
+#define DT_CUDA_CHECK_GOTO(stmt, status_var, label)                                 \
+  do {                                                                              \
+    cudaError_t dt_cuda_e_ = (stmt);                                                \
+    if (dt_cuda_e_ != cudaSuccess) {                                                \
+      (status_var) = dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__); \
+      goto label;                                                                   \
+    }                                                                               \
   } while (0)
 
-#define DT_CUBLAS_CHECK(stmt)                                                  \
-  do {                                                                         \
-    cublasStatus_t dt_cublas_e_ = (stmt);                                      \
-    if (dt_cublas_e_ != CUBLAS_STATUS_SUCCESS)                                 \
+#define DT_CUBLAS_CHECK(stmt)                                                   \
+  do {                                                                          \
+    cublasStatus_t dt_cublas_e_ = (stmt);                                       \
+    if (dt_cublas_e_ != CUBLAS_STATUS_SUCCESS)                                  \
       return dt_cublas_fail(dt_cublas_e_, #stmt, __func__, __FILE__, __LINE__); \
   } while (0)
 
@@ -61,13 +61,13 @@ dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, con
       return dt_cudnn_fail(dt_cudnn_e_, #stmt, __func__, __FILE__, __LINE__); \
   } while (0)
 
-#define DT_CUDNN_CHECK_GOTO(stmt, label)                                      \
-  do {                                                                        \
-    cudnnStatus_t dt_cudnn_e_ = (stmt);                                       \
-    if (dt_cudnn_e_ != CUDNN_STATUS_SUCCESS) {                                \
-      st = dt_cudnn_fail(dt_cudnn_e_, #stmt, __func__, __FILE__, __LINE__);   \
-      goto label;                                                             \
-    }                                                                         \
+#define DT_CUDNN_CHECK_GOTO(stmt, status_var, label)                                  \
+  do {                                                                                \
+    cudnnStatus_t dt_cudnn_e_ = (stmt);                                               \
+    if (dt_cudnn_e_ != CUDNN_STATUS_SUCCESS) {                                        \
+      (status_var) = dt_cudnn_fail(dt_cudnn_e_, #stmt, __func__, __FILE__, __LINE__); \
+      goto label;                                                                     \
+    }                                                                                 \
   } while (0)
 
 /* After a kernel launch: launch-configuration errors surface here. */

@@ -6,13 +6,12 @@
 #ifndef DT_CUDA_CUDA_INTERNAL_H
 #define DT_CUDA_CUDA_INTERNAL_H
 
-#include <pthread.h>
-#include <stddef.h>
-#include <stdint.h>
-
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "core/backend.h"
 #include "core/status.h"
@@ -90,6 +89,20 @@ dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s);
 /* Sets the cuBLAS math mode from the global TF32 setting if it changed. */
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx);
 
+/* The context of ex->dev (made the calling thread's current device) and
+ * the CUDA stream of ex->stream (NULL: the compute stream), which must be
+ * a stream of that device. Every kernel starts with DT_CUDA_EXEC. */
+dt_status dt_cuda_exec_begin(const dt_exec *ex, dt_cuda_ctx **ctx, cudaStream_t *stream);
+#define DT_CUDA_EXEC(ex, ctx, stream) \
+  dt_cuda_ctx *ctx = NULL;            \
+  cudaStream_t stream = NULL;         \
+  DT_CHECK(dt_cuda_exec_begin((ex), &ctx, &stream))
+
+/* The kernels (blas.c, dnn.c, kernels_*.cu), one per DT_KERNEL of
+ * core/op_table.def; arguments were checked by the dispatch. */
+#define DT_KERNEL(name, dtypes, check, params, args) dt_status dt_cuda_##name DT_KPARAMS params;
+#include "core/op_table.def"
+
 /* ---- memory (cuda/allocator.c) ---- */
 dt_status dt_cuda_pool_create(int index, size_t capacity, dt_block_pool **out);
 dt_status dt_cuda_alloc(dt_device dev, size_t bytes, void **out);
@@ -102,100 +115,17 @@ dt_status dt_cuda_scratch_alloc(dt_cuda_ctx *ctx, size_t bytes, void **out);
 void dt_cuda_scratch_free(dt_cuda_ctx *ctx, void *ptr);
 
 /* ---- BLAS (cuda/blas.c) ---- */
-dt_status dt_cuda_gemm(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                       const float *a, int lda, int64_t stride_a, const float *b, int ldb,
-                       int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
-                       int batch);
 
 /* ---- cuDNN (cuda/dnn.c) ---- */
 void dt_cuda_conv_cache_destroy(dt_cuda_conv_cache *c);
-size_t dt_cuda_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g);
-dt_status dt_cuda_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                 const float *w, const float *bias, float *y, void *workspace);
-dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                  const float *w, const float *dy, float *dx, float *dw,
-                                  float *db, void *workspace);
-dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, const float *gamma,
-                                    const float *beta, float *running_mean, float *running_var,
-                                    float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                    int64_t hw, int training, float momentum, float eps);
-dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float *dy,
-                                     const float *gamma, const float *save_mean,
-                                     const float *save_invstd, float *dx, float *dgamma,
-                                     float *dbeta, int64_t n, int64_t c, int64_t hw);
 
 /* ---- dense kernels (cuda/kernels_dense.cu) ---- */
-dt_status dt_cuda_cast(dt_device dev, const void *in, dt_dtype src, void *out, dt_dtype dst,
-                       int64_t n);
-dt_status dt_cuda_copy_strided(dt_device dev, void *dst, const int64_t *dst_strides,
-                               const void *src, const int64_t *src_strides,
-                               const int64_t *shape, int ndim, size_t elem_size);
-dt_status dt_cuda_fill(dt_device dev, float *x, float value, int64_t n);
-dt_status dt_cuda_binary(dt_device dev, const dt_binary_args *args, const float *a,
-                         const float *b, float *out);
-dt_status dt_cuda_axpby(dt_device dev, int64_t n, float alpha, const float *x, float beta,
-                        float *y);
-dt_status dt_cuda_unary_forward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
-                                float *y);
-dt_status dt_cuda_unary_backward(dt_device dev, dt_unary_op op, int64_t n, const float *x,
-                                 const float *dy, float *dx);
-dt_status dt_cuda_reduce_sum(dt_device dev, const float *x, float *y, int64_t outer, int64_t r,
-                             int64_t inner, float scale);
-dt_status dt_cuda_broadcast_axis(dt_device dev, const float *y, float *x, int64_t outer,
-                                 int64_t r, int64_t inner, float scale);
-dt_status dt_cuda_sum_squares(dt_device dev, const float *x, int64_t n, double *out);
-dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float *grad,
-                             float *momentum_buf, int64_t n, float lr, float momentum,
-                             float dampening, float weight_decay, int nesterov, int first_step);
-dt_status dt_cuda_adamw_update(dt_device dev, float *param, const float *grad, float *m,
-                               float *v, int64_t n, float lr, float beta1, float beta2,
-                               float eps, float weight_decay, int step);
 /* Per-channel fill of batchnorm eval statistics: save_mean = rm,
  * save_invstd = 1/sqrt(rv + eps), each (c). Used by cuda/dnn.c. */
 dt_status dt_cuda_bn_eval_stats(dt_cuda_ctx *ctx, const float *rm, const float *rv,
                                 float *save_mean, float *save_invstd, int64_t c, float eps);
 
 /* ---- nn kernels (cuda/kernels_nn.cu) ---- */
-dt_status dt_cuda_softmax_forward(dt_device dev, const float *x, float *y, int64_t rows,
-                                  int64_t cols, int log);
-dt_status dt_cuda_softmax_backward(dt_device dev, const float *y, const float *dy, float *dx,
-                                   int64_t rows, int64_t cols, int log);
-dt_status dt_cuda_cross_entropy_forward(dt_device dev, const float *logits, const void *target,
-                                        dt_dtype target_dtype, int64_t n, int64_t c,
-                                        int64_t ignore_index, float *loss_rows, float *lse,
-                                        int64_t *out_count);
-dt_status dt_cuda_cross_entropy_backward(dt_device dev, const float *logits, const void *target,
-                                         dt_dtype target_dtype, const float *lse,
-                                         const float *dloss_rows, float *dlogits, int64_t n,
-                                         int64_t c, int64_t ignore_index);
-dt_status dt_cuda_layernorm_forward(dt_device dev, const float *x, const float *gamma,
-                                    const float *beta, float *y, float *mean, float *rstd,
-                                    int64_t rows, int64_t cols, float eps);
-dt_status dt_cuda_layernorm_backward(dt_device dev, const float *x, const float *gamma,
-                                     const float *mean, const float *rstd, const float *dy,
-                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
-                                     int64_t cols);
-dt_status dt_cuda_embedding_forward(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                    const float *table, float *y, int64_t n, int64_t v,
-                                    int64_t d);
-dt_status dt_cuda_embedding_backward(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                     const float *dy, float *dtable, int64_t n, int64_t v,
-                                     int64_t d);
-dt_status dt_cuda_dropout_forward(dt_device dev, const float *x, float *y, uint8_t *mask,
-                                  int64_t n, float p, uint64_t seed, uint64_t offset);
-dt_status dt_cuda_dropout_backward(dt_device dev, const float *dy, const uint8_t *mask,
-                                   float *dx, int64_t n, float p);
-dt_status dt_cuda_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                    float *y, int32_t *argmax);
-dt_status dt_cuda_maxpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
-                                     const int32_t *argmax, float *dx);
-dt_status dt_cuda_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
-                                    float *y);
-dt_status dt_cuda_avgpool2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *dy,
-                                     float *dx);
-
-/* Shared geometry check for pooling and convolution (cuda/dnn.c). */
-dt_status dt_cuda_check_geom(const char *op, const dt_conv2d_geom *g, int conv);
 
 #ifdef __cplusplus
 }

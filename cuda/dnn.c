@@ -18,28 +18,6 @@
 
 /* ---- geometry ---- */
 
-dt_status dt_cuda_check_geom(const char *op, const dt_conv2d_geom *g, int conv) {
-  if (g->n < 0 || (conv ? g->c <= 0 : g->c < 0) || g->h <= 0 || g->w <= 0 || g->kh <= 0 ||
-      g->kw <= 0 || g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: bad geometry: n=%d c=%d h=%d w=%d oc=%d kernel %dx%d stride %dx%d "
-                    "padding %dx%d",
-                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
-  if (!conv && (2 * g->ph > g->kh || 2 * g->pw > g->kw))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "
-                    "kernel/2)",
-                    op, g->ph, g->pw, g->kh, g->kw);
-  int oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
-  int ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
-  if (g->h + 2 * g->ph < g->kh || g->w + 2 * g->pw < g->kw || g->oh != oh || g->ow != ow)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
-                    "padding %dx%d: the kernel must fit in the padded input",
-                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
-  return DT_OK;
-}
-
 /* ---- the per-device cache of convolution plans ---- */
 
 typedef struct conv_plan {
@@ -178,29 +156,29 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
     return DT_ERROR(DT_ERR_OOM, "conv2d plan: host malloc failed");
   p->g = *g;
   p->tf32 = tf32;
-  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->x), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->y), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->x), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->y), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), st, fail);
   DT_CUDNN_CHECK_GOTO(
       cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n, g->c, g->h, g->w),
-      fail);
+      st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
                                                  g->oc, g->oh, g->ow),
-                      fail);
+                      st, fail);
   DT_CUDNN_CHECK_GOTO(
-      cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g->oc, 1, 1),
+      cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g->oc, 1, 1), st,
       fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, g->oc,
                                                  g->c, g->kh, g->kw),
-                      fail);
+                      st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetConvolution2dDescriptor(p->conv, g->ph, g->pw, g->sh, g->sw, 1, 1,
                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-                      fail);
+                      st, fail);
   /* FMA math keeps f32 convolutions exact when TF32 is off. */
   DT_CUDNN_CHECK_GOTO(
-      cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), fail);
+      cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), st, fail);
   DT_CHECK_GOTO(plan_choose(ctx, p), st, fail);
   *out = p;
   return DT_OK;
@@ -248,18 +226,21 @@ unlock:
   return st;
 }
 
-size_t dt_cuda_conv2d_workspace(dt_device dev, const dt_conv2d_geom *g) {
-  dt_cuda_ctx *ctx = NULL;
+dt_status dt_cuda_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, size_t *bytes) {
+  *bytes = 0;
+  if (g->n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)stream;
   conv_plan *p = NULL;
-  if (dt_cuda_check_geom("conv2d_workspace", g, 1) != DT_OK || g->n == 0 ||
-      dt_cuda_ctx_get(dev, &ctx) != DT_OK || plan_get(ctx, g, &p) != DT_OK)
-    return 0; /* the kernel call itself reports the error */
+  DT_CHECK(plan_get(ctx, g, &p));
   size_t ws = p->ws_fwd;
   if (p->ws_bwd_data > ws)
     ws = p->ws_bwd_data;
   if (p->ws_bwd_filter > ws)
     ws = p->ws_bwd_filter;
-  return ws;
+  *bytes = ws;
+  return DT_OK;
 }
 
 /* `given` when the caller passed a workspace, else a temporary one from the
@@ -275,26 +256,25 @@ static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void
 }
 
 // x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow)
-dt_status dt_cuda_conv2d_forward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                  const float *w, const float *bias, float *y, void *workspace) {
-  DT_CHECK(dt_cuda_check_geom("conv2d_forward", g, 1));
   if (g->n == 0)
     return DT_OK;
-  dt_cuda_ctx *ctx = NULL;
+  DT_CUDA_EXEC(ex, ctx, stream);
   conv_plan *p = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   DT_CHECK(plan_get(ctx, g, &p));
   void *ws = NULL, *tmp = NULL;
   DT_CHECK(workspace_get(ctx, workspace, p->ws_fwd, &ws, &tmp));
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
   pthread_mutex_lock(&ctx->conv_lock); /* the descriptor's math type is per direction */
-  DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->fwd_math), unlock);
+  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, stream), st, unlock);
+  DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->fwd_math), st, unlock);
   DT_CUDNN_CHECK_GOTO(cudnnConvolutionForward(ctx->cudnn, &one, p->x, x, p->w, w, p->conv, p->fwd,
                                               ws, p->ws_fwd, &zero, p->y, y),
-                      unlock);
+                      st, unlock);
   if (bias)
-    DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), unlock);
+    DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), st, unlock);
 unlock:
   pthread_mutex_unlock(&ctx->conv_lock);
   if (tmp)
@@ -303,19 +283,16 @@ unlock:
 }
 
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten)
-dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const float *x,
+dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                   const float *w, const float *dy, float *dx, float *dw, float *db,
                                   void *workspace) {
-  DT_CHECK(dt_cuda_check_geom("conv2d_backward", g, 1));
-  dt_cuda_ctx *ctx = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (g->n == 0) { /* no samples: the parameter gradients are zero */
     size_t wbytes = (size_t)g->oc * g->c * g->kh * g->kw * sizeof(float);
     if (dw)
-      DT_CUDA_CHECK(cudaMemsetAsync(dw, 0, wbytes, dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(cudaMemsetAsync(dw, 0, wbytes, stream));
     if (db)
-      DT_CUDA_CHECK(
-          cudaMemsetAsync(db, 0, (size_t)g->oc * sizeof(float), dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(cudaMemsetAsync(db, 0, (size_t)g->oc * sizeof(float), stream));
     return DT_OK;
   }
   conv_plan *p = NULL;
@@ -330,23 +307,24 @@ dt_status dt_cuda_conv2d_backward(dt_device dev, const dt_conv2d_geom *g, const 
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
   pthread_mutex_lock(&ctx->conv_lock);
+  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, stream), st, unlock);
   if (dx) {
-    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), unlock);
+    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), st, unlock);
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dy, p->conv, p->bwd_data, ws,
                                      p->ws_bwd_data, &zero, p->x, dx),
-        unlock);
+        st, unlock);
   }
   if (dw) {
-    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math), unlock);
+    DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math), st, unlock);
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, x, p->y, dy, p->conv, p->bwd_filter,
                                        ws, p->ws_bwd_filter, &zero, p->w, dw),
-        unlock);
+        st, unlock);
   }
   if (db)
     DT_CUDNN_CHECK_GOTO(
-        cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), unlock);
+        cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), st, unlock);
 unlock:
   pthread_mutex_unlock(&ctx->conv_lock);
   if (tmp)
@@ -374,12 +352,13 @@ static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
     return DT_ERROR(DT_ERR_UNSUPPORTED, "batchnorm: size (n %lld, c %lld, hw %lld) over 2^31",
                     (long long)n, (long long)c, (long long)hw);
   dt_status st = DT_OK;
-  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), fail);
-  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n,
                                                  (int)c, (int)hw, 1),
+                      st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnDeriveBNTensorDescriptor(d->bn, d->x, CUDNN_BATCHNORM_SPATIAL), st,
                       fail);
-  DT_CUDNN_CHECK_GOTO(cudnnDeriveBNTensorDescriptor(d->bn, d->x, CUDNN_BATCHNORM_SPATIAL), fail);
   return DT_OK;
 fail:
   bn_desc_destroy(d);
@@ -388,37 +367,24 @@ fail:
 
 /* Per-channel stand-ins for NULL arguments: `count` vectors of c floats,
  * the first `ones` of them filled with 1, the rest with 0. */
-static dt_status bn_scratch(dt_cuda_ctx *ctx, dt_device dev, int64_t c, int count, int ones,
+static dt_status bn_scratch(dt_cuda_ctx *ctx, const dt_exec *ex, int64_t c, int count, int ones,
                             float **out) {
   DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(c * count) * sizeof(float), (void **)out));
   dt_status st = DT_OK;
   if (ones)
-    st = dt_cuda_fill(dev, *out, 1.0f, c * ones);
+    st = dt_cuda_fill(ex, *out, 1.0f, c * ones);
   if (st == DT_OK && count > ones)
-    st = dt_cuda_fill(dev, *out + c * ones, 0.0f, c * (count - ones));
+    st = dt_cuda_fill(ex, *out + c * ones, 0.0f, c * (count - ones));
   if (st != DT_OK)
     dt_cuda_scratch_free(ctx, *out);
   return st;
 }
 
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, const float *gamma,
+dt_status dt_cuda_batchnorm_forward(const dt_exec *ex, const float *x, float *y, const float *gamma,
                                     const float *beta, float *running_mean, float *running_var,
                                     float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                    int64_t hw, int training, float momentum, float eps) {
-  if (n < 0 || c < 0 || hw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_forward: negative size (n %lld, c %lld, hw "
-                    "%lld)",
-                    (long long)n, (long long)c, (long long)hw);
-  if (training && n * hw <= 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_forward: training needs more than 1 value per channel, got "
-                    "n=%lld x hw=%lld: use a batch larger than 1 or eval mode",
-                    (long long)n, (long long)hw);
-  if (!training && (!running_mean || !running_var))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_forward: eval mode needs running_mean and running_var");
+                                    int64_t hw, bool training, float momentum, float eps) {
   if (training && (!running_mean) != (!running_var))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "batchnorm_forward: pass both running_mean and running_var, or neither");
@@ -428,13 +394,13 @@ dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, con
                     (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
   if (n * c * hw == 0)
     return DT_OK;
-  dt_cuda_ctx *ctx = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_EXEC(ex, ctx, stream);
+  DT_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, stream));
   bn_desc d;
   DT_CHECK(bn_desc_create(n, c, hw, &d));
   /* scratch: [ones (gamma)] [zeros (beta)] [save_mean] [save_invstd] */
   float *tmp = NULL;
-  dt_status st = bn_scratch(ctx, dev, c, 4, 1, &tmp);
+  dt_status st = bn_scratch(ctx, ex, c, 4, 1, &tmp);
   if (st != DT_OK) {
     bn_desc_destroy(&d);
     return st;
@@ -448,12 +414,12 @@ dt_status dt_cuda_batchnorm_forward(dt_device dev, const float *x, float *y, con
     DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardTraining(
                             ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
                             g, b, (double)momentum, running_mean, running_var, (double)eps, sm, si),
-                        done);
+                        st, done);
   } else {
     DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardInference(
                             ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
                             g, b, running_mean, running_var, (double)eps),
-                        done);
+                        st, done);
     /* As the CPU: a backward through eval mode uses the running stats. */
     st = dt_cuda_bn_eval_stats(ctx, running_mean, running_var, save_mean, save_invstd, c, eps);
   }
@@ -464,36 +430,29 @@ done:
 }
 
 // x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma, dbeta (c), overwritten
-dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float *dy,
+dt_status dt_cuda_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
                                      const float *gamma, const float *save_mean,
                                      const float *save_invstd, float *dx, float *dgamma,
                                      float *dbeta, int64_t n, int64_t c, int64_t hw) {
-  if (n < 0 || c < 0 || hw < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_backward: negative size (n %lld, c %lld, hw "
-                    "%lld)",
-                    (long long)n, (long long)c, (long long)hw);
   if (!save_mean || !save_invstd)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "batchnorm_backward: needs save_mean and save_invstd from the forward");
   if (c == 0)
     return DT_OK;
-  dt_cuda_ctx *ctx = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (n * hw == 0) {
     if (dgamma)
-      DT_CUDA_CHECK(
-          cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float), dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float), stream));
     if (dbeta)
-      DT_CUDA_CHECK(
-          cudaMemsetAsync(dbeta, 0, (size_t)c * sizeof(float), dt_cuda_compute_stream(ctx)));
+      DT_CUDA_CHECK(cudaMemsetAsync(dbeta, 0, (size_t)c * sizeof(float), stream));
     return DT_OK;
   }
+  DT_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, stream));
   bn_desc d;
   DT_CHECK(bn_desc_create(n, c, hw, &d));
   /* scratch: [ones (gamma)] [dgamma] [dbeta]; dx scratch separately */
   float *tmp = NULL, *dx_tmp = NULL;
-  dt_status st = bn_scratch(ctx, dev, c, 3, 1, &tmp);
+  dt_status st = bn_scratch(ctx, ex, c, 3, 1, &tmp);
   if (st != DT_OK) {
     bn_desc_destroy(&d);
     return st;
@@ -509,7 +468,7 @@ dt_status dt_cuda_batchnorm_backward(dt_device dev, const float *x, const float 
           ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x, d.x, dy, d.x,
           dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp, dgamma ? dgamma : tmp + c,
           dbeta ? dbeta : tmp + 2 * c, CUDNN_BN_MIN_EPSILON, save_mean, save_invstd),
-      done);
+      st, done);
 done:
   if (dx_tmp)
     dt_cuda_scratch_free(ctx, dx_tmp);

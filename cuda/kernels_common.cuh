@@ -30,16 +30,9 @@ static inline int dt_row_threads(int64_t cols) {
   return t;
 }
 
-#define DT_GRID_STRIDE(i, n)                                                    \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);     \
+#define DT_GRID_STRIDE(i, n)                                                \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
        i += (int64_t)blockDim.x * gridDim.x)
-
-/* Fetches the context of `dev` into `ctx` and its compute stream into
- * `stream`, returning the status on failure. */
-#define DT_CUDA_STREAM(dev, ctx, stream)          \
-  dt_cuda_ctx *ctx = NULL;                        \
-  DT_CHECK(dt_cuda_ctx_get((dev), &ctx));         \
-  cudaStream_t stream = dt_cuda_compute_stream(ctx)
 
 template <typename T>
 __device__ __forceinline__ T dt_warp_sum(T v) {

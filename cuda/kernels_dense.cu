@@ -78,13 +78,11 @@ static __global__ void cast_kernel(const void *in, int src, void *out, int dst, 
   }
 }
 
-extern "C" dt_status dt_cuda_cast(dt_device dev, const void *in, dt_dtype src, void *out,
+extern "C" dt_status dt_cuda_cast(const dt_exec *ex, const void *in, dt_dtype src, void *out,
                                   dt_dtype dst, int64_t n) {
-  if ((unsigned)src >= DT_DTYPE_COUNT || (unsigned)dst >= DT_DTYPE_COUNT)
-    return DT_ERROR(DT_ERR_DTYPE, "cast: unknown dtype (src %d, dst %d)", (int)src, (int)dst);
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (src == dst) {
     if (in != out)
       DT_CUDA_CHECK(cudaMemcpyAsync(out, in, (size_t)n * dt_dtype_size(src),
@@ -176,25 +174,18 @@ static __global__ void copy_strided_bytes_kernel(char *dst, const char *src, str
   }
 }
 
-extern "C" dt_status dt_cuda_copy_strided(dt_device dev, void *dst, const int64_t *dst_strides,
+extern "C" dt_status dt_cuda_copy_strided(const dt_exec *ex, void *dst, const int64_t *dst_strides,
                                           const void *src, const int64_t *src_strides,
                                           const int64_t *shape, int ndim, size_t elem_size) {
-  if (ndim < 0 || ndim > DT_MAX_DIMS || elem_size == 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: ndim %d (max %d), elem_size %zu", ndim,
-                    DT_MAX_DIMS, elem_size);
-  for (int d = 0; d < ndim; d++)
-    if (shape[d] < 0)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: negative size %lld in dim %d",
-                      (long long)shape[d], d);
   int64_t zeros[DT_MAX_DIMS] = {0};
   strided_plan p;
   plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
   if (p.numel == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (p.ndim == 1 && p.s[0][0] == 1 && p.s[1][0] == 1) {
-    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)p.numel * elem_size,
-                                  cudaMemcpyDeviceToDevice, stream));
+    DT_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, (size_t)p.numel * elem_size, cudaMemcpyDeviceToDevice, stream));
     return DT_OK;
   }
   unsigned grid = dt_grid_for(p.numel);
@@ -230,10 +221,10 @@ static __global__ void fill_kernel(float *x, float value, int64_t n) {
   DT_GRID_STRIDE(i, n) x[i] = value;
 }
 
-extern "C" dt_status dt_cuda_fill(dt_device dev, float *x, float value, int64_t n) {
+extern "C" dt_status dt_cuda_fill(const dt_exec *ex, float *x, float value, int64_t n) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   fill_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, value, n);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
@@ -250,19 +241,11 @@ static __global__ void binary_kernel(int op, const float *a, const float *b, flo
   }
 }
 
-extern "C" dt_status dt_cuda_binary(dt_device dev, const dt_binary_args *args, const float *a,
+extern "C" dt_status dt_cuda_binary(const dt_exec *ex, const dt_binary_args *args, const float *a,
                                     const float *b, float *out) {
-  if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim,
-                    DT_MAX_DIMS);
-  if ((unsigned)args->op > DT_BINARY_MUL)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
   int64_t out_strides[DT_MAX_DIMS];
   int64_t acc = 1;
   for (int d = args->ndim - 1; d >= 0; d--) {
-    if (args->shape[d] < 0)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "binary: negative size %lld in dim %d",
-                      (long long)args->shape[d], d);
     out_strides[d] = acc;
     acc *= args->shape[d];
   }
@@ -270,15 +253,14 @@ extern "C" dt_status dt_cuda_binary(dt_device dev, const dt_binary_args *args, c
   plan_build(&p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
   if (p.numel == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   binary_kernel<<<dt_grid_for(p.numel), DT_THREADS, 0, stream>>>((int)args->op, a, b, out, p);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
 // y (n) = alpha * x + beta * y (beta 0: y not read)
-static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, float beta,
-                                    float *y) {
+static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, float beta, float *y) {
   if (beta == 0.0f) {
     DT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
   } else {
@@ -286,11 +268,11 @@ static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, floa
   }
 }
 
-extern "C" dt_status dt_cuda_axpby(dt_device dev, int64_t n, float alpha, const float *x,
+extern "C" dt_status dt_cuda_axpby(const dt_exec *ex, int64_t n, float alpha, const float *x,
                                    float beta, float *y) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   axpby_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(n, alpha, x, beta, y);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
@@ -322,8 +304,8 @@ static __global__ void unary_backward_kernel(int op, int64_t n, const float *x, 
     } else if (op == DT_UNARY_GELU) {
       float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
       float sech2 = 1.0f - t * t;
-      float grad = 0.5f * (1.0f + t) +
-                   0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
+      float grad =
+          0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
       dx[i] = dy[i] * grad;
     } else {
       float t = tanhf(v);
@@ -332,25 +314,21 @@ static __global__ void unary_backward_kernel(int op, int64_t n, const float *x, 
   }
 }
 
-extern "C" dt_status dt_cuda_unary_forward(dt_device dev, dt_unary_op op, int64_t n,
+extern "C" dt_status dt_cuda_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n,
                                            const float *x, float *y) {
-  if ((unsigned)op > DT_UNARY_TANH)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "unary_forward: unknown op %d", (int)op);
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   unary_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, y);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_unary_backward(dt_device dev, dt_unary_op op, int64_t n,
+extern "C" dt_status dt_cuda_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n,
                                             const float *x, const float *dy, float *dx) {
-  if ((unsigned)op > DT_UNARY_TANH)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "unary_backward: unknown op %d", (int)op);
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   unary_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, dy, dx);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
@@ -403,14 +381,11 @@ static __global__ void reduce_cols_final_kernel(const double *part, float *y, in
   }
 }
 
-extern "C" dt_status dt_cuda_reduce_sum(dt_device dev, const float *x, float *y, int64_t outer,
+extern "C" dt_status dt_cuda_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer,
                                         int64_t r, int64_t inner, float scale) {
-  if (outer < 0 || r < 0 || inner < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "reduce_sum: negative size (%lld, %lld, %lld)",
-                    (long long)outer, (long long)r, (long long)inner);
   if (outer == 0 || inner == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (inner == 1) {
     unsigned grid = (unsigned)(outer < 65536 ? outer : 65536);
     reduce_rows_kernel<<<grid, DT_THREADS, 0, stream>>>(x, y, outer, r, scale);
@@ -448,16 +423,12 @@ static __global__ void broadcast_axis_kernel(const float *y, float *x, int64_t r
   }
 }
 
-extern "C" dt_status dt_cuda_broadcast_axis(dt_device dev, const float *y, float *x,
-                                            int64_t outer, int64_t r, int64_t inner,
-                                            float scale) {
-  if (outer < 0 || r < 0 || inner < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast_axis: negative size (%lld, %lld, %lld)",
-                    (long long)outer, (long long)r, (long long)inner);
+extern "C" dt_status dt_cuda_broadcast_axis(const dt_exec *ex, const float *y, float *x,
+                                            int64_t outer, int64_t r, int64_t inner, float scale) {
   int64_t total = outer * r * inner;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   broadcast_axis_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(y, x, r, inner, total,
                                                                        scale);
   DT_CUDA_CHECK_LAUNCH();
@@ -487,13 +458,12 @@ static __global__ void sum_final_kernel(const double *part, int m, double *out) 
     *out = acc;
 }
 
-extern "C" dt_status dt_cuda_sum_squares(dt_device dev, const float *x, int64_t n, double *out) {
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "sum_squares: negative size %lld", (long long)n);
+extern "C" dt_status dt_cuda_sum_squares(const dt_exec *ex, const float *x, int64_t n,
+                                         double *out) {
   *out = 0.0;
   if (n == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   unsigned blocks = dt_grid_for(n, DT_THREADS * 8);
   if (blocks > SUMSQ_BLOCKS)
     blocks = SUMSQ_BLOCKS;
@@ -517,18 +487,17 @@ extern "C" dt_status dt_cuda_sum_squares(dt_device dev, const float *x, int64_t 
 /* ---- optimizers ---- */
 
 // param, grad, momentum_buf (n): PyTorch SGD
-static __global__ void sgd_kernel(float *param, const float *grad, float *buf, int64_t n,
-                                  float lr, float momentum, float dampening, float wd,
-                                  int nesterov, int first_step) {
+static __global__ void sgd_kernel(float *param, const float *grad, float *buf, int64_t n, float lr,
+                                  float momentum, float dampening, float wd, int nesterov,
+                                  int first_step) {
   DT_GRID_STRIDE(i, n) {
     float p = param[i];
     float g = grad[i];
     if (wd != 0.0f)
       g = __fadd_rn(g, __fmul_rn(wd, p));
     if (momentum != 0.0f) {
-      float b = first_step ? g
-                           : __fadd_rn(__fmul_rn(momentum, buf[i]),
-                                       __fmul_rn(1.0f - dampening, g));
+      float b =
+          first_step ? g : __fadd_rn(__fmul_rn(momentum, buf[i]), __fmul_rn(1.0f - dampening, g));
       buf[i] = b;
       g = nesterov ? __fadd_rn(g, __fmul_rn(momentum, b)) : b;
     }
@@ -536,26 +505,15 @@ static __global__ void sgd_kernel(float *param, const float *grad, float *buf, i
   }
 }
 
-extern "C" dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float *grad,
+extern "C" dt_status dt_cuda_sgd_update(const dt_exec *ex, float *param, const float *grad,
                                         float *momentum_buf, int64_t n, float lr, float momentum,
-                                        float dampening, float weight_decay, int nesterov,
-                                        int first_step) {
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: negative size %lld", (long long)n);
-  if (momentum != 0.0f && !momentum_buf)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "sgd_update: momentum %g needs a momentum buffer",
-                    (double)momentum);
-  if (nesterov && (momentum <= 0.0f || dampening != 0.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "sgd_update: nesterov needs momentum > 0 and dampening 0 (got momentum %g, "
-                    "dampening %g), as torch.optim.SGD",
-                    (double)momentum, (double)dampening);
+                                        float dampening, float weight_decay, bool nesterov,
+                                        bool first_step) {
   if (n == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
-  sgd_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, momentum_buf, n, lr,
-                                                        momentum, dampening, weight_decay,
-                                                        nesterov, first_step);
+  DT_CUDA_EXEC(ex, ctx, stream);
+  sgd_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(
+      param, grad, momentum_buf, n, lr, momentum, dampening, weight_decay, nesterov, first_step);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
@@ -563,9 +521,9 @@ extern "C" dt_status dt_cuda_sgd_update(dt_device dev, float *param, const float
 // param, grad, m, v (n): PyTorch AdamW, the CPU's operation order
 // (core/cpu_kernels_optim.c); explicit _rn intrinsics keep nvcc from
 // contracting into FMAs, so that the result matches the CPU bit for bit.
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
-                                    int64_t n, float decay, float b2, float eps, float w1,
-                                    float w2, float step_size, float bc2_sqrt) {
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n,
+                                    float decay, float b2, float eps, float w1, float w2,
+                                    float step_size, float bc2_sqrt) {
   DT_GRID_STRIDE(i, n) {
     float g = grad[i];
     float p = __fmul_rn(param[i], decay);
@@ -581,21 +539,12 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
   }
 }
 
-extern "C" dt_status dt_cuda_adamw_update(dt_device dev, float *param, const float *grad,
+extern "C" dt_status dt_cuda_adamw_update(const dt_exec *ex, float *param, const float *grad,
                                           float *m, float *v, int64_t n, float lr, float beta1,
                                           float beta2, float eps, float weight_decay, int step) {
-  if (n < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: negative size %lld", (long long)n);
-  if (step < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "adamw_update: step %d: steps count from 1 (bias correction 1-beta^step)",
-                    step);
-  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: betas (%g, %g) must lie in [0, 1)",
-                    (double)beta1, (double)beta2);
   if (n == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   /* Scalars in double, as the CPU (and PyTorch's Python floats). */
   float decay = (float)(1.0 - (double)lr * (double)weight_decay);
   double bc1 = 1.0 - pow((double)beta1, step), bc2 = 1.0 - pow((double)beta2, step);

@@ -12,13 +12,6 @@
 
 #include "cuda/kernels_common.cuh"
 
-static dt_status check_rows_cols(const char *op, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (rows %lld, cols %lld)", op,
-                    (long long)rows, (long long)cols);
-  return DT_OK;
-}
-
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
 
 static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
@@ -67,8 +60,8 @@ static cudaError_t report_read(dt_cuda_ctx *ctx, cudaStream_t stream, const void
 /* ---- softmax ---- */
 
 // x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
-static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t rows,
-                                              int64_t cols, int log_) {
+static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t rows, int64_t cols,
+                                              int log_) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -110,24 +103,22 @@ static __global__ void softmax_backward_kernel(const float *y, const float *dy, 
   }
 }
 
-extern "C" dt_status dt_cuda_softmax_forward(dt_device dev, const float *x, float *y,
-                                             int64_t rows, int64_t cols, int log_) {
-  DT_CHECK(check_rows_cols("softmax_forward", rows, cols));
+extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, float *y,
+                                             int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   softmax_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(x, y, rows, cols,
                                                                               log_);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_softmax_backward(dt_device dev, const float *y, const float *dy,
-                                              float *dx, int64_t rows, int64_t cols, int log_) {
-  DT_CHECK(check_rows_cols("softmax_backward", rows, cols));
+extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
+                                              float *dx, int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   softmax_backward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(y, dy, dx, rows,
                                                                                cols, log_);
   DT_CUDA_CHECK_LAUNCH();
@@ -171,21 +162,16 @@ static __global__ void cross_entropy_forward_kernel(const float *logits, const v
   }
 }
 
-extern "C" dt_status dt_cuda_cross_entropy_forward(dt_device dev, const float *logits,
+extern "C" dt_status dt_cuda_cross_entropy_forward(const dt_exec *ex, const float *logits,
                                                    const void *target, dt_dtype target_dtype,
                                                    int64_t n, int64_t c, int64_t ignore_index,
                                                    float *loss_rows, float *lse,
                                                    int64_t *out_count) {
-  DT_CHECK(check_rows_cols("cross_entropy_forward", n, c));
-  if (target_dtype != DT_DTYPE_I32 && target_dtype != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE,
-                    "cross_entropy_forward: target dtype %s: class ids must be i32 or i64",
-                    dt_dtype_name(target_dtype));
   if (out_count)
     *out_count = 0;
   if (n == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = target_dtype == DT_DTYPE_I32;
   index_report rep;
   int64_t bad_value = 0;
@@ -193,8 +179,7 @@ extern "C" dt_status dt_cuda_cross_entropy_forward(dt_device dev, const float *l
   cudaError_t e = report_reset(ctx, stream);
   if (e == cudaSuccess) {
     cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
-        logits, target, i32, n, c, ignore_index, loss_rows, lse,
-        (index_report *)ctx->dev_scratch);
+        logits, target, i32, n, c, ignore_index, loss_rows, lse, (index_report *)ctx->dev_scratch);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess)
@@ -216,8 +201,7 @@ extern "C" dt_status dt_cuda_cross_entropy_forward(dt_device dev, const float *l
 static __global__ void cross_entropy_backward_kernel(const float *logits, const void *target,
                                                      int i32, const float *lse,
                                                      const float *dloss_rows, float *dlogits,
-                                                     int64_t n, int64_t c,
-                                                     int64_t ignore_index) {
+                                                     int64_t n, int64_t c, int64_t ignore_index) {
   DT_GRID_STRIDE(k, n * c) {
     int64_t i = k / c, j = k - i * c;
     int64_t t = index_at(target, i32, i);
@@ -231,19 +215,14 @@ static __global__ void cross_entropy_backward_kernel(const float *logits, const 
   }
 }
 
-extern "C" dt_status dt_cuda_cross_entropy_backward(dt_device dev, const float *logits,
+extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const float *logits,
                                                     const void *target, dt_dtype target_dtype,
                                                     const float *lse, const float *dloss_rows,
                                                     float *dlogits, int64_t n, int64_t c,
                                                     int64_t ignore_index) {
-  DT_CHECK(check_rows_cols("cross_entropy_backward", n, c));
-  if (target_dtype != DT_DTYPE_I32 && target_dtype != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE,
-                    "cross_entropy_backward: target dtype %s: class ids must be i32 or i64",
-                    dt_dtype_name(target_dtype));
   if (n * c == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   cross_entropy_backward_kernel<<<dt_grid_for(n * c), DT_THREADS, 0, stream>>>(
       logits, target, target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
   DT_CUDA_CHECK_LAUNCH();
@@ -283,16 +262,13 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   }
 }
 
-extern "C" dt_status dt_cuda_layernorm_forward(dt_device dev, const float *x, const float *gamma,
-                                               const float *beta, float *y, float *mean,
-                                               float *rstd, int64_t rows, int64_t cols,
+extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
+                                               const float *gamma, const float *beta, float *y,
+                                               float *mean, float *rstd, int64_t rows, int64_t cols,
                                                float eps) {
-  if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_forward: bad size (rows %lld, cols %lld)",
-                    (long long)rows, (long long)cols);
   if (rows == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
       x, gamma, beta, y, mean, rstd, rows, cols, eps);
   DT_CUDA_CHECK_LAUNCH();
@@ -326,12 +302,10 @@ static __global__ void layernorm_backward_dx_kernel(const float *x, const float 
 }
 
 // x, dy (rows, cols) -> part (splits, 2, cols): per row-chunk sums of dy*xhat and dy
-static __global__ void layernorm_backward_param_partial_kernel(const float *x,
-                                                               const float *mean,
-                                                               const float *rstd,
-                                                               const float *dy, double *part,
-                                                               int64_t rows, int64_t cols,
-                                                               int64_t chunk) {
+static __global__ void layernorm_backward_param_partial_kernel(const float *x, const float *mean,
+                                                               const float *rstd, const float *dy,
+                                                               double *part, int64_t rows,
+                                                               int64_t cols, int64_t chunk) {
   int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t split = blockIdx.y;
   if (j >= cols)
@@ -364,17 +338,14 @@ static __global__ void layernorm_backward_param_final_kernel(const double *part,
   }
 }
 
-extern "C" dt_status dt_cuda_layernorm_backward(dt_device dev, const float *x,
+extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *x,
                                                 const float *gamma, const float *mean,
                                                 const float *rstd, const float *dy, float *dx,
                                                 float *dgamma, float *dbeta, int64_t rows,
                                                 int64_t cols) {
-  if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm_backward: bad size (rows %lld, cols %lld)",
-                    (long long)rows, (long long)cols);
   if (rows == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   if (dx) {
     layernorm_backward_dx_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
         x, gamma, mean, rstd, dy, dx, rows, cols);
@@ -387,8 +358,8 @@ extern "C" dt_status dt_cuda_layernorm_backward(dt_device dev, const float *x,
     splits = 256;
   int64_t chunk = (rows + splits - 1) / splits;
   double *part = NULL;
-  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(splits * 2 * cols) * sizeof(double),
-                                 (void **)&part));
+  DT_CHECK(
+      dt_cuda_scratch_alloc(ctx, (size_t)(splits * 2 * cols) * sizeof(double), (void **)&part));
   dim3 grid((unsigned)((cols + 31) / 32), (unsigned)splits);
   layernorm_backward_param_partial_kernel<<<grid, 32, 0, stream>>>(x, mean, rstd, dy, part, rows,
                                                                    cols, chunk);
@@ -422,21 +393,12 @@ static __global__ void embedding_forward_kernel(const void *idx, int i32, const 
   }
 }
 
-static dt_status check_index_dtype(const char *op, dt_dtype dt) {
-  if (dt != DT_DTYPE_I32 && dt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: indices must be i32 or i64", op,
-                    dt_dtype_name(dt));
-  return DT_OK;
-}
-
-extern "C" dt_status dt_cuda_embedding_forward(dt_device dev, const void *idx, dt_dtype idx_dtype,
-                                               const float *table, float *y, int64_t n, int64_t v,
-                                               int64_t d) {
-  DT_CHECK(check_rows_cols("embedding_forward", n, d));
-  DT_CHECK(check_index_dtype("embedding_forward", idx_dtype));
+extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *idx,
+                                               dt_dtype idx_dtype, const float *table, float *y,
+                                               int64_t n, int64_t v, int64_t d) {
   if (n == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = idx_dtype == DT_DTYPE_I32;
   index_report rep;
   int64_t bad_value = 0;
@@ -462,8 +424,7 @@ extern "C" dt_status dt_cuda_embedding_forward(dt_device dev, const void *idx, d
 // dy (n,d) -> dtable (v,d) += scatter by idx (n); atomics, so the order of
 // repeated indices varies from run to run (within f32 rounding)
 static __global__ void embedding_backward_kernel(const void *idx, int i32, const float *dy,
-                                                 float *dtable, int64_t n, int64_t v,
-                                                 int64_t d) {
+                                                 float *dtable, int64_t n, int64_t v, int64_t d) {
   DT_GRID_STRIDE(k, n * d) {
     int64_t i = k / d, j = k - i * d;
     int64_t t = index_at(idx, i32, i);
@@ -472,14 +433,12 @@ static __global__ void embedding_backward_kernel(const void *idx, int i32, const
   }
 }
 
-extern "C" dt_status dt_cuda_embedding_backward(dt_device dev, const void *idx,
-                                                dt_dtype idx_dtype, const float *dy,
-                                                float *dtable, int64_t n, int64_t v, int64_t d) {
-  DT_CHECK(check_rows_cols("embedding_backward", n, d));
-  DT_CHECK(check_index_dtype("embedding_backward", idx_dtype));
+extern "C" dt_status dt_cuda_embedding_backward(const dt_exec *ex, const void *idx,
+                                                dt_dtype idx_dtype, const float *dy, float *dtable,
+                                                int64_t n, int64_t v, int64_t d) {
   if (n * d == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   embedding_backward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
       idx, idx_dtype == DT_DTYPE_I32, dy, dtable, n, v, d);
   DT_CUDA_CHECK_LAUNCH();
@@ -487,12 +446,6 @@ extern "C" dt_status dt_cuda_embedding_backward(dt_device dev, const void *idx,
 }
 
 /* ---- dropout ---- */
-
-static dt_status check_p(const char *op, float p) {
-  if (!(p >= 0.0f && p <= 1.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g outside [0, 1]", op, (double)p);
-  return DT_OK;
-}
 
 // x (n) -> y (n), mask (n) u8: keep i iff uniform(seed, offset + i) >= p
 static __global__ void dropout_forward_kernel(const float *x, float *y, uint8_t *mask, int64_t n,
@@ -511,27 +464,25 @@ static __global__ void dropout_backward_kernel(const float *dy, const uint8_t *m
   DT_GRID_STRIDE(i, n) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
 }
 
-extern "C" dt_status dt_cuda_dropout_forward(dt_device dev, const float *x, float *y,
+extern "C" dt_status dt_cuda_dropout_forward(const dt_exec *ex, const float *x, float *y,
                                              uint8_t *mask, int64_t n, float p, uint64_t seed,
                                              uint64_t offset) {
-  DT_CHECK(check_p("dropout_forward", p));
   if (n <= 0)
     return DT_OK;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   dropout_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, y, mask, n, p, scale, seed,
                                                                     offset);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_dropout_backward(dt_device dev, const float *dy, const uint8_t *mask,
-                                              float *dx, int64_t n, float p) {
-  DT_CHECK(check_p("dropout_backward", p));
+extern "C" dt_status dt_cuda_dropout_backward(const dt_exec *ex, const float *dy,
+                                              const uint8_t *mask, float *dx, int64_t n, float p) {
   if (n <= 0)
     return DT_OK;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   dropout_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(dy, mask, dx, n, scale);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
@@ -643,51 +594,45 @@ static __global__ void avgpool_backward_kernel(dt_conv2d_geom g, const float *dy
   }
 }
 
-extern "C" dt_status dt_cuda_maxpool2d_forward(dt_device dev, const dt_conv2d_geom *g,
+extern "C" dt_status dt_cuda_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                const float *x, float *y, int32_t *argmax) {
-  DT_CHECK(dt_cuda_check_geom("maxpool2d_forward", g, 0));
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   maxpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, argmax, total);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_maxpool2d_backward(dt_device dev, const dt_conv2d_geom *g,
-                                                const float *dy, const int32_t *argmax,
-                                                float *dx) {
-  DT_CHECK(dt_cuda_check_geom("maxpool2d_backward", g, 0));
+extern "C" dt_status dt_cuda_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
+                                                const float *dy, const int32_t *argmax, float *dx) {
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
-  maxpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, argmax, dx,
-                                                                         total);
+  DT_CUDA_EXEC(ex, ctx, stream);
+  maxpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, argmax, dx, total);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_avgpool2d_forward(dt_device dev, const dt_conv2d_geom *g,
+extern "C" dt_status dt_cuda_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                const float *x, float *y) {
-  DT_CHECK(dt_cuda_check_geom("avgpool2d_forward", g, 0));
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   avgpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, total);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
 
-extern "C" dt_status dt_cuda_avgpool2d_backward(dt_device dev, const dt_conv2d_geom *g,
+extern "C" dt_status dt_cuda_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                 const float *dy, float *dx) {
-  DT_CHECK(dt_cuda_check_geom("avgpool2d_backward", g, 0));
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_STREAM(dev, ctx, stream);
+  DT_CUDA_EXEC(ex, ctx, stream);
   avgpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, dx, total);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;

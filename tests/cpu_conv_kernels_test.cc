@@ -19,6 +19,7 @@
 namespace {
 
 using dtk::be;
+using dtk::cpu_exec;
 using dtk::expect_close;
 using dtk::randn;
 using dtk::ThreadCounts;
@@ -74,9 +75,11 @@ TEST_P(ThreadCounts, Conv2dForwardVsDirect) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
     size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
     Vec x = randn(nx, 20), w = randn(nw, 21), b = randn(g.oc, 22), y(ny, NAN);
-    ASSERT_EQ(0u, be()->conv2d_workspace(DT_CPU, &g));
-    ASSERT_EQ(DT_OK, be()->conv2d_forward(DT_CPU, &g, x.data(), w.data(), b.data(), y.data(),
-                                          nullptr))
+    size_t ws = 1;
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_workspace(cpu_exec(), &g, &ws));
+    ASSERT_EQ(0u, ws);
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, x.data(), w.data(), b.data(),
+                                              y.data(), nullptr))
         << dt_last_error();
     std::vector<double> want(ny);
     for (int n = 0; n < g.n; n++)
@@ -97,8 +100,8 @@ TEST_P(ThreadCounts, Conv2dBackwardVsNaive) {
     size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
     Vec x = randn(nx, 23), w = randn(nw, 24), dy = randn(ny, 25);
     Vec dx(nx, NAN), dw(nw, NAN), db(g.oc, NAN);
-    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), dx.data(),
-                                           dw.data(), db.data(), nullptr))
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                               dx.data(), dw.data(), db.data(), nullptr))
         << dt_last_error();
     std::vector<double> wdx(nx, 0.0), wdw(nw, 0.0), wdb(g.oc, 0.0);
     for_each_tap(g, g.oc, [&](int n, int o, int oy, int ox, int c, int ki, int kj, int xi) {
@@ -116,12 +119,12 @@ TEST_P(ThreadCounts, Conv2dBackwardVsNaive) {
     expect_close(db, wdb, 1e-5, 1e-5, "conv2d db");
     // each output is optional
     Vec dw2(nw, NAN);
-    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), nullptr,
-                                           dw2.data(), nullptr, nullptr));
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                               nullptr, dw2.data(), nullptr, nullptr));
     expect_close(dw2, wdw, 1e-4, 1e-5, "conv2d dw only");
     Vec dx2(nx, NAN);
-    ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), dy.data(), dx2.data(),
-                                           nullptr, nullptr, nullptr));
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                               dx2.data(), nullptr, nullptr, nullptr));
     expect_close(dx2, wdx, 1e-5, 1e-5, "conv2d dx only");
   }
 }
@@ -131,13 +134,14 @@ TEST(CpuConv, FiniteDifferenceAndBadGeometry) {
   dt_conv2d_geom g = geom(1, 2, 5, 5, 2, 3, 3, 2, 2, 1, 1);
   size_t nx = 50, nw = 36, ny = (size_t)2 * g.oh * g.ow;
   Vec x = randn(nx, 26), w = randn(nw, 27), r = randn(ny, 28), y(ny), dx(nx), dw(nw);
-  ASSERT_EQ(DT_OK, be()->conv2d_backward(DT_CPU, &g, x.data(), w.data(), r.data(), dx.data(),
-                                         dw.data(), nullptr, nullptr));
+  ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), r.data(),
+                                             dx.data(), dw.data(), nullptr, nullptr));
   auto loss = [&](const Vec &xx, const Vec &ww) {
-    EXPECT_EQ(DT_OK, be()->conv2d_forward(DT_CPU, &g, xx.data(), ww.data(), nullptr, y.data(),
-                                          nullptr));
+    EXPECT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, xx.data(), ww.data(), nullptr,
+                                              y.data(), nullptr));
     double s = 0;
-    for (size_t i = 0; i < ny; i++) s += (double)r[i] * y[i];
+    for (size_t i = 0; i < ny; i++)
+      s += (double)r[i] * y[i];
     return s;
   };
   const float h = 1e-2f;
@@ -153,17 +157,18 @@ TEST(CpuConv, FiniteDifferenceAndBadGeometry) {
   }
   dt_conv2d_geom bad = g;
   bad.oh += 1;
-  EXPECT_EQ(DT_ERR_SHAPE, be()->conv2d_forward(DT_CPU, &bad, x.data(), w.data(), nullptr,
-                                               y.data(), nullptr));
+  EXPECT_EQ(DT_ERR_SHAPE, dt_kernel_conv2d_forward(cpu_exec(), &bad, x.data(), w.data(), nullptr,
+                                                   y.data(), nullptr));
 }
 
 TEST_P(ThreadCounts, MaxPoolForwardBackward) {
-  for (dt_conv2d_geom g : {geom(2, 3, 8, 8, 0, 2, 2, 2, 2, 0, 0), geom(1, 2, 7, 6, 0, 3, 3, 2, 2, 1, 1),
-                           geom(2, 1, 5, 5, 0, 3, 2, 1, 2, 1, 1)}) {
+  for (dt_conv2d_geom g :
+       {geom(2, 3, 8, 8, 0, 2, 2, 2, 2, 0, 0), geom(1, 2, 7, 6, 0, 3, 3, 2, 2, 1, 1),
+        geom(2, 1, 5, 5, 0, 3, 2, 1, 2, 1, 1)}) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
     Vec x = randn(nx, 29), y(ny), dy = randn(ny, 30), dx(nx, NAN);
     std::vector<int32_t> am(ny);
-    ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y.data(), am.data()))
+    ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()))
         << dt_last_error();
     std::vector<double> wdx(nx, 0.0);
     for (int p = 0; p < g.n * g.c; p++)
@@ -174,7 +179,8 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
           for (int ki = 0; ki < g.kh; ki++)
             for (int kj = 0; kj < g.kw; kj++) {
               int iy = oy * g.sh - g.ph + ki, ix = ox * g.sw - g.pw + kj;
-              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+              if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w)
+                continue;
               if (x[(size_t)p * g.h * g.w + iy * g.w + ix] > best)
                 best = x[(size_t)p * g.h * g.w + iy * g.w + ix], at = iy * g.w + ix;
             }
@@ -183,7 +189,7 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
           ASSERT_EQ(am[o], at);
           wdx[(size_t)p * g.h * g.w + at] += dy[o];
         }
-    ASSERT_EQ(DT_OK, be()->maxpool2d_backward(DT_CPU, &g, dy.data(), am.data(), dx.data()));
+    ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(cpu_exec(), &g, dy.data(), am.data(), dx.data()));
     expect_close(dx, wdx, 1e-6, 0, "maxpool dx");
   }
 }
@@ -204,8 +210,8 @@ TEST_P(ThreadCounts, MaxPool2x2TiesNanAndOddSizes) {
   x[63 + 9 + 7] = INFINITY;
   Vec y(ny), y2(ny);
   std::vector<int32_t> am(ny);
-  ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y.data(), am.data()));
-  ASSERT_EQ(DT_OK, be()->maxpool2d_forward(DT_CPU, &g, x.data(), y2.data(), nullptr));
+  ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y2.data(), nullptr));
   for (int p = 0; p < g.n * g.c; p++)
     for (int oy = 0; oy < g.oh; oy++)
       for (int ox = 0; ox < g.ow; ox++) {
@@ -238,23 +244,25 @@ TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {
   // 1x1x3x3 input 1..9, kernel 3, stride 1, padding 1 -> corner = (1+2+4+5)/9
   dt_conv2d_geom g = geom(1, 1, 3, 3, 0, 3, 3, 1, 1, 1, 1);
   Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, y(9), dx(9);
-  ASSERT_EQ(DT_OK, be()->avgpool2d_forward(DT_CPU, &g, x.data(), y.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g, x.data(), y.data()));
   EXPECT_FLOAT_EQ(y[0], 12.0f / 9);
   EXPECT_FLOAT_EQ(y[4], 45.0f / 9);
   EXPECT_FLOAT_EQ(y[8], (5 + 6 + 8 + 9) / 9.0f);
   Vec dy(9, 9.0f);
-  ASSERT_EQ(DT_OK, be()->avgpool2d_backward(DT_CPU, &g, dy.data(), dx.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g, dy.data(), dx.data()));
   // each input gets 1 from every window covering it: corner 4, edge 6, centre 9
   EXPECT_EQ(dx, (Vec{4, 6, 4, 6, 9, 6, 4, 6, 4}));
   // adjointness on a strided geometry: <avgpool(x), r> == <x, avgpool^T(r)>
   dt_conv2d_geom g2 = geom(2, 3, 9, 8, 0, 3, 3, 2, 2, 1, 1);
   size_t nx = (size_t)2 * 3 * 9 * 8, ny = (size_t)2 * 3 * g2.oh * g2.ow;
   Vec x2 = randn(nx, 31), y2(ny), r = randn(ny, 32), dx2(nx);
-  ASSERT_EQ(DT_OK, be()->avgpool2d_forward(DT_CPU, &g2, x2.data(), y2.data()));
-  ASSERT_EQ(DT_OK, be()->avgpool2d_backward(DT_CPU, &g2, r.data(), dx2.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g2, x2.data(), y2.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g2, r.data(), dx2.data()));
   double lhs = 0, rhs = 0;
-  for (size_t i = 0; i < ny; i++) lhs += (double)y2[i] * r[i];
-  for (size_t i = 0; i < nx; i++) rhs += (double)x2[i] * dx2[i];
+  for (size_t i = 0; i < ny; i++)
+    lhs += (double)y2[i] * r[i];
+  for (size_t i = 0; i < nx; i++)
+    rhs += (double)x2[i] * dx2[i];
   EXPECT_NEAR(lhs, rhs, 1e-4);
 }
 
@@ -262,19 +270,21 @@ TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {
 
 TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
   const int64_t n = 4, c = 3, hw = 5, cnt = n * hw;
-  Vec x = randn(n * c * hw, 33, -2.0f, 3.0f), gamma = {1.0f, 2.0f, -0.5f}, beta = {0.0f, 1.0f, 2.0f};
+  Vec x = randn(n * c * hw, 33, -2.0f, 3.0f), gamma = {1.0f, 2.0f, -0.5f},
+      beta = {0.0f, 1.0f, 2.0f};
   Vec rm = {0.5f, 0.0f, -1.0f}, rv = {1.0f, 2.0f, 0.5f}, rm0 = rm, rv0 = rv;
   Vec y(x.size()), mean(c), invstd(c);
   const float mom = 0.1f, eps = 1e-5f;
-  ASSERT_EQ(DT_OK, be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
-                                           rm.data(), rv.data(), mean.data(), invstd.data(), n, c,
-                                           hw, 1, mom, eps))
+  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
+                                               beta.data(), rm.data(), rv.data(), mean.data(),
+                                               invstd.data(), n, c, hw, 1, mom, eps))
       << dt_last_error();
   std::vector<double> wy(x.size()), mu(c), var(c);
   for (int64_t ci = 0; ci < c; ci++) {
     double s = 0, ss = 0;
     for (int64_t ni = 0; ni < n; ni++)
-      for (int64_t i = 0; i < hw; i++) s += x[(ni * c + ci) * hw + i];
+      for (int64_t i = 0; i < hw; i++)
+        s += x[(ni * c + ci) * hw + i];
     mu[ci] = s / cnt;
     for (int64_t ni = 0; ni < n; ni++)
       for (int64_t i = 0; i < hw; i++) {
@@ -296,9 +306,9 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // backward vs the closed form in double
   Vec dy = randn(x.size(), 34), dx(x.size()), dg(c, NAN), dbt(c, NAN);
-  ASSERT_EQ(DT_OK, be()->batchnorm_backward(DT_CPU, x.data(), dy.data(), gamma.data(),
-                                            mean.data(), invstd.data(), dx.data(), dg.data(),
-                                            dbt.data(), n, c, hw));
+  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_backward(cpu_exec(), x.data(), dy.data(), gamma.data(),
+                                                mean.data(), invstd.data(), dx.data(), dg.data(),
+                                                dbt.data(), n, c, hw));
   std::vector<double> wdx(x.size()), wdg(c), wdb(c);
   for (int64_t ci = 0; ci < c; ci++) {
     double is = 1 / std::sqrt(var[ci] + eps), sdy = 0, sdyx = 0;
@@ -322,17 +332,17 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // eval mode uses the running statistics and leaves them alone
   Vec rm1 = rm, rv1 = rv;
-  ASSERT_EQ(DT_OK, be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
-                                           rm.data(), rv.data(), mean.data(), invstd.data(), n, c,
-                                           hw, 0, mom, eps));
+  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
+                                               beta.data(), rm.data(), rv.data(), mean.data(),
+                                               invstd.data(), n, c, hw, 0, mom, eps));
   EXPECT_EQ(rm, rm1);
   EXPECT_EQ(rv, rv1);
   EXPECT_NEAR(y[0], (x[0] - rm[0]) / std::sqrt(rv[0] + eps) * gamma[0] + beta[0], 1e-5);
   // one value per channel cannot be normalised in training
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            be()->batchnorm_forward(DT_CPU, x.data(), y.data(), gamma.data(), beta.data(),
-                                    rm.data(), rv.data(), mean.data(), invstd.data(), 1, c, 1, 1,
-                                    mom, eps));
+            dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(), beta.data(),
+                                        rm.data(), rv.data(), mean.data(), invstd.data(), 1, c, 1,
+                                        1, mom, eps));
 }
 
 TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
@@ -340,19 +350,22 @@ TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
   const float eps = 1e-5f;
   Vec x = randn(rows * cols, 35, -2, 2), gamma = randn(cols, 36), beta = randn(cols, 37);
   Vec y(x.size()), mean(rows), rstd(rows);
-  ASSERT_EQ(DT_OK, be()->layernorm_forward(DT_CPU, x.data(), gamma.data(), beta.data(), y.data(),
-                                           mean.data(), rstd.data(), rows, cols, eps));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_layernorm_forward(cpu_exec(), x.data(), gamma.data(), beta.data(), y.data(),
+                                        mean.data(), rstd.data(), rows, cols, eps));
   Vec dy = randn(x.size(), 38), dx(x.size()), dg(cols, 1.0f), db(cols, 2.0f);
-  ASSERT_EQ(DT_OK, be()->layernorm_backward(DT_CPU, x.data(), gamma.data(), mean.data(),
-                                            rstd.data(), dy.data(), dx.data(), dg.data(),
-                                            db.data(), rows, cols));
+  ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(cpu_exec(), x.data(), gamma.data(), mean.data(),
+                                                rstd.data(), dy.data(), dx.data(), dg.data(),
+                                                db.data(), rows, cols));
   std::vector<double> wy(x.size()), wdx(x.size()), wdg(cols, 1.0), wdb(cols, 2.0);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = &x[r * cols], *gr = &dy[r * cols];
     double s = 0, ss = 0;
-    for (int64_t j = 0; j < cols; j++) s += xr[j];
+    for (int64_t j = 0; j < cols; j++)
+      s += xr[j];
     double m = s / cols;
-    for (int64_t j = 0; j < cols; j++) ss += (xr[j] - m) * (xr[j] - m);
+    for (int64_t j = 0; j < cols; j++)
+      ss += (xr[j] - m) * (xr[j] - m);
     double rs = 1 / std::sqrt(ss / cols + eps), a = 0, b = 0;
     ASSERT_NEAR(mean[r], m, 1e-6);
     ASSERT_NEAR(rstd[r], rs, 1e-5 * rs);

@@ -18,6 +18,7 @@
 namespace {
 
 using dtk::be;
+using dtk::cpu_exec;
 using dtk::expect_close;
 using dtk::randn;
 using dtk::ThreadCounts;
@@ -35,8 +36,8 @@ TEST(CpuGemm, AllTransposesAlphaBetaAndLeadingDims) {
       Vec c = randn((size_t)m * ldc, 3);
       Vec c0 = c;
       float alpha = 1.5f, beta = -0.5f;
-      ASSERT_EQ(DT_OK, be()->gemm(DT_CPU, ta, tb, m, n, k, alpha, a.data(), lda, 0, b.data(), ldb,
-                                  0, beta, c.data(), ldc, 0, 1))
+      ASSERT_EQ(DT_OK, dt_kernel_gemm(cpu_exec(), ta, tb, m, n, k, alpha, a.data(), lda, 0,
+                                      b.data(), ldb, 0, beta, c.data(), ldc, 0, 1))
           << dt_last_error();
       for (int i = 0; i < m; i++)
         for (int j = 0; j < ldc; j++) {
@@ -57,8 +58,8 @@ TEST(CpuGemm, AllTransposesAlphaBetaAndLeadingDims) {
 
 TEST(CpuGemm, BetaZeroIgnoresNaNInOutput) {
   Vec a = {1, 2, 3, 4}, b = {1, 0, 0, 1}, c(4, NAN);
-  ASSERT_EQ(DT_OK, be()->gemm(DT_CPU, 0, 0, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f,
-                              c.data(), 2, 0, 1));
+  ASSERT_EQ(DT_OK, dt_kernel_gemm(cpu_exec(), 0, 0, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0,
+                                  0.0f, c.data(), 2, 0, 1));
   EXPECT_EQ(c, (Vec{1, 2, 3, 4}));
 }
 
@@ -67,8 +68,8 @@ TEST_P(ThreadCounts, GemmBatched) {
   Vec a = randn((size_t)batch * m * k, 4), b = randn((size_t)batch * k * n, 5);
   Vec c((size_t)batch * m * n, 0.0f);
   // B transposed storage (n,k) per batch
-  ASSERT_EQ(DT_OK, be()->gemm(DT_CPU, 0, 1, m, n, k, 2.0f, a.data(), k, m * k, b.data(), k, n * k,
-                              0.0f, c.data(), n, m * n, batch));
+  ASSERT_EQ(DT_OK, dt_kernel_gemm(cpu_exec(), 0, 1, m, n, k, 2.0f, a.data(), k, m * k, b.data(), k,
+                                  n * k, 0.0f, c.data(), n, m * n, batch));
   std::vector<double> want(c.size());
   for (int t = 0; t < batch; t++)
     for (int i = 0; i < m; i++)
@@ -83,8 +84,8 @@ TEST_P(ThreadCounts, GemmBatched) {
 
 TEST(CpuGemm, RejectsSmallLeadingDimension) {
   Vec a(16), b(16), c(16);
-  EXPECT_EQ(DT_ERR_INVALID_ARG, be()->gemm(DT_CPU, 0, 0, 4, 4, 4, 1.0f, a.data(), 3, 0, b.data(),
-                                           4, 0, 0.0f, c.data(), 4, 0, 1));
+  EXPECT_EQ(DT_ERR_INVALID_ARG, dt_kernel_gemm(cpu_exec(), 0, 0, 4, 4, 4, 1.0f, a.data(), 3, 0,
+                                               b.data(), 4, 0, 0.0f, c.data(), 4, 0, 1));
   EXPECT_NE(std::string(dt_last_error()).find("lda=3"), std::string::npos) << dt_last_error();
 }
 
@@ -103,7 +104,7 @@ TEST_P(ThreadCounts, BinaryBroadcastAndStrides) {
   for (int op = 0; op < 3; op++) {
     args.op = (dt_binary_op)op;
     Vec out(a.size());
-    ASSERT_EQ(DT_OK, be()->binary(DT_CPU, &args, a.data(), b.data(), out.data()));
+    ASSERT_EQ(DT_OK, dt_kernel_binary(cpu_exec(), &args, a.data(), b.data(), out.data()));
     for (int i = 0; i < d0; i++)
       for (int j = 0; j < d1; j++)
         for (int l = 0; l < d2; l++) {
@@ -119,28 +120,29 @@ TEST_P(ThreadCounts, BinaryBroadcastAndStrides) {
   args.b_strides[0] = 0;
   args.op = DT_BINARY_MUL;
   Vec x = randn(40000, 8), s = {3.0f}, out(40000);
-  ASSERT_EQ(DT_OK, be()->binary(DT_CPU, &args, x.data(), s.data(), out.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_binary(cpu_exec(), &args, x.data(), s.data(), out.data()));
   for (int i = 0; i < 40000; i++)
     ASSERT_EQ(out[i], x[i] * 3.0f);
 }
 
 TEST(CpuElementwise, AxpbyFillUnary) {
   Vec x = {1, -2, 3}, y = {10, 20, 30};
-  ASSERT_EQ(DT_OK, be()->axpby(DT_CPU, 3, 2.0f, x.data(), 0.5f, y.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_axpby(cpu_exec(), 3, 2.0f, x.data(), 0.5f, y.data()));
   EXPECT_EQ(y, (Vec{7, 6, 21}));
   Vec z = {NAN, NAN, NAN};
-  ASSERT_EQ(DT_OK, be()->axpby(DT_CPU, 3, -1.0f, x.data(), 0.0f, z.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_axpby(cpu_exec(), 3, -1.0f, x.data(), 0.0f, z.data()));
   EXPECT_EQ(z, (Vec{-1, 2, -3}));
-  ASSERT_EQ(DT_OK, be()->fill(DT_CPU, z.data(), 2.5f, 3));
+  ASSERT_EQ(DT_OK, dt_kernel_fill(cpu_exec(), z.data(), 2.5f, 3));
   EXPECT_EQ(z, (Vec{2.5f, 2.5f, 2.5f}));
 
   Vec in = {-2.0f, -0.5f, 0.0f, 0.5f, 2.0f}, out(5), dy = {1, 2, 3, 4, 5}, dx(5);
-  ASSERT_EQ(DT_OK, be()->unary_forward(DT_CPU, DT_UNARY_RELU, 5, in.data(), out.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_unary_forward(cpu_exec(), DT_UNARY_RELU, 5, in.data(), out.data()));
   EXPECT_EQ(out, (Vec{0, 0, 0, 0.5f, 2.0f}));
-  ASSERT_EQ(DT_OK, be()->unary_backward(DT_CPU, DT_UNARY_RELU, 5, in.data(), dy.data(), dx.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_unary_backward(cpu_exec(), DT_UNARY_RELU, 5, in.data(), dy.data(),
+                                            dx.data()));
   EXPECT_EQ(dx, (Vec{0, 0, 0, 4, 5}));
   // GELU, tanh approximation: gelu(1) = 0.5 * (1 + tanh(sqrt(2/pi) * 1.044715))
-  ASSERT_EQ(DT_OK, be()->unary_forward(DT_CPU, DT_UNARY_GELU, 5, in.data(), out.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_unary_forward(cpu_exec(), DT_UNARY_GELU, 5, in.data(), out.data()));
   for (int i = 0; i < 5; i++) {
     double v = in[i];
     double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
@@ -148,14 +150,16 @@ TEST(CpuElementwise, AxpbyFillUnary) {
   }
   EXPECT_NEAR(out[4], 1.9545977, 1e-6);
   for (int op = 0; op < 3; op++) {  // backward vs central differences in double
-    ASSERT_EQ(DT_OK, be()->unary_backward(DT_CPU, (dt_unary_op)op, 5, in.data(), dy.data(),
-                                          dx.data()));
+    ASSERT_EQ(DT_OK, dt_kernel_unary_backward(cpu_exec(), (dt_unary_op)op, 5, in.data(), dy.data(),
+                                              dx.data()));
     for (int i = 0; i < 5; i++) {
       if (op == DT_UNARY_RELU && in[i] == 0.0f)
         continue;
       auto f = [&](double v) {
-        if (op == DT_UNARY_RELU) return v > 0 ? v : 0.0;
-        if (op == DT_UNARY_TANH) return std::tanh(v);
+        if (op == DT_UNARY_RELU)
+          return v > 0 ? v : 0.0;
+        if (op == DT_UNARY_TANH)
+          return std::tanh(v);
         return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
       };
       double h = 1e-5, fd = (f(in[i] + h) - f(in[i] - h)) / (2 * h);
@@ -165,12 +169,15 @@ TEST(CpuElementwise, AxpbyFillUnary) {
 }
 
 TEST_P(ThreadCounts, ReduceSumBroadcastAxisSumSquares) {
-  struct Case { int64_t outer, r, inner; };
+  struct Case {
+    int64_t outer, r, inner;
+  };
   for (Case cs : {Case{3, 5, 7}, Case{1, 200000, 1}, Case{70000, 3, 1}, Case{2, 300, 600},
                   Case{1, 4, 1}, Case{5, 0, 2}}) {
     size_t nx = (size_t)(cs.outer * cs.r * cs.inner);
     Vec x = randn(nx, 9), y((size_t)(cs.outer * cs.inner), -1.0f);
-    ASSERT_EQ(DT_OK, be()->reduce_sum(DT_CPU, x.data(), y.data(), cs.outer, cs.r, cs.inner, 0.5f));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_reduce_sum(cpu_exec(), x.data(), y.data(), cs.outer, cs.r, cs.inner, 0.5f));
     std::vector<double> want(y.size(), 0.0);
     for (int64_t o = 0; o < cs.outer; o++)
       for (int64_t k = 0; k < cs.r; k++)
@@ -179,8 +186,8 @@ TEST_P(ThreadCounts, ReduceSumBroadcastAxisSumSquares) {
     expect_close(y, want, 1e-6, 1e-6, "reduce_sum");
 
     Vec back(nx);
-    ASSERT_EQ(DT_OK, be()->broadcast_axis(DT_CPU, y.data(), back.data(), cs.outer, cs.r,
-                                          cs.inner, 2.0f));
+    ASSERT_EQ(DT_OK, dt_kernel_broadcast_axis(cpu_exec(), y.data(), back.data(), cs.outer, cs.r,
+                                              cs.inner, 2.0f));
     for (int64_t o = 0; o < cs.outer; o++)
       for (int64_t k = 0; k < cs.r; k++)
         for (int64_t i = 0; i < cs.inner; i++)
@@ -188,8 +195,9 @@ TEST_P(ThreadCounts, ReduceSumBroadcastAxisSumSquares) {
   }
   Vec x = randn(300001, 10);
   double ss = 0, want = 0;
-  for (float v : x) want += (double)v * v;
-  ASSERT_EQ(DT_OK, be()->sum_squares(DT_CPU, x.data(), (int64_t)x.size(), &ss));
+  for (float v : x)
+    want += (double)v * v;
+  ASSERT_EQ(DT_OK, dt_kernel_sum_squares(cpu_exec(), x.data(), (int64_t)x.size(), &ss));
   EXPECT_NEAR(ss, want, 1e-9 * want);
 }
 
@@ -197,16 +205,17 @@ TEST_P(ThreadCounts, CopyStridedTransposeAndBytes) {
   const int64_t R = 130, C = 270;
   Vec src = randn((size_t)(R * C), 11), dst((size_t)(R * C));
   int64_t shape[2] = {C, R}, s_strides[2] = {1, C}, d_strides[2] = {R, 1};
-  ASSERT_EQ(DT_OK, be()->copy_strided(DT_CPU, dst.data(), d_strides, src.data(), s_strides, shape,
-                                      2, sizeof(float)));
+  ASSERT_EQ(DT_OK, dt_kernel_copy_strided(cpu_exec(), dst.data(), d_strides, src.data(), s_strides,
+                                          shape, 2, sizeof(float)));
   for (int64_t i = 0; i < R; i++)
     for (int64_t j = 0; j < C; j++)
       ASSERT_EQ(dst[j * R + i], src[i * C + j]);
   // 1-byte elements, every other element of a (3, 8) into (3, 4)
   std::vector<uint8_t> b(24), out(12, 0);
-  for (int i = 0; i < 24; i++) b[i] = (uint8_t)i;
+  for (int i = 0; i < 24; i++)
+    b[i] = (uint8_t)i;
   int64_t sh[2] = {3, 4}, ss[2] = {8, 2}, ds[2] = {4, 1};
-  ASSERT_EQ(DT_OK, be()->copy_strided(DT_CPU, out.data(), ds, b.data(), ss, sh, 2, 1));
+  ASSERT_EQ(DT_OK, dt_kernel_copy_strided(cpu_exec(), out.data(), ds, b.data(), ss, sh, 2, 1));
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < 4; j++)
       EXPECT_EQ(out[i * 4 + j], 8 * i + 2 * j);
@@ -216,16 +225,19 @@ TEST_P(ThreadCounts, CopyStridedTransposeAndBytes) {
 
 TEST(CpuCast, F32ToBf16RoundsToNearestEven) {
   Vec in = {1.0f,
-            1.0f + 1.0f / 256,                  // halfway: ties to even -> 1.0
-            1.0f + 3.0f / 256,                  // halfway: ties to even -> 1 + 4/256
-            1.0f + 1.0f / 256 + 1.0f / 65536,   // above halfway -> 1 + 1/128
-            -3.14159265f, 1e30f, INFINITY, -INFINITY};
+            1.0f + 1.0f / 256,                 // halfway: ties to even -> 1.0
+            1.0f + 3.0f / 256,                 // halfway: ties to even -> 1 + 4/256
+            1.0f + 1.0f / 256 + 1.0f / 65536,  // above halfway -> 1 + 1/128
+            -3.14159265f,
+            1e30f,
+            INFINITY,
+            -INFINITY};
   std::vector<uint16_t> mid(in.size());
   Vec back(in.size());
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, in.data(), DT_DTYPE_F32, mid.data(), DT_DTYPE_BF16,
-                              (int64_t)in.size()));
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, mid.data(), DT_DTYPE_BF16, back.data(), DT_DTYPE_F32,
-                              (int64_t)in.size()));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), in.data(), DT_DTYPE_F32, mid.data(), DT_DTYPE_BF16,
+                                  (int64_t)in.size()));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), mid.data(), DT_DTYPE_BF16, back.data(), DT_DTYPE_F32,
+                                  (int64_t)in.size()));
   EXPECT_EQ(back[0], 1.0f);
   EXPECT_EQ(back[1], 1.0f);
   EXPECT_EQ(back[2], 1.0f + 4.0f / 256);
@@ -235,8 +247,10 @@ TEST(CpuCast, F32ToBf16RoundsToNearestEven) {
   EXPECT_EQ(back[6], INFINITY);
   EXPECT_EQ(back[7], -INFINITY);
   Vec nan = {NAN};
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, nan.data(), DT_DTYPE_F32, mid.data(), DT_DTYPE_BF16, 1));
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, mid.data(), DT_DTYPE_BF16, back.data(), DT_DTYPE_F32, 1));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), nan.data(), DT_DTYPE_F32, mid.data(), DT_DTYPE_BF16, 1));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), mid.data(), DT_DTYPE_BF16, back.data(), DT_DTYPE_F32, 1));
   EXPECT_TRUE(std::isnan(back[0]));
 }
 
@@ -244,8 +258,9 @@ TEST(CpuCast, F16AndIntegerConversions) {
   Vec in = {1.0f / 3, 65504.0f, -2.5f, 1e-8f};
   std::vector<uint16_t> h(4);
   Vec back(4);
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, in.data(), DT_DTYPE_F32, h.data(), DT_DTYPE_F16, 4));
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, h.data(), DT_DTYPE_F16, back.data(), DT_DTYPE_F32, 4));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), in.data(), DT_DTYPE_F32, h.data(), DT_DTYPE_F16, 4));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), h.data(), DT_DTYPE_F16, back.data(), DT_DTYPE_F32, 4));
   EXPECT_EQ(back[0], 0.333251953125f);
   EXPECT_EQ(back[1], 65504.0f);
   EXPECT_EQ(back[2], -2.5f);
@@ -253,28 +268,31 @@ TEST(CpuCast, F16AndIntegerConversions) {
 
   Vec f = {-1.7f, 2.9f, 300.0f, NAN};
   std::vector<int32_t> i32(4);
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, f.data(), DT_DTYPE_F32, i32.data(), DT_DTYPE_I32, 4));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), f.data(), DT_DTYPE_F32, i32.data(), DT_DTYPE_I32, 4));
   EXPECT_EQ(i32, (std::vector<int32_t>{-1, 2, 300, 0}));
   std::vector<uint8_t> u8(4);
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, i32.data(), DT_DTYPE_I32, u8.data(), DT_DTYPE_U8, 4));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), i32.data(), DT_DTYPE_I32, u8.data(), DT_DTYPE_U8, 4));
   EXPECT_EQ(u8, (std::vector<uint8_t>{255, 2, 44, 0}));  // wraps modulo 256
   std::vector<int64_t> i64 = {(int64_t)1 << 40, -7, 16777217, 3};
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, i64.data(), DT_DTYPE_I64, i32.data(), DT_DTYPE_I32, 4));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), i64.data(), DT_DTYPE_I64, i32.data(), DT_DTYPE_I32, 4));
   EXPECT_EQ(i32[1], -7);
   EXPECT_EQ(i32[3], 3);
   Vec fo(4);
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, i64.data(), DT_DTYPE_I64, fo.data(), DT_DTYPE_F32, 4));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), i64.data(), DT_DTYPE_I64, fo.data(), DT_DTYPE_F32, 4));
   EXPECT_EQ(fo[0], 1099511627776.0f);
   EXPECT_EQ(fo[2], 16777216.0f);  // nearest f32
   std::vector<uint16_t> bf(4);
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, u8.data(), DT_DTYPE_U8, bf.data(), DT_DTYPE_BF16, 4));
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, bf.data(), DT_DTYPE_BF16, i64.data(), DT_DTYPE_I64, 4));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), u8.data(), DT_DTYPE_U8, bf.data(), DT_DTYPE_BF16, 4));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_cast(cpu_exec(), bf.data(), DT_DTYPE_BF16, i64.data(), DT_DTYPE_I64, 4));
   EXPECT_EQ(i64, (std::vector<int64_t>{255, 2, 44, 0}));
   // large f32 -> f16 in parallel blocks equals the scalar conversion
   Vec big = randn(70001, 12, -100.0f, 100.0f);
   std::vector<uint16_t> hb(big.size());
-  ASSERT_EQ(DT_OK, be()->cast(DT_CPU, big.data(), DT_DTYPE_F32, hb.data(), DT_DTYPE_F16,
-                              (int64_t)big.size()));
+  ASSERT_EQ(DT_OK, dt_kernel_cast(cpu_exec(), big.data(), DT_DTYPE_F32, hb.data(), DT_DTYPE_F16,
+                                  (int64_t)big.size()));
   for (size_t i = 0; i < big.size(); i += 997)
     ASSERT_EQ(hb[i], dt_f32_to_f16(big[i]));
 }
@@ -287,14 +305,16 @@ TEST(CpuSoftmax, ForwardBackwardVsNaive) {
   x[7] = 80.0f;  // large logit: must not overflow
   for (int log = 0; log < 2; log++) {
     Vec y(x.size()), dx(x.size());
-    ASSERT_EQ(DT_OK, be()->softmax_forward(DT_CPU, x.data(), y.data(), rows, cols, log));
-    ASSERT_EQ(DT_OK,
-              be()->softmax_backward(DT_CPU, y.data(), dy.data(), dx.data(), rows, cols, log));
+    ASSERT_EQ(DT_OK, dt_kernel_softmax_forward(cpu_exec(), x.data(), y.data(), rows, cols, log));
+    ASSERT_EQ(DT_OK, dt_kernel_softmax_backward(cpu_exec(), y.data(), dy.data(), dx.data(), rows,
+                                                cols, log));
     std::vector<double> wy(x.size()), wdx(x.size());
     for (int r = 0; r < rows; r++) {
       double mx = -1e300, s = 0;
-      for (int j = 0; j < cols; j++) mx = std::max(mx, (double)x[r * cols + j]);
-      for (int j = 0; j < cols; j++) s += std::exp(x[r * cols + j] - mx);
+      for (int j = 0; j < cols; j++)
+        mx = std::max(mx, (double)x[r * cols + j]);
+      for (int j = 0; j < cols; j++)
+        s += std::exp(x[r * cols + j] - mx);
       std::vector<double> p(cols);
       double dot = 0, sdy = 0;
       for (int j = 0; j < cols; j++) {
@@ -304,8 +324,7 @@ TEST(CpuSoftmax, ForwardBackwardVsNaive) {
         sdy += dy[r * cols + j];
       }
       for (int j = 0; j < cols; j++)
-        wdx[r * cols + j] =
-            log ? dy[r * cols + j] - p[j] * sdy : p[j] * (dy[r * cols + j] - dot);
+        wdx[r * cols + j] = log ? dy[r * cols + j] - p[j] * sdy : p[j] * (dy[r * cols + j] - dot);
     }
     expect_close(y, wy, 1e-5, 1e-5, log ? "log_softmax" : "softmax");
     expect_close(dx, wdx, 1e-5, 1e-4, log ? "log_softmax backward" : "softmax backward");
@@ -322,8 +341,8 @@ TEST(CpuCrossEntropy, HandValuesIgnoreIndexAndGradient) {
     dt_dtype td = use64 ? DT_DTYPE_I64 : DT_DTYPE_I32;
     Vec loss(3), lse(3);
     int64_t count = -1;
-    ASSERT_EQ(DT_OK, be()->cross_entropy_forward(DT_CPU, logits.data(), t, td, 3, 3, -100,
-                                                 loss.data(), lse.data(), &count))
+    ASSERT_EQ(DT_OK, dt_kernel_cross_entropy_forward(cpu_exec(), logits.data(), t, td, 3, 3, -100,
+                                                     loss.data(), lse.data(), &count))
         << dt_last_error();
     EXPECT_EQ(count, 2);
     EXPECT_NEAR(loss[0], 0.40760596, 1e-6);  // log(e + e^2 + e^3) - 3
@@ -332,8 +351,8 @@ TEST(CpuCrossEntropy, HandValuesIgnoreIndexAndGradient) {
     EXPECT_NEAR(lse[0], 3.40760596, 1e-6);
 
     Vec dloss = {0.5f, 0.5f, 0.5f}, dl(9, 123.0f);
-    ASSERT_EQ(DT_OK, be()->cross_entropy_backward(DT_CPU, logits.data(), t, td, lse.data(),
-                                                  dloss.data(), dl.data(), 3, 3, -100));
+    ASSERT_EQ(DT_OK, dt_kernel_cross_entropy_backward(cpu_exec(), logits.data(), t, td, lse.data(),
+                                                      dloss.data(), dl.data(), 3, 3, -100));
     // softmax([1,2,3]) = [0.09003057, 0.24472847, 0.66524096]
     EXPECT_NEAR(dl[0], 0.5 * 0.09003057, 1e-6);
     EXPECT_NEAR(dl[1], 0.5 * 0.24472847, 1e-6);
@@ -351,21 +370,21 @@ TEST(CpuCrossEntropy, OutOfRangeTargetIsInvalidArg) {
   std::vector<int64_t> t = {1, 3};
   int64_t count = 0;
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            be()->cross_entropy_forward(DT_CPU, logits.data(), t.data(), DT_DTYPE_I64, 2, 3, -100,
-                                        loss.data(), lse.data(), &count));
+            dt_kernel_cross_entropy_forward(cpu_exec(), logits.data(), t.data(), DT_DTYPE_I64, 2, 3,
+                                            -100, loss.data(), lse.data(), &count));
   std::string msg = dt_last_error();
   EXPECT_NE(msg.find("target 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[0, 3)"), std::string::npos) << msg;
   t[1] = -1;
   Vec dloss(2, 1.0f), dl(6);
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            be()->cross_entropy_backward(DT_CPU, logits.data(), t.data(), DT_DTYPE_I64,
-                                         lse.data(), dloss.data(), dl.data(), 2, 3, -100));
+            dt_kernel_cross_entropy_backward(cpu_exec(), logits.data(), t.data(), DT_DTYPE_I64,
+                                             lse.data(), dloss.data(), dl.data(), 2, 3, -100));
   EXPECT_NE(std::string(dt_last_error()).find("target -1"), std::string::npos);
   std::vector<float> bad_dtype(2);
-  EXPECT_EQ(DT_ERR_DTYPE,
-            be()->cross_entropy_forward(DT_CPU, logits.data(), bad_dtype.data(), DT_DTYPE_F32, 2,
-                                        3, -100, loss.data(), lse.data(), &count));
+  EXPECT_EQ(DT_ERR_DTYPE, dt_kernel_cross_entropy_forward(cpu_exec(), logits.data(),
+                                                          bad_dtype.data(), DT_DTYPE_F32, 2, 3,
+                                                          -100, loss.data(), lse.data(), &count));
 }
 
 /* ----------------------------------------------------- embedding, dropout */
@@ -375,18 +394,18 @@ TEST(CpuEmbedding, ForwardBackwardAccumulatesAndChecksRange) {
   Vec table = randn(v * d, 15);
   std::vector<int32_t> idx = {2, 0, 2};
   Vec y(3 * d);
-  ASSERT_EQ(DT_OK, be()->embedding_forward(DT_CPU, idx.data(), DT_DTYPE_I32, table.data(),
-                                           y.data(), 3, v, d));
+  ASSERT_EQ(DT_OK, dt_kernel_embedding_forward(cpu_exec(), idx.data(), DT_DTYPE_I32, table.data(),
+                                               y.data(), 3, v, d));
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < d; j++)
       EXPECT_EQ(y[i * d + j], table[idx[i] * d + j]);
   Vec dy = {1, 2, 3, 4, 5, 6, 7, 8, 9}, dt(v * d, 1.0f);
-  ASSERT_EQ(DT_OK, be()->embedding_backward(DT_CPU, idx.data(), DT_DTYPE_I32, dy.data(),
-                                            dt.data(), 3, v, d));
+  ASSERT_EQ(DT_OK, dt_kernel_embedding_backward(cpu_exec(), idx.data(), DT_DTYPE_I32, dy.data(),
+                                                dt.data(), 3, v, d));
   EXPECT_EQ(dt, (Vec{5, 6, 7, 1, 1, 1, 9, 11, 13, 1, 1, 1}));
   std::vector<int64_t> bad = {0, 4};
-  EXPECT_EQ(DT_ERR_INVALID_ARG, be()->embedding_forward(DT_CPU, bad.data(), DT_DTYPE_I64,
-                                                        table.data(), y.data(), 2, v, d));
+  EXPECT_EQ(DT_ERR_INVALID_ARG, dt_kernel_embedding_forward(cpu_exec(), bad.data(), DT_DTYPE_I64,
+                                                            table.data(), y.data(), 2, v, d));
   std::string msg = dt_last_error();
   EXPECT_NE(msg.find("index 4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[0, 4)"), std::string::npos) << msg;
@@ -397,14 +416,18 @@ TEST_P(ThreadCounts, DropoutMaskDeterministicAndScaled) {
   const float p = 0.3f;
   Vec x = randn(n, 16), y1(n), y2(n), dx(n);
   std::vector<uint8_t> m1(n), m2(n), m3(n);
-  ASSERT_EQ(DT_OK, be()->dropout_forward(DT_CPU, x.data(), y1.data(), m1.data(), n, p, 42, 1000));
-  ASSERT_EQ(DT_OK, be()->dropout_forward(DT_CPU, x.data(), y2.data(), m2.data(), n, p, 42, 1000));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_dropout_forward(cpu_exec(), x.data(), y1.data(), m1.data(), n, p, 42, 1000));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_dropout_forward(cpu_exec(), x.data(), y2.data(), m2.data(), n, p, 42, 1000));
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(y1, y2);
   // offset shifts the stream: mask at offset 1000+10 starts where this one's element 10 is
-  ASSERT_EQ(DT_OK, be()->dropout_forward(DT_CPU, x.data(), y2.data(), m3.data(), n, p, 42, 1010));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_dropout_forward(cpu_exec(), x.data(), y2.data(), m3.data(), n, p, 42, 1010));
   EXPECT_TRUE(std::equal(m3.begin(), m3.end() - 10, m1.begin() + 10));
-  ASSERT_EQ(DT_OK, be()->dropout_forward(DT_CPU, x.data(), y2.data(), m3.data(), n, p, 43, 1000));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_dropout_forward(cpu_exec(), x.data(), y2.data(), m3.data(), n, p, 43, 1000));
   EXPECT_NE(m1, m3);
   int64_t kept = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -413,10 +436,10 @@ TEST_P(ThreadCounts, DropoutMaskDeterministicAndScaled) {
     ASSERT_FLOAT_EQ(y1[i], m1[i] ? x[i] / (1 - p) : 0.0f);
   }
   EXPECT_NEAR((double)kept / n, 1 - p, 0.01);
-  ASSERT_EQ(DT_OK, be()->dropout_backward(DT_CPU, x.data(), m1.data(), dx.data(), n, p));
+  ASSERT_EQ(DT_OK, dt_kernel_dropout_backward(cpu_exec(), x.data(), m1.data(), dx.data(), n, p));
   EXPECT_EQ(dx, y1);
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            be()->dropout_forward(DT_CPU, x.data(), y1.data(), m1.data(), n, 1.5f, 1, 0));
+            dt_kernel_dropout_forward(cpu_exec(), x.data(), y1.data(), m1.data(), n, 1.5f, 1, 0));
 }
 
 /* ------------------------------------------------------------- optimizers */
@@ -426,29 +449,33 @@ TEST(CpuOptim, SgdMomentumWeightDecayByHand) {
   float p = 1.0f, g = 0.5f, buf = 0.0f;
   const float want[3] = {0.94f, 0.8266f, 0.666274f};
   for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(DT_OK, be()->sgd_update(DT_CPU, &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 0, s == 0));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 0, s == 0));
     EXPECT_NEAR(p, want[s], 1e-6) << "step " << s + 1;
   }
   // nesterov: 0.886, 0.725566
   p = 1.0f;
   const float want_n[2] = {0.886f, 0.725566f};
   for (int s = 0; s < 2; s++) {
-    ASSERT_EQ(DT_OK, be()->sgd_update(DT_CPU, &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 1, s == 0));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 1, s == 0));
     EXPECT_NEAR(p, want_n[s], 1e-6) << "nesterov step " << s + 1;
   }
   // dampening 0.5 (ignored on the first step), no weight decay: 0.95, 0.88, 0.792
   p = 1.0f;
   const float want_d[3] = {0.95f, 0.88f, 0.792f};
   for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(DT_OK, be()->sgd_update(DT_CPU, &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 0, s == 0));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 0, s == 0));
     EXPECT_NEAR(p, want_d[s], 1e-6) << "dampening step " << s + 1;
   }
   // plain SGD with weight decay, no buffer: p -= lr * (g + wd p) = 1 - 0.1*0.6
   p = 1.0f;
-  ASSERT_EQ(DT_OK, be()->sgd_update(DT_CPU, &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0, 1));
+  ASSERT_EQ(DT_OK,
+            dt_kernel_sgd_update(cpu_exec(), &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0, 1));
   EXPECT_NEAR(p, 0.94f, 1e-7);
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            be()->sgd_update(DT_CPU, &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 1, 1));
+            dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 1, 1));
 }
 
 TEST(CpuOptim, AdamWByHandAndVsFormula) {
@@ -457,8 +484,8 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
   float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
   const double want[3] = {0.899, 0.798101, 0.697302899};
   for (int s = 1; s <= 3; s++) {
-    ASSERT_EQ(DT_OK,
-              be()->adamw_update(DT_CPU, &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, s));
+    ASSERT_EQ(DT_OK, dt_kernel_adamw_update(cpu_exec(), &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f,
+                                            1e-8f, 0.01f, s));
     EXPECT_NEAR(p, want[s - 1], 2e-6) << "step " << s;
   }
   const double b1f = 0.9f, b2f = 0.999f;  // the betas as the kernel sees them
@@ -472,18 +499,21 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
   const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
   for (int s = 1; s <= 3; s++) {
     G = randn(n, 100 + s);
-    ASSERT_EQ(DT_OK, be()->adamw_update(DT_CPU, P.data(), G.data(), M.data(), V.data(), n,
-                                        (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, s));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n,
+                                     (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, s));
     for (int64_t i = 0; i < n; i++) {
       pd[i] -= lr * wd * pd[i];
       md[i] = b1 * md[i] + (1 - b1) * G[i];
       vd[i] = b2 * vd[i] + (1 - b2) * (double)G[i] * G[i];
-      pd[i] -= lr * (md[i] / (1 - std::pow(b1, s))) / (std::sqrt(vd[i] / (1 - std::pow(b2, s))) + eps);
+      pd[i] -=
+          lr * (md[i] / (1 - std::pow(b1, s))) / (std::sqrt(vd[i] / (1 - std::pow(b2, s))) + eps);
     }
   }
   expect_close(P, pd, 1e-6, 1e-5, "adamw");
-  EXPECT_EQ(DT_ERR_INVALID_ARG, be()->adamw_update(DT_CPU, P.data(), G.data(), M.data(), V.data(),
-                                                   n, 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 0));
+  EXPECT_EQ(DT_ERR_INVALID_ARG,
+            dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n, 0.1f,
+                                   0.9f, 0.99f, 1e-8f, 0.0f, 0));
 }
 
 /* ---------------------------------------------------------------- memory */

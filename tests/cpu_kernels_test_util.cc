@@ -8,6 +8,13 @@ namespace dtk {
 
 const dt_backend_ops *be() { return dt_cpu_backend(); }
 
+const dt_exec *cpu_exec() {
+  static dt_exec ex;
+  if (!ex.be && dt_exec_init(DT_CPU, DT_DTYPE_F32, &ex) != DT_OK)
+    ADD_FAILURE() << "dt_exec_init(cpu:0): " << dt_last_error();
+  return &ex;
+}
+
 Vec randn(size_t n, uint64_t seed, float lo, float hi) {
   Vec v(n);
   for (size_t i = 0; i < n; i++)

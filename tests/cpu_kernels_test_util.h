@@ -17,6 +17,9 @@ using Vec = std::vector<float>;
 
 // The CPU reference backend under test.
 const dt_backend_ops *be();
+// Its execution context on cpu:0 for f32 kernels (the dispatch in front of
+// the CPU kernels, dt_kernel_<name>, checks the arguments).
+const dt_exec *cpu_exec();
 
 // n uniform values in [lo, hi), a pure function of (seed, index).
 Vec randn(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);

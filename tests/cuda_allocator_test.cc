@@ -211,9 +211,9 @@ TEST_F(BlockPoolTest, CapGivesOomWithNumbersAndAdvice) {
   EXPECT_EQ(b, nullptr);
   std::string msg = dt_last_error();
   EXPECT_NE(msg.find("CUDA out of memory"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("2.00 MiB"), std::string::npos) << msg;          // requested
-  EXPECT_NE(msg.find("cuda:7"), std::string::npos) << msg;            // device
-  EXPECT_NE(msg.find("80.00 MiB"), std::string::npos) << msg;         // capacity
+  EXPECT_NE(msg.find("2.00 MiB"), std::string::npos) << msg;   // requested
+  EXPECT_NE(msg.find("cuda:7"), std::string::npos) << msg;     // device
+  EXPECT_NE(msg.find("80.00 MiB"), std::string::npos) << msg;  // capacity
   EXPECT_NE(msg.find("3.00 MiB allocated"), std::string::npos) << msg;
   EXPECT_NE(msg.find("reserved by dtrain but unused"), std::string::npos) << msg;
   EXPECT_NE(msg.find("DT_CUDA_MEMORY_LIMIT"), std::string::npos) << msg;
@@ -281,7 +281,7 @@ TEST_F(BlockPoolTest, RandomWorkloadKeepsInvariants) {
     } else {
       // sizes from 1 byte to ~24 MiB, mostly small
       float u = dt_rng_uniform(99, 3 * step + 1);
-      size_t bytes = u < 0.7f ? 1 + dt_rng_bits(7, step) % (256 * KiB)
+      size_t bytes = u < 0.7f    ? 1 + dt_rng_bits(7, step) % (256 * KiB)
                      : u < 0.95f ? 1 + dt_rng_bits(8, step) % (4 * MiB)
                                  : 1 + dt_rng_bits(9, step) % (24 * MiB);
       uintptr_t stream = 1 + dt_rng_bits(99, 3 * step + 2) % 3;
@@ -368,11 +368,11 @@ std::string NoGpuReason() {
   return r;
 }
 
-#define SKIP_WITHOUT_GPU()                                     \
-  do {                                                         \
-    std::string reason_ = NoGpuReason();                       \
-    if (!reason_.empty())                                      \
-      GTEST_SKIP() << "no CUDA device: " << reason_;           \
+#define SKIP_WITHOUT_GPU()                           \
+  do {                                               \
+    std::string reason_ = NoGpuReason();             \
+    if (!reason_.empty())                            \
+      GTEST_SKIP() << "no CUDA device: " << reason_; \
   } while (0)
 
 const dt_device kGpu = {DT_DEVICE_CUDA, 0};
@@ -449,7 +449,9 @@ TEST(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
   ASSERT_EQ(DT_OK, ops->copy(d, kGpu, h, DT_CPU, n * sizeof(float), copy));
   ASSERT_EQ(DT_OK, ops->event_record(ev, copy));
   ASSERT_EQ(DT_OK, ops->stream_wait_event(compute, ev));
-  ASSERT_EQ(DT_OK, ops->axpby(kGpu, (int64_t)n, 2.0f, (const float *)d, 0.0f, (float *)d));
+  dt_exec ex;
+  ASSERT_EQ(DT_OK, dt_exec_init(kGpu, DT_DTYPE_F32, &ex));
+  ASSERT_EQ(DT_OK, dt_kernel_axpby(&ex, (int64_t)n, 2.0f, (const float *)d, 0.0f, (float *)d));
   ASSERT_EQ(DT_OK, ops->copy(back, DT_CPU, d, kGpu, n * sizeof(float), nullptr));
   for (size_t i = 0; i < n; i += 4099)
     ASSERT_EQ(back[i], 2.0f * (float)i) << i;

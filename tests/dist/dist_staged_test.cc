@@ -53,8 +53,8 @@ struct Entry {
   std::thread::id thread;
   std::string op;  // record, wait, sync, d2h, h2d, sgd, ssync
   const Stream *stream;
-  int event;             // -1 none
-  const Stream *ev_from; // where the event was last recorded
+  int event;              // -1 none
+  const Stream *ev_from;  // where the event was last recorded
 };
 
 std::mutex g_mu;
@@ -139,11 +139,10 @@ void FakeFree(dt_device dev, void *p, size_t bytes) { g_cpu->free(AsCpu(dev), p,
 dt_status FakeMemsetZero(dt_device dev, void *p, size_t bytes) {
   return g_cpu->memset_zero(AsCpu(dev), p, bytes);
 }
-dt_status FakeSgd(dt_device dev, float *param, const float *grad, float *buf, int64_t n, float lr,
-                  float momentum, float dampening, float wd, int nesterov, int first) {
-  Log("sgd", reinterpret_cast<dt_stream *>(&kCompute), nullptr);
-  return g_cpu->sgd_update(AsCpu(dev), param, grad, buf, n, lr, momentum, dampening, wd,
-                           nesterov, first);
+dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf, int64_t n,
+                  float lr, float momentum, float dampening, float wd, bool nesterov, bool first) {
+  Log("sgd", ex->stream, nullptr);
+  return g_cpu->sgd_update(ex, param, grad, buf, n, lr, momentum, dampening, wd, nesterov, first);
 }
 
 void RegisterStandIn() {
@@ -262,8 +261,7 @@ struct DeviceRun {
   int n_buckets = 0;
 };
 
-DeviceRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank,
-                           bool check_protocol) {
+DeviceRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank, bool check_protocol) {
   DeviceRun run;
   int w = dt_comm_size(g_comm), r = dt_comm_rank(g_comm);
   dt_module *m = nullptr;
@@ -460,8 +458,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::printf("dist_staged_test: %s device backend, rank %d of %d\n",
-              g_real ? "the real CUDA" : "a stand-in", dt_comm_rank(g_comm),
-              dt_comm_size(g_comm));
+              g_real ? "the real CUDA" : "a stand-in", dt_comm_rank(g_comm), dt_comm_size(g_comm));
   int rc = RUN_ALL_TESTS();
   dt_comm_destroy(g_comm);
   dt_pg_destroy(g_pg);

@@ -1,0 +1,205 @@
+/* The kernel dispatch generated from core/op_table.def: the execution
+ * context, the argument checks every backend relies on (written once,
+ * here), and one dt_kernel_<name>() per kernel. */
+#include <stdio.h>
+
+#include "core/backend.h"
+
+dt_status dt_exec_init(dt_device dev, dt_dtype dtype, dt_exec *out) {
+  const dt_backend_ops *be = NULL;
+  DT_CHECK(dt_backend_get(dev, &be));
+  out->be = be;
+  out->dev = dev;
+  out->dtype = dtype;
+  out->stream = be->stream ? be->stream(dev, DT_STREAM_COMPUTE) : NULL;
+  return DT_OK;
+}
+
+/* The backend implements `name` for ex->dtype. */
+static dt_status kernel_begin(const dt_exec *ex, const char *name, unsigned dtypes,
+                              int implemented) {
+  if (!ex || !ex->be)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "kernel %s: no execution context (use dt_exec_init)", name);
+  if ((unsigned)ex->dtype >= DT_DTYPE_COUNT || !(dtypes & DT_KDTYPE(ex->dtype)))
+    return DT_ERROR(DT_ERR_DTYPE, "kernel %s: element type %s is not supported: convert to f32",
+                    name, (unsigned)ex->dtype < DT_DTYPE_COUNT ? dt_dtype_name(ex->dtype) : "?");
+  if (!implemented)
+    return DT_ERROR(DT_ERR_UNSUPPORTED, "kernel %s is not implemented by the %s backend", name,
+                    ex->be->name);
+  return DT_OK;
+}
+
+/* ---- argument checks named by the op table ---- */
+
+static dt_status dt_kcheck_sizes(const char *op, int64_t a, int64_t b, int64_t c) {
+  if (a < 0 || b < 0 || c < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: negative size (%lld, %lld, %lld)", op, (long long)a,
+                    (long long)b, (long long)c);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_cast(int64_t n, dt_dtype src, dt_dtype dst) {
+  if ((unsigned)src >= DT_DTYPE_COUNT || (unsigned)dst >= DT_DTYPE_COUNT)
+    return DT_ERROR(DT_ERR_DTYPE, "cast: unknown dtype (src %d, dst %d)", (int)src, (int)dst);
+  return dt_kcheck_sizes("cast", n, 0, 0);
+}
+
+static dt_status dt_kcheck_strided(const int64_t *shape, int ndim, size_t elem_size) {
+  if (ndim < 0 || ndim > DT_MAX_DIMS || elem_size == 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: ndim %d (max %d), elem_size %zu", ndim,
+                    DT_MAX_DIMS, elem_size);
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "copy_strided: negative size %lld in dim %d",
+                      (long long)shape[d], d);
+  return DT_OK;
+}
+
+static int max_int(int a, int b) { return a > b ? a : b; }
+
+dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
+                                int ldc, int batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "gemm: negative size: m=%d n=%d k=%d batch=%d", m, n, k,
+                    batch);
+  int need_a = max_int(1, trans_a ? m : k), need_b = max_int(1, trans_b ? k : n),
+      need_c = max_int(1, n);
+  if (lda < need_a || ldb < need_b || ldc < need_c)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "gemm: leading dimension too small: lda=%d (need >= %d), ldb=%d (need >= "
+                    "%d), ldc=%d (need >= %d) for m=%d n=%d k=%d trans_a=%d trans_b=%d",
+                    lda, need_a, ldb, need_b, ldc, need_c, m, n, k, trans_a, trans_b);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_binary(const dt_binary_args *args) {
+  if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim, DT_MAX_DIMS);
+  if ((unsigned)args->op > DT_BINARY_MUL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
+  for (int d = 0; d < args->ndim; d++)
+    if (args->shape[d] < 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "binary: negative size %lld in dim %d",
+                      (long long)args->shape[d], d);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_unary(const char *op, dt_unary_op u, int64_t n) {
+  if ((unsigned)u > DT_UNARY_TANH)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: unknown op %d", op, (int)u);
+  return dt_kcheck_sizes(op, n, 0, 0);
+}
+
+/* Class ids / token ids: i32 or i64 indices into `classes` (values are
+ * checked by the kernels, which read them). */
+static dt_status dt_kcheck_classes(const char *op, dt_dtype idx_dtype, int64_t n, int64_t classes) {
+  if (idx_dtype != DT_DTYPE_I32 && idx_dtype != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: class and token ids must be i32 or i64", op,
+                    (unsigned)idx_dtype < DT_DTYPE_COUNT ? dt_dtype_name(idx_dtype) : "?");
+  return dt_kcheck_sizes(op, n, classes, 0);
+}
+
+/* Convolution (conv) or pooling geometry: positive sizes, the output size
+ * the input, kernel, stride and padding give, and for pooling PyTorch's
+ * padding <= kernel / 2. */
+static dt_status dt_kcheck_geom(const char *op, const dt_conv2d_geom *g, bool conv) {
+  if (g->n < 0 || g->c < (conv ? 1 : 0) || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 ||
+      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: bad geometry: n=%d c=%d h=%d w=%d oc=%d kernel %dx%d stride %dx%d "
+                    "padding %dx%d",
+                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+  if (!conv && (2 * g->ph > g->kh || 2 * g->pw > g->kw))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "
+                    "kernel/2)",
+                    op, g->ph, g->pw, g->kh, g->kw);
+  int64_t hp = (int64_t)g->h + 2 * g->ph, wp = (int64_t)g->w + 2 * g->pw;
+  int64_t oh = hp < g->kh ? 0 : (hp - g->kh) / g->sh + 1;
+  int64_t ow = wp < g->kw ? 0 : (wp - g->kw) / g->sw + 1;
+  if (oh == 0 || ow == 0 || g->oh != oh || g->ow != ow)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: output %dx%d does not match input %dx%d, kernel %dx%d, stride %dx%d, "
+                    "padding %dx%d (expected %lldx%lld): the window must fit in the padded "
+                    "input",
+                    op, g->oh, g->ow, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                    (long long)oh, (long long)ow);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_batchnorm(int64_t n, int64_t c, int64_t hw, bool training,
+                                     float momentum, float eps, const float *running_mean,
+                                     const float *running_var) {
+  DT_CHECK(dt_kcheck_sizes("batchnorm", n, c, hw));
+  if (training && n * hw <= 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batchnorm: training needs more than 1 value per channel, got n=%lld x "
+                    "hw=%lld: use a batch larger than 1 or eval mode",
+                    (long long)n, (long long)hw);
+  if (!training && (!running_mean || !running_var))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm: eval mode needs running_mean and running_var");
+  if (!(eps >= 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm: eps %g must be >= 0 and momentum %g in [0, 1]",
+                    (double)eps, (double)momentum);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_layernorm(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm: bad size (rows %lld, cols %lld)",
+                    (long long)rows, (long long)cols);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_dropout(int64_t n, float p) {
+  if (!(p >= 0.0f && p <= 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dropout: probability p=%g outside [0, 1]", (double)p);
+  return dt_kcheck_sizes("dropout", n, 0, 0);
+}
+
+static dt_status dt_kcheck_sgd(int64_t n, const float *momentum_buf, float lr, float momentum,
+                               float dampening, float weight_decay, bool nesterov) {
+  DT_CHECK(dt_kcheck_sizes("sgd_update", n, 0, 0));
+  if (!(lr >= 0.0f) || !(momentum >= 0.0f) || !(weight_decay >= 0.0f) ||
+      !(dampening >= 0.0f && dampening <= 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "sgd_update: lr %g, momentum %g, weight decay %g must be >= 0 and dampening "
+                    "%g in [0, 1]",
+                    (double)lr, (double)momentum, (double)weight_decay, (double)dampening);
+  if (momentum != 0.0f && !momentum_buf)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "sgd_update: momentum %g needs a momentum buffer (got NULL)", (double)momentum);
+  if (nesterov && (momentum <= 0.0f || dampening != 0.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "sgd_update: nesterov needs momentum > 0 and dampening 0 (got momentum %g, "
+                    "dampening %g), as torch.optim.SGD",
+                    (double)momentum, (double)dampening);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_adamw(int64_t n, float lr, float beta1, float beta2, float eps,
+                                 float weight_decay, int step) {
+  DT_CHECK(dt_kcheck_sizes("adamw_update", n, 0, 0));
+  if (step < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "adamw_update: step %d: steps count from 1 (bias correction 1-beta^step)",
+                    step);
+  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw_update: betas (%g, %g) must lie in [0, 1)",
+                    (double)beta1, (double)beta2);
+  if (!(lr >= 0.0f) || !(eps > 0.0f) || !(weight_decay >= 0.0f))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "adamw_update: lr %g and weight decay %g must be >= 0, eps %g > 0", (double)lr,
+                    (double)weight_decay, (double)eps);
+  return DT_OK;
+}
+
+/* ---- the dispatch ---- */
+
+#define DT_KERNEL(name, dtypes, check, params, args)                           \
+  dt_status dt_kernel_##name DT_KPARAMS params {                               \
+    DT_CHECK(kernel_begin(ex, #name, (dtypes), ex && ex->be && ex->be->name)); \
+    DT_CHECK(check);                                                           \
+    return ex->be->name DT_KARGS args;                                         \
+  }
+#include "core/op_table.def"
