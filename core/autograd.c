@@ -45,11 +45,9 @@ static void node_free_graph(dt_node *n) {
   n->freed = 1;
 }
 
-void dt_node_release(dt_node *n) {
-  if (n == NULL)
-    return;
-  if (__atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) != 0)
-    return;
+/* The node's destroy function (dt_node_release, in tensor.c, calls it when
+ * the last reference goes). */
+static void node_destroy(dt_node *n) {
   node_free_graph(n);
   dt_tensor_release(n->grad_accum);
   free(n);
@@ -63,6 +61,7 @@ dt_status dt_autograd_record(const char *name, dt_backward_fn backward, dt_tenso
   if (n == NULL)
     return DT_ERROR(DT_ERR_OOM, "out of host memory for an autograd node (%s)", name);
   n->refcount = 1;
+  n->destroy = node_destroy;
   n->seq = __atomic_add_fetch(&node_seq, 1, __ATOMIC_RELAXED);
   n->name = name;
   n->backward = backward;
@@ -171,7 +170,7 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
   }
   dt_tensor *acc = n->grad_accum;
   dt_tensor *gc;
-  dt_status st = dt_tensor_contiguous(g, &gc);
+  dt_status st = dt_tensor_contiguous_copy(g, &gc);
   dt_tensor_release(g);
   if (st != DT_OK)
     return st;
@@ -185,7 +184,7 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
     st = dt_tensor_empty(acc->shape, acc->ndim, DT_DTYPE_F32, acc->storage->device, &sum);
     if (st == DT_OK) {
       dt_tensor *accc;
-      st = dt_tensor_contiguous(acc, &accc);
+      st = dt_tensor_contiguous_copy(acc, &accc);
       if (st == DT_OK) {
         const dt_exec ex = dt_tensor_exec(sum);
         st = dt_kernel_axpby(&ex, numel, 1.0f, dt_tensor_data(accc), 0.0f, dt_tensor_data(sum));
@@ -261,7 +260,7 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
                       "backward: grad_output %s must be f32 on the loss's device (loss %s)",
                       dt_tensor_describe(grad_output, b, sizeof b),
                       dt_tensor_describe(loss, a, sizeof a));
-    DT_CHECK(dt_tensor_contiguous(grad_output, &seed));
+    DT_CHECK(dt_tensor_contiguous_copy(grad_output, &seed));
   } else {
     if (dt_tensor_numel(loss) != 1)
       return DT_ERROR(DT_ERR_SHAPE,
@@ -316,7 +315,7 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
     n->grad_accum = NULL;
     if (g != NULL) {
       dt_tensor *gc;
-      st = dt_tensor_contiguous(g, &gc);
+      st = dt_tensor_contiguous_copy(g, &gc);
       dt_tensor_release(g);
       if (st == DT_OK) {
         st = n->backward(n, gc, grad_in);
@@ -360,5 +359,33 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
   dt_tensor_release(seed);
   if (st == DT_OK)
     backward_passes++;
+  return st;
+}
+
+dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g) {
+  char a[200], b[200];
+  if (dt_tensor_numel(g) != dt_tensor_numel(leaf))
+    return DT_ERROR(DT_ERR_INTERNAL, "gradient %s does not match its tensor %s",
+                    dt_tensor_describe(g, a, sizeof a), dt_tensor_describe(leaf, b, sizeof b));
+  dt_tensor *gc;
+  DT_CHECK(dt_tensor_contiguous_copy(g, &gc));
+  dt_status st = DT_OK;
+  if (leaf->grad == NULL) {
+    /* Own a private copy: g may be shared with other parts of the graph. */
+    dt_tensor *ng;
+    st = dt_tensor_empty(leaf->shape, leaf->ndim, DT_DTYPE_F32, leaf->storage->device, &ng);
+    if (st == DT_OK) {
+      st = dt_kernel_axpby(DT_TENSOR_EXEC(ng), dt_tensor_numel(ng), 1.0f, dt_tensor_data(gc), 0.0f,
+                           dt_tensor_data(ng));
+      if (st == DT_OK)
+        leaf->grad = ng;
+      else
+        dt_tensor_release(ng);
+    }
+  } else {
+    st = dt_kernel_axpby(DT_TENSOR_EXEC(leaf), dt_tensor_numel(gc), 1.0f, dt_tensor_data(gc), 1.0f,
+                         dt_tensor_data(leaf->grad));
+  }
+  dt_tensor_release(gc);
   return st;
 }

@@ -24,6 +24,7 @@ typedef dt_status (*dt_backward_fn)(dt_node *node, dt_tensor *grad_out, dt_tenso
 
 struct dt_node {
   int refcount;
+  void (*destroy)(dt_node *); /* frees the node; set by dt_autograd_record */
   unsigned long seq;          /* creation order, for the backward schedule */
   const char *name;           /* op name, for error messages */
   dt_backward_fn backward;
@@ -53,6 +54,12 @@ dt_status dt_autograd_record(const char *name, dt_backward_fn backward,
 
 /* A fresh, process-unique hook handle (grad-ready and module hooks). */
 int dt_hook_handle_next(void);
+
+/* Drops a reference; the last one destroys the node (tensor.c). */
+void dt_node_release(dt_node *n);
+
+/* Accumulates `g` into leaf->grad (allocating it on first use). */
+dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g);
 
 /* Retains t in node->saved[slot]. */
 void dt_node_save(dt_node *node, int slot, dt_tensor *t);

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
-#include "core/tensor.h"
+#include "core/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -145,7 +145,8 @@ struct dt_backend_ops {
 };
 
 /* Registers (or replaces) the backend for a device type. Not thread-safe:
- * call at start-up. */
+ * call at start-up (backends register from a constructor when linked:
+ * //core:cpu always, //cuda when built with the toolkit). */
 dt_status dt_backend_register(dt_device_type type, const dt_backend_ops *ops);
 /* The backend for `dev`, checking that the device exists; clear error
  * (DT_ERR_NO_DEVICE / DT_ERR_UNSUPPORTED) otherwise. */
@@ -174,17 +175,6 @@ dt_status dt_exec_init(dt_device dev, dt_dtype dtype, dt_exec *out);
 dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
                          int ldc, int batch);
 
-/* CPU-backend settings. Threads: default = cores available to this process
- * (sched_getaffinity), overridden by DT_NUM_THREADS or this call; at most
- * DT_CPU_MAX_THREADS (a larger n is clamped: OpenMP would fail to create
- * the threads, or crash). Callers taking a count from the user reject
- * larger values with a message. */
-#define DT_CPU_MAX_THREADS 4096
-void dt_cpu_set_num_threads(int n);
-int dt_cpu_num_threads(void);
-
-/* The CPU backend's table (registered automatically). */
-const dt_backend_ops *dt_cpu_backend(void);
 
 #ifdef __cplusplus
 }

@@ -5,11 +5,6 @@
 
 static const dt_backend_ops *registry[2];
 
-static void ensure_cpu(void) {
-  if (registry[DT_DEVICE_CPU] == NULL)
-    registry[DT_DEVICE_CPU] = dt_cpu_backend();
-}
-
 dt_status dt_backend_register(dt_device_type type, const dt_backend_ops *ops) {
   if ((int)type < 0 || (int)type > DT_DEVICE_CUDA)
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown device type %d", (int)type);
@@ -18,19 +13,26 @@ dt_status dt_backend_register(dt_device_type type, const dt_backend_ops *ops) {
 }
 
 int dt_device_count(dt_device_type type) {
-  ensure_cpu();
   if ((int)type < 0 || (int)type > DT_DEVICE_CUDA || registry[type] == NULL)
     return 0;
   return registry[type]->device_count();
 }
 
 dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out) {
-  char name[32];
-  ensure_cpu();
-  dt_device_format(dev, name, sizeof name);
   if ((int)dev.type < 0 || (int)dev.type > DT_DEVICE_CUDA)
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown device type %d", (int)dev.type);
   const dt_backend_ops *ops = registry[dev.type];
+  if (ops != NULL && dev.index >= 0 && dev.index < ops->device_count()) {
+    *out = ops;
+    return DT_OK;
+  }
+  char name[32];
+  dt_device_format(dev, name, sizeof name);
+  if (ops == NULL && dev.type == DT_DEVICE_CPU)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "device %s requested but the CPU backend is not linked into this program: "
+                    "link //core:cpu (or //core)",
+                    name);
   if (ops == NULL) {
     return DT_ERROR(DT_ERR_UNSUPPORTED,
                     "device %s requested but this build of dtrain has no CUDA backend: "
@@ -43,8 +45,9 @@ dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out) {
     if (n == 0 && ops->unavailable != NULL) {
       dt_status why = ops->unavailable();
       if (why != DT_OK)
-        return dt_error_wrap(why, "device %s requested but unusable (run `dtrain doctor`; or use "
-                                  "--device cpu)",
+        return dt_error_wrap(why,
+                             "device %s requested but unusable (run `dtrain doctor`; or use "
+                             "--device cpu)",
                              name);
     }
     if (dev.type == DT_DEVICE_CUDA && n == 0)
@@ -52,8 +55,8 @@ dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out) {
                       "device %s requested but no CUDA GPU is visible (CUDA_VISIBLE_DEVICES, "
                       "driver); run `dtrain doctor` for details, or use --device cpu",
                       name);
-    return DT_ERROR(DT_ERR_NO_DEVICE, "device %s does not exist: %d %s device(s) available",
-                    name, n, ops->name);
+    return DT_ERROR(DT_ERR_NO_DEVICE, "device %s does not exist: %d %s device(s) available", name,
+                    n, ops->name);
   }
   *out = ops;
   return DT_OK;

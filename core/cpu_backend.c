@@ -102,7 +102,7 @@ void dt_cpu_set_num_threads(int n) {
 
 int dt_cpu_num_threads(void) { return dt_cpu_threads(); }
 
-void dt_cpu_alloc_set_limit(size_t bytes) {
+void dt_cpu_set_memory_limit(size_t bytes) {
   cpu_init();
   atomic_store(&cpu_memory_limit, bytes);
   cpu_limit_env_error[0] = '\0'; /* an explicit setting overrides a bad env value */
@@ -449,4 +449,10 @@ static const dt_backend_ops cpu_ops = {
 const dt_backend_ops *dt_cpu_backend(void) {
   cpu_init();
   return &cpu_ops;
+}
+
+/* Linked in (alwayslink), the CPU backend is always there: registering does
+ * not touch the environment (cpu_init runs on first use). */
+__attribute__((constructor)) static void dt_cpu_register_backend(void) {
+  dt_backend_register(DT_DEVICE_CPU, &cpu_ops);
 }

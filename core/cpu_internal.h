@@ -11,8 +11,9 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/status.h"
-#include "core/tensor.h"
+#include "core/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,9 +28,6 @@ extern "C" {
 
 /* Threads the kernels use (>= 1). Reads DT_NUM_THREADS on first use. */
 int dt_cpu_threads(void);
-/* Cap for CPU allocations, per device (0 = none); memory.c's
- * dt_cpu_set_memory_limit lands here. */
-void dt_cpu_alloc_set_limit(size_t bytes);
 
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */

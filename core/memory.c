@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "core/cpu_internal.h"
-
 dt_status dt_memory_stats_get(dt_device dev, dt_memory_stats *out) {
   const dt_backend_ops *ops = NULL;
   DT_CHECK(dt_backend_get(dev, &ops));
@@ -28,8 +26,6 @@ dt_status dt_memory_reset_peak(dt_device dev) {
   return ops->reset_peak_stats(dev);
 }
 
-void dt_cpu_set_memory_limit(size_t bytes) { dt_cpu_alloc_set_limit(bytes); }
-
 dt_status dt_parse_bytes(const char *s, size_t *out) {
   if (!s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "byte count: NULL string: pass e.g. \"512M\"");
@@ -38,8 +34,7 @@ dt_status dt_parse_bytes(const char *s, size_t *out) {
     p++;
   if (!isdigit((unsigned char)*p))
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "byte count '%s' does not start with a digit: use e.g. 123, 64K, 512M, 2G",
-                    s);
+                    "byte count '%s' does not start with a digit: use e.g. 123, 64K, 512M, 2G", s);
   errno = 0;
   char *end = NULL;
   unsigned long long v = strtoull(p, &end, 10);
@@ -47,10 +42,22 @@ dt_status dt_parse_bytes(const char *s, size_t *out) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "byte count '%s' is too large", s);
   unsigned shift = 0;
   switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
-    case 'T': shift = 40; end++; break;
+    case 'K':
+      shift = 10;
+      end++;
+      break;
+    case 'M':
+      shift = 20;
+      end++;
+      break;
+    case 'G':
+      shift = 30;
+      end++;
+      break;
+    case 'T':
+      shift = 40;
+      end++;
+      break;
     default: break;
   }
   /* Accept "64KB", "64KiB", "64B" too. */
@@ -62,8 +69,7 @@ dt_status dt_parse_bytes(const char *s, size_t *out) {
     end++;
   if (*end != '\0')
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "byte count '%s' has trailing text '%s': use e.g. 123, 64K, 512M, 2G", s,
-                    end);
+                    "byte count '%s' has trailing text '%s': use e.g. 123, 64K, 512M, 2G", s, end);
   if (shift && v > (SIZE_MAX >> shift))
     return DT_ERROR(DT_ERR_INVALID_ARG, "byte count '%s' is too large", s);
   if (v > SIZE_MAX)

@@ -7,7 +7,7 @@
  * cap and advice. Freed blocks are kept in a per-device cache of size
  * classes and reused (`reserved` counts them, `allocated` only live
  * tensors; dt_empty_cache hands them back; DT_CPU_ALLOC_CACHE=0 turns the
- * cache off). CUDA: see cuda/ (caching allocator).
+ * cache off; see core/cpu.h). CUDA: see cuda/ (caching allocator).
  */
 #ifndef DT_CORE_MEMORY_H
 #define DT_CORE_MEMORY_H
@@ -15,8 +15,8 @@
 #include <stddef.h>
 
 #include "core/backend.h"
+#include "core/device.h"
 #include "core/status.h"
-#include "core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,8 +27,6 @@ dt_status dt_memory_stats_get(dt_device dev, dt_memory_stats *out);
 dt_status dt_empty_cache(dt_device dev);
 /* Sets peak_allocated to the current allocated. */
 dt_status dt_memory_reset_peak(dt_device dev);
-/* Overrides DT_CPU_MEMORY_LIMIT for CPU devices (0 = no cap). For tests. */
-void dt_cpu_set_memory_limit(size_t bytes);
 /* Parses "123", "64K", "512M", "2G" (binary multiples). */
 dt_status dt_parse_bytes(const char *s, size_t *out);
 /* "1.50 GiB" style formatting. */

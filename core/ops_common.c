@@ -34,10 +34,7 @@ dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tens
 }
 
 dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
-  dt_no_grad_begin();
-  dt_status st = dt_tensor_contiguous(t, out);
-  dt_no_grad_end();
-  return st;
+  return dt_tensor_contiguous_copy(t, out);
 }
 
 void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,

@@ -178,10 +178,7 @@ dt_status dt_tensor_to_host(const dt_tensor *t, void *data, size_t bytes) {
   if (need == 0)
     return DT_OK;
   dt_tensor *c;
-  dt_no_grad_begin();
-  dt_status cst = dt_tensor_contiguous((dt_tensor *)t, &c);
-  dt_no_grad_end();
-  DT_CHECK(cst);
+  DT_CHECK(dt_tensor_contiguous_copy((dt_tensor *)t, &c));
   const dt_backend_ops *be = dt_tensor_backend(c);
   dt_status st = be->copy(data, DT_CPU, dt_tensor_data(c), c->storage->device, need, NULL);
   dt_tensor_release(c);
@@ -196,7 +193,10 @@ dt_tensor *dt_tensor_retain(dt_tensor *t) {
   return t;
 }
 
-void dt_node_release(dt_node *n); /* autograd.c */
+void dt_node_release(dt_node *n) {
+  if (n != NULL && __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) == 0)
+    n->destroy(n);
+}
 
 void dt_tensor_release(dt_tensor *t) {
   if (t == NULL)
@@ -270,6 +270,24 @@ dt_exec dt_tensor_exec(const dt_tensor *t) {
   ex.dtype = t->dtype;
   ex.stream = ex.be->stream ? ex.be->stream(ex.dev, DT_STREAM_COMPUTE) : NULL;
   return ex;
+}
+
+dt_status dt_tensor_contiguous_copy(dt_tensor *t, dt_tensor **out) {
+  if (dt_tensor_is_contiguous(t)) {
+    *out = dt_tensor_retain(t);
+    return DT_OK;
+  }
+  dt_tensor *c;
+  DT_CHECK(dt_tensor_empty(t->shape, t->ndim, t->dtype, t->storage->device, &c));
+  dt_status st =
+      dt_kernel_copy_strided(DT_TENSOR_EXEC(t), dt_tensor_data(c), c->strides, dt_tensor_data(t),
+                             t->strides, t->shape, t->ndim, dt_dtype_size(t->dtype));
+  if (st != DT_OK) {
+    dt_tensor_release(c);
+    return st;
+  }
+  *out = c;
+  return DT_OK;
 }
 
 /* ---- autograd flags ---- */
@@ -393,7 +411,7 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
   /* General path: contiguous source, convert on the source device, move,
    * then scatter into dst's layout. */
   dt_tensor *c = NULL, *conv = NULL, *moved = NULL;
-  DT_CHECK(dt_tensor_contiguous((dt_tensor *)src, &c));
+  DT_CHECK(dt_tensor_contiguous_copy((dt_tensor *)src, &c));
   if (c->dtype != dst->dtype) {
     DT_CHECK_GOTO(dt_tensor_empty(c->shape, c->ndim, dst->dtype, sd, &conv), st, done);
     DT_CHECK_GOTO(dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), c->dtype,
@@ -480,32 +498,4 @@ dt_status dt_tensor_item(const dt_tensor *t, int64_t index, double *out) {
     default: return DT_ERROR(DT_ERR_DTYPE, "item: unknown dtype");
   }
   return DT_OK;
-}
-
-dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g) {
-  char a[200], b[200];
-  if (dt_tensor_numel(g) != dt_tensor_numel(leaf))
-    return DT_ERROR(DT_ERR_INTERNAL, "gradient %s does not match its tensor %s",
-                    dt_tensor_describe(g, a, sizeof a), dt_tensor_describe(leaf, b, sizeof b));
-  dt_tensor *gc;
-  DT_CHECK(dt_tensor_contiguous(g, &gc));
-  dt_status st = DT_OK;
-  if (leaf->grad == NULL) {
-    /* Own a private copy: g may be shared with other parts of the graph. */
-    dt_tensor *ng;
-    st = dt_tensor_empty(leaf->shape, leaf->ndim, DT_DTYPE_F32, leaf->storage->device, &ng);
-    if (st == DT_OK) {
-      st = dt_kernel_axpby(DT_TENSOR_EXEC(ng), dt_tensor_numel(ng), 1.0f, dt_tensor_data(gc), 0.0f,
-                           dt_tensor_data(ng));
-      if (st == DT_OK)
-        leaf->grad = ng;
-      else
-        dt_tensor_release(ng);
-    }
-  } else {
-    st = dt_kernel_axpby(DT_TENSOR_EXEC(leaf), dt_tensor_numel(gc), 1.0f, dt_tensor_data(gc), 1.0f,
-                         dt_tensor_data(leaf->grad));
-  }
-  dt_tensor_release(gc);
-  return st;
 }

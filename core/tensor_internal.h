@@ -74,8 +74,10 @@ dt_exec dt_tensor_exec(const dt_tensor *t);
  * block), for a single kernel call: dt_kernel_fill(DT_TENSOR_EXEC(t), ...). */
 #define DT_TENSOR_EXEC(t) ((const dt_exec[1]){dt_tensor_exec(t)})
 
-/* Accumulates `g` into leaf->grad (allocating zeros on first use). */
-dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g);
+/* A contiguous version of t, without recording on the tape: t itself
+ * (retained) when already contiguous, else a copy. For the autograd engine
+ * and ops, which record their own nodes. */
+dt_status dt_tensor_contiguous_copy(dt_tensor *t, dt_tensor **out);
 
 #ifdef __cplusplus
 }

@@ -198,22 +198,15 @@ static dt_status identity_backward(dt_node *node, dt_tensor *g, dt_tensor **gin)
 }
 
 dt_status dt_tensor_contiguous(dt_tensor *t, dt_tensor **out) {
-  if (dt_tensor_is_contiguous(t)) {
-    *out = dt_tensor_retain(t);
-    return DT_OK;
-  }
   dt_tensor *c;
-  DT_CHECK(dt_tensor_empty(t->shape, t->ndim, t->dtype, t->storage->device, &c));
-  dt_status st =
-      dt_kernel_copy_strided(DT_TENSOR_EXEC(t), dt_tensor_data(c), c->strides, dt_tensor_data(t),
-                             t->strides, t->shape, t->ndim, dt_dtype_size(t->dtype));
-  if (st == DT_OK && dt_autograd_should_record(&t, 1)) {
+  DT_CHECK(dt_tensor_contiguous_copy(t, &c));
+  if (c != t && dt_autograd_should_record(&t, 1)) {
     dt_node *node;
-    st = dt_autograd_record("contiguous", identity_backward, &t, 1, c, &node);
-  }
-  if (st != DT_OK) {
-    dt_tensor_release(c);
-    return st;
+    dt_status st = dt_autograd_record("contiguous", identity_backward, &t, 1, c, &node);
+    if (st != DT_OK) {
+      dt_tensor_release(c);
+      return st;
+    }
   }
   *out = c;
   return DT_OK;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/ops.h"
 
 typedef enum dp_task {

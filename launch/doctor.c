@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/memory.h"
 #include "core/status.h"
 #include "cuda/cuda.h"

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/status.h"
 #include "dist/process_group.h"
 #include "launch/bench.h"

@@ -9,6 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/memory.h"
 #include "core/ops.h"
 #include "core/optim.h"

@@ -12,7 +12,7 @@
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/status.h"
-#include "core/tensor.h"
+#include "core/device.h"
 #include "tests/cpu_kernels_test_util.h"
 
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 
 namespace dtk {
 

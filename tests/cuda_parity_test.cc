@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/status.h"

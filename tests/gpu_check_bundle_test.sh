@@ -31,7 +31,7 @@ has() { grep -qx "gpu_bundle/$1" <<<"$listing" || fail "the bundle lacks $1"; }
 for b in cuda_parity_test cuda_allocator_test cuda_train_step_test dtrain; do
   has "bin/$b"
 done
-has lib/libcore_Slibbase.so
+has lib/libcore_Slibcpu.so
 has lib/libcuda_Slibcuda.so
 has lib/libopenblas.so.0
 has bench_torch.py

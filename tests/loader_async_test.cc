@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/data.h"
 #include "core/tensor.h"
 

@@ -7,7 +7,7 @@
         srcs = ["a.cu", "b.c", "internal.h"],  # .cu -> nvcc, the rest -> cc_library
         hdrs = ["public.h"],
         cu_hdrs = ["//core:backend.h"],         # headers the .cu files include
-        deps = ["//core:base"],
+        deps = ["//core:backend"],
         stub_srcs = ["stub.c"],                 # used when CUDA is unavailable
     )
 

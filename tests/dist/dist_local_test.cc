@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/nn.h"
 #include "dist/dp.h"
 #include "dist/process_group.h"

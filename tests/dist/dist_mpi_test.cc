@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "dist/process_group.h"
 #include "tests/dist/dist_test_util.h"
 

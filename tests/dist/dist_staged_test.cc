@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "cuda/cuda.h"
 #include "dist/dp.h"
 #include "dist/process_group.h"

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/tensor.h"
+#include "core/device.h"
 
 size_t dt_dtype_size(dt_dtype t) {
   switch (t) {

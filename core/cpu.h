@@ -1,0 +1,33 @@
+/* The CPU reference backend (//core:cpu): OpenBLAS sgemm and OpenMP
+ * kernels over host memory. It registers itself for DT_DEVICE_CPU when
+ * linked; these are its settings.
+ */
+#ifndef DT_CORE_CPU_H
+#define DT_CORE_CPU_H
+
+#include <stddef.h>
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CPU-backend settings. Threads: default = cores available to this process
+ * (sched_getaffinity), overridden by DT_NUM_THREADS or this call; at most
+ * DT_CPU_MAX_THREADS (a larger n is clamped: OpenMP would fail to create
+ * the threads, or crash). Callers taking a count from the user reject
+ * larger values with a message. */
+#define DT_CPU_MAX_THREADS 4096
+void dt_cpu_set_num_threads(int n);
+int dt_cpu_num_threads(void);
+
+/* The CPU backend's table (registered automatically). */
+const dt_backend_ops *dt_cpu_backend(void);
+/* Overrides DT_CPU_MEMORY_LIMIT for CPU devices (0 = no cap). For tests. */
+void dt_cpu_set_memory_limit(size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
