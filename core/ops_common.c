@@ -33,6 +33,20 @@ dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tens
   return dt_autograd_record(name, backward, live, k, out, node);
 }
 
+dt_status dt_ops_take(dt_tensor **y, dt_tensor **out) {
+  *out = *y;
+  *y = NULL;
+  return DT_OK;
+}
+
+dt_status dt_ops_grad_result(dt_status st, dt_tensor *g, dt_tensor **grad_in) {
+  if (st == DT_OK)
+    *grad_in = g;
+  else
+    dt_tensor_release(g);
+  return st;
+}
+
 dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
   return dt_tensor_contiguous_copy(t, out);
 }

@@ -107,10 +107,7 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
     grad_in[2] = db;
   return DT_OK;
 fail:
-  dt_tensor_release(ws);
-  dt_tensor_release(db);
-  dt_tensor_release(dw);
-  dt_tensor_release(dx);
+  DT_RELEASE_TENSORS(ws, db, dw, dx);
   return st;
 }
 
@@ -159,15 +156,9 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
     dt_node_save(node, 1, wc);
     geom_to_ints(&g, node->ints);
   }
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(ws);
-  dt_tensor_release(y);
-  dt_tensor_release(bc);
-  dt_tensor_release(wc);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(ws, y, bc, wc, xc);
   return st;
 }
 
@@ -237,13 +228,9 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
     if (is_max)
       dt_node_save(node, 0, argmax);
   }
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(argmax);
-  dt_tensor_release(y);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(argmax, y, xc);
   return st;
 }
 

@@ -190,9 +190,7 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), st, fail);
   if (node)
     node->reals[0] = alpha;
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
   dt_tensor_release(x);
@@ -207,16 +205,12 @@ static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &dx));
   int64_t n = dt_tensor_numel(x);
+  dt_status st = DT_OK;
   if (n > 0) {
-    dt_status st = dt_kernel_unary_backward(DT_TENSOR_EXEC(x), (dt_unary_op)node->ints[0], n,
-                                            DT_F32(x), DT_F32(g), DT_F32(dx));
-    if (st != DT_OK) {
-      dt_tensor_release(dx);
-      return st;
-    }
+    st = dt_kernel_unary_backward(DT_TENSOR_EXEC(x), (dt_unary_op)node->ints[0], n, DT_F32(x),
+                                  DT_F32(g), DT_F32(dx));
   }
-  grad_in[0] = dx;
-  return DT_OK;
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
 static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_tensor **out) {
@@ -235,9 +229,7 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
   DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), st, fail);
   const int64_t ints[1] = {op};
   dt_ops_save_for_backward(node, &x, 1, ints, 1);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
   dt_tensor_release(x);

@@ -14,17 +14,12 @@ static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **gr
   dt_tensor *dtable = NULL;
   /* dtable (v, d) += scatter of dy (n, d) */
   DT_CHECK(dt_tensor_zeros(tshape, 2, DT_DTYPE_F32, dev, &dtable));
+  dt_status st = DT_OK;
   if (n * d > 0) {
-    dt_status st =
-        dt_kernel_embedding_backward(DT_TENSOR_EXEC(gy), dt_tensor_data(idx), dt_tensor_dtype(idx),
-                                     DT_F32(gy), DT_F32(dtable), n, v, d);
-    if (st != DT_OK) {
-      dt_tensor_release(dtable);
-      return st;
-    }
+    st = dt_kernel_embedding_backward(DT_TENSOR_EXEC(gy), dt_tensor_data(idx), dt_tensor_dtype(idx),
+                                      DT_F32(gy), DT_F32(dtable), n, v, d);
   }
-  grad_in[0] = dtable;
-  return DT_OK;
+  return dt_ops_grad_result(st, dtable, &grad_in[0]);
 }
 
 dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
@@ -68,13 +63,9 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
   DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), st, fail);
   const int64_t ints[3] = {n, v, d};
   dt_ops_save_for_backward(node, &ic, 1, ints, 3);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(tc);
-  dt_tensor_release(ic);
+  DT_RELEASE_TENSORS(y, tc, ic);
   return st;
 }
 
@@ -86,18 +77,14 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
   int64_t n = dt_tensor_numel(mask);
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(mask, dt_tensor_device(gy), &dx));
+  dt_status st = DT_OK;
   if (n > 0) {
     /* dx = dy * mask / (1 - p) */
-    dt_status st = dt_kernel_dropout_backward(DT_TENSOR_EXEC(gy), DT_F32(gy),
-                                              (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
-                                              (float)node->reals[0]);
-    if (st != DT_OK) {
-      dt_tensor_release(dx);
-      return st;
-    }
+    st = dt_kernel_dropout_backward(DT_TENSOR_EXEC(gy), DT_F32(gy),
+                                    (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
+                                    (float)node->reals[0]);
   }
-  grad_in[0] = dx;
-  return DT_OK;
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
 dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen, dt_tensor **out) {
@@ -135,12 +122,8 @@ dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen,
     dt_node_save(node, 0, mask);
     node->reals[0] = p;
   }
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(mask);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(y, mask, xc);
   return st;
 }

@@ -40,6 +40,14 @@ dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out);
 void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
                               const int64_t *ints, int n_ints);
 
+/* Hands the op's result to the caller: *out = *y, *y = NULL (so the
+ * cleanup label's release of y does nothing); returns DT_OK. */
+dt_status dt_ops_take(dt_tensor **y, dt_tensor **out);
+
+/* The end of a backward function with one gradient: on success stores g in
+ * *grad_in (the engine takes the reference), else releases g; returns st. */
+dt_status dt_ops_grad_result(dt_status st, dt_tensor *g, dt_tensor **grad_in);
+
 /* A new contiguous f32 tensor with t's shape on dev, uninitialised. */
 dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out);
 

@@ -113,13 +113,9 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   dt_tensor *saved[2] = {ac, bc};
   const int64_t ints[5] = {batch, m, k, n, batched};
   dt_ops_save_for_backward(node, saved, 2, ints, 5);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(bc);
-  dt_tensor_release(ac);
+  DT_RELEASE_TENSORS(y, bc, ac);
   return st;
 }
 
@@ -164,9 +160,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     grad_in[2] = db;
   return DT_OK;
 fail:
-  dt_tensor_release(dx);
-  dt_tensor_release(dw);
-  dt_tensor_release(db);
+  DT_RELEASE_TENSORS(dx, dw, db);
   return st;
 }
 
@@ -220,13 +214,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   dt_tensor *saved[2] = {xc, wc};
   const int64_t ints[4] = {rows, in, outf, bias != NULL};
   dt_ops_save_for_backward(node, saved, 2, ints, 4);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(bc);
-  dt_tensor_release(wc);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(y, bc, wc, xc);
   return st;
 }

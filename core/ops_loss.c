@@ -128,15 +128,9 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   dt_tensor *saved[3] = {lc, tc, lse};
   const int64_t ints[5] = {reduction, ignore_index, count, rows, c};
   dt_ops_save_for_backward(node, saved, 3, ints, 5);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(loss_rows);
-  dt_tensor_release(lse);
-  dt_tensor_release(tc);
-  dt_tensor_release(lc);
+  DT_RELEASE_TENSORS(y, loss_rows, lse, tc, lc);
   return st;
 }
 
@@ -243,12 +237,8 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), st, fail);
   const int64_t ints[2] = {reduction, n};
   dt_ops_save_for_backward(node, &diff, 1, ints, 2);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(sq);
-  dt_tensor_release(diff);
+  DT_RELEASE_TENSORS(y, sq, diff);
   return st;
 }

@@ -93,10 +93,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
 fail:
-  dt_tensor_release(scale);
-  dt_tensor_release(dbeta);
-  dt_tensor_release(dgamma);
-  dt_tensor_release(dx);
+  DT_RELEASE_TENSORS(scale, dbeta, dgamma, dx);
   return st;
 }
 
@@ -202,18 +199,9 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   dt_tensor *saved[4] = {xc, gc, mean, invstd};
   const int64_t ints[6] = {n, c, hw, training != 0, gamma != NULL, beta != NULL};
   dt_ops_save_for_backward(node, saved, 4, ints, 6);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(invstd);
-  dt_tensor_release(mean);
-  dt_tensor_release(rv);
-  dt_tensor_release(rm);
-  dt_tensor_release(bc);
-  dt_tensor_release(gc);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(y, invstd, mean, rv, rm, bc, gc, xc);
   return st;
 }
 
@@ -241,9 +229,7 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
 fail:
-  dt_tensor_release(dbeta);
-  dt_tensor_release(dgamma);
-  dt_tensor_release(dx);
+  DT_RELEASE_TENSORS(dbeta, dgamma, dx);
   return st;
 }
 
@@ -284,15 +270,8 @@ dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, floa
   dt_tensor *saved[4] = {xc, gc, mean, rstd};
   const int64_t ints[4] = {rows, cols, gamma != NULL, beta != NULL};
   dt_ops_save_for_backward(node, saved, 4, ints, 4);
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
-  dt_tensor_release(y);
-  dt_tensor_release(rstd);
-  dt_tensor_release(mean);
-  dt_tensor_release(bc);
-  dt_tensor_release(gc);
-  dt_tensor_release(xc);
+  DT_RELEASE_TENSORS(y, rstd, mean, bc, gc, xc);
   return st;
 }

@@ -19,12 +19,7 @@ static dt_status reduce_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   /* dx (x's shape) = scale * g broadcast over the reduced dims */
   dt_status st = dt_ops_broadcast_dims(dt_tensor_device(g), DT_F32(g), dt_tensor_shape(x), ndim,
                                        mask, (float)node->reals[0], DT_F32(dx));
-  if (st != DT_OK) {
-    dt_tensor_release(dx);
-    return st;
-  }
-  grad_in[0] = dx;
-  return DT_OK;
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
 static dt_status reduce_op(const char *op, bool is_mean, dt_tensor *x, const int *dims, int ndims,
@@ -73,9 +68,7 @@ static dt_status reduce_op(const char *op, bool is_mean, dt_tensor *x, const int
       node->ints[1 + d] = mask[d];
     node->reals[0] = count > 0 ? scale : 0.0;
   }
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
   dt_tensor_release(xc);

@@ -7,16 +7,12 @@ static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_
   int64_t cols = node->ints[1], n = dt_tensor_numel(y);
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(y, dt_tensor_device(y), &dx));
+  dt_status st = DT_OK;
   if (n > 0) {
-    dt_status st = dt_kernel_softmax_backward(DT_TENSOR_EXEC(y), DT_F32(y), DT_F32(g), DT_F32(dx),
-                                              n / cols, cols, (int)node->ints[0]);
-    if (st != DT_OK) {
-      dt_tensor_release(dx);
-      return st;
-    }
+    st = dt_kernel_softmax_backward(DT_TENSOR_EXEC(y), DT_F32(y), DT_F32(g), DT_F32(dx), n / cols,
+                                    cols, (int)node->ints[0]);
   }
-  grad_in[0] = dx;
-  return DT_OK;
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
 static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_tensor **out) {
@@ -49,9 +45,7 @@ static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_t
     node->ints[0] = log;
     node->ints[1] = cols;
   }
-  st = DT_OK;
-  *out = y;
-  y = NULL;
+  st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
   dt_tensor_release(xc);

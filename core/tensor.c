@@ -210,6 +210,11 @@ void dt_tensor_release(dt_tensor *t) {
   free(t);
 }
 
+void dt_tensor_release_many(dt_tensor *const *ts, int n) {
+  for (int i = 0; i < n; i++)
+    dt_tensor_release(ts[i]);
+}
+
 /* ---- properties ---- */
 
 int dt_tensor_ndim(const dt_tensor *t) { return t->ndim; }
@@ -434,9 +439,7 @@ dt_status dt_tensor_copy_(dt_tensor *dst, const dt_tensor *src) {
                               dt_tensor_data(moved), moved->strides, dst->shape, dst->ndim,
                               dt_dtype_size(dst->dtype));
 done:
-  dt_tensor_release(moved);
-  dt_tensor_release(conv);
-  dt_tensor_release(c);
+  DT_RELEASE_TENSORS(moved, conv, c);
   return st;
 }
 

@@ -74,6 +74,13 @@ dt_exec dt_tensor_exec(const dt_tensor *t);
  * block), for a single kernel call: dt_kernel_fill(DT_TENSOR_EXEC(t), ...). */
 #define DT_TENSOR_EXEC(t) ((const dt_exec[1]){dt_tensor_exec(t)})
 
+/* Releases each of ts[0..n) (NULLs allowed), in order. */
+void dt_tensor_release_many(dt_tensor *const *ts, int n);
+/* DT_RELEASE_TENSORS(a, b, c): a cleanup label's releases in one line (C only). */
+#define DT_RELEASE_TENSORS(...)                             \
+  dt_tensor_release_many((dt_tensor *const[]){__VA_ARGS__}, \
+                         (int)(sizeof((dt_tensor *const[]){__VA_ARGS__}) / sizeof(dt_tensor *)))
+
 /* A contiguous version of t, without recording on the tape: t itself
  * (retained) when already contiguous, else a copy. For the autograd engine
  * and ops, which record their own nodes. */
