@@ -22,8 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
 #include "core/device.h"
+#include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +69,22 @@ typedef struct dt_binary_args {
   int64_t a_strides[DT_MAX_DIMS];
   int64_t b_strides[DT_MAX_DIMS];
 } dt_binary_args;
+
+/* Up to three operands' element strides over a shape, with size-1 dims
+ * dropped and neighbours that are contiguous in every operand merged (most
+ * plans end up 1-D or 2-D): what the strided kernels (binary, copy_strided)
+ * of every backend iterate over. */
+typedef struct dt_strided_plan {
+  int ndim;
+  int64_t shape[DT_MAX_DIMS];
+  int64_t s[3][DT_MAX_DIMS]; /* strides of operands 0, 1, 2 */
+  int64_t numel;
+} dt_strided_plan;
+
+/* Builds the plan of `shape` (ndim dims) for operands with strides s0, s1,
+ * s2 (each ndim entries). */
+void dt_strided_plan_build(dt_strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
+                           const int64_t *s1, const int64_t *s2);
 
 /* A 2-D convolution / pooling geometry (NCHW). */
 typedef struct dt_conv2d_geom {
@@ -172,9 +188,8 @@ dt_status dt_exec_init(dt_device dev, dt_dtype dtype, dt_exec *out);
 
 /* The gemm entry's argument check (sizes >= 0, leading dimensions), for
  * backend-specific GEMM variants outside the table (dt_cuda_gemm_ex). */
-dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
-                         int ldc, int batch);
-
+dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
+                         int batch);
 
 #ifdef __cplusplus
 }

@@ -51,50 +51,6 @@ dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int 
 
 /* ---- strided iteration shared by binary and copy_strided ---- */
 
-typedef struct strided_plan {
-  int ndim;
-  int64_t shape[DT_MAX_DIMS];
-  int64_t s0[DT_MAX_DIMS]; /* strides of operand 0 */
-  int64_t s1[DT_MAX_DIMS]; /* strides of operand 1 */
-  int64_t s2[DT_MAX_DIMS]; /* strides of operand 2 */
-  int64_t numel;
-} strided_plan;
-
-/* Drops size-1 dims and merges neighbours that are contiguous with each
- * other in every operand, so most plans end up 1-D or 2-D. */
-static void plan_build(strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
-                       const int64_t *s1, const int64_t *s2) {
-  int nd = 0;
-  p->numel = 1;
-  for (int d = 0; d < ndim; d++) {
-    p->numel *= shape[d];
-    if (shape[d] == 1)
-      continue;
-    if (nd > 0) {
-      int j = nd - 1;
-      if (p->s0[j] == s0[d] * shape[d] && p->s1[j] == s1[d] * shape[d] &&
-          p->s2[j] == s2[d] * shape[d]) {
-        p->shape[j] *= shape[d];
-        p->s0[j] = s0[d];
-        p->s1[j] = s1[d];
-        p->s2[j] = s2[d];
-        continue;
-      }
-    }
-    p->shape[nd] = shape[d];
-    p->s0[nd] = s0[d];
-    p->s1[nd] = s1[d];
-    p->s2[nd] = s2[d];
-    nd++;
-  }
-  if (nd == 0) {
-    p->shape[0] = 1;
-    p->s0[0] = p->s1[0] = p->s2[0] = 0;
-    nd = 1;
-  }
-  p->ndim = nd;
-}
-
 /* Position of the iteration at flat index `start`: multi-index and the
  * three operand offsets. */
 typedef struct strided_cursor {
@@ -102,38 +58,38 @@ typedef struct strided_cursor {
   int64_t o0, o1, o2;
 } strided_cursor;
 
-static void cursor_seek(const strided_plan *p, int64_t start, strided_cursor *c) {
+static void cursor_seek(const dt_strided_plan *p, int64_t start, strided_cursor *c) {
   c->o0 = c->o1 = c->o2 = 0;
   for (int d = p->ndim - 1; d >= 0; d--) {
     c->idx[d] = start % p->shape[d];
     start /= p->shape[d];
-    c->o0 += c->idx[d] * p->s0[d];
-    c->o1 += c->idx[d] * p->s1[d];
-    c->o2 += c->idx[d] * p->s2[d];
+    c->o0 += c->idx[d] * p->s[0][d];
+    c->o1 += c->idx[d] * p->s[1][d];
+    c->o2 += c->idx[d] * p->s[2][d];
   }
 }
 
 /* Advances by `len` elements along the innermost dim (never past its end). */
-static void cursor_advance(const strided_plan *p, strided_cursor *c, int64_t len) {
+static void cursor_advance(const dt_strided_plan *p, strided_cursor *c, int64_t len) {
   int last = p->ndim - 1;
   c->idx[last] += len;
-  c->o0 += len * p->s0[last];
-  c->o1 += len * p->s1[last];
-  c->o2 += len * p->s2[last];
+  c->o0 += len * p->s[0][last];
+  c->o1 += len * p->s[1][last];
+  c->o2 += len * p->s[2][last];
   if (c->idx[last] < p->shape[last])
     return;
   for (int d = last; d >= 0; d--) {
     if (d < last) {
       c->idx[d]++;
-      c->o0 += p->s0[d];
-      c->o1 += p->s1[d];
-      c->o2 += p->s2[d];
+      c->o0 += p->s[0][d];
+      c->o1 += p->s[1][d];
+      c->o2 += p->s[2][d];
     }
     if (c->idx[d] < p->shape[d])
       return;
-    c->o0 -= c->idx[d] * p->s0[d];
-    c->o1 -= c->idx[d] * p->s1[d];
-    c->o2 -= c->idx[d] * p->s2[d];
+    c->o0 -= c->idx[d] * p->s[0][d];
+    c->o1 -= c->idx[d] * p->s[1][d];
+    c->o2 -= c->idx[d] * p->s[2][d];
     c->idx[d] = 0;
   }
 }
@@ -182,14 +138,14 @@ static void binary_inner(dt_binary_op op, const float *a, int64_t sa, const floa
   }
 }
 
-static void binary_range(const strided_plan *p, dt_binary_op op, const float *a, const float *b,
+static void binary_range(const dt_strided_plan *p, dt_binary_op op, const float *a, const float *b,
                          float *out, int64_t start, int64_t end) {
   strided_cursor c;
   cursor_seek(p, start, &c);
   int last = p->ndim - 1;
   for (int64_t pos = start; pos < end;) {
     int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
-    binary_inner(op, a + c.o0, p->s0[last], b + c.o1, p->s1[last], out + pos, len);
+    binary_inner(op, a + c.o0, p->s[0][last], b + c.o1, p->s[1][last], out + pos, len);
     pos += len;
     cursor_advance(p, &c, len);
   }
@@ -205,8 +161,8 @@ dt_status dt_cpu_binary(const dt_exec *ex, const dt_binary_args *args, const flo
     out_strides[d] = acc;
     acc *= args->shape[d];
   }
-  strided_plan p;
-  plan_build(&p, args->ndim, args->shape, args->a_strides, args->b_strides, out_strides);
+  dt_strided_plan p;
+  dt_strided_plan_build(&p, args->ndim, args->shape, args->a_strides, args->b_strides, out_strides);
   if (p.numel == 0)
     return DT_OK;
   if (p.numel < DT_CPU_PAR_MIN) {
@@ -607,15 +563,15 @@ static void copy_inner(char *dst, int64_t ds, const char *src, int64_t ss, int64
   }
 }
 
-static void copy_range(const strided_plan *p, char *dst, const char *src, size_t es, int64_t start,
-                       int64_t end) {
+static void copy_range(const dt_strided_plan *p, char *dst, const char *src, size_t es,
+                       int64_t start, int64_t end) {
   strided_cursor c;
   cursor_seek(p, start, &c);
   int last = p->ndim - 1;
   for (int64_t pos = start; pos < end;) {
     int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
-    copy_inner(dst + c.o0 * (int64_t)es, p->s0[last], src + c.o1 * (int64_t)es, p->s1[last], len,
-               es);
+    copy_inner(dst + c.o0 * (int64_t)es, p->s[0][last], src + c.o1 * (int64_t)es, p->s[1][last],
+               len, es);
     pos += len;
     cursor_advance(p, &c, len);
   }
@@ -627,8 +583,8 @@ dt_status dt_cpu_copy_strided(const dt_exec *ex, void *dst, const int64_t *dst_s
                               int ndim, size_t elem_size) {
   (void)ex;
   int64_t zeros[DT_MAX_DIMS] = {0};
-  strided_plan p;
-  plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
+  dt_strided_plan p;
+  dt_strided_plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
   if (p.numel == 0)
     return DT_OK;
   if (p.numel < DT_CPU_PAR_MIN) {

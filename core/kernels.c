@@ -29,6 +29,43 @@ static dt_status kernel_begin(const dt_exec *ex, const char *name, unsigned dtyp
   return DT_OK;
 }
 
+/* ---- strided iteration plans ---- */
+
+void dt_strided_plan_build(dt_strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
+                           const int64_t *s1, const int64_t *s2) {
+  const int64_t *in[3] = {s0, s1, s2};
+  int nd = 0;
+  p->numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    p->numel *= shape[d];
+    if (shape[d] == 1)
+      continue;
+    if (nd > 0) {
+      int j = nd - 1;
+      bool merge = true;
+      for (int k = 0; k < 3; k++)
+        merge = merge && p->s[k][j] == in[k][d] * shape[d];
+      if (merge) {
+        p->shape[j] *= shape[d];
+        for (int k = 0; k < 3; k++)
+          p->s[k][j] = in[k][d];
+        continue;
+      }
+    }
+    p->shape[nd] = shape[d];
+    for (int k = 0; k < 3; k++)
+      p->s[k][nd] = in[k][d];
+    nd++;
+  }
+  if (nd == 0) {
+    p->shape[0] = 1;
+    for (int k = 0; k < 3; k++)
+      p->s[k][0] = 0;
+    nd = 1;
+  }
+  p->ndim = nd;
+}
+
 /* ---- argument checks named by the op table ---- */
 
 static dt_status dt_kcheck_sizes(const char *op, int64_t a, int64_t b, int64_t c) {
@@ -57,8 +94,8 @@ static dt_status dt_kcheck_strided(const int64_t *shape, int ndim, size_t elem_s
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
-                                int ldc, int batch) {
+dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
+                         int batch) {
   if (m < 0 || n < 0 || k < 0 || batch < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "gemm: negative size: m=%d n=%d k=%d batch=%d", m, n, k,
                     batch);

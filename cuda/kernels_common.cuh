@@ -34,6 +34,18 @@ static inline int dt_row_threads(int64_t cols) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
        i += (int64_t)blockDim.x * gridDim.x)
 
+/* Launches `kernel` (a grid-stride loop over n elements) with `args` on
+ * the kernel's stream: the common tail of the elementwise kernels. */
+template <typename... Params, typename... Args>
+static dt_status dt_launch_flat(const dt_exec *ex, int64_t n, void (*kernel)(Params...),
+                                Args... args) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)ctx;
+  kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(args...);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
 template <typename T>
 __device__ __forceinline__ T dt_warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1)

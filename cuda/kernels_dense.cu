@@ -96,52 +96,8 @@ extern "C" dt_status dt_cuda_cast(const dt_exec *ex, const void *in, dt_dtype sr
 
 /* ---- strided iteration ---- */
 
-/* Up to three operands' strides over a shape with size-1 dims dropped and
- * neighbours that are contiguous in every operand merged (as the CPU plan). */
-struct strided_plan {
-  int ndim;
-  int64_t shape[DT_MAX_DIMS];
-  int64_t s[3][DT_MAX_DIMS];
-  int64_t numel;
-};
-
-static void plan_build(strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
-                       const int64_t *s1, const int64_t *s2) {
-  const int64_t *in[3] = {s0, s1, s2};
-  int nd = 0;
-  p->numel = 1;
-  for (int d = 0; d < ndim; d++) {
-    p->numel *= shape[d];
-    if (shape[d] == 1)
-      continue;
-    if (nd > 0) {
-      int j = nd - 1;
-      bool merge = true;
-      for (int k = 0; k < 3; k++)
-        merge = merge && p->s[k][j] == in[k][d] * shape[d];
-      if (merge) {
-        p->shape[j] *= shape[d];
-        for (int k = 0; k < 3; k++)
-          p->s[k][j] = in[k][d];
-        continue;
-      }
-    }
-    p->shape[nd] = shape[d];
-    for (int k = 0; k < 3; k++)
-      p->s[k][nd] = in[k][d];
-    nd++;
-  }
-  if (nd == 0) {
-    p->shape[0] = 1;
-    for (int k = 0; k < 3; k++)
-      p->s[k][0] = 0;
-    nd = 1;
-  }
-  p->ndim = nd;
-}
-
 /* Offsets of flat index i in operands 0..2 (first `nops` computed). */
-static __device__ __forceinline__ void plan_offsets(const strided_plan &p, int64_t i, int nops,
+static __device__ __forceinline__ void plan_offsets(const dt_strided_plan &p, int64_t i, int nops,
                                                     int64_t *o) {
   o[0] = o[1] = o[2] = 0;
   for (int d = p.ndim - 1; d >= 0; d--) {
@@ -156,7 +112,7 @@ static __device__ __forceinline__ void plan_offsets(const strided_plan &p, int64
 
 // src (shape, strides s[1]) -> dst (shape, strides s[0]), elements of T
 template <typename T>
-static __global__ void copy_strided_kernel(T *dst, const T *src, strided_plan p) {
+static __global__ void copy_strided_kernel(T *dst, const T *src, dt_strided_plan p) {
   DT_GRID_STRIDE(i, p.numel) {
     int64_t o[3];
     plan_offsets(p, i, 2, o);
@@ -164,7 +120,7 @@ static __global__ void copy_strided_kernel(T *dst, const T *src, strided_plan p)
   }
 }
 
-static __global__ void copy_strided_bytes_kernel(char *dst, const char *src, strided_plan p,
+static __global__ void copy_strided_bytes_kernel(char *dst, const char *src, dt_strided_plan p,
                                                  int64_t es) {
   DT_GRID_STRIDE(i, p.numel) {
     int64_t o[3];
@@ -178,8 +134,8 @@ extern "C" dt_status dt_cuda_copy_strided(const dt_exec *ex, void *dst, const in
                                           const void *src, const int64_t *src_strides,
                                           const int64_t *shape, int ndim, size_t elem_size) {
   int64_t zeros[DT_MAX_DIMS] = {0};
-  strided_plan p;
-  plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
+  dt_strided_plan p;
+  dt_strided_plan_build(&p, ndim, shape, dst_strides, src_strides, zeros);
   if (p.numel == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
@@ -224,15 +180,12 @@ static __global__ void fill_kernel(float *x, float value, int64_t n) {
 extern "C" dt_status dt_cuda_fill(const dt_exec *ex, float *x, float value, int64_t n) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  fill_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, value, n);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, fill_kernel, x, value, n);
 }
 
 // out (numel) = a (strides s[1]) op b (strides s[2]); out strides s[0] are contiguous
 static __global__ void binary_kernel(int op, const float *a, const float *b, float *out,
-                                     strided_plan p) {
+                                     dt_strided_plan p) {
   DT_GRID_STRIDE(i, p.numel) {
     int64_t o[3];
     plan_offsets(p, i, 3, o);
@@ -249,14 +202,11 @@ extern "C" dt_status dt_cuda_binary(const dt_exec *ex, const dt_binary_args *arg
     out_strides[d] = acc;
     acc *= args->shape[d];
   }
-  strided_plan p;
-  plan_build(&p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
+  dt_strided_plan p;
+  dt_strided_plan_build(&p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
   if (p.numel == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  binary_kernel<<<dt_grid_for(p.numel), DT_THREADS, 0, stream>>>((int)args->op, a, b, out, p);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, p.numel, binary_kernel, (int)args->op, a, b, out, p);
 }
 
 // y (n) = alpha * x + beta * y (beta 0: y not read)
@@ -272,10 +222,7 @@ extern "C" dt_status dt_cuda_axpby(const dt_exec *ex, int64_t n, float alpha, co
                                    float beta, float *y) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  axpby_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(n, alpha, x, beta, y);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, axpby_kernel, n, alpha, x, beta, y);
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
@@ -318,20 +265,14 @@ extern "C" dt_status dt_cuda_unary_forward(const dt_exec *ex, dt_unary_op op, in
                                            const float *x, float *y) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  unary_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, y);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, unary_forward_kernel, (int)op, n, x, y);
 }
 
 extern "C" dt_status dt_cuda_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n,
                                             const float *x, const float *dy, float *dx) {
   if (n <= 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  unary_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>((int)op, n, x, dy, dx);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, unary_backward_kernel, (int)op, n, x, dy, dx);
 }
 
 /* ---- reductions ---- */
@@ -428,11 +369,7 @@ extern "C" dt_status dt_cuda_broadcast_axis(const dt_exec *ex, const float *y, f
   int64_t total = outer * r * inner;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  broadcast_axis_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(y, x, r, inner, total,
-                                                                       scale);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, total, broadcast_axis_kernel, y, x, r, inner, total, scale);
 }
 
 #define SUMSQ_BLOCKS 1024
@@ -511,11 +448,8 @@ extern "C" dt_status dt_cuda_sgd_update(const dt_exec *ex, float *param, const f
                                         bool first_step) {
   if (n == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  sgd_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(
-      param, grad, momentum_buf, n, lr, momentum, dampening, weight_decay, nesterov, first_step);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, sgd_kernel, param, grad, momentum_buf, n, lr, momentum, dampening,
+                        weight_decay, nesterov, first_step);
 }
 
 // param, grad, m, v (n): PyTorch AdamW, the CPU's operation order

@@ -222,11 +222,8 @@ extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const flo
                                                     int64_t ignore_index) {
   if (n * c == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  cross_entropy_backward_kernel<<<dt_grid_for(n * c), DT_THREADS, 0, stream>>>(
-      logits, target, target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n * c, cross_entropy_backward_kernel, logits, target,
+                        target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
 }
 
 /* ---- layer norm ---- */
@@ -438,11 +435,8 @@ extern "C" dt_status dt_cuda_embedding_backward(const dt_exec *ex, const void *i
                                                 int64_t n, int64_t v, int64_t d) {
   if (n * d == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  embedding_backward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
-      idx, idx_dtype == DT_DTYPE_I32, dy, dtable, n, v, d);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n * d, embedding_backward_kernel, idx, idx_dtype == DT_DTYPE_I32, dy,
+                        dtable, n, v, d);
 }
 
 /* ---- dropout ---- */
@@ -470,11 +464,7 @@ extern "C" dt_status dt_cuda_dropout_forward(const dt_exec *ex, const float *x, 
   if (n <= 0)
     return DT_OK;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  dropout_forward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(x, y, mask, n, p, scale, seed,
-                                                                    offset);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, dropout_forward_kernel, x, y, mask, n, p, scale, seed, offset);
 }
 
 extern "C" dt_status dt_cuda_dropout_backward(const dt_exec *ex, const float *dy,
@@ -482,10 +472,7 @@ extern "C" dt_status dt_cuda_dropout_backward(const dt_exec *ex, const float *dy
   if (n <= 0)
     return DT_OK;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  dropout_backward_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(dy, mask, dx, n, scale);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, n, dropout_backward_kernel, dy, mask, dx, n, scale);
 }
 
 /* ---- pooling ---- */
@@ -599,10 +586,7 @@ extern "C" dt_status dt_cuda_maxpool2d_forward(const dt_exec *ex, const dt_conv2
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  maxpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, argmax, total);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, total, maxpool_forward_kernel, *g, x, y, argmax, total);
 }
 
 extern "C" dt_status dt_cuda_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -610,10 +594,7 @@ extern "C" dt_status dt_cuda_maxpool2d_backward(const dt_exec *ex, const dt_conv
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  maxpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, argmax, dx, total);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, total, maxpool_backward_kernel, *g, dy, argmax, dx, total);
 }
 
 extern "C" dt_status dt_cuda_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -621,10 +602,7 @@ extern "C" dt_status dt_cuda_avgpool2d_forward(const dt_exec *ex, const dt_conv2
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  avgpool_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, x, y, total);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, total, avgpool_forward_kernel, *g, x, y, total);
 }
 
 extern "C" dt_status dt_cuda_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -632,8 +610,5 @@ extern "C" dt_status dt_cuda_avgpool2d_backward(const dt_exec *ex, const dt_conv
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  avgpool_backward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(*g, dy, dx, total);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return dt_launch_flat(ex, total, avgpool_backward_kernel, *g, dy, dx, total);
 }
