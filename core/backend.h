@@ -86,6 +86,9 @@ typedef struct dt_strided_plan {
 void dt_strided_plan_build(dt_strided_plan *p, int ndim, const int64_t *shape, const int64_t *s0,
                            const int64_t *s1, const int64_t *s2);
 
+/* The plan of a binary op: operand 0 the contiguous output, 1 a, 2 b. */
+void dt_binary_plan(const dt_binary_args *args, dt_strided_plan *p);
+
 /* A 2-D convolution / pooling geometry (NCHW). */
 typedef struct dt_conv2d_geom {
   int n, c, h, w; /* input */

@@ -145,7 +145,7 @@ static void binary_range(const dt_strided_plan *p, dt_binary_op op, const float 
   int last = p->ndim - 1;
   for (int64_t pos = start; pos < end;) {
     int64_t len = MIN(p->shape[last] - c.idx[last], end - pos);
-    binary_inner(op, a + c.o0, p->s[0][last], b + c.o1, p->s[1][last], out + pos, len);
+    binary_inner(op, a + c.o1, p->s[1][last], b + c.o2, p->s[2][last], out + pos, len);
     pos += len;
     cursor_advance(p, &c, len);
   }
@@ -155,14 +155,8 @@ static void binary_range(const dt_strided_plan *p, dt_binary_op op, const float 
 dt_status dt_cpu_binary(const dt_exec *ex, const dt_binary_args *args, const float *a,
                         const float *b, float *out) {
   (void)ex;
-  int64_t out_strides[DT_MAX_DIMS];
-  int64_t acc = 1;
-  for (int d = args->ndim - 1; d >= 0; d--) {
-    out_strides[d] = acc;
-    acc *= args->shape[d];
-  }
   dt_strided_plan p;
-  dt_strided_plan_build(&p, args->ndim, args->shape, args->a_strides, args->b_strides, out_strides);
+  dt_binary_plan(args, &p);
   if (p.numel == 0)
     return DT_OK;
   if (p.numel < DT_CPU_PAR_MIN) {

@@ -66,6 +66,16 @@ void dt_strided_plan_build(dt_strided_plan *p, int ndim, const int64_t *shape, c
   p->ndim = nd;
 }
 
+void dt_binary_plan(const dt_binary_args *args, dt_strided_plan *p) {
+  int64_t out_strides[DT_MAX_DIMS];
+  int64_t acc = 1;
+  for (int d = args->ndim - 1; d >= 0; d--) {
+    out_strides[d] = acc;
+    acc *= args->shape[d];
+  }
+  dt_strided_plan_build(p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
+}
+
 /* ---- argument checks named by the op table ---- */
 
 static dt_status dt_kcheck_sizes(const char *op, int64_t a, int64_t b, int64_t c) {

@@ -196,14 +196,8 @@ static __global__ void binary_kernel(int op, const float *a, const float *b, flo
 
 extern "C" dt_status dt_cuda_binary(const dt_exec *ex, const dt_binary_args *args, const float *a,
                                     const float *b, float *out) {
-  int64_t out_strides[DT_MAX_DIMS];
-  int64_t acc = 1;
-  for (int d = args->ndim - 1; d >= 0; d--) {
-    out_strides[d] = acc;
-    acc *= args->shape[d];
-  }
   dt_strided_plan p;
-  dt_strided_plan_build(&p, args->ndim, args->shape, out_strides, args->a_strides, args->b_strides);
+  dt_binary_plan(args, &p);
   if (p.numel == 0)
     return DT_OK;
   return dt_launch_flat(ex, p.numel, binary_kernel, (int)args->op, a, b, out, p);
