@@ -117,8 +117,9 @@ dt_status dt_cpu_batchnorm_forward(const dt_exec *ex, const float *x, float *y, 
 dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
                                     const float *gamma, const float *save_mean,
                                     const float *save_invstd, float *dx, float *dgamma,
-                                    float *dbeta, int64_t n, int64_t c, int64_t hw) {
+                                    float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
   (void)ex;
+  (void)eps; /* the saved invstd already holds it */
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;

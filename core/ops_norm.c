@@ -41,7 +41,7 @@ static void hand_out_grads(dt_node *node, int has_gamma, int has_beta, dt_tensor
 
 /* ---- batch norm ---- */
 
-/* ints: 0 n, 1 c, 2 hw, 3 training, 4 has gamma, 5 has beta.
+/* ints: 0 n, 1 c, 2 hw, 3 training, 4 has gamma, 5 has beta; reals: 0 eps.
  * saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd (the batch
  * statistics in training; a snapshot of the running ones in eval). */
 static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
@@ -59,9 +59,9 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(dt_kernel_batchnorm_backward(&ex, DT_F32(x), DT_F32(gy), DT_F32(gamma),
-                                               DT_F32(mean), DT_F32(invstd), DT_F32(dx),
-                                               DT_F32(dgamma), DT_F32(dbeta), n, c, hw),
+    DT_CHECK_GOTO(dt_kernel_batchnorm_backward(
+                      &ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean), DT_F32(invstd),
+                      DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw, (float)node->reals[0]),
                   st, fail);
   else
     DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dgamma), 0.0f, c), st, fail);
@@ -199,6 +199,8 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   dt_tensor *saved[4] = {xc, gc, mean, invstd};
   const int64_t ints[6] = {n, c, hw, training != 0, gamma != NULL, beta != NULL};
   dt_ops_save_for_backward(node, saved, 4, ints, 6);
+  if (node)
+    node->reals[0] = eps;
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, invstd, mean, rv, rm, bc, gc, xc);

@@ -263,11 +263,17 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   c->total_memory = prop.totalGlobalMem;
   c->cc_major = prop.major;
   c->cc_minor = prop.minor;
+  /* The comm stream gets the highest priority, as NCCL's users give it:
+   * its collectives then overtake queued compute kernels instead of
+   * waiting behind them, which is what lets them overlap backward. */
+  int prio_least = 0, prio_greatest = 0;
+  DT_CUDA_CHECK_GOTO(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), st, fail);
   for (int k = 0; k < 3; k++) {
     c->streams[k].device = index;
     c->streams[k].kind = k;
-    DT_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->streams[k].s, cudaStreamNonBlocking), st,
-                       fail);
+    int prio = k == DT_STREAM_COMM ? prio_greatest : prio_least;
+    DT_CUDA_CHECK_GOTO(
+        cudaStreamCreateWithPriority(&c->streams[k].s, cudaStreamNonBlocking, prio), st, fail);
   }
   {
     cublasStatus_t be = cublasCreate(&c->cublas);

@@ -3,9 +3,11 @@
  *
  * Per device, each convolution geometry gets its descriptors and its
  * algorithms (forward, backward data, backward filter) chosen once and
- * cached: by cuDNN's heuristics, or by timing every algorithm when
- * DT_CUDNN_BENCHMARK=1 (PyTorch's cudnn.benchmark). Workspaces come from
- * the caching allocator. Pooling is in kernels_nn.cu: the backend contract
+ * cached: by cuDNN's heuristics, preferring deterministic algorithms so that
+ * runs repeat bit for bit, or, when DT_CUDNN_BENCHMARK=1 (PyTorch's
+ * cudnn.benchmark), the fastest by timing every algorithm on buffers from
+ * the caching allocator (the *Ex find functions). Workspaces come from the
+ * caching allocator. Pooling is in kernels_nn.cu: the backend contract
  * hands argmax indices between max-pool forward and backward, which cuDNN
  * pooling does not produce. */
 #include <stdlib.h>
@@ -78,27 +80,80 @@ static dt_status no_algorithm(const char *what, const dt_conv2d_geom *g) {
   ((perf).status == CUDNN_STATUS_SUCCESS && (perf).memory <= WORKSPACE_CAP && \
    (perf).mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
 
-/* Picks the three algorithms: the first usable one of cuDNN's ranking,
- * with FMA math (exact f32) when TF32 is off. Each query starts from the
- * plan's base math type (the previous direction's choice is not a
- * constraint on the next). */
-static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
+/* Index into cuDNN's ranked list of the algorithm to use (-1: none
+ * usable): the first usable deterministic one, so that a run repeats bit
+ * for bit, falling back to the first usable one; in benchmark mode the
+ * fastest usable one (the list is then sorted by measured time). */
+#define PICK_ALGO(perf, got, bench, out)                             \
+  do {                                                               \
+    int first_ = -1, det_ = -1;                                      \
+    for (int i_ = 0; i_ < (got); i_++) {                             \
+      if (!USABLE((perf)[i_]))                                       \
+        continue;                                                    \
+      if (first_ < 0)                                                \
+        first_ = i_;                                                 \
+      if (det_ < 0 && (perf)[i_].determinism == CUDNN_DETERMINISTIC) \
+        det_ = i_;                                                   \
+    }                                                                \
+    (out) = (bench) || det_ < 0 ? first_ : det_;                     \
+  } while (0)
+
+/* Benchmark mode times the algorithms on real buffers (the *Ex find
+ * functions) taken from the caching allocator, not from cudaMalloc. */
+typedef struct find_buffers {
+  void *x, *w, *y, *ws;
+  size_t ws_bytes;
+} find_buffers;
+
+static void find_buffers_free(dt_cuda_ctx *ctx, find_buffers *b) {
+  void *all[4] = {b->ws, b->y, b->w, b->x};
+  for (int i = 0; i < 4; i++)
+    if (all[i])
+      dt_cuda_scratch_free(ctx, all[i]);
+  memset(b, 0, sizeof *b);
+}
+
+static dt_status find_buffers_alloc(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, find_buffers *b) {
+  memset(b, 0, sizeof *b);
+  size_t f = sizeof(float);
+  size_t nx = (size_t)g->n * g->c * g->h * g->w, nw = (size_t)g->oc * g->c * g->kh * g->kw,
+         ny = (size_t)g->n * g->oc * g->oh * g->ow;
+  dt_status st = DT_OK;
+  DT_CHECK_GOTO(dt_cuda_scratch_alloc(ctx, nx * f, &b->x), st, fail);
+  DT_CHECK_GOTO(dt_cuda_scratch_alloc(ctx, nw * f, &b->w), st, fail);
+  DT_CHECK_GOTO(dt_cuda_scratch_alloc(ctx, ny * f, &b->y), st, fail);
+  /* As large a workspace as the pool gives, up to the cap: algorithms that
+   * need more are skipped by the find. */
+  for (size_t ws = WORKSPACE_CAP; ws >= ((size_t)1 << 20) && !b->ws; ws /= 4) {
+    if (dt_cuda_scratch_alloc(ctx, ws, &b->ws) == DT_OK)
+      b->ws_bytes = ws;
+  }
+  dt_clear_error();
+  return DT_OK;
+fail:
+  find_buffers_free(ctx, b);
+  return st;
+}
+
+/* Picks the three algorithms (PICK_ALGO), with FMA math (exact f32) when
+ * TF32 is off. Each query starts from the plan's base math type (the
+ * previous direction's choice is not a constraint on the next). */
+static dt_status plan_choose_with(dt_cuda_ctx *ctx, conv_plan *p, const find_buffers *fb) {
   cudnnHandle_t h = ctx->cudnn;
-  int bench = dt_cuda_cudnn_benchmark(), got = 0;
+  int bench = fb != NULL, got = 0, i = -1;
   const cudnnMathType_t base = p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(
-          h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+      DT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+          h, p->x, fb->x, p->w, fb->w, p->conv, p->y, fb->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
+          perf, fb->ws, fb->ws_bytes));
     else
       DT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
           h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
-    int i = 0;
-    while (i < got && !USABLE(perf[i]))
-      i++;
-    if (i == got)
+    PICK_ALGO(perf, got, bench, i);
+    if (i < 0)
       return no_algorithm("forward", &p->g);
     p->fwd = perf[i].algo;
     p->fwd_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
@@ -110,15 +165,14 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
-          h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          h, p->w, fb->w, p->y, fb->y, p->conv, p->x, fb->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &got, perf, fb->ws, fb->ws_bytes));
     else
       DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
           h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
-    int i = 0;
-    while (i < got && !USABLE(perf[i]))
-      i++;
-    if (i == got)
+    PICK_ALGO(perf, got, bench, i);
+    if (i < 0)
       return no_algorithm("backward-data", &p->g);
     p->bwd_data = perf[i].algo;
     p->bwd_data_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
@@ -130,15 +184,14 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
     if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
-          h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          h, p->x, fb->x, p->y, fb->y, p->conv, p->w, fb->w,
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, fb->ws, fb->ws_bytes));
     else
       DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-    int i = 0;
-    while (i < got && !USABLE(perf[i]))
-      i++;
-    if (i == got)
+    PICK_ALGO(perf, got, bench, i);
+    if (i < 0)
       return no_algorithm("backward-filter", &p->g);
     p->bwd_filter = perf[i].algo;
     p->bwd_filter_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
@@ -149,7 +202,36 @@ static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
   return DT_OK;
 }
 
+static dt_status plan_choose(dt_cuda_ctx *ctx, conv_plan *p) {
+  if (!dt_cuda_cudnn_benchmark())
+    return plan_choose_with(ctx, p, NULL);
+  find_buffers fb;
+  DT_CHECK(find_buffers_alloc(ctx, &p->g, &fb));
+  /* The finds run on the handle's stream: the compute stream, whose
+   * allocations these buffers are. */
+  dt_status st = DT_OK;
+  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, dt_cuda_compute_stream(ctx)), st, done);
+  st = plan_choose_with(ctx, p, &fb);
+done:
+  find_buffers_free(ctx, &fb);
+  return st;
+}
+
+/* cuDNN's legacy descriptors index with int: a tensor of 2^31 elements or
+ * more is refused before a descriptor sees it. */
+static dt_status check_cudnn_numel(const char *op, const char *what, int64_t numel) {
+  if (numel > INT32_MAX)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s: the %s has %lld elements, over cuDNN's 2^31 - 1: split the batch "
+                    "(smaller --batch, or --accum)",
+                    op, what, (long long)numel);
+  return DT_OK;
+}
+
 static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32, conv_plan **out) {
+  DT_CHECK(check_cudnn_numel("conv2d", "input", (int64_t)g->n * g->c * g->h * g->w));
+  DT_CHECK(check_cudnn_numel("conv2d", "output", (int64_t)g->n * g->oc * g->oh * g->ow));
+  DT_CHECK(check_cudnn_numel("conv2d", "weight", (int64_t)g->oc * g->c * g->kh * g->kw));
   dt_status st = DT_OK;
   conv_plan *p = calloc(1, sizeof *p);
   if (!p)
@@ -351,6 +433,7 @@ static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
   if (n > INT32_MAX || c > INT32_MAX || hw > INT32_MAX)
     return DT_ERROR(DT_ERR_UNSUPPORTED, "batchnorm: size (n %lld, c %lld, hw %lld) over 2^31",
                     (long long)n, (long long)c, (long long)hw);
+  DT_CHECK(check_cudnn_numel("batchnorm", "input", n * c * hw));
   dt_status st = DT_OK;
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), st, fail);
@@ -433,7 +516,11 @@ done:
 dt_status dt_cuda_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
                                      const float *gamma, const float *save_mean,
                                      const float *save_invstd, float *dx, float *dgamma,
-                                     float *dbeta, int64_t n, int64_t c, int64_t hw) {
+                                     float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
+  if (eps < CUDNN_BN_MIN_EPSILON)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "batchnorm_backward: eps %g is below cuDNN's minimum %g: use eps >= %g",
+                    (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
   if (!save_mean || !save_invstd)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "batchnorm_backward: needs save_mean and save_invstd from the forward");
@@ -467,7 +554,7 @@ dt_status dt_cuda_batchnorm_backward(const dt_exec *ex, const float *x, const fl
       cudnnBatchNormalizationBackward(
           ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x, d.x, dy, d.x,
           dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp, dgamma ? dgamma : tmp + c,
-          dbeta ? dbeta : tmp + 2 * c, CUDNN_BN_MIN_EPSILON, save_mean, save_invstd),
+          dbeta ? dbeta : tmp + 2 * c, (double)eps, save_mean, save_invstd),
       st, done);
 done:
   if (dx_tmp)

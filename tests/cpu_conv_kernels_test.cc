@@ -308,7 +308,7 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
   Vec dy = randn(x.size(), 34), dx(x.size()), dg(c, NAN), dbt(c, NAN);
   ASSERT_EQ(DT_OK, dt_kernel_batchnorm_backward(cpu_exec(), x.data(), dy.data(), gamma.data(),
                                                 mean.data(), invstd.data(), dx.data(), dg.data(),
-                                                dbt.data(), n, c, hw));
+                                                dbt.data(), n, c, hw, eps));
   std::vector<double> wdx(x.size()), wdg(c), wdb(c);
   for (int64_t ci = 0; ci < c; ci++) {
     double is = 1 / std::sqrt(var[ci] + eps), sdy = 0, sdyx = 0;

@@ -396,7 +396,7 @@ TEST_F(CudaParity, BatchNormTrainEvalBackward) {
   OK(dt_kernel_batchnorm_forward(&cex_, x.data(), y.data(), g.data(), b.data(), crm.data(),
                                  crv.data(), sm.data(), si.data(), n, c, hw, 1, 0.1f, 1e-5f));
   OK(dt_kernel_batchnorm_backward(&cex_, x.data(), dy.data(), g.data(), sm.data(), si.data(),
-                                  dx.data(), dg.data(), db.data(), n, c, hw));
+                                  dx.data(), dg.data(), db.data(), n, c, hw, 1e-5f));
   float *gx = Up(x), *gg = Up(g), *gb = Up(b), *grm = Up(rm), *grv = Up(rv), *gy = Zeros(total),
         *gsm = Zeros(c), *gsi = Zeros(c);
   OK(dt_kernel_batchnorm_forward(&gex_, gx, gy, gg, gb, grm, grv, gsm, gsi, n, c, hw, 1, 0.1f,
@@ -407,7 +407,8 @@ TEST_F(CudaParity, BatchNormTrainEvalBackward) {
   EXPECT_TRUE(Close(Down(grm, c), crm, 1e-5, 1e-6)) << "running_mean";
   EXPECT_TRUE(Close(Down(grv, c), crv, 1e-4, 1e-6)) << "running_var (unbiased)";
   float *gdx = Zeros(total), *gdg = Zeros(c), *gdb = Zeros(c);
-  OK(dt_kernel_batchnorm_backward(&gex_, gx, Up(dy), gg, gsm, gsi, gdx, gdg, gdb, n, c, hw));
+  OK(dt_kernel_batchnorm_backward(&gex_, gx, Up(dy), gg, gsm, gsi, gdx, gdg, gdb, n, c, hw,
+                                  1e-5f));
   EXPECT_TRUE(Close(Down(gdx, total), dx, 1e-3, 1e-5)) << "dx";
   EXPECT_TRUE(Close(Down(gdg, c), dg, 1e-4, 1e-4)) << "dgamma";
   EXPECT_TRUE(Close(Down(gdb, c), db, 1e-4, 1e-4)) << "dbeta";
