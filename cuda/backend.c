@@ -33,13 +33,16 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
   dt_device dev = is_cuda(dst_dev) ? dst_dev : src_dev;
   dt_cuda_ctx *ctx = NULL;
   if (is_cuda(src_dev) && is_cuda(dst_dev) && src_dev.index != dst_dev.index) {
-    /* Across GPUs: the source's pending writes must land first. */
+    /* Across GPUs: the copy's stream waits (an event, not the host) for the
+     * work queued so far on the source's compute stream, so the source's
+     * pending writes land first, on the asynchronous path too, and the
+     * synchronous path never blocks on another replica's stream (whose
+     * later work may be an NCCL collective waiting for this thread). */
     dt_cuda_ctx *sctx = NULL;
     DT_CHECK(dt_cuda_ctx_get(src_dev, &sctx));
-    if (!stream)
-      DT_CUDA_CHECK(cudaStreamSynchronize(dt_cuda_compute_stream(sctx)));
     DT_CHECK(dt_cuda_ctx_get(dst_dev, &ctx));
     cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
+    DT_CHECK(dt_cuda_fence_after_compute(sctx, s));
     if (stream && stream->kind == DT_STREAM_COPY && stream->device == dst_dev.index)
       DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
     DT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
