@@ -74,10 +74,12 @@ dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path
 /* Standard files under `dir` (e.g. /usr/share/datasets/fashion-mnist), split
  * "train" or "test": train-images-idx3-ubyte.gz / train-labels-idx1-ubyte.gz
  * (or t10k-...), each tried with ".gz" first, then without. 10 classes.
- * Normalised with the training set's statistics: Fashion-MNIST (0.2860,
- * 0.3530) when `dir` contains "fashion", else MNIST (0.1307, 0.3081).
- * Missing files: DT_ERR_IO naming the directory and file. */
-dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out);
+ * Normalised with the training set's statistics of the set `name`:
+ * "fashion-mnist" (0.2860, 0.3530) or "mnist" (0.1307, 0.3081); another
+ * name is DT_ERR_INVALID_ARG. Missing files: DT_ERR_IO naming the directory
+ * and file. */
+dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
+                                dt_dataset **out);
 
 /* ---- samplers ---- */
 typedef struct dt_sampler_config {

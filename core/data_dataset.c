@@ -201,12 +201,27 @@ static dt_status find_idx_file(const char *dir, const char *stem, char *buf, siz
                   dir, stem, stem, strerror(ENOENT));
 }
 
-dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out) {
+dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
+                                dt_dataset **out) {
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
   *out = NULL;
-  if (!dir || !split)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "dir and split must not be NULL");
+  if (!dir || !name || !split)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dir, name and split must not be NULL");
+  /* Per-pixel statistics of the training sets (torchvision examples), by
+   * the data set's name, never by the folder it happens to sit in. */
+  float mean, std;
+  if (strcmp(name, "mnist") == 0) {
+    mean = 0.1307f;
+    std = 0.3081f;
+  } else if (strcmp(name, "fashion-mnist") == 0) {
+    mean = 0.2860f;
+    std = 0.3530f;
+  } else {
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "data set \"%s\": an MNIST-format set is \"mnist\" or \"fashion-mnist\"",
+                    name);
+  }
   const char *prefix;
   if (strcmp(split, "train") == 0)
     prefix = "train";
@@ -214,12 +229,6 @@ dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset *
     prefix = "t10k";
   else
     return DT_ERROR(DT_ERR_INVALID_ARG, "split \"%s\": expected \"train\" or \"test\"", split);
-
-  /* Per-pixel statistics of the training sets (torchvision examples); a
-   * path naming "fashion" selects Fashion-MNIST's. */
-  int fashion = strstr(dir, "fashion") != NULL;
-  float mean = fashion ? 0.2860f : 0.1307f;
-  float std = fashion ? 0.3530f : 0.3081f;
 
   char stem[64], images[4096], labels[4096];
   snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", prefix);

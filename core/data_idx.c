@@ -19,7 +19,6 @@
 #define IDX_TYPE_U8 0x08
 #define IDX_MAX_DIM (INT64_C(1) << 31)     /* each dim < 2^31 */
 #define IDX_MAX_TOTAL (INT64_C(1) << 32)   /* numel <= 2^32 */
-#define IDX_CHUNK (1u << 24)               /* gzread granularity (16 MiB) */
 #define IDX_FIRST_ALLOC (INT64_C(1) << 20) /* gzip: first buffer size */
 
 static const char *idx_type_name(int type) {
@@ -34,50 +33,164 @@ static const char *idx_type_name(int type) {
   return "unknown";
 }
 
-/* The text of a zlib stream error, or the C library's for an I/O error. */
-static const char *gz_error_text(gzFile gz, int *is_io) {
-  int code = Z_OK;
-  const char *msg = gzerror(gz, &code);
-  *is_io = (code == Z_ERRNO);
-  if (code == Z_ERRNO)
-    return strerror(errno);
-  return msg && msg[0] ? msg : "unexpected end of stream";
+/* The file as a byte stream: raw, or gzip decoded with zlib's inflate so
+ * that every member's trailer (CRC-32 and length) is required and checked,
+ * concatenated members are read in turn, and bytes after the last member
+ * are refused (gzread accepts a missing trailer and ignores trailing junk). */
+typedef struct idx_stream {
+  int fd;
+  const char *path;
+  int gzip;        /* 1: gzip members; 0: raw bytes */
+  int member_done; /* inflate reached the end of the current member */
+  z_stream z;
+  uint8_t in[1 << 16];
+  size_t in_len; /* raw: bytes buffered at in[in_pos..in_len) */
+  size_t in_pos;
+  int eof;          /* the file has no more bytes */
+  int64_t in_total; /* compressed bytes consumed, for messages */
+} idx_stream;
+
+/* Refills the input buffer (keeps unconsumed bytes). */
+static dt_status stream_fill(idx_stream *st) {
+  size_t keep = st->gzip ? st->z.avail_in : st->in_len - st->in_pos;
+  const uint8_t *from = st->gzip ? st->z.next_in : st->in + st->in_pos;
+  memmove(st->in, from, keep);
+  size_t len = keep;
+  while (len < sizeof st->in && !st->eof) {
+    ssize_t n = read(st->fd, st->in + len, sizeof st->in - len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return DT_ERROR(DT_ERR_IO, "%s: read failed: %s", st->path, strerror(errno));
+    if (n == 0)
+      st->eof = 1;
+    len += (size_t)n;
+    if (n > 0)
+      break;
+  }
+  if (st->gzip) {
+    st->z.next_in = st->in;
+    st->z.avail_in = (uInt)len;
+  } else {
+    st->in_pos = 0;
+    st->in_len = len;
+  }
+  return DT_OK;
 }
 
-/* Reads exactly `len` bytes; *got receives the count read. A stream or I/O
- * error is reported (status set); a short read is not (the caller words it). */
-static dt_status gz_read_fully(gzFile gz, const char *path, void *buf, size_t len, size_t *got) {
+static dt_status stream_open(idx_stream *st, int fd, const char *path) {
+  memset(st, 0, sizeof *st);
+  st->fd = fd;
+  st->path = path;
+  DT_CHECK(stream_fill(st));
+  st->gzip = st->in_len >= 2 && st->in[0] == 0x1f && st->in[1] == 0x8b;
+  if (!st->gzip)
+    return DT_OK;
+  /* 16 + MAX_WBITS: a gzip wrapper, whose trailer inflate verifies. */
+  if (inflateInit2(&st->z, 16 + MAX_WBITS) != Z_OK)
+    return DT_ERROR(DT_ERR_OOM, "%s: cannot set up the gzip decoder", path);
+  st->z.next_in = st->in;
+  st->z.avail_in = (uInt)st->in_len;
+  return DT_OK;
+}
+
+static void stream_close(idx_stream *st) {
+  if (st->gzip)
+    inflateEnd(&st->z);
+}
+
+/* At the end of a member: the next member, or the end of the file; any
+ * other byte is trailing garbage. Sets *more when another member starts. */
+static dt_status stream_next_member(idx_stream *st, int *more) {
+  *more = 0;
+  if (st->z.avail_in < 2 && !st->eof)
+    DT_CHECK(stream_fill(st));
+  if (st->z.avail_in == 0)
+    return DT_OK;
+  if (st->z.avail_in >= 2 && st->z.next_in[0] == 0x1f && st->z.next_in[1] == 0x8b) {
+    inflateReset(&st->z);
+    st->member_done = 0;
+    *more = 1;
+    return DT_OK;
+  }
+  return DT_ERROR(DT_ERR_FORMAT,
+                  "%s: trailing garbage: %u or more bytes that are not gzip follow the "
+                  "compressed data: re-download the file",
+                  st->path, st->z.avail_in);
+}
+
+/* Reads up to `len` bytes; *got receives the count (short only at the end
+ * of the data). Corrupt or truncated gzip is an error here. */
+static dt_status stream_read(idx_stream *st, void *buf, size_t len, size_t *got) {
   size_t done = 0;
+  uint8_t *out = buf;
+  if (!st->gzip) {
+    while (done < len) {
+      if (st->in_pos == st->in_len) {
+        if (st->eof)
+          break;
+        DT_CHECK(stream_fill(st));
+        continue;
+      }
+      size_t n = st->in_len - st->in_pos;
+      if (n > len - done)
+        n = len - done;
+      memcpy(out + done, st->in + st->in_pos, n);
+      st->in_pos += n;
+      done += n;
+    }
+    *got = done;
+    return DT_OK;
+  }
   while (done < len) {
+    if (st->member_done) {
+      int more = 0;
+      DT_CHECK(stream_next_member(st, &more));
+      if (!more)
+        break;
+    }
+    if (st->z.avail_in == 0) {
+      if (st->eof) {
+        *got = done;
+        return DT_ERROR(DT_ERR_FORMAT,
+                        "%s: truncated gzip stream after %zu bytes of idx data: the compressed "
+                        "data or its trailer (CRC-32, length) is missing: re-download the file",
+                        st->path, done);
+      }
+      DT_CHECK(stream_fill(st));
+      continue;
+    }
     size_t want = len - done;
-    if (want > IDX_CHUNK)
-      want = IDX_CHUNK;
-    int n = gzread(gz, (char *)buf + done, (unsigned)want);
-    if (n < 0) {
-      int is_io = 0;
-      const char *why = gz_error_text(gz, &is_io);
+    st->z.next_out = out + done;
+    st->z.avail_out = want > (1u << 30) ? (1u << 30) : (uInt)want;
+    uInt before_out = st->z.avail_out;
+    int rc = inflate(&st->z, Z_NO_FLUSH);
+    done += before_out - st->z.avail_out;
+    if (rc == Z_STREAM_END) {
+      st->member_done = 1;
+    } else if (rc == Z_BUF_ERROR && st->z.avail_in == 0) {
+      continue; /* needs input */
+    } else if (rc != Z_OK) {
       *got = done;
-      if (is_io)
-        return DT_ERROR(DT_ERR_IO, "%s: read failed: %s", path, why);
       return DT_ERROR(DT_ERR_FORMAT,
                       "%s: corrupt gzip stream after %zu bytes of idx data: %s: re-download the "
                       "file",
-                      path, done, why);
+                      st->path, done,
+                      rc == Z_DATA_ERROR && st->z.msg ? st->z.msg
+                      : rc == Z_MEM_ERROR             ? "out of memory"
+                                                      : "inflate failed");
     }
-    if (n == 0)
-      break;
-    done += (size_t)n;
   }
   *got = done;
   return DT_OK;
 }
 
 /* Checks magic, type and dims; fills out->type/ndim/dims/numel. */
-static dt_status idx_parse_header(gzFile gz, const char *path, int expect_ndim, dt_idx *out,
+static dt_status idx_parse_header(idx_stream *gz, const char *path, int expect_ndim, dt_idx *out,
                                   int64_t *header_bytes) {
   uint8_t magic[4];
   size_t got = 0;
-  DT_CHECK(gz_read_fully(gz, path, magic, sizeof magic, &got));
+  DT_CHECK(stream_read(gz, magic, sizeof magic, &got));
   if (got < sizeof magic)
     return DT_ERROR(DT_ERR_FORMAT,
                     "%s: truncated header: expected 4 magic bytes, found %zu: not an idx file",
@@ -103,7 +216,7 @@ static dt_status idx_parse_header(gzFile gz, const char *path, int expect_ndim, 
                     path, expect_ndim, ndim);
 
   uint8_t raw_dims[16];
-  DT_CHECK(gz_read_fully(gz, path, raw_dims, (size_t)(4 * ndim), &got));
+  DT_CHECK(stream_read(gz, raw_dims, (size_t)(4 * ndim), &got));
   if (got < (size_t)(4 * ndim))
     return DT_ERROR(DT_ERR_FORMAT,
                     "%s: truncated header: expected %d bytes of dimensions, found %zu", path,
@@ -133,8 +246,8 @@ static dt_status idx_parse_header(gzFile gz, const char *path, int expect_ndim, 
 }
 
 /* Raw file: its size is known, so the body is validated before allocating. */
-static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size, int64_t header_bytes,
-                              dt_idx *out) {
+static dt_status idx_read_raw(idx_stream *in, const char *path, int64_t file_size,
+                              int64_t header_bytes, dt_idx *out) {
   int64_t found = file_size - header_bytes;
   if (found < out->numel)
     return DT_ERROR(DT_ERR_FORMAT,
@@ -151,7 +264,7 @@ static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size, in
     return DT_ERROR(DT_ERR_OOM, "%s: cannot allocate %lld bytes for the idx data", path,
                     (long long)out->numel);
   size_t got = 0;
-  dt_status st = gz_read_fully(gz, path, data, (size_t)out->numel, &got);
+  dt_status st = stream_read(in, data, (size_t)out->numel, &got);
   if (st == DT_OK && (int64_t)got != out->numel)
     st = DT_ERROR(DT_ERR_IO,
                   "%s: short read: expected %lld bytes of data, read %zu (was the "
@@ -165,8 +278,9 @@ static dt_status idx_read_raw(gzFile gz, const char *path, int64_t file_size, in
   return DT_OK;
 }
 
-/* gzip: grow the buffer as decompressed data arrives. */
-static dt_status idx_read_gzip(gzFile gz, const char *path, int64_t header_bytes, dt_idx *out) {
+/* gzip: grow the buffer as decompressed data arrives; afterwards the
+ * stream must end exactly (trailer checked, no more data, no garbage). */
+static dt_status idx_read_gzip(idx_stream *in, const char *path, dt_idx *out) {
   int64_t want = out->numel;
   int64_t cap = want < IDX_FIRST_ALLOC ? want : IDX_FIRST_ALLOC;
   int64_t have = 0;
@@ -189,17 +303,18 @@ static dt_status idx_read_gzip(gzFile gz, const char *path, int64_t header_bytes
     }
     int64_t room = cap - have;
     size_t got = 0;
-    DT_CHECK_GOTO(gz_read_fully(gz, path, data + have, (size_t)room, &got), st, fail);
+    st = stream_read(in, data + have, (size_t)room, &got);
     have += (int64_t)got;
+    if (st != DT_OK && have < want) {
+      dt_clear_error();
+      break; /* ended early: reported as truncated below */
+    }
+    if (st != DT_OK)
+      goto fail;
     if ((int64_t)got < room)
       break; /* end of stream */
   }
   if (have < want) {
-    /* gzread may drop the count of a call that hit the end of a truncated
-     * stream; the stream position is exact. */
-    int64_t pos = (int64_t)gztell(gz) - header_bytes;
-    if (pos > have && pos < want)
-      have = pos;
     st = DT_ERROR(DT_ERR_FORMAT,
                   "%s: truncated: expected %lld bytes of data, found %lld (the gzip stream "
                   "ended early): re-download the file",
@@ -208,7 +323,7 @@ static dt_status idx_read_gzip(gzFile gz, const char *path, int64_t header_bytes
   }
   uint8_t extra[64];
   size_t more = 0;
-  DT_CHECK_GOTO(gz_read_fully(gz, path, extra, sizeof extra, &more), st, fail);
+  DT_CHECK_GOTO(stream_read(in, extra, sizeof extra, &more), st, fail);
   if (more > 0) {
     st = DT_ERROR(DT_ERR_FORMAT,
                   "%s: trailing garbage: expected %lld bytes of data, found more after them: "
@@ -233,7 +348,8 @@ dt_status dt_idx_read(const char *path, int expect_ndim, dt_idx *out) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: expect_ndim %d: must be 0 (any) or 1 to 4", path,
                     expect_ndim);
 
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO for reading would wait for a writer. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return DT_ERROR(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   struct stat sb;
@@ -246,25 +362,30 @@ dt_status dt_idx_read(const char *path, int expect_ndim, dt_idx *out) {
     close(fd);
     return DT_ERROR(DT_ERR_IO, "%s: is a directory, expected an idx file", path);
   }
-  gzFile gz = gzdopen(fd, "rb");
-  if (!gz) {
+  if (!S_ISREG(sb.st_mode)) {
     close(fd);
-    return DT_ERROR(DT_ERR_OOM, "%s: cannot set up the gzip reader", path);
+    return DT_ERROR(DT_ERR_IO,
+                    "%s: is not a regular file (a FIFO, socket or device): expected an idx file",
+                    path);
   }
-  gzbuffer(gz, 1u << 17);
-
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  idx_stream *in = malloc(sizeof *in);
+  if (!in) {
+    close(fd);
+    return DT_ERROR(DT_ERR_OOM, "%s: cannot allocate the reader", path);
+  }
   dt_idx hdr;
   memset(&hdr, 0, sizeof hdr);
   int64_t header_bytes = 0;
-  dt_status st = idx_parse_header(gz, path, expect_ndim, &hdr, &header_bytes);
-  if (st == DT_OK) {
-    /* gzdirect is reliable once something was read: 1 = not gzip. */
-    if (gzdirect(gz) && S_ISREG(sb.st_mode))
-      st = idx_read_raw(gz, path, (int64_t)sb.st_size, header_bytes, &hdr);
-    else
-      st = idx_read_gzip(gz, path, header_bytes, &hdr);
-  }
-  gzclose_r(gz); /* closes fd */
+  dt_status st = stream_open(in, fd, path);
+  if (st == DT_OK)
+    st = idx_parse_header(in, path, expect_ndim, &hdr, &header_bytes);
+  if (st == DT_OK)
+    st = in->gzip ? idx_read_gzip(in, path, &hdr)
+                  : idx_read_raw(in, path, (int64_t)sb.st_size, header_bytes, &hdr);
+  stream_close(in);
+  free(in);
+  close(fd);
   if (st != DT_OK)
     return st;
   *out = hdr;

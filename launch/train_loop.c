@@ -276,8 +276,8 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
     dt_cpu_set_num_threads(c->threads);
   DT_CHECK(data_folder(c, folder, sizeof folder));
 
-  DT_CHECK(dt_dataset_mnist_like(folder, "train", &s->train_set));
-  DT_CHECK(dt_dataset_mnist_like(folder, "test", &s->test_set));
+  DT_CHECK(dt_dataset_mnist_like(folder, c->data, "train", &s->train_set));
+  DT_CHECK(dt_dataset_mnist_like(folder, c->data, "test", &s->test_set));
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
   sc.shuffle = 1;

@@ -270,6 +270,46 @@ TEST_F(DataTest, TruncatedCorruptAndTrailingGzip) {
   ExpectIdxError(Path("long.gz"), 1, DT_ERR_FORMAT, "trailing garbage");
 }
 
+// The gzip trailer (CRC-32 and length) is required and checked; members may
+// be concatenated; anything else after the data is refused.
+TEST_F(DataTest, GzipTrailerMembersAndJunk) {
+  std::string body = Bytes(600, 5);
+  WriteGz(Path("ok.gz"), MakeIdx(0x08, {600}, body));
+  std::string gz = ReadFile(Path("ok.gz"));
+  dt_idx idx;
+  for (size_t cut = 1; cut <= 8; cut++) {  // the 8-byte trailer, partly or wholly missing
+    std::string p = Path("notrailer" + std::to_string(cut) + ".gz");
+    WriteFile(p, gz.substr(0, gz.size() - cut));
+    EXPECT_EQ(dt_idx_read(p.c_str(), 1, &idx), DT_ERR_FORMAT) << "cut " << cut;
+    EXPECT_NE(std::string(dt_last_error()).find("truncated gzip stream"), std::string::npos)
+        << dt_last_error();
+  }
+  std::string crc = gz;
+  crc[crc.size() - 6] ^= 0x40;  // a bit of the stored CRC-32
+  WriteFile(Path("crc.gz"), crc);
+  ExpectIdxError(Path("crc.gz"), 1, DT_ERR_FORMAT, "incorrect data check");
+  std::string len = gz;
+  len[len.size() - 2] ^= 0x01;  // a bit of the stored length
+  WriteFile(Path("len.gz"), len);
+  ExpectIdxError(Path("len.gz"), 1, DT_ERR_FORMAT, "incorrect length check");
+  WriteFile(Path("junk.gz"), gz + "not gzip");
+  ExpectIdxError(Path("junk.gz"), 1, DT_ERR_FORMAT, "trailing garbage");
+  // The same data split over two members reads back whole.
+  std::string idxbytes = MakeIdx(0x08, {600}, body);
+  WriteGz(Path("m1.gz"), idxbytes.substr(0, 300));
+  WriteGz(Path("m2.gz"), idxbytes.substr(300));
+  WriteFile(Path("two.gz"), ReadFile(Path("m1.gz")) + ReadFile(Path("m2.gz")));
+  ASSERT_EQ(dt_idx_read(Path("two.gz").c_str(), 1, &idx), DT_OK) << dt_last_error();
+  EXPECT_EQ(std::string((const char *)idx.data, 600), body);
+  dt_idx_free(&idx);
+}
+
+TEST_F(DataTest, FifoIsRefusedNotWaitedOn) {
+  std::string p = Path("fifo");
+  ASSERT_EQ(mkfifo(p.c_str(), 0600), 0);
+  ExpectIdxError(p, 1, DT_ERR_IO, "is not a regular file");
+}
+
 // ---- idx image datasets ----
 
 class IdxDatasetTest : public DataTest {
@@ -373,7 +413,7 @@ TEST_F(IdxDatasetTest, MnistLikeFindsGzipAndPlainNames) {
            true);
   WriteSet(Path("t10k-images-idx3-ubyte"), Path("t10k-labels-idx1-ubyte"), 4, 3, 3, 4, false);
   dt_dataset *d = nullptr;
-  ASSERT_EQ(dt_dataset_mnist_like(dir_.c_str(), "train", &d), DT_OK) << dt_last_error();
+  ASSERT_EQ(dt_dataset_mnist_like(dir_.c_str(), "mnist", "train", &d), DT_OK) << dt_last_error();
   EXPECT_EQ(dt_dataset_length(d), 7);
   EXPECT_EQ(dt_dataset_num_classes(d), 10);
   float x[9];
@@ -381,17 +421,39 @@ TEST_F(IdxDatasetTest, MnistLikeFindsGzipAndPlainNames) {
   ASSERT_EQ(dt_dataset_get(d, 0, x, &y), DT_OK);
   EXPECT_NEAR(x[0], (0.0f - 0.1307f) / 0.3081f, 1e-5);  // MNIST statistics
   dt_dataset_destroy(d);
-  ASSERT_EQ(dt_dataset_mnist_like(dir_.c_str(), "test", &d), DT_OK) << dt_last_error();
+  ASSERT_EQ(dt_dataset_mnist_like(dir_.c_str(), "mnist", "test", &d), DT_OK) << dt_last_error();
   EXPECT_EQ(dt_dataset_length(d), 4);
   dt_dataset_destroy(d);
 
-  EXPECT_EQ(dt_dataset_mnist_like(dir_.c_str(), "valid", &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_mnist_like(dir_.c_str(), "mnist", "valid", &d), DT_ERR_INVALID_ARG);
   EXPECT_NE(std::string(dt_last_error()).find("valid"), std::string::npos);
   std::string missing = Path("nothing-here");
-  EXPECT_EQ(dt_dataset_mnist_like(missing.c_str(), "train", &d), DT_ERR_IO);
+  EXPECT_EQ(dt_dataset_mnist_like(missing.c_str(), "mnist", "train", &d), DT_ERR_IO);
   std::string msg = dt_last_error();
   EXPECT_NE(msg.find(missing), std::string::npos) << msg;
   EXPECT_NE(msg.find("train-images-idx3-ubyte"), std::string::npos) << msg;
+}
+
+// The normalisation follows the data set's name, not the folder's: the
+// same files under a folder named "fashion-stuff" are still MNIST.
+TEST_F(IdxDatasetTest, NormalisationComesFromTheNameNotThePath) {
+  std::string dir = Path("fashion-stuff");
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  WriteSet(dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte", 2, 3, 3, 2, false);
+  float x[9];
+  int32_t y;
+  for (const char *name : {"mnist", "fashion-mnist"}) {
+    dt_dataset *d = nullptr;
+    ASSERT_EQ(dt_dataset_mnist_like(dir.c_str(), name, "train", &d), DT_OK) << dt_last_error();
+    ASSERT_EQ(dt_dataset_get(d, 0, x, &y), DT_OK);
+    float want = std::string(name) == "mnist" ? (0.0f - 0.1307f) / 0.3081f
+                                              : (0.0f - 0.2860f) / 0.3530f;
+    EXPECT_NEAR(x[0], want, 1e-5) << name;
+    dt_dataset_destroy(d);
+  }
+  dt_dataset *d = nullptr;
+  EXPECT_EQ(dt_dataset_mnist_like(dir.c_str(), "cifar", "train", &d), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("fashion-mnist"), std::string::npos);
 }
 
 TEST(FashionMnist, LoadsTheInstalledDataset) {
@@ -405,7 +467,7 @@ TEST(FashionMnist, LoadsTheInstalledDataset) {
   const int64_t sizes[2] = {60000, 10000};
   for (int s = 0; s < 2; s++) {
     dt_dataset *d = nullptr;
-    ASSERT_EQ(dt_dataset_mnist_like(dir, splits[s], &d), DT_OK) << dt_last_error();
+    ASSERT_EQ(dt_dataset_mnist_like(dir, "fashion-mnist", splits[s], &d), DT_OK) << dt_last_error();
     EXPECT_EQ(dt_dataset_length(d), sizes[s]);
     EXPECT_EQ(dt_dataset_input_shape(d)[0], 1);
     EXPECT_EQ(dt_dataset_input_shape(d)[1], 28);
