@@ -306,13 +306,18 @@ DeviceRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank, bo
       std::set<int> ready_events, done_events, comm_waited_on, compute_waited_on;
       size_t first_sgd = tr.size();
       int d2h = 0, h2d = 0;
+      // The trace interleaves the training and communication threads: "the
+      // entry before" means the same thread's previous entry.
+      std::map<std::thread::id, std::string> prev_op;
       for (size_t i = 0; i < tr.size(); i++) {
         const Entry &e = tr[i];
+        std::string before = prev_op[e.thread];
+        prev_op[e.thread] = e.op;
         if (e.op == "sgd" && first_sgd == tr.size())
           first_sgd = i;
         if (e.op == "record" && e.stream == &kCompute && e.thread == me)
           ready_events.insert(e.event);
-        if (e.op == "record" && e.stream == &kComm && tr[i - 1].op == "h2d")
+        if (e.op == "record" && e.stream == &kComm && before == "h2d")
           done_events.insert(e.event);
         if (e.op == "wait" && e.stream == &kComm)
           comm_waited_on.insert(e.event);
