@@ -14,6 +14,8 @@
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
 
+#include <nccl.h> /* the version the build was made against; not linked */
+
 /* ---- error translation ---- */
 
 static int current_device(void) {
@@ -392,6 +394,11 @@ dt_status dt_cuda_get_versions(dt_cuda_versions *out) {
       cublasGetProperty(PATCH_LEVEL, &pa) == CUBLAS_STATUS_SUCCESS)
     out->cublas = ma * 10000 + mi * 100 + pa;
   out->cudnn = (int)cudnnGetVersion();
+  out->built_runtime = CUDART_VERSION;
+  out->built_cudnn = CUDNN_VERSION;
+#ifdef NCCL_VERSION_CODE
+  out->built_nccl = NCCL_VERSION_CODE;
+#endif
   /* NCCL belongs to dist/: look it up without linking it. */
   void *h = dlopen("libnccl.so.2", RTLD_LAZY | RTLD_LOCAL);
   if (h) {

@@ -42,6 +42,8 @@ typedef struct dt_cuda_versions {
   int cublas;  /* cublasGetVersion, e.g. 130001; 0 = unknown */
   int cudnn;   /* cudnnGetVersion, e.g. 91900; 0 = unknown */
   int nccl;    /* ncclGetVersion via libnccl.so.2, e.g. 22805; 0 = not found */
+  /* What the build's headers said (loaded libraries may differ). */
+  int built_runtime, built_cudnn, built_nccl;
 } dt_cuda_versions;
 
 /* Fills what can be found; never fails for a missing GPU (fields stay 0). */

@@ -43,7 +43,11 @@ dt_status dt_cuda_doctor(FILE *out, int *problems) {
   version_str(v.driver, 1000, 10, drv, sizeof drv);
 
   OUT("CUDA\n");
-  OUT("  build:    CUDA runtime %s; code for sm_80, sm_90 (+ compute_90 PTX)\n", rt);
+  char built[16];
+  version_str(v.built_runtime, 1000, 10, built, sizeof built);
+  OUT("  build:    CUDA runtime %s loaded (built against %s); code for sm_80, sm_90 (+ "
+      "compute_90 PTX)\n",
+      rt, built);
   if (v.driver == 0) {
     OUT("  driver:   none found (libcuda.so.1 not loadable)\n");
   } else {
@@ -53,11 +57,15 @@ dt_status dt_cuda_doctor(FILE *out, int *problems) {
   }
   OUT("  cuBLAS:   %d.%d.%d\n", v.cublas / 10000, (v.cublas % 10000) / 100, v.cublas % 100);
   if (v.cudnn)
-    OUT("  cuDNN:    %d.%d.%d\n", v.cudnn / 10000, (v.cudnn % 10000) / 100, v.cudnn % 100);
+    OUT("  cuDNN:    %d.%d.%d loaded (built against %d.%d.%d)\n", v.cudnn / 10000,
+        (v.cudnn % 10000) / 100, v.cudnn % 100, v.built_cudnn / 10000,
+        (v.built_cudnn % 10000) / 100, v.built_cudnn % 100);
   else
     OUT("  cuDNN:    version unknown\n");
   if (v.nccl) {
-    OUT("  NCCL:     %d.%d.%d\n", v.nccl / 10000, (v.nccl % 10000) / 100, v.nccl % 100);
+    OUT("  NCCL:     %d.%d.%d loaded (built against %d.%d.%d)\n", v.nccl / 10000,
+        (v.nccl % 10000) / 100, v.nccl % 100, v.built_nccl / 10000, (v.built_nccl % 10000) / 100,
+        v.built_nccl % 100);
   } else {
     nprob++;
     OUT("  NCCL:     not found (libnccl.so.2): multi-GPU training over NCCL "
