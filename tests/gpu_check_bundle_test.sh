@@ -68,17 +68,73 @@ done
 
 # run, here: no GPU, so the suites skip and training/bench are left out.
 out="$tmp/results"
-PYTHON=/bin/false "$script" run "$tarball" "$out" >"$tmp/run.log" 2>&1 ||
+PYTHON=/bin/false "$script" run "$tarball" "$out" --deadline 300 >"$tmp/run.log" 2>&1 ||
   { cat "$tmp/run.log"; fail "run failed"; }
 cat "$tmp/run.log"
 [ -f "$out/summary.md" ] || fail "run wrote no summary.md"
-for s in cuda_parity_test cuda_allocator_test cuda_train_step_test; do
-  grep -q "^| $s | [0-9]* | 0 | [0-9]* | ok |$" "$out/summary.md" || fail "summary row for $s"
-  [ -f "$out/$s.xml" ] || fail "no gtest XML for $s"
-done
-grep -q '^## dtrain doctor' "$out/summary.md" || fail "summary lacks dtrain doctor"
-grep -q 'verdict' "$out/doctor.txt" || fail "doctor.txt lacks a verdict"
+files=$(find "$out" -type f | wc -l)
+[ "$files" -le 8 ] || fail "run left $files files in OUT (at most 8 come back from the GPU machine)"
+[ "$(ls "$out")" = "$(printf 'logs.tar.xz\nsummary.md')" ] || fail "OUT holds $(ls "$out" | tr '\n' ' ')"
+tar -tJf "$out/logs.tar.xz" | grep -q 'doctor.txt' || fail "logs.tar.xz lacks doctor.txt"
+tar -tJf "$out/logs.tar.xz" | grep -q 'cuda_parity_test.log' || fail "logs.tar.xz lacks the suite logs"
+grep -q '^- glibc: ' "$out/summary.md" || fail "summary lacks the machine's facts"
+grep -q 'state: finished, 0 failing step' "$out/summary.md" || fail "summary does not say it finished"
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  grep -q 'training and bench: left out (no GPU)' "$out/summary.md" || fail "no-GPU note"
+  # Without a GPU every parity case skips: reported as skipped, never as ok.
+  for s in cuda_parity_test cuda_train_step_test; do
+    grep -q "^| $s | skipped | 0 | 0 | [1-9][0-9]* |" "$out/summary.md" ||
+      fail "summary row for $s is not 'skipped': $(grep "^| $s " "$out/summary.md")"
+  done
+  # The allocator suite has CPU-side cases that pass.
+  grep -q '^| cuda_allocator_test | ok | [1-9]' "$out/summary.md" || fail "summary row for the allocator"
+  grep -q 'training, launch, bench | not run .* no GPU' "$out/summary.md" || fail "no-GPU note"
+fi
+
+# Killed at a random moment (SIGKILL: no trap runs), the run still leaves a
+# complete summary of what had run by then.
+for trial in 1 2 3; do
+  k="$tmp/killed$trial"
+  delay=$(awk -v s="$RANDOM" 'BEGIN { srand(s); printf "%.2f", 0.3 + rand() * 4 }')
+  PYTHON=/bin/false "$script" run "$tarball" "$k" >/dev/null 2>&1 &
+  pid=$!
+  sleep "$delay"
+  pkill -KILL -P "$pid" 2>/dev/null
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null || true
+  [ -f "$k/summary.md" ] || fail "killed after $delay s: no summary.md"
+  head -1 "$k/summary.md" | grep -qx '# dtrain GPU check' || fail "killed after $delay s: summary truncated"
+  grep -q '^state: ' "$k/summary.md" || fail "killed after $delay s: summary has no state line"
+  echo "killed after $delay s: $(grep '^state: ' "$k/summary.md")"
+done
+
+# The bundle's Open MPI works where none is installed: hide the system's
+# (a private mount namespace with empty directories over it) and start 2
+# ranks with the bundled mpirun.
+if [ -d "$tmp/unpacked/gpu_bundle/mpi/usr/bin" ] && command -v unshare >/dev/null &&
+  unshare -m true 2>/dev/null; then
+  bdir="$tmp/unpacked/gpu_bundle"
+  mkdir -p "$tmp/empty"
+  unshare -m --propagation private bash -c '
+    set -e
+    for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/share/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /etc/openmpi; do
+      [ -d "$d" ] && mount --bind "$1" "$d"
+    done
+    for f in /usr/bin/mpirun /usr/bin/orterun /usr/bin/orted /usr/bin/mpiexec; do
+      [ -e "$f" ] && mount --bind /dev/null "$f"
+    done
+    for f in /usr/lib/x86_64-linux-gnu/libmpi.so* /usr/lib/x86_64-linux-gnu/libopen-*.so*; do
+      [ -e "$f" ] && mount --bind /dev/null "$f"
+    done
+    ! mpirun --version >/dev/null 2>&1
+    export OPAL_PREFIX="$2/mpi/usr" LD_LIBRARY_PATH="$2/lib"
+    export PMIX_MCA_mca_base_component_path="$2/mpi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix"
+    "$2/mpi/usr/bin/mpirun" --allow-run-as-root --oversubscribe --bind-to none \
+      --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 hostname
+  ' _ "$tmp/empty" "$bdir" >"$tmp/mpi_hidden.log" 2>&1 ||
+    { cat "$tmp/mpi_hidden.log"; fail "the bundled mpirun does not run with the system's Open MPI hidden"; }
+  [ "$(grep -c . "$tmp/mpi_hidden.log")" -ge 2 ] || { cat "$tmp/mpi_hidden.log"; fail "mpirun -np 2 did not start 2 ranks"; }
+  echo "bundled mpirun, system Open MPI hidden: ok ($(tr '\n' ' ' <"$tmp/mpi_hidden.log"))"
+else
+  echo "SKIP: mount namespaces unavailable here: the hidden-MPI relocation check did not run"
 fi
 echo "PASS"

@@ -3,14 +3,16 @@
 # ../shared/recipes/gpu-check.md).
 #
 #   tools/gpu_check.sh bundle [TARBALL]            on the development machine
-#   tools/gpu_check.sh run [TARBALL] [OUT]         on the GPU machine
+#   tools/gpu_check.sh run [TARBALL] [OUT] [--deadline S]   on the GPU machine
+#   tools/gpu_check.sh size [CARRIED...]           what travels to the GPU machine
 #   tools/gpu_check.sh pack [--no-data] TARBALL EXE...   bundle's packing step
 #   tools/gpu_check.sh list TARBALL                what a bundle holds
 #
 # bundle: builds every cc_test / cc_binary under //tests/... whose name has
-#   cuda, nccl or gpu in it, and //launch:dtrain, then packs them (`pack`)
-#   into TARBALL (default out/gpu_bundle.tar.xz, git-ignored), which must
-#   stay under 64 MiB. Prints the contents and the size.
+#   cuda, nccl, gpu or op_table in it, and //launch:dtrain, then packs them
+#   (`pack`) into TARBALL (default out/gpu_bundle.tar.xz, git-ignored) and
+#   checks with `size` that the working tree plus the tarball stay under
+#   64 MiB (the device tool's limit for everything that travels).
 # pack: stages EXE... into bin/ with the shared libraries the GPU machine may
 #   lack (the workspace's own .so files, OpenBLAS, libgfortran, libgomp,
 #   Open MPI's libraries, ...; never glibc, the driver, cuBLAS, cuDNN or
@@ -20,20 +22,22 @@
 #   OPAL_PREFIX) when this machine has it, Fashion-MNIST (unless --no-data)
 #   and tools/bench_torch.py; writes MANIFEST.txt, tars and lists.
 # run: unpacks TARBALL, finds libcudart/libcublas/libcudnn/libnccl (the CUDA
-#   toolkit, then pip's nvidia/*/lib under python3's site-packages), prints
-#   nvidia-smi and the versions, runs every *_test suite (and every other
-#   bin/ program under the bundled mpirun with 2 ranks), `dtrain doctor`, a
-#   short training run on cuda:0 (LeNet-5 one epoch with test accuracy, MLP
-#   --max-steps), `dtrain launch -n 2 -- train --device cuda` (two ranks:
-#   on one GPU they share it through the host-staged fallback) and the
-#   launcher's one-rank-per-GPU default (--dry-run),
-#   `dtrain bench --device cuda:0` beside tools/bench_torch.py
-#   --device cuda for MLP batch 128 and LeNet-5 batch 64, and writes logs and
-#   OUT/summary.md (OUT default: $OUT, else out/gpu_results). Without a GPU
-#   the suites skip and the training/bench steps are left out (said so in
-#   the summary). Every step has a timeout; the whole run stays under ~5
-#   minutes on an H200. Exit status: 0 when every suite passed and, with a
-#   GPU, training and bench ran.
+#   toolkit, then pip's nvidia/*/lib under python3's site-packages), and
+#   writes exactly two files into OUT (default $OUT, else out/gpu_results):
+#   summary.md and logs.tar.xz (every step's log, nvidia-smi, dtrain doctor).
+#   The summary opens with the machine's facts (GPU, driver, CUDA runtime,
+#   cuDNN and NCCL loaded vs built against, glibc) and has a row per step,
+#   most valuable first: the parity suites (ops, training step), the other
+#   CUDA suites, the distributed ones (2 ranks under the bundled mpirun) and
+#   `dtrain launch -n 2 -- train --device cuda`, training on cuda:0 (LeNet-5,
+#   MLP), then `dtrain bench` beside tools/bench_torch.py. A suite whose
+#   cases all skipped is "skipped", never "ok". The whole run has a deadline
+#   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
+#   left (`timeout -k`), and the summary and the log tarball are rewritten
+#   after every step (temporary name, then rename), so a run killed at any
+#   moment leaves a complete summary of what ran. Without a GPU the suites
+#   skip and training, launch and bench are left out (said so). Exit
+#   status: 0 when no step failed.
 set -uo pipefail
 
 root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
@@ -171,7 +175,7 @@ bundle() {
   cd "$root" || die "no repository at $root"
   local targets
   targets=$(bazel query --noshow_progress \
-    'attr(name, "cuda|nccl|gpu", kind("cc_test|cc_binary", //tests/...)) except attr(name, "selfcheck", //tests/...)' 2>/dev/null)
+    'attr(name, "cuda|nccl|gpu|op_table", kind("cc_test|cc_binary", //tests/...)) except attr(name, "selfcheck", //tests/...)' 2>/dev/null)
   [ -n "$targets" ] || die "bazel query found no CUDA test targets under //tests"
   say "building: $(echo $targets) //launch:dtrain"
   bazel build --noshow_progress $targets //launch:dtrain >/dev/null 2>&1 ||
@@ -182,6 +186,7 @@ bundle() {
     exes+=("$bin/$(echo "${t#//}" | tr : /)")
   done
   pack "$tarball" "${exes[@]}"
+  size "$tarball"
 }
 
 # ---- running (GPU machine) ----
@@ -210,21 +215,123 @@ gtest_failures() {
   grep '^\[  FAILED  \] .*(' "$1" | sed 's/^\[  FAILED  \] //; s/ (.*//' | tr '\n' ' '
 }
 
+# ---- the summary: rewritten after every step, so a run killed at any
+# moment still leaves one (written to a temporary name, then renamed) ----
+
+summary_rows=()  # "step|result|passed|failed|skipped|seconds|note"
+facts=()         # "- key: value" lines for the top of the summary
+
+write_summary() {
+  local state=$1 tmp="$out/.summary.md.tmp" row
+  {
+    echo "# dtrain GPU check"
+    echo
+    echo "$manifest"
+    echo
+    echo "state: $state; $((SECONDS - started)) s of the $deadline_s s deadline used; logs of every step in logs.tar.xz"
+    echo
+    echo "## machine"
+    echo
+    printf '%s\n' "${facts[@]}"
+    echo
+    echo "## steps (most valuable first)"
+    echo
+    echo "| step | result | passed | failed | skipped | seconds | note |"
+    echo "|---|---|---|---|---|---|---|"
+    for row in "${summary_rows[@]}"; do
+      echo "| ${row//|/ | } |"
+    done
+    if [ -f "$logs/extra.md" ]; then
+      echo
+      cat "$logs/extra.md"
+    fi
+  } >"$tmp" && mv -f "$tmp" "$out/summary.md"
+  tar -C "$logs" -cJf "$out/.logs.tar.xz.tmp" . 2>/dev/null && mv -f "$out/.logs.tar.xz.tmp" "$out/logs.tar.xz"
+}
+
+# Seconds left before the deadline.
+time_left() { echo $((deadline - SECONDS)); }
+
+# step NAME LIMIT KIND COMMAND...: runs COMMAND with what is left of the
+# deadline (at most LIMIT s; `timeout -k 5`), its output in logs/NAME.log,
+# and adds a summary row. KIND gtest counts the cases (a suite whose cases
+# all skipped is "skipped", never "ok"); KIND plain only looks at the exit.
+step_rc=0
+step() {
+  local name=$1 limit=$2 kind=$3
+  shift 3
+  local left t0 rc pass=- fail=- skip=- result note="" log="$logs/$name.log"
+  left=$(time_left)
+  if [ "$left" -lt 10 ]; then
+    summary_rows+=("$name|not run|-|-|-|0|the deadline was reached")
+    failed=$((failed + 1))
+    step_rc=124
+    write_summary running
+    return 0
+  fi
+  [ "$limit" -lt "$left" ] || limit=$((left - 5))
+  summary_rows+=("$name|running|-|-|-|-|limit ${limit} s")
+  write_summary running
+  t0=$SECONDS
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  if [ "$kind" = gtest ]; then
+    read -r pass fail skip <<<"$(gtest_counts "$log")"
+  fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    result="TIMED OUT"
+    note="killed after ${limit} s"
+  elif [ "$rc" != 0 ]; then
+    result="FAILED"
+    note="exit $rc; $(gtest_failures "$log")see $name.log"
+  elif [ "$kind" = gtest ] && [ "$pass" = 0 ] && [ "$skip" != 0 ]; then
+    result="skipped"
+    note=$(grep -m1 -o 'no CUDA device: .*' "$log" | cut -c1-160)
+  else
+    result="ok"
+  fi
+  case "$result" in FAILED | "TIMED OUT") failed=$((failed + 1)) ;; esac
+  unset 'summary_rows[${#summary_rows[@]}-1]'
+  summary_rows+=("$name|$result|$pass|$fail|$skip|$((SECONDS - t0))|${note//|//}")
+  write_summary running
+  step_rc=$rc
+  say "$name: $result ($pass passed, $fail failed, $skip skipped, $((SECONDS - t0)) s)"
+  return 0
+}
+
 run() {
-  local tarball=${1:-$root/out/gpu_bundle.tar.xz}
-  local out=${2:-${OUT:-$root/out/gpu_results}}
+  local tarball="" deadline_s=${GPU_CHECK_DEADLINE:-480} pos=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --deadline) deadline_s=${2:?--deadline needs seconds}; shift 2 ;;
+      --deadline=*) deadline_s=${1#*=}; shift ;;
+      *) pos+=("$1"); shift ;;
+    esac
+  done
+  case "$deadline_s" in '' | *[!0-9]*) die "--deadline $deadline_s: expected whole seconds" ;; esac
+  tarball=${pos[0]:-$root/out/gpu_bundle.tar.xz}
+  out=${pos[1]:-${OUT:-$root/out/gpu_results}}
   [ -f "$tarball" ] || die "$tarball not found: run 'tools/gpu_check.sh bundle' first"
   mkdir -p "$out" || die "cannot create $out"
   out=$(cd "$out" && pwd)
-  local started=$SECONDS
+  started=$SECONDS
+  deadline=$((SECONDS + deadline_s))
   local work
   work=$(mktemp -d)
+  logs="$work/logs"
+  mkdir -p "$logs"
+  failed=0
+  manifest="(unpacking the bundle)"
+  trap 'write_summary "killed (signal)"; exit 143' TERM INT
+  write_summary starting
   tar -C "$work" -xJf "$tarball" || die "cannot unpack $tarball"
   local b="$work/gpu_bundle"
+  manifest=$(head -2 "$b/MANIFEST.txt" 2>/dev/null | tr '\n' ';' | sed 's/;$//')
+  cp "$b/MANIFEST.txt" "$logs/" 2>/dev/null
   local python=${PYTHON:-python3}
   local orig_ld=${LD_LIBRARY_PATH:-}
 
-  mapfile -t site_dirs < <("$python" - <<'EOF' 2>/dev/null
+  mapfile -t site_dirs < <("$python" - <<'PYEOF' 2>/dev/null
 import glob, site, sys
 dirs = list(site.getsitepackages()) + [site.getusersitepackages()] + sys.path
 seen = set()
@@ -233,7 +340,7 @@ for d in dirs:
         if lib not in seen:
             seen.add(lib)
             print(lib)
-EOF
+PYEOF
 )
   # bundle libs, then the machine's CUDA libraries, then fallbacks where
   # the machine lacks them.
@@ -263,34 +370,30 @@ EOF
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
   local gpu=0
   nvidia-smi -L >/dev/null 2>&1 && gpu=1
+  local dtrain="$b/bin/dtrain"
 
+  # ---- the machine's facts, once ----
   {
-    echo "# gpu_check $(date -u +%FT%TZ) on $(hostname)"
-    head -3 "$b/MANIFEST.txt" 2>/dev/null
     nvidia-smi 2>&1 || echo "nvidia-smi: not available"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     printf 'found %s\n' "${found[@]}"
     [ ${#missing[@]} -eq 0 ] || echo "MISSING libraries: ${missing[*]}"
     ls "$fb" | sed 's/^/using bundled fallback: /'
     LD_LIBRARY_PATH=$orig_ld "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>&1 | tail -1
-  } 2>&1 | tee "$out/environment.txt"
-
-  local summary="$out/summary.md" failed=0
-  {
-    echo "# dtrain GPU check"
-    echo
-    echo "$(head -2 "$b/MANIFEST.txt" 2>/dev/null | tr '\n' ';' | sed 's/;$//')"
-    echo
-    echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)"
-    [ "$gpu" = 1 ] || echo "**nvidia-smi -L failed: unless dtrain doctor (below) finds a GPU, the suites skip and training and bench are left out**"
-    [ ${#missing[@]} -eq 0 ] || echo "**missing libraries: ${missing[*]}**"
-    echo
-    echo "## test suites"
-    echo
-    echo "| suite | passed | failed | skipped | status |"
-    echo "|---|---|---|---|---|"
-  } >"$summary"
+  } >"$logs/environment.txt" 2>&1
+  [ -x "$dtrain" ] && timeout -k 2 30 "$dtrain" doctor >"$logs/doctor.txt" 2>&1
+  grep -q '^ *GPU 0: ' "$logs/doctor.txt" 2>/dev/null && gpu=1
+  local q
+  q=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  facts=("- GPU: ${q:-none visible to nvidia-smi}$([ "$gpu" = 1 ] || echo ' (the suites skip; training and bench are left out)')")
+  facts+=("- $(grep -m1 'build:' "$logs/doctor.txt" 2>/dev/null | sed 's/^ *//' || echo 'build: dtrain doctor did not run')")
+  facts+=("- $(grep -m1 'driver:' "$logs/doctor.txt" 2>/dev/null | sed 's/^ *//')")
+  facts+=("- $(grep -m1 'cuDNN:' "$logs/doctor.txt" 2>/dev/null | sed 's/^ *//')")
+  facts+=("- $(grep -m1 'NCCL:' "$logs/doctor.txt" 2>/dev/null | sed 's/^ *//')")
+  facts+=("- glibc: $(ldd --version 2>&1 | head -1 | sed 's/^ldd //')")
+  [ ${#missing[@]} -eq 0 ] || facts+=("- **missing libraries: ${missing[*]}**")
+  facts+=("- doctor: $(grep -m1 '^verdict' "$logs/doctor.txt" 2>/dev/null || echo 'no verdict')")
+  write_summary running
 
   # MPI: the bundled Open MPI (matching the bundled libmpi), else the machine's.
   local mpirun="" mpi_args=()
@@ -306,126 +409,109 @@ EOF
     --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
   [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 
-  if [ -n "$mpirun" ]; then
-    echo "mpirun: $mpirun ($("$mpirun" --version 2>&1 | head -1))" >>"$out/environment.txt"
-    timeout 60 "$mpirun" "${mpi_args[@]}" -np 2 hostname >>"$out/environment.txt" 2>&1 &&
-      echo "mpirun -np 2 hostname: ok" >>"$out/environment.txt" ||
-      echo "mpirun -np 2 hostname: FAILED" >>"$out/environment.txt"
-    tail -1 "$out/environment.txt"
-  fi
-
-  local exe name rc pass fail skip
-  for exe in "$b"/bin/*; do
+  # ---- 1. backend parity and the training-step parity ----
+  local exe name
+  for name in op_table_test cuda_parity_test cuda_backend_test cuda_train_step_test \
+    cuda_allocator_test; do
+    exe="$b/bin/$name"
+    [ -x "$exe" ] || continue
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
+  done
+  # any other single-process suite in the bundle
+  for exe in "$b"/bin/*_test; do
     name=$(basename "$exe")
-    [ "$name" = dtrain ] && continue
-    if [[ "$name" == *_test ]]; then
-      timeout "${GPU_CHECK_SUITE_TIMEOUT:-240}" "$exe" --gtest_output="xml:$out/$name.xml" \
-        >"$out/$name.log" 2>&1
-      rc=$?
-    elif [ -n "$mpirun" ]; then
-      timeout "${GPU_CHECK_SUITE_TIMEOUT:-240}" "$mpirun" "${mpi_args[@]}" -np 2 "$exe" \
-        >"$out/$name.log" 2>&1
-      rc=$?
-      name="$name (mpirun -np 2)"
-    else
-      echo "| $name | - | - | - | not run: no mpirun on this machine |" >>"$summary"
-      say "$name: not run (no mpirun)"
-      continue
-    fi
-    read -r pass fail skip <<<"$(gtest_counts "$out/$(basename "$exe").log")"
-    local status="ok"
-    if [ "$rc" -ne 0 ]; then
-      failed=$((failed + 1))
-      status="FAILED (exit $rc$([ "$rc" = 124 ] && echo ', timed out')): $(gtest_failures "$out/$(basename "$exe").log")see $(basename "$exe").log"
-    fi
-    echo "| $name | $pass | $fail | $skip | $status |" >>"$summary"
-    say "$name: $pass passed, $fail failed, $skip skipped (exit $rc)"
+    case " op_table_test cuda_parity_test cuda_backend_test cuda_train_step_test cuda_allocator_test " in
+      *" $name "*) continue ;;
+    esac
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
   done
 
-  local dtrain="$b/bin/dtrain"
-  if [ -x "$dtrain" ]; then
-    timeout 60 "$dtrain" doctor >"$out/doctor.txt" 2>&1
-    # A GPU that dtrain sees counts even where nvidia-smi is missing.
-    grep -q '^ *GPU 0: ' "$out/doctor.txt" && gpu=1
-    { echo; echo '## dtrain doctor'; echo; echo '```'; cat "$out/doctor.txt"; echo '```'; } >>"$summary"
-  else
-    echo "dtrain is not in the bundle" >>"$summary"
+  # ---- 2. NCCL and DDP: the distributed suites under mpirun, 2 ranks ----
+  for exe in "$b"/bin/dist_*; do
+    [ -x "$exe" ] || continue
+    name=$(basename "$exe")
+    case "$name" in *_test) continue ;; esac # single-process suites ran above
+    if [ -z "$mpirun" ]; then
+      summary_rows+=("$name (2 ranks)|not run|-|-|-|0|no mpirun on this machine")
+      write_summary running
+      continue
+    fi
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$mpirun" "${mpi_args[@]}" -np 2 "$exe"
+  done
+  if [ -x "$dtrain" ] && [ "$gpu" = 1 ] && [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
+    DT_MPIRUN="$mpirun" timeout -k 2 60 "$dtrain" launch --dry-run -- train --device cuda \
+      >"$logs/launch_dry_run.log" 2>&1
+    step launch_2_ranks_cuda 300 plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
+      --mpirun-arg --oversubscribe -- train --model mlp --device cuda --max-steps 200 \
+      --log-interval 100 --data-dir "$b/data"
   fi
 
+  # ---- 3. training on cuda:0 ----
   if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
-    { echo; echo '## training on cuda:0'; echo; } >>"$summary"
     if [ -d "$b/data/fashion-mnist" ]; then
-      local model args
-      for model in lenet mlp; do
-        args=(train --model "$model" --device cuda:0 --data fashion-mnist --data-dir "$b/data")
-        if [ "$model" = lenet ]; then
-          args+=(--epochs 1)
-        else
-          args+=(--epochs 1 --max-steps 400)
-        fi
-        local t0=$SECONDS
-        timeout 300 "$dtrain" "${args[@]}" >"$out/train_$model.log" 2>&1
-        rc=$?
-        [ "$rc" -eq 0 ] || failed=$((failed + 1))
-        local acc
-        acc=$(sed -n 's/^.*test_accuracy=\([0-9.]*\).*$/\1/p' "$out/train_$model.log" | tail -1)
-        echo "- \`dtrain ${args[*]/#$b/BUNDLE}\`: exit $rc, test_accuracy ${acc:-n/a}, $((SECONDS - t0)) s" >>"$summary"
-        { echo '```'; tail -n 4 "$out/train_$model.log"; echo '```'; } >>"$summary"
-      done
+      step train_lenet_cuda 300 plain "$dtrain" train --model lenet --device cuda:0 \
+        --data fashion-mnist --data-dir "$b/data" --epochs 1
+      step train_mlp_cuda 300 plain "$dtrain" train --model mlp --device cuda:0 \
+        --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
+      {
+        echo "## training on cuda:0"
+        echo
+        echo '```'
+        grep -h 'test_accuracy=' "$logs"/train_*_cuda.log 2>/dev/null
+        echo '```'
+      } >>"$logs/extra.md"
     else
-      echo "- skipped: the bundle has no data/fashion-mnist" >>"$summary"
+      summary_rows+=("training|not run|-|-|-|0|the bundle has no data/fashion-mnist")
     fi
 
-    # dtrain launch on GPUs: the one-rank-per-GPU default, and 2 ranks with
-    # --device cuda (sharing the GPU when there is one: auto falls back to
-    # the host-staged mpi backend; with two GPUs: nccl).
-    { echo; echo '## dtrain launch --device cuda'; echo; } >>"$summary"
-    if [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
-      DT_MPIRUN="$mpirun" timeout 60 "$dtrain" launch --dry-run -- train --device cuda \
-        >"$out/launch_dry_run.log" 2>&1
-      echo "- launch without -n: \`$(grep -m1 'GPU' "$out/launch_dry_run.log")\`" >>"$summary"
-      local t0=$SECONDS
-      DT_MPIRUN="$mpirun" timeout 300 "$dtrain" launch -n 2 --mpirun-arg --oversubscribe -- \
-        train --model mlp --device cuda --max-steps 200 --log-interval 100 \
-        --data-dir "$b/data" >"$out/launch_cuda.log" 2>&1
-      rc=$?
-      [ "$rc" -eq 0 ] || failed=$((failed + 1))
-      echo "- \`dtrain launch -n 2 -- train --model mlp --device cuda --max-steps 200\`: exit $rc, $((SECONDS - t0)) s" >>"$summary"
-      { echo '```'; grep -E 'ddp world|nccl|host-staged|test_accuracy=|error' "$out/launch_cuda.log" | head -8; echo '```'; } >>"$summary"
-    else
-      echo "- skipped: needs mpirun and data/fashion-mnist in the bundle" >>"$summary"
-    fi
-
+    # ---- 4. throughput beside PyTorch on the same GPU ----
+    local config model batch ours theirs ratio
     {
       echo
       echo '## throughput on the same GPU (steps/s, warm-up excluded, TF32 on for both)'
       echo
       echo '| model | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
       echo '|---|---|---|---|'
-    } >>"$summary"
-    local config model batch ours theirs ratio
+    } >>"$logs/extra.md"
     for config in "mlp 128" "lenet 64"; do
       read -r model batch <<<"$config"
-      timeout 120 "$dtrain" bench --model "$model" --batch "$batch" --steps 300 --warmup 20 \
-        --device cuda:0 >"$out/bench_dtrain_${model}.log" 2>&1 || failed=$((failed + 1))
-      ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$out/bench_dtrain_${model}.log")
-      LD_LIBRARY_PATH=$orig_ld timeout 180 "$python" "$b/bench_torch.py" --model "$model" \
-        --batch "$batch" --steps 300 --warmup 20 --device cuda >"$out/bench_torch_${model}.log" 2>&1
-      theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$out/bench_torch_${model}.log")
+      step "bench_dtrain_$model" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
+        --steps 300 --warmup 20 --device cuda:0
+      step "bench_torch_$model" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
+        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps 300 --warmup 20 \
+        --device cuda
+      ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$model.log" 2>/dev/null)
+      theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$model.log" 2>/dev/null)
       ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
-      echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$summary"
+      echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
     done
-    { echo; echo 'breakdowns:'; echo '```'; grep -h '^breakdown\|bench:' "$out"/bench_*.log; echo '```'; } >>"$summary"
-  elif [ "$gpu" = 0 ]; then
-    { echo; echo "training and bench: left out (no GPU)"; } >>"$summary"
+  else
+    summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
   fi
 
-  echo >>"$summary"
-  echo "total time $((SECONDS - started)) s; $failed failing step(s)" >>"$summary"
+  trap - TERM INT
+  write_summary "finished, $failed failing step(s)"
   rm -rf "$work"
-  cat "$summary"
-  say "logs and summary in $out"
+  cat "$out/summary.md"
+  say "summary.md and logs.tar.xz in $out"
   [ "$failed" -eq 0 ]
+}
+
+# Bytes that travel to the GPU machine: the working tree as the device tool
+# copies it (tracked files and untracked ones git does not ignore) plus the
+# carried paths; the limit is 64 MiB in all.
+size() {
+  cd "$root" || die "no repository at $root"
+  local tree carried=0 p total
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null |
+    awk '{ s += $1 } END { print s + 0 }')
+  for p in "$@"; do
+    [ -e "$p" ] || die "size: $p does not exist"
+    carried=$((carried + $(du -sb "$p" | cut -f1)))
+  done
+  total=$((tree + carried))
+  say "travels: working tree $((tree / 1024)) KiB + carried $((carried / 1024)) KiB = $((total / 1024 / 1024)) MiB ($total bytes) of 64 MiB"
+  [ "$total" -lt "$limit" ] || die "over 64 MiB: what travels must shrink"
 }
 
 case "$mode" in
@@ -433,6 +519,7 @@ case "$mode" in
   pack) shift; pack "$@" ;;
   list) shift; list "$@" ;;
   run) shift; run "$@" ;;
-  -h | --help | "") sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) die "unknown mode '$mode' (bundle, run, pack or list; see --help)" ;;
+  size) shift; size "$@" ;;
+  -h | --help | "") sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
+  *) die "unknown mode '$mode' (bundle, run, size, pack or list; see --help)" ;;
 esac
