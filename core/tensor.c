@@ -466,38 +466,21 @@ dt_status dt_tensor_item(const dt_tensor *t, int64_t index, double *out) {
   const dt_backend_ops *be = dt_tensor_backend(t);
   DT_CHECK(be->copy(buf, DT_CPU, (const char *)dt_tensor_data(t) + off * (int64_t)es,
                     t->storage->device, es, NULL));
+  union {
+    float f;
+    uint16_t h;
+    int32_t i;
+    int64_t l;
+    uint8_t u;
+  } v;
+  memcpy(&v, buf, es);
   switch (t->dtype) {
-    case DT_DTYPE_F32: {
-      float v;
-      memcpy(&v, buf, 4);
-      *out = v;
-      break;
-    }
-    case DT_DTYPE_F16: {
-      uint16_t v;
-      memcpy(&v, buf, 2);
-      *out = dt_f16_to_f32(v);
-      break;
-    }
-    case DT_DTYPE_BF16: {
-      uint16_t v;
-      memcpy(&v, buf, 2);
-      *out = dt_bf16_to_f32(v);
-      break;
-    }
-    case DT_DTYPE_I32: {
-      int32_t v;
-      memcpy(&v, buf, 4);
-      *out = v;
-      break;
-    }
-    case DT_DTYPE_I64: {
-      int64_t v;
-      memcpy(&v, buf, 8);
-      *out = (double)v;
-      break;
-    }
-    case DT_DTYPE_U8: *out = buf[0]; break;
+    case DT_DTYPE_F32: *out = v.f; break;
+    case DT_DTYPE_F16: *out = dt_f16_to_f32(v.h); break;
+    case DT_DTYPE_BF16: *out = dt_bf16_to_f32(v.h); break;
+    case DT_DTYPE_I32: *out = v.i; break;
+    case DT_DTYPE_I64: *out = (double)v.l; break;
+    case DT_DTYPE_U8: *out = v.u; break;
     default: return DT_ERROR(DT_ERR_DTYPE, "item: unknown dtype");
   }
   return DT_OK;

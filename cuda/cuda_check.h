@@ -31,44 +31,33 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *stmt, const char *func, c
 dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, const char *file,
                         int line);
 
-#define DT_CUDA_CHECK(stmt)                                                 \
-  do {                                                                      \
-    cudaError_t dt_cuda_e_ = (stmt);                                        \
-    if (dt_cuda_e_ != cudaSuccess)                                          \
-      return dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__); \
+/* A foreign library's call: on a result other than `ok`, `fail` turns it
+ * into a dt_status naming the statement; CHECK returns it, CHECK_GOTO
+ * stores it in `status_var` and jumps to `label`. */
+#define DT_FOREIGN_CHECK(type, ok, fail, stmt)                         \
+  do {                                                                 \
+    type dt_foreign_e_ = (stmt);                                       \
+    if (dt_foreign_e_ != (ok))                                         \
+      return fail(dt_foreign_e_, #stmt, __func__, __FILE__, __LINE__); \
+  } while (0)
+#define DT_FOREIGN_CHECK_GOTO(type, ok, fail, stmt, status_var, label)         \
+  do {                                                                         \
+    type dt_foreign_e_ = (stmt);                                               \
+    if (dt_foreign_e_ != (ok)) {                                               \
+      (status_var) = fail(dt_foreign_e_, #stmt, __func__, __FILE__, __LINE__); \
+      goto label;                                                              \
+    }                                                                          \
   } while (0)
 
-#define DT_CUDA_CHECK_GOTO(stmt, status_var, label)                                 \
-  do {                                                                              \
-    cudaError_t dt_cuda_e_ = (stmt);                                                \
-    if (dt_cuda_e_ != cudaSuccess) {                                                \
-      (status_var) = dt_cuda_fail(dt_cuda_e_, #stmt, __func__, __FILE__, __LINE__); \
-      goto label;                                                                   \
-    }                                                                               \
-  } while (0)
-
-#define DT_CUBLAS_CHECK(stmt)                                                   \
-  do {                                                                          \
-    cublasStatus_t dt_cublas_e_ = (stmt);                                       \
-    if (dt_cublas_e_ != CUBLAS_STATUS_SUCCESS)                                  \
-      return dt_cublas_fail(dt_cublas_e_, #stmt, __func__, __FILE__, __LINE__); \
-  } while (0)
-
-#define DT_CUDNN_CHECK(stmt)                                                  \
-  do {                                                                        \
-    cudnnStatus_t dt_cudnn_e_ = (stmt);                                       \
-    if (dt_cudnn_e_ != CUDNN_STATUS_SUCCESS)                                  \
-      return dt_cudnn_fail(dt_cudnn_e_, #stmt, __func__, __FILE__, __LINE__); \
-  } while (0)
-
-#define DT_CUDNN_CHECK_GOTO(stmt, status_var, label)                                  \
-  do {                                                                                \
-    cudnnStatus_t dt_cudnn_e_ = (stmt);                                               \
-    if (dt_cudnn_e_ != CUDNN_STATUS_SUCCESS) {                                        \
-      (status_var) = dt_cudnn_fail(dt_cudnn_e_, #stmt, __func__, __FILE__, __LINE__); \
-      goto label;                                                                     \
-    }                                                                                 \
-  } while (0)
+#define DT_CUDA_CHECK(stmt) DT_FOREIGN_CHECK(cudaError_t, cudaSuccess, dt_cuda_fail, stmt)
+#define DT_CUDA_CHECK_GOTO(stmt, status_var, label) \
+  DT_FOREIGN_CHECK_GOTO(cudaError_t, cudaSuccess, dt_cuda_fail, stmt, status_var, label)
+#define DT_CUBLAS_CHECK(stmt) \
+  DT_FOREIGN_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, dt_cublas_fail, stmt)
+#define DT_CUDNN_CHECK(stmt) \
+  DT_FOREIGN_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, dt_cudnn_fail, stmt)
+#define DT_CUDNN_CHECK_GOTO(stmt, status_var, label) \
+  DT_FOREIGN_CHECK_GOTO(cudnnStatus_t, CUDNN_STATUS_SUCCESS, dt_cudnn_fail, stmt, status_var, label)
 
 /* After a kernel launch: launch-configuration errors surface here. */
 #define DT_CUDA_CHECK_LAUNCH() DT_CUDA_CHECK(cudaGetLastError())
