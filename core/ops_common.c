@@ -47,6 +47,16 @@ dt_status dt_ops_grad_result(dt_status st, dt_tensor *g, dt_tensor **grad_in) {
   return st;
 }
 
+dt_status dt_ops_grads_result(dt_status st, dt_tensor *const *g, int n, dt_tensor **grad_in) {
+  for (int i = 0; i < n; i++) {
+    if (st == DT_OK)
+      grad_in[i] = g[i];
+    else
+      dt_tensor_release(g[i]);
+  }
+  return st;
+}
+
 dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
   return dt_tensor_contiguous_copy(t, out);
 }

@@ -100,15 +100,10 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
                                           dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
                                           db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
                 st, fail);
-  dt_tensor_release(ws);
-  grad_in[0] = dx;
-  grad_in[1] = dw;
-  if (has_bias)
-    grad_in[2] = db;
-  return DT_OK;
+  st = DT_OK;
 fail:
-  DT_RELEASE_TENSORS(ws, db, dw, dx);
-  return st;
+  dt_tensor_release(ws);
+  return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
 dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride, int padding,

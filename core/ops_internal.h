@@ -47,6 +47,9 @@ dt_status dt_ops_take(dt_tensor **y, dt_tensor **out);
 /* The end of a backward function with one gradient: on success stores g in
  * *grad_in (the engine takes the reference), else releases g; returns st. */
 dt_status dt_ops_grad_result(dt_status st, dt_tensor *g, dt_tensor **grad_in);
+/* The same for the first n inputs' gradients g[0..n) (NULLs allowed): all
+ * handed over on success, all released on failure. */
+dt_status dt_ops_grads_result(dt_status st, dt_tensor *const *g, int n, dt_tensor **grad_in);
 
 /* A new contiguous f32 tensor with t's shape on dev, uninitialised. */
 dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out);

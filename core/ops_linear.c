@@ -58,13 +58,9 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
                        DT_F32(db), n, k * n, batch),
                   st, fail);
   }
-  grad_in[0] = da;
-  grad_in[1] = db;
-  return DT_OK;
+  st = DT_OK;
 fail:
-  dt_tensor_release(da);
-  dt_tensor_release(db);
-  return st;
+  return dt_ops_grads_result(st, (dt_tensor *[]){da, db}, 2, grad_in);
 }
 
 dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
@@ -154,14 +150,9 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
       DT_CHECK_GOTO(dt_kernel_reduce_sum(&ex, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), st,
                     fail);
   }
-  grad_in[0] = dx;
-  grad_in[1] = dw;
-  if (has_bias)
-    grad_in[2] = db;
-  return DT_OK;
+  st = DT_OK;
 fail:
-  DT_RELEASE_TENSORS(dx, dw, db);
-  return st;
+  return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
 dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tensor **out) {

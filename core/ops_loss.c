@@ -60,13 +60,10 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
                                                    DT_F32(dlogits), rows, c, ignore),
                   st, fail);
   }
-  dt_tensor_release(drows);
-  grad_in[0] = dlogits;
-  return DT_OK;
+  st = DT_OK;
 fail:
   dt_tensor_release(drows);
-  dt_tensor_release(dlogits);
-  return st;
+  return dt_ops_grad_result(st, dlogits, &grad_in[0]);
 }
 
 dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
