@@ -17,6 +17,25 @@ static dt_status make_view(dt_tensor *t, int64_t offset, const int64_t *shape,
 
 /* ---- reshape ---- */
 
+/* The end of a tensor-to-tensor function y = f(x) given the status so far:
+ * when `record` and grad mode want it, puts `name` on the tape (the node
+ * through *node when node is not NULL, else NULL); hands y to *out on
+ * success, releases it on failure. */
+static dt_status finish_unary(dt_status st, bool record, const char *name, dt_backward_fn bw,
+                              dt_tensor *x, dt_tensor *y, dt_node **node, dt_tensor **out) {
+  dt_node *n = NULL;
+  if (st == DT_OK && record && dt_autograd_should_record(&x, 1))
+    st = dt_autograd_record(name, bw, &x, 1, y, &n);
+  if (node)
+    *node = n;
+  if (st != DT_OK) {
+    dt_tensor_release(y);
+    return st;
+  }
+  *out = y;
+  return DT_OK;
+}
+
 static dt_status reshape_backward(dt_node *node, dt_tensor *g, dt_tensor **gin) {
   dt_tensor *in = node->inputs[0];
   return dt_tensor_reshape(g, in->shape, in->ndim, &gin[0]);
@@ -60,17 +79,10 @@ dt_status dt_tensor_reshape(dt_tensor *t, const int64_t *shape, int ndim, dt_ten
   DT_CHECK(dt_tensor_contiguous(t, &src));
   int64_t strides[DT_MAX_DIMS];
   dt_contiguous_strides(sh, ndim, strides);
-  dt_tensor *v;
+  dt_tensor *v = NULL;
   dt_status st = make_view(src, src->offset, sh, strides, ndim, &v);
-  if (st == DT_OK && dt_autograd_should_record(&src, 1)) {
-    dt_node *node;
-    st = dt_autograd_record("reshape", reshape_backward, &src, 1, v, &node);
-    if (st != DT_OK)
-      dt_tensor_release(v);
-  }
+  st = finish_unary(st, true, "reshape", reshape_backward, src, v, NULL, out);
   dt_tensor_release(src);
-  if (st == DT_OK)
-    *out = v;
   return st;
 }
 
@@ -101,18 +113,11 @@ dt_status dt_tensor_permute(dt_tensor *t, const int *perm, dt_tensor **out) {
     st_[i] = t->strides[p];
   }
   dt_tensor *v;
+  dt_node *node;
   DT_CHECK(make_view(t, t->offset, sh, st_, t->ndim, &v));
-  if (dt_autograd_should_record(&t, 1)) {
-    dt_node *node;
-    dt_status st = dt_autograd_record("permute", permute_backward, &t, 1, v, &node);
-    if (st != DT_OK) {
-      dt_tensor_release(v);
-      return st;
-    }
-    for (int i = 0; i < t->ndim; i++)
-      node->ints[i] = perm[i];
-  }
-  *out = v;
+  DT_CHECK(finish_unary(DT_OK, true, "permute", permute_backward, t, v, &node, out));
+  for (int i = 0; node && i < t->ndim; i++)
+    node->ints[i] = perm[i];
   return DT_OK;
 }
 
@@ -161,18 +166,13 @@ dt_status dt_tensor_slice(dt_tensor *t, int64_t start, int64_t stop, dt_tensor *
   memcpy(sh, t->shape, sizeof sh);
   sh[0] = stop - start;
   dt_tensor *v;
+  dt_node *node;
   DT_CHECK(make_view(t, t->offset + start * t->strides[0], sh, t->strides, t->ndim, &v));
-  if (dt_autograd_should_record(&t, 1)) {
-    dt_node *node;
-    dt_status st = dt_autograd_record("slice", slice_backward, &t, 1, v, &node);
-    if (st != DT_OK) {
-      dt_tensor_release(v);
-      return st;
-    }
+  DT_CHECK(finish_unary(DT_OK, true, "slice", slice_backward, t, v, &node, out));
+  if (node) {
     node->ints[0] = start;
     node->ints[1] = stop;
   }
-  *out = v;
   return DT_OK;
 }
 
@@ -200,16 +200,7 @@ static dt_status identity_backward(dt_node *node, dt_tensor *g, dt_tensor **gin)
 dt_status dt_tensor_contiguous(dt_tensor *t, dt_tensor **out) {
   dt_tensor *c;
   DT_CHECK(dt_tensor_contiguous_copy(t, &c));
-  if (c != t && dt_autograd_should_record(&t, 1)) {
-    dt_node *node;
-    dt_status st = dt_autograd_record("contiguous", identity_backward, &t, 1, c, &node);
-    if (st != DT_OK) {
-      dt_tensor_release(c);
-      return st;
-    }
-  }
-  *out = c;
-  return DT_OK;
+  return finish_unary(DT_OK, c != t, "contiguous", identity_backward, t, c, NULL, out);
 }
 
 /* ---- dtype and device conversion ---- */
@@ -234,23 +225,15 @@ static dt_status to_dtype_backward(dt_node *node, dt_tensor *g, dt_tensor **gin)
 dt_status dt_tensor_to_dtype(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
   if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
     return DT_ERROR(DT_ERR_DTYPE, "to_dtype: unknown dtype %d", (int)dtype);
-  dt_tensor *c, *r;
+  dt_tensor *c, *r = NULL;
   DT_CHECK(dt_tensor_contiguous(t, &c));
   dt_status st = dt_tensor_empty(c->shape, c->ndim, dtype, c->storage->device, &r);
-  if (st == DT_OK) {
+  if (st == DT_OK)
     st = dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), c->dtype, dt_tensor_data(r), dtype,
                         dt_tensor_numel(c));
-    if (st == DT_OK && dt_dtype_is_float(dtype) && dt_dtype_is_float(c->dtype) &&
-        dt_autograd_should_record(&c, 1)) {
-      dt_node *node;
-      st = dt_autograd_record("to_dtype", to_dtype_backward, &c, 1, r, &node);
-    }
-    if (st != DT_OK)
-      dt_tensor_release(r);
-  }
+  bool floats = dt_dtype_is_float(dtype) && dt_dtype_is_float(c->dtype);
+  st = finish_unary(st, floats, "to_dtype", to_dtype_backward, c, r, NULL, out);
   dt_tensor_release(c);
-  if (st == DT_OK)
-    *out = r;
   return st;
 }
 
@@ -263,15 +246,6 @@ dt_status dt_tensor_to_device(dt_tensor *t, dt_device dev, dt_tensor **out) {
   DT_CHECK(dt_backend_get(dev, &be));
   dt_tensor *r;
   DT_CHECK(dt_tensor_empty(t->shape, t->ndim, t->dtype, dev, &r));
-  dt_status st = dt_tensor_copy_(r, t);
-  if (st == DT_OK && dt_autograd_should_record(&t, 1)) {
-    dt_node *node;
-    st = dt_autograd_record("to_device", to_device_backward, &t, 1, r, &node);
-  }
-  if (st != DT_OK) {
-    dt_tensor_release(r);
-    return st;
-  }
-  *out = r;
-  return DT_OK;
+  return finish_unary(dt_tensor_copy_(r, t), true, "to_device", to_device_backward, t, r, NULL,
+                      out);
 }
