@@ -53,20 +53,15 @@ static dt_status test_request(mpi_comm *m, MPI_Request *req, int *done) {
   return DT_OK;
 }
 
-static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
-  mpi_comm *m = impl;
-  MPI_Request req = MPI_REQUEST_NULL;
-  dt_pg_mpi_lock(m->pg);
-  dt_status st = start_collective(m, w, &req);
-  dt_pg_mpi_unlock(m->pg);
-  if (st != DT_OK)
-    return st;
-  /* Open MPI progresses nonblocking collectives only inside MPI calls, so
-   * poll: spin briefly for latency, then sleep a little between tests so
-   * the thread does not steal a core from the backward pass. */
+/* Waits for `req`, polling: Open MPI progresses nonblocking collectives
+ * only inside MPI calls, so spin briefly for latency, then sleep a little
+ * between tests so the thread does not steal a core from the backward
+ * pass. Past the deadline the request (and the work's buffers) is left to
+ * MPI: DT_ERR_TIMEOUT. */
+static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double deadline) {
   int done = 0;
   for (long polls = 0; !done; polls++) {
-    DT_CHECK(test_request(m, &req, &done));
+    DT_CHECK(test_request(m, req, &done));
     if (done)
       break;
     if (polls > 200) {
@@ -78,6 +73,56 @@ static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
       return DT_ERR_TIMEOUT;
     }
   }
+  return DT_OK;
+}
+
+/* Before the data moves, the ranks agree that they are at the same
+ * collective: sequence number, kind, root and size. Collectives that pair
+ * up wrongly (ranks that ran different numbers of steps, or with other
+ * batch sizes or models) would otherwise exchange buffers of different
+ * sizes, which corrupts memory. One small all-reduce (max of each value and
+ * of its negation gives the range over the ranks); a disagreement fails
+ * the collective on every rank with the ranges. */
+enum { SIG_SEQ, SIG_KIND, SIG_ROOT, SIG_BYTES, SIG_N };
+
+static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
+  int64_t sig[2 * SIG_N] = {
+      (int64_t)w->seq, w->kind, w->root, (int64_t)w->bytes,
+  };
+  for (int i = 0; i < SIG_N; i++)
+    sig[SIG_N + i] = -sig[i];
+  MPI_Request req = MPI_REQUEST_NULL;
+  dt_pg_mpi_lock(m->pg);
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2 * SIG_N, MPI_INT64_T, MPI_MAX, m->comm, &req);
+  dt_pg_mpi_unlock(m->pg);
+  DT_MPI_CHECK(rc);
+  DT_CHECK(wait_request(m, &req, w, deadline));
+  int same = 1;
+  for (int i = 0; i < SIG_N; i++)
+    same = same && sig[i] == -sig[SIG_N + i];
+  if (same)
+    return DT_OK;
+  return DT_ERROR(DT_ERR_DIST_MISMATCH,
+                  "the ranks are not at the same collective: sequence numbers %lld..%lld, kinds "
+                  "%lld..%lld, roots %lld..%lld, sizes %lld..%lld bytes over the ranks: they ran "
+                  "different numbers of steps (uneven data, another --max-steps or --accum) or "
+                  "with another batch size or model; every rank must run the same collectives",
+                  (long long)-sig[SIG_N + SIG_SEQ], (long long)sig[SIG_SEQ],
+                  (long long)-sig[SIG_N + SIG_KIND], (long long)sig[SIG_KIND],
+                  (long long)-sig[SIG_N + SIG_ROOT], (long long)sig[SIG_ROOT],
+                  (long long)-sig[SIG_N + SIG_BYTES], (long long)sig[SIG_BYTES]);
+}
+
+static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
+  mpi_comm *m = impl;
+  DT_CHECK(agree(m, w, deadline));
+  MPI_Request req = MPI_REQUEST_NULL;
+  dt_pg_mpi_lock(m->pg);
+  dt_status st = start_collective(m, w, &req);
+  dt_pg_mpi_unlock(m->pg);
+  if (st != DT_OK)
+    return st;
+  DT_CHECK(wait_request(m, &req, w, deadline));
   if (w->op == DT_REDUCE_AVG && (w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER)) {
     float *x = w->out_data;
     float world = (float)dt_comm_size(w->comm);

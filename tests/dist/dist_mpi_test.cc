@@ -200,6 +200,39 @@ TEST_F(DistMpi, ParameterMismatchFailsOnEveryRank) {
   DT_ASSERT_OK(dt_comm_barrier_sync(g_comm));
 }
 
+// Collectives that would pair up wrongly (another size, another kind) are
+// refused on every rank before any data moves, naming the ranges over the
+// ranks; without the check MPI exchanged buffers of different sizes and
+// corrupted the heap.
+TEST_F(DistMpi, MismatchedCollectivesFailOnEveryRankBeforeDataMoves) {
+  if (world() < 2)
+    GTEST_SKIP() << "a mismatch needs at least 2 ranks (this run has " << world() << ")";
+  for (int variant = 0; variant < 2; variant++) {
+    dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+    cc.timeout_s = 30;
+    dt_comm *c = nullptr;  // a communicator of its own: the failure breaks it
+    DT_ASSERT_OK(dt_comm_create_mpi(g_pg, &cc, &c));
+    int64_t n = rank() == 0 ? 4 : 8;
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    dt_tensor *t = nullptr;
+    DT_ASSERT_OK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &t));
+    dt_status st = variant == 1 && rank() == 0 ? dt_comm_barrier_sync(c)
+                                               : dt_comm_allreduce_sync(c, t, DT_REDUCE_SUM);
+    std::string msg = dt_last_error();
+    std::printf("[rank %d] variant %d: %s\n", rank(), variant, msg.c_str());
+    EXPECT_EQ(st, DT_ERR_DIST_MISMATCH) << msg;
+    EXPECT_NE(msg.find("not at the same collective"), std::string::npos) << msg;
+    if (variant == 0)
+      EXPECT_NE(msg.find("sizes 16..32 bytes"), std::string::npos) << msg;
+    std::vector<float> back(static_cast<size_t>(n));
+    DT_ASSERT_OK(dt_tensor_to_host(t, back.data(), back.size() * sizeof(float)));
+    EXPECT_EQ(back, v) << "the data must not have moved";
+    dt_tensor_release(t);
+    dt_comm_destroy(c);
+  }
+  DT_ASSERT_OK(dt_comm_barrier_sync(g_comm));  // the shared communicator is fine
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
