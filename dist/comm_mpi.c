@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "dist/comm_internal.h"
+#include "dist/guard.h"
 #include "dist/mpi_util.h"
 #include "dist/process_group_internal.h"
 
@@ -179,9 +180,19 @@ dt_status dt_comm_create_mpi(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out
     return DT_ERROR(DT_ERR_OOM, "creating an mpi communicator: out of host memory");
   m->pg = pg;
   m->comm = MPI_COMM_NULL;
+  /* MPI_Comm_dup is collective: a peer that stopped (loading data, say)
+   * would block this rank in it for ever; the collective deadline bounds it. */
+  dt_guard *guard = NULL;
+  dt_status st = dt_guard_begin(pg, "creating the mpi communicator (MPI_Comm_dup, every rank)",
+                                cfg ? cfg->timeout_s : DT_COMM_CONFIG_DEFAULT.timeout_s, &guard);
+  if (st != DT_OK) {
+    mpi_destroy(m, 0);
+    return st;
+  }
   dt_pg_mpi_lock(pg);
-  dt_status st = dup_comm(pg, &m->comm);
+  st = dup_comm(pg, &m->comm);
   dt_pg_mpi_unlock(pg);
+  dt_guard_end(guard);
   if (st != DT_OK) {
     mpi_destroy(m, 0);
     return dt_error_wrap(st, "creating an mpi communicator on rank %d", pg->rank);

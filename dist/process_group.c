@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "dist/mpi_util.h"
+#include "dist/guard.h"
 #include "dist/process_group_internal.h"
 
 static int env_set(const char *name) {
@@ -58,7 +59,19 @@ static const char *thread_level_name(int level) {
   return "unknown";
 }
 
-static dt_status init_mpi(dt_pg *pg) {
+static dt_status init_mpi_steps(dt_pg *pg);
+
+/* MPI start-up under a deadline (see dist/guard.h). */
+static dt_status init_mpi(dt_pg *pg, double timeout_s) {
+  dt_guard *g = NULL;
+  DT_CHECK(dt_guard_begin(pg, "MPI start-up (MPI_Init_thread, MPI_Comm_dup, MPI_Comm_split_type)",
+                          timeout_s, &g));
+  dt_status st = init_mpi_steps(pg);
+  dt_guard_end(g);
+  return st;
+}
+
+static dt_status init_mpi_steps(dt_pg *pg) {
   int initialized = 0;
   DT_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
@@ -120,7 +133,7 @@ dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out) {
   int want_mpi = c.mode == DT_PG_MPI || (c.mode == DT_PG_AUTO && pg->launcher != DT_LAUNCHER_NONE);
   if (want_mpi) {
     pg->uses_mpi = 1;
-    st = init_mpi(pg);
+    st = init_mpi(pg, c.init_timeout_s);
     if (st != DT_OK) {
       st = dt_error_wrap(st, "joining the MPI job (%s)", dt_launcher_name(pg->launcher));
       goto destroy_pg;

@@ -38,8 +38,13 @@ typedef enum dt_pg_mode {
 
 typedef struct dt_pg_config {
   dt_pg_mode mode;
+  /* Seconds MPI start-up (MPI_Init_thread, the world and node
+   * communicators) may take before this rank names the step it waits for
+   * and ends the job (exit 70): a peer that never arrives must not hang it.
+   * 0 = wait for ever. */
+  double init_timeout_s;
 } dt_pg_config;
-#define DT_PG_CONFIG_DEFAULT ((dt_pg_config){DT_PG_AUTO})
+#define DT_PG_CONFIG_DEFAULT ((dt_pg_config){DT_PG_AUTO, 300.0})
 
 typedef enum dt_launcher {
   DT_LAUNCHER_NONE = 0,

@@ -31,6 +31,25 @@ if [ "$elapsed" -gt 30 ]; then
 fi
 
 start=$(date +%s)
+timeout 60 "$here/mpirun_local.sh" 2 "$tool" late 3 >"$log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+echo "--- rank late for the communicator: exit $rc after ${elapsed}s"
+cat "$log"
+if [ "$rc" -ne 70 ]; then
+  echo "FAIL: the job should have been ended by the start-up deadline with exit 70 (got $rc; 124 = hung)"
+  status=1
+fi
+if ! grep -Eq "dtrain: error: rank 0: creating the mpi communicator \(MPI_Comm_dup, every rank\) did not complete within 3 s" "$log"; then
+  echo "FAIL: no message naming the step rank 0 waited for"
+  status=1
+fi
+if [ "$elapsed" -gt 30 ]; then
+  echo "FAIL: took ${elapsed}s, expected about 3s"
+  status=1
+fi
+
+start=$(date +%s)
 timeout 60 "$here/mpirun_local.sh" 3 "$tool" kill >"$log" 2>&1
 rc=$?
 elapsed=$(($(date +%s) - start))

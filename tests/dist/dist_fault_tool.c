@@ -3,6 +3,10 @@
  *                                   the others' watchdog must abort the job
  *   dist_fault_tool kill            the last rank dies (SIGKILL) mid-job;
  *                                   mpirun must end the job (watchdog 120 s)
+ *   dist_fault_tool late TIMEOUT    the last rank stalls before creating the
+ *                                   communicator (as if still loading data);
+ *                                   the others, blocked in MPI_Comm_dup, must
+ *                                   name it and abort the job
  */
 #include <signal.h>
 #include <stdio.h>
@@ -19,18 +23,21 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0)) {
-    fprintf(stderr, "usage: dist_fault_tool stuck TIMEOUT_S | kill\n");
+  if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0 &&
+                   strcmp(argv[1], "late") != 0)) {
+    fprintf(stderr, "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S\n");
     return 2;
   }
-  int stuck = strcmp(argv[1], "stuck") == 0;
+  int stuck = strcmp(argv[1], "stuck") == 0, late = strcmp(argv[1], "late") == 0;
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
   if (dt_pg_create(&pc, &pg) != DT_OK)
     return fail("process group");
   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  cc.timeout_s = stuck ? atof(argc > 2 ? argv[2] : "3") : 120.0;
+  cc.timeout_s = stuck || late ? atof(argc > 2 ? argv[2] : "3") : 120.0;
+  if (late && dt_pg_rank(pg) == dt_pg_world_size(pg) - 1)
+    sleep(120); /* never reaches the communicator's creation in time */
   dt_comm *comm = NULL;
   if (dt_comm_create_mpi(pg, &cc, &comm) != DT_OK)
     return fail("communicator");

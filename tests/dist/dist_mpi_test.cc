@@ -222,8 +222,9 @@ TEST_F(DistMpi, MismatchedCollectivesFailOnEveryRankBeforeDataMoves) {
     std::printf("[rank %d] variant %d: %s\n", rank(), variant, msg.c_str());
     EXPECT_EQ(st, DT_ERR_DIST_MISMATCH) << msg;
     EXPECT_NE(msg.find("not at the same collective"), std::string::npos) << msg;
-    if (variant == 0)
+    if (variant == 0) {
       EXPECT_NE(msg.find("sizes 16..32 bytes"), std::string::npos) << msg;
+    }
     std::vector<float> back(static_cast<size_t>(n));
     DT_ASSERT_OK(dt_tensor_to_host(t, back.data(), back.size() * sizeof(float)));
     EXPECT_EQ(back, v) << "the data must not have moved";
