@@ -18,6 +18,7 @@
 
 #include "cuda/cuda.h"
 #include "dist/comm_internal.h"
+#include "dist/guard.h"
 #include "dist/mpi_util.h"
 #include "dist/nccl_check.h"
 #include "dist/process_group_internal.h"
@@ -80,8 +81,20 @@ struct dt_nccl_clique {
   int broken; /* atomic: a member was aborted, so abort (not destroy) the rest */
 };
 
+/* The timing events of works, reused: creating two or three CUDA events
+ * per collective costs driver calls on the training thread. A work's events
+ * go back to the pool when the work is freed; the pool lives until its
+ * communicator and every work handed events are gone (reference count). */
+typedef struct nccl_work_events nccl_work_events;
+typedef struct nccl_event_pool {
+  int refcount; /* the communicator + each work holding events; under mu */
+  pthread_mutex_t mu;
+  nccl_work_events *free_list;
+} nccl_event_pool;
+
 typedef struct nccl_comm {
   ncclComm_t comm;
+  nccl_event_pool *pool;
   dt_pg *pg;              /* NULL for a clique */
   dt_nccl_clique *clique; /* NULL for a process group */
   int rank, size;
@@ -92,9 +105,31 @@ typedef struct nccl_comm {
   int aborted;         /* atomic */
 } nccl_comm;
 
-typedef struct nccl_work_events {
+struct nccl_work_events {
   cudaEvent_t start, end, waited;
-} nccl_work_events;
+  nccl_event_pool *pool;
+  nccl_work_events *next;
+};
+
+static void event_pool_release(nccl_event_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  int last = --p->refcount == 0;
+  pthread_mutex_unlock(&p->mu);
+  if (!last)
+    return;
+  while (p->free_list) {
+    nccl_work_events *ev = p->free_list;
+    p->free_list = ev->next;
+    /* Destroying a pending event is legal: CUDA frees it once it fires. */
+    cudaEventDestroy(ev->start);
+    cudaEventDestroy(ev->end);
+    if (ev->waited)
+      cudaEventDestroy(ev->waited);
+    free(ev);
+  }
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
 
 #define NC_CUDA(stmt) DT_NCCL_CUDA_CHECK(stmt, nc->rank, nc->dev.index)
 #define NC_NCCL(stmt) DT_NCCL_CHECK(stmt, nc->comm, nc->rank, nc->dev.index)
@@ -103,15 +138,44 @@ static void nccl_work_free(dt_work *w) {
   nccl_work_events *ev = w->backend_data;
   if (ev == NULL)
     return;
-  /* Destroying a pending event is legal: CUDA frees it once it fires. */
-  if (ev->start)
-    cudaEventDestroy(ev->start);
-  if (ev->end)
-    cudaEventDestroy(ev->end);
-  if (ev->waited)
-    cudaEventDestroy(ev->waited);
-  free(ev);
   w->backend_data = NULL;
+  /* Back to the pool: a later record overwrites the events' state, so a
+   * pending one is fine to reuse once this work no longer reads it. */
+  nccl_event_pool *p = ev->pool;
+  pthread_mutex_lock(&p->mu);
+  ev->next = p->free_list;
+  p->free_list = ev;
+  pthread_mutex_unlock(&p->mu);
+  event_pool_release(p);
+}
+
+/* Events for a new work: from the pool, or created (on nc's device). */
+static dt_status events_take(nccl_comm *nc, nccl_work_events **out) {
+  nccl_event_pool *p = nc->pool;
+  pthread_mutex_lock(&p->mu);
+  nccl_work_events *ev = p->free_list;
+  if (ev)
+    p->free_list = ev->next;
+  p->refcount++;
+  pthread_mutex_unlock(&p->mu);
+  if (!ev) {
+    ev = calloc(1, sizeof *ev);
+    if (ev == NULL || cudaEventCreate(&ev->start) != cudaSuccess ||
+        cudaEventCreate(&ev->end) != cudaSuccess) {
+      if (ev && ev->start)
+        cudaEventDestroy(ev->start);
+      free(ev);
+      event_pool_release(p);
+      return DT_ERROR(DT_ERR_CUDA,
+                      "nccl: cannot create the timing events of a collective on "
+                      "cuda:%d",
+                      nc->dev.index);
+    }
+    ev->pool = p;
+  }
+  ev->next = NULL;
+  *out = ev;
+  return DT_OK;
 }
 
 static dt_status nccl_check_device(void *impl, dt_device dev) {
@@ -157,12 +221,9 @@ static dt_status nccl_enqueue(void *impl, dt_work *w) {
   if (__atomic_load_n(&nc->aborted, __ATOMIC_ACQUIRE))
     return DT_ERROR(DT_ERR_STATE, "the nccl communicator of rank %d was aborted", nc->rank);
   NC_CUDA(cudaSetDevice(nc->dev.index));
-  nccl_work_events *ev = calloc(1, sizeof *ev);
-  if (ev == NULL)
-    return DT_ERROR(DT_ERR_OOM, "nccl: out of host memory for a work's events");
+  nccl_work_events *ev = NULL;
+  DT_CHECK(events_take(nc, &ev));
   w->backend_data = ev;
-  NC_CUDA(cudaEventCreate(&ev->start));
-  NC_CUDA(cudaEventCreate(&ev->end));
   if (w->ready != NULL)
     NC_CUDA(cudaStreamWaitEvent(nc->stream, (cudaEvent_t)dt_cuda_event_handle(w->ready), 0));
   NC_CUDA(cudaEventRecord(ev->start, nc->stream));
@@ -272,6 +333,8 @@ static void nccl_destroy(void *impl, int broken) {
     cudaFree(nc->barrier_buf);
   if (nc->epoch)
     cudaEventDestroy(nc->epoch);
+  if (nc->pool)
+    event_pool_release(nc->pool);
   free(nc);
 }
 
@@ -293,6 +356,13 @@ static const dt_comm_backend nccl_backend = {
 
 /* Streams, the epoch event and the barrier buffer of `nc` on nc->dev. */
 static dt_status device_setup(nccl_comm *nc) {
+  if (nc->pool == NULL) {
+    nc->pool = calloc(1, sizeof *nc->pool);
+    if (nc->pool == NULL)
+      return DT_ERROR(DT_ERR_OOM, "nccl: out of host memory for the event pool");
+    nc->pool->refcount = 1;
+    pthread_mutex_init(&nc->pool->mu, NULL);
+  }
   const dt_backend_ops *ops = NULL;
   DT_CHECK(dt_backend_get(nc->dev, &ops));
   NC_CUDA(cudaSetDevice(nc->dev.index)); /* before trusting the backend's handles */
@@ -383,7 +453,7 @@ static dt_status check_gpus(dt_pg *pg, nccl_comm *nc, dt_status local) {
   return st;
 }
 
-static dt_status init_rank(dt_pg *pg, nccl_comm *nc) {
+static dt_status init_rank(dt_pg *pg, nccl_comm *nc, double timeout_s) {
   id_msg msg;
   memset(&msg, 0, sizeof msg);
   dt_status st = DT_OK;
@@ -401,8 +471,25 @@ static dt_status init_rank(dt_pg *pg, nccl_comm *nc) {
                          : DT_ERROR(DT_ERR_NCCL,
                                     "rank 0 could not create the NCCL unique id "
                                     "(see its message)");
-  NC_CUDA(cudaSetDevice(nc->dev.index));
-  NC_NCCL(ncclCommInitRank(&nc->comm, pg->world, msg.id, pg->rank));
+  /* ncclCommInitRank is collective and blocking: a rank that fails before
+   * calling it would leave the others waiting in it. The ranks first agree
+   * that every one selected its GPU; the call itself runs under a deadline
+   * (dist/guard.h), past which this rank names it and ends the job. */
+  cudaError_t se = cudaSetDevice(nc->dev.index);
+  int all_ok = 1;
+  if (pg->uses_mpi && pg->world > 1)
+    DT_CHECK(mpi_all_ok(pg, se == cudaSuccess, &all_ok));
+  NC_CUDA(se);
+  if (!all_ok)
+    return DT_ERROR(DT_ERR_NCCL,
+                    "another rank could not select its GPU before ncclCommInitRank (see its "
+                    "message)");
+  dt_guard *guard = NULL;
+  DT_CHECK(dt_guard_begin(pg, "ncclCommInitRank (every rank of the nccl communicator)", timeout_s,
+                          &guard));
+  ncclResult_t r = ncclCommInitRank(&nc->comm, pg->world, msg.id, pg->rank);
+  dt_guard_end(guard);
+  NC_NCCL(r);
   return DT_OK;
 }
 
@@ -424,7 +511,7 @@ dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cf
                                    dt_device_format(dev, d, sizeof d));
   dt_status st = check_gpus(pg, nc, local);
   if (st == DT_OK)
-    st = init_rank(pg, nc);
+    st = init_rank(pg, nc, cfg ? cfg->timeout_s : DT_COMM_CONFIG_DEFAULT.timeout_s);
   /* Agree: a rank whose init failed makes every rank fail (and fall back). */
   if (pg->uses_mpi && pg->world > 1) {
     char msg[1024];
