@@ -16,8 +16,8 @@ fail() {
 }
 
 bins=()
-for b in tests/cuda_parity_test tests/cuda_allocator_test tests/cuda_train_step_test \
-  launch/dtrain; do
+for b in tests/cuda_backend_test tests/cuda_allocator_test tests/cuda_train_step_test \
+  tests/op_table_test launch/dtrain; do
   [ -x "$ws/$b" ] || fail "$b missing from the runfiles"
   bins+=("$ws/$b")
 done
@@ -28,7 +28,7 @@ GPU_CHECK_XZ_LEVEL=0 "$script" pack --no-data "$tarball" "${bins[@]}" >"$tmp/pac
 cat "$tmp/pack.log"
 listing=$(tar -tJf "$tarball")
 has() { grep -qx "gpu_bundle/$1" <<<"$listing" || fail "the bundle lacks $1"; }
-for b in cuda_parity_test cuda_allocator_test cuda_train_step_test dtrain; do
+for b in cuda_backend_test cuda_allocator_test cuda_train_step_test op_table_test dtrain; do
   has "bin/$b"
 done
 has lib/libcore_Slibbase.so
@@ -36,7 +36,7 @@ has lib/libcuda_Slibcuda.so
 has lib/libopenblas.so.0
 has bench_torch.py
 has MANIFEST.txt
-if ldd "$ws/tests/cuda_parity_test" | grep -q libcudart; then  # not in --config=cpu builds
+if ldd "$ws/tests/cuda_backend_test" | grep -q libcudart; then  # not in --config=cpu builds
   has fallback/libcudart.so.13
 fi
 if command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -q "Open MPI"; then
@@ -72,7 +72,7 @@ PYTHON=/bin/false "$script" run "$tarball" "$out" >"$tmp/run.log" 2>&1 ||
   { cat "$tmp/run.log"; fail "run failed"; }
 cat "$tmp/run.log"
 [ -f "$out/summary.md" ] || fail "run wrote no summary.md"
-for s in cuda_parity_test cuda_allocator_test cuda_train_step_test; do
+for s in cuda_backend_test cuda_allocator_test cuda_train_step_test op_table_test; do
   grep -q "^| $s | [0-9]* | 0 | [0-9]* | ok |$" "$out/summary.md" || fail "summary row for $s"
   [ -f "$out/$s.xml" ] || fail "no gtest XML for $s"
 done

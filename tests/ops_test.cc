@@ -1,6 +1,6 @@
 // Ops: forward values against hand-computed references, argument errors
 // (device, shape, dtype), no_grad, views, dtype round trips and
-// grad-ready hooks across several ops. Gradients: ops_grad_test.cc.
+// grad-ready hooks across several ops. Gradients and backend parity: op_table_test.cc.
 #include "core/ops.h"
 
 #include <gtest/gtest.h>

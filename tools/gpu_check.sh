@@ -8,7 +8,8 @@
 #   tools/gpu_check.sh list TARBALL                what a bundle holds
 #
 # bundle: builds every cc_test / cc_binary under //tests/... whose name has
-#   cuda, nccl or gpu in it, and //launch:dtrain, then packs them (`pack`)
+#   cuda, nccl, gpu or op_table in it (not the CPU selfcheck variants), and
+#   //launch:dtrain, then packs them (`pack`)
 #   into TARBALL (default out/gpu_bundle.tar.xz, git-ignored), which must
 #   stay under 64 MiB. Prints the contents and the size.
 # pack: stages EXE... into bin/ with the shared libraries the GPU machine may
@@ -171,7 +172,7 @@ bundle() {
   cd "$root" || die "no repository at $root"
   local targets
   targets=$(bazel query --noshow_progress \
-    'attr(name, "cuda|nccl|gpu", kind("cc_test|cc_binary", //tests/...)) except attr(name, "selfcheck", //tests/...)' 2>/dev/null)
+    'attr(name, "cuda|nccl|gpu|op_table", kind("cc_test|cc_binary", //tests/...)) except attr(name, "selfcheck", //tests/...)' 2>/dev/null)
   [ -n "$targets" ] || die "bazel query found no CUDA test targets under //tests"
   say "building: $(echo $targets) //launch:dtrain"
   bazel build --noshow_progress $targets //launch:dtrain >/dev/null 2>&1 ||
@@ -433,6 +434,6 @@ case "$mode" in
   pack) shift; pack "$@" ;;
   list) shift; list "$@" ;;
   run) shift; run "$@" ;;
-  -h | --help | "") sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' ;;
+  -h | --help | "") sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0" ;;
   *) die "unknown mode '$mode' (bundle, run, pack or list; see --help)" ;;
 esac
