@@ -63,8 +63,10 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
                       &ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean), DT_F32(invstd),
                       DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw, (float)node->reals[0]),
                   st, fail);
-  else
+  else if (c > 0) { /* no samples: the parameter gradients are zero */
     DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dgamma), 0.0f, c), st, fail);
+    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dbeta), 0.0f, c), st, fail);
+  }
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
      * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */

@@ -1,10 +1,10 @@
 """Test helpers."""
 
-def dt_cc_test(name, deps = [], srcs_name = None, **kwargs):
-    """A GoogleTest suite from <srcs_name or name>.cc plus tests/test_util."""
+def dt_cc_test(name, deps = [], srcs_name = None, srcs = [], **kwargs):
+    """A GoogleTest suite from <srcs_name or name>.cc (plus srcs) and tests/test_util."""
     native.cc_test(
         name = name,
-        srcs = [(srcs_name or name) + ".cc"] + native.glob(["test_util*.h", "test_util*.cc"]),
+        srcs = [(srcs_name or name) + ".cc"] + srcs + native.glob(["test_util*.h", "test_util*.cc"]),
         deps = deps + [
             "//core",
             "//models",

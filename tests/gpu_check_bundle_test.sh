@@ -16,8 +16,8 @@ fail() {
 }
 
 bins=()
-for b in tests/cuda_parity_test tests/cuda_allocator_test tests/cuda_train_step_test \
-  launch/dtrain; do
+for b in tests/cuda_backend_test tests/cuda_allocator_test tests/cuda_train_step_test \
+  tests/op_table_test launch/dtrain; do
   [ -x "$ws/$b" ] || fail "$b missing from the runfiles"
   bins+=("$ws/$b")
 done
@@ -28,7 +28,7 @@ GPU_CHECK_XZ_LEVEL=0 "$script" pack --no-data "$tarball" "${bins[@]}" >"$tmp/pac
 cat "$tmp/pack.log"
 listing=$(tar -tJf "$tarball")
 has() { grep -qx "gpu_bundle/$1" <<<"$listing" || fail "the bundle lacks $1"; }
-for b in cuda_parity_test cuda_allocator_test cuda_train_step_test dtrain; do
+for b in cuda_backend_test cuda_allocator_test cuda_train_step_test op_table_test dtrain; do
   has "bin/$b"
 done
 has lib/libcore_Slibcpu.so
@@ -36,7 +36,7 @@ has lib/libcuda_Slibcuda.so
 has lib/libopenblas.so.0
 has bench_torch.py
 has MANIFEST.txt
-if ldd "$ws/tests/cuda_parity_test" | grep -q libcudart; then  # not in --config=cpu builds
+if ldd "$ws/tests/cuda_backend_test" | grep -q libcudart; then  # not in --config=cpu builds
   has fallback/libcudart.so.13
 fi
 if command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -q "Open MPI"; then
@@ -76,17 +76,20 @@ files=$(find "$out" -type f | wc -l)
 [ "$files" -le 8 ] || fail "run left $files files in OUT (at most 8 come back from the GPU machine)"
 [ "$(ls "$out")" = "$(printf 'logs.tar.xz\nsummary.md')" ] || fail "OUT holds $(ls "$out" | tr '\n' ' ')"
 tar -tJf "$out/logs.tar.xz" | grep -q 'doctor.txt' || fail "logs.tar.xz lacks doctor.txt"
-tar -tJf "$out/logs.tar.xz" | grep -q 'cuda_parity_test.log' || fail "logs.tar.xz lacks the suite logs"
+tar -tJf "$out/logs.tar.xz" | grep -q 'op_table_test.log' || fail "logs.tar.xz lacks the suite logs"
 grep -q '^- glibc: ' "$out/summary.md" || fail "summary lacks the machine's facts"
 grep -q 'state: finished, 0 failing step' "$out/summary.md" || fail "summary does not say it finished"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   # Without a GPU every parity case skips: reported as skipped, never as ok.
-  for s in cuda_parity_test cuda_train_step_test; do
+  for s in cuda_backend_test cuda_train_step_test; do
     grep -q "^| $s | skipped | 0 | 0 | [1-9][0-9]* |" "$out/summary.md" ||
       fail "summary row for $s is not 'skipped': $(grep "^| $s " "$out/summary.md")"
   done
-  # The allocator suite has CPU-side cases that pass.
-  grep -q '^| cuda_allocator_test | ok | [1-9]' "$out/summary.md" || fail "summary row for the allocator"
+  # These suites have CPU-side cases that pass (and GPU ones that skip).
+  for s in cuda_allocator_test op_table_test; do
+    grep -q "^| $s | ok | [1-9][0-9]* | 0 | [1-9][0-9]* |" "$out/summary.md" ||
+      fail "summary row for $s: $(grep "^| $s " "$out/summary.md")"
+  done
   grep -q 'training, launch, bench | not run .* no GPU' "$out/summary.md" || fail "no-GPU note"
 fi
 

@@ -1,6 +1,6 @@
 // Ops: forward values against hand-computed references, argument errors
 // (device, shape, dtype), no_grad, views, dtype round trips and
-// grad-ready hooks across several ops. Gradients: ops_grad_test.cc.
+// grad-ready hooks across several ops. Gradients and backend parity: op_table_test.cc.
 #include "core/ops.h"
 
 #include <gtest/gtest.h>
@@ -262,6 +262,30 @@ TEST(OpsForward, BatchNormEvalUsesRunningStats) {
   ExpectNear(ToVector(y), {0, 1, 2, 3});
   ExpectNear(ToVector(rm), {1, 2});  // untouched in eval mode
   ExpectNear(ToVector(rv), {4, 1});
+}
+
+// With no samples the parameter gradients are zeros, not whatever the
+// allocator hands out: blocks of the gradients' size are poisoned with NaN
+// and freed first, so uninitialised memory would show.
+TEST(OpsAutograd, BatchNormOfAnEmptyBatchHasZeroParameterGradients) {
+  for (int i = 0; i < 8; i++) {
+    dt_tensor *poison = MakeTensor({NAN, NAN, NAN}, {3});
+    dt_tensor_release(poison);
+  }
+  Tensors ts;
+  dt_tensor *x = ts.add(MakeTensor({}, {0, 3, 2, 2}, true));
+  dt_tensor *g = ts.add(MakeTensor({1, 1, 1}, {3}, true));
+  dt_tensor *b = ts.add(MakeTensor({0, 0, 0}, {3}, true));
+  dt_tensor *rm = ts.add(MakeTensor({0, 0, 0}, {3}));
+  dt_tensor *rv = ts.add(MakeTensor({1, 1, 1}, {3}));
+  dt_tensor *y = nullptr, *loss = nullptr;
+  ASSERT_EQ(dt_op_batch_norm2d(x, g, b, rm, rv, false, 0.1f, 1e-5f, &y), DT_OK) << dt_last_error();
+  ts.add(y);
+  ASSERT_EQ(dt_op_sum(y, nullptr, 0, false, &loss), DT_OK) << dt_last_error();
+  ts.add(loss);
+  ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+  ExpectNear(ToVector(dt_tensor_grad(g)), {0, 0, 0});
+  ExpectNear(ToVector(dt_tensor_grad(b)), {0, 0, 0});
 }
 
 TEST(OpsForward, BatchNormTrainingUpdatesRunningStats) {

@@ -108,6 +108,13 @@ dt_status CopyFromHost(dt_tensor *t, const std::vector<float> &values) {
 
 // ---- gradient check ----
 
+std::vector<float> UpstreamGradient(size_t n, uint64_t seed) {
+  std::vector<float> r = RandomValues(n, seed, -1.0f, 1.0f);
+  for (float &v : r)
+    v = v < 0 ? v - 0.5f : v + 0.5f;
+  return r;
+}
+
 // L = sum(op(inputs) * r) in double, without recording.
 static ::testing::AssertionResult EvalLoss(const OpFn &fn, const std::vector<dt_tensor *> &inputs,
                                            const std::vector<float> &r, double *loss) {
@@ -144,10 +151,7 @@ static ::testing::AssertionResult EvalLoss(const OpFn &fn, const std::vector<dt_
   TensorRef out_ref(out);
   if (!dt_tensor_requires_grad(out))
     return ::testing::AssertionFailure() << "the op's output does not require grad";
-  // R: random signs, magnitudes in [0.5, 1.5) (no element nearly ignored)
-  std::vector<float> r = RandomValues((size_t)dt_tensor_numel(out), opt.seed, -1.0f, 1.0f);
-  for (float &v : r)
-    v = v < 0 ? v - 0.5f : v + 0.5f;
+  std::vector<float> r = UpstreamGradient((size_t)dt_tensor_numel(out), opt.seed);
   TensorRef rt(MakeTensor(r, Shape(out), false, dt_tensor_device(out)));
   st = dt_backward(out, rt.get());
   if (st != DT_OK)

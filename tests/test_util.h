@@ -73,6 +73,11 @@ dt_status CopyFromHost(dt_tensor *t, const std::vector<float> &values);
 
 // ---- finite-difference gradient check ----
 
+// The upstream gradient R that GradCheck (and the op table's parity check)
+// seed backward with: random signs, magnitudes in [0.5, 1.5), so that no
+// output element is nearly ignored.
+std::vector<float> UpstreamGradient(size_t n, uint64_t seed);
+
 // Builds the op's output from the inputs (the same tensors every call).
 using OpFn = std::function<dt_status(const std::vector<dt_tensor *> &inputs, dt_tensor **out)>;
 

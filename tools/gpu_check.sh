@@ -9,7 +9,8 @@
 #   tools/gpu_check.sh list TARBALL                what a bundle holds
 #
 # bundle: builds every cc_test / cc_binary under //tests/... whose name has
-#   cuda, nccl, gpu or op_table in it, and //launch:dtrain, then packs them
+#   cuda, nccl, gpu or op_table in it (not the CPU selfcheck variants), and
+#   //launch:dtrain, then packs them
 #   (`pack`) into TARBALL (default out/gpu_bundle.tar.xz, git-ignored) and
 #   checks with `size` that the working tree plus the tarball stay under
 #   64 MiB (the device tool's limit for everything that travels).
@@ -411,7 +412,7 @@ PYEOF
 
   # ---- 1. backend parity and the training-step parity ----
   local exe name
-  for name in op_table_test cuda_parity_test cuda_backend_test cuda_train_step_test \
+  for name in op_table_test cuda_backend_test cuda_train_step_test \
     cuda_allocator_test; do
     exe="$b/bin/$name"
     [ -x "$exe" ] || continue
@@ -420,7 +421,7 @@ PYEOF
   # any other single-process suite in the bundle
   for exe in "$b"/bin/*_test; do
     name=$(basename "$exe")
-    case " op_table_test cuda_parity_test cuda_backend_test cuda_train_step_test cuda_allocator_test " in
+    case " op_table_test cuda_backend_test cuda_train_step_test cuda_allocator_test " in
       *" $name "*) continue ;;
     esac
     step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"

@@ -1,0 +1,705 @@
+// The op table's rows (see tests/op_table.h for the columns). Small shapes
+// run both checks; the large ones (kParityOnly) are sized to reach the
+// backends' multi-block and long-row paths, where finite differences would
+// be too slow.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/module.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "tests/op_table.h"
+
+namespace optable {
+namespace {
+
+using dtt::OpFn;
+using V = std::vector<dt_tensor *>;
+using Shape = std::vector<int64_t>;
+constexpr dt_dtype F32 = DT_DTYPE_F32;
+constexpr Acc kExact = Acc::kExact, kElementwise = Acc::kElementwise, kReduction = Acc::kReduction,
+              kNormalisation = Acc::kNormalisation;
+
+std::string ShapeName(const Shape &s) {
+  std::string r;
+  for (size_t i = 0; i < s.size(); i++)
+    r += (i ? "x" : "") + std::to_string(s[i]);
+  return r.empty() ? "scalar" : r;
+}
+
+// ---- the ops as callables on the row's inputs ----
+
+OpFn Unary(dt_status (*f)(dt_tensor *, dt_tensor **)) {
+  return [f](const V &x, dt_tensor **out) { return f(x[0], out); };
+}
+
+OpFn Binary(dt_status (*f)(dt_tensor *, dt_tensor *, dt_tensor **)) {
+  return [f](const V &x, dt_tensor **out) { return f(x[0], x[1], out); };
+}
+
+// f(view of x) for a view made by `make`, released afterwards.
+template <class Make, class F>
+dt_status OnView(dt_tensor *x, Make make, F f) {
+  dt_tensor *view = nullptr;
+  DT_CHECK(make(x, &view));
+  dt_status st = f(view);
+  dt_tensor_release(view);
+  return st;
+}
+
+auto Transposed(int d0, int d1) {
+  return [d0, d1](dt_tensor *x, dt_tensor **v) { return dt_tensor_transpose(x, d0, d1, v); };
+}
+
+auto Permuted(std::vector<int> perm) {
+  return [perm](dt_tensor *x, dt_tensor **v) { return dt_tensor_permute(x, perm.data(), v); };
+}
+
+auto AsDtype(dt_dtype d) {
+  return [d](dt_tensor *x, dt_tensor **v) { return dt_tensor_to_dtype(x, d, v); };
+}
+
+// f(x0, x1) with input k read through its transpose (0, 1): a strided view.
+OpFn TransposedInput(size_t k, dt_status (*f)(dt_tensor *, dt_tensor *, dt_tensor **)) {
+  return [k, f](const V &x, dt_tensor **out) {
+    return OnView(x[k], Transposed(0, 1),
+                  [&](dt_tensor *t) { return k == 0 ? f(t, x[1], out) : f(x[0], t, out); });
+  };
+}
+
+// f(x0 permuted by perm).
+OpFn PermutedInput(std::vector<int> perm, dt_status (*f)(dt_tensor *, dt_tensor **)) {
+  return [perm, f](const V &x, dt_tensor **out) {
+    return OnView(x[0], Permuted(perm), [&](dt_tensor *p) { return f(p, out); });
+  };
+}
+
+dt_tensor *Opt(const V &x, size_t i) { return i < x.size() ? x[i] : nullptr; }
+
+OpFn Linear() {
+  return [](const V &x, dt_tensor **out) { return dt_op_linear(x[0], x[1], Opt(x, 2), out); };
+}
+
+OpFn Softmax(bool log) {
+  return [log](const V &x, dt_tensor **out) {
+    return log ? dt_op_log_softmax(x[0], -1, out) : dt_op_softmax(x[0], -1, out);
+  };
+}
+
+OpFn CrossEntropy(dt_reduction r, int64_t ignore) {
+  return [r, ignore](const V &x, dt_tensor **out) {
+    return dt_op_cross_entropy(x[0], x[1], r, ignore, out);
+  };
+}
+
+OpFn Mse(dt_reduction r) {
+  return [r](const V &x, dt_tensor **out) { return dt_op_mse(x[0], x[1], r, out); };
+}
+
+// inputs: x, weight[, bias]
+OpFn Conv2d(int stride, int padding) {
+  return [stride, padding](const V &x, dt_tensor **out) {
+    return dt_op_conv2d(x[0], x[1], Opt(x, 2), stride, padding, out);
+  };
+}
+
+OpFn Pool(dt_status (*f)(dt_tensor *, int, int, int, dt_tensor **), int k, int s, int p) {
+  return [f, k, s, p](const V &x, dt_tensor **out) { return f(x[0], k, s, p, out); };
+}
+
+// inputs: x[, gamma, beta[, running_mean, running_var]]
+OpFn BatchNorm(int training) {
+  return [training](const V &x, dt_tensor **out) {
+    return dt_op_batch_norm2d(x[0], Opt(x, 1), Opt(x, 2), Opt(x, 3), Opt(x, 4), training, 0.1f,
+                              1e-5f, out);
+  };
+}
+
+// inputs: x[, gamma, beta]
+OpFn LayerNorm() {
+  return [](const V &x, dt_tensor **out) {
+    return dt_op_layer_norm(x[0], Opt(x, 1), Opt(x, 2), 1e-5f, out);
+  };
+}
+
+// The same mask on every call: the generator starts afresh.
+OpFn Dropout(float p, uint64_t seed, uint64_t offset) {
+  return [p, seed, offset](const V &x, dt_tensor **out) {
+    dt_generator gen;
+    dt_generator_init(&gen, seed);
+    gen.offset = offset;
+    return dt_op_dropout(x[0], p, 1, &gen, out);
+  };
+}
+
+OpFn Reduce(dt_status (*f)(dt_tensor *, const int *, int, bool, dt_tensor **), std::vector<int> dims,
+            bool keepdim) {
+  return [f, dims, keepdim](const V &x, dt_tensor **out) {
+    return f(x[0], dims.data(), (int)dims.size(), keepdim, out);
+  };
+}
+
+OpFn Concat(int dim) {
+  return [dim](const V &x, dt_tensor **out) {
+    return dt_op_concat(x.data(), (int)x.size(), dim, out);
+  };
+}
+
+OpFn Cast(dt_dtype src, dt_dtype dst) {
+  return [src, dst](const V &x, dt_tensor **out) {
+    return OnView(x[0], AsDtype(src),
+                  [&](dt_tensor *s) { return dt_tensor_to_dtype(s, dst, out); });
+  };
+}
+
+// ---- optimizers and clipping, on a one-parameter module's arena ----
+
+dt_status NoForward(dt_module *, dt_tensor *, dt_tensor **) {
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "op table: a parameter holder has no forward");
+}
+const dt_module_vtable kParamsOnly = {"ParamsOnly", NoForward, nullptr};
+
+// A module whose one parameter is a copy of p (1-D), with gradient g.
+struct OneParam {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  ~OneParam() {
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(m);
+  }
+  dt_status Init(dt_tensor *p, dt_tensor *g) {
+    DT_CHECK(dt_module_create(&kParamsOnly, nullptr, &m));
+    dt_tensor *w = nullptr;
+    DT_CHECK(dt_tensor_empty(dt_tensor_shape(p), 1, DT_DTYPE_F32, dt_tensor_device(p), &w));
+    dt_status st = dt_tensor_copy_(w, p);
+    if (st == DT_OK)
+      st = dt_module_register_parameter(m, "w", w);
+    dt_tensor_release(w);
+    DT_CHECK(st);
+    DT_CHECK(dt_param_arena_create(m, &arena));
+    return dt_tensor_copy_(dt_param_arena_grads(arena), g);
+  }
+};
+
+// out = concat(t, host values on t's device)
+dt_status ConcatHost(dt_tensor *t, const std::vector<float> &host, dt_tensor **out) {
+  int64_t n = (int64_t)host.size();
+  dt_tensor *h = nullptr;
+  DT_CHECK(dt_tensor_from_host(host.data(), &n, 1, DT_DTYPE_F32, dt_tensor_device(t), &h));
+  dt_tensor *both[2] = {t, h};
+  dt_status st = dt_op_concat(both, 2, 0, out);
+  dt_tensor_release(h);
+  return st;
+}
+
+// inputs: p, g, then the state buffers (SGD: momentum; AdamW: exp_avg,
+// exp_avg_sq). One step after `steps_before` steps; out = (p, state).
+template <class Create>
+OpFn OptimStep(Create create, int64_t steps_before) {
+  return [create, steps_before](const V &x, dt_tensor **out) {
+    OneParam a;
+    DT_CHECK(a.Init(x[0], x[1]));
+    std::vector<float> state;
+    for (size_t i = 2; i < x.size(); i++) {
+      std::vector<float> s = dtt::ToVector(x[i]);
+      state.insert(state.end(), s.begin(), s.end());
+    }
+    dt_optimizer *o = nullptr;
+    DT_CHECK(create(a.arena, &o));
+    dt_status st = dt_optim_state_set(o, state.data(), (int64_t)state.size(), steps_before);
+    if (st == DT_OK)
+      st = dt_optim_step(o);
+    if (st == DT_OK)
+      st = dt_optim_state_get(o, state.data(), (int64_t)state.size());
+    if (st == DT_OK)
+      st = ConcatHost(dt_param_arena_data(a.arena), state, out);
+    dt_optim_destroy(o);
+    return st;
+  };
+}
+
+OpFn Sgd(dt_sgd_config cfg, int64_t steps_before) {
+  return OptimStep(
+      [cfg](dt_param_arena *a, dt_optimizer **o) { return dt_optim_sgd_create(a, &cfg, o); },
+      steps_before);
+}
+
+OpFn AdamW(dt_adamw_config cfg, int64_t steps_before) {
+  return OptimStep(
+      [cfg](dt_param_arena *a, dt_optimizer **o) { return dt_optim_adamw_create(a, &cfg, o); },
+      steps_before);
+}
+
+// input: g (also the parameter); out = (clipped g, the norm before)
+OpFn ClipGradNorm(float max_norm) {
+  return [max_norm](const V &x, dt_tensor **out) {
+    OneParam a;
+    DT_CHECK(a.Init(x[0], x[0]));
+    double norm = 0.0;
+    DT_CHECK(dt_clip_grad_norm(a.arena, max_norm, &norm));
+    return ConcatHost(dt_param_arena_grads(a.arena), {(float)norm}, out);
+  };
+}
+
+// ---- the table ----
+
+std::vector<OpCase> Build() {
+  std::vector<OpCase> t = {
+      // elementwise: the special inputs (broadcast shapes are added below)
+      {"mul", "only_lhs_requires_grad", F32, {X({3, 4}), X({4}).Const()}, Binary(dt_op_mul)},
+      {"sub", "only_rhs_requires_grad", F32, {X({4}).Const(), X({3, 4})}, Binary(dt_op_sub)},
+      {"mul", "transposed_lhs", F32, {X({4, 3}), X({3, 4})}, TransposedInput(0, dt_op_mul)},
+      {"mul", "same_input_twice", F32, {X({2, 5})},
+       [](const V &x, dt_tensor **out) { return dt_op_mul(x[0], x[0], out); }},
+      {"scale", "alpha_2_5", F32, {X({3, 4})},
+       [](const V &x, dt_tensor **out) { return dt_op_scale(x[0], 2.5f, out); }},
+      {"scale", "alpha_minus_0_5", F32, {X({3, 4})},
+       [](const V &x, dt_tensor **out) { return dt_op_scale(x[0], -0.5f, out); }},
+      {"relu", "", F32, {X({2, 3, 4}).Away(0.05f)}, Unary(dt_op_relu)},
+      {"gelu", "", F32, {X({2, 3, 4}).Range(-3, 3)}, Unary(dt_op_gelu)},
+      {"tanh", "", F32, {X({5, 4}).Range(-2, 2)}, Unary(dt_op_tanh)},
+      {"relu", "4096_with_zero", F32, {X({4096}).Range(-4, 4).Head({0})}, Unary(dt_op_relu),
+       kElementwise, kParityOnly},
+      {"gelu", "4096", F32, {X({4096}).Range(-4, 4).Head({0})}, Unary(dt_op_gelu), kElementwise,
+       kParityOnly},
+      {"tanh", "4096", F32, {X({4096}).Range(-4, 4).Head({0})}, Unary(dt_op_tanh), kElementwise,
+       kParityOnly},
+
+      // linear algebra: the backward passes reach GEMM's (N,T) and (T,N) forms
+      {"matmul", "2d", F32, {X({3, 4}), X({4, 5})}, Binary(dt_op_matmul), kReduction},
+      {"matmul", "leading_dims_flattened", F32, {X({2, 3, 4}), X({4, 2})}, Binary(dt_op_matmul),
+       kReduction},
+      {"matmul", "batched", F32, {X({2, 3, 4}), X({2, 4, 5})}, Binary(dt_op_matmul), kReduction},
+      {"matmul", "batched_4d", F32, {X({2, 2, 3, 2}), X({2, 2, 2, 3})}, Binary(dt_op_matmul),
+       kReduction},
+      {"matmul", "transposed_rhs", F32, {X({3, 4}), X({5, 4})}, TransposedInput(1, dt_op_matmul),
+       kReduction},
+      {"matmul", "37x64_by_64x29", F32, {X({37, 64}), X({64, 29})}, Binary(dt_op_matmul),
+       kReduction, kParityOnly},
+      {"matmul", "batched_3x37x64_by_3x64x29", F32, {X({3, 37, 64}), X({3, 64, 29})},
+       Binary(dt_op_matmul), kReduction, kParityOnly},
+      {"matmul", "transposed_lhs_37x64_by_64x29", F32, {X({64, 37}), X({64, 29})},
+       TransposedInput(0, dt_op_matmul), kReduction, kParityOnly},
+      {"linear", "bias", F32, {X({4, 3}), X({5, 3}), X({5})}, Linear(), kReduction},
+      {"linear", "no_bias", F32, {X({4, 3}), X({5, 3})}, Linear(), kReduction},
+      {"linear", "3d_input", F32, {X({2, 3, 3}), X({5, 3}), X({5})}, Linear(), kReduction},
+      {"linear", "frozen_weight", F32, {X({4, 3}), X({5, 3}).Const(), X({5})}, Linear(),
+       kReduction},
+      {"linear", "37x64_to_29", F32, {X({37, 64}), X({29, 64}), X({29})}, Linear(), kReduction,
+       kParityOnly},
+
+      // losses
+      {"cross_entropy", "mean", F32, {X({4, 5}).Range(-2, 2), Ids({1, 0, 4, 2}, {4})},
+       CrossEntropy(DT_REDUCTION_MEAN, -100), kReduction},
+      {"cross_entropy", "sum", F32, {X({4, 5}).Range(-2, 2), Ids({1, 0, 4, 2}, {4})},
+       CrossEntropy(DT_REDUCTION_SUM, -100), kReduction},
+      {"cross_entropy", "none", F32, {X({4, 5}).Range(-2, 2), Ids({1, 0, 4, 2}, {4})},
+       CrossEntropy(DT_REDUCTION_NONE, -100), kReduction},
+      {"cross_entropy", "i32_ignore_index_mean", F32,
+       {X({5, 3}).Range(-2, 2), Ids({2, -1, 0, -1, 1}, {5}, DT_DTYPE_I32)},
+       CrossEntropy(DT_REDUCTION_MEAN, -1), kReduction},
+      {"cross_entropy", "i32_ignore_index_sum", F32,
+       {X({5, 3}).Range(-2, 2), Ids({2, -1, 0, -1, 1}, {5}, DT_DTYPE_I32)},
+       CrossEntropy(DT_REDUCTION_SUM, -1), kReduction},
+      {"cross_entropy", "i32_ignore_index_none", F32,
+       {X({5, 3}).Range(-2, 2), Ids({2, -1, 0, -1, 1}, {5}, DT_DTYPE_I32)},
+       CrossEntropy(DT_REDUCTION_NONE, -1), kReduction},
+      {"cross_entropy", "sequence_logits", F32,
+       {X({2, 3, 4}).Range(-2, 2), Ids({3, 0, 1, 2, 2, 0}, {2, 3})},
+       CrossEntropy(DT_REDUCTION_MEAN, -100), kReduction},
+      {"cross_entropy", "all_ignored_mean_is_nan", F32,
+       {X({3, 4}), Ids({-100, -100, -100}, {3})}, CrossEntropy(DT_REDUCTION_MEAN, -100),
+       kReduction, kParityOnly},
+      {"mse", "mean", F32, {X({3, 4}), X({3, 4})}, Mse(DT_REDUCTION_MEAN), kReduction},
+      {"mse", "sum", F32, {X({3, 4}), X({3, 4})}, Mse(DT_REDUCTION_SUM), kReduction},
+      {"mse", "none", F32, {X({3, 4}), X({3, 4})}, Mse(DT_REDUCTION_NONE), kReduction},
+
+      // convolution
+      {"conv2d", "bias", F32, {X({1, 1, 5, 5}), X({2, 1, 3, 3}), X({2})}, Conv2d(1, 0),
+       kReduction},
+      {"conv2d", "bias_stride2_pad1", F32, {X({2, 3, 6, 5}), X({4, 3, 3, 3}), X({4})},
+       Conv2d(2, 1), kReduction},
+      {"conv2d", "rect_kernel_no_bias_pad1", F32, {X({2, 2, 5, 6}), X({3, 2, 2, 3})},
+       Conv2d(1, 1), kReduction},
+      {"conv2d", "bias_stride3_pad2", F32, {X({1, 2, 7, 7}), X({2, 2, 3, 3}), X({2})},
+       Conv2d(3, 2), kReduction},
+      {"conv2d", "pointwise", F32, {X({2, 4, 3, 3}), X({3, 4, 1, 1}), X({3})}, Conv2d(1, 0),
+       kReduction},
+      {"conv2d", "lenet_4x3x28x28_5x5_pad2", F32, {X({4, 3, 28, 28}), X({8, 3, 5, 5}), X({8})},
+       Conv2d(1, 2), kReduction, kParityOnly},
+      {"conv2d", "2x16x15x13_3x3_stride2_pad1", F32,
+       {X({2, 16, 15, 13}), X({32, 16, 3, 3}), X({32})}, Conv2d(2, 1), kReduction, kParityOnly},
+      {"conv2d", "pointwise_3x8x7x7", F32, {X({3, 8, 7, 7}), X({4, 8, 1, 1}), X({4})},
+       Conv2d(1, 0), kReduction, kParityOnly},
+
+      // normalisation
+      {"batch_norm2d", "eval_affine", F32,
+       {X({2, 3, 2, 2}).Range(-2, 2), X({3}).Range(0.5f, 1.5f), X({3}), X({3}).Const(),
+        X({3}).Range(0.5f, 1.5f).Const()},
+       BatchNorm(0), kNormalisation},
+      {"batch_norm2d", "train_8x16x7x7", F32,
+       {X({8, 16, 7, 7}).Range(-2, 3), X({16}).Range(0.5f, 1.5f), X({16}), X({16}).Const(),
+        X({16}).Range(0.5f, 2).Const()},
+       BatchNorm(1), kNormalisation, kParityOnly},
+      {"batch_norm2d", "eval_8x16x7x7", F32,
+       {X({8, 16, 7, 7}).Range(-2, 3), X({16}).Range(0.5f, 1.5f), X({16}), X({16}).Const(),
+        X({16}).Range(0.5f, 2).Const()},
+       BatchNorm(0), kNormalisation, kParityOnly},
+      // no samples: the parameter gradients are zeros (dbeta was once left uninitialised)
+      {"batch_norm2d", "eval_empty_batch", F32,
+       {X({0, 3, 2, 2}), X({3}).Range(0.5f, 1.5f), X({3}), X({3}).Const(),
+        X({3}).Range(0.5f, 1.5f).Const()},
+       BatchNorm(0), kNormalisation, kParityOnly},
+      {"layer_norm", "300x768", F32,
+       {X({300, 768}).Range(-3, 3), X({768}).Range(0.5f, 1.5f), X({768})}, LayerNorm(),
+       kNormalisation, kParityOnly},
+
+      // embedding, dropout
+      {"embedding", "i64", F32, {Ids({1, 0, 4, 1, 2, 1}, {2, 3}), X({5, 4})},  // id 3 unused
+       Binary(dt_op_embedding), kReduction, kExactForward},
+      {"embedding", "i32", F32, {Ids({1, 0, 4, 1, 2, 1}, {2, 3}, DT_DTYPE_I32), X({5, 4})},
+       Binary(dt_op_embedding), kReduction, kExactForward},
+      {"embedding", "500_of_1000x64_repeats", F32, {RandIds({500}, 50), X({1000, 64})},
+       Binary(dt_op_embedding), kReduction, kExactForward | kParityOnly},
+      {"dropout", "p0_3", F32, {X({4, 6})}, Dropout(0.3f, 1234, 0), kExact},
+      {"dropout", "p0_7", F32, {X({4, 6})}, Dropout(0.7f, 1234, 0), kExact},
+      {"dropout", "100003_offset", F32, {X({100003})}, Dropout(0.3f, 0xC0FFEE, 12345), kExact,
+       kParityOnly},
+
+      // shape
+      {"concat", "dim0", F32, {X({2, 3}), X({1, 3}), X({2, 3}).Const()}, Concat(0), kExact},
+      {"concat", "dim1", F32, {X({2, 3}), X({2, 2}), X({2, 3}).Const()}, Concat(1), kExact},
+      {"concat", "last_dim", F32, {X({2, 2}), X({2, 3})}, Concat(-1), kExact},
+      {"flatten", "", F32, {X({2, 3, 2, 2})}, Unary(dt_op_flatten), kExact},
+      {"flatten", "permuted", F32, {X({2, 3, 2, 2})},  // flatten copies, like torch.flatten
+       PermutedInput({0, 2, 3, 1}, dt_op_flatten), kExact},
+      {"argmax", "ties_and_nan", F32,
+       {X({4, 6}).Const().Head({0.5f, 0.9f, 0.9f, -1, 0, 0, 0, 0, NAN, 1, 0, 2})},
+       Unary(dt_op_argmax), kExact, kParityOnly},
+
+      // composition: a small classifier end to end
+      {"classifier", "linear_gelu_linear_cross_entropy", F32,
+       {X({4, 6}), X({5, 6}), X({5}), X({3, 5}), Ids({0, 2, 1, 2}, {4})},
+       [](const V &v, dt_tensor **out) {
+         dt_tensor *h = nullptr, *a = nullptr, *logits = nullptr;
+         dt_status st = dt_op_linear(v[0], v[1], v[2], &h);
+         if (st == DT_OK)
+           st = dt_op_gelu(h, &a);
+         if (st == DT_OK)
+           st = dt_op_linear(a, v[3], nullptr, &logits);
+         if (st == DT_OK)
+           st = dt_op_cross_entropy(logits, v[4], DT_REDUCTION_MEAN, -100, out);
+         dt_tensor_release(logits);
+         dt_tensor_release(a);
+         dt_tensor_release(h);
+         return st;
+       },
+       kReduction},
+
+      // tensor copies (strided copy kernel), fill
+      {"contiguous", "permuted_6x5x4", F32, {X({6, 5, 4})},
+       PermutedInput({2, 1, 0}, dt_tensor_contiguous), kExact},
+      {"contiguous", "f16_permuted_6x5x4", F32, {X({6, 5, 4}).Const()},
+       [](const V &x, dt_tensor **out) {  // 2-byte elements
+         return OnView(x[0], AsDtype(DT_DTYPE_F16), [&](dt_tensor *h) {
+           return PermutedInput({2, 1, 0}, dt_tensor_contiguous)({h}, out);
+         });
+       },
+       kExact, kParityOnly},
+      {"fill", "5000", F32, {X({5000}).Const()},
+       [](const V &x, dt_tensor **out) {
+         dt_tensor *y = nullptr;
+         DT_CHECK(
+             dt_tensor_empty(dt_tensor_shape(x[0]), 1, DT_DTYPE_F32, dt_tensor_device(x[0]), &y));
+         dt_status st = dt_tensor_fill_(y, 3.25f);
+         if (st != DT_OK)
+           dt_tensor_release(y);
+         *out = st == DT_OK ? y : nullptr;
+         return st;
+       },
+       kExact, kParityOnly},
+
+      // optimizers and clipping (the fused update kernels)
+      {"sgd", "momentum_dampening_first_step", F32,
+       {X({10000}).Const(), X({10000}).Const(), X({10000}).Const()},
+       Sgd({0.1f, 0.9f, 0.1f, 1e-4f, 0}, 0), kElementwise, kParityOnly},
+      {"sgd", "momentum_dampening", F32,
+       {X({10000}).Const(), X({10000}).Const(), X({10000}).Const()},
+       Sgd({0.1f, 0.9f, 0.1f, 1e-4f, 0}, 5), kElementwise, kParityOnly},
+      {"sgd", "nesterov_first_step", F32,
+       {X({10000}).Const(), X({10000}).Const(), X({10000}).Const()},
+       Sgd({0.1f, 0.9f, 0.0f, 1e-4f, 1}, 0), kElementwise, kParityOnly},
+      {"sgd", "nesterov", F32, {X({10000}).Const(), X({10000}).Const(), X({10000}).Const()},
+       Sgd({0.1f, 0.9f, 0.0f, 1e-4f, 1}, 5), kElementwise, kParityOnly},
+      {"clip_grad_norm", "1_clipped", F32, {X({1}).Const().Head({3})}, ClipGradNorm(1.0f),
+       kReduction, kParityOnly},
+      {"clip_grad_norm", "1000_clipped", F32, {X({1000}).Range(-2, 2).Const()},
+       ClipGradNorm(1.0f), kReduction, kParityOnly},
+      {"clip_grad_norm", "1000_below_max", F32, {X({1000}).Range(-2, 2).Const()},
+       ClipGradNorm(1e6f), kReduction, kParityOnly},
+      {"clip_grad_norm", "3000000_clipped", F32, {X({3000000}).Range(-2, 2).Const()},
+       ClipGradNorm(1.0f), kReduction, kParityOnly},
+  };
+  auto add = [&t](OpCase c) { t.push_back(std::move(c)); };
+
+  // elementwise with broadcasting
+  const std::pair<Shape, Shape> broadcasts[] = {
+      {{3, 4}, {3, 4}},    {{2, 3, 4}, {4}}, {{5, 3}, {1, 3}},       {{5, 3}, {3}},
+      {{2, 1, 4}, {3, 1}}, {{1}, {2, 3}},    {{2, 3, 4}, {2, 1, 4}}, {{4, 1, 3, 1}, {2, 1, 5}},
+  };
+  const std::pair<const char *, dt_status (*)(dt_tensor *, dt_tensor *, dt_tensor **)> binaries[] =
+      {{"add", dt_op_add}, {"sub", dt_op_sub}, {"mul", dt_op_mul}};
+  for (const auto &op : binaries)
+    for (const auto &s : broadcasts)
+      add({op.first,
+           ShapeName(s.first) + "_by_" + ShapeName(s.second),
+           F32,
+           {X(s.first), X(s.second)},
+           Binary(op.second)});
+
+  // softmax, log-softmax: small, and long rows
+  for (bool log : {false, true}) {
+    const char *name = log ? "log_softmax" : "softmax";
+    for (const Shape &s : {Shape{3, 5}, Shape{2, 3, 4}})
+      add({name, ShapeName(s), F32, {X(s).Range(-2, 2)}, Softmax(log), kReduction});
+    for (int64_t cols : {10, 257, 5000})
+      add({name,
+           ShapeName({33, cols}),
+           F32,
+           {X({33, cols}).Range(-8, 8)},
+           Softmax(log),
+           kReduction,
+           kParityOnly});
+  }
+
+  // cross-entropy over 1000 classes with ignored rows, and bad targets
+  for (dt_dtype td : {DT_DTYPE_I32, DT_DTYPE_I64}) {
+    std::string tn = dt_dtype_name(td);
+    for (dt_reduction r : {DT_REDUCTION_NONE, DT_REDUCTION_MEAN})
+      add({"cross_entropy",
+           tn + "_50x1000_ignore_" + (r == DT_REDUCTION_NONE ? "none" : "mean"),
+           F32,
+           {X({50, 1000}).Range(-5, 5), RandIds({50}, 1000, td, 7)},
+           CrossEntropy(r, -100),
+           kReduction,
+           kParityOnly});
+    std::vector<int64_t> bad(50);
+    for (int64_t i = 0; i < 50; i++)
+      bad[i] = i % 7 == 3 ? -100 : (i * 37) % 1000;
+    bad[17] = 1005, bad[30] = -3;
+    add({"cross_entropy",
+         tn + "_target_out_of_range",
+         F32,
+         {X({50, 1000}).Const(), Ids(bad, {50}, td)},
+         CrossEntropy(DT_REDUCTION_MEAN, -100),
+         kReduction,
+         kParityOnly,
+         DT_ERR_INVALID_ARG,
+         "target 1005 at row 17"});
+  }
+  {
+    std::vector<int64_t> bad(500);
+    for (int64_t i = 0; i < 500; i++)
+      bad[i] = (i * 7) % 50;
+    bad[123] = 1000;
+    add({"embedding",
+         "index_out_of_range",
+         F32,
+         {Ids(bad, {500}), X({1000, 64}).Const()},
+         Binary(dt_op_embedding),
+         kExact,
+         kParityOnly,
+         DT_ERR_INVALID_ARG,
+         "index 1000 at position 123"});
+  }
+
+  // pooling: distinct values (no near-ties) for the gradient check; the
+  // larger geometries with an exact tie
+  struct PoolGeom {
+    Shape x;
+    int k, s, p;
+    unsigned flags;
+  };
+  const PoolGeom pools[] = {
+      {{1, 2, 4, 4}, 2, 2, 0, 0},           {{2, 2, 5, 5}, 3, 2, 1, 0},  // stride 2 + padding
+      {{1, 3, 6, 5}, 3, 1, 1, 0},                                        // overlapping windows
+      {{2, 1, 7, 6}, 2, 3, 1, 0},  // stride > kernel: some inputs get no gradient
+      {{2, 3, 8, 8}, 2, 2, 0, kParityOnly}, {{2, 4, 9, 7}, 3, 2, 1, kParityOnly},
+      {{1, 2, 5, 5}, 3, 1, 1, kParityOnly},
+  };
+  for (const PoolGeom &g : pools) {
+    std::string v = ShapeName(g.x) + "_k" + std::to_string(g.k) + "_s" + std::to_string(g.s) +
+                    "_p" + std::to_string(g.p);
+    Input x = g.flags & kParityOnly ? X(g.x).Head({0.1f, -0.2f, 0.3f, 0.5f, 0.5f})  // a tie
+                                    : X(g.x).Distinct(0.05f);
+    add({"max_pool2d", v, F32, {x}, Pool(dt_op_max_pool2d, g.k, g.s, g.p), kExact, g.flags});
+    add({"avg_pool2d", v, F32, {X(g.x)}, Pool(dt_op_avg_pool2d, g.k, g.s, g.p), kExact, g.flags});
+  }
+
+  // normalisation, small
+  for (const Shape &s : {Shape{3, 2, 3, 2}, Shape{5, 3}}) {
+    int64_t c = s[1];
+    add({"batch_norm2d",
+         "train_affine_" + ShapeName(s),
+         F32,
+         {X(s).Range(-2, 2), X({c}).Range(0.5f, 1.5f), X({c}), X({c}).Const(),
+          X({c}).Range(0.5f, 1.5f).Const()},
+         BatchNorm(1),
+         kNormalisation});
+    add({"batch_norm2d",
+         "train_plain_" + ShapeName(s),
+         F32,
+         {X(s).Range(-2, 2)},
+         BatchNorm(1),
+         kNormalisation});
+  }
+  for (const Shape &s : {Shape{3, 5}, Shape{2, 3, 4}}) {
+    int64_t d = s.back();
+    add({"layer_norm",
+         "affine_" + ShapeName(s),
+         F32,
+         {X(s).Range(-2, 2), X({d}).Range(0.5f, 1.5f), X({d})},
+         LayerNorm(),
+         kNormalisation});
+    add({"layer_norm",
+         "plain_" + ShapeName(s),
+         F32,
+         {X(s).Range(-2, 2)},
+         LayerNorm(),
+         kNormalisation});
+  }
+
+  // reductions: small ones with every dims pattern, then long and wide ones
+  struct ReduceDims {
+    Shape shape;
+    std::vector<int> dims;
+    int keepdim;
+    unsigned flags;
+  };
+  const ReduceDims reductions[] = {
+      {{2, 3, 4}, {}, 0, 0},  // all dims -> scalar
+      {{2, 3, 4}, {}, 1, 0},  // all dims, keepdim -> (1, 1, 1)
+      {{2, 3, 4}, {0}, 0, 0},
+      {{2, 3, 4}, {-1}, 1, 0},
+      {{2, 3, 4}, {1, 2}, 1, 0},     // adjacent dims
+      {{2, 3, 4}, {0, 2}, 0, 0},     // non-adjacent dims (backward: a broadcasting strided copy)
+      {{2, 3, 4, 2}, {3, 1}, 1, 0},  // unordered, non-adjacent, keepdim
+      {{5}, {0}, 0, 0},
+      {{100000}, {0}, 0, kParityOnly},
+      {{7, 33}, {1}, 0, kParityOnly},
+      {{5, 3000, 13}, {1}, 0, kParityOnly},
+      {{8192, 768}, {0}, 0, kParityOnly},
+      {{3, 1, 4}, {1}, 0, kParityOnly},
+      {{2, 70, 100}, {1}, 0, kParityOnly},
+      {{70000, 3}, {1}, 0, kParityOnly},  // more than 65535 rows
+  };
+  for (const ReduceDims &r : reductions) {
+    std::string v = ShapeName(r.shape) + (r.dims.empty() ? "_all" : "_dims");
+    for (size_t i = 0; i < r.dims.size(); i++)
+      v += (i ? "_" : "") +
+           (r.dims[i] < 0 ? "m" + std::to_string(-r.dims[i]) : std::to_string(r.dims[i]));
+    if (r.keepdim)
+      v += "_keepdim";
+    add({"sum", v, F32, {X(r.shape)}, Reduce(dt_op_sum, r.dims, r.keepdim), kReduction, r.flags});
+    add({"mean", v, F32, {X(r.shape)}, Reduce(dt_op_mean, r.dims, r.keepdim), kReduction, r.flags});
+  }
+
+  // concat of more inputs than a node holds (a tree of nodes); one frozen
+  {
+    std::vector<Input> xs;
+    for (int i = 0; i < 9; i++)
+      xs.push_back(i == 4 ? X({2, 1 + i % 3, 2}).Const() : X({2, 1 + i % 3, 2}));
+    add({"concat", "nine_inputs", F32, xs, Concat(1), kExact});
+  }
+
+  // casts between every pair of dtypes, NaN, Inf and f16's largest value included
+  for (int s = 0; s < DT_DTYPE_COUNT; s++)
+    for (int d = 0; d < DT_DTYPE_COUNT; d++)
+      add({"to_dtype",
+           std::string(dt_dtype_name((dt_dtype)s)) + "_to_" + dt_dtype_name((dt_dtype)d),
+           F32,
+           {X({1000}).Range(-300, 300).Const().Head({0.5f, -0.5f, 65504, 1e-8f, NAN, INFINITY})},
+           Cast((dt_dtype)s, (dt_dtype)d),
+           kExact,
+           kParityOnly});
+
+  // AdamW at several step counts (bias correction)
+  for (int64_t steps : {0, 9, 999})
+    add({"adamw",
+         "step" + std::to_string(steps + 1),
+         F32,
+         {X({10000}).Const(), X({10000}).Const(), X({10000}).Range(-0.1f, 0.1f).Const(),
+          X({10000}).Range(0, 0.01f).Const()},
+         AdamW({1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f}, steps),
+         kElementwise,
+         kParityOnly});
+  return t;
+}
+
+}  // namespace
+
+// ---- inputs ----
+
+Input Input::Range(float l, float h) const {
+  Input r = *this;
+  r.lo = l, r.hi = h;
+  return r;
+}
+Input Input::Const() const {
+  Input r = *this;
+  r.requires_grad = false;
+  return r;
+}
+Input Input::Away(float margin) const {
+  Input r = *this;
+  r.fill = Fill::kAwayFromZero, r.lo = margin;
+  return r;
+}
+Input Input::Distinct(float gap) const {
+  Input r = *this;
+  r.fill = Fill::kDistinct, r.lo = gap;
+  return r;
+}
+Input Input::Head(std::vector<float> values) const {
+  Input r = *this;
+  r.head = std::move(values);
+  return r;
+}
+
+Input X(std::vector<int64_t> shape) {
+  Input r;
+  r.shape = std::move(shape);
+  return r;
+}
+
+Input Ids(std::vector<int64_t> ids, std::vector<int64_t> shape, dt_dtype dtype) {
+  Input r;
+  r.shape = std::move(shape);
+  r.fill = Fill::kIndex, r.requires_grad = false, r.index_dtype = dtype, r.ids = std::move(ids);
+  return r;
+}
+
+Input RandIds(std::vector<int64_t> shape, int64_t classes, dt_dtype dtype, int64_t ignore_every,
+              int64_t ignore) {
+  Input r;
+  r.shape = std::move(shape);
+  r.fill = Fill::kIndex, r.requires_grad = false, r.index_dtype = dtype;
+  r.lo = 0, r.hi = (float)classes, r.ignore_every = ignore_every, r.ignore = ignore;
+  return r;
+}
+
+std::string OpCase::Name() const {
+  return op + "_" + dt_dtype_name(dtype) + (variant.empty() ? "" : "_" + variant);
+}
+
+const std::vector<OpCase> &OpCases() {
+  static const std::vector<OpCase> cases = Build();
+  return cases;
+}
+
+void PrintTo(const OpCase *c, std::ostream *os) { *os << c->Name(); }
+
+}  // namespace optable
