@@ -83,6 +83,56 @@ dt_status dt_cpu_softmax_backward(const dt_exec *ex, const float *y, const float
   return DT_OK;
 }
 
+// x (rows, t) -> y (rows, t): row r softmax over columns 0..r%t, the rest 0
+dt_status dt_cpu_causal_softmax_forward(const dt_exec *ex, const float *x, float *y, int64_t rows,
+                                        int64_t t) {
+  (void)ex;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (rows * t >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * t;
+    float *yr = y + r * t;
+    int64_t keep = r % t + 1;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < keep; j++)
+      mx = xr[j] > mx ? xr[j] : mx;
+    double s = 0.0;
+    for (int64_t j = 0; j < keep; j++) {
+      float e = expf(xr[j] - mx);
+      yr[j] = e;
+      s += e;
+    }
+    float inv = (float)(1.0 / s);
+    for (int64_t j = 0; j < keep; j++)
+      yr[j] *= inv;
+    for (int64_t j = keep; j < t; j++)
+      yr[j] = 0.0f;
+  }
+  return DT_OK;
+}
+
+// y, dy (rows, t) -> dx (rows, t) = y * (dy - sum(dy * y)) over the kept columns
+dt_status dt_cpu_causal_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
+                                         float *dx, int64_t rows, int64_t t) {
+  (void)ex;
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (rows * t >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *yr = y + r * t, *gr = dy + r * t;
+    float *dr = dx + r * t;
+    int64_t keep = r % t + 1;
+    double s = 0.0;
+    for (int64_t j = 0; j < keep; j++)
+      s += (double)gr[j] * yr[j];
+    float sf = (float)s;
+    for (int64_t j = 0; j < keep; j++)
+      dr[j] = yr[j] * (gr[j] - sf);
+    for (int64_t j = keep; j < t; j++)
+      dr[j] = 0.0f;
+  }
+  return DT_OK;
+}
+
 /* ---- cross-entropy ---- */
 
 static int64_t target_at(const void *t, dt_dtype dt, int64_t i) {

@@ -125,6 +125,70 @@ extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y,
   return DT_OK;
 }
 
+/* ---- causal softmax (attention scores) ---- */
+
+// x (rows, t) -> y (rows, t): row r softmax over columns 0..r%t, the rest 0
+static __global__ void causal_softmax_forward_kernel(const float *x, float *y, int64_t rows,
+                                                     int64_t t) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * t;
+    float *yr = y + r * t;
+    int64_t keep = r % t + 1;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
+      mx = fmaxf(mx, xr[j]);
+    mx = dt_block_max(mx, shf);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
+      s += expf(xr[j] - mx);
+    s = dt_block_sum(s, shd);
+    float inv = (float)(1.0 / s);
+    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
+      yr[j] = j < keep ? expf(xr[j] - mx) * inv : 0.0f;
+  }
+}
+
+// y, dy (rows, t) -> dx (rows, t); masked entries get 0
+static __global__ void causal_softmax_backward_kernel(const float *y, const float *dy, float *dx,
+                                                      int64_t rows, int64_t t) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *yr = y + r * t, *gr = dy + r * t;
+    float *dr = dx + r * t;
+    int64_t keep = r % t + 1;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
+      s += (double)gr[j] * yr[j];
+    float sf = (float)dt_block_sum(s, shd);
+    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
+      dr[j] = j < keep ? yr[j] * (gr[j] - sf) : 0.0f;
+  }
+}
+
+extern "C" dt_status dt_cuda_causal_softmax_forward(const dt_exec *ex, const float *x, float *y,
+                                                    int64_t rows, int64_t t) {
+  if (rows == 0 || t == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  causal_softmax_forward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(x, y, rows, t);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const float *y,
+                                                     const float *dy, float *dx, int64_t rows,
+                                                     int64_t t) {
+  if (rows == 0 || t == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  causal_softmax_backward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(y, dy, dx, rows,
+                                                                                   t);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
 /* ---- cross-entropy ---- */
 
 // logits (n,c), target (n) -> loss_rows (n), lse (n); report: first bad row, kept rows

@@ -89,6 +89,41 @@ OpFn Softmax(bool log) {
   };
 }
 
+// The causal softmax, checked against its definition on every call: the
+// softmax of the scores with the future masked by a very negative number
+// (the output itself is what the row's gradient and parity checks see).
+dt_status CausalSoftmaxChecked(const V &x, dt_tensor **out) {
+  DT_CHECK(dt_op_causal_softmax(x[0], out));
+  const int nd = dt_tensor_ndim(x[0]);
+  const int64_t t = dt_tensor_dim(x[0], -1), n = dt_tensor_numel(x[0]);
+  std::vector<float> mask(static_cast<size_t>(n), 0.0f);
+  for (int64_t k = 0; k < n; k++)
+    if (k % t > (k / t) % t)  // column j > row i of its (T, T) block
+      mask[static_cast<size_t>(k)] = -1e30f;
+  dt_no_grad_begin();
+  dt_tensor *m = nullptr, *masked = nullptr, *ref = nullptr;
+  dt_status st = dt_tensor_from_host(mask.data(), dt_tensor_shape(x[0]), nd, DT_DTYPE_F32,
+                                     dt_tensor_device(x[0]), &m);
+  if (st == DT_OK)
+    st = dt_op_add(x[0], m, &masked);
+  if (st == DT_OK)
+    st = dt_op_softmax(masked, -1, &ref);
+  dt_no_grad_end();
+  std::vector<float> got = st == DT_OK ? dtt::ToVector(*out) : std::vector<float>();
+  std::vector<float> want = st == DT_OK ? dtt::ToVector(ref) : std::vector<float>();
+  for (dt_tensor *u : {m, masked, ref})
+    dt_tensor_release(u);
+  for (size_t k = 0; st == DT_OK && k < got.size(); k++)
+    if (!(std::fabs(got[k] - want[k]) <= 1e-6f + 1e-5f * std::fabs(want[k])))
+      st = DT_ERROR(DT_ERR_INTERNAL, "causal softmax element %zu is %g, its definition gives %g", k,
+                    (double)got[k], (double)want[k]);
+  if (st != DT_OK) {
+    dt_tensor_release(*out);
+    *out = nullptr;
+  }
+  return st;
+}
+
 OpFn CrossEntropy(dt_reduction r, int64_t ignore) {
   return [r, ignore](const V &x, dt_tensor **out) {
     return dt_op_cross_entropy(x[0], x[1], r, ignore, out);
@@ -135,8 +170,8 @@ OpFn Dropout(float p, uint64_t seed, uint64_t offset) {
   };
 }
 
-OpFn Reduce(dt_status (*f)(dt_tensor *, const int *, int, bool, dt_tensor **), std::vector<int> dims,
-            bool keepdim) {
+OpFn Reduce(dt_status (*f)(dt_tensor *, const int *, int, bool, dt_tensor **),
+            std::vector<int> dims, bool keepdim) {
   return [f, dims, keepdim](const V &x, dt_tensor **out) {
     return f(x[0], dims.data(), (int)dims.size(), keepdim, out);
   };
@@ -474,6 +509,19 @@ std::vector<OpCase> Build() {
            kReduction,
            kParityOnly});
   }
+
+  // causal softmax of attention scores (B, H, T, T): small, T = 1 (constant 1: no
+  // gradient to check), and long rows
+  OpFn causal = CausalSoftmaxChecked;
+  add({"causal_softmax", "2x3x5x5", F32, {X({2, 3, 5, 5}).Range(-2, 2)}, causal, kReduction});
+  add({"causal_softmax", "1x1", F32, {X({1, 1})}, causal, kReduction, kParityOnly});
+  add({"causal_softmax",
+       "2x4x300x300",
+       F32,
+       {X({2, 4, 300, 300}).Range(-8, 8)},
+       causal,
+       kReduction,
+       kParityOnly});
 
   // cross-entropy over 1000 classes with ignored rows, and bad targets
   for (dt_dtype td : {DT_DTYPE_I32, DT_DTYPE_I64}) {
