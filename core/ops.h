@@ -44,6 +44,10 @@ dt_status dt_op_tanh(dt_tensor *x, dt_tensor **out);
 /* over dimension `dim` (only the last dimension, -1, is supported) */
 dt_status dt_op_softmax(dt_tensor *x, int dim, dt_tensor **out);
 dt_status dt_op_log_softmax(dt_tensor *x, int dim, dt_tensor **out);
+/* The target that cross-entropy skips by convention (PyTorch's default
+ * ignore_index): padding positions, masked tokens. */
+#define DT_IGNORE_INDEX (-100)
+
 /* logits (N, C) (or (..., C), flattened), target (N) i32/i64 class ids.
  * Fused log-softmax + NLL. Mean divides by the number of non-ignored rows;
  * when every row is ignored the mean is NaN (0/0, as PyTorch) and the
