@@ -173,6 +173,9 @@ dt_status dt_backend_get(dt_device dev, const dt_backend_ops **out);
 /* Number of devices of a type (0 when the backend is absent). */
 int dt_device_count(dt_device_type type);
 
+/* The most CPU threads a process may ask for (core/cpu.h, DT_NUM_THREADS). */
+#define DT_CPU_MAX_THREADS 4096
+
 /* The execution context for kernels on `dev` with elements of `dtype`:
  * the device's backend (checked as dt_backend_get does) and its compute
  * stream. */

@@ -18,7 +18,6 @@ extern "C" {
  * DT_CPU_MAX_THREADS (a larger n is clamped: OpenMP would fail to create
  * the threads, or crash). Callers taking a count from the user reject
  * larger values with a message. */
-#define DT_CPU_MAX_THREADS 4096
 void dt_cpu_set_num_threads(int n);
 int dt_cpu_num_threads(void);
 

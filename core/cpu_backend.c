@@ -14,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/cpu_internal.h"
+#include "core/env.h"
 #include "core/memory.h"
 
 /* ---- settings from the environment (read once, here) ---- */
@@ -52,36 +53,21 @@ static void cpu_apply_threads(int n) {
 }
 
 static void cpu_read_env(void) {
-  int threads = cpu_cores_available();
-  const char *s = getenv("DT_NUM_THREADS");
-  if (s && *s) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (end && *end == '\0' && v >= 1 && v <= DT_CPU_MAX_THREADS)
-      threads = (int)v;
-    else
-      fprintf(stderr,
-              "dtrain: DT_NUM_THREADS='%s' is not a thread count (1..%d); using %d "
-              "(the cores available to this process)\n",
-              s, DT_CPU_MAX_THREADS, threads);
-  }
-  cpu_apply_threads(threads);
+  int64_t threads = cpu_cores_available();
+  if (dt_env_int(DT_ENV_NUM_THREADS, &threads) != DT_OK)
+    fprintf(stderr, "dtrain: %s; using %lld (the cores available to this process)\n",
+            dt_last_error(), (long long)threads);
+  cpu_apply_threads((int)threads);
 
-  s = getenv("DT_CPU_ALLOC_CACHE");
-  if (s && *s)
-    atomic_store(&cpu_cache_enabled, strcmp(s, "0") != 0);
+  bool cache = atomic_load(&cpu_cache_enabled);
+  if (dt_env_is_set(DT_ENV_CPU_ALLOC_CACHE) && dt_env_bool(DT_ENV_CPU_ALLOC_CACHE, &cache) == DT_OK)
+    atomic_store(&cpu_cache_enabled, cache);
 
-  s = getenv("DT_CPU_MEMORY_LIMIT");
-  if (s && *s) {
-    size_t limit = 0;
-    if (dt_parse_bytes(s, &limit) == DT_OK)
-      atomic_store(&cpu_memory_limit, limit);
-    else
-      snprintf(cpu_limit_env_error, sizeof cpu_limit_env_error,
-               "DT_CPU_MEMORY_LIMIT='%s' is not a byte count: use e.g. 512M, 2G or 1048576, "
-               "or unset it",
-               s);
-  }
+  size_t limit = 0;
+  if (dt_env_bytes(DT_ENV_CPU_MEMORY_LIMIT, &limit) == DT_OK)
+    atomic_store(&cpu_memory_limit, limit);
+  else
+    snprintf(cpu_limit_env_error, sizeof cpu_limit_env_error, "%s", dt_last_error());
 }
 
 static void cpu_init(void) { pthread_once(&cpu_env_once, cpu_read_env); }

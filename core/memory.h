@@ -22,6 +22,12 @@
 extern "C" {
 #endif
 
+/* Binary byte multiples, for sizes and for MiB figures in messages:
+ * (double)bytes / DT_MIB, (size_t)(mb * DT_MIB). */
+#define DT_KIB ((size_t)1 << 10)
+#define DT_MIB ((size_t)1 << 20)
+#define DT_GIB ((size_t)1 << 30)
+
 dt_status dt_memory_stats_get(dt_device dev, dt_memory_stats *out);
 /* Releases cached, unused blocks back to the system. */
 dt_status dt_empty_cache(dt_device dev);

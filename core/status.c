@@ -8,6 +8,7 @@
 #define DT_ERROR_MAX 2048
 
 static _Thread_local char last_error[DT_ERROR_MAX];
+static _Thread_local char last_error_location[256];
 
 const char *dt_status_name(dt_status s) {
   switch (s) {
@@ -35,19 +36,25 @@ const char *dt_status_name(dt_status s) {
 
 const char *dt_last_error(void) { return last_error; }
 
-void dt_clear_error(void) { last_error[0] = '\0'; }
+const char *dt_last_error_location(void) { return last_error_location; }
+
+void dt_clear_error(void) {
+  last_error[0] = '\0';
+  last_error_location[0] = '\0';
+}
 
 dt_status dt_error_set(dt_status s, const char *func, const char *file, int line,
                        const char *fmt, ...) {
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;
-  int n = snprintf(last_error, sizeof last_error, "%s %s:%d: ", func, base, line);
-  if (n < 0 || n >= (int)sizeof last_error)
-    n = 0;
+  /* Formatted aside first: an argument may be dt_last_error() itself. */
+  char text[DT_ERROR_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
+  memcpy(last_error, text, sizeof last_error);
+  snprintf(last_error_location, sizeof last_error_location, "%s %s:%d", func, base, line);
   return s;
 }
 

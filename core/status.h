@@ -1,9 +1,12 @@
 /* Status codes and thread-local error messages.
  *
- * Every fallible function returns dt_status. On failure the detail
- * ("function file:line: what failed: values: advice") is kept in a
- * thread-local buffer read with dt_last_error(), so threads of one process
- * (data-parallel replicas, loader workers) never overwrite each other's text.
+ * Every fallible function returns dt_status. On failure the detail ("what
+ * failed: values: advice") is kept in a thread-local buffer read with
+ * dt_last_error(), so threads of one process (data-parallel replicas,
+ * loader workers) never overwrite each other's text. Where it arose
+ * ("function file:line") is kept apart, in dt_last_error_location(): the
+ * message is for users, the location for developers (dtrain prints it with
+ * DT_DEBUG=1).
  */
 #ifndef DT_CORE_STATUS_H
 #define DT_CORE_STATUS_H
@@ -39,7 +42,11 @@ const char *dt_status_name(dt_status s);
 /* The last error message recorded on this thread ("" when none). */
 const char *dt_last_error(void);
 
-/* Forget this thread's last error. */
+/* Where the last error was recorded: "function file:line" of its DT_ERROR
+ * (dt_error_wrap keeps it); "" when none. */
+const char *dt_last_error_location(void);
+
+/* Forget this thread's last error and its location. */
 void dt_clear_error(void);
 
 /* Record an error on this thread and return `s`. Use through DT_ERROR. */

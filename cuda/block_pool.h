@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/memory.h"
 #include "core/status.h"
 
 #ifdef __cplusplus
@@ -60,8 +61,8 @@ typedef struct dt_block_pool_config {
 
 #define DT_BLOCK_POOL_CONFIG_DEFAULT                                                     \
   {                                                                                      \
-    "CUDA", "cuda:0", "DT_CUDA_MEMORY_LIMIT", 0, 0, 512, (size_t)1 << 20,               \
-        (size_t)2 << 20, (size_t)20 << 20, (size_t)10 << 20, (size_t)2 << 20             \
+    "CUDA", "cuda:0", "DT_CUDA_MEMORY_LIMIT", 0, 0, 512, DT_MIB, 2 * DT_MIB, 20 * DT_MIB, \
+        10 * DT_MIB, 2 * DT_MIB                                                          \
   }
 
 typedef struct dt_block_pool dt_block_pool;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/memory.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
@@ -185,8 +186,9 @@ static atomic_int tf32_setting = -1; /* -1: not read from the environment yet */
 int dt_cuda_tf32_enabled(void) {
   int v = atomic_load(&tf32_setting);
   if (v < 0) {
-    const char *s = getenv("DT_CUDA_TF32");
-    v = !(s && (strcmp(s, "0") == 0 || strcmp(s, "false") == 0 || strcmp(s, "off") == 0));
+    bool on = true;
+    dt_env_bool(DT_ENV_CUDA_TF32, &on); /* a bad value keeps the default (dtrain refuses it) */
+    v = on;
     int expected = -1;
     atomic_compare_exchange_strong(&tf32_setting, &expected, v);
     v = atomic_load(&tf32_setting);
@@ -223,8 +225,9 @@ int dt_cuda_cudnn_benchmark(void) {
   static atomic_int setting = -1;
   int v = atomic_load(&setting);
   if (v < 0) {
-    const char *s = getenv("DT_CUDNN_BENCHMARK");
-    v = s && strcmp(s, "1") == 0;
+    bool on = false;
+    dt_env_bool(DT_ENV_CUDNN_BENCHMARK, &on); /* a bad value keeps the default */
+    v = on;
     atomic_store(&setting, v);
   }
   return v;
@@ -232,15 +235,7 @@ int dt_cuda_cudnn_benchmark(void) {
 
 static dt_status memory_limit_from_env(size_t *out) {
   *out = 0;
-  const char *s = getenv("DT_CUDA_MEMORY_LIMIT");
-  if (!s || !*s)
-    return DT_OK;
-  if (dt_parse_bytes(s, out) != DT_OK)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "DT_CUDA_MEMORY_LIMIT='%s' is not a byte count: use e.g. 512M, 40G or "
-                    "1048576, or unset it",
-                    s);
-  return DT_OK;
+  return dt_env_bytes(DT_ENV_CUDA_MEMORY_LIMIT, out);
 }
 
 /* ---- contexts ---- */

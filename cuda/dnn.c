@@ -16,7 +16,7 @@
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
 
-#define WORKSPACE_CAP ((size_t)1 << 30) /* largest workspace an algorithm may ask for */
+#define WORKSPACE_CAP DT_GIB /* largest workspace an algorithm may ask for */
 
 /* ---- geometry ---- */
 

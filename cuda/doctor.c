@@ -101,9 +101,9 @@ dt_status dt_cuda_doctor(FILE *out, int *problems) {
   OUT("  TF32:     %s for f32 GEMMs and convolutions (DT_CUDA_TF32=0 turns it off)\n",
       dt_cuda_tf32_enabled() ? "on" : "off");
   if (nprob == 0)
-    OUT("  verdict:  CUDA is ready\n");
+    OUT("  summary:  CUDA is ready\n");
   else
-    OUT("  verdict:  %d problem%s above; --device cpu works regardless\n", nprob,
+    OUT("  summary:  %d problem%s above; --device cpu works regardless\n", nprob,
         nprob == 1 ? "" : "s");
   if (problems)
     *problems = nprob;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/env.h"
 #include "dist/comm_internal.h"
 
 struct dt_comm {
@@ -781,9 +782,10 @@ dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out) {
 }
 
 dt_status dt_comm_config_from_env(dt_comm_config *cfg) {
-  const char *v = getenv("DT_COMM_BACKEND");
-  if (v == NULL || v[0] == '\0')
+  if (!dt_env_is_set(DT_ENV_COMM_BACKEND))
     return DT_OK;
-  dt_status st = dt_comm_backend_parse(v, &cfg->backend);
-  return st == DT_OK ? DT_OK : dt_error_wrap(st, "environment variable DT_COMM_BACKEND");
+  /* The table's choices are auto|mpi|nccl, named as dt_comm_backend_parse
+   * names them. */
+  DT_CHECK(dt_env_check(DT_ENV_COMM_BACKEND));
+  return dt_comm_backend_parse(dt_env_raw(DT_ENV_COMM_BACKEND), &cfg->backend);
 }

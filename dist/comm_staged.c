@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/memory.h"
 #include "dist/comm_internal.h"
 
 int dt_comm_can_stage(dt_device dev) {
@@ -73,7 +74,7 @@ static dt_status staging_reserve(dt_comm_staging *s, const dt_backend_ops *ops, 
     return DT_OK;
   DT_CHECK(ops->stream_synchronize(cs)); /* a copy back may read the old buffer */
   release_buffer(s);
-  size_t cap = (size_t)1 << 20;
+  size_t cap = DT_MIB;
   while (cap < bytes)
     cap *= 2;
   if (ops->host_alloc != NULL) {

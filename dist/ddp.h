@@ -54,6 +54,7 @@
 
 #include <stddef.h>
 
+#include "core/memory.h"
 #include "core/module.h"
 #include "core/status.h"
 #include "dist/comm.h"
@@ -69,7 +70,7 @@ typedef struct dt_ddp_config {
   int allow_unused;          /* 1: zero-fill gradients of unused parameters */
   int check_parameters;      /* 1: verify names/shapes/dtypes across ranks at creation */
 } dt_ddp_config;
-#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){1u << 20, 25u << 20, 1, 0, 1})
+#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1})
 
 typedef struct dt_ddp dt_ddp;
 

@@ -35,6 +35,7 @@
 #define DT_DIST_DP_H
 
 #include "core/module.h"
+#include "core/ops.h"
 #include "core/optim.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -56,7 +57,7 @@ typedef dt_status (*dt_dp_optim_fn)(void *user, int replica, dt_param_arena *are
 typedef struct dt_dp_config {
   dt_ddp_config ddp;
   dt_comm_config comm;
-  int64_t ignore_index; /* cross-entropy target to ignore (-100, as PyTorch) */
+  int64_t ignore_index; /* cross-entropy target to ignore (DT_IGNORE_INDEX) */
   /* CPU threads each replica thread runs its kernels with
    * (dt_cpu_set_num_threads on that thread, first thing). 0 = the caller's
    * count at dt_dp_create (dt_cpu_num_threads()) shared out: max(1, that / n).
@@ -64,7 +65,7 @@ typedef struct dt_dp_config {
   int threads_per_replica;
 } dt_dp_config;
 #define DT_DP_CONFIG_DEFAULT \
-  ((dt_dp_config){DT_DDP_CONFIG_DEFAULT, DT_COMM_CONFIG_DEFAULT, -100, 0})
+  ((dt_dp_config){DT_DDP_CONFIG_DEFAULT, DT_COMM_CONFIG_DEFAULT, DT_IGNORE_INDEX, 0})
 
 typedef struct dt_dp dt_dp;
 

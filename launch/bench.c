@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
+#include "launch/cli.h"
 #include "launch/flags.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
@@ -103,7 +104,7 @@ static dt_status train_step(dt_module *model, dt_optimizer *opt, dt_ddp *ddp,
   DT_CHECK_GOTO(dt_optim_zero_grad(opt), st, done);
   double t1 = now_seconds();
   DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, -100, &loss), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st, done);
   DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
   double t2 = now_seconds();
   DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
@@ -163,8 +164,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     DT_CHECK_GOTO(dt_train_comm_config(cfg->comm_backend, &cc), st, cleanup);
     DT_CHECK_GOTO(dt_comm_create_for_device(cfg->pg, dev, &cc, &comm), st, cleanup);
     dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-    dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * 1024.0 * 1024.0);
-    dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * 1024.0 * 1024.0);
+    dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * DT_MIB);
+    dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * DT_MIB);
     if (dc.first_bucket_bytes < 4)
       dc.first_bucket_bytes = 4;
     if (dc.bucket_bytes < 4)
@@ -207,7 +208,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(dev, &ms) == DT_OK)
-    r.peak_mib = (double)ms.peak_allocated / (1024.0 * 1024.0);
+    r.peak_mib = (double)ms.peak_allocated / DT_MIB;
   r.parameters = dt_module_parameter_count(model);
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
@@ -221,7 +222,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
-    r.grad_mib = (double)dt_param_arena_numel(arena) * sizeof(float) / (1024.0 * 1024.0);
+    r.grad_mib = (double)dt_param_arena_numel(arena) * sizeof(float) / DT_MIB;
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;
@@ -242,51 +243,63 @@ cleanup:
 
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = dt_bench_config_default();
-  float comm_timeout = (float)cfg.comm_timeout;
-  const char *env_backend = getenv("DT_COMM_BACKEND");
-  const char *default_backend = env_backend && env_backend[0] ? env_backend : "auto";
+  const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_flag flags[] = {
-      {"model", DT_FLAG_STRING, &cfg.model, "NAME", "model: mlp (784-512-512-10) or lenet", 0,
-       NULL},
-      {"batch", DT_FLAG_INT, &cfg.batch, "N", "batch size (per rank under a launcher)", 1, NULL},
-      {"steps", DT_FLAG_INT, &cfg.steps, "N", "timed training steps", 1, NULL},
-      {"warmup", DT_FLAG_INT, &cfg.warmup, "N", "untimed warm-up steps", 0, NULL},
-      {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME",
-       "sgd (lr 0.01, momentum 0.9) or adamw (lr 1e-3)", 0, "sgd|adamw"},
-      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
-      {"device", DT_FLAG_STRING, &cfg.device, "DEV",
-       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0, NULL},
-      {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for the model and the synthetic batch", 0, NULL},
-      {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
-       "DDP: seconds a collective may take before the job is aborted", 0.001, NULL},
-      {"bucket-cap-mb", DT_FLAG_FLOAT, &cfg.bucket_cap_mb, "MB", "DDP: bucket size after the first",
-       1e-6, NULL},
-      {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB", "DDP: first bucket size", 1e-6,
-       NULL},
-      {"comm-backend", DT_FLAG_STRING, &comm_backend, "NAME",
-       "DDP: auto (nccl on GPUs, else mpi), mpi (GPU tensors host-staged) or nccl; overrides "
-       "env DT_COMM_BACKEND",
-       0, "auto|mpi|nccl"},
+      dt_cli_flag_model(&cfg.model),
+      {.name = "batch",
+       .type = DT_FLAG_INT,
+       .target = &cfg.batch,
+       .metavar = "N",
+       .help = "batch size (per rank under a launcher)",
+       .min = 1},
+      {.name = "steps",
+       .type = DT_FLAG_INT,
+       .target = &cfg.steps,
+       .metavar = "N",
+       .help = "timed training steps",
+       .min = 1},
+      {.name = "warmup",
+       .type = DT_FLAG_INT,
+       .target = &cfg.warmup,
+       .metavar = "N",
+       .help = "untimed warm-up steps"},
+      dt_cli_flag_optimizer(&cfg.optimizer, "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+      dt_cli_flag_threads(&cfg.threads),
+      dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
+      dt_cli_flag_comm_timeout(&cfg.comm_timeout),
+      dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
+      dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
+      dt_cli_flag_comm_backend(&comm_backend),
   };
-  int nflags = (int)(sizeof flags / sizeof flags[0]);
-  switch (dt_flags_parse("bench", flags, nflags, argc, argv, err)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP:
-      printf(
-          "usage: dtrain bench [flags]\n\n"
+  dt_flag_set set = {
+      .command = "bench",
+      .usage = "bench [flags]",
+      .about =
           "Times training steps (forward, cross-entropy, backward, optimizer) on one\n"
           "synthetic batch, after untimed warm-up steps, and prints\n"
-          "steps_per_s=... samples_per_s=... ms_per_step=...\n"
+          "  steps_per_s=... samples_per_s=... ms_per_step=...\n"
+          "  breakdown: forward_ms=... backward_ms=... optimizer_ms=... peak_mem=... loss=...\n"
           "Under a launcher (dtrain launch -n N -- bench ...) every rank runs --batch\n"
-          "samples per step through a DDP reducer; samples_per_s counts all ranks and a\n"
-          "ddp: line gives the all-reduce time and how much of it the overlap hid.\n\n"
-          "flags:\n");
-      dt_flags_print(flags, nflags, stdout);
-      return 0;
+          "samples per step through a DDP reducer and samples_per_s counts all ranks; a\n"
+          "line\n"
+          "  ddp: world N, per-rank batch B, global batch ..., K buckets (... MiB) over ...\n"
+          "names the reducer, and the line\n"
+          "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=... (per step)\n"
+          "carries the all-reduce time per step, the part of it the overlap with backward\n"
+          "hid, and the part the step waited for.",
+      .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
+      .flags = flags,
+      .nflags = (int)(sizeof flags / sizeof flags[0]),
+  };
+  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
+    case DT_FLAGS_OK: break;
+    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
     case DT_FLAGS_ERROR: return 2;
   }
-  cfg.comm_timeout = comm_timeout;
+  if (dt_cli_check_env() != DT_OK)
+    return 1;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = pg ? dt_pg_rank(pg) : 0;

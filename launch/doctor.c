@@ -1,5 +1,6 @@
 #include "launch/doctor.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,10 +9,14 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/memory.h"
+#include "core/env.h"
 #include "core/status.h"
 #include "cuda/cuda.h"
 #include "dist/comm.h"
+#include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/launcher.h"
+#include "launch/train_loop.h"
 
 extern char **environ;
 
@@ -24,8 +29,9 @@ static int file_exists(const char *path) {
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Reports whether dir/name holds the four idx files (raw or .gz). */
-static void report_data_set(const char *dir, const char *name) {
+/* Reports whether dir/name holds the four idx files (raw or .gz); true
+ * when it does. */
+static bool report_data_set(const char *dir, const char *name) {
   static const char *const files[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                                       "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
   char path[4096];
@@ -47,6 +53,7 @@ static void report_data_set(const char *dir, const char *name) {
     printf("  %-14s ok (%s/%s)\n", name, dir, name);
   else
     printf("  %-14s missing %s under %s/%s (run tools/setup.sh)\n", name, missing, dir, name);
+  return found == 4;
 }
 
 /* GPU-to-GPU reachability: cudaDeviceCanAccessPeer for every pair. */
@@ -76,24 +83,11 @@ static void report_peer_access(int gpus) {
          "`nvidia-smi nvlink --status` the NVLink lanes\n");
 }
 
-/* How ranks will communicate: the backend choice, NCCL's environment, and
- * with GPUs whether they reach each other. Returns the problems found. */
-static int report_distributed(void) {
-  int problems = 0;
+/* How ranks will communicate: NCCL, its environment, and with GPUs whether
+ * they reach each other (the backend choice is DT_COMM_BACKEND, reported
+ * with the environment). */
+static void report_distributed(void) {
   printf("distributed:\n");
-  const char *backend = getenv("DT_COMM_BACKEND");
-  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  if (dt_comm_config_from_env(&cc) != DT_OK) {
-    problems++;
-    printf("  DT_COMM_BACKEND=%s  PROBLEM: %s; runs that read it stop with this error\n", backend,
-           dt_last_error());
-    dt_clear_error();
-  } else if (backend && backend[0]) {
-    printf("  DT_COMM_BACKEND=%s (--comm-backend overrides it)\n", backend);
-  } else {
-    printf("  DT_COMM_BACKEND not set: auto (nccl for GPU tensors, mpi for CPU ones; "
-           "--comm-backend to choose)\n");
-  }
   if (dt_nccl_built())
     printf("  nccl backend   built in (NCCL %d.%d.%d)\n", dt_nccl_version() / 10000,
            dt_nccl_version() / 100 % 100, dt_nccl_version() % 100);
@@ -127,25 +121,73 @@ static int report_distributed(void) {
            gpus);
     report_peer_access(gpus);
   }
+}
+
+/* Appends "; <text>" (or "<text>" first) to the list of needs. */
+static void add_need(char *list, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_need(char *list, size_t cap, const char *fmt, ...) {
+  size_t used = strlen(list);
+  if (used > 0 && used + 2 < cap) {
+    memcpy(list + used, "; ", 3);
+    used += 2;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(list + used, cap - used, fmt, ap);
+  va_end(ap);
+}
+
+/* Every DT_* variable with its value and default; counts the bad values
+ * (the test-only ones aside: a run never reads them). */
+static int report_environment(void) {
+  int problems = 0;
+  printf("environment (every variable dtrain reads; the README describes them):\n");
+  for (int p = 0; p < DT_ENV_COUNT; p++) {
+    const dt_env_info *e = dt_env_info_of((dt_env_param)p);
+    const char *raw = dt_env_raw((dt_env_param)p);
+    bool test = !strcmp(e->group, "test");
+    char value[80];
+    snprintf(value, sizeof value, "%s", raw ? raw : "unset");
+    printf("  %-26s %-14s default: %s%s\n", e->name, value,
+           dt_env_default_text((dt_env_param)p), test ? " (tests only)" : "");
+    if (!test && dt_env_check((dt_env_param)p) != DT_OK) {
+      problems++;
+      printf("    PROBLEM: %s\n", dt_last_error());
+      dt_clear_error();
+    }
+  }
   return problems;
 }
 
-int dt_cli_doctor(int argc, char **argv) {
-  const char *data_dir = getenv("DT_DATA_DIR");
-  if (!data_dir || !data_dir[0])
-    data_dir = "data";
+int dt_cli_doctor(int argc, char **argv, FILE *err) {
+  dt_train_config job = dt_train_config_default(); /* what `dtrain train` runs */
+  const char *data_dir = job.data_dir;
+  dt_env_string(DT_ENV_DATA_DIR, &data_dir);
   dt_flag flags[] = {
-      {"data-dir", DT_FLAG_STRING, &data_dir, "DIR",
-       "folder holding the data sets (env DT_DATA_DIR)", 0, NULL},
+      {.name = "data-dir",
+       .type = DT_FLAG_STRING,
+       .target = &data_dir,
+       .metavar = "DIR",
+       .help = "folder holding the data sets; env DT_DATA_DIR sets the default"},
   };
-  switch (dt_flags_parse("doctor", flags, 1, argc, argv, stderr)) {
+  dt_flag_set set = {
+      .command = "doctor",
+      .usage = "doctor [flags]",
+      .about =
+          "Reports the devices, CPU threads, memory cap, libraries, GPUs, the communication\n"
+          "set-up, the data sets, mpirun and every DT_* environment variable, then one line\n"
+          "  verdict: ...\n"
+          "Exit status 0 when the default job (./dtrain train: dtrain launch -n 2 -- train,\n"
+          "LeNet-5 on Fashion-MNIST on the CPU) can run; 1 when something it needs is\n"
+          "missing or wrong (the data set, mpirun, a DT_* value), each named in the verdict.\n"
+          "GPU problems are reported but do not fail the verdict.",
+      .flags = flags,
+      .nflags = (int)(sizeof flags / sizeof flags[0]),
+  };
+  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
     case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP:
-      printf(
-          "usage: dtrain doctor [flags]\n\nReports the devices, CPU threads, memory cap and "
-          "data sets this build can use.\n\nflags:\n");
-      dt_flags_print(flags, 1, stdout);
-      return 0;
+    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
     case DT_FLAGS_ERROR: return 2;
   }
 
@@ -158,12 +200,14 @@ int dt_cli_doctor(int argc, char **argv) {
   if (dt_memory_stats_get((dt_device){DT_DEVICE_CPU, 0}, &ms) == DT_OK && ms.limit > 0)
     printf("  cpu memory cap %s (DT_CPU_MEMORY_LIMIT)\n",
            dt_format_bytes(ms.limit, buf, sizeof buf));
+  dt_clear_error();
   const dt_backend_ops *ops = NULL;
   dt_device gpu = {DT_DEVICE_CUDA, 0};
   if (dt_backend_get(gpu, &ops) == DT_OK)
     printf("  cuda           %d device(s)\n", dt_device_count(DT_DEVICE_CUDA));
   else
     printf("  cuda           unavailable: %s\n", dt_last_error());
+  dt_clear_error();
   printf("libraries:\n");
   printf("  OpenBLAS       %s\n", openblas_get_config());
   char mpi[8192];
@@ -174,19 +218,53 @@ int dt_cli_doctor(int argc, char **argv) {
       *nl = '\0';
     printf("  MPI            %s\n", mpi);
   }
-  int problems = 0;
-  dt_cuda_doctor(stdout, &problems);
-  int dist_problems = report_distributed();
+  int gpu_problems = 0;
+  dt_cuda_doctor(stdout, &gpu_problems);
+  report_distributed();
+
+  /* What the default job needs, named in the verdict when missing. */
+  char missing[1024] = "";
   printf("data sets (--data-dir %s):\n", data_dir);
-  report_data_set(data_dir, "fashion-mnist");
-  report_data_set(data_dir, "mnist");
-  if (dist_problems > 0)
-    printf("verdict: %d problem(s) (see above): the distributed settings are invalid%s\n",
-           dist_problems + problems, problems ? ", and CUDA is not ready" : "");
-  else if (problems == 0)
-    printf("verdict: ok\n");
+  char names[128];
+  snprintf(names, sizeof names, "%s", DT_CLI_DATA_SETS);
+  for (char *save = NULL, *name = strtok_r(names, "|", &save); name;
+       name = strtok_r(NULL, "|", &save)) {
+    if (!report_data_set(data_dir, name) && !strcmp(name, job.data)) {
+      add_need(missing, sizeof missing,
+               "the %s data set under %s (run tools/setup.sh, or give --data-dir / DT_DATA_DIR)",
+               name, data_dir);
+    }
+  }
+  printf("launcher:\n");
+  char mpirun_buf[4096];
+  const char *mpirun = dt_cli_find_mpirun(mpirun_buf, sizeof mpirun_buf);
+  if (mpirun) {
+    printf("  mpirun         %s%s\n", mpirun,
+           dt_env_is_set(DT_ENV_MPIRUN) ? " (DT_MPIRUN)" : "");
+  } else {
+    printf("  mpirun         missing: dtrain launch and the 2-rank default job need Open MPI's "
+           "mpirun (apt-get install openmpi-bin, or tools/setup.sh; or set DT_MPIRUN)\n");
+    add_need(missing, sizeof missing, "mpirun (%s)",
+             dt_env_is_set(DT_ENV_MPIRUN) ? "DT_MPIRUN is not an executable file"
+                                          : "not on PATH");
+  }
+  int env_problems = report_environment();
+  if (env_problems > 0) {
+    add_need(missing, sizeof missing, "valid DT_* values (%d PROBLEM%s above)", env_problems,
+             env_problems == 1 ? "" : "s");
+  }
+
+  char gpu_text[128];
+  if (gpu_problems == 0)
+    snprintf(gpu_text, sizeof gpu_text, "GPU training: ready");
   else
-    printf("verdict: %d problem(s) for GPU training (see above); CPU training works\n",
-           problems);
+    snprintf(gpu_text, sizeof gpu_text, "GPU training: %d problem%s (see CUDA above)",
+             gpu_problems, gpu_problems == 1 ? "" : "s");
+  if (missing[0]) {
+    printf("verdict: NOT READY: the default job (dtrain launch -n 2 -- train) needs %s; %s\n",
+           missing, gpu_text);
+    return 1;
+  }
+  printf("verdict: ready for the default job (dtrain launch -n 2 -- train); %s\n", gpu_text);
   return 0;
 }

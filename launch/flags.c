@@ -6,104 +6,190 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-static dt_flag *find_flag(dt_flag *flags, int nflags, const char *name, size_t len) {
-  for (int i = 0; i < nflags; i++) {
-    if (strlen(flags[i].name) == len && strncmp(flags[i].name, name, len) == 0)
-      return &flags[i];
-  }
-  return NULL;
-}
+#define HELP_WIDTH 100 /* the help wraps its lines here */
+#define HELP_LEFT 24   /* the flag column */
 
-static int is_one_of(const char *value, const char *choices) {
+bool dt_flags_is_choice(const char *value, const char *choices) {
   size_t n = strlen(value);
-  const char *p = choices;
-  while (*p) {
-    const char *end = strchr(p, '|');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
+  for (const char *p = choices;;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
     if (len == n && strncmp(p, value, n) == 0)
-      return 1;
-    if (!end)
-      break;
-    p = end + 1;
+      return true;
+    if (!bar)
+      return false;
+    p = bar + 1;
   }
-  return 0;
 }
 
-static void describe_int_expectation(double min, char *buf, size_t cap) {
-  if (min == 1)
+const char *dt_flags_format_choices(const char *choices, char *buf, size_t cap) {
+  size_t used = 0;
+  if (cap == 0)
+    return buf;
+  buf[0] = '\0';
+  for (const char *p = choices; *p && used + 3 < cap; p++) {
+    if (*p == '|') {
+      buf[used++] = ',';
+      buf[used++] = ' ';
+    } else {
+      buf[used++] = *p;
+    }
+  }
+  buf[used] = '\0';
+  return buf;
+}
+
+/* "a positive integer", "an integer in 1..4096", "a number > 0", ... */
+static void describe_number(const dt_flag *f, char *buf, size_t cap) {
+  bool integer = f->type == DT_FLAG_INT;
+  const char *noun = integer ? "integer" : "number";
+  if (f->max != 0)
+    snprintf(buf, cap, "%s in %s%g..%g", integer ? "an integer" : "a number",
+             f->min_exclusive ? ">" : "", f->min, f->max);
+  else if (integer && f->min == 1)
     snprintf(buf, cap, "a positive integer");
-  else if (min == 0)
-    snprintf(buf, cap, "a non-negative integer");
+  else if (f->min == 0 && !f->min_exclusive)
+    snprintf(buf, cap, "a non-negative %s", noun);
   else
-    snprintf(buf, cap, "an integer >= %.0f", min);
+    snprintf(buf, cap, "a%s %s %s %g", integer ? "n" : "", noun, f->min_exclusive ? ">" : ">=",
+             f->min);
 }
 
-/* Stores `text` into flag f; on failure writes what was expected. */
-static int set_value(dt_flag *f, const char *text, char *expected, size_t cap) {
+static bool parse_bool(const char *s, bool *out) {
+  static const char *const yes[] = {"true", "1", "yes", "on"};
+  static const char *const no[] = {"false", "0", "no", "off"};
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    if (!strcasecmp(s, yes[i])) {
+      *out = true;
+      return true;
+    }
+    if (!strcasecmp(s, no[i])) {
+      *out = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+static bool in_range(const dt_flag *f, double v) {
+  if (f->min_exclusive ? !(v > f->min) : !(v >= f->min))
+    return false;
+  return f->max == 0 || v <= f->max;
+}
+
+/* Stores `text` into flag f; on failure writes why into `why`. */
+static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
   char *end = NULL;
+  char expected[160];
   switch (f->type) {
     case DT_FLAG_INT: {
       errno = 0;
       long long v = strtoll(text, &end, 10);
-      if (errno || end == text || *end || v < (long long)f->min || v > INT_MAX) {
-        describe_int_expectation(f->min, expected, cap);
-        return 0;
+      if (errno || end == text || *end || v > INT_MAX || v < INT_MIN || !in_range(f, (double)v)) {
+        describe_number(f, expected, sizeof expected);
+        snprintf(why, cap, "expected %s", expected);
+        return false;
       }
-      *(int *)f->value = (int)v;
-      return 1;
+      *(int *)f->target = (int)v;
+      return true;
     }
     case DT_FLAG_U64: {
       errno = 0;
       unsigned long long v = strtoull(text, &end, 10);
       /* strtoull accepts "-1" (and " -1") and negates it: refuse any sign. */
       if (errno || end == text || *end || strchr(text, '-') != NULL) {
-        snprintf(expected, cap, "a non-negative integer");
-        return 0;
+        snprintf(why, cap, "expected a non-negative integer");
+        return false;
       }
-      *(uint64_t *)f->value = (uint64_t)v;
-      return 1;
+      *(uint64_t *)f->target = (uint64_t)v;
+      return true;
     }
-    case DT_FLAG_FLOAT: {
+    case DT_FLAG_FLOAT:
+    case DT_FLAG_DOUBLE: {
       errno = 0;
-      float v = strtof(text, &end);
-      if (errno || end == text || *end || !isfinite(v) || v < f->min) {
-        if (f->min == 0)
-          snprintf(expected, cap, "a non-negative number");
-        else
-          snprintf(expected, cap, "a number >= %g", f->min);
-        return 0;
+      double v = strtod(text, &end);
+      bool fits = f->type == DT_FLAG_DOUBLE || fabs(v) <= 3.4028234663852886e38;
+      if (errno || end == text || *end || !isfinite(v) || !fits || !in_range(f, v)) {
+        describe_number(f, expected, sizeof expected);
+        snprintf(why, cap, "expected %s", expected);
+        return false;
       }
-      *(float *)f->value = v;
-      return 1;
+      if (f->type == DT_FLAG_FLOAT)
+        *(float *)f->target = (float)v;
+      else
+        *(double *)f->target = v;
+      return true;
     }
     case DT_FLAG_STRING:
-      if (!text[0] || (f->choices && !is_one_of(text, f->choices))) {
-        if (f->choices)
-          snprintf(expected, cap, "one of %s", f->choices);
-        else
-          snprintf(expected, cap, "a non-empty string");
-        return 0;
+      if (!text[0]) {
+        snprintf(why, cap, "expected a non-empty value");
+        return false;
       }
-      *(const char **)f->value = text;
-      return 1;
+      if (f->check && !f->check(text, why, cap))
+        return false;
+      *(const char **)f->target = text;
+      return true;
+    case DT_FLAG_CHOICE:
+      if (!dt_flags_is_choice(text, f->choices)) {
+        snprintf(why, cap, "expected one of %s",
+                 dt_flags_format_choices(f->choices, expected, sizeof expected));
+        return false;
+      }
+      *(const char **)f->target = text;
+      return true;
     case DT_FLAG_BOOL:
-      if (!strcmp(text, "true") || !strcmp(text, "1") || !strcmp(text, "yes")) {
-        *(int *)f->value = 1;
-        return 1;
+      if (!parse_bool(text, (bool *)f->target)) {
+        snprintf(why, cap, "expected true or false");
+        return false;
       }
-      if (!strcmp(text, "false") || !strcmp(text, "0") || !strcmp(text, "no")) {
-        *(int *)f->value = 0;
-        return 1;
+      return true;
+    case DT_FLAG_LIST: {
+      dt_flag_list *l = f->target;
+      if (l->n >= DT_FLAG_LIST_MAX) {
+        snprintf(why, cap, "given more than %d times", DT_FLAG_LIST_MAX);
+        return false;
       }
-      snprintf(expected, cap, "true or false");
-      return 0;
+      l->items[l->n++] = text;
+      return true;
+    }
   }
-  return 0;
+  return false;
 }
 
-dt_flags_result dt_flags_parse(const char *command, dt_flag *flags, int nflags, int argc,
-                               char **argv, FILE *err) {
+/* The flag `arg` names ("--batch", "--batch=3", "-n"), or NULL; *value is
+ * set to the text after '=' when there is one. */
+static dt_flag *find_flag(const dt_flag_set *set, const char *arg, const char **value) {
+  *value = NULL;
+  const char *eq = strchr(arg, '=');
+  size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+  for (int i = 0; i < set->nflags; i++) {
+    dt_flag *f = &set->flags[i];
+    bool long_match = len == strlen(f->name) + 2 && !strncmp(arg, "--", 2) &&
+                      !strncmp(arg + 2, f->name, len - 2);
+    bool alias_match = f->alias && len == strlen(f->alias) && !strncmp(arg, f->alias, len);
+    if (long_match || alias_match) {
+      if (eq)
+        *value = eq + 1;
+      return f;
+    }
+  }
+  return NULL;
+}
+
+/* The flag's name as the user typed it: "-n" or "--np". */
+static void shown_name(const dt_flag *f, const char *typed, char *buf, size_t cap) {
+  if (f->alias && !strncmp(typed, f->alias, strlen(f->alias)) && strncmp(typed, "--", 2))
+    snprintf(buf, cap, "%s", f->alias);
+  else
+    snprintf(buf, cap, "--%s", f->name);
+}
+
+dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                               dt_flags_args *out) {
+  const char *cmd = set->command;
+  dt_flags_args parsed = {NULL, 0, NULL, 0};
   /* --help wins over any other problem on the line. */
   for (int i = 0; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
@@ -113,65 +199,137 @@ dt_flags_result dt_flags_parse(const char *command, dt_flag *flags, int nflags, 
   }
   for (int i = 0; i < argc; i++) {
     const char *arg = argv[i];
-    if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') {
-      fprintf(err, "dtrain %s: unexpected argument '%s' (see dtrain %s --help)\n", command, arg,
-              command);
+    if (set->command_after_dashdash && !strcmp(arg, "--")) {
+      parsed.rest = argv + i + 1;
+      parsed.nrest = argc - i - 1;
+      break;
+    }
+    if (arg[0] != '-' || !strcmp(arg, "--") || !strcmp(arg, "-")) {
+      if (arg[0] != '-' && parsed.nargs < set->max_args) {
+        if (parsed.nargs == 0)
+          parsed.args = argv + i;
+        parsed.nargs++;
+        continue;
+      }
+      fprintf(err, "dtrain %s: unexpected argument '%s'%s%s (see dtrain %s --help)\n", cmd, arg,
+              set->args_hint ? ": " : "", set->args_hint ? set->args_hint : "", cmd);
       return DT_FLAGS_ERROR;
     }
-    const char *name = arg + 2;
-    const char *eq = strchr(name, '=');
-    size_t len = eq ? (size_t)(eq - name) : strlen(name);
-    dt_flag *f = find_flag(flags, nflags, name, len);
+    const char *value = NULL;
+    dt_flag *f = find_flag(set, arg, &value);
     if (!f) {
-      fprintf(err, "dtrain %s: unknown flag --%.*s (see dtrain %s --help)\n", command, (int)len,
-              name, command);
+      const char *eq = strchr(arg, '=');
+      fprintf(err, "dtrain %s: unknown flag %.*s (see dtrain %s --help)\n", cmd,
+              (int)(eq ? eq - arg : (long)strlen(arg)), arg, cmd);
       return DT_FLAGS_ERROR;
     }
-    const char *value;
-    if (eq) {
-      value = eq + 1;
-    } else if (f->type == DT_FLAG_BOOL) {
-      value = "true";
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      fprintf(err, "dtrain %s: flag --%s needs a value (see dtrain %s --help)\n", command, f->name,
-              command);
-      return DT_FLAGS_ERROR;
+    char name[80];
+    shown_name(f, arg, name, sizeof name);
+    if (!value) {
+      if (f->type == DT_FLAG_BOOL) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        fprintf(err, "dtrain %s: flag %s needs a value (see dtrain %s --help)\n", cmd, name, cmd);
+        return DT_FLAGS_ERROR;
+      }
     }
-    char expected[128];
-    if (!set_value(f, value, expected, sizeof expected)) {
-      fprintf(err, "dtrain %s: invalid value '%s' for --%s: expected %s\n", command, value, f->name,
-              expected);
+    char why[512];
+    if (!set_value(f, value, why, sizeof why)) {
+      fprintf(err, "dtrain %s: invalid value '%s' for %s: %s\n", cmd, value, name, why);
       return DT_FLAGS_ERROR;
     }
   }
+  if (out)
+    *out = parsed;
   return DT_FLAGS_OK;
 }
 
-static void format_value(const dt_flag *f, char *buf, size_t cap) {
+static void format_default(const dt_flag *f, char *buf, size_t cap) {
+  if (f->default_text) {
+    snprintf(buf, cap, "%s", f->default_text);
+    return;
+  }
   switch (f->type) {
-    case DT_FLAG_INT: snprintf(buf, cap, "%d", *(const int *)f->value); break;
-    case DT_FLAG_U64: snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)f->value); break;
-    case DT_FLAG_FLOAT: snprintf(buf, cap, "%g", *(const float *)f->value); break;
-    case DT_FLAG_STRING: {
-      const char *s = *(const char *const *)f->value;
-      snprintf(buf, cap, "%s", s ? s : "");
+    case DT_FLAG_INT: snprintf(buf, cap, "%d", *(const int *)f->target); break;
+    case DT_FLAG_U64: snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)f->target); break;
+    case DT_FLAG_FLOAT: snprintf(buf, cap, "%g", *(const float *)f->target); break;
+    case DT_FLAG_DOUBLE: snprintf(buf, cap, "%g", *(const double *)f->target); break;
+    case DT_FLAG_STRING:
+    case DT_FLAG_CHOICE: {
+      const char *s = *(const char *const *)f->target;
+      snprintf(buf, cap, "%s", s ? s : "none");
       break;
     }
-    case DT_FLAG_BOOL: snprintf(buf, cap, "%s", *(const int *)f->value ? "on" : "off"); break;
+    case DT_FLAG_BOOL: snprintf(buf, cap, "%s", *(const bool *)f->target ? "on" : "off"); break;
+    case DT_FLAG_LIST: snprintf(buf, cap, "none"); break;
   }
 }
 
-void dt_flags_print(const dt_flag *flags, int nflags, FILE *out) {
-  for (int i = 0; i < nflags; i++) {
-    const dt_flag *f = &flags[i];
-    char left[64], value[256];
-    if (f->type == DT_FLAG_BOOL)
-      snprintf(left, sizeof left, "--%s", f->name);
-    else
-      snprintf(left, sizeof left, "--%s %s", f->name, f->metavar ? f->metavar : "VALUE");
-    format_value(f, value, sizeof value);
-    fprintf(out, "  %-22s %s (default: %s)\n", left, f->help, value);
+/* Writes `text` from column `col` (the cursor is there) to HELP_WIDTH,
+ * continuing lines at HELP_LEFT + 1. */
+static void print_wrapped(FILE *out, const char *text, int col) {
+  const char *p = text;
+  while (*p) {
+    const char *word_end = p;
+    while (*word_end && *word_end != ' ')
+      word_end++;
+    int len = (int)(word_end - p);
+    if (col > HELP_LEFT + 1 && col + 1 + len > HELP_WIDTH) {
+      fprintf(out, "\n%*s", HELP_LEFT + 1, "");
+      col = HELP_LEFT + 1;
+    } else if (col > HELP_LEFT + 1) {
+      fputc(' ', out);
+      col++;
+    }
+    fwrite(p, 1, (size_t)len, out);
+    col += len;
+    p = word_end;
+    while (*p == ' ')
+      p++;
   }
+  fputc('\n', out);
+}
+
+void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
+  fprintf(out, "usage: dtrain %s\n\n", set->usage);
+  if (set->about)
+    fprintf(out, "%s\n\n", set->about);
+  fprintf(out, "flags:\n");
+  for (int i = 0; i < set->nflags; i++) {
+    const dt_flag *f = &set->flags[i];
+    char left[96], text[1024], value[256], accepted[256];
+    int n = snprintf(left, sizeof left, "  %s%s--%s", f->alias ? f->alias : "",
+                     f->alias ? ", " : "", f->name);
+    if (f->type != DT_FLAG_BOOL && n > 0 && (size_t)n < sizeof left)
+      snprintf(left + n, sizeof left - (size_t)n, " %s", f->metavar ? f->metavar : "VALUE");
+    accepted[0] = '\0';
+    if (f->type == DT_FLAG_CHOICE) {
+      char list[200];
+      snprintf(accepted, sizeof accepted, "; one of %s",
+               dt_flags_format_choices(f->choices, list, sizeof list));
+    } else if ((f->type == DT_FLAG_INT || f->type == DT_FLAG_FLOAT ||
+                f->type == DT_FLAG_DOUBLE) &&
+               f->max != 0) {
+      snprintf(accepted, sizeof accepted, "; %g..%g", f->min, f->max);
+    } else if (f->type == DT_FLAG_LIST) {
+      snprintf(accepted, sizeof accepted, "; repeat for several");
+    }
+    format_default(f, value, sizeof value);
+    if (f->type == DT_FLAG_LIST)
+      snprintf(text, sizeof text, "%s%s", f->help, accepted);
+    else
+      snprintf(text, sizeof text, "%s%s (default: %s)", f->help, accepted, value);
+    int col = fprintf(out, "%-*s", HELP_LEFT, left);
+    if (col > HELP_LEFT) {
+      fprintf(out, "\n%*s", HELP_LEFT + 1, "");
+    } else {
+      fputc(' ', out);
+    }
+    print_wrapped(out, text, HELP_LEFT + 1);
+  }
+  fprintf(out, "  %-*s show this help\n", HELP_LEFT - 2, "-h, --help");
+  if (set->epilogue)
+    fprintf(out, "\n%s\n", set->epilogue);
 }

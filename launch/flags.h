@@ -1,14 +1,23 @@
-/* A small command-line flag parser for the dtrain subcommands.
+/* The command-line flag parser of every dtrain subcommand.
  *
- * Flags are `--name value` or `--name=value`; switches (DT_FLAG_BOOL) take
- * no value (`--nesterov`) or an explicit `--nesterov=true|false`. Each flag
- * is typed and validated: a number below its minimum or a string outside
- * its choices is rejected with a message naming the flag and the value.
- * `--help` / `-h` anywhere asks for the usage text.
+ * A subcommand describes its flags once, in a table (dt_flag: name, type,
+ * target, accepted values, help), and its usage text around them
+ * (dt_flag_set). dt_flags_parse reads argv against the table and
+ * dt_flags_print_help writes `--help` from the same table, so the help
+ * always says what the parser accepts and the defaults it would use.
+ *
+ * Flags are `--name value` or `--name=value` (an alias such as `-n` takes
+ * `-n value`); switches (DT_FLAG_BOOL) take no value (`--nesterov`) or an
+ * explicit `--nesterov=true|false`. Every value is checked against its
+ * type, range, choices or check function; a bad one is reported as
+ *   dtrain train: invalid value 'resnet18' for --model: expected one of lenet, mlp
+ * (exit status 2). `--help` / `-h` before any `--` asks for the help.
  */
 #ifndef DT_LAUNCH_FLAGS_H
 #define DT_LAUNCH_FLAGS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -17,38 +26,81 @@ extern "C" {
 #endif
 
 typedef enum dt_flag_type {
-  DT_FLAG_INT = 0, /* value: int*, at least `min` */
-  DT_FLAG_U64,     /* value: uint64_t* */
-  DT_FLAG_FLOAT,   /* value: float*, finite, at least `min` */
-  DT_FLAG_STRING,  /* value: const char** (points into argv); `choices` optional */
-  DT_FLAG_BOOL,    /* value: int* (0/1) */
+  DT_FLAG_INT = 0, /* target: int*, in [min, max] */
+  DT_FLAG_U64,     /* target: uint64_t*, no sign */
+  DT_FLAG_FLOAT,   /* target: float*, finite, in [min, max] (or > min: min_exclusive) */
+  DT_FLAG_DOUBLE,  /* target: double*, as FLOAT */
+  DT_FLAG_STRING,  /* target: const char** (into argv), non-empty; `check` optional */
+  DT_FLAG_CHOICE,  /* target: const char** (into argv), one of `choices` */
+  DT_FLAG_BOOL,    /* target: bool* */
+  DT_FLAG_LIST,    /* target: dt_flag_list*; repeatable, each value appended */
 } dt_flag_type;
 
+#define DT_FLAG_LIST_MAX 64
+typedef struct dt_flag_list {
+  const char *items[DT_FLAG_LIST_MAX];
+  int n;
+} dt_flag_list;
+
+/* Further validation of a STRING value: false with `why` filled in
+ * ("expected cpu, cpu:N, cuda or cuda:N") to refuse it. */
+typedef bool (*dt_flag_check_fn)(const char *value, char *why, size_t cap);
+
 typedef struct dt_flag {
-  const char *name; /* without the leading "--" */
+  const char *name;  /* "batch" for --batch */
+  const char *alias; /* "-n", or NULL */
   dt_flag_type type;
-  void *value;         /* holds the default on entry, the parsed value on return */
-  const char *metavar; /* "N", "LR" (shown in the usage) */
+  void *target;        /* holds the default on entry, the parsed value on return */
+  const char *metavar; /* "N", "LR" (shown in the help); not for BOOL */
   const char *help;
-  double min;          /* INT/FLOAT: smallest accepted value */
-  const char *choices; /* STRING: "sgd|adamw", or NULL for any non-empty string */
+  double min, max;     /* INT/FLOAT/DOUBLE: accepted range; max 0 = no upper bound */
+  bool min_exclusive;  /* FLOAT/DOUBLE: the value must be > min */
+  const char *choices; /* CHOICE: "sgd|adamw" */
+  dt_flag_check_fn check;
+  const char *default_text; /* shown as the default instead of the target's value */
 } dt_flag;
+
+typedef struct dt_flag_set {
+  const char *command; /* "train": messages start "dtrain train: " */
+  const char *usage;   /* after "usage: dtrain ": "train [flags]" */
+  const char *about;   /* what the command does (help, after the usage line) */
+  const char *epilogue; /* after the flags (examples); NULL = none */
+  dt_flag *flags;
+  int nflags;
+  int max_args;          /* positional arguments accepted (help: 1) */
+  bool command_after_dashdash; /* `--` ends the flags and a command follows (launch) */
+  const char *args_hint; /* appended to "unexpected argument 'x'" */
+} dt_flag_set;
 
 typedef enum dt_flags_result {
   DT_FLAGS_OK = 0,
-  DT_FLAGS_HELP = 1,  /* --help was given: print the usage, exit 0 */
+  DT_FLAGS_HELP = 1,  /* --help was given: print the help, exit 0 */
   DT_FLAGS_ERROR = 2, /* the message has been printed to `err`: exit 2 */
 } dt_flags_result;
 
-/* Parses argv[0..argc) (the arguments after the subcommand) into `flags`.
- * `command` ("train") names the subcommand in messages. Positional
- * arguments are errors. */
-dt_flags_result dt_flags_parse(const char *command, dt_flag *flags, int nflags, int argc,
-                               char **argv, FILE *err);
+typedef struct dt_flags_args {
+  char **args; /* positional arguments (at most set->max_args) */
+  int nargs;
+  char **rest; /* command_after_dashdash: what follows `--` (NULL when absent) */
+  int nrest;
+} dt_flags_args;
 
-/* Prints every flag with its metavar, help text and current value (the
- * default when called before parsing). */
-void dt_flags_print(const dt_flag *flags, int nflags, FILE *out);
+/* Parses argv[0..argc) (the arguments after the subcommand) into the
+ * targets of set->flags. `out` (may be NULL when the set takes no
+ * positional arguments) receives the positional arguments. */
+dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                               dt_flags_args *out);
+
+/* The help: usage, about, every flag with its metavar, help, accepted
+ * values and default (the target's current value, so call it before
+ * parsing or after a --help), then the epilogue. */
+void dt_flags_print_help(const dt_flag_set *set, FILE *out);
+
+/* "a|b|c" -> "a, b, c" into buf. */
+const char *dt_flags_format_choices(const char *choices, char *buf, size_t cap);
+
+/* Whether `value` is one of "a|b|c". */
+bool dt_flags_is_choice(const char *value, const char *choices);
 
 #ifdef __cplusplus
 }

@@ -11,42 +11,44 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/env.h"
+#include "launch/cli.h"
+#include "launch/flags.h"
 
-#define MAX_MPIRUN_ARGS 64
 #define MAX_EXPORTS 64
 
 extern char **environ;
 
-static const char usage[] =
-    "usage: dtrain launch [-n N] [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
-    "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]\n\n"
+static const char about[] =
     "Runs N ranks of `dtrain <command>` (train or bench) under Open MPI's mpirun:\n"
     "  mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C -x DT_NUM_THREADS=C\n"
-    "         [-x DT_DATA_DIR] [-x DT_COMM_BACKEND] [-x CUDA_VISIBLE_DEVICES] [-x NCCL_...]\n"
+    "         [-x DT_...] [-x CUDA_VISIBLE_DEVICES] [-x NCCL_...]\n"
     "         [--oversubscribe] [--allow-run-as-root] <this dtrain> <command> [flags]\n"
     "C = max(1, cores / N) threads per rank, cores being the CPUs this process may use;\n"
     "--oversubscribe is added when N > cores, --allow-run-as-root when run as root;\n"
-    "DT_DATA_DIR, DT_COMM_BACKEND, CUDA_VISIBLE_DEVICES and every NCCL_* variable are\n"
-    "exported to the ranks when set here. The mpirun command line is printed to\n"
-    "stderr before it runs.\n\n"
+    "every DT_* variable of dtrain's (dtrain doctor lists them), CUDA_VISIBLE_DEVICES\n"
+    "and every NCCL_* variable are exported to the ranks when set here. The mpirun\n"
+    "command line is printed to stderr before it runs; mpirun is DT_MPIRUN, or the\n"
+    "one on PATH.\n\n"
     "GPUs: without -n, on a machine with GPUs, N is the number of visible GPUs (one\n"
     "rank per GPU); give the command --device cuda and each rank takes the GPU of its\n"
-    "local rank. Without GPUs (or with --hosts/--hostfile) -n is required.\n\n"
-    "flags:\n"
-    "  -n, --np N            ranks to start (default: one per visible GPU; required\n"
-    "                        without GPUs)\n"
-    "  --hosts H1,H2,...     hosts to run on (mpirun --host; H:SLOTS gives slots)\n"
-    "  --hostfile FILE       an Open MPI hostfile (mpirun --hostfile; see launch/mpirun/)\n"
-    "  --threads C           CPU threads per rank (default: cores / N)\n"
-    "  --mpirun-arg ARG      pass ARG to mpirun (repeat for several)\n"
-    "  --dry-run             print the mpirun command line and exit\n\n"
-    "examples: dtrain launch -n 2 -- train --batch 32\n"
-    "          dtrain launch -- train --device cuda --batch 64     (one rank per GPU)\n";
+    "local rank. Without GPUs (or with --hosts/--hostfile) -n is required.";
 
-static int bad_usage(const char *fmt, const char *what) {
-  fprintf(stderr, "dtrain launch: ");
-  fprintf(stderr, fmt, what);
-  fprintf(stderr, " (see dtrain launch --help)\n");
+static const char examples[] =
+    "examples: dtrain launch -n 2 -- train --batch 32\n"
+    "          dtrain launch -- train --device cuda --batch 64     (one rank per GPU)";
+
+static bool check_readable(const char *value, char *why, size_t cap) {
+  if (access(value, R_OK) == 0)
+    return true;
+  snprintf(why, cap, "cannot read the file: %s", strerror(errno));
+  return false;
+}
+
+static int bad_usage(FILE *err, const char *fmt, const char *what) {
+  fprintf(err, "dtrain launch: ");
+  fprintf(err, fmt, what);
+  fprintf(err, " (see dtrain launch --help)\n");
   return 2;
 }
 
@@ -59,20 +61,9 @@ static int cores_available(void) {
   return n > 0 ? (int)n : 1;
 }
 
-static int parse_positive(const char *text, int *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno || end == text || *end || v < 1 || v > INT_MAX)
-    return 0;
-  *out = (int)v;
-  return 1;
-}
-
-/* mpirun's full path from PATH (or $DT_MPIRUN), or NULL. */
-static const char *find_mpirun(char *buf, size_t cap) {
-  const char *forced = getenv("DT_MPIRUN");
-  if (forced && forced[0])
+const char *dt_cli_find_mpirun(char *buf, size_t cap) {
+  const char *forced = NULL;
+  if (dt_env_string(DT_ENV_MPIRUN, &forced) == DT_OK && forced)
     return access(forced, X_OK) == 0 ? forced : NULL;
   const char *path = getenv("PATH");
   if (!path || !path[0])
@@ -104,18 +95,21 @@ static int names_device(int argc, char **argv) {
 }
 
 /* The variables the ranks need from this environment, for `-x NAME`:
- * DT_DATA_DIR, DT_COMM_BACKEND, CUDA_VISIBLE_DEVICES (even empty: it then
- * hides every GPU), and every NCCL_* (NCCL's transport settings). Names are
- * copied into `buf`; returns how many were found (at most `cap`). */
+ * every DT_* parameter that is set (core/env_params.def; DT_NUM_THREADS is
+ * passed with its per-rank value), CUDA_VISIBLE_DEVICES (even empty: it
+ * then hides every GPU), and every NCCL_* (NCCL's transport settings).
+ * Names are copied into `buf`; returns how many were found (at most
+ * `cap`). */
 static int exported_names(const char **names, int cap, char *buf, size_t buf_cap) {
-  static const char *const fixed[] = {"DT_DATA_DIR", "DT_COMM_BACKEND", "CUDA_VISIBLE_DEVICES"};
   int n = 0;
   size_t used = 0;
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] && n < cap; i++) {
-    const char *v = getenv(fixed[i]);
-    if (v && (v[0] || !strcmp(fixed[i], "CUDA_VISIBLE_DEVICES")))
-      names[n++] = fixed[i];
+  for (int p = 0; p < DT_ENV_COUNT && n < cap; p++) {
+    const dt_env_info *e = dt_env_info_of((dt_env_param)p);
+    if (p != DT_ENV_NUM_THREADS && strcmp(e->group, "test") && dt_env_is_set((dt_env_param)p))
+      names[n++] = e->name;
   }
+  if (getenv("CUDA_VISIBLE_DEVICES") && n < cap)
+    names[n++] = "CUDA_VISIBLE_DEVICES";
   for (char **e = environ; e && *e && n < cap; e++) {
     const char *eq = strchr(*e, '=');
     if (strncmp(*e, "NCCL_", 5) != 0 || !eq)
@@ -149,117 +143,119 @@ static void print_shell_word(FILE *out, const char *s) {
   fputc('\'', out);
 }
 
-int dt_cli_launch(int argc, char **argv) {
-  int np = 0, threads = 0, dry_run = 0;
+int dt_cli_launch(int argc, char **argv, FILE *err) {
+  int np = 0, threads = 0;
+  bool dry_run = false;
   const char *hosts = NULL, *hostfile = NULL;
-  const char *extra[MAX_MPIRUN_ARGS];
-  int n_extra = 0, sep = -1;
-
-  for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "--")) {
-      sep = i;
-      break;
-    }
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-  }
-  int nflags = sep >= 0 ? sep : argc;
-  for (int i = 0; i < nflags; i++) {
-    const char *a = argv[i];
-    const char *value = NULL;
-    const char *name = a;
-    char namebuf[32];
-    const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-    if (eq && (size_t)(eq - a) < sizeof namebuf) {
-      memcpy(namebuf, a, (size_t)(eq - a));
-      namebuf[eq - a] = '\0';
-      name = namebuf;
-      value = eq + 1;
-    }
-    int is_switch = !strcmp(name, "--dry-run");
-    if (!is_switch && !value) {
-      if (!strcmp(name, "-n") || !strcmp(name, "--np") || !strcmp(name, "--hosts") ||
-          !strcmp(name, "--hostfile") || !strcmp(name, "--threads") ||
-          !strcmp(name, "--mpirun-arg")) {
-        if (i + 1 >= nflags)
-          return bad_usage("flag %s needs a value", name);
-        value = argv[++i];
-      }
-    }
-    if (!strcmp(name, "-n") || !strcmp(name, "--np")) {
-      if (!parse_positive(value, &np))
-        return bad_usage("invalid value '%s' for -n: expected a positive integer", value);
-    } else if (!strcmp(name, "--threads")) {
-      if (!parse_positive(value, &threads))
-        return bad_usage("invalid value '%s' for --threads: expected a positive integer", value);
-    } else if (!strcmp(name, "--hosts")) {
-      if (!value[0])
-        return bad_usage("%s needs a host list, e.g. --hosts node1,node2", name);
-      hosts = value;
-    } else if (!strcmp(name, "--hostfile")) {
-      if (access(value, R_OK) != 0)
-        return bad_usage("cannot read the hostfile '%s'", value);
-      hostfile = value;
-    } else if (!strcmp(name, "--mpirun-arg")) {
-      if (n_extra >= MAX_MPIRUN_ARGS)
-        return bad_usage("too many --mpirun-arg flags (at most %s)", "64");
-      extra[n_extra++] = value;
-    } else if (is_switch) {
-      dry_run = 1;
-    } else if (a[0] == '-') {
-      return bad_usage("unknown flag %s", a);
-    } else {
-      return bad_usage(
-          "unexpected argument '%s': put the dtrain command after --, e.g. "
-          "dtrain launch -n 2 -- train",
-          a);
-    }
+  dt_flag_list extra = {{NULL}, 0};
+  dt_flag flags[] = {
+      {.name = "np",
+       .alias = "-n",
+       .type = DT_FLAG_INT,
+       .target = &np,
+       .metavar = "N",
+       .help = "ranks to start",
+       .min = 1,
+       .default_text = "one per visible GPU; required without GPUs"},
+      {.name = "hosts",
+       .type = DT_FLAG_STRING,
+       .target = &hosts,
+       .metavar = "H1,H2,...",
+       .help = "hosts to run on (mpirun --host; H:SLOTS gives slots)"},
+      {.name = "hostfile",
+       .type = DT_FLAG_STRING,
+       .target = &hostfile,
+       .metavar = "FILE",
+       .help = "an Open MPI hostfile (mpirun --hostfile; see launch/mpirun/)",
+       .check = check_readable},
+      {.name = "threads",
+       .type = DT_FLAG_INT,
+       .target = &threads,
+       .metavar = "C",
+       .help = "CPU threads per rank",
+       .min = 1,
+       .max = DT_CPU_MAX_THREADS,
+       .default_text = "cores / N"},
+      {.name = "mpirun-arg",
+       .type = DT_FLAG_LIST,
+       .target = &extra,
+       .metavar = "ARG",
+       .help = "pass ARG to mpirun"},
+      {.name = "dry-run",
+       .type = DT_FLAG_BOOL,
+       .target = &dry_run,
+       .help = "print the mpirun command line and exit"},
+  };
+  dt_flag_set set = {
+      .command = "launch",
+      .usage = "launch [-n N] [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
+               "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]",
+      .about = about,
+      .epilogue = examples,
+      .flags = flags,
+      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      .command_after_dashdash = true,
+      .args_hint = "put the dtrain command after --, e.g. dtrain launch -n 2 -- train",
+  };
+  dt_flags_args args;
+  switch (dt_flags_parse(&set, argc, argv, err, &args)) {
+    case DT_FLAGS_OK: break;
+    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
+    case DT_FLAGS_ERROR: return 2;
   }
   if (hosts && hostfile)
-    return bad_usage("%s", "give --hosts or --hostfile, not both");
-  if (sep < 0 || sep + 1 >= argc)
-    return bad_usage("%s",
+    return bad_usage(err, "%s", "give --hosts or --hostfile, not both");
+  if (args.nrest < 1)
+    return bad_usage(err, "%s",
                      "missing the command to run after --, e.g. dtrain launch -n 2 -- "
                      "train");
-  const char *command = argv[sep + 1];
+  const char *command = args.rest[0];
   if (strcmp(command, "train") && strcmp(command, "bench"))
-    return bad_usage("'%s' cannot run on several ranks: launch train or bench", command);
+    return bad_usage(err, "'%s' cannot run on several ranks: launch train or bench", command);
   if (np == 0) {
     int gpus = hosts || hostfile ? 0 : dt_device_count(DT_DEVICE_CUDA);
     if (hosts || hostfile)
-      return bad_usage("%s",
+      return bad_usage(err, "%s",
                        "the number of ranks is required: -n N (with --hosts or --hostfile "
                        "there is no default)");
     if (gpus <= 0)
-      return bad_usage("%s",
+      return bad_usage(err, "%s",
                        "the number of ranks is required: -n N (no GPU is visible here, so "
                        "there is no one-rank-per-GPU default)");
     np = gpus;
     fprintf(stderr, "dtrain launch: %d GPU%s visible: one rank per GPU (-n %d)%s\n", gpus,
             gpus == 1 ? "" : "s", gpus,
-            names_device(argc - sep - 1, argv + sep + 1)
+            names_device(args.nrest, args.rest)
                 ? ""
                 : "; add --device cuda to the command so that each rank trains on its GPU");
   }
   const char *env_rank = getenv("OMPI_COMM_WORLD_SIZE");
   if (env_rank && env_rank[0]) {
-    fprintf(stderr,
+    fprintf(err,
             "dtrain launch: already running under mpirun (OMPI_COMM_WORLD_SIZE=%s): "
             "run `dtrain %s ...` directly in the job\n",
             env_rank, command);
     return 2;
   }
 
+  if (dt_cli_check_env() != DT_OK) {
+    dt_cli_print_error(stderr, NULL);
+    return 1;
+  }
   char mpirun_buf[PATH_MAX];
-  const char *mpirun = find_mpirun(mpirun_buf, sizeof mpirun_buf);
+  const char *mpirun = dt_cli_find_mpirun(mpirun_buf, sizeof mpirun_buf);
   if (!mpirun) {
-    fprintf(stderr,
-            "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH "
-            "(or DT_MPIRUN): install it (Debian: apt-get install openmpi-bin, or run "
-            "tools/setup.sh) or run a single process with `dtrain %s`\n",
-            command);
+    if (dt_env_is_set(DT_ENV_MPIRUN))
+      fprintf(stderr,
+              "dtrain: error: DT_MPIRUN=%s is not an executable file: point it at Open MPI's "
+              "mpirun, or unset it to use the one on PATH\n",
+              dt_env_raw(DT_ENV_MPIRUN));
+    else
+      fprintf(stderr,
+              "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH: "
+              "install it (Debian: apt-get install openmpi-bin, or run tools/setup.sh), set "
+              "DT_MPIRUN to its path, or run a single process with `dtrain %s`\n",
+              command);
     return 1;
   }
   /* The ranks run this very binary, by its real path (/proc/self/exe
@@ -284,61 +280,61 @@ int dt_cli_launch(int argc, char **argv) {
   char export_names[4096];
   int n_exports = exported_names(exports, MAX_EXPORTS, export_names, sizeof export_names);
 
-  int cap = 32 + n_extra + argc + 2 * n_exports;
-  char **args = calloc((size_t)cap, sizeof *args);
-  if (!args) {
+  int cap = 32 + extra.n + args.nrest + 2 * n_exports;
+  char **mpi_argv = calloc((size_t)cap, sizeof *mpi_argv);
+  if (!mpi_argv) {
     fprintf(stderr, "dtrain: error: out of memory\n");
     return 1;
   }
   int k = 0;
-  args[k++] = (char *)mpirun;
-  args[k++] = "-np";
-  args[k++] = np_text;
-  args[k++] = "--bind-to";
-  args[k++] = "none";
-  args[k++] = "--map-by";
-  args[k++] = "slot";
-  args[k++] = "-x";
-  args[k++] = omp;
-  args[k++] = "-x";
-  args[k++] = dtn;
+  mpi_argv[k++] = (char *)mpirun;
+  mpi_argv[k++] = "-np";
+  mpi_argv[k++] = np_text;
+  mpi_argv[k++] = "--bind-to";
+  mpi_argv[k++] = "none";
+  mpi_argv[k++] = "--map-by";
+  mpi_argv[k++] = "slot";
+  mpi_argv[k++] = "-x";
+  mpi_argv[k++] = omp;
+  mpi_argv[k++] = "-x";
+  mpi_argv[k++] = dtn;
   for (int i = 0; i < n_exports; i++) {
-    args[k++] = "-x";
-    args[k++] = (char *)exports[i];
+    mpi_argv[k++] = "-x";
+    mpi_argv[k++] = (char *)exports[i];
   }
   if (np > cores && !hosts && !hostfile)
-    args[k++] = "--oversubscribe";
+    mpi_argv[k++] = "--oversubscribe";
   if (geteuid() == 0)
-    args[k++] = "--allow-run-as-root";
+    mpi_argv[k++] = "--allow-run-as-root";
   if (hosts) {
-    args[k++] = "--host";
-    args[k++] = (char *)hosts;
+    mpi_argv[k++] = "--host";
+    mpi_argv[k++] = (char *)hosts;
   }
   if (hostfile) {
-    args[k++] = "--hostfile";
-    args[k++] = (char *)hostfile;
+    mpi_argv[k++] = "--hostfile";
+    mpi_argv[k++] = (char *)hostfile;
   }
-  for (int i = 0; i < n_extra; i++)
-    args[k++] = (char *)extra[i];
-  args[k++] = self;
-  for (int i = sep + 1; i < argc; i++)
-    args[k++] = argv[i];
-  args[k] = NULL;
+  for (int i = 0; i < extra.n; i++)
+    mpi_argv[k++] = (char *)extra.items[i];
+  mpi_argv[k++] = self;
+  for (int i = 0; i < args.nrest; i++)
+    mpi_argv[k++] = args.rest[i];
+  mpi_argv[k] = NULL;
 
   fprintf(stderr, "dtrain launch: ");
   for (int i = 0; i < k; i++) {
     if (i)
       fputc(' ', stderr);
-    print_shell_word(stderr, i == 0 ? "mpirun" : args[i]);
+    print_shell_word(stderr, i == 0 ? "mpirun" : mpi_argv[i]);
   }
   fputc('\n', stderr);
   fflush(stderr);
   if (dry_run) {
-    free(args);
+    free(mpi_argv);
     return 0;
   }
-  execv(mpirun, args);
+  execv(mpirun, mpi_argv);
   fprintf(stderr, "dtrain: error: could not run %s: %s\n", mpirun, strerror(errno));
-  free(args);
+  free(mpi_argv);
   return 1;
 }

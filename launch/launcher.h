@@ -7,13 +7,14 @@
  * execs
  *
  *   mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C
- *          -x DT_NUM_THREADS=C [-x DT_DATA_DIR] [-x DT_COMM_BACKEND]
- *          [-x CUDA_VISIBLE_DEVICES] [-x NCCL_*]... [--oversubscribe]
+ *          -x DT_NUM_THREADS=C [-x DT_*]... [-x CUDA_VISIBLE_DEVICES]
+ *          [-x NCCL_*]... [--oversubscribe]
  *          [--allow-run-as-root] [--host ... | --hostfile ...] [ARG...]
  *          /path/to/dtrain train ...
  *
- * Each -x names a variable set in this environment (CUDA_VISIBLE_DEVICES
- * even when empty; every NCCL_* that is set). Without -n, N is the number
+ * Each -x names a variable set in this environment: every DT_* variable
+ * of core/env_params.def (the test ones aside), CUDA_VISIBLE_DEVICES (even
+ * when empty) and every NCCL_*. Without -n, N is the number
  * of visible GPUs (dt_device_count(DT_DEVICE_CUDA)): one rank per GPU, each
  * taking the GPU of its local rank with `--device cuda`; with no GPU, or
  * with --hosts / --hostfile, -n is required (exit 2). The README's default
@@ -27,14 +28,23 @@
 #ifndef DT_LAUNCH_LAUNCHER_H
 #define DT_LAUNCH_LAUNCHER_H
 
+#include <stddef.h>
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* argv holds the arguments after "launch". Returns an exit status only when
- * it does not exec mpirun (bad command line: 2; mpirun missing: 1;
- * --dry-run: 0). */
-int dt_cli_launch(int argc, char **argv);
+/* argv holds the arguments after "launch"; command-line errors go to
+ * `err`. Returns an exit status only when it does not exec mpirun (bad
+ * command line: 2; mpirun missing or a bad DT_* variable: 1; --dry-run:
+ * 0). */
+int dt_cli_launch(int argc, char **argv, FILE *err);
+
+/* The mpirun dtrain launch runs: DT_MPIRUN when set (NULL unless it is an
+ * executable file), else the first executable `mpirun` on PATH (copied into
+ * buf), else NULL. */
+const char *dt_cli_find_mpirun(char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

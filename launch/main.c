@@ -17,9 +17,11 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
+#include "core/env.h"
 #include "core/status.h"
 #include "dist/process_group.h"
 #include "launch/bench.h"
+#include "launch/cli.h"
 #include "launch/doctor.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
@@ -78,133 +80,215 @@ static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
 
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
-  (void)err;
-  return dt_cli_doctor(argc, argv);
+  return dt_cli_doctor(argc, argv, err);
 }
 
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
-  (void)err;
-  return dt_cli_launch(argc, argv);
+  return dt_cli_launch(argc, argv, err);
 }
 
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
-  (void)err;
-  if (argc == 0) {
+  dt_flag_set set = {
+      .command = "help",
+      .usage = "help [COMMAND]",
+      .about = "Shows the commands, or the help of one: dtrain help train is dtrain train --help.",
+      .max_args = 1,
+  };
+  dt_flags_args args;
+  switch (dt_flags_parse(&set, argc, argv, err, &args)) {
+    case DT_FLAGS_OK: break;
+    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
+    case DT_FLAGS_ERROR: return 2;
+  }
+  if (args.nargs == 0) {
     print_usage(stdout);
     return 0;
   }
-  const command *c = find_command(argv[0]);
+  const command *c = find_command(args.args[0]);
   if (!c) {
-    print_unknown_command(argv[0]);
+    print_unknown_command(args.args[0]);
     return 2;
   }
-  if (c->run == cli_help) {
-    print_usage(stdout);
-    return 0;
-  }
   char help_flag[] = "--help";
-  char *args[] = {help_flag, NULL};
-  return c->run(1, args, NULL, stderr);
+  char *help_args[] = {help_flag, NULL};
+  return c->run(1, help_args, NULL, err);
 }
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_train_config cfg = dt_train_config_default();
-  float comm_timeout = (float)cfg.comm_timeout;
-  int verbose_ranks = 0;
-  /* Shown as the default: DT_COMM_BACKEND when set (dist/ reads and checks
-   * it), else auto; cfg gets the flag only when it is given. */
-  const char *env_backend = getenv("DT_COMM_BACKEND");
-  const char *default_backend = env_backend && env_backend[0] ? env_backend : "auto";
-  const char *comm_backend = default_backend;
-  const char *env_dir = getenv("DT_DATA_DIR");
-  if (env_dir && env_dir[0])
-    cfg.data_dir = env_dir;
+  bool nesterov = cfg.nesterov, allow_unused = cfg.allow_unused, verbose_ranks = false;
+  const char *default_backend = dt_cli_comm_backend_default();
+  const char *comm_backend = default_backend; /* cfg gets it only when given */
+  dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
   dt_flag flags[] = {
-      {"model", DT_FLAG_STRING, &cfg.model, "NAME", "model: lenet or mlp", 0, NULL},
-      {"data", DT_FLAG_STRING, &cfg.data, "NAME", "data set, a folder under --data-dir", 0,
-       "fashion-mnist|mnist"},
-      {"data-dir", DT_FLAG_STRING, &cfg.data_dir, "DIR",
-       "folder holding the data sets (env DT_DATA_DIR)", 0, NULL},
-      {"epochs", DT_FLAG_INT, &cfg.epochs, "N", "passes over the training set", 1, NULL},
-      {"batch", DT_FLAG_INT, &cfg.batch, "N", "micro-batch size", 1, NULL},
-      {"accum", DT_FLAG_INT, &cfg.accum, "K",
-       "micro-batches per optimizer step (loss scaled by 1/K)", 1, NULL},
-      {"lr", DT_FLAG_FLOAT, &cfg.lr, "LR", "peak learning rate", 0, NULL},
-      {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME", "sgd or adamw", 0, "sgd|adamw"},
-      {"momentum", DT_FLAG_FLOAT, &cfg.momentum, "M", "SGD momentum", 0, NULL},
-      {"nesterov", DT_FLAG_BOOL, &cfg.nesterov, NULL, "SGD with Nesterov momentum", 0, NULL},
-      {"weight-decay", DT_FLAG_FLOAT, &cfg.weight_decay, "WD", "weight decay (decoupled for adamw)",
-       0, NULL},
-      {"schedule", DT_FLAG_STRING, &cfg.schedule, "NAME",
-       "LR decay after the warm-up: constant, cosine or step", 0, "constant|cosine|step"},
-      {"warmup", DT_FLAG_INT, &cfg.warmup, "STEPS", "optimizer steps of linear LR warm-up", 0,
-       NULL},
-      {"step-size", DT_FLAG_INT, &cfg.step_size, "STEPS",
-       "step schedule: steps between decays, 0 = one epoch", 0, NULL},
-      {"gamma", DT_FLAG_FLOAT, &cfg.gamma, "G", "step schedule: decay factor", 0, NULL},
-      {"min-lr", DT_FLAG_FLOAT, &cfg.min_lr, "LR", "cosine schedule: final learning rate", 0, NULL},
-      {"clip", DT_FLAG_FLOAT, &cfg.clip, "NORM", "clip the global gradient norm, 0 = off", 0, NULL},
-      {"seed", DT_FLAG_U64, &cfg.seed, "N", "seed for initialisation and data order", 0, NULL},
-      {"threads", DT_FLAG_INT, &cfg.threads, "N", "CPU threads, 0 = all available cores", 0, NULL},
-      {"device", DT_FLAG_STRING, &cfg.device, "DEV",
-       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU (local rank)", 0,
-       NULL},
-      {"log-interval", DT_FLAG_INT, &cfg.log_interval, "N",
-       "micro-batches between progress lines, 0 = none", 0, NULL},
-      {"max-steps", DT_FLAG_INT, &cfg.max_steps, "N",
-       "stop each epoch after N micro-batches, 0 = full epochs", 0, NULL},
-      {"eval-batch", DT_FLAG_INT, &cfg.eval_batch, "N", "batch size for the test-set evaluation", 1,
-       NULL},
-      {"mode", DT_FLAG_STRING, &cfg.mode, "MODE",
-       "ddp: one process per rank (under a launcher); dp: one process, one replica per "
-       "device of --devices",
-       0, "ddp|dp"},
-      {"devices", DT_FLAG_STRING, &cfg.devices, "LIST",
-       "--mode dp: replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1", 0, NULL},
-      {"comm-backend", DT_FLAG_STRING, &comm_backend, "NAME",
-       "gradient all-reduce: auto (nccl on GPUs, else mpi), mpi (GPU tensors host-staged) or "
-       "nccl; overrides env DT_COMM_BACKEND",
-       0, "auto|mpi|nccl"},
-      {"comm-timeout", DT_FLAG_FLOAT, &comm_timeout, "S",
-       "seconds a collective may take before the job is aborted", 0.001, NULL},
-      {"bucket-cap-mb", DT_FLAG_FLOAT, &cfg.bucket_cap_mb, "MB", "DDP: gradient bucket size",
-       1e-6, NULL},
-      {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB",
-       "DDP: first bucket (small, so the first all-reduce starts early)", 1e-6, NULL},
-      {"allow-unused", DT_FLAG_BOOL, &cfg.allow_unused, NULL,
-       "DDP: zero-fill gradients of parameters the forward did not use", 0, NULL},
-      {"verbose-ranks", DT_FLAG_BOOL, &verbose_ranks, NULL,
-       "every rank prints its progress (prefixed rank R:), not only rank 0", 0, NULL},
+      dt_cli_flag_model(&cfg.model),
+      {.name = "data",
+       .type = DT_FLAG_CHOICE,
+       .target = &cfg.data,
+       .metavar = "NAME",
+       .help = "data set, a folder of that name under --data-dir",
+       .choices = DT_CLI_DATA_SETS},
+      {.name = "data-dir",
+       .type = DT_FLAG_STRING,
+       .target = &cfg.data_dir,
+       .metavar = "DIR",
+       .help = "folder holding the data sets; env DT_DATA_DIR sets the default"},
+      {.name = "epochs",
+       .type = DT_FLAG_INT,
+       .target = &cfg.epochs,
+       .metavar = "N",
+       .help = "passes over the training set",
+       .min = 1},
+      {.name = "batch",
+       .type = DT_FLAG_INT,
+       .target = &cfg.batch,
+       .metavar = "N",
+       .help = "micro-batch size (per rank under a launcher)",
+       .min = 1},
+      {.name = "accum",
+       .type = DT_FLAG_INT,
+       .target = &cfg.accum,
+       .metavar = "K",
+       .help = "micro-batches per optimizer step (loss scaled by 1/K)",
+       .min = 1},
+      {.name = "lr",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.lr,
+       .metavar = "LR",
+       .help = "peak learning rate"},
+      dt_cli_flag_optimizer(&cfg.optimizer, "optimizer"),
+      {.name = "momentum",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.momentum,
+       .metavar = "M",
+       .help = "SGD momentum"},
+      {.name = "nesterov",
+       .type = DT_FLAG_BOOL,
+       .target = &nesterov,
+       .help = "SGD with Nesterov momentum"},
+      {.name = "weight-decay",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.weight_decay,
+       .metavar = "WD",
+       .help = "weight decay (decoupled for adamw)"},
+      {.name = "schedule",
+       .type = DT_FLAG_CHOICE,
+       .target = &cfg.schedule,
+       .metavar = "NAME",
+       .help = "learning-rate decay after the warm-up",
+       .choices = "constant|cosine|step"},
+      {.name = "warmup",
+       .type = DT_FLAG_INT,
+       .target = &cfg.warmup,
+       .metavar = "STEPS",
+       .help = "optimizer steps of linear learning-rate warm-up"},
+      {.name = "step-size",
+       .type = DT_FLAG_INT,
+       .target = &cfg.step_size,
+       .metavar = "STEPS",
+       .help = "step schedule: optimizer steps between decays, 0 = one epoch"},
+      {.name = "gamma",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.gamma,
+       .metavar = "G",
+       .help = "step schedule: decay factor",
+       .min_exclusive = true},
+      {.name = "min-lr",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.min_lr,
+       .metavar = "LR",
+       .help = "cosine schedule: final learning rate (at most --lr)"},
+      {.name = "clip",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.clip,
+       .metavar = "NORM",
+       .help = "clip the global gradient norm, 0 = off"},
+      dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
+      dt_cli_flag_threads(&cfg.threads),
+      dt_cli_flag_device(&cfg.device),
+      {.name = "log-interval",
+       .type = DT_FLAG_INT,
+       .target = &cfg.log_interval,
+       .metavar = "N",
+       .help = "micro-batches between progress lines, 0 = none"},
+      {.name = "max-steps",
+       .type = DT_FLAG_INT,
+       .target = &cfg.max_steps,
+       .metavar = "N",
+       .help = "stop each epoch after N micro-batches, 0 = full epochs"},
+      {.name = "eval-batch",
+       .type = DT_FLAG_INT,
+       .target = &cfg.eval_batch,
+       .metavar = "N",
+       .help = "batch size for the test-set evaluation",
+       .min = 1},
+      {.name = "mode",
+       .type = DT_FLAG_CHOICE,
+       .target = &cfg.mode,
+       .metavar = "MODE",
+       .help = "ddp: one process per rank (under a launcher); dp: one process, one replica "
+               "per device of --devices",
+       .choices = "ddp|dp"},
+      {.name = "devices",
+       .type = DT_FLAG_STRING,
+       .target = &cfg.devices,
+       .metavar = "LIST",
+       .help = "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
+       .check = dt_cli_check_device_list},
+      dt_cli_flag_comm_backend(&comm_backend),
+      dt_cli_flag_comm_timeout(&cfg.comm_timeout),
+      dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
+      dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
+      {.name = "allow-unused",
+       .type = DT_FLAG_BOOL,
+       .target = &allow_unused,
+       .help = "DDP: zero-fill gradients of parameters the forward did not use"},
+      {.name = "verbose-ranks",
+       .type = DT_FLAG_BOOL,
+       .target = &verbose_ranks,
+       .help = "every rank prints its progress (prefixed rank R:), not only rank 0"},
   };
-  int nflags = (int)(sizeof flags / sizeof flags[0]);
-  switch (dt_flags_parse("train", flags, nflags, argc, argv, err)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP:
-      printf(
-          "usage: dtrain train [flags]\n\n"
+  dt_flag_set set = {
+      .command = "train",
+      .usage = "train [flags]",
+      .about =
           "Trains a model, evaluates it on the test split after every epoch and ends with\n"
           "a line test_accuracy=0.XXXX. With no flags: LeNet-5 on Fashion-MNIST, one\n"
           "epoch, SGD with momentum and a cosine learning-rate decay, on the CPU.\n"
           "Under a launcher (dtrain launch -n N -- train, mpirun, srun --mpi=pmix) it\n"
           "trains with DDP: --batch per rank, global batch N x --batch. On GPUs,\n"
           "--device cuda gives each rank its own GPU (its local rank among\n"
-          "CUDA_VISIBLE_DEVICES) and the gradients go over NCCL (--comm-backend).\n\nflags:\n");
-      dt_flags_print(flags, nflags, stdout);
-      return 0;
+          "CUDA_VISIBLE_DEVICES) and the gradients go over NCCL (--comm-backend).\n"
+          "Exit status: 0 on success, 1 when the run fails (dtrain: error: ...), 2 for a\n"
+          "bad command line.",
+      .flags = flags,
+      .nflags = (int)(sizeof flags / sizeof flags[0]),
+  };
+  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
+    case DT_FLAGS_OK: break;
+    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
     case DT_FLAGS_ERROR: return 2;
   }
-  if (cfg.devices && strcmp(cfg.mode, "dp") == 0) {
-    dt_device devs[DT_TRAIN_MAX_DEVICES];
-    int n = 0;
-    if (dt_train_parse_devices(cfg.devices, devs, DT_TRAIN_MAX_DEVICES, &n) != DT_OK) {
-      fprintf(err, "dtrain train: invalid value '%s' for --devices: %s\n", cfg.devices,
-              dt_last_error());
-      return 2;
-    }
+  bool dp = !strcmp(cfg.mode, "dp");
+  if (dp && !cfg.devices) {
+    fprintf(err,
+            "dtrain train: --mode dp needs the replicas' devices: --devices cpu:0,cpu:1 (or "
+            "cuda:0,cuda:1)\n");
+    return 2;
   }
-  cfg.comm_timeout = comm_timeout;
+  if (!dp && cfg.devices) {
+    fprintf(err,
+            "dtrain train: --devices '%s' is for --mode dp (one process, one replica per "
+            "device); for DDP give one --device per rank\n",
+            cfg.devices);
+    return 2;
+  }
+  if (dt_cli_check_env() != DT_OK)
+    return 1;
+  cfg.nesterov = nesterov;
+  cfg.allow_unused = allow_unused;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = dt_pg_rank(pg);
@@ -234,8 +318,7 @@ static int launcher_env_rank(void) {
  * DT_NUM_THREADS (dtrain launch and the Slurm scripts set it), each rank
  * takes cores / local ranks threads. */
 static void share_cores(const dt_pg *pg) {
-  const char *env = getenv("DT_NUM_THREADS");
-  if (dt_pg_local_size(pg) <= 1 || (env && env[0]))
+  if (dt_pg_local_size(pg) <= 1 || dt_env_is_set(DT_ENV_NUM_THREADS))
     return;
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -252,7 +335,9 @@ static void run_in_group(const command *c, int argc, char **argv) {
     err = devnull;
   dt_pg *pg = NULL;
   if (dt_pg_create(NULL, &pg) != DT_OK) {
-    fprintf(stderr, "dtrain: error: rank %d: %s\n", env_rank, dt_last_error());
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "rank %d: ", env_rank);
+    dt_cli_print_error(stderr, prefix);
     exit(1);
   }
   share_cores(pg);
@@ -260,10 +345,10 @@ static void run_in_group(const command *c, int argc, char **argv) {
   int rc = c->run(argc, argv, pg, err);
   if (rc == 1) {
     fflush(stdout);
+    char prefix[32] = "";
     if (dt_pg_world_size(pg) > 1)
-      fprintf(stderr, "dtrain: error: rank %d: %s\n", dt_pg_rank(pg), dt_last_error());
-    else
-      fprintf(stderr, "dtrain: error: %s\n", dt_last_error());
+      snprintf(prefix, sizeof prefix, "rank %d: ", dt_pg_rank(pg));
+    dt_cli_print_error(stderr, prefix);
     /* The other ranks may be waiting in a collective: end the whole job. */
     if (dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1)
       dt_pg_abort(pg, 1);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/memory.h"
 #include "launch/train_internal.h"
 #include "models/models.h"
 
@@ -36,8 +37,8 @@ dt_status train_dp_create(const dt_train_config *c, train_state *s) {
   cfg.threads_per_replica = c->threads;
   cfg.comm.timeout_s = c->comm_timeout;
   DT_CHECK(dt_train_comm_config(c->comm_backend, &cfg.comm));
-  cfg.ddp.first_bucket_bytes = (size_t)(c->first_bucket_mb * 1024.0 * 1024.0);
-  cfg.ddp.bucket_bytes = (size_t)(c->bucket_cap_mb * 1024.0 * 1024.0);
+  cfg.ddp.first_bucket_bytes = (size_t)(c->first_bucket_mb * DT_MIB);
+  cfg.ddp.bucket_bytes = (size_t)(c->bucket_cap_mb * DT_MIB);
   if (cfg.ddp.first_bucket_bytes < 4)
     cfg.ddp.first_bucket_bytes = 4;
   if (cfg.ddp.bucket_bytes < 4)

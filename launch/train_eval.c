@@ -7,8 +7,6 @@
 #include "core/ops.h"
 #include "launch/train_loop.h"
 
-#define IGNORE_INDEX (-100)
-
 /* Counts correct predictions of logits (B, C) against labels (B) i32. */
 static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *correct) {
   dt_status st = DT_OK;
@@ -91,7 +89,7 @@ dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int 
       b = real - *count;
     }
     DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, free_batch);
-    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, IGNORE_INDEX, &batch_loss), st,
+    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, DT_IGNORE_INDEX, &batch_loss), st,
                   free_batch);
     double v;
     DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), st, free_batch);

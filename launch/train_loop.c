@@ -16,9 +16,6 @@
 #include "launch/train_internal.h"
 #include "models/models.h"
 
-#define IGNORE_INDEX (-100)
-#define MIB (1024.0 * 1024.0)
-
 dt_train_config dt_train_config_default(void) {
   dt_train_config c;
   memset(&c, 0, sizeof c);
@@ -63,7 +60,7 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+static double mib(size_t bytes) { return (double)bytes / DT_MIB; }
 
 static void state_destroy(train_state *s) {
   if (s->dp) {
@@ -242,8 +239,8 @@ static dt_status build_model(const dt_train_config *c, train_state *s) {
     DT_CHECK(dt_train_comm_config(c->comm_backend, &cc));
     DT_CHECK(dt_comm_create_for_device(c->pg, s->dev, &cc, &s->comm));
     dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-    dc.first_bucket_bytes = (size_t)(c->first_bucket_mb * MIB);
-    dc.bucket_bytes = (size_t)(c->bucket_cap_mb * MIB);
+    dc.first_bucket_bytes = (size_t)(c->first_bucket_mb * DT_MIB);
+    dc.bucket_bytes = (size_t)(c->bucket_cap_mb * DT_MIB);
     if (dc.first_bucket_bytes < 4)
       dc.first_bucket_bytes = 4;
     if (dc.bucket_bytes < 4)
@@ -401,7 +398,7 @@ static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, i
   if (no_sync)
     DT_CHECK(dt_ddp_no_sync_begin(s->ddp));
   DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, IGNORE_INDEX, &loss), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st, done);
   if (group > 1) {
     DT_CHECK_GOTO(dt_op_scale(loss, 1.0f / (float)group, &scaled), st, done);
     DT_CHECK_GOTO(dt_backward(scaled, NULL), st, done);

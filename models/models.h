@@ -41,6 +41,10 @@ dt_status dt_model_lenet5(int num_classes, uint64_t seed, dt_module **out);
  * An unknown name is DT_ERR_INVALID_ARG with the list of known names. */
 dt_status dt_model_create(const char *name, uint64_t seed, dt_module **out);
 
+/* The i-th registered model name (i from 0), NULL past the last: the list
+ * the command line offers for --model. */
+const char *dt_model_name(int i);
+
 #ifdef __cplusplus
 }
 #endif

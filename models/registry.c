@@ -25,6 +25,8 @@ static const model_entry known_models[] = {
 
 #define NUM_MODELS ((int)(sizeof known_models / sizeof known_models[0]))
 
+const char *dt_model_name(int i) { return i >= 0 && i < NUM_MODELS ? known_models[i].name : NULL; }
+
 dt_status dt_model_create(const char *name, uint64_t seed, dt_module **out) {
   if (out == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "creating model \"%s\": out is NULL",

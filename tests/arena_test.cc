@@ -40,7 +40,7 @@ dt_status forward_backward(dt_module *m) {
   if (st == DT_OK)
     st = dt_module_call(m, x, &logits);
   if (st == DT_OK)
-    st = dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, -100, &loss);
+    st = dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss);
   if (st == DT_OK)
     st = dt_backward(loss, nullptr);
   dt_tensor_release(loss);

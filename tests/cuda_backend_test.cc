@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/cpu.h"
 #include "core/memory.h"
 #include "core/rng.h"
@@ -39,9 +40,9 @@ Vec Rand(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
 // cuda:0, or the device named by DT_PARITY_TEST_DEVICE.
 dt_device TestDevice() {
   dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = std::getenv("DT_PARITY_TEST_DEVICE");
-  if (s && *s && dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s, dt_last_error());
+  const char *s = nullptr;
+  if (dt_env_string(DT_ENV_PARITY_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
+    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
   return d;
 }
 

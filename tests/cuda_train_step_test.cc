@@ -17,6 +17,7 @@
 
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -36,9 +37,9 @@ using Vec = std::vector<float>;
 // check of this harness itself, where both sides must agree exactly).
 dt_device TestDevice() {
   dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = std::getenv("DT_TRAIN_STEP_TEST_DEVICE");
-  if (s && *s && dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_TRAIN_STEP_TEST_DEVICE=%s: %s\n", s, dt_last_error());
+  const char *s = nullptr;
+  if (dt_env_string(DT_ENV_TRAIN_STEP_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
+    std::fprintf(stderr, "DT_TRAIN_STEP_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
   return d;
 }
 
@@ -167,7 +168,7 @@ void Step(Trainer *t, const Vec &xs, const std::vector<int64_t> &ys, double *los
   dt_tensor *logits = nullptr, *loss = nullptr;
   OK(dt_module_call(t->model, x.get(), &logits));
   TensorRef logits_ref(logits);
-  OK(dt_op_cross_entropy(logits, y.get(), DT_REDUCTION_MEAN, -100, &loss));
+  OK(dt_op_cross_entropy(logits, y.get(), DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss));
   TensorRef loss_ref(loss);
   OK(dt_backward(loss, nullptr));
   OK(dt_tensor_item(loss, 0, loss_out));
@@ -201,7 +202,7 @@ class CudaTrainStep : public ::testing::TestWithParam<const char *> {
       GTEST_SKIP() << "no CUDA device: " << reason;
     if (kGpu.type != DT_DEVICE_CUDA)
       std::fprintf(stderr, "DT_TRAIN_STEP_TEST_DEVICE: comparing the CPU with %s\n",
-                   std::getenv("DT_TRAIN_STEP_TEST_DEVICE"));
+                   dt_env_raw(DT_ENV_TRAIN_STEP_TEST_DEVICE));
     dt_cuda_set_tf32(0);
   }
   void TearDown() override { dt_cuda_set_tf32(1); }

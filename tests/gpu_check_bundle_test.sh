@@ -75,8 +75,9 @@ cat "$tmp/run.log"
 files=$(find "$out" -type f | wc -l)
 [ "$files" -le 8 ] || fail "run left $files files in OUT (at most 8 come back from the GPU machine)"
 [ "$(ls "$out")" = "$(printf 'logs.tar.xz\nsummary.md')" ] || fail "OUT holds $(ls "$out" | tr '\n' ' ')"
-tar -tJf "$out/logs.tar.xz" | grep -q 'doctor.txt' || fail "logs.tar.xz lacks doctor.txt"
-tar -tJf "$out/logs.tar.xz" | grep -q 'op_table_test.log' || fail "logs.tar.xz lacks the suite logs"
+tar -tJf "$out/logs.tar.xz" >"$tmp/logs.list"  # (grep -q on a pipe would SIGPIPE tar)
+grep -q 'doctor.txt' "$tmp/logs.list" || fail "logs.tar.xz lacks doctor.txt"
+grep -q 'op_table_test.log' "$tmp/logs.list" || fail "logs.tar.xz lacks the suite logs"
 grep -q '^- glibc: ' "$out/summary.md" || fail "summary lacks the machine's facts"
 grep -q 'state: finished, 0 failing step' "$out/summary.md" || fail "summary does not say it finished"
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -101,8 +102,8 @@ for trial in 1 2 3; do
   PYTHON=/bin/false "$script" run "$tarball" "$k" >/dev/null 2>&1 &
   pid=$!
   sleep "$delay"
-  pkill -KILL -P "$pid" 2>/dev/null
-  kill -KILL "$pid" 2>/dev/null
+  pkill -KILL -P "$pid" 2>/dev/null || true
+  kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   [ -f "$k/summary.md" ] || fail "killed after $delay s: no summary.md"
   head -1 "$k/summary.md" | grep -qx '# dtrain GPU check' || fail "killed after $delay s: summary truncated"

@@ -25,7 +25,8 @@ bad() {
 lib_of() {
   case "$(basename "$1")" in
     status.* | rng.*) echo status ;;
-    backend.h | backend_registry.c | device.* | kernels.c | memory.* | op_table.def) echo backend ;;
+    backend.h | backend_registry.c | device.* | env.* | env_params.def | kernels.c | memory.* | \
+      op_table.def) echo backend ;;
     cpu.h | cpu_*) echo cpu ;;
     tensor* | autograd*) echo tensor ;;
     ops*) echo ops ;;

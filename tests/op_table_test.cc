@@ -26,6 +26,7 @@
 
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/ops.h"
 #include "core/rng.h"
 #include "cuda/cuda.h"
@@ -77,9 +78,9 @@ constexpr uint64_t kUpstreamSeed = 777;  // the upstream gradient of both checks
 // cuda:0, or the device named by DT_PARITY_TEST_DEVICE.
 dt_device TestDevice() {
   dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = std::getenv("DT_PARITY_TEST_DEVICE");
-  if (s && *s && dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s, dt_last_error());
+  const char *s = nullptr;
+  if (dt_env_string(DT_ENV_PARITY_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
+    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
   return d;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/env.h"
 #include "core/rng.h"
 
 namespace dtt {
@@ -205,7 +206,9 @@ static ::testing::AssertionResult EvalLoss(const OpFn &fn, const std::vector<dt_
         n_fail++;
       }
     }
-    if (getenv("DT_GRADCHECK_VERBOSE"))
+    bool verbose = false;
+    dt_env_bool(DT_ENV_GRADCHECK_VERBOSE, &verbose);
+    if (verbose)
       fprintf(stderr, "gradcheck input %zu: %zu elements, max |numeric| %.3g, max |diff| %.3g\n", k,
               n, max_numeric, max_err);
     if (CopyFromHost(x, orig) != DT_OK)

@@ -26,6 +26,7 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
+#include "core/env.h"
 #include "cuda/cuda.h"
 #include "dist/dp.h"
 #include "dist/process_group.h"
@@ -435,12 +436,13 @@ TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
 
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  const char *real = std::getenv("DT_TEST_REAL_CUDA");
 #ifdef DT_TEST_REAL_CUDA_DEFAULT
-  if (real == nullptr)
-    real = "1";  // the dist_gpu_staged build of this file
+  g_real = true;  // the dist_gpu_staged build of this file
 #endif
-  g_real = real != nullptr && std::strcmp(real, "1") == 0;
+  if (dt_env_bool(DT_ENV_TEST_REAL_CUDA, &g_real) != DT_OK) {
+    std::fprintf(stderr, "dist_staged_test: %s\n", dt_last_error());
+    return 2;
+  }
   if (g_real) {
     dt_cuda_set_tf32(0);  // f32 GEMMs for the comparison with the CPU reference
     if (dt_cuda_probe() != DT_OK) {

@@ -77,7 +77,7 @@ inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float s
   dt_tensor *logits = nullptr, *loss = nullptr, *scaled = nullptr;
   dt_status st = dt_module_call(m, x, &logits);
   if (st == DT_OK)
-    st = dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, -100, &loss);
+    st = dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss);
   if (st == DT_OK && loss_value)
     st = dt_tensor_item(loss, 0, loss_value);
   if (st == DT_OK && scale != 1.0f)

@@ -94,9 +94,9 @@ expect 2 err "invalid value 'cpu:0,,cpu:1' for --devices: .*empty item" "empty -
 run train --mode dp --devices cpu:0,cpu:0 --max-steps 1
 expect 1 err "dtrain: error: .*device cpu:0 is listed twice" "duplicate --devices"
 run train --mode dp
-expect 1 err "dtrain: error: .*--mode dp needs the replicas' devices" "--mode dp without --devices"
+expect 2 err "dtrain train: --mode dp needs the replicas' devices" "--mode dp without --devices"
 run train --devices cpu:0,cpu:1
-expect 1 err "dtrain: error: .*--devices 'cpu:0,cpu:1' is for --mode dp" "--devices without --mode dp"
+expect 2 err "dtrain train: --devices 'cpu:0,cpu:1' is for --mode dp" "--devices without --mode dp"
 
 # ---- a failing rank ends the job, with its rank ------------------------------
 start=$(date +%s)
@@ -132,10 +132,16 @@ expect 0 err "mpirun -np 1 .*DT_NUM_THREADS=3 .*--host a,b --tag-output .*bench$
 # GPUs: the environment the ranks need, the one-rank-per-GPU default.
 NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=lo CUDA_VISIBLE_DEVICES=0 DT_COMM_BACKEND=mpi \
   run launch -n 2 --dry-run -- train --device cuda
-expect 0 err "mpirun -np 2 .*-x DT_DATA_DIR -x DT_COMM_BACKEND -x CUDA_VISIBLE_DEVICES .*train --device cuda$" \
+expect 0 err "mpirun -np 2 .*-x DT_COMM_BACKEND -x DT_DATA_DIR -x CUDA_VISIBLE_DEVICES .*train --device cuda$" \
   "DT_COMM_BACKEND and CUDA_VISIBLE_DEVICES reach the ranks"
 expect 0 err "mpirun .*-x NCCL_DEBUG " "NCCL_DEBUG reaches the ranks"
 expect 0 err "mpirun .*-x NCCL_SOCKET_IFNAME " "NCCL_SOCKET_IFNAME reaches the ranks"
+DT_CPU_MEMORY_LIMIT=2G DT_DEBUG=1 run launch -n 2 --dry-run -- train
+expect 0 err "mpirun -np 2 .*-x DT_CPU_MEMORY_LIMIT .*-x DT_DEBUG " "every DT_* variable set reaches the ranks"
+expect_not err "-x DT_NUM_THREADS " "DT_NUM_THREADS goes with its per-rank value only"
+DT_COMM_BACKEND=gloo run launch -n 2 --dry-run -- train
+expect 1 err "^dtrain: error: environment variable DT_COMM_BACKEND: invalid value 'gloo'" \
+  "a bad DT_* value stops launch before mpirun"
 run launch -n 2 --dry-run -- train
 expect_not err "CUDA_VISIBLE_DEVICES|DT_COMM_BACKEND|NCCL_" "unset variables are not exported"
 if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
@@ -156,6 +162,9 @@ expect 1 err "dtrain: error: rank [01]: .*communication backend nccl .*device cp
 PATH=/nonexistent DT_MPIRUN= run launch -n 2 -- train
 expect 1 err "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH" \
   "mpirun missing"
+DT_MPIRUN=/nonexistent/mpirun run launch -n 2 -- train
+expect 1 err "dtrain: error: DT_MPIRUN=/nonexistent/mpirun is not an executable file" \
+  "DT_MPIRUN not executable"
 run launch --help
 expect 0 out "usage: dtrain launch \\[-n N\\]" "launch --help"
 

@@ -1,0 +1,147 @@
+#include "launch/cli.h"
+
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/env.h"
+#include "core/tensor.h"
+#include "launch/train_loop.h"
+#include "models/models.h"
+
+const char *dt_cli_model_choices(void) {
+  static char list[256];
+  if (!list[0]) {
+    size_t used = 0;
+    for (int i = 0; dt_model_name(i) && used < sizeof list; i++)
+      used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? "|" : "",
+                               dt_model_name(i));
+  }
+  return list;
+}
+
+dt_flag dt_cli_flag_model(const char **target) {
+  return (dt_flag){.name = "model",
+                   .type = DT_FLAG_CHOICE,
+                   .target = target,
+                   .metavar = "NAME",
+                   .help = "the network to train (mlp is 784-512-512-10, lenet is LeNet-5)",
+                   .choices = dt_cli_model_choices()};
+}
+
+dt_flag dt_cli_flag_optimizer(const char **target, const char *help) {
+  return (dt_flag){.name = "optimizer",
+                   .type = DT_FLAG_CHOICE,
+                   .target = target,
+                   .metavar = "NAME",
+                   .help = help,
+                   .choices = "sgd|adamw"};
+}
+
+bool dt_cli_check_device(const char *value, char *why, size_t cap) {
+  dt_device d;
+  if (dt_device_parse(value, &d) == DT_OK)
+    return true;
+  snprintf(why, cap, "expected cpu, cpu:N, cuda or cuda:N");
+  dt_clear_error();
+  return false;
+}
+
+bool dt_cli_check_device_list(const char *value, char *why, size_t cap) {
+  dt_device devs[DT_TRAIN_MAX_DEVICES];
+  int n = 0;
+  if (dt_train_parse_devices(value, devs, DT_TRAIN_MAX_DEVICES, &n) == DT_OK)
+    return true;
+  snprintf(why, cap, "%s", dt_last_error());
+  dt_clear_error();
+  return false;
+}
+
+dt_flag dt_cli_flag_device(const char **target) {
+  return (dt_flag){.name = "device",
+                   .type = DT_FLAG_STRING,
+                   .target = target,
+                   .metavar = "DEV",
+                   .help = "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU "
+                           "(its local rank)",
+                   .check = dt_cli_check_device};
+}
+
+dt_flag dt_cli_flag_threads(int *target) {
+  return (dt_flag){.name = "threads",
+                   .type = DT_FLAG_INT,
+                   .target = target,
+                   .metavar = "N",
+                   .help = "CPU threads, 0 = all available cores (or DT_NUM_THREADS)",
+                   .min = 0,
+                   .max = DT_CPU_MAX_THREADS};
+}
+
+dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {
+  return (dt_flag){
+      .name = "seed", .type = DT_FLAG_U64, .target = target, .metavar = "N", .help = help};
+}
+
+const char *dt_cli_comm_backend_default(void) {
+  const char *env = dt_env_raw(DT_ENV_COMM_BACKEND);
+  return env ? env : dt_env_default_text(DT_ENV_COMM_BACKEND);
+}
+
+dt_flag dt_cli_flag_comm_backend(const char **target) {
+  return (dt_flag){.name = "comm-backend",
+                   .type = DT_FLAG_CHOICE,
+                   .target = target,
+                   .metavar = "NAME",
+                   .help = "how gradients are all-reduced: auto = nccl on GPUs, else mpi; mpi "
+                           "stages GPU tensors through host memory; overrides env "
+                           "DT_COMM_BACKEND",
+                   .choices = dt_env_info_of(DT_ENV_COMM_BACKEND)->choices};
+}
+
+dt_flag dt_cli_flag_comm_timeout(double *target) {
+  return (dt_flag){.name = "comm-timeout",
+                   .type = DT_FLAG_DOUBLE,
+                   .target = target,
+                   .metavar = "S",
+                   .help = "DDP: seconds a collective may take before the watchdog names it "
+                           "and aborts the job",
+                   .min = 0,
+                   .min_exclusive = true};
+}
+
+dt_flag dt_cli_flag_bucket_cap_mb(float *target) {
+  return (dt_flag){.name = "bucket-cap-mb",
+                   .type = DT_FLAG_FLOAT,
+                   .target = target,
+                   .metavar = "MB",
+                   .help = "DDP: gradient bucket size after the first, in MiB",
+                   .min = 0,
+                   .min_exclusive = true};
+}
+
+dt_flag dt_cli_flag_first_bucket_mb(float *target) {
+  return (dt_flag){.name = "first-bucket-mb",
+                   .type = DT_FLAG_FLOAT,
+                   .target = target,
+                   .metavar = "MB",
+                   .help = "DDP: first gradient bucket, in MiB (small, so that the first "
+                           "all-reduce starts early)",
+                   .min = 0,
+                   .min_exclusive = true};
+}
+
+dt_status dt_cli_check_env(void) {
+  for (int p = 0; p < DT_ENV_COUNT; p++) {
+    if (!strcmp(dt_env_info_of((dt_env_param)p)->group, "test"))
+      continue;
+    DT_CHECK(dt_env_check((dt_env_param)p));
+  }
+  return DT_OK;
+}
+
+void dt_cli_print_error(FILE *err, const char *prefix) {
+  fprintf(err, "dtrain: error: %s%s\n", prefix ? prefix : "", dt_last_error());
+  bool debug = false;
+  dt_env_bool(DT_ENV_DEBUG, &debug);
+  if (debug && dt_last_error_location()[0])
+    fprintf(err, "dtrain: debug: the error arose in %s\n", dt_last_error_location());
+}

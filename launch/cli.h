@@ -1,0 +1,57 @@
+/* What the dtrain subcommands share: the flags that several of them take
+ * (written once here, so train and bench describe and check them alike),
+ * the lists of accepted names, the environment check and the way errors
+ * are printed. */
+#ifndef DT_LAUNCH_CLI_H
+#define DT_LAUNCH_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/status.h"
+#include "launch/flags.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The data sets `--data` accepts: folders of the same name under the data
+ * directory, in the MNIST idx format. */
+#define DT_CLI_DATA_SETS "fashion-mnist|mnist"
+
+/* "lenet|mlp": the model registry's names (models/models.h), for --model. */
+const char *dt_cli_model_choices(void);
+
+/* Shared flags: each returns the table row for a target. */
+dt_flag dt_cli_flag_model(const char **target);
+dt_flag dt_cli_flag_optimizer(const char **target, const char *help);
+dt_flag dt_cli_flag_device(const char **target);
+dt_flag dt_cli_flag_threads(int *target);
+dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
+/* --comm-backend: start *target at dt_cli_comm_backend_default()
+ * (DT_COMM_BACKEND's value, or "auto") so that the help shows it; the flag
+ * was given when *target no longer points at that string. */
+dt_flag dt_cli_flag_comm_backend(const char **target);
+const char *dt_cli_comm_backend_default(void);
+dt_flag dt_cli_flag_comm_timeout(double *target);
+dt_flag dt_cli_flag_bucket_cap_mb(float *target);
+dt_flag dt_cli_flag_first_bucket_mb(float *target);
+
+/* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
+ * device list (cpu:0,cpu:1). */
+bool dt_cli_check_device(const char *value, char *why, size_t cap);
+bool dt_cli_check_device_list(const char *value, char *why, size_t cap);
+
+/* Validates every DT_* variable a run reads (core/env_params.def, the test
+ * group aside). DT_ERR_INVALID_ARG with the first bad one in
+ * dt_last_error(). */
+dt_status dt_cli_check_env(void);
+
+/* Prints the last error as "dtrain: error: <prefix><message>" to `err`,
+ * and with DT_DEBUG=1 a second line saying where it arose. */
+void dt_cli_print_error(FILE *err, const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
