@@ -134,14 +134,14 @@ NCCL_DEBUG=INFO NCCL_SOCKET_IFNAME=lo CUDA_VISIBLE_DEVICES=0 DT_COMM_BACKEND=mpi
   run launch -n 2 --dry-run -- train --device cuda
 expect 0 err "mpirun -np 2 .*-x DT_COMM_BACKEND -x DT_DATA_DIR -x CUDA_VISIBLE_DEVICES .*train --device cuda$" \
   "DT_COMM_BACKEND and CUDA_VISIBLE_DEVICES reach the ranks"
+expect 0 err "mpirun .*-x NCCL_DEBUG " "NCCL_DEBUG reaches the ranks"
+expect 0 err "mpirun .*-x NCCL_SOCKET_IFNAME " "NCCL_SOCKET_IFNAME reaches the ranks"
 DT_CPU_MEMORY_LIMIT=2G DT_DEBUG=1 run launch -n 2 --dry-run -- train
 expect 0 err "mpirun -np 2 .*-x DT_CPU_MEMORY_LIMIT .*-x DT_DEBUG " "every DT_* variable set reaches the ranks"
 expect_not err "-x DT_NUM_THREADS " "DT_NUM_THREADS goes with its per-rank value only"
 DT_COMM_BACKEND=gloo run launch -n 2 --dry-run -- train
 expect 1 err "^dtrain: error: environment variable DT_COMM_BACKEND: invalid value 'gloo'" \
   "a bad DT_* value stops launch before mpirun"
-expect 0 err "mpirun .*-x NCCL_DEBUG " "NCCL_DEBUG reaches the ranks"
-expect 0 err "mpirun .*-x NCCL_SOCKET_IFNAME " "NCCL_SOCKET_IFNAME reaches the ranks"
 run launch -n 2 --dry-run -- train
 expect_not err "CUDA_VISIBLE_DEVICES|DT_COMM_BACKEND|NCCL_" "unset variables are not exported"
 if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
