@@ -75,7 +75,9 @@ const char *dt_env_accepted(dt_env_param p, char *buf, size_t cap) {
       snprintf(buf, cap, "an integer in %lld..%lld", (long long)e->min, (long long)e->max);
       break;
     case DT_ENV_TYPE_BOOL: snprintf(buf, cap, "1 or 0 (true/false, on/off, yes/no)"); break;
-    case DT_ENV_TYPE_BYTES: snprintf(buf, cap, "a byte count such as 1048576, 64K, 512M or 2G"); break;
+    case DT_ENV_TYPE_BYTES:
+      snprintf(buf, cap, "a byte count such as 1048576, 64K, 512M or 2G");
+      break;
     case DT_ENV_TYPE_CHOICE:
       list_choices(e->choices, list, sizeof list);
       snprintf(buf, cap, "one of %s", list);

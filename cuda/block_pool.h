@@ -59,10 +59,10 @@ typedef struct dt_block_pool_config {
   size_t large_round;
 } dt_block_pool_config;
 
-#define DT_BLOCK_POOL_CONFIG_DEFAULT                                                     \
-  {                                                                                      \
+#define DT_BLOCK_POOL_CONFIG_DEFAULT                                                      \
+  {                                                                                       \
     "CUDA", "cuda:0", "DT_CUDA_MEMORY_LIMIT", 0, 0, 512, DT_MIB, 2 * DT_MIB, 20 * DT_MIB, \
-        10 * DT_MIB, 2 * DT_MIB                                                          \
+        10 * DT_MIB, 2 * DT_MIB                                                           \
   }
 
 typedef struct dt_block_pool dt_block_pool;

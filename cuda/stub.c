@@ -35,8 +35,9 @@ dt_status dt_cuda_peer_access(int i, int j, int *ok) {
 dt_status dt_cuda_doctor(FILE *out, int *problems) {
   if (problems)
     *problems = 1;
-  if (fprintf(out, "CUDA\n  build:    none: %s\n  summary:  1 problem above; --device cpu "
-                   "works regardless\n",
+  if (fprintf(out,
+              "CUDA\n  build:    none: %s\n  summary:  1 problem above; --device cpu "
+              "works regardless\n",
               NOT_BUILT) < 0)
     return DT_ERROR(DT_ERR_IO, "dtrain doctor: writing the CUDA report failed");
   return DT_OK;

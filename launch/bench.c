@@ -104,7 +104,8 @@ static dt_status train_step(dt_module *model, dt_optimizer *opt, dt_ddp *ddp,
   DT_CHECK_GOTO(dt_optim_zero_grad(opt), st, done);
   double t1 = now_seconds();
   DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st,
+                done);
   DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
   double t2 = now_seconds();
   DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
@@ -264,7 +265,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
        .target = &cfg.warmup,
        .metavar = "N",
        .help = "untimed warm-up steps"},
-      dt_cli_flag_optimizer(&cfg.optimizer, "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+      dt_cli_flag_optimizer(&cfg.optimizer,
+                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),

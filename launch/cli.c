@@ -13,8 +13,8 @@ const char *dt_cli_model_choices(void) {
   if (!list[0]) {
     size_t used = 0;
     for (int i = 0; dt_model_name(i) && used < sizeof list; i++)
-      used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? "|" : "",
-                               dt_model_name(i));
+      used +=
+          (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? "|" : "", dt_model_name(i));
   }
   return list;
 }
@@ -61,8 +61,9 @@ dt_flag dt_cli_flag_device(const char **target) {
                    .type = DT_FLAG_STRING,
                    .target = target,
                    .metavar = "DEV",
-                   .help = "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU "
-                           "(its local rank)",
+                   .help =
+                       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU "
+                       "(its local rank)",
                    .check = dt_cli_check_device};
 }
 
@@ -91,9 +92,10 @@ dt_flag dt_cli_flag_comm_backend(const char **target) {
                    .type = DT_FLAG_CHOICE,
                    .target = target,
                    .metavar = "NAME",
-                   .help = "how gradients are all-reduced: auto = nccl on GPUs, else mpi; mpi "
-                           "stages GPU tensors through host memory; overrides env "
-                           "DT_COMM_BACKEND",
+                   .help =
+                       "how gradients are all-reduced: auto = nccl on GPUs, else mpi; mpi "
+                       "stages GPU tensors through host memory; overrides env "
+                       "DT_COMM_BACKEND",
                    .choices = dt_env_info_of(DT_ENV_COMM_BACKEND)->choices};
 }
 
@@ -102,8 +104,9 @@ dt_flag dt_cli_flag_comm_timeout(double *target) {
                    .type = DT_FLAG_DOUBLE,
                    .target = target,
                    .metavar = "S",
-                   .help = "DDP: seconds a collective may take before the watchdog names it "
-                           "and aborts the job",
+                   .help =
+                       "DDP: seconds a collective may take before the watchdog names it "
+                       "and aborts the job",
                    .min = 0,
                    .min_exclusive = true};
 }
@@ -123,8 +126,9 @@ dt_flag dt_cli_flag_first_bucket_mb(float *target) {
                    .type = DT_FLAG_FLOAT,
                    .target = target,
                    .metavar = "MB",
-                   .help = "DDP: first gradient bucket, in MiB (small, so that the first "
-                           "all-reduce starts early)",
+                   .help =
+                       "DDP: first gradient bucket, in MiB (small, so that the first "
+                       "all-reduce starts early)",
                    .min = 0,
                    .min_exclusive = true};
 }

@@ -8,8 +8,8 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
-#include "core/memory.h"
 #include "core/env.h"
+#include "core/memory.h"
 #include "core/status.h"
 #include "cuda/cuda.h"
 #include "dist/comm.h"
@@ -149,8 +149,8 @@ static int report_environment(void) {
     bool test = !strcmp(e->group, "test");
     char value[80];
     snprintf(value, sizeof value, "%s", raw ? raw : "unset");
-    printf("  %-26s %-14s default: %s%s\n", e->name, value,
-           dt_env_default_text((dt_env_param)p), test ? " (tests only)" : "");
+    printf("  %-26s %-14s default: %s%s\n", e->name, value, dt_env_default_text((dt_env_param)p),
+           test ? " (tests only)" : "");
     if (!test && dt_env_check((dt_env_param)p) != DT_OK) {
       problems++;
       printf("    PROBLEM: %s\n", dt_last_error());
@@ -239,14 +239,13 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   char mpirun_buf[4096];
   const char *mpirun = dt_cli_find_mpirun(mpirun_buf, sizeof mpirun_buf);
   if (mpirun) {
-    printf("  mpirun         %s%s\n", mpirun,
-           dt_env_is_set(DT_ENV_MPIRUN) ? " (DT_MPIRUN)" : "");
+    printf("  mpirun         %s%s\n", mpirun, dt_env_is_set(DT_ENV_MPIRUN) ? " (DT_MPIRUN)" : "");
   } else {
-    printf("  mpirun         missing: dtrain launch and the 2-rank default job need Open MPI's "
-           "mpirun (apt-get install openmpi-bin, or tools/setup.sh; or set DT_MPIRUN)\n");
+    printf(
+        "  mpirun         missing: dtrain launch and the 2-rank default job need Open MPI's "
+        "mpirun (apt-get install openmpi-bin, or tools/setup.sh; or set DT_MPIRUN)\n");
     add_need(missing, sizeof missing, "mpirun (%s)",
-             dt_env_is_set(DT_ENV_MPIRUN) ? "DT_MPIRUN is not an executable file"
-                                          : "not on PATH");
+             dt_env_is_set(DT_ENV_MPIRUN) ? "DT_MPIRUN is not an executable file" : "not on PATH");
   }
   int env_problems = report_environment();
   if (env_problems > 0) {
@@ -258,8 +257,8 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   if (gpu_problems == 0)
     snprintf(gpu_text, sizeof gpu_text, "GPU training: ready");
   else
-    snprintf(gpu_text, sizeof gpu_text, "GPU training: %d problem%s (see CUDA above)",
-             gpu_problems, gpu_problems == 1 ? "" : "s");
+    snprintf(gpu_text, sizeof gpu_text, "GPU training: %d problem%s (see CUDA above)", gpu_problems,
+             gpu_problems == 1 ? "" : "s");
   if (missing[0]) {
     printf("verdict: NOT READY: the default job (dtrain launch -n 2 -- train) needs %s; %s\n",
            missing, gpu_text);

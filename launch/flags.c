@@ -53,8 +53,8 @@ static void describe_number(const dt_flag *f, char *buf, size_t cap) {
   else if (f->min == 0 && !f->min_exclusive)
     snprintf(buf, cap, "a non-negative %s", noun);
   else
-    snprintf(buf, cap, "a%s %s %s %g", integer ? "n" : "", noun, f->min_exclusive ? ">" : ">=",
-             f->min);
+    snprintf(buf, cap, "a%s %s %s %g", integer ? "n" : "", noun,
+             f->min_exclusive ? ">" : ">=", f->min);
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -166,8 +166,8 @@ static dt_flag *find_flag(const dt_flag_set *set, const char *arg, const char **
   size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
   for (int i = 0; i < set->nflags; i++) {
     dt_flag *f = &set->flags[i];
-    bool long_match = len == strlen(f->name) + 2 && !strncmp(arg, "--", 2) &&
-                      !strncmp(arg + 2, f->name, len - 2);
+    bool long_match =
+        len == strlen(f->name) + 2 && !strncmp(arg, "--", 2) && !strncmp(arg + 2, f->name, len - 2);
     bool alias_match = f->alias && len == strlen(f->alias) && !strncmp(arg, f->alias, len);
     if (long_match || alias_match) {
       if (eq)
@@ -309,8 +309,7 @@ void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
       char list[200];
       snprintf(accepted, sizeof accepted, "; one of %s",
                dt_flags_format_choices(f->choices, list, sizeof list));
-    } else if ((f->type == DT_FLAG_INT || f->type == DT_FLAG_FLOAT ||
-                f->type == DT_FLAG_DOUBLE) &&
+    } else if ((f->type == DT_FLAG_INT || f->type == DT_FLAG_FLOAT || f->type == DT_FLAG_DOUBLE) &&
                f->max != 0) {
       snprintf(accepted, sizeof accepted, "; %g..%g", f->min, f->max);
     } else if (f->type == DT_FLAG_LIST) {

@@ -61,15 +61,15 @@ typedef struct dt_flag {
 } dt_flag;
 
 typedef struct dt_flag_set {
-  const char *command; /* "train": messages start "dtrain train: " */
-  const char *usage;   /* after "usage: dtrain ": "train [flags]" */
-  const char *about;   /* what the command does (help, after the usage line) */
+  const char *command;  /* "train": messages start "dtrain train: " */
+  const char *usage;    /* after "usage: dtrain ": "train [flags]" */
+  const char *about;    /* what the command does (help, after the usage line) */
   const char *epilogue; /* after the flags (examples); NULL = none */
   dt_flag *flags;
   int nflags;
-  int max_args;          /* positional arguments accepted (help: 1) */
+  int max_args;                /* positional arguments accepted (help: 1) */
   bool command_after_dashdash; /* `--` ends the flags and a command follows (launch) */
-  const char *args_hint; /* appended to "unexpected argument 'x'" */
+  const char *args_hint;       /* appended to "unexpected argument 'x'" */
 } dt_flag_set;
 
 typedef enum dt_flags_result {

@@ -188,8 +188,9 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   };
   dt_flag_set set = {
       .command = "launch",
-      .usage = "launch [-n N] [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
-               "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]",
+      .usage =
+          "launch [-n N] [--hosts H1,H2,... | --hostfile FILE] [--threads C]\n"
+          "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]",
       .about = about,
       .epilogue = examples,
       .flags = flags,

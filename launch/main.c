@@ -45,7 +45,8 @@ static const command commands[] = {
     {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
      cli_launch},
-    {"doctor", "report the devices, threads and data sets this build can use", 0, cli_doctor},
+    {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
+     cli_doctor},
     {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))

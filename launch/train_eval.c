@@ -89,8 +89,8 @@ dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int 
       b = real - *count;
     }
     DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, free_batch);
-    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, DT_IGNORE_INDEX, &batch_loss), st,
-                  free_batch);
+    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, DT_IGNORE_INDEX, &batch_loss),
+                  st, free_batch);
     double v;
     DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), st, free_batch);
     *loss_sum += v;

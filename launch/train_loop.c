@@ -398,7 +398,8 @@ static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, i
   if (no_sync)
     DT_CHECK(dt_ddp_no_sync_begin(s->ddp));
   DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st, done);
+  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st,
+                done);
   if (group > 1) {
     DT_CHECK_GOTO(dt_op_scale(loss, 1.0f / (float)group, &scaled), st, done);
     DT_CHECK_GOTO(dt_backward(scaled, NULL), st, done);

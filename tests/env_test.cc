@@ -1,5 +1,7 @@
 // The environment-variable table (core/env.h): the table itself, parsing,
 // defaults and the messages for bad values.
+#include "core/env.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -8,7 +10,6 @@
 #include <string>
 
 #include "core/backend.h"
-#include "core/env.h"
 #include "core/status.h"
 #include "dist/comm.h"
 
@@ -113,8 +114,8 @@ TEST(EnvBool, Spellings) {
   struct Case {
     const char *text;
     bool want;
-  } cases[] = {{"1", true},   {"0", false},  {"true", true}, {"FALSE", false},
-               {"on", true},  {"off", false}, {"yes", true}, {"No", false}};
+  } cases[] = {{"1", true},  {"0", false},   {"true", true}, {"FALSE", false},
+               {"on", true}, {"off", false}, {"yes", true},  {"No", false}};
   for (const Case &c : cases) {
     ScopedEnv env("DT_CUDNN_BENCHMARK", c.text);
     bool v = !c.want;

@@ -1,6 +1,8 @@
 // The command-line flag parser (launch/flags.h): every type, the messages
 // for bad values, and a help generated from the same table that lists
 // exactly what the parser accepts.
+#include "launch/flags.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,8 +11,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include "launch/flags.h"
 
 namespace {
 
@@ -82,21 +82,28 @@ struct Table {
         {"lr", nullptr, DT_FLAG_FLOAT, &lr, "LR", "rate", 0, 0, false, nullptr, nullptr, nullptr},
         {"gamma", nullptr, DT_FLAG_FLOAT, &gamma, "G", "factor", 0, 0, true, nullptr, nullptr,
          nullptr},
-        {"timeout", nullptr, DT_FLAG_DOUBLE, &timeout, "S", "seconds", 0, 0, true, nullptr,
-         nullptr, nullptr},
+        {"timeout", nullptr, DT_FLAG_DOUBLE, &timeout, "S", "seconds", 0, 0, true, nullptr, nullptr,
+         nullptr},
         {"name", nullptr, DT_FLAG_STRING, &name, "NAME", "a name", 0, 0, false, nullptr, nullptr,
          nullptr},
-        {"mode", nullptr, DT_FLAG_CHOICE, &mode, "MODE", "the mode", 0, 0, false, "ddp|dp",
-         nullptr, nullptr},
-        {"device", nullptr, DT_FLAG_STRING, &dev, "DEV", "a device", 0, 0, false, nullptr,
-         CheckDev, nullptr},
+        {"mode", nullptr, DT_FLAG_CHOICE, &mode, "MODE", "the mode", 0, 0, false, "ddp|dp", nullptr,
+         nullptr},
+        {"device", nullptr, DT_FLAG_STRING, &dev, "DEV", "a device", 0, 0, false, nullptr, CheckDev,
+         nullptr},
         {"fast", nullptr, DT_FLAG_BOOL, &fast, nullptr, "go fast", 0, 0, false, nullptr, nullptr,
          nullptr},
-        {"extra", nullptr, DT_FLAG_LIST, &extra, "ARG", "extra args", 0, 0, false, nullptr,
-         nullptr, nullptr},
+        {"extra", nullptr, DT_FLAG_LIST, &extra, "ARG", "extra args", 0, 0, false, nullptr, nullptr,
+         nullptr},
     };
-    set = dt_flag_set{"demo",  "demo [flags]", "Does a demo.", "example: dtrain demo",
-                      flags.data(), (int)flags.size(), 0, dashdash, "put the command after --"};
+    set = dt_flag_set{"demo",
+                      "demo [flags]",
+                      "Does a demo.",
+                      "example: dtrain demo",
+                      flags.data(),
+                      (int)flags.size(),
+                      0,
+                      dashdash,
+                      "put the command after --"};
   }
 };
 

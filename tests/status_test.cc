@@ -1,10 +1,10 @@
 // Errors as values (core/status.h): the message is for users, where it
 // arose is kept apart (dtrain prints it with DT_DEBUG=1).
+#include "core/status.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "core/status.h"
 
 namespace {
 
