@@ -35,7 +35,7 @@ for arg in "$@"; do
     --bench) bench=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
