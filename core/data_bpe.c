@@ -184,9 +184,9 @@ static heap_entry heap_pop(merge_state *m) {
 }
 
 static void push_pair(merge_state *m, int32_t i) {
-  int32_t j = m->next[i];
-  if (i < 0 || j < 0)
+  if (i < 0 || m->next[i] < 0)
     return;
+  int32_t j = m->next[i];
   const dt_bpe_pair *p = dt_bpe_pair_find(m->bpe, m->sym[i], m->sym[j]);
   if (p)
     heap_push(m, (heap_entry){p->rank, i, m->sym[i], m->sym[j]});
@@ -257,7 +257,8 @@ static dt_status merge_piece(dt_bpe *bpe, const uint8_t *s, int64_t n, dt_tokens
   if (n == 1)
     return dt_tokens_append(out, &bpe->byte_token[s[0]], 1);
   if (n > INT32_MAX / 3)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "one piece of %lld bytes (a run without spaces): at "
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "one piece of %lld bytes (a run without spaces): at "
                     "most %d bytes",
                     (long long)n, INT32_MAX / 3);
   DT_CHECK(reserve_scratch(bpe, n));

@@ -104,14 +104,15 @@ typedef struct json_reader {
 } json_reader;
 
 static dt_status json_error(const json_reader *r, const char *what) {
-  return DT_ERROR(DT_ERR_FORMAT, "%s: byte offset %zu: %s (expected one flat JSON object of "
+  return DT_ERROR(DT_ERR_FORMAT,
+                  "%s: byte offset %zu: %s (expected one flat JSON object of "
                   "token strings to ids, as GPT-2's encoder.json)",
                   r->path, r->i, what);
 }
 
 static void json_skip_ws(json_reader *r) {
-  while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' ||
-                         r->s[r->i] == '\r'))
+  while (r->i < r->n &&
+         (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
     r->i++;
 }
 
@@ -231,7 +232,9 @@ int32_t dt_bpe_vocab_find(const dt_bpe *bpe, const uint8_t *p, size_t n) {
   }
 }
 
-static uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+static uint64_t pair_key(int32_t a, int32_t b) {
+  return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+}
 
 static uint64_t pair_slot(uint64_t key) { return (key * 0x9E3779B97F4A7C15ull) >> 17; }
 
@@ -333,8 +336,8 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
     goto done;
   }
   if (count < 256) {
-    st = DT_ERROR(DT_ERR_FORMAT, "%s: %lld tokens: a byte-level vocabulary has at least 256",
-                  path, (long long)count);
+    st = DT_ERROR(DT_ERR_FORMAT, "%s: %lld tokens: a byte-level vocabulary has at least 256", path,
+                  (long long)count);
     goto done;
   }
 
@@ -380,8 +383,8 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
     const uint8_t *p = bpe->tok_bytes + bpe->tok_off[id];
     size_t len = (size_t)(bpe->tok_off[id + 1] - bpe->tok_off[id]);
     if (dt_bpe_vocab_find(bpe, p, len) >= 0) {
-      st = DT_ERROR(DT_ERR_FORMAT, "%s: byte offset %zu: token %d repeats an earlier token",
-                    path, offsets[at_id[id]], id);
+      st = DT_ERROR(DT_ERR_FORMAT, "%s: byte offset %zu: token %d repeats an earlier token", path,
+                    offsets[at_id[id]], id);
       free(at_id);
       goto done;
     }
@@ -426,7 +429,9 @@ static dt_status merge_half(const uint8_t *s, size_t n, dt_bytes *tok) {
   return st;
 }
 
-static int is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_space(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 
 /* Encoder.js's rank of every pair whose "a,b" key equals this merge's key
  * (a comma inside a or b lets another split give the same key). */
@@ -534,7 +539,8 @@ static dt_status load_merges(dt_bpe *bpe, const char *path) {
     }
     if (m < 0) {
       int k = a < 0 ? 0 : 1;
-      st = DT_ERROR(DT_ERR_FORMAT, "%s: line %lld (byte offset %zu): %s '%.*s' is not in the "
+      st = DT_ERROR(DT_ERR_FORMAT,
+                    "%s: line %lld (byte offset %zu): %s '%.*s' is not in the "
                     "vocabulary (encoder.json)",
                     path, (long long)line, a < 0 || b < 0 ? part[k][0] : line_start,
                     a < 0 || b < 0 ? "token" : "the merge of",
@@ -616,8 +622,7 @@ dt_status dt_bpe_load(const char *encoder_json, const char *vocab_bpe, const dt_
     return DT_ERROR(DT_ERR_INVALID_ARG, "the encoder.json and vocab.bpe paths must not be NULL");
   dt_bpe_config c = cfg ? *cfg : DT_BPE_CONFIG_DEFAULT;
   if (c.cache_entries < 0 || c.cache_entries > (1 << 26))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "cache_entries %d: must be in [0, 2^26]",
-                    c.cache_entries);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "cache_entries %d: must be in [0, 2^26]", c.cache_entries);
   dt_bpe *bpe = calloc(1, sizeof *bpe);
   if (!bpe)
     return DT_ERROR(DT_ERR_OOM, "cannot allocate a tokenizer");
@@ -649,7 +654,8 @@ dt_status dt_bpe_load_dir(const char *dir, const dt_bpe_config *cfg, dt_bpe **ou
     return DT_ERROR(DT_ERR_INVALID_ARG, "path too long: %s", dir);
   dt_status st = dt_bpe_load(enc, merges, cfg, out);
   if (st == DT_ERR_IO)
-    return dt_error_wrap(st, "GPT-2 tokenizer files missing in %s (tools/setup.sh fetches them "
+    return dt_error_wrap(st,
+                         "GPT-2 tokenizer files missing in %s (tools/setup.sh fetches them "
                          "into data/gpt2)",
                          dir);
   return st;

@@ -11,17 +11,17 @@
 #include "core/data_text_internal.h"
 
 typedef enum word_kind {
-  WORD_PLAIN,  /* a space before it */
-  WORD_CLOSE,  /* no space before it */
-  WORD_OPEN,   /* no space after it */
+  WORD_PLAIN, /* a space before it */
+  WORD_CLOSE, /* no space before it */
+  WORD_OPEN,  /* no space after it */
 } word_kind;
 
 typedef struct detag_state {
   dt_bytes *out;
-  int64_t start_len;   /* out->len before this file */
-  int in_paragraph;    /* a word of the current paragraph was written */
-  int no_space_next;   /* the last word was an opener */
-  int single_open;     /* a lone ' opened a quote in this paragraph */
+  int64_t start_len; /* out->len before this file */
+  int in_paragraph;  /* a word of the current paragraph was written */
+  int no_space_next; /* the last word was an opener */
+  int single_open;   /* a lone ' opened a quote in this paragraph */
   dt_status st;
 } detag_state;
 
@@ -80,7 +80,9 @@ static void put_word(detag_state *s, const uint8_t *w, size_t n) {
   s->no_space_next = kind == WORD_OPEN;
 }
 
-static int is_blank(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_blank(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 
 /* The next `word/tag` token of p[*i, end): its word's length (up to the
  * last '/', or all of it without one) and whether its tag marks a headline

@@ -165,7 +165,8 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
     goto done;
   }
   for (int64_t i = 0; i < files.len && st == DT_OK; i++) {
-    int to_val = floor_eps((double)(i + 1) * c.val_fraction) > floor_eps((double)i * c.val_fraction);
+    int to_val =
+        floor_eps((double)(i + 1) * c.val_fraction) > floor_eps((double)i * c.val_fraction);
     st = tokenize_file(bpe, &files.v[i], &raw, &text, to_val ? val : train, &s.text_bytes);
     if (st != DT_OK)
       st = dt_error_wrap(st, "tokenizing %s", files.v[i].path);

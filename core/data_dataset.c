@@ -55,11 +55,11 @@ dt_status dt_dataset_create_with_layout(const dt_dataset_vtable *vt, void *impl,
                   "dataset vtable or layout is NULL, or the vtable lacks length/get_sample");
     goto fail;
   }
-  DT_CHECK_GOTO(check_sample_shape("input", layout->input_shape, layout->input_ndim, 1, &numel),
-                st, fail);
-  DT_CHECK_GOTO(check_sample_shape("target", layout->target_shape, layout->target_ndim, 0,
-                                   &target_numel),
-                st, fail);
+  DT_CHECK_GOTO(check_sample_shape("input", layout->input_shape, layout->input_ndim, 1, &numel), st,
+                fail);
+  DT_CHECK_GOTO(
+      check_sample_shape("target", layout->target_shape, layout->target_ndim, 0, &target_numel), st,
+      fail);
   if (dt_dtype_size(layout->input_dtype) == 0 || dt_dtype_size(layout->target_dtype) == 0) {
     st = DT_ERROR(DT_ERR_INVALID_ARG, "unknown input or target dtype (%d, %d)",
                   (int)layout->input_dtype, (int)layout->target_dtype);

@@ -35,7 +35,7 @@ typedef struct batch_slot {
   dt_event *copied; /* async path: the copy out of this slot has completed */
   uint8_t *inputs;  /* (batch_size, input) host, in the layout's dtype */
   uint8_t *labels;  /* (batch_size, target) host */
-  int64_t count;   /* samples in this batch */
+  int64_t count;    /* samples in this batch */
   dt_status status;
   char error[LOADER_ERROR_MAX]; /* the worker's message when status != DT_OK */
 } batch_slot;
@@ -99,9 +99,9 @@ static void fill_slot(dt_loader *l, int64_t b, batch_slot *slot) {
   for (int64_t k = 0; k < count; k++) {
     if (atomic_load(&l->stop))
       return;
-    dt_status st = dt_dataset_get_sample(l->dataset, idx[first + k],
-                                         slot->inputs + (size_t)k * l->input_bytes,
-                                         slot->labels + (size_t)k * l->target_bytes);
+    dt_status st =
+        dt_dataset_get_sample(l->dataset, idx[first + k], slot->inputs + (size_t)k * l->input_bytes,
+                              slot->labels + (size_t)k * l->target_bytes);
     if (st != DT_OK) {
       slot->status = st;
       snprintf(slot->error, sizeof slot->error, "sample %lld (batch %lld): %s",

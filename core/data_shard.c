@@ -85,7 +85,8 @@ void dt_shard_free(dt_shard *s) {
 }
 
 static dt_status shard_format_error(const char *path, long long offset, const char *what) {
-  return DT_ERROR(DT_ERR_FORMAT, "%s: byte offset %lld: %s (not a token shard in llm.c's format, "
+  return DT_ERROR(DT_ERR_FORMAT,
+                  "%s: byte offset %lld: %s (not a token shard in llm.c's format, "
                   "or a damaged one: write it again with dtrain tokenize)",
                   path, offset, what);
 }
@@ -155,8 +156,8 @@ dt_status dt_shard_read(const char *path, int32_t vocab_size, dt_shard *out) {
     for (size_t k = 0; k < want / 2; k++, i++) {
       uint16_t t = (uint16_t)(buf[2 * k] | buf[2 * k + 1] << 8);
       if (vocab_size > 0 && t >= vocab_size) {
-        snprintf(what, sizeof what, "token %lld is %u, outside the vocabulary of %d",
-                 (long long)i, t, vocab_size);
+        snprintf(what, sizeof what, "token %lld is %u, outside the vocabulary of %d", (long long)i,
+                 t, vocab_size);
         st = shard_format_error(path, DT_SHARD_HEADER_BYTES + 2 * (long long)i, what);
         goto done;
       }
@@ -183,8 +184,8 @@ dt_status dt_unigram_cross_entropy(const dt_shard *train, const dt_shard *eval, 
   dt_status st = DT_OK;
   for (int64_t i = 0; i < train->num_tokens && st == DT_OK; i++)
     if (train->tokens[i] >= vocab_size)
-      st = DT_ERROR(DT_ERR_INVALID_ARG, "training token %lld is %u: >= vocab_size %d",
-                    (long long)i, train->tokens[i], vocab_size);
+      st = DT_ERROR(DT_ERR_INVALID_ARG, "training token %lld is %u: >= vocab_size %d", (long long)i,
+                    train->tokens[i], vocab_size);
     else
       counts[train->tokens[i]]++;
   /* p(t) = (count(t) + 1) / (n + V): every id keeps some probability. */

@@ -95,8 +95,7 @@ dt_status dt_token_loader_create(const dt_shard *shard, int32_t vocab_size,
     st = DT_ERROR(DT_ERR_INVALID_ARG,
                   "%lld windows of %d tokens make no global batch of %d x %d ranks: use a "
                   "smaller batch or context",
-                  (long long)dt_dataset_length(l->windows), c.seq_len + 1, c.batch,
-                  c.num_replicas);
+                  (long long)dt_dataset_length(l->windows), c.seq_len + 1, c.batch, c.num_replicas);
     goto fail;
   }
   *out = l;

@@ -128,9 +128,10 @@ int dt_brown_is_file_name(const char *name);
  * tokens are preceded by the end-of-text token, as llm.c's scripts do.
  * A directory that holds Brown's tagged files (ca01...) or any input under
  * `brown` is read as the Brown corpus: only the tagged files, detagged.
- * Split by file, deterministically: over the sorted list of all files, file
- * i (0-based) goes to validation when floor((i+1)*f) > floor(i*f), f the
- * validation fraction — every 10th file for 0.1 (ca10, ca20, ...). A
+ * Split by file, deterministically: over the files in the order given (a
+ * folder's by name), file i (0-based) goes to validation when
+ * floor((i+1)*f) > floor(i*f), f the validation fraction: every 10th file
+ * for 0.1 (ca10, ca20, ...). A
  * single input file with f > 0 is split by tokens instead: its last
  * ceil(f*n) tokens are the validation part. */
 typedef struct dt_corpus_config {
@@ -201,9 +202,9 @@ dt_status dt_dataset_token_windows(const dt_shard *shard, int seq_len, int32_t v
  * for W windows (the tail is dropped). Same prefetch thread, pinned
  * buffers and asynchronous copy as dt_loader (it is one). */
 typedef struct dt_token_loader_config {
-  int batch;        /* B: sequences per rank */
-  int seq_len;      /* T */
-  int shuffle;      /* 0: windows in order (validation) */
+  int batch;   /* B: sequences per rank */
+  int seq_len; /* T */
+  int shuffle; /* 0: windows in order (validation) */
   uint64_t seed;
   int num_replicas; /* R: world size */
   int rank;

@@ -3,6 +3,8 @@
  * Its flags are parsed here, minimally: --in takes several values, which
  * launch/flags.h's parser does not offer. DT_DATA_DIR is read with getenv,
  * as `train` and `doctor` do (until the environment table replaces them). */
+#include "launch/tokenize.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,6 @@
 #include <time.h>
 
 #include "core/text.h"
-#include "launch/tokenize.h"
 
 #define MAX_INPUTS 4096
 
@@ -121,8 +122,7 @@ int dt_cli_tokenize(int argc, char **argv) {
       errno = 0;
       cfg.val_fraction = strtod(v, &end);
       if (errno || end == v || *end || !(cfg.val_fraction >= 0 && cfg.val_fraction < 1))
-        return bad_usage("invalid value '%s' for --val-fraction: expected a number in [0, 1)",
-                         v);
+        return bad_usage("invalid value '%s' for --val-fraction: expected a number in [0, 1)", v);
     } else if (!strcmp(a, "--brown")) {
       cfg.brown = 1;
     } else if (missing) {
@@ -165,11 +165,12 @@ int dt_cli_tokenize(int argc, char **argv) {
   if (dt_shard_write(train_path, train.data, train.len) != DT_OK ||
       (cfg.val_fraction > 0 && dt_shard_write(val_path, val.data, val.len) != DT_OK))
     goto fail;
-  printf("tokenize: %lld files (%lld train, %lld val), %.1f MB of text -> %lld train and %lld "
-         "val tokens in %.2f s (%.0f tokens/s)\n",
-         (long long)(stats.train_files + stats.val_files), (long long)stats.train_files,
-         (long long)stats.val_files, (double)stats.text_bytes / 1e6, (long long)train.len,
-         (long long)val.len, t1 - t0, (double)(train.len + val.len) / (t1 - t0 > 0 ? t1 - t0 : 1));
+  printf(
+      "tokenize: %lld files (%lld train, %lld val), %.1f MB of text -> %lld train and %lld "
+      "val tokens in %.2f s (%.0f tokens/s)\n",
+      (long long)(stats.train_files + stats.val_files), (long long)stats.train_files,
+      (long long)stats.val_files, (double)stats.text_bytes / 1e6, (long long)train.len,
+      (long long)val.len, t1 - t0, (double)(train.len + val.len) / (t1 - t0 > 0 ? t1 - t0 : 1));
   printf("tokenize: wrote %s%s%s\n", train_path, cfg.val_fraction > 0 ? " and " : "",
          cfg.val_fraction > 0 ? val_path : "");
   rc = 0;

@@ -13,9 +13,9 @@
 
 namespace {
 
-#define ASSERT_OK(expr)                                                   \
-  do {                                                                    \
-    dt_status s_ = (expr);                                                \
+#define ASSERT_OK(expr)                                                    \
+  do {                                                                     \
+    dt_status s_ = (expr);                                                 \
     ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
   } while (0)
 

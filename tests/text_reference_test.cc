@@ -126,7 +126,8 @@ TEST_F(Reference, NastyInputs) {
       "\xce\x95\xce\xbb\xce\xbb\xce\xb7\xce\xbd\xce\xb9\xce\xba\xce\xac "
       "\xd0\xa0\xd1\x83\xd1\x81\xd1\x81\xd0\xba\xd0\xb8\xd0\xb9 \xe4\xb8\xad\xe6\x96\x87 "
       "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 "
-      "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 \xd7\xa2\xd7\x91\xd7\xa8\xd7\x99\xd7\xaa "
+      "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 "
+      "\xd7\xa2\xd7\x91\xd7\xa8\xd7\x99\xd7\xaa "
       "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 "
       "\xc2\xbd \xc2\xb2 \xe2\x85\xab \xd9\xa3\xd9\xa4\xd9\xa5 \xe0\xb9\x91\xe0\xb9\x92",
       // combining marks (letters? no: \p{M}, so "other")
@@ -136,7 +137,8 @@ TEST_F(Reference, NastyInputs) {
                   "b \x01\x02 c",
                   23),
       // JSON-ish punctuation: Encoder.js's "a,b" merge keys
-      "{\"a\",\"b\"},[\"x\",\"y\"],[\",\",\",[\"],'','x',',\",\",\",\".\",\" \",\"],\" \" \",,,\",\"",
+      "{\"a\",\"b\"},[\"x\",\"y\"],[\",\",\",[\"],'','x',',\",\",\",\".\",\" \",\"],\" \" "
+      "\",,,\",\"",
       "1234567890 3.14159 1,000,000 0x1F 1e10",
       "Hello, World! It's 2024... (really?) -- \"quotes\" & 'single' <tag> <|endoftext|>",
       "!!!???...,,,;;;:::---___***&&&###@@@$$$%%%^^^~~~```|||\\\\\\///",
@@ -190,8 +192,18 @@ TEST_F(Reference, NastyInputs) {
 // text into as many pieces as the regex cuts the replaced text.
 TEST_F(Reference, InvalidUtf8PiecesMatchTheReplacedText) {
   std::vector<std::string> texts = {
-      "a\xff" "b", " \x80\x80 word", "caf\xc3 ok", "\xed\xa0\x80surrogate", "\xc0\xaf overlong",
-      "x \xf4\x90\x80\x80 y", "trunc\xe2\x82", "\xfe\xfe\xfe  \xff", "it\xff's", "1\xff" "2 3",
+      "a\xff"
+      "b",
+      " \x80\x80 word",
+      "caf\xc3 ok",
+      "\xed\xa0\x80surrogate",
+      "\xc0\xaf overlong",
+      "x \xf4\x90\x80\x80 y",
+      "trunc\xe2\x82",
+      "\xfe\xfe\xfe  \xff",
+      "it\xff's",
+      "1\xff"
+      "2 3",
   };
   dt_generator g;
   dt_generator_init(&g, 77);

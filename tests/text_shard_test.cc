@@ -2,9 +2,8 @@
 // the round trip, every corruption the reader must name (file and byte
 // offset, DT_ERR_FORMAT), a fuzz over truncated and bit-flipped files that
 // must never crash or accept a bad token, and the unigram baseline.
-#include <gtest/gtest.h>
-
 #include <dirent.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -117,10 +116,12 @@ TEST_F(Shard, ReaderNamesEachCorruption) {
   cases.push_back({"negative count", b, "byte offset 8: token count -5 is negative"});
   b = good;
   PutLe32(&b, 8, 101);
-  cases.push_back({"count too large", b, "needs a file of 1226 bytes, this one has 1224 (truncated)"});
+  cases.push_back(
+      {"count too large", b, "needs a file of 1226 bytes, this one has 1224 (truncated)"});
   cases.push_back({"trailing data", good + "xx", "this one has 1226 (trailing data)"});
   cases.push_back({"truncated tokens", good.substr(0, 1100), "(truncated)"});
-  cases.push_back({"truncated header", good.substr(0, 1000), "byte offset 1000: the file has 1000"});
+  cases.push_back(
+      {"truncated header", good.substr(0, 1000), "byte offset 1000: the file has 1000"});
   cases.push_back({"empty file", "", "byte offset 0: the file has 0 bytes"});
   b = good;
   b[1024 + 2 * 37] = (char)0xFF;
@@ -161,12 +162,12 @@ TEST_F(Shard, FuzzNeverCrashesOrAcceptsBadTokens) {
       case 0:  // truncate anywhere
         b.resize(dt_generator_below(&g, good.size() + 1));
         break;
-      case 1:  // flip one bit anywhere
+      case 1:    // flip one bit anywhere
       case 2: {  // flip a few bits, mostly in the header
         int flips = trial % 4 == 1 ? 1 : 1 + (int)dt_generator_below(&g, 4);
         for (int k = 0; k < flips; k++) {
-          size_t at = trial % 4 == 1 ? dt_generator_below(&g, b.size())
-                                     : dt_generator_below(&g, 16);
+          size_t at =
+              trial % 4 == 1 ? dt_generator_below(&g, b.size()) : dt_generator_below(&g, 16);
           b[at] ^= (char)(1 << dt_generator_below(&g, 8));
         }
         break;
@@ -184,8 +185,8 @@ TEST_F(Shard, FuzzNeverCrashesOrAcceptsBadTokens) {
     dtt::WriteFile(path, b);
     dt_shard s;
     dt_status st = dt_shard_read(path.c_str(), 50257, &s);
-    ASSERT_TRUE(st == DT_OK || st == DT_ERR_FORMAT) << "trial " << trial << ": "
-                                                    << dt_status_name(st) << " " << dt_last_error();
+    ASSERT_TRUE(st == DT_OK || st == DT_ERR_FORMAT)
+        << "trial " << trial << ": " << dt_status_name(st) << " " << dt_last_error();
     if (st == DT_OK) {
       accepted++;
       ASSERT_EQ(1024 + 2 * s.num_tokens, (int64_t)b.size());

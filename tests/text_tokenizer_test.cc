@@ -14,9 +14,9 @@
 
 namespace {
 
-#define ASSERT_OK(expr)                                                   \
-  do {                                                                    \
-    dt_status s_ = (expr);                                                \
+#define ASSERT_OK(expr)                                                    \
+  do {                                                                     \
+    dt_status s_ = (expr);                                                 \
     ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
   } while (0)
 
@@ -103,9 +103,19 @@ TEST_F(Gpt2, RoundTripsAnyBytes) {
   nocache.cache_entries = 0;
   dt_bpe *plain = nullptr;
   ASSERT_OK(dt_bpe_load_dir(Gpt2Dir().c_str(), &nocache, &plain));
-  const char *fragments[] = {"\xe2\x82\xac", "\xf0\x9f\x98", "\xed\xa0\x80", "\xc0\xaf", "\x80",
-                             "\xff",         " ",            "\t\n",         "'s",       "a",
-                             "7",            "\xc3",         "\xf4\x90\x80\x80"};
+  const char *fragments[] = {"\xe2\x82\xac",
+                             "\xf0\x9f\x98",
+                             "\xed\xa0\x80",
+                             "\xc0\xaf",
+                             "\x80",
+                             "\xff",
+                             " ",
+                             "\t\n",
+                             "'s",
+                             "a",
+                             "7",
+                             "\xc3",
+                             "\xf4\x90\x80\x80"};
   dt_generator g;
   dt_generator_init(&g, 1234);
   int64_t bytes = 0;
@@ -222,8 +232,8 @@ class SmallVocab : public ::testing::Test {
     c.js_pair_keys = js_keys;
     return dt_bpe_load_dir(dir_.c_str(), &c, &bpe_);
   }
-  void ExpectFormat(const std::string &encoder, const std::string &merges,
-                    const std::string &file, const std::string &detail) {
+  void ExpectFormat(const std::string &encoder, const std::string &merges, const std::string &file,
+                    const std::string &detail) {
     EXPECT_EQ(Load(encoder, merges), DT_ERR_FORMAT) << file << ": " << detail;
     std::string msg = dt_last_error();
     EXPECT_NE(msg.find(dir_ + "/" + file), std::string::npos) << msg;
@@ -290,7 +300,8 @@ TEST_F(SmallVocab, MergeErrorsNameTheFileLineAndOffset) {
   ExpectFormat(e, "#v\na b\n\n", "vocab.bpe", "line 3 (byte offset 7): 0 tokens");
   ExpectFormat(e, "#v\na zz\n", "vocab.bpe", "byte offset 5): token 'zz' is not in");
   ExpectFormat(e, "#v\nb c\n", "vocab.bpe", "the merge of 'b c' is not in");
-  ExpectFormat(e, "#v\na b\na b\n", "vocab.bpe", "line 3 (byte offset 7): the merge repeats line 2");
+  ExpectFormat(e, "#v\na b\na b\n", "vocab.bpe",
+               "line 3 (byte offset 7): the merge repeats line 2");
   ExpectFormat(e, "#v\nab c\na b\n", "vocab.bpe", "the merge on line 2 uses a token made by");
   ExpectFormat(e, "#v\na \xff\n", "vocab.bpe", "invalid UTF-8");
   EXPECT_EQ(Load(e, "#v\na b\n", 1), DT_OK);
@@ -396,8 +407,7 @@ TEST_F(Gpt2, CorpusSplitsByFile) {
   dt_tokens_free(&train);
 
   cfg.val_fraction = 1.0;
-  EXPECT_EQ(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, &val, nullptr),
-            DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, &val, nullptr), DT_ERR_INVALID_ARG);
   std::string missing = dir + "/missing";
   inputs[0] = missing.c_str();
   EXPECT_EQ(dt_corpus_tokenize(bpe_, inputs, 1, nullptr, &train, &val, nullptr), DT_ERR_IO);
