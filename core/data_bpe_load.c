@@ -264,115 +264,113 @@ static dt_bpe_pair *pair_insert(dt_bpe *bpe, int32_t a, int32_t b, int *fresh) {
 
 /* ---- loading ---- */
 
-/* encoder.json -> tok_bytes, tok_off, vocab map, byte tokens, eot. */
-static dt_status load_vocab(dt_bpe *bpe, const char *path) {
-  dt_bytes file = {0}, tok = {0}, all = {0};
-  int64_t *ids = NULL, *starts = NULL; /* in file order */
-  size_t *offsets = NULL;
-  int64_t count = 0, cap = 0;
-  dt_status st;
-  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
-  json_reader r = {path, file.data, (size_t)file.len, 0};
+/* One "token": id entry of encoder.json, in file order. */
+typedef struct json_entry {
+  int64_t id;
+  int64_t start; /* of its bytes in the parsed token arena */
+  size_t offset; /* of its key in the file */
+} json_entry;
+
+typedef struct json_entries {
+  json_entry *v;
+  int64_t len, cap;
+  dt_bytes bytes; /* every key's token bytes, back to back */
+} json_entries;
+
+static dt_status parse_encoder_json(const char *path, const dt_bytes *file, json_entries *out) {
+  json_reader r = {path, file->data, (size_t)file->len, 0};
+  dt_bytes tok = {0};
+  dt_status st = DT_OK;
   json_skip_ws(&r);
-  if (r.i >= r.n || r.s[r.i] != '{') {
-    st = json_error(&r, "expected '{'");
-    goto done;
-  }
+  if (r.i >= r.n || r.s[r.i] != '{')
+    return json_error(&r, "expected '{'");
   r.i++;
-  for (;;) {
-    json_skip_ws(&r);
-    if (count == 0 && r.i < r.n && r.s[r.i] == '}')
-      break;
-    size_t at = r.i;
-    DT_CHECK_GOTO(json_token_string(&r, &tok), st, done);
-    json_skip_ws(&r);
-    if (r.i >= r.n || r.s[r.i] != ':') {
-      st = json_error(&r, "expected ':'");
+  json_skip_ws(&r);
+  if (r.i < r.n && r.s[r.i] == '}')
+    r.i++;
+  else
+    for (;;) {
+      json_skip_ws(&r);
+      size_t at = r.i;
+      int64_t id = 0;
+      DT_CHECK_GOTO(json_token_string(&r, &tok), st, done);
+      json_skip_ws(&r);
+      if (r.i >= r.n || r.s[r.i] != ':') {
+        st = json_error(&r, "expected ':'");
+        goto done;
+      }
+      r.i++;
+      json_skip_ws(&r);
+      DT_CHECK_GOTO(json_id(&r, &id), st, done);
+      if (out->len == out->cap) {
+        int64_t cap = out->cap ? 2 * out->cap : 1024;
+        json_entry *v = cap <= VOCAB_MAX ? realloc(out->v, (size_t)cap * sizeof *v) : NULL;
+        if (!v) {
+          st = cap <= VOCAB_MAX
+                   ? DT_ERROR(DT_ERR_OOM, "cannot grow the vocabulary to %lld", (long long)cap)
+                   : json_error(&r, "more than 2^24 tokens");
+          goto done;
+        }
+        out->v = v;
+        out->cap = cap;
+      }
+      out->v[out->len++] = (json_entry){id, out->bytes.len, at};
+      DT_CHECK_GOTO(dt_bytes_append(&out->bytes, tok.data, tok.len), st, done);
+      json_skip_ws(&r);
+      if (r.i < r.n && (r.s[r.i] == ',' || r.s[r.i] == '}')) {
+        if (r.s[r.i++] == '}')
+          break;
+        continue;
+      }
+      st = json_error(&r, "expected ',' or '}'");
       goto done;
     }
-    r.i++;
-    json_skip_ws(&r);
-    int64_t id = 0;
-    DT_CHECK_GOTO(json_id(&r, &id), st, done);
-    if (count == cap) {
-      cap = cap ? 2 * cap : 1024;
-      if (cap > VOCAB_MAX + 1) {
-        st = json_error(&r, "more than 2^24 tokens");
-        goto done;
-      }
-      int64_t *ni = realloc(ids, (size_t)cap * sizeof *ids);
-      if (ni)
-        ids = ni;
-      int64_t *ns = realloc(starts, (size_t)cap * sizeof *starts);
-      if (ns)
-        starts = ns;
-      size_t *no = realloc(offsets, (size_t)cap * sizeof *offsets);
-      if (no)
-        offsets = no;
-      if (!ni || !ns || !no) {
-        st = DT_ERROR(DT_ERR_OOM, "cannot grow the vocabulary to %lld tokens", (long long)cap);
-        goto done;
-      }
-    }
-    ids[count] = id;
-    starts[count] = all.len;
-    offsets[count] = at;
-    count++;
-    DT_CHECK_GOTO(dt_bytes_append(&all, tok.data, tok.len), st, done);
-    json_skip_ws(&r);
-    if (r.i < r.n && r.s[r.i] == ',') {
-      r.i++;
-      continue;
-    }
-    if (r.i < r.n && r.s[r.i] == '}')
-      break;
-    st = json_error(&r, "expected ',' or '}'");
-    goto done;
-  }
-  r.i++;
   json_skip_ws(&r);
-  if (r.i != r.n) {
+  if (r.i != r.n)
     st = json_error(&r, "data after the object");
-    goto done;
-  }
-  if (count < 256) {
-    st = DT_ERROR(DT_ERR_FORMAT, "%s: %lld tokens: a byte-level vocabulary has at least 256", path,
-                  (long long)count);
-    goto done;
-  }
+done:
+  dt_bytes_free(&tok);
+  return st;
+}
 
-  /* ids must be 0..count-1, each once: place every token at its id. */
+/* The parsed entries -> tok_bytes and tok_off (by id: ids must be 0..n-1,
+ * each once), the vocab map, the byte tokens, eot. */
+static dt_status build_vocab(dt_bpe *bpe, const char *path, const json_entries *e) {
+  int64_t count = e->len;
+  if (count < 256)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: %lld tokens: a byte-level vocabulary has at least 256",
+                    path, (long long)count);
   bpe->vocab_size = (int32_t)count;
   bpe->tok_off = malloc((size_t)(count + 1) * sizeof *bpe->tok_off);
-  int64_t *at_id = malloc((size_t)count * sizeof *at_id); /* file index of each id */
-  bpe->tok_bytes = malloc((size_t)(all.len ? all.len : 1));
+  bpe->tok_bytes = malloc((size_t)(e->bytes.len ? e->bytes.len : 1));
   bpe->vocab_mask = round_pow2((uint64_t)count * 2) - 1;
   bpe->vocab = malloc((bpe->vocab_mask + 1) * sizeof *bpe->vocab);
-  if (!bpe->tok_off || !at_id || !bpe->tok_bytes || !bpe->vocab) {
-    free(at_id);
+  int64_t *entry_of = malloc((size_t)count * sizeof *entry_of); /* id -> entry */
+  dt_status st = DT_OK;
+  if (!bpe->tok_off || !bpe->tok_bytes || !bpe->vocab || !entry_of) {
     st = DT_ERROR(DT_ERR_OOM, "cannot allocate a vocabulary of %lld tokens", (long long)count);
     goto done;
   }
-  for (int64_t k = 0; k < count; k++)
-    at_id[k] = -1;
+  for (int64_t id = 0; id < count; id++)
+    entry_of[id] = -1;
   for (int64_t k = 0; k < count; k++) {
-    if (ids[k] >= count || at_id[ids[k]] >= 0) {
-      st = DT_ERROR(DT_ERR_FORMAT,
-                    "%s: byte offset %zu: id %lld %s: the ids of %lld tokens must be 0..%lld, "
-                    "each once",
-                    path, offsets[k], (long long)ids[k],
-                    ids[k] >= count ? "out of range" : "used twice", (long long)count,
-                    (long long)count - 1);
-      free(at_id);
+    int64_t id = e->v[k].id;
+    if (id >= count || entry_of[id] >= 0) {
+      st =
+          DT_ERROR(DT_ERR_FORMAT,
+                   "%s: byte offset %zu: id %lld %s: the ids of %lld tokens must be 0..%lld, "
+                   "each once",
+                   path, e->v[k].offset, (long long)id, id >= count ? "out of range" : "used twice",
+                   (long long)count, (long long)count - 1);
       goto done;
     }
-    at_id[ids[k]] = k;
+    entry_of[id] = k;
   }
   int64_t off = 0;
   for (int64_t id = 0; id < count; id++) {
-    int64_t k = at_id[id];
-    int64_t len = (k + 1 < count ? starts[k + 1] : all.len) - starts[k];
-    memcpy(bpe->tok_bytes + off, all.data + starts[k], (size_t)len);
+    int64_t k = entry_of[id];
+    int64_t len = (k + 1 < count ? e->v[k + 1].start : e->bytes.len) - e->v[k].start;
+    memcpy(bpe->tok_bytes + off, e->bytes.data + e->v[k].start, (size_t)len);
     bpe->tok_off[id] = off;
     off += len;
   }
@@ -384,17 +382,14 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
     size_t len = (size_t)(bpe->tok_off[id + 1] - bpe->tok_off[id]);
     if (dt_bpe_vocab_find(bpe, p, len) >= 0) {
       st = DT_ERROR(DT_ERR_FORMAT, "%s: byte offset %zu: token %d repeats an earlier token", path,
-                    offsets[at_id[id]], id);
-      free(at_id);
+                    e->v[entry_of[id]].offset, id);
       goto done;
     }
-    uint64_t h = dt_bpe_hash_bytes(p, len), s = h & bpe->vocab_mask;
-    while (bpe->vocab[s].id >= 0)
-      s = (s + 1) & bpe->vocab_mask;
-    bpe->vocab[s].hash = h;
-    bpe->vocab[s].id = id;
+    uint64_t h = dt_bpe_hash_bytes(p, len), slot = h & bpe->vocab_mask;
+    while (bpe->vocab[slot].id >= 0)
+      slot = (slot + 1) & bpe->vocab_mask;
+    bpe->vocab[slot] = (dt_bpe_vocab_slot){h, id};
   }
-  free(at_id);
   for (int b = 0; b < 256; b++) {
     uint8_t c = (uint8_t)b;
     bpe->byte_token[b] = dt_bpe_vocab_find(bpe, &c, 1);
@@ -405,14 +400,22 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
     }
   }
   bpe->eot = dt_bpe_vocab_find(bpe, (const uint8_t *)"<|endoftext|>", 13);
-  st = DT_OK;
 done:
-  free(ids);
-  free(starts);
-  free(offsets);
+  free(entry_of);
+  return st;
+}
+
+static dt_status load_vocab(dt_bpe *bpe, const char *path) {
+  dt_bytes file = {0};
+  json_entries entries = {0};
+  dt_status st;
+  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
+  DT_CHECK_GOTO(parse_encoder_json(path, &file, &entries), st, done);
+  st = build_vocab(bpe, path, &entries);
+done:
   dt_bytes_free(&file);
-  dt_bytes_free(&tok);
-  dt_bytes_free(&all);
+  dt_bytes_free(&entries.bytes);
+  free(entries.v);
   return st;
 }
 
@@ -479,11 +482,13 @@ static dt_status load_merges(dt_bpe *bpe, const char *path) {
   DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
   const uint8_t *s = file.data;
   size_t n = (size_t)file.len;
-  int64_t lines = 0;
-  for (size_t i = 0; i < n; i++)
+  int64_t lines = 0, commas = 0; /* each comma can add one pair for js_pair_keys */
+  for (size_t i = 0; i < n; i++) {
     lines += s[i] == '\n';
+    commas += s[i] == ',';
+  }
   int64_t max_merges = lines > 0 ? lines - 1 : 0;
-  bpe->pair_mask = round_pow2((uint64_t)(max_merges + 16) * 2) - 1;
+  bpe->pair_mask = round_pow2((uint64_t)(max_merges + commas + 16) * 2) - 1;
   bpe->pairs = malloc((bpe->pair_mask + 1) * sizeof *bpe->pairs);
   merge_a = malloc((size_t)(max_merges + 1) * sizeof *merge_a);
   merge_b = malloc((size_t)(max_merges + 1) * sizeof *merge_b);
