@@ -114,7 +114,8 @@ size_t dt_bpe_piece_end(const void *text, size_t n, size_t pos);
  *    opening quotes; a lone ' alternates opening, closing, ... within a
  *    paragraph; every other word is preceded by one space;
  *  - the sentences of a paragraph are joined by a space, paragraphs by a
- *    blank line; the text ends with a newline;
+ *    blank line; a headline line (at least half of its tags end in -hl) is
+ *    a paragraph of its own; the text ends with a newline;
  *  - bytes >= 0x80 are read as Latin-1 and written as UTF-8 (the package's
  *    files are ASCII).
  * Appends to *out. */
@@ -131,9 +132,8 @@ int dt_brown_is_file_name(const char *name);
  * Split by file, deterministically: over the files in the order given (a
  * folder's by name), file i (0-based) goes to validation when
  * floor((i+1)*f) > floor(i*f), f the validation fraction: every 10th file
- * for 0.1 (ca10, ca20, ...). A
- * single input file with f > 0 is split by tokens instead: its last
- * ceil(f*n) tokens are the validation part. */
+ * for 0.1 (ca10, ca20, ...). A single input file with f > 0 is split by
+ * tokens instead: its last ceil(f*n) tokens are the validation part. */
 typedef struct dt_corpus_config {
   double val_fraction; /* in [0, 1) */
   int brown;           /* 1: every input is Brown's tagged text */
@@ -153,8 +153,11 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
 
 /* The Brown shards: when data_dir/brown/train.bin or val.bin is missing,
  * tokenizes data_dir/brown/raw/ (validation every 10th file) with
- * data_dir/gpt2's tokenizer and writes both. Existing shards are left
- * alone. `dtrain tokenize --brown` and `dtrain train --data brown` use it. */
+ * data_dir/gpt2's tokenizer and writes both (validation first, so a reader
+ * that sees train.bin sees both; concurrent callers, e.g. ranks, each write
+ * their own temporary files and rename). Existing shards are left alone.
+ * `dtrain tokenize --brown` uses it; `dtrain train --data brown` is meant
+ * to. */
 dt_status dt_brown_shards_ensure(const char *data_dir);
 
 /* ---- token shards (llm.c's format) ----
@@ -169,7 +172,7 @@ typedef struct dt_shard {
   int64_t num_tokens;
 } dt_shard;
 
-/* Writes a shard (to path.tmp, then renamed). Every id must be in
+/* Writes a shard (to path.tmp.<pid>, flushed, then renamed). Every id must be in
  * [0, 65535] (DT_ERR_INVALID_ARG naming the position). */
 dt_status dt_shard_write(const char *path, const int32_t *tokens, int64_t n);
 /* Reads a whole shard. Checks the magic, the version, a count >= 0, the
