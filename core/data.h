@@ -42,27 +42,54 @@ void dt_idx_free(dt_idx *idx);
 /* ---- data sets ---- */
 typedef struct dt_dataset dt_dataset;
 
+/* One sample: an input and a target, each of a dtype and shape; the loader
+ * stacks batch_size of each. Image classification: f32 (C, H, W) input, one
+ * i32 class id (target_ndim 0); token windows: i32 (T) and i32 (T). */
+typedef struct dt_sample_layout {
+  dt_dtype input_dtype;
+  int input_ndim; /* 1 .. DT_MAX_DIMS - 1 (the loader adds the batch dim) */
+  int64_t input_shape[DT_MAX_DIMS - 1];
+  dt_dtype target_dtype;
+  int target_ndim; /* 0 (one value) .. DT_MAX_DIMS - 1 */
+  int64_t target_shape[DT_MAX_DIMS - 1];
+} dt_sample_layout;
+
 typedef struct dt_dataset_vtable {
   int64_t (*length)(void *impl);
-  /* Writes sample i's input (f32, `input_numel` values) and label. */
+  /* dt_dataset_create: writes sample i's input (f32, `input_numel` values)
+   * and label. */
   dt_status (*get)(void *impl, int64_t i, float *input, int32_t *label);
   void (*destroy)(void *impl);
+  /* dt_dataset_create_with_layout: writes sample i's input and target in
+   * the layout's dtypes and shapes (contiguous). */
+  dt_status (*get_sample)(void *impl, int64_t i, void *input, void *target);
 } dt_dataset_vtable;
 
 /* The dataset takes ownership of impl (on failure too: vt->destroy runs).
  * `input_shape` is one sample's shape (1 to DT_MAX_DIMS-1 dims; the loader
- * adds the batch dim). vt->get may be called from the loader's worker
+ * adds the batch dim); samples are f32 inputs with one i32 label (vt->get).
+ * vt->get may be called from the loader's worker
  * thread, concurrently with other dataset calls: it must be thread-safe
  * for reads. dt_dataset_get checks the index (DT_ERR_INVALID_ARG). */
 dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64_t *input_shape,
                             int ndim, int num_classes, dt_dataset **out);
+/* Any sample layout, produced by vt->get_sample (same ownership and thread
+ * rules). `num_classes`: the range of class-id targets (>= 1). */
+dt_status dt_dataset_create_with_layout(const dt_dataset_vtable *vt, void *impl,
+                                        const dt_sample_layout *layout, int num_classes,
+                                        dt_dataset **out);
 void dt_dataset_destroy(dt_dataset *d);
 int64_t dt_dataset_length(const dt_dataset *d);
+const dt_sample_layout *dt_dataset_layout(const dt_dataset *d);
 int dt_dataset_input_ndim(const dt_dataset *d);
 const int64_t *dt_dataset_input_shape(const dt_dataset *d);
 int64_t dt_dataset_input_numel(const dt_dataset *d);
 int dt_dataset_num_classes(const dt_dataset *d);
+/* f32 input and one i32 label: only for datasets of that layout
+ * (DT_ERR_DTYPE otherwise). */
 dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *label);
+/* Any layout: input and target buffers of the layout's sizes. */
+dt_status dt_dataset_get_sample(const dt_dataset *d, int64_t i, void *input, void *target);
 
 /* An image classification set from an idx image file (N, H, W) and label
  * file (N): samples are (1, H, W) f32 in [0,1] normalised by (x-mean)/std
@@ -118,7 +145,8 @@ typedef struct dt_loader dt_loader;
 /* The loader borrows dataset and sampler (they must outlive it, and the
  * sampler must not be changed while an epoch runs). batch_size >= 1,
  * prefetch in [1, 64]; the device must exist. Host memory: prefetch
- * batches of batch_size samples. Destroying mid-epoch stops the worker. */
+ * batches of batch_size samples (inputs and targets). Destroying mid-epoch
+ * stops the worker. */
 dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
                            dt_loader **out);
 void dt_loader_destroy(dt_loader *l);
@@ -126,8 +154,10 @@ void dt_loader_destroy(dt_loader *l);
  * preparing batches. */
 dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch);
 int64_t dt_loader_num_batches(const dt_loader *l);
-/* Next batch: inputs (B, ...) f32 and labels (B) i32 on the device (new
- * references); B < batch_size only for the last batch without drop_last.
+/* Next batch: inputs (B, ...) and labels (B, ...) in the dataset's layout
+ * (f32 images and (B) i32 labels for dt_dataset_create's sets) on the
+ * device (new references); B < batch_size only for the last batch without
+ * drop_last.
  * Returns DT_OK with *inputs NULL at the end of the epoch. DT_ERR_STATE
  * before the first dt_loader_start_epoch. A failure of dt_dataset_get in
  * the worker is returned here with its status and message (and again on

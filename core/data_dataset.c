@@ -11,45 +11,59 @@
 struct dt_dataset {
   const dt_dataset_vtable *vt;
   void *impl;
-  int ndim;
-  int64_t shape[DT_MAX_DIMS];
-  int64_t numel;
+  dt_sample_layout layout;
+  int64_t numel; /* of one input */
   int num_classes;
 };
 
-dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64_t *input_shape,
-                            int ndim, int num_classes, dt_dataset **out) {
+/* Checks one sample tensor's shape (ndim in [min_ndim, DT_MAX_DIMS-1]);
+ * sets *numel. */
+static dt_status check_sample_shape(const char *what, const int64_t *shape, int ndim, int min_ndim,
+                                    int64_t *numel) {
+  /* The loader prepends the batch dimension, so one dim is kept free. */
+  if (ndim < min_ndim || ndim > DT_MAX_DIMS - 1 || (ndim > 0 && !shape))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s ndim %d: must be %d to %d (one dim is kept for the "
+                    "batch)",
+                    what, ndim, min_ndim, DT_MAX_DIMS - 1);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 1 || shape[i] > (INT64_C(1) << 31))
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s dim %d is %lld: must be in [1, 2^31]", what, i,
+                      (long long)shape[i]);
+    n *= shape[i];
+    if (n > (INT64_C(1) << 40))
+      return DT_ERROR(DT_ERR_INVALID_ARG, "one sample would hold %lld+ elements: too large",
+                      (long long)n);
+  }
+  *numel = n;
+  return DT_OK;
+}
+
+dt_status dt_dataset_create_with_layout(const dt_dataset_vtable *vt, void *impl,
+                                        const dt_sample_layout *layout, int num_classes,
+                                        dt_dataset **out) {
   dt_status st = DT_OK;
+  int64_t numel = 0, target_numel = 0;
   if (!out) {
     st = DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
     goto fail;
   }
   *out = NULL;
-  if (!vt || !vt->length || !vt->get) {
-    st = DT_ERROR(DT_ERR_INVALID_ARG, "dataset vtable is NULL or lacks length/get");
-    goto fail;
-  }
-  /* The loader prepends the batch dimension, so one dim is kept free. */
-  if (ndim < 1 || ndim > DT_MAX_DIMS - 1 || !input_shape) {
+  if (!vt || !vt->length || !(vt->get || vt->get_sample) || !layout) {
     st = DT_ERROR(DT_ERR_INVALID_ARG,
-                  "input ndim %d: must be 1 to %d (one dim is kept for the "
-                  "batch)",
-                  ndim, DT_MAX_DIMS - 1);
+                  "dataset vtable or layout is NULL, or the vtable lacks length/get_sample");
     goto fail;
   }
-  int64_t numel = 1;
-  for (int i = 0; i < ndim; i++) {
-    if (input_shape[i] < 1 || input_shape[i] > (INT64_C(1) << 31)) {
-      st = DT_ERROR(DT_ERR_INVALID_ARG, "input dim %d is %lld: must be in [1, 2^31]", i,
-                    (long long)input_shape[i]);
-      goto fail;
-    }
-    numel *= input_shape[i];
-    if (numel > (INT64_C(1) << 40)) {
-      st = DT_ERROR(DT_ERR_INVALID_ARG, "one sample would hold %lld+ elements: too large",
-                    (long long)numel);
-      goto fail;
-    }
+  DT_CHECK_GOTO(check_sample_shape("input", layout->input_shape, layout->input_ndim, 1, &numel), st,
+                fail);
+  DT_CHECK_GOTO(
+      check_sample_shape("target", layout->target_shape, layout->target_ndim, 0, &target_numel), st,
+      fail);
+  if (dt_dtype_size(layout->input_dtype) == 0 || dt_dtype_size(layout->target_dtype) == 0) {
+    st = DT_ERROR(DT_ERR_INVALID_ARG, "unknown input or target dtype (%d, %d)",
+                  (int)layout->input_dtype, (int)layout->target_dtype);
+    goto fail;
   }
   if (num_classes < 1) {
     st = DT_ERROR(DT_ERR_INVALID_ARG, "num_classes %d: must be >= 1", num_classes);
@@ -62,8 +76,7 @@ dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64
   }
   d->vt = vt;
   d->impl = impl;
-  d->ndim = ndim;
-  memcpy(d->shape, input_shape, (size_t)ndim * sizeof *input_shape);
+  d->layout = *layout;
   d->numel = numel;
   d->num_classes = num_classes;
   *out = d;
@@ -72,6 +85,21 @@ fail:
   if (vt && vt->destroy && impl)
     vt->destroy(impl);
   return st;
+}
+
+dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64_t *input_shape,
+                            int ndim, int num_classes, dt_dataset **out) {
+  /* An impossible ndim (or a NULL shape, as ndim 0) is left to the check. */
+  int ok_shape = input_shape && ndim >= 1 && ndim <= DT_MAX_DIMS - 1;
+  dt_sample_layout layout = {DT_DTYPE_F32, input_shape ? ndim : 0, {0}, DT_DTYPE_I32, 0, {0}};
+  if (ok_shape)
+    memcpy(layout.input_shape, input_shape, (size_t)ndim * sizeof *input_shape);
+  if (vt && !vt->get) {
+    if (vt->destroy && impl)
+      vt->destroy(impl);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dataset vtable lacks get");
+  }
+  return dt_dataset_create_with_layout(vt, impl, &layout, num_classes, out);
 }
 
 void dt_dataset_destroy(dt_dataset *d) {
@@ -83,19 +111,33 @@ void dt_dataset_destroy(dt_dataset *d) {
 }
 
 int64_t dt_dataset_length(const dt_dataset *d) { return d->vt->length(d->impl); }
-int dt_dataset_input_ndim(const dt_dataset *d) { return d->ndim; }
-const int64_t *dt_dataset_input_shape(const dt_dataset *d) { return d->shape; }
+const dt_sample_layout *dt_dataset_layout(const dt_dataset *d) { return &d->layout; }
+int dt_dataset_input_ndim(const dt_dataset *d) { return d->layout.input_ndim; }
+const int64_t *dt_dataset_input_shape(const dt_dataset *d) { return d->layout.input_shape; }
 int64_t dt_dataset_input_numel(const dt_dataset *d) { return d->numel; }
 int dt_dataset_num_classes(const dt_dataset *d) { return d->num_classes; }
 
-dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *label) {
-  if (!d || !input || !label)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "dataset, input and label must not be NULL");
+dt_status dt_dataset_get_sample(const dt_dataset *d, int64_t i, void *input, void *target) {
+  if (!d || !input || !target)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dataset, input and target must not be NULL");
   int64_t n = d->vt->length(d->impl);
   if (i < 0 || i >= n)
     return DT_ERROR(DT_ERR_INVALID_ARG, "sample index %lld out of range for a dataset of %lld",
                     (long long)i, (long long)n);
-  return d->vt->get(d->impl, i, input, label);
+  if (d->vt->get_sample)
+    return d->vt->get_sample(d->impl, i, input, target);
+  return d->vt->get(d->impl, i, input, target);
+}
+
+dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *label) {
+  if (d && (d->layout.input_dtype != DT_DTYPE_F32 || d->layout.target_dtype != DT_DTYPE_I32 ||
+            d->layout.target_ndim != 0))
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "dt_dataset_get reads f32 inputs and one i32 label; this dataset's samples "
+                    "are %s and %s with %d target dims: use dt_dataset_get_sample",
+                    dt_dtype_name(d->layout.input_dtype), dt_dtype_name(d->layout.target_dtype),
+                    d->layout.target_ndim);
+  return dt_dataset_get_sample(d, i, input, label);
 }
 
 /* ---- idx image classification ---- */

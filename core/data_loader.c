@@ -1,7 +1,8 @@
 /* The background loader.
  *
  * One worker thread per epoch fills a ring of `prefetch` host batch buffers
- * (gathering samples with dt_dataset_get) while the caller trains; the
+ * (gathering samples with dt_dataset_get_sample, in the dataset's sample
+ * layout: images and labels, token windows, ...) while the caller trains; the
  * caller's dt_loader_next takes the oldest filled slot, copies it to the
  * device with dt_tensor_from_host and hands the slot back.
  *
@@ -32,9 +33,9 @@
 
 typedef struct batch_slot {
   dt_event *copied; /* async path: the copy out of this slot has completed */
-  float *inputs;   /* (batch_size, input_numel) host */
-  int32_t *labels; /* (batch_size) host */
-  int64_t count;   /* samples in this batch */
+  uint8_t *inputs;  /* (batch_size, input) host, in the layout's dtype */
+  uint8_t *labels;  /* (batch_size, target) host */
+  int64_t count;    /* samples in this batch */
   dt_status status;
   char error[LOADER_ERROR_MAX]; /* the worker's message when status != DT_OK */
 } batch_slot;
@@ -43,7 +44,7 @@ struct dt_loader {
   const dt_dataset *dataset;
   dt_sampler *sampler;
   dt_loader_config cfg;
-  int64_t input_numel;
+  size_t input_bytes, target_bytes; /* of one sample */
   int ring_size;
   batch_slot *ring;
 
@@ -98,8 +99,9 @@ static void fill_slot(dt_loader *l, int64_t b, batch_slot *slot) {
   for (int64_t k = 0; k < count; k++) {
     if (atomic_load(&l->stop))
       return;
-    dt_status st = dt_dataset_get(l->dataset, idx[first + k], slot->inputs + k * l->input_numel,
-                                  slot->labels + k);
+    dt_status st =
+        dt_dataset_get_sample(l->dataset, idx[first + k], slot->inputs + (size_t)k * l->input_bytes,
+                              slot->labels + (size_t)k * l->target_bytes);
     if (st != DT_OK) {
       slot->status = st;
       snprintf(slot->error, sizeof slot->error, "sample %lld (batch %lld): %s",
@@ -166,7 +168,11 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
   l->dataset = d;
   l->sampler = s;
   l->cfg = c;
-  l->input_numel = dt_dataset_input_numel(d);
+  const dt_sample_layout *lay = dt_dataset_layout(d);
+  l->input_bytes = (size_t)dt_dataset_input_numel(d) * dt_dtype_size(lay->input_dtype);
+  l->target_bytes = dt_dtype_size(lay->target_dtype);
+  for (int i = 0; i < lay->target_ndim; i++)
+    l->target_bytes *= (size_t)lay->target_shape[i];
   l->be = be;
   l->async_copy = be->host_alloc != NULL && be->host_free != NULL;
   l->ring_size = c.prefetch;
@@ -180,10 +186,10 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
     dt_loader_destroy(l);
     return DT_ERROR(DT_ERR_OOM, "cannot allocate the loader ring");
   }
-  size_t input_bytes = (size_t)c.batch_size * (size_t)l->input_numel * sizeof(float);
+  size_t input_bytes = (size_t)c.batch_size * l->input_bytes;
   for (int i = 0; i < l->ring_size; i++) {
     l->ring[i].inputs = host_buffer_alloc(l, input_bytes);
-    l->ring[i].labels = host_buffer_alloc(l, (size_t)c.batch_size * sizeof(int32_t));
+    l->ring[i].labels = host_buffer_alloc(l, (size_t)c.batch_size * l->target_bytes);
     if (l->async_copy && l->ring[i].inputs != NULL &&
         be->event_create(c.device, &l->ring[i].copied) != DT_OK) {
       dt_loader_destroy(l);
@@ -302,15 +308,15 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   if (slot->status != DT_OK) /* sticky: the worker stopped at this batch */
     return DT_ERROR(slot->status, "data loader worker failed on %s", slot->error);
 
-  const dt_dataset *d = l->dataset;
-  int64_t shape[DT_MAX_DIMS];
-  int ndim = dt_dataset_input_ndim(d);
-  shape[0] = slot->count;
-  memcpy(shape + 1, dt_dataset_input_shape(d), (size_t)ndim * sizeof *shape);
+  const dt_sample_layout *lay = dt_dataset_layout(l->dataset);
+  int64_t shape[DT_MAX_DIMS], tshape[DT_MAX_DIMS];
+  shape[0] = tshape[0] = slot->count;
+  memcpy(shape + 1, lay->input_shape, (size_t)lay->input_ndim * sizeof *shape);
+  memcpy(tshape + 1, lay->target_shape, (size_t)lay->target_ndim * sizeof *tshape);
   dt_tensor *x = NULL, *y = NULL;
-  dt_status st = upload(l, slot->inputs, shape, ndim + 1, DT_DTYPE_F32, &x);
+  dt_status st = upload(l, slot->inputs, shape, lay->input_ndim + 1, lay->input_dtype, &x);
   if (st == DT_OK)
-    st = upload(l, slot->labels, shape, 1, DT_DTYPE_I32, &y);
+    st = upload(l, slot->labels, tshape, lay->target_ndim + 1, lay->target_dtype, &y);
   if (st == DT_OK && l->async_copy) {
     /* The compute stream waits for the copy; the host does not. */
     st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));

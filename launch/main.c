@@ -25,6 +25,7 @@
 #include "launch/doctor.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
+#include "launch/tokenize.h"
 #include "launch/train_loop.h"
 
 typedef struct command {
@@ -39,6 +40,7 @@ static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
@@ -47,6 +49,8 @@ static const command commands[] = {
      cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
      cli_doctor},
+    {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", 0,
+     cli_tokenize},
     {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
@@ -87,6 +91,12 @@ static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
   return dt_cli_launch(argc, argv, err);
+}
+
+static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  (void)err;
+  return dt_cli_tokenize(argc, argv);
 }
 
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {

@@ -32,7 +32,7 @@ lib_of() {
     ops*) echo ops ;;
     module.* | nn.h | nn_* | param_arena.c) echo module ;;
     optim*) echo optim ;;
-    data*) echo data ;;
+    data* | text.h) echo data ;;
     *) echo unknown ;;
   esac
 }

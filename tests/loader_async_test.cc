@@ -13,6 +13,7 @@
 #include "core/cpu.h"
 #include "core/data.h"
 #include "core/tensor.h"
+#include "core/text.h"
 
 namespace {
 
@@ -98,7 +99,12 @@ dt_status DigitsGet(void *, int64_t i, float *input, int32_t *label) {
 }
 const dt_dataset_vtable kDigitsVt = {DigitsLength, DigitsGet, nullptr};
 
-TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
+// Registers the stand-in as the CUDA backend (once per process).
+void RegisterFakeDevice() {
+  static bool done = false;
+  if (done)
+    return;
+  done = true;
   cpu = dt_cpu_backend();
   static dt_backend_ops fake;
   fake = *cpu;
@@ -116,6 +122,11 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   fake.free = FakeFree;
   fake.memset_zero = FakeMemsetZero;
   ASSERT_EQ(dt_backend_register(DT_DEVICE_CUDA, &fake), DT_OK);
+}
+
+TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
+  RegisterFakeDevice();
+  trace = Trace();
 
   static Digits digits{23};
   int64_t shape[] = {2};
@@ -172,6 +183,53 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   EXPECT_TRUE(trace.pinned.empty());
   dt_sampler_destroy(s);
   dt_dataset_destroy(d);
+}
+
+// Token windows (i32 inputs and targets, core/text.h) take the same path:
+// pinned slots, copies on the copy stream, the compute stream waits.
+TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
+  RegisterFakeDevice();
+  trace = Trace();
+  std::vector<uint16_t> tokens(8 * 12 + 1);
+  for (size_t i = 0; i < tokens.size(); i++)
+    tokens[i] = (uint16_t)(1000 + i);
+  dt_shard shard = {tokens.data(), (int64_t)tokens.size()};
+  dt_token_loader_config c = DT_TOKEN_LOADER_CONFIG_DEFAULT;
+  c.batch = 3;
+  c.seq_len = 8;
+  c.device = {DT_DEVICE_CUDA, 0};
+  dt_token_loader *l;
+  ASSERT_EQ(dt_token_loader_create(&shard, 50257, &c, &l), DT_OK) << dt_last_error();
+  EXPECT_EQ(trace.host_allocs, 2 * c.prefetch);
+  ASSERT_EQ(dt_token_loader_start_epoch(l, 0), DT_OK);
+  std::set<int32_t> firsts;
+  int batches = 0;
+  for (;;) {
+    dt_tensor *x, *y;
+    ASSERT_EQ(dt_token_loader_next(l, &x, &y), DT_OK) << dt_last_error();
+    if (x == nullptr)
+      break;
+    batches++;
+    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
+    EXPECT_EQ(dt_tensor_dtype(x), DT_DTYPE_I32);
+    EXPECT_EQ(dt_tensor_dtype(y), DT_DTYPE_I32);
+    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
+    EXPECT_EQ(trace.waits_on_compute, batches);
+    std::vector<int32_t> xv(24), yv(24);
+    ASSERT_EQ(dt_tensor_to_host(x, xv.data(), 24 * 4), DT_OK);
+    ASSERT_EQ(dt_tensor_to_host(y, yv.data(), 24 * 4), DT_OK);
+    for (int r = 0; r < 3; r++) {
+      firsts.insert(xv[8 * r]);
+      for (int t = 0; t < 8; t++)
+        EXPECT_EQ(yv[8 * r + t], xv[8 * r + t] + 1);
+    }
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+  EXPECT_EQ(batches, 4);
+  EXPECT_EQ(firsts.size(), 12u);
+  dt_token_loader_destroy(l);
+  EXPECT_EQ(trace.host_frees, trace.host_allocs);
 }
 
 }  // namespace

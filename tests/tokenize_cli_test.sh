@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# `dtrain tokenize`: usage errors, shards from files and folders (llm.c's
+# header, the split by file), a Brown folder detagged, and `--brown` alone
+# writing data/brown/{train,val}.bin once. GPT-2's files come from
+# $DT_DATA_DIR or the repository's data/ (tools/setup.sh).
+set -uo pipefail
+
+dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="launch/dtrain"
+[ -x "$dtrain" ] || { echo "tokenize_cli_test: dtrain binary not found" >&2; exit 1; }
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+lib="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/tests/check_lib.sh"
+[ -f "$lib" ] || lib="$(dirname "$0")/check_lib.sh"
+# shellcheck source=tests/check_lib.sh
+. "$lib"
+
+data="${DT_DATA_DIR:-}"
+if [ -z "$data" ]; then
+  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+  data="$repo/data"
+fi
+if [ ! -s "$data/gpt2/encoder.json" ]; then
+  echo "tokenize_cli_test: no GPT-2 tokenizer files in $data/gpt2: run tools/setup.sh" >&2
+  exit 1
+fi
+unset DT_DATA_DIR
+
+run() {
+  "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+# The header's int32 at byte offset $2 of file $1.
+header_int() { od -An -t d4 -j "$2" -N 4 "$1" | tr -d ' '; }
+
+run help tokenize
+expect 0 out "usage: dtrain tokenize --in" "dtrain help tokenize"
+run --help
+expect 0 out "tokenize" "dtrain --help lists tokenize"
+run tokenize
+expect 2 err "no input" "no input"
+run tokenize --in
+expect 2 err "--in needs at least one" "--in without values"
+run tokenize --in x
+expect 2 err "give --out DIR" "no --out"
+run tokenize --in x --out "$tmp/o" --val-fraction 1.5
+expect 2 err "invalid value '1.5' for --val-fraction" "bad --val-fraction"
+run tokenize --in x --out "$tmp/o" --frobnicate
+expect 2 err "unknown argument '--frobnicate'" "unknown flag"
+run tokenize --in "$tmp/missing" --out "$tmp/o" --vocab "$data/gpt2"
+expect 1 err "cannot read $tmp/missing" "missing input"
+run tokenize --in "$tmp" --out "$tmp/o" --vocab "$tmp/novocab"
+expect 1 err "tools/setup.sh" "missing tokenizer files"
+
+# Ten files in a folder and one more by name: the 10th (d9.txt) goes to validation.
+mkdir -p "$tmp/docs"
+for i in 0 1 2 3 4 5 6 7 8 9; do
+  printf 'Document number %s says hello.\n' "$i" >"$tmp/docs/d$i.txt"
+done
+printf 'The eleventh.\n' >"$tmp/extra.txt"
+run tokenize --in "$tmp/docs" "$tmp/extra.txt" --out "$tmp/shards" --vocab "$data/gpt2"
+expect 0 out "11 files \(10 train, 1 val\)" "a folder and a file"
+expect 0 out "wrote $tmp/shards/train.bin and $tmp/shards/val.bin" "names the shards"
+checks=$((checks + 1))
+magic=$(header_int "$tmp/shards/val.bin" 0)
+version=$(header_int "$tmp/shards/val.bin" 4)
+count=$(header_int "$tmp/shards/val.bin" 8)
+size=$(stat -c %s "$tmp/shards/val.bin")
+if [ "$magic" = 20240520 ] && [ "$version" = 1 ] && [ "$size" = $((1024 + 2 * count)) ] &&
+  [ "$count" -gt 5 ]; then
+  echo "ok: val.bin has llm.c's header (magic, version, $count tokens)"
+else
+  fail "val.bin header: magic $magic version $version count $count size $size"
+fi
+
+# One file, split by tokens; --val-fraction 0 writes no val.bin.
+run tokenize --in "$tmp/extra.txt" --out "$tmp/one" --vocab "$data/gpt2" --val-fraction 0
+expect 0 out "wrote $tmp/one/train.bin$" "no validation shard at fraction 0"
+
+# --brown alone: data/brown/raw -> data/brown/{train,val}.bin, once.
+mkdir -p "$tmp/data/brown/raw"
+ln -s "$data/gpt2" "$tmp/data/gpt2"
+for f in ca01 ca02 ca03 ca04 ca05 ca06 ca07 ca08 ca09 ca10; do
+  printf '\tThe/at %s/np story/nn ,/, ``/`` he/pps said/vbd ./. '"''"'/'"''"'\n' "$f" \
+    >"$tmp/data/brown/raw/$f"
+done
+echo "not part of the corpus" >"$tmp/data/brown/raw/README"
+run tokenize --brown --data-dir "$tmp/data"
+expect 0 out "brown/train.bin and val.bin are ready" "--brown alone"
+checks=$((checks + 1))
+if [ "$(header_int "$tmp/data/brown/train.bin" 8)" -gt 0 ] && [ -s "$tmp/data/brown/val.bin" ]; then
+  echo "ok: data/brown/train.bin and val.bin written"
+else
+  fail "data/brown shards missing or empty"
+fi
+touch -d '2001-01-01' "$tmp/data/brown/train.bin"
+before=$(stat -c %Y "$tmp/data/brown/train.bin")
+DT_DATA_DIR="$tmp/data" "$dtrain" tokenize --brown >"$out" 2>"$err"
+rc=$?
+expect 0 out "ready" "--brown again (DT_DATA_DIR)"
+checks=$((checks + 1))
+if [ "$(stat -c %Y "$tmp/data/brown/train.bin")" = "$before" ]; then
+  echo "ok: existing shards are left alone"
+else
+  fail "existing shards were rewritten"
+fi
+
+echo "$checks checks, $failures failures"
+[ "$failures" = 0 ]
