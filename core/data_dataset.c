@@ -201,7 +201,8 @@ static dt_status find_idx_file(const char *dir, const char *stem, char *buf, siz
                   dir, stem, stem, strerror(ENOENT));
 }
 
-dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out) {
+dt_status dt_dataset_mnist_files(const char *dir, const char *split, int num_classes, float mean,
+                                 float std, dt_dataset **out) {
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
   *out = NULL;
@@ -215,16 +216,18 @@ dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset *
   else
     return DT_ERROR(DT_ERR_INVALID_ARG, "split \"%s\": expected \"train\" or \"test\"", split);
 
-  /* Per-pixel statistics of the training sets (torchvision examples); a
-   * path naming "fashion" selects Fashion-MNIST's. */
-  int fashion = strstr(dir, "fashion") != NULL;
-  float mean = fashion ? 0.2860f : 0.1307f;
-  float std = fashion ? 0.3530f : 0.3081f;
-
   char stem[64], images[4096], labels[4096];
   snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", prefix);
   DT_CHECK(find_idx_file(dir, stem, images, sizeof images));
   snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", prefix);
   DT_CHECK(find_idx_file(dir, stem, labels, sizeof labels));
-  return dt_dataset_idx_images(images, labels, 10, mean, std, out);
+  return dt_dataset_idx_images(images, labels, num_classes, mean, std, out);
+}
+
+dt_status dt_dataset_mnist_like(const char *dir, const char *split, dt_dataset **out) {
+  /* Per-pixel statistics of the training sets (torchvision examples); a
+   * path naming "fashion" selects Fashion-MNIST's. */
+  int fashion = dir != NULL && strstr(dir, "fashion") != NULL;
+  return dt_dataset_mnist_files(dir, split, 10, fashion ? 0.2860f : 0.1307f,
+                                fashion ? 0.3530f : 0.3081f, out);
 }

@@ -404,6 +404,16 @@ dt_status dt_ddp_no_sync_end(dt_ddp *d) {
 }
 
 int dt_ddp_in_no_sync(const dt_ddp *d) { return d->no_sync; }
+
+static dt_status sync_no_sync_begin(void *d) { return dt_ddp_no_sync_begin(d); }
+static dt_status sync_no_sync_end(void *d) { return dt_ddp_no_sync_end(d); }
+static dt_status sync_finish_backward(void *d) { return dt_ddp_finish_backward(d); }
+
+dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
+  if (d == NULL)
+    return DT_GRAD_SYNC_NONE;
+  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward};
+}
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
 long dt_ddp_sync_count(const dt_ddp *d) { return d->sync_count; }
 

@@ -1,10 +1,12 @@
 /* `dtrain bench`: training-step throughput on synthetic data.
  *
- * Builds a model, one fixed batch of random inputs (N(0,1), the model's
- * input shape) and random labels on the device, runs `warmup` untimed
- * training steps, then times `steps` steps of zero_grad, forward,
- * cross-entropy, backward and optimizer update. The per-phase times come
- * from device synchronisations at phase boundaries (free on the CPU).
+ * Builds the model of the task `model` (models/tasks.h), one fixed batch
+ * of random inputs of the task's input shape and dtype (N(0,1) for float
+ * inputs) and random class ids on the device, runs `warmup` untimed
+ * training steps, then times `steps` training steps (core/step.h: forward,
+ * the task's loss, backward, optimizer update and zero_grad), the very
+ * step `dtrain train` runs. The per-phase times come from device
+ * synchronisations at the step's phase boundaries (free on the CPU).
  * tools/bench_torch.py runs the same benchmark in PyTorch.
  *
  * Under a launcher (cfg.pg of world W > 1) every rank runs the benchmark
@@ -31,7 +33,7 @@ extern "C" {
 #endif
 
 typedef struct dt_bench_config {
-  const char *model;     /* "mlp", "lenet" */
+  const char *model;     /* a task (models/tasks.h): "mlp", "lenet" */
   const char *optimizer; /* "sgd" (lr 0.01, momentum 0.9) or "adamw" (lr 1e-3) */
   const char *device;    /* "cpu", "cuda:0", "cuda" (the rank's GPU: dt_train_rank_device) */
   int batch;

@@ -112,6 +112,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_train_config cfg = dt_train_config_default();
   float comm_timeout = (float)cfg.comm_timeout;
   int verbose_ranks = 0;
+  int nesterov = cfg.nesterov, allow_unused = cfg.allow_unused; /* DT_FLAG_BOOL: int */
   /* Shown as the default: DT_COMM_BACKEND when set (dist/ reads and checks
    * it), else auto; cfg gets the flag only when it is given. */
   const char *env_backend = getenv("DT_COMM_BACKEND");
@@ -133,7 +134,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       {"lr", DT_FLAG_FLOAT, &cfg.lr, "LR", "peak learning rate", 0, NULL},
       {"optimizer", DT_FLAG_STRING, &cfg.optimizer, "NAME", "sgd or adamw", 0, "sgd|adamw"},
       {"momentum", DT_FLAG_FLOAT, &cfg.momentum, "M", "SGD momentum", 0, NULL},
-      {"nesterov", DT_FLAG_BOOL, &cfg.nesterov, NULL, "SGD with Nesterov momentum", 0, NULL},
+      {"nesterov", DT_FLAG_BOOL, &nesterov, NULL, "SGD with Nesterov momentum", 0, NULL},
       {"weight-decay", DT_FLAG_FLOAT, &cfg.weight_decay, "WD", "weight decay (decoupled for adamw)",
        0, NULL},
       {"schedule", DT_FLAG_STRING, &cfg.schedule, "NAME",
@@ -153,7 +154,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       {"log-interval", DT_FLAG_INT, &cfg.log_interval, "N",
        "micro-batches between progress lines, 0 = none", 0, NULL},
       {"max-steps", DT_FLAG_INT, &cfg.max_steps, "N",
-       "stop each epoch after N micro-batches, 0 = full epochs", 0, NULL},
+       "stop after N optimizer steps in all (mid-epoch too; the LR schedule spans them), "
+       "0 = --epochs decide",
+       0, NULL},
       {"eval-batch", DT_FLAG_INT, &cfg.eval_batch, "N", "batch size for the test-set evaluation", 1,
        NULL},
       {"mode", DT_FLAG_STRING, &cfg.mode, "MODE",
@@ -172,7 +175,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        1e-6, NULL},
       {"first-bucket-mb", DT_FLAG_FLOAT, &cfg.first_bucket_mb, "MB",
        "DDP: first bucket (small, so the first all-reduce starts early)", 1e-6, NULL},
-      {"allow-unused", DT_FLAG_BOOL, &cfg.allow_unused, NULL,
+      {"allow-unused", DT_FLAG_BOOL, &allow_unused, NULL,
        "DDP: zero-fill gradients of parameters the forward did not use", 0, NULL},
       {"verbose-ranks", DT_FLAG_BOOL, &verbose_ranks, NULL,
        "every rank prints its progress (prefixed rank R:), not only rank 0", 0, NULL},
@@ -203,6 +206,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       return 2;
     }
   }
+  cfg.nesterov = nesterov;
+  cfg.allow_unused = allow_unused;
   cfg.comm_timeout = comm_timeout;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
