@@ -36,7 +36,6 @@ typedef struct dp_worker {
 
 struct dt_dp {
   int n;
-  dp_worker *workers;
   dt_local_group *group;  /* cpu, or cuda host-staged */
   dt_nccl_clique *clique; /* cuda over nccl */
   dt_dp_config cfg;
@@ -57,6 +56,8 @@ struct dt_dp {
   int64_t batch;
   float loss_scale;
   bool sync;
+
+  dp_worker workers[]; /* n */
 };
 
 static dt_status to_replica(dt_tensor *t, int64_t lo, int64_t hi, dt_device dev, dt_tensor **out) {
@@ -179,11 +180,11 @@ void dt_dp_destroy(dt_dp *dp) {
   if (dp == NULL)
     return;
   bool any_thread = false;
-  for (int i = 0; dp->workers && i < dp->n; i++)
+  for (int i = 0; i < dp->n; i++)
     any_thread |= dp->workers[i].thread_started;
   if (any_thread)
     run_all(dp, DP_TASK_EXIT, "stopping");
-  for (int i = dp->workers ? dp->n - 1 : -1; i >= 0; i--) {
+  for (int i = dp->n - 1; i >= 0; i--) {
     dp_worker *w = &dp->workers[i];
     if (w->thread_started)
       pthread_join(w->thread, NULL);
@@ -194,7 +195,6 @@ void dt_dp_destroy(dt_dp *dp) {
   dt_nccl_clique_release(dp->clique);
   pthread_mutex_destroy(&dp->mu);
   pthread_cond_destroy(&dp->cv);
-  free(dp->workers);
   free(dp);
 }
 
@@ -279,22 +279,19 @@ dt_status dt_dp_create(const dt_device *devices, int n_devices, dt_dp_model_fn m
                     "share the calling thread's count among the replicas",
                     c.threads_per_replica);
   DT_CHECK(check_devices(devices, n_devices));
-  dt_dp *dp = calloc(1, sizeof *dp);
+  dt_dp *dp = calloc(1, sizeof *dp + (size_t)n_devices * sizeof dp->workers[0]);
   if (dp == NULL)
-    return DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory");
+    return DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory for %d replicas",
+                    n_devices);
   dp->cfg = c;
   dp->n = n_devices;
-  dp->threads = c.threads_per_replica > 0 ? c.threads_per_replica : dt_cpu_num_threads() / n_devices;
+  dp->threads =
+      c.threads_per_replica > 0 ? c.threads_per_replica : dt_cpu_num_threads() / n_devices;
   if (dp->threads < 1)
     dp->threads = 1;
   pthread_mutex_init(&dp->mu, NULL);
   pthread_cond_init(&dp->cv, NULL);
   dt_status st = DT_OK;
-  dp->workers = calloc((size_t)n_devices, sizeof *dp->workers);
-  if (dp->workers == NULL) {
-    st = DT_ERROR(DT_ERR_OOM, "data-parallel mode: out of host memory for %d replicas", n_devices);
-    goto destroy_dp;
-  }
   DT_CHECK_GOTO(create_group(dp, devices, n_devices), st, destroy_dp);
   DT_CHECK_GOTO(start_workers(dp, devices), st, destroy_dp);
   dp->model_fn = model_fn;
@@ -317,8 +314,8 @@ destroy_dp:
 
 int dt_dp_num_replicas(const dt_dp *dp) { return dp->n; }
 
-dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets,
-                                 float loss_scale, bool sync, double *loss) {
+dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets, float loss_scale,
+                                 bool sync, double *loss) {
   if (inputs == NULL || targets == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "data-parallel step: inputs or targets is NULL");
   int64_t b = dt_tensor_ndim(inputs) > 0 ? dt_tensor_dim(inputs, 0) : 0;

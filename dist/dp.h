@@ -95,8 +95,8 @@ int dt_dp_num_replicas(const dt_dp *dp);
  * gradients (accumulated ones included); false only accumulates (DDP
  * no_sync). *loss (may be NULL) receives the unscaled mean loss over the B
  * samples. */
-dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets,
-                                 float loss_scale, bool sync, double *loss);
+dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets, float loss_scale,
+                                 bool sync, double *loss);
 /* dt_step_update on every replica: clipping, learning rate, optimizer step,
  * zero_grad (cfg.step). */
 dt_status dt_dp_optimizer_step(dt_dp *dp);

@@ -15,25 +15,6 @@
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
-dt_bench_config dt_bench_config_default(void) {
-  dt_bench_config c;
-  memset(&c, 0, sizeof c);
-  c.model = "mlp";
-  c.optimizer = "sgd";
-  c.device = "cpu";
-  c.batch = 128;
-  c.steps = 100;
-  c.warmup = 10;
-  c.threads = 0;
-  c.seed = 0;
-  c.pg = NULL;
-  c.comm_backend = NULL;
-  c.comm_timeout = 300.0;
-  c.bucket_cap_mb = 25.0f;
-  c.first_bucket_mb = 1.0f;
-  return c;
-}
-
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -134,8 +115,8 @@ static dt_status phase_ended(void *user, dt_step_phase ended) {
 
 /* One training step, timed into *acc; *loss_value (NULL = not read) gets
  * its loss. */
-static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times *acc,
-                            dt_tensor *x, dt_tensor *y, double *loss_value) {
+static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times *acc, dt_tensor *x,
+                            dt_tensor *y, double *loss_value) {
   const dt_step *step = dt_replica_step(r);
   dt_tensor *loss = NULL;
   timer->acc = acc;
@@ -211,9 +192,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
   double t0 = now_seconds();
   for (int i = 0; i < cfg->steps; i++)
-    DT_CHECK_GOTO(
-        timed_step(rep, &timer, &timed, x, y, i + 1 == cfg->steps ? &r.final_loss : NULL), st,
-        cleanup);
+    DT_CHECK_GOTO(timed_step(rep, &timer, &timed, x, y, i + 1 == cfg->steps ? &r.final_loss : NULL),
+                  st, cleanup);
   if (comm)
     DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
   r.seconds = now_seconds() - t0;
@@ -252,7 +232,7 @@ cleanup:
 }
 
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
-  dt_bench_config cfg = dt_bench_config_default();
+  dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   float comm_timeout = (float)cfg.comm_timeout;
   const char *env_backend = getenv("DT_COMM_BACKEND");
   const char *default_backend = env_backend && env_backend[0] ? env_backend : "auto";

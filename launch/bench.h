@@ -52,8 +52,10 @@ typedef struct dt_bench_config {
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
- * no process group */
-dt_bench_config dt_bench_config_default(void);
+ * no process group; DDP: comm backend from the environment, timeout 300 s,
+ * buckets 1 MiB then 25 MiB. */
+#define DT_BENCH_CONFIG_DEFAULT \
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */

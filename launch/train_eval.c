@@ -85,8 +85,8 @@ dt_status dt_train_evaluate(const dt_task *task, dt_module *model, const dt_data
                             int batch, dt_device dev, double *loss, double *metric) {
   double loss_sum = 0.0, metric_sum = 0.0;
   int64_t seen = 0;
-  DT_CHECK(dt_train_evaluate_shard(task, model, data, batch, dev, 0, 1, &loss_sum, &metric_sum,
-                                   &seen));
+  DT_CHECK(
+      dt_train_evaluate_shard(task, model, data, batch, dev, 0, 1, &loss_sum, &metric_sum, &seen));
   *loss = seen ? loss_sum / (double)seen : 0.0;
   *metric = seen ? metric_sum / (double)seen : 0.0;
   return DT_OK;

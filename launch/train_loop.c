@@ -14,42 +14,27 @@
 #include "core/step.h"
 #include "dist/dp.h"
 
+/* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
-  dt_train_config c;
-  memset(&c, 0, sizeof c);
-  c.model = "lenet";
-  c.data = "fashion-mnist";
-  c.data_dir = "data";
-  c.device = "cpu";
-  c.optimizer = "sgd";
-  c.schedule = "cosine";
-  c.epochs = 1;
-  c.batch = 64;
-  c.lr = 0.05f;
-  c.momentum = 0.9f;
-  c.weight_decay = 0.0f;
-  c.nesterov = false;
-  c.warmup = 0;
-  c.step_size = 0;
-  c.gamma = 0.1f;
-  c.min_lr = 0.0f;
-  c.accum = 1;
-  c.clip = 0.0f;
-  c.seed = 0;
-  c.threads = 0;
-  c.log_interval = 100;
-  c.max_steps = 0;
-  c.eval_batch = 1000;
-  c.pg = NULL;
-  c.mode = "ddp";
-  c.devices = NULL;
-  c.comm_backend = NULL;
-  c.comm_timeout = 300.0;
-  c.bucket_cap_mb = 25.0f;
-  c.first_bucket_mb = 1.0f;
-  c.allow_unused = false;
-  c.log_prefix = "";
-  return c;
+  return (dt_train_config){.model = "lenet",
+                           .data = "fashion-mnist",
+                           .data_dir = "data",
+                           .device = "cpu",
+                           .optimizer = "sgd",
+                           .schedule = "cosine",
+                           .epochs = 1,
+                           .batch = 64,
+                           .lr = 0.05f,
+                           .momentum = 0.9f,
+                           .gamma = 0.1f,
+                           .accum = 1,
+                           .log_interval = 100,
+                           .eval_batch = 1000,
+                           .mode = "ddp",
+                           .comm_timeout = 300.0,
+                           .bucket_cap_mb = 25.0f,
+                           .first_bucket_mb = 1.0f,
+                           .log_prefix = ""};
 }
 
 /* Everything one run owns, released in reverse order by state_destroy. */
@@ -86,13 +71,18 @@ static double now_seconds(void) {
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
-static void state_destroy(train_state *s) {
-  dt_dp_destroy(s->dp);
-  dt_replica_destroy(s->replica);
+/* The data side of the run: both splits, the sampler, the loader. */
+static void data_destroy(train_state *s) {
   dt_loader_destroy(s->loader);
   dt_sampler_destroy(s->sampler);
   dt_dataset_destroy(s->test_set);
   dt_dataset_destroy(s->train_set);
+}
+
+static void state_destroy(train_state *s) {
+  dt_dp_destroy(s->dp);
+  dt_replica_destroy(s->replica);
+  data_destroy(s);
   memset(s, 0, sizeof *s);
 }
 
@@ -195,8 +185,8 @@ static dt_status build_replica(const dt_train_config *c, train_state *s) {
   dt_module *model = NULL;
   dt_optimizer_spec os = optimizer_spec(c);
   DT_CHECK(s->task->build(c->seed, &model));
-  DT_CHECK(dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step,
-                             &s->replica));
+  DT_CHECK(
+      dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
   if (s->world > 1) {
     dt_train_comm_options co = comm_options(c);
     DT_CHECK(dt_train_connect(s->replica, c->pg, &co));
@@ -242,8 +232,8 @@ static dt_status build_dp(const dt_train_config *c, train_state *s) {
   /* The builders only read their arguments, during the call. */
   model_source src = {s->task, c->seed};
   dt_optimizer_spec os = optimizer_spec(c);
-  DT_CHECK(dt_dp_create(devs, n, build_dp_model, &src, dt_train_optimizer_create, &os, &cfg,
-                        &s->dp));
+  DT_CHECK(
+      dt_dp_create(devs, n, build_dp_model, &src, dt_train_optimizer_create, &os, &cfg, &s->dp));
   s->n_replicas = n;
   dt_replica *first = dt_dp_replica(s->dp, 0);
   s->dev = dt_replica_device(first);
@@ -313,28 +303,10 @@ static dt_status plan_steps(const dt_train_config *c, train_state *s) {
   return DT_OK;
 }
 
-static dt_status state_create(const dt_train_config *c, train_state *s) {
-  const dt_backend_ops *backend = NULL;
+/* The task's data set from its folder, checked against the task's input;
+ * this rank's shuffled shard; the background loader. */
+static dt_status data_create(const dt_train_config *c, train_state *s) {
   char folder[4096];
-  memset(s, 0, sizeof *s);
-  s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
-  s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
-
-  /* Cheap checks first: the device(s), the task, then the data folder. */
-  if (is_dp_mode(c)) {
-    dt_device devs[DT_TRAIN_MAX_DEVICES];
-    int n = 0;
-    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
-    s->dev = devs[0];
-  } else {
-    DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
-  }
-  DT_CHECK(dt_backend_get(s->dev, &backend));
-  DT_CHECK(check_comm_backend(c, s->dev));
-  if (c->threads > 0)
-    dt_cpu_set_num_threads(c->threads);
-  DT_CHECK(dt_task_find(c->model, &s->task));
-  DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
   DT_CHECK(data_folder(c, folder, sizeof folder));
 
   DT_CHECK(s->data->open(s->data, folder, "train", &s->train_set));
@@ -356,6 +328,31 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   lc.device = is_dp_mode(c) && s->dev.type != DT_DEVICE_CPU ? DT_CPU : s->dev;
   DT_CHECK(dt_loader_create(s->train_set, s->sampler, &lc, &s->loader));
 
+  return DT_OK;
+}
+
+static dt_status state_create(const dt_train_config *c, train_state *s) {
+  const dt_backend_ops *backend = NULL;
+  memset(s, 0, sizeof *s);
+  s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
+  s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
+
+  /* Cheap checks first: the device(s), the task, then the data folder. */
+  if (is_dp_mode(c)) {
+    dt_device devs[DT_TRAIN_MAX_DEVICES];
+    int n = 0;
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+    s->dev = devs[0];
+  } else {
+    DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
+  }
+  DT_CHECK(dt_backend_get(s->dev, &backend));
+  DT_CHECK(check_comm_backend(c, s->dev));
+  if (c->threads > 0)
+    dt_cpu_set_num_threads(c->threads);
+  DT_CHECK(dt_task_find(c->model, &s->task));
+  DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
+  DT_CHECK(data_create(c, s));
   DT_CHECK(plan_steps(c, s));
   s->step = DT_STEP_CONFIG_DEFAULT;
   s->step.loss = s->task->loss;
@@ -477,8 +474,8 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
   log_line(log, c,
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
            "MiB)\n",
-           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt),
-           samples_per_s, mib(ms.allocated), mib(ms.peak_allocated));
+           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
+           mib(ms.allocated), mib(ms.peak_allocated));
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -623,8 +620,7 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   log_header(log, cfg, &s);
 
   const char *metric = s.task->metric_name;
-  for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps;
-       epoch++) {
+  for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps; epoch++) {
     double t0 = now_seconds();
     /* The run's last optimizer step may come before the epoch's end. */
     int64_t steps_left = s.total_steps - dt_optim_step_count(s.opt);

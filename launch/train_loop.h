@@ -70,7 +70,7 @@ extern "C" {
 
 typedef struct dt_train_config {
   const char *model;     /* the task: "lenet", "mlp" (models/tasks.h) */
-  const char *data;      /* one of the task's data sets ("fashion-mnist", "mnist"): a folder under data_dir */
+  const char *data;      /* the task's data set ("fashion-mnist", "mnist"), a folder in data_dir */
   const char *data_dir;  /* folder holding the data sets ("data") */
   const char *device;    /* "cpu", "cpu:0", "cuda:0", or "cuda": this rank's GPU (below) */
   const char *optimizer; /* "sgd" or "adamw" */

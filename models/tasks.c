@@ -60,7 +60,7 @@ static const dt_task_data image28_data[] = {
     {"fashion-mnist", 10, 0.2860f, 0.3530f, open_idx_images},
     {"mnist", 10, 0.1307f, 0.3081f, open_idx_images},
 };
-#define IMAGE28_DATA image28_data, (int)(sizeof image28_data / sizeof image28_data[0])
+#define NUM_IMAGE28_DATA ((int)(sizeof image28_data / sizeof image28_data[0]))
 
 static dt_status build_mlp(uint64_t seed, dt_module **out) {
   static const int sizes[] = {784, 512, 512, 10};
@@ -71,13 +71,22 @@ static dt_status build_lenet(uint64_t seed, dt_module **out) {
   return dt_model_lenet5(10, seed, out);
 }
 
+/* What the models of 28x28 grey images share: the input, 10 classes, the
+ * data sets, cross-entropy and accuracy. */
+#define IMAGE28_CLASSIFICATION                                                                 \
+  .input_ndim = 3, .input_shape = {1, 28, 28}, .input_dtype = DT_DTYPE_F32, .num_classes = 10, \
+  .data = image28_data, .n_data = NUM_IMAGE28_DATA, .loss = dt_task_loss_cross_entropy,        \
+  .metric_name = "accuracy", .metric = dt_task_metric_accuracy
+
 static const dt_task tasks[] = {
-    {"mlp", "MLP 784-512-512-10, 28x28 grey images, 10 classes", build_mlp, 3, {1, 28, 28},
-     DT_DTYPE_F32, 0, 10, IMAGE28_DATA, dt_task_loss_cross_entropy, "accuracy",
-     dt_task_metric_accuracy},
-    {"lenet", "LeNet-5, 28x28 grey images, 10 classes", build_lenet, 3, {1, 28, 28},
-     DT_DTYPE_F32, 0, 10, IMAGE28_DATA, dt_task_loss_cross_entropy, "accuracy",
-     dt_task_metric_accuracy},
+    {.name = "mlp",
+     .summary = "MLP 784-512-512-10 on 28x28 grey images, 10 classes",
+     .build = build_mlp,
+     IMAGE28_CLASSIFICATION},
+    {.name = "lenet",
+     .summary = "LeNet-5 on 28x28 grey images, 10 classes",
+     .build = build_lenet,
+     IMAGE28_CLASSIFICATION},
 };
 #define NUM_TASKS ((int)(sizeof tasks / sizeof tasks[0]))
 

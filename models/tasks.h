@@ -47,8 +47,8 @@ struct dt_task_data {
 typedef dt_status (*dt_metric_fn)(dt_tensor *output, dt_tensor *target, double *sum);
 
 typedef struct dt_task {
-  const char *name;    /* --model NAME */
-  const char *summary; /* one line, for --help and errors */
+  const char *name;                                   /* --model NAME */
+  const char *summary;                                /* one line, for --help and errors */
   dt_status (*build)(uint64_t seed, dt_module **out); /* on the CPU, training mode */
   /* One sample's input (the batch dim comes first, in front of these). */
   int input_ndim;
@@ -60,8 +60,8 @@ typedef struct dt_task {
   int num_classes;
   const dt_task_data *data; /* the data sets it trains on; data[0] is the default */
   int n_data;
-  dt_loss_fn loss;           /* core/step.h */
-  const char *metric_name;   /* "accuracy": the evaluation prints test_<name>= */
+  dt_loss_fn loss;         /* core/step.h */
+  const char *metric_name; /* "accuracy": the evaluation prints test_<name>= */
   dt_metric_fn metric;
 } dt_task;
 

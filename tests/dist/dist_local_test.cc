@@ -442,20 +442,23 @@ dt_status dp_optim(void *, int, dt_param_arena *arena, dt_optimizer **out) {
   return dt_optim_sgd_create(arena, &c, out);
 }
 
-void check_dp_equals_one_device(const std::string &model, int n_devices, int batch) {
-  const int steps = 5;
-  std::vector<float> ref = dtt::train_reference(model, steps, batch);
+using BatchFn = void (*)(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y);
+
+// Data-parallel training of `model` over n_devices cpu devices with cfg,
+// `steps` steps over batches [s * batch, (s + 1) * batch) from make_batch,
+// ends with the parameters `ref` (one device) on every replica.
+void check_dp_equals(const std::vector<float> &ref, const std::string &model, int n_devices,
+                     int steps, int batch, dt_dp_config cfg, BatchFn make) {
   std::vector<dt_device> devs;
   for (int i = 0; i < n_devices; i++)
     devs.push_back({DT_DEVICE_CPU, i});
   DpArgs args{model};
   dt_dp *dp = nullptr;
-  dt_dp_config cfg = dtt::dp_config();
   cfg.comm = test_comm_config();
   DT_ASSERT_OK(dt_dp_create(devs.data(), n_devices, dp_model, &args, dp_optim, nullptr, &cfg, &dp));
   for (int s = 0; s < steps; s++) {
     dt_tensor *x, *y;
-    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    make(static_cast<int64_t>(s) * batch, batch, &x, &y);
     double loss = 0;
     DT_ASSERT_OK(dt_dp_step(dp, x, y, &loss));
     EXPECT_TRUE(std::isfinite(loss));
@@ -471,6 +474,12 @@ void check_dp_equals_one_device(const std::string &model, int n_devices, int bat
         << "replica " << i << " differs from replica 0";
   }
   dt_dp_destroy(dp);
+}
+
+void check_dp_equals_one_device(const std::string &model, int n_devices, int batch) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference(model, steps, batch);
+  check_dp_equals(ref, model, n_devices, steps, batch, dtt::dp_config(), make_batch);
 }
 
 TEST_F(DistLocal, DataParallelMlpEqualsOneDevice) {
@@ -555,35 +564,12 @@ std::vector<float> train_reference_mse(const std::string &model, int steps, int 
 TEST_F(DistLocal, DataParallelTakesTheLossFromItsCaller) {
   const int steps = 4, batch = 13;  // 3 replicas: 4, 4, 5 samples
   std::vector<float> ref = train_reference_mse("mlp-small", steps, batch);
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.step.loss = mse_loss;
   for (int n : {2, 3}) {
-    std::vector<dt_device> devs;
-    for (int i = 0; i < n; i++)
-      devs.push_back({DT_DEVICE_CPU, i});
-    DpArgs args{"mlp-small"};
-    dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
-    cfg.comm = test_comm_config();
-    cfg.step.loss = mse_loss;
-    dt_dp *dp = nullptr;
-    DT_ASSERT_OK(dt_dp_create(devs.data(), n, dp_model, &args, dp_optim, nullptr, &cfg, &dp));
     g_mse_calls = 0;
-    for (int s = 0; s < steps; s++) {
-      dt_tensor *x, *t;
-      make_regression_batch(static_cast<int64_t>(s) * batch, batch, &x, &t);
-      double loss = 0;
-      DT_ASSERT_OK(dt_dp_step(dp, x, t, &loss));
-      EXPECT_TRUE(std::isfinite(loss));
-      dt_tensor_release(x);
-      dt_tensor_release(t);
-    }
+    check_dp_equals(ref, "mlp-small", n, steps, batch, cfg, make_regression_batch);
     EXPECT_EQ(g_mse_calls.load(), n * steps) << "every replica's every step calls the loss";
-    std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
-    EXPECT_LE(dtt::rel_error(p0, ref), 1e-5)
-        << "MSE over " << n << " devices: max abs diff " << dtt::max_abs_diff(p0, ref);
-    for (int i = 1; i < n; i++) {
-      std::vector<float> pi = dtt::arena_values(dtt::replica_arena(dp, i));
-      EXPECT_EQ(0, std::memcmp(pi.data(), p0.data(), p0.size() * sizeof(float))) << "replica " << i;
-    }
-    dt_dp_destroy(dp);
   }
   // Without a loss there is no step to run: refused, not defaulted.
   dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};

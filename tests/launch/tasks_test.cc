@@ -1,6 +1,8 @@
 // The task table (models/tasks.h): every registered task builds, takes the
 // input shape it declares, gives one output per class, has a loss, a metric
 // and data sets; `dtrain bench` runs a step of each, fed by the table alone.
+#include "models/tasks.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include "core/step.h"
 #include "launch/bench.h"
 #include "models/models.h"
-#include "models/tasks.h"
 
 namespace {
 
@@ -140,7 +141,7 @@ TEST_F(Tasks, BenchRunsOneStepOfEveryTask) {
   for (int i = 0; i < dt_task_count(); i++) {
     const dt_task *t = dt_task_at(i);
     SCOPED_TRACE(t->name);
-    dt_bench_config cfg = dt_bench_config_default();
+    dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
     cfg.model = t->name;
     cfg.batch = 4;
     cfg.steps = 1;

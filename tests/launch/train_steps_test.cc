@@ -75,70 +75,61 @@ class TrainSteps : public ::testing::Test {
     return c;
   }
 
-  // Runs c; returns the log (progress every micro-batch).
-  std::string run(const dt_train_config &c, dt_train_result *r) {
+  // Runs c and checks its length: `steps` optimizer steps over `epochs`
+  // epochs, the progress lines `seen` there and `unseen` not; the schedule
+  // spans exactly the steps taken and ends at its floor.
+  void expect_run(const dt_train_config &c, int64_t steps, int epochs,
+                  const std::vector<std::string> &seen, const std::vector<std::string> &unseen) {
     char *buf = nullptr;
     size_t len = 0;
     std::FILE *log = open_memstream(&buf, &len);
-    dt_status st = dt_train_run(&c, log, r);
+    dt_train_result r{};
+    dt_status st = dt_train_run(&c, log, &r);
     std::fclose(log);
     std::string out(buf, len);
     std::free(buf);
-    EXPECT_EQ(st, DT_OK) << dt_last_error() << "\n" << out;
-    return out;
+    ASSERT_EQ(st, DT_OK) << dt_last_error() << "\n" << out;
+    EXPECT_EQ(r.optimizer_steps, steps) << out;
+    EXPECT_EQ(r.epochs, epochs) << out;
+    EXPECT_EQ(r.schedule_steps, steps);
+    EXPECT_FLOAT_EQ(static_cast<float>(r.final_lr), c.min_lr);
+    EXPECT_TRUE(has_line(out, "test_accuracy=")) << "the run ends with an evaluation\n" << out;
+    for (const std::string &l : seen)
+      EXPECT_TRUE(has_line(out, l)) << "no line " << l << "\n" << out;
+    for (const std::string &l : unseen)
+      EXPECT_FALSE(has_line(out, l)) << "a line " << l << "\n" << out;
+  }
+
+  // log has a line starting with prefix.
+  static bool has_line(const std::string &log, const std::string &prefix) {
+    return log.rfind(prefix, 0) == 0 || log.find("\n" + prefix) != std::string::npos;
   }
 
   static std::string data_dir_;
 };
 std::string TrainSteps::data_dir_;
 
-bool has_line(const std::string &log, const std::string &prefix) {
-  return log.find("\n" + prefix) != std::string::npos || log.rfind(prefix, 0) == 0;
-}
-
 TEST_F(TrainSteps, MaxStepsCountsOptimizerStepsAndStopsMidEpoch) {
   dt_train_config c = config();
   c.epochs = 3;
   c.max_steps = 5;  // 10 of the first epoch's 15 micro-batches
-  dt_train_result r;
-  std::string log = run(c, &r);
-  EXPECT_EQ(r.optimizer_steps, 5);
-  EXPECT_EQ(r.epochs, 1);
-  EXPECT_TRUE(has_line(log, "epoch 1 step 10/10 ")) << log;
-  EXPECT_FALSE(has_line(log, "epoch 1 step 11")) << log;
-  EXPECT_FALSE(has_line(log, "epoch 2 ")) << log;
-  EXPECT_TRUE(has_line(log, "test_accuracy=")) << "the cut-short run is evaluated";
-  // The schedule spans the 5 steps taken and ends at its floor.
-  EXPECT_EQ(r.schedule_steps, 5);
-  EXPECT_FLOAT_EQ(static_cast<float>(r.final_lr), c.min_lr);
+  expect_run(c, 5, 1, {"epoch 1 step 10/10 "}, {"epoch 1 step 11", "epoch 2 "});
 }
 
 TEST_F(TrainSteps, MaxStepsCarriesAcrossEpochs) {
   dt_train_config c = config();
   c.epochs = 3;
   c.max_steps = 11;  // 8 steps (15 micro-batches) in epoch 1, 3 steps (6) in epoch 2
-  dt_train_result r;
-  std::string log = run(c, &r);
-  EXPECT_EQ(r.optimizer_steps, 11);
-  EXPECT_EQ(r.epochs, 2);
-  EXPECT_TRUE(has_line(log, "epoch 1 step 15/15 ")) << log;
-  EXPECT_TRUE(has_line(log, "epoch 2 step 6/6 ")) << log;
-  EXPECT_FALSE(has_line(log, "epoch 3 ")) << log;
-  EXPECT_EQ(r.schedule_steps, 11);
-  EXPECT_FLOAT_EQ(static_cast<float>(r.final_lr), c.min_lr);
+  expect_run(c, 11, 2, {"epoch 1 step 15/15 ", "epoch 2 step 6/6 "}, {"epoch 3 "});
 }
 
 TEST_F(TrainSteps, EpochsBoundTheRunWhenTheyEndFirst) {
   for (int max_steps : {0, 100}) {
+    SCOPED_TRACE(max_steps);
     dt_train_config c = config();
     c.epochs = 2;
     c.max_steps = max_steps;
-    dt_train_result r;
-    std::string log = run(c, &r);
-    EXPECT_EQ(r.optimizer_steps, 16) << "--max-steps " << max_steps;
-    EXPECT_EQ(r.epochs, 2);
-    EXPECT_EQ(r.schedule_steps, 16);
-    EXPECT_FLOAT_EQ(static_cast<float>(r.final_lr), c.min_lr);
+    expect_run(c, 16, 2, {"epoch 2 step 15/15 "}, {"epoch 3 "});
   }
 }
 
@@ -148,11 +139,7 @@ TEST_F(TrainSteps, DataParallelModeCountsTheSameSteps) {
   c.devices = "cpu:0,cpu:1";
   c.epochs = 2;
   c.max_steps = 3;
-  dt_train_result r;
-  std::string log = run(c, &r);
-  EXPECT_EQ(r.optimizer_steps, 3);
-  EXPECT_TRUE(has_line(log, "epoch 1 step 6/6 ")) << log;
-  EXPECT_FLOAT_EQ(static_cast<float>(r.final_lr), c.min_lr);
+  expect_run(c, 3, 1, {"epoch 1 step 6/6 "}, {"epoch 1 step 7"});
 }
 
 }  // namespace
