@@ -89,24 +89,18 @@ static dt_status worker_connect(dp_worker *w) {
 static dt_status worker_forward_backward(dp_worker *w) {
   dt_dp *dp = w->dp;
   dt_tensor *x = NULL, *y = NULL, *loss = NULL;
-  dt_status st = DT_OK;
   /* Weight n*b_r/B makes the average over replicas the global mean. */
   float weight =
       (float)((double)dp->n * (double)(w->hi - w->lo) / (double)dp->batch) * dp->loss_scale;
-  DT_CHECK_GOTO(to_replica(dp->inputs, w->lo, w->hi, w->device, &x), st, finish_pass);
-  DT_CHECK_GOTO(to_replica(dp->targets, w->lo, w->hi, w->device, &y), st, finish_pass);
-  DT_CHECK_GOTO(
-      dt_step_forward_backward(dt_replica_step(w->replica), x, y, weight, dp->sync, &loss), st,
-      release);
-  DT_CHECK_GOTO(dt_tensor_item(loss, 0, &w->loss), st, release);
-  goto release;
-
-finish_pass:
-  /* No slice, no step: a synchronised pass must still finish, the other
-   * replicas wait for this one's buckets. */
-  if (dp->sync)
+  dt_status st = to_replica(dp->inputs, w->lo, w->hi, w->device, &x);
+  if (st == DT_OK)
+    st = to_replica(dp->targets, w->lo, w->hi, w->device, &y);
+  if (st == DT_OK)
+    st = dt_step_forward_backward(dt_replica_step(w->replica), x, y, weight, dp->sync, &loss);
+  else if (dp->sync) /* no slice, no step; the other replicas wait for this one's buckets */
     dt_ddp_finish_backward(dt_replica_ddp(w->replica));
-release:
+  if (st == DT_OK)
+    st = dt_tensor_item(loss, 0, &w->loss);
   dt_tensor_release(loss);
   dt_tensor_release(y);
   dt_tensor_release(x);
