@@ -107,6 +107,10 @@ dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path
  * and file. */
 dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
                                 dt_dataset **out);
+/* The same files, with the number of classes and the normalisation given
+ * (the task table, models/tasks.h, keeps them per data set). */
+dt_status dt_dataset_mnist_files(const char *dir, const char *split, int num_classes, float mean,
+                                 float std, dt_dataset **out);
 
 /* ---- samplers ---- */
 typedef struct dt_sampler_config {

@@ -243,27 +243,13 @@ static dt_status find_idx_file(const char *dir, const char *stem, char *buf, siz
                   dir, stem, stem, strerror(ENOENT));
 }
 
-dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
-                                dt_dataset **out) {
+dt_status dt_dataset_mnist_files(const char *dir, const char *split, int num_classes, float mean,
+                                 float std, dt_dataset **out) {
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
   *out = NULL;
-  if (!dir || !name || !split)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "dir, name and split must not be NULL");
-  /* Per-pixel statistics of the training sets (torchvision examples), by
-   * the data set's name, never by the folder it happens to sit in. */
-  float mean, std;
-  if (strcmp(name, "mnist") == 0) {
-    mean = 0.1307f;
-    std = 0.3081f;
-  } else if (strcmp(name, "fashion-mnist") == 0) {
-    mean = 0.2860f;
-    std = 0.3530f;
-  } else {
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "data set \"%s\": an MNIST-format set is \"mnist\" or \"fashion-mnist\"",
-                    name);
-  }
+  if (!dir || !split)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dir and split must not be NULL");
   const char *prefix;
   if (strcmp(split, "train") == 0)
     prefix = "train";
@@ -277,5 +263,22 @@ dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *s
   DT_CHECK(find_idx_file(dir, stem, images, sizeof images));
   snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", prefix);
   DT_CHECK(find_idx_file(dir, stem, labels, sizeof labels));
-  return dt_dataset_idx_images(images, labels, 10, mean, std, out);
+  return dt_dataset_idx_images(images, labels, num_classes, mean, std, out);
+}
+
+dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
+                                dt_dataset **out) {
+  if (!out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!name)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "name must not be NULL");
+  /* Per-pixel statistics of the training sets (torchvision examples), by
+   * the data set's name, never by the folder it happens to sit in. */
+  if (strcmp(name, "mnist") == 0)
+    return dt_dataset_mnist_files(dir, split, 10, 0.1307f, 0.3081f, out);
+  if (strcmp(name, "fashion-mnist") == 0)
+    return dt_dataset_mnist_files(dir, split, 10, 0.2860f, 0.3530f, out);
+  return DT_ERROR(DT_ERR_INVALID_ARG,
+                  "data set \"%s\": an MNIST-format set is \"mnist\" or \"fashion-mnist\"", name);
 }

@@ -2,6 +2,7 @@
  * grad-ready hooks in bucket order, averaged by the communicator. */
 #include "dist/ddp.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +21,16 @@ typedef struct ddp_bucket {
   dt_work *last_work; /* the last pass's, kept for its device times */
 } ddp_bucket;
 
-typedef struct ddp_hook_ctx {
+/* Per parameter: its bucket, this pass's state and its grad-ready hook
+ * (whose context is this struct). */
+typedef struct ddp_param {
   dt_ddp *d;
   int index;
-} ddp_hook_ctx;
+  int bucket;
+  bool ready_this_pass;
+  bool used_since_sync;
+  dt_hook_handle hook;
+} ddp_param;
 
 struct dt_ddp {
   dt_module *model;
@@ -36,11 +43,7 @@ struct dt_ddp {
   double dev_backward_end_ms;
 
   int n_params;
-  int *bucket_of;
-  unsigned char *ready_this_pass;
-  unsigned char *used_since_sync;
-  dt_hook_handle *grad_hooks;
-  ddp_hook_ctx *hook_ctx;
+  ddp_param *params;
   dt_hook_handle pre_hook;
 
   int n_buckets;
@@ -93,11 +96,10 @@ static void launch_ready_buckets(dt_ddp *d) {
 
 static void on_grad_ready(dt_tensor *leaf, void *user) {
   (void)leaf;
-  ddp_hook_ctx *ctx = user;
-  dt_ddp *d = ctx->d;
-  int i = ctx->index;
+  ddp_param *pa = user;
+  dt_ddp *d = pa->d;
   double now = dt_comm_now();
-  d->used_since_sync[i] = 1;
+  pa->used_since_sync = true;
   if (d->no_sync)
     return;
   if (!d->in_pass) {
@@ -105,20 +107,20 @@ static void on_grad_ready(dt_tensor *leaf, void *user) {
     d->first_grad_s = now;
   }
   d->last_grad_s = now;
-  if (d->ready_this_pass[i]) {
+  if (pa->ready_this_pass) {
     const char *name = NULL;
-    dt_param_arena_param(d->arena, i, &name);
+    dt_param_arena_param(d->arena, pa->index, &name);
     record_error(d, DT_ERROR(DT_ERR_STATE,
                              "parameter \"%s\" received its gradient twice in one synchronised "
                              "pass: call dt_ddp_finish_backward after every dt_backward",
                              name));
     return;
   }
-  d->ready_this_pass[i] = 1;
-  ddp_bucket *bk = &d->buckets[d->bucket_of[i]];
+  pa->ready_this_pass = true;
+  ddp_bucket *bk = &d->buckets[pa->bucket];
   if (--bk->pending == 0) {
     bk->ready = 1;
-    d->timings[d->bucket_of[i]].ready_s = now;
+    d->timings[pa->bucket].ready_s = now;
     launch_ready_buckets(d);
   }
 }
@@ -165,7 +167,8 @@ static void reset_pass(dt_ddp *d) {
     d->buckets[b].pending = d->buckets[b].n_params;
     d->buckets[b].ready = 0;
   }
-  memset(d->ready_this_pass, 0, (size_t)d->n_params);
+  for (int i = 0; i < d->n_params; i++)
+    d->params[i].ready_this_pass = false;
   d->next_launch = 0;
   d->in_pass = 0;
   d->error = DT_OK;
@@ -190,7 +193,7 @@ static dt_status build_buckets(dt_ddp *d) {
     size_t bytes = 0;
     while (i >= 0 && (bytes == 0 || bytes < cap)) {
       bytes += (size_t)dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL)) * sizeof(float);
-      d->bucket_of[i] = b;
+      d->params[i].bucket = b;
       i--;
     }
     bk->first = i + 1;
@@ -207,11 +210,9 @@ static dt_status build_buckets(dt_ddp *d) {
 }
 
 static dt_status install_hooks(dt_ddp *d) {
-  for (int i = 0; i < d->n_params; i++) {
-    d->hook_ctx[i] = (ddp_hook_ctx){d, i};
+  for (int i = 0; i < d->n_params; i++)
     DT_CHECK(dt_tensor_add_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), on_grad_ready,
-                                           &d->hook_ctx[i], &d->grad_hooks[i]));
-  }
+                                           &d->params[i], &d->params[i].hook));
   return dt_module_register_forward_pre_hook(d->model, pre_forward, d, &d->pre_hook);
 }
 
@@ -240,16 +241,15 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
   d->cfg = c;
   d->n_params = dt_param_arena_count(arena);
   int n = d->n_params;
-  d->bucket_of = calloc((size_t)n, sizeof *d->bucket_of);
-  d->ready_this_pass = calloc((size_t)n, 1);
-  d->used_since_sync = calloc((size_t)n, 1);
-  d->grad_hooks = calloc((size_t)n, sizeof *d->grad_hooks);
-  d->hook_ctx = calloc((size_t)n, sizeof *d->hook_ctx);
+  d->params = calloc((size_t)n, sizeof *d->params);
   dt_status st = DT_OK;
-  if (!d->bucket_of || !d->ready_this_pass || !d->used_since_sync || !d->grad_hooks ||
-      !d->hook_ctx) {
+  if (!d->params) {
     st = DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d parameters", n);
     goto destroy_ddp;
+  }
+  for (int i = 0; i < n; i++) {
+    d->params[i].d = d;
+    d->params[i].index = i;
   }
   if (c.check_parameters)
     DT_CHECK_GOTO(dt_ddp_verify_parameters(comm, model, arena), st, destroy_ddp);
@@ -302,9 +302,9 @@ void dt_ddp_destroy(dt_ddp *d) {
     wait_buckets(d, 1);
   if (d->pre_hook)
     dt_module_remove_hook(d->model, d->pre_hook);
-  for (int i = 0; d->grad_hooks && i < d->n_params; i++)
-    if (d->grad_hooks[i])
-      dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->grad_hooks[i]);
+  for (int i = 0; d->params && i < d->n_params; i++)
+    if (d->params[i].hook)
+      dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->params[i].hook);
   for (int b = 0; d->buckets && b < d->n_buckets; b++) {
     dt_work_release(d->buckets[b].last_work);
     if (d->buckets[b].ready_ev)
@@ -313,11 +313,7 @@ void dt_ddp_destroy(dt_ddp *d) {
   }
   free(d->buckets);
   free(d->timings);
-  free(d->hook_ctx);
-  free(d->grad_hooks);
-  free(d->used_since_sync);
-  free(d->ready_this_pass);
-  free(d->bucket_of);
+  free(d->params);
   free(d);
 }
 
@@ -330,17 +326,18 @@ static int settle_unused(dt_ddp *d, char *names, size_t cap, dt_status *st) {
   size_t len = 0;
   names[0] = '\0';
   for (int i = 0; i < d->n_params; i++) {
-    if (d->ready_this_pass[i])
+    ddp_param *pa = &d->params[i];
+    if (pa->ready_this_pass)
       continue;
     const char *name = NULL;
     dt_tensor *p = dt_param_arena_param(d->arena, i, &name);
-    if (d->cfg.allow_unused && !d->used_since_sync[i] && *st == DT_OK)
+    if (d->cfg.allow_unused && !pa->used_since_sync && *st == DT_OK)
       *st = dt_tensor_fill_(dt_tensor_grad(p), 0.0f);
     if (missing < 12 && len + strlen(name) + 3 < cap)
       len += (size_t)snprintf(names + len, cap - len, "%s%s", missing ? ", " : "", name);
     missing++;
-    d->ready_this_pass[i] = 1;
-    ddp_bucket *bk = &d->buckets[d->bucket_of[i]];
+    pa->ready_this_pass = true;
+    ddp_bucket *bk = &d->buckets[pa->bucket];
     if (--bk->pending == 0)
       bk->ready = 1;
   }
@@ -366,7 +363,8 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
   snprintf(hook_msg, sizeof hook_msg, "%s", d->error_msg);
   int in_pass = d->in_pass;
   reset_pass(d);
-  memset(d->used_since_sync, 0, (size_t)d->n_params);
+  for (int i = 0; i < d->n_params; i++)
+    d->params[i].used_since_sync = false;
   d->sync_count++;
   d->finish_end_s = dt_comm_now();
   if (hook_error != DT_OK)
@@ -404,6 +402,16 @@ dt_status dt_ddp_no_sync_end(dt_ddp *d) {
 }
 
 int dt_ddp_in_no_sync(const dt_ddp *d) { return d->no_sync; }
+
+static dt_status sync_no_sync_begin(void *d) { return dt_ddp_no_sync_begin(d); }
+static dt_status sync_no_sync_end(void *d) { return dt_ddp_no_sync_end(d); }
+static dt_status sync_finish_backward(void *d) { return dt_ddp_finish_backward(d); }
+
+dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
+  if (d == NULL)
+    return DT_GRAD_SYNC_NONE;
+  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward};
+}
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
 long dt_ddp_sync_count(const dt_ddp *d) { return d->sync_count; }
 

@@ -57,6 +57,7 @@
 #include "core/memory.h"
 #include "core/module.h"
 #include "core/status.h"
+#include "core/step.h"
 #include "dist/comm.h"
 
 #ifdef __cplusplus
@@ -93,6 +94,10 @@ dt_status dt_ddp_finish_backward(dt_ddp *d);
 dt_status dt_ddp_no_sync_begin(dt_ddp *d);
 dt_status dt_ddp_no_sync_end(dt_ddp *d);
 int dt_ddp_in_no_sync(const dt_ddp *d);
+
+/* The reducer as the training step's gradient sync (core/step.h): its
+ * no_sync scopes and dt_ddp_finish_backward. NULL gives DT_GRAD_SYNC_NONE. */
+dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
 
 /* Broadcasts the module's buffers from rank 0 now (the forward pre-hook
  * calls this when cfg.broadcast_buffers and the module is training). */

@@ -9,36 +9,15 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/memory.h"
-#include "core/ops.h"
-#include "core/optim.h"
 #include "core/rng.h"
+#include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
 #include "launch/cli.h"
+#include "dist/replica.h"
 #include "launch/flags.h"
 #include "launch/train_loop.h"
-#include "models/models.h"
-
-#define NUM_CLASSES 10
-
-dt_bench_config dt_bench_config_default(void) {
-  dt_bench_config c;
-  memset(&c, 0, sizeof c);
-  c.model = "mlp";
-  c.optimizer = "sgd";
-  c.device = "cpu";
-  c.batch = 128;
-  c.steps = 100;
-  c.warmup = 10;
-  c.threads = 0;
-  c.seed = 0;
-  c.pg = NULL;
-  c.comm_backend = NULL;
-  c.comm_timeout = 300.0;
-  c.bucket_cap_mb = 25.0f;
-  c.first_bucket_mb = 1.0f;
-  return c;
-}
+#include "models/tasks.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -46,13 +25,26 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Random inputs (batch,1,28,28) ~ N(0,1) and labels in [0, NUM_CLASSES). */
-static dt_status make_batch(int batch, uint64_t seed, dt_device dev, dt_tensor **x, dt_tensor **y) {
+/* A synthetic batch of the task's input: inputs (batch, input_shape...) of
+ * its dtype, N(0,1) for float inputs, ids in [0, input_range) for integer
+ * ones; targets (batch) i32 class ids in [0, num_classes). */
+static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_device dev,
+                            dt_tensor **x, dt_tensor **y) {
   dt_status st = DT_OK;
-  const int64_t xshape[4] = {batch, 1, 28, 28};
+  int64_t xshape[DT_TASK_MAX_DIMS + 1] = {batch};
+  size_t n = (size_t)batch;
+  for (int i = 0; i < task->input_ndim; i++) {
+    xshape[i + 1] = task->input_shape[i];
+    n *= (size_t)task->input_shape[i];
+  }
   const int64_t yshape[1] = {batch};
-  size_t n = (size_t)batch * 28 * 28;
-  float *xs = malloc(n * sizeof *xs);
+  bool ints = task->input_dtype == DT_DTYPE_I32 || task->input_dtype == DT_DTYPE_I64;
+  if (task->input_dtype != DT_DTYPE_F32 && !(ints && task->input_range > 0))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "bench: model %s takes %s inputs: synthetic batches are f32, or i32/i64 ids "
+                    "with an input_range",
+                    task->name, dt_dtype_name(task->input_dtype));
+  void *xs = malloc(n * (task->input_dtype == DT_DTYPE_I64 ? sizeof(int64_t) : sizeof(float)));
   int32_t *ys = malloc((size_t)batch * sizeof *ys);
   if (!xs || !ys) {
     st = DT_ERROR(DT_ERR_OOM, "no host memory for a synthetic batch of %d", batch);
@@ -60,11 +52,18 @@ static dt_status make_batch(int batch, uint64_t seed, dt_device dev, dt_tensor *
   }
   dt_generator gen;
   dt_generator_init(&gen, seed ^ 0x5eedULL);
-  for (size_t i = 0; i < n; i++)
-    xs[i] = dt_generator_normal(&gen);
+  for (size_t i = 0; i < n; i++) {
+    if (task->input_dtype == DT_DTYPE_F32)
+      ((float *)xs)[i] = dt_generator_normal(&gen);
+    else if (task->input_dtype == DT_DTYPE_I32)
+      ((int32_t *)xs)[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->input_range);
+    else
+      ((int64_t *)xs)[i] = (int64_t)dt_generator_below(&gen, (uint64_t)task->input_range);
+  }
   for (int i = 0; i < batch; i++)
-    ys[i] = (int32_t)dt_generator_below(&gen, NUM_CLASSES);
-  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, 4, DT_DTYPE_F32, dev, x), st, done);
+    ys[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->num_classes);
+  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, task->input_ndim + 1, task->input_dtype, dev, x),
+                st, done);
   DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, 1, DT_DTYPE_I32, dev, y), st, done);
 done:
   free(ys);
@@ -93,56 +92,69 @@ static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
   t->exposed += tl.finish_end_s - tl.backward_end_s;
 }
 
-/* One training step; adds each phase's time to *t. With a reducer the
- * backward phase includes waiting for the gradient all-reduce. */
-static dt_status train_step(dt_module *model, dt_optimizer *opt, dt_ddp *ddp,
-                            const dt_backend_ops *be, dt_device dev, dt_tensor *x, dt_tensor *y,
-                            phase_times *t, double *loss_value) {
-  dt_status st;
-  dt_tensor *logits = NULL, *loss = NULL;
-  double t0 = now_seconds();
-  DT_CHECK_GOTO(dt_optim_zero_grad(opt), st, done);
-  double t1 = now_seconds();
-  DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st,
-                done);
-  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
-  double t2 = now_seconds();
-  DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
-  if (ddp) {
-    DT_CHECK_GOTO(dt_ddp_finish_backward(ddp), st, done);
-    add_comm_times(ddp, t);
-  }
-  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
-  double t3 = now_seconds();
-  DT_CHECK_GOTO(dt_optim_step(opt), st, done);
-  DT_CHECK_GOTO(be->device_synchronize(dev), st, done);
-  double t4 = now_seconds();
-  t->forward += t2 - t1;
-  t->backward += t3 - t2;
-  t->optimizer += (t4 - t3) + (t1 - t0);
-  if (loss_value)
-    DT_CHECK_GOTO(dt_tensor_item(loss, 0, loss_value), st, done);
-done:
+/* The step's phase boundaries (core/step.h): synchronise the device and
+ * add the phase's time to *acc. With a reducer the backward phase includes
+ * waiting for the gradient all-reduce. */
+typedef struct phase_timer {
+  const dt_backend_ops *be;
+  dt_device dev;
+  dt_ddp *ddp; /* NULL: one process */
+  phase_times *acc;
+  double last; /* when the current phase began */
+} phase_timer;
+
+static dt_status phase_ended(void *user, dt_step_phase ended) {
+  phase_timer *t = user;
+  if (ended == DT_STEP_PHASE_BACKWARD && t->ddp)
+    add_comm_times(t->ddp, t->acc);
+  DT_CHECK(t->be->device_synchronize(t->dev));
+  double now = now_seconds();
+  double *phase = ended == DT_STEP_PHASE_FORWARD    ? &t->acc->forward
+                  : ended == DT_STEP_PHASE_BACKWARD ? &t->acc->backward
+                                                    : &t->acc->optimizer;
+  *phase += now - t->last;
+  t->last = now;
+  return DT_OK;
+}
+
+/* One training step, timed into *acc; *loss_value (NULL = not read) gets
+ * its loss. */
+static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times *acc, dt_tensor *x,
+                            dt_tensor *y, double *loss_value) {
+  const dt_step *step = dt_replica_step(r);
+  dt_tensor *loss = NULL;
+  timer->acc = acc;
+  timer->last = now_seconds();
+  DT_CHECK(dt_step_forward_backward(step, x, y, 1.0f, true, loss_value ? &loss : NULL));
+  dt_status st = dt_step_update(step);
+  if (st == DT_OK && loss_value)
+    st = dt_tensor_item(loss, 0, loss_value);
   dt_tensor_release(loss);
-  dt_tensor_release(logits);
   return st;
+}
+
+/* sgd (lr 0.01, momentum 0.9) or adamw (PyTorch's defaults). */
+static dt_optimizer_spec bench_optimizer(const char *name) {
+  if (name && !strcmp(name, "adamw")) {
+    dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
+    return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false};
+  }
+  return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false};
 }
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_status st = DT_OK;
   dt_device dev;
-  const dt_backend_ops *be = NULL;
+  const dt_task *task = NULL;
+  dt_replica *rep = NULL;
   dt_module *model = NULL;
-  dt_param_arena *arena = NULL;
-  dt_optimizer *opt = NULL;
-  dt_comm *comm = NULL;
-  dt_ddp *ddp = NULL;
   int world = cfg->pg ? dt_pg_world_size(cfg->pg) : 1;
   int rank = cfg->pg ? dt_pg_rank(cfg->pg) : 0;
   dt_tensor *x = NULL, *y = NULL;
   dt_bench_result r;
   memset(&r, 0, sizeof r);
+  phase_timer timer;
+  memset(&timer, 0, sizeof timer);
 
   if (cfg->batch < 1 || cfg->steps < 1 || cfg->warmup < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "batch (%d) and steps (%d) must be >= 1, warmup (%d) >= 0",
@@ -151,56 +163,40 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
                     cfg->threads, DT_CPU_MAX_THREADS);
   DT_CHECK(dt_train_rank_device(cfg->device, cfg->pg, &dev));
-  DT_CHECK(dt_backend_get(dev, &be));
+  DT_CHECK(dt_backend_get(dev, &timer.be));
+  timer.dev = dev;
   if (cfg->threads > 0)
     dt_cpu_set_num_threads(cfg->threads);
 
-  DT_CHECK(dt_model_create(cfg->model, cfg->seed, &model));
-  DT_CHECK_GOTO(dt_module_to(model, dev), st, cleanup);
-  dt_module_train(model, 1);
-  DT_CHECK_GOTO(dt_param_arena_create(model, &arena), st, cleanup);
+  DT_CHECK(dt_task_find(cfg->model, &task));
+  dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
+  sc.loss = task->loss;
+  sc.on_phase = phase_ended;
+  sc.on_phase_user = &timer;
+  dt_optimizer_spec os = bench_optimizer(cfg->optimizer);
+  DT_CHECK(task->build(cfg->seed, &model));
+  DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
-    dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-    cc.timeout_s = cfg->comm_timeout;
-    DT_CHECK_GOTO(dt_train_comm_config(cfg->comm_backend, &cc), st, cleanup);
-    DT_CHECK_GOTO(dt_comm_create_for_device(cfg->pg, dev, &cc, &comm), st, cleanup);
-    dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-    dc.first_bucket_bytes = (size_t)(cfg->first_bucket_mb * DT_MIB);
-    dc.bucket_bytes = (size_t)(cfg->bucket_cap_mb * DT_MIB);
-    if (dc.first_bucket_bytes < 4)
-      dc.first_bucket_bytes = 4;
-    if (dc.bucket_bytes < 4)
-      dc.bucket_bytes = 4;
-    DT_CHECK_GOTO(dt_ddp_create(model, arena, comm, &dc, &ddp), st, cleanup);
+    dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
+                                cfg->bucket_cap_mb, false};
+    DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
+    timer.ddp = dt_replica_ddp(rep);
   }
-  if (!strcmp(cfg->optimizer, "sgd")) {
-    dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
-    sgd.lr = 0.01f;
-    sgd.momentum = 0.9f;
-    DT_CHECK_GOTO(dt_optim_sgd_create(arena, &sgd, &opt), st, cleanup);
-  } else if (!strcmp(cfg->optimizer, "adamw")) {
-    dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
-    DT_CHECK_GOTO(dt_optim_adamw_create(arena, &adamw, &opt), st, cleanup);
-  } else {
-    st = DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw",
-                  cfg->optimizer);
-    goto cleanup;
-  }
+  dt_comm *comm = dt_replica_comm(rep);
   /* Each rank its own batch, as in data-parallel training. */
-  DT_CHECK_GOTO(make_batch(cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), st, cleanup);
+  DT_CHECK_GOTO(make_batch(task, cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), st, cleanup);
 
   phase_times warm, timed;
   memset(&warm, 0, sizeof warm);
   memset(&timed, 0, sizeof timed);
   for (int i = 0; i < cfg->warmup; i++)
-    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &warm, NULL), st, cleanup);
+    DT_CHECK_GOTO(timed_step(rep, &timer, &warm, x, y, NULL), st, cleanup);
   DT_CHECK_GOTO(dt_memory_reset_peak(dev), st, cleanup);
   if (comm)
     DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
   double t0 = now_seconds();
   for (int i = 0; i < cfg->steps; i++)
-    DT_CHECK_GOTO(train_step(model, opt, ddp, be, dev, x, y, &timed,
-                             i + 1 == cfg->steps ? &r.final_loss : NULL),
+    DT_CHECK_GOTO(timed_step(rep, &timer, &timed, x, y, i + 1 == cfg->steps ? &r.final_loss : NULL),
                   st, cleanup);
   if (comm)
     DT_CHECK_GOTO(dt_comm_barrier_sync(comm), st, cleanup);
@@ -210,20 +206,21 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(dev, &ms) == DT_OK)
     r.peak_mib = (double)ms.peak_allocated / DT_MIB;
-  r.parameters = dt_module_parameter_count(model);
+  r.parameters = dt_module_parameter_count(dt_replica_model(rep));
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   r.world = world;
   r.device = dev;
-  if (ddp) {
+  if (timer.ddp) {
     const char *name = dt_comm_backend_name(comm);
     snprintf(r.comm, sizeof r.comm, "%s",
              dev.type != DT_DEVICE_CPU && strcmp(name, "nccl") != 0 ? "mpi (host-staged)" : name);
-    r.buckets = dt_ddp_num_buckets(ddp);
+    r.buckets = dt_ddp_num_buckets(timer.ddp);
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
-    r.grad_mib = (double)dt_param_arena_numel(arena) * sizeof(float) / DT_MIB;
+    r.grad_mib =
+        (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;
@@ -234,16 +231,12 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
 cleanup:
   dt_tensor_release(y);
   dt_tensor_release(x);
-  dt_ddp_destroy(ddp);
-  dt_comm_destroy(comm);
-  dt_optim_destroy(opt);
-  dt_param_arena_destroy(arena);
-  dt_module_destroy(model);
+  dt_replica_destroy(rep);
   return st;
 }
 
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
-  dt_bench_config cfg = dt_bench_config_default();
+  dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_flag flags[] = {
@@ -279,8 +272,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       .command = "bench",
       .usage = "bench [flags]",
       .about =
-          "Times training steps (forward, cross-entropy, backward, optimizer) on one\n"
-          "synthetic batch, after untimed warm-up steps, and prints\n"
+          "Times training steps (forward, the model's loss, backward, optimizer) on one\n"
+          "synthetic batch of the model's input shape, after untimed warm-up steps, and\n"
+          "prints\n"
           "  steps_per_s=... samples_per_s=... ms_per_step=...\n"
           "  breakdown: forward_ms=... backward_ms=... optimizer_ms=... peak_mem=... loss=...\n"
           "Under a launcher (dtrain launch -n N -- bench ...) every rank runs --batch\n"

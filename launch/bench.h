@@ -1,10 +1,12 @@
 /* `dtrain bench`: training-step throughput on synthetic data.
  *
- * Builds a model, one fixed batch of random inputs (N(0,1), the model's
- * input shape) and random labels on the device, runs `warmup` untimed
- * training steps, then times `steps` steps of zero_grad, forward,
- * cross-entropy, backward and optimizer update. The per-phase times come
- * from device synchronisations at phase boundaries (free on the CPU).
+ * Builds the model of the task `model` (models/tasks.h), one fixed batch
+ * of random inputs of the task's input shape and dtype (N(0,1) for float
+ * inputs) and random class ids on the device, runs `warmup` untimed
+ * training steps, then times `steps` training steps (core/step.h: forward,
+ * the task's loss, backward, optimizer update and zero_grad), the very
+ * step `dtrain train` runs. The per-phase times come from device
+ * synchronisations at the step's phase boundaries (free on the CPU).
  * tools/bench_torch.py runs the same benchmark in PyTorch.
  *
  * Under a launcher (cfg.pg of world W > 1) every rank runs the benchmark
@@ -31,7 +33,7 @@ extern "C" {
 #endif
 
 typedef struct dt_bench_config {
-  const char *model;     /* "mlp", "lenet" */
+  const char *model;     /* a task (models/tasks.h): "mlp", "lenet" */
   const char *optimizer; /* "sgd" (lr 0.01, momentum 0.9) or "adamw" (lr 1e-3) */
   const char *device;    /* "cpu", "cuda:0", "cuda" (the rank's GPU: dt_train_rank_device) */
   int batch;
@@ -50,8 +52,10 @@ typedef struct dt_bench_config {
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
- * no process group */
-dt_bench_config dt_bench_config_default(void);
+ * no process group; DDP: comm backend from the environment, timeout 300 s,
+ * buckets 1 MiB then 25 MiB. */
+#define DT_BENCH_CONFIG_DEFAULT \
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */

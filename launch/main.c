@@ -228,7 +228,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .type = DT_FLAG_INT,
        .target = &cfg.max_steps,
        .metavar = "N",
-       .help = "stop each epoch after N micro-batches, 0 = full epochs"},
+       .help = "stop after N optimizer steps in all (mid-epoch too; the LR schedule spans "
+               "them), 0 = --epochs decide"},
       {.name = "eval-batch",
        .type = DT_FLAG_INT,
        .target = &cfg.eval_batch,

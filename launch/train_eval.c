@@ -1,41 +1,7 @@
 /* Test-set evaluation: whole set, or one rank's shard for a distributed
  * evaluation whose sums are all-reduced by the caller. */
-#include <stdlib.h>
-#include <string.h>
-
 #include "core/autograd.h"
-#include "core/ops.h"
 #include "launch/train_loop.h"
-
-/* Counts correct predictions of logits (B, C) against labels (B) i32. */
-static dt_status count_correct(dt_tensor *logits, dt_tensor *labels, int64_t *correct) {
-  dt_status st = DT_OK;
-  dt_tensor *pred = NULL;
-  int64_t n = dt_tensor_dim(labels, 0);
-  int64_t *p = malloc((size_t)n * sizeof *p);
-  int32_t *l = malloc((size_t)n * sizeof *l);
-  if (!p || !l) {
-    st = DT_ERROR(DT_ERR_OOM, "no host memory for %lld predictions", (long long)n);
-    goto done;
-  }
-  DT_CHECK_GOTO(dt_op_argmax(logits, &pred), st, done);
-  if (dt_tensor_dtype(labels) != DT_DTYPE_I32 || dt_tensor_dtype(pred) != DT_DTYPE_I64 ||
-      dt_tensor_numel(pred) != n) {
-    st = DT_ERROR(DT_ERR_DTYPE, "expected i32 labels (%s) and i64 predictions (%s) of %lld rows",
-                  dt_dtype_name(dt_tensor_dtype(labels)), dt_dtype_name(dt_tensor_dtype(pred)),
-                  (long long)n);
-    goto done;
-  }
-  DT_CHECK_GOTO(dt_tensor_to_host(pred, p, (size_t)n * sizeof *p), st, done);
-  DT_CHECK_GOTO(dt_tensor_to_host(labels, l, (size_t)n * sizeof *l), st, done);
-  for (int64_t i = 0; i < n; i++)
-    *correct += (p[i] == (int64_t)l[i]);
-done:
-  dt_tensor_release(pred);
-  free(l);
-  free(p);
-  return st;
-}
 
 /* Keeps the first `keep` rows of *t (a batch that runs into the sampler's
  * padding). */
@@ -47,13 +13,13 @@ static dt_status keep_rows(dt_tensor **t, int64_t keep) {
   return DT_OK;
 }
 
-dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int batch,
-                                  dt_device dev, int rank, int world, double *loss_sum,
-                                  int64_t *correct, int64_t *count) {
+dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const dt_dataset *data,
+                                  int batch, dt_device dev, int rank, int world, double *loss_sum,
+                                  double *metric_sum, int64_t *count) {
   dt_status st = DT_OK;
   dt_sampler *sampler = NULL;
   dt_loader *loader = NULL;
-  dt_tensor *x = NULL, *y = NULL, *logits = NULL, *batch_loss = NULL;
+  dt_tensor *x = NULL, *y = NULL, *output = NULL, *batch_loss = NULL;
   int was_training = dt_module_is_training(model);
   int64_t len = dt_dataset_length(data);
   /* DistributedSampler pads the tail by repeating the start; the padded
@@ -61,7 +27,7 @@ dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int 
    * first `real` ones: positions rank, rank + world, ... below len. */
   int64_t real = rank < len ? (len - rank + world - 1) / world : 0;
   *loss_sum = 0.0;
-  *correct = 0;
+  *metric_sum = 0.0;
   *count = 0;
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -88,23 +54,22 @@ dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int 
       DT_CHECK_GOTO(keep_rows(&y, real - *count), st, free_batch);
       b = real - *count;
     }
-    DT_CHECK_GOTO(dt_module_call(model, x, &logits), st, free_batch);
-    DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_SUM, DT_IGNORE_INDEX, &batch_loss),
-                  st, free_batch);
+    DT_CHECK_GOTO(dt_module_call(model, x, &output), st, free_batch);
+    DT_CHECK_GOTO(task->loss(output, y, DT_REDUCTION_SUM, &batch_loss), st, free_batch);
     double v;
     DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), st, free_batch);
     *loss_sum += v;
-    DT_CHECK_GOTO(count_correct(logits, y, correct), st, free_batch);
+    DT_CHECK_GOTO(task->metric(output, y, metric_sum), st, free_batch);
     *count += b;
     dt_tensor_release(batch_loss);
-    dt_tensor_release(logits);
+    dt_tensor_release(output);
     dt_tensor_release(x);
     dt_tensor_release(y);
-    x = y = logits = batch_loss = NULL;
+    x = y = output = batch_loss = NULL;
   }
 free_batch:
   dt_tensor_release(batch_loss);
-  dt_tensor_release(logits);
+  dt_tensor_release(output);
   dt_tensor_release(x);
   dt_tensor_release(y);
   dt_no_grad_end();
@@ -116,12 +81,13 @@ free_sampler:
   return st;
 }
 
-dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
-                            double *loss, double *accuracy) {
-  double loss_sum = 0.0;
-  int64_t correct = 0, seen = 0;
-  DT_CHECK(dt_train_evaluate_shard(model, data, batch, dev, 0, 1, &loss_sum, &correct, &seen));
+dt_status dt_train_evaluate(const dt_task *task, dt_module *model, const dt_dataset *data,
+                            int batch, dt_device dev, double *loss, double *metric) {
+  double loss_sum = 0.0, metric_sum = 0.0;
+  int64_t seen = 0;
+  DT_CHECK(
+      dt_train_evaluate_shard(task, model, data, batch, dev, 0, 1, &loss_sum, &metric_sum, &seen));
   *loss = seen ? loss_sum / (double)seen : 0.0;
-  *accuracy = seen ? (double)correct / (double)seen : 0.0;
+  *metric = seen ? metric_sum / (double)seen : 0.0;
   return DT_OK;
 }

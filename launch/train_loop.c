@@ -12,47 +12,57 @@
 #include "core/cpu.h"
 #include "core/memory.h"
 #include "core/ops.h"
-#include "core/optim.h"
-#include "launch/train_internal.h"
-#include "models/models.h"
+#include "core/step.h"
+#include "dist/dp.h"
 
+/* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
-  dt_train_config c;
-  memset(&c, 0, sizeof c);
-  c.model = "lenet";
-  c.data = "fashion-mnist";
-  c.data_dir = "data";
-  c.device = "cpu";
-  c.optimizer = "sgd";
-  c.schedule = "cosine";
-  c.epochs = 1;
-  c.batch = 64;
-  c.lr = 0.05f;
-  c.momentum = 0.9f;
-  c.weight_decay = 0.0f;
-  c.nesterov = 0;
-  c.warmup = 0;
-  c.step_size = 0;
-  c.gamma = 0.1f;
-  c.min_lr = 0.0f;
-  c.accum = 1;
-  c.clip = 0.0f;
-  c.seed = 0;
-  c.threads = 0;
-  c.log_interval = 100;
-  c.max_steps = 0;
-  c.eval_batch = 1000;
-  c.pg = NULL;
-  c.mode = "ddp";
-  c.devices = NULL;
-  c.comm_backend = NULL;
-  c.comm_timeout = 300.0;
-  c.bucket_cap_mb = 25.0f;
-  c.first_bucket_mb = 1.0f;
-  c.allow_unused = 0;
-  c.log_prefix = "";
-  return c;
+  return (dt_train_config){.model = "lenet",
+                           .data = "fashion-mnist",
+                           .data_dir = "data",
+                           .device = "cpu",
+                           .optimizer = "sgd",
+                           .schedule = "cosine",
+                           .epochs = 1,
+                           .batch = 64,
+                           .lr = 0.05f,
+                           .momentum = 0.9f,
+                           .gamma = 0.1f,
+                           .accum = 1,
+                           .log_interval = 100,
+                           .eval_batch = 1000,
+                           .mode = "ddp",
+                           .comm_timeout = 300.0,
+                           .bucket_cap_mb = 25.0f,
+                           .first_bucket_mb = 1.0f,
+                           .log_prefix = ""};
 }
+
+/* Everything one run owns, released in reverse order by state_destroy. */
+typedef struct train_state {
+  const dt_task *task;
+  const dt_task_data *data;
+  dt_device dev;
+  dt_dataset *train_set;
+  dt_dataset *test_set;
+  dt_sampler *sampler;
+  dt_loader *loader;
+  dt_lr_schedule schedule;
+  dt_step_config step;       /* the task's loss, clipping, the schedule */
+  int64_t batches_per_epoch; /* micro-batches in a whole epoch */
+  int64_t steps_per_epoch;   /* optimizer steps in a whole epoch */
+  int64_t total_steps;       /* optimizer steps in the run */
+  /* One replica (single process, DDP rank), or dp's replicas. */
+  dt_replica *replica;
+  dt_dp *dp;
+  int n_replicas;
+  /* Borrowed from the replica (dp: replica 0's). */
+  dt_module *model;
+  dt_optimizer *opt;
+  dt_comm *comm; /* DDP (world > 1) */
+  dt_ddp *ddp;
+  int rank, world;
+} train_state;
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -62,24 +72,22 @@ static double now_seconds(void) {
 
 static double mib(size_t bytes) { return (double)bytes / DT_MIB; }
 
-static void state_destroy(train_state *s) {
-  if (s->dp) {
-    dt_dp_destroy(s->dp); /* owns the replicas' models, arenas and optimizers */
-  } else {
-    dt_ddp_destroy(s->ddp);
-    dt_optim_destroy(s->opt);
-    dt_comm_destroy(s->comm);
-    dt_param_arena_destroy(s->arena);
-    dt_module_destroy(s->model);
-  }
+/* The data side of the run: both splits, the sampler, the loader. */
+static void data_destroy(train_state *s) {
   dt_loader_destroy(s->loader);
   dt_sampler_destroy(s->sampler);
   dt_dataset_destroy(s->test_set);
   dt_dataset_destroy(s->train_set);
+}
+
+static void state_destroy(train_state *s) {
+  dt_dp_destroy(s->dp);
+  dt_replica_destroy(s->replica);
+  data_destroy(s);
   memset(s, 0, sizeof *s);
 }
 
-static int is_dp_mode(const dt_train_config *c) { return c->mode && !strcmp(c->mode, "dp"); }
+static bool is_dp_mode(const dt_train_config *c) { return c->mode && !strcmp(c->mode, "dp"); }
 
 static dt_status check_config(const dt_train_config *c) {
   if (!c->model || !c->data || !c->data_dir || !c->device || !c->optimizer || !c->schedule ||
@@ -134,36 +142,6 @@ static dt_status check_config(const dt_train_config *c) {
   return DT_OK;
 }
 
-dt_status dt_train_parse_devices(const char *list, dt_device *devs, int cap, int *n) {
-  *n = 0;
-  if (!list || !list[0])
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "empty device list: expected devices separated by commas, e.g. cpu:0,cpu:1");
-  const char *p = list;
-  for (;;) {
-    const char *end = strchr(p, ',');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
-    char item[64];
-    if (len == 0 || len >= sizeof item)
-      return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "device list '%s': %s item: expected devices separated by commas, e.g. "
-                      "cpu:0,cpu:1",
-                      list, len == 0 ? "an empty" : "an overlong");
-    if (*n >= cap)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "device list '%s': more than %d devices", list, cap);
-    memcpy(item, p, len);
-    item[len] = '\0';
-    dt_status st = dt_device_parse(item, &devs[*n]);
-    if (st != DT_OK)
-      return dt_error_wrap(st, "device list '%s': item '%s'", list, item);
-    (*n)++;
-    if (!end)
-      break;
-    p = end + 1;
-  }
-  return DT_OK;
-}
-
 /* data_dir/data must be a folder; say where we looked and how to fix it. */
 static dt_status data_folder(const dt_train_config *c, char *path, size_t cap) {
   size_t n = strlen(c->data_dir);
@@ -180,39 +158,6 @@ static dt_status data_folder(const dt_train_config *c, char *path, size_t cap) {
   return DT_OK;
 }
 
-dt_status train_build_optimizer(const dt_train_config *c, dt_param_arena *arena,
-                                dt_optimizer **out) {
-  if (!strcmp(c->optimizer, "sgd")) {
-    dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
-    sgd.lr = c->lr;
-    sgd.momentum = c->momentum;
-    sgd.weight_decay = c->weight_decay;
-    sgd.nesterov = c->nesterov;
-    return dt_optim_sgd_create(arena, &sgd, out);
-  }
-  dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
-  adamw.lr = c->lr;
-  adamw.weight_decay = c->weight_decay;
-  return dt_optim_adamw_create(arena, &adamw, out);
-}
-
-dt_status dt_train_rank_device(const char *name, const dt_pg *pg, dt_device *out) {
-  DT_CHECK(dt_device_parse(name, out));
-  if (out->type == DT_DEVICE_CUDA && !strchr(name, ':') && pg != NULL)
-    return dt_comm_pick_device(pg, out);
-  return DT_OK;
-}
-
-dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg) {
-  DT_CHECK(dt_comm_config_from_env(cfg));
-  if (backend != NULL && backend[0] != '\0') {
-    dt_status st = dt_comm_backend_parse(backend, &cfg->backend);
-    if (st != DT_OK)
-      return dt_error_wrap(st, "--comm-backend");
-  }
-  return DT_OK;
-}
-
 /* The communicator backend applies to the device: nccl with cpu tensors is
  * a mistake even in a single process, where no communicator is made. */
 static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
@@ -226,86 +171,121 @@ static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
   return DT_OK;
 }
 
-/* One process (world 1) or one DDP rank: model, arena, reducer, optimizer. */
-static dt_status build_model(const dt_train_config *c, train_state *s) {
-  DT_CHECK(dt_model_create(c->model, c->seed, &s->model));
-  DT_CHECK(dt_module_to(s->model, s->dev));
-  dt_module_train(s->model, 1);
-  DT_CHECK(dt_param_arena_create(s->model, &s->arena));
-  if (s->world > 1) {
-    /* mpi for cpu; nccl or host-staged mpi for cuda (dist/comm.h). */
-    dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-    cc.timeout_s = c->comm_timeout;
-    DT_CHECK(dt_train_comm_config(c->comm_backend, &cc));
-    DT_CHECK(dt_comm_create_for_device(c->pg, s->dev, &cc, &s->comm));
-    dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-    dc.first_bucket_bytes = (size_t)(c->first_bucket_mb * DT_MIB);
-    dc.bucket_bytes = (size_t)(c->bucket_cap_mb * DT_MIB);
-    if (dc.first_bucket_bytes < 4)
-      dc.first_bucket_bytes = 4;
-    if (dc.bucket_bytes < 4)
-      dc.bucket_bytes = 4;
-    dc.allow_unused = c->allow_unused;
-    DT_CHECK(dt_ddp_create(s->model, s->arena, s->comm, &dc, &s->ddp));
-  }
-  return train_build_optimizer(c, s->arena, &s->opt);
+static dt_train_comm_options comm_options(const dt_train_config *c) {
+  return (dt_train_comm_options){c->comm_backend, c->comm_timeout, c->first_bucket_mb,
+                                 c->bucket_cap_mb, c->allow_unused};
 }
 
-static dt_status state_create(const dt_train_config *c, train_state *s) {
-  const dt_backend_ops *backend = NULL;
-  char folder[4096];
-  memset(s, 0, sizeof *s);
-  s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
-  s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
+static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
+  return (dt_optimizer_spec){c->optimizer, c->lr, c->momentum, c->weight_decay, c->nesterov};
+}
 
-  /* Cheap checks first: the device(s), then the data folder. */
-  if (is_dp_mode(c)) {
-    dt_device devs[DT_TRAIN_MAX_DEVICES];
-    int n = 0;
-    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
-    s->dev = devs[0];
-  } else {
-    DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
+/* One process (world 1) or one DDP rank: the replica, connected to the
+ * other ranks. */
+static dt_status build_replica(const dt_train_config *c, train_state *s) {
+  dt_module *model = NULL;
+  dt_optimizer_spec os = optimizer_spec(c);
+  DT_CHECK(s->task->build(c->seed, &model));
+  DT_CHECK(
+      dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
+  if (s->world > 1) {
+    dt_train_comm_options co = comm_options(c);
+    DT_CHECK(dt_train_connect(s->replica, c->pg, &co));
   }
-  DT_CHECK(dt_backend_get(s->dev, &backend));
-  DT_CHECK(check_comm_backend(c, s->dev));
-  if (c->threads > 0)
-    dt_cpu_set_num_threads(c->threads);
-  DT_CHECK(data_folder(c, folder, sizeof folder));
+  s->model = dt_replica_model(s->replica);
+  s->opt = dt_replica_optimizer(s->replica);
+  s->comm = dt_replica_comm(s->replica);
+  s->ddp = dt_replica_ddp(s->replica);
+  return DT_OK;
+}
 
-  DT_CHECK(dt_dataset_mnist_like(folder, c->data, "train", &s->train_set));
-  DT_CHECK(dt_dataset_mnist_like(folder, c->data, "test", &s->test_set));
+typedef struct model_source {
+  const dt_task *task;
+  uint64_t seed;
+} model_source;
 
-  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
-  sc.shuffle = 1;
-  sc.seed = c->seed;
-  sc.num_replicas = s->world; /* DistributedSampler: pads the last shard */
-  sc.rank = s->rank;
-  sc.drop_last = 0;
-  DT_CHECK(dt_sampler_create(dt_dataset_length(s->train_set), &sc, &s->sampler));
-  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
-  lc.batch_size = c->batch;
-  lc.drop_last = 0;
-  /* dp over GPUs: batches stay in host memory and each replica copies its
-   * slice to its own GPU (none of them gathers or scatters for the rest). */
-  lc.device = is_dp_mode(c) && s->dev.type != DT_DEVICE_CPU ? DT_CPU : s->dev;
-  DT_CHECK(dt_loader_create(s->train_set, s->sampler, &lc, &s->loader));
+/* Runs on the replica's thread (dist/dp.c has set its CPU thread count). */
+static dt_status build_dp_model(void *user, int replica, dt_module **out) {
+  (void)replica;
+  const model_source *src = user;
+  return src->task->build(src->seed, out);
+}
 
-  if (is_dp_mode(c))
-    DT_CHECK(train_dp_create(c, s));
-  else
-    DT_CHECK(build_model(c, s));
+/* Data-parallel mode: one replica per device of --devices (dist/dp.h). */
+static dt_status build_dp(const dt_train_config *c, train_state *s) {
+  dt_device devs[DT_TRAIN_MAX_DEVICES];
+  int n = 0;
+  DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+  if (c->batch < n)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--mode dp splits each micro-batch across the %d devices of --devices: "
+                    "--batch %d is too small (use --batch >= %d)",
+                    n, c->batch, n);
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  /* Replicas run their kernels side by side: --threads each, or (0) this
+   * thread's count (cores, or DT_NUM_THREADS) shared out by dist/dp.c. */
+  cfg.threads_per_replica = c->threads;
+  cfg.comm.timeout_s = c->comm_timeout;
+  DT_CHECK(dt_train_comm_config(c->comm_backend, &cfg.comm));
+  dt_train_comm_options co = comm_options(c);
+  cfg.ddp = dt_train_ddp_config(&co);
+  cfg.step = s->step;
+  /* The builders only read their arguments, during the call. */
+  model_source src = {s->task, c->seed};
+  dt_optimizer_spec os = optimizer_spec(c);
+  DT_CHECK(
+      dt_dp_create(devs, n, build_dp_model, &src, dt_train_optimizer_create, &os, &cfg, &s->dp));
+  s->n_replicas = n;
+  dt_replica *first = dt_dp_replica(s->dp, 0);
+  s->dev = dt_replica_device(first);
+  s->model = dt_replica_model(first);
+  s->opt = dt_replica_optimizer(first);
+  return DT_OK;
+}
 
+/* "(1, 28, 28)" */
+static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "(");
+  for (int i = 0; i < ndim && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (used < cap)
+    snprintf(buf + used, cap - used, ")");
+  return buf;
+}
+
+/* The data set must give what the task's model takes. */
+static dt_status check_task_input(const dt_train_config *c, const train_state *s) {
+  const dt_task *t = s->task;
+  int ndim = dt_dataset_input_ndim(s->train_set);
+  const int64_t *shape = dt_dataset_input_shape(s->train_set);
+  bool same = ndim == t->input_ndim;
+  for (int i = 0; same && i < ndim; i++)
+    same = shape[i] == t->input_shape[i];
+  char have[96], want[96];
+  if (!same)
+    return DT_ERROR(DT_ERR_SHAPE, "data set %s has samples of shape %s, but model %s takes %s",
+                    c->data, format_shape(shape, ndim, have, sizeof have), t->name,
+                    format_shape(t->input_shape, t->input_ndim, want, sizeof want));
+  if (t->input_dtype != DT_DTYPE_F32)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "model %s takes %s inputs, but the data loader gives f32 samples", t->name,
+                    dt_dtype_name(t->input_dtype));
+  return DT_OK;
+}
+
+/* The run's length in optimizer steps and the LR schedule over it. */
+static dt_status plan_steps(const dt_train_config *c, train_state *s) {
   s->batches_per_epoch = dt_loader_num_batches(s->loader);
-  if (c->max_steps > 0 && c->max_steps < s->batches_per_epoch)
-    s->batches_per_epoch = c->max_steps;
   s->steps_per_epoch = (s->batches_per_epoch + c->accum - 1) / c->accum;
+  s->total_steps = (int64_t)c->epochs * s->steps_per_epoch;
+  if (c->max_steps > 0 && c->max_steps < s->total_steps)
+    s->total_steps = c->max_steps;
 
   dt_lr_schedule *ls = &s->schedule;
   *ls = DT_LR_SCHEDULE_DEFAULT;
   ls->base_lr = c->lr;
   ls->warmup_steps = c->warmup;
-  ls->total_steps = (int64_t)c->epochs * s->steps_per_epoch;
+  ls->total_steps = s->total_steps;
   ls->min_lr = c->min_lr;
   ls->step_size = c->step_size > 0 ? c->step_size : s->steps_per_epoch;
   ls->gamma = c->gamma;
@@ -322,6 +302,64 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
                          c->schedule, (long long)ls->total_steps, c->warmup, (double)c->min_lr,
                          (double)c->gamma);
   return DT_OK;
+}
+
+/* The task's data set from its folder, checked against the task's input;
+ * this rank's shuffled shard; the background loader. */
+static dt_status data_create(const dt_train_config *c, train_state *s) {
+  char folder[4096];
+  DT_CHECK(data_folder(c, folder, sizeof folder));
+
+  DT_CHECK(s->data->open(s->data, folder, "train", &s->train_set));
+  DT_CHECK(s->data->open(s->data, folder, "test", &s->test_set));
+  DT_CHECK(check_task_input(c, s));
+
+  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
+  sc.shuffle = 1;
+  sc.seed = c->seed;
+  sc.num_replicas = s->world; /* DistributedSampler: pads the last shard */
+  sc.rank = s->rank;
+  sc.drop_last = 0;
+  DT_CHECK(dt_sampler_create(dt_dataset_length(s->train_set), &sc, &s->sampler));
+  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
+  lc.batch_size = c->batch;
+  lc.drop_last = 0;
+  /* dp over GPUs: batches stay in host memory and each replica copies its
+   * slice to its own GPU (none of them gathers or scatters for the rest). */
+  lc.device = is_dp_mode(c) && s->dev.type != DT_DEVICE_CPU ? DT_CPU : s->dev;
+  DT_CHECK(dt_loader_create(s->train_set, s->sampler, &lc, &s->loader));
+
+  return DT_OK;
+}
+
+static dt_status state_create(const dt_train_config *c, train_state *s) {
+  const dt_backend_ops *backend = NULL;
+  memset(s, 0, sizeof *s);
+  s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
+  s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
+
+  /* Cheap checks first: the device(s), the task, then the data folder. */
+  if (is_dp_mode(c)) {
+    dt_device devs[DT_TRAIN_MAX_DEVICES];
+    int n = 0;
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+    s->dev = devs[0];
+  } else {
+    DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
+  }
+  DT_CHECK(dt_backend_get(s->dev, &backend));
+  DT_CHECK(check_comm_backend(c, s->dev));
+  if (c->threads > 0)
+    dt_cpu_set_num_threads(c->threads);
+  DT_CHECK(dt_task_find(c->model, &s->task));
+  DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
+  DT_CHECK(data_create(c, s));
+  DT_CHECK(plan_steps(c, s));
+  s->step = DT_STEP_CONFIG_DEFAULT;
+  s->step.loss = s->task->loss;
+  s->step.clip = c->clip;
+  s->step.schedule = &s->schedule;
+  return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
 /* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact), on
@@ -345,22 +383,22 @@ static dt_status allreduce_sums(train_state *s, double *vals, int n) {
   return DT_OK;
 }
 
-/* Adds `loss` (a scalar) into *sum on the device, without grad and without
+/* Adds `loss` (a detached scalar, taken) into *sum on the device, without
  * waiting for the device. */
 static dt_status accumulate_loss(dt_tensor *loss, dt_tensor **sum) {
-  dt_status st = DT_OK;
-  dt_no_grad_begin();
   if (*sum == NULL) {
-    st = dt_tensor_detach(loss, sum);
-  } else {
-    dt_tensor *next = NULL;
-    st = dt_op_add(*sum, loss, &next);
-    if (st == DT_OK) {
-      dt_tensor_release(*sum);
-      *sum = next;
-    }
+    *sum = loss;
+    return DT_OK;
   }
+  dt_tensor *next = NULL;
+  dt_no_grad_begin();
+  dt_status st = dt_op_add(*sum, loss, &next);
   dt_no_grad_end();
+  dt_tensor_release(loss);
+  if (st == DT_OK) {
+    dt_tensor_release(*sum);
+    *sum = next;
+  }
   return st;
 }
 
@@ -387,49 +425,32 @@ static dt_status check_finite(double mean_loss, int epoch, int64_t batch) {
                   mean_loss, epoch, (long long)batch);
 }
 
-/* One micro-batch: forward, loss (scaled by 1/group), backward. With DDP,
- * a micro-batch that does not end its accumulation group (sync = 0) runs in
- * a no_sync scope; the one that does waits for the gradient all-reduce. */
-static dt_status train_micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group, int sync,
-                                   dt_tensor **loss_sum) {
-  dt_status st;
-  dt_tensor *logits = NULL, *loss = NULL, *scaled = NULL;
-  int no_sync = s->ddp && !sync;
-  if (no_sync)
-    DT_CHECK(dt_ddp_no_sync_begin(s->ddp));
-  DT_CHECK_GOTO(dt_module_call(s->model, x, &logits), st, done);
-  DT_CHECK_GOTO(dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), st,
-                done);
-  if (group > 1) {
-    DT_CHECK_GOTO(dt_op_scale(loss, 1.0f / (float)group, &scaled), st, done);
-    DT_CHECK_GOTO(dt_backward(scaled, NULL), st, done);
-  } else {
-    DT_CHECK_GOTO(dt_backward(loss, NULL), st, done);
+/* One micro-batch through the training step, its loss scaled by
+ * 1/group; sync ends the accumulation group (the gradients are reduced). */
+static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group, bool sync,
+                             dt_tensor **loss_sum, double *host_loss_sum) {
+  float scale = 1.0f / (float)group;
+  if (s->dp) {
+    if (dt_tensor_dim(x, 0) < s->n_replicas)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "--mode dp: a micro-batch of %lld samples cannot be split across %d "
+                      "replicas (the last batch of the epoch is smaller: use --max-steps or a "
+                      "--batch that leaves a larger remainder)",
+                      (long long)dt_tensor_dim(x, 0), s->n_replicas);
+    double loss = 0.0;
+    DT_CHECK(dt_dp_forward_backward(s->dp, x, y, scale, sync, &loss));
+    *host_loss_sum += loss;
+    return DT_OK;
   }
-  if (s->ddp && sync)
-    DT_CHECK_GOTO(dt_ddp_finish_backward(s->ddp), st, done);
-  DT_CHECK_GOTO(accumulate_loss(loss, loss_sum), st, done);
-done:
-  if (no_sync) {
-    dt_status end = dt_ddp_no_sync_end(s->ddp);
-    if (st == DT_OK)
-      st = end;
-  }
-  dt_tensor_release(scaled);
-  dt_tensor_release(loss);
-  dt_tensor_release(logits);
-  return st;
+  dt_tensor *loss = NULL;
+  DT_CHECK(dt_step_forward_backward(dt_replica_step(s->replica), x, y, scale, sync, &loss));
+  return accumulate_loss(loss, loss_sum);
 }
 
-/* Clipping sees the all-reduced gradients (DDP finished in the micro-batch). */
-static dt_status optimizer_step(const dt_train_config *c, train_state *s) {
-  if (s->dp)
-    return train_dp_optimizer_step(c, s);
-  if (c->clip > 0)
-    DT_CHECK(dt_clip_grad_norm(s->arena, c->clip, NULL));
-  dt_optim_set_lr(s->opt, dt_lr_at(&s->schedule, dt_optim_step_count(s->opt)));
-  DT_CHECK(dt_optim_step(s->opt));
-  return dt_optim_zero_grad(s->opt);
+/* Clipping sees the reduced gradients (the group's last micro-batch
+ * finished the reduction). */
+static dt_status optimizer_step(train_state *s) {
+  return s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica));
 }
 
 static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
@@ -446,7 +467,7 @@ static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) 
 }
 
 static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch, int64_t b,
-                         double loss, double samples_per_s) {
+                         int64_t batches, double loss, double samples_per_s) {
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
@@ -454,15 +475,16 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
   log_line(log, c,
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
            "MiB)\n",
-           epoch, (long long)b, (long long)s->batches_per_epoch, loss, dt_optim_lr(s->opt),
-           samples_per_s, mib(ms.allocated), mib(ms.peak_allocated));
+           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
+           mib(ms.allocated), mib(ms.peak_allocated));
 }
 
-/* One epoch over the training set (this rank's shard); *mean_loss = mean
- * micro-batch loss over all ranks. samples/s in the progress lines counts
- * every rank's samples (world x this rank's). */
-static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, FILE *log,
-                             double *mean_loss) {
+/* One epoch over the training set (this rank's shard), or its first
+ * `batches` micro-batches when the run's last optimizer step comes first;
+ * *mean_loss = mean micro-batch loss over all ranks. samples/s in the
+ * progress lines counts every rank's samples (world x this rank's). */
+static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, int64_t batches,
+                             FILE *log, double *mean_loss) {
   dt_status st = DT_OK;
   dt_tensor *x = NULL, *y = NULL, *loss_sum = NULL;
   double host_loss_sum = 0.0;
@@ -471,34 +493,28 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int group = 1;
 
   DT_CHECK(dt_loader_start_epoch(s->loader, epoch - 1));
-  for (int64_t b = 0; b < s->batches_per_epoch; b++) {
+  for (int64_t b = 0; b < batches; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
       break;
     int64_t pos = b % c->accum;
     if (pos == 0) {
-      int64_t left = s->batches_per_epoch - b;
+      int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
     }
-    int sync = (pos == group - 1);
+    bool sync = (pos == group - 1);
     interval_samples += dt_tensor_dim(x, 0);
-    if (s->dp) {
-      double l = 0.0;
-      DT_CHECK_GOTO(train_dp_micro_batch(s, x, y, group, sync, &l), st, fail);
-      host_loss_sum += l;
-    } else {
-      DT_CHECK_GOTO(train_micro_batch(s, x, y, group, sync, &loss_sum), st, fail);
-    }
+    DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
     dt_tensor_release(x);
     dt_tensor_release(y);
     x = y = NULL;
     if (sync)
-      DT_CHECK_GOTO(optimizer_step(c, s), st, fail);
+      DT_CHECK_GOTO(optimizer_step(s), st, fail);
     done_batches++;
     interval_batches++;
 
-    int last = (b + 1 == s->batches_per_epoch);
-    int log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
+    bool last = (b + 1 == batches);
+    bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -506,7 +522,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(check_finite(sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
-        log_progress(log, c, s, epoch, b + 1, sum / (double)interval_batches,
+        log_progress(log, c, s, epoch, b + 1, batches, sum / (double)interval_batches,
                      (double)s->world * (double)interval_samples / (t - interval_start));
         interval_start = t;
       }
@@ -515,17 +531,17 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   }
   /* A loader that ended early (fewer batches than announced) leaves a
    * partial accumulation group: finish it and step on it too. */
-  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < s->batches_per_epoch) {
+  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < batches) {
     if (s->ddp || s->dp) {
       /* Its gradients were never reduced; every rank's loader announces
        * the same count, so this means the data changed under us. */
       st = DT_ERROR(DT_ERR_STATE,
                     "the data loader ended after %lld of %lld micro-batches inside an "
                     "accumulation group: the ranks would disagree; check the data set files",
-                    (long long)done_batches, (long long)s->batches_per_epoch);
+                    (long long)done_batches, (long long)batches);
       goto fail;
     }
-    DT_CHECK_GOTO(optimizer_step(c, s), st, fail);
+    DT_CHECK_GOTO(optimizer_step(s), st, fail);
   }
   double sum;
   DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -541,18 +557,16 @@ fail:
   return st;
 }
 
-/* Test loss and accuracy over the whole test set: each rank its shard. */
-static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss,
-                          double *accuracy) {
+/* Test loss and metric over the whole test set: each rank its shard. */
+static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
   double sums[3] = {0, 0, 0};
-  int64_t correct = 0, count = 0;
-  DT_CHECK(dt_train_evaluate_shard(s->model, s->test_set, c->eval_batch, s->dev, s->rank, s->world,
-                                   &sums[0], &correct, &count));
-  sums[1] = (double)correct;
+  int64_t count = 0;
+  DT_CHECK(dt_train_evaluate_shard(s->task, s->model, s->test_set, c->eval_batch, s->dev, s->rank,
+                                   s->world, &sums[0], &sums[1], &count));
   sums[2] = (double)count;
   DT_CHECK(allreduce_sums(s, sums, 3));
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
-  *accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
+  *metric = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
   return DT_OK;
 }
 
@@ -606,9 +620,15 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
   log_header(log, cfg, &s);
 
-  for (int epoch = 1; epoch <= cfg->epochs; epoch++) {
+  const char *metric = s.task->metric_name;
+  for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps; epoch++) {
     double t0 = now_seconds();
-    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, log, &r.train_loss), st, done);
+    /* The run's last optimizer step may come before the epoch's end. */
+    int64_t steps_left = s.total_steps - dt_optim_step_count(s.opt);
+    int64_t batches = s.batches_per_epoch;
+    if (steps_left < s.steps_per_epoch)
+      batches = steps_left * cfg->accum;
+    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, batches, log, &r.train_loss), st, done);
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
     /* The epoch's last optimizer step is seen by no training loss: a step
      * that made the parameters non-finite shows up here. */
@@ -620,12 +640,14 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
-    log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_accuracy=%.4f time=%.1fs\n",
-             epoch, r.train_loss, r.test_loss, r.test_accuracy, now_seconds() - t0);
+    log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
+             r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
   }
   r.optimizer_steps = dt_optim_step_count(s.opt);
+  r.schedule_steps = s.schedule.total_steps;
+  r.final_lr = dt_optim_lr(s.opt);
   r.seconds = now_seconds() - start;
-  log_line(log, cfg, "test_accuracy=%.4f\n", r.test_accuracy);
+  log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
   if (out)
     *out = r;
 done:

@@ -6,12 +6,19 @@
  *   dt_train_result r;
  *   dt_status st = dt_train_run(&cfg, stdout, &r);   // message in dt_last_error()
  *
- * One run: build the model (models/models.h) on the device, move its
- * parameters into a flat arena, create the optimizer and LR schedule, then
- * per epoch: shuffled mini-batches from the background loader, forward,
- * cross-entropy, backward, and one optimizer step every `accum`
- * micro-batches; at the end of each epoch an evaluation on the test split
- * in eval mode without grad.
+ * One run: the task of `model` (models/tasks.h: the model, its input, its
+ * data sets, loss and metric); a replica of the model on the device
+ * (dist/replica.h: parameters in a flat arena, the optimizer, the LR
+ * schedule), then per epoch: shuffled mini-batches from the background
+ * loader through the training step (core/step.h: forward, the task's
+ * loss, backward), and one optimizer update every `accum` micro-batches;
+ * at the end of each epoch an evaluation on the test split in eval mode
+ * without grad.
+ *
+ * Length: `epochs` passes over the training set, or `max_steps` optimizer
+ * steps if that comes first (mid-epoch: the run stops there and evaluates);
+ * the LR schedule (warm-up, then the decay) spans exactly the steps the run
+ * takes, min(max_steps, epochs x steps per epoch).
  *
  * Distributed (DDP): with a process group of world W > 1 (cfg.pg), each rank
  * trains on its DistributedSampler shard with micro-batch `batch`, so the
@@ -43,23 +50,27 @@
 #ifndef DT_LAUNCH_TRAIN_LOOP_H
 #define DT_LAUNCH_TRAIN_LOOP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "core/data.h"
 #include "core/module.h"
+#include "core/optim.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "dist/comm.h"
 #include "dist/process_group.h"
+#include "dist/replica.h"
+#include "models/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct dt_train_config {
-  const char *model;     /* "lenet", "mlp" (see models/models.h) */
-  const char *data;      /* "fashion-mnist" or "mnist": a folder under data_dir */
+  const char *model;     /* the task: "lenet", "mlp" (models/tasks.h) */
+  const char *data;      /* the task's data set ("fashion-mnist", "mnist"), a folder in data_dir */
   const char *data_dir;  /* folder holding the data sets ("data") */
   const char *device;    /* "cpu", "cpu:0", "cuda:0", or "cuda": this rank's GPU (below) */
   const char *optimizer; /* "sgd" or "adamw" */
@@ -69,7 +80,7 @@ typedef struct dt_train_config {
   float lr;
   float momentum; /* SGD */
   float weight_decay;
-  int nesterov;     /* SGD */
+  bool nesterov;    /* SGD */
   int warmup;       /* optimizer steps of linear warm-up */
   int step_size;    /* schedule "step": steps between decays (0 = one epoch) */
   float gamma;      /* schedule "step": decay factor */
@@ -79,7 +90,7 @@ typedef struct dt_train_config {
   uint64_t seed;    /* model initialisation and data order */
   int threads;      /* CPU threads, 0 = the backend's default */
   int log_interval; /* micro-batches between progress lines, 0 = none */
-  int max_steps;    /* micro-batches per epoch, 0 = the whole epoch */
+  int max_steps;    /* optimizer steps in the whole run, 0 = epochs decide */
   int eval_batch;   /* batch size for evaluation */
 
   /* Distributed. */
@@ -90,7 +101,7 @@ typedef struct dt_train_config {
   double comm_timeout;    /* seconds per collective before the watchdog aborts (300) */
   float bucket_cap_mb;    /* DDP bucket size after the first (25) */
   float first_bucket_mb;  /* DDP first bucket (1) */
-  int allow_unused;       /* DDP: zero-fill gradients of unused parameters */
+  bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *log_prefix; /* prepended to every log line ("" or "rank 1: ") */
 } dt_train_config;
 
@@ -113,6 +124,39 @@ dt_status dt_train_rank_device(const char *name, const dt_pg *pg, dt_device *out
  * --comm-backend flag. DT_ERR_INVALID_ARG naming the bad value. */
 dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg);
 
+/* How train and bench connect a rank's replica to its peers. */
+typedef struct dt_train_comm_options {
+  const char *backend;   /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
+  double timeout;        /* seconds per collective before the watchdog aborts */
+  float first_bucket_mb; /* DDP first bucket */
+  float bucket_cap_mb;   /* DDP buckets after the first */
+  bool allow_unused;     /* DDP: zero-fill gradients of unused parameters */
+} dt_train_comm_options;
+
+/* DDP buckets of the given sizes in MiB (at least 4 bytes each). */
+dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
+
+/* One DDP rank (world of pg > 1): the communicator that
+ * dt_comm_create_for_device picks for the replica's device (mpi for cpu;
+ * nccl or host-staged mpi for cuda) and the DDP reducer over it
+ * (dt_replica_connect). Collective. */
+dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o);
+
+/* An optimizer by name: sgd (lr, momentum, weight_decay, nesterov) or
+ * adamw (lr, weight_decay; betas and eps PyTorch's defaults). */
+typedef struct dt_optimizer_spec {
+  const char *name; /* "sgd" or "adamw" */
+  float lr;
+  float momentum;
+  float weight_decay;
+  bool nesterov;
+} dt_optimizer_spec;
+
+/* dt_replica_optim_fn over `spec` (a const dt_optimizer_spec *): an unknown
+ * name is DT_ERR_INVALID_ARG. */
+dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *arena,
+                                    dt_optimizer **out);
+
 /* lenet on fashion-mnist under "data", cpu, sgd, cosine schedule (to 0 over the run),
  * 1 epoch, batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
  * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000; no process
@@ -121,11 +165,13 @@ dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg);
 dt_train_config dt_train_config_default(void);
 
 typedef struct dt_train_result {
-  int epochs;              /* epochs completed */
+  int epochs;              /* epochs run (the last one cut short by max_steps) */
   int64_t optimizer_steps; /* total optimizer steps taken */
+  int64_t schedule_steps;  /* optimizer steps the LR schedule spans (= optimizer_steps) */
+  double final_lr;         /* the schedule's learning rate after the last step */
   double train_loss;       /* mean micro-batch loss over the last epoch */
   double test_loss;        /* after the last epoch */
-  double test_accuracy;    /* after the last epoch, in [0, 1] */
+  double test_accuracy;    /* the task's metric (accuracy) after the last epoch, in [0, 1] */
   double seconds;          /* wall time of the whole run */
 } dt_train_result;
 
@@ -136,17 +182,18 @@ typedef struct dt_train_result {
  * out of memory, a non-finite loss (DT_ERR_STATE), each with a message. */
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out);
 
-/* Mean cross-entropy and accuracy of `model` over all of `data`, in eval
- * mode without grad (the training flag is restored afterwards). */
-dt_status dt_train_evaluate(dt_module *model, const dt_dataset *data, int batch, dt_device dev,
-                            double *loss, double *accuracy);
+/* The task's mean loss and metric (accuracy) of `model` over all of
+ * `data`, in eval mode without grad (the training flag is restored
+ * afterwards). */
+dt_status dt_train_evaluate(const dt_task *task, dt_module *model, const dt_dataset *data,
+                            int batch, dt_device dev, double *loss, double *metric);
 
 /* Shard `rank` of `world` of `data` (samples rank, rank+world, ..., no
- * padding): sums of the cross-entropy and of correct predictions, and the
+ * padding): sums of the task's loss and metric over the samples, and the
  * number of samples, for an all-reduce across ranks. */
-dt_status dt_train_evaluate_shard(dt_module *model, const dt_dataset *data, int batch,
-                                  dt_device dev, int rank, int world, double *loss_sum,
-                                  int64_t *correct, int64_t *count);
+dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const dt_dataset *data,
+                                  int batch, dt_device dev, int rank, int world, double *loss_sum,
+                                  double *metric_sum, int64_t *count);
 
 #ifdef __cplusplus
 }

@@ -35,7 +35,8 @@ dt_status dt_model_mlp(const int *sizes, int n_sizes, uint64_t seed, dt_module *
  * 61,706 parameters for 10 classes. */
 dt_status dt_model_lenet5(int num_classes, uint64_t seed, dt_module **out);
 
-/* Builds a model by name with its default configuration:
+/* Builds the model of task `name` (models/tasks.h) with its default
+ * configuration:
  *   "mlp"   MLP 784-512-512-10
  *   "lenet" LeNet-5, 10 classes
  * An unknown name is DT_ERR_INVALID_ARG with the list of known names. */

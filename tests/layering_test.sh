@@ -32,6 +32,7 @@ lib_of() {
     ops*) echo ops ;;
     module.* | nn.h | nn_* | param_arena.c) echo module ;;
     optim*) echo optim ;;
+    step.*) echo step ;;
     data* | text.h) echo data ;;
     *) echo unknown ;;
   esac
@@ -46,6 +47,7 @@ allowed() { # library -> libraries it may include
     module) echo "status backend tensor ops module" ;;
     optim) echo "status backend tensor ops module optim" ;;
     data) echo "status backend tensor data" ;;
+    step) echo "status backend tensor ops module optim step" ;;
   esac
 }
 

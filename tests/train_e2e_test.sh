@@ -34,7 +34,7 @@ data_dir=$(find_data_dir) || exit 1
 echo "train_e2e_test: data from $data_dir"
 log="${TEST_TMPDIR:-/tmp}/train.log"
 
-"$dtrain" train --data-dir "$data_dir" --model mlp --max-steps 30 --accum 3 --warmup 2 \
+"$dtrain" train --data-dir "$data_dir" --model mlp --max-steps 10 --accum 3 --warmup 2 \
   --schedule cosine --clip 1.0 --log-interval 10 --lr 0.05 | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" != 0 ] || ! tail -1 "$log" | grep -Eq '^test_accuracy=0\.[0-9]{4}$'; then

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/nn.h"
+#include "core/ops.h"
 #include "dist/dp.h"
 #include "dist/process_group.h"
 #include "tests/dist/dist_test_util.h"
@@ -441,35 +443,44 @@ dt_status dp_optim(void *, int, dt_param_arena *arena, dt_optimizer **out) {
   return dt_optim_sgd_create(arena, &c, out);
 }
 
-void check_dp_equals_one_device(const std::string &model, int n_devices, int batch) {
-  const int steps = 5;
-  std::vector<float> ref = dtt::train_reference(model, steps, batch);
+using BatchFn = void (*)(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y);
+
+// Data-parallel training of `model` over n_devices cpu devices with cfg,
+// `steps` steps over batches [s * batch, (s + 1) * batch) from make_batch,
+// ends with the parameters `ref` (one device) on every replica.
+void check_dp_equals(const std::vector<float> &ref, const std::string &model, int n_devices,
+                     int steps, int batch, dt_dp_config cfg, BatchFn make) {
   std::vector<dt_device> devs;
   for (int i = 0; i < n_devices; i++)
     devs.push_back({DT_DEVICE_CPU, i});
   DpArgs args{model};
   dt_dp *dp = nullptr;
-  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
   cfg.comm = test_comm_config();
   DT_ASSERT_OK(dt_dp_create(devs.data(), n_devices, dp_model, &args, dp_optim, nullptr, &cfg, &dp));
   for (int s = 0; s < steps; s++) {
     dt_tensor *x, *y;
-    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    make(static_cast<int64_t>(s) * batch, batch, &x, &y);
     double loss = 0;
     DT_ASSERT_OK(dt_dp_step(dp, x, y, &loss));
     EXPECT_TRUE(std::isfinite(loss));
     dt_tensor_release(x);
     dt_tensor_release(y);
   }
-  std::vector<float> p0 = dtt::arena_values(dt_dp_replica_arena(dp, 0));
+  std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   EXPECT_LE(dtt::rel_error(p0, ref), 1e-5)
       << model << " over " << n_devices << " devices: max abs diff " << dtt::max_abs_diff(p0, ref);
   for (int i = 1; i < n_devices; i++) {
-    std::vector<float> pi = dtt::arena_values(dt_dp_replica_arena(dp, i));
+    std::vector<float> pi = dtt::arena_values(dtt::replica_arena(dp, i));
     EXPECT_EQ(0, std::memcmp(pi.data(), p0.data(), p0.size() * sizeof(float)))
         << "replica " << i << " differs from replica 0";
   }
   dt_dp_destroy(dp);
+}
+
+void check_dp_equals_one_device(const std::string &model, int n_devices, int batch) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference(model, steps, batch);
+  check_dp_equals(ref, model, n_devices, steps, batch, dtt::dp_config(), make_batch);
 }
 
 TEST_F(DistLocal, DataParallelMlpEqualsOneDevice) {
@@ -485,17 +496,89 @@ TEST_F(DistLocal, DataParallelLenetEqualsOneDevice) {
 TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {
   DpArgs args{"mlp-small"};
   dt_dp *dp = nullptr;
+  dt_dp_config cfg = dtt::dp_config();
   dt_device twice[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 0}};
-  EXPECT_EQ(dt_dp_create(twice, 2, dp_model, &args, dp_optim, nullptr, nullptr, &dp),
+  EXPECT_EQ(dt_dp_create(twice, 2, dp_model, &args, dp_optim, nullptr, &cfg, &dp),
             DT_ERR_INVALID_ARG);
   dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
-  DT_ASSERT_OK(dt_dp_create(two, 2, dp_model, &args, dp_optim, nullptr, nullptr, &dp));
+  DT_ASSERT_OK(dt_dp_create(two, 2, dp_model, &args, dp_optim, nullptr, &cfg, &dp));
   dt_tensor *x, *y;
   make_batch(0, 1, &x, &y);
   EXPECT_EQ(dt_dp_step(dp, x, y, nullptr), DT_ERR_INVALID_ARG);
   dt_tensor_release(x);
   dt_tensor_release(y);
   dt_dp_destroy(dp);
+}
+
+// The loss is the caller's, never the mode's: data-parallel training with a
+// mean-squared-error loss (regression targets, not class ids) equals one
+// device trained on that loss, and every replica called it.
+std::atomic<int> g_mse_calls{0};
+
+dt_status mse_loss(dt_tensor *output, dt_tensor *target, dt_reduction reduction, dt_tensor **loss) {
+  g_mse_calls++;
+  return dt_op_mse(output, target, reduction, loss);
+}
+
+// Inputs as make_batch, targets (n, 10) f32 in [-1, 1).
+void make_regression_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **t) {
+  dt_tensor *labels = nullptr;
+  make_batch(first, n, x, &labels);
+  dt_tensor_release(labels);
+  std::vector<float> v(static_cast<size_t>(n) * 10);
+  for (size_t i = 0; i < v.size(); i++)
+    v[i] = 2.0f * dt_rng_uniform(77, static_cast<uint64_t>(first) * 10 + i) - 1.0f;
+  int64_t shape[2] = {n, 10};
+  *t = nullptr;
+  dt_tensor_from_host(v.data(), shape, 2, DT_DTYPE_F32, DT_CPU, t);
+}
+
+// One device, written out by hand: forward, mean squared error, backward, SGD.
+std::vector<float> train_reference_mse(const std::string &model, int steps, int batch) {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  dt_sgd_config sgd = dtt::test_sgd();
+  std::vector<float> out;
+  EXPECT_EQ(dtt::build_model(model, &m), DT_OK);
+  EXPECT_EQ(dt_param_arena_create(m, &arena), DT_OK);
+  EXPECT_EQ(dt_optim_sgd_create(arena, &sgd, &opt), DT_OK);
+  for (int s = 0; s < steps && opt != nullptr; s++) {
+    dt_tensor *x, *t, *y = nullptr, *loss = nullptr;
+    make_regression_batch(static_cast<int64_t>(s) * batch, batch, &x, &t);
+    EXPECT_EQ(dt_module_call(m, x, &y), DT_OK);
+    EXPECT_EQ(dt_op_mse(y, t, DT_REDUCTION_MEAN, &loss), DT_OK);
+    EXPECT_EQ(dt_backward(loss, nullptr), DT_OK);
+    EXPECT_EQ(dt_optim_step(opt), DT_OK);
+    EXPECT_EQ(dt_optim_zero_grad(opt), DT_OK);
+    for (dt_tensor *u : {loss, y, t, x})
+      dt_tensor_release(u);
+  }
+  if (arena != nullptr)
+    out = dtt::arena_values(arena);
+  dt_optim_destroy(opt);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return out;
+}
+
+TEST_F(DistLocal, DataParallelTakesTheLossFromItsCaller) {
+  const int steps = 4, batch = 13;  // 3 replicas: 4, 4, 5 samples
+  std::vector<float> ref = train_reference_mse("mlp-small", steps, batch);
+  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  cfg.step.loss = mse_loss;
+  for (int n : {2, 3}) {
+    g_mse_calls = 0;
+    check_dp_equals(ref, "mlp-small", n, steps, batch, cfg, make_regression_batch);
+    EXPECT_EQ(g_mse_calls.load(), n * steps) << "every replica's every step calls the loss";
+  }
+  // Without a loss there is no step to run: refused, not defaulted.
+  dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
+  DpArgs args{"mlp-small"};
+  dt_dp *dp = nullptr;
+  EXPECT_EQ(dt_dp_create(two, 2, dp_model, &args, dp_optim, nullptr, nullptr, &dp),
+            DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("loss"), std::string::npos) << dt_last_error();
 }
 
 // OpenMP's thread count is per thread: each replica thread must set its own
@@ -519,7 +602,7 @@ void expect_replica_threads(int threads_per_replica, int caller_threads, int wan
   ThreadProbe probe;
   probe.omp_threads.assign(2, -1);
   dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
-  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  dt_dp_config cfg = dtt::dp_config();
   cfg.threads_per_replica = threads_per_replica;
   dt_dp *dp = nullptr;
   DT_ASSERT_OK(dt_dp_create(two, 2, probe_model, &probe, dp_optim, nullptr, &cfg, &dp));
@@ -535,7 +618,7 @@ TEST_F(DistLocal, DataParallelReplicaThreadsSetTheirOwnThreadCount) {
   expect_replica_threads(0, 4, 2);  // default: the caller's 4 shared by 2 replicas
   expect_replica_threads(0, 1, 1);  // never below one
   dt_device two[2] = {{DT_DEVICE_CPU, 0}, {DT_DEVICE_CPU, 1}};
-  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  dt_dp_config cfg = dtt::dp_config();
   cfg.threads_per_replica = -1;
   DpArgs args{"mlp-small"};
   dt_dp *dp = nullptr;

@@ -214,7 +214,7 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
   std::vector<dt_device> devs;
   for (int i = 0; i < n; i++)
     devs.push_back({DT_DEVICE_CUDA, i});
-  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  dt_dp_config cfg = dtt::dp_config();
   cfg.comm.timeout_s = 60;
   cfg.comm.backend = DT_COMM_BACKEND_NCCL;
   dt_dp *dp = nullptr;
@@ -226,12 +226,12 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
     dt_tensor_release(x);
     dt_tensor_release(y);
   }
-  std::vector<float> p0 = dtt::arena_values(dt_dp_replica_arena(dp, 0));
+  std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   double rel = dtt::rel_error(p0, ref);
   std::printf("data-parallel over %d GPU(s) via an NCCL clique: relative error %.3g\n", n, rel);
   EXPECT_LE(rel, 1e-4);
   for (int i = 1; i < n; i++)
-    EXPECT_EQ(dtt::arena_values(dt_dp_replica_arena(dp, i)), p0) << "replica " << i;
+    EXPECT_EQ(dtt::arena_values(dtt::replica_arena(dp, i)), p0) << "replica " << i;
   dt_dp_destroy(dp);
 }
 

@@ -413,7 +413,7 @@ TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
   const int steps = 4, batch = 16;
   std::vector<float> ref = dtt::train_reference("mlp", steps, batch);
   dt_device devs[2] = {{DT_DEVICE_CUDA, 0}, {DT_DEVICE_CUDA, 1}};
-  dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
+  dt_dp_config cfg = dtt::dp_config();
   cfg.comm.timeout_s = 30;
   cfg.comm.backend = DT_COMM_BACKEND_MPI;  // host memory: the local communicator stages
   dt_dp *dp = nullptr;
@@ -425,8 +425,8 @@ TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
     dt_tensor_release(x);
     dt_tensor_release(y);
   }
-  std::vector<float> p0 = dtt::arena_values(dt_dp_replica_arena(dp, 0));
-  std::vector<float> p1 = dtt::arena_values(dt_dp_replica_arena(dp, 1));
+  std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
+  std::vector<float> p1 = dtt::arena_values(dtt::replica_arena(dp, 1));
   EXPECT_LE(dtt::rel_error(p0, ref), g_real ? 1e-4 : 1e-5);
   EXPECT_EQ(0, std::memcmp(p0.data(), p1.data(), p0.size() * sizeof(float)));
   dt_dp_destroy(dp);

@@ -19,7 +19,9 @@
 #include "core/tensor.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
+#include "dist/dp.h"
 #include "models/models.h"
+#include "models/tasks.h"
 
 #define DT_ASSERT_OK(expr)                                                          \
   do {                                                                              \
@@ -88,6 +90,17 @@ inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float s
   dt_tensor_release(loss);
   dt_tensor_release(logits);
   return st;
+}
+
+// Data-parallel mode with the classification tasks' loss (cross-entropy).
+inline dt_dp_config dp_config() {
+  dt_dp_config c = DT_DP_CONFIG_DEFAULT;
+  c.step.loss = dt_task_loss_cross_entropy;
+  return c;
+}
+
+inline dt_param_arena *replica_arena(const dt_dp *dp, int i) {
+  return dt_replica_arena(dt_dp_replica(dp, i));
 }
 
 inline std::vector<float> arena_values(dt_param_arena *a) {

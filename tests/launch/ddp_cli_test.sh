@@ -50,7 +50,7 @@ expect_not() { # expect_not WHERE PATTERN DESCRIPTION
 last_line_accuracy() { tail -1 "$out" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p'; }
 
 # ---- launch: the mpirun line, DDP, rank 0 prints ----------------------------
-run launch -n 2 -- train --model mlp --batch 32 --max-steps 40 --log-interval 20 --accum 2
+run launch -n 2 -- train --model mlp --batch 32 --max-steps 20 --log-interval 20 --accum 2
 expect 0 err "^dtrain launch: mpirun -np 2 --bind-to none --map-by slot -x OMP_NUM_THREADS=[0-9]+ -x DT_NUM_THREADS=[0-9]+ .*$(basename "$dtrain") train --model mlp" \
   "launch prints the mpirun command line"
 expect 0 out "ddp world 2 .*per-rank batch 32, global batch 64" "the header names world and batches"
@@ -84,7 +84,7 @@ expect 0 out "^comm: allreduce_ms=[0-9.]+ overlapped_ms=[0-9.]+ hidden=[0-9]+% e
   "bench: the reducer's communication figures"
 
 # ---- data-parallel mode -----------------------------------------------------
-run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 20 --log-interval 10 --accum 2 --clip 1
+run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 10 --log-interval 10 --accum 2 --clip 1
 expect 0 out "mode dp: 2 replicas" "--mode dp: header"
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--mode dp --devices cpu:0,cpu:1 trains"
 run train --mode dp --devices cpu:0,gpu:1

@@ -1,0 +1,65 @@
+/* The training step (core/step.h). */
+#include "core/step.h"
+
+#include "core/autograd.h"
+
+static dt_status phase_ended(const dt_step *s, dt_step_phase phase) {
+  return s->cfg.on_phase ? s->cfg.on_phase(s->cfg.on_phase_user, phase) : DT_OK;
+}
+
+dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor *target,
+                                   float loss_scale, bool sync, dt_tensor **loss) {
+  if (loss)
+    *loss = NULL;
+  if (s->cfg.loss == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "the training step has no loss: set dt_step_config.loss (the task's loss, "
+                    "models/tasks.h)");
+  dt_status st = DT_OK;
+  dt_tensor *output = NULL, *value = NULL, *scaled = NULL;
+  const dt_grad_sync *gs = &s->sync;
+  bool reduce = gs->ctx != NULL;
+  bool no_sync = reduce && !sync;
+  if (no_sync)
+    DT_CHECK(gs->no_sync_begin(gs->ctx));
+  DT_CHECK_GOTO(dt_module_call(s->model, input, &output), st, end_pass);
+  DT_CHECK_GOTO(s->cfg.loss(output, target, DT_REDUCTION_MEAN, &value), st, end_pass);
+  DT_CHECK_GOTO(phase_ended(s, DT_STEP_PHASE_FORWARD), st, end_pass);
+  if (loss_scale != 1.0f)
+    DT_CHECK_GOTO(dt_op_scale(value, loss_scale, &scaled), st, end_pass);
+  DT_CHECK_GOTO(dt_backward(scaled ? scaled : value, NULL), st, end_pass);
+
+end_pass:
+  if (no_sync) {
+    dt_status end = gs->no_sync_end(gs->ctx);
+    if (st == DT_OK)
+      st = end;
+  }
+  /* Even after a failed backward a synchronised pass must finish: the
+   * other replicas wait for this one's buckets. */
+  if (reduce && sync) {
+    dt_status fin = gs->finish_backward(gs->ctx);
+    if (st == DT_OK)
+      st = fin;
+  }
+  if (st == DT_OK)
+    st = phase_ended(s, DT_STEP_PHASE_BACKWARD);
+  if (st == DT_OK && loss)
+    st = dt_tensor_detach(value, loss);
+  dt_tensor_release(scaled);
+  dt_tensor_release(value);
+  dt_tensor_release(output);
+  return st;
+}
+
+dt_status dt_step_update(const dt_step *s) {
+  if (s->cfg.clip > 0)
+    DT_CHECK(dt_clip_grad_norm(s->arena, s->cfg.clip, NULL));
+  if (s->cfg.schedule)
+    dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
+  DT_CHECK(dt_optim_step(s->opt));
+  DT_CHECK(dt_optim_zero_grad(s->opt));
+  if (s->cfg.schedule)
+    dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
+  return phase_ended(s, DT_STEP_PHASE_UPDATE);
+}

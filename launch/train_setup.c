@@ -1,0 +1,97 @@
+/* What `dtrain train` and `dtrain bench` set up alike: devices, the
+ * communicator and DDP reducer of a rank, the optimizer. */
+#include <string.h>
+
+#include "launch/train_loop.h"
+
+#define MIB (1024.0 * 1024.0)
+
+dt_status dt_train_parse_devices(const char *list, dt_device *devs, int cap, int *n) {
+  *n = 0;
+  if (!list || !list[0])
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "empty device list: expected devices separated by commas, e.g. cpu:0,cpu:1");
+  const char *p = list;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[64];
+    if (len == 0 || len >= sizeof item)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "device list '%s': %s item: expected devices separated by commas, e.g. "
+                      "cpu:0,cpu:1",
+                      list, len == 0 ? "an empty" : "an overlong");
+    if (*n >= cap)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "device list '%s': more than %d devices", list, cap);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    dt_status st = dt_device_parse(item, &devs[*n]);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "device list '%s': item '%s'", list, item);
+    (*n)++;
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  return DT_OK;
+}
+
+dt_status dt_train_rank_device(const char *name, const dt_pg *pg, dt_device *out) {
+  DT_CHECK(dt_device_parse(name, out));
+  if (out->type == DT_DEVICE_CUDA && !strchr(name, ':') && pg != NULL)
+    return dt_comm_pick_device(pg, out);
+  return DT_OK;
+}
+
+dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg) {
+  DT_CHECK(dt_comm_config_from_env(cfg));
+  if (backend != NULL && backend[0] != '\0') {
+    dt_status st = dt_comm_backend_parse(backend, &cfg->backend);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "--comm-backend");
+  }
+  return DT_OK;
+}
+
+dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
+  dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
+  dc.first_bucket_bytes = (size_t)(o->first_bucket_mb * MIB);
+  dc.bucket_bytes = (size_t)(o->bucket_cap_mb * MIB);
+  if (dc.first_bucket_bytes < 4)
+    dc.first_bucket_bytes = 4;
+  if (dc.bucket_bytes < 4)
+    dc.bucket_bytes = 4;
+  dc.allow_unused = o->allow_unused;
+  return dc;
+}
+
+dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o) {
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = o->timeout;
+  DT_CHECK(dt_train_comm_config(o->backend, &cc));
+  dt_comm *comm = NULL;
+  DT_CHECK(dt_comm_create_for_device(pg, dt_replica_device(r), &cc, &comm));
+  dt_ddp_config dc = dt_train_ddp_config(o);
+  return dt_replica_connect(r, comm, &dc);
+}
+
+dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *arena,
+                                    dt_optimizer **out) {
+  (void)replica;
+  const dt_optimizer_spec *o = spec;
+  if (!strcmp(o->name, "sgd")) {
+    dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
+    sgd.lr = o->lr;
+    sgd.momentum = o->momentum;
+    sgd.weight_decay = o->weight_decay;
+    sgd.nesterov = o->nesterov;
+    return dt_optim_sgd_create(arena, &sgd, out);
+  }
+  if (!strcmp(o->name, "adamw")) {
+    dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
+    adamw.lr = o->lr;
+    adamw.weight_decay = o->weight_decay;
+    return dt_optim_adamw_create(arena, &adamw, out);
+  }
+  return DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw", o->name);
+}

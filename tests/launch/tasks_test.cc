@@ -1,0 +1,161 @@
+// The task table (models/tasks.h): every registered task builds, takes the
+// input shape it declares, gives one output per class, has a loss, a metric
+// and data sets; `dtrain bench` runs a step of each, fed by the table alone.
+#include "models/tasks.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cpu.h"
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "core/step.h"
+#include "launch/bench.h"
+#include "models/models.h"
+
+namespace {
+
+#define ASSERT_DT_OK(expr)                                                 \
+  do {                                                                     \
+    dt_status s_ = (expr);                                                 \
+    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
+  } while (0)
+
+class Tasks : public ::testing::Test {
+ protected:
+  void SetUp() override { dt_cpu_set_num_threads(1); }
+};
+
+// A batch of `n` inputs of the task's shape and dtype.
+dt_tensor *task_input(const dt_task *t, int64_t n) {
+  std::vector<int64_t> shape = {n};
+  int64_t numel = n;
+  for (int i = 0; i < t->input_ndim; i++) {
+    shape.push_back(t->input_shape[i]);
+    numel *= t->input_shape[i];
+  }
+  std::vector<float> f(static_cast<size_t>(numel));
+  std::vector<int64_t> ids(static_cast<size_t>(numel));
+  for (size_t i = 0; i < f.size(); i++) {
+    f[i] = static_cast<float>((i * 2654435761u) % 1000u) / 1000.0f;
+    ids[i] = t->input_range > 0 ? static_cast<int64_t>(i % static_cast<size_t>(t->input_range)) : 0;
+  }
+  std::vector<int32_t> ids32(ids.begin(), ids.end());
+  const void *data = t->input_dtype == DT_DTYPE_F32   ? static_cast<const void *>(f.data())
+                     : t->input_dtype == DT_DTYPE_I32 ? static_cast<const void *>(ids32.data())
+                                                      : static_cast<const void *>(ids.data());
+  dt_tensor *x = nullptr;
+  EXPECT_EQ(dt_tensor_from_host(data, shape.data(), static_cast<int>(shape.size()), t->input_dtype,
+                                DT_CPU, &x),
+            DT_OK)
+      << dt_last_error();
+  return x;
+}
+
+TEST_F(Tasks, TheTableIsWellFormed) {
+  ASSERT_GT(dt_task_count(), 0);
+  EXPECT_EQ(dt_task_at(dt_task_count()), nullptr);
+  for (int i = 0; i < dt_task_count(); i++) {
+    const dt_task *t = dt_task_at(i);
+    ASSERT_NE(t, nullptr);
+    SCOPED_TRACE(t->name);
+    const dt_task *found = nullptr;
+    ASSERT_DT_OK(dt_task_find(t->name, &found));
+    EXPECT_EQ(found, t) << "task names are unique";
+    EXPECT_NE(t->build, nullptr);
+    EXPECT_NE(t->loss, nullptr);
+    EXPECT_NE(t->metric, nullptr);
+    EXPECT_NE(t->metric_name, nullptr);
+    EXPECT_GE(t->input_ndim, 1);
+    EXPECT_LE(t->input_ndim, DT_TASK_MAX_DIMS);
+    EXPECT_GE(t->num_classes, 2);
+    ASSERT_GE(t->n_data, 1);
+    for (int d = 0; d < t->n_data; d++) {
+      const dt_task_data *data = nullptr;
+      ASSERT_DT_OK(dt_task_find_data(t, t->data[d].name, &data));
+      EXPECT_EQ(data->num_classes, t->num_classes) << data->name;
+      EXPECT_GT(data->std, 0.0f) << data->name;
+      EXPECT_NE(data->open, nullptr) << data->name;
+    }
+  }
+  const dt_task *none = nullptr;
+  EXPECT_EQ(dt_task_find("resnet18", &none), DT_ERR_INVALID_ARG);
+  char names[256];
+  EXPECT_NE(std::string(dt_last_error()).find(dt_task_names(", ", names, sizeof names)),
+            std::string::npos)
+      << "the error lists the known models: " << dt_last_error();
+  const dt_task *first = dt_task_at(0);
+  const dt_task_data *data = nullptr;
+  EXPECT_EQ(dt_task_find_data(first, "imagenet", &data), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find(first->data[0].name), std::string::npos)
+      << dt_last_error();
+}
+
+// Each task's model takes a batch of the declared input and gives
+// (batch, num_classes); the task's loss of it is finite and backward gives
+// every parameter a gradient; the metric counts at most one per sample.
+TEST_F(Tasks, EveryTaskBuildsAndTakesItsInputShape) {
+  for (int i = 0; i < dt_task_count(); i++) {
+    const dt_task *t = dt_task_at(i);
+    SCOPED_TRACE(t->name);
+    dt_module *model = nullptr;
+    ASSERT_DT_OK(t->build(3, &model));
+    dt_module *by_name = nullptr;
+    ASSERT_DT_OK(dt_model_create(t->name, 3, &by_name));
+    EXPECT_EQ(dt_module_parameter_count(by_name), dt_module_parameter_count(model));
+    dt_module_destroy(by_name);
+
+    const int64_t n = 3;
+    dt_tensor *x = task_input(t, n);
+    ASSERT_NE(x, nullptr);
+    std::vector<int32_t> labels = {0, 1, t->num_classes - 1};
+    int64_t yshape[1] = {n};
+    dt_tensor *y = nullptr, *out = nullptr, *loss = nullptr;
+    ASSERT_DT_OK(dt_tensor_from_host(labels.data(), yshape, 1, DT_DTYPE_I32, DT_CPU, &y));
+    ASSERT_DT_OK(dt_module_call(model, x, &out));
+    ASSERT_EQ(dt_tensor_ndim(out), 2);
+    EXPECT_EQ(dt_tensor_dim(out, 0), n);
+    EXPECT_EQ(dt_tensor_dim(out, 1), t->num_classes);
+    ASSERT_DT_OK(t->loss(out, y, DT_REDUCTION_MEAN, &loss));
+    double v = NAN;
+    ASSERT_DT_OK(dt_tensor_item(loss, 0, &v));
+    EXPECT_TRUE(std::isfinite(v));
+    ASSERT_DT_OK(dt_backward(loss, nullptr));
+    for (int p = 0; p < dt_module_num_parameters(model); p++)
+      EXPECT_NE(dt_tensor_grad(dt_module_parameter_at(model, p, nullptr)), nullptr) << p;
+    double metric = 0.0;
+    ASSERT_DT_OK(t->metric(out, y, &metric));
+    EXPECT_GE(metric, 0.0);
+    EXPECT_LE(metric, static_cast<double>(n));
+    for (dt_tensor *u : {loss, out, y, x})
+      dt_tensor_release(u);
+    dt_module_destroy(model);
+  }
+}
+
+// bench builds its synthetic batch from the task alone: one step of each.
+TEST_F(Tasks, BenchRunsOneStepOfEveryTask) {
+  for (int i = 0; i < dt_task_count(); i++) {
+    const dt_task *t = dt_task_at(i);
+    SCOPED_TRACE(t->name);
+    dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
+    cfg.model = t->name;
+    cfg.batch = 4;
+    cfg.steps = 1;
+    cfg.warmup = 0;
+    cfg.threads = 1;
+    dt_bench_result r;
+    std::memset(&r, 0, sizeof r);
+    ASSERT_DT_OK(dt_bench_run(&cfg, &r));
+    EXPECT_GT(r.parameters, 0);
+    EXPECT_TRUE(std::isfinite(r.final_loss));
+    EXPECT_GT(r.final_loss, 0.0);
+    EXPECT_GT(r.steps_per_s, 0.0);
+  }
+}
+
+}  // namespace
