@@ -1,6 +1,8 @@
 /* The training step (core/step.h). */
 #include "core/step.h"
 
+#include <math.h>
+
 #include "core/autograd.h"
 
 static dt_status phase_ended(const dt_step *s, dt_step_phase phase) {
@@ -53,8 +55,18 @@ end_pass:
 }
 
 dt_status dt_step_update(const dt_step *s) {
-  if (s->cfg.clip > 0)
-    DT_CHECK(dt_clip_grad_norm(s->arena, s->cfg.clip, NULL));
+  if (s->cfg.clip > 0) {
+    /* Clipping would scale a non-finite gradient to 0 (or NaN) and the run
+     * would go on without learning: a divergence to report. */
+    double norm = 0.0;
+    DT_CHECK(dt_clip_grad_norm(s->arena, s->cfg.clip, &norm));
+    if (!isfinite(norm))
+      return DT_ERROR(DT_ERR_STATE,
+                      "training diverged: the gradient norm is %s at optimizer step %lld (before "
+                      "clipping to %g); lower --lr or add --warmup",
+                      isnan(norm) ? "nan" : "inf", (long long)dt_optim_step_count(s->opt) + 1,
+                      (double)s->cfg.clip);
+  }
   if (s->cfg.schedule)
     dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
   DT_CHECK(dt_optim_step(s->opt));

@@ -64,7 +64,8 @@ dt_flag dt_cli_flag_device(const char **target) {
                    .help =
                        "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU "
                        "(its local rank)",
-                   .check = dt_cli_check_device};
+                   .check = dt_cli_check_device,
+                   .per_rank = true};
 }
 
 dt_flag dt_cli_flag_threads(int *target) {
@@ -74,7 +75,8 @@ dt_flag dt_cli_flag_threads(int *target) {
                    .metavar = "N",
                    .help = "CPU threads, 0 = all available cores (or DT_NUM_THREADS)",
                    .min = 0,
-                   .max = DT_CPU_MAX_THREADS};
+                   .max = DT_CPU_MAX_THREADS,
+                   .per_rank = true};
 }
 
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {

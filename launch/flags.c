@@ -246,16 +246,30 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
   return DT_FLAGS_OK;
 }
 
-static void format_default(const dt_flag *f, char *buf, size_t cap) {
-  if (f->default_text) {
-    snprintf(buf, cap, "%s", f->default_text);
-    return;
-  }
+/* The target's value; exact: the shortest digits (at least 6) that read
+ * back to the same number, rather than the help's %g. */
+static void format_value(const dt_flag *f, bool exact, char *buf, size_t cap) {
   switch (f->type) {
     case DT_FLAG_INT: snprintf(buf, cap, "%d", *(const int *)f->target); break;
     case DT_FLAG_U64: snprintf(buf, cap, "%" PRIu64, *(const uint64_t *)f->target); break;
-    case DT_FLAG_FLOAT: snprintf(buf, cap, "%g", *(const float *)f->target); break;
-    case DT_FLAG_DOUBLE: snprintf(buf, cap, "%g", *(const double *)f->target); break;
+    case DT_FLAG_FLOAT: {
+      float v = *(const float *)f->target;
+      for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, cap, "%.*g", digits, (double)v);
+        if (!exact || strtof(buf, NULL) == v)
+          break;
+      }
+      break;
+    }
+    case DT_FLAG_DOUBLE: {
+      double v = *(const double *)f->target;
+      for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, v);
+        if (!exact || strtod(buf, NULL) == v)
+          break;
+      }
+      break;
+    }
     case DT_FLAG_STRING:
     case DT_FLAG_CHOICE: {
       const char *s = *(const char *const *)f->target;
@@ -263,8 +277,45 @@ static void format_default(const dt_flag *f, char *buf, size_t cap) {
       break;
     }
     case DT_FLAG_BOOL: snprintf(buf, cap, "%s", *(const bool *)f->target ? "on" : "off"); break;
-    case DT_FLAG_LIST: snprintf(buf, cap, "none"); break;
+    case DT_FLAG_LIST: {
+      const dt_flag_list *l = f->target;
+      size_t used = 0;
+      buf[0] = '\0';
+      for (int i = 0; i < l->n && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? "," : "", l->items[i]);
+      if (l->n == 0)
+        snprintf(buf, cap, "none");
+      break;
+    }
   }
+}
+
+static void format_default(const dt_flag *f, char *buf, size_t cap) {
+  if (f->default_text)
+    snprintf(buf, cap, "%s", f->default_text);
+  else if (f->type == DT_FLAG_LIST)
+    snprintf(buf, cap, "none");
+  else
+    format_value(f, false, buf, cap);
+}
+
+size_t dt_flags_format_values(const dt_flag_set *set, char *buf, size_t cap) {
+  size_t used = 0;
+  if (cap == 0)
+    return 0;
+  buf[0] = '\0';
+  for (int i = 0; i < set->nflags && used + 1 < cap; i++) {
+    const dt_flag *f = &set->flags[i];
+    if (f->per_rank)
+      continue;
+    char value[512];
+    format_value(f, true, value, sizeof value);
+    int n = snprintf(buf + used, cap - used, "--%s %s\n", f->name, value);
+    if (n < 0)
+      break;
+    used += (size_t)n < cap - used ? (size_t)n : cap - used - 1;
+  }
+  return used;
 }
 
 /* Writes `text` from column `col` (the cursor is there) to HELP_WIDTH,

@@ -58,6 +58,8 @@ typedef struct dt_flag {
   const char *choices; /* CHOICE: "sgd|adamw" */
   dt_flag_check_fn check;
   const char *default_text; /* shown as the default instead of the target's value */
+  bool per_rank; /* may differ between the ranks of a job (device, threads, paths, logging):
+                    left out of dt_flags_format_values */
 } dt_flag;
 
 typedef struct dt_flag_set {
@@ -95,6 +97,12 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
  * values and default (the target's current value, so call it before
  * parsing or after a --help), then the epilogue. */
 void dt_flags_print_help(const dt_flag_set *set, FILE *out);
+
+/* The resolved value of every flag that is not per_rank, one line each,
+ * "--name value\n" in table order, numbers exact (floats round-trip): what
+ * the ranks of a job compare at start. Returns the length; a value that
+ * does not fit in buf is cut (buf stays NUL-terminated). */
+size_t dt_flags_format_values(const dt_flag_set *set, char *buf, size_t cap);
 
 /* "a|b|c" -> "a, b, c" into buf. */
 const char *dt_flags_format_choices(const char *choices, char *buf, size_t cap);

@@ -10,7 +10,9 @@
  * "dtrain: error: rank R: ..." and ends the whole job (MPI_Abort), so no
  * rank is left waiting in a collective. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,7 +147,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .type = DT_FLAG_STRING,
        .target = &cfg.data_dir,
        .metavar = "DIR",
-       .help = "folder holding the data sets; env DT_DATA_DIR sets the default"},
+       .help = "folder holding the data sets; env DT_DATA_DIR sets the default",
+       .per_rank = true},
       {.name = "epochs",
        .type = DT_FLAG_INT,
        .target = &cfg.epochs,
@@ -223,7 +226,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .type = DT_FLAG_INT,
        .target = &cfg.log_interval,
        .metavar = "N",
-       .help = "micro-batches between progress lines, 0 = none"},
+       .help = "micro-batches between progress lines, 0 = none",
+       .per_rank = true},
       {.name = "max-steps",
        .type = DT_FLAG_INT,
        .target = &cfg.max_steps,
@@ -248,7 +252,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .target = &cfg.devices,
        .metavar = "LIST",
        .help = "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
-       .check = dt_cli_check_device_list},
+       .check = dt_cli_check_device_list,
+       .per_rank = true},
       dt_cli_flag_comm_backend(&comm_backend),
       dt_cli_flag_comm_timeout(&cfg.comm_timeout),
       dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
@@ -260,7 +265,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       {.name = "verbose-ranks",
        .type = DT_FLAG_BOOL,
        .target = &verbose_ranks,
-       .help = "every rank prints its progress (prefixed rank R:), not only rank 0"},
+       .help = "every rank prints its progress (prefixed rank R:), not only rank 0",
+       .per_rank = true},
   };
   dt_flag_set set = {
       .command = "train",
@@ -303,6 +309,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   cfg.allow_unused = allow_unused;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
+  static char agreed[8192];
+  dt_flags_format_values(&set, agreed, sizeof agreed);
+  cfg.agreed_config = agreed;
   int rank = dt_pg_rank(pg);
   char prefix[32] = "";
   if (rank != 0)
@@ -339,12 +348,39 @@ static void share_cores(const dt_pg *pg) {
   dt_cpu_set_num_threads(per_rank > 0 ? per_rank : 1);
 }
 
-/* Runs a command inside the process group; never returns. */
+/* The end of every command: what it wrote to stdout must have reached it
+ * (a full disk, a closed pipe, /dev/full). A lost result line is an error:
+ * exit 1 naming it, unless the command already failed. */
+static int finish_stdout(int rc) {
+  errno = 0;
+  bool failed = fflush(stdout) != 0 || ferror(stdout);
+  int e = errno;
+  if (fclose(stdout) != 0 && !failed) {
+    failed = true;
+    e = errno;
+  }
+  if (!failed)
+    return rc;
+  fprintf(stderr, "dtrain: error: writing the standard output failed: %s\n",
+          e ? strerror(e) : "write error");
+  return rc == 0 ? 1 : rc;
+}
+
+/* Runs a command inside the process group; never returns. A failure on
+ * any rank (exit 1, or 2 for a command line only that rank got wrong) is
+ * printed with the rank and ends the whole job: the other ranks may be
+ * waiting for it in a collective. Rank 0's messages go to stderr as they
+ * come; another rank's are held and printed prefixed "rank R: ". */
 static void run_in_group(const command *c, int argc, char **argv) {
   int env_rank = launcher_env_rank();
-  FILE *err = stderr, *devnull = NULL;
-  if (env_rank != 0 && (devnull = fopen("/dev/null", "w")) != NULL)
-    err = devnull;
+  FILE *err = stderr;
+  char *held = NULL;
+  size_t held_len = 0;
+  if (env_rank != 0) {
+    FILE *mem = open_memstream(&held, &held_len);
+    if (mem)
+      err = mem;
+  }
   dt_pg *pg = NULL;
   if (dt_pg_create(NULL, &pg) != DT_OK) {
     char prefix[32];
@@ -355,20 +391,30 @@ static void run_in_group(const command *c, int argc, char **argv) {
   share_cores(pg);
   dt_clear_error();
   int rc = c->run(argc, argv, pg, err);
+  char prefix[32] = "";
+  if (dt_pg_world_size(pg) > 1)
+    snprintf(prefix, sizeof prefix, "rank %d: ", dt_pg_rank(pg));
+  if (err != stderr) {
+    fclose(err);
+    for (char *line = held; rc != 0 && line && *line;) {
+      char *end = strchr(line, '\n');
+      int n = end ? (int)(end - line) : (int)strlen(line);
+      fprintf(stderr, "%s%.*s\n", prefix, n, line);
+      line = end ? end + 1 : line + n;
+    }
+    free(held);
+  }
   if (rc == 1) {
     fflush(stdout);
-    char prefix[32] = "";
-    if (dt_pg_world_size(pg) > 1)
-      snprintf(prefix, sizeof prefix, "rank %d: ", dt_pg_rank(pg));
     dt_cli_print_error(stderr, prefix);
-    /* The other ranks may be waiting in a collective: end the whole job. */
-    if (dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1)
-      dt_pg_abort(pg, 1);
   }
-  fflush(stdout);
+  /* The other ranks may be waiting in a collective: end the whole job. */
+  if (rc != 0 && dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1) {
+    fflush(stdout);
+    dt_pg_abort(pg, rc);
+  }
+  rc = finish_stdout(rc);
   dt_pg_destroy(pg);
-  if (devnull)
-    fclose(devnull);
   exit(rc);
 }
 
@@ -379,7 +425,7 @@ int main(int argc, char **argv) {
   }
   const char *name = argv[1];
   if (!strcmp(name, "--help") || !strcmp(name, "-h"))
-    exit(cli_help(0, NULL, NULL, stderr));
+    exit(finish_stdout(cli_help(0, NULL, NULL, stderr)));
   const command *c = find_command(name);
   if (!c) {
     print_unknown_command(name);
@@ -387,5 +433,5 @@ int main(int argc, char **argv) {
   }
   if (c->in_group)
     run_in_group(c, argc - 2, argv + 2);
-  exit(c->run(argc - 2, argv + 2, NULL, stderr));
+  exit(finish_stdout(c->run(argc - 2, argv + 2, NULL, stderr)));
 }

@@ -62,6 +62,7 @@ typedef struct train_state {
   dt_comm *comm; /* DDP (world > 1) */
   dt_ddp *ddp;
   int rank, world;
+  double first_loss; /* the run's first micro-batch loss (0 = not yet, -1 = none) */
 } train_state;
 
 static double now_seconds(void) {
@@ -180,6 +181,59 @@ static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
   return (dt_optimizer_spec){c->optimizer, c->lr, c->momentum, c->weight_decay, c->nesterov};
 }
 
+static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "(");
+  for (int i = 0; i < ndim && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (used < cap)
+    snprintf(buf + used, cap - used, ")");
+  return buf;
+}
+
+/* "data train: 60000 samples, f32(1, 28, 28) -> i32(), fingerprint ..." for
+ * the ranks to compare: the fingerprint hashes up to 256 evenly spaced
+ * samples (inputs and targets), which tells other files of the same size
+ * apart without reading the whole set. */
+static dt_status describe_data(const char *split, const dt_dataset *d, char *buf, size_t cap) {
+  const dt_sample_layout *l = dt_dataset_layout(d);
+  int64_t n = dt_dataset_length(d), in_numel = 1, t_numel = 1;
+  char in_shape[96], t_shape[96];
+  format_shape(l->input_shape, l->input_ndim, in_shape, sizeof in_shape);
+  format_shape(l->target_shape, l->target_ndim, t_shape, sizeof t_shape);
+  for (int i = 0; i < l->input_ndim; i++)
+    in_numel *= l->input_shape[i];
+  for (int i = 0; i < l->target_ndim; i++)
+    t_numel *= l->target_shape[i];
+  size_t in_bytes = (size_t)in_numel * dt_dtype_size(l->input_dtype);
+  size_t t_bytes = (size_t)t_numel * dt_dtype_size(l->target_dtype);
+  unsigned char *sample = malloc(in_bytes + t_bytes);
+  if (!sample)
+    return DT_ERROR(DT_ERR_OOM, "describing the %s set: out of host memory", split);
+  uint64_t h = 1469598103934665603ull;
+  int64_t probes = n < 256 ? n : 256;
+  dt_status st = DT_OK;
+  for (int64_t k = 0; k < probes && st == DT_OK; k++) {
+    st = dt_dataset_get_sample(d, k * n / probes, sample, sample + in_bytes);
+    for (size_t i = 0; st == DT_OK && i < in_bytes + t_bytes; i++)
+      h = (h ^ sample[i]) * 1099511628211ull;
+  }
+  free(sample);
+  snprintf(buf, cap, "data %s: %lld samples, %s%s -> %s%s, fingerprint %016llx\n", split,
+           (long long)n, dt_dtype_name(l->input_dtype), in_shape, dt_dtype_name(l->target_dtype),
+           t_shape, (unsigned long long)h);
+  return st;
+}
+
+/* What the ranks of a DDP job compare before the first step (into buf). */
+static dt_status agreement_text(const dt_train_config *c, const train_state *s, char *buf,
+                                size_t cap) {
+  char train[256], test[256];
+  DT_CHECK(describe_data("train", s->train_set, train, sizeof train));
+  DT_CHECK(describe_data("test", s->test_set, test, sizeof test));
+  snprintf(buf, cap, "%s%s%s", c->agreed_config ? c->agreed_config : "", train, test);
+  return DT_OK;
+}
+
 /* One process (world 1) or one DDP rank: the replica, connected to the
  * other ranks. */
 static dt_status build_replica(const dt_train_config *c, train_state *s) {
@@ -189,7 +243,10 @@ static dt_status build_replica(const dt_train_config *c, train_state *s) {
   DT_CHECK(
       dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
   if (s->world > 1) {
+    char agree[16384];
+    DT_CHECK(agreement_text(c, s, agree, sizeof agree));
     dt_train_comm_options co = comm_options(c);
+    co.agree_text = agree;
     DT_CHECK(dt_train_connect(s->replica, c->pg, &co));
   }
   s->model = dt_replica_model(s->replica);
@@ -244,14 +301,6 @@ static dt_status build_dp(const dt_train_config *c, train_state *s) {
 }
 
 /* "(1, 28, 28)" */
-static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t cap) {
-  size_t used = (size_t)snprintf(buf, cap, "(");
-  for (int i = 0; i < ndim && used < cap; i++)
-    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
-  if (used < cap)
-    snprintf(buf + used, cap - used, ")");
-  return buf;
-}
 
 /* The data set must give what the task's model takes. */
 static dt_status check_task_input(const dt_train_config *c, const train_state *s) {
@@ -416,13 +465,21 @@ static dt_status take_loss_sum(dt_tensor **sum, double *host_sum, double *out) {
   return st;
 }
 
-static dt_status check_finite(double mean_loss, int epoch, int64_t batch) {
-  if (isfinite(mean_loss))
+/* A non-finite loss, or one 1000 times the run's first micro-batch loss
+ * (with --clip a diverged run stays finite and learns nothing). */
+static dt_status check_diverged(const train_state *s, double mean_loss, int epoch, int64_t batch) {
+  if (isfinite(mean_loss) && !(s->first_loss > 0 && mean_loss > 1000.0 * s->first_loss))
     return DT_OK;
+  char what[64];
+  /* %g would print "-nan" for some NaNs: name the value instead. */
+  if (isfinite(mean_loss))
+    snprintf(what, sizeof what, "%g (the first step's was %g)", mean_loss, s->first_loss);
+  else
+    snprintf(what, sizeof what, "%s", isnan(mean_loss) ? "nan" : mean_loss > 0 ? "inf" : "-inf");
   return DT_ERROR(DT_ERR_STATE,
-                  "training diverged: loss is %g at epoch %d step %lld; lower --lr, add "
+                  "training diverged: loss is %s at epoch %d step %lld; lower --lr, add "
                   "--warmup or set --clip",
-                  mean_loss, epoch, (long long)batch);
+                  what, epoch, (long long)batch);
 }
 
 /* One micro-batch through the training step, its loss scaled by
@@ -505,6 +562,12 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     bool sync = (pos == group - 1);
     interval_samples += dt_tensor_dim(x, 0);
     DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
+    if (s->first_loss == 0.0 && epoch == 1 && b == 0) { /* one sync in the run */
+      double first = host_loss_sum;
+      if (loss_sum)
+        DT_CHECK_GOTO(dt_tensor_item(loss_sum, 0, &first), st, fail);
+      s->first_loss = isfinite(first) && first > 0 ? first : -1.0;
+    }
     dt_tensor_release(x);
     dt_tensor_release(y);
     x = y = NULL;
@@ -519,7 +582,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
       epoch_loss += sum;
-      DT_CHECK_GOTO(check_finite(sum / (double)interval_batches, epoch, b + 1), st, fail);
+      DT_CHECK_GOTO(check_diverged(s, sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
         log_progress(log, c, s, epoch, b + 1, batches, sum / (double)interval_batches,

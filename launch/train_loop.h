@@ -94,15 +94,20 @@ typedef struct dt_train_config {
   int eval_batch;   /* batch size for evaluation */
 
   /* Distributed. */
-  dt_pg *pg;              /* borrowed; NULL or world 1 = one process */
-  const char *mode;       /* "ddp" (one process per rank; the default) or "dp" */
-  const char *devices;    /* mode dp: "cpu:0,cpu:1,..." or "cuda:0,cuda:1,..." */
+  dt_pg *pg;                /* borrowed; NULL or world 1 = one process */
+  const char *mode;         /* "ddp" (one process per rank; the default) or "dp" */
+  const char *devices;      /* mode dp: "cpu:0,cpu:1,..." or "cuda:0,cuda:1,..." */
   const char *comm_backend; /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
-  double comm_timeout;    /* seconds per collective before the watchdog aborts (300) */
-  float bucket_cap_mb;    /* DDP bucket size after the first (25) */
-  float first_bucket_mb;  /* DDP first bucket (1) */
-  bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
-  const char *log_prefix; /* prepended to every log line ("" or "rank 1: ") */
+  double comm_timeout;      /* seconds per collective before the watchdog aborts (300) */
+  float bucket_cap_mb;      /* DDP bucket size after the first (25) */
+  float first_bucket_mb;    /* DDP first bucket (1) */
+  bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
+  const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
+  /* Under DDP every rank must have been started with the same settings:
+   * these lines ("--lr 0.05\n"..., dt_flags_format_values) and the data sets'
+   * descriptions are compared across the ranks before the first step; a
+   * difference fails every rank naming it. NULL = only the data sets. */
+  const char *agreed_config;
 } dt_train_config;
 
 #define DT_TRAIN_MAX_DEVICES 64
@@ -131,6 +136,7 @@ typedef struct dt_train_comm_options {
   float first_bucket_mb; /* DDP first bucket */
   float bucket_cap_mb;   /* DDP buckets after the first */
   bool allow_unused;     /* DDP: zero-fill gradients of unused parameters */
+  const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
 } dt_train_comm_options;
 
 /* DDP buckets of the given sizes in MiB (at least 4 bytes each). */

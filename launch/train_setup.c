@@ -2,6 +2,7 @@
  * communicator and DDP reducer of a rank, the optimizer. */
 #include <string.h>
 
+#include "dist/agree.h"
 #include "launch/train_loop.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -53,14 +54,19 @@ dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg) {
   return DT_OK;
 }
 
+/* MiB to bytes without undefined behaviour: at least one f32, at most
+ * 2^50 bytes (more than any model's gradients: one bucket). */
+static size_t bucket_bytes(float mib) {
+  double b = (double)mib * MIB;
+  if (!(b >= 4.0))
+    return 4;
+  return b >= 0x1p50 ? (size_t)1 << 50 : (size_t)b;
+}
+
 dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-  dc.first_bucket_bytes = (size_t)(o->first_bucket_mb * MIB);
-  dc.bucket_bytes = (size_t)(o->bucket_cap_mb * MIB);
-  if (dc.first_bucket_bytes < 4)
-    dc.first_bucket_bytes = 4;
-  if (dc.bucket_bytes < 4)
-    dc.bucket_bytes = 4;
+  dc.first_bucket_bytes = bucket_bytes(o->first_bucket_mb);
+  dc.bucket_bytes = bucket_bytes(o->bucket_cap_mb);
   dc.allow_unused = o->allow_unused;
   return dc;
 }
@@ -71,6 +77,15 @@ dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options
   DT_CHECK(dt_train_comm_config(o->backend, &cc));
   dt_comm *comm = NULL;
   DT_CHECK(dt_comm_create_for_device(pg, dt_replica_device(r), &cc, &comm));
+  if (o->agree_text) {
+    dt_status st = dt_dist_agree_text(comm, dt_replica_device(r), o->agree_text,
+                                      "were started with different settings",
+                                      "start every rank with the same flags and data");
+    if (st != DT_OK) {
+      dt_comm_destroy(comm);
+      return st;
+    }
+  }
   dt_ddp_config dc = dt_train_ddp_config(o);
   return dt_replica_connect(r, comm, &dc);
 }
