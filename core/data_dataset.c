@@ -222,21 +222,38 @@ fail:
 
 /* ---- standard MNIST-format directories ---- */
 
-static int file_exists(const char *path) {
+/* 1: path is a file to read; 0: nothing there (ENOENT); -1: something is
+ * there that cannot be the file (a directory, a symlink loop, no
+ * permission to look): *why gets the reason. */
+static int idx_candidate(const char *path, const char **why) {
   struct stat sb;
-  return stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode);
+  if (stat(path, &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode))
+      return 1;
+    *why = "is a directory, not an IDX file";
+    return -1;
+  }
+  int e = errno;
+  if (e == ENOENT && lstat(path, &sb) != 0)
+    return 0;
+  *why = e == ENOENT ? "is a dangling symbolic link" : strerror(e);
+  return -1;
 }
 
 /* "<dir>/<stem>.gz" if present, else "<dir>/<stem>". */
 static dt_status find_idx_file(const char *dir, const char *stem, char *buf, size_t cap) {
-  int n = snprintf(buf, cap, "%s/%s.gz", dir, stem);
-  if (n < 0 || (size_t)n >= cap)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "path too long: %s/%s.gz", dir, stem);
-  if (file_exists(buf))
-    return DT_OK;
-  snprintf(buf, cap, "%s/%s", dir, stem);
-  if (file_exists(buf))
-    return DT_OK;
+  static const char *const suffixes[] = {".gz", ""};
+  for (int i = 0; i < 2; i++) {
+    int n = snprintf(buf, cap, "%s/%s%s", dir, stem, suffixes[i]);
+    if (n < 0 || (size_t)n >= cap)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "path too long: %s/%s%s", dir, stem, suffixes[i]);
+    const char *why = NULL;
+    int found = idx_candidate(buf, &why);
+    if (found > 0)
+      return DT_OK;
+    if (found < 0)
+      return DT_ERROR(DT_ERR_IO, "%s: %s", buf, why);
+  }
   return DT_ERROR(DT_ERR_IO,
                   "%s: neither %s.gz nor %s found in this directory: %s (for Fashion-MNIST "
                   "install the Debian package dataset-fashion-mnist, see tools/setup.sh)",

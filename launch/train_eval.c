@@ -36,10 +36,15 @@ dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const d
   sc.rank = rank;
   sc.drop_last = 0;
   dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
-  lc.batch_size = batch;
+  /* A batch larger than the shard would only allocate padding. */
+  lc.batch_size = real > 0 && batch > real ? (int)real : batch;
   lc.device = dev;
   DT_CHECK(dt_sampler_create(len, &sc, &sampler));
-  DT_CHECK_GOTO(dt_loader_create(data, sampler, &lc, &loader), st, free_sampler);
+  st = dt_loader_create(data, sampler, &lc, &loader);
+  if (st != DT_OK) {
+    st = dt_error_wrap(st, "the evaluation's batches (--eval-batch %d)", lc.batch_size);
+    goto free_sampler;
+  }
   DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), st, free_loader);
 
   dt_module_train(model, 0);

@@ -1,5 +1,6 @@
 #include "launch/train_loop.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -150,7 +151,14 @@ static dt_status data_folder(const dt_train_config *c, char *path, size_t cap) {
   if ((size_t)snprintf(path, cap, "%s%s%s", c->data_dir, sep, c->data) >= cap)
     return DT_ERROR(DT_ERR_INVALID_ARG, "data path too long: %s%s%s", c->data_dir, sep, c->data);
   struct stat st;
-  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+  if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode))
+    return DT_ERROR(DT_ERR_IO,
+                    "data set folder %s is not a directory (data dir '%s', data set '%s')", path,
+                    c->data_dir, c->data);
+  if (stat(path, &st) != 0 && errno != ENOENT)
+    return DT_ERROR(DT_ERR_IO, "data set folder %s: %s (data dir '%s', data set '%s')", path,
+                    strerror(errno), c->data_dir, c->data);
+  if (stat(path, &st) != 0)
     return DT_ERROR(DT_ERR_IO,
                     "data set folder %s not found (data dir '%s', data set '%s'): run "
                     "tools/setup.sh to fetch the data sets, or point --data-dir (or DT_DATA_DIR) "

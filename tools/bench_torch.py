@@ -1,12 +1,22 @@
 #!/usr/bin/python3
 """The `dtrain bench` benchmark in PyTorch, as a peer to measure against.
 
-Same models (MLP 784-512-512-10, LeNet-5), same synthetic batch (random
-N(0,1) inputs of shape (B,1,28,28), random labels in [0,10)), same step
+Same models (MLP 784-512-512-10, LeNet-5, GPT-2), same synthetic batch
+(random N(0,1) inputs of shape (B,1,28,28), random labels in [0,10); for
+GPT-2 random token ids of shape (B,T) and their shifted targets), same step
 (zero_grad, forward, cross-entropy, backward, optimizer), warm-up excluded,
 and the same output line:
 
-    steps_per_s=... samples_per_s=... ms_per_step=...
+    steps_per_s=... samples_per_s=... ms_per_step=...   (GPT-2: tokens_per_s=...)
+
+The GPT-2 model is dtrain's (models/gpt2.c): pre-LN blocks, learned
+positional embedding, causal multi-head attention, tanh-GELU MLP, final LN,
+LM head tied to the token embedding, vocabulary padded to 50304, GPT-2's
+init; trained with AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D weights
+only) and gradient clipping at 1.0. Attention is written out (QK^T, causal
+mask, softmax, PV) as in nanoGPT without flash attention, because Debian's
+PyTorch (1.13) has no scaled_dot_product_attention; on PyTorch >= 2.0 that
+fused kernel is used instead.
 
 On the CPU it runs under Debian's python3-torch (`tools/setup.sh --bench`)
 with the OpenMP build of OpenBLAS, which is several times faster here than
@@ -74,12 +84,90 @@ def build_model(name, nn):
             nn.Linear(400, 120), nn.ReLU(),
             nn.Linear(120, 84), nn.ReLU(),
             nn.Linear(84, 10))
-    raise SystemExit("bench_torch: unknown model '%s' (expected mlp or lenet)" % name)
+    raise SystemExit("bench_torch: unknown model '%s' (expected mlp, lenet or gpt2-*)" % name)
+
+
+GPT2_CONFIGS = {  # name: (layers, heads, width, context)
+    "gpt2-tiny": (4, 4, 128, 64),
+    "gpt2": (12, 12, 768, 1024),
+    "gpt2-medium": (24, 16, 1024, 1024),
+    "gpt2-large": (36, 20, 1280, 1024),
+    "gpt2-xl": (48, 25, 1600, 1024),
+}
+GPT2_VOCAB = 50304  # 50257 padded to a multiple of 128
+
+
+def build_gpt2(torch, nn, name, ctx):
+    """dtrain's GPT-2 (models/gpt2.c) in PyTorch."""
+    layers, heads, width, max_ctx = GPT2_CONFIGS[name]
+    if ctx > max_ctx:
+        raise SystemExit("bench_torch: --ctx %d exceeds %s's context %d" % (ctx, name, max_ctx))
+    F = nn.functional
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(width, 3 * width)
+            self.c_proj = nn.Linear(width, width)
+            mask = torch.tril(torch.ones(ctx, ctx, dtype=torch.bool))
+            self.register_buffer("mask", mask.view(1, 1, ctx, ctx), persistent=False)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.c_attn(x).split(width, dim=2)
+            q, k, v = [z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v)]
+            if sdpa is not None:
+                y = sdpa(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / (c // heads) ** 0.5)
+                att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
+                y = F.softmax(att, dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(width)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(width)
+            self.c_fc = nn.Linear(width, 4 * width)
+            self.c_proj = nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(GPT2_VOCAB, width)
+            self.wpe = nn.Embedding(max_ctx, width)
+            self.h = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln_f = nn.LayerNorm(width)
+            self.register_buffer("pos", torch.arange(ctx), persistent=False)
+            for n, p in self.named_parameters():
+                if p.dim() == 2:
+                    std = 0.02 / (2 * layers) ** 0.5 if n.endswith("c_proj.weight") else 0.02
+                    nn.init.normal_(p, 0.0, std)
+                elif n.endswith("bias"):
+                    nn.init.zeros_(p)
+
+        def forward(self, idx):
+            t = idx.shape[1]
+            x = self.wte(idx) + self.wpe(self.pos[:t])
+            for block in self.h:
+                x = block(x)
+            return self.ln_f(x) @ self.wte.weight.t()  # the tied LM head
+
+    return GPT()
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + sorted(GPT2_CONFIGS))
+    p.add_argument("--ctx", type=int, default=0,
+                   help="GPT-2: sequence length T, 0 = the model's context")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
@@ -124,15 +212,31 @@ def main():
         def sync():
             pass
     torch.manual_seed(args.seed)
-    model = build_model(args.model, nn).to(device)
-    model.train()
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gpt = args.model in GPT2_CONFIGS
+    ctx = (args.ctx or GPT2_CONFIGS[args.model][3]) if gpt else 0
+    if gpt:
+        model = build_gpt2(torch, nn, args.model, ctx).to(device)
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=6e-4, betas=(0.9, 0.95))
+        ce = nn.CrossEntropyLoss()
+
+        def loss_fn(logits, target):
+            return ce(logits.view(-1, logits.shape[-1]), target.view(-1))
+        tokens = torch.randint(0, 50257, (args.batch, ctx + 1))
+        x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(args.batch, 1, 28, 28).to(device)
-    y = torch.randint(0, 10, (args.batch,)).to(device)
+        model = build_model(args.model, nn).to(device)
+        if args.optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss_fn = nn.CrossEntropyLoss()
+        x = torch.randn(args.batch, 1, 28, 28).to(device)
+        y = torch.randint(0, 10, (args.batch,)).to(device)
+    model.train()
 
     times = [0.0, 0.0, 0.0]  # forward, backward, optimizer
 
@@ -148,6 +252,8 @@ def main():
         loss.backward()
         sync()
         t3 = time.perf_counter()
+        if gpt:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sync()
         t4 = time.perf_counter()
@@ -172,11 +278,15 @@ def main():
     if on_cuda:
         where = "device %s (%s) tf32 %d" % (args.device, torch.cuda.get_device_name(device),
                                             args.tf32)
-    print("torch bench: model %s (%d parameters) batch %d steps %d warmup %d optimizer %s "
-          "%s torch %s" % (args.model, params, args.batch, args.steps, args.warmup,
-                           args.optimizer, where, torch.__version__))
-    print("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f"
-          % (sps, sps * args.batch, 1e3 * seconds / args.steps))
+    print("torch bench: model %s (%d parameters) batch %d%s steps %d warmup %d optimizer %s "
+          "%s torch %s" % (args.model, params, args.batch, " ctx %d" % ctx if gpt else "",
+                           args.steps, args.warmup, "adamw" if gpt else args.optimizer, where,
+                           torch.__version__))
+    line = "steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f" % (
+        sps, sps * args.batch, 1e3 * seconds / args.steps)
+    if gpt:
+        line += " tokens_per_s=%.0f" % (sps * args.batch * ctx)
+    print(line)
     print("breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f loss=%.4f"
           % tuple([1e3 * t / args.steps for t in times] + [loss.item()]))
 

@@ -8,12 +8,15 @@
 #     (--threads, --log-interval, --data-dir) may differ;
 #   - output that cannot be written (stdout on /dev/full): exit 1, named;
 #   - --bucket-cap-mb 1e30 / 1e-6 (no undefined float->size_t conversion);
-#   - divergence named "nan" (not "-nan"), and with --clip by its size.
+#   - divergence named "nan" (not "-nan"), and with --clip by its size;
+#   - data problems named for what they are, before the first step: a
+#     directory, a symlink loop or a dangling link in place of a data file, a
+#     file in place of the data folder; --eval-batch larger than the test set.
 set -uo pipefail
 
 dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
 [ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "rank_agreement_test: dtrain binary not found" >&2; exit 1; }
+[ -x "$dtrain" ] || { echo "reliability_cli_test: dtrain binary not found" >&2; exit 1; }
 dtrain=$(readlink -f "$dtrain")
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
@@ -21,7 +24,7 @@ unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTP
 repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 data_dir="${DT_DATA_DIR:-$repo/data}"
 for d in fashion-mnist mnist; do
-  [ -d "$data_dir/$d" ] || { echo "rank_agreement_test: no $data_dir/$d: run tools/setup.sh" >&2; exit 1; }
+  [ -d "$data_dir/$d" ] || { echo "reliability_cli_test: no $data_dir/$d: run tools/setup.sh" >&2; exit 1; }
 done
 export DT_DATA_DIR="$data_dir"
 
@@ -115,5 +118,35 @@ run train --model mlp --lr 1e6 --clip 1 --max-steps 30 --log-interval 5
 expect 1 err "^dtrain: error: training diverged: loss is [0-9.e+]+ \(the first step's was 2\.[0-9]+\)" \
   "with --clip a huge finite loss is a divergence"
 
-echo "rank_agreement_test: $checks checks, $failures failed"
+# ---- data problems, named before the first step ----------------------------------
+bad="$tmp/bad/fashion-mnist"
+mkdir -p "$bad"
+for f in t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz train-labels-idx1-ubyte.gz; do
+  ln -sfn "$data_dir/fashion-mnist/$f" "$bad/$f"
+done
+images="$bad/train-images-idx3-ubyte.gz"
+bad_data() { # bad_data PATTERN DESCRIPTION
+  run train --model mlp --max-steps 2 --data-dir "$tmp/bad"
+  expect 1 err "$1" "$2"
+  checks=$((checks + 1))
+  if grep -q "^epoch\|step " "$out"; then fail "$2: trained before failing"; else echo "ok: $2: before any step"; fi
+}
+mkdir "$images"
+bad_data "^dtrain: error: .*train-images-idx3-ubyte.gz: is a directory, not an IDX file" "a directory as the images file"
+rmdir "$images"
+ln -s loop_b "$bad/loop_a"
+ln -s loop_a "$bad/loop_b"
+ln -s loop_a "$images"
+bad_data "^dtrain: error: .*train-images-idx3-ubyte.gz: Too many levels of symbolic links" "a symlink loop"
+rm "$images"
+ln -s nowhere "$images"
+bad_data "^dtrain: error: .*train-images-idx3-ubyte.gz: is a dangling symbolic link" "a dangling symlink"
+mkdir -p "$tmp/filedir"
+: >"$tmp/filedir/fashion-mnist"
+run train --model mlp --max-steps 2 --data-dir "$tmp/filedir"
+expect 1 err "^dtrain: error: data set folder .*filedir/fashion-mnist is not a directory" "a file as the data folder"
+run train --model mlp --max-steps 2 --eval-batch 99999999 --log-interval 0
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--eval-batch larger than the test set evaluates it in one batch"
+
+echo "reliability_cli_test: $checks checks, $failures failed"
 [ "$failures" = 0 ]
