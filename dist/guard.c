@@ -37,8 +37,16 @@ static void *watch(void *arg) {
   int mpi_up = 0, finalized = 0;
   MPI_Initialized(&mpi_up);
   MPI_Finalized(&finalized);
+  /* During start-up the rank is only known to the launcher. */
   char who[32] = "?";
-  if (g->pg && g->pg->uses_mpi && mpi_up)
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                     "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0] && who[0] == '?'; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && v[0])
+      snprintf(who, sizeof who, "%s", v);
+  }
+  if (who[0] == '?' && g->pg && g->pg->uses_mpi && mpi_up)
     snprintf(who, sizeof who, "%d", g->pg->rank);
   fprintf(stderr,
           "dtrain: error: rank %s: %s did not complete within %g s: a peer rank stopped, died "

@@ -366,6 +366,26 @@ static int finish_stdout(int rc) {
   return rc == 0 ? 1 : rc;
 }
 
+/* The start-up deadline: MPI start-up comes before the flags are parsed,
+ * but a rank stopped during it must end the job as a stuck collective
+ * would, so --comm-timeout is looked up in argv here (the parser checks it
+ * properly afterwards; a bad value keeps the default). */
+static double startup_timeout(int argc, char **argv) {
+  double t = DT_PG_CONFIG_DEFAULT.init_timeout_s;
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    const char *v = NULL;
+    if (!strcmp(argv[i], "--comm-timeout") && i + 1 < argc)
+      v = argv[i + 1];
+    else if (!strncmp(argv[i], "--comm-timeout=", 15))
+      v = argv[i] + 15;
+    char *end = NULL;
+    double x = v ? strtod(v, &end) : 0.0;
+    if (v && end != v && *end == '\0' && x > 0 && x < 1e9)
+      t = x;
+  }
+  return t;
+}
+
 /* Runs a command inside the process group; never returns. A failure on
  * any rank (exit 1, or 2 for a command line only that rank got wrong) is
  * printed with the rank and ends the whole job: the other ranks may be
@@ -382,7 +402,9 @@ static void run_in_group(const command *c, int argc, char **argv) {
       err = mem;
   }
   dt_pg *pg = NULL;
-  if (dt_pg_create(NULL, &pg) != DT_OK) {
+  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
+  pc.init_timeout_s = startup_timeout(argc, argv);
+  if (dt_pg_create(&pc, &pg) != DT_OK) {
     char prefix[32];
     snprintf(prefix, sizeof prefix, "rank %d: ", env_rank);
     dt_cli_print_error(stderr, prefix);

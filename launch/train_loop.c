@@ -238,7 +238,13 @@ static dt_status agreement_text(const dt_train_config *c, const train_state *s, 
   char train[256], test[256];
   DT_CHECK(describe_data("train", s->train_set, train, sizeof train));
   DT_CHECK(describe_data("test", s->test_set, test, sizeof test));
-  snprintf(buf, cap, "%s%s%s", c->agreed_config ? c->agreed_config : "", train, test);
+  /* The same data and flags give the same plan; this line also catches a
+   * loader that would shard differently (uneven inputs are refused up front). */
+  snprintf(buf, cap,
+           "%s%s%splan: %lld micro-batches per epoch, %lld optimizer steps per epoch, %lld in "
+           "all\n",
+           c->agreed_config ? c->agreed_config : "", train, test, (long long)s->batches_per_epoch,
+           (long long)s->steps_per_epoch, (long long)s->total_steps);
   return DT_OK;
 }
 

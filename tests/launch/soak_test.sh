@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Issue 9's soak: jobs of 2 and 3 ranks, each with one fault injected at a
+# random moment (start-up included): kill -9, SIGSTOP or SIGTERM of a random
+# rank, a bad flag or a drifted setting on one rank, or other data behind the
+# same flags. Every job must end within --comm-timeout + 10 s, non-zero, with
+# a message naming the rank and the cause, and leave no process behind.
+#   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs.
+set -uo pipefail
+
+dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+[ -x "$dtrain" ] || { echo "soak_test: dtrain binary not found" >&2; exit 1; }
+dtrain=$(readlink -f "$dtrain")
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
+repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
+data_dir="${DT_DATA_DIR:-$repo/data}"
+[ -d "$data_dir/fashion-mnist" ] && [ -d "$data_dir/mnist" ] ||
+  { echo "soak_test: no data under $data_dir: run tools/setup.sh" >&2; exit 1; }
+
+trials=${SOAK_TRIALS:-8}
+RANDOM=${SOAK_SEED:-$$}
+timeout_s=5
+mpi_args=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1)
+[ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
+faults=(kill9 stop term badflag drift data)
+failures=0
+
+# The pids of this trial's ranks (their --data-dir is the trial's folder).
+rank_pid() { # rank_pid TRIAL_DIR RANK
+  local pid
+  for pid in $(pgrep -f -- "--data-dir $1( |$)"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return
+    fi
+  done
+}
+
+for ((t = 1; t <= trials; t++)); do
+  np=$((2 + RANDOM % 2))
+  fault=${faults[RANDOM % ${#faults[@]}]}
+  victim=$((RANDOM % np))
+  delay_ms=$((RANDOM % 2500))
+  dir="$tmp/trial$t"
+  mkdir -p "$dir"
+  ln -sfn "$data_dir/fashion-mnist" "$dir/fashion-mnist"
+  common=(train --model lenet --max-steps 400 --log-interval 0 --comm-timeout "$timeout_s")
+  # One app context per rank, so that one of them can differ.
+  apps=()
+  for ((r = 0; r < np; r++)); do
+    args=("${common[@]}" --data-dir "$dir")
+    if [ "$r" = "$victim" ]; then
+      case $fault in
+        badflag) args+=(--batch 0) ;;
+        drift) args+=(--lr 0.07) ;;
+        data)
+          mkdir -p "$dir/other"
+          ln -sfn "$data_dir/mnist" "$dir/other/fashion-mnist"
+          args=("${common[@]}" --data-dir "$dir/other")
+          ;;
+      esac
+    fi
+    [ "$r" -gt 0 ] && apps+=(:)
+    apps+=(-np 1 "$dtrain" "${args[@]}")
+  done
+  start=$(date +%s%N)
+  timeout -k 5 $((timeout_s + 40)) mpirun "${mpi_args[@]}" "${apps[@]}" >"$dir/out" 2>"$dir/err" &
+  job=$!
+  case $fault in
+    kill9 | stop | term)
+      sleep "$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
+      pid=$(rank_pid "$dir" "$victim")
+      sig=$([ "$fault" = kill9 ] && echo KILL || ([ "$fault" = stop ] && echo STOP || echo TERM))
+      [ -n "$pid" ] && kill -s "$sig" "$pid" 2>/dev/null
+      ;;
+  esac
+  wait "$job"
+  rc=$?
+  elapsed=$((($(date +%s%N) - start) / 1000000))
+  # What must hold: the job ended, non-zero, in time, with a named cause.
+  # (A fault injected after the run finished leaves a clean exit 0.)
+  problems=()
+  # (mpirun itself exits 137 when a rank died of SIGKILL: time tells a hang.)
+  [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] && problems+=("took ${elapsed} ms: hung")
+  finished_clean=0
+  if [ "$rc" = 0 ]; then
+    if [ "${pid:-}" = "" ] && grep -q "^test_accuracy=" "$dir/out"; then
+      finished_clean=1
+    else
+      problems+=("exit 0 despite the fault")
+    fi
+  fi
+  if [ "$rc" != 0 ]; then
+    case $fault in
+      kill9) want="rank $victim .*(signal 9|Killed)|process rank $victim .*signal 9|rank [0-9]+: .*(did not complete|peer)" ;;
+      stop) want="rank [0-9]+: .*did not complete within $timeout_s s" ;;
+      term) want="rank $victim .*(signal 15|Terminated)|process rank $victim .*signal 15|rank [0-9]+: .*(did not complete|peer)" ;;
+      badflag) want="rank $victim: dtrain train: invalid value '0' for --batch|^dtrain train: invalid value '0' for --batch" ;;
+      drift) want="ranks were started with different settings: rank 0 has --lr" ;;
+      data) want="ranks were started with different settings: rank 0 has data train" ;;
+    esac
+    grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
+  fi
+  sleep 0.5
+  left=$(pgrep -f -- "--data-dir $dir( |/|$)" || true)
+  if [ -n "$left" ]; then
+    problems+=("processes left behind: $left")
+    kill -9 $left 2>/dev/null
+  fi
+  what="trial $t: $np ranks, $fault on rank $victim at ${delay_ms} ms: exit $rc after ${elapsed} ms"
+  [ "$finished_clean" = 1 ] && what+=" (finished before the fault)"
+  if [ ${#problems[@]} -eq 0 ]; then
+    echo "ok: $what"
+  else
+    failures=$((failures + 1))
+    echo "FAIL: $what: ${problems[*]}"
+    sed 's/^/  err: /' "$dir/err" | grep -v "^  err: *$" | head -20
+  fi
+done
+echo "soak_test: $trials trials, $failures failed"
+[ "$failures" = 0 ]
