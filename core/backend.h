@@ -48,6 +48,7 @@ typedef enum dt_binary_op {
   DT_BINARY_ADD = 0,
   DT_BINARY_SUB,
   DT_BINARY_MUL,
+  DT_BINARY_DIV, /* IEEE: x/0 is +-inf, 0/0 NaN */
 } dt_binary_op;
 
 typedef struct dt_memory_stats {
@@ -135,7 +136,11 @@ struct dt_backend_ops {
   void (*free)(dt_device dev, void *ptr, size_t bytes);
   /* Copy between this backend's device memory and host memory or itself.
    * `dst_dev` / `src_dev` say where each side lives (CPU = host). Async on
-   * `stream` when not NULL, else synchronous. */
+   * `stream` when not NULL, else synchronous (ordered after the compute
+   * stream's work). Device memory comes cached per compute stream, so an
+   * async copy on another stream is the caller's to order: its destination
+   * may have been freed by the host while queued compute work still used
+   * it (the data loader waits on the events that guard its buffers). */
   dt_status (*copy)(void *dst, dt_device dst_dev, const void *src, dt_device src_dev, size_t bytes,
                     dt_stream *stream);
   dt_status (*memset_zero)(dt_device dev, void *ptr, size_t bytes);
@@ -155,6 +160,9 @@ struct dt_backend_ops {
   dt_status (*event_record)(dt_event *ev, dt_stream *s);
   dt_status (*stream_wait_event)(dt_stream *s, dt_event *ev);
   dt_status (*event_synchronize)(dt_event *ev);
+  /* The synchronisation points (with a synchronous copy): errors that
+   * kernels found on the device without stopping the host (an index out
+   * of range, core/op_table.def) are returned by the next of them. */
   dt_status (*stream_synchronize)(dt_stream *s);
   dt_status (*device_synchronize)(dt_device dev);
 

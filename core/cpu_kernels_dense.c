@@ -135,6 +135,7 @@ static void binary_inner(dt_binary_op op, const float *a, int64_t sa, const floa
     case DT_BINARY_ADD: BIN_LOOP(u + v); break;
     case DT_BINARY_SUB: BIN_LOOP(u - v); break;
     case DT_BINARY_MUL: BIN_LOOP(u * v); break;
+    case DT_BINARY_DIV: BIN_LOOP(u / v); break;
   }
 }
 

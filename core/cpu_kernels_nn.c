@@ -160,11 +160,11 @@ static dt_status check_targets(const char *op, const void *target, dt_dtype dt, 
   return DT_OK;
 }
 
-// logits (n,c), target (n) -> loss_rows (n), lse (n), *out_count (host)
+// logits (n,c), target (n) -> loss_rows (n), lse (n), *count (rows kept, f32)
 dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, const void *target,
                                        dt_dtype target_dtype, int64_t n, int64_t c,
                                        int64_t ignore_index, float *loss_rows, float *lse,
-                                       int64_t *out_count) {
+                                       float *count_out) {
   (void)ex;
   int64_t count = 0;
   DT_CHECK(
@@ -182,8 +182,8 @@ dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, c
     int64_t t = target_at(target, target_dtype, i);
     loss_rows[i] = t == ignore_index ? 0.0f : (float)(l - (double)xr[t]);
   }
-  if (out_count)
-    *out_count = count;
+  if (count_out)
+    *count_out = (float)count;
   return DT_OK;
 }
 

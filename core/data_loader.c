@@ -16,9 +16,24 @@
  * are allocated there and dt_loader_next copies a batch asynchronously on
  * the device's copy stream, records an event, and makes the compute stream
  * wait on it: the caller's kernels queue behind the copy without the host
- * waiting. The slot is handed back to the worker only at the following
- * dt_loader_next, after its copy event has completed, so one batch is in
- * transfer while the previous one computes and the worker fills the rest.
+ * waiting. The slot goes back to the worker at once; the worker waits for
+ * the slot's copy event before it refills the slot, so the caller's thread
+ * never waits for a transfer.
+ *
+ * The copies land in device buffers the loader keeps (DEVICE_RING pairs,
+ * the batch tensors are views of them), so that a copy waits only for the
+ * compute work that last read its own buffer, not for all queued compute:
+ *   - a buffer goes back into use once no tensor but the loader's refers to
+ *     it; at the first dt_loader_next that sees this, an event is recorded
+ *     on the compute stream (all kernels that read the batch were queued
+ *     before the caller let go of it), and the copy into the buffer waits
+ *     on that event only, so the upload of batch k+1 runs while batch k
+ *     computes;
+ *   - a buffer the loader has just allocated, and every batch when the
+ *     caller still holds all the buffers (or a short last batch), come
+ *     fresh from the allocator, whose blocks are cached for the compute
+ *     stream and may still be read by queued kernels: those copies wait for
+ *     all compute queued so far.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,11 +43,14 @@
 
 #include "core/backend.h"
 #include "core/data.h"
+#include "core/tensor_internal.h"
 
 #define LOADER_ERROR_MAX 2048
+#define DEVICE_RING 2
 
 typedef struct batch_slot {
   dt_event *copied; /* async path: the copy out of this slot has completed */
+  int copy_pending; /* `copied` recorded: the worker waits on it before a refill */
   uint8_t *inputs;  /* (batch_size, input) host, in the layout's dtype */
   uint8_t *labels;  /* (batch_size, target) host */
   int64_t count;    /* samples in this batch */
@@ -56,11 +74,21 @@ struct dt_loader {
   int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
   int64_t taken;         /* slots the consumer has read (>= consumed) */
   const dt_backend_ops *be;
-  int async_copy;        /* pinned slots + copy stream (see the top) */
-  atomic_int stop;       /* ask the worker to quit (checked per sample) */
-  int worker_running;    /* a thread exists and must be joined */
+  int async_copy;     /* pinned slots + copy stream (see the top) */
+  atomic_int stop;    /* ask the worker to quit (checked per sample) */
+  int worker_running; /* a thread exists and must be joined */
   pthread_t worker;
   int epoch_started;
+
+  /* async path: the device buffers of full batches (see the top) */
+  struct device_buffer {
+    dt_storage *inputs, *labels; /* NULL until first used */
+    dt_event *released;          /* recorded on compute once only the loader refers to them */
+    int in_use;                  /* handed out; not yet seen released */
+    uint64_t released_at;        /* release order (oldest first reuse) */
+  } dev_ring[DEVICE_RING];
+  uint64_t releases;
+  dt_event *fresh_fence; /* the copy stream waits for all queued compute */
 };
 
 /* Host memory for a slot: page-locked when the backend offers it, else
@@ -122,6 +150,20 @@ static void *worker_main(void *arg) {
       return NULL;
 
     batch_slot *slot = &l->ring[b % l->ring_size];
+    if (slot->copy_pending) { /* the copy out of the slot's last batch must be done */
+      slot->copy_pending = 0;
+      dt_status st = l->be->event_synchronize(slot->copied);
+      if (st != DT_OK) {
+        slot->status = st;
+        snprintf(slot->error, sizeof slot->error, "waiting for the upload of batch %lld: %s",
+                 (long long)(b - l->ring_size), dt_last_error());
+        pthread_mutex_lock(&l->mu);
+        l->produced++;
+        pthread_cond_signal(&l->filled);
+        pthread_mutex_unlock(&l->mu);
+        return NULL;
+      }
+    }
     fill_slot(l, b, slot);
     if (atomic_load(&l->stop))
       return NULL;
@@ -186,6 +228,15 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
     dt_loader_destroy(l);
     return DT_ERROR(DT_ERR_OOM, "cannot allocate the loader ring");
   }
+  if (l->async_copy) {
+    dt_status st = be->event_create(c.device, &l->fresh_fence);
+    for (int i = 0; i < DEVICE_RING && st == DT_OK; i++)
+      st = be->event_create(c.device, &l->dev_ring[i].released);
+    if (st != DT_OK) {
+      dt_loader_destroy(l);
+      return dt_error_wrap(st, "cannot create the loader's fence events");
+    }
+  }
   size_t input_bytes = (size_t)c.batch_size * l->input_bytes;
   for (int i = 0; i < l->ring_size; i++) {
     l->ring[i].inputs = host_buffer_alloc(l, input_bytes);
@@ -222,6 +273,14 @@ void dt_loader_destroy(dt_loader *l) {
     }
     free(l->ring);
   }
+  for (int i = 0; i < DEVICE_RING; i++) { /* the copies into them are done (above) */
+    dt_storage_release(l->dev_ring[i].inputs);
+    dt_storage_release(l->dev_ring[i].labels);
+    if (l->dev_ring[i].released)
+      l->be->event_destroy(l->dev_ring[i].released);
+  }
+  if (l->fresh_fence)
+    l->be->event_destroy(l->fresh_fence);
   pthread_cond_destroy(&l->freed);
   pthread_cond_destroy(&l->filled);
   pthread_mutex_destroy(&l->mu);
@@ -251,37 +310,122 @@ dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
 
 int64_t dt_loader_num_batches(const dt_loader *l) { return l->num_batches; }
 
-/* Hands the slots whose copies have finished back to the worker. */
-static dt_status release_taken_slots(dt_loader *l) {
+/* Hands the slots read so far back to the worker (on the async path, the
+ * worker waits for a slot's copy before refilling it). */
+static void release_taken_slots(dt_loader *l) {
   while (l->consumed < l->taken) {
     batch_slot *slot = &l->ring[l->consumed % l->ring_size];
-    if (l->async_copy)
-      DT_CHECK(l->be->event_synchronize(slot->copied));
+    slot->copy_pending = l->async_copy;
     pthread_mutex_lock(&l->mu);
     l->consumed++;
     pthread_cond_signal(&l->freed);
     pthread_mutex_unlock(&l->mu);
   }
+}
+
+static int only_the_loader_refers_to(const dt_storage *st) {
+  return __atomic_load_n(&st->refcount, __ATOMIC_ACQUIRE) == 1;
+}
+
+/* Records the release event of every handed-out buffer pair that only the
+ * loader still refers to: every kernel reading it is queued by now. */
+static dt_status note_released_buffers(dt_loader *l, dt_stream *compute) {
+  for (int i = 0; i < DEVICE_RING; i++) {
+    struct device_buffer *d = &l->dev_ring[i];
+    if (!d->in_use || !only_the_loader_refers_to(d->inputs) ||
+        !only_the_loader_refers_to(d->labels))
+      continue;
+    DT_CHECK(l->be->event_record(d->released, compute));
+    d->in_use = 0;
+    d->released_at = ++l->releases;
+  }
   return DT_OK;
 }
 
-/* A device tensor holding `bytes` of host data: a synchronous copy, or on
- * the async path a copy on the copy stream. */
-static dt_status upload(dt_loader *l, const void *host, const int64_t *shape, int ndim,
-                        dt_dtype dtype, dt_tensor **out) {
-  if (!l->async_copy)
-    return dt_tensor_from_host(host, shape, ndim, dtype, l->cfg.device, out);
-  dt_tensor *t;
-  DT_CHECK(dt_tensor_empty(shape, ndim, dtype, l->cfg.device, &t));
-  size_t bytes = (size_t)dt_tensor_numel(t) * dt_dtype_size(dtype);
-  dt_status st = l->be->copy(dt_tensor_data(t), l->cfg.device, host, DT_CPU, bytes,
-                             l->be->stream(l->cfg.device, DT_STREAM_COPY));
+/* Device storages (*in, *lab: a reference each, for the batch's tensors)
+ * for a batch of `in_bytes` + `lab_bytes`, with the copy stream ordered
+ * after their last use (see the top): a released ring pair, a new one, or
+ * for a short batch or a ring the caller holds entirely, new storages that
+ * only the batch's tensors will own. */
+static dt_status batch_buffers(dt_loader *l, int full, size_t in_bytes, size_t lab_bytes,
+                               dt_storage **in, dt_storage **lab) {
+  dt_stream *compute = l->be->stream(l->cfg.device, DT_STREAM_COMPUTE);
+  dt_stream *copy = l->be->stream(l->cfg.device, DT_STREAM_COPY);
+  DT_CHECK(note_released_buffers(l, compute));
+  struct device_buffer *reuse = NULL, *empty = NULL;
+  for (int i = 0; full && i < DEVICE_RING; i++) {
+    struct device_buffer *d = &l->dev_ring[i];
+    if (!d->inputs && !empty)
+      empty = d;
+    else if (d->inputs && !d->in_use && (!reuse || d->released_at < reuse->released_at))
+      reuse = d;
+  }
+  if (empty) /* fill the ring first: a pair released just now guards the step just queued */
+    reuse = NULL;
+  if (reuse) {
+    DT_CHECK(l->be->stream_wait_event(copy, reuse->released));
+  } else {
+    DT_CHECK(dt_storage_alloc(l->cfg.device, in_bytes, in));
+    dt_status st = dt_storage_alloc(l->cfg.device, lab_bytes, lab);
+    if (st == DT_OK)
+      st = l->be->event_record(l->fresh_fence, compute);
+    if (st == DT_OK)
+      st = l->be->stream_wait_event(copy, l->fresh_fence);
+    if (st != DT_OK) {
+      dt_storage_release(*in);
+      dt_storage_release(*lab);
+      *in = *lab = NULL;
+      return st;
+    }
+    if (!empty)
+      return DT_OK; /* the batch's tensors own them */
+    empty->inputs = *in;
+    empty->labels = *lab;
+    reuse = empty;
+  }
+  reuse->in_use = 1;
+  *in = reuse->inputs;
+  *lab = reuse->labels;
+  __atomic_add_fetch(&(*in)->refcount, 1, __ATOMIC_ACQ_REL); /* the tensor's reference */
+  __atomic_add_fetch(&(*lab)->refcount, 1, __ATOMIC_ACQ_REL);
+  return DT_OK;
+}
+
+/* A device tensor over `st` (whose reference it takes) holding `host`,
+ * copied on the copy stream. */
+static dt_status upload_into(dt_loader *l, dt_storage *st, const void *host, const int64_t *shape,
+                             int ndim, dt_dtype dtype, dt_tensor **out) {
+  dt_status s = l->be->copy(st->data, l->cfg.device, host, DT_CPU, st->bytes,
+                            l->be->stream(l->cfg.device, DT_STREAM_COPY));
+  if (s == DT_OK)
+    s = dt_tensor_wrap(st, 0, shape, ndim, dtype, out);
+  dt_storage_release(st); /* the tensor holds its own reference */
+  return s;
+}
+
+/* The batch of `slot` on the device: synchronous copies, or on the async
+ * path copies on the copy stream that the compute stream waits for. */
+static dt_status upload_batch(dt_loader *l, batch_slot *slot, const int64_t *shape, int ndim,
+                              dt_dtype dtype, const int64_t *tshape, int tndim, dt_dtype tdtype,
+                              dt_tensor **x, dt_tensor **y) {
+  if (!l->async_copy) {
+    DT_CHECK(dt_tensor_from_host(slot->inputs, shape, ndim, dtype, l->cfg.device, x));
+    return dt_tensor_from_host(slot->labels, tshape, tndim, tdtype, l->cfg.device, y);
+  }
+  size_t in_bytes = (size_t)slot->count * l->input_bytes;
+  size_t lab_bytes = (size_t)slot->count * l->target_bytes;
+  dt_storage *in = NULL, *lab = NULL;
+  DT_CHECK(batch_buffers(l, slot->count == l->cfg.batch_size, in_bytes, lab_bytes, &in, &lab));
+  dt_status st = upload_into(l, in, slot->inputs, shape, ndim, dtype, x);
   if (st != DT_OK) {
-    dt_tensor_release(t);
+    dt_storage_release(lab);
     return st;
   }
-  *out = t;
-  return DT_OK;
+  DT_CHECK(upload_into(l, lab, slot->labels, tshape, tndim, tdtype, y));
+  /* The compute stream waits for the copies; the host does not. */
+  dt_stream *copy = l->be->stream(l->cfg.device, DT_STREAM_COPY);
+  DT_CHECK(l->be->event_record(slot->copied, copy));
+  return l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE), slot->copied);
 }
 
 dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
@@ -293,7 +437,7 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "loader is NULL");
   if (!l->epoch_started)
     return DT_ERROR(DT_ERR_STATE, "no epoch started: call dt_loader_start_epoch first");
-  DT_CHECK(release_taken_slots(l));
+  release_taken_slots(l);
   if (l->taken >= l->num_batches) {
     stop_worker(l); /* finished: just joins */
     return DT_OK;
@@ -314,24 +458,15 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   memcpy(shape + 1, lay->input_shape, (size_t)lay->input_ndim * sizeof *shape);
   memcpy(tshape + 1, lay->target_shape, (size_t)lay->target_ndim * sizeof *tshape);
   dt_tensor *x = NULL, *y = NULL;
-  dt_status st = upload(l, slot->inputs, shape, lay->input_ndim + 1, lay->input_dtype, &x);
-  if (st == DT_OK)
-    st = upload(l, slot->labels, tshape, lay->target_ndim + 1, lay->target_dtype, &y);
-  if (st == DT_OK && l->async_copy) {
-    /* The compute stream waits for the copy; the host does not. */
-    st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));
-    if (st == DT_OK)
-      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE),
-                                    slot->copied);
-  }
+  dt_status st = upload_batch(l, slot, shape, lay->input_ndim + 1, lay->input_dtype, tshape,
+                              lay->target_ndim + 1, lay->target_dtype, &x, &y);
   if (st != DT_OK) { /* the slot stays taken-but-unread; destroy waits for its copies */
     dt_tensor_release(x);
     dt_tensor_release(y);
     return st;
   }
   l->taken++;
-  if (!l->async_copy)
-    DT_CHECK(release_taken_slots(l)); /* the synchronous copy is done */
+  release_taken_slots(l); /* async: the worker waits for the copy before a refill */
   *inputs = x;
   *labels = y;
   return DT_OK;

@@ -122,7 +122,7 @@ dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int ld
 static dt_status dt_kcheck_binary(const dt_binary_args *args) {
   if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim, DT_MAX_DIMS);
-  if ((unsigned)args->op > DT_BINARY_MUL)
+  if ((unsigned)args->op > DT_BINARY_DIV)
     return DT_ERROR(DT_ERR_INVALID_ARG, "binary: unknown op %d", (int)args->op);
   for (int d = 0; d < args->ndim; d++)
     if (args->shape[d] < 0)

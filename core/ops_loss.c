@@ -34,12 +34,27 @@ static dt_status check_reduction(const char *op, dt_reduction r) {
 
 /* ---- cross-entropy ---- */
 
+/* out (n) = a[0] / b[0] for every element: scalars a and b broadcast, on
+ * the device (the mean's division by the kept-row count, which stays on
+ * the device). */
+static dt_status divide_scalars(const dt_exec *ex, const float *a, const float *b, float *out,
+                                int64_t n) {
+  dt_binary_args args;
+  memset(&args, 0, sizeof args);
+  args.op = DT_BINARY_DIV;
+  args.ndim = 1;
+  args.shape[0] = n;
+  return dt_kernel_binary(ex, &args, a, b, out);
+}
+
 /* saved: 0 logits (rows, c) contiguous, 1 target (rows) contiguous, 2 lse
- * (rows); ints: 0 reduction, 1 ignore_index, 2 count, 3 rows, 4 c. */
+ * (rows), 3 count (1: rows kept, f32, on the device); ints: 0 reduction,
+ * 1 ignore_index, 2 rows, 3 c. */
 static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *logits = node->saved[0], *target = node->saved[1], *lse = node->saved[2];
+  dt_tensor *count = node->saved[3];
   dt_reduction red = (dt_reduction)node->ints[0];
-  int64_t ignore = node->ints[1], count = node->ints[2], rows = node->ints[3], c = node->ints[4];
+  int64_t ignore = node->ints[1], rows = node->ints[2], c = node->ints[3];
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *dlogits = NULL, *drows = NULL;
@@ -48,11 +63,15 @@ static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor *
   if (rows * c > 0) {
     const float *dloss_rows = DT_F32(g);
     if (red != DT_REDUCTION_NONE) {
-      /* drows (rows) = scale * g (scalar); mean over no rows gives 0 grads */
-      float scale = red == DT_REDUCTION_SUM ? 1.0f : (count > 0 ? 1.0f / (float)count : 0.0f);
+      /* drows (rows) = g (scalar), over the count for the mean. With no
+       * row kept that is g/0, but every row is then ignored, and ignored
+       * rows get a zero gradient whatever their dloss. */
       DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &drows), st, fail);
-      DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(g), DT_F32(drows), 1, rows, 1, scale), st,
-                    fail);
+      if (red == DT_REDUCTION_SUM)
+        DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(g), DT_F32(drows), 1, rows, 1, 1.0f), st,
+                      fail);
+      else
+        DT_CHECK_GOTO(divide_scalars(&ex, DT_F32(g), DT_F32(count), DT_F32(drows), rows), st, fail);
       dloss_rows = DT_F32(drows);
     }
     DT_CHECK_GOTO(dt_kernel_cross_entropy_backward(&ex, DT_F32(logits), dt_tensor_data(target),
@@ -94,40 +113,44 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
 
   dt_device dev = dt_tensor_device(logits);
   const dt_exec ex = dt_tensor_exec(logits);
-  dt_tensor *lc = NULL, *tc = NULL, *loss_rows = NULL, *lse = NULL, *y = NULL;
+  dt_tensor *lc = NULL, *tc = NULL, *loss_rows = NULL, *lse = NULL, *count = NULL, *y = NULL;
+  dt_tensor *sum = NULL;
   dt_node *node = NULL;
-  int64_t count = 0;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), st, fail);
   DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), st, fail);
   /* loss_rows has target's shape so that reduction "none" returns it as is */
   DT_CHECK_GOTO(dt_ops_empty_like(target, dev, &loss_rows), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &lse), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &count), st, fail);
   if (rows > 0)
-    DT_CHECK_GOTO(
-        dt_kernel_cross_entropy_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
-                                        ignore_index, DT_F32(loss_rows), DT_F32(lse), &count),
-        st, fail);
+    DT_CHECK_GOTO(dt_kernel_cross_entropy_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, c,
+                                                  ignore_index, DT_F32(loss_rows), DT_F32(lse),
+                                                  DT_F32(count)),
+                  st, fail);
+  else
+    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(count), 0.0f, 1), st, fail);
   if (reduction == DT_REDUCTION_NONE) {
     y = dt_tensor_retain(loss_rows);
   } else {
     DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
-    if (reduction == DT_REDUCTION_MEAN && count == 0)
-      /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
-      DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(y), NAN, 1), st, fail);
-    else
-      DT_CHECK_GOTO(
-          sum_to_scalar(dev, DT_F32(loss_rows), rows,
-                        reduction == DT_REDUCTION_MEAN ? 1.0f / (float)count : 1.0f, DT_F32(y)),
-          st, fail);
+    if (reduction == DT_REDUCTION_SUM) {
+      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows, 1.0f, DT_F32(y)), st, fail);
+    } else {
+      /* sum / count on the device; over zero kept rows that is 0/0 = NaN,
+       * as PyTorch gives */
+      DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &sum), st, fail);
+      DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows, 1.0f, DT_F32(sum)), st, fail);
+      DT_CHECK_GOTO(divide_scalars(&ex, DT_F32(sum), DT_F32(count), DT_F32(y), 1), st, fail);
+    }
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), st, fail);
-  dt_tensor *saved[3] = {lc, tc, lse};
-  const int64_t ints[5] = {reduction, ignore_index, count, rows, c};
-  dt_ops_save_for_backward(node, saved, 3, ints, 5);
+  dt_tensor *saved[4] = {lc, tc, lse, count};
+  const int64_t ints[4] = {reduction, ignore_index, rows, c};
+  dt_ops_save_for_backward(node, saved, 4, ints, 4);
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(y, loss_rows, lse, tc, lc);
+  DT_RELEASE_TENSORS(y, sum, count, loss_rows, lse, tc, lc);
   return st;
 }
 

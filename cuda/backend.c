@@ -46,25 +46,25 @@ static dt_status cuda_copy(void *dst, dt_device dst_dev, const void *src, dt_dev
     if (stream && stream->kind == DT_STREAM_COPY && stream->device == dst_dev.index)
       DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
     DT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, bytes, s));
-    if (!stream)
-      DT_CUDA_CHECK(cudaStreamSynchronize(s));
-    return DT_OK;
+    if (stream)
+      return DT_OK;
+    DT_CUDA_CHECK(cudaStreamSynchronize(s));
+    DT_CHECK(dt_cuda_take_index_error(sctx));
+    return dt_cuda_take_index_error(ctx);
   }
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   /* Synchronous copies go through the compute stream so that they are
-   * ordered after the kernels that produced the data. */
+   * ordered after the kernels that produced the data. A copy on another
+   * stream is ordered by its caller (core/backend.h): the loader fences
+   * only on the events that guard its destination buffers, so that its
+   * uploads overlap compute. */
   cudaStream_t s = stream ? stream->s : dt_cuda_compute_stream(ctx);
-  /* The copy stream fills freshly allocated tensors (the loader's input
-   * batches). Their blocks come from the compute stream's cache and may
-   * have been freed by the host while queued compute work still uses
-   * them: the copy waits for that work. (Copies on the comm stream go into
-   * long-lived buckets and keep overlapping compute.) */
-  if (is_cuda(dst_dev) && stream && stream->kind == DT_STREAM_COPY)
-    DT_CHECK(dt_cuda_fence_after_compute(ctx, s));
   DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  if (!stream)
-    DT_CUDA_CHECK(cudaStreamSynchronize(s));
-  return DT_OK;
+  if (stream)
+    return DT_OK;
+  DT_CUDA_CHECK(cudaStreamSynchronize(s));
+  /* A synchronisation point: report what the index checks found. */
+  return dt_cuda_take_index_error(ctx);
 }
 
 static dt_status cuda_memset_zero(dt_device dev, void *ptr, size_t bytes) {
@@ -154,14 +154,16 @@ static dt_status cuda_stream_synchronize(dt_stream *s) {
   if (!s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "stream_synchronize: NULL stream");
   DT_CUDA_CHECK(cudaStreamSynchronize(s->s));
-  return DT_OK;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get((dt_device){DT_DEVICE_CUDA, s->device}, &ctx));
+  return dt_cuda_take_index_error(ctx);
 }
 
 static dt_status cuda_device_synchronize(dt_device dev) {
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   DT_CUDA_CHECK(cudaDeviceSynchronize());
-  return DT_OK;
+  return dt_cuda_take_index_error(ctx);
 }
 
 /* ---- the table ---- */

@@ -5,6 +5,7 @@
  * translation, versions and device properties. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <nccl.h> /* the version the build was made against; not linked */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +15,6 @@
 #include "core/memory.h"
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
-
-#include <nccl.h> /* the version the build was made against; not linked */
 
 /* ---- error translation ---- */
 
@@ -221,6 +220,58 @@ dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s) {
   return DT_OK;
 }
 
+/* The slots start empty, the error unclaimed; the one sync at creation
+ * makes that visible to every stream. */
+static dt_status index_check_create(dt_cuda_ctx *c) {
+  dt_cuda_index_check *ic = &c->index_check;
+  size_t slots = 3 * sizeof *ic->slots;
+  DT_CUDA_CHECK(cudaMalloc((void **)&ic->slots, slots + sizeof(int)));
+  ic->claim = (int *)(ic->slots + 3);
+  DT_CUDA_CHECK(cudaHostAlloc((void **)&ic->error, sizeof *ic->error,
+                              cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(ic->error, 0, sizeof *ic->error);
+  DT_CUDA_CHECK(cudaHostGetDevicePointer((void **)&ic->error_dev, ic->error, 0));
+  cudaStream_t s = dt_cuda_compute_stream(c);
+  DT_CUDA_CHECK(cudaMemsetAsync(ic->slots, 0xff, slots, s));
+  DT_CUDA_CHECK(cudaMemsetAsync(ic->claim, 0, sizeof(int), s));
+  for (int k = 0; k < 3; k++)
+    DT_CUDA_CHECK(cudaMemsetAsync(&ic->slots[k].kept, 0, sizeof ic->slots[k].kept, s));
+  DT_CUDA_CHECK(cudaStreamSynchronize(s));
+  return DT_OK;
+}
+
+static void index_check_destroy(dt_cuda_ctx *c) {
+  if (c->index_check.slots)
+    cudaFree(c->index_check.slots);
+  if (c->index_check.error)
+    cudaFreeHost(c->index_check.error);
+}
+
+dt_status dt_cuda_take_index_error(dt_cuda_ctx *ctx) {
+  volatile dt_cuda_index_error *e = ctx->index_check.error;
+  if (!e || !e->set)
+    return DT_OK;
+  dt_cuda_index_error r = {e->set, e->kind, e->position, e->value, e->bound, e->ignore_index};
+  e->set = 0;
+  /* Unclaim in stream order: a failure queued before this point and not
+   * yet run may still claim the record (and is reported next time). */
+  DT_CUDA_CHECK(
+      cudaMemsetAsync(ctx->index_check.claim, 0, sizeof(int), dt_cuda_compute_stream(ctx)));
+  /* The CPU's messages (core/cpu_kernels_nn.c), word for word, then where
+   * the GPU found it. */
+  if (r.kind == DT_CUDA_INDEX_CROSS_ENTROPY)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "cross_entropy_forward: target %lld at row %lld is outside [0, %lld) and is "
+                    "not ignore_index (%lld): check the labels against the number of classes "
+                    "(found on cuda:%d by a kernel queued before this synchronisation)",
+                    r.value, r.position, r.bound, r.ignore_index, ctx->index);
+  return DT_ERROR(DT_ERR_INVALID_ARG,
+                  "embedding_forward: index %lld at position %lld is outside [0, %lld): check the "
+                  "token ids against the vocabulary size (found on cuda:%d by a kernel queued "
+                  "before this synchronisation)",
+                  r.value, r.position, r.bound, ctx->index);
+}
+
 int dt_cuda_cudnn_benchmark(void) {
   static atomic_int setting = -1;
   int v = atomic_load(&setting);
@@ -269,8 +320,8 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
     c->streams[k].device = index;
     c->streams[k].kind = k;
     int prio = k == DT_STREAM_COMM ? prio_greatest : prio_least;
-    DT_CUDA_CHECK_GOTO(
-        cudaStreamCreateWithPriority(&c->streams[k].s, cudaStreamNonBlocking, prio), st, fail);
+    DT_CUDA_CHECK_GOTO(cudaStreamCreateWithPriority(&c->streams[k].s, cudaStreamNonBlocking, prio),
+                       st, fail);
   }
   {
     cublasStatus_t be = cublasCreate(&c->cublas);
@@ -291,6 +342,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   DT_CUDA_CHECK_GOTO(cudaMalloc(&c->dev_scratch, DT_CUDA_SCRATCH_BYTES), st, fail);
   DT_CUDA_CHECK_GOTO(cudaHostAlloc(&c->host_scratch, DT_CUDA_SCRATCH_BYTES, cudaHostAllocPortable),
                      st, fail);
+  DT_CHECK_GOTO(index_check_create(c), st, fail);
   DT_CHECK_GOTO(dt_cuda_pool_create(index, c->total_memory, &c->pool), st, fail);
   {
     size_t limit = 0;
@@ -315,6 +367,7 @@ fail:
     cudaFree(c->dev_scratch);
   if (c->host_scratch)
     cudaFreeHost(c->host_scratch);
+  index_check_destroy(c);
   dt_block_pool_destroy(c->pool);
   free(c);
   return dt_error_wrap(st, "initialising cuda:%d", index);

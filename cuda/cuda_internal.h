@@ -41,6 +41,35 @@ struct dt_event {
 
 typedef struct dt_cuda_conv_cache dt_cuda_conv_cache; /* cuda/dnn.c */
 
+/* Index checks without a host sync (cross-entropy targets, embedding ids,
+ * cuda/kernels_nn.cu). A forward kernel marks its bad rows in its stream's
+ * slot; a one-thread kernel after it turns the slot's first bad row into
+ * the device's index error (the first since the host last looked) and
+ * resets the slot. The host reads the error at the next synchronisation
+ * (dt_cuda_take_index_error) and reports it as the CPU would have. */
+typedef struct dt_cuda_index_slot {
+  unsigned long long bad;  /* first bad row of the launch being checked; ~0 = none */
+  unsigned long long kept; /* cross-entropy: rows not ignored */
+} dt_cuda_index_slot;
+
+typedef enum dt_cuda_index_kind {
+  DT_CUDA_INDEX_CROSS_ENTROPY = 1,
+  DT_CUDA_INDEX_EMBEDDING = 2,
+} dt_cuda_index_kind;
+
+typedef struct dt_cuda_index_error {
+  int set;  /* written last (after a system fence): the fields are complete */
+  int kind; /* dt_cuda_index_kind */
+  long long position, value, bound, ignore_index;
+} dt_cuda_index_error;
+
+typedef struct dt_cuda_index_check {
+  dt_cuda_index_slot *slots;      /* device: one per stream kind */
+  int *claim;                     /* device: 0 until a failure claims `error` */
+  dt_cuda_index_error *error;     /* mapped page-locked host memory */
+  dt_cuda_index_error *error_dev; /* its device address */
+} dt_cuda_index_check;
+
 /* One per GPU, created on first use and kept for the process lifetime. */
 typedef struct dt_cuda_ctx {
   int index;
@@ -55,6 +84,7 @@ typedef struct dt_cuda_ctx {
   void *dev_scratch;
   void *host_scratch;
   pthread_mutex_t scratch_lock;
+  dt_cuda_index_check index_check;
   dt_cuda_conv_cache *conv_cache;
   pthread_mutex_t conv_lock;
   /* Recorded on the compute stream before a copy on another stream writes
@@ -86,6 +116,10 @@ int dt_cuda_cudnn_benchmark(void);
 /* Makes `s` wait for the work queued so far on the compute stream of ctx
  * (no-op when `s` is that stream). */
 dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s);
+/* After a synchronisation of ctx's device (or of one of its streams): the
+ * index error a forward kernel recorded since the last call, as the CPU's
+ * DT_ERR_INVALID_ARG message; DT_OK when there was none. Clears it. */
+dt_status dt_cuda_take_index_error(dt_cuda_ctx *ctx);
 /* Sets the cuBLAS math mode from the global TF32 setting if it changed. */
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx);
 

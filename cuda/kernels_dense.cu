@@ -190,7 +190,10 @@ static __global__ void binary_kernel(int op, const float *a, const float *b, flo
     int64_t o[3];
     plan_offsets(p, i, 3, o);
     float u = a[o[1]], v = b[o[2]];
-    out[o[0]] = op == DT_BINARY_ADD ? u + v : op == DT_BINARY_SUB ? u - v : u * v;
+    out[o[0]] = op == DT_BINARY_ADD   ? u + v
+                : op == DT_BINARY_SUB ? u - v
+                : op == DT_BINARY_MUL ? u * v
+                                      : u / v;
   }
 }
 

@@ -5,9 +5,11 @@
  * bit for bit; the dropout mask is core/rng.c's counter-based stream.
  *
  * Index validation (cross-entropy targets, embedding ids) runs inside the
- * forward kernels: the first bad position is reported through the device
- * scratch, which costs one small device-to-host copy and a sync. Backward
- * kernels skip invalid indices instead (the forward already refused them). */
+ * forward kernels and never waits for the host: the first bad position
+ * becomes the device's index error (cuda_internal.h), which the host
+ * reports at its next synchronisation with the CPU's message; the
+ * cross-entropy's kept-row count stays on the device. Backward kernels
+ * skip invalid indices (the forward already refused them). */
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
@@ -18,43 +20,49 @@ static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64
   return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
 }
 
-/* Device scratch layout for index checks: the first bad position (min) and
- * a count of kept rows. */
-struct index_report {
-  unsigned long long bad; /* ~0 = none */
-  unsigned long long count;
-};
-
-/* Resets the report, runs nothing else. Caller holds ctx->scratch_lock. */
-static cudaError_t report_reset(dt_cuda_ctx *ctx, cudaStream_t stream) {
-  index_report *r = (index_report *)ctx->dev_scratch;
-  cudaError_t e = cudaMemsetAsync(&r->bad, 0xff, sizeof r->bad, stream);
-  if (e == cudaSuccess)
-    e = cudaMemsetAsync(&r->count, 0, sizeof r->count, stream);
-  return e;
+/* The slot of index checks for kernels on `stream` (one per stream kind:
+ * kernels on one stream run in order, so a slot serves one launch at a
+ * time). */
+static dt_cuda_index_slot *index_slot(dt_cuda_ctx *ctx, cudaStream_t stream) {
+  int k = DT_STREAM_COMPUTE;
+  for (int i = 0; i < 3; i++)
+    if (ctx->streams[i].s == stream)
+      k = i;
+  return &ctx->index_check.slots[k];
 }
 
-/* Copies the report (and the bad index value, if any) to the host. */
-static cudaError_t report_read(dt_cuda_ctx *ctx, cudaStream_t stream, const void *idx, int i32,
-                               index_report *out, int64_t *bad_value) {
-  cudaError_t e = cudaMemcpyAsync(ctx->host_scratch, ctx->dev_scratch, sizeof *out,
-                                  cudaMemcpyDeviceToHost, stream);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess)
-    return e;
-  *out = *(const index_report *)ctx->host_scratch;
-  *bad_value = 0;
-  if (out->bad != ~0ull) {
-    size_t es = i32 ? 4 : 8;
-    char *h = (char *)ctx->host_scratch + 64;
-    e = cudaMemcpyAsync(h, (const char *)idx + out->bad * es, es, cudaMemcpyDeviceToHost, stream);
-    if (e == cudaSuccess)
-      e = cudaStreamSynchronize(stream);
-    if (e == cudaSuccess)
-      *bad_value = i32 ? *(const int32_t *)h : *(const int64_t *)h;
-  }
-  return e;
+// slot of the launch just checked -> the device's index error (the first
+// one claims it), *count = rows kept (cross-entropy); resets the slot
+static __global__ void index_report_kernel(dt_cuda_index_slot *slot, int *claim,
+                                           dt_cuda_index_error *err, const void *idx, int i32,
+                                           int kind, long long bound, long long ignore,
+                                           float *count) {
+  unsigned long long bad = slot->bad;
+  if (count)
+    *count = (float)slot->kept;
+  slot->kept = 0;
+  if (bad == ~0ull)
+    return;
+  slot->bad = ~0ull;
+  if (atomicCAS(claim, 0, 1) != 0)
+    return; /* an earlier failure is waiting for the host */
+  err->kind = kind;
+  err->position = (long long)bad;
+  err->value = (long long)index_at(idx, i32, (int64_t)bad);
+  err->bound = bound;
+  err->ignore_index = ignore;
+  __threadfence_system();
+  *(volatile int *)&err->set = 1;
+}
+
+/* Queues the report of the launch just made on `stream` (no host wait). */
+static cudaError_t index_report(dt_cuda_ctx *ctx, cudaStream_t stream, const void *idx, int i32,
+                                dt_cuda_index_kind kind, int64_t bound, int64_t ignore,
+                                float *count) {
+  index_report_kernel<<<1, 1, 0, stream>>>(index_slot(ctx, stream), ctx->index_check.claim,
+                                           ctx->index_check.error_dev, idx, i32, (int)kind,
+                                           (long long)bound, (long long)ignore, count);
+  return cudaGetLastError();
 }
 
 /* ---- softmax ---- */
@@ -195,7 +203,7 @@ extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const fl
 static __global__ void cross_entropy_forward_kernel(const float *logits, const void *target,
                                                     int i32, int64_t n, int64_t c,
                                                     int64_t ignore_index, float *loss_rows,
-                                                    float *lse, index_report *rep) {
+                                                    float *lse, dt_cuda_index_slot *rep) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -220,7 +228,7 @@ static __global__ void cross_entropy_forward_kernel(const float *logits, const v
         atomicMin(&rep->bad, (unsigned long long)i);
       } else {
         loss_rows[i] = (float)(l - (double)xr[t]);
-        atomicAdd(&rep->count, 1ull);
+        atomicAdd(&rep->kept, 1ull);
       }
     }
   }
@@ -229,35 +237,16 @@ static __global__ void cross_entropy_forward_kernel(const float *logits, const v
 extern "C" dt_status dt_cuda_cross_entropy_forward(const dt_exec *ex, const float *logits,
                                                    const void *target, dt_dtype target_dtype,
                                                    int64_t n, int64_t c, int64_t ignore_index,
-                                                   float *loss_rows, float *lse,
-                                                   int64_t *out_count) {
-  if (out_count)
-    *out_count = 0;
-  if (n == 0)
-    return DT_OK;
+                                                   float *loss_rows, float *lse, float *count) {
   DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = target_dtype == DT_DTYPE_I32;
-  index_report rep;
-  int64_t bad_value = 0;
-  pthread_mutex_lock(&ctx->scratch_lock);
-  cudaError_t e = report_reset(ctx, stream);
-  if (e == cudaSuccess) {
+  if (n > 0)
     cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
-        logits, target, i32, n, c, ignore_index, loss_rows, lse, (index_report *)ctx->dev_scratch);
-    e = cudaGetLastError();
-  }
+        logits, target, i32, n, c, ignore_index, loss_rows, lse, index_slot(ctx, stream));
+  cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess)
-    e = report_read(ctx, stream, target, i32, &rep, &bad_value);
-  pthread_mutex_unlock(&ctx->scratch_lock);
+    e = index_report(ctx, stream, target, i32, DT_CUDA_INDEX_CROSS_ENTROPY, c, ignore_index, count);
   DT_CUDA_CHECK(e);
-  if (rep.bad != ~0ull)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "cross_entropy_forward: target %lld at row %lld is outside [0, %lld) and is "
-                    "not ignore_index (%lld): check the labels against the number of classes",
-                    (long long)bad_value, (long long)rep.bad, (long long)c,
-                    (long long)ignore_index);
-  if (out_count)
-    *out_count = (int64_t)rep.count;
   return DT_OK;
 }
 
@@ -440,7 +429,7 @@ extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *
 // idx (n), table (v,d) -> y (n,d); report: first bad position
 static __global__ void embedding_forward_kernel(const void *idx, int i32, const float *table,
                                                 float *y, int64_t n, int64_t v, int64_t d,
-                                                index_report *rep) {
+                                                dt_cuda_index_slot *rep) {
   DT_GRID_STRIDE(k, n * d) {
     int64_t i = k / d, j = k - i * d;
     int64_t t = index_at(idx, i32, i);
@@ -461,24 +450,13 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = idx_dtype == DT_DTYPE_I32;
-  index_report rep;
-  int64_t bad_value = 0;
-  pthread_mutex_lock(&ctx->scratch_lock);
-  cudaError_t e = report_reset(ctx, stream);
-  if (e == cudaSuccess && d > 0) {
+  if (d > 0)
     embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
-        idx, i32, table, y, n, v, d, (index_report *)ctx->dev_scratch);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess)
-    e = report_read(ctx, stream, idx, i32, &rep, &bad_value);
-  pthread_mutex_unlock(&ctx->scratch_lock);
+        idx, i32, table, y, n, v, d, index_slot(ctx, stream));
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && d > 0)
+    e = index_report(ctx, stream, idx, i32, DT_CUDA_INDEX_EMBEDDING, v, 0, NULL);
   DT_CUDA_CHECK(e);
-  if (rep.bad != ~0ull)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "embedding_forward: index %lld at position %lld is outside [0, %lld): check "
-                    "the token ids against the vocabulary size",
-                    (long long)bad_value, (long long)rep.bad, (long long)v);
   return DT_OK;
 }
 

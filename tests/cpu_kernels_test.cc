@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/device.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/status.h"
-#include "core/device.h"
 #include "tests/cpu_kernels_test_util.h"
 
 namespace {
@@ -123,6 +123,18 @@ TEST_P(ThreadCounts, BinaryBroadcastAndStrides) {
   ASSERT_EQ(DT_OK, dt_kernel_binary(cpu_exec(), &args, x.data(), s.data(), out.data()));
   for (int i = 0; i < 40000; i++)
     ASSERT_EQ(out[i], x[i] * 3.0f);
+  // division, IEEE at zero (cross-entropy's mean over zero kept rows is 0/0)
+  args.op = DT_BINARY_DIV;
+  args.shape[0] = 4;
+  args.a_strides[0] = 1;
+  Vec num = {6.0f, -1.0f, 0.0f, 1.0f}, den = {2.0f}, zero = {0.0f}, q(4);
+  ASSERT_EQ(DT_OK, dt_kernel_binary(cpu_exec(), &args, num.data(), den.data(), q.data()));
+  EXPECT_EQ(q, (Vec{3.0f, -0.5f, 0.0f, 0.5f}));
+  ASSERT_EQ(DT_OK, dt_kernel_binary(cpu_exec(), &args, num.data(), zero.data(), q.data()));
+  EXPECT_TRUE(std::isinf(q[0]) && q[0] > 0 && std::isinf(q[1]) && q[1] < 0 && std::isnan(q[2]));
+  args.op = (dt_binary_op)(DT_BINARY_DIV + 1);
+  EXPECT_EQ(DT_ERR_INVALID_ARG,
+            dt_kernel_binary(cpu_exec(), &args, num.data(), den.data(), q.data()));
 }
 
 TEST(CpuElementwise, AxpbyFillUnary) {
@@ -340,11 +352,11 @@ TEST(CpuCrossEntropy, HandValuesIgnoreIndexAndGradient) {
     const void *t = use64 ? (const void *)t64.data() : (const void *)t32.data();
     dt_dtype td = use64 ? DT_DTYPE_I64 : DT_DTYPE_I32;
     Vec loss(3), lse(3);
-    int64_t count = -1;
+    float count = -1;
     ASSERT_EQ(DT_OK, dt_kernel_cross_entropy_forward(cpu_exec(), logits.data(), t, td, 3, 3, -100,
                                                      loss.data(), lse.data(), &count))
         << dt_last_error();
-    EXPECT_EQ(count, 2);
+    EXPECT_EQ(count, 2.0f);
     EXPECT_NEAR(loss[0], 0.40760596, 1e-6);  // log(e + e^2 + e^3) - 3
     EXPECT_NEAR(loss[1], 1.09861229, 1e-6);  // log 3
     EXPECT_EQ(loss[2], 0.0f);
@@ -368,7 +380,7 @@ TEST(CpuCrossEntropy, HandValuesIgnoreIndexAndGradient) {
 TEST(CpuCrossEntropy, OutOfRangeTargetIsInvalidArg) {
   Vec logits(6, 0.0f), loss(2), lse(2);
   std::vector<int64_t> t = {1, 3};
-  int64_t count = 0;
+  float count = 0;
   EXPECT_EQ(DT_ERR_INVALID_ARG,
             dt_kernel_cross_entropy_forward(cpu_exec(), logits.data(), t.data(), DT_DTYPE_I64, 2, 3,
                                             -100, loss.data(), lse.data(), &count));

@@ -1,6 +1,6 @@
 // The CUDA backend beyond the ops: TF32 and mixed-precision GEMM against
 // the CPU reference (dt_cpu_backend()), streams and events ordering work,
-// the copy stream waiting for compute on a reused block, a tensor round
+// index errors reported at the next synchronisation, a tensor round
 // trip. The ops' kernels (CPU-vs-CUDA parity, every dtype) are checked by
 // the op table, tests/op_table_test.cc. TF32 is off except where a test says
 // so. Without a GPU every test skips with the reason dt_backend_get() gives.
@@ -18,9 +18,10 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "core/env.h"
 #include "core/cpu.h"
+#include "core/env.h"
 #include "core/memory.h"
+#include "core/ops.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -189,41 +190,87 @@ TEST_F(CudaBackend, StreamsOrderWorkThroughEvents) {
   EXPECT_GE(s.allocated, (size_t)(2 * n * sizeof(float)));
 }
 
-// A block freed by the host while queued compute kernels still read it is
-// cached for the compute stream; handed out again and filled on the copy
-// stream (as the loader does), the copy must wait for those kernels.
-TEST_F(CudaBackend, CopyStreamWaitsForComputeStillUsingAReusedBlock) {
-  if (SelfCheck())
-    GTEST_SKIP() << "CUDA-only (TF32, GemmEx, streams, pinned memory): not in the CPU self-check";
-  const int64_t n = 1 << 24;  // 64 MiB: the queued kernels take a while
-  const size_t bytes = (size_t)n * sizeof(float);
-  void *a = nullptr;
-  OK(gpu_->alloc(dev_, bytes, &a));
-  float *b = Zeros(n);
-  OK(dt_kernel_fill(&gex_, (float *)a, 1.0f, n));
-  const int rounds = 20;
-  for (int r = 0; r < rounds; r++)  // b += a, queued on the compute stream
-    OK(dt_kernel_axpby(&gex_, n, 1.0f, (const float *)a, 1.0f, b));
-  gpu_->free(dev_, a, bytes);  // the host lets go while the kernels are queued
-  void *again = nullptr;
-  OK(gpu_->alloc(dev_, bytes, &again));
-  bufs_.push_back({again, bytes});
-  EXPECT_EQ(again, a) << "the cached block is handed out again";
-  float *host = nullptr;
-  OK(gpu_->host_alloc(bytes, (void **)&host));
+// The text of a message after its "function file:line: " prefix.
+std::string MessageText(const std::string &m) {
+  size_t p = m.find(": ");
+  size_t q = p == std::string::npos ? p : m.find(": ", p + 2);
+  return q == std::string::npos ? m : m.substr(q + 2);
+}
+
+// An op's status, or that of the first synchronisation after it: a GPU
+// finds a bad index in its kernel and says so when the host next waits
+// for the device (here, reading the result back, as the loss item does).
+dt_status StatusAtNextSync(dt_status op_status, dt_tensor *out) {
+  if (op_status != DT_OK)
+    return op_status;
+  std::vector<float> v(dt_tensor_numel(out));
+  return dt_tensor_to_host(out, v.data(), v.size() * sizeof(float));
+}
+
+// Index validation without a host sync (issue 10, item 6): the op returns
+// before the kernel ran; the next synchronisation reports what the kernel
+// found, with the CPU's message; then the device is clean again. The first
+// of two failures is the one reported.
+TEST_F(CudaBackend, BadIndicesAreReportedAtTheNextSyncWithTheCpuMessage) {
+  const int64_t n = 64, c = 10;
+  Vec logits_v = Rand(n * c, 7);
+  std::vector<int64_t> target_v(n);
   for (int64_t i = 0; i < n; i++)
-    host[i] = 5.0f;
-  dt_stream *copy = gpu_->stream(dev_, DT_STREAM_COPY);
-  OK(gpu_->copy(again, dev_, host, DT_CPU, bytes, copy));
-  OK(gpu_->device_synchronize(dev_));
-  gpu_->host_free(host);
-  Vec got = Down(b, n);
-  size_t bad = 0;
-  for (int64_t i = 0; i < n; i++)
-    bad += got[i] != (float)rounds;
-  EXPECT_EQ(bad, 0u) << "the copy overwrote the block before the compute kernels read it";
-  Vec fresh = Down((const float *)again, 1000);
-  EXPECT_EQ(fresh, Vec(1000, 5.0f));
+    target_v[i] = i % 5 == 2 ? -100 : i % c;
+  target_v[41] = 12;
+  target_v[50] = -7;
+  int64_t ls[2] = {n, c}, ts[1] = {n};
+  std::string msg[2];
+  for (int side = 0; side < 2; side++) {
+    dt_device d = side == 0 ? DT_CPU : dev_;
+    dt_tensor *logits = nullptr, *target = nullptr, *loss = nullptr;
+    OK(dt_tensor_from_host(logits_v.data(), ls, 2, DT_DTYPE_F32, d, &logits));
+    OK(dt_tensor_from_host(target_v.data(), ts, 1, DT_DTYPE_I64, d, &target));
+    dt_status st = dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, -100, &loss);
+    char dn[32];
+    EXPECT_EQ(StatusAtNextSync(st, loss), DT_ERR_INVALID_ARG) << dt_device_format(d, dn, sizeof dn);
+    msg[side] = dt_last_error();
+    dt_tensor_release(loss);
+    // The error was taken: the device works on.
+    loss = nullptr;
+    target_v[41] = 3;
+    target_v[50] = 4;
+    dt_tensor *good = nullptr;
+    OK(dt_tensor_from_host(target_v.data(), ts, 1, DT_DTYPE_I64, d, &good));
+    OK(dt_op_cross_entropy(logits, good, DT_REDUCTION_MEAN, -100, &loss));
+    float item = 0.0f;
+    OK(dt_tensor_to_host(loss, &item, sizeof item));
+    EXPECT_TRUE(std::isfinite(item));
+    target_v[41] = 12;
+    target_v[50] = -7;
+    for (dt_tensor *t : {loss, good, target, logits})
+      dt_tensor_release(t);
+  }
+  EXPECT_NE(msg[0].find("target 12 at row 41"), std::string::npos) << msg[0];
+  EXPECT_NE(MessageText(msg[1]).find(MessageText(msg[0])), std::string::npos)
+      << "cpu: " << msg[0] << "\ndevice: " << msg[1];
+
+  // Embedding: two bad forwards queued before the host looks; the first
+  // is the one reported, once.
+  std::vector<int32_t> ids1 = {1, 2, 3, 9, 0}, ids2 = {1, 2, 3, 4, -1};
+  Vec table_v = Rand(9 * 4, 8);
+  int64_t is[1] = {5}, tbs[2] = {9, 4};
+  dt_tensor *idx1 = nullptr, *idx2 = nullptr, *table = nullptr, *y1 = nullptr, *y2 = nullptr;
+  OK(dt_tensor_from_host(ids1.data(), is, 1, DT_DTYPE_I32, dev_, &idx1));
+  OK(dt_tensor_from_host(ids2.data(), is, 1, DT_DTYPE_I32, dev_, &idx2));
+  OK(dt_tensor_from_host(table_v.data(), tbs, 2, DT_DTYPE_F32, dev_, &table));
+  dt_status st = dt_op_embedding(idx1, table, &y1);
+  if (st == DT_OK) {  // a GPU: both queued, reported at the sync
+    OK(dt_op_embedding(idx2, table, &y2));
+    st = StatusAtNextSync(st, y2);
+  }
+  EXPECT_EQ(st, DT_ERR_INVALID_ARG);
+  std::string e = dt_last_error();
+  EXPECT_NE(e.find("index 9 at position 3 is outside [0, 9)"), std::string::npos) << e;
+  if (y2)
+    OK(StatusAtNextSync(DT_OK, y2));  // reported once
+  for (dt_tensor *t : {y2, y1, table, idx2, idx1})
+    dt_tensor_release(t);
 }
 
 TEST_F(CudaBackend, TensorRoundTripThroughCuda) {

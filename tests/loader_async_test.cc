@@ -5,8 +5,12 @@
 // tools/gpu_check.sh runs the real thing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -17,20 +21,35 @@
 
 namespace {
 
+// The stand-in's timeline: the test "runs" kernels on the compute stream
+// (UseOnCompute: position++, the buffers they read); an event records the
+// position of its stream when recorded; the copy stream's fence is the
+// highest compute position it has waited for. A copy into a buffer is safe
+// when that fence covers the buffer's last use; it overlaps compute when
+// the fence is below the current position (it need not wait for the step
+// just queued).
 struct Trace {
-  int host_allocs = 0, host_frees = 0;
-  int copies_on_copy_stream = 0;
-  int records = 0, waits_on_compute = 0, syncs = 0;
+  int host_allocs = 0, host_frees = 0, device_allocs = 0;
+  int copies_on_copy_stream = 0, unsafe_copies = 0;
+  int records = 0, waits_on_compute = 0, syncs = 0, syncs_on_caller = 0;
+  long compute_pos = 0, copy_fence = 0;
+  std::vector<long> lead;  // per copy: compute_pos - copy_fence at the copy
+  std::map<const void *, long> last_use;
   std::set<void *> pinned;
+  std::thread::id caller;
 } trace;
 
 dt_stream *const kCompute = reinterpret_cast<dt_stream *>(0x10);
 dt_stream *const kCopy = reinterpret_cast<dt_stream *>(0x20);
 
 struct FakeEvent {
+  dt_stream *stream = nullptr;
+  long pos = 0;
   int recorded = 0;
   int synced = 0;
 };
+
+void UseOnCompute(dt_tensor *t) { trace.last_use[dt_tensor_data(t)] = ++trace.compute_pos; }
 
 dt_status FakeHostAlloc(size_t bytes, void **out) {
   *out = malloc(bytes);
@@ -52,19 +71,32 @@ dt_status FakeEventCreate(dt_device, dt_event **out) {
 }
 void FakeEventDestroy(dt_event *e) { delete reinterpret_cast<FakeEvent *>(e); }
 dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  EXPECT_EQ(s, kCopy) << "the loader records its copy event on the copy stream";
-  reinterpret_cast<FakeEvent *>(e)->recorded++;
+  auto *ev = reinterpret_cast<FakeEvent *>(e);
+  EXPECT_TRUE(s == kCopy || s == kCompute);
+  ev->stream = s;
+  ev->pos = s == kCompute ? trace.compute_pos : 0;
+  ev->recorded++;
   trace.records++;
   return DT_OK;
 }
-dt_status FakeStreamWait(dt_stream *s, dt_event *) {
-  EXPECT_EQ(s, kCompute) << "the compute stream waits for the copy";
-  trace.waits_on_compute++;
+dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
+  auto *ev = reinterpret_cast<FakeEvent *>(e);
+  EXPECT_TRUE(ev->recorded) << "a wait on an event never recorded orders nothing";
+  if (s == kCopy) {
+    EXPECT_EQ(ev->stream, kCompute) << "the copy stream waits on compute events";
+    trace.copy_fence = std::max(trace.copy_fence, ev->pos);
+  } else {
+    EXPECT_EQ(s, kCompute);
+    EXPECT_EQ(ev->stream, kCopy) << "the compute stream waits for the copy";
+    trace.waits_on_compute++;
+  }
   return DT_OK;
 }
 dt_status FakeEventSync(dt_event *e) {
   reinterpret_cast<FakeEvent *>(e)->synced++;
   trace.syncs++;
+  if (std::this_thread::get_id() == trace.caller)
+    trace.syncs_on_caller++;
   return DT_OK;
 }
 const dt_backend_ops *cpu;
@@ -76,10 +108,15 @@ dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_
     EXPECT_TRUE(trace.pinned.count(const_cast<void *>(src)))
         << "async copies read from page-locked slots";
     trace.copies_on_copy_stream++;
+    auto it = trace.last_use.find(dst);
+    if (it != trace.last_use.end() && trace.copy_fence < it->second)
+      trace.unsafe_copies++;  // compute queued before may still read dst
+    trace.lead.push_back(trace.compute_pos - trace.copy_fence);
   }
   return cpu->copy(dst, AsCpu(dd), src, AsCpu(sd), bytes, nullptr);
 }
 dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
+  trace.device_allocs++;
   return cpu->alloc(AsCpu(dev), bytes, out);
 }
 void FakeFree(dt_device dev, void *p, size_t bytes) { cpu->free(AsCpu(dev), p, bytes); }
@@ -124,24 +161,44 @@ void RegisterFakeDevice() {
   ASSERT_EQ(dt_backend_register(DT_DEVICE_CUDA, &fake), DT_OK);
 }
 
-TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
+// The stand-in registered, a fresh trace, the caller's thread noted.
+void StartTrace() {
   RegisterFakeDevice();
   trace = Trace();
+  trace.caller = std::this_thread::get_id();
+}
 
-  static Digits digits{23};
-  int64_t shape[] = {2};
-  dt_dataset *d;
-  ASSERT_EQ(dt_dataset_create(&kDigitsVt, &digits, shape, 1, 5, &d), DT_OK);
-  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
-  sc.seed = 3;
-  dt_sampler *s;
-  ASSERT_EQ(dt_sampler_create(23, &sc, &s), DT_OK);
-  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
-  lc.batch_size = 4;
-  lc.prefetch = 3;
-  lc.device = {DT_DEVICE_CUDA, 0};
-  dt_loader *l;
-  ASSERT_EQ(dt_loader_create(d, s, &lc, &l), DT_OK) << dt_last_error();
+// A loader over Digits{n} in batches of `batch` on the stand-in device.
+struct DigitsLoader {
+  Digits digits;
+  dt_dataset *d = nullptr;
+  dt_sampler *s = nullptr;
+  dt_loader *l = nullptr;
+  DigitsLoader(int64_t n, int batch, int prefetch) : digits{n} {
+    int64_t shape[] = {2};
+    EXPECT_EQ(dt_dataset_create(&kDigitsVt, &digits, shape, 1, 5, &d), DT_OK);
+    dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
+    sc.seed = 3;
+    EXPECT_EQ(dt_sampler_create(n, &sc, &s), DT_OK);
+    dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
+    lc.batch_size = batch;
+    lc.prefetch = prefetch;
+    lc.device = {DT_DEVICE_CUDA, 0};
+    EXPECT_EQ(dt_loader_create(d, s, &lc, &l), DT_OK) << dt_last_error();
+  }
+  ~DigitsLoader() {
+    dt_loader_destroy(l);
+    dt_sampler_destroy(s);
+    dt_dataset_destroy(d);
+  }
+};
+
+// The training loop's pattern: next, compute on the batch, let go of it.
+TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
+  StartTrace();
+  auto dl = std::make_unique<DigitsLoader>(23, 4, 3);
+  dt_loader *l = dl->l;
+  ASSERT_NE(l, nullptr);
   EXPECT_EQ(trace.host_allocs, 2 * 3) << "inputs and labels of each slot are page-locked";
 
   ASSERT_EQ(dt_loader_start_epoch(l, 0), DT_OK);
@@ -154,12 +211,12 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
       break;
     EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
     batches++;
-    // Each batch: two copies (inputs, labels), one event, one wait; the
-    // previous batch's slot was handed back only after its event synced.
+    // Each batch: two copies (inputs, labels), the compute stream waits
+    // for them; the caller's thread never waits (the worker does, before
+    // it refills a slot).
     EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
-    EXPECT_EQ(trace.records, batches);
     EXPECT_EQ(trace.waits_on_compute, batches);
-    EXPECT_EQ(trace.syncs, batches - 1);
+    EXPECT_EQ(trace.syncs_on_caller, 0);
     std::vector<float> xv(dt_tensor_numel(x));
     std::vector<int32_t> yv(dt_tensor_numel(y));
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), xv.size() * 4), DT_OK);
@@ -172,24 +229,75 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
       EXPECT_EQ(yv[r], i % 5);
       seen[i]++;
     }
-    dt_tensor_release(x);
+    UseOnCompute(x);  // the step's kernels read the batch...
+    UseOnCompute(y);
+    UseOnCompute(x);
+    dt_tensor_release(x);  // ...and the host lets go while they are queued
     dt_tensor_release(y);
   }
   EXPECT_EQ(batches, 6);
   for (int c : seen)
     EXPECT_EQ(c, 1);
-  dt_loader_destroy(l);
+  EXPECT_EQ(trace.unsafe_copies, 0) << "a copy overwrote a buffer queued kernels still read";
+  // Five full batches in two reused buffer pairs, the short last batch in
+  // its own: 2 * 2 + 2 device allocations, not 2 per batch.
+  EXPECT_EQ(trace.device_allocs, 2 * 2 + 2);
+  // From the third batch on, the copy into a reused pair waits only for
+  // the step that read it two batches ago, not for the step just queued.
+  ASSERT_EQ(trace.lead.size(), 12u);
+  for (size_t k = 4; k < 10; k++)
+    EXPECT_GT(trace.lead[k], 0) << "copy " << k << " waited for all queued compute";
+  dl.reset();
   EXPECT_EQ(trace.host_frees, trace.host_allocs);
   EXPECT_TRUE(trace.pinned.empty());
-  dt_sampler_destroy(s);
-  dt_dataset_destroy(d);
+}
+
+// A caller that keeps its batches (or a view of them): the loader never
+// writes into a buffer a tensor still refers to; each batch gets new
+// buffers, fenced after all queued compute.
+TEST(LoaderAsync, HeldBatchesAreNeverOverwritten) {
+  StartTrace();
+  DigitsLoader dl(24, 4, 2);
+  dt_loader *l = dl.l;
+  ASSERT_NE(l, nullptr);
+  for (int epoch = 0; epoch < 2; epoch++) {
+    ASSERT_EQ(dt_loader_start_epoch(l, epoch), DT_OK);
+    std::vector<dt_tensor *> held;
+    std::vector<std::vector<float>> first;
+    for (;;) {
+      dt_tensor *x, *y;
+      ASSERT_EQ(dt_loader_next(l, &x, &y), DT_OK) << dt_last_error();
+      if (x == nullptr)
+        break;
+      std::vector<float> xv(dt_tensor_numel(x));
+      ASSERT_EQ(dt_tensor_to_host(x, xv.data(), xv.size() * 4), DT_OK);
+      first.push_back(xv);
+      UseOnCompute(x);
+      dt_tensor *v = nullptr;  // a view keeps the storage as the tensor would
+      int64_t flat[1] = {dt_tensor_numel(x)};
+      ASSERT_EQ(dt_tensor_reshape(x, flat, 1, &v), DT_OK) << dt_last_error();
+      held.push_back(epoch == 0 ? v : dt_tensor_retain(x));
+      if (epoch == 1)
+        dt_tensor_release(v);
+      dt_tensor_release(x);
+      dt_tensor_release(y);
+    }
+    ASSERT_EQ(held.size(), 6u);
+    for (size_t b = 0; b < held.size(); b++) {
+      std::vector<float> now(dt_tensor_numel(held[b]));
+      ASSERT_EQ(dt_tensor_to_host(held[b], now.data(), now.size() * 4), DT_OK);
+      EXPECT_EQ(now, first[b]) << "epoch " << epoch << " batch " << b << " was overwritten";
+      dt_tensor_release(held[b]);
+    }
+  }
+  EXPECT_EQ(trace.unsafe_copies, 0);
+  EXPECT_EQ(trace.syncs_on_caller, 0);
 }
 
 // Token windows (i32 inputs and targets, core/text.h) take the same path:
 // pinned slots, copies on the copy stream, the compute stream waits.
 TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
-  RegisterFakeDevice();
-  trace = Trace();
+  StartTrace();
   std::vector<uint16_t> tokens(8 * 12 + 1);
   for (size_t i = 0; i < tokens.size(); i++)
     tokens[i] = (uint16_t)(1000 + i);
@@ -215,6 +323,7 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
     EXPECT_EQ(dt_tensor_dtype(y), DT_DTYPE_I32);
     EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
     EXPECT_EQ(trace.waits_on_compute, batches);
+    EXPECT_EQ(trace.syncs_on_caller, 0);
     std::vector<int32_t> xv(24), yv(24);
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), 24 * 4), DT_OK);
     ASSERT_EQ(dt_tensor_to_host(y, yv.data(), 24 * 4), DT_OK);
@@ -228,6 +337,7 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
   }
   EXPECT_EQ(batches, 4);
   EXPECT_EQ(firsts.size(), 12u);
+  EXPECT_EQ(trace.unsafe_copies, 0);
   dt_token_loader_destroy(l);
   EXPECT_EQ(trace.host_frees, trace.host_allocs);
 }
