@@ -166,6 +166,57 @@ static dt_status cuda_device_synchronize(dt_device dev) {
   return dt_cuda_take_index_error(ctx);
 }
 
+/* ---- timing marks (cuda/cuda.h) ---- */
+
+struct dt_cuda_mark {
+  cudaEvent_t e;
+  int device;
+};
+
+dt_status dt_cuda_mark_create(dt_device dev, dt_cuda_mark **out) {
+  *out = NULL;
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  dt_cuda_mark *m = calloc(1, sizeof *m);
+  if (!m)
+    return DT_ERROR(DT_ERR_OOM, "cuda mark_create: host malloc failed");
+  m->device = dev.index;
+  cudaError_t e = cudaEventCreate(&m->e);
+  if (e != cudaSuccess) {
+    free(m);
+    return dt_cuda_fail(e, "cudaEventCreate(&m->e)", __func__, __FILE__, __LINE__);
+  }
+  *out = m;
+  return DT_OK;
+}
+
+void dt_cuda_mark_destroy(dt_cuda_mark *m) {
+  if (!m)
+    return;
+  cudaEventDestroy(m->e);
+  free(m);
+}
+
+dt_status dt_cuda_mark_record(dt_cuda_mark *m, dt_stream *s) {
+  if (!m || !s)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "mark_record: NULL mark or stream");
+  if (s->device != m->device)
+    return DT_ERROR(DT_ERR_DEVICE_MISMATCH, "mark_record: a mark of cuda:%d on a stream of cuda:%d",
+                    m->device, s->device);
+  DT_CUDA_CHECK(cudaEventRecord(m->e, s->s));
+  return DT_OK;
+}
+
+dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms) {
+  *ms = 0.0f;
+  if (!a || !b)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "mark_elapsed: NULL mark");
+  DT_CUDA_CHECK(cudaEventSynchronize(a->e));
+  DT_CUDA_CHECK(cudaEventSynchronize(b->e));
+  DT_CUDA_CHECK(cudaEventElapsedTime(ms, a->e, b->e));
+  return DT_OK;
+}
+
 /* ---- the table ---- */
 
 static const dt_backend_ops cuda_ops = {

@@ -96,6 +96,17 @@ void *dt_cuda_stream_handle(dt_stream *s);
 /* The cudaEvent_t of a backend event. */
 void *dt_cuda_event_handle(dt_event *ev);
 
+/* Timing marks, for timeline checks (tests/cuda_loader_test.cc,
+ * tools/gpu_check.sh): an event with timing, recorded on a backend stream
+ * of its device. The backend's own events have no timing (cheaper). */
+typedef struct dt_cuda_mark dt_cuda_mark;
+dt_status dt_cuda_mark_create(dt_device dev, dt_cuda_mark **out);
+void dt_cuda_mark_destroy(dt_cuda_mark *m); /* NULL is a no-op */
+dt_status dt_cuda_mark_record(dt_cuda_mark *m, dt_stream *s);
+/* *ms = time from mark a to mark b (negative when b came first), waiting
+ * for both to complete. */
+dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms);
+
 /* ---- settings ---- */
 
 /* TF32 tensor cores for f32 GEMMs (default on, DT_CUDA_TF32=0 turns it
@@ -113,10 +124,10 @@ dt_status dt_cuda_set_memory_limit(int index, size_t bytes);
 /* As dt_backend_ops.gemm (row-major, same argument meaning) with the
  * element types given: a and b f32, f16 or bf16 (the same), c f32 or the
  * type of a; accumulation in f32. */
-dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
-                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
-                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
-                          int ldc, int64_t stride_c, dt_dtype c_type, int batch);
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                          int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
+                          int64_t stride_c, dt_dtype c_type, int batch);
 
 #ifdef __cplusplus
 }

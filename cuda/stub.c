@@ -8,7 +8,7 @@
 
 #include "cuda/cuda.h"
 
-#define NOT_BUILT                                                                     \
+#define NOT_BUILT                                                                      \
   "this build of dtrain has no CUDA support (built without the CUDA toolkit, or with " \
   "--config=cpu): rebuild where the toolkit is installed (/usr/local/cuda or "         \
   "$CUDA_HOME), or use --device cpu"
@@ -67,6 +67,25 @@ void *dt_cuda_event_handle(dt_event *ev) {
   return NULL;
 }
 
+dt_status dt_cuda_mark_create(dt_device dev, dt_cuda_mark **out) {
+  (void)dev;
+  *out = NULL;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "timing marks: " NOT_BUILT);
+}
+
+void dt_cuda_mark_destroy(dt_cuda_mark *m) { (void)m; }
+
+dt_status dt_cuda_mark_record(dt_cuda_mark *m, dt_stream *s) {
+  (void)m, (void)s;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "timing marks: " NOT_BUILT);
+}
+
+dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms) {
+  (void)a, (void)b;
+  *ms = 0.0f;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "timing marks: " NOT_BUILT);
+}
+
 void dt_cuda_set_tf32(int enabled) { (void)enabled; }
 
 int dt_cuda_tf32_enabled(void) { return 0; }
@@ -76,10 +95,10 @@ dt_status dt_cuda_set_memory_limit(int index, size_t bytes) {
   return DT_ERROR(DT_ERR_UNSUPPORTED, "memory limit for cuda:%d: " NOT_BUILT, index);
 }
 
-dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
-                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
-                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
-                          int ldc, int64_t stride_c, dt_dtype c_type, int batch) {
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                          int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
+                          int64_t stride_c, dt_dtype c_type, int batch) {
   (void)dev, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a;
   (void)lda, (void)stride_a, (void)b, (void)ldb, (void)stride_b, (void)ab_type, (void)beta;
   (void)c, (void)ldc, (void)stride_c, (void)c_type, (void)batch;
