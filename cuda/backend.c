@@ -89,22 +89,27 @@ void *dt_cuda_stream_handle(dt_stream *s) { return s ? (void *)s->s : NULL; }
 
 void *dt_cuda_event_handle(dt_event *ev) { return ev ? (void *)ev->e : NULL; }
 
-static dt_status cuda_event_create(dt_device dev, dt_event **out) {
+/* A host record of `size` bytes starting with a struct dt_event (an event
+ * or a timing mark) holding a new CUDA event with `flags`. */
+static dt_status event_new(dt_device dev, unsigned flags, size_t size, void **out) {
   *out = NULL;
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
-  dt_event *ev = calloc(1, sizeof *ev);
+  struct dt_event *ev = calloc(1, size);
   if (!ev)
-    return DT_ERROR(DT_ERR_OOM, "cuda event_create: host malloc failed");
+    return DT_ERROR(DT_ERR_OOM, "cuda event: host malloc failed");
   ev->device = dev.index;
-  cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+  cudaError_t e = cudaEventCreateWithFlags(&ev->e, flags);
   if (e != cudaSuccess) {
     free(ev);
-    return dt_cuda_fail(e, "cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming)", __func__,
-                        __FILE__, __LINE__);
+    return dt_cuda_fail(e, "cudaEventCreateWithFlags(&ev->e, flags)", __func__, __FILE__, __LINE__);
   }
   *out = ev;
   return DT_OK;
+}
+
+static dt_status cuda_event_create(dt_device dev, dt_event **out) {
+  return event_new(dev, cudaEventDisableTiming, sizeof **out, (void **)out);
 }
 
 static void cuda_event_destroy(dt_event *ev) {
@@ -169,41 +174,27 @@ static dt_status cuda_device_synchronize(dt_device dev) {
 /* ---- timing marks (cuda/cuda.h) ---- */
 
 struct dt_cuda_mark {
-  cudaEvent_t e;
-  int device;
+  struct dt_event ev; /* with timing */
 };
 
 dt_status dt_cuda_mark_create(dt_device dev, dt_cuda_mark **out) {
-  *out = NULL;
-  dt_cuda_ctx *ctx = NULL;
-  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
-  dt_cuda_mark *m = calloc(1, sizeof *m);
-  if (!m)
-    return DT_ERROR(DT_ERR_OOM, "cuda mark_create: host malloc failed");
-  m->device = dev.index;
-  cudaError_t e = cudaEventCreate(&m->e);
-  if (e != cudaSuccess) {
-    free(m);
-    return dt_cuda_fail(e, "cudaEventCreate(&m->e)", __func__, __FILE__, __LINE__);
-  }
-  *out = m;
-  return DT_OK;
+  return event_new(dev, cudaEventDefault, sizeof **out, (void **)out);
 }
 
 void dt_cuda_mark_destroy(dt_cuda_mark *m) {
   if (!m)
     return;
-  cudaEventDestroy(m->e);
+  cudaEventDestroy(m->ev.e);
   free(m);
 }
 
 dt_status dt_cuda_mark_record(dt_cuda_mark *m, dt_stream *s) {
   if (!m || !s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "mark_record: NULL mark or stream");
-  if (s->device != m->device)
+  if (s->device != m->ev.device)
     return DT_ERROR(DT_ERR_DEVICE_MISMATCH, "mark_record: a mark of cuda:%d on a stream of cuda:%d",
-                    m->device, s->device);
-  DT_CUDA_CHECK(cudaEventRecord(m->e, s->s));
+                    m->ev.device, s->device);
+  DT_CUDA_CHECK(cudaEventRecord(m->ev.e, s->s));
   return DT_OK;
 }
 
@@ -211,9 +202,9 @@ dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms) {
   *ms = 0.0f;
   if (!a || !b)
     return DT_ERROR(DT_ERR_INVALID_ARG, "mark_elapsed: NULL mark");
-  DT_CUDA_CHECK(cudaEventSynchronize(a->e));
-  DT_CUDA_CHECK(cudaEventSynchronize(b->e));
-  DT_CUDA_CHECK(cudaEventElapsedTime(ms, a->e, b->e));
+  DT_CUDA_CHECK(cudaEventSynchronize(a->ev.e));
+  DT_CUDA_CHECK(cudaEventSynchronize(b->ev.e));
+  DT_CUDA_CHECK(cudaEventElapsedTime(ms, a->ev.e, b->ev.e));
   return DT_OK;
 }
 
