@@ -1,5 +1,6 @@
 /* Device and pinned-host caching allocators: the block pool (block_pool.c)
- * over cudaMalloc / cudaHostAlloc.
+ * over the device's stream-ordered allocator (cudaMallocFromPoolAsync /
+ * cudaFreeAsync on the compute stream) or cudaMalloc, and cudaHostAlloc.
  *
  * Device blocks handed out by dt_backend_ops.alloc are tagged with the
  * compute stream: every kernel runs there, so a block freed by the host
@@ -8,8 +9,19 @@
  * streams must be fenced with events before the memory is freed (DDP waits
  * for its buckets before the optimizer step). The other direction -- a
  * block just handed out, written on the copy stream while compute work
- * queued before its free may still use it -- is fenced by the copy itself
- * (cuda_copy in backend.c waits for the compute stream).
+ * queued before its free may still use it -- is the writer's to fence (the
+ * data loader does, core/data_loader.c).
+ *
+ * Releasing segments (dt_empty_cache, the OOM retry) never waits for the
+ * device: cudaFree would synchronise it, and with a collective in flight
+ * in dp mode that can deadlock (the collective waits for a peer whose
+ * thread waits on the driver). The segments are freed in stream order on
+ * the compute stream instead, and a new segment is fenced for the copy
+ * and comm streams (they may use it before the compute stream reaches the
+ * allocation). Where the device has no stream-ordered allocator (or a
+ * peer GPU could not map its memory), cudaMalloc/cudaFree are used and
+ * segments are released only while no stream of the device has work
+ * queued.
  */
 #include <stdio.h>
 #include <string.h>
@@ -20,42 +32,115 @@
 /* ---- device memory ---- */
 
 typedef struct raw_device {
-  int index;
+  dt_cuda_ctx *ctx;
+  cudaMemPool_t pool; /* the stream-ordered pool, when `async` */
+  int async;
 } raw_device;
 
 static raw_device raw_devices[DT_CUDA_MAX_DEVICES];
 
 static dt_status raw_device_alloc(void *ctx, size_t bytes, void **out) {
   raw_device *d = ctx;
-  cudaError_t e = cudaMalloc(out, bytes);
+  cudaStream_t compute = dt_cuda_compute_stream(d->ctx);
+  cudaError_t e =
+      d->async ? cudaMallocFromPoolAsync(out, bytes, d->pool, compute) : cudaMalloc(out, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError(); /* not sticky; clear it so later checks do not see it */
     return DT_ERR_OOM;
   }
   if (e != cudaSuccess)
-    return dt_error_wrap(dt_cuda_fail(e, "cudaMalloc(out, bytes)", __func__, __FILE__, __LINE__),
-                         "allocating %zu bytes on cuda:%d", bytes, d->index);
+    return dt_error_wrap(
+        dt_cuda_fail(e, "cudaMalloc(FromPoolAsync)(out, bytes)", __func__, __FILE__, __LINE__),
+        "allocating %zu bytes on cuda:%d", bytes, d->ctx->index);
+  if (d->async) { /* the other streams use the segment only after its allocation */
+    dt_status st = dt_cuda_fence_after_compute(d->ctx, d->ctx->streams[DT_STREAM_COPY].s);
+    if (st == DT_OK)
+      st = dt_cuda_fence_after_compute(d->ctx, d->ctx->streams[DT_STREAM_COMM].s);
+    if (st != DT_OK) {
+      cudaFreeAsync(*out, compute);
+      *out = NULL;
+      return st;
+    }
+  }
   return DT_OK;
 }
 
 static void raw_device_free(void *ctx, void *ptr, size_t bytes) {
-  (void)ctx;
+  raw_device *d = ctx;
   (void)bytes;
-  /* cudaFree synchronises the device, so no queued kernel still uses ptr. */
-  cudaFree(ptr);
+  if (d->async) /* after the queued compute work that may use it; no host wait */
+    cudaFreeAsync(ptr, dt_cuda_compute_stream(d->ctx));
+  else /* only when the device is idle (raw_device_releasable): no wait either */
+    cudaFree(ptr);
 }
 
-dt_status dt_cuda_pool_create(int index, size_t capacity, dt_block_pool **out) {
+/* The cudaFree fallback: releasing is safe while no stream has work queued. */
+static int raw_device_releasable(void *ctx) {
+  raw_device *d = ctx;
+  for (int k = 0; k < 3; k++)
+    if (cudaStreamQuery(d->ctx->streams[k].s) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+  return 1;
+}
+
+/* The device's own stream-ordered pool, mapped for every peer GPU (dp
+ * mode copies between replicas); leaves d->async 0 where that is not
+ * possible. */
+static dt_status stream_ordered_pool(raw_device *d, int index) {
+  int supported = 0;
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, index) != cudaSuccess ||
+      !supported) {
+    cudaGetLastError();
+    return DT_OK;
+  }
+  int n = dt_cuda_device_count();
+  for (int j = 0; j < n; j++) {
+    int can = 1;
+    if (j != index && (cudaDeviceCanAccessPeer(&can, j, index) != cudaSuccess || !can)) {
+      cudaGetLastError();
+      return DT_OK;
+    }
+  }
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = index;
+  DT_CUDA_CHECK(cudaMemPoolCreate(&d->pool, &props));
+  for (int j = 0; j < n; j++) {
+    if (j == index)
+      continue;
+    struct cudaMemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = j;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    DT_CUDA_CHECK(cudaMemPoolSetAccess(d->pool, &access, 1));
+  }
+  d->async = 1;
+  return DT_OK;
+}
+
+dt_status dt_cuda_pool_create(dt_cuda_ctx *c, dt_block_pool **out) {
   char name[32];
-  snprintf(name, sizeof name, "cuda:%d", index);
+  snprintf(name, sizeof name, "cuda:%d", c->index);
   dt_block_pool_config cfg = DT_BLOCK_POOL_CONFIG_DEFAULT;
   cfg.what = "CUDA";
   cfg.device_name = name;
   cfg.limit_env = "DT_CUDA_MEMORY_LIMIT";
-  cfg.capacity = capacity;
-  raw_devices[index].index = index;
-  dt_raw_allocator raw = {&raw_devices[index], raw_device_alloc, raw_device_free};
+  cfg.capacity = c->total_memory;
+  raw_device *d = &raw_devices[c->index];
+  d->ctx = c;
+  DT_CHECK(stream_ordered_pool(d, c->index));
+  dt_raw_allocator raw = {d, raw_device_alloc, raw_device_free,
+                          d->async ? NULL : raw_device_releasable};
   return dt_block_pool_create(&cfg, raw, out);
+}
+
+int dt_cuda_stream_ordered_memory(int index) {
+  return index >= 0 && index < DT_CUDA_MAX_DEVICES && raw_devices[index].async;
 }
 
 dt_status dt_cuda_alloc(dt_device dev, size_t bytes, void **out) {
@@ -88,7 +173,13 @@ dt_status dt_cuda_memory_stats(dt_device dev, dt_memory_stats *out) {
 dt_status dt_cuda_empty_cache(dt_device dev) {
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
-  dt_block_pool_empty_cache(ctx->pool);
+  if (!dt_block_pool_empty_cache(ctx->pool))
+    return DT_OK; /* the cudaFree fallback with work queued: kept for now */
+  raw_device *d = &raw_devices[dev.index];
+  /* back to the system what the stream has freed by now; the rest at the
+   * device's next synchronisation (release threshold 0) */
+  if (d->async)
+    DT_CUDA_CHECK(cudaMemPoolTrimTo(d->pool, 0));
   return DT_OK;
 }
 
@@ -118,10 +209,9 @@ static dt_status raw_pinned_alloc(void *ctx, size_t bytes, void **out) {
     return DT_ERR_OOM;
   }
   if (e != cudaSuccess)
-    return dt_error_wrap(
-        dt_cuda_fail(e, "cudaHostAlloc(out, bytes, cudaHostAllocPortable)", __func__, __FILE__,
-                     __LINE__),
-        "allocating %zu bytes of pinned host memory", bytes);
+    return dt_error_wrap(dt_cuda_fail(e, "cudaHostAlloc(out, bytes, cudaHostAllocPortable)",
+                                      __func__, __FILE__, __LINE__),
+                         "allocating %zu bytes of pinned host memory", bytes);
   return DT_OK;
 }
 

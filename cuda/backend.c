@@ -208,6 +208,18 @@ dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms) {
   return DT_OK;
 }
 
+dt_status dt_cuda_mark_query(dt_cuda_mark *m, int *done) {
+  *done = 0;
+  if (!m)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "mark_query: NULL mark");
+  cudaError_t e = cudaEventQuery(m->ev.e);
+  if (e == cudaErrorNotReady)
+    return DT_OK;
+  DT_CUDA_CHECK(e);
+  *done = 1;
+  return DT_OK;
+}
+
 /* ---- the table ---- */
 
 static const dt_backend_ops cuda_ops = {

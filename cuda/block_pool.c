@@ -17,8 +17,8 @@ typedef struct block {
   uintptr_t ptr;
   size_t size;
   uintptr_t stream;
-  int large;     /* pool index: 0 small, 1 large */
-  int allocated; /* handed out */
+  int large;                 /* pool index: 0 small, 1 large */
+  int allocated;             /* handed out */
   struct block *prev, *next; /* address neighbours in the same segment */
 } block;
 
@@ -245,8 +245,11 @@ static size_t segment_size(const dt_block_pool *p, size_t size) {
   return round_up(size, p->cfg.large_round);
 }
 
-/* Releases every whole free segment; caller holds the lock. */
-static void empty_cache_locked(dt_block_pool *p) {
+/* Releases every whole free segment; caller holds the lock. Returns 0
+ * when the raw allocator said releasing is not safe now (nothing freed). */
+static int empty_cache_locked(dt_block_pool *p) {
+  if (p->raw.releasable && !p->raw.releasable(p->raw.ctx))
+    return 0;
   for (int k = 0; k < 2; k++) {
     block_set *s = &p->free_sets[k];
     size_t w = 0;
@@ -259,6 +262,7 @@ static void empty_cache_locked(dt_block_pool *p) {
     }
     s->n = w;
   }
+  return 1;
 }
 
 static dt_status oom_error(dt_block_pool *p, size_t bytes, size_t seg, const char *why) {
@@ -285,18 +289,18 @@ static dt_status oom_error(dt_block_pool *p, size_t bytes, size_t seg, const cha
                   "unused%s. Reduce the micro-batch size, or keep the global batch with "
                   "gradient accumulation (--accum N); mixed precision (f16/bf16) also halves "
                   "activations%s",
-                  p->what, req, bytes, segs, p->device_name, why, p->device_name, cap, al,
-                  unused, lim,
-                  p->cfg.limit ? "; or raise the cap" : "");
+                  p->what, req, bytes, segs, p->device_name, why, p->device_name, cap, al, unused,
+                  lim, p->cfg.limit ? "; or raise the cap" : "");
 }
 
 /* Gets a new segment of `seg` bytes (or at least `size` when the cap leaves
  * room for that only), releasing the cache and retrying once. */
 static dt_status new_segment(dt_block_pool *p, size_t size, size_t seg, block **out) {
   const char *why = "the device is full";
+  int kept = 0;
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1)
-      empty_cache_locked(p);
+      kept = !empty_cache_locked(p);
     size_t want = seg;
     if (p->cfg.limit && p->reserved + want > p->cfg.limit) {
       if (p->reserved + size > p->cfg.limit || size > p->cfg.limit) {
@@ -325,14 +329,20 @@ static dt_status new_segment(dt_block_pool *p, size_t size, size_t seg, block **
     *out = b;
     return DT_OK;
   }
+  if (kept)
+    why =
+        "its cached segments were kept: releasing them would have synchronised the device "
+        "while it still had queued work, possibly a collective in flight";
   return oom_error(p, size, seg, why);
 }
 
 dt_status dt_block_pool_alloc(dt_block_pool *p, size_t bytes, uintptr_t stream, void **out) {
   *out = NULL;
   if (bytes > SIZE_MAX / 2)
-    return DT_ERROR(DT_ERR_OOM, "%s allocation of %zu bytes on %s is impossibly large: check "
-                    "the shape that produced it", p->what, bytes, p->device_name);
+    return DT_ERROR(DT_ERR_OOM,
+                    "%s allocation of %zu bytes on %s is impossibly large: check "
+                    "the shape that produced it",
+                    p->what, bytes, p->device_name);
   size_t size = round_up(bytes ? bytes : 1, p->cfg.round);
   int large = size > p->cfg.small_size;
   dt_status st = DT_OK;
@@ -449,10 +459,11 @@ size_t dt_block_pool_block_size(dt_block_pool *p, const void *ptr) {
 
 /* ---- cache control and statistics ---- */
 
-void dt_block_pool_empty_cache(dt_block_pool *p) {
+int dt_block_pool_empty_cache(dt_block_pool *p) {
   pthread_mutex_lock(&p->lock);
-  empty_cache_locked(p);
+  int done = empty_cache_locked(p);
   pthread_mutex_unlock(&p->lock);
+  return done;
 }
 
 void dt_block_pool_stats(dt_block_pool *p, dt_memory_stats *out) {

@@ -18,6 +18,9 @@
  *  - when the raw allocator fails (or `limit` would be passed), whole free
  *    segments are released and the raw allocation is retried once; then the
  *    request fails with DT_ERR_OOM and a message with the numbers and advice.
+ *    A raw allocator whose free would wait for the device (cudaFree) says
+ *    through `releasable` when releasing is safe; while it is not, cached
+ *    segments stay (and the OOM message says why).
  *
  * Thread-safe: one mutex per pool.
  */
@@ -43,6 +46,9 @@ typedef struct dt_raw_allocator {
   void *ctx;
   dt_status (*alloc)(void *ctx, size_t bytes, void **out);
   void (*free)(void *ctx, void *ptr, size_t bytes);
+  /* Optional: 0 when `free` must not run now (it would synchronise a
+   * device that still has work queued, e.g. a collective in flight). */
+  int (*releasable)(void *ctx);
 } dt_raw_allocator;
 
 typedef struct dt_block_pool_config {
@@ -88,8 +94,9 @@ dt_status dt_block_pool_free(dt_block_pool *p, void *ptr);
 /* Size actually reserved for a live block (the rounded size), 0 if unknown. */
 size_t dt_block_pool_block_size(dt_block_pool *p, const void *ptr);
 
-/* Releases every whole free segment to the raw allocator. */
-void dt_block_pool_empty_cache(dt_block_pool *p);
+/* Releases every whole free segment to the raw allocator; 0 when its
+ * `releasable` said not now (nothing released), else 1. */
+int dt_block_pool_empty_cache(dt_block_pool *p);
 /* allocated / reserved / peak / limit / capacity / num_allocs / num_ooms. */
 void dt_block_pool_stats(dt_block_pool *p, dt_memory_stats *out);
 void dt_block_pool_reset_peak(dt_block_pool *p);

@@ -343,7 +343,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   DT_CUDA_CHECK_GOTO(cudaHostAlloc(&c->host_scratch, DT_CUDA_SCRATCH_BYTES, cudaHostAllocPortable),
                      st, fail);
   DT_CHECK_GOTO(index_check_create(c), st, fail);
-  DT_CHECK_GOTO(dt_cuda_pool_create(index, c->total_memory, &c->pool), st, fail);
+  DT_CHECK_GOTO(dt_cuda_pool_create(c, &c->pool), st, fail);
   {
     size_t limit = 0;
     DT_CHECK_GOTO(memory_limit_from_env(&limit), st, fail);

@@ -106,6 +106,8 @@ dt_status dt_cuda_mark_record(dt_cuda_mark *m, dt_stream *s);
 /* *ms = time from mark a to mark b (negative when b came first), waiting
  * for both to complete. */
 dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms);
+/* *done = 1 when the work before the mark has completed (no wait). */
+dt_status dt_cuda_mark_query(dt_cuda_mark *m, int *done);
 
 /* ---- settings ---- */
 
@@ -118,6 +120,11 @@ int dt_cuda_tf32_enabled(void);
 /* Caps what the caching allocator of GPU `index` may reserve (0 = no cap);
  * overrides DT_CUDA_MEMORY_LIMIT. */
 dt_status dt_cuda_set_memory_limit(int index, size_t bytes);
+/* 1 when cuda:index takes its segments from the stream-ordered allocator,
+ * so that releasing them (dt_empty_cache, the OOM retry) never waits for
+ * the device; 0 for the cudaFree fallback (segments are then released
+ * only while the device is idle) or before the device's first use. */
+int dt_cuda_stream_ordered_memory(int index);
 
 /* ---- mixed-precision GEMM ---- */
 

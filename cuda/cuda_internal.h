@@ -138,7 +138,8 @@ dt_status dt_cuda_exec_begin(const dt_exec *ex, dt_cuda_ctx **ctx, cudaStream_t 
 #include "core/op_table.def"
 
 /* ---- memory (cuda/allocator.c) ---- */
-dt_status dt_cuda_pool_create(int index, size_t capacity, dt_block_pool **out);
+/* The device pool of c (its index, total_memory and streams set). */
+dt_status dt_cuda_pool_create(dt_cuda_ctx *c, dt_block_pool **out);
 dt_status dt_cuda_alloc(dt_device dev, size_t bytes, void **out);
 void dt_cuda_free(dt_device dev, void *ptr, size_t bytes);
 dt_status dt_cuda_memory_stats(dt_device dev, dt_memory_stats *out);

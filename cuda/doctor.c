@@ -28,10 +28,10 @@ static const char *arch_support(int major, int minor, int *problem) {
          "add the GPU's architecture to CUDA_GENCODE in third_party/cuda_rules.bzl and rebuild";
 }
 
-#define OUT(...)                          \
-  do {                                    \
-    if (fprintf(out, __VA_ARGS__) < 0)    \
-      goto write_failed;                  \
+#define OUT(...)                       \
+  do {                                 \
+    if (fprintf(out, __VA_ARGS__) < 0) \
+      goto write_failed;               \
   } while (0)
 
 dt_status dt_cuda_doctor(FILE *out, int *problems) {

@@ -86,6 +86,17 @@ dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms) {
   return DT_ERROR(DT_ERR_UNSUPPORTED, "timing marks: " NOT_BUILT);
 }
 
+dt_status dt_cuda_mark_query(dt_cuda_mark *m, int *done) {
+  (void)m;
+  *done = 0;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "timing marks: " NOT_BUILT);
+}
+
+int dt_cuda_stream_ordered_memory(int index) {
+  (void)index;
+  return 0;
+}
+
 void dt_cuda_set_tf32(int enabled) { (void)enabled; }
 
 int dt_cuda_tf32_enabled(void) { return 0; }

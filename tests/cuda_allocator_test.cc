@@ -243,6 +243,37 @@ TEST_F(BlockPoolTest, FullDeviceReleasesCacheAndRetries) {
   Free(b);
 }
 
+// A raw allocator whose free would wait for the device (the cudaFree
+// fallback) keeps its segments while the device has work queued: the
+// retry then fails with a message that says why, and releases once the
+// device is idle.
+int busy_device = 0;
+int Releasable(void *) { return !busy_device; }
+
+TEST_F(BlockPoolTest, SegmentsStayWhileReleasingWouldWaitForTheDevice) {
+  dt_block_pool_destroy(pool_);
+  dt_block_pool_config cfg = DT_BLOCK_POOL_CONFIG_DEFAULT;
+  cfg.device_name = "cuda:7";
+  dt_raw_allocator raw = {&raw_, FakeRaw::Alloc, FakeRaw::Free, Releasable};
+  ASSERT_EQ(DT_OK, dt_block_pool_create(&cfg, raw, &pool_)) << dt_last_error();
+  raw_.capacity = 24 * MiB;
+  Free(Alloc(5 * MiB, 1));  // a cached 20 MiB segment
+  busy_device = 1;
+  void *b = nullptr;
+  EXPECT_EQ(DT_ERR_OOM, dt_block_pool_alloc(pool_, 8 * MiB, 2, &b));
+  std::string msg = dt_last_error();
+  EXPECT_NE(msg.find("cached segments were kept"), std::string::npos) << msg;
+  EXPECT_EQ(raw_.frees, 0);
+  EXPECT_EQ(dt_block_pool_empty_cache(pool_), 0);
+  EXPECT_EQ(raw_.frees, 0);
+  busy_device = 0;
+  b = Alloc(8 * MiB, 2);  // idle: the retry releases the cached segment
+  EXPECT_NE(b, nullptr);
+  EXPECT_EQ(raw_.frees, 1);
+  Free(b);
+  EXPECT_EQ(dt_block_pool_empty_cache(pool_), 1);
+}
+
 TEST_F(BlockPoolTest, RawAllocatorFailureAfterRetryIsOom) {
   raw_.capacity = 1 * MiB;
   void *p = nullptr;
@@ -424,6 +455,72 @@ TEST(CudaAllocatorGpu, CapOomAndRecovery) {
   dt_memory_stats s1;
   ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s1));
   EXPECT_GE(s1.num_ooms, s0.num_ooms + 1);
+}
+
+// Issue 10, item 8: the OOM retry releases cached segments without waiting
+// for the device. The comm stream is kept busy behind about a second of
+// queued compute (as a collective waiting for its peers keeps it); an
+// allocation over the cap must release the cache and succeed while that
+// work is still queued. cudaFree would have waited for all of it (and in
+// dp mode, for a collective that can wait on this very thread).
+TEST(CudaAllocatorGpu, OomRetryNeverWaitsForQueuedWork) {
+  SKIP_WITHOUT_GPU();
+  const dt_backend_ops *ops = nullptr;
+  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+  dt_exec ex;
+  ASSERT_EQ(DT_OK, dt_exec_init(kGpu, DT_DTYPE_F32, &ex));
+  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
+  void *cached = nullptr, *a = nullptr, *c = nullptr;
+  const int g = 4096;
+  const size_t gb = (size_t)g * g * sizeof(float);
+  ASSERT_EQ(DT_OK, ops->alloc(kGpu, gb, &a));
+  ASSERT_EQ(DT_OK, ops->alloc(kGpu, gb, &c));
+  ASSERT_EQ(DT_OK, ops->alloc(kGpu, 64 * MiB, &cached)) << dt_last_error();
+  ops->free(kGpu, cached, 64 * MiB);  // a cached segment
+  ASSERT_EQ(DT_OK, dt_kernel_fill(&ex, (float *)a, 1e-3f, (int64_t)g * g));
+  dt_cuda_set_tf32(0);
+  for (int r = 0; r < 300; r++)  // ~3 ms each in f32 on a current GPU
+    ASSERT_EQ(DT_OK, dt_kernel_gemm(&ex, false, false, g, g, g, 1.0f, (const float *)a, g, 0,
+                                    (const float *)a, g, 0, 0.0f, (float *)c, g, 0, 1));
+  dt_cuda_mark *queued_end = nullptr;
+  ASSERT_EQ(DT_OK, dt_cuda_mark_create(kGpu, &queued_end));
+  dt_stream *compute = ops->stream(kGpu, DT_STREAM_COMPUTE);
+  dt_stream *comm = ops->stream(kGpu, DT_STREAM_COMM);
+  ASSERT_EQ(DT_OK, dt_cuda_mark_record(queued_end, compute));
+  dt_event *ev = nullptr;
+  ASSERT_EQ(DT_OK, ops->event_create(kGpu, &ev));
+  ASSERT_EQ(DT_OK, ops->event_record(ev, compute));
+  ASSERT_EQ(DT_OK, ops->stream_wait_event(comm, ev));  // the comm stream is busy
+
+  dt_memory_stats s0;
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+  ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, s0.reserved + 16 * MiB));
+  void *b = nullptr;
+  dt_status st = ops->alloc(kGpu, 72 * MiB, &b);  // only fits once the cache is released
+  std::string msg = st == DT_OK ? "" : dt_last_error();
+  int done = 1;
+  ASSERT_EQ(DT_OK, dt_cuda_mark_query(queued_end, &done));
+  if (dt_cuda_stream_ordered_memory(0)) {
+    EXPECT_EQ(st, DT_OK) << msg;
+    EXPECT_EQ(done, 0) << "the allocation waited for the queued work";
+  } else {  // the cudaFree fallback keeps the cache while work is queued
+    EXPECT_EQ(st, DT_ERR_OOM);
+    EXPECT_NE(msg.find("cached segments were kept"), std::string::npos) << msg;
+  }
+  ASSERT_EQ(DT_OK, ops->device_synchronize(kGpu));
+  dt_cuda_set_tf32(1);
+  ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, 0));
+  if (b)
+    ops->free(kGpu, b, 72 * MiB);
+  ops->free(kGpu, c, gb);
+  ops->free(kGpu, a, gb);
+  ops->event_destroy(ev);
+  dt_cuda_mark_destroy(queued_end);
+  std::printf(
+      "allocator: stream-ordered segments %s; the OOM retry returned with the queued "
+      "work %s\n",
+      dt_cuda_stream_ordered_memory(0) ? "yes" : "no (cudaFree fallback)",
+      done ? "finished" : "still running");
 }
 
 TEST(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
