@@ -21,7 +21,8 @@
  * allocation). Where the device has no stream-ordered allocator (or a
  * peer GPU could not map its memory), cudaMalloc/cudaFree are used and
  * segments are released only while no stream of the device has work
- * queued.
+ * queued. Pinned host segments (cudaFreeHost also synchronises) are
+ * released only while no device has work queued.
  */
 #include <stdio.h>
 #include <string.h>
@@ -77,12 +78,7 @@ static void raw_device_free(void *ctx, void *ptr, size_t bytes) {
 /* The cudaFree fallback: releasing is safe while no stream has work queued. */
 static int raw_device_releasable(void *ctx) {
   raw_device *d = ctx;
-  for (int k = 0; k < 3; k++)
-    if (cudaStreamQuery(d->ctx->streams[k].s) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-  return 1;
+  return dt_cuda_streams_idle(d->ctx);
 }
 
 /* The device's own stream-ordered pool, mapped for every peer GPU (dp
@@ -218,7 +214,14 @@ static dt_status raw_pinned_alloc(void *ctx, size_t bytes, void **out) {
 static void raw_pinned_free(void *ctx, void *ptr, size_t bytes) {
   (void)ctx;
   (void)bytes;
-  cudaFreeHost(ptr);
+  cudaFreeHost(ptr); /* synchronises: only while every device is idle (below) */
+}
+
+/* cudaFreeHost waits for the devices: release pinned segments only while
+ * none of them has work queued (a collective may be in flight). */
+static int raw_pinned_releasable(void *ctx) {
+  (void)ctx;
+  return dt_cuda_streams_idle(NULL);
 }
 
 static dt_status pinned_get(dt_block_pool **out) {
@@ -231,7 +234,7 @@ static dt_status pinned_get(dt_block_pool **out) {
       cfg.what = "pinned host";
       cfg.device_name = "the host (page-locked)";
       cfg.limit_env = "dt_block_pool_set_limit";
-      dt_raw_allocator raw = {NULL, raw_pinned_alloc, raw_pinned_free};
+      dt_raw_allocator raw = {NULL, raw_pinned_alloc, raw_pinned_free, raw_pinned_releasable};
       st = dt_block_pool_create(&cfg, raw, &pinned_pool);
     } else {
       st = dt_error_wrap(st, "pinned host memory needs a usable GPU");

@@ -408,6 +408,20 @@ dt_status dt_cuda_ctx_get(dt_device dev, dt_cuda_ctx **out) {
   return DT_OK;
 }
 
+int dt_cuda_streams_idle(const dt_cuda_ctx *only) {
+  for (int i = 0; i < DT_CUDA_MAX_DEVICES; i++) {
+    dt_cuda_ctx *c = atomic_load_explicit(&ctxs[i], memory_order_acquire);
+    if (!c || (only && c != only))
+      continue;
+    for (int k = 0; k < 3; k++)
+      if (cudaStreamQuery(c->streams[k].s) != cudaSuccess) {
+        cudaGetLastError(); /* cudaErrorNotReady is not sticky */
+        return 0;
+      }
+  }
+  return 1;
+}
+
 dt_status dt_cuda_exec_begin(const dt_exec *ex, dt_cuda_ctx **ctx, cudaStream_t *stream) {
   DT_CHECK(dt_cuda_ctx_get(ex->dev, ctx));
   if (!ex->stream) {

@@ -120,6 +120,10 @@ dt_status dt_cuda_fence_after_compute(dt_cuda_ctx *ctx, cudaStream_t s);
  * index error a forward kernel recorded since the last call, as the CPU's
  * DT_ERR_INVALID_ARG message; DT_OK when there was none. Clears it. */
 dt_status dt_cuda_take_index_error(dt_cuda_ctx *ctx);
+/* 1 when no stream of `only` (NULL: of any device in use) has work queued:
+ * then a call that synchronises the device (cudaFree, cudaFreeHost) cannot
+ * wait on a collective in flight. */
+int dt_cuda_streams_idle(const dt_cuda_ctx *only);
 /* Sets the cuBLAS math mode from the global TF32 setting if it changed. */
 dt_status dt_cuda_ctx_sync_math_mode(dt_cuda_ctx *ctx);
 

@@ -22,10 +22,13 @@ extern char **environ;
 static const char about[] =
     "Runs N ranks of `dtrain <command>` (train or bench) under Open MPI's mpirun:\n"
     "  mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C -x DT_NUM_THREADS=C\n"
-    "         [-x DT_...] [-x CUDA_VISIBLE_DEVICES] [-x NCCL_...]\n"
+    "         [-x DT_...] [-x CUDA_VISIBLE_DEVICES] [-x NCCL_...] [--mca NAME VALUE]...\n"
     "         [--oversubscribe] [--allow-run-as-root] <this dtrain> <command> [flags]\n"
     "C = max(1, cores / N) threads per rank, cores being the CPUs this process may use;\n"
-    "--oversubscribe is added when N > cores, --allow-run-as-root when run as root;\n"
+    "the --mca settings are launch/mca_params.def's (on one node: btl self,vader; always:\n"
+    "btl_vader_single_copy_mechanism none), each unless set with --mpirun-arg or\n"
+    "OMPI_MCA_<name>; --oversubscribe is added when N > cores, --allow-run-as-root when\n"
+    "run as root;\n"
     "every DT_* variable of dtrain's (dtrain doctor lists them), CUDA_VISIBLE_DEVICES\n"
     "and every NCCL_* variable are exported to the ranks when set here. The mpirun\n"
     "command line is printed to stderr before it runs; mpirun is DT_MPIRUN, or the\n"
@@ -50,6 +53,31 @@ static int bad_usage(FILE *err, const char *fmt, const char *what) {
   fprintf(err, fmt, what);
   fprintf(err, " (see dtrain launch --help)\n");
   return 2;
+}
+
+enum { DT_MCA_ONE_NODE, DT_MCA_ANY_NODES };
+
+typedef struct mca_param {
+  const char *name, *value;
+  int scope;
+} mca_param;
+
+static const mca_param mca_params[] = {
+#define DT_MCA(name, value, scope, why) {name, value, scope},
+#include "launch/mca_params.def"
+};
+#define NUM_MCA_PARAMS ((int)(sizeof mca_params / sizeof mca_params[0]))
+
+/* The user set MCA parameter `name` already: in mpirun's arguments
+ * (--mca/-mca NAME VALUE) or as OMPI_MCA_<name> in the environment. */
+static bool mca_set_by_user(const char *name, const dt_flag_list *extra) {
+  for (int i = 0; i + 1 < extra->n; i++)
+    if ((!strcmp(extra->items[i], "--mca") || !strcmp(extra->items[i], "-mca")) &&
+        !strcmp(extra->items[i + 1], name))
+      return true;
+  char var[128];
+  snprintf(var, sizeof var, "OMPI_MCA_%s", name);
+  return getenv(var) != NULL;
 }
 
 static int cores_available(void) {
@@ -281,7 +309,7 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   char export_names[4096];
   int n_exports = exported_names(exports, MAX_EXPORTS, export_names, sizeof export_names);
 
-  int cap = 32 + extra.n + args.nrest + 2 * n_exports;
+  int cap = 32 + extra.n + args.nrest + 2 * n_exports + 3 * NUM_MCA_PARAMS;
   char **mpi_argv = calloc((size_t)cap, sizeof *mpi_argv);
   if (!mpi_argv) {
     fprintf(stderr, "dtrain: error: out of memory\n");
@@ -302,6 +330,14 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   for (int i = 0; i < n_exports; i++) {
     mpi_argv[k++] = "-x";
     mpi_argv[k++] = (char *)exports[i];
+  }
+  for (int i = 0; i < NUM_MCA_PARAMS; i++) {
+    const mca_param *m = &mca_params[i];
+    if ((m->scope == DT_MCA_ONE_NODE && (hosts || hostfile)) || mca_set_by_user(m->name, &extra))
+      continue;
+    mpi_argv[k++] = "--mca";
+    mpi_argv[k++] = (char *)m->name;
+    mpi_argv[k++] = (char *)m->value;
   }
   if (np > cores && !hosts && !hostfile)
     mpi_argv[k++] = "--oversubscribe";

@@ -16,8 +16,8 @@ fail() {
 }
 
 bins=()
-for b in tests/cuda_backend_test tests/cuda_allocator_test tests/cuda_train_step_test \
-  tests/op_table_test launch/dtrain; do
+for b in tests/cuda_backend_test tests/cuda_allocator_test tests/cuda_loader_test \
+  tests/cuda_train_step_test tests/op_table_test launch/dtrain; do
   [ -x "$ws/$b" ] || fail "$b missing from the runfiles"
   bins+=("$ws/$b")
 done
@@ -28,7 +28,8 @@ GPU_CHECK_XZ_LEVEL=0 "$script" pack --no-data "$tarball" "${bins[@]}" >"$tmp/pac
 cat "$tmp/pack.log"
 listing=$(tar -tJf "$tarball")
 has() { grep -qx "gpu_bundle/$1" <<<"$listing" || fail "the bundle lacks $1"; }
-for b in cuda_backend_test cuda_allocator_test cuda_train_step_test op_table_test dtrain; do
+for b in cuda_backend_test cuda_allocator_test cuda_loader_test cuda_train_step_test \
+  op_table_test dtrain; do
   has "bin/$b"
 done
 has lib/libcore_Slibcpu.so
@@ -82,7 +83,7 @@ grep -q '^- glibc: ' "$out/summary.md" || fail "summary lacks the machine's fact
 grep -q 'state: finished, 0 failing step' "$out/summary.md" || fail "summary does not say it finished"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   # Without a GPU every parity case skips: reported as skipped, never as ok.
-  for s in cuda_backend_test cuda_train_step_test; do
+  for s in cuda_backend_test cuda_loader_test cuda_train_step_test; do
     grep -q "^| $s | skipped | 0 | 0 | [1-9][0-9]* |" "$out/summary.md" ||
       fail "summary row for $s is not 'skipped': $(grep "^| $s " "$out/summary.md")"
   done
@@ -93,6 +94,39 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   done
   grep -q 'training, launch, bench | not run .* no GPU' "$out/summary.md" || fail "no-GPU note"
 fi
+
+# The comparing steps a GPU run makes (gpt2-step, zero), on a stand-in
+# dtrain that prints what the real one does: within tolerance they pass,
+# beyond it they fail, naming the values.
+fake="$tmp/fake_dtrain"
+cat >"$fake" <<'FAKE'
+#!/usr/bin/env bash
+dev=cpu z=0
+while [ $# -gt 0 ]; do
+  case "$1" in --device) dev=$2; shift ;; --zero) z=$2; shift ;; esac
+  shift
+done
+case "$dev:$z" in
+  cpu:*) echo "breakdown: forward_ms=1 backward_ms=2 optimizer_ms=1 peak_mem=1MiB loss=10.9512" ;;
+  cuda:0:*) echo "breakdown: forward_ms=1 backward_ms=2 optimizer_ms=1 peak_mem=1MiB loss=${FAKE_CUDA_LOSS:-10.9519}" ;;
+  cuda:2) echo "test_accuracy=${FAKE_ZERO2_ACC:-0.8512}" ;;
+  cuda:*) echo "test_accuracy=0.8510" ;;
+esac
+FAKE
+chmod +x "$fake"
+"$script" gpt2-step "$fake" >"$tmp/gpt2_ok.log" 2>&1 || { cat "$tmp/gpt2_ok.log"; fail "gpt2-step within tolerance failed"; }
+grep -q '^gpt2 step: .*cpu 10.9512 cuda:0 10.9519' "$tmp/gpt2_ok.log" || fail "gpt2-step line: $(cat "$tmp/gpt2_ok.log")"
+if FAKE_CUDA_LOSS=11.2 "$script" gpt2-step "$fake" >"$tmp/gpt2_bad.log" 2>&1; then
+  fail "gpt2-step passed with the losses 10.9512 and 11.2"
+fi
+grep -q 'differs from the CPU' "$tmp/gpt2_bad.log" || fail "gpt2-step failure: $(cat "$tmp/gpt2_bad.log")"
+"$script" zero "$fake" "$tmp" mpi >"$tmp/zero_ok.log" 2>&1 || { cat "$tmp/zero_ok.log"; fail "zero within tolerance failed"; }
+grep -q '^zero over mpi, 2 ranks: test_accuracy ddp 0.8510 zero1 0.8510 zero2 0.8512' "$tmp/zero_ok.log" ||
+  fail "zero line: $(cat "$tmp/zero_ok.log")"
+if FAKE_ZERO2_ACC=0.80 "$script" zero "$fake" "$tmp" mpi >"$tmp/zero_bad.log" 2>&1; then
+  fail "zero passed with accuracies 0.851 and 0.80"
+fi
+echo "comparing steps: ok"
 
 # Killed at a random moment (SIGKILL: no trap runs), the run still leaves a
 # complete summary of what had run by then.
@@ -118,6 +152,12 @@ if [ -d "$tmp/unpacked/gpu_bundle/mpi/usr/bin" ] && command -v unshare >/dev/nul
   unshare -m true 2>/dev/null; then
   bdir="$tmp/unpacked/gpu_bundle"
   mkdir -p "$tmp/empty"
+  # with the MCA settings dtrain launch passes (run takes them the same way)
+  mca=$(DT_MPIRUN="$(command -v mpirun)" "$ws/launch/dtrain" launch --dry-run -n 2 -- train 2>&1 |
+    grep -o -- '--mca [^ ]* [^ ]*' | tr '\n' ' ')
+  [ -n "$mca" ] || fail "dtrain launch --dry-run printed no --mca settings"
+  grep -q -- "- mpirun: .*MCA from dtrain launch: --mca btl self,vader" "$out/summary.md" ||
+    fail "run did not take its MCA settings from dtrain launch: $(grep -- '- mpirun' "$out/summary.md")"
   unshare -m --propagation private bash -c '
     set -e
     for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/share/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /etc/openmpi; do
@@ -132,9 +172,10 @@ if [ -d "$tmp/unpacked/gpu_bundle/mpi/usr/bin" ] && command -v unshare >/dev/nul
     ! mpirun --version >/dev/null 2>&1
     export OPAL_PREFIX="$2/mpi/usr" LD_LIBRARY_PATH="$2/lib"
     export PMIX_MCA_mca_base_component_path="$2/mpi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix"
-    "$2/mpi/usr/bin/mpirun" --allow-run-as-root --oversubscribe --bind-to none \
-      --mca btl self,vader --mca btl_vader_single_copy_mechanism none -np 2 hostname
-  ' _ "$tmp/empty" "$bdir" >"$tmp/mpi_hidden.log" 2>&1 ||
+    read -ra mca <<<"$3"
+    "$2/mpi/usr/bin/mpirun" --allow-run-as-root --oversubscribe --bind-to none "${mca[@]}" \
+      -np 2 hostname
+  ' _ "$tmp/empty" "$bdir" "$mca" >"$tmp/mpi_hidden.log" 2>&1 ||
     { cat "$tmp/mpi_hidden.log"; fail "the bundled mpirun does not run with the system's Open MPI hidden"; }
   [ "$(grep -c . "$tmp/mpi_hidden.log")" -ge 2 ] || { cat "$tmp/mpi_hidden.log"; fail "mpirun -np 2 did not start 2 ranks"; }
   echo "bundled mpirun, system Open MPI hidden: ok ($(tr '\n' ' ' <"$tmp/mpi_hidden.log"))"

@@ -28,11 +28,17 @@
 #   summary.md and logs.tar.xz (every step's log, nvidia-smi, dtrain doctor).
 #   The summary opens with the machine's facts (GPU, driver, CUDA runtime,
 #   cuDNN and NCCL loaded vs built against, glibc) and has a row per step,
-#   most valuable first: the parity suites (ops, training step), the other
-#   CUDA suites, the distributed ones (2 ranks under the bundled mpirun) and
-#   `dtrain launch -n 2 -- train --device cuda`, training on cuda:0 (LeNet-5,
-#   MLP), then `dtrain bench` beside tools/bench_torch.py. A suite whose
-#   cases all skipped is "skipped", never "ok". The whole run has a deadline
+#   most valuable first: the parity suites (ops, training step), a GPT-2
+#   124M training step at T=1024 against the CPU (`gpu_check.sh gpt2-step`),
+#   the other CUDA suites (the loader's copy/compute timeline, the
+#   allocator's OOM retry beside a busy stream, ...), the distributed ones (2
+#   ranks under the bundled mpirun, with dtrain launch's MCA settings),
+#   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP, GPT-2
+#   tokens/s and MFU (`bench --model gpt2 --ctx 1024`), training on cuda:0
+#   (LeNet-5, MLP), `dtrain bench` beside tools/bench_torch.py, and `dtrain
+#   top --once`. A step whose subcommand, flag or model this build lacks is
+#   "skipped: <command> not available in this build"; a suite whose cases
+#   all skipped is "skipped", never "ok". The whole run has a deadline
 #   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
 #   left (`timeout -k`), and the summary and the log tarball are rewritten
 #   after every step (temporary name, then rename), so a run killed at any
@@ -41,7 +47,8 @@
 #   status: 0 when no step failed.
 set -uo pipefail
 
-root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+self=$(readlink -f "${BASH_SOURCE[0]}")
+root=$(cd "$(dirname "$self")/.." && pwd)
 mode=${1:-}
 say() { echo "gpu_check: $*"; }
 die() {
@@ -242,6 +249,14 @@ write_summary() {
     for row in "${summary_rows[@]}"; do
       echo "| ${row//|/ | } |"
     done
+    if [ -s "$logs/extra_lines.txt" ]; then
+      echo
+      echo "## measured (timeline, allocator, GPT-2, ZeRO)"
+      echo
+      echo '```'
+      cat "$logs/extra_lines.txt"
+      echo '```'
+    fi
     if [ -f "$logs/extra.md" ]; then
       echo
       cat "$logs/extra.md"
@@ -252,6 +267,23 @@ write_summary() {
 
 # Seconds left before the deadline.
 time_left() { echo $((deadline - SECONDS)); }
+
+# cli_has COMMAND WORD...: `dtrain COMMAND --help` mentions every WORD (a
+# subcommand, flag or model that other work adds; absent in older builds).
+cli_has() {
+  local cmd=$1 help w
+  shift
+  help=$(timeout -k 2 20 "$dtrain" "$cmd" --help 2>&1) || return 1
+  for w in "$@"; do
+    grep -q -- "$w" <<<"$help" || return 1
+  done
+}
+
+# skipped_row NAME WHAT: a row for a step this build cannot run yet.
+skipped_row() {
+  summary_rows+=("$1|skipped|-|-|-|0|skipped: $2 not available in this build")
+  write_summary running
+}
 
 # step NAME LIMIT KIND COMMAND...: runs COMMAND with what is left of the
 # deadline (at most LIMIT s; `timeout -k 5`), its output in logs/NAME.log,
@@ -406,26 +438,44 @@ PYEOF
   elif command -v mpirun >/dev/null 2>&1; then
     mpirun=$(command -v mpirun)
   fi
-  mpi_args=(--oversubscribe --bind-to none -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=1
-    --mca btl self,vader --mca btl_vader_single_copy_mechanism none)
+  # The MCA settings are dtrain launch's (launch/mca_params.def), read from
+  # the mpirun line it prints: one list for both.
+  mpi_args=(--oversubscribe --bind-to none -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=1)
+  if [ -n "$mpirun" ] && [ -x "$dtrain" ]; then
+    local mca
+    mca=$(DT_MPIRUN="$mpirun" timeout -k 2 30 "$dtrain" launch --dry-run -n 2 -- train 2>&1 |
+      grep -o -- '--mca [^ ]* [^ ]*' | tr '\n' ' ')
+    read -ra mca_args <<<"$mca"
+    mpi_args+=("${mca_args[@]}")
+    facts+=("- mpirun: $mpirun; MCA from dtrain launch: ${mca:-none}")
+  fi
   [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 
   # ---- 1. backend parity and the training-step parity ----
   local exe name
-  for name in op_table_test cuda_backend_test cuda_train_step_test \
-    cuda_allocator_test; do
+  local first_suites=" op_table_test cuda_backend_test cuda_train_step_test "
+  for name in $first_suites; do
     exe="$b/bin/$name"
     [ -x "$exe" ] || continue
     step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
   done
-  # any other single-process suite in the bundle
+  # ---- 1b. a GPT-2 124M training step (T=1024) against the CPU reference ----
+  if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
+    if cli_has bench gpt2 --ctx; then
+      step gpt2_step_vs_cpu 200 plain env DT_CUDA_TF32=0 bash "$self" gpt2-step "$dtrain"
+      grep -h '^gpt2 step:' "$logs/gpt2_step_vs_cpu.log" >>"$logs/extra_lines.txt" 2>/dev/null
+    else
+      skipped_row gpt2_step_vs_cpu "dtrain bench --model gpt2 --ctx"
+    fi
+  fi
+
+  # ---- 1c. the other CUDA suites: the loader's timeline, the allocator, ... ----
   for exe in "$b"/bin/*_test; do
     name=$(basename "$exe")
-    case " op_table_test cuda_backend_test cuda_train_step_test cuda_allocator_test " in
-      *" $name "*) continue ;;
-    esac
+    case "$first_suites" in *" $name "*) continue ;; esac
     step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
   done
+  grep -h '^loader timeline: \|^allocator: ' "$logs"/cuda_*_test.log >>"$logs/extra_lines.txt" 2>/dev/null
 
   # ---- 2. NCCL and DDP: the distributed suites under mpirun, 2 ranks ----
   for exe in "$b"/bin/dist_*; do
@@ -442,17 +492,42 @@ PYEOF
   if [ -x "$dtrain" ] && [ "$gpu" = 1 ] && [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
     DT_MPIRUN="$mpirun" timeout -k 2 60 "$dtrain" launch --dry-run -- train --device cuda \
       >"$logs/launch_dry_run.log" 2>&1
-    step launch_2_ranks_cuda 300 plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
+    step launch_2_ranks_cuda 120 plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
       --mpirun-arg --oversubscribe -- train --model mlp --device cuda --max-steps 200 \
       --log-interval 100 --data-dir "$b/data"
+    # ZeRO stages 1 and 2 against plain DDP, 2 ranks on the GPU(s): over NCCL
+    # with a GPU per rank, else over the host-staged backend (NCCL refuses
+    # two ranks on one GPU); the NCCL ZeRO cases of dist_nccl_test ran above.
+    if cli_has train --zero; then
+      local ngpu zero_backend=mpi
+      ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+      [ "${ngpu:-0}" -ge 2 ] && zero_backend=nccl
+      step "zero_vs_ddp_$zero_backend" 150 plain env DT_MPIRUN="$mpirun" bash "$self" zero \
+        "$dtrain" "$b/data" "$zero_backend"
+      grep -h '^zero ' "$logs/zero_vs_ddp_$zero_backend.log" >>"$logs/extra_lines.txt" 2>/dev/null
+    else
+      skipped_row zero_vs_ddp "dtrain train --zero"
+    fi
+  fi
+
+  # ---- 2b. GPT-2 124M throughput at T=1024: tokens/s and MFU ----
+  if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
+    if cli_has bench gpt2 --ctx; then
+      step bench_gpt2_ctx1024 150 plain "$dtrain" bench --model gpt2 --ctx 1024 --device cuda \
+        --batch "${GPU_CHECK_GPT2_BATCH:-8}" --steps 20 --warmup 3
+      grep -hi 'tokens\|mfu' "$logs/bench_gpt2_ctx1024.log" | sed 's/^/gpt2 bench: /' \
+        >>"$logs/extra_lines.txt" 2>/dev/null
+    else
+      skipped_row bench_gpt2_ctx1024 "dtrain bench --model gpt2 --ctx"
+    fi
   fi
 
   # ---- 3. training on cuda:0 ----
   if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
     if [ -d "$b/data/fashion-mnist" ]; then
-      step train_lenet_cuda 300 plain "$dtrain" train --model lenet --device cuda:0 \
+      step train_lenet_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1
-      step train_mlp_cuda 300 plain "$dtrain" train --model mlp --device cuda:0 \
+      step train_mlp_cuda 120 plain "$dtrain" train --model mlp --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
       {
         echo "## training on cuda:0"
@@ -486,6 +561,14 @@ PYEOF
       ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
       echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
     done
+    # ---- 5. dtrain top: one refresh of the GPU view ----
+    if "$dtrain" top --help >/dev/null 2>&1; then
+      step top_once 30 plain "$dtrain" top --once
+      { echo; echo '## dtrain top --once'; echo; echo '```'; head -40 "$logs/top_once.log"; echo '```'; } \
+        >>"$logs/extra.md"
+    else
+      skipped_row top_once "dtrain top --once"
+    fi
   else
     summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
   fi
@@ -515,7 +598,62 @@ size() {
   [ "$total" -lt "$limit" ] || die "over 64 MiB: what travels must shrink"
 }
 
+# ---- steps that compare two runs (run calls them as `gpu_check.sh MODE`) ----
+
+# The value of KEY=... on the last line of $1 that has it.
+last_value() { grep -o "$2=[-0-9.e+naif]*" "$1" 2>/dev/null | tail -1 | cut -d= -f2; }
+
+# within A B TOL: |A - B| <= TOL * max(1, |B|).
+within() {
+  awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN {
+    if (a == "" || b == "") exit 1
+    d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; if (m < 1) m = 1
+    exit !(d <= t * m) }'
+}
+
+# gpt2-step DTRAIN: two GPT-2 124M training steps (AdamW) at T=1024 on one
+# synthetic sequence, on the CPU and on cuda:0 (TF32 off: the caller sets
+# DT_CUDA_TF32=0); the loss after the update must agree.
+gpt2_step() {
+  local dtrain=$1 dir k
+  dir=$(mktemp -d)
+  for k in cpu cuda:0; do
+    "$dtrain" bench --model gpt2 --ctx 1024 --batch 1 --steps 2 --warmup 0 --seed 1 \
+      --optimizer adamw --device "$k" >"$dir/${k%%:*}.log" 2>&1 ||
+      { cat "$dir/${k%%:*}.log"; die "gpt2-step: dtrain bench on $k failed"; }
+    cat "$dir/${k%%:*}.log"
+  done
+  local a b
+  a=$(last_value "$dir/cpu.log" loss)
+  b=$(last_value "$dir/cuda.log" loss)
+  echo "gpt2 step: loss after one AdamW step, cpu ${a:-?} cuda:0 ${b:-?} (T=1024, batch 1, TF32 off)"
+  within "$b" "$a" 2e-3 || die "gpt2-step: cuda:0 loss ${b:-missing} differs from the CPU's ${a:-missing}"
+}
+
+# zero DTRAIN DATA_DIR BACKEND: dtrain launch -n 2 -- train --device cuda with
+# --zero 0, 1 and 2 over BACKEND; ZeRO must match plain DDP.
+zero_equivalence() {
+  local dtrain=$1 data=$2 backend=$3 dir z
+  dir=$(mktemp -d)
+  for z in 0 1 2; do
+    "$dtrain" launch -n 2 --mpirun-arg --oversubscribe -- train --model mlp --device cuda \
+      --comm-backend "$backend" --zero "$z" --max-steps 100 --log-interval 50 --seed 3 \
+      --data-dir "$data" >"$dir/z$z.log" 2>&1 ||
+      { cat "$dir/z$z.log"; die "zero: --zero $z failed"; }
+    tail -3 "$dir/z$z.log"
+  done
+  local a0 a1 a2
+  a0=$(last_value "$dir/z0.log" test_accuracy)
+  a1=$(last_value "$dir/z1.log" test_accuracy)
+  a2=$(last_value "$dir/z2.log" test_accuracy)
+  echo "zero over $backend, 2 ranks: test_accuracy ddp ${a0:-?} zero1 ${a1:-?} zero2 ${a2:-?}"
+  within "$a1" "$a0" 0.003 && within "$a2" "$a0" 0.003 ||
+    die "zero: ZeRO differs from DDP beyond 0.003"
+}
+
 case "$mode" in
+  gpt2-step) shift; gpt2_step "$@" ;;
+  zero) shift; zero_equivalence "$@" ;;
   bundle) shift; bundle "$@" ;;
   pack) shift; pack "$@" ;;
   list) shift; list "$@" ;;

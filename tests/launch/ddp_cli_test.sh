@@ -126,6 +126,17 @@ expect 2 err "'doctor' cannot run on several ranks" "launch of a non-distributed
 run launch -n 512 --dry-run -- train --batch 8
 expect 0 err "mpirun -np 512 .*-x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1 .*--oversubscribe" \
   "more ranks than cores: one thread each, --oversubscribe"
+# The MCA settings of launch/mca_params.def (tools/gpu_check.sh reads them
+# from this line): the one-node ones only without --hosts, none the user set.
+run launch -n 2 --dry-run -- train
+expect 0 err "mpirun -np 2 .* --mca btl self,vader --mca btl_vader_single_copy_mechanism none .*train$" \
+  "launch passes launch/mca_params.def's MCA settings"
+run launch -n 2 --hosts a,b --mpirun-arg --mca --mpirun-arg btl_vader_single_copy_mechanism \
+  --mpirun-arg cma --dry-run -- train
+expect_not err "--mca btl self|single_copy_mechanism none" \
+  "several nodes: no shared-memory-only btl; the user's own --mca wins"
+OMPI_MCA_btl=self,tcp run launch -n 2 --dry-run -- train
+expect_not err "--mca btl self,vader" "OMPI_MCA_btl in the environment wins"
 run launch -n 1 --threads 3 --mpirun-arg --tag-output --hosts a,b --dry-run -- bench
 expect 0 err "mpirun -np 1 .*DT_NUM_THREADS=3 .*--host a,b --tag-output .*bench$" \
   "--threads, --hosts and --mpirun-arg reach mpirun"
