@@ -160,9 +160,11 @@ struct dt_backend_ops {
   dt_status (*event_record)(dt_event *ev, dt_stream *s);
   dt_status (*stream_wait_event)(dt_stream *s, dt_event *ev);
   dt_status (*event_synchronize)(dt_event *ev);
-  /* The synchronisation points (with a synchronous copy): errors that
-   * kernels found on the device without stopping the host (an index out
-   * of range, core/op_table.def) are returned by the next of them. */
+  /* The synchronisation points of the training thread (a synchronous
+   * copy, device_synchronize, stream_synchronize of the compute stream):
+   * errors that kernels found on the device without stopping the host (an
+   * index out of range, core/op_table.def) are returned by the next of
+   * them. Waits on the comm or copy stream (other threads) do not. */
   dt_status (*stream_synchronize)(dt_stream *s);
   dt_status (*device_synchronize)(dt_device dev);
 

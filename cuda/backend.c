@@ -159,6 +159,8 @@ static dt_status cuda_stream_synchronize(dt_stream *s) {
   if (!s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "stream_synchronize: NULL stream");
   DT_CUDA_CHECK(cudaStreamSynchronize(s->s));
+  if (s->kind != DT_STREAM_COMPUTE)
+    return DT_OK; /* the comm and copy streams' waits belong to other threads */
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get((dt_device){DT_DEVICE_CUDA, s->device}, &ctx));
   return dt_cuda_take_index_error(ctx);
