@@ -198,6 +198,15 @@ static dt_status dt_kcheck_layernorm(int64_t rows, int64_t cols) {
   return DT_OK;
 }
 
+/* Attention geometry: b sequences of t positions, h heads of hd columns. */
+static dt_status dt_kcheck_attention(const char *op, int64_t b, int64_t t, int64_t h, int64_t hd) {
+  if (b < 0 || t < 0 || h < 1 || hd < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: bad geometry (batch %lld, positions %lld, heads %lld, head size %lld)", op,
+                    (long long)b, (long long)t, (long long)h, (long long)hd);
+  return DT_OK;
+}
+
 static dt_status dt_kcheck_dropout(int64_t n, float p) {
   if (!(p >= 0.0f && p <= 1.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG, "dropout: probability p=%g outside [0, 1]", (double)p);

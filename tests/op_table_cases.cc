@@ -4,6 +4,8 @@
 // be too slow.
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,39 +91,108 @@ OpFn Softmax(bool log) {
   };
 }
 
-// The causal softmax, checked against its definition on every call: the
-// softmax of the scores with the future masked by a very negative number
-// (the output itself is what the row's gradient and parity checks see).
-dt_status CausalSoftmaxChecked(const V &x, dt_tensor **out) {
-  DT_CHECK(dt_op_causal_softmax(x[0], out));
-  const int nd = dt_tensor_ndim(x[0]);
-  const int64_t t = dt_tensor_dim(x[0], -1), n = dt_tensor_numel(x[0]);
-  std::vector<float> mask(static_cast<size_t>(n), 0.0f);
-  for (int64_t k = 0; k < n; k++)
-    if (k % t > (k / t) % t)  // column j > row i of its (T, T) block
-      mask[static_cast<size_t>(k)] = -1e30f;
+// *out (an op's output) checked against `reference` (its definition in
+// other ops, computed without recording): |got - want| <= atol + rtol *
+// |want| everywhere (NaN matches NaN), else an error naming the element
+// (and *out released). What the row's gradient and parity checks see is
+// the op's own output.
+dt_status CheckedAgainst(dt_status st, dt_tensor **out,
+                         const std::function<dt_status(dt_tensor **)> &reference, double atol,
+                         double rtol, const char *what) {
+  if (st != DT_OK)
+    return st;
+  dt_tensor *ref = nullptr;
   dt_no_grad_begin();
-  dt_tensor *m = nullptr, *masked = nullptr, *ref = nullptr;
-  dt_status st = dt_tensor_from_host(mask.data(), dt_tensor_shape(x[0]), nd, DT_DTYPE_F32,
-                                     dt_tensor_device(x[0]), &m);
-  if (st == DT_OK)
-    st = dt_op_add(x[0], m, &masked);
-  if (st == DT_OK)
-    st = dt_op_softmax(masked, -1, &ref);
+  st = reference(&ref);
   dt_no_grad_end();
+  if (st == DT_OK && dt_tensor_numel(ref) != dt_tensor_numel(*out))
+    st = DT_ERROR(DT_ERR_INTERNAL, "%s: %lld elements, its definition gives %lld", what,
+                  (long long)dt_tensor_numel(*out), (long long)dt_tensor_numel(ref));
   std::vector<float> got = st == DT_OK ? dtt::ToVector(*out) : std::vector<float>();
   std::vector<float> want = st == DT_OK ? dtt::ToVector(ref) : std::vector<float>();
-  for (dt_tensor *u : {m, masked, ref})
-    dt_tensor_release(u);
+  dt_tensor_release(ref);
   for (size_t k = 0; st == DT_OK && k < got.size(); k++)
-    if (!(std::fabs(got[k] - want[k]) <= 1e-6f + 1e-5f * std::fabs(want[k])))
-      st = DT_ERROR(DT_ERR_INTERNAL, "causal softmax element %zu is %g, its definition gives %g", k,
+    if (!(std::fabs(got[k] - want[k]) <= atol + rtol * std::fabs(want[k])) &&
+        !(std::isnan(got[k]) && std::isnan(want[k])))
+      st = DT_ERROR(DT_ERR_INTERNAL, "%s: element %zu is %.9g, its definition gives %.9g", what, k,
                     (double)got[k], (double)want[k]);
   if (st != DT_OK) {
     dt_tensor_release(*out);
     *out = nullptr;
   }
   return st;
+}
+
+// Intermediate tensors of a reference computation, released at the end (a
+// deque: the slots handed out stay put).
+struct Temps {
+  std::deque<dt_tensor *> v;
+  dt_tensor **next() {
+    v.push_back(nullptr);
+    return &v.back();
+  }
+  ~Temps() {
+    for (dt_tensor *t : v)
+      dt_tensor_release(t);
+  }
+};
+
+// The causal softmax, checked against its definition on every call: the
+// softmax of the scores with the future masked by a very negative number.
+dt_status CausalSoftmaxChecked(const V &x, dt_tensor **out) {
+  auto reference = [&](dt_tensor **ref) {
+    const int nd = dt_tensor_ndim(x[0]);
+    const int64_t t = dt_tensor_dim(x[0], -1), n = dt_tensor_numel(x[0]);
+    std::vector<float> mask(static_cast<size_t>(n), 0.0f);
+    for (int64_t k = 0; k < n; k++)
+      if (k % t > (k / t) % t)  // column j > row i of its (T, T) block
+        mask[static_cast<size_t>(k)] = -1e30f;
+    Temps tmp;
+    dt_tensor **m = tmp.next(), **masked = tmp.next();
+    DT_CHECK(dt_tensor_from_host(mask.data(), dt_tensor_shape(x[0]), nd, DT_DTYPE_F32,
+                                 dt_tensor_device(x[0]), m));
+    DT_CHECK(dt_op_add(x[0], *m, masked));
+    return dt_op_softmax(*masked, -1, ref);
+  };
+  return CheckedAgainst(dt_op_causal_softmax(x[0], out), out, reference, 1e-6, 1e-5,
+                        "causal softmax");
+}
+
+// The fused causal attention, checked against its definition on every
+// call: per head causal_softmax(q k^T / sqrt(hd)) v from matmuls.
+OpFn CausalAttentionChecked(int n_head) {
+  return [n_head](const V &x, dt_tensor **out) {
+    auto reference = [&](dt_tensor **ref) {
+      const int64_t b = dt_tensor_dim(x[0], 0), t = dt_tensor_dim(x[0], 1),
+                    c = dt_tensor_dim(x[0], 2) / 3, hd = c / n_head;
+      Temps tmp;
+      const int64_t split[5] = {b, t, 3, n_head, hd}, heads[4] = {b, n_head, t, hd};
+      const int to_heads[5] = {2, 0, 3, 1, 4}, back[4] = {0, 2, 1, 3};
+      dt_tensor **s5 = tmp.next(), **p5 = tmp.next(), **c5 = tmp.next(), *qkv[3];
+      DT_CHECK(dt_tensor_reshape(x[0], split, 5, s5));
+      DT_CHECK(dt_tensor_permute(*s5, to_heads, p5));  // (3, b, h, t, hd)
+      DT_CHECK(dt_tensor_contiguous(*p5, c5));
+      for (int k = 0; k < 3; k++) {
+        dt_tensor **part = tmp.next(), **head = tmp.next();
+        DT_CHECK(dt_tensor_slice(*c5, k, k + 1, part));
+        DT_CHECK(dt_tensor_reshape(*part, heads, 4, head));
+        qkv[k] = *head;
+      }
+      dt_tensor **kt = tmp.next(), **s = tmp.next(), **ss = tmp.next(), **p = tmp.next(),
+                **o = tmp.next(), **ob = tmp.next(), **oc = tmp.next();
+      DT_CHECK(dt_tensor_transpose(qkv[1], 2, 3, kt));
+      DT_CHECK(dt_op_matmul(qkv[0], *kt, s));
+      DT_CHECK(dt_op_scale(*s, (float)(1.0 / std::sqrt((double)hd)), ss));
+      DT_CHECK(dt_op_causal_softmax(*ss, p));
+      DT_CHECK(dt_op_matmul(*p, qkv[2], o));  // (b, h, t, hd)
+      DT_CHECK(dt_tensor_permute(*o, back, ob));
+      DT_CHECK(dt_tensor_contiguous(*ob, oc));
+      *ref = dt_tensor_retain(*oc);
+      return DT_OK;
+    };
+    return CheckedAgainst(dt_op_causal_attention(x[0], n_head, out), out, reference, 2e-6, 1e-4,
+                          "causal attention");
+  };
 }
 
 OpFn CrossEntropy(dt_reduction r, int64_t ignore) {
@@ -522,6 +593,53 @@ std::vector<OpCase> Build() {
        causal,
        kReduction,
        kParityOnly});
+
+  // fused causal attention (B, T, H, hd): small ones with the gradient; T
+  // across the CPU's query (32) and key (64) blocks and the CUDA tiles (32),
+  // hd 64 and 128 and one not a multiple of 32, and a GPT-2 124M layer's
+  // sequence (T 1024, 12 heads of 64)
+  struct AttentionGeom {
+    int64_t b, t, h, hd;
+    unsigned flags;
+  };
+  const AttentionGeom attentions[] = {
+      {1, 5, 2, 2, 0},
+      {2, 7, 2, 4, 0},
+      {1, 37, 2, 3, 0},
+      {1, 1, 1, 8, kParityOnly},
+      {3, 100, 2, 64, kParityOnly},
+      {1, 77, 1, 128, kParityOnly},
+      {2, 65, 3, 48, kParityOnly},
+      {1, 130, 4, 32, kParityOnly},
+      {1, 1024, 12, 64, kParityOnly},
+  };
+  for (const AttentionGeom &a : attentions)
+    add({"causal_attention",
+         std::to_string(a.b) + "x" + std::to_string(a.t) + "_h" + std::to_string(a.h) + "_hd" +
+             std::to_string(a.hd),
+         F32,
+         {X({a.b, a.t, 3 * a.h * a.hd}).Range(-2, 2)},
+         CausalAttentionChecked((int)a.h),
+         kReduction,
+         a.flags});
+  add({"causal_attention",
+       "heads_do_not_divide",
+       F32,
+       {X({1, 4, 30}).Const()},
+       CausalAttentionChecked(4),
+       kReduction,
+       kParityOnly,
+       DT_ERR_INVALID_ARG,
+       "does not divide"});
+  add({"causal_attention",
+       "not_3c_wide",
+       F32,
+       {X({1, 4, 31}).Const()},
+       CausalAttentionChecked(1),
+       kReduction,
+       kParityOnly,
+       DT_ERR_SHAPE,
+       "expected (B, T, 3C)"});
 
   // cross-entropy over 1000 classes with ignored rows, and bad targets
   for (dt_dtype td : {DT_DTYPE_I32, DT_DTYPE_I64}) {
