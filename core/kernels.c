@@ -146,6 +146,17 @@ static dt_status dt_kcheck_classes(const char *op, dt_dtype idx_dtype, int64_t n
   return dt_kcheck_sizes(op, n, classes, 0);
 }
 
+/* The fused classifier: vp columns of which the first `classes` are real. */
+static dt_status dt_kcheck_classifier(dt_dtype target_dtype, int64_t n, int64_t vp,
+                                      int64_t classes) {
+  DT_CHECK(dt_kcheck_classes("classifier_forward", target_dtype, n, vp));
+  if (classes < 1 || classes > vp)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "classifier_forward: %lld classes in rows of %lld logits: expected 1..%lld",
+                    (long long)classes, (long long)vp, (long long)vp);
+  return DT_OK;
+}
+
 /* Convolution (conv) or pooling geometry: positive sizes, the output size
  * the input, kernel, stride and padding give, and for pooling PyTorch's
  * padding <= kernel / 2. */

@@ -201,6 +201,42 @@ OpFn CrossEntropy(dt_reduction r, int64_t ignore) {
   };
 }
 
+OpFn ClassifierLoss(int64_t n_classes, int64_t ignore) {
+  return [n_classes, ignore](const V &x, dt_tensor **out) {
+    return dt_op_classifier_loss(x[0], x[1], n_classes, ignore, out);
+  };
+}
+
+// The fused classifier over all columns equals dt_op_cross_entropy (mean)
+// bit for bit.
+OpFn ClassifierLossIsCrossEntropy(int64_t ignore) {
+  return [ignore](const V &x, dt_tensor **out) {
+    return CheckedAgainst(
+        dt_op_classifier_loss(x[0], x[1], dt_tensor_dim(x[0], -1), ignore, out), out,
+        [&](dt_tensor **ref) {
+          return dt_op_cross_entropy(x[0], x[1], DT_REDUCTION_MEAN, ignore, ref);
+        },
+        0.0, 0.0, "classifier loss");
+  };
+}
+
+// The consuming variant on logits computed from the input (so that nothing
+// else holds them and their memory becomes the gradient), or on a second
+// reference to the input itself (which must then stay as it was).
+OpFn ClassifierLossConsume(int64_t n_classes, bool intermediate) {
+  return [n_classes, intermediate](const V &x, dt_tensor **out) {
+    dt_tensor *logits = nullptr;
+    if (intermediate)
+      DT_CHECK(dt_op_scale(x[0], 1.0f, &logits));
+    else
+      logits = dt_tensor_retain(x[0]);
+    DT_CHECK(dt_op_classifier_loss_consume(&logits, x[1], n_classes, -100, out));
+    if (logits)
+      return DT_ERROR(DT_ERR_INTERNAL, "classifier_loss_consume left the caller's reference");
+    return DT_OK;
+  };
+}
+
 OpFn Mse(dt_reduction r) {
   return [r](const V &x, dt_tensor **out) { return dt_op_mse(x[0], x[1], r, out); };
 }
@@ -640,6 +676,85 @@ std::vector<OpCase> Build() {
        kParityOnly,
        DT_ERR_SHAPE,
        "expected (B, T, 3C)"});
+
+  // the fused LM-head loss: padded vocabulary (the padding takes no part),
+  // no padding, equal to cross_entropy, ignored rows, GPT-2's 50257 of 50304
+  add({"classifier_loss",
+       "8x13_of_11_padded",
+       F32,
+       {X({8, 13}).Range(-3, 3), RandIds({8}, 11, DT_DTYPE_I64, 5)},
+       ClassifierLoss(11, -100),
+       kReduction});
+  add({"classifier_loss",
+       "2x3x7_unpadded_i32",
+       F32,
+       {X({2, 3, 7}).Range(-3, 3), RandIds({2, 3}, 7, DT_DTYPE_I32)},
+       ClassifierLoss(7, -100),
+       kReduction});
+  add({"classifier_loss",
+       "equals_cross_entropy_6x9",
+       F32,
+       {X({6, 9}).Range(-3, 3), RandIds({6}, 9, DT_DTYPE_I64, 4, -1)},
+       ClassifierLossIsCrossEntropy(-1),
+       kReduction});
+  add({"classifier_loss",
+       "equals_cross_entropy_50x1000",
+       F32,
+       {X({50, 1000}).Range(-5, 5), RandIds({50}, 1000, DT_DTYPE_I64, 7)},
+       ClassifierLossIsCrossEntropy(-100),
+       kReduction,
+       kParityOnly});
+  add({"classifier_loss",
+       "64x50304_of_50257",
+       F32,
+       {X({64, 50304}).Range(-4, 4), RandIds({64}, 50257, DT_DTYPE_I32, 9)},
+       ClassifierLoss(50257, -100),
+       kReduction,
+       kParityOnly});
+  add({"classifier_loss",
+       "all_ignored_mean_is_nan",
+       F32,
+       {X({3, 6}), Ids({-100, -100, -100}, {3})},
+       ClassifierLoss(5, -100),
+       kReduction,
+       kParityOnly});
+  add({"classifier_loss",
+       "target_in_the_padding",
+       F32,
+       {X({6, 13}).Const(), Ids({1, 0, 10, 11, 2, -100}, {6})},
+       ClassifierLoss(11, -100),
+       kReduction,
+       kParityOnly,
+       DT_ERR_INVALID_ARG,
+       "target 11 at row 3"});
+  add({"classifier_loss",
+       "more_classes_than_columns",
+       F32,
+       {X({2, 5}).Const(), Ids({1, 0}, {2})},
+       ClassifierLoss(6, -100),
+       kReduction,
+       kParityOnly,
+       DT_ERR_INVALID_ARG,
+       "n_classes 6"});
+  add({"classifier_loss_consume",
+       "intermediate_logits_8x13_of_11",
+       F32,
+       {X({8, 13}).Range(-3, 3), RandIds({8}, 11, DT_DTYPE_I64, 5)},
+       ClassifierLossConsume(11, true),
+       kReduction});
+  add({"classifier_loss_consume",
+       "shared_logits_8x13_of_11",
+       F32,
+       {X({8, 13}).Range(-3, 3), RandIds({8}, 11, DT_DTYPE_I64, 5)},
+       ClassifierLossConsume(11, false),
+       kReduction});
+  add({"classifier_loss_consume",
+       "intermediate_logits_64x50304",
+       F32,
+       {X({64, 50304}).Range(-4, 4), RandIds({64}, 50257, DT_DTYPE_I32, 9)},
+       ClassifierLossConsume(50257, true),
+       kReduction,
+       kParityOnly});
 
   // cross-entropy over 1000 classes with ignored rows, and bad targets
   for (dt_dtype td : {DT_DTYPE_I32, DT_DTYPE_I64}) {
