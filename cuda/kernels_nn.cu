@@ -389,15 +389,23 @@ extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogi
 
 /* ---- layer norm ---- */
 
-// x (rows, cols), gamma/beta (cols) or NULL -> y (rows, cols), mean, rstd (rows)
-static __global__ void layernorm_forward_kernel(const float *x, const float *gamma,
-                                                const float *beta, float *y, float *mean,
-                                                float *rstd, int64_t rows, int64_t cols,
-                                                float eps) {
+// x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->
+// y (rows, cols), mean, rstd (rows)
+static __global__ void layernorm_forward_kernel(const float *x, const float *residual,
+                                                const float *gamma, const float *beta, float *sum,
+                                                float *y, float *mean, float *rstd, int64_t rows,
+                                                int64_t cols, float eps) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
+    if (residual) { /* each thread reads back only the sums it wrote */
+      const float *rr = residual + r * cols;
+      float *sr = sum + r * cols;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        sr[j] = xr[j] + rr[j];
+      xr = sr;
+    }
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       s += xr[j];
@@ -420,17 +428,31 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   }
 }
 
-extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
-                                               const float *gamma, const float *beta, float *y,
-                                               float *mean, float *rstd, int64_t rows, int64_t cols,
-                                               float eps) {
+static dt_status layernorm_launch(const dt_exec *ex, const float *x, const float *residual,
+                                  const float *gamma, const float *beta, float *sum, float *y,
+                                  float *mean, float *rstd, int64_t rows, int64_t cols, float eps) {
   if (rows == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
-      x, gamma, beta, y, mean, rstd, rows, cols, eps);
+      x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
+                                               const float *gamma, const float *beta, float *y,
+                                               float *mean, float *rstd, int64_t rows, int64_t cols,
+                                               float eps) {
+  return layernorm_launch(ex, x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
+}
+
+extern "C" dt_status dt_cuda_residual_layernorm_forward(const dt_exec *ex, const float *x,
+                                                        const float *residual, const float *gamma,
+                                                        const float *beta, float *sum, float *y,
+                                                        float *mean, float *rstd, int64_t rows,
+                                                        int64_t cols, float eps) {
+  return layernorm_launch(ex, x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
 }
 
 // x, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols) overwritten

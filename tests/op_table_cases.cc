@@ -267,6 +267,31 @@ OpFn LayerNorm() {
   };
 }
 
+// concat(sum, norm) along the last dimension from the fused residual layer
+// norm (inputs x, residual[, gamma, beta]): both results, so the gradient
+// check covers both; checked on every call against add + layer_norm (the
+// same arithmetic: equal bit for bit).
+dt_status ResidualLayerNormChecked(const V &x, dt_tensor **out) {
+  auto both = [&](dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat) {
+    dt_tensor *parts[2] = {sum, norm};
+    if (st == DT_OK)
+      st = dt_op_concat(parts, 2, -1, cat);
+    dt_tensor_release(norm);
+    dt_tensor_release(sum);
+    return st;
+  };
+  dt_tensor *sum = nullptr, *norm = nullptr;
+  dt_status st = dt_op_residual_layer_norm(x[0], x[1], Opt(x, 2), Opt(x, 3), 1e-5f, &sum, &norm);
+  auto reference = [&](dt_tensor **ref) {
+    dt_tensor *s = nullptr, *n = nullptr;
+    dt_status rs = dt_op_add(x[0], x[1], &s);
+    if (rs == DT_OK)
+      rs = dt_op_layer_norm(s, Opt(x, 2), Opt(x, 3), 1e-5f, &n);
+    return both(rs, s, n, ref);
+  };
+  return CheckedAgainst(both(st, sum, norm, out), out, reference, 0.0, 0.0, "residual layer norm");
+}
+
 // The same mask on every call: the generator starts afresh.
 OpFn Dropout(float p, uint64_t seed, uint64_t offset) {
   return [p, seed, offset](const V &x, dt_tensor **out) {
@@ -852,6 +877,44 @@ std::vector<OpCase> Build() {
          LayerNorm(),
          kNormalisation});
   }
+
+  // layer norm fused with the residual add: affine, plain, a frozen input,
+  // GPT-2's width; shapes that differ
+  OpFn residual_ln = ResidualLayerNormChecked;
+  add({"residual_layer_norm",
+       "affine_2x3x5",
+       F32,
+       {X({2, 3, 5}).Range(-2, 2), X({2, 3, 5}), X({5}).Range(0.5f, 1.5f), X({5})},
+       residual_ln,
+       kNormalisation});
+  add({"residual_layer_norm",
+       "plain_4x6",
+       F32,
+       {X({4, 6}).Range(-2, 2), X({4, 6})},
+       residual_ln,
+       kNormalisation});
+  add({"residual_layer_norm",
+       "frozen_x_3x4",
+       F32,
+       {X({3, 4}).Const(), X({3, 4}), X({4}).Range(0.5f, 1.5f), X({4})},
+       residual_ln,
+       kNormalisation});
+  add({"residual_layer_norm",
+       "300x768",
+       F32,
+       {X({300, 768}).Range(-3, 3), X({300, 768}), X({768}).Range(0.5f, 1.5f), X({768})},
+       residual_ln,
+       kNormalisation,
+       kParityOnly});
+  add({"residual_layer_norm",
+       "shapes_differ",
+       F32,
+       {X({3, 4}).Const(), X({4}).Const()},
+       residual_ln,
+       kNormalisation,
+       kParityOnly,
+       DT_ERR_SHAPE,
+       "differ in shape"});
 
   // reductions: small ones with every dims pattern, then long and wide ones
   struct ReduceDims {
