@@ -7,16 +7,13 @@
  * Index validation (cross-entropy targets, embedding ids) runs inside the
  * forward kernels: the first bad position is reported through the device
  * scratch, which costs one small device-to-host copy and a sync. Backward
- * kernels skip invalid indices instead (the forward already refused them). */
+ * kernels skip invalid indices instead (the forward already refused them).
+ * The embedding backward is in kernels_embedding.cu. */
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
 
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
-
-static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
-  return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
-}
 
 /* Device scratch layout for index checks: the first bad position (min) and
  * a count of kept rows. */
@@ -596,27 +593,6 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
                     "the token ids against the vocabulary size",
                     (long long)bad_value, (long long)rep.bad, (long long)v);
   return DT_OK;
-}
-
-// dy (n,d) -> dtable (v,d) += scatter by idx (n); atomics, so the order of
-// repeated indices varies from run to run (within f32 rounding)
-static __global__ void embedding_backward_kernel(const void *idx, int i32, const float *dy,
-                                                 float *dtable, int64_t n, int64_t v, int64_t d) {
-  DT_GRID_STRIDE(k, n * d) {
-    int64_t i = k / d, j = k - i * d;
-    int64_t t = index_at(idx, i32, i);
-    if (t >= 0 && t < v)
-      atomicAdd(&dtable[t * d + j], dy[k]);
-  }
-}
-
-extern "C" dt_status dt_cuda_embedding_backward(const dt_exec *ex, const void *idx,
-                                                dt_dtype idx_dtype, const float *dy, float *dtable,
-                                                int64_t n, int64_t v, int64_t d) {
-  if (n * d == 0)
-    return DT_OK;
-  return dt_launch_flat(ex, n * d, embedding_backward_kernel, idx, idx_dtype == DT_DTYPE_I32, dy,
-                        dtable, n, v, d);
 }
 
 /* ---- dropout ---- */
