@@ -249,26 +249,34 @@ destroy_ddp:
 /* Makes the compute stream wait for every launched bucket (on_host: the
  * host waits instead, for destruction). Device communicators return at
  * once: the optimizer's kernels queue behind the all-reduces. */
+dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host) {
+  ddp_bucket *bk = &d->buckets[b];
+  dt_status st = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+  dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
+  d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
+  /* Stage 2's work holds the bucket's buffer: freed now, so no device times. */
+  if (d->cfg.zero_stage == 2) {
+    dt_work_release(bk->work);
+    dt_tensor_release(bk->rs_in);
+    bk->rs_in = NULL;
+  } else {
+    bk->last_work = bk->work;
+  }
+  bk->work = NULL;
+  return st;
+}
+
 static dt_status wait_buckets(dt_ddp *d, int on_host) {
   dt_status st = DT_OK;
   char msg[1024] = "";
   for (int b = 0; b < d->n_buckets; b++) {
-    ddp_bucket *bk = &d->buckets[b];
-    if (bk->work == NULL)
+    if (d->buckets[b].work == NULL)
       continue;
-    dt_status wst = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+    dt_status wst = dt_ddp_finish_bucket(d, b, on_host);
     if (wst != DT_OK && st == DT_OK) {
       st = wst;
       snprintf(msg, sizeof msg, "%s", dt_last_error());
     }
-    dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
-    d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
-    /* Stage 2's work holds a pool buffer: no device times then. */
-    if (d->cfg.zero_stage == 2)
-      dt_work_release(bk->work);
-    else
-      bk->last_work = bk->work;
-    bk->work = NULL;
   }
   if (st != DT_OK)
     return DT_ERROR(st, "%s", msg);

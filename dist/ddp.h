@@ -130,13 +130,15 @@ dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
  * must outlive every step. A no-op with zero_stage 0. */
 dt_status dt_ddp_shard_optimizer(dt_ddp *d, dt_optimizer *opt);
 int dt_ddp_zero_stage(const dt_ddp *d);
-/* Bytes of gradient memory the reducer and the arena hold on this rank:
+/* Bytes of gradient memory the reducer and the arena keep on this rank:
  * stage 0 the flat gradient buffer; stage 1 the padded flat buffer and
- * the shard's reduced gradients; stage 2 the shard's gradients and the
- * bucket buffers (reused every pass; none before the first backward).
- * Stage 2's per-parameter gradients exist only while backward produces
- * them (and across no_sync passes). */
+ * the shard's reduced gradients; stage 2 the shard's gradients only. */
 size_t dt_ddp_gradient_bytes(const dt_ddp *d);
+/* Stage 2: the most bytes of bucket buffers alive at once so far (the
+ * buckets in flight during backward; 0 in the other stages). Stage 2's
+ * per-parameter gradients exist only from their first accumulation to
+ * their hook (and across no_sync passes). */
+size_t dt_ddp_bucket_buffer_peak(const dt_ddp *d);
 
 /* Broadcasts the module's buffers from rank 0 now (the forward pre-hook
  * calls this when cfg.broadcast_buffers and the module is training). */

@@ -24,13 +24,12 @@ typedef struct ddp_bucket {
    * rank's piece is [offset + rank * shard, + shard), its reduced
    * gradient at `local_offset` of the shard gradients. */
   int64_t padded, shard, local_offset;
-  dt_tensor *rs_in;    /* stage 1: view of the padded flat gradients; stage 2: of a pool buffer */
+  dt_tensor *rs_in;    /* stage 1: view of the padded flat gradients; stage 2: its buffer */
   dt_tensor *rs_out;   /* view of the shard gradients */
   dt_tensor *ag_in;    /* view of the padded flat parameters: this rank's piece */
   dt_tensor *ag_out;   /* the whole padded bucket of parameters */
   dt_event *gather_ev; /* the piece's update is issued on the compute stream */
   dt_work *gather;
-  int buffer; /* stage 2: the pool buffer holding its gradients this pass, -1 none */
 } ddp_bucket;
 
 /* Per parameter: its buckets, this pass's state and its grad-ready hook
@@ -44,12 +43,6 @@ typedef struct ddp_param {
   bool used_since_sync;
   dt_hook_handle hook;
 } ddp_param;
-
-/* Stage 2: a bucket-sized gradient buffer, reused pass after pass. */
-typedef struct zero_buffer {
-  dt_tensor *t;
-  int bucket; /* filling or reduce-scattering it this pass, -1 free */
-} zero_buffer;
 
 struct dt_ddp {
   dt_module *model;
@@ -84,13 +77,16 @@ struct dt_ddp {
   dt_optim_segment *segments; /* per bucket: what the optimizer updates */
   dt_optimizer *opt;          /* borrowed, from dt_ddp_shard_optimizer */
   int next_gather;            /* buckets gather in index order too */
-  zero_buffer *pool;          /* stage 2 */
-  int pool_n;
-  int64_t pool_numel; /* elements of each pool buffer: the largest padded bucket */
+  size_t buffer_bytes;        /* stage 2: bucket buffers alive now */
+  size_t buffer_peak;         /* and the most at once since creation */
 };
 
 /* Records the first error raised where no status can be returned (hooks). */
 void dt_ddp_record_error(dt_ddp *d, dt_status st);
+/* Bucket b's collective is launched: waits for it (on_host, or the compute
+ * stream waits), keeps its times and releases it (stage 2: with its
+ * buffer; else it stays as last_work for the device timeline). */
+dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host);
 
 /* Checks (collectively) that every rank registered the same parameters and
  * buffers, in the same order, with the same names, shapes and dtypes.
@@ -108,7 +104,7 @@ dt_status dt_zero_launch(dt_ddp *d, int b, const dt_coll_opts *opts, dt_work **w
 /* Stage 2: copies parameter pa's gradient into its buckets' buffers and
  * frees it (no gradient: nothing to copy, the buffers start at zero). */
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa);
-/* Stage 2, end of a pass: every pool buffer is free again. */
+/* Stage 2, end of a pass: the bucket buffers are freed. */
 void dt_zero_end_pass(dt_ddp *d);
 void dt_zero_destroy(dt_ddp *d);
 

@@ -66,10 +66,11 @@ dt_status dt_replica_connect(dt_replica *r, dt_comm *comm, const dt_ddp_config *
 }
 
 dt_replica_memory dt_replica_memory_use(const dt_replica *r) {
-  dt_replica_memory m = {dt_optim_state_bytes(r->step.opt), 0};
-  if (r->ddp != NULL)
+  dt_replica_memory m = {dt_optim_state_bytes(r->step.opt), 0, 0};
+  if (r->ddp != NULL) {
     m.gradients = dt_ddp_gradient_bytes(r->ddp);
-  else
+    m.gradients_in_flight = dt_ddp_bucket_buffer_peak(r->ddp);
+  } else
     m.gradients = (size_t)dt_param_arena_numel(r->step.arena) * sizeof(float);
   return m;
 }

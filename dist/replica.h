@@ -55,7 +55,9 @@ void dt_replica_destroy(dt_replica *r);
  * the arena's flat buffer), in bytes: ZeRO's per-rank figures. */
 typedef struct dt_replica_memory {
   size_t optimizer_state;
-  size_t gradients;
+  size_t gradients; /* kept between steps (dt_ddp_gradient_bytes) */
+  size_t
+      gradients_in_flight; /* stage 2: bucket buffers at their peak (dt_ddp_bucket_buffer_peak) */
 } dt_replica_memory;
 dt_replica_memory dt_replica_memory_use(const dt_replica *r);
 

@@ -22,10 +22,13 @@
  * on every rank). Stage 2: the arena's gradient buffer is dropped;
  * autograd allocates each parameter's gradient, the grad-ready hook
  * copies it into its bucket's buffer and frees it, and the buffer is
- * reduce-scattered. Buffers come from a pool reused pass after pass: a
- * bucket takes a free one, else the buffer of the oldest bucket whose
- * reduce-scatter was launched (the compute stream, or the host, waits for
- * that collective first), else a new one; in bucket order that is two.
+ * reduce-scattered. A bucket's buffer is allocated when its first
+ * gradient arrives and freed once its reduce-scatter is done: polled when
+ * the next buffer is needed, and waited for (oldest first) while the
+ * buffers would exceed two of the largest buckets; the rest at the end of
+ * backward. Besides the shard only the buckets in flight hold gradients
+ * (more while one parameter's gradient spans more buckets: it arrives
+ * whole).
  *
  * The update: dt_ddp_shard_optimizer gives the optimizer one segment per
  * bucket (this rank's piece, without the padding) and hooks: after each
@@ -149,12 +152,9 @@ dt_status dt_zero_build_buckets(dt_ddp *d) {
     bk->shard = (bk->numel + w - 1) / w;
     bk->padded = bk->shard * w;
     bk->local_offset = local;
-    bk->buffer = -1;
     local += bk->shard;
     top = lo[b];
     d->timings[b].bytes = (size_t)bk->padded * sizeof(float);
-    if (bk->padded > d->pool_numel)
-      d->pool_numel = bk->padded;
   }
   free(lo);
   d->shard_numel = local;
@@ -177,49 +177,43 @@ dt_status dt_zero_build_buckets(dt_ddp *d) {
 
 /* ---- stage 2: bucket buffers ---- */
 
-/* Waits until bucket b's reduce-scatter no longer reads its buffer. */
-static dt_status wait_reduce_scatter(dt_ddp *d, int b) {
-  dt_work *w = d->buckets[b].work;
-  return d->dev.type == DT_DEVICE_CPU ? dt_work_wait(w, 0) : dt_work_wait_stream(w, d->compute);
+/* Frees bucket b's buffer once its reduce-scatter is done (the compute
+ * stream waits for it on devices, the host on cpu). */
+static void free_bucket_buffer(dt_ddp *d, int b) {
+  size_t bytes = (size_t)d->buckets[b].padded * sizeof(float);
+  dt_status st = dt_ddp_finish_bucket(d, b, 0);
+  d->buffer_bytes -= bytes;
+  if (st != DT_OK)
+    dt_ddp_record_error(d, st);
 }
 
-static dt_status pool_grow(dt_ddp *d, int *k) {
-  zero_buffer *p = realloc(d->pool, (size_t)(d->pool_n + 1) * sizeof *p);
-  if (p == NULL)
-    return DT_ERROR(DT_ERR_OOM, "ZeRO: out of host memory for a gradient buffer");
-  d->pool = p;
-  int64_t shape[1] = {d->pool_numel};
-  dt_tensor *t = NULL;
-  DT_CHECK(dt_tensor_empty(shape, 1, DT_DTYPE_F32, d->dev, &t));
-  d->pool[d->pool_n] = (zero_buffer){t, -1};
-  *k = d->pool_n++;
-  return DT_OK;
+/* Makes room for `need` more bytes of bucket buffers: frees those whose
+ * reduce-scatter has completed (polled), then, while the buckets in flight
+ * would exceed two of the largest buckets, waits for the oldest launched. */
+static void make_room(dt_ddp *d, size_t need) {
+  for (int b = 0; b < d->n_buckets; b++)
+    if (d->buckets[b].work != NULL && dt_work_test(d->buckets[b].work))
+      free_bucket_buffer(d, b);
+  size_t cap = 2 * (size_t)d->buckets[d->n_buckets > 1 ? 1 : 0].padded * sizeof(float);
+  for (int b = 0; b < d->n_buckets && d->buffer_bytes + need > cap; b++)
+    if (d->buckets[b].work != NULL)
+      free_bucket_buffer(d, b);
 }
 
-/* Bucket b's buffer this pass, zeroed when it is taken. */
+/* Bucket b's buffer this pass, zeroed (padding and unused parameters
+ * reduce zeros). */
 static dt_status bucket_buffer(dt_ddp *d, int b) {
   ddp_bucket *bk = &d->buckets[b];
-  if (bk->buffer >= 0)
+  if (bk->rs_in != NULL)
     return DT_OK;
-  int k = -1;
-  for (int i = 0; i < d->pool_n && k < 0; i++)
-    if (d->pool[i].bucket < 0)
-      k = i;
-  for (int i = 0; i < d->pool_n && k < 0; i++) {
-    int owner = d->pool[i].bucket;
-    if (d->buckets[owner].work != NULL && (k < 0 || owner < d->pool[k].bucket))
-      k = i;
-  }
-  if (k >= 0 && d->pool[k].bucket >= 0) {
-    DT_CHECK(wait_reduce_scatter(d, d->pool[k].bucket));
-    d->buckets[d->pool[k].bucket].buffer = -1;
-  }
-  if (k < 0)
-    DT_CHECK(pool_grow(d, &k));
-  DT_CHECK(view(d->pool[k].t, 0, bk->padded, &bk->rs_in));
-  d->pool[k].bucket = b;
-  bk->buffer = k;
-  return dt_tensor_fill_(bk->rs_in, 0.0f);
+  size_t bytes = (size_t)bk->padded * sizeof(float);
+  make_room(d, bytes);
+  int64_t shape[1] = {bk->padded};
+  DT_CHECK(dt_tensor_zeros(shape, 1, DT_DTYPE_F32, d->dev, &bk->rs_in));
+  d->buffer_bytes += bytes;
+  if (d->buffer_bytes > d->buffer_peak)
+    d->buffer_peak = d->buffer_bytes;
+  return DT_OK;
 }
 
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa) {
@@ -249,13 +243,11 @@ dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa) {
 }
 
 void dt_zero_end_pass(dt_ddp *d) {
-  for (int i = 0; i < d->pool_n; i++)
-    d->pool[i].bucket = -1;
   for (int b = 0; b < d->n_buckets && d->cfg.zero_stage == 2; b++) {
-    d->buckets[b].buffer = -1;
     dt_tensor_release(d->buckets[b].rs_in);
     d->buckets[b].rs_in = NULL;
   }
+  d->buffer_bytes = 0;
 }
 
 dt_status dt_zero_launch(dt_ddp *d, int b, const dt_coll_opts *opts, dt_work **work) {
@@ -358,8 +350,10 @@ size_t dt_ddp_gradient_bytes(const dt_ddp *d) {
   size_t flat = dt_param_arena_grads(d->arena) == NULL
                     ? 0
                     : (size_t)(dt_param_arena_numel(d->arena) + dt_param_arena_tail(d->arena)) * f;
-  return flat + (size_t)d->shard_numel * f + (size_t)d->pool_n * (size_t)d->pool_numel * f;
+  return flat + (size_t)d->shard_numel * f;
 }
+
+size_t dt_ddp_bucket_buffer_peak(const dt_ddp *d) { return d->buffer_peak; }
 
 void dt_zero_destroy(dt_ddp *d) {
   for (int b = 0; d->buckets && b < d->n_buckets; b++) {
@@ -375,9 +369,6 @@ void dt_zero_destroy(dt_ddp *d) {
     dt_tensor_release(bk->ag_in);
     dt_tensor_release(bk->ag_out);
   }
-  for (int i = 0; i < d->pool_n; i++)
-    dt_tensor_release(d->pool[i].t);
-  free(d->pool);
   free(d->segments);
   dt_tensor_release(d->shard_grads);
 }

@@ -210,7 +210,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_replica_memory rm = dt_replica_memory_use(rep);
   r.optimizer_state_mib = (double)rm.optimizer_state / DT_MIB;
-  r.gradient_mem_mib = (double)rm.gradients / DT_MIB;
+  r.gradient_mem_mib = (double)(rm.gradients + rm.gradients_in_flight) / DT_MIB;
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   r.world = world;

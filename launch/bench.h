@@ -78,7 +78,8 @@ typedef struct dt_bench_result {
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
   double grad_mib;      /* gradient bytes all-reduced per step */
   char comm[32];        /* "mpi", "nccl", "mpi (host-staged)" */
-  /* Per rank (dt_replica_memory_use): ZeRO shards these. */
+  /* Per rank (dt_replica_memory_use): ZeRO shards these; the gradients
+   * include stage 2's bucket buffers at their peak. */
   double optimizer_state_mib;
   double gradient_mem_mib;
 } dt_bench_result;

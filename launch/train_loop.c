@@ -553,7 +553,8 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
            "MiB) optimizer-state %.2f MiB grads %.2f MiB\n",
            epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
-           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients));
+           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state),
+           mib(rm.gradients + rm.gradients_in_flight));
 }
 
 /* One epoch over the training set (this rank's shard), or its first

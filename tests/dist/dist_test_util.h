@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -252,7 +253,10 @@ struct StepRun {
 // [(s * accum + k) * world * per_rank, ...) and this rank takes its
 // per_rank slice. Without (nullptr), one process takes every micro-batch
 // whole: the reference for any world.
-inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU) {
+// `after_step` (if given) runs after the last update, before anything is
+// freed (memory measurements).
+inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU,
+                           const std::function<void()> &after_step = nullptr) {
   StepRun run;
   int rank = comm ? dt_comm_rank(comm) : 0;
   int64_t per_rank = comm ? spec.per_rank : static_cast<int64_t>(world) * spec.per_rank;
@@ -297,6 +301,8 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     if (st != DT_OK)
       ADD_FAILURE() << "step " << s << " on rank " << rank << ": " << dt_last_error();
   }
+  if (after_step)
+    after_step();
   if (arena != nullptr) {
     run.params = arena_values(arena);
     run.padded_numel = dt_param_arena_numel(arena) + dt_param_arena_tail(arena);
@@ -305,6 +311,7 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     run.memory.optimizer_state = dt_optim_state_bytes(opt);
   if (ddp != nullptr) {
     run.memory.gradients = dt_ddp_gradient_bytes(ddp);
+    run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
     run.n_buckets = dt_ddp_num_buckets(ddp);
   }
   dt_ddp_destroy(ddp);
