@@ -78,10 +78,11 @@ typedef struct dt_bench_result {
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
   double grad_mib;      /* gradient bytes all-reduced per step */
   char comm[32];        /* "mpi", "nccl", "mpi (host-staged)" */
-  /* Per rank (dt_replica_memory_use): ZeRO shards these; the gradients
-   * include stage 2's bucket buffers at their peak. */
+  /* Per rank (dt_replica_memory_use): ZeRO shards these; in flight:
+   * stage 2's bucket buffers at their peak. */
   double optimizer_state_mib;
   double gradient_mem_mib;
+  double in_flight_mib;
 } dt_bench_result;
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out);

@@ -549,12 +549,15 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
     memset(&ms, 0, sizeof ms);
   /* Per rank (dp: per replica): what ZeRO shards. */
   dt_replica_memory rm = dt_replica_memory_use(s->replica ? s->replica : dt_dp_replica(s->dp, 0));
+  char in_flight[48] = "";
+  if (rm.gradients_in_flight > 0)
+    snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   log_line(log, c,
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-           "MiB) optimizer-state %.2f MiB grads %.2f MiB\n",
+           "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
            epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
-           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state),
-           mib(rm.gradients + rm.gradients_in_flight));
+           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
+           in_flight);
 }
 
 /* One epoch over the training set (this rank's shard), or its first
