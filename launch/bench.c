@@ -13,8 +13,8 @@
 #include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
-#include "launch/cli.h"
 #include "dist/replica.h"
+#include "launch/cli.h"
 #include "launch/flags.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
@@ -219,8 +219,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
-    r.grad_mib =
-        (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
+    r.grad_mib = (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;

@@ -116,17 +116,35 @@ static int64_t global_batch(const dt_train_ckpt_run *r) {
  * in the messages (config_advice). */
 static void config_lines(const dt_train_ckpt_run *r, char *buf, size_t cap) {
   const dt_train_config *c = r->cfg;
+  /* The step schedule's derived step size (one epoch) depends on the
+   * plan; the others ignore it. */
+  long long step_size = !strcmp(c->schedule, "step") ? (long long)r->schedule->step_size : 0;
   snprintf(buf, cap,
-           "config.model %s\nconfig.data %s\nconfig.train-samples %lld\nconfig.optimizer %s\n"
-           "config.lr %.9g\nconfig.momentum %.9g\nconfig.nesterov %d\nconfig.weight-decay %.9g\n"
-           "config.schedule %s\nconfig.warmup %d\nconfig.step-size %lld\nconfig.gamma %.9g\n"
-           "config.min-lr %.9g\nconfig.schedule-steps %lld\nconfig.clip %.9g\nconfig.accum %d\n"
-           "config.seed %llu\nconfig.global-batch %lld\n",
-           c->model, c->data, (long long)r->train_samples, c->optimizer, (double)c->lr,
-           (double)c->momentum, c->nesterov ? 1 : 0, (double)c->weight_decay, c->schedule,
-           c->warmup, (long long)r->schedule->step_size, (double)c->gamma, (double)c->min_lr,
-           (long long)r->schedule->total_steps, (double)c->clip, c->accum,
-           (unsigned long long)c->seed, (long long)global_batch(r));
+           "config.model %s\nconfig.data %s\nconfig.train-samples %lld\nconfig.global-batch "
+           "%lld\nconfig.accum %d\nconfig.optimizer %s\nconfig.lr %.9g\nconfig.momentum %.9g\n"
+           "config.nesterov %d\nconfig.weight-decay %.9g\nconfig.schedule %s\nconfig.warmup "
+           "%d\nconfig.step-size %lld\nconfig.gamma %.9g\nconfig.min-lr %.9g\n"
+           "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n",
+           c->model, c->data, (long long)r->train_samples, (long long)global_batch(r), c->accum,
+           c->optimizer, (double)c->lr, (double)c->momentum, c->nesterov ? 1 : 0,
+           (double)c->weight_decay, c->schedule, c->warmup, step_size, (double)c->gamma,
+           (double)c->min_lr, (long long)r->schedule->total_steps, (double)c->clip,
+           (unsigned long long)c->seed);
+}
+
+/* A value as the user wrote it: "0.05", not "0.0500000007", unless %g
+ * would hide the difference. */
+static const char *shown(const char *v, const char *other, char *buf, size_t cap) {
+  char *end = NULL, a[64], b[64];
+  double x = strtod(v, &end);
+  if (end == v || *end != '\0')
+    return v;
+  snprintf(a, sizeof a, "%g", x);
+  snprintf(b, sizeof b, "%g", strtod(other, NULL));
+  if (!strcmp(a, b))
+    return v;
+  snprintf(buf, cap, "%s", a);
+  return buf;
 }
 
 static const char *config_advice(const char *key) {
@@ -166,9 +184,11 @@ static dt_status compare_config(const char *path, const char *have, size_t have_
                         "evenly: resume on a number of ranks that divides it",
                         path, saved, r->world);
       }
+      char a[64], b[64];
       return DT_ERROR(DT_ERR_INVALID_ARG,
                       "%s: the checkpoint was written with --%s %s, this run has --%s %s: %s", path,
-                      key + 7, saved, key + 7, value, config_advice(key));
+                      key + 7, shown(saved, value, a, sizeof a), key + 7,
+                      shown(value, saved, b, sizeof b), config_advice(key));
     }
     line = nl ? nl + 1 : line + len;
   }
@@ -428,6 +448,11 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
       fprintf(log, "dtrain train: skipping checkpoint %s: %s\n", dir, dt_last_error());
   }
   out[0] = '\0';
+  if (n > 0)
+    return DT_ERROR(DT_ERR_FORMAT,
+                    "none of the %d checkpoints in %s is complete and intact (each is named "
+                    "above): remove them to start from scratch",
+                    n, parent);
   return DT_OK;
 }
 

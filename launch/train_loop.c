@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -756,6 +757,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
              r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
   }
+  if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
+    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
@@ -766,7 +769,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg,
              "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
              "continue with --resume auto (and the same --run-dir)\n",
-             strsignal(r.stopped_by_signal), (long long)s.pos.step, dt_train_ckpt_last_saved(s.ck));
+             r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
+             dt_train_ckpt_last_saved(s.ck));
   else
     log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
   if (out)
