@@ -25,6 +25,7 @@
 #include "launch/bench.h"
 #include "launch/cli.h"
 #include "launch/doctor.h"
+#include "launch/eval.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
 #include "launch/tokenize.h"
@@ -43,11 +44,13 @@ static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
     {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
+    {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", 0, cli_eval},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
      cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
@@ -84,6 +87,11 @@ static void print_unknown_command(const char *name) {
 
 static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   return dt_cli_bench(argc, argv, pg, err);
+}
+
+static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_eval(argc, argv, err);
 }
 
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {

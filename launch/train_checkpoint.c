@@ -445,7 +445,7 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
       return DT_OK;
     }
     if (log)
-      fprintf(log, "dtrain train: skipping checkpoint %s: %s\n", dir, dt_last_error());
+      fprintf(log, "dtrain: skipping checkpoint %s: %s\n", dir, dt_last_error());
   }
   out[0] = '\0';
   if (n > 0)
