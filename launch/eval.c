@@ -88,11 +88,9 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
       .flags = flags,
       .nflags = (int)(sizeof flags / sizeof flags[0]),
   };
-  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  int rc = dt_flags_parse_command(&set, argc, argv, err, NULL);
+  if (rc >= 0)
+    return rc;
   if (!checkpoint) {
     fprintf(err, "dtrain eval: --checkpoint PATH is required\n");
     return 2;
