@@ -113,6 +113,27 @@ signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK
 signal_stop 1 USR1 0
 signal_stop 2 TERM 1
 
+# ---- dtrain launch --max-restarts: a rank killed, the job restarted ----
+d="$tmp/restart"
+"$dtrain" launch -n 2 --threads 1 --max-restarts 2 -- train --model mlp --max-steps 1500 \
+  --batch 32 --log-interval 0 --threads 1 --save-every 100 --run-dir "$d" >"$out" 2>"$err" &
+job=$!
+sleep 3.5
+for pid in $(pgrep -f -- "--run-dir $d"); do
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" &&
+    kill -9 "$pid"
+done
+wait $job
+rc=$?
+expect 0 err "restart 1 of 2: a rank died \(killed by signal 9: mpirun exited 137\)" \
+  "--max-restarts: kill -9 of rank 1 restarts the job, saying why"
+expect 0 out "resumed from .*step_" "... which resumes from the newest complete checkpoint"
+check "... and ends with the uninterrupted run's bits" \
+  same_bits "$(ck "$tmp/stop-2/ref" 1500)" "$(ck "$d" 1500)"
+run launch -n 2 --max-restarts 1 -- train --model mlp
+expect 2 err "--max-restarts resumes from the run's checkpoints: give train a --run-dir" \
+  "--max-restarts without --run-dir is a command-line error"
+
 # ---- another world size, the same global batch ----
 d="$tmp/world"
 common=(train --model mlp --max-steps 10 --log-interval 0)
