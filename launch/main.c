@@ -447,6 +447,9 @@ static void run_in_group(const command *c, int argc, char **argv) {
     if (mem)
       err = mem;
   }
+  /* A stop requested during start-up counts too (after the first step). */
+  if (c->run == cli_train)
+    dt_train_ckpt_install_signal_handlers();
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.init_timeout_s = startup_timeout(argc, argv);

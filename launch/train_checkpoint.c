@@ -423,17 +423,10 @@ void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log) {
 }
 
 /* ---- resuming ---- */
-dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t cap) {
+/* The newest complete checkpoint in `parent` (a run's checkpoints/), ""
+ * when it holds none (or does not exist yet); damaged ones are reported. */
+static dt_status newest_complete(const char *parent, FILE *log, char *out, size_t cap) {
   dt_ckpt_manifest m;
-  char manifest[4200], parent[4200];
-  snprintf(manifest, sizeof manifest, "%s/%s", path, DT_CKPT_MANIFEST);
-  snprintf(parent, sizeof parent, "%s/checkpoints", path);
-  struct stat sb;
-  if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
-    DT_CHECK(dt_ckpt_verify(path, &m));
-    snprintf(out, cap, "%s", path);
-    return DT_OK;
-  }
   char names[256][64];
   int n = 0;
   DT_CHECK(dt_ckpt_list(parent, names, 256, &n));
@@ -454,6 +447,20 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
                     "above): remove them to start from scratch",
                     n, parent);
   return DT_OK;
+}
+
+dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t cap) {
+  dt_ckpt_manifest m;
+  char manifest[4200], parent[4200];
+  snprintf(manifest, sizeof manifest, "%s/%s", path, DT_CKPT_MANIFEST);
+  snprintf(parent, sizeof parent, "%s/checkpoints", path);
+  struct stat sb;
+  if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
+    DT_CHECK(dt_ckpt_verify(path, &m));
+    snprintf(out, cap, "%s", path);
+    return DT_OK;
+  }
+  return newest_complete(parent, log, out, cap);
 }
 
 static dt_status meta_int(const char *meta, size_t n, const char *key, const char *what,
@@ -657,8 +664,10 @@ static dt_status write_config_json(const dt_train_ckpt *ck) {
 static dt_status resume_dir(dt_train_ckpt *ck, FILE *log, char *dir, size_t cap) {
   const char *resume = ck->run.cfg->resume;
   bool is_auto = !strcmp(resume, "auto");
-  dt_status st = dt_train_ckpt_resolve(is_auto ? ck->run_dir : resume,
-                                       ck->run.rank == 0 ? log : NULL, dir, cap);
+  FILE *report = ck->run.rank == 0 ? log : NULL;
+  /* auto: the run's own checkpoints/ (which rank 0 may be creating now). */
+  dt_status st = is_auto ? newest_complete(ck->ckpt_dir, report, dir, cap)
+                         : dt_train_ckpt_resolve(resume, report, dir, cap);
   if (st != DT_OK)
     return dt_error_wrap(st, "--resume %s", resume);
   if (!dir[0] && !is_auto)

@@ -82,13 +82,17 @@ for model in mlp lenet; do
 done
 
 # ---- a stop requested by a signal, then --resume auto ----
-signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK
-  local np=$1 sig=$2 victim=$3 d="$tmp/stop-$1"
-  local common=(train --model mlp --max-steps 1500 --batch 32 --log-interval 0 --threads 1)
+signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK STEPS
+  local np=$1 sig=$2 victim=$3 steps=$4 d="$tmp/stop-$1"
+  local common=(train --model mlp --max-steps "$steps" --batch 32 --log-interval 0 --threads 1)
   launch "$np" "${common[@]}" --run-dir "$d/ref" >"$out" 2>"$err"
   launch "$np" "${common[@]}" --run-dir "$d/run" --save-every 250 >"$out" 2>"$err" &
   local job=$!
-  sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", 1.5 + r % 150 / 100 }')"
+  for ((i = 0; i < 600; i++)); do # training has begun: the first checkpoint is there
+    [ -f "$d/run/checkpoints/step_00000250/manifest.json" ] && break
+    sleep 0.1
+  done
+  sleep "0.$((RANDOM % 10))"
   local pid
   for pid in $(pgrep -f -- "--run-dir $d/run"); do
     if [ "$np" = 1 ] || tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null |
@@ -108,17 +112,21 @@ signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK
   rc=$?
   expect 0 out "^test_accuracy=" "$np rank(s): --resume auto after the stop finishes the run"
   check "$np rank(s): stopped by SIG$sig and resumed = uninterrupted, bitwise" \
-    same_bits "$(ck "$d/ref" 1500)" "$(ck "$d/run" 1500)"
+    same_bits "$(ck "$d/ref" "$steps")" "$(ck "$d/run" "$steps")"
 }
-signal_stop 1 USR1 0
-signal_stop 2 TERM 1
+signal_stop 1 USR1 0 1500
+signal_stop 2 TERM 1 900
 
 # ---- dtrain launch --max-restarts: a rank killed, the job restarted ----
 d="$tmp/restart"
-"$dtrain" launch -n 2 --threads 1 --max-restarts 2 -- train --model mlp --max-steps 1500 \
+"$dtrain" launch -n 2 --threads 1 --max-restarts 2 -- train --model mlp --max-steps 900 \
   --batch 32 --log-interval 0 --threads 1 --save-every 100 --run-dir "$d" >"$out" 2>"$err" &
 job=$!
-sleep 3.5
+for ((i = 0; i < 600; i++)); do # until the first checkpoint is complete
+  [ -f "$d/checkpoints/step_00000100/manifest.json" ] && break
+  sleep 0.1
+done
+sleep 0.$((RANDOM % 10))
 for pid in $(pgrep -f -- "--run-dir $d"); do
   tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" &&
     kill -9 "$pid"
@@ -129,7 +137,7 @@ expect 0 err "restart 1 of 2: a rank died \(killed by signal 9: mpirun exited 13
   "--max-restarts: kill -9 of rank 1 restarts the job, saying why"
 expect 0 out "resumed from .*step_" "... which resumes from the newest complete checkpoint"
 check "... and ends with the uninterrupted run's bits" \
-  same_bits "$(ck "$tmp/stop-2/ref" 1500)" "$(ck "$d" 1500)"
+  same_bits "$(ck "$tmp/stop-2/ref" 900)" "$(ck "$d" 900)"
 run launch -n 2 --max-restarts 1 -- train --model mlp
 expect 2 err "--max-restarts resumes from the run's checkpoints: give train a --run-dir" \
   "--max-restarts without --run-dir is a command-line error"
