@@ -55,6 +55,7 @@ typedef struct dt_cuda_index_slot {
 typedef enum dt_cuda_index_kind {
   DT_CUDA_INDEX_CROSS_ENTROPY = 1,
   DT_CUDA_INDEX_EMBEDDING = 2,
+  DT_CUDA_INDEX_CLASSIFIER = 3,
 } dt_cuda_index_kind;
 
 typedef struct dt_cuda_index_error {

@@ -9,16 +9,13 @@
  * becomes the device's index error (cuda_internal.h), which the host
  * reports at its next synchronisation with the CPU's message; the
  * cross-entropy's kept-row count stays on the device. Backward kernels
- * skip invalid indices (the forward already refused them). */
+ * skip invalid indices (the forward already refused them). The embedding
+ * backward is in kernels_embedding.cu. */
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
 
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
-
-static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
-  return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
-}
 
 /* The slot of index checks for kernels on `stream` (one per stream kind:
  * kernels on one stream run in order, so a slot serves one launch at a
@@ -279,17 +276,106 @@ extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const flo
                         target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
 }
 
+/* ---- fused classifier (LM-head loss) ---- */
+
+// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL (may be logits itself);
+// report: first bad row, kept rows
+static __global__ void classifier_forward_kernel(const float *logits, const void *target, int i32,
+                                                 int64_t n, int64_t vp, int64_t classes,
+                                                 int64_t ignore_index, float *loss_rows,
+                                                 float *dlogits, dt_cuda_index_slot *rep) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float *xr = logits + i * vp;
+    float *dr = dlogits ? dlogits + i * vp : NULL;
+    int64_t t = index_at(target, i32, i);
+    if (t == ignore_index || t < 0 || t >= classes) {
+      if (threadIdx.x == 0) {
+        loss_rows[i] = 0.0f;
+        if (t != ignore_index)
+          atomicMin(&rep->bad, (unsigned long long)i);
+      }
+      for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
+        dr[j] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
+      mx = fmaxf(mx, xr[j]);
+    mx = dt_block_max(mx, shf);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
+      s += expf(xr[j] - mx);
+    /* read before the barrier in the sum: dr may overwrite it below */
+    float xt = threadIdx.x == 0 ? xr[t] : 0.0f;
+    s = dt_block_sum(s, shd);
+    if (threadIdx.x == 0) {
+      loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+      atomicAdd(&rep->kept, 1ull);
+    }
+    float inv = (float)(1.0 / s);
+    for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
+      dr[j] = j < classes ? expf(xr[j] - mx) * inv - (j == t ? 1.0f : 0.0f) : 0.0f;
+  }
+}
+
+extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *logits,
+                                                const void *target, dt_dtype target_dtype,
+                                                int64_t n, int64_t vp, int64_t classes,
+                                                int64_t ignore_index, float *loss_rows,
+                                                float *dlogits, float *count) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  int i32 = target_dtype == DT_DTYPE_I32;
+  /* cross_entropy_forward's threads: with classes == vp the loss is its bit for bit */
+  if (n > 0)
+    classifier_forward_kernel<<<row_grid(n), dt_row_threads(vp), 0, stream>>>(
+        logits, target, i32, n, vp, classes, ignore_index, loss_rows, dlogits,
+        index_slot(ctx, stream));
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = index_report(ctx, stream, target, i32, DT_CUDA_INDEX_CLASSIFIER, classes, ignore_index,
+                     count);
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
+// dlogits (n) *= dloss[0] / count[0] (0 when no row was kept: every row of
+// dlogits is then zero already)
+static __global__ void classifier_backward_kernel(float *dlogits, const float *dloss,
+                                                  const float *count, int64_t n) {
+  const float c = count[0];
+  const float a = c > 0.0f ? dloss[0] / c : 0.0f;
+  DT_GRID_STRIDE(k, n) { dlogits[k] *= a; }
+}
+
+extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogits,
+                                                 const float *dloss, const float *count,
+                                                 int64_t n) {
+  if (n == 0)
+    return DT_OK;
+  return dt_launch_flat(ex, n, classifier_backward_kernel, dlogits, dloss, count, n);
+}
+
 /* ---- layer norm ---- */
 
-// x (rows, cols), gamma/beta (cols) or NULL -> y (rows, cols), mean, rstd (rows)
-static __global__ void layernorm_forward_kernel(const float *x, const float *gamma,
-                                                const float *beta, float *y, float *mean,
-                                                float *rstd, int64_t rows, int64_t cols,
-                                                float eps) {
+// x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->
+// y (rows, cols), mean, rstd (rows)
+static __global__ void layernorm_forward_kernel(const float *x, const float *residual,
+                                                const float *gamma, const float *beta, float *sum,
+                                                float *y, float *mean, float *rstd, int64_t rows,
+                                                int64_t cols, float eps) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
+    if (residual) { /* each thread reads back only the sums it wrote */
+      const float *rr = residual + r * cols;
+      float *sr = sum + r * cols;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        sr[j] = xr[j] + rr[j];
+      xr = sr;
+    }
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       s += xr[j];
@@ -312,17 +398,31 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   }
 }
 
-extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
-                                               const float *gamma, const float *beta, float *y,
-                                               float *mean, float *rstd, int64_t rows, int64_t cols,
-                                               float eps) {
+static dt_status layernorm_launch(const dt_exec *ex, const float *x, const float *residual,
+                                  const float *gamma, const float *beta, float *sum, float *y,
+                                  float *mean, float *rstd, int64_t rows, int64_t cols, float eps) {
   if (rows == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
-      x, gamma, beta, y, mean, rstd, rows, cols, eps);
+      x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
+                                               const float *gamma, const float *beta, float *y,
+                                               float *mean, float *rstd, int64_t rows, int64_t cols,
+                                               float eps) {
+  return layernorm_launch(ex, x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
+}
+
+extern "C" dt_status dt_cuda_residual_layernorm_forward(const dt_exec *ex, const float *x,
+                                                        const float *residual, const float *gamma,
+                                                        const float *beta, float *sum, float *y,
+                                                        float *mean, float *rstd, int64_t rows,
+                                                        int64_t cols, float eps) {
+  return layernorm_launch(ex, x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
 }
 
 // x, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols) overwritten
@@ -458,27 +558,6 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
     e = index_report(ctx, stream, idx, i32, DT_CUDA_INDEX_EMBEDDING, v, 0, NULL);
   DT_CUDA_CHECK(e);
   return DT_OK;
-}
-
-// dy (n,d) -> dtable (v,d) += scatter by idx (n); atomics, so the order of
-// repeated indices varies from run to run (within f32 rounding)
-static __global__ void embedding_backward_kernel(const void *idx, int i32, const float *dy,
-                                                 float *dtable, int64_t n, int64_t v, int64_t d) {
-  DT_GRID_STRIDE(k, n * d) {
-    int64_t i = k / d, j = k - i * d;
-    int64_t t = index_at(idx, i32, i);
-    if (t >= 0 && t < v)
-      atomicAdd(&dtable[t * d + j], dy[k]);
-  }
-}
-
-extern "C" dt_status dt_cuda_embedding_backward(const dt_exec *ex, const void *idx,
-                                                dt_dtype idx_dtype, const float *dy, float *dtable,
-                                                int64_t n, int64_t v, int64_t d) {
-  if (n * d == 0)
-    return DT_OK;
-  return dt_launch_flat(ex, n * d, embedding_backward_kernel, idx, idx_dtype == DT_DTYPE_I32, dy,
-                        dtable, n, v, d);
 }
 
 /* ---- dropout ---- */
