@@ -457,7 +457,7 @@ PYEOF
   for name in $first_suites; do
     exe="$b/bin/$name"
     [ -x "$exe" ] || continue
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
   done
   # ---- 1b. a GPT-2 124M training step (T=1024) against the CPU reference ----
   if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
@@ -473,7 +473,7 @@ PYEOF
   for exe in "$b"/bin/*_test; do
     name=$(basename "$exe")
     case "$first_suites" in *" $name "*) continue ;; esac
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$exe"
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
   done
   grep -h '^loader timeline: \|^allocator: ' "$logs"/cuda_*_test.log >>"$logs/extra_lines.txt" 2>/dev/null
 
@@ -487,7 +487,7 @@ PYEOF
       write_summary running
       continue
     fi
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-240}" gtest "$mpirun" "${mpi_args[@]}" -np 2 "$exe"
+    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$mpirun" "${mpi_args[@]}" -np 2 "$exe"
   done
   if [ -x "$dtrain" ] && [ "$gpu" = 1 ] && [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
     DT_MPIRUN="$mpirun" timeout -k 2 60 "$dtrain" launch --dry-run -- train --device cuda \
@@ -632,11 +632,13 @@ gpt2_step() {
 
 # zero DTRAIN DATA_DIR BACKEND: dtrain launch -n 2 -- train --device cuda with
 # --zero 0, 1 and 2 over BACKEND; ZeRO must match plain DDP.
+# (GPU_CHECK_ZERO_DEVICE=cpu runs the same comparison without a GPU.)
 zero_equivalence() {
   local dtrain=$1 data=$2 backend=$3 dir z
   dir=$(mktemp -d)
   for z in 0 1 2; do
-    "$dtrain" launch -n 2 --mpirun-arg --oversubscribe -- train --model mlp --device cuda \
+    "$dtrain" launch -n 2 --mpirun-arg --oversubscribe -- train --model mlp \
+      --device "${GPU_CHECK_ZERO_DEVICE:-cuda}" \
       --comm-backend "$backend" --zero "$z" --max-steps 100 --log-interval 50 --seed 3 \
       --data-dir "$data" >"$dir/z$z.log" 2>&1 ||
       { cat "$dir/z$z.log"; die "zero: --zero $z failed"; }
