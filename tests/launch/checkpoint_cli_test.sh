@@ -228,8 +228,14 @@ for ((t = 1; t <= trials; t++)); do
   "$dtrain" train --model mlp --max-steps 100000 --batch 8 --log-interval 0 --threads 1 \
     --save-every 1 --keep 3 --run-dir "$d" >"$d.out" 2>&1 &
   job=$!
-  # The first checkpoint comes ~1.5 s after start-up; then one every step.
-  sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 2.0 + r % 2000 / 1000 }')"
+  # Wait for the first complete checkpoint (start-up takes ~1.5 s on a quiet
+  # machine, far longer on a loaded one), then kill at a random moment of the
+  # following saves (one every step).
+  for ((w = 0; w < 600; w++)); do
+    ls "$d"/checkpoints/*/manifest.json >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 2000 / 1000 }')"
   ls "$d"/checkpoints/*/.*.tmp >/dev/null 2>&1 && killed_writing=$((killed_writing + 1))
   kill -9 $job
   wait $job 2>/dev/null
