@@ -28,6 +28,7 @@
 
 #include "core/backend.h"
 #include "core/data.h"
+#include "core/trace.h"
 
 #define LOADER_ERROR_MAX 2048
 
@@ -56,9 +57,9 @@ struct dt_loader {
   int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
   int64_t taken;         /* slots the consumer has read (>= consumed) */
   const dt_backend_ops *be;
-  int async_copy;        /* pinned slots + copy stream (see the top) */
-  atomic_int stop;       /* ask the worker to quit (checked per sample) */
-  int worker_running;    /* a thread exists and must be joined */
+  int async_copy;     /* pinned slots + copy stream (see the top) */
+  atomic_int stop;    /* ask the worker to quit (checked per sample) */
+  int worker_running; /* a thread exists and must be joined */
   pthread_t worker;
   int epoch_started;
 };
@@ -122,7 +123,9 @@ static void *worker_main(void *arg) {
       return NULL;
 
     batch_slot *slot = &l->ring[b % l->ring_size];
+    double span = dt_trace_begin(DT_TRACE_LANE_LOADER, "load batch");
     fill_slot(l, b, slot);
+    dt_trace_end(DT_TRACE_LANE_LOADER, "load batch", span);
     if (atomic_load(&l->stop))
       return NULL;
 
@@ -314,15 +317,16 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   memcpy(shape + 1, lay->input_shape, (size_t)lay->input_ndim * sizeof *shape);
   memcpy(tshape + 1, lay->target_shape, (size_t)lay->target_ndim * sizeof *tshape);
   dt_tensor *x = NULL, *y = NULL;
+  double span = dt_trace_begin(DT_TRACE_LANE_COPY, "host to device");
   dt_status st = upload(l, slot->inputs, shape, lay->input_ndim + 1, lay->input_dtype, &x);
   if (st == DT_OK)
     st = upload(l, slot->labels, tshape, lay->target_ndim + 1, lay->target_dtype, &y);
+  dt_trace_end(DT_TRACE_LANE_COPY, "host to device", span);
   if (st == DT_OK && l->async_copy) {
     /* The compute stream waits for the copy; the host does not. */
     st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));
     if (st == DT_OK)
-      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE),
-                                    slot->copied);
+      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE), slot->copied);
   }
   if (st != DT_OK) { /* the slot stays taken-but-unread; destroy waits for its copies */
     dt_tensor_release(x);

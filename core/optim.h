@@ -37,8 +37,7 @@ typedef struct dt_adamw_config {
  * momentum or with dampening, betas outside [0,1), eps or weight_decay < 0,
  * any non-finite value) are DT_ERR_INVALID_ARG. State buffers are zeros on
  * the arena's device. */
-dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg,
-                              dt_optimizer **out);
+dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg, dt_optimizer **out);
 dt_status dt_optim_adamw_create(dt_param_arena *arena, const dt_adamw_config *cfg,
                                 dt_optimizer **out);
 void dt_optim_destroy(dt_optimizer *o);
@@ -62,8 +61,7 @@ const char *dt_optim_name(const dt_optimizer *o); /* "sgd", "adamw" */
  * DT_ERR_SHAPE. */
 int64_t dt_optim_state_numel(const dt_optimizer *o);
 dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel);
-dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
-                             int64_t step_count);
+dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel, int64_t step_count);
 
 /* ---- learning-rate schedule ---- */
 typedef enum dt_lr_decay {
@@ -74,11 +72,11 @@ typedef enum dt_lr_decay {
 
 typedef struct dt_lr_schedule {
   float base_lr;
-  int64_t warmup_steps;  /* linear from base_lr/warmup_steps up to base_lr */
-  int64_t total_steps;   /* cosine: decays to min_lr at total_steps */
+  int64_t warmup_steps; /* linear from base_lr/warmup_steps up to base_lr */
+  int64_t total_steps;  /* cosine: decays to min_lr at total_steps */
   dt_lr_decay decay;
-  float min_lr;          /* cosine floor */
-  int64_t step_size;     /* step decay: multiply by gamma every step_size steps */
+  float min_lr;      /* cosine floor */
+  int64_t step_size; /* step decay: multiply by gamma every step_size steps */
   float gamma;
 } dt_lr_schedule;
 #define DT_LR_SCHEDULE_DEFAULT ((dt_lr_schedule){0.01f, 0, 0, DT_LR_DECAY_CONSTANT, 0.0f, 1, 0.1f})
@@ -100,6 +98,10 @@ dt_status dt_lr_schedule_check(const dt_lr_schedule *s);
 float dt_lr_at(const dt_lr_schedule *s, int64_t step);
 
 /* ---- clipping ---- */
+/* *norm = the global L2 norm of the arena's gradients (in f64 over the f32
+ * gradients; reads it back from the device). */
+dt_status dt_grad_norm(dt_param_arena *arena, double *norm);
+
 /* Scales the arena's gradients so that their global L2 norm is at most
  * max_norm (PyTorch's clip_grad_norm_, eps 1e-6): when the norm exceeds
  * max_norm the gradients are multiplied by max_norm / (norm + 1e-6), else

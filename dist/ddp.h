@@ -112,10 +112,10 @@ void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel,
 
 /* Timeline of the last synchronised backward, in dt_comm_now() seconds. */
 typedef struct dt_ddp_bucket_timing {
-  double ready_s;     /* last gradient of the bucket ready */
-  double launch_s;    /* all-reduce submitted */
-  double start_s;     /* all-reduce started on the communication thread */
-  double end_s;       /* all-reduce complete (device communicators: its host part) */
+  double ready_s;  /* last gradient of the bucket ready */
+  double launch_s; /* all-reduce submitted */
+  double start_s;  /* all-reduce started on the communication thread */
+  double end_s;    /* all-reduce complete (device communicators: its host part) */
   size_t bytes;
   /* On the device clock (ms since the communicator's creation), filled by
    * dt_ddp_read_device_timeline; -1 until then: the all-reduce's start and
@@ -124,8 +124,8 @@ typedef struct dt_ddp_bucket_timing {
 } dt_ddp_bucket_timing;
 
 typedef struct dt_ddp_timeline {
-  double first_grad_s;  /* first grad-ready hook of the pass */
-  double last_grad_s;   /* last grad-ready hook of the pass */
+  double first_grad_s;   /* first grad-ready hook of the pass */
+  double last_grad_s;    /* last grad-ready hook of the pass */
   double backward_end_s; /* dt_ddp_finish_backward entered */
   double finish_end_s;   /* dt_ddp_finish_backward returned (all buckets done) */
   int n_buckets;
@@ -136,6 +136,17 @@ typedef struct dt_ddp_timeline {
   double dev_backward_end_ms;
 } dt_ddp_timeline;
 void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out);
+
+/* A pass's communication in seconds: the all-reduces' total time (host
+ * clock, start to end on the communication thread), the part of it before
+ * backward ended (hidden behind backward), and the wait after backward for
+ * the last buckets (exposed). */
+typedef struct dt_ddp_comm_times {
+  double allreduce_s, hidden_s, exposed_s;
+} dt_ddp_comm_times;
+dt_ddp_comm_times dt_ddp_timeline_comm_times(const dt_ddp_timeline *tl);
+/* The same for the reducer's last synchronised pass. */
+dt_ddp_comm_times dt_ddp_last_comm_times(const dt_ddp *d);
 
 /* Fills the device-clock fields of the last synchronised pass's timeline
  * (blocks until those points have executed; call after the step, for

@@ -13,8 +13,8 @@
 #include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
-#include "launch/cli.h"
 #include "dist/replica.h"
+#include "launch/cli.h"
 #include "launch/flags.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
@@ -78,18 +78,10 @@ typedef struct phase_times {
 
 /* Adds the last synchronised pass's communication figures to *t. */
 static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
-  dt_ddp_timeline tl;
-  dt_ddp_get_timeline(ddp, &tl);
-  for (int b = 0; b < tl.n_buckets; b++) {
-    const dt_ddp_bucket_timing *bt = &tl.buckets[b];
-    if (bt->end_s <= 0 || bt->start_s <= 0)
-      continue;
-    t->allreduce += bt->end_s - bt->start_s;
-    double hidden_end = bt->end_s < tl.backward_end_s ? bt->end_s : tl.backward_end_s;
-    if (hidden_end > bt->start_s)
-      t->overlapped += hidden_end - bt->start_s;
-  }
-  t->exposed += tl.finish_end_s - tl.backward_end_s;
+  dt_ddp_comm_times c = dt_ddp_last_comm_times(ddp);
+  t->allreduce += c.allreduce_s;
+  t->overlapped += c.hidden_s;
+  t->exposed += c.exposed_s;
 }
 
 /* The step's phase boundaries (core/step.h): synchronise the device and
@@ -219,8 +211,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
-    r.grad_mib =
-        (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
+    r.grad_mib = (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;

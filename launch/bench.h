@@ -44,11 +44,11 @@ typedef struct dt_bench_config {
   /* Distributed (world > 1): DDP over the communicator that
    * dt_comm_create_for_device picks for the device (mpi; nccl or
    * host-staged mpi for cuda). */
-  dt_pg *pg;               /* borrowed; NULL or world 1 = one process */
+  dt_pg *pg;                /* borrowed; NULL or world 1 = one process */
   const char *comm_backend; /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
-  double comm_timeout;     /* seconds (300) */
-  float bucket_cap_mb;     /* 25 */
-  float first_bucket_mb;   /* 1 */
+  double comm_timeout;      /* seconds (300) */
+  float bucket_cap_mb;      /* 25 */
+  float first_bucket_mb;    /* 1 */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,

@@ -281,7 +281,7 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   char export_names[4096];
   int n_exports = exported_names(exports, MAX_EXPORTS, export_names, sizeof export_names);
 
-  int cap = 32 + extra.n + args.nrest + 2 * n_exports;
+  int cap = 34 + extra.n + args.nrest + 2 * n_exports;
   char **mpi_argv = calloc((size_t)cap, sizeof *mpi_argv);
   if (!mpi_argv) {
     fprintf(stderr, "dtrain: error: out of memory\n");
@@ -302,6 +302,12 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   for (int i = 0; i < n_exports; i++) {
     mpi_argv[k++] = "-x";
     mpi_argv[k++] = (char *)exports[i];
+  }
+  /* The ranks write to mpirun's pseudo-terminal whatever mpirun's own
+   * output is: tell them (launch/progress.h). */
+  if (!dt_env_is_set(DT_ENV_PROGRESS) && isatty(STDOUT_FILENO)) {
+    mpi_argv[k++] = "-x";
+    mpi_argv[k++] = "DT_PROGRESS=bar";
   }
   if (np > cores && !hosts && !hostfile)
     mpi_argv[k++] = "--oversubscribe";

@@ -27,7 +27,10 @@
 #include "launch/doctor.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
+#include "launch/report.h"
 #include "launch/tokenize.h"
+#include "launch/top.h"
+#include "launch/trace.h"
 #include "launch/train_loop.h"
 
 typedef struct command {
@@ -43,6 +46,8 @@ static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
@@ -53,6 +58,9 @@ static const command commands[] = {
      cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", 0,
      cli_tokenize},
+    {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", 0,
+     cli_report},
+    {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", 0, cli_top},
     {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
@@ -101,6 +109,16 @@ static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err) {
   return dt_cli_tokenize(argc, argv);
 }
 
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_report(argc, argv, err);
+}
+
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_top(argc, argv, err);
+}
+
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
   dt_flag_set set = {
@@ -135,6 +153,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
+  dt_observe_config *obs = &cfg.observe;
+  const char *trace_steps = "1:50";
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       {.name = "data",
@@ -267,6 +287,36 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .target = &verbose_ranks,
        .help = "every rank prints its progress (prefixed rank R:), not only rank 0",
        .per_rank = true},
+      {.name = "metrics",
+       .type = DT_FLAG_STRING,
+       .target = &obs->metrics_path,
+       .metavar = "FILE",
+       .help = "JSON Lines: one record per log interval and per evaluation (rank 0 writes it)",
+       .default_text = "none"},
+      {.name = "trace",
+       .type = DT_FLAG_STRING,
+       .target = &obs->trace_path,
+       .metavar = "FILE",
+       .help = "Chrome trace-event timeline per rank ({rank} in FILE is the rank), for Perfetto",
+       .default_text = "none"},
+      {.name = "trace-steps",
+       .type = DT_FLAG_STRING,
+       .target = &trace_steps,
+       .metavar = "A:B",
+       .help = "the optimizer steps --trace records (first:last)",
+       .check = dt_cli_check_trace_steps},
+      {.name = "quiet",
+       .type = DT_FLAG_BOOL,
+       .target = &obs->quiet,
+       .help = "no header and no progress lines (the epoch lines and the result stay)",
+       .per_rank = true},
+      {.name = "status-dir",
+       .type = DT_FLAG_STRING,
+       .target = &obs->status_dir,
+       .metavar = "DIR",
+       .help = "where the ranks write their status for dtrain top",
+       .default_text = "DT_STATUS_DIR, else /tmp/dtrain-status-<uid>",
+       .per_rank = true},
   };
   dt_flag_set set = {
       .command = "train",
@@ -307,6 +357,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     return 1;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;
+  if (dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) != DT_OK)
+    return 2; /* the flag's check accepted it */
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   static char agreed[8192];

@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "launch/observe.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
@@ -36,7 +37,8 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 1.0f,
-                           .log_prefix = ""};
+                           .log_prefix = "",
+                           .observe = DT_OBSERVE_CONFIG_DEFAULT};
 }
 
 /* Everything one run owns, released in reverse order by state_destroy. */
@@ -63,7 +65,9 @@ typedef struct train_state {
   dt_comm *comm; /* DDP (world > 1) */
   dt_ddp *ddp;
   int rank, world;
-  double first_loss; /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  double first_loss;   /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  dt_step_stats stats; /* the gradient norm for the metrics */
+  dt_observer *obs;    /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
 static double now_seconds(void) {
@@ -422,6 +426,7 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.loss = s->task->loss;
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
+  s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -521,7 +526,8 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
 /* Clipping sees the reduced gradients (the group's last micro-batch
  * finished the reduction). */
 static dt_status optimizer_step(train_state *s) {
-  return s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica));
+  DT_CHECK(s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica)));
+  return dt_observer_step_end(s->obs, s->ddp);
 }
 
 static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
@@ -537,17 +543,10 @@ static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) 
   fflush(log);
 }
 
-static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch, int64_t b,
-                         int64_t batches, double loss, double samples_per_s) {
-  dt_memory_stats ms;
-  memset(&ms, 0, sizeof ms);
-  if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
-    memset(&ms, 0, sizeof ms);
-  log_line(log, c,
-           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-           "MiB)\n",
-           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
-           mib(ms.allocated), mib(ms.peak_allocated));
+static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batches, double loss,
+                              double samples_per_s) {
+  dt_observe_interval iv = {epoch, b, batches, loss, dt_optim_lr(s->opt), samples_per_s};
+  return dt_observer_interval(s->obs, &iv);
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -564,6 +563,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int group = 1;
 
   DT_CHECK(dt_loader_start_epoch(s->loader, epoch - 1));
+  dt_observer_epoch_begin(s->obs, epoch, batches);
   for (int64_t b = 0; b < batches; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
@@ -572,9 +572,11 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (pos == 0) {
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
+      dt_observer_step_begin(s->obs, b, group);
     }
     bool sync = (pos == group - 1);
-    interval_samples += dt_tensor_dim(x, 0);
+    int64_t samples = dt_tensor_dim(x, 0);
+    interval_samples += samples;
     DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
     if (s->first_loss == 0.0 && epoch == 1 && b == 0) { /* one sync in the run */
       double first = host_loss_sum;
@@ -589,9 +591,11 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
     done_batches++;
     interval_batches++;
+    dt_observer_tick(s->obs, b + 1, samples);
 
     bool last = (b + 1 == batches);
-    bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
+    bool log_now = c->log_interval > 0 && dt_observer_wants_intervals(s->obs) &&
+                   (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -599,8 +603,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(check_diverged(s, sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
-        log_progress(log, c, s, epoch, b + 1, batches, sum / (double)interval_batches,
-                     (double)s->world * (double)interval_samples / (t - interval_start));
+        DT_CHECK_GOTO(
+            log_progress(s, epoch, b + 1, batches, sum / (double)interval_batches,
+                         (double)s->world * (double)interval_samples / (t - interval_start)),
+            st, fail);
         interval_start = t;
       }
       interval_batches = interval_samples = 0;
@@ -636,6 +642,7 @@ fail:
 
 /* Test loss and metric over the whole test set: each rank its shard. */
 static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
+  dt_observer_eval_begin(s->obs);
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
   DT_CHECK(dt_train_evaluate_shard(s->task, s->model, s->test_set, c->eval_batch, s->dev, s->rank,
@@ -685,6 +692,42 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
            c->warmup, (unsigned long long)c->seed);
 }
 
+/* The run's progress display, metrics, trace and status file. */
+static dt_status observe(const dt_train_config *c, train_state *s, FILE *log) {
+  dt_observe_config oc = c->observe;
+  oc.log_interval = c->log_interval;
+  DT_CHECK(dt_observer_create(&oc, s->rank, s->dev, log, c->log_prefix, &s->obs));
+  dt_device devs[DT_TRAIN_MAX_DEVICES];
+  int n = 0;
+  if (s->dp)
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+  char dev[32];
+  dt_device_format(s->dev, dev, sizeof dev);
+  const dt_task *t = s->task;
+  int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
+  for (int i = 0; tokens && i < t->input_ndim; i++)
+    tokens *= t->input_shape[i]; /* token ids: tokens/s */
+  dt_observe_run run = {c->model,
+                        c->data,
+                        s->dp ? c->devices : dev,
+                        s->comm ? comm_description(s) : "none",
+                        t->metric_name,
+                        s->dev,
+                        s->dp ? devs : NULL,
+                        n,
+                        s->comm,
+                        s->world,
+                        c->batch,
+                        c->accum,
+                        c->epochs,
+                        dt_cpu_num_threads(),
+                        s->total_steps,
+                        s->steps_per_epoch,
+                        tokens,
+                        s->dp ? NULL : &s->stats};
+  return dt_observer_start(s->obs, &run);
+}
+
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
   dt_status st;
   train_state s;
@@ -695,7 +738,9 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
-  log_header(log, cfg, &s);
+  if (!cfg->observe.quiet)
+    log_header(log, cfg, &s);
+  DT_CHECK_GOTO(observe(cfg, &s, log), st, done);
 
   const char *metric = s.task->metric_name;
   for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps; epoch++) {
@@ -717,6 +762,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
+    dt_observe_eval ev = {epoch, r.train_loss, r.test_loss, r.test_accuracy};
+    DT_CHECK_GOTO(dt_observer_eval_end(s.obs, &ev), st, done);
     log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
              r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
   }
@@ -727,7 +774,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
   if (out)
     *out = r;
-done:
-  state_destroy(&s);
-  return st;
+done:;
+  dt_observer *obs = s.obs;
+  state_destroy(&s); /* the loader's thread stops before the trace closes */
+  return dt_observer_destroy(obs, st);
 }

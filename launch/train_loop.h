@@ -62,6 +62,7 @@
 #include "dist/comm.h"
 #include "dist/process_group.h"
 #include "dist/replica.h"
+#include "launch/observe.h"
 #include "models/tasks.h"
 
 #ifdef __cplusplus
@@ -108,6 +109,10 @@ typedef struct dt_train_config {
    * descriptions are compared across the ranks before the first step; a
    * difference fails every rank naming it. NULL = only the data sets. */
   const char *agreed_config;
+
+  /* What the run shows of itself (launch/observe.h): --metrics, --trace,
+   * --trace-steps, --quiet, --status-dir; log_interval comes from above. */
+  dt_observe_config observe;
 } dt_train_config;
 
 #define DT_TRAIN_MAX_DEVICES 64
@@ -131,11 +136,11 @@ dt_status dt_train_comm_config(const char *backend, dt_comm_config *cfg);
 
 /* How train and bench connect a rank's replica to its peers. */
 typedef struct dt_train_comm_options {
-  const char *backend;   /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
-  double timeout;        /* seconds per collective before the watchdog aborts */
-  float first_bucket_mb; /* DDP first bucket */
-  float bucket_cap_mb;   /* DDP buckets after the first */
-  bool allow_unused;     /* DDP: zero-fill gradients of unused parameters */
+  const char *backend;    /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
+  double timeout;         /* seconds per collective before the watchdog aborts */
+  float first_bucket_mb;  /* DDP first bucket */
+  float bucket_cap_mb;    /* DDP buckets after the first */
+  bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
 } dt_train_comm_options;
 
