@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ static const char *json_string(const cJSON *o, const char *key) {
 
 static double json_number(const cJSON *o, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-  return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
 }
 
 /* Reads one status file; false when it is not one (or half-written). */
@@ -139,13 +140,15 @@ static void show_ranks(FILE *out, const char *dir) {
     if (i == 0 || strcmp(r->job, ranks[i - 1].job) != 0)
       fprintf(out, "job %s: %s on %s, %d rank%s\n", r->job, r->model, r->data, r->world,
               r->world == 1 ? "" : "s");
-    char eta[32];
+    char eta[32], loss[32] = "-";
     dt_progress_format_eta(r->eta_s, eta, sizeof eta);
+    if (isfinite(r->loss))
+      snprintf(loss, sizeof loss, "%.4f", r->loss);
     fprintf(out,
-            "  rank %-3d %s pid %ld %-8s %-10s epoch %d/%d step %.0f/%.0f loss %.4f %.0f %s "
+            "  rank %-3d %s pid %ld %-8s %-10s epoch %d/%d step %.0f/%.0f loss %s %.0f %s "
             "ETA %s mem %.1f MiB (%.0f s ago)\n",
             r->rank, r->host, r->pid, r->device, r->state, r->epoch, r->epochs, r->step,
-            r->total_steps, r->loss, r->rate, r->rate_unit, eta, r->mem_mib, now - r->updated);
+            r->total_steps, loss, r->rate, r->rate_unit, eta, r->mem_mib, now - r->updated);
   }
 }
 

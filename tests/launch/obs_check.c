@@ -3,7 +3,7 @@
  * writers use; reads PNG screenshots with zlib.
  *
  *   obs_check metrics FILE [--world W] [--ddp]   every record has its documented keys
- *   obs_check trace FILE [--lanes a,b,...] [--overlap comm:backward]
+ *   obs_check trace FILE [--lanes a,b,...] [--overlap comm:backward] [--steps A:B]
  *   obs_check png FILE --panels N                N plot areas, each with a drawn series
  *
  * Prints "ok: ..." and exits 0, or prints what is wrong and exits 1. */
@@ -172,7 +172,7 @@ static int check_metrics(const char *path, int argc, char **argv) {
 
 typedef struct span {
   int pid, tid;
-  double ts, dur;
+  double ts, dur, step;
   const char *name;
 } span;
 
@@ -214,8 +214,14 @@ static int check_trace(const char *path, int argc, char **argv) {
         fail("span '%s' lacks ts or a dur >= 0%.0ld", name->valuestring, 0);
         continue;
       }
-      spans[n_spans++] =
-          (span){pid->valueint, t, ts->valuedouble, dur->valuedouble, name->valuestring};
+      const cJSON *step =
+          cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"), "step");
+      spans[n_spans++] = (span){pid->valueint,
+                                t,
+                                ts->valuedouble,
+                                dur->valuedouble,
+                                cJSON_IsNumber(step) ? step->valuedouble : -1.0,
+                                name->valuestring};
     }
   }
   /* spans per lane */
@@ -255,6 +261,20 @@ static int check_trace(const char *path, int argc, char **argv) {
       fail("no span of lane '%s' overlaps a span named the second of --overlap%.0ld", a, 0);
     else
       printf("overlap: %d (%s span, %s span) pairs overlap in time\n", pairs, a, b);
+  }
+  /* bounded by --trace-steps */
+  const char *steps = arg_after(argc, argv, "--steps");
+  double first = 0, last = 0;
+  if (steps && sscanf(steps, "%lf:%lf", &first, &last) == 2) {
+    double lo = 1e300, hi = -1e300;
+    for (int i = 0; i < n_spans; i++) {
+      lo = spans[i].step < lo ? spans[i].step : lo;
+      hi = spans[i].step > hi ? spans[i].step : hi;
+    }
+    if (n_spans == 0 || lo != first || hi != last)
+      fail("the spans' steps run %s%ld.., not exactly the --steps range", "", (long)lo);
+    else
+      printf("steps: every span is of steps %g..%g\n", lo, hi);
   }
   free(spans);
   cJSON_Delete(root);
