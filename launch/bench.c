@@ -16,6 +16,7 @@
 #include "dist/replica.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/threads.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
@@ -290,6 +291,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = pg ? dt_pg_rank(pg) : 0;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(pg ? dt_pg_local_size(pg) : 1);
 
   dt_bench_result r;
   dt_status st = dt_bench_run(&cfg, &r);
@@ -300,9 +303,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d\n",
+      "device %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads());
+      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "

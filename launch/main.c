@@ -28,6 +28,7 @@
 #include "launch/flags.h"
 #include "launch/launcher.h"
 #include "launch/report.h"
+#include "launch/threads.h"
 #include "launch/tokenize.h"
 #include "launch/top.h"
 #include "launch/trace.h"
@@ -357,6 +358,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     return 1;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(dt_pg_local_size(pg));
   if (dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) != DT_OK)
     return 2; /* the flag's check accepted it */
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;

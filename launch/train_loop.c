@@ -16,6 +16,7 @@
 #include "core/step.h"
 #include "dist/dp.h"
 #include "launch/observe.h"
+#include "launch/threads.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
@@ -667,10 +668,10 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   dt_device_format(s->dev, dev, sizeof dev);
   log_line(log, c,
            "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
-           "threads %d\n",
+           "threads %d%s\n",
            c->model, (long long)dt_module_parameter_count(s->model), c->data,
            (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
-           s->dp ? c->devices : dev, dt_cpu_num_threads());
+           s->dp ? c->devices : dev, dt_cpu_num_threads(), dt_threads_note());
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
