@@ -78,7 +78,7 @@ static dt_status update(const dt_step *s) {
     /* Clipping would scale a non-finite gradient to 0 (or NaN) and the run
      * would go on without learning: a divergence to report. */
     double norm = 0.0;
-    DT_CHECK(dt_clip_grad_norm(s->arena, s->cfg.clip, &norm));
+    DT_CHECK(dt_optim_clip_grad_norm(s->opt, s->cfg.clip, &norm));
     if (!isfinite(norm))
       return DT_ERROR(DT_ERR_STATE,
                       "training diverged: the gradient norm is %s at optimizer step %lld (before "
@@ -88,7 +88,7 @@ static dt_status update(const dt_step *s) {
     if (s->cfg.stats)
       s->cfg.stats->grad_norm = norm;
   } else if (s->cfg.stats && s->cfg.stats->want_grad_norm) {
-    DT_CHECK(dt_grad_norm(s->arena, &s->cfg.stats->grad_norm));
+    DT_CHECK(dt_optim_grad_norm(s->opt, &s->cfg.stats->grad_norm));
   }
   if (s->cfg.schedule)
     dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));

@@ -93,9 +93,9 @@ typedef struct dt_flags_args {
 dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
                                dt_flags_args *out);
 
-/* dt_flags_parse for a command's entry point: -1 when the flags parsed
- * (go on), else the command's exit status: 0 after printing the help to
- * stdout (--help), 2 after a bad command line (the message is on err). */
+/* dt_flags_parse as a command uses it: -1 when the command should go on;
+ * else its exit status: 0 after printing the help to stdout (--help), 2
+ * after a bad command line (the message is on `err`). */
 int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
                            dt_flags_args *out);
 

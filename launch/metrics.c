@@ -16,13 +16,13 @@ struct dt_metrics {
   int err;
 };
 
-dt_status dt_metrics_open(const char *path, dt_metrics **out) {
+dt_status dt_metrics_open(const char *path, bool append, dt_metrics **out) {
   *out = NULL;
   dt_metrics *m = calloc(1, sizeof *m);
   if (!m)
     return DT_ERROR(DT_ERR_OOM, "no host memory for the metrics file");
   snprintf(m->path, sizeof m->path, "%s", path);
-  m->f = fopen(path, "w");
+  m->f = fopen(path, append ? "a" : "w");
   if (!m->f) {
     dt_status st =
         DT_ERROR(DT_ERR_IO, "cannot create the metrics file %s: %s", path, strerror(errno));

@@ -23,6 +23,7 @@
 #ifndef DT_LAUNCH_METRICS_H
 #define DT_LAUNCH_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -42,8 +43,9 @@ typedef struct dt_json_number {
  * when the value is not finite (JSON has no NaN). */
 void dt_json_add_numbers(void *obj, const dt_json_number *fields, int n);
 
-/* Creates (truncates) the file; DT_ERR_IO naming it. */
-dt_status dt_metrics_open(const char *path, dt_metrics **out);
+/* Creates (truncates) the file, or appends to it (a resumed run); DT_ERR_IO
+ * naming it. */
+dt_status dt_metrics_open(const char *path, bool append, dt_metrics **out);
 /* Closes it; DT_ERR_IO when a write failed. NULL is a no-op. */
 dt_status dt_metrics_close(dt_metrics *m);
 

@@ -70,7 +70,7 @@ static int nvml_index_of(int cuda_index) {
 }
 
 dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device dev, FILE *log,
-                             const char *prefix, dt_observer **out) {
+                             FILE *console, const char *prefix, bool resumed, dt_observer **out) {
   *out = NULL;
   dt_observer *o = calloc(1, sizeof *o);
   if (!o)
@@ -81,10 +81,10 @@ dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device d
   o->log = log;
   o->start_s = o->interval_start_s = dt_trace_now();
   o->last_loss = NAN;
-  dt_progress_init(&o->progress, log, prefix, cfg->quiet);
+  dt_progress_init(&o->progress, log, console, prefix, cfg->quiet);
   dt_status st = DT_OK;
   if (cfg->metrics_path && rank == 0)
-    DT_CHECK_GOTO(dt_metrics_open(cfg->metrics_path, &o->metrics), st, fail);
+    DT_CHECK_GOTO(dt_metrics_open(cfg->metrics_path, resumed, &o->metrics), st, fail);
   if (cfg->trace_path || dev.type == DT_DEVICE_CUDA) {
     dt_trace_config tc = {cfg->trace_path, rank, cfg->trace_first, cfg->trace_last, dev};
     DT_CHECK_GOTO(dt_trace_open(&tc, &o->trace), st, fail);
@@ -110,6 +110,7 @@ dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run) {
   for (int i = 0; i < n; i++)
     o->devices[i] = run->devices ? run->devices[i] : run->dev;
   o->run.devices = o->devices;
+  o->steps_done = run->steps_done;
   if (!o->run.stats)
     o->run.stats = &o->no_stats;
   o->run.n_devices = n;
@@ -158,7 +159,8 @@ void dt_observer_step_begin(dt_observer *o, int64_t first_batch, int group) {
   dt_trace_set_step(o->trace, o->steps_done + 1);
   /* The norm is read where a record falls in this step's micro-batches. */
   int li = o->cfg.log_interval;
-  bool record = o->metrics && li > 0 && (first_batch + group) / li > first_batch / li;
+  /* every rank alike: under ZeRO the norm is a collective */
+  bool record = dt_observer_collective(o) && (first_batch + group) / li > first_batch / li;
   o->run.stats->want_grad_norm = record;
 }
 
@@ -347,9 +349,9 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
     char line[256];
     snprintf(line, sizeof line,
              "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-             "MiB)\n",
+             "MiB)%s\n",
              iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr,
-             iv->samples_per_s, mem[0], mem[2]);
+             iv->samples_per_s, mem[0], mem[2], iv->extra ? iv->extra : "");
     dt_progress_line(&o->progress, line);
   }
   draw(o, now, true);

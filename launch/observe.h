@@ -4,7 +4,7 @@
  * (launch/job_status.h) and the GPU monitor in the progress line.
  *
  *   dt_observer *o = NULL;
- *   DT_CHECK(dt_observer_create(&cfg, rank, log, prefix, &o));
+ *   DT_CHECK(dt_observer_create(&cfg, rank, dev, log, console, prefix, resumed, &o));
  *   DT_CHECK(dt_observer_start(o, &run));             // after the model and data exist
  *   per epoch: dt_observer_epoch_begin(o, epoch, batches);
  *     per optimizer step: dt_observer_step_begin(o, first_batch, group);
@@ -52,14 +52,18 @@ typedef struct dt_observe_run {
   int64_t total_steps, steps_per_epoch;
   int64_t tokens_per_sample; /* token inputs: tokens per sample (tokens/s); 0 = samples/s */
   dt_step_stats *stats;      /* the training step's (dt_step_config.stats); NULL = none */
+  int64_t steps_done;        /* optimizer steps before this process started (resumed) */
 } dt_observe_run;
 
 typedef struct dt_observer dt_observer;
 
-/* Opens the trace (every rank) and the metrics file (rank 0). log: where
- * progress goes (NULL = this rank is silent). */
+/* Opens the trace (every rank) and the metrics file (rank 0; appended to
+ * when `resumed`: a run continued from a checkpoint). log: where progress
+ * lines go (NULL = this rank is silent); console: the stream behind it
+ * that a live line may go to (log itself, or the terminal when log also
+ * writes train.log). */
 dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device dev, FILE *log,
-                             const char *prefix, dt_observer **out);
+                             FILE *console, const char *prefix, bool resumed, dt_observer **out);
 /* The run's facts (copied): the metrics file's run record, the status file. */
 dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run);
 /* Whether every rank must call dt_observer_interval at each log interval
@@ -84,6 +88,7 @@ typedef struct dt_observe_interval {
   double loss;            /* mean micro-batch loss over the interval */
   double lr;
   double samples_per_s; /* every rank's */
+  const char *extra;    /* appended to the plain progress line ("" or NULL = none) */
 } dt_observe_interval;
 /* The progress line and the metrics record. Collective when
  * dt_observer_collective. */

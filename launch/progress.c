@@ -12,12 +12,13 @@
 #define BAR_WIDTH 20
 #define DRAW_INTERVAL_S 0.2
 
-void dt_progress_init(dt_progress *p, FILE *out, const char *prefix, bool quiet) {
+void dt_progress_init(dt_progress *p, FILE *out, FILE *console, const char *prefix, bool quiet) {
   memset(p, 0, sizeof *p);
   p->out = out;
+  p->live_out = console ? console : out;
   p->prefix = prefix ? prefix : "";
   p->quiet = quiet;
-  p->live = out && !quiet && dt_progress_live(out);
+  p->live = out && p->live_out && !quiet && dt_progress_live(p->live_out);
   p->start_s = p->epoch_start_s = dt_trace_now();
 }
 
@@ -79,19 +80,20 @@ void dt_progress_draw(dt_progress *p, const dt_progress_state *s, bool force) {
                          eta_epoch, sizeof eta_epoch);
   dt_progress_format_eta(per_step < 0 ? -1 : per_step * (double)(s->total_steps - s->steps),
                          eta_run, sizeof eta_run);
-  fprintf(p->out, "\r\033[K%s[%s] ep %d/%d %3.0f%% step %lld/%lld %.0f %s ETA ep %s run %s%s%s",
-          p->prefix, bar, s->epoch, s->epochs, 100.0 * frac, (long long)s->steps,
-          (long long)s->total_steps, s->rate, s->rate_unit ? s->rate_unit : "samples/s", eta_epoch,
-          eta_run, s->gpu ? " | " : "", s->gpu ? s->gpu : "");
-  fflush(p->out);
+  fprintf(p->live_out,
+          "\r\033[K%s[%s] ep %d/%d %3.0f%% step %lld/%lld %.0f %s ETA ep %s run %s%s%s", p->prefix,
+          bar, s->epoch, s->epochs, 100.0 * frac, (long long)s->steps, (long long)s->total_steps,
+          s->rate, s->rate_unit ? s->rate_unit : "samples/s", eta_epoch, eta_run,
+          s->gpu ? " | " : "", s->gpu ? s->gpu : "");
+  fflush(p->live_out);
   p->drawn = true;
 }
 
 void dt_progress_clear(dt_progress *p) {
   if (!p->live || !p->drawn)
     return;
-  fputs("\r\033[K", p->out);
-  fflush(p->out);
+  fputs("\r\033[K", p->live_out);
+  fflush(p->live_out);
   p->drawn = false;
 }
 

@@ -23,7 +23,8 @@ extern "C" {
 #endif
 
 typedef struct dt_progress {
-  FILE *out;          /* NULL = nothing shown */
+  FILE *out;          /* plain lines; NULL = nothing shown */
+  FILE *live_out;     /* the live line (a terminal) */
   const char *prefix; /* "" or "rank 1: " */
   bool live;          /* out is a terminal */
   bool quiet;
@@ -38,8 +39,9 @@ typedef struct dt_progress {
  * and `out` a terminal outside a launcher. */
 bool dt_progress_live(FILE *out);
 
-/* out: the log (NULL = none); live as dt_progress_live says. */
-void dt_progress_init(dt_progress *p, FILE *out, const char *prefix, bool quiet);
+/* out: the log (NULL = none); console: the stream a live line would go to
+ * (out, or the terminal behind it); live as dt_progress_live(console) says. */
+void dt_progress_init(dt_progress *p, FILE *out, FILE *console, const char *prefix, bool quiet);
 void dt_progress_epoch_begin(dt_progress *p, int64_t steps_done);
 
 typedef struct dt_progress_state {

@@ -61,7 +61,7 @@ TEST(Trace, RankInPath) {
 TEST(Metrics, RecordsAreJsonWithNullsForMissingValues) {
   std::string path = temp_path("metrics_unit.jsonl");
   dt_metrics *m = nullptr;
-  ASSERT_EQ(dt_metrics_open(path.c_str(), &m), DT_OK);
+  ASSERT_EQ(dt_metrics_open(path.c_str(), false, &m), DT_OK);
   dt_metrics_step r = dt_metrics_step_default();
   double ranks[2] = {10.0, 11.0};
   dt_metrics_device dev = {"cpu:0", 1.0, 2.0, 3.0};
@@ -109,7 +109,7 @@ TEST(Metrics, RecordsAreJsonWithNullsForMissingValues) {
 
 TEST(Metrics, UnwritablePathIsAnIoError) {
   dt_metrics *m = nullptr;
-  EXPECT_EQ(dt_metrics_open("/nonexistent-dir/m.jsonl", &m), DT_ERR_IO);
+  EXPECT_EQ(dt_metrics_open("/nonexistent-dir/m.jsonl", false, &m), DT_ERR_IO);
   EXPECT_NE(std::string(dt_last_error()).find("/nonexistent-dir/m.jsonl"), std::string::npos);
 }
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu.h"
 #include "core/autograd.h"
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/step.h"
 #include "launch/bench.h"
 #include "models/models.h"
