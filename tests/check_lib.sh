@@ -26,3 +26,29 @@ expect() {
     echo "ok: $what"
   fi
 }
+
+# expect_no WHERE PATTERN DESCRIPTION: the last run's WHERE (out|err) does
+# not match the extended regex.
+expect_no() {
+  checks=$((checks + 1))
+  if grep -Eq -- "$2" "${!1}"; then
+    fail "$3: $1 matches /$2/"
+  else
+    echo "ok: $3"
+  fi
+}
+
+# expect_cmd DESCRIPTION COMMAND...: COMMAND (a checker) succeeds; its last
+# line is shown, or its output when it fails.
+expect_cmd() {
+  local what=$1
+  shift
+  checks=$((checks + 1))
+  if "$@" >"$tmp/check.out" 2>&1; then
+    echo "ok: $what ($(tail -1 "$tmp/check.out"))"
+  else
+    failures=$((failures + 1))
+    echo "FAIL: $what"
+    sed 's/^/  /' "$tmp/check.out" | tail -20
+  fi
+}

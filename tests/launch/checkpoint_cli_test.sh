@@ -40,16 +40,7 @@ run() { # run ARGS...: dtrain with a deadline
   timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
 }
-check() { # check DESCRIPTION COMMAND...: the command succeeds
-  checks=$((checks + 1))
-  if "${@:2}" >"$tmp/check.out" 2>&1; then
-    echo "ok: $1 ($(tail -1 "$tmp/check.out"))"
-  else
-    failures=$((failures + 1))
-    echo "FAIL: $1"
-    sed 's/^/  /' "$tmp/check.out" | tail -20
-  fi
-}
+check() { expect_cmd "$@"; } # check DESCRIPTION COMMAND...: the command succeeds (check_lib.sh)
 same_bits() { # same_bits CKPT_A CKPT_B
   cmp "$1/model.safetensors" "$2/model.safetensors" &&
     cmp "$1/trainer_state.bin" "$2/trainer_state.bin" &&
