@@ -326,7 +326,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .target = &obs->metrics_path,
        .metavar = "FILE",
        .help = "JSON Lines: one record per log interval and per evaluation (rank 0 writes it)",
-       .default_text = "none"},
+       .default_text = "<run-dir>/metrics.jsonl"},
       {.name = "trace",
        .type = DT_FLAG_STRING,
        .target = &obs->trace_path,
