@@ -46,6 +46,7 @@ struct dt_observer {
   double interval_start_s;
   int64_t interval_steps, interval_syncs;
   dt_ddp_comm_times comm; /* summed over the interval's synchronised steps */
+  int record_interval;    /* rank 0's --log-interval with metrics, else 0 */
   dt_status first_error;
   double eval_span;
 };
@@ -102,6 +103,37 @@ fail:
   return st;
 }
 
+/* Sums v[0..n) over the ranks in place (on the rank's device: an nccl
+ * communicator reduces GPU memory only). */
+static dt_status sum_over_ranks(dt_observer *o, float *v, int64_t n) {
+  if (o->run.world <= 1 || !o->run.comm)
+    return DT_OK;
+  dt_tensor *t = NULL;
+  DT_CHECK(dt_tensor_from_host(v, &n, 1, DT_DTYPE_F32, o->dev, &t));
+  dt_status st = dt_comm_allreduce_sync(o->run.comm, t, DT_REDUCE_SUM);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, v, (size_t)n * sizeof *v);
+  dt_tensor_release(t);
+  return st;
+}
+
+/* Rank 0's --log-interval to every rank (a sum of it and zeros). */
+static dt_status share_record_interval(dt_observer *o) {
+  float v = o->rank == 0 ? (float)o->cfg.log_interval : 0.0f;
+  DT_CHECK(sum_over_ranks(o, &v, 1));
+  o->record_interval = (int)v;
+  return DT_OK;
+}
+
+/* Every rank's {step_ms, allocated, reserved, peak}: each rank fills its
+ * slot and the sum over the ranks is the gathered table. */
+static dt_status gather_ranks(dt_observer *o, const float *mine, float *all) {
+  int64_t n = (int64_t)o->run.world * PER_RANK_FIGURES;
+  memset(all, 0, (size_t)n * sizeof *all);
+  memcpy(all + (size_t)o->rank * PER_RANK_FIGURES, mine, PER_RANK_FIGURES * sizeof *all);
+  return sum_over_ranks(o, all, n);
+}
+
 dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run) {
   o->run = *run;
   int n = run->devices ? run->n_devices : 1;
@@ -114,6 +146,8 @@ dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run) {
   if (!o->run.stats)
     o->run.stats = &o->no_stats;
   o->run.n_devices = n;
+  if (o->cfg.metrics_path)
+    DT_CHECK(share_record_interval(o));
   dt_metrics_run mr = {run->model,  run->data,    run->device_name,        run->comm_name,
                        run->world,  run->batch,   run->batch * run->world, run->accum,
                        run->epochs, run->threads, run->total_steps,        run->steps_per_epoch};
@@ -134,12 +168,18 @@ dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run) {
   return DT_OK;
 }
 
-bool dt_observer_collective(const dt_observer *o) {
-  return o->cfg.metrics_path != NULL && o->cfg.log_interval > 0;
+bool dt_observer_collective(const dt_observer *o) { return o->record_interval > 0; }
+
+static bool record_due(const dt_observer *o, int64_t batch) {
+  return o->record_interval > 0 && batch % o->record_interval == 0;
 }
 
-bool dt_observer_wants_intervals(const dt_observer *o) {
-  return o->cfg.log_interval > 0 && (o->log || dt_observer_collective(o));
+static bool line_due(const dt_observer *o, int64_t batch) {
+  return o->log && o->cfg.log_interval > 0 && batch % o->cfg.log_interval == 0;
+}
+
+bool dt_observer_interval_due(const dt_observer *o, int64_t batch) {
+  return record_due(o, batch) || line_due(o, batch);
 }
 
 void dt_observer_epoch_begin(dt_observer *o, int epoch, int64_t batches) {
@@ -158,9 +198,9 @@ void dt_observer_epoch_begin(dt_observer *o, int epoch, int64_t batches) {
 void dt_observer_step_begin(dt_observer *o, int64_t first_batch, int group) {
   dt_trace_set_step(o->trace, o->steps_done + 1);
   /* The norm is read where a record falls in this step's micro-batches. */
-  int li = o->cfg.log_interval;
+  int ri = o->record_interval;
   /* every rank alike: under ZeRO the norm is a collective */
-  bool record = dt_observer_collective(o) && (first_batch + group) / li > first_batch / li;
+  bool record = ri > 0 && (first_batch + group) / ri > first_batch / ri;
   o->run.stats->want_grad_norm = record;
 }
 
@@ -240,24 +280,6 @@ dt_status dt_observer_step_end(dt_observer *o, const dt_ddp *ddp) {
   return DT_OK;
 }
 
-/* Every rank's {step_ms, allocated, reserved, peak}: each rank fills its
- * slot and the sum over the ranks is the gathered table. */
-static dt_status gather_ranks(dt_observer *o, const float *mine, float *all) {
-  int world = o->run.world;
-  int64_t n = (int64_t)world * PER_RANK_FIGURES;
-  memset(all, 0, (size_t)n * sizeof *all);
-  memcpy(all + (size_t)o->rank * PER_RANK_FIGURES, mine, PER_RANK_FIGURES * sizeof *all);
-  if (world <= 1 || !o->run.comm)
-    return DT_OK;
-  dt_tensor *t = NULL;
-  DT_CHECK(dt_tensor_from_host(all, &n, 1, DT_DTYPE_F32, o->dev, &t));
-  dt_status st = dt_comm_allreduce_sync(o->run.comm, t, DT_REDUCE_SUM);
-  if (st == DT_OK)
-    st = dt_tensor_to_host(t, all, (size_t)n * sizeof *all);
-  dt_tensor_release(t);
-  return st;
-}
-
 static void memory_of(dt_device dev, float *out) {
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
@@ -331,7 +353,7 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
   double span = now - o->interval_start_s;
   double step_ms = o->interval_steps > 0 ? 1e3 * span / (double)o->interval_steps : 0.0;
   dt_status st = DT_OK;
-  if (dt_observer_collective(o)) {
+  if (record_due(o, iv->batch)) {
     int world = o->run.world > 0 ? o->run.world : 1;
     float mine[PER_RANK_FIGURES] = {(float)step_ms, 0, 0, 0};
     memory_of(o->dev, mine + 1);
@@ -343,7 +365,7 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
       st = write_record(o, iv, now, step_ms, all);
     free(all);
   }
-  if (o->log && !o->progress.live) {
+  if (line_due(o, iv->batch) && !o->progress.live) {
     float mem[3];
     memory_of(o->dev, mem);
     char line[256];

@@ -64,13 +64,18 @@ typedef struct dt_observer dt_observer;
  * writes train.log). */
 dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device dev, FILE *log,
                              FILE *console, const char *prefix, bool resumed, dt_observer **out);
-/* The run's facts (copied): the metrics file's run record, the status file. */
+/* The run's facts (copied): the metrics file's run record, the status file;
+ * rank 0's record interval to every rank. Collective under DDP. */
 dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run);
-/* Whether every rank must call dt_observer_interval at each log interval
- * (the metrics gather the ranks' figures), also ranks that print nothing. */
+/* Whether the metrics records are collective (they gather the ranks'
+ * figures): every rank then calls dt_observer_interval at each record,
+ * also ranks that print nothing. Records fall every rank 0's
+ * --log-interval micro-batches (dt_observer_start shares it: the flag may
+ * differ between ranks); progress lines every this rank's. */
 bool dt_observer_collective(const dt_observer *o);
-/* Whether there is anything to show at a log interval on this rank. */
-bool dt_observer_wants_intervals(const dt_observer *o);
+/* Whether dt_observer_interval is due after `batch` micro-batches of the
+ * epoch: a record (every rank alike) or this rank's progress line. */
+bool dt_observer_interval_due(const dt_observer *o, int64_t batch);
 
 void dt_observer_epoch_begin(dt_observer *o, int epoch, int64_t batches);
 /* An optimizer step over micro-batches [first_batch, first_batch + group)
@@ -90,8 +95,8 @@ typedef struct dt_observe_interval {
   double samples_per_s; /* every rank's */
   const char *extra;    /* appended to the plain progress line ("" or NULL = none) */
 } dt_observe_interval;
-/* The progress line and the metrics record. Collective when
- * dt_observer_collective. */
+/* The progress line and the metrics record, whichever is due. Collective
+ * at records when dt_observer_collective. */
 dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv);
 
 void dt_observer_eval_begin(dt_observer *o);

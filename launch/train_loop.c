@@ -636,8 +636,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     dt_observer_tick(s->obs, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = c->log_interval > 0 && dt_observer_wants_intervals(s->obs) &&
-                   (b + 1) % c->log_interval == 0;
+    bool log_now = dt_observer_interval_due(s->obs, b + 1);
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
