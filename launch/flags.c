@@ -246,6 +246,16 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
   return DT_FLAGS_OK;
 }
 
+int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                           dt_flags_args *out) {
+  switch (dt_flags_parse(set, argc, argv, err, out)) {
+    case DT_FLAGS_OK: return DT_FLAGS_RUN;
+    case DT_FLAGS_HELP: dt_flags_print_help(set, stdout); return 0;
+    case DT_FLAGS_ERROR: break;
+  }
+  return 2;
+}
+
 /* The target's value; exact: the shortest digits (at least 6) that read
  * back to the same number, rather than the help's %g. */
 static void format_value(const dt_flag *f, bool exact, char *buf, size_t cap) {
