@@ -61,12 +61,19 @@ for ((t = 1; t <= trials; t++)); do
   start=$(date +%s%N)
   timeout -k 5 $((timeout_s + 40)) mpirun "${mpi_args[@]}" "${apps[@]}" >"$dir/out" 2>"$dir/err" &
   job=$!
+  pid=""
   case $fault in
     kill9 | stop | term)
       sleep "$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
-      pid=$(rank_pid "$dir" "$victim")
+      # The rank may not have started yet: wait for it (a fault is always injected).
+      for ((w = 0; w < 200; w++)); do
+        pid=$(rank_pid "$dir" "$victim")
+        [ -n "$pid" ] && break
+        sleep 0.05
+      done
       sig=$([ "$fault" = kill9 ] && echo KILL || ([ "$fault" = stop ] && echo STOP || echo TERM))
-      [ -n "$pid" ] && kill -s "$sig" "$pid" 2>/dev/null
+      # A rank that already exited was not faulted: pid stays empty.
+      [ -n "$pid" ] && { kill -s "$sig" "$pid" 2>/dev/null || pid=""; }
       ;;
   esac
   wait "$job"
@@ -75,16 +82,18 @@ for ((t = 1; t <= trials; t++)); do
   # What must hold: the job ended, non-zero, in time, with a named cause.
   # (A fault injected after the run finished leaves a clean exit 0.)
   problems=()
-  # (mpirun itself exits 137 when a rank died of SIGKILL: time tells a hang.)
-  [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] && problems+=("took ${elapsed} ms: hung")
   finished_clean=0
   if [ "$rc" = 0 ]; then
-    if [ "${pid:-}" = "" ] && grep -q "^test_accuracy=" "$dir/out"; then
+    if [[ $fault =~ ^(kill9|stop|term)$ ]] && [ -z "$pid" ] && grep -q "^test_accuracy=" "$dir/out"; then
       finished_clean=1
     else
       problems+=("exit 0 despite the fault")
     fi
   fi
+  # (mpirun itself exits 137 when a rank died of SIGKILL: time tells a hang;
+  # a run the fault missed may take as long as training takes.)
+  [ "$finished_clean" = 0 ] && [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] &&
+    problems+=("took ${elapsed} ms: hung")
   if [ "$rc" != 0 ]; then
     case $fault in
       kill9) want="rank $victim .*(signal 9|Killed)|process rank $victim .*signal 9|rank [0-9]+: .*(did not complete|peer)" ;;
