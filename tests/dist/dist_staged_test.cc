@@ -172,18 +172,8 @@ void RegisterStandIn() {
 
 // ---- helpers ----
 
-dt_tensor *OnDevice(const std::vector<float> &v) {
-  int64_t n = static_cast<int64_t>(v.size());
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kDev, &t), DT_OK) << dt_last_error();
-  return t;
-}
-
-std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK);
-  return v;
-}
+dt_tensor *OnDevice(const std::vector<float> &v) { return dtt::VectorOn(kDev, v); }
+using dtt::Host;
 
 class DistStaged : public ::testing::Test {
  protected:
