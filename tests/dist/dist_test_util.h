@@ -22,12 +22,10 @@
 #include "dist/dp.h"
 #include "models/models.h"
 #include "models/tasks.h"
+#include "tests/dt_assert.h"
 
-#define DT_ASSERT_OK(expr)                                                                  \
-  do {                                                                                      \
-    dt_status s_ = (expr);                                                                  \
-    ASSERT_EQ(s_, DT_OK) << #expr << ": " << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
+// The dist suites' name for ASSERT_DT_OK (tests/dt_assert.h).
+#define DT_ASSERT_OK(expr) ASSERT_DT_OK(expr)
 
 namespace dtt {
 
