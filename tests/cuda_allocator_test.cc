@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "cuda/block_pool.h"
 #include "cuda/cuda.h"
+#include "tests/device_util.h"
 
 namespace {
 
@@ -358,15 +359,7 @@ TEST(CudaAvailability, DoctorReportsWithoutAGpu) {
 
 // ---- on a GPU ----
 
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get({DT_DEVICE_CUDA, 0}, &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
+std::string NoGpuReason() { return dtt::NoDeviceReason({DT_DEVICE_CUDA, 0}); }
 
 #define SKIP_WITHOUT_GPU()                           \
   do {                                               \
