@@ -20,6 +20,17 @@ def dt_cc_test(name, deps = [], srcs_name = None, srcs = [], **kwargs):
         **kwargs
     )
 
+def dt_test_library(name, deps, header_only = False):
+    """A helper library of the suites, <name>.h (and <name>.cc), for every test package."""
+    native.cc_library(
+        name = name,
+        testonly = True,
+        srcs = [] if header_only else [name + ".cc"],
+        hdrs = [name + ".h"],
+        visibility = ["//tests:__subpackages__"],
+        deps = deps,
+    )
+
 def dt_lib_test(name, libs, srcs = None, size = "small", **kwargs):
     """A GoogleTest suite (srcs, default <name>.cc) over only the libraries `libs`."""
     native.cc_test(
