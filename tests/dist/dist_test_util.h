@@ -112,6 +112,19 @@ inline dt_dp_config dp_config() {
   return c;
 }
 
+// `steps` data-parallel steps over the synthetic batches [s * batch,
+// (s + 1) * batch) (call under ASSERT_NO_FATAL_FAILURE).
+inline void dp_train(dt_dp *dp, int steps, int batch) {
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    dt_status st = dt_dp_step(dp, x, y, nullptr);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    ASSERT_DT_OK(st);
+  }
+}
+
 inline dt_param_arena *replica_arena(const dt_dp *dp, int i) {
   return dt_replica_arena(dt_dp_replica(dp, i));
 }
