@@ -450,26 +450,12 @@ dtt::StepRun run_zero(int world, const dtt::StepSpec &spec) {
 // with gradient accumulation, with clipping, with AdamW; small buckets so
 // that buckets split parameters.
 TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
-  struct Case {
-    const char *model;
-    int accum;
-    float clip;
-    bool adamw;
-  };
-  const Case cases[] = {{"mlp", 1, 0.0f, false}, {"lenet", 1, 0.0f, false},
-                        {"mlp", 2, 0.0f, true},  {"lenet", 2, 0.0f, false},
-                        {"mlp", 1, 0.5f, true},  {"lenet", 2, 0.05f, false}};
-  for (const Case &c : cases) {
+  const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false}, {"lenet", 1, 0.0f, false},
+                                 {"mlp", 2, 0.0f, true},  {"lenet", 2, 0.0f, false},
+                                 {"mlp", 1, 0.5f, true},  {"lenet", 2, 0.05f, false}};
+  for (const dtt::ZeroCase &c : cases) {
     for (int world : {2, 3}) {
-      dtt::StepSpec spec;
-      spec.model = c.model;
-      spec.steps = 4;
-      spec.per_rank = 4;
-      spec.accum = c.accum;
-      spec.clip = c.clip;
-      spec.adamw = c.adamw;
-      spec.ddp.first_bucket_bytes = 20000;  // not a parameter boundary
-      spec.ddp.bucket_bytes = 300000;
+      dtt::StepSpec spec = dtt::zero_case_spec(c);
       std::vector<float> ref = dtt::train_steps(nullptr, world, spec).params;
       std::vector<float> stage0;
       for (int stage : {0, 1, 2}) {

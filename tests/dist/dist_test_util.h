@@ -256,6 +256,29 @@ struct StepSpec {
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
 };
 
+// A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
+// per rank, buckets of 20000 then 300000 bytes (not parameter boundaries,
+// so buckets split parameters).
+struct ZeroCase {
+  const char *model;
+  int accum;
+  float clip;
+  bool adamw;
+};
+
+inline StepSpec zero_case_spec(const ZeroCase &c) {
+  StepSpec spec;
+  spec.model = c.model;
+  spec.steps = 4;
+  spec.per_rank = 4;
+  spec.accum = c.accum;
+  spec.clip = c.clip;
+  spec.adamw = c.adamw;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  return spec;
+}
+
 inline dt_status spec_optimizer(void *user, int, dt_param_arena *arena, dt_optimizer **out) {
   if (static_cast<const StepSpec *>(user)->adamw) {
     dt_adamw_config c = DT_ADAMW_CONFIG_DEFAULT;

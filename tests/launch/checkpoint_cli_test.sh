@@ -22,20 +22,12 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-dtrain="${TEST_SRCDIR:-$here/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="$here/../../bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "checkpoint_cli_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
 numpy_tool="$here/ckpt_numpy.py"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-repo=$(cd "$here/../.." && pwd)
-data_dir=${DT_DATA_DIR:-$repo/data}
-[ -d "$data_dir/fashion-mnist" ] || data_dir=/usr/share/datasets
-export DT_DATA_DIR="$data_dir"
-lib="$here/../check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$here/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR="$data_dir"
 run() { # run ARGS...: dtrain with a deadline
   timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
