@@ -107,8 +107,9 @@ static dt_status run_tasks(const char *op, const att_args *a, int64_t n, size_t 
 /* One forward task: queries [i0, i1) of head h of sequence b. scratch:
  * ATT_KB * hd (a key block, transposed) + ATT_KB (scores) + ATT_QB * hd
  * (accumulators) + 2 * ATT_QB (running max, running sum). */
-static void attention_forward_block(const att_geom *g, const float *qkv, float *out, float *lse,
-                                    int64_t b, int64_t h, int64_t i0, int64_t i1, float *scratch) {
+DT_CPU_CLONES static void attention_forward_block(const att_geom *g, const float *qkv, float *out,
+                                                  float *lse, int64_t b, int64_t h, int64_t i0,
+                                                  int64_t i1, float *scratch) {
   const int64_t hd = g->hd;
   float *kt = scratch, *s = kt + ATT_KB * hd, *acc = s + ATT_KB, *m = acc + ATT_QB * hd,
         *l = m + ATT_QB;
@@ -129,10 +130,9 @@ static void attention_forward_block(const att_geom *g, const float *qkv, float *
       for (int64_t j = 0; j < n; j++)
         mx = s[j] > mx ? s[j] : mx;
       float alpha = expf(m[r] - mx), sum = 0.0f; /* the first block: exp(-inf) = 0 */
-      for (int64_t j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
+      dt_cpu_exp_shifted(s, mx, s, n);
+      for (int64_t j = 0; j < n; j++)
         sum += s[j];
-      }
       l[r] = l[r] * alpha + sum;
       m[r] = mx;
       float *ar = acc + r * hd;
@@ -175,9 +175,10 @@ dt_status dt_cpu_attention_forward(const dt_exec *ex, const float *qkv, float *o
 /* The backward of one (sequence, head). scratch: 2 * ATT_KB * hd (a key and
  * a value block, transposed) + 2 * ATT_KB (scores, then probabilities;
  * dP) + t (D = rowsum(dout * out)). */
-static void attention_backward_head(const att_geom *g, const float *qkv, const float *out,
-                                    const float *lse, const float *dout, float *dqkv, int64_t b,
-                                    int64_t h, float *scratch) {
+DT_CPU_CLONES static void attention_backward_head(const att_geom *g, const float *qkv,
+                                                  const float *out, const float *lse,
+                                                  const float *dout, float *dqkv, int64_t b,
+                                                  int64_t h, float *scratch) {
   const int64_t t = g->t, hd = g->hd, c = g->c, row = g->row;
   float *kt = scratch, *vt = kt + ATT_KB * hd, *p = vt + ATT_KB * hd, *dp = p + ATT_KB,
         *dsum = dp + ATT_KB;
@@ -202,10 +203,9 @@ static void attention_backward_head(const att_geom *g, const float *qkv, const f
       scores_block(q, kt, hd, n, g->scale, p);
       scores_block(gi, vt, hd, n, 1.0f, dp);
       const float li = lrow[i], di = dsum[i];
-      for (int64_t j = 0; j < n; j++) {
-        p[j] = expf(p[j] - li);
+      dt_cpu_exp_shifted(p, li, p, n);
+      for (int64_t j = 0; j < n; j++)
         dp[j] = p[j] * (dp[j] - di) * g->scale; /* dS, times the scale of q k^T */
-      }
       for (int64_t j = 0; j < n; j++) {
         axpy(dp[j], k + j * row, dq, hd);
         axpy(dp[j], q, dk + j * row, hd);

@@ -71,6 +71,12 @@ DT_CPU_CLONES static double row_exp_sum(const float *x, int64_t n, float mx, flo
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+DT_CPU_CLONES void dt_cpu_exp_shifted(const float *x, float shift, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++)
+    y[j] = exp_nonpositive(x[j] - shift);
+}
+
 /* y[j] = g * exp(x[j] - l) for x[j] <= l (a softmax from its logsumexp) */
 DT_CPU_CLONES static void row_scaled_exp(const float *x, int64_t n, float l, float g, float *y) {
 #pragma omp simd
