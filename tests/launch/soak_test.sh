@@ -4,11 +4,14 @@
 # rank, a bad flag or a drifted setting on one rank, or other data behind the
 # same flags. Every job must end within --comm-timeout + 10 s, non-zero, with
 # a message naming the rank and the cause, and leave no process behind.
-#   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs.
+#   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs;
+#   SOAK_DTRAIN another binary (a sanitizer build: any report fails a trial).
 set -uo pipefail
 
 dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
 [ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+# SOAK_DTRAIN: another build to soak (e.g. --config=asan's; see the note).
+[ -n "${SOAK_DTRAIN:-}" ] && dtrain="$SOAK_DTRAIN"
 [ -x "$dtrain" ] || { echo "soak_test: dtrain binary not found" >&2; exit 1; }
 dtrain=$(readlink -f "$dtrain")
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -22,6 +25,7 @@ trials=${SOAK_TRIALS:-8}
 RANDOM=${SOAK_SEED:-$$}
 timeout_s=5
 mpi_args=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1)
+[ -n "${ASAN_OPTIONS:-}" ] && mpi_args+=(-x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 faults=(kill9 stop term badflag drift data)
 failures=0
@@ -45,7 +49,8 @@ for ((t = 1; t <= trials; t++)); do
   dir="$tmp/trial$t"
   mkdir -p "$dir"
   ln -sfn "$data_dir/fashion-mnist" "$dir/fashion-mnist"
-  common=(train --model lenet --max-steps 400 --log-interval 0 --comm-timeout "$timeout_s")
+  common=(train --model lenet --max-steps 400 --log-interval 0 --comm-timeout "$timeout_s"
+    --run-dir "$dir/run")
   # One app context per rank, so that one of them can differ.
   apps=()
   for ((r = 0; r < np; r++)); do
@@ -100,6 +105,7 @@ for ((t = 1; t <= trials; t++)); do
   # a run the fault missed may take as long as training takes.)
   [ "$finished_clean" = 0 ] && [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] &&
     problems+=("took ${elapsed} ms: hung")
+  grep -q "Sanitizer" "$dir/err" && problems+=("a sanitizer report")
   if [ "$rc" != 0 ]; then
     case $fault in
       kill9) want="rank $victim .*(signal 9|Killed)|process rank $victim .*signal 9|rank [0-9]+: .*(did not complete|peer)" ;;
@@ -109,7 +115,14 @@ for ((t = 1; t <= trials; t++)); do
       drift) want="ranks were started with different settings: rank 0 has --lr" ;;
       data) want="ranks were started with different settings: rank 0 has data train" ;;
     esac
-    grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
+    # SIGTERM after the signal handlers are in: every rank stops after the
+    # step, saves a checkpoint and the job exits 75 (launch/train_checkpoint.h).
+    if [ "$fault" = term ] && [ "$rc" = 75 ]; then
+      grep -q "stopped by SIGTERM after optimizer step" "$dir/out" ||
+        problems+=("exit 75 without the stop line")
+    else
+      grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
+    fi
   fi
   sleep 0.5
   left=$(pgrep -f -- "--data-dir $dir( |/|$)" || true)
