@@ -44,9 +44,13 @@ int dt_cpu_threads(void);
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);
 
-/* y[j] = exp(x[j] - shift) for x[j] - shift <= 0 (within 1 ulp of expf;
- * -inf gives 0), vectorised; y may be x. */
-void dt_cpu_exp_shifted(const float *x, float shift, float *y, int64_t n);
+/* Vectorised math (core/cpu_math.c); y may be x.
+ *   y[j] = scale * exp(x[j] - shift), for x[j] - shift <= 88 (within 1 ulp
+ *          of expf; -inf gives 0)
+ *   y = GELU(x) (tanh approximation); dx = dy * GELU'(x) */
+void dt_cpu_exp_shifted(const float *x, float shift, float scale, float *y, int64_t n);
+void dt_cpu_gelu(const float *x, float *y, int64_t n);
+void dt_cpu_gelu_backward(const float *x, const float *dy, float *dx, int64_t n);
 
 /* The kernels (cpu_kernels_*.c), one per DT_KERNEL of core/op_table.def:
  *   dt_status dt_cpu_<name>(const dt_exec *ex, <params>);

@@ -130,7 +130,7 @@ DT_CPU_CLONES static void attention_forward_block(const att_geom *g, const float
       for (int64_t j = 0; j < n; j++)
         mx = s[j] > mx ? s[j] : mx;
       float alpha = expf(m[r] - mx), sum = 0.0f; /* the first block: exp(-inf) = 0 */
-      dt_cpu_exp_shifted(s, mx, s, n);
+      dt_cpu_exp_shifted(s, mx, 1.0f, s, n);
       for (int64_t j = 0; j < n; j++)
         sum += s[j];
       l[r] = l[r] * alpha + sum;
@@ -203,7 +203,7 @@ DT_CPU_CLONES static void attention_backward_head(const att_geom *g, const float
       scores_block(q, kt, hd, n, g->scale, p);
       scores_block(gi, vt, hd, n, 1.0f, dp);
       const float li = lrow[i], di = dsum[i];
-      dt_cpu_exp_shifted(p, li, p, n);
+      dt_cpu_exp_shifted(p, li, 1.0f, p, n);
       for (int64_t j = 0; j < n; j++)
         dp[j] = p[j] * (dp[j] - di) * g->scale; /* dS, times the scale of q k^T */
       for (int64_t j = 0; j < n; j++) {

@@ -7,33 +7,7 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
-/* ---- exp, vectorised ---- */
-
-/* exp(x) for x <= 0 (Cephes' expf: a degree-6 polynomial on [-ln2/2, ln2/2]
- * after reduction by powers of two; within 1 ulp of glibc's expf on
- * [-87.3, 0], measured), written so that
- * the loops calling it vectorise; x below -87.3 (or -inf) gives 0. */
-static inline float exp_nonpositive(float x) {
-  const float lo = -87.33654f;
-  float xc = x < lo ? lo : x;
-  float fx = xc * 1.44269504088896341f;
-  fx = (fx - 12582912.0f) + 12582912.0f; /* round to nearest: the sum drops the fraction */
-  float r = xc - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
-  float z = r * r;
-  float y =
-      ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) *
-           r +
-       1.6666665459e-1f) *
-          r +
-      5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } pow2 = {((int32_t)fx + 127) << 23};
-  return x < lo ? 0.0f : y * pow2.f;
-}
+/* ---- row helpers, vectorised (the exponentials: core/cpu_math.c) ---- */
 
 #define EXP_BLOCK 512 /* elements per block of a row's exponentials */
 
@@ -56,9 +30,7 @@ DT_CPU_CLONES static double row_exp_sum(const float *x, int64_t n, float mx, flo
     int64_t len = MIN(EXP_BLOCK, n - j0);
     float *eb = e ? e + j0 : tmp;
     const float *xb = x + j0;
-#pragma omp simd
-    for (int64_t j = 0; j < len; j++)
-      eb[j] = exp_nonpositive(xb[j] - mx);
+    dt_cpu_exp_shifted(xb, mx, 1.0f, eb, len);
     int64_t k = 0;
     for (; k + 8 <= len; k += 8) {
 #pragma omp simd
@@ -69,19 +41,6 @@ DT_CPU_CLONES static double row_exp_sum(const float *x, int64_t n, float mx, flo
       acc[k & 7] += eb[k];
   }
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-DT_CPU_CLONES void dt_cpu_exp_shifted(const float *x, float shift, float *y, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; j++)
-    y[j] = exp_nonpositive(x[j] - shift);
-}
-
-/* y[j] = g * exp(x[j] - l) for x[j] <= l (a softmax from its logsumexp) */
-DT_CPU_CLONES static void row_scaled_exp(const float *x, int64_t n, float l, float g, float *y) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; j++)
-    y[j] = g * exp_nonpositive(x[j] - l);
 }
 
 /* x[j] *= a */
@@ -286,7 +245,7 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
       memset(dr, 0, (size_t)c * sizeof(float));
       continue;
     }
-    row_scaled_exp(xr, c, lse[i], dloss_rows[i], dr);
+    dt_cpu_exp_shifted(xr, lse[i], dloss_rows[i], dr, c);
     dr[t] -= dloss_rows[i];
   }
   return DT_OK;
