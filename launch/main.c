@@ -267,6 +267,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_comm_timeout(&cfg.comm_timeout),
       dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
       dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
+      dt_cli_flag_zero(&cfg.zero),
       {.name = "allow-unused",
        .type = DT_FLAG_BOOL,
        .target = &allow_unused,

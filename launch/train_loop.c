@@ -126,6 +126,8 @@ static dt_status check_config(const dt_train_config *c) {
                     c->schedule);
   if (strcmp(c->mode, "ddp") && strcmp(c->mode, "dp"))
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
+  if (c->zero < 0 || c->zero > 2)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", c->zero);
   if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
@@ -186,8 +188,10 @@ static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
 }
 
 static dt_train_comm_options comm_options(const dt_train_config *c) {
-  return (dt_train_comm_options){c->comm_backend, c->comm_timeout, c->first_bucket_mb,
-                                 c->bucket_cap_mb, c->allow_unused};
+  dt_train_comm_options co = {c->comm_backend, c->comm_timeout, c->first_bucket_mb,
+                              c->bucket_cap_mb, c->allow_unused};
+  co.zero_stage = c->zero;
+  return co;
 }
 
 static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
@@ -570,11 +574,17 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
     memset(&ms, 0, sizeof ms);
+  /* Per rank (dp: per replica): what ZeRO shards. */
+  dt_replica_memory rm = dt_replica_memory_use(s->replica ? s->replica : dt_dp_replica(s->dp, 0));
+  char in_flight[48] = "";
+  if (rm.gradients_in_flight > 0)
+    snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   log_line(log, c,
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-           "MiB)\n",
+           "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
            epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
-           mib(ms.allocated), mib(ms.peak_allocated));
+           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
+           in_flight);
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -698,16 +708,16 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
-             "(global batch %d)\n",
-             s->n_replicas, c->batch, c->batch);
+             "(global batch %d), zero %d\n",
+             s->n_replicas, c->batch, c->batch, c->zero);
   } else if (s->world > 1) {
     char who[256];
     log_line(log, c,
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
-             "(first %g MiB, then %g MiB) over %s, comm timeout %g s\n",
+             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
              dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
-             c->comm_timeout);
+             c->comm_timeout, c->zero);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "

@@ -102,6 +102,7 @@ typedef struct dt_train_config {
   float bucket_cap_mb;      /* DDP bucket size after the first (25) */
   float first_bucket_mb;    /* DDP first bucket (1) */
   bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
+  int zero;                 /* ZeRO stage 0-2 (dist/ddp.h); one process: none */
   const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
   /* Under DDP every rank must have been started with the same settings:
    * these lines ("--lr 0.05\n"..., dt_flags_format_values) and the data sets'
@@ -144,9 +145,11 @@ typedef struct dt_train_comm_options {
   float bucket_cap_mb;    /* DDP buckets after the first */
   bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
+  int zero_stage;         /* ZeRO stage of the reducer (0, 1, 2) */
 } dt_train_comm_options;
 
-/* DDP buckets of the given sizes in MiB (at least 4 bytes each). */
+/* DDP buckets of the given sizes in MiB (at least 4 bytes each), the ZeRO
+ * stage and unused-parameter tolerance. */
 dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
 
 /* One DDP rank (world of pg > 1): the communicator that
