@@ -42,6 +42,7 @@ typedef struct save_job {
   char parent[4096]; /* .../checkpoints */
   int64_t step;
   int keep;
+  int n_shards; /* ZeRO: optimizer.rank<R>.bin of every rank, written already */
   dt_tensor_snapshot *weights;
   dt_state_writer *state;
   dt_status status;
@@ -196,6 +197,19 @@ static dt_status compare_config(const char *path, const char *have, size_t have_
 }
 
 /* ---- saving ---- */
+/* Size and CRC32 of a file another rank wrote. */
+static dt_status file_entry(const char *dir, dt_ckpt_file_entry *e) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", dir, e->name);
+  void *buf = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_ckpt_read_file(path, &buf, &size));
+  e->size = size;
+  e->crc32 = dt_crc32(0, buf, size);
+  free(buf);
+  return DT_OK;
+}
+
 static void *writer_main(void *arg) {
   save_job *j = arg;
   dt_ckpt_manifest m;
@@ -215,6 +229,11 @@ static void *writer_main(void *arg) {
         dt_tensor_snapshot_write_safetensors(j->weights, j->dir, WEIGHTS_FILE, &w->crc32, &w->size);
   if (st == DT_OK)
     st = dt_state_writer_write(j->state, j->dir, STATE_FILE, &s->crc32, &s->size);
+  for (int r = 0; st == DT_OK && r < j->n_shards; r++) {
+    dt_ckpt_file_entry *e = &m.files[m.n_files++];
+    snprintf(e->name, sizeof e->name, "optimizer.rank%05d.bin", r);
+    st = file_entry(j->dir, e);
+  }
   if (st == DT_OK)
     st = dt_ckpt_manifest_write(j->dir, &m);
   /* --keep: the newest K complete checkpoints stay. */
@@ -283,32 +302,80 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
   return DT_OK;
 }
 
-/* The optimizer's moments as one shard [0, total) (no ZeRO: every rank
- * holds all of them). */
-static dt_status optimizer_section(const dt_train_ckpt *ck, dt_state_writer *w) {
-  dt_optimizer *opt = ck->run.opts[0];
-  int64_t numel = dt_optim_state_numel(opt);
+/* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
+ * segments of the flat space (one, [0, total), without ZeRO), clipped to
+ * the model's parameters (ZeRO pads the arena's tail). */
+static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
+                                   size_t *size) {
+  int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(ck->run.models[0]);
-  float *moments = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
-  if (!moments)
-    return DT_ERROR(DT_ERR_OOM, "checkpoint: %lld optimizer floats: out of host memory",
-                    (long long)numel);
-  dt_status st = dt_optim_state_get(opt, moments, numel);
-  dt_ckpt_optim_shard shard = {0, (uint64_t)total, (uint64_t)total,
-                               total > 0 ? (uint32_t)(numel / total) : 0, moments};
+  int n_seg = dt_optim_num_segments(opt);
+  uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
+  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
+  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
+                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  uint32_t kept = 0;
+  size_t used = 0;
+  for (int i = 0; st == DT_OK && i < n_seg; i++) {
+    dt_optim_segment g = dt_optim_segment_at(opt, i);
+    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
+    if (n <= 0)
+      continue;
+    segs[2 * kept] = (uint64_t)g.offset;
+    segs[2 * kept + 1] = (uint64_t)n;
+    kept++;
+    used += (size_t)n;
+  }
+  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
+    for (int i = 0, k = 0; i < n_seg; i++) {
+      dt_optim_segment g = dt_optim_segment_at(opt, i);
+      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
+        continue;
+      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
+      pos += (uint32_t)segs[2 * k + 1];
+      k++;
+    }
+  dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
+  (void)used;
+  if (st == DT_OK)
+    st = dt_ckpt_optim_section_encode(&shard, bytes, size);
+  free(state);
+  free(data);
+  free(segs);
+  return st;
+}
+
+static void step_dir(const dt_train_ckpt *ck, int64_t step, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/step_%08lld", ck->ckpt_dir, (long long)step);
+}
+
+/* Under ZeRO every rank writes its own shard, optimizer.rank<R>.bin
+ * (section "optimizer.rank<R>"), before rank 0's manifest can list it. */
+static dt_status write_own_shard(const dt_train_ckpt *ck, int64_t step) {
+  char dir[4200], name[64], section[DT_STATE_NAME_MAX];
+  step_dir(ck, step, dir, sizeof dir);
+  snprintf(name, sizeof name, "optimizer.rank%05d.bin", ck->run.rank);
+  snprintf(section, sizeof section, "optimizer.rank%d", ck->run.rank);
+  DT_CHECK(dt_ckpt_make_dirs(dir));
+  dt_state_writer *w = NULL;
   void *bytes = NULL;
   size_t size = 0;
+  dt_status st = dt_state_writer_create(&w);
   if (st == DT_OK)
-    st = dt_ckpt_optim_section_encode(&shard, &bytes, &size);
-  free(moments);
+    st = optimizer_section(ck, ck->run.opts[0], &bytes, &size);
   if (st == DT_OK)
-    st = dt_state_writer_add(w, "optimizer", bytes, size);
+    st = dt_state_writer_add(w, section, bytes, size);
+  if (st == DT_OK)
+    st = dt_state_writer_write(w, dir, name, NULL, NULL);
   free(bytes);
+  dt_state_writer_destroy(w);
   return st;
 }
 
 /* The snapshot (on this thread), then the files on the writer thread. */
-static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
+static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
   DT_CHECK(collect_writer(ck));
   save_job *j = calloc(1, sizeof *j);
   if (!j)
@@ -321,8 +388,11 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
   j->step = p.step;
   j->keep = ck->run.cfg->keep;
   snprintf(j->parent, sizeof j->parent, "%s", ck->ckpt_dir);
-  snprintf(j->dir, sizeof j->dir, "%s/step_%08lld", ck->ckpt_dir, (long long)p.step);
+  step_dir(ck, p.step, j->dir, sizeof j->dir);
+  j->n_shards = sharded && ck->run.comm && ck->run.world > 1 ? ck->run.world : 0;
   char meta[8192];
+  void *bytes = NULL;
+  size_t size = 0;
   dt_status st = meta_text(ck, &p, meta, sizeof meta);
   if (st == DT_OK)
     st = dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights);
@@ -330,8 +400,19 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
     st = dt_state_writer_create(&j->state);
   if (st == DT_OK)
     st = dt_state_writer_add(j->state, "meta", meta, strlen(meta));
-  if (st == DT_OK)
-    st = optimizer_section(ck, j->state);
+  /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
+   * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
+   * files, written already. */
+  int parts = !sharded ? 1 : j->n_shards == 0 ? ck->run.n_replicas : 0;
+  for (int i = 0; st == DT_OK && i < parts; i++) {
+    char name[DT_STATE_NAME_MAX];
+    snprintf(name, sizeof name, sharded ? "optimizer.part%d" : "optimizer", i);
+    st = optimizer_section(ck, ck->run.opts[i], &bytes, &size);
+    if (st == DT_OK)
+      st = dt_state_writer_add(j->state, name, bytes, size);
+    free(bytes);
+    bytes = NULL;
+  }
   if (st != DT_OK) {
     job_destroy(j);
     return dt_error_wrap(st, "checkpoint of step %lld", (long long)p.step);
@@ -343,7 +424,6 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
   }
   ck->writer_running = true;
   ck->job = j;
-  ck->saved_step = p.step;
   return DT_OK;
 }
 
@@ -363,6 +443,28 @@ static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
 
 static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
 
+/* A checkpoint of this step; every rank calls it (collective under ZeRO). */
+static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos) {
+  bool sharded = dt_optim_is_sharded(ck->run.opts[0]);
+  if (sharded && ck->run.comm && ck->run.world > 1) {
+    /* The shards go to disk on this thread; every rank then knows all are
+     * there before rank 0's manifest can name them. */
+    dt_status st = write_own_shard(ck, pos->step);
+    float failed = st != DT_OK ? 1.0f : 0.0f;
+    dt_status cs = any_rank(ck, &failed);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "saving this rank's optimizer shard");
+    DT_CHECK(cs);
+    if (failed > 0)
+      return DT_ERROR(DT_ERR_IO, "another rank could not write its optimizer shard of step %lld",
+                      (long long)pos->step);
+  }
+  if (writes(ck))
+    DT_CHECK(start_save(ck, pos, sharded));
+  ck->saved_step = pos->step;
+  return DT_OK;
+}
+
 dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop) {
   *stop = false;
   if (!ck)
@@ -375,8 +477,8 @@ dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *p
     *stop = true;
     return DT_OK; /* dt_train_ckpt_finish saves */
   }
-  if (every > 0 && pos->step % every == 0 && writes(ck))
-    DT_CHECK(start_save(ck, pos));
+  if (every > 0 && pos->step % every == 0)
+    DT_CHECK(save_checkpoint(ck, pos));
   return DT_OK;
 }
 
@@ -384,8 +486,8 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
   if (!ck)
     return DT_OK;
   dt_status st = DT_OK;
-  if (writes(ck) && ck->saved_step != pos->step)
-    st = start_save(ck, pos);
+  if (ck->saved_step != pos->step)
+    st = save_checkpoint(ck, pos);
   if (writes(ck)) {
     dt_status w = collect_writer(ck);
     if (st == DT_OK)
@@ -507,52 +609,102 @@ dt_status dt_train_ckpt_meta(const char *ckpt_dir, const char *key, char *buf, s
   return st;
 }
 
-/* The optimizer sections (one, or one per ZeRO shard) into the flat state. */
-static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file *f,
+/* Adds one optimizer section to the flat state (n_buffers x total). */
+static dt_status add_optimizer_section(const dt_state_file *f, const char *path, const char *name,
+                                       int64_t total, uint32_t nbuf, float *flat,
+                                       int64_t *covered) {
+  char what[4400];
+  snprintf(what, sizeof what, "%s: section '%s'", path, name);
+  const void *bytes = NULL;
+  size_t size = 0;
+  dt_ckpt_optim_shard sh;
+  DT_CHECK(dt_state_file_section(f, name, &bytes, &size));
+  DT_CHECK(dt_ckpt_optim_section_decode(bytes, size, what, &sh));
+  if (sh.total != (uint64_t)total || sh.n_buffers != nbuf)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: %u state buffers over %llu parameters, this run's optimizer has %u "
+                    "over %lld: the checkpoint is of another model or optimizer",
+                    what, sh.n_buffers, (unsigned long long)sh.total, nbuf, (long long)total);
+  uint64_t elements = 0;
+  for (uint32_t i = 0; i < sh.n_segments; i++)
+    elements += sh.segments[2 * i + 1];
+  for (uint32_t b = 0; b < nbuf; b++) {
+    const float *src = sh.data + b * elements;
+    for (uint32_t i = 0; i < sh.n_segments; i++) {
+      uint64_t off = sh.segments[2 * i], n = sh.segments[2 * i + 1];
+      memcpy(flat + b * total + off, src, n * sizeof(float));
+      src += n;
+    }
+  }
+  for (uint32_t i = 0; i < sh.n_segments; i++)
+    *covered += (int64_t)sh.segments[2 * i + 1];
+  return DT_OK;
+}
+
+/* The optimizer state of the checkpoint (its "optimizer" section, or every
+ * rank's optimizer.rank<R>.bin under ZeRO, whatever the world size was)
+ * assembled over the flat space, then each replica's own part of it. */
+static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file *f, const char *dir,
                                 const char *path, int64_t step) {
-  int64_t numel = dt_optim_state_numel(r->opts[0]);
+  dt_optimizer *opt = r->opts[0];
+  int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(r->models[0]);
-  int64_t buffers = total > 0 ? numel / total : 0;
-  float *flat = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
-  if (!flat)
+  uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
+  float *flat = calloc((size_t)(nbuf * total > 0 ? nbuf * total : 1), sizeof(float));
+  float *mine = calloc((size_t)(numel > 0 ? numel : 1), sizeof(float));
+  if (!flat || !mine) {
+    free(flat);
+    free(mine);
     return DT_ERROR(DT_ERR_OOM, "resuming: out of host memory");
+  }
   int64_t covered = 0;
   dt_status st = DT_OK;
-  for (int k = -1; st == DT_OK && k < 4096; k++) {
-    char name[DT_STATE_NAME_MAX], what[4400];
-    if (k < 0)
-      snprintf(name, sizeof name, "optimizer");
-    else
-      snprintf(name, sizeof name, "optimizer.rank%d", k);
-    if (!dt_state_file_has_section(f, name)) {
-      if (k >= 0)
-        break;
-      continue;
+  if (dt_state_file_has_section(f, "optimizer")) {
+    st = add_optimizer_section(f, path, "optimizer", total, nbuf, flat, &covered);
+  } else if (dt_state_file_has_section(f, "optimizer.part0")) {
+    char name[DT_STATE_NAME_MAX] = "optimizer.part0";
+    for (int i = 1; st == DT_OK && dt_state_file_has_section(f, name); i++) {
+      st = add_optimizer_section(f, path, name, total, nbuf, flat, &covered);
+      snprintf(name, sizeof name, "optimizer.part%d", i);
     }
-    snprintf(what, sizeof what, "%s: section '%s'", path, name);
-    const void *bytes = NULL;
-    size_t size = 0;
-    dt_ckpt_optim_shard sh;
-    st = dt_state_file_section(f, name, &bytes, &size);
-    if (st == DT_OK)
-      st = dt_ckpt_optim_section_decode(bytes, size, what, &sh);
-    if (st == DT_OK && (sh.total != (uint64_t)total || sh.n_buffers != (uint64_t)buffers))
-      st = DT_ERROR(DT_ERR_SHAPE,
-                    "%s: %u state buffers over %llu parameters, this run's %s has %lld over "
-                    "%lld: the checkpoint is of another model or optimizer",
-                    what, sh.n_buffers, (unsigned long long)sh.total, dt_optim_name(r->opts[0]),
-                    (long long)buffers, (long long)total);
-    for (uint32_t b = 0; st == DT_OK && b < sh.n_buffers; b++)
-      memcpy(flat + b * total + sh.offset, sh.data + b * sh.length, sh.length * sizeof(float));
-    covered += st == DT_OK ? (int64_t)sh.length : 0;
+  } else {
+    dt_ckpt_manifest m;
+    st = dt_ckpt_manifest_read(dir, &m);
+    for (int i = 0; st == DT_OK && i < m.n_files; i++) {
+      int rank = 0;
+      if (sscanf(m.files[i].name, "optimizer.rank%d.bin", &rank) != 1)
+        continue;
+      char shard_path[4400], section[DT_STATE_NAME_MAX];
+      snprintf(shard_path, sizeof shard_path, "%s/%s", dir, m.files[i].name);
+      snprintf(section, sizeof section, "optimizer.rank%d", rank);
+      dt_state_file *sf = NULL;
+      st = dt_state_file_open(shard_path, &sf);
+      if (st == DT_OK)
+        st = add_optimizer_section(sf, shard_path, section, total, nbuf, flat, &covered);
+      dt_state_file_close(sf);
+    }
   }
-  if (st == DT_OK && buffers > 0 && covered != total)
+  if (st == DT_OK && covered != total)
     st = DT_ERROR(DT_ERR_FORMAT,
-                  "%s: the optimizer sections cover %lld of the %lld parameters' state", path,
-                  (long long)covered, (long long)total);
-  for (int i = 0; st == DT_OK && i < r->n_replicas; i++)
-    st = dt_optim_state_set(r->opts[i], flat, numel, step);
+                  "%s: the optimizer state covers %lld of the %lld parameters (a shard file is "
+                  "missing?)",
+                  path, (long long)covered, (long long)total);
+  /* Each replica's part: its segments of the flat space (padding stays 0;
+   * the replicas of --mode dp with ZeRO have the same sizes, other pieces). */
+  for (int k = 0; st == DT_OK && k < r->n_replicas; k++) {
+    opt = r->opts[k];
+    memset(mine, 0, (size_t)numel * sizeof(float));
+    for (int i = 0; i < dt_optim_num_segments(opt); i++) {
+      dt_optim_segment g = dt_optim_segment_at(opt, i);
+      int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
+      for (uint32_t b = 0; n > 0 && b < nbuf; b++)
+        memcpy(mine + (int64_t)b * local + g.local_offset, flat + (int64_t)b * total + g.offset,
+               (size_t)n * sizeof(float));
+    }
+    st = dt_optim_state_set(opt, mine, numel, step);
+  }
   free(flat);
+  free(mine);
   return st;
 }
 
@@ -587,7 +739,7 @@ static dt_status load_checkpoint(dt_train_ckpt *ck, const char *dir, dt_train_po
       st = dt_safetensors_load_module(weights, r->models[i]);
   }
   if (st == DT_OK)
-    st = load_optimizer(r, f, path, step);
+    st = load_optimizer(r, f, dir, path, step);
   dt_state_file_close(f);
   DT_CHECK(st);
   for (int i = 0; i < r->n_replicas; i++)

@@ -148,17 +148,41 @@ common=(train --model mlp --max-steps 10 --log-interval 0)
 launch 2 "${common[@]}" --batch 12 --save-every 5 --run-dir "$d/two" >"$out" 2>"$err"
 rc=$?
 expect 0 out "^test_accuracy=" "2 ranks x --batch 12: 10 steps, saving at 5"
-for np in 1 3; do
-  launch "$np" "${common[@]}" --batch $((24 / np)) --run-dir "$d/on$np" \
-    --resume "$(ck "$d/two" 5)" >"$out" 2>"$err"
-  rc=$?
-  expect 0 out "resumed from" "the 2-rank checkpoint resumes on $np rank(s) (--batch $((24 / np)))"
-  check "resumed on $np rank(s) = the uninterrupted 2-rank run within f32 tolerance" \
-    "$py" "$numpy_tool" compare "$(ck "$d/two" 10)" "$(ck "$d/on$np" 10)" --rtol 1e-5
-done
+# resume_on_1_and_3 SAVED FINAL RTOL [ZERO_ON_1 ZERO_ON_3]: $d/two's checkpoint
+# (2 ranks x 12) on 1 and 3 ranks, the same global batch, against $d/two's end.
+resume_on_1_and_3() {
+  local saved=$1 final=$2 rtol=$3 np z
+  for np in 1 3; do
+    z=()
+    [ $# -gt 3 ] && z=(--zero "$([ "$np" = 1 ] && echo "$4" || echo "$5")")
+    launch "$np" "${common[@]}" --batch $((24 / np)) "${z[@]}" --run-dir "$d/on$np" \
+      --resume "$(ck "$d/two" "$saved")" >"$out" 2>"$err"
+    rc=$?
+    expect 0 out "resumed from" \
+      "the 2-rank checkpoint resumes on $np rank(s) (--batch $((24 / np)) ${z[*]})"
+    check "resumed on $np rank(s) = the uninterrupted 2-rank run within f32 tolerance" \
+      "$py" "$numpy_tool" compare "$(ck "$d/two" "$final")" "$(ck "$d/on$np" "$final")" \
+      --rtol "$rtol"
+  done
+}
+resume_on_1_and_3 5 10 1e-5
 run "${common[@]}" --batch 12 --run-dir "$d/bad" --resume "$(ck "$d/two" 5)"
 expect 1 err "global batch is 24, this run's 12 .*use --batch 24" \
   "another global batch is refused, naming the --batch that fits"
+
+# ---- ZeRO: each rank writes its own optimizer shard; any sharding resumes ----
+d="$tmp/zero"
+common=(train --model mlp --max-steps 8 --accum 2 --log-interval 0 --optimizer adamw)
+launch 2 "${common[@]}" --batch 12 --zero 2 --save-every 4 --run-dir "$d/two" >"$out" 2>"$err"
+rc=$?
+expect 0 out "^test_accuracy=" "--zero 2 on 2 ranks: 8 steps, saving at 4"
+check "--zero 2: each rank's shard is its own file, listed in the manifest" \
+  grep -q '"optimizer.rank00001.bin"' "$(ck "$d/two" 8)/manifest.json"
+launch 2 "${common[@]}" --batch 12 --zero 2 --run-dir "$d/again" --resume "$(ck "$d/two" 4)" \
+  >"$out" 2>"$err"
+check "--zero 2 resumed on 2 ranks = uninterrupted, every file bitwise" \
+  diff -r "$(ck "$d/two" 8)" "$(ck "$d/again" 8)"
+resume_on_1_and_3 4 8 2e-5 0 1 # AdamW; --zero 0 on 1 rank, --zero 1 on 3
 
 # ---- damaged and mismatched checkpoints ----
 d="$tmp/damage"
