@@ -81,6 +81,18 @@ for model in mlp lenet; do
   done
 done
 
+# --mode dp (one process, a replica per device), with and without ZeRO.
+for zero in 0 1; do
+  d="$tmp/dp$zero"
+  common=(train --model mlp --max-steps 8 --accum 2 --batch 16 --log-interval 0 --mode dp
+    --devices cpu:0,cpu:1 --optimizer adamw --zero "$zero")
+  run "${common[@]}" --save-every 4 --run-dir "$d/full"
+  run "${common[@]}" --run-dir "$d/resumed" --resume "$(ck "$d/full" 4)"
+  expect 0 out "resumed from" "--mode dp --zero $zero: resumed at step 4"
+  check "--mode dp --zero $zero: N = N/2 + resume + N/2, every file bitwise" \
+    diff -r "$(ck "$d/full" 8)" "$(ck "$d/resumed" 8)"
+done
+
 # ---- a stop requested by a signal, then --resume auto ----
 signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK STEPS
   local np=$1 sig=$2 victim=$3 steps=$4 d="$tmp/stop-$1"
