@@ -238,6 +238,11 @@ run "${common[@]}" --run-dir "$d/run" --resume auto
 expect 0 out "skipping checkpoint .*step_00000004: .*section 'optimizer': CRC32 mismatch" \
   "--resume auto names the damaged newest checkpoint"
 expect 0 out "resumed from .*step_00000002" "... and takes the previous complete one"
+run "${common[@]}" --max-steps 4 --save-every 1 --keep 2 --run-dir "$d/keep"
+expect 0 out "checkpoint .*step_00000004 saved: training waited [0-9.]+ ms \(the snapshot\)" \
+  "each checkpoint's line: the training thread's wait and the background write"
+check "--keep 2 leaves the newest 2 checkpoints" \
+  test "$(ls "$d/keep/checkpoints")" = "$(printf 'step_00000003\nstep_00000004')"
 run "${common[@]}" --resume auto
 expect 2 err "--resume auto looks for checkpoints in the run directory: give it with --run-dir" \
   "--resume auto without --run-dir is a command-line error"
@@ -264,8 +269,12 @@ for ((t = 1; t <= trials; t++)); do
   "$dtrain" train --model mlp --max-steps 100000 --batch 8 --log-interval 0 --threads 1 \
     --save-every 1 --keep 3 --run-dir "$d" >"$d.out" 2>&1 &
   job=$!
-  # The first checkpoint comes ~1.5 s after start-up; then one every step.
-  sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 2.0 + r % 2000 / 1000 }')"
+  # Once the first checkpoint is complete (one a step after it), a random moment.
+  for ((i = 0; i < 600; i++)); do
+    [ -f "$d/checkpoints/step_00000001/manifest.json" ] && break
+    sleep 0.1
+  done
+  sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 2000 / 1000 }')"
   ls "$d"/checkpoints/*/.*.tmp >/dev/null 2>&1 && killed_writing=$((killed_writing + 1))
   kill -9 $job
   wait $job 2>/dev/null
