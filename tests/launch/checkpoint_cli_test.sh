@@ -235,6 +235,9 @@ expect 0 out "checkpoint .*step_00000004 saved: training waited [0-9.]+ ms \(the
   "each checkpoint's line: the training thread's wait and the background write"
 check "--keep 2 leaves the newest 2 checkpoints" \
   test "$(ls "$d/keep/checkpoints")" = "$(printf 'step_00000003\nstep_00000004')"
+run "${common[@]}" --max-steps 2 --run-dir "$d/keep"
+expect 0 out "note: .*keep/checkpoints holds checkpoints of an earlier run \(newest step_00000004\)" \
+  "a new run in a run directory with checkpoints says it does not resume them"
 run "${common[@]}" --resume auto
 expect 2 err "--resume auto looks for checkpoints in the run directory: give it with --run-dir" \
   "--resume auto without --run-dir is a command-line error"
