@@ -37,8 +37,7 @@ typedef struct dt_adamw_config {
  * momentum or with dampening, betas outside [0,1), eps or weight_decay < 0,
  * any non-finite value) are DT_ERR_INVALID_ARG. State buffers are zeros on
  * the arena's device. */
-dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg,
-                              dt_optimizer **out);
+dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg, dt_optimizer **out);
 dt_status dt_optim_adamw_create(dt_param_arena *arena, const dt_adamw_config *cfg,
                                 dt_optimizer **out);
 void dt_optim_destroy(dt_optimizer *o);
@@ -50,6 +49,18 @@ void dt_optim_destroy(dt_optimizer *o);
  * DT_ERR_INVALID_ARG. */
 dt_status dt_optim_step(dt_optimizer *o);
 dt_status dt_optim_zero_grad(dt_optimizer *o);
+/* Weight decay per parameter (parameter groups, as PyTorch's): only the
+ * arena's parameters i with decay[i] != 0 are decayed, by the configured
+ * weight_decay; the others get none (GPT-2 decays its 2-D weights only:
+ * dt_optim_decay_matrices_only). n must be dt_param_arena_count
+ * (DT_ERR_INVALID_ARG otherwise); NULL restores decay for all. The update
+ * stays the fused kernel, run once per run of consecutive parameters that
+ * are alike (one run when all are). */
+dt_status dt_optim_set_decay_mask(dt_optimizer *o, const uint8_t *decay, int n);
+/* The mask of the parameters with at least 2 dims (weights, embeddings;
+ * not biases or norm gains). */
+dt_status dt_optim_decay_matrices_only(dt_optimizer *o);
+
 void dt_optim_set_lr(dt_optimizer *o, float lr);
 float dt_optim_lr(const dt_optimizer *o);
 int64_t dt_optim_step_count(const dt_optimizer *o);
@@ -62,8 +73,7 @@ const char *dt_optim_name(const dt_optimizer *o); /* "sgd", "adamw" */
  * DT_ERR_SHAPE. */
 int64_t dt_optim_state_numel(const dt_optimizer *o);
 dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel);
-dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
-                             int64_t step_count);
+dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel, int64_t step_count);
 
 /* ---- learning-rate schedule ---- */
 typedef enum dt_lr_decay {
@@ -74,11 +84,11 @@ typedef enum dt_lr_decay {
 
 typedef struct dt_lr_schedule {
   float base_lr;
-  int64_t warmup_steps;  /* linear from base_lr/warmup_steps up to base_lr */
-  int64_t total_steps;   /* cosine: decays to min_lr at total_steps */
+  int64_t warmup_steps; /* linear from base_lr/warmup_steps up to base_lr */
+  int64_t total_steps;  /* cosine: decays to min_lr at total_steps */
   dt_lr_decay decay;
-  float min_lr;          /* cosine floor */
-  int64_t step_size;     /* step decay: multiply by gamma every step_size steps */
+  float min_lr;      /* cosine floor */
+  int64_t step_size; /* step decay: multiply by gamma every step_size steps */
   float gamma;
 } dt_lr_schedule;
 #define DT_LR_SCHEDULE_DEFAULT ((dt_lr_schedule){0.01f, 0, 0, DT_LR_DECAY_CONSTANT, 0.0f, 1, 0.1f})

@@ -3,6 +3,7 @@
  * follow torch.optim.SGD and torch.optim.AdamW exactly. */
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,13 @@ struct dt_optimizer {
    * concatenation in this order. */
   dt_tensor *state[OPTIM_MAX_STATE];
   int n_state;
+  /* Runs of the flat buffer updated by one kernel call each, with or
+   * without weight decay; NULL = one run over everything, decayed. */
+  struct decay_run {
+    int64_t offset, numel;
+    bool decay;
+  } * runs;
+  int n_runs;
 };
 
 static int is_finite(float x) { return isfinite(x); }
@@ -129,11 +137,71 @@ void dt_optim_destroy(dt_optimizer *o) {
     return;
   for (int i = 0; i < OPTIM_MAX_STATE; i++)
     dt_tensor_release(o->state[i]);
+  free(o->runs);
   free(o);
 }
 
-static float *state_ptr(const dt_optimizer *o, int i) {
-  return i < o->n_state ? (float *)dt_tensor_data(o->state[i]) : NULL;
+dt_status dt_optim_set_decay_mask(dt_optimizer *o, const uint8_t *decay, int n) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  free(o->runs);
+  o->runs = NULL;
+  o->n_runs = 0;
+  if (!decay)
+    return DT_OK;
+  int count = dt_param_arena_count(o->arena);
+  if (n != count)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "weight-decay mask of %d entries for an arena of %d parameters", n, count);
+  o->runs = calloc((size_t)(count > 0 ? count : 1), sizeof *o->runs);
+  if (!o->runs)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for %d weight-decay groups", count);
+  for (int i = 0; i < count; i++) {
+    int64_t off = dt_param_arena_offset(o->arena, i);
+    int64_t len = dt_tensor_numel(dt_param_arena_param(o->arena, i, NULL));
+    bool d = decay[i] != 0;
+    struct decay_run *last = o->n_runs ? &o->runs[o->n_runs - 1] : NULL;
+    if (last && last->decay == d && last->offset + last->numel == off)
+      last->numel += len;
+    else
+      o->runs[o->n_runs++] = (struct decay_run){off, len, d};
+  }
+  return DT_OK;
+}
+
+dt_status dt_optim_decay_matrices_only(dt_optimizer *o) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  int n = dt_param_arena_count(o->arena);
+  uint8_t *mask = malloc((size_t)(n > 0 ? n : 1));
+  if (!mask)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for a weight-decay mask of %d", n);
+  for (int i = 0; i < n; i++)
+    mask[i] = dt_tensor_ndim(dt_param_arena_param(o->arena, i, NULL)) >= 2;
+  dt_status st = dt_optim_set_decay_mask(o, mask, n);
+  free(mask);
+  return st;
+}
+
+static float *state_ptr(const dt_optimizer *o, int i, int64_t offset) {
+  return i < o->n_state ? (float *)dt_tensor_data(o->state[i]) + offset : NULL;
+}
+
+/* The fused kernel over elements [offset, offset + n) of the arena. */
+static dt_status update_run(dt_optimizer *o, const dt_exec *ex, float *p, const float *g,
+                            int64_t offset, int64_t n, bool decay) {
+  p += offset;
+  g += offset;
+  if (o->kind == OPTIM_SGD) {
+    const dt_sgd_config *c = &o->sgd;
+    return dt_kernel_sgd_update(ex, p, g, state_ptr(o, 0, offset), n, o->lr, c->momentum,
+                                c->dampening, decay ? c->weight_decay : 0.0f, c->nesterov,
+                                o->steps == 0);
+  }
+  const dt_adamw_config *c = &o->adamw;
+  return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0, offset), state_ptr(o, 1, offset), n,
+                                o->lr, c->beta1, c->beta2, c->eps, decay ? c->weight_decay : 0.0f,
+                                (int)(o->steps + 1));
 }
 
 dt_status dt_optim_step(dt_optimizer *o) {
@@ -150,19 +218,14 @@ dt_status dt_optim_step(dt_optimizer *o) {
   const dt_exec ex = dt_tensor_exec(params);
   float *p = dt_tensor_data(params);
   const float *g = dt_tensor_data(grads);
-  dt_status st;
-  if (o->kind == OPTIM_SGD) {
-    const dt_sgd_config *c = &o->sgd;
-    st = dt_kernel_sgd_update(&ex, p, g, state_ptr(o, 0), n, o->lr, c->momentum, c->dampening,
-                              c->weight_decay, c->nesterov, o->steps == 0);
-  } else {
-    const dt_adamw_config *c = &o->adamw;
-    if (o->steps >= INT_MAX)
-      return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
-                      (long long)o->steps);
-    st = dt_kernel_adamw_update(&ex, p, g, state_ptr(o, 0), state_ptr(o, 1), n, o->lr, c->beta1,
-                                c->beta2, c->eps, c->weight_decay, (int)(o->steps + 1));
-  }
+  if (o->kind == OPTIM_ADAMW && o->steps >= INT_MAX)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
+                    (long long)o->steps);
+  dt_status st = DT_OK;
+  if (!o->runs)
+    st = update_run(o, &ex, p, g, 0, n, true);
+  for (int r = 0; r < o->n_runs && st == DT_OK; r++)
+    st = update_run(o, &ex, p, g, o->runs[r].offset, o->runs[r].numel, o->runs[r].decay);
   if (st != DT_OK)
     return dt_error_wrap(st, "%s step %lld", dt_optim_name(o), (long long)o->steps);
   o->steps++;

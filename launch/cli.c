@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
+#include "models/tasks.h"
 
 const char *dt_cli_model_choices(void) {
   static char list[256];
@@ -19,12 +20,46 @@ const char *dt_cli_model_choices(void) {
   return list;
 }
 
+const char *dt_cli_data_choices(void) {
+  static char list[256];
+  if (!list[0]) {
+    size_t used = 0;
+    for (int t = 0; t < dt_task_count(); t++) {
+      const dt_task *task = dt_task_at(t);
+      for (int d = 0; d < task->n_data && used < sizeof list; d++) {
+        const char *name = task->data[d].name;
+        if (used > 0 && dt_flags_is_choice(name, list))
+          continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? "|" : "", name);
+      }
+    }
+  }
+  return list;
+}
+
+const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
+  const char *value = NULL;
+  size_t n = strlen(name);
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, n) != 0)
+      continue;
+    if (a[2 + n] == '\0' && i + 1 < argc)
+      value = argv[i + 1];
+    else if (a[2 + n] == '=')
+      value = a + 3 + n;
+  }
+  return value;
+}
+
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag){.name = "model",
                    .type = DT_FLAG_CHOICE,
                    .target = target,
                    .metavar = "NAME",
-                   .help = "the network to train (mlp is 784-512-512-10, lenet is LeNet-5)",
+                   .help =
+                       "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "
+                       "gpt2-* are GPT-2 language models)",
                    .choices = dt_cli_model_choices()};
 }
 
@@ -77,6 +112,17 @@ dt_flag dt_cli_flag_threads(int *target) {
                    .min = 0,
                    .max = DT_CPU_MAX_THREADS,
                    .per_rank = true};
+}
+
+dt_flag dt_cli_flag_ctx(int *target) {
+  return (dt_flag){.name = "ctx",
+                   .type = DT_FLAG_INT,
+                   .target = target,
+                   .metavar = "T",
+                   .help =
+                       "language models: context length (at most the model's), 0 = the "
+                       "model's own",
+                   .min = 0};
 }
 
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {

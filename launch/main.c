@@ -29,6 +29,7 @@
 #include "launch/launcher.h"
 #include "launch/tokenize.h"
 #include "launch/train_loop.h"
+#include "models/tasks.h"
 
 typedef struct command {
   const char *name;
@@ -135,14 +136,22 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
+  /* The model decides where the other flags start (a language model's
+   * optimizer, schedule, batch, steps); an unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK)
+    dt_train_apply_task_defaults(&cfg, task);
+  dt_clear_error();
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       {.name = "data",
        .type = DT_FLAG_CHOICE,
        .target = &cfg.data,
        .metavar = "NAME",
-       .help = "data set, a folder of that name under --data-dir",
-       .choices = DT_CLI_DATA_SETS},
+       .help = "data set, a folder of that name under --data-dir (the model's first by "
+               "default)",
+       .choices = dt_cli_data_choices()},
       {.name = "data-dir",
        .type = DT_FLAG_STRING,
        .target = &cfg.data_dir,
@@ -262,6 +271,64 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
        .type = DT_FLAG_BOOL,
        .target = &allow_unused,
        .help = "DDP: zero-fill gradients of parameters the forward did not use"},
+      dt_cli_flag_ctx(&cfg.ctx),
+      {.name = "beta2",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.beta2,
+       .metavar = "B",
+       .help = "adamw: decay of the squared-gradient average",
+       .min = 0,
+       .max = 0.999999},
+      {.name = "decay-matrices-only",
+       .type = DT_FLAG_BOOL,
+       .target = &cfg.decay_matrices_only,
+       .help = "weight decay on weights of >= 2 dims only (not biases, norms)"},
+      {.name = "val-every",
+       .type = DT_FLAG_INT,
+       .target = &cfg.val_every,
+       .metavar = "N",
+       .help = "evaluate on --val-batches every N optimizer steps, 0 = only at the end",
+       .min = 0},
+      {.name = "val-batches",
+       .type = DT_FLAG_INT,
+       .target = &cfg.val_batches,
+       .metavar = "N",
+       .help = "eval batches (of --eval-batch) the --val-every evaluations take, 0 = all",
+       .min = 0},
+      {.name = "sample-every",
+       .type = DT_FLAG_INT,
+       .target = &cfg.sample.every,
+       .metavar = "N",
+       .help = "text models: print a sample every N optimizer steps, 0 = at the end only",
+       .min = 0},
+      {.name = "sample-len",
+       .type = DT_FLAG_INT,
+       .target = &cfg.sample.length,
+       .metavar = "N",
+       .help = "text models: tokens per sample, 0 = no samples",
+       .min = 0},
+      {.name = "temperature",
+       .type = DT_FLAG_FLOAT,
+       .target = &cfg.sample.temperature,
+       .metavar = "T",
+       .help = "text models: sampling temperature, 0 = greedy",
+       .min = 0},
+      {.name = "top-k",
+       .type = DT_FLAG_INT,
+       .target = &cfg.sample.top_k,
+       .metavar = "K",
+       .help = "text models: sample among the K likeliest tokens, 0 = all",
+       .min = 0},
+      {.name = "prompt",
+       .type = DT_FLAG_STRING,
+       .target = &cfg.sample.prompt,
+       .metavar = "TEXT",
+       .help = "text models: the samples' beginning (default: <|endoftext|>)"},
+      {.name = "sample-seed",
+       .type = DT_FLAG_U64,
+       .target = &cfg.sample.seed,
+       .metavar = "N",
+       .help = "text models: seed of the samples' draws"},
       {.name = "verbose-ranks",
        .type = DT_FLAG_BOOL,
        .target = &verbose_ranks,
