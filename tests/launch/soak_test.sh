@@ -4,11 +4,14 @@
 # rank, a bad flag or a drifted setting on one rank, or other data behind the
 # same flags. Every job must end within --comm-timeout + 10 s, non-zero, with
 # a message naming the rank and the cause, and leave no process behind.
-#   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs.
+#   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs;
+#   SOAK_DTRAIN another binary (a sanitizer build: any report fails a trial).
 set -uo pipefail
 
 dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
 [ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+# SOAK_DTRAIN: another build to soak (e.g. --config=asan's; see the note).
+[ -n "${SOAK_DTRAIN:-}" ] && dtrain="$SOAK_DTRAIN"
 [ -x "$dtrain" ] || { echo "soak_test: dtrain binary not found" >&2; exit 1; }
 dtrain=$(readlink -f "$dtrain")
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -22,6 +25,7 @@ trials=${SOAK_TRIALS:-8}
 RANDOM=${SOAK_SEED:-$$}
 timeout_s=5
 mpi_args=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1)
+[ -n "${ASAN_OPTIONS:-}" ] && mpi_args+=(-x ASAN_OPTIONS)
 [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 faults=(kill9 stop term badflag drift data)
 failures=0
@@ -67,12 +71,19 @@ for ((t = 1; t <= trials; t++)); do
   start=$(date +%s%N)
   timeout -k 5 $((timeout_s + 40)) mpirun "${mpi_args[@]}" "${apps[@]}" >"$dir/out" 2>"$dir/err" &
   job=$!
+  pid=""
   case $fault in
     kill9 | stop | term)
       sleep "$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
-      pid=$(rank_pid "$dir" "$victim")
+      # The rank may not have started yet: wait for it (a fault is always injected).
+      for ((w = 0; w < 200; w++)); do
+        pid=$(rank_pid "$dir" "$victim")
+        [ -n "$pid" ] && break
+        sleep 0.05
+      done
       sig=$([ "$fault" = kill9 ] && echo KILL || ([ "$fault" = stop ] && echo STOP || echo TERM))
-      [ -n "$pid" ] && kill -s "$sig" "$pid" 2>/dev/null
+      # A rank that already exited was not faulted: pid stays empty.
+      [ -n "$pid" ] && { kill -s "$sig" "$pid" 2>/dev/null || pid=""; }
       ;;
   esac
   wait "$job"
@@ -81,16 +92,19 @@ for ((t = 1; t <= trials; t++)); do
   # What must hold: the job ended, non-zero, in time, with a named cause.
   # (A fault injected after the run finished leaves a clean exit 0.)
   problems=()
-  # (mpirun itself exits 137 when a rank died of SIGKILL: time tells a hang.)
-  [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] && problems+=("took ${elapsed} ms: hung")
   finished_clean=0
   if [ "$rc" = 0 ]; then
-    if [ "${pid:-}" = "" ] && grep -q "^test_accuracy=" "$dir/out"; then
+    if [[ $fault =~ ^(kill9|stop|term)$ ]] && [ -z "$pid" ] && grep -q "^test_accuracy=" "$dir/out"; then
       finished_clean=1
     else
       problems+=("exit 0 despite the fault")
     fi
   fi
+  # (mpirun itself exits 137 when a rank died of SIGKILL: time tells a hang;
+  # a run the fault missed may take as long as training takes.)
+  [ "$finished_clean" = 0 ] && [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] &&
+    problems+=("took ${elapsed} ms: hung")
+  grep -q "Sanitizer" "$dir/err" && problems+=("a sanitizer report")
   if [ "$rc" != 0 ]; then
     case $fault in
       kill9) want="rank $victim .*(signal 9|Killed)|process rank $victim .*signal 9|rank [0-9]+: .*(did not complete|peer)" ;;
