@@ -65,6 +65,7 @@ void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_d
   else
     fprintf(log, "%sdtrain train: %.1f MFLOP per sample, MFU against %.1f GFLOP/s (%s)\n", prefix,
             per_sample / 1e6, peak.flops / 1e9, peak.source);
+  fflush(log);
 }
 
 dt_status dt_train_log_sample(FILE *log, const dt_train_config *c, const dt_task *task,

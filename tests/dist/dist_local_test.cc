@@ -304,8 +304,7 @@ TEST_F(DistLocal, BucketsAreReverseOrderedContiguousSlices) {
     int first, last;
     dt_ddp_bucket_info(ddp, b, &off, &numel, &first, &last);
     size_t cap = b == 0 ? cfg.first_bucket_bytes : cfg.bucket_bytes;
-    int64_t without_first =
-        numel - dt_tensor_numel(dt_param_arena_param(arena, first, nullptr));
+    int64_t without_first = numel - dt_tensor_numel(dt_param_arena_param(arena, first, nullptr));
     EXPECT_LT(static_cast<size_t>(without_first) * 4, cap) << "bucket " << b;
     if (b + 1 < nb) {
       EXPECT_GE(static_cast<size_t>(numel) * 4, cap) << "bucket " << b;
@@ -493,6 +492,15 @@ TEST_F(DistLocal, DataParallelLenetEqualsOneDevice) {
   check_dp_equals_one_device("lenet", 3, 12);
 }
 
+// Token windows split across the replicas; the tied embedding's gradient
+// (two uses) reduced like any other.
+TEST_F(DistLocal, DataParallelTinyGptEqualsOneDevice) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference("gpt2-micro", steps, 6);
+  check_dp_equals(ref, "gpt2-micro", 2, steps, 6, dtt::dp_config(), dtt::make_token_batch);
+  check_dp_equals(ref, "gpt2-micro", 3, steps, 6, dtt::dp_config(), dtt::make_token_batch);
+}
+
 TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {
   DpArgs args{"mlp-small"};
   dt_dp *dp = nullptr;
@@ -608,8 +616,8 @@ void expect_replica_threads(int threads_per_replica, int caller_threads, int wan
   DT_ASSERT_OK(dt_dp_create(two, 2, probe_model, &probe, dp_optim, nullptr, &cfg, &dp));
   for (int r = 0; r < 2; r++)
     EXPECT_EQ(probe.omp_threads[static_cast<size_t>(r)], want)
-        << "replica " << r << " with threads_per_replica " << threads_per_replica
-        << ", caller " << caller_threads;
+        << "replica " << r << " with threads_per_replica " << threads_per_replica << ", caller "
+        << caller_threads;
   dt_dp_destroy(dp);
 }
 

@@ -122,6 +122,12 @@ TEST_F(DistMpi, DdpLenetEqualsOneProcessWithWorldTimesBatch) {
   check_ddp_equals_big_batch(g_comm, "lenet", 8);
 }
 
+// GPT-2 with its LM head tied to the token embedding: wte gets gradients
+// from two places, and its bucket may launch only after both.
+TEST_F(DistMpi, DdpTinyGptEqualsOneProcessWithWorldTimesBatch) {
+  check_ddp_equals_big_batch(g_comm, "gpt2-micro", 4);
+}
+
 TEST_F(DistMpi, DdpNoSyncAccumulationEqualsOneBatch) {
   check_ddp_equals_big_batch(g_comm, "mlp-small", 4, 3);
 }
@@ -155,9 +161,10 @@ TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
     dt_tensor_release(y);
     dt_ddp_timeline t;
     dt_ddp_get_timeline(ddp, &t);
-    std::printf("[rank %d] step %d: backward %.1f ms (first grad ready -> finish entered); "
-                "buckets (ms relative to backward end):",
-                rank(), s, 1e3 * (t.backward_end_s - t.first_grad_s));
+    std::printf(
+        "[rank %d] step %d: backward %.1f ms (first grad ready -> finish entered); "
+        "buckets (ms relative to backward end):",
+        rank(), s, 1e3 * (t.backward_end_s - t.first_grad_s));
     for (int b = 0; b < t.n_buckets; b++)
       std::printf(" #%d %zu B launch %+.1f start %+.1f end %+.1f;", b, t.buckets[b].bytes,
                   1e3 * (t.buckets[b].launch_s - t.backward_end_s),
