@@ -137,9 +137,15 @@ static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times
   return st;
 }
 
-/* sgd (lr 0.01, momentum 0.9) or adamw (PyTorch's defaults). */
-static dt_optimizer_spec bench_optimizer(const char *name) {
+/* sgd (lr 0.01, momentum 0.9) or adamw: the task's AdamW settings when it
+ * has training defaults (a language model's: beta2, weight decay on the
+ * matrices only), PyTorch's otherwise. */
+static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) {
   dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
+  const dt_task_defaults *td = task->defaults;
+  if (name && !strcmp(name, "adamw") && td && !strcmp(td->optimizer, "adamw"))
+    return (dt_optimizer_spec){name, td->lr,    0.0f, td->weight_decay, false, td->beta2,
+                               td->decay_matrices_only};
   if (name && !strcmp(name, "adamw"))
     return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
   return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false, d.beta2, false};
@@ -179,9 +185,10 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     DT_CHECK(dt_task_with_context(found, cfg->ctx, &ctx_task));
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task->loss;
+  sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
-  dt_optimizer_spec os = bench_optimizer(cfg->optimizer);
+  dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
