@@ -212,6 +212,71 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
   return DT_OK;
 }
 
+/* ---- fused classifier (LM-head loss) ---- */
+
+// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL, *out_count (host)
+dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, const void *target,
+                                    dt_dtype target_dtype, int64_t n, int64_t vp, int64_t classes,
+                                    int64_t ignore_index, float *loss_rows, float *dlogits,
+                                    int64_t *out_count) {
+  (void)ex;
+  int64_t count = 0;
+  DT_CHECK(
+      check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index, &count));
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float *xr = logits + i * vp;
+    float *dr = dlogits ? dlogits + i * vp : NULL;
+    int64_t t = target_at(target, target_dtype, i);
+    if (t == ignore_index) {
+      loss_rows[i] = 0.0f;
+      if (dr)
+        memset(dr, 0, (size_t)vp * sizeof(float));
+      continue;
+    }
+    /* the loss in cross_entropy_forward's order, so that the two agree bit
+     * for bit; the exponentials are kept for the gradient (dr may be xr) */
+    float mx = -INFINITY, xt = xr[t];
+    for (int64_t j = 0; j < classes; j++)
+      mx = xr[j] > mx ? xr[j] : mx;
+    double s = 0.0;
+    if (dr) {
+      for (int64_t j = 0; j < classes; j++) {
+        float e = expf(xr[j] - mx);
+        dr[j] = e;
+        s += e;
+      }
+      float inv = (float)(1.0 / s);
+#pragma omp simd
+      for (int64_t j = 0; j < classes; j++)
+        dr[j] *= inv;
+      dr[t] -= 1.0f;
+      for (int64_t j = classes; j < vp; j++)
+        dr[j] = 0.0f;
+    } else {
+      for (int64_t j = 0; j < classes; j++)
+        s += expf(xr[j] - mx);
+    }
+    loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+  }
+  if (out_count)
+    *out_count = count;
+  return DT_OK;
+}
+
+// dlogits (n) *= scale * dloss[0]
+dt_status dt_cpu_classifier_backward(const dt_exec *ex, float *dlogits, const float *dloss,
+                                     float scale, int64_t n) {
+  (void)ex;
+  const float a = scale * dloss[0];
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    dlogits[i] *= a;
+  return DT_OK;
+}
+
 /* ---- embedding ---- */
 
 static dt_status check_indices(const char *op, const void *idx, dt_dtype dt, int64_t n, int64_t v) {

@@ -94,8 +94,8 @@ dt_status dt_module_to(dt_module *m, dt_device dev);
 /* May set *replacement to a new tensor (ownership passes to the call) to
  * replace the input; leaving it NULL keeps the input. To return the input
  * itself, retain it first. Later pre-hooks and forward see the replacement. */
-typedef dt_status (*dt_forward_pre_hook)(dt_module *m, dt_tensor *input,
-                                         dt_tensor **replacement, void *user);
+typedef dt_status (*dt_forward_pre_hook)(dt_module *m, dt_tensor *input, dt_tensor **replacement,
+                                         void *user);
 /* `input` is the (possibly replaced) input seen by forward. May set
  * *replacement (a new reference) to replace the output; the call releases
  * the replaced output. Later hooks see the replacement. */
@@ -133,11 +133,32 @@ int dt_param_arena_count(const dt_param_arena *a);
 dt_tensor *dt_param_arena_param(const dt_param_arena *a, int i, const char **name);
 int64_t dt_param_arena_offset(const dt_param_arena *a, int i); /* elements */
 dt_tensor *dt_param_arena_data(const dt_param_arena *a);       /* flat (numel) */
-dt_tensor *dt_param_arena_grads(const dt_param_arena *a);      /* flat (numel) */
+dt_tensor *dt_param_arena_grads(const dt_param_arena *a);      /* flat (numel); NULL: dropped */
 int64_t dt_param_arena_numel(const dt_param_arena *a);
 dt_device dt_param_arena_device(const dt_param_arena *a);
-/* Zeroes the flat gradient buffer (one memset on the arena's device). */
+/* Zeroes the flat gradient buffer (one memset on the arena's device);
+ * after dt_param_arena_drop_grads it sets every parameter's .grad to NULL
+ * instead. */
 dt_status dt_param_arena_zero_grad(dt_param_arena *a);
+
+/* ZeRO (dist/ddp.h) splits the flat space into equal pieces per rank, which
+ * can reach past the last parameter. dt_param_arena_pad gives both flat
+ * buffers `tail` zeroed elements after it (at least: a smaller tail than
+ * the current one is a no-op): it reallocates them, copies the data and
+ * the gradients accumulated so far and re-points every parameter and .grad
+ * view; offsets do not change. Call it before anything keeps pointers into
+ * the arena's buffers. The padded tensors (numel + tail elements) are
+ * dt_param_arena_padded_data / _grads; the tail stays zero unless a caller
+ * writes it (collectives write only equal values into it). */
+dt_status dt_param_arena_pad(dt_param_arena *a, int64_t tail);
+int64_t dt_param_arena_tail(const dt_param_arena *a);
+dt_tensor *dt_param_arena_padded_data(const dt_param_arena *a);  /* flat (numel + tail) */
+dt_tensor *dt_param_arena_padded_grads(const dt_param_arena *a); /* flat (numel + tail) */
+/* ZeRO stage 2: frees the flat gradient buffer. Every .grad becomes NULL,
+ * so autograd allocates a parameter's gradient when it first accumulates
+ * one (the reducer copies it into a bucket and frees it);
+ * dt_param_arena_grads and _padded_grads return NULL from then on. */
+dt_status dt_param_arena_drop_grads(dt_param_arena *a);
 
 #ifdef __cplusplus
 }

@@ -35,8 +35,10 @@ typedef struct dt_adamw_config {
 /* The optimizer keeps a pointer to the arena (which must outlive it).
  * Invalid hyper-parameters (lr < 0, momentum < 0, nesterov without
  * momentum or with dampening, betas outside [0,1), eps or weight_decay < 0,
- * any non-finite value) are DT_ERR_INVALID_ARG. State buffers are zeros on
- * the arena's device. */
+ * any non-finite value) are DT_ERR_INVALID_ARG. State buffers live on the
+ * arena's device and are allocated (zeroed) at the first step or
+ * dt_optim_state_set, so that sharding (dt_optim_set_shard) never holds the
+ * whole state, not even at start-up. */
 dt_status dt_optim_sgd_create(dt_param_arena *arena, const dt_sgd_config *cfg, dt_optimizer **out);
 dt_status dt_optim_adamw_create(dt_param_arena *arena, const dt_adamw_config *cfg,
                                 dt_optimizer **out);
@@ -44,8 +46,9 @@ void dt_optim_destroy(dt_optimizer *o);
 
 /* One update with the gradients in the arena's flat gradient buffer: one
  * fused backend kernel, following torch.optim.SGD / torch.optim.AdamW
- * (AdamW's bias correction uses t = step count + 1). An lr set through
- * dt_optim_set_lr that is negative or non-finite fails here with
+ * (AdamW's bias correction uses t = step count + 1); sharded, one per
+ * segment with the shard's gradients, and its hooks (below). An lr set
+ * through dt_optim_set_lr that is negative or non-finite fails here with
  * DT_ERR_INVALID_ARG. */
 dt_status dt_optim_step(dt_optimizer *o);
 dt_status dt_optim_zero_grad(dt_optimizer *o);
@@ -55,7 +58,7 @@ dt_status dt_optim_zero_grad(dt_optimizer *o);
  * dt_optim_decay_matrices_only). n must be dt_param_arena_count
  * (DT_ERR_INVALID_ARG otherwise); NULL restores decay for all. The update
  * stays the fused kernel, run once per run of consecutive parameters that
- * are alike (one run when all are). */
+ * are alike within each segment (one run when all are). */
 dt_status dt_optim_set_decay_mask(dt_optimizer *o, const uint8_t *decay, int n);
 /* The mask of the parameters with at least 2 dims (weights, embeddings;
  * not biases or norm gains). */
@@ -68,12 +71,72 @@ const char *dt_optim_name(const dt_optimizer *o); /* "sgd", "adamw" */
 
 /* State for checkpoints: the buffers as one flat f32 array (SGD: the
  * momentum buffer, none when momentum is 0; AdamW: exp_avg then exp_avg_sq),
- * each the size of the arena. The step count travels separately
- * (dt_optim_step_count / the step_count argument). A size mismatch is
- * DT_ERR_SHAPE. */
+ * each of dt_optim_local_numel elements: the size of the arena, or of the
+ * shard (element k of a buffer belongs to the segment whose local range
+ * holds k; see "Shards"). Zeros before the first step. The step count
+ * travels separately (dt_optim_step_count / the step_count argument). A
+ * size mismatch is DT_ERR_SHAPE. */
 int64_t dt_optim_state_numel(const dt_optimizer *o);
+/* The state's bytes on the device once allocated: 4 x dt_optim_state_numel. */
+size_t dt_optim_state_bytes(const dt_optimizer *o);
 dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel);
 dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel, int64_t step_count);
+
+/* ---- shards (ZeRO; dist/ddp.h sets them up) ----
+ * A sharded optimizer updates only some pieces ("segments") of the arena's
+ * flat space, with gradients and state for those only. Segment i updates
+ * arena elements [offset, offset + numel) with the shard's gradients and
+ * state elements [local_offset, local_offset + numel); local ranges do not
+ * overlap and may leave gaps (padding, never updated). Without a shard the
+ * optimizer has one segment {0, arena numel, 0}.
+ *
+ * For checkpoints (each rank saves its shard, a load may re-shard): a
+ * rank's state is dt_optim_state_get (n buffers of local_numel, see above)
+ * and the segments say which arena elements each local element belongs
+ * to; dt_optim_state_tensor gives the device buffers themselves.
+ *
+ * Mixed precision will plug in here: f32 master weights of the shard (the
+ * segments then index the master copy, and segment_updated casts and
+ * gathers), and the found-inf flag summed by sum_over_shards next to the
+ * norm. */
+typedef struct dt_optim_segment {
+  int64_t offset;       /* first arena element */
+  int64_t numel;        /* elements (0 allowed: a rank whose piece is all padding) */
+  int64_t local_offset; /* where it starts in the shard's gradients and state */
+} dt_optim_segment;
+
+typedef struct dt_optim_shard {
+  const dt_optim_segment *segments; /* copied */
+  int n_segments;
+  int64_t local_numel; /* elements of `grads` and of each state buffer */
+  /* (local_numel) f32, contiguous, on the arena's device: the reduced
+   * gradients of the shard, which the update and clipping read. Retained. */
+  dt_tensor *grads;
+  void *ctx; /* for the hooks; must outlive the optimizer or the next set_shard */
+  /* Sums values[0..n) over every shard in place (an all-reduce), the same
+   * on every rank: clipping's partial sum of squares. NULL: one shard. */
+  dt_status (*sum_over_shards)(void *ctx, double *values, int n);
+  /* After segment i's update has been issued (on the device's compute
+   * stream): ZeRO starts gathering that piece of the parameters. */
+  dt_status (*segment_updated)(void *ctx, int segment);
+  /* After the last segment, also after an error (`st`, which it returns
+   * unless it fails itself): makes the updated parameters complete
+   * everywhere (gathers what is not gathered yet, waits). */
+  dt_status (*step_done)(void *ctx, dt_status st);
+} dt_optim_shard;
+
+/* Makes `o` update only `shard` (before its first step: DT_ERR_STATE
+ * after). Drops any state buffer allocated so far (state_set afterwards
+ * loads a shard's state). DT_ERR_INVALID_ARG for segments outside the
+ * arena or the local range, or gradients of the wrong size, dtype or
+ * device. */
+dt_status dt_optim_set_shard(dt_optimizer *o, const dt_optim_shard *shard);
+int dt_optim_is_sharded(const dt_optimizer *o);
+int dt_optim_num_segments(const dt_optimizer *o);
+dt_optim_segment dt_optim_segment_at(const dt_optimizer *o, int i); /* i in [0, num) */
+int64_t dt_optim_local_numel(const dt_optimizer *o);
+/* State buffer i (borrowed; NULL before the first step or for i out of range). */
+dt_tensor *dt_optim_state_tensor(const dt_optimizer *o, int i);
 
 /* ---- learning-rate schedule ---- */
 typedef enum dt_lr_decay {
@@ -117,6 +180,11 @@ float dt_lr_at(const dt_lr_schedule *s, int64_t step);
  * receives the norm before clipping. max_norm must be finite and > 0. Call
  * it after the gradient all-reduce so every rank scales identically. */
 dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total_norm);
+/* The same over the gradients `o` updates: the arena's, or its shard's,
+ * whose partial sum of squares is summed over the shards
+ * (sum_over_shards), so that *total_norm is the norm of the whole
+ * gradient on every rank. The training step clips through this. */
+dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total_norm);
 
 #ifdef __cplusplus
 }

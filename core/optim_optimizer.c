@@ -22,12 +22,19 @@ struct dt_optimizer {
   float lr;
   int64_t steps; /* updates taken */
   /* SGD: momentum buffer (absent when momentum is 0). AdamW: m, v. Each
-   * (numel) f32 on the arena's device; the flat state is their
+   * (local_numel) f32 on the arena's device, allocated at the first step
+   * or state_set (zeros until then); the flat state is their
    * concatenation in this order. */
   dt_tensor *state[OPTIM_MAX_STATE];
   int n_state;
-  /* Runs of the flat buffer updated by one kernel call each, with or
-   * without weight decay; NULL = one run over everything, decayed. */
+  /* What the state covers: the whole arena as one segment, or a shard
+   * (dt_optim_set_shard) with its own reduced gradients and hooks. */
+  dt_optim_segment *segs;
+  int n_segs;
+  int64_t local_numel;
+  dt_optim_shard shard; /* shard.grads retained; all zero when not sharded */
+  /* Runs of arena elements with or without weight decay, in order
+   * (dt_optim_set_decay_mask); NULL = everything decays. */
   struct decay_run {
     int64_t offset, numel;
     bool decay;
@@ -80,27 +87,47 @@ static dt_status check_adamw_config(const dt_adamw_config *c) {
   return DT_OK;
 }
 
-/* Allocates an optimizer with n_state zeroed buffers the size of the arena. */
+/* An optimizer over the whole arena whose n_state buffers are allocated
+ * at the first step. */
 static dt_status optim_create(dt_param_arena *arena, optim_kind kind, int n_state,
                               dt_optimizer **out) {
   dt_optimizer *o = calloc(1, sizeof *o);
-  if (!o)
+  dt_optim_segment *seg = calloc(1, sizeof *seg);
+  if (!o || !seg) {
+    free(o);
+    free(seg);
     return DT_ERROR(DT_ERR_OOM, "cannot allocate an optimizer");
+  }
   o->kind = kind;
   o->arena = arena;
-  int64_t n = dt_param_arena_numel(arena);
-  for (int i = 0; i < n_state && n > 0; i++) {
-    int64_t shape[1] = {n};
-    dt_status st =
-        dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dt_param_arena_device(arena), &o->state[i]);
-    if (st != DT_OK) {
-      dt_optim_destroy(o);
-      return dt_error_wrap(st, "%s state buffer %d of %lld floats",
-                           kind == OPTIM_SGD ? "sgd" : "adamw", i, (long long)n);
-    }
-    o->n_state = i + 1;
-  }
+  o->n_state = n_state;
+  o->local_numel = dt_param_arena_numel(arena);
+  *seg = (dt_optim_segment){0, o->local_numel, 0};
+  o->segs = seg;
+  o->n_segs = 1;
   *out = o;
+  return DT_OK;
+}
+
+static void release_state(dt_optimizer *o) {
+  for (int i = 0; i < OPTIM_MAX_STATE; i++) {
+    dt_tensor_release(o->state[i]);
+    o->state[i] = NULL;
+  }
+}
+
+/* The state buffers, zeroed, once. */
+static dt_status ensure_state(dt_optimizer *o) {
+  int64_t shape[1] = {o->local_numel};
+  for (int i = 0; i < o->n_state && o->local_numel > 0; i++) {
+    if (o->state[i] != NULL)
+      continue;
+    dt_status st =
+        dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dt_param_arena_device(o->arena), &o->state[i]);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "%s state buffer %d of %lld floats", dt_optim_name(o), i,
+                           (long long)o->local_numel);
+  }
   return DT_OK;
 }
 
@@ -135,8 +162,9 @@ dt_status dt_optim_adamw_create(dt_param_arena *arena, const dt_adamw_config *cf
 void dt_optim_destroy(dt_optimizer *o) {
   if (!o)
     return;
-  for (int i = 0; i < OPTIM_MAX_STATE; i++)
-    dt_tensor_release(o->state[i]);
+  release_state(o);
+  dt_tensor_release(o->shard.grads);
+  free(o->segs);
   free(o->runs);
   free(o);
 }
@@ -183,49 +211,86 @@ dt_status dt_optim_decay_matrices_only(dt_optimizer *o) {
   return st;
 }
 
-static float *state_ptr(const dt_optimizer *o, int i, int64_t offset) {
-  return i < o->n_state ? (float *)dt_tensor_data(o->state[i]) + offset : NULL;
+static float *state_ptr(const dt_optimizer *o, int i) {
+  return i < o->n_state && o->state[i] ? (float *)dt_tensor_data(o->state[i]) : NULL;
 }
 
-/* The fused kernel over elements [offset, offset + n) of the arena. */
-static dt_status update_run(dt_optimizer *o, const dt_exec *ex, float *p, const float *g,
-                            int64_t offset, int64_t n, bool decay) {
-  p += offset;
-  g += offset;
+/* The gradients the update reads: the shard's, or the arena's. */
+static dt_tensor *update_grads(const dt_optimizer *o) {
+  return o->shard.grads ? o->shard.grads : dt_param_arena_grads(o->arena);
+}
+
+static dt_status check_grads(const dt_optimizer *o, dt_tensor *grads) {
+  if (grads == NULL)
+    return DT_ERROR(DT_ERR_STATE,
+                    "%s: the arena has no gradient buffer (dropped for ZeRO stage 2) and the "
+                    "optimizer was given no shard (dt_optim_set_shard)",
+                    dt_optim_name(o));
+  return DT_OK;
+}
+
+/* The fused kernel over arena elements [start, start + n) of segment sg,
+ * with or without weight decay. */
+static dt_status update_range(dt_optimizer *o, const dt_exec *ex, float *params, const float *grads,
+                              const dt_optim_segment *sg, int64_t start, int64_t n, bool decay) {
+  int64_t local = sg->local_offset + (start - sg->offset);
+  float *p = params + start;
+  const float *g = grads + local;
   if (o->kind == OPTIM_SGD) {
     const dt_sgd_config *c = &o->sgd;
-    return dt_kernel_sgd_update(ex, p, g, state_ptr(o, 0, offset), n, o->lr, c->momentum,
-                                c->dampening, decay ? c->weight_decay : 0.0f, c->nesterov,
-                                o->steps == 0);
+    float *m = state_ptr(o, 0);
+    return dt_kernel_sgd_update(ex, p, g, m ? m + local : NULL, n, o->lr, c->momentum, c->dampening,
+                                decay ? c->weight_decay : 0.0f, c->nesterov, o->steps == 0);
   }
   const dt_adamw_config *c = &o->adamw;
-  return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0, offset), state_ptr(o, 1, offset), n,
+  return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0) + local, state_ptr(o, 1) + local, n,
                                 o->lr, c->beta1, c->beta2, c->eps, decay ? c->weight_decay : 0.0f,
                                 (int)(o->steps + 1));
+}
+
+/* The fused kernel over segment `i`: once, or once per weight-decay run
+ * that meets it. */
+static dt_status update_segment(dt_optimizer *o, const dt_exec *ex, float *params,
+                                const float *grads, int i) {
+  const dt_optim_segment *sg = &o->segs[i];
+  if (sg->numel == 0)
+    return DT_OK;
+  if (!o->runs)
+    return update_range(o, ex, params, grads, sg, sg->offset, sg->numel, true);
+  int64_t end = sg->offset + sg->numel;
+  for (int r = 0; r < o->n_runs; r++) {
+    int64_t lo = o->runs[r].offset > sg->offset ? o->runs[r].offset : sg->offset;
+    int64_t hi = o->runs[r].offset + o->runs[r].numel;
+    hi = hi < end ? hi : end;
+    if (hi > lo)
+      DT_CHECK(update_range(o, ex, params, grads, sg, lo, hi - lo, o->runs[r].decay));
+  }
+  return DT_OK;
 }
 
 dt_status dt_optim_step(dt_optimizer *o) {
   if (!o)
     return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
-  DT_CHECK(check_lr(dt_optim_name(o), o->lr));
-  int64_t n = dt_param_arena_numel(o->arena);
-  if (n == 0) {
-    o->steps++;
-    return DT_OK;
-  }
+  dt_status st = check_lr(dt_optim_name(o), o->lr);
+  if (st == DT_OK && o->kind == OPTIM_ADAMW && o->steps >= INT_MAX)
+    st = DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
+                  (long long)o->steps);
   dt_tensor *params = dt_param_arena_data(o->arena);
-  dt_tensor *grads = dt_param_arena_grads(o->arena);
+  dt_tensor *grads = update_grads(o);
+  if (st == DT_OK)
+    st = check_grads(o, grads);
+  if (st == DT_OK)
+    st = ensure_state(o);
   const dt_exec ex = dt_tensor_exec(params);
-  float *p = dt_tensor_data(params);
-  const float *g = dt_tensor_data(grads);
-  if (o->kind == OPTIM_ADAMW && o->steps >= INT_MAX)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
-                    (long long)o->steps);
-  dt_status st = DT_OK;
-  if (!o->runs)
-    st = update_run(o, &ex, p, g, 0, n, true);
-  for (int r = 0; r < o->n_runs && st == DT_OK; r++)
-    st = update_run(o, &ex, p, g, o->runs[r].offset, o->runs[r].numel, o->runs[r].decay);
+  /* A shard's hooks see every segment, also after an error, so that the
+   * ranks' collectives stay matched (step_done gathers what is left). */
+  for (int i = 0; i < o->n_segs && st == DT_OK; i++) {
+    st = update_segment(o, &ex, dt_tensor_data(params), dt_tensor_data(grads), i);
+    if (st == DT_OK && o->shard.segment_updated)
+      st = o->shard.segment_updated(o->shard.ctx, i);
+  }
+  if (o->shard.step_done)
+    st = o->shard.step_done(o->shard.ctx, st);
   if (st != DT_OK)
     return dt_error_wrap(st, "%s step %lld", dt_optim_name(o), (long long)o->steps);
   o->steps++;
@@ -243,8 +308,10 @@ float dt_optim_lr(const dt_optimizer *o) { return o->lr; }
 int64_t dt_optim_step_count(const dt_optimizer *o) { return o->steps; }
 const char *dt_optim_name(const dt_optimizer *o) { return o->kind == OPTIM_SGD ? "sgd" : "adamw"; }
 
-int64_t dt_optim_state_numel(const dt_optimizer *o) {
-  return (int64_t)o->n_state * dt_param_arena_numel(o->arena);
+int64_t dt_optim_state_numel(const dt_optimizer *o) { return (int64_t)o->n_state * o->local_numel; }
+
+size_t dt_optim_state_bytes(const dt_optimizer *o) {
+  return (size_t)dt_optim_state_numel(o) * sizeof(float);
 }
 
 dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel) {
@@ -254,9 +321,13 @@ dt_status dt_optim_state_get(const dt_optimizer *o, float *host, int64_t numel) 
   if (numel != want)
     return DT_ERROR(DT_ERR_SHAPE, "%s state holds %lld floats, the buffer %lld", dt_optim_name(o),
                     (long long)want, (long long)numel);
-  int64_t n = dt_param_arena_numel(o->arena);
-  for (int i = 0; i < o->n_state; i++)
-    DT_CHECK(dt_tensor_to_host(o->state[i], host + i * n, (size_t)n * sizeof(float)));
+  int64_t n = o->local_numel;
+  for (int i = 0; i < o->n_state; i++) {
+    if (o->state[i] == NULL) /* before the first step: zeros */
+      memset(host + i * n, 0, (size_t)n * sizeof(float));
+    else
+      DT_CHECK(dt_tensor_to_host(o->state[i], host + i * n, (size_t)n * sizeof(float)));
+  }
   return DT_OK;
 }
 
@@ -272,8 +343,9 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
                     dt_optim_name(o), (long long)want, (long long)numel);
   if (step_count < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "step count %lld: must be >= 0", (long long)step_count);
-  int64_t n = dt_param_arena_numel(o->arena);
-  for (int i = 0; i < o->n_state; i++) {
+  DT_CHECK(ensure_state(o));
+  int64_t n = o->local_numel;
+  for (int i = 0; i < o->n_state && n > 0; i++) {
     dt_tensor *t = o->state[i];
     const dt_backend_ops *be = dt_tensor_backend(t);
     DT_CHECK(be->copy(dt_tensor_data(t), dt_tensor_device(t), host + i * n, DT_CPU,
@@ -281,4 +353,121 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
   }
   o->steps = step_count;
   return DT_OK;
+}
+
+/* ---- shards (ZeRO) ---- */
+
+static dt_status check_shard(const dt_optimizer *o, const dt_optim_shard *sh) {
+  int64_t arena_n = dt_param_arena_numel(o->arena);
+  if (sh->n_segments < 0 || (sh->n_segments > 0 && sh->segments == NULL) || sh->local_numel < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer shard: %d segments at %p, %lld local elements",
+                    sh->n_segments, (const void *)sh->segments, (long long)sh->local_numel);
+  for (int i = 0; i < sh->n_segments; i++) {
+    const dt_optim_segment *g = &sh->segments[i];
+    if (g->offset < 0 || g->numel < 0 || g->local_offset < 0 || g->offset + g->numel > arena_n ||
+        g->local_offset + g->numel > sh->local_numel)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "optimizer shard: segment %d (arena elements %lld + %lld at local %lld) "
+                      "lies outside the arena (%lld) or the shard (%lld)",
+                      i, (long long)g->offset, (long long)g->numel, (long long)g->local_offset,
+                      (long long)arena_n, (long long)sh->local_numel);
+  }
+  dt_tensor *g = sh->grads;
+  if (g == NULL || dt_tensor_dtype(g) != DT_DTYPE_F32 || dt_tensor_numel(g) != sh->local_numel ||
+      !dt_tensor_is_contiguous(g) ||
+      !dt_device_equal(dt_tensor_device(g), dt_param_arena_device(o->arena)))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "optimizer shard: the gradients must be a contiguous f32 tensor of %lld "
+                    "elements on the arena's device",
+                    (long long)sh->local_numel);
+  return DT_OK;
+}
+
+dt_status dt_optim_set_shard(dt_optimizer *o, const dt_optim_shard *shard) {
+  if (!o || !shard)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer and shard must not be NULL");
+  if (o->steps > 0)
+    return DT_ERROR(DT_ERR_STATE,
+                    "%s has taken %lld steps: shard it before the first step (load a sharded "
+                    "checkpoint with dt_optim_state_set afterwards)",
+                    dt_optim_name(o), (long long)o->steps);
+  DT_CHECK(check_shard(o, shard));
+  dt_optim_segment *segs =
+      calloc((size_t)(shard->n_segments > 0 ? shard->n_segments : 1), sizeof *segs);
+  if (!segs)
+    return DT_ERROR(DT_ERR_OOM, "optimizer shard: out of host memory for %d segments",
+                    shard->n_segments);
+  if (shard->n_segments > 0)
+    memcpy(segs, shard->segments, (size_t)shard->n_segments * sizeof *segs);
+  release_state(o);
+  free(o->segs);
+  dt_tensor_release(o->shard.grads);
+  o->segs = segs;
+  o->n_segs = shard->n_segments;
+  o->local_numel = shard->local_numel;
+  o->shard = *shard;
+  o->shard.segments = segs;
+  dt_tensor_retain(o->shard.grads);
+  return DT_OK;
+}
+
+int dt_optim_is_sharded(const dt_optimizer *o) { return o->shard.grads != NULL; }
+int dt_optim_num_segments(const dt_optimizer *o) { return o->n_segs; }
+dt_optim_segment dt_optim_segment_at(const dt_optimizer *o, int i) { return o->segs[i]; }
+int64_t dt_optim_local_numel(const dt_optimizer *o) { return o->local_numel; }
+dt_tensor *dt_optim_state_tensor(const dt_optimizer *o, int i) {
+  return i >= 0 && i < o->n_state ? o->state[i] : NULL;
+}
+
+/* ---- clipping ---- */
+
+/* Clips the n gradients at g (device of ex) to a global norm of max_norm;
+ * `sum` (NULL = none) adds the other shards' sums of squares. */
+static dt_status clip_flat(const dt_exec *ex, float *g, int64_t n, float max_norm,
+                           const dt_optim_shard *sum, double *total_norm) {
+  if (total_norm)
+    *total_norm = 0.0;
+  if (!(max_norm > 0.0f) || !isfinite(max_norm))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "max_norm %g: must be finite and > 0", (double)max_norm);
+  double sum_sq = 0.0;
+  if (n > 0)
+    DT_CHECK(dt_kernel_sum_squares(ex, g, n, &sum_sq));
+  if (sum != NULL && sum->sum_over_shards != NULL)
+    DT_CHECK(sum->sum_over_shards(sum->ctx, &sum_sq, 1));
+  double norm = sqrt(sum_sq);
+  if (total_norm)
+    *total_norm = norm;
+  /* A non-finite norm fails this test and leaves the gradients as they are
+   * (the caller sees it in *total_norm; GradScaler skips such steps). */
+  if (norm > (double)max_norm && n > 0) {
+    float coef = (float)((double)max_norm / (norm + 1e-6));
+    /* g = 0 * g + coef * g: scales in place without relying on x != y. */
+    DT_CHECK(dt_kernel_axpby(ex, n, 0.0f, g, coef, g));
+  }
+  return DT_OK;
+}
+
+dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total_norm) {
+  if (total_norm)
+    *total_norm = 0.0;
+  if (!arena)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "arena is NULL");
+  dt_tensor *grads = dt_param_arena_grads(arena);
+  if (grads == NULL)
+    return DT_ERROR(DT_ERR_STATE,
+                    "clipping: the arena's gradients were dropped (ZeRO stage 2): clip the "
+                    "shard through its optimizer (dt_optim_clip_grad_norm)");
+  const dt_exec ex = dt_tensor_exec(grads);
+  return clip_flat(&ex, dt_tensor_data(grads), dt_param_arena_numel(arena), max_norm, NULL,
+                   total_norm);
+}
+
+dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total_norm) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  dt_tensor *grads = update_grads(o);
+  DT_CHECK(check_grads(o, grads));
+  const dt_exec ex = dt_tensor_exec(grads);
+  return clip_flat(&ex, dt_tensor_data(grads), dt_tensor_numel(grads), max_norm, &o->shard,
+                   total_norm);
 }

@@ -60,31 +60,3 @@ float dt_lr_at(const dt_lr_schedule *s, int64_t step) {
   }
   return (float)base;
 }
-
-dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total_norm) {
-  if (total_norm)
-    *total_norm = 0.0;
-  if (!arena)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "arena is NULL");
-  if (!(max_norm > 0.0f) || !isfinite(max_norm))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "max_norm %g: must be finite and > 0", (double)max_norm);
-  int64_t n = dt_param_arena_numel(arena);
-  if (n == 0)
-    return DT_OK;
-  dt_tensor *grads = dt_param_arena_grads(arena);
-  const dt_exec ex = dt_tensor_exec(grads);
-  float *g = dt_tensor_data(grads);
-  double sum_sq = 0.0;
-  DT_CHECK(dt_kernel_sum_squares(&ex, g, n, &sum_sq));
-  double norm = sqrt(sum_sq);
-  if (total_norm)
-    *total_norm = norm;
-  /* A non-finite norm fails this test and leaves the gradients as they are
-   * (the caller sees it in *total_norm; GradScaler skips such steps). */
-  if (norm > (double)max_norm) {
-    float coef = (float)((double)max_norm / (norm + 1e-6));
-    /* g = 0 * g + coef * g: scales in place without relying on x != y. */
-    DT_CHECK(dt_kernel_axpby(&ex, n, 0.0f, g, coef, g));
-  }
-  return DT_OK;
-}

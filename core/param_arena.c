@@ -1,7 +1,8 @@
 /* The flat parameter arena: every parameter's data in one buffer and every
  * gradient in another, in registration order, with the module's tensors as
  * views (llm.c's malloc_and_point_parameters). Offsets are dense, without
- * padding, so that a DDP bucket is one contiguous slice of the gradients. */
+ * padding, so that a DDP bucket is one contiguous slice of the gradients;
+ * ZeRO adds a zeroed tail after the last parameter (dt_param_arena_pad). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,10 +15,49 @@ struct dt_param_arena {
   char **names;       /* owned copies of the dotted names */
   int64_t *offsets;   /* elements */
   int64_t numel;
+  int64_t tail; /* zeroed elements after the last parameter (dt_param_arena_pad) */
   dt_device device;
-  dt_tensor *data;  /* flat f32 (numel) */
-  dt_tensor *grads; /* flat f32 (numel) */
+  dt_tensor *data_padded;  /* flat f32 (numel + tail): the storage */
+  dt_tensor *data;         /* its first numel elements */
+  dt_tensor *grads_padded; /* the same for the gradients; NULL after dt_param_arena_drop_grads */
+  dt_tensor *grads;
 };
+
+/* *padded (n + tail elements, tail zeroed) and *head, a view of its first n. */
+static dt_status alloc_flat(dt_device dev, int64_t n, int64_t tail, int zero, dt_tensor **padded,
+                            dt_tensor **head) {
+  int64_t shape[1] = {n + tail};
+  *padded = *head = NULL;
+  DT_CHECK(zero ? dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dev, padded)
+                : dt_tensor_empty(shape, 1, DT_DTYPE_F32, dev, padded));
+  dt_status st = DT_OK;
+  if (!zero && tail > 0) {
+    const dt_backend_ops *be = dt_tensor_backend(*padded);
+    st = be->memset_zero(dev, (float *)dt_tensor_data(*padded) + n, (size_t)tail * sizeof(float));
+  }
+  if (st == DT_OK)
+    st = dt_tensor_view_flat(*padded, 0, &n, 1, head);
+  if (st != DT_OK) {
+    dt_tensor_release(*padded);
+    *padded = NULL;
+  }
+  return st;
+}
+
+/* Points parameter i's data at the flat data buffer and its gradient at a
+ * view of the flat gradient buffer (when there is one). */
+static dt_status point_param(dt_param_arena *a, int i) {
+  dt_tensor *p = a->params[i];
+  dt_tensor_rebind(p, a->data->storage, a->data->offset + a->offsets[i]);
+  if (a->grads == NULL)
+    return dt_tensor_set_grad(p, NULL);
+  dt_tensor *grad_view = NULL;
+  DT_CHECK(dt_tensor_view_flat(a->grads, a->offsets[i], dt_tensor_shape(p), dt_tensor_ndim(p),
+                               &grad_view));
+  dt_status st = dt_tensor_set_grad(p, grad_view);
+  dt_tensor_release(grad_view);
+  return st;
+}
 
 static dt_status check_params(const dt_module *m, int n, dt_device *dev, int64_t *numel) {
   char want[32], got[32];
@@ -74,9 +114,8 @@ dt_status dt_param_arena_create(dt_module *m, dt_param_arena **out) {
   }
   a->numel = numel;
   a->device = dev;
-  int64_t shape[1] = {numel};
-  DT_CHECK_GOTO(dt_tensor_empty(shape, 1, DT_DTYPE_F32, dev, &a->data), st, destroy_arena);
-  DT_CHECK_GOTO(dt_tensor_zeros(shape, 1, DT_DTYPE_F32, dev, &a->grads), st, destroy_arena);
+  DT_CHECK_GOTO(alloc_flat(dev, numel, 0, 0, &a->data_padded, &a->data), st, destroy_arena);
+  DT_CHECK_GOTO(alloc_flat(dev, numel, 0, 1, &a->grads_padded, &a->grads), st, destroy_arena);
 
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -135,7 +174,9 @@ void dt_param_arena_destroy(dt_param_arena *a) {
     free(a->names[i]);
   }
   dt_tensor_release(a->grads);
+  dt_tensor_release(a->grads_padded);
   dt_tensor_release(a->data);
+  dt_tensor_release(a->data_padded);
   free(a->offsets);
   free(a->names);
   free(a->params);
@@ -167,9 +208,64 @@ int64_t dt_param_arena_numel(const dt_param_arena *a) { return a->numel; }
 
 dt_device dt_param_arena_device(const dt_param_arena *a) { return a->device; }
 
+int64_t dt_param_arena_tail(const dt_param_arena *a) { return a->tail; }
+dt_tensor *dt_param_arena_padded_data(const dt_param_arena *a) { return a->data_padded; }
+dt_tensor *dt_param_arena_padded_grads(const dt_param_arena *a) { return a->grads_padded; }
+
 dt_status dt_param_arena_zero_grad(dt_param_arena *a) {
   if (a == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "zeroing arena gradients: arena is NULL");
+  if (a->grads == NULL) {
+    for (int i = 0; i < a->n; i++)
+      DT_CHECK(dt_tensor_set_grad(a->params[i], NULL));
+    return DT_OK;
+  }
   const dt_backend_ops *be = dt_tensor_backend(a->grads);
-  return be->memset_zero(a->device, dt_tensor_data(a->grads), (size_t)a->numel * sizeof(float));
+  return be->memset_zero(a->device, dt_tensor_data(a->grads),
+                         (size_t)(a->numel + a->tail) * sizeof(float));
+}
+
+dt_status dt_param_arena_pad(dt_param_arena *a, int64_t tail) {
+  if (a == NULL || tail < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "padding a parameter arena: arena NULL or tail %lld < 0",
+                    (long long)tail);
+  if (tail <= a->tail)
+    return DT_OK;
+  dt_tensor *data_padded = NULL, *data = NULL, *grads_padded = NULL, *grads = NULL;
+  dt_status st = alloc_flat(a->device, a->numel, tail, 0, &data_padded, &data);
+  if (st == DT_OK)
+    st = dt_tensor_copy_(data, a->data);
+  if (st == DT_OK && a->grads != NULL)
+    st = alloc_flat(a->device, a->numel, tail, 1, &grads_padded, &grads);
+  if (st == DT_OK && a->grads != NULL)
+    st = dt_tensor_copy_(grads, a->grads); /* gradients accumulated so far are kept */
+  if (st != DT_OK) {
+    dt_tensor_release(grads);
+    dt_tensor_release(grads_padded);
+    dt_tensor_release(data);
+    dt_tensor_release(data_padded);
+    return dt_error_wrap(st, "padding the parameter arena with %lld elements", (long long)tail);
+  }
+  dt_tensor *old[4] = {a->data, a->data_padded, a->grads, a->grads_padded};
+  a->data = data;
+  a->data_padded = data_padded;
+  a->grads = grads;
+  a->grads_padded = grads_padded;
+  a->tail = tail;
+  for (int i = 0; i < a->n && st == DT_OK; i++)
+    st = point_param(a, i); /* cannot fail: same shapes, fresh contiguous buffers */
+  for (int i = 0; i < 4; i++)
+    dt_tensor_release(old[i]);
+  return st;
+}
+
+dt_status dt_param_arena_drop_grads(dt_param_arena *a) {
+  if (a == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dropping arena gradients: arena is NULL");
+  for (int i = 0; i < a->n; i++)
+    DT_CHECK(dt_tensor_set_grad(a->params[i], NULL));
+  dt_tensor_release(a->grads);
+  dt_tensor_release(a->grads_padded);
+  a->grads = a->grads_padded = NULL;
+  return DT_OK;
 }

@@ -59,7 +59,7 @@ dt_status dt_step_update(const dt_step *s) {
     /* Clipping would scale a non-finite gradient to 0 (or NaN) and the run
      * would go on without learning: a divergence to report. */
     double norm = 0.0;
-    DT_CHECK(dt_clip_grad_norm(s->arena, s->cfg.clip, &norm));
+    DT_CHECK(dt_optim_clip_grad_norm(s->opt, s->cfg.clip, &norm));
     if (!isfinite(norm))
       return DT_ERROR(DT_ERR_STATE,
                       "training diverged: the gradient norm is %s at optimizer step %lld (before "

@@ -31,10 +31,14 @@ static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
   case DT_COLL_BROADCAST:
     DT_MPI_CHECK(MPI_Ibcast(w->out_data, nb, MPI_BYTE, w->root, m->comm, req));
     return DT_OK;
-  case DT_COLL_ALLGATHER:
-    DT_MPI_CHECK(MPI_Iallgather(w->in_data, nb, MPI_BYTE, w->out_data, nb,
-                                MPI_BYTE, m->comm, req));
+  case DT_COLL_ALLGATHER: {
+    /* In place (ZeRO: the input is this rank's part of the output): MPI
+     * forbids aliased buffers and takes MPI_IN_PLACE instead. */
+    int in_place = w->in_data == (char *)w->out_data + (size_t)dt_comm_rank(w->comm) * w->bytes;
+    DT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : w->in_data, nb, MPI_BYTE, w->out_data,
+                                nb, MPI_BYTE, m->comm, req));
     return DT_OK;
+  }
   case DT_COLL_REDUCE_SCATTER:
     DT_MPI_CHECK(MPI_Ireduce_scatter_block(w->in_data, w->out_data, n,
                                            MPI_FLOAT, MPI_SUM, m->comm, req));

@@ -1,5 +1,6 @@
 /* The DDP reducer: buckets over the flat gradient buffer, launched from
- * grad-ready hooks in bucket order, averaged by the communicator. */
+ * grad-ready hooks in bucket order, averaged by the communicator (ZeRO:
+ * reduce-scattered, zero.c). */
 #include "dist/ddp.h"
 
 #include <stdbool.h>
@@ -9,57 +10,7 @@
 
 #include "dist/ddp_internal.h"
 
-typedef struct ddp_bucket {
-  int first, last; /* parameter indices, first <= last */
-  int64_t offset, numel;
-  dt_tensor *view; /* slice of the flat gradient buffer */
-  int n_params;
-  int pending; /* parameters of this pass still to become ready */
-  int ready;
-  dt_event *ready_ev; /* recorded on the compute stream when the bucket is ready */
-  dt_work *work;      /* in flight */
-  dt_work *last_work; /* the last pass's, kept for its device times */
-} ddp_bucket;
-
-/* Per parameter: its bucket, this pass's state and its grad-ready hook
- * (whose context is this struct). */
-typedef struct ddp_param {
-  dt_ddp *d;
-  int index;
-  int bucket;
-  bool ready_this_pass;
-  bool used_since_sync;
-  dt_hook_handle hook;
-} ddp_param;
-
-struct dt_ddp {
-  dt_module *model;
-  dt_param_arena *arena;
-  dt_comm *comm;
-  dt_ddp_config cfg;
-  dt_device dev; /* where the gradients live */
-  const dt_backend_ops *ops;
-  dt_stream *compute;
-  double dev_backward_end_ms;
-
-  int n_params;
-  ddp_param *params;
-  dt_hook_handle pre_hook;
-
-  int n_buckets;
-  ddp_bucket *buckets;
-  dt_ddp_bucket_timing *timings;
-  int next_launch; /* buckets launch strictly in index order */
-
-  int in_pass; /* a synchronised backward has started and is not finished */
-  int no_sync;
-  dt_status error; /* first error raised inside a hook (hooks return void) */
-  char error_msg[1024];
-  double first_grad_s, last_grad_s, backward_end_s, finish_end_s;
-  long sync_count;
-};
-
-static void record_error(dt_ddp *d, dt_status st) {
+void dt_ddp_record_error(dt_ddp *d, dt_status st) {
   if (d->error == DT_OK) {
     d->error = st;
     snprintf(d->error_msg, sizeof d->error_msg, "%s", dt_last_error());
@@ -79,12 +30,17 @@ static void launch_bucket(dt_ddp *d, int b) {
   bk->last_work = NULL;
   dt_status st = d->ops->event_record(bk->ready_ev, d->compute);
   if (st != DT_OK) {
-    record_error(d, dt_error_wrap(st, "recording DDP bucket %d's ready event", b));
+    dt_ddp_record_error(d, dt_error_wrap(st, "recording DDP bucket %d's ready event", b));
     return;
   }
-  st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
+  if (d->cfg.zero_stage > 0)
+    st = dt_zero_launch(d, b, &opts, &bk->work);
+  else
+    st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
   if (st != DT_OK)
-    record_error(d, dt_error_wrap(st, "launching the all-reduce of DDP bucket %d", b));
+    dt_ddp_record_error(d,
+                        dt_error_wrap(st, "launching the %s of DDP bucket %d",
+                                      d->cfg.zero_stage > 0 ? "reduce-scatter" : "all-reduce", b));
 }
 
 /* After an error nothing more launches: a bucket this rank skipped would
@@ -92,6 +48,16 @@ static void launch_bucket(dt_ddp *d, int b) {
 static void launch_ready_buckets(dt_ddp *d) {
   while (d->error == DT_OK && d->next_launch < d->n_buckets && d->buckets[d->next_launch].ready)
     launch_bucket(d, d->next_launch++);
+}
+
+/* Parameter pa is ready: its buckets have one parameter less to wait for. */
+static void count_down_buckets(dt_ddp *d, const ddp_param *pa, double now) {
+  for (int b = pa->bucket; b <= pa->bucket_end; b++) {
+    if (--d->buckets[b].pending == 0) {
+      d->buckets[b].ready = 1;
+      d->timings[b].ready_s = now;
+    }
+  }
 }
 
 static void on_grad_ready(dt_tensor *leaf, void *user) {
@@ -110,19 +76,21 @@ static void on_grad_ready(dt_tensor *leaf, void *user) {
   if (pa->ready_this_pass) {
     const char *name = NULL;
     dt_param_arena_param(d->arena, pa->index, &name);
-    record_error(d, DT_ERROR(DT_ERR_STATE,
-                             "parameter \"%s\" received its gradient twice in one synchronised "
-                             "pass: call dt_ddp_finish_backward after every dt_backward",
-                             name));
+    dt_ddp_record_error(d,
+                        DT_ERROR(DT_ERR_STATE,
+                                 "parameter \"%s\" received its gradient twice in one synchronised "
+                                 "pass: call dt_ddp_finish_backward after every dt_backward",
+                                 name));
     return;
   }
   pa->ready_this_pass = true;
-  ddp_bucket *bk = &d->buckets[pa->bucket];
-  if (--bk->pending == 0) {
-    bk->ready = 1;
-    d->timings[pa->bucket].ready_s = now;
-    launch_ready_buckets(d);
+  if (d->cfg.zero_stage == 2) {
+    dt_status st = dt_zero_take_gradient(d, pa);
+    if (st != DT_OK)
+      dt_ddp_record_error(d, st);
   }
+  count_down_buckets(d, pa, now);
+  launch_ready_buckets(d);
 }
 
 static dt_status pre_forward(dt_module *m, dt_tensor *input, dt_tensor **replacement, void *user) {
@@ -193,7 +161,7 @@ static dt_status build_buckets(dt_ddp *d) {
     size_t bytes = 0;
     while (i >= 0 && (bytes == 0 || bytes < cap)) {
       bytes += (size_t)dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL)) * sizeof(float);
-      d->params[i].bucket = b;
+      d->params[i].bucket = d->params[i].bucket_end = b;
       i--;
     }
     bk->first = i + 1;
@@ -222,6 +190,11 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
     return DT_ERROR(DT_ERR_INVALID_ARG, "DDP: model, arena, comm and out must not be NULL");
   *out = NULL;
   dt_ddp_config c = cfg ? *cfg : DT_DDP_CONFIG_DEFAULT;
+  if (c.zero_stage < 0 || c.zero_stage > 2)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "DDP: zero_stage %d: expected 0 (all-reduce), 1 (shard the optimizer state) "
+                    "or 2 (also the gradients)",
+                    c.zero_stage);
   if (c.first_bucket_bytes == 0 || c.bucket_bytes == 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "DDP: bucket caps must be > 0 bytes (got first %zu, then %zu; defaults 1 MiB "
@@ -239,6 +212,8 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
   d->arena = arena;
   d->comm = comm;
   d->cfg = c;
+  d->rank = dt_comm_rank(comm);
+  d->world = dt_comm_size(comm);
   d->n_params = dt_param_arena_count(arena);
   int n = d->n_params;
   d->params = calloc((size_t)n, sizeof *d->params);
@@ -257,7 +232,8 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
     DT_CHECK_GOTO(dt_comm_broadcast_sync(comm, dt_param_arena_data(arena), 0), st, destroy_ddp);
     DT_CHECK_GOTO(dt_ddp_broadcast_buffers(d), st, destroy_ddp);
   }
-  DT_CHECK_GOTO(build_buckets(d), st, destroy_ddp);
+  DT_CHECK_GOTO(d->cfg.zero_stage > 0 ? dt_zero_build_buckets(d) : build_buckets(d), st,
+                destroy_ddp);
   DT_CHECK_GOTO(install_hooks(d), st, destroy_ddp);
   reset_pass(d);
   *out = d;
@@ -273,22 +249,34 @@ destroy_ddp:
 /* Makes the compute stream wait for every launched bucket (on_host: the
  * host waits instead, for destruction). Device communicators return at
  * once: the optimizer's kernels queue behind the all-reduces. */
+dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host) {
+  ddp_bucket *bk = &d->buckets[b];
+  dt_status st = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+  dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
+  d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
+  /* Stage 2's work holds the bucket's buffer: freed now, so no device times. */
+  if (d->cfg.zero_stage == 2) {
+    dt_work_release(bk->work);
+    dt_tensor_release(bk->rs_in);
+    bk->rs_in = NULL;
+  } else {
+    bk->last_work = bk->work;
+  }
+  bk->work = NULL;
+  return st;
+}
+
 static dt_status wait_buckets(dt_ddp *d, int on_host) {
   dt_status st = DT_OK;
   char msg[1024] = "";
   for (int b = 0; b < d->n_buckets; b++) {
-    ddp_bucket *bk = &d->buckets[b];
-    if (bk->work == NULL)
+    if (d->buckets[b].work == NULL)
       continue;
-    dt_status wst = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+    dt_status wst = dt_ddp_finish_bucket(d, b, on_host);
     if (wst != DT_OK && st == DT_OK) {
       st = wst;
       snprintf(msg, sizeof msg, "%s", dt_last_error());
     }
-    dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
-    d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
-    bk->last_work = bk->work;
-    bk->work = NULL;
   }
   if (st != DT_OK)
     return DT_ERROR(st, "%s", msg);
@@ -305,6 +293,7 @@ void dt_ddp_destroy(dt_ddp *d) {
   for (int i = 0; d->params && i < d->n_params; i++)
     if (d->params[i].hook)
       dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->params[i].hook);
+  dt_zero_destroy(d);
   for (int b = 0; d->buckets && b < d->n_buckets; b++) {
     dt_work_release(d->buckets[b].last_work);
     if (d->buckets[b].ready_ev)
@@ -331,15 +320,17 @@ static int settle_unused(dt_ddp *d, char *names, size_t cap, dt_status *st) {
       continue;
     const char *name = NULL;
     dt_tensor *p = dt_param_arena_param(d->arena, i, &name);
-    if (d->cfg.allow_unused && !pa->used_since_sync && *st == DT_OK)
+    /* Stage 2 takes what accumulated in no_sync passes (its buffers start
+     * at zero); the others zero-fill a gradient unused since the last step. */
+    if (d->cfg.zero_stage == 2 && *st == DT_OK)
+      *st = dt_zero_take_gradient(d, pa);
+    else if (d->cfg.allow_unused && !pa->used_since_sync && *st == DT_OK)
       *st = dt_tensor_fill_(dt_tensor_grad(p), 0.0f);
     if (missing < 12 && len + strlen(name) + 3 < cap)
       len += (size_t)snprintf(names + len, cap - len, "%s%s", missing ? ", " : "", name);
     missing++;
     pa->ready_this_pass = true;
-    ddp_bucket *bk = &d->buckets[pa->bucket];
-    if (--bk->pending == 0)
-      bk->ready = 1;
+    count_down_buckets(d, pa, dt_comm_now());
   }
   if (missing > 12)
     snprintf(names + len, cap - len, ", ... (%d in all)", missing);
@@ -357,6 +348,7 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
   int missing = settle_unused(d, names, sizeof names, &fill);
   launch_ready_buckets(d);
   dt_status st = wait_buckets(d, 0);
+  dt_zero_end_pass(d);
   d->dev_backward_end_ms = -1;
   dt_status hook_error = d->error;
   char hook_msg[1024];
@@ -369,6 +361,11 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
   d->finish_end_s = dt_comm_now();
   if (hook_error != DT_OK)
     return DT_ERROR(hook_error, "%s", hook_msg);
+  if (d->cfg.zero_stage > 0 && d->opt == NULL)
+    return DT_ERROR(DT_ERR_STATE,
+                    "DDP with ZeRO stage %d reduced each rank's shard of the gradients only: "
+                    "give the reducer the optimizer (dt_ddp_shard_optimizer) before training",
+                    d->cfg.zero_stage);
   if (st != DT_OK)
     return dt_error_wrap(st, "DDP: reducing gradients");
   if (fill != DT_OK)

@@ -45,6 +45,28 @@
  * naming it (every rank must launch every bucket, or the job would hang);
  * with cfg.allow_unused its gradient is zero-filled and reduced instead.
  *
+ * ZeRO (cfg.zero_stage, DeepSpeed's stages; dist/zero.c). Stage 1: the
+ * same buckets and hooks, but each bucket is reduce-scattered (average)
+ * so that every rank holds the reduced gradient of its own piece of
+ * every bucket (its shard of the flat space: buckets are padded to a
+ * multiple of the world size, and the arena gets a zeroed tail, so any
+ * parameter count works); the optimizer given to dt_ddp_shard_optimizer
+ * updates only the shard and keeps state for it only, and gathers the
+ * updated pieces (all-gather per bucket, launched as each piece's update
+ * is issued; the compute stream waits for them at the end of the step).
+ * Stage 2: also the gradients: the arena's flat gradient buffer is
+ * dropped, each parameter's gradient is copied into its bucket's buffer
+ * when ready and freed, and only the shard's reduced gradients persist
+ * (plus the bucket buffers in flight, reused each pass). With ZeRO a
+ * parameter's .grad is this rank's local gradient (stage 1), or absent
+ * (stage 2): the reduced gradient exists for the shard only, where the
+ * optimizer's clipping (dt_optim_clip_grad_norm) reads it, summing the
+ * partial norms over the ranks. No-sync scopes accumulate locally as in
+ * stage 0 (stage 2 then holds full gradients until the synchronised pass,
+ * like PyTorch FSDP's no_sync). Stage 2 keeps no device timeline
+ * (dt_ddp_read_device_timeline fails). The checkpoint saves each rank's
+ * optimizer state with its segments (core/optim.h, "Shards").
+ *
  * The reducer keeps borrowed pointers to the module, arena and comm, which
  * must outlive it. One reducer per module; use it from one thread (the one
  * that runs forward and backward).
@@ -56,6 +78,7 @@
 
 #include "core/memory.h"
 #include "core/module.h"
+#include "core/optim.h"
 #include "core/status.h"
 #include "core/step.h"
 #include "dist/comm.h"
@@ -70,8 +93,9 @@ typedef struct dt_ddp_config {
   int broadcast_buffers;     /* 1: buffers from rank 0 before each training forward */
   int allow_unused;          /* 1: zero-fill gradients of unused parameters */
   int check_parameters;      /* 1: verify names/shapes/dtypes across ranks at creation */
+  int zero_stage;            /* 0: all-reduce; 1, 2: ZeRO (below) */
 } dt_ddp_config;
-#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1})
+#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1, 0})
 
 typedef struct dt_ddp dt_ddp;
 
@@ -99,6 +123,23 @@ int dt_ddp_in_no_sync(const dt_ddp *d);
  * no_sync scopes and dt_ddp_finish_backward. NULL gives DT_GRAD_SYNC_NONE. */
 dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
 
+/* ZeRO (cfg.zero_stage 1 or 2): makes `opt` update only this rank's shard
+ * (dt_optim_set_shard) and gather the updated parameters from every rank
+ * in its dt_optim_step. Call once, after dt_ddp_create and before the
+ * first step; `opt` must be over the reducer's arena, and the reducer
+ * must outlive every step. A no-op with zero_stage 0. */
+dt_status dt_ddp_shard_optimizer(dt_ddp *d, dt_optimizer *opt);
+int dt_ddp_zero_stage(const dt_ddp *d);
+/* Bytes of gradient memory the reducer and the arena keep on this rank:
+ * stage 0 the flat gradient buffer; stage 1 the padded flat buffer and
+ * the shard's reduced gradients; stage 2 the shard's gradients only. */
+size_t dt_ddp_gradient_bytes(const dt_ddp *d);
+/* Stage 2: the most bytes of bucket buffers alive at once so far (the
+ * buckets in flight during backward; 0 in the other stages). Stage 2's
+ * per-parameter gradients exist only from their first accumulation to
+ * their hook (and across no_sync passes). */
+size_t dt_ddp_bucket_buffer_peak(const dt_ddp *d);
+
 /* Broadcasts the module's buffers from rank 0 now (the forward pre-hook
  * calls this when cfg.broadcast_buffers and the module is training). */
 dt_status dt_ddp_broadcast_buffers(dt_ddp *d);
@@ -112,10 +153,10 @@ void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel,
 
 /* Timeline of the last synchronised backward, in dt_comm_now() seconds. */
 typedef struct dt_ddp_bucket_timing {
-  double ready_s;     /* last gradient of the bucket ready */
-  double launch_s;    /* all-reduce submitted */
-  double start_s;     /* all-reduce started on the communication thread */
-  double end_s;       /* all-reduce complete (device communicators: its host part) */
+  double ready_s;  /* last gradient of the bucket ready */
+  double launch_s; /* all-reduce submitted */
+  double start_s;  /* all-reduce started on the communication thread */
+  double end_s;    /* all-reduce complete (device communicators: its host part) */
   size_t bytes;
   /* On the device clock (ms since the communicator's creation), filled by
    * dt_ddp_read_device_timeline; -1 until then: the all-reduce's start and
@@ -124,8 +165,8 @@ typedef struct dt_ddp_bucket_timing {
 } dt_ddp_bucket_timing;
 
 typedef struct dt_ddp_timeline {
-  double first_grad_s;  /* first grad-ready hook of the pass */
-  double last_grad_s;   /* last grad-ready hook of the pass */
+  double first_grad_s;   /* first grad-ready hook of the pass */
+  double last_grad_s;    /* last grad-ready hook of the pass */
   double backward_end_s; /* dt_ddp_finish_backward entered */
   double finish_end_s;   /* dt_ddp_finish_backward returned (all buckets done) */
   int n_buckets;

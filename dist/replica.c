@@ -60,8 +60,19 @@ dt_status dt_replica_connect(dt_replica *r, dt_comm *comm, const dt_ddp_config *
   }
   r->comm = comm;
   DT_CHECK(dt_ddp_create(r->step.model, r->step.arena, comm, cfg, &r->ddp));
+  DT_CHECK(dt_ddp_shard_optimizer(r->ddp, r->step.opt)); /* ZeRO; else a no-op */
   r->step.sync = dt_ddp_grad_sync(r->ddp);
   return DT_OK;
+}
+
+dt_replica_memory dt_replica_memory_use(const dt_replica *r) {
+  dt_replica_memory m = {dt_optim_state_bytes(r->step.opt), 0, 0};
+  if (r->ddp != NULL) {
+    m.gradients = dt_ddp_gradient_bytes(r->ddp);
+    m.gradients_in_flight = dt_ddp_bucket_buffer_peak(r->ddp);
+  } else
+    m.gradients = (size_t)dt_param_arena_numel(r->step.arena) * sizeof(float);
+  return m;
 }
 
 const dt_step *dt_replica_step(const dt_replica *r) { return &r->step; }

@@ -42,12 +42,24 @@ dt_status dt_replica_create(dt_module *model, dt_device device, int index,
 
 /* Collective over `comm`, which the replica takes (also on failure): the DDP
  * reducer (dist/ddp.h: parameters checked and broadcast from rank 0), whose
- * hooks the step then uses. Once per replica. */
+ * hooks the step then uses; with cfg->zero_stage > 0 it shards the
+ * replica's optimizer (dt_ddp_shard_optimizer). Once per replica. */
 dt_status dt_replica_connect(dt_replica *r, dt_comm *comm, const dt_ddp_config *cfg);
 
 /* Frees the reducer, the communicator, the optimizer, the arena and the
  * model, in that order. NULL is a no-op. */
 void dt_replica_destroy(dt_replica *r);
+
+/* What this replica holds for the optimizer's state (allocated at its
+ * first step) and for gradients (dt_ddp_gradient_bytes; without a reducer
+ * the arena's flat buffer), in bytes: ZeRO's per-rank figures. */
+typedef struct dt_replica_memory {
+  size_t optimizer_state;
+  size_t gradients; /* kept between steps (dt_ddp_gradient_bytes) */
+  size_t
+      gradients_in_flight; /* stage 2: bucket buffers at their peak (dt_ddp_bucket_buffer_peak) */
+} dt_replica_memory;
+dt_replica_memory dt_replica_memory_use(const dt_replica *r);
 
 /* The training step over this replica (core/step.h). */
 const dt_step *dt_replica_step(const dt_replica *r);

@@ -144,8 +144,8 @@ static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) 
   dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
   const dt_task_defaults *td = task->defaults;
   if (name && !strcmp(name, "adamw") && td && !strcmp(td->optimizer, "adamw"))
-    return (dt_optimizer_spec){name, td->lr,    0.0f, td->weight_decay, false, td->beta2,
-                               td->decay_matrices_only};
+    return (dt_optimizer_spec){
+        name, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
   if (name && !strcmp(name, "adamw"))
     return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
   return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false, d.beta2, false};
@@ -194,6 +194,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (world > 1) {
     dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
                                 cfg->bucket_cap_mb, false};
+    co.zero_stage = cfg->zero;
     DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
     timer.ddp = dt_replica_ddp(rep);
   }
@@ -222,6 +223,10 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (dt_memory_stats_get(dev, &ms) == DT_OK)
     r.peak_mib = (double)ms.peak_allocated / DT_MIB;
   r.parameters = dt_module_parameter_count(dt_replica_model(rep));
+  dt_replica_memory rm = dt_replica_memory_use(rep);
+  r.optimizer_state_mib = (double)rm.optimizer_state / DT_MIB;
+  r.gradient_mem_mib = (double)rm.gradients / DT_MIB;
+  r.in_flight_mib = (double)rm.gradients_in_flight / DT_MIB;
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   if (task->max_context > 0)
@@ -292,6 +297,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
       dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
       dt_cli_flag_comm_backend(&comm_backend),
+      dt_cli_flag_zero(&cfg.zero),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -302,6 +308,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "prints\n"
           "  steps_per_s=... samples_per_s=... ms_per_step=...\n"
           "  breakdown: forward_ms=... backward_ms=... optimizer_ms=... peak_mem=... loss=...\n"
+          "  memory: optimizer_state_mib=... grad_mib=... in_flight_mib=... (per rank; --zero\n"
+          "  shards them; in flight: stage 2's bucket buffers at their peak)\n"
           "Under a launcher (dtrain launch -n N -- bench ...) every rank runs --batch\n"
           "samples per step through a DDP reducer and samples_per_s counts all ranks; a\n"
           "line\n"
@@ -340,8 +348,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
-        "over %s\n",
-        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm);
+        "over %s, zero %d\n",
+        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   if (r.tokens_per_s > 0)
@@ -356,6 +364,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       "breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f peak_mem=%.1fMiB "
       "loss=%.4f\n",
       r.forward_ms, r.backward_ms, r.optimizer_ms, r.peak_mib, r.final_loss);
+  printf("memory: optimizer_state_mib=%.3f grad_mib=%.3f in_flight_mib=%.3f (per rank)\n",
+         r.optimizer_state_mib, r.gradient_mem_mib, r.in_flight_mib);
   if (r.world > 1)
     printf("comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f (per step)\n",
            r.allreduce_ms, r.overlapped_ms,

@@ -49,14 +49,15 @@ typedef struct dt_bench_config {
   double comm_timeout;      /* seconds (300) */
   float bucket_cap_mb;      /* 25 */
   float first_bucket_mb;    /* 1 */
+  int zero;                 /* ZeRO stage 0, 1, 2 (dist/ddp.h) */
   int ctx;                  /* sequence tasks: the context T, 0 = the task's */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
- * buckets 1 MiB then 25 MiB; the task's context. */
+ * buckets 1 MiB then 25 MiB, zero stage 0; the task's context. */
 #define DT_BENCH_CONFIG_DEFAULT \
-  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0})
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, 0})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
@@ -83,6 +84,11 @@ typedef struct dt_bench_result {
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
   double grad_mib;      /* gradient bytes all-reduced per step */
   char comm[32];        /* "mpi", "nccl", "mpi (host-staged)" */
+  /* Per rank (dt_replica_memory_use): ZeRO shards these; in flight:
+   * stage 2's bucket buffers at their peak. */
+  double optimizer_state_mib;
+  double gradient_mem_mib;
+  double in_flight_mib;
 } dt_bench_result;
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out);

@@ -181,6 +181,19 @@ dt_flag dt_cli_flag_first_bucket_mb(float *target) {
                    .min_exclusive = true};
 }
 
+dt_flag dt_cli_flag_zero(int *target) {
+  return (dt_flag){.name = "zero",
+                   .type = DT_FLAG_INT,
+                   .target = target,
+                   .metavar = "STAGE",
+                   .help =
+                       "DDP and dp: ZeRO stage: 0 all-reduce; 1 shard the optimizer state over "
+                       "the ranks (gradients reduce-scattered, parameters all-gathered); 2 also "
+                       "the gradients",
+                   .min = 0,
+                   .max = 2};
+}
+
 dt_status dt_cli_check_env(void) {
   for (int p = 0; p < DT_ENV_COUNT; p++) {
     if (!strcmp(dt_env_info_of((dt_env_param)p)->group, "test"))

@@ -46,6 +46,8 @@ const char *dt_cli_comm_backend_default(void);
 dt_flag dt_cli_flag_comm_timeout(double *target);
 dt_flag dt_cli_flag_bucket_cap_mb(float *target);
 dt_flag dt_cli_flag_first_bucket_mb(float *target);
+/* --zero 0|1|2: the ZeRO stage of the DDP reducer (dist/ddp.h). */
+dt_flag dt_cli_flag_zero(int *target);
 
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */

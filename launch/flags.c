@@ -383,3 +383,13 @@ void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
   if (set->epilogue)
     fprintf(out, "\n%s\n", set->epilogue);
 }
+
+int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                           dt_flags_args *out) {
+  switch (dt_flags_parse(set, argc, argv, err, out)) {
+    case DT_FLAGS_OK: return -1;
+    case DT_FLAGS_HELP: dt_flags_print_help(set, stdout); return 0;
+    case DT_FLAGS_ERROR: break;
+  }
+  return 2;
+}

@@ -93,6 +93,12 @@ typedef struct dt_flags_args {
 dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
                                dt_flags_args *out);
 
+/* dt_flags_parse as a command uses it: -1 when the command should go on;
+ * else its exit status: 0 after printing the help to stdout (--help), 2
+ * after a bad command line (the message is on `err`). */
+int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                           dt_flags_args *out);
+
 /* The help: usage, about, every flag with its metavar, help, accepted
  * values and default (the target's current value, so call it before
  * parsing or after a --help), then the epilogue. */

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "launch/train_checkpoint.h"
 #include "launch/train_lm.h"
 
 /* Fields not named are 0, false or NULL. */
@@ -67,7 +69,10 @@ typedef struct train_state {
   dt_comm *comm; /* DDP (world > 1) */
   dt_ddp *ddp;
   int rank, world;
-  double first_loss; /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  double first_loss;     /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
+  dt_train_position pos; /* after the last optimizer step (or the resumed one) */
+  bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
 } train_state;
 
 static double now_seconds(void) {
@@ -125,6 +130,8 @@ static dt_status check_config(const dt_train_config *c) {
                     c->schedule);
   if (strcmp(c->mode, "ddp") && strcmp(c->mode, "dp"))
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
+  if (c->zero < 0 || c->zero > 2)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", c->zero);
   if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
@@ -185,8 +192,10 @@ static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
 }
 
 static dt_train_comm_options comm_options(const dt_train_config *c) {
-  return (dt_train_comm_options){c->comm_backend, c->comm_timeout, c->first_bucket_mb,
-                                 c->bucket_cap_mb, c->allow_unused};
+  dt_train_comm_options co = {c->comm_backend, c->comm_timeout, c->first_bucket_mb,
+                              c->bucket_cap_mb, c->allow_unused};
+  co.zero_stage = c->zero;
+  return co;
 }
 
 static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
@@ -435,6 +444,28 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
+/* The run directory, and the resumed state in every replica. */
+static dt_status checkpoint_open(const dt_train_config *c, train_state *s, FILE **log) {
+  dt_train_ckpt_run run = {.cfg = c,
+                           .comm = s->comm,
+                           .dev = s->dev,
+                           .rank = s->rank,
+                           .world = s->world,
+                           .train_samples = dt_dataset_length(s->train_set),
+                           .batches_per_epoch = s->batches_per_epoch,
+                           .schedule = &s->schedule};
+  run.n_replicas = s->dp ? s->n_replicas : 1;
+  for (int i = 0; i < run.n_replicas; i++) {
+    dt_replica *r = s->dp ? dt_dp_replica(s->dp, i) : s->replica;
+    run.models[i] = dt_replica_model(r);
+    run.opts[i] = dt_replica_optimizer(r);
+  }
+  DT_CHECK(dt_train_ckpt_open(&run, log, &s->pos, &s->ck));
+  if (s->pos.step > 0)
+    s->first_loss = s->pos.first_loss;
+  return DT_OK;
+}
+
 /* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact), on
  * the rank's device: an nccl communicator reduces GPU memory only. */
 static dt_status allreduce_sums(train_state *s, double *vals, int n) {
@@ -553,14 +584,20 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
     memset(&ms, 0, sizeof ms);
+  /* Per rank (dp: per replica): what ZeRO shards. */
+  dt_replica_memory rm = dt_replica_memory_use(s->replica ? s->replica : dt_dp_replica(s->dp, 0));
+  char in_flight[48] = "";
+  if (rm.gradients_in_flight > 0)
+    snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   char extra[96];
   dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, extra,
                            sizeof extra);
   log_line(log, c,
            "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
-           "MiB)\n",
+           "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
            epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s, extra,
-           mib(ms.allocated), mib(ms.peak_allocated));
+           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
+           in_flight);
 }
 
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
@@ -597,8 +634,8 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
  * `batches` micro-batches when the run's last optimizer step comes first;
  * *mean_loss = mean micro-batch loss over all ranks. samples/s in the
  * progress lines counts every rank's samples (world x this rank's). */
-static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, int64_t batches,
-                             FILE *log, double *mean_loss) {
+static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, int64_t first,
+                             int64_t batches, FILE *log, double *mean_loss) {
   dt_status st = DT_OK;
   dt_tensor *x = NULL, *y = NULL, *loss_sum = NULL;
   double host_loss_sum = 0.0;
@@ -606,8 +643,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int64_t interval_batches = 0, interval_samples = 0, done_batches = 0;
   int group = 1;
 
-  DT_CHECK(dt_loader_start_epoch(s->loader, epoch - 1));
-  for (int64_t b = 0; b < batches; b++) {
+  DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
+  for (int64_t b = first; b < batches && !s->stopped; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
       break;
@@ -630,6 +667,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     x = y = NULL;
     if (sync) {
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
+      s->pos = (dt_train_position){dt_optim_step_count(s->opt), epoch - 1, b + 1, s->first_loss};
+      DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
       double aside = 0.0;
       DT_CHECK_GOTO(after_step(c, s, log, &aside), st, fail);
       interval_start += aside;
@@ -637,7 +676,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     done_batches++;
     interval_batches++;
 
-    bool last = (b + 1 == batches);
+    bool last = (b + 1 == batches) || s->stopped;
     bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
@@ -655,7 +694,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   }
   /* A loader that ended early (fewer batches than announced) leaves a
    * partial accumulation group: finish it and step on it too. */
-  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < batches) {
+  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < batches - first &&
+      !s->stopped) {
     if (s->ddp || s->dp) {
       /* Its gradients were never reduced; every rank's loader announces
        * the same count, so this means the data changed under us. */
@@ -720,16 +760,16 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
-             "(global batch %d)\n",
-             s->n_replicas, c->batch, c->batch);
+             "(global batch %d), zero %d\n",
+             s->n_replicas, c->batch, c->batch, c->zero);
   } else if (s->world > 1) {
     char who[256];
     log_line(log, c,
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
-             "(first %g MiB, then %g MiB) over %s, comm timeout %g s\n",
+             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
              dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
-             c->comm_timeout);
+             c->comm_timeout, c->zero);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
@@ -748,18 +788,24 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
+  DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
   log_header(log, cfg, &s);
   dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
 
   const char *split = s.task->eval_split;
-  for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps; epoch++) {
+  for (int epoch = (int)s.pos.epoch + 1;
+       epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps && !s.stopped; epoch++) {
     double t0 = now_seconds();
-    /* The run's last optimizer step may come before the epoch's end. */
+    /* A resumed run starts inside its epoch; the run's last optimizer step
+     * may come before the epoch's end. */
+    int64_t first = epoch == s.pos.epoch + 1 ? s.pos.batch : 0;
     int64_t steps_left = s.total_steps - dt_optim_step_count(s.opt);
     int64_t batches = s.batches_per_epoch;
-    if (steps_left < s.steps_per_epoch)
-      batches = steps_left * cfg->accum;
-    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, batches, log, &r.train_loss), st, done);
+    if (steps_left < (s.batches_per_epoch - first + cfg->accum - 1) / cfg->accum)
+      batches = first + steps_left * cfg->accum;
+    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, first, batches, log, &r.train_loss), st, done);
+    if (s.stopped)
+      break;
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
     /* The epoch's last optimizer step is seen by no training loss: a step
      * that made the parameters non-finite shows up here. */
@@ -777,17 +823,30 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "epoch %d train_loss=%.4f %s_loss=%.4f%s time=%.1fs\n", epoch, r.train_loss,
              split, r.test_loss, metric, now_seconds() - t0);
   }
-  DT_CHECK_GOTO(dt_train_log_sample(log, cfg, s.task, s.model, s.dev, 0), st, done);
+  if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
+    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
+  if (!s.stopped)
+    DT_CHECK_GOTO(dt_train_log_sample(log, cfg, s.task, s.model, s.dev, 0), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
+  DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
+  r.stopped_by_signal = dt_train_ckpt_stop_signal(s.ck);
   r.seconds = now_seconds() - start;
   r.result = s.task->result == DT_TASK_RESULT_LOSS ? r.test_loss : r.test_accuracy;
   char name[64];
-  log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
+  if (r.stopped_by_signal)
+    log_line(log, cfg,
+             "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
+             "continue with --resume auto (and the same --run-dir)\n",
+             r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
+             dt_train_ckpt_last_saved(s.ck));
+  else
+    log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
 done:
+  dt_train_ckpt_close(s.ck, &log);
   state_destroy(&s);
   return st;
 }

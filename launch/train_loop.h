@@ -103,12 +103,20 @@ typedef struct dt_train_config {
   float bucket_cap_mb;      /* DDP bucket size after the first (25) */
   float first_bucket_mb;    /* DDP first bucket (1) */
   bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
+  int zero;                 /* ZeRO stage 0-2 (dist/ddp.h); one process: none */
   const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
   /* Under DDP every rank must have been started with the same settings:
    * these lines ("--lr 0.05\n"..., dt_flags_format_values) and the data sets'
    * descriptions are compared across the ranks before the first step; a
    * difference fails every rank naming it. NULL = only the data sets. */
   const char *agreed_config;
+
+  /* Checkpoints (launch/train_checkpoint.h). */
+  const char *run_dir;  /* NULL = runs/<model>-<data>-<time> if run_dir_default, else none */
+  bool run_dir_default; /* `dtrain train`: always a run directory */
+  int save_every;       /* optimizer steps between checkpoints, 0 = only at the end */
+  int keep;             /* newest complete checkpoints kept, 0 = all */
+  const char *resume;   /* NULL, "auto" (newest in run_dir, if any) or a checkpoint directory */
 
   /* Language models, evaluations during training (launch/train_lm.c). */
   int ctx;                  /* a sequence task's context T, 0 = the task's own */
@@ -146,9 +154,11 @@ typedef struct dt_train_comm_options {
   float bucket_cap_mb;    /* DDP buckets after the first */
   bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
+  int zero_stage;         /* ZeRO stage of the reducer (0, 1, 2) */
 } dt_train_comm_options;
 
-/* DDP buckets of the given sizes in MiB (at least 4 bytes each). */
+/* DDP buckets of the given sizes in MiB (at least 4 bytes each), the ZeRO
+ * stage and unused-parameter tolerance. */
 dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
 
 /* One DDP rank (world of pg > 1): the communicator that
@@ -200,6 +210,7 @@ typedef struct dt_train_result {
   double result;  /* the value of the last line, <eval_split>_<metric or loss>= (test_accuracy=,
                      val_loss=) */
   double seconds; /* wall time of the whole run */
+  int stopped_by_signal; /* SIGTERM/SIGUSR1 stopped the run after saving, 0 = ran to the end */
 } dt_train_result;
 
 /* Runs the configured job. Progress lines, one evaluation line per epoch and

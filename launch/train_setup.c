@@ -68,6 +68,7 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.first_bucket_bytes = bucket_bytes(o->first_bucket_mb);
   dc.bucket_bytes = bucket_bytes(o->bucket_cap_mb);
   dc.allow_unused = o->allow_unused;
+  dc.zero_stage = o->zero_stage;
   return dc;
 }
 

@@ -73,7 +73,7 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
     const char *name = nullptr;
     dt_tensor *p = dt_param_arena_param(a, i, &name);
     EXPECT_STREQ(name, names[i]);
-    EXPECT_EQ(p, dt_module_parameter_at(m, i, nullptr)); // same handle as the module's
+    EXPECT_EQ(p, dt_module_parameter_at(m, i, nullptr));  // same handle as the module's
     EXPECT_EQ(dt_param_arena_offset(a, i), offsets[i]);
     EXPECT_TRUE(dt_tensor_shares_storage(p, data));
     EXPECT_EQ((float *)dt_tensor_data(p), (float *)dt_tensor_data(data) + offsets[i]);
@@ -148,7 +148,7 @@ TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
   for (int i = 0; i < dt_param_arena_count(a); i++)
     EXPECT_EQ(dt_tensor_grad(dt_param_arena_param(a, i, nullptr)), grad_handles[(size_t)i]);
 
-  ASSERT_DT_OK(forward_backward(m)); // accumulates (+=)
+  ASSERT_DT_OK(forward_backward(m));  // accumulates (+=)
   got = ToVector(dt_param_arena_grads(a));
   for (size_t i = 0; i < got.size(); i++)
     EXPECT_NEAR(got[i], 2.0f * want[i], 2e-6f) << "element " << i;
@@ -191,15 +191,15 @@ TEST(ParamArena, RejectsMixedDevicesDtypesAndEmptyModules) {
   ASSERT_DT_OK(dt_module_to(m, dt_device{DT_DEVICE_CPU, 1}));
   ASSERT_DT_OK(dt_param_arena_create(m, &a));
   EXPECT_TRUE(dt_device_equal(dt_param_arena_device(a), (dt_device{DT_DEVICE_CPU, 1})));
-  EXPECT_TRUE(dt_device_equal(dt_tensor_device(dt_param_arena_grads(a)),
-                              (dt_device{DT_DEVICE_CPU, 1})));
+  EXPECT_TRUE(
+      dt_device_equal(dt_tensor_device(dt_param_arena_grads(a)), (dt_device{DT_DEVICE_CPU, 1})));
   dt_param_arena_destroy(a);
   dt_module_destroy(m);
 
   // An f16 parameter.
   dt_module *relu = nullptr;
   ASSERT_DT_OK(dt_nn_relu(&relu));
-  EXPECT_EQ(dt_param_arena_create(relu, &a), DT_ERR_INVALID_ARG); // no parameters
+  EXPECT_EQ(dt_param_arena_create(relu, &a), DT_ERR_INVALID_ARG);  // no parameters
   int64_t shape[1] = {4};
   uint16_t half[4] = {0, 0, 0, 0};
   dt_tensor *h = nullptr;
@@ -211,4 +211,51 @@ TEST(ParamArena, RejectsMixedDevicesDtypesAndEmptyModules) {
   dt_module_destroy(relu);
 }
 
-} // namespace
+}  // namespace
+
+namespace {
+
+// ZeRO's tail: the flat buffers grow by zeroed elements, every value and
+// accumulated gradient stays, .grad views point into the new buffer.
+TEST(ParamArena, PadKeepsValuesAndGradientsAndDropGradsLetsAutogradAllocate) {
+  dt_module *m = small_mlp(5);
+  dt_param_arena *a = nullptr;
+  ASSERT_DT_OK(dt_param_arena_create(m, &a));
+  ASSERT_DT_OK(forward_backward(m));
+  std::vector<float> data = ToVector(dt_param_arena_data(a));
+  std::vector<float> grads = ToVector(dt_param_arena_grads(a));
+  int64_t n = dt_param_arena_numel(a);
+  ASSERT_DT_OK(dt_param_arena_pad(a, 3));
+  EXPECT_EQ(dt_param_arena_numel(a), n);
+  EXPECT_EQ(dt_param_arena_tail(a), 3);
+  EXPECT_EQ(ToVector(dt_param_arena_data(a)), data);
+  EXPECT_EQ(ToVector(dt_param_arena_grads(a)), grads);
+  std::vector<float> padded = ToVector(dt_param_arena_padded_data(a));
+  ASSERT_EQ(padded.size(), static_cast<size_t>(n + 3));
+  EXPECT_EQ(std::vector<float>(padded.end() - 3, padded.end()), std::vector<float>(3, 0.0f));
+  ASSERT_DT_OK(dt_param_arena_pad(a, 1));  // smaller: nothing to do
+  EXPECT_EQ(dt_param_arena_tail(a), 3);
+  // The parameters read the new buffer, their gradients accumulate into it.
+  ASSERT_DT_OK(forward_backward(m));
+  std::vector<float> twice = ToVector(dt_param_arena_grads(a));
+  for (size_t i = 0; i < twice.size(); i++)
+    EXPECT_NEAR(twice[i], 2.0f * grads[i], 2e-6f) << i;
+  std::vector<float> tail = ToVector(dt_param_arena_padded_grads(a));
+  EXPECT_EQ(std::vector<float>(tail.end() - 3, tail.end()), std::vector<float>(3, 0.0f));
+
+  ASSERT_DT_OK(dt_param_arena_drop_grads(a));
+  EXPECT_EQ(dt_param_arena_grads(a), nullptr);
+  EXPECT_EQ(dt_tensor_grad(dt_param_arena_param(a, 0, nullptr)), nullptr);
+  ASSERT_DT_OK(forward_backward(m));  // autograd allocates each gradient
+  dt_tensor *g0 = dt_tensor_grad(dt_param_arena_param(a, 0, nullptr));
+  ASSERT_NE(g0, nullptr);
+  std::vector<float> g0v = ToVector(g0);
+  for (size_t i = 0; i < g0v.size(); i++)
+    EXPECT_NEAR(g0v[i], grads[i], 1e-6f) << i;
+  ASSERT_DT_OK(dt_param_arena_zero_grad(a));
+  EXPECT_EQ(dt_tensor_grad(dt_param_arena_param(a, 0, nullptr)), nullptr);
+  dt_param_arena_destroy(a);
+  dt_module_destroy(m);
+}
+
+}  // namespace

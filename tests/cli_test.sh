@@ -117,6 +117,11 @@ run train --epochs 99999999999
 expect 2 err "invalid value '99999999999' for --epochs" "int overflow"
 run train --optimizer sgdx
 expect 2 err "invalid value 'sgdx' for --optimizer: expected one of sgd, adamw" "optimizer choices"
+run train --zero 3
+expect 2 err "^dtrain train: invalid value '3' for --zero: expected an integer in 0\.\.2$" "bad --zero"
+run bench --zero -1
+expect 2 err "^dtrain bench: invalid value '-1' for --zero: expected an integer in 0\.\.2$" \
+  "bad bench --zero"
 run train --schedule linear
 expect 2 err "invalid value 'linear' for --schedule: expected one of constant, cosine, step" \
   "schedule choices"

@@ -279,8 +279,9 @@ double batch_loss(dt_module *m, dt_tensor *x, dt_tensor *y, bool backward) {
   EXPECT_EQ(dt_task_loss_next_token(logits, y, DT_REDUCTION_MEAN, &loss), DT_OK) << dt_last_error();
   double v = NAN;
   EXPECT_EQ(dt_tensor_item(loss, 0, &v), DT_OK);
-  if (backward)
+  if (backward) {
     EXPECT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+  }
   dt_tensor_release(loss);
   dt_tensor_release(logits);
   return v;

@@ -492,3 +492,82 @@ TEST_F(OptimTest, ClipGradNorm) {
 }
 
 }  // namespace
+
+namespace {
+
+// A shard's hooks: the calls they saw, and a stand-in for the other
+// shards' sum of squares.
+struct ShardLog {
+  std::vector<int> updated;
+  int done = 0;
+  double others_sum_sq = 0;
+};
+dt_status LogSum(void *ctx, double *values, int n) {
+  EXPECT_EQ(n, 1);
+  values[0] += static_cast<ShardLog *>(ctx)->others_sum_sq;
+  return DT_OK;
+}
+dt_status LogUpdated(void *ctx, int segment) {
+  static_cast<ShardLog *>(ctx)->updated.push_back(segment);
+  return DT_OK;
+}
+dt_status LogDone(void *ctx, dt_status st) {
+  static_cast<ShardLog *>(ctx)->done++;
+  return st;
+}
+
+// Segments {1, 2 at local 0} and {4, 1 at local 3}: local element 2 is
+// padding. Only arena elements 1, 2 and 4 move, with the shard's own
+// gradients; the hooks see every segment in order, then the end.
+TEST_F(OptimTest, ShardUpdatesOnlyItsSegmentsWithItsGradients) {
+  dt_sgd_config c = DT_SGD_CONFIG_DEFAULT;
+  c.lr = 0.5f;
+  c.momentum = 0.9f;
+  ASSERT_DT_OK(dt_optim_sgd_create(arena_, &c, &opt_));
+  EXPECT_EQ(dt_optim_state_tensor(opt_, 0), nullptr) << "state is allocated at the first step";
+  EXPECT_EQ(dt_optim_state_bytes(opt_), 5 * sizeof(float));
+  const dt_optim_segment segs[2] = {{1, 2, 0}, {4, 1, 3}};
+  dt_tensor *g = dtt::MakeTensor({2.0f, 4.0f, 0.0f, 6.0f}, {4});
+  ShardLog log;
+  log.others_sum_sq = 56.0;  // 4 + 16 + 36 here: norm sqrt(112)
+  dt_optim_shard sh = {segs, 2, 4, g, &log, LogSum, LogUpdated, LogDone};
+  ASSERT_DT_OK(dt_optim_set_shard(opt_, &sh));
+  EXPECT_TRUE(dt_optim_is_sharded(opt_));
+  EXPECT_EQ(dt_optim_num_segments(opt_), 2);
+  EXPECT_EQ(dt_optim_segment_at(opt_, 1).offset, 4);
+  EXPECT_EQ(dt_optim_state_numel(opt_), 4);
+  SetParams({1, 1, 1, 1, 1});
+  SetGrads({100, 100, 100, 100, 100});  // the arena's: not what a shard reads
+  ASSERT_DT_OK(dt_optim_step(opt_));
+  EXPECT_EQ(Params(), (std::vector<float>{1, 0, -1, 1, -2}));
+  EXPECT_EQ(log.updated, (std::vector<int>{0, 1}));
+  EXPECT_EQ(log.done, 1);
+  ASSERT_NE(dt_optim_state_tensor(opt_, 0), nullptr);
+  std::vector<float> state(4);
+  ASSERT_DT_OK(dt_optim_state_get(opt_, state.data(), 4));
+  EXPECT_EQ(state, (std::vector<float>{2, 4, 0, 6}));  // first step: momentum = gradient
+
+  // Clipping reads the shard and adds the other shards' sum of squares.
+  double norm = 0;
+  ASSERT_DT_OK(dt_optim_clip_grad_norm(opt_, 1.0f, &norm));
+  EXPECT_NEAR(norm, std::sqrt(112.0), 1e-9);
+  std::vector<float> clipped = dtt::ToVector(g);
+  EXPECT_NEAR(clipped[1], 4.0 / (std::sqrt(112.0) + 1e-6), 1e-6);
+
+  // Sharding comes before the first step; bad shards are refused.
+  EXPECT_EQ(dt_optim_set_shard(opt_, &sh), DT_ERR_STATE);
+  dt_optimizer *fresh = nullptr;
+  ASSERT_DT_OK(dt_optim_sgd_create(arena_, &c, &fresh));
+  const dt_optim_segment outside[1] = {{4, 2, 0}};
+  dt_optim_shard bad = {outside, 1, 4, g, nullptr, nullptr, nullptr, nullptr};
+  EXPECT_EQ(dt_optim_set_shard(fresh, &bad), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("outside"), std::string::npos) << dt_last_error();
+  bad.segments = segs;
+  bad.n_segments = 2;
+  bad.local_numel = 5;  // the gradients hold 4
+  EXPECT_EQ(dt_optim_set_shard(fresh, &bad), DT_ERR_INVALID_ARG);
+  dt_optim_destroy(fresh);
+  dt_tensor_release(g);
+}
+
+}  // namespace

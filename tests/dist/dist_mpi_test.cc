@@ -88,6 +88,23 @@ TEST_F(DistMpi, Collectives) {
     dt_tensor_release(p);
 }
 
+// Every rank holds bitwise the same parameters.
+void expect_same_on_every_rank(dt_comm *comm, const std::vector<float> &params) {
+  int w = dt_comm_size(comm);
+  int64_t n = static_cast<int64_t>(params.size()), nw = n * w;
+  dt_tensor *mine = nullptr, *all = nullptr;
+  DT_ASSERT_OK(dt_tensor_from_host(params.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &mine));
+  DT_ASSERT_OK(dt_tensor_zeros(&nw, 1, DT_DTYPE_F32, DT_CPU, &all));
+  DT_ASSERT_OK(dt_comm_allgather_sync(comm, mine, all));
+  std::vector<float> v(static_cast<size_t>(nw));
+  dt_tensor_to_host(all, v.data(), v.size() * sizeof(float));
+  for (int k = 1; k < w; k++)
+    EXPECT_EQ(0, std::memcmp(v.data(), v.data() + k * n, n * sizeof(float)))
+        << "rank " << k << " differs from rank 0";
+  dt_tensor_release(mine);
+  dt_tensor_release(all);
+}
+
 void check_ddp_equals_big_batch(dt_comm *comm, const std::string &model, int per_rank,
                                 int accum = 1) {
   const int steps = 5;
@@ -99,19 +116,52 @@ void check_ddp_equals_big_batch(dt_comm *comm, const std::string &model, int per
               dt_comm_rank(comm), model.c_str(), w, per_rank, accum, rel,
               dtt::max_abs_diff(run.params, ref));
   EXPECT_LE(rel, 1e-5);
-  // Every rank holds bitwise the same parameters.
-  int64_t n = static_cast<int64_t>(run.params.size()), nw = n * w;
-  dt_tensor *mine = nullptr, *all = nullptr;
-  DT_ASSERT_OK(dt_tensor_from_host(run.params.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &mine));
-  DT_ASSERT_OK(dt_tensor_zeros(&nw, 1, DT_DTYPE_F32, DT_CPU, &all));
-  DT_ASSERT_OK(dt_comm_allgather_sync(comm, mine, all));
-  std::vector<float> v(static_cast<size_t>(nw));
-  dt_tensor_to_host(all, v.data(), v.size() * sizeof(float));
-  for (int k = 1; k < w; k++)
-    EXPECT_EQ(0, std::memcmp(v.data(), v.data() + k * n, n * sizeof(float)))
-        << "rank " << k << " differs from rank 0";
-  dt_tensor_release(mine);
-  dt_tensor_release(all);
+  expect_same_on_every_rank(comm, run.params);
+}
+
+// ZeRO stages 1 and 2 over MPI equal stage 0 and one process on the whole
+// batch (the training step: forward, loss, backward, clipping, update),
+// with accumulation, clipping (partial norms summed over the ranks) and
+// AdamW; buckets that split parameters; every rank ends bitwise equal.
+TEST_F(DistMpi, ZeroStagesEqualAllReduceAndOneProcess) {
+  struct Case {
+    const char *model;
+    int accum;
+    float clip;
+    bool adamw;
+  };
+  const Case cases[] = {{"mlp", 1, 0.0f, false},
+                        {"lenet", 2, 0.0f, true},
+                        {"mlp", 2, 0.5f, true},
+                        {"lenet", 1, 0.05f, false}};
+  for (const Case &c : cases) {
+    dtt::StepSpec spec;
+    spec.model = c.model;
+    spec.steps = 4;
+    spec.per_rank = 4;
+    spec.accum = c.accum;
+    spec.clip = c.clip;
+    spec.adamw = c.adamw;
+    spec.ddp.first_bucket_bytes = 20000;
+    spec.ddp.bucket_bytes = 300000;
+    std::vector<float> ref = dtt::train_steps(nullptr, world(), spec).params, stage0;
+    for (int stage : {0, 1, 2}) {
+      spec.ddp.zero_stage = stage;
+      dtt::StepRun run = dtt::train_steps(g_comm, world(), spec);
+      double rel = dtt::rel_error(run.params, ref);
+      std::printf(
+          "[rank %d] %s W=%d accum %d clip %g %s zero %d: %d buckets, relative error "
+          "%.3g\n",
+          rank(), c.model, world(), c.accum, c.clip, c.adamw ? "adamw" : "sgd", stage,
+          run.n_buckets, rel);
+      EXPECT_LE(rel, c.adamw ? 1e-4 : 1e-5) << c.model << " zero " << stage;
+      if (stage == 0)
+        stage0 = run.params;
+      else
+        EXPECT_LE(dtt::rel_error(run.params, stage0), 1e-5) << c.model << " zero " << stage;
+      expect_same_on_every_rank(g_comm, run.params);
+    }
+  }
 }
 
 TEST_F(DistMpi, DdpMlpEqualsOneProcessWithWorldTimesBatch) {

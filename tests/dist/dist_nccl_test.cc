@@ -27,11 +27,11 @@ std::string NcclUnavailable() {
   return "";
 }
 
-#define SKIP_WITHOUT_NCCL()                                   \
-  do {                                                        \
-    std::string why_ = NcclUnavailable();                     \
-    if (!why_.empty())                                        \
-      GTEST_SKIP() << "NCCL test skipped: " << why_;          \
+#define SKIP_WITHOUT_NCCL()                          \
+  do {                                               \
+    std::string why_ = NcclUnavailable();            \
+    if (!why_.empty())                               \
+      GTEST_SKIP() << "NCCL test skipped: " << why_; \
   } while (0)
 
 class DistNccl : public ::testing::Test {
@@ -170,9 +170,10 @@ TEST_F(DistNccl, DdpStepMatchesReferenceAndOverlapsBackward) {
     DT_ASSERT_OK(dt_ddp_read_device_timeline(ddp));
     dt_ddp_timeline t;
     dt_ddp_get_timeline(ddp, &t);
-    std::printf("step %d timeline (ms on cuda:0's clock): backward ends on the compute stream at "
-                "%.3f; all-reduces on the comm stream:",
-                s, t.dev_backward_end_ms);
+    std::printf(
+        "step %d timeline (ms on cuda:0's clock): backward ends on the compute stream at "
+        "%.3f; all-reduces on the comm stream:",
+        s, t.dev_backward_end_ms);
     for (int b = 0; b < t.n_buckets; b++)
       std::printf(" #%d %zu B [%.3f, %.3f]", b, t.buckets[b].bytes, t.buckets[b].dev_start_ms,
                   t.buckets[b].dev_end_ms);
@@ -233,6 +234,64 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
   for (int i = 1; i < n; i++)
     EXPECT_EQ(dtt::arena_values(dtt::replica_arena(dp, i)), p0) << "replica " << i;
   dt_dp_destroy(dp);
+}
+
+}  // namespace
+
+namespace {
+
+// ZeRO over nccl at world size 1 (reduce-scatter and in-place all-gather
+// on the comm stream, waiting on their events; the clipping sum gathered
+// through the GPU) and in data-parallel mode over an NCCL clique of every
+// visible GPU (one works too): equal to the CPU reference.
+TEST_F(DistNccl, ZeroStagesMatchReference) {
+  SKIP_WITHOUT_NCCL();
+  CreateComm();
+  dtt::StepSpec spec;
+  spec.model = "mlp";
+  spec.steps = 3;
+  spec.per_rank = 16;
+  spec.clip = 0.5f;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  std::vector<float> ref = dtt::train_steps(nullptr, 1, spec).params;
+  for (int stage : {1, 2}) {
+    spec.ddp.zero_stage = stage;
+    dtt::StepRun run = dtt::train_steps(comm_, 1, spec, kGpu);
+    double rel = dtt::rel_error(run.params, ref);
+    std::printf("zero %d over nccl, world 1, %d buckets: relative error %.3g\n", stage,
+                run.n_buckets, rel);
+    EXPECT_LE(rel, 1e-4) << "zero " << stage;
+  }
+  int n = dt_device_count(DT_DEVICE_CUDA);
+  n = n > 4 ? 4 : n;
+  std::vector<dt_device> devs;
+  for (int i = 0; i < n; i++)
+    devs.push_back({DT_DEVICE_CUDA, i});
+  const int steps = 3, batch = 32;
+  std::vector<float> dp_ref = dtt::train_reference("mlp", steps, batch);
+  for (int stage : {1, 2}) {
+    dt_dp_config cfg = dtt::dp_config();
+    cfg.comm.timeout_s = 60;
+    cfg.comm.backend = DT_COMM_BACKEND_NCCL;
+    cfg.ddp.zero_stage = stage;
+    dt_dp *dp = nullptr;
+    DT_ASSERT_OK(dt_dp_create(devs.data(), n, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
+    for (int s = 0; s < steps; s++) {
+      dt_tensor *x, *y;
+      dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+      DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
+      dt_tensor_release(x);
+      dt_tensor_release(y);
+    }
+    std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
+    double rel = dtt::rel_error(p0, dp_ref);
+    std::printf("zero %d, data-parallel over %d GPU(s): relative error %.3g\n", stage, n, rel);
+    EXPECT_LE(rel, 1e-4) << "zero " << stage;
+    for (int i = 1; i < n; i++)
+      EXPECT_EQ(dtt::arena_values(dtt::replica_arena(dp, i)), p0) << "replica " << i;
+    dt_dp_destroy(dp);
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,12 @@
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/rng.h"
+#include "core/step.h"
 #include "core/tensor.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
 #include "dist/dp.h"
+#include "dist/replica.h"
 #include "models/models.h"
 #include "models/tasks.h"
 
@@ -254,6 +257,109 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
     run.n_buckets = dt_ddp_num_buckets(ddp);
     run.buckets.assign(run.timeline.buckets, run.timeline.buckets + run.timeline.n_buckets);
     run.timeline.buckets = nullptr;
+  }
+  dt_ddp_destroy(ddp);
+  dt_optim_destroy(opt);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return run;
+}
+
+// What train_steps runs: the training step (core/step.h) of `model`, SGD
+// (test_sgd) or AdamW (lr 0.01), `accum` micro-batches of per_rank
+// samples per rank and step, clipping at `clip` (0 = off), and the
+// reducer's settings (zero_stage among them).
+struct StepSpec {
+  std::string model = "mlp";
+  int steps = 4, per_rank = 8, accum = 1;
+  float clip = 0.0f;
+  bool adamw = false;
+  dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
+};
+
+inline dt_status spec_optimizer(void *user, int, dt_param_arena *arena, dt_optimizer **out) {
+  if (static_cast<const StepSpec *>(user)->adamw) {
+    dt_adamw_config c = DT_ADAMW_CONFIG_DEFAULT;
+    c.lr = 0.01f;
+    return dt_optim_adamw_create(arena, &c, out);
+  }
+  dt_sgd_config c = test_sgd();
+  return dt_optim_sgd_create(arena, &c, out);
+}
+
+struct StepRun {
+  std::vector<float> params;
+  dt_replica_memory memory{};  // the reducer's figures (dt_ddp_gradient_bytes...)
+  int64_t padded_numel = 0;    // the arena's numel + tail
+  int n_buckets = 0;
+};
+
+// spec.steps optimizer steps through dt_step_forward_backward and
+// dt_step_update. With `comm` (borrowed) this is rank `rank` of a DDP job
+// (spec.ddp, ZeRO included): micro-batch k of step s is global samples
+// [(s * accum + k) * world * per_rank, ...) and this rank takes its
+// per_rank slice. Without (nullptr), one process takes every micro-batch
+// whole: the reference for any world.
+// `after_step` (if given) runs after the last update, before anything is
+// freed (memory measurements).
+inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU,
+                           const std::function<void()> &after_step = nullptr) {
+  StepRun run;
+  int rank = comm ? dt_comm_rank(comm) : 0;
+  int64_t per_rank = comm ? spec.per_rank : static_cast<int64_t>(world) * spec.per_rank;
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  dt_ddp *ddp = nullptr;
+  dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
+  sc.loss = dt_task_loss_cross_entropy;
+  sc.clip = spec.clip;
+  dt_status st = build_model(spec.model, &m);
+  if (st == DT_OK)
+    st = dt_module_to(m, dev);
+  if (st == DT_OK)
+    st = dt_param_arena_create(m, &arena);
+  if (st == DT_OK)
+    st = spec_optimizer(const_cast<StepSpec *>(&spec), 0, arena, &opt);
+  if (st == DT_OK && comm)
+    st = dt_ddp_create(m, arena, comm, &spec.ddp, &ddp);
+  if (st == DT_OK && comm)
+    st = dt_ddp_shard_optimizer(ddp, opt);
+  if (st != DT_OK)
+    ADD_FAILURE() << "setup on rank " << rank << ": " << dt_last_error();
+  dt_step step = {m, arena, opt, dt_ddp_grad_sync(ddp), sc};
+  int64_t global = static_cast<int64_t>(world) * spec.per_rank;
+  for (int s = 0; s < spec.steps && st == DT_OK; s++) {
+    for (int k = 0; k < spec.accum && st == DT_OK; k++) {
+      dt_tensor *x, *y, *xd = nullptr, *yd = nullptr;
+      make_batch((static_cast<int64_t>(s) * spec.accum + k) * global + rank * per_rank, per_rank,
+                 &x, &y);
+      st = dt_tensor_to_device(x, dev, &xd);
+      if (st == DT_OK)
+        st = dt_tensor_to_device(y, dev, &yd);
+      if (st == DT_OK)
+        st = dt_step_forward_backward(&step, xd, yd, 1.0f / static_cast<float>(spec.accum),
+                                      k == spec.accum - 1, nullptr);
+      for (dt_tensor *t : {x, y, xd, yd})
+        dt_tensor_release(t);
+    }
+    if (st == DT_OK)
+      st = dt_step_update(&step);
+    if (st != DT_OK)
+      ADD_FAILURE() << "step " << s << " on rank " << rank << ": " << dt_last_error();
+  }
+  if (after_step)
+    after_step();
+  if (arena != nullptr) {
+    run.params = arena_values(arena);
+    run.padded_numel = dt_param_arena_numel(arena) + dt_param_arena_tail(arena);
+  }
+  if (opt != nullptr)
+    run.memory.optimizer_state = dt_optim_state_bytes(opt);
+  if (ddp != nullptr) {
+    run.memory.gradients = dt_ddp_gradient_bytes(ddp);
+    run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
+    run.n_buckets = dt_ddp_num_buckets(ddp);
   }
   dt_ddp_destroy(ddp);
   dt_optim_destroy(opt);

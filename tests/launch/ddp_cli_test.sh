@@ -83,6 +83,38 @@ expect 0 out "^steps_per_s=[0-9.]+ samples_per_s=[0-9.]+ ms_per_step=[0-9.]+$" "
 expect 0 out "^comm: allreduce_ms=[0-9.]+ overlapped_ms=[0-9.]+ hidden=[0-9]+% exposed_ms=[0-9.]+" \
   "bench: the reducer's communication figures"
 
+# ---- ZeRO: --zero 1 and 2 train as --zero 0 (DDP and dp) ----------------------
+zero_summary() { # the last progress line's loss and the final accuracy
+  echo "$(grep '^epoch 1 step 12/12' "$out" | sed 's/.* loss \([0-9.]*\) .*/\1/') $(last_line_accuracy)"
+}
+for mode in ddp dp; do
+  for z in 0 1 2; do
+    if [ "$mode" = ddp ]; then
+      run launch -n 2 -- train --model mlp --batch 16 --max-steps 6 --accum 2 --clip 1 \
+        --optimizer adamw --lr 0.002 --log-interval 12 --zero "$z"
+    else
+      run train --mode dp --devices cpu:0,cpu:1 --model mlp --batch 32 --max-steps 6 --accum 2 \
+        --clip 1 --optimizer adamw --lr 0.002 --log-interval 12 --zero "$z"
+    fi
+    expect 0 out "zero $z$" "$mode --zero $z: the header names the stage"
+    expect 0 out "^epoch 1 step 12/12 .* optimizer-state [0-9.]+ MiB grads [0-9.]+ MiB( \(\+[0-9.]+ MiB in flight\))?$" \
+      "$mode --zero $z: the progress line's per-rank bytes"
+    summary[$z]=$(zero_summary)
+    state[$z]=$(grep '^epoch 1 step 12/12' "$out" | sed 's/.* optimizer-state \([0-9.]*\) MiB.*/\1/')
+  done
+  checks=$((checks + 1))
+  if [ -n "${summary[0]}" ] && [ "${summary[0]}" = "${summary[1]}" ] && [ "${summary[0]}" = "${summary[2]}" ] &&
+    awk -v a="${state[0]}" -v b="${state[1]}" 'BEGIN { exit !(b > 0 && b <= a / 2 + 0.01) }'; then
+    echo "ok: $mode: --zero 0, 1, 2 give loss and accuracy ${summary[0]}; optimizer state ${state[0]} -> ${state[1]} MiB per rank"
+  else
+    fail "$mode: --zero 0/1/2 give '${summary[0]}' / '${summary[1]}' / '${summary[2]}', optimizer state ${state[0]} / ${state[1]} MiB"
+  fi
+done
+run launch -n 2 -- bench --model mlp --batch 16 --steps 3 --warmup 1 --optimizer adamw --zero 2
+expect 0 out "^ddp: world 2, .* zero 2$" "bench --zero 2: the ddp line"
+expect 0 out "^memory: optimizer_state_mib=[0-9.]+ grad_mib=[0-9.]+ in_flight_mib=[0-9.]+ \(per rank\)$" \
+  "bench: per-rank memory"
+
 # ---- data-parallel mode -----------------------------------------------------
 run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 10 --log-interval 10 --accum 2 --clip 1
 expect 0 out "mode dp: 2 replicas" "--mode dp: header"
