@@ -9,7 +9,8 @@
 #include "core/rng.h"
 #include "core/text.h"
 
-/* The next-token logits (V) after ids[0..n) (the last T of them). */
+/* The next-token logits (V, the real tokens: the model's further columns
+ * pad the vocabulary) after ids[0..n) (the last T of them). */
 static dt_status next_logits(dt_module *model, const int32_t *ids, int64_t n, int64_t T,
                              dt_device dev, float *logits, int64_t V) {
   int64_t t = n < T ? n : T;
@@ -18,18 +19,25 @@ static dt_status next_logits(dt_module *model, const int32_t *ids, int64_t n, in
   dt_status st = dt_tensor_from_host(ids + (n - t), shape, 2, DT_DTYPE_I32, dev, &x);
   if (st == DT_OK)
     st = dt_module_call(model, x, &out);
-  int64_t flat[2] = {t, V};
-  if (st == DT_OK && dt_tensor_numel(out) != t * V)
+  int64_t width = st == DT_OK ? dt_tensor_dim(out, -1) : 0;
+  if (st == DT_OK && (width < V || dt_tensor_numel(out) != t * width))
     st = DT_ERROR(DT_ERR_SHAPE,
-                  "sampling: the model gave %lld logits for %lld tokens of a %lld "
+                  "sampling: the model gave %lld logits for %lld tokens of a %lld-token "
                   "vocabulary",
                   (long long)dt_tensor_numel(out), (long long)t, (long long)V);
+  int64_t flat[2] = {t, width};
   if (st == DT_OK)
     st = dt_tensor_reshape(out, flat, 2, &rows);
   if (st == DT_OK)
     st = dt_tensor_slice(rows, t - 1, t, &last);
+  float *row = st == DT_OK ? malloc((size_t)width * sizeof *row) : NULL;
+  if (st == DT_OK && !row)
+    st = DT_ERROR(DT_ERR_OOM, "no host memory for %lld logits", (long long)width);
   if (st == DT_OK)
-    st = dt_tensor_to_host(last, logits, (size_t)V * sizeof *logits);
+    st = dt_tensor_to_host(last, row, (size_t)width * sizeof *row);
+  if (st == DT_OK)
+    memcpy(logits, row, (size_t)V * sizeof *logits);
+  free(row);
   dt_tensor_release(last);
   dt_tensor_release(rows);
   dt_tensor_release(out);

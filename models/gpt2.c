@@ -57,47 +57,6 @@ double dt_gpt2_flops_per_token(const dt_gpt2_config *c, int64_t T) {
          12.0 * (double)c->n_layer * (double)T * (double)c->n_embd;
 }
 
-/* ---- causal self-attention, composed from the existing ops ----
- * qkv (B, T, 3C) = [q | k | v], head h in columns h*hd .. (h+1)*hd of each
- * -> (B, T, C) = causal softmax(q k^T / sqrt(hd)) v per head, heads merged
- * (llm.c's layout: the semantics of dt_op_causal_attention). */
-static dt_status causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
-  dt_status st = DT_OK;
-  int64_t B = dt_tensor_dim(qkv, 0), T = dt_tensor_dim(qkv, 1), C = dt_tensor_dim(qkv, 2) / 3;
-  int64_t hd = C / n_head;
-  dt_tensor *split = NULL, *heads = NULL, *q = NULL, *k = NULL, *v = NULL, *kt = NULL;
-  dt_tensor *part = NULL, *scores = NULL, *scaled = NULL, *att = NULL, *y = NULL, *merged = NULL;
-  dt_tensor *merged_c = NULL;
-  const int64_t split_shape[5] = {B, T, 3, n_head, hd};
-  const int to_heads[5] = {2, 0, 3, 1, 4}; /* (3, B, H, T, hd) */
-  const int64_t head_shape[4] = {B, n_head, T, hd};
-  DT_CHECK_GOTO(dt_tensor_reshape(qkv, split_shape, 5, &split), st, done);
-  DT_CHECK_GOTO(dt_tensor_permute(split, to_heads, &part), st, done);
-  DT_CHECK_GOTO(dt_tensor_contiguous(part, &heads), st, done);
-  dt_tensor **qkv_parts[3] = {&q, &k, &v};
-  for (int i = 0; i < 3; i++) {
-    dt_tensor_release(part);
-    part = NULL;
-    DT_CHECK_GOTO(dt_tensor_slice(heads, i, i + 1, &part), st, done);
-    DT_CHECK_GOTO(dt_tensor_reshape(part, head_shape, 4, qkv_parts[i]), st, done);
-  }
-  DT_CHECK_GOTO(dt_tensor_transpose(k, 2, 3, &kt), st, done);
-  DT_CHECK_GOTO(dt_op_matmul(q, kt, &scores), st, done); /* (B, H, T, T) */
-  DT_CHECK_GOTO(dt_op_scale(scores, 1.0f / sqrtf((float)hd), &scaled), st, done);
-  DT_CHECK_GOTO(dt_op_causal_softmax(scaled, &att), st, done);
-  DT_CHECK_GOTO(dt_op_matmul(att, v, &y), st, done); /* (B, H, T, hd) */
-  const int to_tokens[4] = {0, 2, 1, 3};             /* (B, T, H, hd) */
-  DT_CHECK_GOTO(dt_tensor_permute(y, to_tokens, &merged), st, done);
-  DT_CHECK_GOTO(dt_tensor_contiguous(merged, &merged_c), st, done);
-  const int64_t out_shape[3] = {B, T, C};
-  DT_CHECK_GOTO(dt_tensor_reshape(merged_c, out_shape, 3, out), st, done);
-done:;
-  dt_tensor *all[] = {split, heads, q, k, v, kt, part, scores, scaled, att, y, merged, merged_c};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    dt_tensor_release(all[i]);
-  return st;
-}
-
 /* ---- the modules ---- */
 /* The two sub-layers of a block share a shape: a projection in, the
  * attention (n_head > 0) or the GELU (n_head 0), a projection out:
@@ -114,7 +73,7 @@ static dt_status sublayer_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
   dt_tensor *h = NULL, *y = NULL;
   dt_status st = dt_module_call(l->in, x, &h);
   if (st == DT_OK)
-    st = l->n_head > 0 ? causal_attention(h, l->n_head, &y) : dt_op_gelu(h, &y);
+    st = l->n_head > 0 ? dt_op_causal_attention(h, l->n_head, &y) : dt_op_gelu(h, &y);
   if (st == DT_OK)
     st = dt_module_call(l->out, y, out);
   dt_tensor_release(y);
@@ -126,15 +85,18 @@ typedef struct block_impl {
   dt_module *ln_1, *attn, *ln_2, *mlp;
 } block_impl;
 
-/* x (B, T, C) -> x + attn(ln_1(x)), then + mlp(ln_2(.)) */
+/* x (B, T, C) -> x1 = x + attn(ln_1(x)), then x1 + mlp(ln_2(x1)); the
+ * residual add and ln_2 are one fused op (llm.c's), so ln_2's own hooks do
+ * not fire. */
 static dt_status block_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
   block_impl *b = dt_module_impl(m);
   dt_status st = DT_OK;
   dt_tensor *h = NULL, *a = NULL, *x1 = NULL, *h2 = NULL, *f = NULL;
+  dt_tensor *gamma = dt_module_parameter(b->ln_2, "weight");
+  dt_tensor *beta = dt_module_parameter(b->ln_2, "bias");
   DT_CHECK_GOTO(dt_module_call(b->ln_1, x, &h), st, done);
   DT_CHECK_GOTO(dt_module_call(b->attn, h, &a), st, done);
-  DT_CHECK_GOTO(dt_op_add(x, a, &x1), st, done);
-  DT_CHECK_GOTO(dt_module_call(b->ln_2, x1, &h2), st, done);
+  DT_CHECK_GOTO(dt_op_residual_layer_norm(x, a, gamma, beta, GPT2_LN_EPS, &x1, &h2), st, done);
   DT_CHECK_GOTO(dt_module_call(b->mlp, h2, &f), st, done);
   DT_CHECK_GOTO(dt_op_add(x1, f, out), st, done);
 done:
@@ -151,7 +113,7 @@ typedef struct gpt2_impl {
   dt_module *wte, *wpe, *h, *ln_f; /* children */
 } gpt2_impl;
 
-/* tokens (B, T) -> logits (B, T, vocab) */
+/* tokens (B, T) -> logits (B, T, padded_vocab) */
 static dt_status gpt2_forward(dt_module *m, dt_tensor *idx, dt_tensor **out) {
   gpt2_impl *g = dt_module_impl(m);
   if (dt_tensor_ndim(idx) != 2 || dt_tensor_dim(idx, 1) < 1 ||
@@ -164,17 +126,14 @@ static dt_status gpt2_forward(dt_module *m, dt_tensor *idx, dt_tensor **out) {
   int64_t T = dt_tensor_dim(idx, 1);
   dt_status st = DT_OK;
   dt_tensor *wte = dt_module_parameter(g->wte, "weight");
-  dt_tensor *tok = NULL, *pos = NULL, *x = NULL, *y = NULL, *z = NULL, *head = NULL;
+  dt_tensor *tok = NULL, *pos = NULL, *x = NULL, *y = NULL, *z = NULL;
   DT_CHECK_GOTO(dt_module_call(g->wte, idx, &tok), st, done);
   DT_CHECK_GOTO(dt_tensor_slice(dt_module_parameter(g->wpe, "weight"), 0, T, &pos), st, done);
   DT_CHECK_GOTO(dt_op_add(tok, pos, &x), st, done); /* (B, T, C) + (T, C) */
   DT_CHECK_GOTO(dt_module_call(g->h, x, &y), st, done);
   DT_CHECK_GOTO(dt_module_call(g->ln_f, y, &z), st, done);
-  /* The tied head: the real tokens' rows of the embedding. */
-  DT_CHECK_GOTO(dt_tensor_slice(wte, 0, g->cfg.vocab, &head), st, done);
-  DT_CHECK_GOTO(dt_op_linear(z, head, NULL, out), st, done);
+  DT_CHECK_GOTO(dt_op_linear(z, wte, NULL, out), st, done); /* the tied head */
 done:
-  dt_tensor_release(head);
   dt_tensor_release(z);
   dt_tensor_release(y);
   dt_tensor_release(x);

@@ -42,9 +42,12 @@ dt_status dt_model_lenet5(int num_classes, uint64_t seed, dt_module **out);
  * a final LayerNorm, and the LM head tied to the token embedding (wte is
  * one parameter used twice). The embedding has padded_vocab rows (50304 for
  * GPT-2: a multiple of 128, as llm.c) of which the first vocab (50257) are
- * tokens; the model's output is the logits of the real tokens only:
- *   tokens (B, T) i32/i64, T <= block_size -> logits (B, T, vocab)
- * so the padded rows get no gradient (llm.c excludes them from the loss).
+ * tokens:
+ *   tokens (B, T) i32/i64, T <= block_size -> logits (B, T, padded_vocab)
+ * and the loss (dt_op_classifier_loss over the first vocab columns) and the
+ * sampler ignore the padding's columns, so its rows get no gradient. The
+ * attention is dt_op_causal_attention, and each block's second residual
+ * add and ln_2 are dt_op_residual_layer_norm (llm.c's fusions).
  * Parameter names and order as HF/llm.c, so checkpoints map:
  *   wte.weight (padded_vocab, C), wpe.weight (block_size, C),
  *   h.<i>.ln_1.{weight,bias}, h.<i>.attn.c_attn.{weight (3C, C), bias},

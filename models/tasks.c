@@ -50,26 +50,29 @@ done:
   return st;
 }
 
-dt_status dt_task_loss_next_token(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
-                                  dt_tensor **loss) {
+dt_status dt_task_loss_next_token_of(dt_tensor *logits, dt_tensor *target, int64_t n_classes,
+                                     dt_reduction reduction, dt_tensor **loss) {
   int64_t n = dt_tensor_numel(target);
   int64_t seqs = dt_tensor_ndim(target) > 0 ? dt_tensor_dim(target, 0) : 1;
+  if (reduction != DT_REDUCTION_MEAN && reduction != DT_REDUCTION_SUM)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "the next-token loss reduces by mean or sum");
   dt_tensor *flat = NULL, *mean = NULL;
   DT_CHECK(dt_tensor_reshape(target, &n, 1, &flat));
-  dt_status st = dt_op_cross_entropy(logits, flat, DT_REDUCTION_MEAN, IGNORE_INDEX, &mean);
+  dt_status st = dt_op_classifier_loss(logits, flat, n_classes, IGNORE_INDEX, &mean);
   dt_tensor_release(flat);
   DT_CHECK(st);
   if (reduction == DT_REDUCTION_MEAN) {
     *loss = mean;
     return DT_OK;
   }
-  if (reduction != DT_REDUCTION_SUM) {
-    dt_tensor_release(mean);
-    return DT_ERROR(DT_ERR_INVALID_ARG, "the next-token loss reduces by mean or sum");
-  }
   st = dt_op_scale(mean, (float)seqs, loss);
   dt_tensor_release(mean);
   return st;
+}
+
+dt_status dt_task_loss_next_token(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
+                                  dt_tensor **loss) {
+  return dt_task_loss_next_token_of(logits, target, DT_GPT2_VOCAB, reduction, loss);
 }
 
 static dt_status open_idx_images(const dt_task *task, const dt_task_data *data, const char *folder,
@@ -176,7 +179,7 @@ static double gpt2_flops_per_sample(const dt_task *task) {
 
 /* GPT-2's tokens, in llm.c's shards. */
 static const dt_task_data text_data[] = {
-    {"brown", 50257, 0.0f, 1.0f, open_brown},
+    {"brown", DT_GPT2_VOCAB, 0.0f, 1.0f, open_brown},
 };
 
 /* A few minutes on two cores for gpt2-tiny (README: "Language models"). */
@@ -207,11 +210,11 @@ static const dt_task_defaults lm_defaults = {
 
 /* GPT-2 language models over GPT-2's tokens: context `ctx` (--ctx shortens
  * it), next-token targets, the validation loss as the result. */
-#define GPT2_LANGUAGE_MODEL(ctx)                                                            \
-  .build = build_gpt2, .input_ndim = 1, .input_shape = {ctx}, .input_dtype = DT_DTYPE_I32,  \
-  .input_range = 50257, .num_classes = 50257, .sequence_targets = true, .max_context = ctx, \
-  .data = text_data, .n_data = 1, .loss = dt_task_loss_next_token, .eval_split = "val",     \
-  .result = DT_TASK_RESULT_LOSS, .defaults = &lm_defaults,                                  \
+#define GPT2_LANGUAGE_MODEL(ctx)                                                           \
+  .build = build_gpt2, .input_ndim = 1, .input_shape = {ctx}, .input_dtype = DT_DTYPE_I32, \
+  .input_range = DT_GPT2_VOCAB, .num_classes = DT_GPT2_VOCAB, .sequence_targets = true,    \
+  .max_context = ctx, .data = text_data, .n_data = 1, .loss = dt_task_loss_next_token,     \
+  .eval_split = "val", .result = DT_TASK_RESULT_LOSS, .defaults = &lm_defaults,            \
   .flops_per_sample = gpt2_flops_per_sample, .tokenizer = "gpt2"
 
 static const dt_task tasks[] = {

@@ -139,10 +139,18 @@ const char *dt_task_names(const char *sep, char *buf, size_t cap);
 dt_status dt_task_loss_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
                                      dt_tensor **loss);
 dt_status dt_task_metric_accuracy(dt_tensor *logits, dt_tensor *target, double *sum);
-/* A language model's loss: logits (B, T, V) and next-token ids (B, T) ->
- * the mean cross-entropy over the B*T tokens; DT_REDUCTION_SUM gives it
- * summed over the B sequences (each sequence's loss is its mean over its
- * tokens), so the evaluation's sum / sequences is the mean token loss. */
+/* GPT-2's vocabulary: the token ids of data/gpt2's BPE. */
+#define DT_GPT2_VOCAB 50257
+
+/* A language model's loss: logits (B, T, Vp) whose first n_classes columns
+ * are the tokens (the rest pad the vocabulary) and next-token ids (B, T)
+ * -> the mean cross-entropy over the B*T tokens (dt_op_classifier_loss:
+ * softmax, loss and dlogits in one pass); DT_REDUCTION_SUM gives it summed
+ * over the B sequences (each sequence's loss is its mean over its tokens),
+ * so the evaluation's sum / sequences is the mean token loss. */
+dt_status dt_task_loss_next_token_of(dt_tensor *logits, dt_tensor *target, int64_t n_classes,
+                                     dt_reduction reduction, dt_tensor **loss);
+/* The same over GPT-2's DT_GPT2_VOCAB tokens: the gpt2-* tasks' loss. */
 dt_status dt_task_loss_next_token(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
                                   dt_tensor **loss);
 

@@ -119,7 +119,7 @@ inline dt_sgd_config test_sgd() {
 // The task loss of a batch: cross-entropy of class ids (y (n)), the
 // next-token loss of token windows (y (n, T)).
 inline dt_status task_loss(dt_tensor *logits, dt_tensor *y, dt_reduction r, dt_tensor **loss) {
-  return dt_tensor_ndim(y) == 2 ? dt_task_loss_next_token(logits, y, r, loss)
+  return dt_tensor_ndim(y) == 2 ? dt_task_loss_next_token_of(logits, y, kGptVocab, r, loss)
                                 : dt_task_loss_cross_entropy(logits, y, r, loss);
 }
 
