@@ -327,6 +327,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
     case DT_FLAGS_ERROR: return 2;
   }
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+    return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;

@@ -125,6 +125,24 @@ dt_flag dt_cli_flag_ctx(int *target) {
                    .min = 0};
 }
 
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err) {
+  const dt_task *task = NULL;
+  if (ctx == 0 || dt_task_find(model, &task) != DT_OK) {
+    dt_clear_error();
+    return true;
+  }
+  if (task->max_context > 0 && ctx <= task->max_context)
+    return true;
+  if (task->max_context > 0)
+    fprintf(err, "dtrain %s: invalid value '%d' for --ctx: model %s's context is 1 to %lld\n",
+            command, ctx, model, (long long)task->max_context);
+  else
+    fprintf(err,
+            "dtrain %s: --ctx %d: model %s takes no sequence (--ctx is for the gpt2-* models)\n",
+            command, ctx, model);
+  return false;
+}
+
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {
   return (dt_flag){
       .name = "seed", .type = DT_FLAG_U64, .target = target, .metavar = "N", .help = help};

@@ -37,6 +37,10 @@ dt_flag dt_cli_flag_device(const char **target);
 dt_flag dt_cli_flag_threads(int *target);
 /* --ctx T: a language model's context (0 = the model's own). */
 dt_flag dt_cli_flag_ctx(int *target);
+/* After parsing: --ctx `ctx` fits model `model` (a sequence task, T at
+ * most its context); otherwise prints "dtrain <command>: invalid value ..."
+ * to err and returns false (exit 2). An unknown model is left to the run. */
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
 /* --comm-backend: start *target at dt_cli_comm_backend_default()
  * (DT_COMM_BACKEND's value, or "auto") so that the help shows it; the flag

@@ -392,6 +392,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
     case DT_FLAGS_ERROR: return 2;
   }
+  if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
+    return 2;
   bool dp = !strcmp(cfg.mode, "dp");
   if (dp && !cfg.devices) {
     fprintf(err,
