@@ -548,6 +548,15 @@ TEST_F(DistLocal, DataParallelLenetEqualsOneDevice) {
   check_dp_equals_one_device("lenet", 3, 12);
 }
 
+// Token windows split across the replicas; the tied embedding's gradient
+// (two uses) reduced like any other.
+TEST_F(DistLocal, DataParallelTinyGptEqualsOneDevice) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference("gpt2-micro", steps, 6);
+  check_dp_equals(ref, "gpt2-micro", 2, steps, 6, dtt::dp_config(), dtt::make_token_batch);
+  check_dp_equals(ref, "gpt2-micro", 3, steps, 6, dtt::dp_config(), dtt::make_token_batch);
+}
+
 // ZeRO in data-parallel mode: every replica updates its shard and the
 // replicas stay identical, equal to one device.
 TEST_F(DistLocal, DataParallelZeroEqualsOneDevice) {

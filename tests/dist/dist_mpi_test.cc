@@ -158,6 +158,12 @@ TEST_F(DistMpi, DdpLenetEqualsOneProcessWithWorldTimesBatch) {
   check_ddp_equals_big_batch(g_comm, "lenet", 8);
 }
 
+// GPT-2 with its LM head tied to the token embedding: wte gets gradients
+// from two places, and its bucket may launch only after both.
+TEST_F(DistMpi, DdpTinyGptEqualsOneProcessWithWorldTimesBatch) {
+  check_ddp_equals_big_batch(g_comm, "gpt2-micro", 4);
+}
+
 TEST_F(DistMpi, DdpNoSyncAccumulationEqualsOneBatch) {
   check_ddp_equals_big_batch(g_comm, "mlp-small", 4, 3);
 }
