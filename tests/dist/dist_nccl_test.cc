@@ -27,11 +27,11 @@ std::string NcclUnavailable() {
   return "";
 }
 
-#define SKIP_WITHOUT_NCCL()                                   \
-  do {                                                        \
-    std::string why_ = NcclUnavailable();                     \
-    if (!why_.empty())                                        \
-      GTEST_SKIP() << "NCCL test skipped: " << why_;          \
+#define SKIP_WITHOUT_NCCL()                          \
+  do {                                               \
+    std::string why_ = NcclUnavailable();            \
+    if (!why_.empty())                               \
+      GTEST_SKIP() << "NCCL test skipped: " << why_; \
   } while (0)
 
 class DistNccl : public ::testing::Test {
@@ -57,18 +57,8 @@ class DistNccl : public ::testing::Test {
   dt_comm *comm_ = nullptr;
 };
 
-dt_tensor *OnGpu(const std::vector<float> &v) {
-  int64_t n = static_cast<int64_t>(v.size());
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kGpu, &t), DT_OK) << dt_last_error();
-  return t;
-}
-
-std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
+dt_tensor *OnGpu(const std::vector<float> &v) { return dtt::VectorOn(kGpu, v); }
+using dtt::Host;
 
 // Runs everywhere: the failure is a status with a message, never a crash.
 TEST_F(DistNccl, CreationFailsClearlyWithoutNcclOrGpu) {
@@ -170,9 +160,10 @@ TEST_F(DistNccl, DdpStepMatchesReferenceAndOverlapsBackward) {
     DT_ASSERT_OK(dt_ddp_read_device_timeline(ddp));
     dt_ddp_timeline t;
     dt_ddp_get_timeline(ddp, &t);
-    std::printf("step %d timeline (ms on cuda:0's clock): backward ends on the compute stream at "
-                "%.3f; all-reduces on the comm stream:",
-                s, t.dev_backward_end_ms);
+    std::printf(
+        "step %d timeline (ms on cuda:0's clock): backward ends on the compute stream at "
+        "%.3f; all-reduces on the comm stream:",
+        s, t.dev_backward_end_ms);
     for (int b = 0; b < t.n_buckets; b++)
       std::printf(" #%d %zu B [%.3f, %.3f]", b, t.buckets[b].bytes, t.buckets[b].dev_start_ms,
                   t.buckets[b].dev_end_ms);
