@@ -29,6 +29,16 @@ extern "C" {
 /* Threads the kernels use (>= 1). Reads DT_NUM_THREADS on first use. */
 int dt_cpu_threads(void);
 
+/* `for (int64_t i = 0; i < n; i++)` split across the kernel threads
+ * (static schedule) when `work`, the elements the loop touches, reaches
+ * `min_work`; further OpenMP clauses (a reduction) may follow:
+ *   DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) { ... } */
+#define DT_CPU_PRAGMA_(x) _Pragma(#x)
+#define DT_CPU_PARALLEL_FOR(i, n, work, min_work, ...)                                    \
+  DT_CPU_PRAGMA_(omp parallel for if ((work) >= (min_work)) num_threads(dt_cpu_threads()) \
+                     schedule(static) __VA_ARGS__)                                        \
+  for (int64_t i = 0; i < (n); i++)
+
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);

@@ -14,6 +14,33 @@
 
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
 
+/* A row kernel (a block per row, grid-stride over the rows) on ex's stream. */
+template <typename... Params, typename... Args>
+static dt_status launch_rows(const dt_exec *ex, int64_t rows, int64_t cols,
+                             void (*kernel)(Params...), Args... args) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)ctx;
+  kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(args...);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* The block's max of row x[0..n) and sum of exp(x - max) into *sumexp;
+ * every thread gets both. shf and shd: 32 floats and 32 doubles of shared
+ * memory. */
+static __device__ __forceinline__ float block_row_max_sumexp(const float *x, int64_t n, float *shf,
+                                                             double *shd, double *sumexp) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    mx = fmaxf(mx, x[j]);
+  mx = dt_block_max(mx, shf);
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    s += expf(x[j] - mx);
+  *sumexp = dt_block_sum(s, shd);
+  return mx;
+}
+
 static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
   return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
 }
@@ -25,9 +52,17 @@ struct index_report {
   unsigned long long count;
 };
 
-/* Resets the report, runs nothing else. Caller holds ctx->scratch_lock. */
-static cudaError_t report_reset(dt_cuda_ctx *ctx, cudaStream_t stream) {
-  index_report *r = (index_report *)ctx->dev_scratch;
+/* A kernel that checks indices reports into the device scratch, between
+ * report_begin (takes ctx->scratch_lock, resets the report) and report_end
+ * (reads it back, releases the lock):
+ *   cudaError_t e = report_begin(ctx, stream);
+ *   if (e == cudaSuccess) { kernel<<<...>>>(..., report_slot(ctx)); e = cudaGetLastError(); }
+ *   e = report_end(ctx, stream, e, idx, i32, &rep, &bad_value); */
+static index_report *report_slot(dt_cuda_ctx *ctx) { return (index_report *)ctx->dev_scratch; }
+
+static cudaError_t report_begin(dt_cuda_ctx *ctx, cudaStream_t stream) {
+  pthread_mutex_lock(&ctx->scratch_lock);
+  index_report *r = report_slot(ctx);
   cudaError_t e = cudaMemsetAsync(&r->bad, 0xff, sizeof r->bad, stream);
   if (e == cudaSuccess)
     e = cudaMemsetAsync(&r->count, 0, sizeof r->count, stream);
@@ -57,6 +92,16 @@ static cudaError_t report_read(dt_cuda_ctx *ctx, cudaStream_t stream, const void
   return e;
 }
 
+/* After the kernel (e: its launch status): the report into *out and
+ * *bad_value when all went well; releases ctx->scratch_lock. */
+static cudaError_t report_end(dt_cuda_ctx *ctx, cudaStream_t stream, cudaError_t e, const void *idx,
+                              int i32, index_report *out, int64_t *bad_value) {
+  if (e == cudaSuccess)
+    e = report_read(ctx, stream, idx, i32, out, bad_value);
+  pthread_mutex_unlock(&ctx->scratch_lock);
+  return e;
+}
+
 /* ---- softmax ---- */
 
 // x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
@@ -67,14 +112,8 @@ static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, cols, shf, shd, &s);
     if (log_) {
       float lsf = (float)log(s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
@@ -107,22 +146,14 @@ extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, 
                                              int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  softmax_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(x, y, rows, cols,
-                                                                              log_);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, (int)log_);
 }
 
 extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
                                               float *dx, int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  softmax_backward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(y, dy, dx, rows,
-                                                                               cols, log_);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, cols, softmax_backward_kernel, y, dy, dx, rows, cols, (int)log_);
 }
 
 /* ---- causal softmax (attention scores) ---- */
@@ -136,14 +167,8 @@ static __global__ void causal_softmax_forward_kernel(const float *x, float *y, i
     const float *xr = x + r * t;
     float *yr = y + r * t;
     int64_t keep = r % t + 1;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, keep, shf, shd, &s);
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
       yr[j] = j < keep ? expf(xr[j] - mx) * inv : 0.0f;
@@ -171,10 +196,7 @@ extern "C" dt_status dt_cuda_causal_softmax_forward(const dt_exec *ex, const flo
                                                     int64_t rows, int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  causal_softmax_forward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(x, y, rows, t);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, t, causal_softmax_forward_kernel, x, y, rows, t);
 }
 
 extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const float *y,
@@ -182,11 +204,7 @@ extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const fl
                                                      int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  causal_softmax_backward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(y, dy, dx, rows,
-                                                                                   t);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, t, causal_softmax_backward_kernel, y, dy, dx, rows, t);
 }
 
 /* ---- cross-entropy ---- */
@@ -200,14 +218,8 @@ static __global__ void cross_entropy_forward_kernel(const float *logits, const v
   __shared__ double shd[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const float *xr = logits + i * c;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, c, shf, shd, &s);
     if (threadIdx.x == 0) {
       double l = (double)mx + log(s);
       if (lse)
@@ -239,16 +251,13 @@ extern "C" dt_status dt_cuda_cross_entropy_forward(const dt_exec *ex, const floa
   int i32 = target_dtype == DT_DTYPE_I32;
   index_report rep;
   int64_t bad_value = 0;
-  pthread_mutex_lock(&ctx->scratch_lock);
-  cudaError_t e = report_reset(ctx, stream);
+  cudaError_t e = report_begin(ctx, stream);
   if (e == cudaSuccess) {
     cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
-        logits, target, i32, n, c, ignore_index, loss_rows, lse, (index_report *)ctx->dev_scratch);
+        logits, target, i32, n, c, ignore_index, loss_rows, lse, report_slot(ctx));
     e = cudaGetLastError();
   }
-  if (e == cudaSuccess)
-    e = report_read(ctx, stream, target, i32, &rep, &bad_value);
-  pthread_mutex_unlock(&ctx->scratch_lock);
+  e = report_end(ctx, stream, e, target, i32, &rep, &bad_value);
   DT_CUDA_CHECK(e);
   if (rep.bad != ~0ull)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -463,16 +472,13 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
   int i32 = idx_dtype == DT_DTYPE_I32;
   index_report rep;
   int64_t bad_value = 0;
-  pthread_mutex_lock(&ctx->scratch_lock);
-  cudaError_t e = report_reset(ctx, stream);
+  cudaError_t e = report_begin(ctx, stream);
   if (e == cudaSuccess && d > 0) {
-    embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
-        idx, i32, table, y, n, v, d, (index_report *)ctx->dev_scratch);
+    embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(idx, i32, table, y, n,
+                                                                            v, d, report_slot(ctx));
     e = cudaGetLastError();
   }
-  if (e == cudaSuccess)
-    e = report_read(ctx, stream, idx, i32, &rep, &bad_value);
-  pthread_mutex_unlock(&ctx->scratch_lock);
+  e = report_end(ctx, stream, e, idx, i32, &rep, &bad_value);
   DT_CUDA_CHECK(e);
   if (rep.bad != ~0ull)
     return DT_ERROR(DT_ERR_INVALID_ARG,

@@ -245,33 +245,16 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      {.name = "batch",
-       .type = DT_FLAG_INT,
-       .target = &cfg.batch,
-       .metavar = "N",
-       .help = "batch size (per rank under a launcher)",
-       .min = 1},
-      {.name = "steps",
-       .type = DT_FLAG_INT,
-       .target = &cfg.steps,
-       .metavar = "N",
-       .help = "timed training steps",
-       .min = 1},
-      {.name = "warmup",
-       .type = DT_FLAG_INT,
-       .target = &cfg.warmup,
-       .metavar = "N",
-       .help = "untimed warm-up steps"},
+      DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
+      DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
+      DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
                             "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
-      dt_cli_flag_comm_timeout(&cfg.comm_timeout),
-      dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
-      dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
-      dt_cli_flag_comm_backend(&comm_backend),
-      dt_cli_flag_zero(&cfg.zero),
+      DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
+                       &cfg.zero),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -293,14 +276,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
           "hid, and the part the step waited for.",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
   if (dt_cli_check_env() != DT_OK)
     return 1;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;

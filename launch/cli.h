@@ -25,6 +25,8 @@ const char *dt_cli_model_choices(void);
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help);
+/* --data-dir (per rank: each rank may read its own copy). */
+dt_flag dt_cli_flag_data_dir(const char **target);
 dt_flag dt_cli_flag_device(const char **target);
 dt_flag dt_cli_flag_threads(int *target);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
@@ -38,6 +40,13 @@ dt_flag dt_cli_flag_bucket_cap_mb(float *target);
 dt_flag dt_cli_flag_first_bucket_mb(float *target);
 /* --zero 0|1|2: the ZeRO stage of the DDP reducer (dist/ddp.h). */
 dt_flag dt_cli_flag_zero(int *target);
+/* The DDP flags of train and bench, in this order, as rows of a flag
+ * table: --comm-backend, --comm-timeout, --bucket-cap-mb, --first-bucket-mb,
+ * --zero. */
+#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb, zero)    \
+  dt_cli_flag_comm_backend(comm_backend), dt_cli_flag_comm_timeout(comm_timeout),             \
+      dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb), \
+      dt_cli_flag_zero(zero)
 
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */

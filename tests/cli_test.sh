@@ -7,28 +7,9 @@
 # DT_DEBUG=1) for an unavailable device and a missing data folder.
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="launch/dtrain"
-[ -x "$dtrain" ] || { echo "cli_test: dtrain binary not found" >&2; exit 1; }
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-
-lib="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
 
-run() {
-  "$dtrain" "$@" >"$out" 2>"$err"
-  rc=$?
-}
-expect_not() { # expect_not WHERE PATTERN DESCRIPTION
-  checks=$((checks + 1))
-  if grep -Eq -- "$2" "${!1}"; then
-    fail "$3: $1 matches /$2/"
-  else
-    echo "ok: $3"
-  fi
-}
 # A user-facing message names no internal function (dt_...) and no
 # source location (file.c:123).
 # The help wraps long lines: $flat is the last stdout with each flag's

@@ -57,18 +57,8 @@ class DistNccl : public ::testing::Test {
   dt_comm *comm_ = nullptr;
 };
 
-dt_tensor *OnGpu(const std::vector<float> &v) {
-  int64_t n = static_cast<int64_t>(v.size());
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kGpu, &t), DT_OK) << dt_last_error();
-  return t;
-}
-
-std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
+dt_tensor *OnGpu(const std::vector<float> &v) { return dtt::VectorOn(kGpu, v); }
+using dtt::Host;
 
 // Runs everywhere: the failure is a status with a message, never a crash.
 TEST_F(DistNccl, CreationFailsClearlyWithoutNcclOrGpu) {

@@ -36,6 +36,21 @@ namespace dtt {
 
 constexpr int kImage = 28 * 28;
 
+// A 1-d f32 tensor of v on dev (NULL, with a test failure, when it fails).
+inline dt_tensor *VectorOn(dt_device dev, const std::vector<float> &v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  dt_tensor *t = nullptr;
+  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, dev, &t), DT_OK) << dt_last_error();
+  return t;
+}
+
+// The elements of an f32 tensor, on the host.
+inline std::vector<float> Host(dt_tensor *t) {
+  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
+  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
+  return v;
+}
+
 // Samples [first, first + n) of an endless synthetic data set: inputs
 // (n, 1, 28, 28) in [-1, 1), labels (n) i32 in [0, 10). Deterministic, so
 // every rank and the reference see the same global batch.
