@@ -678,7 +678,7 @@ TEST_F(DistLocal, ZeroMemoryPerRankFromTheAllocator) {
             dt_memory_stats_get(dev, &ms);
             before[r] = ms.allocated;
           }
-          runs[r] = dtt::train_steps(c, world, spec, dev, [&] {
+          runs[r] = dtt::train_steps(c, world, spec, dev, [&](const dt_step &) {
             dt_memory_stats now;
             dt_memory_stats_get(dev, &now);
             after[r] = now.allocated;
@@ -717,6 +717,58 @@ TEST_F(DistLocal, ZeroMemoryPerRankFromTheAllocator) {
   EXPECT_GT(in_flight[2], 0u);
   EXPECT_LT(in_flight[2], grads[0] / 2);
   EXPECT_EQ(live[1] - live[2], grads[1] - grads[2]);
+}
+
+// What a checkpoint does with shards: every rank of a ZeRO run writes its
+// segments' state into one array in the arena's coordinates; it equals
+// stage 0's whole state (every element owned by exactly one rank), and
+// the ranks of another world size load their own segments from it and
+// write back the same array.
+TEST_F(DistLocal, ZeroStateInArenaCoordinatesReshards) {
+  dtt::StepSpec spec;
+  spec.model = "mlp";
+  spec.steps = 2;
+  spec.per_rank = 4;
+  spec.adamw = true;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  std::vector<float> whole;
+  run_group(2, [&](int r, dt_comm *c) {
+    dtt::train_steps(c, 2, spec, DT_CPU, [&](const dt_step &s) {
+      if (r != 0)
+        return;
+      whole.resize(static_cast<size_t>(dt_optim_state_numel(s.opt)));  // unsharded: arena's
+      EXPECT_EQ(dt_optim_state_get(s.opt, whole.data(), static_cast<int64_t>(whole.size())), DT_OK)
+          << dt_last_error();
+    });
+  });
+  const int64_t n = static_cast<int64_t>(whole.size());
+  ASSERT_GT(n, 0);
+  std::vector<float> sharded(whole.size(), NAN), resharded(whole.size(), NAN);
+  int64_t steps = 0;
+  spec.ddp.zero_stage = 1;
+  run_group(2, [&](int r, dt_comm *c) {
+    dtt::train_steps(c, 2, spec, DT_CPU, [&](const dt_step &s) {
+      EXPECT_LT(dt_optim_state_numel(s.opt), n);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, sharded.data(), n), DT_OK) << dt_last_error();
+      if (r == 0)
+        steps = dt_optim_step_count(s.opt);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, sharded.data(), n - 1), DT_ERR_SHAPE);
+    });
+  });
+  EXPECT_EQ(steps, 2);
+  EXPECT_LE(dtt::rel_error(sharded, whole), 1e-5) << "every element came from one rank";
+  spec.steps = 0;
+  spec.ddp.zero_stage = 2;
+  run_group(3, [&](int, dt_comm *c) {
+    dtt::train_steps(c, 3, spec, DT_CPU, [&](const dt_step &s) {
+      EXPECT_EQ(dt_optim_state_from_flat(s.opt, sharded.data(), n, steps), DT_OK)
+          << dt_last_error();
+      EXPECT_EQ(dt_optim_step_count(s.opt), 2);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, resharded.data(), n), DT_OK) << dt_last_error();
+    });
+  });
+  EXPECT_EQ(0, std::memcmp(resharded.data(), sharded.data(), n * sizeof(float)));
 }
 
 TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {
