@@ -355,6 +355,51 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
   return DT_OK;
 }
 
+static dt_status check_flat(const dt_optimizer *o, const float *flat, int64_t flat_numel) {
+  int64_t want = (int64_t)o->n_state * dt_param_arena_numel(o->arena);
+  if (flat_numel != want || (!flat && want > 0))
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s state in the arena's coordinates holds %d x %lld floats, the buffer %lld",
+                    dt_optim_name(o), o->n_state, (long long)dt_param_arena_numel(o->arena),
+                    (long long)flat_numel);
+  return DT_OK;
+}
+
+dt_status dt_optim_state_to_flat(const dt_optimizer *o, float *flat, int64_t flat_numel) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = malloc((size_t)(local > 0 ? local : 1) * sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  dt_status st = dt_optim_state_get(o, mine, local);
+  for (int i = 0; i < o->n_state && st == DT_OK; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(flat + i * n + o->segs[k].offset, mine + i * o->local_numel + o->segs[k].local_offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  free(mine);
+  return st;
+}
+
+dt_status dt_optim_state_from_flat(dt_optimizer *o, const float *flat, int64_t flat_numel,
+                                   int64_t step_count) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = calloc((size_t)(local > 0 ? local : 1), sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  for (int i = 0; i < o->n_state; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(mine + i * o->local_numel + o->segs[k].local_offset, flat + i * n + o->segs[k].offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  dt_status st = dt_optim_state_set(o, mine, local, step_count);
+  free(mine);
+  return st;
+}
+
 /* ---- shards (ZeRO) ---- */
 
 static dt_status check_shard(const dt_optimizer *o, const dt_optim_shard *sh) {

@@ -350,9 +350,9 @@ struct StepRun {
 // per_rank slice. Without (nullptr), one process takes every micro-batch
 // whole: the reference for any world.
 // `after_step` (if given) runs after the last update, before anything is
-// freed (memory measurements).
+// freed (memory measurements, the optimizer's state).
 inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU,
-                           const std::function<void()> &after_step = nullptr) {
+                           const std::function<void(const dt_step &)> &after_step = nullptr) {
   StepRun run;
   int rank = comm ? dt_comm_rank(comm) : 0;
   int64_t per_rank = comm ? spec.per_rank : static_cast<int64_t>(world) * spec.per_rank;
@@ -397,8 +397,8 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     if (st != DT_OK)
       ADD_FAILURE() << "step " << s << " on rank " << rank << ": " << dt_last_error();
   }
-  if (after_step)
-    after_step();
+  if (after_step && st == DT_OK)
+    after_step(step);
   if (arena != nullptr) {
     run.params = arena_values(arena);
     run.padded_numel = dt_param_arena_numel(arena) + dt_param_arena_tail(arena);
