@@ -427,6 +427,10 @@ void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel,
 
 dt_status dt_ddp_read_device_timeline(dt_ddp *d) {
   d->dev_backward_end_ms = -1;
+  if (d->cfg.zero_stage == 2)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "DDP device timeline: ZeRO stage 2 frees each bucket's collective (and its "
+                    "buffer) during the pass, so no device times are kept");
   for (int b = 0; b < d->n_buckets; b++) {
     dt_work *w = d->buckets[b].last_work;
     if (w == NULL)

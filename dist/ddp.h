@@ -64,8 +64,12 @@
  * partial norms over the ranks. No-sync scopes accumulate locally as in
  * stage 0 (stage 2 then holds full gradients until the synchronised pass,
  * like PyTorch FSDP's no_sync). Stage 2 keeps no device timeline
- * (dt_ddp_read_device_timeline fails). The checkpoint saves each rank's
- * optimizer state with its segments (core/optim.h, "Shards").
+ * (dt_ddp_read_device_timeline fails). A checkpoint saves each rank's
+ * optimizer state with its segments (core/optim.h, "Shards": offset and
+ * length in the flat space); dt_optim_state_to_flat / _from_flat put
+ * shards of any world size into the arena's coordinates and back, so a
+ * load may re-shard. The parameters are complete on every rank after
+ * each step (rank 0 can save them as they are).
  *
  * The reducer keeps borrowed pointers to the module, arena and comm, which
  * must outlive it. One reducer per module; use it from one thread (the one

@@ -174,9 +174,14 @@ dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {
   cJSON *o = new_record("eval");
   if (!o)
     return DT_ERROR(DT_ERR_OOM, "no host memory for a metrics record");
-  char key[64];
-  snprintf(key, sizeof key, "test_%s", r->metric_name ? r->metric_name : "metric");
+  const char *split = r->split ? r->split : "test";
+  char loss_key[64], metric_key[96];
+  snprintf(loss_key, sizeof loss_key, "%s_loss", split);
+  snprintf(metric_key, sizeof metric_key, "%s_%s", split, r->metric_name ? r->metric_name : "");
+  cJSON_AddStringToObject(o, "split", split);
   ADD_NUMBERS(o, {"step", (double)r->step}, {"epoch", r->epoch}, {"time", r->time_s},
-              {"train_loss", r->train_loss}, {"test_loss", r->test_loss}, {key, r->test_metric});
+              {"train_loss", r->train_loss}, {loss_key, r->test_loss});
+  if (r->metric_name)
+    ADD_NUMBERS(o, {metric_key, r->test_metric});
   return write_record(m, o);
 }

@@ -10,8 +10,9 @@
  *    "memory": [{"device", "allocated_mib", "reserved_mib", "peak_mib"} per device],
  *    "allreduce_ms", "allreduce_hidden" (null without DDP),
  *    optional: "mfu", "loss_scale", "skipped_steps"}
- *   {"type":"eval", "step", "epoch", "time", "train_loss", "test_loss",
- *    "test_<metric>" (e.g. test_accuracy)}
+ *   {"type":"eval", "step", "epoch", "time", "split", "train_loss" (null
+ *    mid-epoch), "<split>_loss", "<split>_<metric>" (e.g. test_accuracy;
+ *    only for tasks with a metric)}
  *
  * step: optimizer steps done; batch: micro-batches done in the epoch; time:
  * seconds since the run began; loss: mean micro-batch loss over the
@@ -84,8 +85,11 @@ dt_status dt_metrics_write_step(dt_metrics *m, const dt_metrics_step *r);
 typedef struct dt_metrics_eval {
   int64_t step;
   int epoch;
-  double time_s, train_loss, test_loss, test_metric;
-  const char *metric_name; /* "accuracy" -> "test_accuracy" */
+  double time_s;
+  const char *split; /* "test" (NULL), "val": keys <split>_loss and <split>_<metric> */
+  double train_loss; /* NAN (null) mid-epoch */
+  double test_loss, test_metric;
+  const char *metric_name; /* "accuracy" -> "test_accuracy"; NULL = the task has no metric */
 } dt_metrics_eval;
 dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r);
 

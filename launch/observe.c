@@ -332,6 +332,7 @@ static dt_status write_record(dt_observer *o, const dt_observe_interval *iv, dou
   if (o->run.tokens_per_sample > 0)
     r.tokens_per_s = iv->samples_per_s * (double)o->run.tokens_per_sample;
   r.step_ms = step_ms;
+  r.mfu = iv->mfu;
   r.rank_step_ms = rank_ms;
   r.n_ranks = world;
   r.devices = devs;
@@ -370,10 +371,11 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
     memory_of(o->dev, mem);
     char line[256];
     snprintf(line, sizeof line,
-             "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
+             "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
              "MiB)%s\n",
              iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr,
-             iv->samples_per_s, mem[0], mem[2], iv->extra ? iv->extra : "");
+             iv->samples_per_s, iv->rate_extra ? iv->rate_extra : "", mem[0], mem[2],
+             iv->extra ? iv->extra : "");
     dt_progress_line(&o->progress, line);
   }
   draw(o, now, true);
@@ -394,8 +396,14 @@ dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev) {
   dt_trace_end(DT_TRACE_LANE_STEP, "evaluate", o->eval_span);
   o->status.state = "training";
   dt_progress_clear(&o->progress);
-  dt_metrics_eval r = {o->steps_done, ev->epoch,       dt_trace_now() - o->start_s, ev->train_loss,
-                       ev->test_loss, ev->test_metric, o->run.metric_name};
+  dt_metrics_eval r = {o->steps_done,
+                       ev->epoch > 0 ? ev->epoch : o->epoch,
+                       dt_trace_now() - o->start_s,
+                       ev->split,
+                       ev->train_loss,
+                       ev->test_loss,
+                       ev->test_metric,
+                       o->run.metric_name};
   return dt_metrics_write_eval(o->metrics, &r);
 }
 

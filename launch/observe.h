@@ -92,8 +92,10 @@ typedef struct dt_observe_interval {
   int64_t batch, batches; /* micro-batches done in the epoch, and in all of it */
   double loss;            /* mean micro-batch loss over the interval */
   double lr;
-  double samples_per_s; /* every rank's */
-  const char *extra;    /* appended to the plain progress line ("" or NULL = none) */
+  double samples_per_s;   /* every rank's */
+  const char *rate_extra; /* after samples/s in the plain line (" tokens/s N mfu X%"), or NULL */
+  const char *extra;      /* appended to the plain progress line ("" or NULL = none) */
+  double mfu;             /* model FLOPs utilisation 0..1 for the metrics, < 0 = unknown */
 } dt_observe_interval;
 /* The progress line and the metrics record, whichever is due. Collective
  * at records when dt_observer_collective. */
@@ -101,8 +103,10 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv);
 
 void dt_observer_eval_begin(dt_observer *o);
 typedef struct dt_observe_eval {
-  int epoch;
-  double train_loss, test_loss, test_metric;
+  int epoch;         /* 0 = the epoch under way (an evaluation during training) */
+  const char *split; /* "test", "val": the record's keys <split>_loss, <split>_<metric> */
+  double train_loss; /* the epoch's mean, NAN = none (mid-epoch) */
+  double test_loss, test_metric;
 } dt_observe_eval;
 dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev);
 

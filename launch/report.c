@@ -45,7 +45,7 @@ enum { P_LOSS, P_METRIC, P_RATE, P_LR, P_NORM, P_MEMORY, P_RANKS, P_COMM, P_MFU,
 typedef struct report {
   panel p[P_COUNT];
   cJSON *run; /* the run record, or NULL */
-  char metric[64], rate_unit[32];
+  char metric[64], rate_unit[32], split[32];
   long trains, evals;
   double last_metric;
 } report;
@@ -139,12 +139,20 @@ static dt_status add_train(report *r, const cJSON *o) {
 static dt_status add_eval(report *r, const cJSON *o) {
   double step = number_or_nan(o, "step");
   r->evals++;
-  DT_CHECK(add_point(&r->p[P_LOSS], "test loss", true, step, number_or_nan(o, "test_loss")));
+  const cJSON *sp = cJSON_GetObjectItemCaseSensitive(o, "split");
+  const char *split = cJSON_IsString(sp) ? sp->valuestring : "test";
+  size_t n = strlen(split);
+  char loss_key[64];
+  snprintf(loss_key, sizeof loss_key, "%s_loss", split);
+  snprintf(r->split, sizeof r->split, "%s", split);
+  char name[80];
+  snprintf(name, sizeof name, "%s loss", split);
+  DT_CHECK(add_point(&r->p[P_LOSS], name, true, step, number_or_nan(o, loss_key)));
   const cJSON *it;
   cJSON_ArrayForEach(it, o) {
-    if (it->string && !strncmp(it->string, "test_", 5) && strcmp(it->string, "test_loss") &&
-        cJSON_IsNumber(it)) {
-      snprintf(r->metric, sizeof r->metric, "%s", it->string + 5);
+    if (it->string && !strncmp(it->string, split, n) && it->string[n] == '_' &&
+        strcmp(it->string, loss_key) && cJSON_IsNumber(it)) {
+      snprintf(r->metric, sizeof r->metric, "%s", it->string + n + 1);
       r->last_metric = it->valuedouble;
       DT_CHECK(add_point(&r->p[P_METRIC], it->string, true, step, it->valuedouble));
     }
@@ -340,14 +348,14 @@ static void write_run_table(FILE *out, const report *r) {
 
 static void setup_panels(report *r) {
   static char metric_title[96], rate_title[64];
-  snprintf(metric_title, sizeof metric_title, "Test %s after each evaluation",
-           r->metric[0] ? r->metric : "metric");
+  snprintf(metric_title, sizeof metric_title, "%s %s after each evaluation",
+           r->split[0] ? r->split : "test", r->metric[0] ? r->metric : "metric");
   snprintf(rate_title, sizeof rate_title, "Throughput (%s, all ranks)",
            r->rate_unit[0] ? r->rate_unit : "samples/s");
   const struct {
     const char *title, *xlabel, *empty;
   } t[P_COUNT] = {
-      {"Loss: training (per interval) and test", "optimizer step", NULL},
+      {"Loss: training (per interval) and evaluations", "optimizer step", NULL},
       {metric_title, "optimizer step", "no evaluation recorded"},
       {rate_title, "optimizer step", NULL},
       {"Learning rate", "optimizer step", NULL},
@@ -383,7 +391,7 @@ static void write_page(FILE *out, report *r, const char *source) {
     write_run_table(out, r);
   fprintf(out, "<p>%ld training records, %ld evaluations", r->trains, r->evals);
   if (r->evals)
-    fprintf(out, "; last test %s %.4f", r->metric, r->last_metric);
+    fprintf(out, "; last %s %s %.4f", r->split, r->metric, r->last_metric);
   fputs(".</p>\n<div class='grid'>\n", out);
   for (int i = 0; i < P_COUNT; i++)
     if (i < P_MFU || points_in(&r->p[i]) > 0) /* the optional ones when recorded */

