@@ -2,7 +2,8 @@
  * for tests/launch/observe_cli_test.sh. Parses with cJSON, the library the
  * writers use; reads PNG screenshots with zlib.
  *
- *   obs_check metrics FILE [--world W] [--ddp]   every record has its documented keys
+ *   obs_check metrics FILE [--world W] [--ddp] [--split val] [--no-metric] [--tokens]
+ *                                                every record has its documented keys
  *   obs_check trace FILE [--lanes a,b,...] [--overlap comm:backward] [--steps A:B]
  *   obs_check png FILE --panels N                N plot areas, each with a drawn series
  *
@@ -86,7 +87,12 @@ static int check_metrics(const char *path, int argc, char **argv) {
   static const char *const train_keys[] = {
       "step", "epoch",     "batch",         "batches", "time",         "loss",
       "lr",   "grad_norm", "samples_per_s", "step_ms", "allreduce_ms", "allreduce_hidden"};
-  static const char *const eval_keys[] = {"step", "epoch", "time", "train_loss", "test_loss"};
+  static const char *const eval_keys[] = {"step", "epoch", "time", "train_loss"};
+  const char *split = arg_after(argc, argv, "--split") ? arg_after(argc, argv, "--split") : "test";
+  char split_loss[64], split_metric[64];
+  snprintf(split_loss, sizeof split_loss, "%s_loss", split);
+  snprintf(split_metric, sizeof split_metric, "%s_accuracy", split);
+  bool metric = !has_flag(argc, argv, "--no-metric"), tokens = has_flag(argc, argv, "--tokens");
   static const char *const run_keys[] = {"world",  "batch",       "global_batch",    "accum",
                                          "epochs", "total_steps", "steps_per_epoch", "threads"};
   long line = 0, runs = 0, trains = 0, evals = 0;
@@ -117,6 +123,8 @@ static int check_metrics(const char *path, int argc, char **argv) {
       trains++;
       for (size_t k = 0; k < sizeof train_keys / sizeof *train_keys; k++)
         need(o, train_keys[k], true, line);
+      if (tokens)
+        need(o, "tokens_per_s", true, line);
       const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "rank_step_ms");
       if (!cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) != world)
         fail("line %2$ld: rank_step_ms is not an array of one number per rank%1$s", "", line);
@@ -150,7 +158,9 @@ static int check_metrics(const char *path, int argc, char **argv) {
       evals++;
       for (size_t k = 0; k < sizeof eval_keys / sizeof *eval_keys; k++)
         need(o, eval_keys[k], true, line);
-      need(o, "test_accuracy", true, line);
+      need(o, split_loss, true, line);
+      if (metric)
+        need(o, split_metric, true, line);
     } else {
       fail("line %2$ld: unknown type '%1$s'", t, line);
     }
