@@ -7,6 +7,49 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* ---- row helpers, vectorised (the exponentials: core/cpu_math.c) ---- */
+
+#define EXP_BLOCK 512 /* elements per block of a row's exponentials */
+
+/* max of x[0..n) (NaN propagates as in the reference loops: ignored) */
+DT_CPU_CLONES static float row_max(const float *x, int64_t n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; j++)
+    mx = x[j] > mx ? x[j] : mx;
+  return mx;
+}
+
+/* sum over j < n of exp(x[j] - mx), in double with eight lanes (lane l
+ * sums j = l mod 8 of each block; a fixed order), the exponentials written
+ * to e (which may be x) when e is not NULL. */
+DT_CPU_CLONES static double row_exp_sum(const float *x, int64_t n, float mx, float *e) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float tmp[EXP_BLOCK];
+  for (int64_t j0 = 0; j0 < n; j0 += EXP_BLOCK) {
+    int64_t len = MIN(EXP_BLOCK, n - j0);
+    float *eb = e ? e + j0 : tmp;
+    const float *xb = x + j0;
+    dt_cpu_exp_shifted(xb, mx, 1.0f, eb, len);
+    int64_t k = 0;
+    for (; k + 8 <= len; k += 8) {
+#pragma omp simd
+      for (int l = 0; l < 8; l++)
+        acc[l] += eb[k + l];
+    }
+    for (; k < len; k++)
+      acc[k & 7] += eb[k];
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* x[j] *= a */
+DT_CPU_CLONES static void row_scale(float *x, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++)
+    x[j] *= a;
+}
+
 /* ---- softmax ---- */
 
 /* max and log(sum(exp(x - max))) of one row (NaN and all -inf rows give
@@ -158,10 +201,8 @@ dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, c
       check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index, &count));
   DT_CPU_PARALLEL_FOR(i, n, n * c, DT_CPU_PAR_MIN / 4) {
     const float *xr = logits + i * c;
-    float mx;
-    double ls;
-    row_max_logsum(xr, c, &mx, &ls);
-    double l = (double)mx + ls;
+    float mx = row_max(xr, c);
+    double l = (double)mx + log(row_exp_sum(xr, c, mx, NULL));
     if (lse)
       lse[i] = (float)l;
     int64_t t = target_at(target, target_dtype, i);
@@ -187,11 +228,60 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
       memset(dr, 0, (size_t)c * sizeof(float));
       continue;
     }
-    float g = dloss_rows[i], l = lse[i];
-    for (int64_t j = 0; j < c; j++)
-      dr[j] = g * expf(xr[j] - l);
-    dr[t] -= g;
+    dt_cpu_exp_shifted(xr, lse[i], dloss_rows[i], dr, c);
+    dr[t] -= dloss_rows[i];
   }
+  return DT_OK;
+}
+
+/* ---- fused classifier (LM-head loss) ---- */
+
+// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL, *out_count (host)
+dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, const void *target,
+                                    dt_dtype target_dtype, int64_t n, int64_t vp, int64_t classes,
+                                    int64_t ignore_index, float *loss_rows, float *dlogits,
+                                    int64_t *out_count) {
+  (void)ex;
+  int64_t count = 0;
+  DT_CHECK(
+      check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index, &count));
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const float *xr = logits + i * vp;
+    float *dr = dlogits ? dlogits + i * vp : NULL;
+    int64_t t = target_at(target, target_dtype, i);
+    if (t == ignore_index) {
+      loss_rows[i] = 0.0f;
+      if (dr)
+        memset(dr, 0, (size_t)vp * sizeof(float));
+      continue;
+    }
+    /* the loss as cross_entropy_forward computes it, so that the two agree
+     * bit for bit; the exponentials are kept for the gradient (dr may be xr) */
+    float xt = xr[t], mx = row_max(xr, classes);
+    double s = row_exp_sum(xr, classes, mx, dr);
+    if (dr) {
+      row_scale(dr, (float)(1.0 / s), classes);
+      dr[t] -= 1.0f;
+      memset(dr + classes, 0, (size_t)(vp - classes) * sizeof(float));
+    }
+    loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+  }
+  if (out_count)
+    *out_count = count;
+  return DT_OK;
+}
+
+// dlogits (n) *= scale * dloss[0]
+dt_status dt_cpu_classifier_backward(const dt_exec *ex, float *dlogits, const float *dloss,
+                                     float scale, int64_t n) {
+  (void)ex;
+  const float a = scale * dloss[0];
+  int nt = dt_cpu_threads();
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; i++)
+    dlogits[i] *= a;
   return DT_OK;
 }
 

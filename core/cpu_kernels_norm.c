@@ -181,14 +181,22 @@ dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const flo
 
 /* ---- layer normalisation ---- */
 
-// x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
-dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const float *gamma,
-                                   const float *beta, float *y, float *mean, float *rstd,
-                                   int64_t rows, int64_t cols, float eps) {
-  (void)ex;
+/* Layer norm of rows of x, or of sum = x + residual (written) when residual
+ * is not NULL: the same arithmetic on the same values either way. */
+static void layernorm_rows(const float *x, const float *residual, const float *gamma,
+                           const float *beta, float *sum, float *y, float *mean, float *rstd,
+                           int64_t rows, int64_t cols, float eps) {
   DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
+    if (residual) {
+      const float *rr = residual + r * cols;
+      float *sr = sum + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; j++)
+        sr[j] = xr[j] + rr[j];
+      xr = sr;
+    }
     double s = 0.0;
     for (int64_t j = 0; j < cols; j++)
       s += xr[j];
@@ -209,6 +217,24 @@ dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const floa
       for (int64_t j = 0; j < cols; j++)
         yr[j] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
   }
+}
+
+// x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
+dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const float *gamma,
+                                   const float *beta, float *y, float *mean, float *rstd,
+                                   int64_t rows, int64_t cols, float eps) {
+  (void)ex;
+  layernorm_rows(x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
+  return DT_OK;
+}
+
+// x, residual (rows, cols) -> sum = x + residual, y = layernorm(sum), mean, rstd (rows)
+dt_status dt_cpu_residual_layernorm_forward(const dt_exec *ex, const float *x,
+                                            const float *residual, const float *gamma,
+                                            const float *beta, float *sum, float *y, float *mean,
+                                            float *rstd, int64_t rows, int64_t cols, float eps) {
+  (void)ex;
+  layernorm_rows(x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
   return DT_OK;
 }
 

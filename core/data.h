@@ -20,10 +20,10 @@ extern "C" {
 
 /* ---- idx reader ---- */
 typedef struct dt_idx {
-  uint8_t type;     /* 0x08 = u8 (the only type the readers here accept) */
+  uint8_t type; /* 0x08 = u8 (the only type the readers here accept) */
   int ndim;
   int64_t dims[4];
-  uint8_t *data;    /* numel bytes, owned */
+  uint8_t *data; /* numel bytes, owned */
   int64_t numel;
 } dt_idx;
 
@@ -95,8 +95,8 @@ dt_status dt_dataset_get_sample(const dt_dataset *d, int64_t i, void *input, voi
  * file (N): samples are (1, H, W) f32 in [0,1] normalised by (x-mean)/std
  * (mean 0, std 1 leaves them in [0,1]). Counts must agree; labels must be
  * < num_classes. */
-dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path,
-                                int num_classes, float mean, float std, dt_dataset **out);
+dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path, int num_classes,
+                                float mean, float std, dt_dataset **out);
 
 /* Standard files under `dir` (e.g. /usr/share/datasets/fashion-mnist), split
  * "train" or "test": train-images-idx3-ubyte.gz / train-labels-idx1-ubyte.gz
@@ -118,7 +118,7 @@ typedef struct dt_sampler_config {
   uint64_t seed;
   int num_replicas; /* distributed: world size (1 = not distributed) */
   int rank;
-  int drop_last;    /* distributed: drop the tail instead of padding */
+  int drop_last; /* distributed: drop the tail instead of padding */
 } dt_sampler_config;
 #define DT_SAMPLER_CONFIG_DEFAULT ((dt_sampler_config){1, 0, 1, 0, 0})
 
@@ -139,9 +139,9 @@ const int64_t *dt_sampler_indices(const dt_sampler *s);
 /* ---- loader ---- */
 typedef struct dt_loader_config {
   int batch_size;
-  int drop_last;      /* drop a final partial batch */
-  int prefetch;       /* batches prepared ahead by the worker (>= 1) */
-  dt_device device;   /* where batches land */
+  int drop_last;    /* drop a final partial batch */
+  int prefetch;     /* batches prepared ahead by the worker (>= 1) */
+  dt_device device; /* where batches land */
 } dt_loader_config;
 #define DT_LOADER_CONFIG_DEFAULT ((dt_loader_config){64, 0, 2, {DT_DEVICE_CPU, 0}})
 
@@ -157,6 +157,10 @@ void dt_loader_destroy(dt_loader *l);
 /* Starts an epoch (calls dt_sampler_set_epoch); a worker thread begins
  * preparing batches. */
 dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch);
+/* The same, starting at batch `first_batch` of the epoch (0..batches): a
+ * resumed run skips what it trained on before the checkpoint without
+ * reading it. dt_loader_num_batches then counts the batches left. */
+dt_status dt_loader_start_epoch_at(dt_loader *l, int64_t epoch, int64_t first_batch);
 int64_t dt_loader_num_batches(const dt_loader *l);
 /* Next batch: inputs (B, ...) and labels (B, ...) in the dataset's layout
  * (f32 images and (B) i32 labels for dt_dataset_create's sets) on the

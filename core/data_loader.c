@@ -51,14 +51,15 @@ struct dt_loader {
   pthread_mutex_t mu;
   pthread_cond_t filled; /* worker -> consumer: produced advanced */
   pthread_cond_t freed;  /* consumer -> worker: consumed advanced, or stop */
-  int64_t num_batches;   /* this epoch */
+  int64_t num_batches;   /* this epoch, from first_batch on */
+  int64_t first_batch;   /* batches of the epoch skipped (a resumed run) */
   int64_t produced;      /* slots published this epoch (guarded by mu) */
   int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
   int64_t taken;         /* slots the consumer has read (>= consumed) */
   const dt_backend_ops *be;
-  int async_copy;        /* pinned slots + copy stream (see the top) */
-  atomic_int stop;       /* ask the worker to quit (checked per sample) */
-  int worker_running;    /* a thread exists and must be joined */
+  int async_copy;     /* pinned slots + copy stream (see the top) */
+  atomic_int stop;    /* ask the worker to quit (checked per sample) */
+  int worker_running; /* a thread exists and must be joined */
   pthread_t worker;
   int epoch_started;
 };
@@ -122,7 +123,7 @@ static void *worker_main(void *arg) {
       return NULL;
 
     batch_slot *slot = &l->ring[b % l->ring_size];
-    fill_slot(l, b, slot);
+    fill_slot(l, l->first_batch + b, slot);
     if (atomic_load(&l->stop))
       return NULL;
 
@@ -229,12 +230,21 @@ void dt_loader_destroy(dt_loader *l) {
 }
 
 dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch) {
+  return dt_loader_start_epoch_at(l, epoch, 0);
+}
+
+dt_status dt_loader_start_epoch_at(dt_loader *l, int64_t epoch, int64_t first_batch) {
   if (!l)
     return DT_ERROR(DT_ERR_INVALID_ARG, "loader is NULL");
   stop_worker(l);
   l->epoch_started = 0;
   DT_CHECK(dt_sampler_set_epoch(l->sampler, epoch));
-  l->num_batches = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size, l->cfg.drop_last);
+  int64_t all = batches_for(dt_sampler_length(l->sampler), l->cfg.batch_size, l->cfg.drop_last);
+  if (first_batch < 0 || first_batch > all)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "first batch %lld of an epoch of %lld batches",
+                    (long long)first_batch, (long long)all);
+  l->first_batch = first_batch;
+  l->num_batches = all - first_batch;
   l->produced = 0;
   l->consumed = 0;
   l->taken = 0;
@@ -321,8 +331,7 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
     /* The compute stream waits for the copy; the host does not. */
     st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));
     if (st == DT_OK)
-      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE),
-                                    slot->copied);
+      st = l->be->stream_wait_event(l->be->stream(l->cfg.device, DT_STREAM_COMPUTE), slot->copied);
   }
   if (st != DT_OK) { /* the slot stays taken-but-unread; destroy waits for its copies */
     dt_tensor_release(x);

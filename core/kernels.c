@@ -146,6 +146,17 @@ static dt_status dt_kcheck_classes(const char *op, dt_dtype idx_dtype, int64_t n
   return dt_kcheck_sizes(op, n, classes, 0);
 }
 
+/* The fused classifier: vp columns of which the first `classes` are real. */
+static dt_status dt_kcheck_classifier(dt_dtype target_dtype, int64_t n, int64_t vp,
+                                      int64_t classes) {
+  DT_CHECK(dt_kcheck_classes("classifier_forward", target_dtype, n, vp));
+  if (classes < 1 || classes > vp)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "classifier_forward: %lld classes in rows of %lld logits: expected 1..%lld",
+                    (long long)classes, (long long)vp, (long long)vp);
+  return DT_OK;
+}
+
 /* Convolution (conv) or pooling geometry: positive sizes, the output size
  * the input, kernel, stride and padding give, and for pooling PyTorch's
  * padding <= kernel / 2. */
@@ -195,6 +206,15 @@ static dt_status dt_kcheck_layernorm(int64_t rows, int64_t cols) {
   if (rows < 0 || cols <= 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm: bad size (rows %lld, cols %lld)",
                     (long long)rows, (long long)cols);
+  return DT_OK;
+}
+
+/* Attention geometry: b sequences of t positions, h heads of hd columns. */
+static dt_status dt_kcheck_attention(const char *op, int64_t b, int64_t t, int64_t h, int64_t hd) {
+  if (b < 0 || t < 0 || h < 1 || hd < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: bad geometry (batch %lld, positions %lld, heads %lld, head size %lld)", op,
+                    (long long)b, (long long)t, (long long)h, (long long)hd);
   return DT_OK;
 }
 

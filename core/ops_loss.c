@@ -32,6 +32,35 @@ static dt_status check_reduction(const char *op, dt_reduction r) {
   return DT_OK;
 }
 
+/* The arguments of a classification loss: logits (N, C) or (..., C) f32
+ * with C >= 1, target (N) or (...) i32/i64 on the same device; *cols = C,
+ * *rows = N. */
+static dt_status check_logits_target(const char *op, dt_tensor *logits, dt_tensor *target,
+                                     int64_t *cols, int64_t *rows) {
+  if (!logits || !target)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {logits, target};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &logits, 1));
+  dt_dtype tdt = dt_tensor_dtype(target);
+  if (tdt != DT_DTYPE_I32 && tdt != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: target dtype %s: class ids must be i32 or i64", op,
+                    dt_dtype_name(tdt));
+  int nl = dt_tensor_ndim(logits);
+  const int64_t *sl = dt_tensor_shape(logits);
+  char bl[128], bt[128];
+  *cols = nl >= 1 ? sl[nl - 1] : 0;
+  *rows = nl >= 1 ? dt_shape_numel(sl, nl - 1) : 0;
+  if (nl < 1 || *cols < 1 || dt_tensor_numel(target) != *rows)
+    return DT_ERROR(
+        DT_ERR_SHAPE,
+        "%s: logits %s and target %s do not match: expected logits (N, C) or "
+        "(..., C) with C >= 1 and target (N) or (...)",
+        op, dt_shape_format(sl, nl, bl, sizeof bl),
+        dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt, sizeof bt));
+  return DT_OK;
+}
+
 /* ---- cross-entropy ---- */
 
 /* saved: 0 logits (rows, c) contiguous, 1 target (rows) contiguous, 2 lse
@@ -69,28 +98,12 @@ fail:
 dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
                               int64_t ignore_index, dt_tensor **out) {
   static const char *op = "dt_op_cross_entropy";
-  if (!logits || !target || !out)
+  if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  dt_tensor *both[2] = {logits, target};
-  DT_CHECK(dt_check_same_device(op, both, 2));
-  DT_CHECK(dt_check_f32(op, &logits, 1));
+  int64_t c = 0, rows = 0;
+  DT_CHECK(check_logits_target(op, logits, target, &c, &rows));
   DT_CHECK(check_reduction(op, reduction));
   dt_dtype tdt = dt_tensor_dtype(target);
-  if (tdt != DT_DTYPE_I32 && tdt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: target dtype %s: class ids must be i32 or i64", op,
-                    dt_dtype_name(tdt));
-  int nl = dt_tensor_ndim(logits);
-  const int64_t *sl = dt_tensor_shape(logits);
-  char bl[128], bt[128];
-  int64_t c = nl >= 1 ? sl[nl - 1] : 0;
-  int64_t rows = nl >= 1 ? dt_shape_numel(sl, nl - 1) : 0;
-  if (nl < 1 || c < 1 || dt_tensor_numel(target) != rows)
-    return DT_ERROR(
-        DT_ERR_SHAPE,
-        "%s: logits %s and target %s do not match: expected logits (N, C) or "
-        "(..., C) with C >= 1 and target (N) or (...)",
-        op, dt_shape_format(sl, nl, bl, sizeof bl),
-        dt_shape_format(dt_tensor_shape(target), dt_tensor_ndim(target), bt, sizeof bt));
 
   dt_device dev = dt_tensor_device(logits);
   const dt_exec ex = dt_tensor_exec(logits);
@@ -128,6 +141,93 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, loss_rows, lse, tc, lc);
+  return st;
+}
+
+/* ---- fused classifier (LM-head loss) ---- */
+
+/* saved: 0 dlogits (rows, vp): softmax - onehot, unscaled; ints: 0 count */
+static dt_status classifier_loss_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *dlogits = node->saved[0];
+  int64_t count = node->ints[0], n = dt_tensor_numel(dlogits);
+  /* the buffer is the node's and backward runs once: scale it in place */
+  dt_status st = DT_OK;
+  if (n > 0)
+    st = dt_kernel_classifier_backward(DT_TENSOR_EXEC(dlogits), DT_F32(dlogits), DT_F32(g),
+                                       count > 0 ? 1.0f / (float)count : 0.0f, n);
+  return dt_ops_grad_result(st, dt_tensor_retain(dlogits), &grad_in[0]);
+}
+
+/* The fused classifier; `reuse` lets the gradient overwrite the logits
+ * (the caller has given up its reference and nothing else holds them). */
+static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *target,
+                                 int64_t n_classes, int64_t ignore_index, bool reuse,
+                                 dt_tensor **out) {
+  if (!out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  int64_t vp = 0, rows = 0;
+  DT_CHECK(check_logits_target(op, logits, target, &vp, &rows));
+  dt_dtype tdt = dt_tensor_dtype(target);
+  char bl[128];
+  if (n_classes < 1 || n_classes > vp)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: n_classes %lld for logits %s: the classes are the first 1..%lld "
+                    "columns (the rest pad the vocabulary)",
+                    op, (long long)n_classes,
+                    dt_shape_format(dt_tensor_shape(logits), dt_tensor_ndim(logits), bl, sizeof bl),
+                    (long long)vp);
+  dt_device dev = dt_tensor_device(logits);
+  const dt_exec ex = dt_tensor_exec(logits);
+  const int record = dt_autograd_should_record(&logits, 1);
+  reuse = reuse && record && dt_tensor_is_contiguous(logits) && logits->refcount == 1 &&
+          logits->storage->refcount == 1;
+  dt_tensor *lc = NULL, *tc = NULL, *loss_rows = NULL, *dlogits = NULL, *y = NULL;
+  dt_node *node = NULL;
+  int64_t count = 0;
+  dt_status st;
+  DT_CHECK_GOTO(dt_ops_contiguous(logits, &lc), st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(target, &tc), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &loss_rows), st, fail);
+  if (reuse)
+    DT_CHECK_GOTO(dt_tensor_detach(lc, &dlogits), st, fail);
+  else if (record)
+    DT_CHECK_GOTO(dt_ops_empty_like(lc, dev, &dlogits), st, fail);
+  /* logits (rows, vp) -> loss_rows (rows), dlogits (rows, vp) = softmax - onehot */
+  if (rows > 0)
+    DT_CHECK_GOTO(dt_kernel_classifier_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, vp,
+                                               n_classes, ignore_index, DT_F32(loss_rows),
+                                               dlogits ? DT_F32(dlogits) : NULL, &count),
+                  st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
+  if (count == 0) /* PyTorch: the mean over zero non-ignored rows is NaN (0/0) */
+    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(y), NAN, 1), st, fail);
+  else
+    DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows, 1.0f / (float)count, DT_F32(y)), st,
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, classifier_loss_backward, &logits, 1, y, &node), st, fail);
+  dt_ops_save_for_backward(node, &dlogits, 1, &count, 1);
+  st = dt_ops_take(&y, out);
+fail:
+  DT_RELEASE_TENSORS(y, dlogits, loss_rows, tc, lc);
+  return st;
+}
+
+dt_status dt_op_classifier_loss(dt_tensor *logits, dt_tensor *target, int64_t n_classes,
+                                int64_t ignore_index, dt_tensor **out) {
+  return classifier_loss("dt_op_classifier_loss", logits, target, n_classes, ignore_index, false,
+                         out);
+}
+
+dt_status dt_op_classifier_loss_consume(dt_tensor **logits, dt_tensor *target, int64_t n_classes,
+                                        int64_t ignore_index, dt_tensor **out) {
+  static const char *op = "dt_op_classifier_loss_consume";
+  if (!logits)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  /* the caller's reference is the op's from here on */
+  dt_tensor *l = *logits;
+  *logits = NULL;
+  dt_status st = classifier_loss(op, l, target, n_classes, ignore_index, true, out);
+  dt_tensor_release(l);
   return st;
 }
 

@@ -237,45 +237,95 @@ fail:
   return st;
 }
 
-dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                           dt_tensor **out) {
-  static const char *op = "dt_op_layer_norm";
-  if (!x || !out)
+/* The sum of dt_op_residual_layer_norm: its gradient goes to x and residual
+ * as is. */
+static dt_status residual_add_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  for (int i = 0; i < 2; i++)
+    if (node->needs_grad[i])
+      grad_in[i] = dt_tensor_retain(g);
+  return DT_OK;
+}
+
+/* layer_norm(x), or with a residual sum = x + residual and layer_norm(sum)
+ * in one kernel: a node for the sum (x, residual) and one for the norm
+ * (sum, gamma, beta), which is layer_norm's. */
+static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
+                               dt_tensor *beta, float eps, dt_tensor **sum_out, dt_tensor **out) {
+  if (!x || !out || (residual && !sum_out))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  dt_tensor *ins[3] = {x, gamma, beta};
-  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  dt_tensor *ins[4] = {x, residual, gamma, beta};
+  DT_CHECK(dt_ops_check_inputs(op, ins, 4));
   int nd = dt_tensor_ndim(x);
-  char b[128];
+  char b[128], br[128];
   if (nd < 1)
     return DT_ERROR(DT_ERR_SHAPE, "%s: input %s is 0-dim: expected (..., D)", op,
                     dt_shape_format(dt_tensor_shape(x), nd, b, sizeof b));
+  if (residual &&
+      (dt_tensor_ndim(residual) != nd ||
+       memcmp(dt_tensor_shape(residual), dt_tensor_shape(x), (size_t)nd * sizeof(int64_t)) != 0))
+    return DT_ERROR(
+        DT_ERR_SHAPE,
+        "%s: x %s and residual %s differ in shape: the residual add does not "
+        "broadcast",
+        op, dt_shape_format(dt_tensor_shape(x), nd, b, sizeof b),
+        dt_shape_format(dt_tensor_shape(residual), dt_tensor_ndim(residual), br, sizeof br));
   int64_t cols = dt_tensor_shape(x)[nd - 1];
   int64_t rows = dt_shape_numel(dt_tensor_shape(x), nd - 1);
   DT_CHECK(check_vec(op, "gamma", gamma, cols));
   DT_CHECK(check_vec(op, "beta", beta, cols));
 
   dt_device dev = dt_tensor_device(x);
-  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
+  const dt_exec ex = dt_tensor_exec(x);
+  dt_tensor *xc = NULL, *rc = NULL, *sum = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL,
+            *rstd = NULL;
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  if (residual) {
+    DT_CHECK_GOTO(dt_ops_contiguous(residual, &rc), st, fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &sum), st, fail);
+  }
   DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), st, fail);
   DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
-  /* x (rows, cols) -> y (rows, cols), mean, rstd (rows) */
-  if (rows * cols > 0)
-    DT_CHECK_GOTO(
-        dt_kernel_layernorm_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(gc), DT_F32(bc),
-                                    DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
-        st, fail);
-  DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, ins, 3, y, &node), st, fail);
-  dt_tensor *saved[4] = {xc, gc, mean, rstd};
+  /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
+  if (rows * cols > 0 && residual)
+    DT_CHECK_GOTO(dt_kernel_residual_layernorm_forward(&ex, DT_F32(xc), DT_F32(rc), DT_F32(gc),
+                                                       DT_F32(bc), DT_F32(sum), DT_F32(y),
+                                                       DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+                  st, fail);
+  else if (rows * cols > 0)
+    DT_CHECK_GOTO(dt_kernel_layernorm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
+                                              DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+                  st, fail);
+  if (residual)
+    DT_CHECK_GOTO(dt_ops_maybe_record(op, residual_add_backward, ins, 2, sum, &node), st, fail);
+  /* the norm's input: x, or the sum */
+  dt_tensor *norm_ins[3] = {residual ? sum : x, gamma, beta};
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, norm_ins, 3, y, &node), st, fail);
+  dt_tensor *saved[4] = {residual ? sum : xc, gc, mean, rstd};
   const int64_t ints[4] = {rows, cols, gamma != NULL, beta != NULL};
   dt_ops_save_for_backward(node, saved, 4, ints, 4);
+  if (residual)
+    dt_ops_take(&sum, sum_out);
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(y, rstd, mean, bc, gc, xc);
+  DT_RELEASE_TENSORS(y, rstd, mean, bc, gc, sum, rc, xc);
   return st;
+}
+
+dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                           dt_tensor **out) {
+  return layer_norm_op("dt_op_layer_norm", x, NULL, gamma, beta, eps, NULL, out);
+}
+
+dt_status dt_op_residual_layer_norm(dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
+                                    dt_tensor *beta, float eps, dt_tensor **sum_out,
+                                    dt_tensor **norm_out) {
+  if (!residual)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dt_op_residual_layer_norm: NULL argument");
+  return layer_norm_op("dt_op_residual_layer_norm", x, residual, gamma, beta, eps, sum_out,
+                       norm_out);
 }

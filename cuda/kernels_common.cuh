@@ -84,6 +84,11 @@ __device__ inline float dt_block_max(float v, float *shared) {
   return dt_warp_max(r);
 }
 
+/* Element i of an i32 (i32 != 0) or i64 index array. */
+static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
+  return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
 /* dt_rng_bits / dt_rng_uniform of core/rng.c, bit for bit. */
 __device__ __forceinline__ uint64_t dt_rng_bits_dev(uint64_t seed, uint64_t counter) {
   uint64_t z = seed ^ (counter * 0x9E3779B97F4A7C15ull);

@@ -7,7 +7,8 @@
  * Index validation (cross-entropy targets, embedding ids) runs inside the
  * forward kernels: the first bad position is reported through the device
  * scratch, which costs one small device-to-host copy and a sync. Backward
- * kernels skip invalid indices instead (the forward already refused them). */
+ * kernels skip invalid indices instead (the forward already refused them).
+ * The embedding backward is in kernels_embedding.cu. */
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
@@ -41,10 +42,6 @@ static __device__ __forceinline__ float block_row_max_sumexp(const float *x, int
   return mx;
 }
 
-static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
-  return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
-}
-
 /* Device scratch layout for index checks: the first bad position (min) and
  * a count of kept rows. */
 struct index_report {
@@ -52,17 +49,9 @@ struct index_report {
   unsigned long long count;
 };
 
-/* A kernel that checks indices reports into the device scratch, between
- * report_begin (takes ctx->scratch_lock, resets the report) and report_end
- * (reads it back, releases the lock):
- *   cudaError_t e = report_begin(ctx, stream);
- *   if (e == cudaSuccess) { kernel<<<...>>>(..., report_slot(ctx)); e = cudaGetLastError(); }
- *   e = report_end(ctx, stream, e, idx, i32, &rep, &bad_value); */
-static index_report *report_slot(dt_cuda_ctx *ctx) { return (index_report *)ctx->dev_scratch; }
-
-static cudaError_t report_begin(dt_cuda_ctx *ctx, cudaStream_t stream) {
-  pthread_mutex_lock(&ctx->scratch_lock);
-  index_report *r = report_slot(ctx);
+/* Resets the report, runs nothing else. Caller holds ctx->scratch_lock. */
+static cudaError_t report_reset(dt_cuda_ctx *ctx, cudaStream_t stream) {
+  index_report *r = (index_report *)ctx->dev_scratch;
   cudaError_t e = cudaMemsetAsync(&r->bad, 0xff, sizeof r->bad, stream);
   if (e == cudaSuccess)
     e = cudaMemsetAsync(&r->count, 0, sizeof r->count, stream);
@@ -92,14 +81,51 @@ static cudaError_t report_read(dt_cuda_ctx *ctx, cudaStream_t stream, const void
   return e;
 }
 
-/* After the kernel (e: its launch status): the report into *out and
- * *bad_value when all went well; releases ctx->scratch_lock. */
-static cudaError_t report_end(dt_cuda_ctx *ctx, cudaStream_t stream, cudaError_t e, const void *idx,
-                              int i32, index_report *out, int64_t *bad_value) {
+/* Runs launch(report) (the kernels that check indices) between a reset and
+ * a read of the report, holding the scratch lock. */
+template <typename Launch>
+static cudaError_t with_index_report(dt_cuda_ctx *ctx, cudaStream_t stream, const void *idx,
+                                     int i32, Launch launch, index_report *rep,
+                                     int64_t *bad_value) {
+  pthread_mutex_lock(&ctx->scratch_lock);
+  cudaError_t e = report_reset(ctx, stream);
+  if (e == cudaSuccess) {
+    launch((index_report *)ctx->dev_scratch);
+    e = cudaGetLastError();
+  }
   if (e == cudaSuccess)
-    e = report_read(ctx, stream, idx, i32, out, bad_value);
+    e = report_read(ctx, stream, idx, i32, rep, bad_value);
   pthread_mutex_unlock(&ctx->scratch_lock);
   return e;
+}
+
+/* Runs launch(stream, i32, report), a kernel over n rows that checks their
+ * class ids (target, i32 or i64) against [0, classes): the first bad one is
+ * DT_ERR_INVALID_ARG, else *out_count = the rows kept (not ignore_index). */
+template <typename Launch>
+static dt_status run_target_kernel(const char *op, const dt_exec *ex, const void *target,
+                                   dt_dtype target_dtype, int64_t n, int64_t classes,
+                                   int64_t ignore_index, int64_t *out_count, Launch launch) {
+  if (out_count)
+    *out_count = 0;
+  if (n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  int i32 = target_dtype == DT_DTYPE_I32;
+  index_report rep;
+  int64_t bad_value = 0;
+  DT_CUDA_CHECK(with_index_report(
+      ctx, stream, target, i32, [&](index_report *r) { launch(stream, i32, r); }, &rep,
+      &bad_value));
+  if (rep.bad != ~0ull)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: target %lld at row %lld is outside [0, %lld) and is not "
+                    "ignore_index (%lld): check the labels against the number of classes",
+                    op, (long long)bad_value, (long long)rep.bad, (long long)classes,
+                    (long long)ignore_index);
+  if (out_count)
+    *out_count = (int64_t)rep.count;
+  return DT_OK;
 }
 
 /* ---- softmax ---- */
@@ -146,14 +172,14 @@ extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, 
                                              int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, (int)log_);
+  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, log_);
 }
 
 extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
                                               float *dx, int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  return launch_rows(ex, rows, cols, softmax_backward_kernel, y, dy, dx, rows, cols, (int)log_);
+  return launch_rows(ex, rows, cols, softmax_backward_kernel, y, dy, dx, rows, cols, log_);
 }
 
 /* ---- causal softmax (attention scores) ---- */
@@ -243,31 +269,12 @@ extern "C" dt_status dt_cuda_cross_entropy_forward(const dt_exec *ex, const floa
                                                    int64_t n, int64_t c, int64_t ignore_index,
                                                    float *loss_rows, float *lse,
                                                    int64_t *out_count) {
-  if (out_count)
-    *out_count = 0;
-  if (n == 0)
-    return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  int i32 = target_dtype == DT_DTYPE_I32;
-  index_report rep;
-  int64_t bad_value = 0;
-  cudaError_t e = report_begin(ctx, stream);
-  if (e == cudaSuccess) {
-    cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
-        logits, target, i32, n, c, ignore_index, loss_rows, lse, report_slot(ctx));
-    e = cudaGetLastError();
-  }
-  e = report_end(ctx, stream, e, target, i32, &rep, &bad_value);
-  DT_CUDA_CHECK(e);
-  if (rep.bad != ~0ull)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "cross_entropy_forward: target %lld at row %lld is outside [0, %lld) and is "
-                    "not ignore_index (%lld): check the labels against the number of classes",
-                    (long long)bad_value, (long long)rep.bad, (long long)c,
-                    (long long)ignore_index);
-  if (out_count)
-    *out_count = (int64_t)rep.count;
-  return DT_OK;
+  return run_target_kernel(
+      "cross_entropy_forward", ex, target, target_dtype, n, c, ignore_index, out_count,
+      [&](cudaStream_t stream, int i32, index_report *r) {
+        cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
+            logits, target, i32, n, c, ignore_index, loss_rows, lse, r);
+      });
 }
 
 // logits (n,c), target (n), lse (n), dloss_rows (n) -> dlogits (n,c)
@@ -299,17 +306,97 @@ extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const flo
                         target_dtype == DT_DTYPE_I32, lse, dloss_rows, dlogits, n, c, ignore_index);
 }
 
+/* ---- fused classifier (LM-head loss) ---- */
+
+// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL (may be logits itself);
+// report: first bad row, kept rows
+static __global__ void classifier_forward_kernel(const float *logits, const void *target, int i32,
+                                                 int64_t n, int64_t vp, int64_t classes,
+                                                 int64_t ignore_index, float *loss_rows,
+                                                 float *dlogits, index_report *rep) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float *xr = logits + i * vp;
+    float *dr = dlogits ? dlogits + i * vp : NULL;
+    int64_t t = index_at(target, i32, i);
+    if (t == ignore_index || t < 0 || t >= classes) {
+      if (threadIdx.x == 0) {
+        loss_rows[i] = 0.0f;
+        if (t != ignore_index)
+          atomicMin(&rep->bad, (unsigned long long)i);
+      }
+      for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
+        dr[j] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
+      mx = fmaxf(mx, xr[j]);
+    mx = dt_block_max(mx, shf);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
+      s += expf(xr[j] - mx);
+    /* read before the barrier in the sum: dr may overwrite it below */
+    float xt = threadIdx.x == 0 ? xr[t] : 0.0f;
+    s = dt_block_sum(s, shd);
+    if (threadIdx.x == 0) {
+      loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+      atomicAdd(&rep->count, 1ull);
+    }
+    float inv = (float)(1.0 / s);
+    for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
+      dr[j] = j < classes ? expf(xr[j] - mx) * inv - (j == t ? 1.0f : 0.0f) : 0.0f;
+  }
+}
+
+extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *logits,
+                                                const void *target, dt_dtype target_dtype,
+                                                int64_t n, int64_t vp, int64_t classes,
+                                                int64_t ignore_index, float *loss_rows,
+                                                float *dlogits, int64_t *out_count) {
+  return run_target_kernel(
+      "classifier_forward", ex, target, target_dtype, n, classes, ignore_index, out_count,
+      [&](cudaStream_t stream, int i32, index_report *r) {
+        /* cross_entropy_forward's threads: with classes == vp the loss is its bit for bit */
+        classifier_forward_kernel<<<row_grid(n), dt_row_threads(vp), 0, stream>>>(
+            logits, target, i32, n, vp, classes, ignore_index, loss_rows, dlogits, r);
+      });
+}
+
+// dlogits (n) *= scale * dloss[0]
+static __global__ void classifier_backward_kernel(float *dlogits, const float *dloss, float scale,
+                                                  int64_t n) {
+  const float a = scale * dloss[0];
+  DT_GRID_STRIDE(k, n) { dlogits[k] *= a; }
+}
+
+extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogits,
+                                                 const float *dloss, float scale, int64_t n) {
+  if (n == 0)
+    return DT_OK;
+  return dt_launch_flat(ex, n, classifier_backward_kernel, dlogits, dloss, scale, n);
+}
+
 /* ---- layer norm ---- */
 
-// x (rows, cols), gamma/beta (cols) or NULL -> y (rows, cols), mean, rstd (rows)
-static __global__ void layernorm_forward_kernel(const float *x, const float *gamma,
-                                                const float *beta, float *y, float *mean,
-                                                float *rstd, int64_t rows, int64_t cols,
-                                                float eps) {
+// x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->
+// y (rows, cols), mean, rstd (rows)
+static __global__ void layernorm_forward_kernel(const float *x, const float *residual,
+                                                const float *gamma, const float *beta, float *sum,
+                                                float *y, float *mean, float *rstd, int64_t rows,
+                                                int64_t cols, float eps) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
+    if (residual) { /* each thread reads back only the sums it wrote */
+      const float *rr = residual + r * cols;
+      float *sr = sum + r * cols;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        sr[j] = xr[j] + rr[j];
+      xr = sr;
+    }
     double s = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       s += xr[j];
@@ -332,17 +419,28 @@ static __global__ void layernorm_forward_kernel(const float *x, const float *gam
   }
 }
 
+static dt_status layernorm_launch(const dt_exec *ex, const float *x, const float *residual,
+                                  const float *gamma, const float *beta, float *sum, float *y,
+                                  float *mean, float *rstd, int64_t rows, int64_t cols, float eps) {
+  if (rows == 0)
+    return DT_OK;
+  return launch_rows(ex, rows, cols, layernorm_forward_kernel, x, residual, gamma, beta, sum, y,
+                     mean, rstd, rows, cols, eps);
+}
+
 extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
                                                const float *gamma, const float *beta, float *y,
                                                float *mean, float *rstd, int64_t rows, int64_t cols,
                                                float eps) {
-  if (rows == 0)
-    return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
-      x, gamma, beta, y, mean, rstd, rows, cols, eps);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return layernorm_launch(ex, x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
+}
+
+extern "C" dt_status dt_cuda_residual_layernorm_forward(const dt_exec *ex, const float *x,
+                                                        const float *residual, const float *gamma,
+                                                        const float *beta, float *sum, float *y,
+                                                        float *mean, float *rstd, int64_t rows,
+                                                        int64_t cols, float eps) {
+  return layernorm_launch(ex, x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
 }
 
 // x, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols) overwritten
@@ -472,41 +570,20 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
   int i32 = idx_dtype == DT_DTYPE_I32;
   index_report rep;
   int64_t bad_value = 0;
-  cudaError_t e = report_begin(ctx, stream);
-  if (e == cudaSuccess && d > 0) {
-    embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(idx, i32, table, y, n,
-                                                                            v, d, report_slot(ctx));
-    e = cudaGetLastError();
-  }
-  e = report_end(ctx, stream, e, idx, i32, &rep, &bad_value);
-  DT_CUDA_CHECK(e);
+  DT_CUDA_CHECK(with_index_report(
+      ctx, stream, idx, i32,
+      [&](index_report *r) {
+        if (d > 0)
+          embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(idx, i32, table,
+                                                                                  y, n, v, d, r);
+      },
+      &rep, &bad_value));
   if (rep.bad != ~0ull)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "embedding_forward: index %lld at position %lld is outside [0, %lld): check "
                     "the token ids against the vocabulary size",
                     (long long)bad_value, (long long)rep.bad, (long long)v);
   return DT_OK;
-}
-
-// dy (n,d) -> dtable (v,d) += scatter by idx (n); atomics, so the order of
-// repeated indices varies from run to run (within f32 rounding)
-static __global__ void embedding_backward_kernel(const void *idx, int i32, const float *dy,
-                                                 float *dtable, int64_t n, int64_t v, int64_t d) {
-  DT_GRID_STRIDE(k, n * d) {
-    int64_t i = k / d, j = k - i * d;
-    int64_t t = index_at(idx, i32, i);
-    if (t >= 0 && t < v)
-      atomicAdd(&dtable[t * d + j], dy[k]);
-  }
-}
-
-extern "C" dt_status dt_cuda_embedding_backward(const dt_exec *ex, const void *idx,
-                                                dt_dtype idx_dtype, const float *dy, float *dtable,
-                                                int64_t n, int64_t v, int64_t d) {
-  if (n * d == 0)
-    return DT_OK;
-  return dt_launch_flat(ex, n * d, embedding_backward_kernel, idx, idx_dtype == DT_DTYPE_I32, dy,
-                        dtable, n, v, d);
 }
 
 /* ---- dropout ---- */

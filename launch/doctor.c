@@ -58,8 +58,9 @@ static bool report_data_set(const char *dir, const char *name) {
 
 /* GPU-to-GPU reachability: cudaDeviceCanAccessPeer for every pair. */
 static void report_peer_access(int gpus) {
-  printf("  P2P            cudaDeviceCanAccessPeer (row -> column; NCCL uses P2P where yes, host "
-         "shared memory where no):\n");
+  printf(
+      "  P2P            cudaDeviceCanAccessPeer (row -> column; NCCL uses P2P where yes, host "
+      "shared memory where no):\n");
   printf("                 %6s", "");
   for (int j = 0; j < gpus; j++)
     printf(" GPU%-3d", j);
@@ -78,9 +79,10 @@ static void report_peer_access(int gpus) {
     printf("\n");
   }
   dt_clear_error();
-  printf("  NVLink         `nvidia-smi topo -m` shows the links: NV# = NVLink, PIX/PXB = one PCIe "
-         "switch, NODE/SYS = across the host bridge or sockets (slowest); "
-         "`nvidia-smi nvlink --status` the NVLink lanes\n");
+  printf(
+      "  NVLink         `nvidia-smi topo -m` shows the links: NV# = NVLink, PIX/PXB = one PCIe "
+      "switch, NODE/SYS = across the host bridge or sockets (slowest); "
+      "`nvidia-smi nvlink --status` the NVLink lanes\n");
 }
 
 /* How ranks will communicate: NCCL, its environment, and with GPUs whether
@@ -107,18 +109,19 @@ static void report_distributed(void) {
     printf("    %s\n", *e);
   }
   if (nccl_vars == 0)
-    printf("  NCCL environment: no NCCL_* variable set (NCCL picks its transports itself; "
-           "NCCL_DEBUG=INFO makes it print them)\n");
+    printf(
+        "  NCCL environment: no NCCL_* variable set (NCCL picks its transports itself; "
+        "NCCL_DEBUG=INFO makes it print them)\n");
   int gpus = dt_device_count(DT_DEVICE_CUDA);
   if (gpus <= 0) {
     printf("  GPUs           none visible: ranks train on the CPU and communicate over mpi\n");
   } else if (gpus == 1) {
-    printf("  GPUs           1 visible: one rank per node uses it with nccl; several ranks "
-           "sharing it fall back to the host-staged mpi backend (NCCL refuses two ranks on "
-           "one GPU)\n");
+    printf(
+        "  GPUs           1 visible: one rank per node uses it with nccl; several ranks "
+        "sharing it fall back to the host-staged mpi backend (NCCL refuses two ranks on "
+        "one GPU)\n");
   } else {
-    printf("  GPUs           %d visible: dtrain launch starts one rank per GPU by default\n",
-           gpus);
+    printf("  GPUs           %d visible: dtrain launch starts one rank per GPU by default\n", gpus);
     report_peer_access(gpus);
   }
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/backend.h"
@@ -143,8 +144,86 @@ static void print_shell_word(FILE *out, const char *s) {
   fputc('\'', out);
 }
 
+/* Why a job ended, and whether a restart from its last checkpoint can
+ * help: a rank that died (killed by a signal: mpirun exits 128+N, or its
+ * own status) or the watchdog (70). Errors (1), a bad command line (2) and
+ * a requested stop (75) are final. */
+static bool restartable(int status, char *why, size_t cap) {
+  if (WIFSIGNALED(status)) {
+    snprintf(why, cap, "mpirun was killed by signal %d", WTERMSIG(status));
+    return false;
+  }
+  int rc = WEXITSTATUS(status);
+  if (rc == 70) {
+    snprintf(why, cap,
+             "the watchdog ended the job (a collective did not complete in time; exit 70)");
+    return true;
+  }
+  if (rc > 128) {
+    snprintf(why, cap, "a rank died (killed by signal %d: mpirun exited %d)", rc - 128, rc);
+    return true;
+  }
+  snprintf(why, cap, "the job exited %d (%s)", rc,
+           rc == 0    ? "success"
+           : rc == 2  ? "a bad command line"
+           : rc == 75 ? "stopped by SIGTERM/SIGUSR1 after saving"
+                      : "an error, reported above");
+  return false;
+}
+
+/* The value of the command's flag (--flag V or --flag=V), or NULL. */
+static const char *command_flag(int n, char **args, const char *flag) {
+  size_t len = strlen(flag);
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(args[i], flag) && i + 1 < n)
+      return args[i + 1];
+    if (!strncmp(args[i], flag, len) && args[i][len] == '=')
+      return args[i] + len + 1;
+  }
+  return NULL;
+}
+
+/* mpirun in a child, again after each restartable failure (at most
+ * max_restarts times), resuming from the newest complete checkpoint. */
+static int run_with_restarts(const char *mpirun, char **mpi_argv, int k, int max_restarts,
+                             bool has_resume) {
+  for (int restart = 0;; restart++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "dtrain: error: cannot start mpirun: %s\n", strerror(errno));
+      return 1;
+    }
+    if (pid == 0) {
+      execv(mpirun, mpi_argv);
+      fprintf(stderr, "dtrain: error: could not run %s: %s\n", mpirun, strerror(errno));
+      _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    char why[160];
+    bool again = restartable(status, why, sizeof why);
+    if (!again || restart >= max_restarts) {
+      if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        fprintf(stderr, "dtrain launch: %s%s\n", why,
+                again ? "; no restarts left (--max-restarts)" : ": not restarting");
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    fprintf(stderr,
+            "dtrain launch: restart %d of %d: %s; the whole job starts again from the newest "
+            "complete checkpoint (--resume auto)\n",
+            restart + 1, max_restarts, why);
+    if (!has_resume) { /* the slots after the command were reserved for this */
+      mpi_argv[k++] = "--resume";
+      mpi_argv[k++] = "auto";
+      mpi_argv[k] = NULL;
+      has_resume = true;
+    }
+  }
+}
+
 int dt_cli_launch(int argc, char **argv, FILE *err) {
-  int np = 0, threads = 0;
+  int np = 0, threads = 0, max_restarts = 0;
   bool dry_run = false;
   const char *hosts = NULL, *hostfile = NULL;
   dt_flag_list extra = {{NULL}, 0};
@@ -160,6 +239,9 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
                   .max = DT_CPU_MAX_THREADS, .default_text = "cores / N"),
       DT_LIST_FLAG("mpirun-arg", &extra, "ARG", "pass ARG to mpirun"),
       DT_BOOL_FLAG("dry-run", &dry_run, "print the mpirun command line and exit"),
+      DT_INT_FLAG("max-restarts", &max_restarts, "N",
+                  "train: when a rank dies or the watchdog fires, start the whole job again from "
+                  "the newest complete checkpoint of its --run-dir, at most N times"),
   };
   dt_flag_set set = {
       .command = "launch",
@@ -200,6 +282,11 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
                 ? ""
                 : "; add --device cuda to the command so that each rank trains on its GPU");
   }
+  if (max_restarts > 0 && strcmp(command, "train") != 0)
+    return bad_usage(err, "%s", "--max-restarts restarts train (from its checkpoints), not bench");
+  if (max_restarts > 0 && !command_flag(args.nrest, args.rest, "--run-dir"))
+    return bad_usage(err, "%s",
+                     "--max-restarts resumes from the run's checkpoints: give train a --run-dir");
   const char *env_rank = getenv("OMPI_COMM_WORLD_SIZE");
   if (env_rank && env_rank[0]) {
     fprintf(err,
@@ -251,7 +338,7 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   char export_names[4096];
   int n_exports = exported_names(exports, MAX_EXPORTS, export_names, sizeof export_names);
 
-  int cap = 32 + extra.n + args.nrest + 2 * n_exports;
+  int cap = 34 + extra.n + args.nrest + 2 * n_exports; /* 2 for --resume auto */
   char **mpi_argv = calloc((size_t)cap, sizeof *mpi_argv);
   if (!mpi_argv) {
     fprintf(stderr, "dtrain: error: out of memory\n");
@@ -303,6 +390,12 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   if (dry_run) {
     free(mpi_argv);
     return 0;
+  }
+  if (max_restarts > 0) {
+    int rc = run_with_restarts(mpirun, mpi_argv, k, max_restarts,
+                               command_flag(args.nrest, args.rest, "--resume") != NULL);
+    free(mpi_argv);
+    return rc;
   }
   execv(mpirun, mpi_argv);
   fprintf(stderr, "dtrain: error: could not run %s: %s\n", mpirun, strerror(errno));

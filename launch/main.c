@@ -25,9 +25,11 @@
 #include "launch/bench.h"
 #include "launch/cli.h"
 #include "launch/doctor.h"
+#include "launch/eval.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
 #include "launch/tokenize.h"
+#include "launch/train_checkpoint.h"
 #include "launch/train_loop.h"
 
 typedef struct command {
@@ -42,11 +44,13 @@ static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
     {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
+    {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", 0, cli_eval},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
      cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
@@ -83,6 +87,11 @@ static void print_unknown_command(const char *name) {
 
 static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   return dt_cli_bench(argc, argv, pg, err);
+}
+
+static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_eval(argc, argv, err);
 }
 
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {
@@ -180,6 +189,16 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
                    "every rank prints its progress (prefixed rank R:), not only rank 0",
                    .per_rank = true),
+      DT_STRING_FLAG("run-dir", &cfg.run_dir, "DIR",
+                     "run directory: config.json, train.log, checkpoints/step_NNNNNNNN/",
+                     .default_text = "runs/<model>-<data>-<time>"),
+      DT_INT_FLAG("save-every", &cfg.save_every, "N",
+                  "save a checkpoint every N optimizer steps (and always at the end), 0 = only "
+                  "at the end"),
+      DT_INT_FLAG("keep", &cfg.keep, "K", "keep the newest K complete checkpoints, 0 = all"),
+      DT_STRING_FLAG("resume", &cfg.resume, "auto|PATH",
+                     "continue from a checkpoint: auto = the newest complete one in --run-dir "
+                     "(none: start from scratch), or a checkpoint directory"),
   };
   dt_flag_set set = {
       .command = "train",
@@ -192,8 +211,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
           "trains with DDP: --batch per rank, global batch N x --batch. On GPUs,\n"
           "--device cuda gives each rank its own GPU (its local rank among\n"
           "CUDA_VISIBLE_DEVICES) and the gradients go over NCCL (--comm-backend).\n"
+          "Every run has a run directory (--run-dir) with its configuration, log and\n"
+          "checkpoints; --resume continues one. SIGTERM or SIGUSR1 on any rank: the ranks\n"
+          "stop after the current optimizer step, save a checkpoint and exit 75.\n"
           "Exit status: 0 on success, 1 when the run fails (dtrain: error: ...), 2 for a\n"
-          "bad command line.",
+          "bad command line, 75 after a stop requested by a signal.",
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
@@ -211,8 +233,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
             cfg.devices);
     return 2;
   }
+  if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.run_dir) {
+    fprintf(err,
+            "dtrain train: --resume auto looks for checkpoints in the run directory: give it "
+            "with --run-dir DIR\n");
+    return 2;
+  }
   if (dt_cli_check_env() != DT_OK)
     return 1;
+  cfg.run_dir_default = true;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
@@ -225,8 +254,12 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (rank != 0)
     snprintf(prefix, sizeof prefix, "rank %d: ", rank);
   cfg.log_prefix = prefix;
-  dt_status st = dt_train_run(&cfg, rank == 0 || verbose_ranks ? stdout : NULL, NULL);
-  return st == DT_OK ? 0 : 1;
+  dt_train_result result;
+  dt_train_ckpt_install_signal_handlers();
+  dt_status st = dt_train_run(&cfg, rank == 0 || verbose_ranks ? stdout : NULL, &result);
+  if (st != DT_OK)
+    return 1;
+  return result.stopped_by_signal ? DT_TRAIN_EXIT_STOPPED : 0;
 }
 
 /* Under a launcher, before MPI is up: this process's rank from the
@@ -309,6 +342,9 @@ static void run_in_group(const command *c, int argc, char **argv) {
     if (mem)
       err = mem;
   }
+  /* A stop requested during start-up counts too (after the first step). */
+  if (c->run == cli_train)
+    dt_train_ckpt_install_signal_handlers();
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.init_timeout_s = startup_timeout(argc, argv);
@@ -339,7 +375,7 @@ static void run_in_group(const command *c, int argc, char **argv) {
     dt_cli_print_error(stderr, prefix);
   }
   /* The other ranks may be waiting in a collective: end the whole job. */
-  if (rc != 0 && dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1) {
+  if (rc != 0 && rc != DT_TRAIN_EXIT_STOPPED && dt_pg_uses_mpi(pg) && dt_pg_world_size(pg) > 1) {
     fflush(stdout);
     dt_pg_abort(pg, rc);
   }

@@ -5,8 +5,6 @@
  * value per occurrence). DT_DATA_DIR comes from the environment table. */
 #include "launch/tokenize.h"
 
-#include "core/env.h"
-
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/env.h"
 #include "core/text.h"
 
 #define MAX_INPUTS 4096

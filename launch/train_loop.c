@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "launch/train_checkpoint.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
@@ -63,7 +65,10 @@ typedef struct train_state {
   dt_comm *comm; /* DDP (world > 1) */
   dt_ddp *ddp;
   int rank, world;
-  double first_loss; /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  double first_loss;     /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
+  dt_train_position pos; /* after the last optimizer step (or the resumed one) */
+  bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
 } train_state;
 
 static double now_seconds(void) {
@@ -429,6 +434,28 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
+/* The run directory, and the resumed state in every replica. */
+static dt_status checkpoint_open(const dt_train_config *c, train_state *s, FILE **log) {
+  dt_train_ckpt_run run = {.cfg = c,
+                           .comm = s->comm,
+                           .dev = s->dev,
+                           .rank = s->rank,
+                           .world = s->world,
+                           .train_samples = dt_dataset_length(s->train_set),
+                           .batches_per_epoch = s->batches_per_epoch,
+                           .schedule = &s->schedule};
+  run.n_replicas = s->dp ? s->n_replicas : 1;
+  for (int i = 0; i < run.n_replicas; i++) {
+    dt_replica *r = s->dp ? dt_dp_replica(s->dp, i) : s->replica;
+    run.models[i] = dt_replica_model(r);
+    run.opts[i] = dt_replica_optimizer(r);
+  }
+  DT_CHECK(dt_train_ckpt_open(&run, log, &s->pos, &s->ck));
+  if (s->pos.step > 0)
+    s->first_loss = s->pos.first_loss;
+  return DT_OK;
+}
+
 /* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact), on
  * the rank's device: an nccl communicator reduces GPU memory only. */
 static dt_status allreduce_sums(train_state *s, double *vals, int n) {
@@ -564,8 +591,8 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
  * `batches` micro-batches when the run's last optimizer step comes first;
  * *mean_loss = mean micro-batch loss over all ranks. samples/s in the
  * progress lines counts every rank's samples (world x this rank's). */
-static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, int64_t batches,
-                             FILE *log, double *mean_loss) {
+static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch, int64_t first,
+                             int64_t batches, FILE *log, double *mean_loss) {
   dt_status st = DT_OK;
   dt_tensor *x = NULL, *y = NULL, *loss_sum = NULL;
   double host_loss_sum = 0.0;
@@ -573,8 +600,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int64_t interval_batches = 0, interval_samples = 0, done_batches = 0;
   int group = 1;
 
-  DT_CHECK(dt_loader_start_epoch(s->loader, epoch - 1));
-  for (int64_t b = 0; b < batches; b++) {
+  DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
+  for (int64_t b = first; b < batches && !s->stopped; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
       break;
@@ -595,12 +622,15 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     dt_tensor_release(x);
     dt_tensor_release(y);
     x = y = NULL;
-    if (sync)
+    if (sync) {
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
+      s->pos = (dt_train_position){dt_optim_step_count(s->opt), epoch - 1, b + 1, s->first_loss};
+      DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
+    }
     done_batches++;
     interval_batches++;
 
-    bool last = (b + 1 == batches);
+    bool last = (b + 1 == batches) || s->stopped;
     bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
     if (log_now || last) {
       double sum;
@@ -618,7 +648,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   }
   /* A loader that ended early (fewer batches than announced) leaves a
    * partial accumulation group: finish it and step on it too. */
-  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < batches) {
+  if (done_batches > 0 && done_batches % c->accum != 0 && done_batches < batches - first &&
+      !s->stopped) {
     if (s->ddp || s->dp) {
       /* Its gradients were never reduced; every rank's loader announces
        * the same count, so this means the data changed under us. */
@@ -705,17 +736,23 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
+  DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
   log_header(log, cfg, &s);
 
   const char *metric = s.task->metric_name;
-  for (int epoch = 1; epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps; epoch++) {
+  for (int epoch = (int)s.pos.epoch + 1;
+       epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps && !s.stopped; epoch++) {
     double t0 = now_seconds();
-    /* The run's last optimizer step may come before the epoch's end. */
+    /* A resumed run starts inside its epoch; the run's last optimizer step
+     * may come before the epoch's end. */
+    int64_t first = epoch == s.pos.epoch + 1 ? s.pos.batch : 0;
     int64_t steps_left = s.total_steps - dt_optim_step_count(s.opt);
     int64_t batches = s.batches_per_epoch;
-    if (steps_left < s.steps_per_epoch)
-      batches = steps_left * cfg->accum;
-    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, batches, log, &r.train_loss), st, done);
+    if (steps_left < (s.batches_per_epoch - first + cfg->accum - 1) / cfg->accum)
+      batches = first + steps_left * cfg->accum;
+    DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, first, batches, log, &r.train_loss), st, done);
+    if (s.stopped)
+      break;
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
     /* The epoch's last optimizer step is seen by no training loss: a step
      * that made the parameters non-finite shows up here. */
@@ -730,14 +767,26 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
              r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
   }
+  if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
+    DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
+  DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
+  r.stopped_by_signal = dt_train_ckpt_stop_signal(s.ck);
   r.seconds = now_seconds() - start;
-  log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
+  if (r.stopped_by_signal)
+    log_line(log, cfg,
+             "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
+             "continue with --resume auto (and the same --run-dir)\n",
+             r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
+             dt_train_ckpt_last_saved(s.ck));
+  else
+    log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
   if (out)
     *out = r;
 done:
+  dt_train_ckpt_close(s.ck, &log);
   state_destroy(&s);
   return st;
 }

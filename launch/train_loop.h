@@ -109,6 +109,13 @@ typedef struct dt_train_config {
    * descriptions are compared across the ranks before the first step; a
    * difference fails every rank naming it. NULL = only the data sets. */
   const char *agreed_config;
+
+  /* Checkpoints (launch/train_checkpoint.h). */
+  const char *run_dir;  /* NULL = runs/<model>-<data>-<time> if run_dir_default, else none */
+  bool run_dir_default; /* `dtrain train`: always a run directory */
+  int save_every;       /* optimizer steps between checkpoints, 0 = only at the end */
+  int keep;             /* newest complete checkpoints kept, 0 = all */
+  const char *resume;   /* NULL, "auto" (newest in run_dir, if any) or a checkpoint directory */
 } dt_train_config;
 
 #define DT_TRAIN_MAX_DEVICES 64
@@ -182,6 +189,7 @@ typedef struct dt_train_result {
   double test_loss;        /* after the last epoch */
   double test_accuracy;    /* the task's metric (accuracy) after the last epoch, in [0, 1] */
   double seconds;          /* wall time of the whole run */
+  int stopped_by_signal;   /* SIGTERM/SIGUSR1 stopped the run after saving, 0 = ran to the end */
 } dt_train_result;
 
 /* Runs the configured job. Progress lines, one evaluation line per epoch and

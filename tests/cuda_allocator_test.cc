@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "cuda/block_pool.h"
 #include "cuda/cuda.h"
+#include "tests/device_util.h"
 
 namespace {
 
@@ -358,32 +359,25 @@ TEST(CudaAvailability, DoctorReportsWithoutAGpu) {
 
 // ---- on a GPU ----
 
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get({DT_DEVICE_CUDA, 0}, &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
-
-#define SKIP_WITHOUT_GPU()                           \
-  do {                                               \
-    std::string reason_ = NoGpuReason();             \
-    if (!reason_.empty())                            \
-      GTEST_SKIP() << "no CUDA device: " << reason_; \
-  } while (0)
-
 const dt_device kGpu = {DT_DEVICE_CUDA, 0};
 
-TEST(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
-  SKIP_WITHOUT_GPU();
+// cuda:0's backend (the test skips, saying why, without a GPU), its cache
+// emptied, and its statistics before the test in s0.
+class CudaAllocatorGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason = dtt::NoDeviceReason(kGpu);
+    if (!reason.empty())
+      GTEST_SKIP() << "no CUDA device: " << reason;
+    ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+    ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
+    ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+  }
   const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
-  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
-  dt_memory_stats s0;
-  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+  dt_memory_stats s0{};
+};
+
+TEST_F(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
   void *a = nullptr;
   ASSERT_EQ(DT_OK, ops->alloc(kGpu, 3 * MiB, &a)) << dt_last_error();
   dt_memory_stats s1;
@@ -402,13 +396,7 @@ TEST(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
   EXPECT_EQ(s2.reserved, s0.reserved);
 }
 
-TEST(CudaAllocatorGpu, CapOomAndRecovery) {
-  SKIP_WITHOUT_GPU();
-  const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
-  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
-  dt_memory_stats s0;
-  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+TEST_F(CudaAllocatorGpu, CapOomAndRecovery) {
   ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, s0.reserved + 64 * MiB));
   void *a = nullptr, *b = nullptr;
   ASSERT_EQ(DT_OK, ops->alloc(kGpu, 48 * MiB, &a)) << dt_last_error();
@@ -426,10 +414,7 @@ TEST(CudaAllocatorGpu, CapOomAndRecovery) {
   EXPECT_GE(s1.num_ooms, s0.num_ooms + 1);
 }
 
-TEST(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
-  SKIP_WITHOUT_GPU();
-  const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+TEST_F(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
   const size_t n = 1 << 20;
   float *h = nullptr, *back = nullptr;
   ASSERT_EQ(DT_OK, dt_cuda_pinned_alloc(n * sizeof(float), (void **)&h)) << dt_last_error();

@@ -26,6 +26,7 @@
 #include "core/tensor.h"
 #include "cuda/cuda.h"
 #include "models/models.h"
+#include "tests/device_util.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -35,25 +36,9 @@ using Vec = std::vector<float>;
 
 // cuda:0, or the device named by DT_TRAIN_STEP_TEST_DEVICE (e.g. "cpu": a
 // check of this harness itself, where both sides must agree exactly).
-dt_device TestDevice() {
-  dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = nullptr;
-  if (dt_env_string(DT_ENV_TRAIN_STEP_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_TRAIN_STEP_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
-  return d;
-}
+const dt_device kGpu = dtt::TestDevice(DT_ENV_TRAIN_STEP_TEST_DEVICE);
 
-const dt_device kGpu = TestDevice();
-
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get(kGpu, &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
+std::string NoGpuReason() { return dtt::NoDeviceReason(kGpu); }
 
 // How far the GPU may be from the CPU reference, by the dtype the step runs
 // in. Exact products (f32 with TF32 off) are held elementwise: `rtol`

@@ -3,6 +3,9 @@
 GTEST = "@system_libs//:gtest"
 GTEST_MAIN = "@system_libs//:gtest_main"
 
+# tests/dt_assert.h: ASSERT_DT_OK, for every suite.
+DT_ASSERT = "//tests:dt_assert"
+
 def dt_cc_test(name, deps = [], srcs_name = None, srcs = [], **kwargs):
     """A GoogleTest suite from <srcs_name or name>.cc (plus srcs) and tests/test_util."""
     native.cc_test(
@@ -11,9 +14,21 @@ def dt_cc_test(name, deps = [], srcs_name = None, srcs = [], **kwargs):
         deps = deps + [
             "//core",
             "//models",
+            DT_ASSERT,
             GTEST_MAIN,
         ],
         **kwargs
+    )
+
+def dt_test_library(name, deps, header_only = False):
+    """A helper library of the suites, <name>.h (and <name>.cc), for every test package."""
+    native.cc_library(
+        name = name,
+        testonly = True,
+        srcs = [] if header_only else [name + ".cc"],
+        hdrs = [name + ".h"],
+        visibility = ["//tests:__subpackages__"],
+        deps = deps,
     )
 
 def dt_lib_test(name, libs, srcs = None, size = "small", **kwargs):
@@ -22,7 +37,7 @@ def dt_lib_test(name, libs, srcs = None, size = "small", **kwargs):
         name = name,
         size = size,
         srcs = srcs or [name + ".cc"],
-        deps = libs + [GTEST_MAIN],
+        deps = libs + [DT_ASSERT, GTEST_MAIN],
         **kwargs
     )
 
@@ -32,7 +47,7 @@ def dt_gtest_binary(name, srcs, libs, **kwargs):
         name = name,
         testonly = True,
         srcs = srcs,
-        deps = libs + [GTEST],
+        deps = libs + [DT_ASSERT, GTEST],
         **kwargs
     )
 

@@ -33,6 +33,7 @@ lib_of() {
     module.* | nn.h | nn_* | param_arena.c) echo module ;;
     optim*) echo optim ;;
     step.*) echo step ;;
+    checkpoint.h | ckpt_*) echo checkpoint ;;
     data* | text.h) echo data ;;
     *) echo unknown ;;
   esac
@@ -48,6 +49,7 @@ allowed() { # library -> libraries it may include
     optim) echo "status backend tensor ops module optim" ;;
     data) echo "status backend tensor data" ;;
     step) echo "status backend tensor ops module optim step" ;;
+    checkpoint) echo "status backend tensor ops module optim checkpoint" ;;
   esac
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/test_util.h"
@@ -151,6 +152,56 @@ TEST(OpsForward, CrossEntropy) {
   ASSERT_EQ(dt_op_cross_entropy(logits, t_ign, DT_REDUCTION_NONE, -100, &y), DT_OK);
   ts.add(y);
   ExpectNear(ToVector(y), {l0, 0});
+}
+
+// Bytes of live CPU tensors.
+size_t CpuAllocated() {
+  dt_memory_stats m;
+  EXPECT_EQ(dt_memory_stats_get(DT_CPU, &m), DT_OK) << dt_last_error();
+  return m.allocated;
+}
+
+// The fused classifier keeps one (N, Vp) gradient buffer when it records a
+// node, none in evaluation, and with _consume it writes the gradient over
+// logits that nothing else holds; the gradients agree bit for bit.
+TEST(OpsForward, ClassifierLossBuffers) {
+  const int64_t n = 64, vp = 4096, classes = 4000;
+  const size_t logits_bytes = (size_t)(n * vp) * sizeof(float);
+  Tensors ts;
+  dt_tensor *target = ts.add(MakeIndexTensor(std::vector<int64_t>(n, 7), {n}));
+  std::vector<std::vector<float>> grads;
+  std::vector<float> losses;
+  for (int mode = 0; mode < 3; mode++) {  // plain, consume, evaluation
+    TensorRef x(RandomTensor({n, vp}, 11, mode < 2));
+    dt_tensor *logits = nullptr, *loss = nullptr;
+    if (mode == 2)
+      dt_no_grad_begin();
+    ASSERT_EQ(dt_op_scale(x.get(), 1.0f, &logits), DT_OK) << dt_last_error();
+    size_t before = CpuAllocated();
+    dt_status st = mode == 1 ? dt_op_classifier_loss_consume(&logits, target, classes, -100, &loss)
+                             : dt_op_classifier_loss(logits, target, classes, -100, &loss);
+    size_t grew = CpuAllocated() - before;
+    if (mode == 2)
+      dt_no_grad_end();
+    ASSERT_EQ(st, DT_OK) << dt_last_error();
+    TensorRef loss_ref(loss);
+    if (mode == 1) {
+      EXPECT_EQ(logits, nullptr) << "the caller's reference was taken over";
+    }
+    dt_tensor_release(logits);
+    if (mode == 0)
+      EXPECT_GE(grew, logits_bytes) << "a gradient buffer of its own";
+    else
+      EXPECT_LT(grew, logits_bytes / 8) << "no (N, Vp) buffer, mode " << mode;
+    losses.push_back(ToVector(loss)[0]);
+    if (mode < 2) {
+      ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+      grads.push_back(ToVector(dt_tensor_grad(x.get())));
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(grads[0], grads[1]);
 }
 
 TEST(OpsForward, CrossEntropyAllIgnoredIsNanWithZeroGradient) {

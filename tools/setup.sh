@@ -53,7 +53,7 @@ die() {
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
   openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist
-  slurmd slurmctld slurm-client iproute2 util-linux)
+  slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
 [ "$bench" = 1 ] && packages+=(python3-torch)
 
 fmnist_src=/usr/share/datasets/fashion-mnist

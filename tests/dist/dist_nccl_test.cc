@@ -210,13 +210,7 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
   cfg.comm.backend = DT_COMM_BACKEND_NCCL;
   dt_dp *dp = nullptr;
   DT_ASSERT_OK(dt_dp_create(devs.data(), n, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
-  for (int s = 0; s < steps; s++) {
-    dt_tensor *x, *y;
-    dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
-    DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  ASSERT_NO_FATAL_FAILURE(dtt::dp_train(dp, steps, batch));
   std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   double rel = dtt::rel_error(p0, ref);
   std::printf("data-parallel over %d GPU(s) via an NCCL clique: relative error %.3g\n", n, rel);

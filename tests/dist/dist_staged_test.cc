@@ -423,13 +423,7 @@ TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
   cfg.comm.backend = DT_COMM_BACKEND_MPI;  // host memory: the local communicator stages
   dt_dp *dp = nullptr;
   DT_ASSERT_OK(dt_dp_create(devs, 2, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
-  for (int s = 0; s < steps; s++) {
-    dt_tensor *x, *y;
-    dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
-    DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  ASSERT_NO_FATAL_FAILURE(dtt::dp_train(dp, steps, batch));
   std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   std::vector<float> p1 = dtt::arena_values(dtt::replica_arena(dp, 1));
   EXPECT_LE(dtt::rel_error(p0, ref), g_real ? 1e-4 : 1e-5);

@@ -25,12 +25,10 @@
 #include "dist/replica.h"
 #include "models/models.h"
 #include "models/tasks.h"
+#include "tests/dt_assert.h"
 
-#define DT_ASSERT_OK(expr)                                                                  \
-  do {                                                                                      \
-    dt_status s_ = (expr);                                                                  \
-    ASSERT_EQ(s_, DT_OK) << #expr << ": " << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
+// The dist suites' name for ASSERT_DT_OK (tests/dt_assert.h).
+#define DT_ASSERT_OK(expr) ASSERT_DT_OK(expr)
 
 namespace dtt {
 
@@ -115,6 +113,19 @@ inline dt_dp_config dp_config() {
   dt_dp_config c = DT_DP_CONFIG_DEFAULT;
   c.step.loss = dt_task_loss_cross_entropy;
   return c;
+}
+
+// `steps` data-parallel steps over the synthetic batches [s * batch,
+// (s + 1) * batch) (call under ASSERT_NO_FATAL_FAILURE).
+inline void dp_train(dt_dp *dp, int steps, int batch) {
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    dt_status st = dt_dp_step(dp, x, y, nullptr);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    ASSERT_DT_OK(st);
+  }
 }
 
 inline dt_param_arena *replica_arena(const dt_dp *dp, int i) {

@@ -13,7 +13,9 @@ set -uo pipefail
 unshare_test_files
 data_dir=$(find_data_dir fashion-mnist mnist) || exit 1
 # SOAK_DTRAIN: another build to soak (e.g. --config=asan's; see the note).
-[ -n "${SOAK_DTRAIN:-}" ] && dtrain=$(readlink -f "$SOAK_DTRAIN")
+if [ -n "${SOAK_DTRAIN:-}" ]; then
+  dtrain=$(find_file "$SOAK_DTRAIN") || { echo "soak_test: no $SOAK_DTRAIN" >&2; exit 1; }
+fi
 
 trials=${SOAK_TRIALS:-8}
 RANDOM=${SOAK_SEED:-$$}
@@ -43,7 +45,8 @@ for ((t = 1; t <= trials; t++)); do
   dir="$tmp/trial$t"
   mkdir -p "$dir"
   ln -sfn "$data_dir/fashion-mnist" "$dir/fashion-mnist"
-  common=(train --model lenet --max-steps 400 --log-interval 0 --comm-timeout "$timeout_s")
+  common=(train --model lenet --max-steps 400 --log-interval 0 --comm-timeout "$timeout_s"
+    --run-dir "$dir/run")
   # One app context per rank, so that one of them can differ.
   apps=()
   for ((r = 0; r < np; r++)); do
@@ -108,7 +111,14 @@ for ((t = 1; t <= trials; t++)); do
       drift) want="ranks were started with different settings: rank 0 has --lr" ;;
       data) want="ranks were started with different settings: rank 0 has data train" ;;
     esac
-    grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
+    # SIGTERM after the signal handlers are in: every rank stops after the
+    # step, saves a checkpoint and the job exits 75 (launch/train_checkpoint.h).
+    if [ "$fault" = term ] && [ "$rc" = 75 ]; then
+      grep -q "stopped by SIGTERM after optimizer step" "$dir/out" ||
+        problems+=("exit 75 without the stop line")
+    else
+      grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
+    fi
   fi
   sleep 0.5
   left=$(pgrep -f -- "--data-dir $dir( |/|$)" || true)

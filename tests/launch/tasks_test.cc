@@ -16,14 +16,9 @@
 #include "core/step.h"
 #include "launch/bench.h"
 #include "models/models.h"
+#include "tests/dt_assert.h"
 
 namespace {
-
-#define ASSERT_DT_OK(expr)                                                 \
-  do {                                                                     \
-    dt_status s_ = (expr);                                                 \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
 
 class Tasks : public ::testing::Test {
  protected:

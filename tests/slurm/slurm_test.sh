@@ -6,6 +6,8 @@
 #   two_nodes_srun      two "nodes" made of network namespaces joined by a
 #                       bridge, 2 tasks each, multi-node-srun.sbatch
 #   two_nodes_mpirun    the same nodes, multi-node-mpirun.sbatch
+#   preempt_requeue     preemptible.sbatch sent USR1: saves, requeues itself,
+#                       resumes to the bits of an uninterrupted job
 #
 # Each job trains LeNet-5 for a few steps with DDP; the test checks the job's
 # OUTPUT FILE (the header names the world size; the last line is
@@ -68,7 +70,7 @@ finish() {
 }
 
 if [ "$(id -u)" != 0 ]; then
-  for c in one_node_srun two_nodes_srun two_nodes_mpirun; do
+  for c in one_node_srun preempt_requeue two_nodes_srun two_nodes_mpirun; do
     record "$c" skip 0 "needs root to run slurmctld/slurmd as SlurmUser=root"
   done
   finish
@@ -213,7 +215,7 @@ cluster_fail() {
   for f in "$dir"/*.log; do
     [ -f "$f" ] && { echo "--- $f"; tail -20 "$f"; }
   done
-  for c in one_node_srun two_nodes_srun two_nodes_mpirun; do
+  for c in one_node_srun preempt_requeue two_nodes_srun two_nodes_mpirun; do
     record "$c" fail 0 "$why"
   done
   finish
@@ -293,6 +295,63 @@ run_job() {
 
 job_args=(train --model lenet --batch 32 --max-steps 100 --log-interval 50 --eval-batch 500)
 run_job one_node_srun 2 -p local -- "$scripts/one-node.sbatch" "${job_args[@]}"
+
+# ---- preemption: USR1, save, requeue, resume ---------------------------------
+# preemptible.sbatch gets USR1 once its first checkpoint is complete: the
+# ranks stop after their step and save, the script requeues the job, and the
+# requeued run resumes (--resume auto) to the same final parameters, bit for
+# bit, as the same training run uninterrupted (one-node.sbatch).
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+preempt_case() {
+  local steps=600 start id ref state restarts out
+  local args=(train --model mlp --batch 32 --max-steps $steps --log-interval 0 --save-every 100)
+  start=$(date +%s)
+  ref=$(cd "$dir/jobs" && sbatch --parsable -p local \
+    --export="ALL,DTRAIN=$dtrain,DT_DATA_DIR=$data_dir" "$scripts/one-node.sbatch" \
+    "${args[@]}" --run-dir "$dir/jobs/ref") || { record preempt_requeue fail 0 "sbatch failed"; return; }
+  id=$(cd "$dir/jobs" && sbatch --parsable -p local \
+    --export="ALL,DTRAIN=$dtrain,DT_DATA_DIR=$data_dir" "$scripts/preemptible.sbatch" \
+    "${args[@]}") || { record preempt_requeue fail 0 "sbatch failed"; return; }
+  ref=${ref%%;*} id=${id%%;*}
+  local run="$dir/jobs/runs/slurm-$id" signalled=0
+  for _ in $(seq 3000); do # at most 300 s
+    state=$(job_state "$id")
+    if [ "$signalled" = 0 ] && [ -f "$run/checkpoints/step_00000100/manifest.json" ]; then
+      scancel --signal=USR1 "$id" && signalled=1
+    fi
+    # A requeued job may wait for its begin time: let it start now.
+    if [ "$state" = PENDING ] && [ "$signalled" = 1 ]; then
+      scontrol update JobId="$id" StartTime=now >/dev/null 2>&1
+    fi
+    case "$state" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;; esac
+    sleep 0.1
+  done
+  for _ in $(seq 1500); do
+    case "$(job_state "$ref")" in PENDING | RUNNING | CONFIGURING | COMPLETING | "") sleep 0.1 ;; *) break ;; esac
+  done
+  restarts=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')
+  out="$dir/jobs/dtrain-$id.out"
+  echo "--- job $id (preempt_requeue): state $state, restarts ${restarts:-?}; $out:"
+  [ -f "$out" ] && cat "$out"
+  local final="checkpoints/step_$(printf %08d $steps)" secs=$(($(date +%s) - start))
+  if [ "$state" != COMPLETED ]; then
+    record preempt_requeue fail "$secs" "job $id ended in state '${state:-unknown}'"
+  elif [ "$signalled" != 1 ]; then
+    record preempt_requeue fail "$secs" "job $id finished before its first checkpoint was seen"
+  elif ! grep -q "stopped by SIGUSR1 after optimizer step" "$out"; then
+    record preempt_requeue fail "$secs" "job $id: no 'stopped by SIGUSR1' line after the signal"
+  elif ! grep -q "requeueing" "$out" || [ "${restarts:-0}" -lt 1 ]; then
+    record preempt_requeue fail "$secs" "job $id was not requeued (restarts ${restarts:-0})"
+  elif ! grep -q "resumed from .*step_" "$out"; then
+    record preempt_requeue fail "$secs" "job $id: the requeued run did not resume"
+  elif ! cmp "$run/$final/model.safetensors" "$dir/jobs/ref/$final/model.safetensors" ||
+    ! cmp "$run/$final/trainer_state.bin" "$dir/jobs/ref/$final/trainer_state.bin"; then
+    record preempt_requeue fail "$secs" "the final parameters differ from the uninterrupted job $ref"
+  else
+    record preempt_requeue pass "$secs" ""
+  fi
+}
+preempt_case
 
 if [ -n "$netns_reason" ]; then
   record two_nodes_srun skip 0 "$netns_reason"

@@ -1,0 +1,386 @@
+/* CUDA kernels of the fused causal self-attention (core/op_table.def:
+ * attention_forward / attention_backward), flash-attention 2 style in f32:
+ * the (T, T) scores of a head are never stored. Semantics follow the CPU
+ * reference (core/cpu_kernels_attention.c).
+ *
+ * Every kernel works on 32 x 32 tiles of (queries, keys) with 128 threads:
+ * warp w owns 8 rows of its tile; in the score phase lane l owns column l of
+ * the tile, in the accumulation phase lane l owns the head columns l, l+32,
+ * ... (HPL = ceil(hd / 32) of them, a template parameter: hd <= 128).
+ *   forward   grid (query tiles) x (b, h): online softmax over the key
+ *             tiles up to the diagonal; writes out and the row logsumexp.
+ *   backward  D = rowsum(dout * out); then dK, dV with a grid over key tiles
+ *             (each looping over the query tiles at or below the diagonal)
+ *             and dQ with a grid over query tiles (looping over the key
+ *             tiles), both recomputing P = exp(S - lse). Every gradient
+ *             element is summed by one thread in a fixed order: no atomics,
+ *             so the backward is deterministic.
+ * Shared tiles are (32, hd + 1) floats (the +1 keeps the lanes reading a
+ * column of a row-major tile on distinct banks); above 48 KiB the kernels
+ * opt in to the larger dynamic shared memory of the device. */
+#include <math.h>
+
+#include "cuda/kernels_common.cuh"
+
+#define ATT_TILE 32
+#define ATT_WARPS 4
+#define ATT_ROWS 8 /* rows per warp: ATT_TILE / ATT_WARPS */
+#define ATT_THREADS (32 * ATT_WARPS)
+#define ATT_MAX_HD 128
+
+/* The geometry of a launch: b sequences of t positions, h heads of hd. */
+struct att_dims {
+  int64_t b, t, h, hd, c, row; /* c = h * hd, row = 3c (qkv's row stride) */
+  int tiles;                   /* ceil(t / ATT_TILE) */
+  float scale;
+};
+
+/* Loads rows [r0, r0 + ATT_TILE) of a head's hd columns (rows `stride`
+ * apart; rows past t read as 0) into a (ATT_TILE, hd + 1) shared tile. */
+static __device__ __forceinline__ void load_tile(float *dst, const float *src, int64_t stride,
+                                                 int64_t r0, const att_dims &g) {
+  const int hd = (int)g.hd, ld = hd + 1;
+  for (int k = threadIdx.x; k < ATT_TILE * hd; k += blockDim.x) {
+    int r = k / hd, d = k - r * hd;
+    int64_t i = r0 + r;
+    dst[r * ld + d] = i < g.t ? src[i * stride + d] : 0.0f;
+  }
+}
+
+/* s[r] = row (warp * ATT_ROWS + r) of `rows` . row `lane` of `cols` (both
+ * (ATT_TILE, hd + 1) shared tiles): the warp's 8 x 32 block of scores. */
+static __device__ __forceinline__ void tile_dots(float (&s)[ATT_ROWS], const float *rows,
+                                                 const float *cols, int hd) {
+  const int ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float *own = rows + warp * ATT_ROWS * ld;
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++)
+    s[r] = 0.0f;
+  for (int d = 0; d < hd; d++) {
+    float c = cols[lane * ld + d];
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++)
+      s[r] += own[r * ld + d] * c;
+  }
+}
+
+/* acc[r][e] += sum over jj < n of w[r][jj] * tile[jj][lane + 32e]: the
+ * warp's rows times a shared tile (w is the warp's (ATT_ROWS, 32) weights). */
+template <int HPL>
+static __device__ __forceinline__ void accumulate_tile(float (&acc)[ATT_ROWS][HPL], const float *w,
+                                                       const float *tile, int n, int hd) {
+  const int ld = hd + 1, lane = threadIdx.x & 31;
+  for (int jj = 0; jj < n; jj++) {
+    float x[HPL];
+#pragma unroll
+    for (int e = 0; e < HPL; e++) {
+      int d = lane + 32 * e;
+      x[e] = d < hd ? tile[jj * ld + d] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+      float wr = w[r * 32 + jj];
+#pragma unroll
+      for (int e = 0; e < HPL; e++)
+        acc[r][e] += wr * x[e];
+    }
+  }
+}
+
+/* Row r0 + r (r < ATT_ROWS, below t) of dst (rows `stride` apart) =
+ * acc[r] * mul[r] (mul NULL: acc[r]). */
+template <int HPL>
+static __device__ __forceinline__ void store_rows(const float (&acc)[ATT_ROWS][HPL],
+                                                  const float *mul, float *dst, int64_t stride,
+                                                  int64_t r0, const att_dims &g) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++) {
+    if (r0 + r >= g.t)
+      continue;
+    float *row = dst + (r0 + r) * stride;
+#pragma unroll
+    for (int e = 0; e < HPL; e++) {
+      int d = lane + 32 * e;
+      if (d < g.hd)
+        row[d] = mul ? acc[r][e] * mul[r] : acc[r][e];
+    }
+  }
+}
+
+/* The number of rows of a tile starting at r0 that lie below t. */
+static __device__ __forceinline__ int rows_below(int64_t r0, int64_t t) {
+  return (int)(t - r0 < ATT_TILE ? t - r0 : ATT_TILE);
+}
+
+// qkv (b, t, 3c) -> out (b, t, c), lse (b, h, t) or NULL
+template <int HPL>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_forward_kernel(const float *qkv, float *out, float *lse, att_dims g) {
+  extern __shared__ float sm[];
+  const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float *sq = sm, *sk = sq + ATT_TILE * ld, *sv = sk + ATT_TILE * ld, *sp = sv + ATT_TILE * ld;
+  /* the heaviest tiles (most keys) first */
+  const int qt = g.tiles - 1 - (int)(blockIdx.x % g.tiles);
+  const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
+  const int64_t q0 = (int64_t)qt * ATT_TILE;
+  const float *base = qkv + bi * g.t * g.row + hi * hd;
+  load_tile(sq, base, g.row, q0, g);
+  float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][HPL];
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HPL; e++)
+      acc[r][e] = 0.0f;
+  }
+  float *wp = sp + warp * ATT_ROWS * 32; /* this warp's P (ATT_ROWS, 32) */
+  for (int kt = 0; kt <= qt; kt++) {
+    const int64_t k0 = (int64_t)kt * ATT_TILE;
+    __syncthreads(); /* the previous key tile is no longer read */
+    load_tile(sk, base + g.c, g.row, k0, g);
+    load_tile(sv, base + 2 * g.c, g.row, k0, g);
+    __syncthreads();
+    float s[ATT_ROWS];
+    tile_dots(s, sq, sk, hd);
+    const int64_t j = k0 + lane;
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+      const int64_t i = q0 + warp * ATT_ROWS + r;
+      const bool keep = j <= i && i < g.t; /* j <= i < t: j is a real key */
+      float x = keep ? s[r] * g.scale : -INFINITY;
+      float mx = fmaxf(m[r], dt_warp_max(x));
+      /* mx is -inf only for rows past t, which keep nothing */
+      float p = keep ? expf(x - mx) : 0.0f;
+      float alpha = mx == -INFINITY ? 1.0f : expf(m[r] - mx);
+      l[r] = l[r] * alpha + dt_warp_sum(p);
+      m[r] = mx;
+#pragma unroll
+      for (int e = 0; e < HPL; e++)
+        acc[r][e] *= alpha;
+      wp[r * 32 + lane] = p;
+    }
+    __syncwarp();
+    accumulate_tile<HPL>(acc, wp, sv, rows_below(k0, g.t), hd);
+    __syncwarp();
+  }
+  float inv[ATT_ROWS];
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++) {
+    const int64_t i = q0 + warp * ATT_ROWS + r;
+    inv[r] = 1.0f / l[r];
+    if (lse && lane == 0 && i < g.t)
+      lse[bh * g.t + i] = m[r] + logf(l[r]);
+  }
+  store_rows<HPL>(acc, inv, out + bi * g.t * g.c + hi * hd, g.c, q0 + warp * ATT_ROWS, g);
+}
+
+// out, dout (b, t, c) -> dsum (b, h, t) = rowsum over each head's columns of dout * out
+static __global__ void attention_rowdot_kernel(const float *out, const float *dout, float *dsum,
+                                               att_dims g) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const int64_t rows = g.b * g.h * g.t;
+  for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows; w += warps) {
+    int64_t bh = w / g.t, i = w - bh * g.t, bi = bh / g.h, hi = bh % g.h;
+    const int64_t off = (bi * g.t + i) * g.c + hi * g.hd;
+    float s = 0.0f;
+    for (int64_t d = lane; d < g.hd; d += 32)
+      s += dout[off + d] * out[off + d];
+    s = dt_warp_sum(s);
+    if (lane == 0)
+      dsum[w] = s;
+  }
+}
+
+// dQ of one query tile: dq = scale * sum_j dS_ij k_j over the key tiles <= the diagonal
+template <int HPL>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_backward_dq_kernel(const float *qkv, const float *lse, const float *dsum,
+                                 const float *dout, float *dqkv, att_dims g) {
+  extern __shared__ float sm[];
+  const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float *sq = sm, *sdo = sq + ATT_TILE * ld, *sk = sdo + ATT_TILE * ld, *sv = sk + ATT_TILE * ld,
+        *sds = sv + ATT_TILE * ld;
+  const int qt = g.tiles - 1 - (int)(blockIdx.x % g.tiles);
+  const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
+  const int64_t q0 = (int64_t)qt * ATT_TILE;
+  const float *base = qkv + bi * g.t * g.row + hi * hd;
+  load_tile(sq, base, g.row, q0, g);
+  load_tile(sdo, dout + bi * g.t * g.c + hi * hd, g.c, q0, g);
+  float li[ATT_ROWS], di[ATT_ROWS], dq[ATT_ROWS][HPL];
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++) {
+    const int64_t i = q0 + warp * ATT_ROWS + r;
+    li[r] = i < g.t ? lse[bh * g.t + i] : 0.0f;
+    di[r] = i < g.t ? dsum[bh * g.t + i] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < HPL; e++)
+      dq[r][e] = 0.0f;
+  }
+  float *wds = sds + warp * ATT_ROWS * 32;
+  for (int kt = 0; kt <= qt; kt++) {
+    const int64_t k0 = (int64_t)kt * ATT_TILE;
+    __syncthreads();
+    load_tile(sk, base + g.c, g.row, k0, g);
+    load_tile(sv, base + 2 * g.c, g.row, k0, g);
+    __syncthreads();
+    float s[ATT_ROWS], dp[ATT_ROWS];
+    tile_dots(s, sq, sk, hd);
+    tile_dots(dp, sdo, sv, hd);
+    const int64_t j = k0 + lane;
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+      const int64_t i = q0 + warp * ATT_ROWS + r;
+      float p = j <= i && i < g.t ? expf(s[r] * g.scale - li[r]) : 0.0f;
+      wds[r * 32 + lane] = p * (dp[r] - di[r]) * g.scale;
+    }
+    __syncwarp();
+    accumulate_tile<HPL>(dq, wds, sk, rows_below(k0, g.t), hd);
+    __syncwarp();
+  }
+  store_rows<HPL>(dq, NULL, dqkv + bi * g.t * g.row + hi * hd, g.row, q0 + warp * ATT_ROWS, g);
+}
+
+// dK, dV of one key tile: dv = sum_i P_ij dout_i, dk = scale * sum_i dS_ij q_i over the
+// query tiles >= the diagonal
+template <int HPL>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_backward_dkv_kernel(const float *qkv, const float *lse, const float *dsum,
+                                  const float *dout, float *dqkv, att_dims g) {
+  extern __shared__ float sm[];
+  const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float *sk = sm, *sv = sk + ATT_TILE * ld, *sq = sv + ATT_TILE * ld, *sdo = sq + ATT_TILE * ld,
+        *sp = sdo + ATT_TILE * ld, *sds = sp + ATT_TILE * 32, *sl = sds + ATT_TILE * 32,
+        *sd = sl + ATT_TILE;
+  /* the key tiles with the most queries (the first) first */
+  const int kt = (int)(blockIdx.x % g.tiles);
+  const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
+  const int64_t k0 = (int64_t)kt * ATT_TILE;
+  const float *base = qkv + bi * g.t * g.row + hi * hd, *gbase = dout + bi * g.t * g.c + hi * hd;
+  load_tile(sk, base + g.c, g.row, k0, g);
+  load_tile(sv, base + 2 * g.c, g.row, k0, g);
+  float dk[ATT_ROWS][HPL], dv[ATT_ROWS][HPL];
+#pragma unroll
+  for (int r = 0; r < ATT_ROWS; r++)
+#pragma unroll
+    for (int e = 0; e < HPL; e++)
+      dk[r][e] = dv[r][e] = 0.0f;
+  float *wp = sp + warp * ATT_ROWS * 32, *wds = sds + warp * ATT_ROWS * 32;
+  for (int qt = kt; qt < g.tiles; qt++) {
+    const int64_t q0 = (int64_t)qt * ATT_TILE;
+    __syncthreads();
+    load_tile(sq, base, g.row, q0, g);
+    load_tile(sdo, gbase, g.c, q0, g);
+    if (threadIdx.x < ATT_TILE) {
+      int64_t i = q0 + threadIdx.x;
+      sl[threadIdx.x] = i < g.t ? lse[bh * g.t + i] : 0.0f;
+      sd[threadIdx.x] = i < g.t ? dsum[bh * g.t + i] : 0.0f;
+    }
+    __syncthreads();
+    float s[ATT_ROWS], dp[ATT_ROWS];
+    tile_dots(s, sk, sq, hd); /* rows: the warp's keys; lanes: queries */
+    tile_dots(dp, sv, sdo, hd);
+    const int64_t i = q0 + lane; /* lane = query */
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+      const int64_t j = k0 + warp * ATT_ROWS + r;
+      float p = j <= i && i < g.t ? expf(s[r] * g.scale - sl[lane]) : 0.0f;
+      wp[r * 32 + lane] = p;
+      wds[r * 32 + lane] = p * (dp[r] - sd[lane]) * g.scale;
+    }
+    __syncwarp();
+    accumulate_tile<HPL>(dv, wp, sdo, rows_below(q0, g.t), hd);
+    accumulate_tile<HPL>(dk, wds, sq, rows_below(q0, g.t), hd);
+    __syncwarp();
+  }
+  float *drow = dqkv + bi * g.t * g.row + hi * hd;
+  store_rows<HPL>(dk, NULL, drow + g.c, g.row, k0 + warp * ATT_ROWS, g);
+  store_rows<HPL>(dv, NULL, drow + 2 * g.c, g.row, k0 + warp * ATT_ROWS, g);
+}
+
+/* The launch geometry, or an error for what the kernels do not cover. */
+static dt_status attention_dims(const char *op, int64_t b, int64_t t, int64_t h, int64_t hd,
+                                att_dims *g) {
+  if (hd > ATT_MAX_HD)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s: head size %lld: the CUDA kernels take heads of at most %d columns "
+                    "(use more heads, or the CPU)",
+                    op, (long long)hd, ATT_MAX_HD);
+  int64_t tiles = (t + ATT_TILE - 1) / ATT_TILE;
+  if (b * h * tiles > 0x7fffffff)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "%s: %lld sequences x %lld heads x %lld tiles is beyond one grid", op,
+                    (long long)b, (long long)h, (long long)tiles);
+  g->b = b, g->t = t, g->h = h, g->hd = hd, g->c = h * hd, g->row = 3 * h * hd;
+  g->tiles = (int)tiles;
+  g->scale = (float)(1.0 / sqrt((double)hd));
+  return DT_OK;
+}
+
+/* Launches kernel<HPL> for hd with `tile_floats` (ATT_TILE, hd + 1) tiles
+ * plus `extra` floats of dynamic shared memory. */
+template <typename... Params, typename... Args>
+static dt_status attention_launch(void (*const *kernels)(Params...), const att_dims &g,
+                                  int tiles_in_smem, int extra, cudaStream_t stream, Args... args) {
+  void (*kernel)(Params...) = kernels[(g.hd + 31) / 32 - 1];
+  size_t smem =
+      ((size_t)tiles_in_smem * ATT_TILE * (size_t)(g.hd + 1) + (size_t)extra) * sizeof(float);
+  if (smem > 48 * 1024)
+    DT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  unsigned blocks = (unsigned)(g.b * g.h * g.tiles);
+  kernel<<<blocks, ATT_THREADS, smem, stream>>>(args...);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_attention_forward(const dt_exec *ex, const float *qkv, float *out,
+                                               float *lse, int64_t b, int64_t t, int64_t h,
+                                               int64_t hd) {
+  if (b * t == 0)
+    return DT_OK;
+  att_dims g;
+  DT_CHECK(attention_dims("attention_forward", b, t, h, hd, &g));
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)ctx;
+  static void (*const kernels[4])(const float *, float *, float *, att_dims) = {
+      attention_forward_kernel<1>, attention_forward_kernel<2>, attention_forward_kernel<3>,
+      attention_forward_kernel<4>};
+  return attention_launch(kernels, g, 3, ATT_TILE * 32, stream, qkv, out, lse, g);
+}
+
+extern "C" dt_status dt_cuda_attention_backward(const dt_exec *ex, const float *qkv,
+                                                const float *out, const float *lse,
+                                                const float *dout, float *dqkv, int64_t b,
+                                                int64_t t, int64_t h, int64_t hd) {
+  if (b * t == 0)
+    return DT_OK;
+  att_dims g;
+  DT_CHECK(attention_dims("attention_backward", b, t, h, hd, &g));
+  DT_CUDA_EXEC(ex, ctx, stream);
+  float *dsum = NULL;
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(b * h * t) * sizeof(float), (void **)&dsum));
+  typedef void (*bwd_kernel)(const float *, const float *, const float *, const float *, float *,
+                             att_dims);
+  static const bwd_kernel dq[4] = {attention_backward_dq_kernel<1>, attention_backward_dq_kernel<2>,
+                                   attention_backward_dq_kernel<3>,
+                                   attention_backward_dq_kernel<4>};
+  static const bwd_kernel dkv[4] = {
+      attention_backward_dkv_kernel<1>, attention_backward_dkv_kernel<2>,
+      attention_backward_dkv_kernel<3>, attention_backward_dkv_kernel<4>};
+  dt_status st = DT_OK;
+  attention_rowdot_kernel<<<dt_grid_for(b * h * t * 32), DT_THREADS, 0, stream>>>(out, dout, dsum,
+                                                                                  g);
+  DT_CUDA_CHECK_GOTO(cudaGetLastError(), st, free_dsum);
+  DT_CHECK_GOTO(attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse,
+                                 (const float *)dsum, dout, dqkv, g),
+                st, free_dsum);
+  DT_CHECK_GOTO(attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse,
+                                 (const float *)dsum, dout, dqkv, g),
+                st, free_dsum);
+free_dsum:
+  dt_cuda_scratch_free(ctx, dsum);
+  return st;
+}

@@ -1,0 +1,589 @@
+/* The run directory, saving on a background thread, resuming, and the
+ * stop requested by SIGTERM/SIGUSR1 (see launch/train_checkpoint.h). */
+#define _GNU_SOURCE
+#include "launch/train_checkpoint.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/checkpoint.h"
+#include "dist/agree.h"
+#include "launch/train_checkpoint_internal.h"
+#include "launch/train_loop.h"
+
+/* The one piece of process state: a signal handler can only set a flag. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) { stop_requested = sig; }
+
+void dt_train_ckpt_install_signal_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* One checkpoint being written by the background thread. */
+typedef struct save_job {
+  char dir[4096];    /* .../checkpoints/step_NNNNNNNN */
+  char parent[4096]; /* .../checkpoints */
+  int64_t step;
+  int keep;
+  int n_shards;       /* ZeRO: optimizer.rank<R>.bin of every rank, written already */
+  double snapshot_ms; /* the training thread's part (the copies; ZeRO: the shard's file too) */
+  double write_ms;    /* the writer thread's */
+  dt_tensor_snapshot *weights;
+  dt_state_writer *state;
+  dt_status status;
+  char error[1024];
+} save_job;
+
+struct dt_train_ckpt {
+  dt_train_ckpt_run run;
+  char run_dir[4096];
+  char ckpt_dir[4096];
+  FILE *caller_log; /* the log before the tee */
+  FILE *file_log;   /* train.log (rank 0) */
+  FILE *tee;
+  pthread_t writer;
+  bool writer_running;
+  save_job *job;      /* in flight or finished, not yet collected */
+  int64_t saved_step; /* the newest step saved (or resumed from), -1 = none */
+  char last_saved[4096];
+  int stop_signal;
+};
+
+/* ---- the log: caller's stream and train.log ---- */
+static ssize_t tee_write(void *cookie, const char *buf, size_t size) {
+  dt_train_ckpt *ck = cookie;
+  if (ck->caller_log) {
+    fwrite(buf, 1, size, ck->caller_log);
+    fflush(ck->caller_log);
+  }
+  if (ck->file_log) {
+    fwrite(buf, 1, size, ck->file_log);
+    fflush(ck->file_log);
+  }
+  return (ssize_t)size;
+}
+
+static dt_status open_log(dt_train_ckpt *ck, FILE **log) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/train.log", ck->run_dir);
+  ck->file_log = fopen(path, "a");
+  if (!ck->file_log)
+    return DT_ERROR(DT_ERR_IO, "opening the run's log %s: %s", path, strerror(errno));
+  ck->caller_log = *log;
+  cookie_io_functions_t io = {NULL, tee_write, NULL, NULL};
+  ck->tee = fopencookie(ck, "w", io);
+  if (!ck->tee)
+    return DT_ERROR(DT_ERR_IO, "opening the run's log %s: %s", path, strerror(errno));
+  setvbuf(ck->tee, NULL, _IOLBF, 0);
+  *log = ck->tee;
+  return DT_OK;
+}
+
+static void log_msg(dt_train_ckpt *ck, FILE *log, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void log_msg(dt_train_ckpt *ck, FILE *log, const char *fmt, ...) {
+  if (!log)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  const char *prefix = ck && ck->run.cfg->log_prefix ? ck->run.cfg->log_prefix : "";
+  fputs(prefix, log);
+  vfprintf(log, fmt, ap);
+  va_end(ap);
+  fflush(log);
+}
+
+/* ---- saving ---- */
+/* Size and CRC32 of a file another rank wrote. */
+static dt_status file_entry(const char *dir, dt_ckpt_file_entry *e) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", dir, e->name);
+  void *buf = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_ckpt_read_file(path, &buf, &size));
+  e->size = size;
+  e->crc32 = dt_crc32(0, buf, size);
+  free(buf);
+  return DT_OK;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static void *writer_main(void *arg) {
+  save_job *j = arg;
+  double t0 = now_ms();
+  dt_ckpt_manifest m;
+  memset(&m, 0, sizeof m);
+  m.step = j->step;
+  dt_status st = dt_ckpt_make_dirs(j->dir);
+  char manifest[4200];
+  snprintf(manifest, sizeof manifest, "%s/%s", j->dir, DT_CKPT_MANIFEST);
+  if (st == DT_OK && unlink(manifest) != 0 && errno != ENOENT) /* a save of this step again */
+    st = DT_ERROR(DT_ERR_IO, "removing %s: %s", manifest, strerror(errno));
+  dt_ckpt_file_entry *w = &m.files[0], *s = &m.files[1];
+  snprintf(w->name, sizeof w->name, "%s", DT_CKPT_WEIGHTS_FILE);
+  snprintf(s->name, sizeof s->name, "%s", DT_CKPT_STATE_FILE);
+  m.n_files = 2;
+  if (st == DT_OK)
+    st = dt_tensor_snapshot_write_safetensors(j->weights, j->dir, DT_CKPT_WEIGHTS_FILE, &w->crc32,
+                                              &w->size);
+  if (st == DT_OK)
+    st = dt_state_writer_write(j->state, j->dir, DT_CKPT_STATE_FILE, &s->crc32, &s->size);
+  for (int r = 0; st == DT_OK && r < j->n_shards; r++) {
+    dt_ckpt_file_entry *e = &m.files[m.n_files++];
+    snprintf(e->name, sizeof e->name, "optimizer.rank%05d.bin", r);
+    st = file_entry(j->dir, e);
+  }
+  if (st == DT_OK)
+    st = dt_ckpt_manifest_write(j->dir, &m);
+  /* --keep: the newest K complete checkpoints stay. */
+  char names[256][64];
+  int n = 0, complete = 0;
+  if (st == DT_OK && j->keep > 0)
+    st = dt_ckpt_list(j->parent, names, 256, &n);
+  for (int i = 0; st == DT_OK && j->keep > 0 && i < n; i++) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", j->parent, names[i]);
+    snprintf(manifest, sizeof manifest, "%s/%s", dir, DT_CKPT_MANIFEST);
+    bool has_manifest = access(manifest, F_OK) == 0;
+    complete += has_manifest;
+    if ((has_manifest && complete > j->keep) || (!has_manifest && complete > 0))
+      st = dt_ckpt_remove(dir);
+  }
+  j->write_ms = now_ms() - t0;
+  j->status = st;
+  if (st != DT_OK)
+    snprintf(j->error, sizeof j->error, "saving checkpoint %s: %s", j->dir, dt_last_error());
+  return NULL;
+}
+
+static void job_destroy(save_job *j) {
+  if (!j)
+    return;
+  dt_tensor_snapshot_destroy(j->weights);
+  dt_state_writer_destroy(j->state);
+  free(j);
+}
+
+/* Waits for the checkpoint in flight; its failure is returned here. */
+static dt_status collect_writer(dt_train_ckpt *ck) {
+  if (ck->writer_running) {
+    pthread_join(ck->writer, NULL);
+    ck->writer_running = false;
+  }
+  save_job *j = ck->job;
+  ck->job = NULL;
+  if (!j)
+    return DT_OK;
+  dt_status st = j->status;
+  if (st != DT_OK)
+    dt_error_set(st, __func__, __FILE__, __LINE__, "%s", j->error);
+  else
+    snprintf(ck->last_saved, sizeof ck->last_saved, "%s", j->dir);
+  if (st == DT_OK && ck->tee) {
+    fprintf(ck->tee,
+            "%sdtrain train: checkpoint %s saved: training waited %.1f ms (the snapshot), the "
+            "files took %.1f ms in the background\n",
+            ck->run.cfg->log_prefix ? ck->run.cfg->log_prefix : "", j->dir, j->snapshot_ms,
+            j->write_ms);
+    fflush(ck->tee);
+  }
+  job_destroy(j);
+  return st;
+}
+
+static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos, char *buf,
+                           size_t cap) {
+  const dt_train_ckpt_run *r = &ck->run;
+  char config[4096];
+  dt_train_ckpt_config_lines(r, config, sizeof config);
+  size_t n = (size_t)snprintf(
+      buf, cap,
+      "format dtrain-trainer-state\nstep %lld\nepoch %lld\nbatch_in_epoch %lld\n"
+      "sample_in_epoch %lld\nworld %d\nper_rank_batch %d\nfirst_loss %a\nlr %a\n"
+      "rng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s",
+      (long long)pos->step, (long long)pos->epoch, (long long)pos->batch,
+      (long long)(pos->batch * dt_train_ckpt_global_batch(r)), r->world, r->cfg->batch,
+      pos->first_loss, (double)dt_optim_lr(r->opts[0]), (unsigned long long)r->cfg->seed,
+      (long long)pos->epoch, (unsigned long long)r->cfg->seed, config);
+  if (n >= cap)
+    return DT_ERROR(DT_ERR_INTERNAL, "trainer-state meta text too long");
+  return DT_OK;
+}
+
+/* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
+ * segments of the flat space (one, [0, total), without ZeRO), clipped to
+ * the model's parameters (ZeRO pads the arena's tail). */
+static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
+                                   size_t *size) {
+  int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
+  int64_t total = dt_module_parameter_count(ck->run.models[0]);
+  int n_seg = dt_optim_num_segments(opt);
+  uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
+  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
+  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
+                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  uint32_t kept = 0;
+  size_t used = 0;
+  for (int i = 0; st == DT_OK && i < n_seg; i++) {
+    dt_optim_segment g = dt_optim_segment_at(opt, i);
+    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
+    if (n <= 0)
+      continue;
+    segs[2 * kept] = (uint64_t)g.offset;
+    segs[2 * kept + 1] = (uint64_t)n;
+    kept++;
+    used += (size_t)n;
+  }
+  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
+    for (int i = 0, k = 0; i < n_seg; i++) {
+      dt_optim_segment g = dt_optim_segment_at(opt, i);
+      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
+        continue;
+      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
+      pos += (uint32_t)segs[2 * k + 1];
+      k++;
+    }
+  dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
+  (void)used;
+  if (st == DT_OK)
+    st = dt_ckpt_optim_section_encode(&shard, bytes, size);
+  free(state);
+  free(data);
+  free(segs);
+  return st;
+}
+
+static void step_dir(const dt_train_ckpt *ck, int64_t step, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/step_%08lld", ck->ckpt_dir, (long long)step);
+}
+
+/* Under ZeRO every rank writes its own shard, optimizer.rank<R>.bin
+ * (section "optimizer.rank<R>"), before rank 0's manifest can list it. */
+static dt_status write_own_shard(const dt_train_ckpt *ck, int64_t step) {
+  char dir[4200], name[64], section[DT_STATE_NAME_MAX];
+  step_dir(ck, step, dir, sizeof dir);
+  snprintf(name, sizeof name, "optimizer.rank%05d.bin", ck->run.rank);
+  snprintf(section, sizeof section, "optimizer.rank%d", ck->run.rank);
+  DT_CHECK(dt_ckpt_make_dirs(dir));
+  dt_state_writer *w = NULL;
+  void *bytes = NULL;
+  size_t size = 0;
+  dt_status st = dt_state_writer_create(&w);
+  if (st == DT_OK)
+    st = optimizer_section(ck, ck->run.opts[0], &bytes, &size);
+  if (st == DT_OK)
+    st = dt_state_writer_add(w, section, bytes, size);
+  if (st == DT_OK)
+    st = dt_state_writer_write(w, dir, name, NULL, NULL);
+  free(bytes);
+  dt_state_writer_destroy(w);
+  return st;
+}
+
+/* The snapshot (on this thread), then the files on the writer thread. */
+static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
+  DT_CHECK(collect_writer(ck));
+  save_job *j = calloc(1, sizeof *j);
+  if (!j)
+    return DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  dt_train_position p = *pos;
+  if (p.batch >= ck->run.batches_per_epoch) { /* the epoch is done: the next one's start */
+    p.epoch++;
+    p.batch = 0;
+  }
+  j->step = p.step;
+  j->keep = ck->run.cfg->keep;
+  snprintf(j->parent, sizeof j->parent, "%s", ck->ckpt_dir);
+  step_dir(ck, p.step, j->dir, sizeof j->dir);
+  j->n_shards = sharded && ck->run.comm && ck->run.world > 1 ? ck->run.world : 0;
+  char meta[8192];
+  void *bytes = NULL;
+  size_t size = 0;
+  dt_status st = meta_text(ck, &p, meta, sizeof meta);
+  if (st == DT_OK)
+    st = dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights);
+  if (st == DT_OK)
+    st = dt_state_writer_create(&j->state);
+  if (st == DT_OK)
+    st = dt_state_writer_add(j->state, "meta", meta, strlen(meta));
+  /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
+   * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
+   * files, written already. */
+  int parts = !sharded ? 1 : j->n_shards == 0 ? ck->run.n_replicas : 0;
+  for (int i = 0; st == DT_OK && i < parts; i++) {
+    char name[DT_STATE_NAME_MAX];
+    snprintf(name, sizeof name, sharded ? "optimizer.part%d" : "optimizer", i);
+    st = optimizer_section(ck, ck->run.opts[i], &bytes, &size);
+    if (st == DT_OK)
+      st = dt_state_writer_add(j->state, name, bytes, size);
+    free(bytes);
+    bytes = NULL;
+  }
+  if (st != DT_OK) {
+    job_destroy(j);
+    return dt_error_wrap(st, "checkpoint of step %lld", (long long)p.step);
+  }
+  int rc = pthread_create(&ck->writer, NULL, writer_main, j);
+  if (rc != 0) {
+    job_destroy(j);
+    return DT_ERROR(DT_ERR_INTERNAL, "cannot start the checkpoint writer thread: %s", strerror(rc));
+  }
+  ck->writer_running = true;
+  ck->job = j;
+  return DT_OK;
+}
+
+/* Sums a flag over the ranks (DDP), on the rank's device. */
+static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
+  if (!ck->run.comm || ck->run.world <= 1)
+    return DT_OK;
+  int64_t shape = 1;
+  dt_tensor *t = NULL;
+  DT_CHECK(dt_tensor_from_host(flag, &shape, 1, DT_DTYPE_F32, ck->run.dev, &t));
+  dt_status st = dt_comm_allreduce_sync(ck->run.comm, t, DT_REDUCE_SUM);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, flag, sizeof *flag);
+  dt_tensor_release(t);
+  return st;
+}
+
+static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
+
+/* A checkpoint of this step; every rank calls it (collective under ZeRO). */
+static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos) {
+  bool sharded = dt_optim_is_sharded(ck->run.opts[0]);
+  double t0 = now_ms();
+  if (sharded && ck->run.comm && ck->run.world > 1) {
+    /* The shards go to disk on this thread; every rank then knows all are
+     * there before rank 0's manifest can name them. */
+    dt_status st = write_own_shard(ck, pos->step);
+    float failed = st != DT_OK ? 1.0f : 0.0f;
+    dt_status cs = any_rank(ck, &failed);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "saving this rank's optimizer shard");
+    DT_CHECK(cs);
+    if (failed > 0)
+      return DT_ERROR(DT_ERR_IO, "another rank could not write its optimizer shard of step %lld",
+                      (long long)pos->step);
+  }
+  if (writes(ck)) {
+    DT_CHECK(start_save(ck, pos, sharded));
+    ck->job->snapshot_ms = now_ms() - t0; /* read by collect_writer, after the join */
+  }
+  ck->saved_step = pos->step;
+  return DT_OK;
+}
+
+dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop) {
+  *stop = false;
+  if (!ck)
+    return DT_OK;
+  float flag = stop_requested ? 1.0f : 0.0f;
+  DT_CHECK(any_rank(ck, &flag));
+  int every = ck->run.cfg->save_every;
+  if (flag > 0) {
+    ck->stop_signal = stop_requested ? (int)stop_requested : SIGTERM;
+    *stop = true;
+    return DT_OK; /* dt_train_ckpt_finish saves */
+  }
+  if (every > 0 && pos->step % every == 0)
+    DT_CHECK(save_checkpoint(ck, pos));
+  return DT_OK;
+}
+
+dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) {
+  if (!ck)
+    return DT_OK;
+  dt_status st = DT_OK;
+  if (ck->saved_step != pos->step)
+    st = save_checkpoint(ck, pos);
+  if (writes(ck)) {
+    dt_status w = collect_writer(ck);
+    if (st == DT_OK)
+      st = w;
+  }
+  /* Every rank learns whether rank 0 saved (and none exits before it has:
+   * mpirun ends a job whose rank exits with a non-zero status). */
+  float failed = st != DT_OK ? 1.0f : 0.0f;
+  dt_status cs = any_rank(ck, &failed);
+  if (st != DT_OK)
+    return st;
+  DT_CHECK(cs);
+  if (failed > 0)
+    return DT_ERROR(DT_ERR_IO, "rank 0 could not save the checkpoint of step %lld",
+                    (long long)pos->step);
+  return DT_OK;
+}
+
+int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck) { return ck ? ck->stop_signal : 0; }
+const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck) { return ck ? ck->last_saved : ""; }
+
+void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log) {
+  if (!ck)
+    return;
+  if (ck->writer_running)
+    pthread_join(ck->writer, NULL);
+  job_destroy(ck->job);
+  if (ck->tee) {
+    fclose(ck->tee);
+    *log = ck->caller_log;
+  }
+  if (ck->file_log)
+    fclose(ck->file_log);
+  free(ck);
+}
+
+/* rank 0's text of `len` bytes to every rank (DDP). */
+static dt_status broadcast_text(const dt_train_ckpt *ck, char *text, size_t len) {
+  if (!ck->run.comm || ck->run.world <= 1)
+    return DT_OK;
+  int64_t shape = (int64_t)len;
+  dt_tensor *t = NULL;
+  DT_CHECK(dt_tensor_from_host(text, &shape, 1, DT_DTYPE_U8, ck->run.dev, &t));
+  dt_status st = dt_comm_broadcast_sync(ck->run.comm, t, 0);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, text, len);
+  dt_tensor_release(t);
+  text[len - 1] = '\0';
+  return st;
+}
+
+static dt_status choose_run_dir(dt_train_ckpt *ck) {
+  const dt_train_config *c = ck->run.cfg;
+  char name[4096] = "";
+  if (c->run_dir) {
+    snprintf(name, sizeof name, "%s", c->run_dir);
+  } else if (ck->run.rank == 0) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(name, sizeof name, "runs/%s-%s-%s", c->model, c->data, stamp);
+  }
+  if (!c->run_dir)
+    DT_CHECK(broadcast_text(ck, name, sizeof name));
+  snprintf(ck->run_dir, sizeof ck->run_dir, "%s", name);
+  snprintf(ck->ckpt_dir, sizeof ck->ckpt_dir, "%s/checkpoints", name);
+  return DT_OK;
+}
+
+static dt_status write_config_json(const dt_train_ckpt *ck) {
+  const dt_train_ckpt_run *r = &ck->run;
+  const dt_train_config *c = r->cfg;
+  char buf[8192];
+  int n = snprintf(
+      buf, sizeof buf,
+      "{\n  \"model\": \"%s\",\n  \"data\": \"%s\",\n  \"data_dir\": \"%s\",\n"
+      "  \"device\": \"%s\",\n  \"mode\": \"%s\",\n  \"world\": %d,\n  \"batch\": %d,\n"
+      "  \"global_batch\": %lld,\n  \"accum\": %d,\n  \"epochs\": %d,\n  \"max_steps\": %d,\n"
+      "  \"schedule_steps\": %lld,\n  \"optimizer\": \"%s\",\n  \"lr\": %.9g,\n"
+      "  \"momentum\": %.9g,\n  \"nesterov\": %s,\n  \"weight_decay\": %.9g,\n"
+      "  \"schedule\": \"%s\",\n  \"warmup\": %d,\n  \"step_size\": %d,\n  \"gamma\": %.9g,\n"
+      "  \"min_lr\": %.9g,\n  \"clip\": %.9g,\n  \"seed\": %llu,\n  \"eval_batch\": %d,\n"
+      "  \"save_every\": %d,\n  \"keep\": %d,\n  \"resume\": \"%s\",\n  \"run_dir\": \"%s\"\n}\n",
+      c->model, c->data, c->data_dir, c->device, c->mode, r->world, c->batch,
+      (long long)dt_train_ckpt_global_batch(r), c->accum, c->epochs, c->max_steps,
+      (long long)r->schedule->total_steps, c->optimizer, (double)c->lr, (double)c->momentum,
+      c->nesterov ? "true" : "false", (double)c->weight_decay, c->schedule, c->warmup, c->step_size,
+      (double)c->gamma, (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed,
+      c->eval_batch, c->save_every, c->keep, c->resume ? c->resume : "", ck->run_dir);
+  if (n < 0 || (size_t)n >= sizeof buf)
+    return DT_ERROR(DT_ERR_INTERNAL, "config.json too long");
+  dt_ckpt_chunk chunk = {buf, (size_t)n};
+  return dt_ckpt_write_file(ck->run_dir, "config.json", &chunk, 1, NULL, NULL);
+}
+
+/* The checkpoint --resume names, the same on every rank. */
+static dt_status resume_dir(dt_train_ckpt *ck, FILE *log, char *dir, size_t cap) {
+  const char *resume = ck->run.cfg->resume;
+  bool is_auto = !strcmp(resume, "auto");
+  FILE *report = ck->run.rank == 0 ? log : NULL;
+  /* auto: the run's own checkpoints/ (which rank 0 may be creating now). */
+  dt_status st = is_auto ? dt_train_ckpt_newest(ck->ckpt_dir, report, dir, cap)
+                         : dt_train_ckpt_resolve(resume, report, dir, cap);
+  if (st != DT_OK)
+    return dt_error_wrap(st, "--resume %s", resume);
+  if (!dir[0] && !is_auto)
+    return DT_ERROR(DT_ERR_IO, "--resume %s: no complete checkpoint there", resume);
+  if (ck->run.comm && ck->run.world > 1) {
+    char line[4400];
+    snprintf(line, sizeof line, "resume from '%s'\n", dir);
+    DT_CHECK(dt_dist_agree_text(ck->run.comm, ck->run.dev, line, "chose different checkpoints",
+                                "every rank must see the same run directory (a shared file "
+                                "system)"));
+  }
+  return DT_OK;
+}
+
+dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_position *pos,
+                             dt_train_ckpt **out) {
+  *out = NULL;
+  memset(pos, 0, sizeof *pos);
+  const dt_train_config *c = run->cfg;
+  if (!c->run_dir && !c->run_dir_default)
+    return DT_OK;
+  if (c->resume && !strcmp(c->resume, "auto") && !c->run_dir)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--resume auto looks in the run directory: give it with --run-dir");
+  dt_train_ckpt *ck = calloc(1, sizeof *ck);
+  if (!ck)
+    return DT_ERROR(DT_ERR_OOM, "checkpoints: out of host memory");
+  ck->run = *run;
+  ck->saved_step = -1;
+  dt_status st = choose_run_dir(ck);
+  if (st == DT_OK && run->rank == 0) {
+    st = dt_ckpt_make_dirs(ck->ckpt_dir);
+    if (st == DT_OK)
+      st = write_config_json(ck);
+    if (st == DT_OK)
+      st = open_log(ck, log);
+  }
+  if (st == DT_OK)
+    log_msg(ck, *log, "dtrain train: run directory %s\n", ck->run_dir);
+  if (st == DT_OK && c->resume) {
+    char dir[4400];
+    st = resume_dir(ck, *log, dir, sizeof dir);
+    if (st == DT_OK && dir[0]) {
+      st = dt_train_ckpt_load(&ck->run, dir, pos);
+      if (st == DT_OK) {
+        ck->saved_step = pos->step;
+        log_msg(ck, *log,
+                "dtrain train: resumed from %s: optimizer step %lld, epoch %lld, micro-batch "
+                "%lld of the epoch\n",
+                dir, (long long)pos->step, (long long)pos->epoch + 1, (long long)pos->batch);
+      }
+    } else if (st == DT_OK) {
+      log_msg(ck, *log, "dtrain train: no checkpoint in %s yet: starting from scratch\n",
+              ck->ckpt_dir);
+    }
+  }
+  if (st != DT_OK) {
+    dt_train_ckpt_close(ck, log);
+    return st;
+  }
+  *out = ck;
+  return DT_OK;
+}

@@ -1,0 +1,138 @@
+/* The run directory and checkpoints of `dtrain train` (the files
+ * themselves: core/checkpoint.h).
+ *
+ *   <run dir>/config.json                     the resolved configuration
+ *   <run dir>/train.log                       rank 0's log lines
+ *   <run dir>/checkpoints/step_NNNNNNNN/      model.safetensors, trainer_state.bin, manifest.json
+ *
+ * The run directory is --run-dir, default runs/<model>-<data>-<UTC time>
+ * (rank 0's clock, the same on every rank). It must be on a file system
+ * every rank sees: each rank reads the checkpoint it resumes from.
+ *
+ * trainer_state.bin holds the sections
+ *   "meta"       text lines "key value": the position (optimizer step, epoch,
+ *                micro-batches of the epoch done, the global sample
+ *                position), world size and per-rank batch, the first loss
+ *                (divergence check), the RNG streams (the sampler's seed and
+ *                epoch, the model initialisation's seed; the models have no
+ *                other random state) and "config.*": what must match on
+ *                resume (model, data set and its size, optimizer and its
+ *                hyper-parameters, schedule and the steps it spans, accum,
+ *                clip, seed, global batch)
+ *   "optimizer"  the optimizer's moments as one shard [0, numel) of the flat
+ *                parameter space (dt_ckpt_optim_section_*); under ZeRO each
+ *                rank's shard becomes its own section "optimizer.rank<R>"
+ *                written by its owner, which the reader already assembles.
+ *
+ * Saving: after the optimizer step that --save-every names, at the end of
+ * the run, and when a stop was requested. Training waits only for the copy
+ * of the parameters and moments to host memory; a background thread writes
+ * the files (one checkpoint in flight: the next save waits for the
+ * previous), then removes all but the newest --keep. Rank 0 writes
+ * (everything is replicated).
+ *
+ * Resume (--resume auto|PATH): auto takes the newest complete checkpoint of
+ * the run directory (reporting and skipping corrupt or partial ones), or
+ * starts from scratch when there is none; PATH must be a complete
+ * checkpoint directory. The world size may differ when the global batch
+ * stays (--batch x ranks): the data position is a position in the global
+ * sample stream, which does not depend on the world size. Not exact across
+ * world sizes: the sum of the gradients is taken in another order (f32
+ * rounding), and an epoch whose length is not a multiple of the world size
+ * is padded differently by the DistributedSampler.
+ *
+ * Stopping: SIGTERM or SIGUSR1 on any rank sets a flag; after each
+ * optimizer step the ranks agree (one all-reduce) whether any rank got one,
+ * and if so all save, wait for the write and stop: dt_train_run returns
+ * DT_OK with stopped_by_signal set, and `dtrain train` exits
+ * DT_TRAIN_EXIT_STOPPED. */
+#ifndef DT_LAUNCH_TRAIN_CHECKPOINT_H
+#define DT_LAUNCH_TRAIN_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/module.h"
+#include "core/optim.h"
+#include "core/status.h"
+#include "dist/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* `dtrain train`'s exit status after a requested stop (SIGTERM/SIGUSR1)
+ * saved a checkpoint: EX_TEMPFAIL, "try again" (the Slurm scripts requeue). */
+#define DT_TRAIN_EXIT_STOPPED 75
+
+struct dt_train_config;
+
+/* What the checkpoint code sees of a run (borrowed). */
+typedef struct dt_train_ckpt_run {
+  const struct dt_train_config *cfg;
+  dt_module *models[64]; /* every replica (one, or dp's) */
+  dt_optimizer *opts[64];
+  int n_replicas;
+  dt_comm *comm; /* DDP, else NULL */
+  dt_device dev;
+  int rank, world;
+  int64_t train_samples;     /* the training set's size */
+  int64_t batches_per_epoch; /* this rank's micro-batches per epoch */
+  const dt_lr_schedule *schedule;
+} dt_train_ckpt_run;
+
+/* Where a run stands: after `step` optimizer steps, `batch` micro-batches of
+ * epoch `epoch` (0-based) are done. */
+typedef struct dt_train_position {
+  int64_t step;
+  int64_t epoch;
+  int64_t batch;
+  double first_loss;
+} dt_train_position;
+
+typedef struct dt_train_ckpt dt_train_ckpt;
+
+/* Installs the SIGTERM/SIGUSR1 handlers that request a stop. */
+void dt_train_ckpt_install_signal_handlers(void);
+
+/* Sets up the run directory (rank 0 creates it, writes config.json and
+ * opens train.log, which *log then also writes to) and resumes when asked:
+ * loads the weights and optimizer state into every replica and sets *pos
+ * (else *pos is the start). Collective under DDP. NULL cfg->run_dir and
+ * !cfg->run_dir_default: no run directory, no checkpoints (*out NULL). */
+dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_position *pos,
+                             dt_train_ckpt **out);
+
+/* After each optimizer step: whether a stop was requested on any rank
+ * (collective under DDP), and the save that --save-every or the stop calls
+ * for. *stop: the run should end now. NULL ck: no checkpoints, *stop false. */
+dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop);
+
+/* The end of the run: the final save (unless this step is saved already),
+ * then waits for the writer; every rank learns whether rank 0's writes
+ * succeeded (collective). */
+dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos);
+
+/* The signal that stopped the run (SIGTERM, SIGUSR1), 0 = none. */
+int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck);
+/* The last checkpoint saved (a directory), "" = none. */
+const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck);
+
+/* Waits for the writer, closes train.log; *log (from open) goes back to the
+ * caller's stream. NULL is a no-op. */
+void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log);
+
+/* A checkpoint to read: `path` itself when it holds a manifest, else the
+ * newest complete checkpoint of the run directory `path` (corrupt or
+ * partial ones are reported to `log` and skipped). Each candidate is
+ * verified (dt_ckpt_verify). */
+dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t cap);
+
+/* The meta value `key` of a checkpoint directory's trainer state. */
+dt_status dt_train_ckpt_meta(const char *ckpt_dir, const char *key, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

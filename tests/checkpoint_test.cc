@@ -1,0 +1,263 @@
+// core/checkpoint.h: CRC32, atomic files, safetensors, the trainer-state
+// file and the manifest; every damage is an error naming file and section.
+#include "core/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/models.h"
+
+namespace {
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/dt_ckpt_test_XXXXXX";
+  const char *base = getenv("TEST_TMPDIR");
+  std::string t = base ? std::string(base) + "/ckptXXXXXX" : tmpl;
+  std::vector<char> buf(t.begin(), t.end());
+  buf.push_back('\0');
+  EXPECT_NE(mkdtemp(buf.data()), nullptr);
+  return buf.data();
+}
+
+std::vector<unsigned char> ReadAll(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(f), {});
+}
+
+void WriteAll(const std::string &path, const std::vector<unsigned char> &b) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char *>(b.data()), (std::streamsize)b.size());
+}
+
+// A trainer-state file with sections "meta" and "optimizer".
+void WriteState(const std::string &dir) {
+  dt_state_writer *w = nullptr;
+  ASSERT_EQ(dt_state_writer_create(&w), DT_OK);
+  const char meta[] = "step 7\nepoch 0\n";
+  ASSERT_EQ(dt_state_writer_add(w, "meta", meta, sizeof meta - 1), DT_OK);
+  std::vector<float> m(100);
+  for (size_t i = 0; i < m.size(); i++)
+    m[i] = 0.5f * (float)i;
+  const uint64_t segs[4] = {0, 20, 20, 30};  // two segments covering [0, 50)
+  dt_ckpt_optim_shard sh = {50, 2, 2, segs, m.data()};
+  void *bytes = nullptr;
+  size_t size = 0;
+  ASSERT_EQ(dt_ckpt_optim_section_encode(&sh, &bytes, &size), DT_OK);
+  ASSERT_EQ(dt_state_writer_add(w, "optimizer", bytes, size), DT_OK);
+  free(bytes);
+  EXPECT_EQ(dt_state_writer_add(w, "meta", "x", 1), DT_ERR_INVALID_ARG);
+  ASSERT_EQ(dt_state_writer_write(w, dir.c_str(), "trainer_state.bin", nullptr, nullptr), DT_OK);
+  dt_state_writer_destroy(w);
+}
+
+TEST(Checkpoint, Crc32IsZlibs) {
+  EXPECT_EQ(dt_crc32(0, "123456789", 9), 0xcbf43926u);
+  EXPECT_EQ(dt_crc32(dt_crc32(0, "1234", 4), "56789", 5), 0xcbf43926u);
+}
+
+TEST(Checkpoint, WriteFileIsAtomicAndLeavesNoTemporary) {
+  std::string dir = TempDir();
+  dt_ckpt_chunk c[2] = {{"ab", 2}, {"cd", 2}};
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  ASSERT_EQ(dt_ckpt_write_file(dir.c_str(), "f", c, 2, &crc, &size), DT_OK);
+  EXPECT_EQ(size, 4u);
+  EXPECT_EQ(crc, dt_crc32(0, "abcd", 4));
+  auto got = ReadAll(dir + "/f");
+  EXPECT_EQ(std::string(got.begin(), got.end()), "abcd");
+  EXPECT_NE(access((dir + "/.f.tmp").c_str(), F_OK), 0);
+  // A directory that does not exist: an error naming it, nothing written.
+  EXPECT_EQ(dt_ckpt_write_file((dir + "/missing").c_str(), "f", c, 2, nullptr, nullptr), DT_ERR_IO);
+  EXPECT_NE(std::string(dt_last_error()).find("missing/.f.tmp"), std::string::npos);
+}
+
+TEST(Checkpoint, StateRoundTrip) {
+  std::string dir = TempDir();
+  WriteState(dir);
+  dt_state_file *f = nullptr;
+  ASSERT_EQ(dt_state_file_open((dir + "/trainer_state.bin").c_str(), &f), DT_OK) << dt_last_error();
+  const void *data = nullptr;
+  size_t size = 0;
+  ASSERT_EQ(dt_state_file_section(f, "meta", &data, &size), DT_OK);
+  char v[32];
+  ASSERT_EQ(dt_state_meta_get((const char *)data, size, "epoch", "meta", v, sizeof v), DT_OK);
+  EXPECT_STREQ(v, "0");
+  EXPECT_EQ(dt_state_meta_get((const char *)data, size, "lr", "f: meta", v, sizeof v),
+            DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("f: meta: the entry 'lr' is missing"),
+            std::string::npos);
+  ASSERT_EQ(dt_state_file_section(f, "optimizer", &data, &size), DT_OK);
+  dt_ckpt_optim_shard sh;
+  ASSERT_EQ(dt_ckpt_optim_section_decode(data, size, "opt", &sh), DT_OK);
+  EXPECT_EQ(sh.total, 50u);
+  EXPECT_EQ(sh.n_buffers, 2u);
+  ASSERT_EQ(sh.n_segments, 2u);
+  EXPECT_EQ(sh.segments[2], 20u);
+  EXPECT_EQ(sh.data[99], 49.5f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(sh.data) % 4, 0u);
+  EXPECT_EQ(dt_ckpt_optim_section_decode(data, size - 4, "opt", &sh), DT_ERR_FORMAT);
+  EXPECT_EQ(dt_state_file_section(f, "scaler", &data, &size), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("section 'scaler' is missing"), std::string::npos);
+  dt_state_file_close(f);
+}
+
+// Every cut point and a bit flip in every byte range: never accepted, and
+// the message names the file and the part that is wrong.
+TEST(Checkpoint, StateDamageNamesTheSection) {
+  std::string dir = TempDir();
+  WriteState(dir);
+  std::string path = dir + "/trainer_state.bin";
+  const auto good = ReadAll(path);
+  for (size_t cut = 0; cut < good.size(); cut += 7) {
+    WriteAll(path, std::vector<unsigned char>(good.begin(), good.begin() + (long)cut));
+    dt_state_file *f = nullptr;
+    ASSERT_EQ(dt_state_file_open(path.c_str(), &f), DT_ERR_FORMAT) << "cut at " << cut;
+    std::string e = dt_last_error();
+    EXPECT_NE(e.find(path), std::string::npos) << e;
+    EXPECT_TRUE(e.find("header") != std::string::npos || e.find("section '") != std::string::npos)
+        << e;
+  }
+  for (size_t at = 0; at < good.size(); at += 13) {
+    auto bad = good;
+    bad[at] ^= 0x04;
+    WriteAll(path, bad);
+    dt_state_file *f = nullptr;
+    dt_status st = dt_state_file_open(path.c_str(), &f);
+    ASSERT_NE(st, DT_OK) << "flip at " << at;
+    std::string e = dt_last_error();
+    bool in_optimizer = at > good.size() - 400 - 24 - 32;
+    if (in_optimizer)
+      EXPECT_NE(e.find("section 'optimizer': CRC32 mismatch"), std::string::npos) << e;
+    else
+      EXPECT_TRUE(e.find("header") != std::string::npos || e.find("section '") != std::string::npos)
+          << e;
+  }
+  WriteAll(path, good);
+}
+
+TEST(Checkpoint, SafetensorsRoundTripAndMismatch) {
+  std::string dir = TempDir();
+  dt_module *a = nullptr, *b = nullptr, *lenet = nullptr;
+  ASSERT_EQ(dt_model_create("mlp", 1, &a), DT_OK);
+  ASSERT_EQ(dt_model_create("mlp", 2, &b), DT_OK);
+  ASSERT_EQ(dt_model_create("lenet", 1, &lenet), DT_OK);
+  ASSERT_EQ(dt_safetensors_save_module(a, dir.c_str(), "model.safetensors", nullptr, nullptr),
+            DT_OK);
+  std::string path = dir + "/model.safetensors";
+  ASSERT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_OK) << dt_last_error();
+  for (int i = 0; i < dt_module_num_parameters(a); i++) {
+    const char *name = nullptr;
+    dt_tensor *ta = dt_module_parameter_at(a, i, &name);
+    dt_tensor *tb = dt_module_parameter_at(b, i, &name);
+    std::vector<float> va(dt_tensor_numel(ta)), vb(va.size());
+    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), va.size() * 4), DT_OK);
+    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), vb.size() * 4), DT_OK);
+    EXPECT_EQ(va, vb) << name;
+  }
+  // The header is standard: u64 length, then JSON naming dotted parameters.
+  auto bytes = ReadAll(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++)
+    n |= (uint64_t)bytes[i] << (8 * i);
+  std::string header(bytes.begin() + 8, bytes.begin() + 8 + (long)n);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_NE(header.find("\"1.weight\":{\"dtype\":\"F32\",\"shape\":[512,784]"), std::string::npos)
+      << header.substr(0, 300);
+  // Another model: the first tensor that differs is named.
+  EXPECT_NE(dt_safetensors_load_module(path.c_str(), lenet), DT_OK);
+  EXPECT_NE(std::string(dt_last_error()).find(path), std::string::npos);
+  // A flipped data byte names the tensor.
+  auto bad = bytes;
+  bad[bad.size() - 3] ^= 1;
+  WriteAll(path, bad);
+  EXPECT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("tensor 5.bias: CRC32 mismatch"), std::string::npos)
+      << dt_last_error();
+  // Truncated: named, never read past the end.
+  WriteAll(path, std::vector<unsigned char>(bytes.begin(), bytes.begin() + 100));
+  EXPECT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("header: truncated"), std::string::npos)
+      << dt_last_error();
+  WriteAll(path, std::vector<unsigned char>(bytes.begin(), bytes.end() - 20));
+  EXPECT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("tensor 5.bias"), std::string::npos)
+      << dt_last_error();
+  dt_module_destroy(a);
+  dt_module_destroy(b);
+  dt_module_destroy(lenet);
+}
+
+TEST(Checkpoint, ManifestMakesACheckpointExist) {
+  std::string dir = TempDir();
+  dt_module *m = nullptr;
+  ASSERT_EQ(dt_model_create("lenet", 3, &m), DT_OK);
+  dt_ckpt_manifest man = {};
+  man.step = 12;
+  man.n_files = 2;
+  snprintf(man.files[0].name, sizeof man.files[0].name, "model.safetensors");
+  snprintf(man.files[1].name, sizeof man.files[1].name, "trainer_state.bin");
+  ASSERT_EQ(dt_safetensors_save_module(m, dir.c_str(), man.files[0].name, &man.files[0].crc32,
+                                       &man.files[0].size),
+            DT_OK);
+  WriteState(dir);
+  auto state = ReadAll(dir + "/trainer_state.bin");
+  man.files[1].size = state.size();
+  man.files[1].crc32 = dt_crc32(0, state.data(), state.size());
+  dt_ckpt_manifest got;
+  EXPECT_EQ(dt_ckpt_verify(dir.c_str(), &got), DT_ERR_IO);  // no manifest yet
+  EXPECT_NE(std::string(dt_last_error()).find("no readable manifest"), std::string::npos);
+  ASSERT_EQ(dt_ckpt_manifest_write(dir.c_str(), &man), DT_OK);
+  ASSERT_EQ(dt_ckpt_verify(dir.c_str(), &got), DT_OK) << dt_last_error();
+  EXPECT_EQ(got.step, 12);
+  EXPECT_EQ(got.n_files, 2);
+  // A flipped bit in the optimizer section is found through the manifest.
+  auto bad = state;
+  bad[bad.size() - 10] ^= 0x80;
+  WriteAll(dir + "/trainer_state.bin", bad);
+  EXPECT_EQ(dt_ckpt_verify(dir.c_str(), &got), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("trainer_state.bin: section 'optimizer'"),
+            std::string::npos)
+      << dt_last_error();
+  // Truncated weights: the size says so, and which tensor is cut.
+  WriteAll(dir + "/trainer_state.bin", state);
+  auto w = ReadAll(dir + "/model.safetensors");
+  WriteAll(dir + "/model.safetensors", std::vector<unsigned char>(w.begin(), w.end() - 8));
+  EXPECT_EQ(dt_ckpt_verify(dir.c_str(), &got), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("the manifest says"), std::string::npos)
+      << dt_last_error();
+  // A truncated manifest is no manifest.
+  auto mf = ReadAll(dir + "/manifest.json");
+  WriteAll(dir + "/model.safetensors", w);
+  WriteAll(dir + "/manifest.json", std::vector<unsigned char>(mf.begin(), mf.begin() + 40));
+  EXPECT_EQ(dt_ckpt_verify(dir.c_str(), &got), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("manifest.json: malformed JSON"), std::string::npos)
+      << dt_last_error();
+  dt_module_destroy(m);
+}
+
+TEST(Checkpoint, ListNewestFirstAndRemove) {
+  std::string dir = TempDir();
+  for (const char *n : {"step_00000002", "step_00000010", "step_00000001", "other", "step_12"})
+    ASSERT_EQ(mkdir((dir + "/" + n).c_str(), 0755), 0);
+  char names[8][64];
+  int n = 0;
+  ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 8, &n), DT_OK);
+  ASSERT_EQ(n, 3);
+  EXPECT_STREQ(names[0], "step_00000010");
+  EXPECT_STREQ(names[2], "step_00000001");
+  ASSERT_EQ(dt_ckpt_remove((dir + "/step_00000010").c_str()), DT_OK);
+  ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 8, &n), DT_OK);
+  EXPECT_EQ(n, 2);
+  ASSERT_EQ(dt_ckpt_list((dir + "/none").c_str(), names, 8, &n), DT_OK);
+  EXPECT_EQ(n, 0);
+}
+
+}  // namespace
