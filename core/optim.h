@@ -52,6 +52,18 @@ void dt_optim_destroy(dt_optimizer *o);
  * DT_ERR_INVALID_ARG. */
 dt_status dt_optim_step(dt_optimizer *o);
 dt_status dt_optim_zero_grad(dt_optimizer *o);
+/* Weight decay per parameter (parameter groups, as PyTorch's): only the
+ * arena's parameters i with decay[i] != 0 are decayed, by the configured
+ * weight_decay; the others get none (GPT-2 decays its 2-D weights only:
+ * dt_optim_decay_matrices_only). n must be dt_param_arena_count
+ * (DT_ERR_INVALID_ARG otherwise); NULL restores decay for all. The update
+ * stays the fused kernel, run once per run of consecutive parameters that
+ * are alike within each segment (one run when all are). */
+dt_status dt_optim_set_decay_mask(dt_optimizer *o, const uint8_t *decay, int n);
+/* The mask of the parameters with at least 2 dims (weights, embeddings;
+ * not biases or norm gains). */
+dt_status dt_optim_decay_matrices_only(dt_optimizer *o);
+
 void dt_optim_set_lr(dt_optimizer *o, float lr);
 float dt_optim_lr(const dt_optimizer *o);
 int64_t dt_optim_step_count(const dt_optimizer *o);

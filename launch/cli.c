@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
+#include "models/tasks.h"
 
 const char *dt_cli_model_choices(void) {
   static char list[256];
@@ -19,9 +20,42 @@ const char *dt_cli_model_choices(void) {
   return list;
 }
 
+const char *dt_cli_data_choices(void) {
+  static char list[256];
+  if (!list[0]) {
+    size_t used = 0;
+    for (int t = 0; t < dt_task_count(); t++) {
+      const dt_task *task = dt_task_at(t);
+      for (int d = 0; d < task->n_data && used < sizeof list; d++) {
+        const char *name = task->data[d].name;
+        if (used > 0 && dt_flags_is_choice(name, list))
+          continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? "|" : "", name);
+      }
+    }
+  }
+  return list;
+}
+
+const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
+  const char *value = NULL;
+  size_t n = strlen(name);
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, n) != 0)
+      continue;
+    if (a[2 + n] == '\0' && i + 1 < argc)
+      value = argv[i + 1];
+    else if (a[2 + n] == '=')
+      value = a + 3 + n;
+  }
+  return value;
+}
+
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
-                                 "the network to train (mlp is 784-512-512-10, lenet is LeNet-5)",
+                                 "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "
+                                 "gpt2-* are GPT-2 language models)",
                                  dt_cli_model_choices());
 }
 
@@ -65,6 +99,31 @@ dt_flag dt_cli_flag_threads(int *target) {
   return (dt_flag)DT_INT_FLAG("threads", target, "N",
                               "CPU threads, 0 = all available cores (or DT_NUM_THREADS)", .min = 0,
                               .max = DT_CPU_MAX_THREADS, .per_rank = true);
+}
+
+dt_flag dt_cli_flag_ctx(int *target) {
+  return (dt_flag)DT_INT_FLAG("ctx", target, "T",
+                              "language models: context length (at most the model's), 0 = the "
+                              "model's own",
+                              .min = 0);
+}
+
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err) {
+  const dt_task *task = NULL;
+  if (ctx == 0 || dt_task_find(model, &task) != DT_OK) {
+    dt_clear_error();
+    return true;
+  }
+  if (task->max_context > 0 && ctx <= task->max_context)
+    return true;
+  if (task->max_context > 0)
+    fprintf(err, "dtrain %s: invalid value '%d' for --ctx: model %s's context is 1 to %lld\n",
+            command, ctx, model, (long long)task->max_context);
+  else
+    fprintf(err,
+            "dtrain %s: --ctx %d: model %s takes no sequence (--ctx is for the gpt2-* models)\n",
+            command, ctx, model);
+  return false;
 }
 
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {

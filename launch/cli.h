@@ -21,6 +21,14 @@ extern "C" {
 
 /* "lenet|mlp": the model registry's names (models/models.h), for --model. */
 const char *dt_cli_model_choices(void);
+/* "fashion-mnist|mnist|brown": every data set of the task table, for
+ * train's --data (which of them a model takes is checked at the start). */
+const char *dt_cli_data_choices(void);
+
+/* The value of `--name V` / `--name=V` in argv before any `--` (the last
+ * one given), or NULL: what train needs before it parses (--model decides
+ * the defaults the other flags start from). */
+const char *dt_cli_peek_flag(int argc, char **argv, const char *name);
 
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);
@@ -29,6 +37,12 @@ dt_flag dt_cli_flag_optimizer(const char **target, const char *help);
 dt_flag dt_cli_flag_data_dir(const char **target);
 dt_flag dt_cli_flag_device(const char **target);
 dt_flag dt_cli_flag_threads(int *target);
+/* --ctx T: a language model's context (0 = the model's own). */
+dt_flag dt_cli_flag_ctx(int *target);
+/* After parsing: --ctx `ctx` fits model `model` (a sequence task, T at
+ * most its context); otherwise prints "dtrain <command>: invalid value ..."
+ * to err and returns false (exit 2). An unknown model is left to the run. */
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
 /* --comm-backend: start *target at dt_cli_comm_backend_default()
  * (DT_COMM_BACKEND's value, or "auto") so that the help shows it; the flag

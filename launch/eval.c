@@ -34,21 +34,23 @@ static dt_status evaluate_checkpoint(const char *path, const char *data_dir, con
   dt_module *m = NULL;
   dt_dataset *test = NULL;
   double loss = 0, metric = 0;
-  DT_CHECK(task->build(0, &m));
+  DT_CHECK(task->build(task, 0, &m));
   char weights[4500];
   snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
   dt_status st = dt_module_to(m, dev);
   if (st == DT_OK)
     st = dt_safetensors_load_module(weights, m);
   if (st == DT_OK)
-    st = td->open(td, folder, "test", &test);
+    st = td->open(task, td, folder, task->eval_split, &test);
   if (st == DT_OK)
     st = dt_train_evaluate(task, m, test, batch, dev, &loss, &metric);
-  if (st == DT_OK)
-    printf(
-        "dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n"
-        "test_loss=%.4f test_%s=%.4f\n",
-        dir, model, data, step, loss, task->metric_name, metric);
+  if (st == DT_OK) {
+    printf("dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n%s_loss=%.4f", dir,
+           model, data, step, task->eval_split, loss);
+    if (task->metric)
+      printf(" %s_%s=%.4f", task->eval_split, task->metric_name, metric);
+    printf("\n");
+  }
   dt_dataset_destroy(test);
   dt_module_destroy(m);
   return st;

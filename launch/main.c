@@ -31,6 +31,7 @@
 #include "launch/tokenize.h"
 #include "launch/train_checkpoint.h"
 #include "launch/train_loop.h"
+#include "models/tasks.h"
 
 typedef struct command {
   const char *name;
@@ -140,10 +141,19 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
+  /* The model decides where the other flags start (a language model's
+   * optimizer, schedule, batch, steps); an unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK)
+    dt_train_apply_task_defaults(&cfg, task);
+  dt_clear_error();
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      DT_CHOICE_FLAG("data", &cfg.data, "NAME", "data set, a folder of that name under --data-dir",
-                     DT_CLI_DATA_SETS),
+      DT_CHOICE_FLAG("data", &cfg.data, "NAME",
+                     "data set, a folder of that name under --data-dir (the model's first by "
+                     "default)",
+                     dt_cli_data_choices()),
       dt_cli_flag_data_dir(&cfg.data_dir),
       DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
       DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
@@ -189,6 +199,29 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
                    "every rank prints its progress (prefixed rank R:), not only rank 0",
                    .per_rank = true),
+      dt_cli_flag_ctx(&cfg.ctx),
+      DT_FLOAT_FLAG("beta2", &cfg.beta2, "B", "adamw: decay of the squared-gradient average",
+                    .min = 0, .max = 0.999999),
+      DT_BOOL_FLAG("decay-matrices-only", &cfg.decay_matrices_only,
+                   "weight decay on weights of >= 2 dims only (not biases, norms)"),
+      DT_INT_FLAG("val-every", &cfg.val_every, "N",
+                  "evaluate on --val-batches every N optimizer steps, 0 = only at the end",
+                  .min = 0),
+      DT_INT_FLAG("val-batches", &cfg.val_batches, "N",
+                  "eval batches (of --eval-batch) the --val-every evaluations take, 0 = all",
+                  .min = 0),
+      DT_INT_FLAG("sample-every", &cfg.sample.every, "N",
+                  "text models: print a sample every N optimizer steps, 0 = at the end only",
+                  .min = 0),
+      DT_INT_FLAG("sample-len", &cfg.sample.length, "N",
+                  "text models: tokens per sample, 0 = no samples", .min = 0),
+      DT_FLOAT_FLAG("temperature", &cfg.sample.temperature, "T",
+                    "text models: sampling temperature, 0 = greedy", .min = 0),
+      DT_INT_FLAG("top-k", &cfg.sample.top_k, "K",
+                  "text models: sample among the K likeliest tokens, 0 = all", .min = 0),
+      DT_STRING_FLAG("prompt", &cfg.sample.prompt, "TEXT",
+                     "text models: the samples' beginning (default: <|endoftext|>)"),
+      DT_U64_FLAG("sample-seed", &cfg.sample.seed, "N", "text models: seed of the samples' draws"),
       DT_STRING_FLAG("run-dir", &cfg.run_dir, "DIR",
                      "run directory: config.json, train.log, checkpoints/step_NNNNNNNN/",
                      .default_text = "runs/<model>-<data>-<time>"),
@@ -219,6 +252,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
+  if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
+    return 2;
   bool dp = !strcmp(cfg.mode, "dp");
   if (dp && !cfg.devices) {
     fprintf(err,

@@ -17,6 +17,7 @@
 #include "core/step.h"
 #include "dist/dp.h"
 #include "launch/train_checkpoint.h"
+#include "launch/train_lm.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
@@ -38,12 +39,15 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 1.0f,
-                           .log_prefix = ""};
+                           .log_prefix = "",
+                           .beta2 = 0.999f,
+                           .sample = DT_SAMPLE_CONFIG_DEFAULT};
 }
 
 /* Everything one run owns, released in reverse order by state_destroy. */
 typedef struct train_state {
-  const dt_task *task;
+  const dt_task *task; /* &task_ctx */
+  dt_task task_ctx;    /* the table's, at the run's context (--ctx) */
   const dt_task_data *data;
   dt_device dev;
   dt_dataset *train_set;
@@ -107,10 +111,10 @@ static dt_status check_config(const dt_train_config *c) {
                     "epochs (%d), batch (%d), accum (%d) and eval_batch (%d) must be >= 1",
                     c->epochs, c->batch, c->accum, c->eval_batch);
   if (c->warmup < 0 || c->step_size < 0 || c->log_interval < 0 || c->max_steps < 0 ||
-      c->threads < 0)
+      c->threads < 0 || c->ctx < 0 || c->val_every < 0 || c->val_batches < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "warmup, step_size, log_interval, max_steps and threads "
-                    "must be >= 0");
+                    "warmup, step_size, log_interval, max_steps, threads, ctx, val_every and "
+                    "val_batches must be >= 0");
   if (c->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
                     c->threads, DT_CPU_MAX_THREADS);
@@ -195,7 +199,8 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
 }
 
 static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
-  return (dt_optimizer_spec){c->optimizer, c->lr, c->momentum, c->weight_decay, c->nesterov};
+  return (dt_optimizer_spec){c->optimizer, c->lr,    c->momentum,           c->weight_decay,
+                             c->nesterov,  c->beta2, c->decay_matrices_only};
 }
 
 static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t cap) {
@@ -262,7 +267,7 @@ static dt_status agreement_text(const dt_train_config *c, const train_state *s, 
 static dt_status build_replica(const dt_train_config *c, train_state *s) {
   dt_module *model = NULL;
   dt_optimizer_spec os = optimizer_spec(c);
-  DT_CHECK(s->task->build(c->seed, &model));
+  DT_CHECK(s->task->build(s->task, c->seed, &model));
   DT_CHECK(
       dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
   if (s->world > 1) {
@@ -288,7 +293,7 @@ typedef struct model_source {
 static dt_status build_dp_model(void *user, int replica, dt_module **out) {
   (void)replica;
   const model_source *src = user;
-  return src->task->build(src->seed, out);
+  return src->task->build(src->task, src->seed, out);
 }
 
 /* Data-parallel mode: one replica per device of --devices (dist/dp.h). */
@@ -338,10 +343,10 @@ static dt_status check_task_input(const dt_train_config *c, const train_state *s
     return DT_ERROR(DT_ERR_SHAPE, "data set %s has samples of shape %s, but model %s takes %s",
                     c->data, format_shape(shape, ndim, have, sizeof have), t->name,
                     format_shape(t->input_shape, t->input_ndim, want, sizeof want));
-  if (t->input_dtype != DT_DTYPE_F32)
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "model %s takes %s inputs, but the data loader gives f32 samples", t->name,
-                    dt_dtype_name(t->input_dtype));
+  dt_dtype given = dt_dataset_layout(s->train_set)->input_dtype;
+  if (t->input_dtype != given)
+    return DT_ERROR(DT_ERR_UNSUPPORTED, "model %s takes %s inputs, but data set %s gives %s",
+                    t->name, dt_dtype_name(t->input_dtype), c->data, dt_dtype_name(given));
   return DT_OK;
 }
 
@@ -382,8 +387,8 @@ static dt_status data_create(const dt_train_config *c, train_state *s) {
   char folder[4096];
   DT_CHECK(data_folder(c, folder, sizeof folder));
 
-  DT_CHECK(s->data->open(s->data, folder, "train", &s->train_set));
-  DT_CHECK(s->data->open(s->data, folder, "test", &s->test_set));
+  DT_CHECK(s->data->open(s->task, s->data, folder, "train", &s->train_set));
+  DT_CHECK(s->data->open(s->task, s->data, folder, s->task->eval_split, &s->test_set));
   DT_CHECK(check_task_input(c, s));
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -423,7 +428,12 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   DT_CHECK(check_comm_backend(c, s->dev));
   if (c->threads > 0)
     dt_cpu_set_num_threads(c->threads);
-  DT_CHECK(dt_task_find(c->model, &s->task));
+  const dt_task *found = NULL;
+  DT_CHECK(dt_task_find(c->model, &found));
+  s->task_ctx = *found;
+  if (c->ctx > 0)
+    DT_CHECK(dt_task_with_context(found, c->ctx, &s->task_ctx));
+  s->task = &s->task_ctx;
   DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
   DT_CHECK(data_create(c, s));
   DT_CHECK(plan_steps(c, s));
@@ -579,12 +589,45 @@ static void log_progress(FILE *log, const dt_train_config *c, train_state *s, in
   char in_flight[48] = "";
   if (rm.gradients_in_flight > 0)
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
+  char extra[96];
+  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, extra,
+                           sizeof extra);
   log_line(log, c,
-           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
+           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
            "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
-           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
+           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s, extra,
            mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
            in_flight);
+}
+
+static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
+                                double *loss, double *metric);
+
+/* After optimizer step `step` (not the run's last, which the evaluation
+ * and the samples at the end cover): the evaluation on the first
+ * --val-batches of the eval split every --val-every steps, a sample every
+ * --sample-every. *seconds gets the time they took (not training time). */
+static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log, double *seconds) {
+  int64_t step = dt_optim_step_count(s->opt);
+  double t0 = now_seconds();
+  *seconds = 0.0;
+  if (step >= s->total_steps)
+    return DT_OK;
+  if (c->val_every > 0 && step % c->val_every == 0) {
+    double loss = 0.0, metric = 0.0;
+    DT_CHECK(evaluate_first(c, s, (int64_t)c->val_batches * c->eval_batch, &loss, &metric));
+    char name[64];
+    snprintf(name, sizeof name, "%s_loss", s->task->eval_split);
+    if (s->task->metric)
+      log_line(log, c, "step %lld %s=%.4f %s_%s=%.4f\n", (long long)step, name, loss,
+               s->task->eval_split, s->task->metric_name, metric);
+    else
+      log_line(log, c, "step %lld %s=%.4f\n", (long long)step, name, loss);
+  }
+  if (c->sample.every > 0 && step % c->sample.every == 0)
+    DT_CHECK(dt_train_log_sample(log, c, s->task, s->model, s->dev, (long long)step));
+  *seconds = now_seconds() - t0;
+  return DT_OK;
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -626,6 +669,9 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
       s->pos = (dt_train_position){dt_optim_step_count(s->opt), epoch - 1, b + 1, s->first_loss};
       DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
+      double aside = 0.0;
+      DT_CHECK_GOTO(after_step(c, s, log, &aside), st, fail);
+      interval_start += aside;
     }
     done_batches++;
     interval_batches++;
@@ -675,17 +721,23 @@ fail:
   return st;
 }
 
-/* Test loss and metric over the whole test set: each rank its shard. */
-static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
+/* Test loss and metric over the first `first` samples of the test (or
+ * validation) set, 0 = all of it: each rank its shard. */
+static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
+                                double *loss, double *metric) {
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
-  DT_CHECK(dt_train_evaluate_shard(s->task, s->model, s->test_set, c->eval_batch, s->dev, s->rank,
-                                   s->world, &sums[0], &sums[1], &count));
+  DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
+                                   s->rank, s->world, &sums[0], &sums[1], &count));
   sums[2] = (double)count;
   DT_CHECK(allreduce_sums(s, sums, 3));
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
   *metric = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
   return DT_OK;
+}
+
+static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
+  return evaluate_first(c, s, 0, loss, metric);
 }
 
 /* "nccl", "mpi", or "mpi (host-staged)" for device tensors over mpi. */
@@ -738,8 +790,9 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
   DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
   log_header(log, cfg, &s);
+  dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
 
-  const char *metric = s.task->metric_name;
+  const char *split = s.task->eval_split;
   for (int epoch = (int)s.pos.epoch + 1;
        epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps && !s.stopped; epoch++) {
     double t0 = now_seconds();
@@ -764,17 +817,24 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
-    log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
-             r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
+    char metric[64] = "";
+    if (s.task->metric)
+      snprintf(metric, sizeof metric, " %s_%s=%.4f", split, s.task->metric_name, r.test_accuracy);
+    log_line(log, cfg, "epoch %d train_loss=%.4f %s_loss=%.4f%s time=%.1fs\n", epoch, r.train_loss,
+             split, r.test_loss, metric, now_seconds() - t0);
   }
   if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
+  if (!s.stopped)
+    DT_CHECK_GOTO(dt_train_log_sample(log, cfg, s.task, s.model, s.dev, 0), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
   DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
   r.stopped_by_signal = dt_train_ckpt_stop_signal(s.ck);
   r.seconds = now_seconds() - start;
+  r.result = s.task->result == DT_TASK_RESULT_LOSS ? r.test_loss : r.test_accuracy;
+  char name[64];
   if (r.stopped_by_signal)
     log_line(log, cfg,
              "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
@@ -782,7 +842,7 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
              r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
              dt_train_ckpt_last_saved(s.ck));
   else
-    log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
+    log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
 done:

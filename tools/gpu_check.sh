@@ -474,18 +474,30 @@ PYEOF
       echo '| model | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
       echo '|---|---|---|---|'
     } >>"$logs/extra.md"
-    for config in "mlp 128" "lenet 64"; do
-      read -r model batch <<<"$config"
+    # GPT-2: the LM's step (AdamW, clipping) at its context; 124M at T 1024.
+    for config in "mlp 128 300 20" "lenet 64 300 20" \
+      "gpt2-tiny 16 100 10 --ctx 64 --optimizer adamw" "gpt2 4 20 3 --ctx 1024 --optimizer adamw"; do
+      read -r model batch n warm extra <<<"$config"
+      # shellcheck disable=SC2086 # $extra is a list of flags
       step "bench_dtrain_$model" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
-        --steps 300 --warmup 20 --device cuda:0
+        --steps "$n" --warmup "$warm" --device cuda:0 $extra
+      # shellcheck disable=SC2086
       step "bench_torch_$model" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
-        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps 300 --warmup 20 \
-        --device cuda
+        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps "$n" --warmup "$warm" \
+        --device cuda $extra
       ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$model.log" 2>/dev/null)
       theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$model.log" 2>/dev/null)
       ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
       echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
     done
+    {
+      echo
+      echo '## GPT-2 on cuda:0: tokens/s and MFU (6 N + 12 L T C over the table peak, launch/mfu.h)'
+      echo
+      echo '```'
+      grep -h 'tokens_per_s=\|^flops:' "$logs"/bench_dtrain_gpt2*.log 2>/dev/null
+      echo '```'
+    } >>"$logs/extra.md"
   else
     summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
   fi

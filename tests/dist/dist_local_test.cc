@@ -517,27 +517,13 @@ dtt::StepRun run_zero(int world, const dtt::StepSpec &spec) {
 // with gradient accumulation, with clipping, with AdamW; small buckets so
 // that buckets split parameters.
 TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
-  struct Case {
-    const char *model;
-    int accum;
-    float clip;
-    bool adamw;
-  };
-  const Case cases[] = {{"mlp", 1, 0.0f, false},
-                        {"lenet", 2, 0.05f, false},
-                        {"mlp", 2, 0.5f, true},
-                        {"lenet", 1, 0.0f, true}};
-  for (const Case &c : cases) {
+  const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false},
+                                 {"lenet", 2, 0.05f, false},
+                                 {"mlp", 2, 0.5f, true},
+                                 {"lenet", 1, 0.0f, true}};
+  for (const dtt::ZeroCase &c : cases) {
     for (int world : {2, 3}) {
-      dtt::StepSpec spec;
-      spec.model = c.model;
-      spec.steps = 4;
-      spec.per_rank = 4;
-      spec.accum = c.accum;
-      spec.clip = c.clip;
-      spec.adamw = c.adamw;
-      spec.ddp.first_bucket_bytes = 20000;  // not a parameter boundary
-      spec.ddp.bucket_bytes = 300000;
+      dtt::StepSpec spec = dtt::zero_case_spec(c);
       std::vector<float> ref = dtt::train_steps(nullptr, world, spec).params;
       std::vector<float> stage0;
       for (int stage : {0, 1, 2}) {
@@ -628,6 +614,15 @@ TEST_F(DistLocal, DataParallelMlpEqualsOneDevice) {
 TEST_F(DistLocal, DataParallelLenetEqualsOneDevice) {
   check_dp_equals_one_device("lenet", 2, 12);
   check_dp_equals_one_device("lenet", 3, 12);
+}
+
+// Token windows split across the replicas; the tied embedding's gradient
+// (two uses) reduced like any other.
+TEST_F(DistLocal, DataParallelTinyGptEqualsOneDevice) {
+  const int steps = 5;
+  std::vector<float> ref = dtt::train_reference("gpt2-micro", steps, 6);
+  check_dp_equals(ref, "gpt2-micro", 2, steps, 6, dtt::dp_config(), dtt::make_token_batch);
+  check_dp_equals(ref, "gpt2-micro", 3, steps, 6, dtt::dp_config(), dtt::make_token_batch);
 }
 
 // ZeRO in data-parallel mode: every replica updates its shard and the

@@ -70,7 +70,47 @@ inline void make_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y) {
   dt_tensor_from_host(ys.data(), yshape, 1, DT_DTYPE_I32, DT_CPU, y);
 }
 
+// "gpt2-micro": a GPT-2 small enough for the equivalence tests (2 layers,
+// 2 heads, C 16, context kGptCtx, kGptVocab tokens padded to 40), its LM
+// head tied to the token embedding as in every GPT-2.
+constexpr int kGptVocab = 37, kGptCtx = 8;
+inline bool is_gpt(const std::string &model) { return model == "gpt2-micro"; }
+
+// Token windows [first, first + n) of an endless synthetic text: inputs
+// (n, kGptCtx) i32 in [0, kGptVocab), targets the next tokens (n, kGptCtx).
+inline void make_token_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y) {
+  std::vector<int32_t> xs(static_cast<size_t>(n) * kGptCtx), ys(xs.size());
+  for (int64_t i = 0; i < n; i++)
+    for (int t = 0; t <= kGptCtx; t++) {
+      uint64_t pos = static_cast<uint64_t>(first + i) * (kGptCtx + 1) + static_cast<uint64_t>(t);
+      int32_t tok = static_cast<int32_t>(dt_rng_bits(77, pos) % kGptVocab);
+      size_t k = static_cast<size_t>(i) * kGptCtx + static_cast<size_t>(t);
+      if (t < kGptCtx)
+        xs[k] = tok;
+      if (t > 0)
+        ys[k - 1] = tok;
+    }
+  int64_t shape[2] = {n, kGptCtx};
+  *x = nullptr;
+  *y = nullptr;
+  dt_tensor_from_host(xs.data(), shape, 2, DT_DTYPE_I32, DT_CPU, x);
+  dt_tensor_from_host(ys.data(), shape, 2, DT_DTYPE_I32, DT_CPU, y);
+}
+
+// The batch of the model's input: tokens for GPT, images otherwise.
+inline void make_model_batch(const std::string &model, int64_t first, int64_t n, dt_tensor **x,
+                             dt_tensor **y) {
+  if (is_gpt(model))
+    make_token_batch(first, n, x, y);
+  else
+    make_batch(first, n, x, y);
+}
+
 inline dt_status build_model(const std::string &name, dt_module **out) {
+  if (is_gpt(name)) {
+    dt_gpt2_config c = {2, 2, 16, kGptCtx, kGptVocab, 40};
+    return dt_model_gpt2(&c, 7, out);
+  }
   if (name == "mlp-small") {
     static const int sizes[] = {784, 64, 10};
     return dt_model_mlp(sizes, 3, 7, out);
@@ -89,13 +129,20 @@ inline dt_sgd_config test_sgd() {
   return c;
 }
 
+// The task loss of a batch: cross-entropy of class ids (y (n)), the
+// next-token loss of token windows (y (n, T)).
+inline dt_status task_loss(dt_tensor *logits, dt_tensor *y, dt_reduction r, dt_tensor **loss) {
+  return dt_tensor_ndim(y) == 2 ? dt_task_loss_next_token_of(logits, y, kGptVocab, r, loss)
+                                : dt_task_loss_cross_entropy(logits, y, r, loss);
+}
+
 // Mean cross-entropy of model(x) against y, times `scale`, backpropagated.
 inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float scale,
                                double *loss_value) {
   dt_tensor *logits = nullptr, *loss = nullptr, *scaled = nullptr;
   dt_status st = dt_module_call(m, x, &logits);
   if (st == DT_OK)
-    st = dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss);
+    st = task_loss(logits, y, DT_REDUCTION_MEAN, &loss);
   if (st == DT_OK && loss_value)
     st = dt_tensor_item(loss, 0, loss_value);
   if (st == DT_OK && scale != 1.0f)
@@ -111,7 +158,7 @@ inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float s
 // Data-parallel mode with the classification tasks' loss (cross-entropy).
 inline dt_dp_config dp_config() {
   dt_dp_config c = DT_DP_CONFIG_DEFAULT;
-  c.step.loss = dt_task_loss_cross_entropy;
+  c.step.loss = task_loss;
   return c;
 }
 
@@ -158,7 +205,7 @@ inline std::vector<float> train_reference(const std::string &model, int steps, i
   } else {
     for (int s = 0; s < steps; s++) {
       dt_tensor *x, *y;
-      make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+      make_model_batch(model, static_cast<int64_t>(s) * batch, batch, &x, &y);
       dt_status st = loss_backward(m, x, y, 1.0f, nullptr);
       if (st == DT_OK)
         st = dt_optim_step(opt);
@@ -209,7 +256,7 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
       for (int k = 0; k < accum && st == DT_OK; k++) {
         int64_t first = (static_cast<int64_t>(s) * accum + k) * global + rank * per_rank;
         dt_tensor *x, *y;
-        make_batch(first, per_rank, &x, &y);
+        make_model_batch(model, first, per_rank, &x, &y);
         int last = k == accum - 1;
         if (!last)
           st = dt_ddp_no_sync_begin(ddp);
@@ -255,6 +302,29 @@ struct StepSpec {
   bool adamw = false;
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
 };
+
+// A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
+// per rank, buckets of 20000 then 300000 bytes (not parameter boundaries,
+// so buckets split parameters).
+struct ZeroCase {
+  const char *model;
+  int accum;
+  float clip;
+  bool adamw;
+};
+
+inline StepSpec zero_case_spec(const ZeroCase &c) {
+  StepSpec spec;
+  spec.model = c.model;
+  spec.steps = 4;
+  spec.per_rank = 4;
+  spec.accum = c.accum;
+  spec.clip = c.clip;
+  spec.adamw = c.adamw;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  return spec;
+}
 
 inline dt_status spec_optimizer(void *user, int, dt_param_arena *arena, dt_optimizer **out) {
   if (static_cast<const StepSpec *>(user)->adamw) {
