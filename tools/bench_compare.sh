@@ -60,6 +60,6 @@ for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 
   a=$(printf '%s\n' "${ours[@]}" | median)
   b=$(printf '%s\n' "${theirs[@]}" | median)
   ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }')
-  printf '%-16s %14.1f %14.1f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
+  printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
 done
 echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians)"
