@@ -120,25 +120,30 @@ dt_status dt_state_meta_get(const char *text, size_t size, const char *key, cons
                             char *buf, size_t cap);
 
 /* An optimizer section holds one rank's shard of the flat parameter space
- * (all of it without ZeRO): a header of u64 offset, u64 length, u64 total
- * (the arena's numel), u32 n_buffers, u32 0, then n_buffers x length f32
- * (SGD: the momentum buffer; AdamW: exp_avg, exp_avg_sq), each buffer's
- * elements [offset, offset + length) of the flat space. */
+ * (all of it without ZeRO) as segments of it:
+ *   u64 total (the model's parameter count), u32 n_buffers, u32 n_segments,
+ *   u64 0, n_segments x {u64 offset, u64 numel}, then the data buffer by
+ *   buffer (SGD: the momentum; AdamW: exp_avg, exp_avg_sq), each the
+ *   segments' elements in order: n_buffers x sum(numel) f32.
+ * Segments lie within [0, total) and do not overlap. */
 typedef struct dt_ckpt_optim_shard {
-  uint64_t offset, length, total;
+  uint64_t total;
   uint32_t n_buffers;
-  const float *data; /* n_buffers x length */
+  uint32_t n_segments;
+  const uint64_t *segments; /* n_segments x {offset, numel} */
+  const float *data;        /* n_buffers x sum of the segments' numel */
 } dt_ckpt_optim_shard;
 /* Encodes a shard into a new malloc'd buffer. */
 dt_status dt_ckpt_optim_section_encode(const dt_ckpt_optim_shard *shard, void **out, size_t *size);
-/* Decodes a section (data points into `bytes`); DT_ERR_FORMAT naming `what`
- * for a size that does not add up. */
+/* Decodes a section (segments and data point into `bytes`); DT_ERR_FORMAT
+ * naming `what` for segments outside [0, total) or a size that does not
+ * add up. */
 dt_status dt_ckpt_optim_section_decode(const void *bytes, size_t size, const char *what,
                                        dt_ckpt_optim_shard *out);
 
 /* ---- manifest ---- */
 #define DT_CKPT_MANIFEST "manifest.json"
-#define DT_CKPT_MAX_FILES 64
+#define DT_CKPT_MAX_FILES 256 /* two, and one optimizer shard per rank under ZeRO */
 
 typedef struct dt_ckpt_file_entry {
   char name[128];
@@ -164,8 +169,8 @@ dt_status dt_ckpt_manifest_read(const char *dir, dt_ckpt_manifest *m);
 dt_status dt_ckpt_verify(const char *dir, dt_ckpt_manifest *m);
 
 /* The checkpoint directories "step_NNNNNNNN" of `parent`, newest (highest
- * step) first, into names (each up to 64 characters); *n gets the count
- * (at most cap). A missing parent is 0 entries. */
+ * step) first, into names (each up to 64 characters): the `cap` newest if
+ * there are more; *n gets the count. A missing parent is 0 entries. */
 dt_status dt_ckpt_list(const char *parent, char (*names)[64], int cap, int *n);
 
 /* Removes a checkpoint directory: manifest first (it stops counting), then

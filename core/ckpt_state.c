@@ -271,21 +271,30 @@ dt_status dt_state_meta_get(const char *text, size_t size, const char *key, cons
   return DT_ERROR(DT_ERR_FORMAT, "%s: the entry '%s' is missing", what, key);
 }
 
-#define OPTIM_HEADER 32
+#define OPTIM_HEADER 24
+
+static uint64_t shard_elements(const dt_ckpt_optim_shard *sh) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < sh->n_segments; i++)
+    n += sh->segments[2 * i + 1];
+  return n;
+}
 
 dt_status dt_ckpt_optim_section_encode(const dt_ckpt_optim_shard *shard, void **out, size_t *size) {
-  size_t floats = (size_t)shard->n_buffers * (size_t)shard->length;
-  size_t n = OPTIM_HEADER + floats * sizeof(float);
+  size_t floats = (size_t)shard->n_buffers * (size_t)shard_elements(shard);
+  size_t segs = 16 * (size_t)shard->n_segments;
+  size_t n = OPTIM_HEADER + segs + floats * sizeof(float);
   unsigned char *p = malloc(n);
   if (!p)
     return DT_ERROR(DT_ERR_OOM, "optimizer section of %zu bytes: out of host memory", n);
-  put_u64(p, shard->offset);
-  put_u64(p + 8, shard->length);
-  put_u64(p + 16, shard->total);
-  put_u32(p + 24, shard->n_buffers);
-  put_u32(p + 28, 0);
-  if (floats)
-    memcpy(p + OPTIM_HEADER, shard->data, floats * sizeof(float)); /* little-endian hosts */
+  put_u64(p, shard->total);
+  put_u32(p + 8, shard->n_buffers);
+  put_u32(p + 12, shard->n_segments);
+  put_u64(p + 16, 0);
+  for (uint32_t i = 0; i < 2 * shard->n_segments; i++)
+    put_u64(p + OPTIM_HEADER + 8 * i, shard->segments[i]);
+  if (floats) /* little-endian hosts */
+    memcpy(p + OPTIM_HEADER + segs, shard->data, floats * sizeof(float));
   *out = p;
   *size = n;
   return DT_OK;
@@ -296,18 +305,26 @@ dt_status dt_ckpt_optim_section_decode(const void *bytes, size_t size, const cha
   const unsigned char *p = bytes;
   if (size < OPTIM_HEADER)
     return DT_ERROR(DT_ERR_FORMAT, "%s: %zu bytes, shorter than its header", what, size);
-  out->offset = get_u64(p);
-  out->length = get_u64(p + 8);
-  out->total = get_u64(p + 16);
-  out->n_buffers = get_u32(p + 24);
-  uint64_t floats = (uint64_t)out->n_buffers * out->length;
-  if (out->n_buffers > 16 || out->offset > out->total || out->length > out->total - out->offset ||
-      size != OPTIM_HEADER + floats * sizeof(float))
-    return DT_ERROR(DT_ERR_FORMAT,
-                    "%s: shard [%llu, +%llu) of %llu with %u buffers does not add up to its %zu "
-                    "bytes",
-                    what, (unsigned long long)out->offset, (unsigned long long)out->length,
-                    (unsigned long long)out->total, out->n_buffers, size);
-  out->data = (const float *)(p + OPTIM_HEADER);
+  out->total = get_u64(p);
+  out->n_buffers = get_u32(p + 8);
+  out->n_segments = get_u32(p + 12);
+  size_t segs = 16 * (size_t)out->n_segments;
+  if (out->n_buffers > 16 || out->n_segments > (1u << 24) || size < OPTIM_HEADER + segs)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: %u buffers, %u segments in %zu bytes: corrupt", what,
+                    out->n_buffers, out->n_segments, size);
+  out->segments = (const uint64_t *)(p + OPTIM_HEADER);
+  uint64_t elements = 0;
+  for (uint32_t i = 0; i < out->n_segments; i++) {
+    uint64_t off = out->segments[2 * i], n = out->segments[2 * i + 1];
+    if (off > out->total || n > out->total - off)
+      return DT_ERROR(DT_ERR_FORMAT, "%s: segment %u [%llu, +%llu) lies outside the %llu elements",
+                      what, i, (unsigned long long)off, (unsigned long long)n,
+                      (unsigned long long)out->total);
+    elements += n;
+  }
+  if (size != OPTIM_HEADER + segs + (uint64_t)out->n_buffers * elements * sizeof(float))
+    return DT_ERROR(DT_ERR_FORMAT, "%s: %u buffers of %llu elements do not add up to its %zu bytes",
+                    what, out->n_buffers, (unsigned long long)elements, size);
+  out->data = (const float *)(p + OPTIM_HEADER + segs);
   return DT_OK;
 }

@@ -12,8 +12,8 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
-#include "core/status.h"
 #include "core/device.h"
+#include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,15 +23,44 @@ extern "C" {
  * OpenMP fork/join costs more than the work. */
 #define DT_CPU_PAR_MIN 32768
 
+/* On x86-64 with GCC, a hot kernel helper marked DT_CPU_CLONES is compiled
+ * three times (AVX-512, AVX2 + FMA, baseline SSE2) and the loader picks the
+ * one the CPU runs (the build itself targets baseline x86-64). The results
+ * are the same on every thread of a machine; machines of different
+ * generations may differ in the last bits (FMA contraction). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DT_CPU_CLONES
+#endif
+
 /* Logical CPU devices (cpu:0 .. cpu:DT_CPU_MAX_DEVICES-1). */
 #define DT_CPU_MAX_DEVICES 64
 
 /* Threads the kernels use (>= 1). Reads DT_NUM_THREADS on first use. */
 int dt_cpu_threads(void);
 
+/* `for (int64_t i = 0; i < n; i++)` split across the kernel threads
+ * (static schedule) when `work`, the elements the loop touches, reaches
+ * `min_work`; further OpenMP clauses (a reduction) may follow:
+ *   DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) { ... } */
+#define DT_CPU_PRAGMA_(x) _Pragma(#x)
+#define DT_CPU_PARALLEL_FOR(i, n, work, min_work, ...)                                    \
+  DT_CPU_PRAGMA_(omp parallel for if ((work) >= (min_work)) num_threads(dt_cpu_threads()) \
+                     schedule(static) __VA_ARGS__)                                        \
+  for (int64_t i = 0; i < (n); i++)
+
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);
+
+/* Vectorised math (core/cpu_math.c); y may be x.
+ *   y[j] = scale * exp(x[j] - shift), for x[j] - shift <= 88 (within 1 ulp
+ *          of expf; -inf gives 0)
+ *   y = GELU(x) (tanh approximation); dx = dy * GELU'(x) */
+void dt_cpu_exp_shifted(const float *x, float shift, float scale, float *y, int64_t n);
+void dt_cpu_gelu(const float *x, float *y, int64_t n);
+void dt_cpu_gelu_backward(const float *x, const float *dy, float *dx, int64_t n);
 
 /* The kernels (cpu_kernels_*.c), one per DT_KERNEL of core/op_table.def:
  *   dt_status dt_cpu_<name>(const dt_exec *ex, <params>);

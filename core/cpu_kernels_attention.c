@@ -2,21 +2,21 @@
  * on the CPU. For each (sequence, head) and block of ATT_QB queries the keys
  * are visited in blocks of ATT_KB with an online softmax, so nothing of size
  * T x T is ever stored; the backward recomputes the scores block by block
- * from the saved logsumexp. The block sizes are fixed and every output
- * element is summed in one order, so the result does not depend on the
- * number of threads.
- *
- * The inner loops are axpy-shaped (a key block is transposed once, so the
- * scores of one query are hd axpys over the block's keys), which vectorise
- * without reassociating any sum. */
+ * from the saved logsumexp. The products of a block (Q K^T, P V and the
+ * backward's five) are OpenBLAS sgemm calls on the (strided) rows of qkv;
+ * the softmax between them is vectorised (core/cpu_math.c). The block sizes
+ * are fixed and every output element is summed in one order, so the result
+ * does not depend on the number of threads (OpenBLAS runs single-threaded
+ * inside the kernels' parallel region). */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
 
-#define ATT_QB 32 /* queries per forward task */
-#define ATT_KB 64 /* keys per block (a multiple of ATT_QB) */
+#define ATT_QB 64 /* queries per block (ATT_KB is a multiple) */
+#define ATT_KB 64 /* keys per block */
 #define ATT_PAR_MIN (1 << 18)
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -33,33 +33,12 @@ static att_geom att_geom_of(int64_t t, int64_t h, int64_t hd) {
   return g;
 }
 
-/* kt (hd, ATT_KB) = rows[0..n) (each hd wide, `stride` apart) transposed */
-static void transpose_block(const float *rows, int64_t stride, int64_t n, int64_t hd, float *kt) {
-  for (int64_t j = 0; j < n; j++)
-    for (int64_t d = 0; d < hd; d++)
-      kt[d * ATT_KB + j] = rows[j * stride + d];
-}
-
-/* s (n) = scale * kt^T q: the dot products of q with the block's keys */
-static void scores_block(const float *q, const float *kt, int64_t hd, int64_t n, float scale,
-                         float *s) {
-  for (int64_t j = 0; j < n; j++)
-    s[j] = 0.0f;
-  for (int64_t d = 0; d < hd; d++) {
-    const float qd = q[d], *kr = kt + d * ATT_KB;
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++)
-      s[j] += qd * kr[j];
-  }
-  for (int64_t j = 0; j < n; j++)
-    s[j] *= scale;
-}
-
-/* y (n) += a * x (n) */
-static void axpy(float a, const float *x, float *y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++)
-    y[i] += a * x[i];
+/* C (m, n) = alpha * op(A) op(B) + beta * C, row-major: a block product. */
+static void block_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                       int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)m,
+              (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -105,46 +84,50 @@ static dt_status run_tasks(const char *op, const att_args *a, int64_t n, size_t 
 }
 
 /* One forward task: queries [i0, i1) of head h of sequence b. scratch:
- * ATT_KB * hd (a key block, transposed) + ATT_KB (scores) + ATT_QB * hd
- * (accumulators) + 2 * ATT_QB (running max, running sum). */
-static void attention_forward_block(const att_geom *g, const float *qkv, float *out, float *lse,
-                                    int64_t b, int64_t h, int64_t i0, int64_t i1, float *scratch) {
-  const int64_t hd = g->hd;
-  float *kt = scratch, *s = kt + ATT_KB * hd, *acc = s + ATT_KB, *m = acc + ATT_QB * hd,
-        *l = m + ATT_QB;
+ * ATT_QB * ATT_KB (scores, then probabilities) + ATT_QB * hd (accumulators)
+ * + 2 * ATT_QB (running max, running sum). */
+DT_CPU_CLONES static void attention_forward_block(const att_geom *g, const float *qkv, float *out,
+                                                  float *lse, int64_t b, int64_t h, int64_t i0,
+                                                  int64_t i1, float *scratch) {
+  const int64_t hd = g->hd, nq = i1 - i0;
+  float *s = scratch, *acc = s + ATT_QB * ATT_KB, *m = acc + ATT_QB * hd, *l = m + ATT_QB;
   const float *base = qkv + b * g->t * g->row + h * hd;
-  for (int64_t r = 0; r < i1 - i0; r++) {
+  for (int64_t r = 0; r < nq; r++) {
     m[r] = -INFINITY;
     l[r] = 0.0f;
   }
-  memset(acc, 0, (size_t)(ATT_QB * hd) * sizeof(float));
+  memset(acc, 0, (size_t)(nq * hd) * sizeof(float));
   for (int64_t j0 = 0; j0 < i1; j0 += ATT_KB) {
-    int64_t j1 = MIN(j0 + ATT_KB, i1); /* keys past i1 - 1 are masked for every row */
-    transpose_block(base + j0 * g->row + g->c, g->row, j1 - j0, hd, kt);
-    const float *v = base + j0 * g->row + 2 * g->c;
-    for (int64_t i = i0 > j0 ? i0 : j0; i < i1; i++) {
-      int64_t r = i - i0, n = MIN(j1, i + 1) - j0;
-      scores_block(base + i * g->row, kt, hd, n, g->scale, s);
+    const int64_t nk = MIN(ATT_KB, i1 - j0); /* keys past i1 - 1 are masked for every row */
+    /* s (nq, nk) = scale * q k^T */
+    block_gemm(0, 1, nq, nk, hd, g->scale, base + i0 * g->row, g->row, base + j0 * g->row + g->c,
+               g->row, 0.0f, s, ATT_KB);
+    for (int64_t r = 0; r < nq; r++) {
+      float *sr = s + r * ATT_KB;
+      const int64_t n = MIN(nk, i0 + r + 1 - j0); /* j0 <= i0: at least one key */
       float mx = m[r];
       for (int64_t j = 0; j < n; j++)
-        mx = s[j] > mx ? s[j] : mx;
-      float alpha = expf(m[r] - mx), sum = 0.0f; /* the first block: exp(-inf) = 0 */
-      for (int64_t j = 0; j < n; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-      }
+        mx = sr[j] > mx ? sr[j] : mx;
+      const float alpha = expf(m[r] - mx); /* the first block: exp(-inf) = 0 */
+      dt_cpu_exp_shifted(sr, mx, 1.0f, sr, n);
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; j++)
+        sum += sr[j];
+      for (int64_t j = n; j < nk; j++)
+        sr[j] = 0.0f;
       l[r] = l[r] * alpha + sum;
       m[r] = mx;
       float *ar = acc + r * hd;
 #pragma omp simd
       for (int64_t d = 0; d < hd; d++)
         ar[d] *= alpha;
-      for (int64_t j = 0; j < n; j++)
-        axpy(s[j], v + j * g->row, ar, hd);
     }
+    /* acc (nq, hd) += p (nq, nk) v (nk, hd) */
+    block_gemm(0, 0, nq, hd, nk, 1.0f, s, ATT_KB, base + j0 * g->row + 2 * g->c, g->row, 1.0f, acc,
+               hd);
   }
-  for (int64_t i = i0; i < i1; i++) {
-    int64_t r = i - i0;
+  for (int64_t r = 0; r < nq; r++) {
+    const int64_t i = i0 + r;
     float inv = 1.0f / l[r], *orow = out + (b * g->t + i) * g->c + h * hd;
     const float *ar = acc + r * hd;
 #pragma omp simd
@@ -167,20 +150,19 @@ dt_status dt_cpu_attention_forward(const dt_exec *ex, const float *qkv, float *o
   (void)ex;
   att_args a = {att_geom_of(t, h, hd), qkv, NULL, NULL, NULL, out, lse, NULL, 0};
   a.qblocks = (t + ATT_QB - 1) / ATT_QB;
-  const size_t scratch = (size_t)(ATT_KB * hd + ATT_KB + ATT_QB * hd + 2 * ATT_QB);
+  const size_t scratch = (size_t)(ATT_QB * ATT_KB + ATT_QB * hd + 2 * ATT_QB);
   return run_tasks("attention_forward", &a, b * h * a.qblocks, scratch,
                    b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
 }
 
-/* The backward of one (sequence, head). scratch: 2 * ATT_KB * hd (a key and
- * a value block, transposed) + 2 * ATT_KB (scores, then probabilities;
- * dP) + t (D = rowsum(dout * out)). */
-static void attention_backward_head(const att_geom *g, const float *qkv, const float *out,
-                                    const float *lse, const float *dout, float *dqkv, int64_t b,
-                                    int64_t h, float *scratch) {
+/* The backward of one (sequence, head). scratch: 2 * ATT_QB * ATT_KB (P and
+ * dP, then dS) + t (D = rowsum(dout * out)). */
+DT_CPU_CLONES static void attention_backward_head(const att_geom *g, const float *qkv,
+                                                  const float *out, const float *lse,
+                                                  const float *dout, float *dqkv, int64_t b,
+                                                  int64_t h, float *scratch) {
   const int64_t t = g->t, hd = g->hd, c = g->c, row = g->row;
-  float *kt = scratch, *vt = kt + ATT_KB * hd, *p = vt + ATT_KB * hd, *dp = p + ATT_KB,
-        *dsum = dp + ATT_KB;
+  float *p = scratch, *ds = p + ATT_QB * ATT_KB, *dsum = ds + ATT_QB * ATT_KB;
   const float *base = qkv + b * t * row + h * hd, *lrow = lse + (b * g->heads + h) * t;
   const float *obase = out + b * t * c + h * hd, *gbase = dout + b * t * c + h * hd;
   float *dbase = dqkv + b * t * row + h * hd;
@@ -190,27 +172,27 @@ static void attention_backward_head(const att_geom *g, const float *qkv, const f
       memset(dbase + i * row + part * c, 0, (size_t)hd * sizeof(float));
   }
   for (int64_t j0 = 0; j0 < t; j0 += ATT_KB) {
-    int64_t j1 = MIN(j0 + ATT_KB, t);
-    transpose_block(base + j0 * row + c, row, j1 - j0, hd, kt);
-    transpose_block(base + j0 * row + 2 * c, row, j1 - j0, hd, vt);
-    const float *k = base + j0 * row + c;
+    const int64_t nk = MIN(ATT_KB, t - j0);
+    const float *k = base + j0 * row + g->c, *v = base + j0 * row + 2 * g->c;
     float *dk = dbase + j0 * row + c, *dv = dbase + j0 * row + 2 * c;
-    for (int64_t i = j0; i < t; i++) { /* the queries that see a key of this block */
-      int64_t n = MIN(j1, i + 1) - j0;
-      const float *q = base + i * row, *gi = gbase + i * c;
-      float *dq = dbase + i * row;
-      scores_block(q, kt, hd, n, g->scale, p);
-      scores_block(gi, vt, hd, n, 1.0f, dp);
-      const float li = lrow[i], di = dsum[i];
-      for (int64_t j = 0; j < n; j++) {
-        p[j] = expf(p[j] - li);
-        dp[j] = p[j] * (dp[j] - di) * g->scale; /* dS, times the scale of q k^T */
+    for (int64_t i0 = j0; i0 < t; i0 += ATT_QB) { /* the queries that see a key of this block */
+      const int64_t nq = MIN(ATT_QB, t - i0);
+      const float *q = base + i0 * row, *gq = gbase + i0 * c;
+      block_gemm(0, 1, nq, nk, hd, g->scale, q, row, k, row, 0.0f, p, ATT_KB); /* S */
+      block_gemm(0, 1, nq, nk, hd, 1.0f, gq, c, v, row, 0.0f, ds, ATT_KB);     /* dP */
+      for (int64_t r = 0; r < nq; r++) {
+        float *pr = p + r * ATT_KB, *dr = ds + r * ATT_KB;
+        const int64_t i = i0 + r, n = MIN(nk, i + 1 - j0);
+        const float di = dsum[i];
+        dt_cpu_exp_shifted(pr, lrow[i], 1.0f, pr, n);
+        for (int64_t j = 0; j < n; j++)
+          dr[j] = pr[j] * (dr[j] - di) * g->scale; /* dS, times the scale of q k^T */
+        for (int64_t j = n; j < nk; j++)
+          pr[j] = dr[j] = 0.0f;
       }
-      for (int64_t j = 0; j < n; j++) {
-        axpy(dp[j], k + j * row, dq, hd);
-        axpy(dp[j], q, dk + j * row, hd);
-        axpy(p[j], gi, dv + j * row, hd);
-      }
+      block_gemm(1, 0, nk, hd, nq, 1.0f, p, ATT_KB, gq, c, 1.0f, dv, row);   /* dV += P^T dO */
+      block_gemm(1, 0, nk, hd, nq, 1.0f, ds, ATT_KB, q, row, 1.0f, dk, row); /* dK += dS^T Q */
+      block_gemm(0, 0, nq, hd, nk, 1.0f, ds, ATT_KB, k, row, 1.0f, dbase + i0 * row, row); /* dQ */
     }
   }
 }
@@ -227,7 +209,7 @@ dt_status dt_cpu_attention_backward(const dt_exec *ex, const float *qkv, const f
   (void)ex;
   att_args a = {att_geom_of(t, h, hd), qkv, out, lse, dout, NULL, NULL, dqkv, 0};
   /* one task per (sequence, head): its dq, dk and dv columns are its own */
-  const size_t scratch = (size_t)(2 * ATT_KB * hd + 2 * ATT_KB + t);
+  const size_t scratch = (size_t)(2 * ATT_QB * ATT_KB + t);
   return run_tasks("attention_backward", &a, b * h, scratch, b * h * t * t * hd >= ATT_PAR_MIN,
                    backward_task);
 }

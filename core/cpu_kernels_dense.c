@@ -201,8 +201,7 @@ dt_status dt_cpu_axpby(const dt_exec *ex, int64_t n, float alpha, const float *x
   return DT_OK;
 }
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_CUBIC 0.044715f
+#define UNARY_BLOCK 4096 /* elements per call of a vectorised function (core/cpu_math.c) */
 
 // y (n) = f(x)
 dt_status dt_cpu_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const float *x,
@@ -217,10 +216,8 @@ dt_status dt_cpu_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, con
       return DT_OK;
     case DT_UNARY_GELU:
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
-      for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
-      }
+      for (int64_t i0 = 0; i0 < n; i0 += UNARY_BLOCK)
+        dt_cpu_gelu(x + i0, y + i0, MIN(UNARY_BLOCK, n - i0));
       return DT_OK;
     case DT_UNARY_TANH:
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
@@ -246,14 +243,8 @@ dt_status dt_cpu_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, co
       return DT_OK;
     case DT_UNARY_GELU:
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)
-      for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
-        float sech2 = 1.0f - t * t;
-        float grad =
-            0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
-        dx[i] = dy[i] * grad;
-      }
+      for (int64_t i0 = 0; i0 < n; i0 += UNARY_BLOCK)
+        dt_cpu_gelu_backward(x + i0, dy + i0, dx + i0, MIN(UNARY_BLOCK, n - i0));
       return DT_OK;
     case DT_UNARY_TANH:
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 8) num_threads(nt) schedule(static)

@@ -7,6 +7,49 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* ---- row helpers, vectorised (the exponentials: core/cpu_math.c) ---- */
+
+#define EXP_BLOCK 512 /* elements per block of a row's exponentials */
+
+/* max of x[0..n) (NaN propagates as in the reference loops: ignored) */
+DT_CPU_CLONES static float row_max(const float *x, int64_t n) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < n; j++)
+    mx = x[j] > mx ? x[j] : mx;
+  return mx;
+}
+
+/* sum over j < n of exp(x[j] - mx), in double with eight lanes (lane l
+ * sums j = l mod 8 of each block; a fixed order), the exponentials written
+ * to e (which may be x) when e is not NULL. */
+DT_CPU_CLONES static double row_exp_sum(const float *x, int64_t n, float mx, float *e) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float tmp[EXP_BLOCK];
+  for (int64_t j0 = 0; j0 < n; j0 += EXP_BLOCK) {
+    int64_t len = MIN(EXP_BLOCK, n - j0);
+    float *eb = e ? e + j0 : tmp;
+    const float *xb = x + j0;
+    dt_cpu_exp_shifted(xb, mx, 1.0f, eb, len);
+    int64_t k = 0;
+    for (; k + 8 <= len; k += 8) {
+#pragma omp simd
+      for (int l = 0; l < 8; l++)
+        acc[l] += eb[k + l];
+    }
+    for (; k < len; k++)
+      acc[k & 7] += eb[k];
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* x[j] *= a */
+DT_CPU_CLONES static void row_scale(float *x, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; j++)
+    x[j] *= a;
+}
+
 /* ---- softmax ---- */
 
 /* max and log(sum(exp(x - max))) of one row (NaN and all -inf rows give
@@ -22,13 +65,37 @@ static void row_max_logsum(const float *x, int64_t cols, float *max_out, double 
   *logsum_out = log(s);
 }
 
+// x (n) -> y (n) = softmax(x) (one row; inlined into the row loops)
+static inline void softmax_row(const float *x, float *y, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; j++)
+    mx = x[j] > mx ? x[j] : mx;
+  double s = 0.0;
+  for (int64_t j = 0; j < n; j++) {
+    float e = expf(x[j] - mx);
+    y[j] = e;
+    s += e;
+  }
+  float inv = (float)(1.0 / s);
+  for (int64_t j = 0; j < n; j++)
+    y[j] *= inv;
+}
+
+// y, dy (n) -> dx (n) = y * (dy - sum(dy * y)): softmax backward of one row
+static inline void softmax_row_backward(const float *y, const float *dy, float *dx, int64_t n) {
+  double s = 0.0;
+  for (int64_t j = 0; j < n; j++)
+    s += (double)dy[j] * y[j];
+  float sf = (float)s;
+  for (int64_t j = 0; j < n; j++)
+    dx[j] = y[j] * (dy[j] - sf);
+}
+
 // x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
 dt_status dt_cpu_softmax_forward(const dt_exec *ex, const float *x, float *y, int64_t rows,
                                  int64_t cols, bool log_) {
   (void)ex;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
     if (log_) {
@@ -39,18 +106,7 @@ dt_status dt_cpu_softmax_forward(const dt_exec *ex, const float *x, float *y, in
       for (int64_t j = 0; j < cols; j++)
         yr[j] = (xr[j] - mx) - lsf;
     } else {
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < cols; j++)
-        mx = xr[j] > mx ? xr[j] : mx;
-      double s = 0.0;
-      for (int64_t j = 0; j < cols; j++) {
-        float e = expf(xr[j] - mx);
-        yr[j] = e;
-        s += e;
-      }
-      float inv = (float)(1.0 / s);
-      for (int64_t j = 0; j < cols; j++)
-        yr[j] *= inv;
+      softmax_row(xr, yr, cols);
     }
   }
   return DT_OK;
@@ -60,24 +116,18 @@ dt_status dt_cpu_softmax_forward(const dt_exec *ex, const float *x, float *y, in
 dt_status dt_cpu_softmax_backward(const dt_exec *ex, const float *y, const float *dy, float *dx,
                                   int64_t rows, int64_t cols, bool log_) {
   (void)ex;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) {
     const float *yr = y + r * cols, *gr = dy + r * cols;
     float *dr = dx + r * cols;
-    double s = 0.0;
     if (log_) { /* dx = dy - exp(y) * sum(dy) */
+      double s = 0.0;
       for (int64_t j = 0; j < cols; j++)
         s += gr[j];
       float sf = (float)s;
       for (int64_t j = 0; j < cols; j++)
         dr[j] = gr[j] - expf(yr[j]) * sf;
-    } else { /* dx = y * (dy - sum(dy * y)) */
-      for (int64_t j = 0; j < cols; j++)
-        s += (double)gr[j] * yr[j];
-      float sf = (float)s;
-      for (int64_t j = 0; j < cols; j++)
-        dr[j] = yr[j] * (gr[j] - sf);
+    } else {
+      softmax_row_backward(yr, gr, dr, cols);
     }
   }
   return DT_OK;
@@ -87,24 +137,11 @@ dt_status dt_cpu_softmax_backward(const dt_exec *ex, const float *y, const float
 dt_status dt_cpu_causal_softmax_forward(const dt_exec *ex, const float *x, float *y, int64_t rows,
                                         int64_t t) {
   (void)ex;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (rows * t >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  DT_CPU_PARALLEL_FOR(r, rows, rows * t, DT_CPU_PAR_MIN / 4) {
     const float *xr = x + r * t;
     float *yr = y + r * t;
     int64_t keep = r % t + 1;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < keep; j++)
-      mx = xr[j] > mx ? xr[j] : mx;
-    double s = 0.0;
-    for (int64_t j = 0; j < keep; j++) {
-      float e = expf(xr[j] - mx);
-      yr[j] = e;
-      s += e;
-    }
-    float inv = (float)(1.0 / s);
-    for (int64_t j = 0; j < keep; j++)
-      yr[j] *= inv;
+    softmax_row(xr, yr, keep);
     for (int64_t j = keep; j < t; j++)
       yr[j] = 0.0f;
   }
@@ -115,18 +152,11 @@ dt_status dt_cpu_causal_softmax_forward(const dt_exec *ex, const float *x, float
 dt_status dt_cpu_causal_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
                                          float *dx, int64_t rows, int64_t t) {
   (void)ex;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (rows * t >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  DT_CPU_PARALLEL_FOR(r, rows, rows * t, DT_CPU_PAR_MIN / 4) {
     const float *yr = y + r * t, *gr = dy + r * t;
     float *dr = dx + r * t;
     int64_t keep = r % t + 1;
-    double s = 0.0;
-    for (int64_t j = 0; j < keep; j++)
-      s += (double)gr[j] * yr[j];
-    float sf = (float)s;
-    for (int64_t j = 0; j < keep; j++)
-      dr[j] = yr[j] * (gr[j] - sf);
+    softmax_row_backward(yr, gr, dr, keep);
     for (int64_t j = keep; j < t; j++)
       dr[j] = 0.0f;
   }
@@ -169,14 +199,10 @@ dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, c
   int64_t count = 0;
   DT_CHECK(
       check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index, &count));
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (n * c >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; i++) {
+  DT_CPU_PARALLEL_FOR(i, n, n * c, DT_CPU_PAR_MIN / 4) {
     const float *xr = logits + i * c;
-    float mx;
-    double ls;
-    row_max_logsum(xr, c, &mx, &ls);
-    double l = (double)mx + ls;
+    float mx = row_max(xr, c);
+    double l = (double)mx + log(row_exp_sum(xr, c, mx, NULL));
     if (lse)
       lse[i] = (float)l;
     int64_t t = target_at(target, target_dtype, i);
@@ -194,9 +220,7 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
                                         int64_t c, int64_t ignore_index) {
   (void)ex;
   DT_CHECK(check_targets("cross_entropy_backward", target, target_dtype, n, c, ignore_index, NULL));
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (n * c >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; i++) {
+  DT_CPU_PARALLEL_FOR(i, n, n * c, DT_CPU_PAR_MIN / 4) {
     const float *xr = logits + i * c;
     float *dr = dlogits + i * c;
     int64_t t = target_at(target, target_dtype, i);
@@ -204,10 +228,8 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
       memset(dr, 0, (size_t)c * sizeof(float));
       continue;
     }
-    float g = dloss_rows[i], l = lse[i];
-    for (int64_t j = 0; j < c; j++)
-      dr[j] = g * expf(xr[j] - l);
-    dr[t] -= g;
+    dt_cpu_exp_shifted(xr, lse[i], dloss_rows[i], dr, c);
+    dr[t] -= dloss_rows[i];
   }
   return DT_OK;
 }
@@ -235,28 +257,14 @@ dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, cons
         memset(dr, 0, (size_t)vp * sizeof(float));
       continue;
     }
-    /* the loss in cross_entropy_forward's order, so that the two agree bit
-     * for bit; the exponentials are kept for the gradient (dr may be xr) */
-    float mx = -INFINITY, xt = xr[t];
-    for (int64_t j = 0; j < classes; j++)
-      mx = xr[j] > mx ? xr[j] : mx;
-    double s = 0.0;
+    /* the loss as cross_entropy_forward computes it, so that the two agree
+     * bit for bit; the exponentials are kept for the gradient (dr may be xr) */
+    float xt = xr[t], mx = row_max(xr, classes);
+    double s = row_exp_sum(xr, classes, mx, dr);
     if (dr) {
-      for (int64_t j = 0; j < classes; j++) {
-        float e = expf(xr[j] - mx);
-        dr[j] = e;
-        s += e;
-      }
-      float inv = (float)(1.0 / s);
-#pragma omp simd
-      for (int64_t j = 0; j < classes; j++)
-        dr[j] *= inv;
+      row_scale(dr, (float)(1.0 / s), classes);
       dr[t] -= 1.0f;
-      for (int64_t j = classes; j < vp; j++)
-        dr[j] = 0.0f;
-    } else {
-      for (int64_t j = 0; j < classes; j++)
-        s += expf(xr[j] - mx);
+      memset(dr + classes, 0, (size_t)(vp - classes) * sizeof(float));
     }
     loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
   }
@@ -296,10 +304,8 @@ dt_status dt_cpu_embedding_forward(const dt_exec *ex, const void *idx, dt_dtype 
                                    const float *table, float *y, int64_t n, int64_t v, int64_t d) {
   (void)ex;
   DT_CHECK(check_indices("embedding_forward", idx, idx_dtype, n, v));
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (n * d >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; i++)
-    memcpy(y + i * d, table + target_at(idx, idx_dtype, i) * d, (size_t)d * sizeof(float));
+  DT_CPU_PARALLEL_FOR(i, n, n * d, DT_CPU_PAR_MIN)
+  memcpy(y + i * d, table + target_at(idx, idx_dtype, i) * d, (size_t)d * sizeof(float));
   return DT_OK;
 }
 
@@ -335,9 +341,7 @@ dt_status dt_cpu_dropout_forward(const dt_exec *ex, const float *x, float *y, ui
                                  int64_t n, float p, uint64_t seed, uint64_t offset) {
   (void)ex;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; i++) {
+  DT_CPU_PARALLEL_FOR(i, n, n, DT_CPU_PAR_MIN / 4) {
     uint8_t keep = dt_rng_uniform(seed, offset + (uint64_t)i) >= p;
     mask[i] = keep;
     y[i] = keep ? x[i] * scale : 0.0f;
@@ -350,9 +354,7 @@ dt_status dt_cpu_dropout_backward(const dt_exec *ex, const float *dy, const uint
                                   float *dx, int64_t n, float p) {
   (void)ex;
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; i++)
-    dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+  DT_CPU_PARALLEL_FOR(i, n, n, DT_CPU_PAR_MIN)
+  dx[i] = mask[i] ? dy[i] * scale : 0.0f;
   return DT_OK;
 }

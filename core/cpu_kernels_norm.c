@@ -186,9 +186,7 @@ dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const flo
 static void layernorm_rows(const float *x, const float *residual, const float *gamma,
                            const float *beta, float *sum, float *y, float *mean, float *rstd,
                            int64_t rows, int64_t cols, float eps) {
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (rows * cols >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
     if (residual) {

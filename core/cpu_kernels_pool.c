@@ -83,9 +83,7 @@ dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, c
                                    float *y, int32_t *argmax) {
   (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t p = 0; p < planes; p++) {
+  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
     const float *xp = x + p * hw;
     float *yp = y + p * ohw;
     int32_t *ap = argmax ? argmax + p * ohw : NULL;
@@ -126,12 +124,8 @@ dt_status dt_cpu_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, 
                                     const int32_t *argmax, float *dx) {
   (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  int nt = dt_cpu_threads();
   int bad = 0;
-#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static) \
-    reduction(|                                                                              \
-              : bad)
-  for (int64_t p = 0; p < planes; p++) {
+  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN, reduction(| : bad)) {
     float *dp = dx + p * hw;
     const float *gp = dy + p * ohw;
     const int32_t *ap = argmax + p * ohw;
@@ -165,9 +159,7 @@ dt_status dt_cpu_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, c
                                    float *y) {
   (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t p = 0; p < planes; p++) {
+  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
     const float *xp = x + p * hw;
     float *yp = y + p * ohw;
     for (int oy = 0; oy < g->oh; oy++) {
@@ -190,9 +182,7 @@ dt_status dt_cpu_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, 
                                     float *dx) {
   (void)ex;
   int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (planes * hw >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t p = 0; p < planes; p++) {
+  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
     float *dp = dx + p * hw;
     const float *gp = dy + p * ohw;
     memset(dp, 0, (size_t)hw * sizeof(float));

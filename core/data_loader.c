@@ -44,6 +44,7 @@
 #include "core/backend.h"
 #include "core/data.h"
 #include "core/tensor_internal.h"
+#include "core/trace.h"
 
 #define LOADER_ERROR_MAX 2048
 #define DEVICE_RING 2
@@ -165,7 +166,9 @@ static void *worker_main(void *arg) {
         return NULL;
       }
     }
+    double span = dt_trace_begin(DT_TRACE_LANE_LOADER, "load batch");
     fill_slot(l, l->first_batch + b, slot);
+    dt_trace_end(DT_TRACE_LANE_LOADER, "load batch", span);
     if (atomic_load(&l->stop))
       return NULL;
 
@@ -468,8 +471,10 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   memcpy(shape + 1, lay->input_shape, (size_t)lay->input_ndim * sizeof *shape);
   memcpy(tshape + 1, lay->target_shape, (size_t)lay->target_ndim * sizeof *tshape);
   dt_tensor *x = NULL, *y = NULL;
+  double span = dt_trace_begin(DT_TRACE_LANE_COPY, "host to device");
   dt_status st = upload_batch(l, slot, shape, lay->input_ndim + 1, lay->input_dtype, tshape,
                               lay->target_ndim + 1, lay->target_dtype, &x, &y);
+  dt_trace_end(DT_TRACE_LANE_COPY, "host to device", span);
   if (st != DT_OK) { /* the slot stays taken-but-unread; destroy waits for its copies */
     dt_tensor_release(x);
     dt_tensor_release(y);

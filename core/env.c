@@ -5,10 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "core/backend.h"
 #include "core/memory.h"
+#include "core/parse.h"
 
 static const dt_env_info env_table[DT_ENV_COUNT] = {
 #define DT_ENV_INT(id, lo, hi, def, unset, group, doc) \
@@ -52,19 +52,6 @@ const char *dt_env_default_text(dt_env_param p) {
   return e->default_value ? e->default_value : e->unset ? e->unset : "unset";
 }
 
-/* "auto|mpi|nccl" -> "auto, mpi, nccl" */
-static void list_choices(const char *choices, char *buf, size_t cap) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (const char *p = choices; *p && used + 1 < cap; p++) {
-    int n = *p == '|' ? snprintf(buf + used, cap - used, ", ")
-                      : snprintf(buf + used, cap - used, "%c", *p);
-    if (n < 0)
-      break;
-    used += (size_t)n;
-  }
-}
-
 const char *dt_env_accepted(dt_env_param p, char *buf, size_t cap) {
   const dt_env_info *e = dt_env_info_of(p);
   char list[256];
@@ -79,7 +66,7 @@ const char *dt_env_accepted(dt_env_param p, char *buf, size_t cap) {
       snprintf(buf, cap, "a byte count such as 1048576, 64K, 512M or 2G");
       break;
     case DT_ENV_TYPE_CHOICE:
-      list_choices(e->choices, list, sizeof list);
+      dt_format_choices(e->choices, list, sizeof list);
       snprintf(buf, cap, "one of %s", list);
       break;
     case DT_ENV_TYPE_STRING: snprintf(buf, cap, "any non-empty text"); break;
@@ -116,22 +103,6 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
-static bool parse_bool(const char *s, bool *out) {
-  static const char *const yes[] = {"1", "true", "on", "yes"};
-  static const char *const no[] = {"0", "false", "off", "no"};
-  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-    if (!strcasecmp(s, yes[i])) {
-      *out = true;
-      return true;
-    }
-    if (!strcasecmp(s, no[i])) {
-      *out = false;
-      return true;
-    }
-  }
-  return false;
-}
-
 static bool parse_bytes(const char *s, size_t *out) {
   /* dt_parse_bytes records its own message; bad_value replaces it. */
   size_t v = 0;
@@ -139,21 +110,6 @@ static bool parse_bytes(const char *s, size_t *out) {
     return false;
   *out = v;
   return true;
-}
-
-/* Index of `s` in "a|b|c", or -1. */
-static int choice_index(const char *choices, const char *s) {
-  size_t n = strlen(s);
-  int i = 0;
-  for (const char *p = choices;; i++) {
-    const char *bar = strchr(p, '|');
-    size_t len = bar ? (size_t)(bar - p) : strlen(p);
-    if (len == n && !strncmp(p, s, n))
-      return i;
-    if (!bar)
-      return -1;
-    p = bar + 1;
-  }
 }
 
 /* The text to parse: the value when set, else the table's default (NULL
@@ -164,57 +120,58 @@ static const char *value_or_default(dt_env_param p, bool *is_set) {
   return v ? v : env_table[p].default_value;
 }
 
-dt_status dt_env_int(dt_env_param p, int64_t *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_INT));
+/* Reads text into *out for the parameter e; false when it is not a value
+ * of e's type. */
+typedef bool (*param_parse_fn)(const dt_env_info *e, const char *text, void *out);
+
+static bool parse_int_param(const dt_env_info *e, const char *s, void *out) {
+  return parse_int(s, e->min, e->max, (int64_t *)out);
+}
+static bool parse_bool_param(const dt_env_info *e, const char *s, void *out) {
+  (void)e;
+  return dt_parse_bool(s, (bool *)out);
+}
+static bool parse_bytes_param(const dt_env_info *e, const char *s, void *out) {
+  (void)e;
+  return parse_bytes(s, (size_t *)out);
+}
+static bool parse_choice_param(const dt_env_info *e, const char *s, void *out) {
+  int i = dt_choice_index(e->choices, s);
+  if (i < 0)
+    return false;
+  *(int *)out = i;
+  return true;
+}
+
+/* Parameter p of type `type` into *out: the variable's value when set, else
+ * the table's default (*out untouched when there is none). A bad value
+ * leaves the default in *out and is DT_ERR_INVALID_ARG naming it. */
+static dt_status read_param(dt_env_param p, dt_env_type type, param_parse_fn parse, void *out) {
+  DT_CHECK(wrong_type(p, type));
   const dt_env_info *e = &env_table[p];
   bool is_set;
   const char *v = value_or_default(p, &is_set);
-  if (!v)
-    return DT_OK;
-  if (parse_int(v, e->min, e->max, out))
+  if (!v || parse(e, v, out))
     return DT_OK;
   if (is_set && e->default_value)
-    parse_int(e->default_value, e->min, e->max, out);
+    parse(e, e->default_value, out);
   return bad_value(p, v);
+}
+
+dt_status dt_env_int(dt_env_param p, int64_t *out) {
+  return read_param(p, DT_ENV_TYPE_INT, parse_int_param, out);
 }
 
 dt_status dt_env_bool(dt_env_param p, bool *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_BOOL));
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v || parse_bool(v, out))
-    return DT_OK;
-  if (is_set && env_table[p].default_value)
-    parse_bool(env_table[p].default_value, out);
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_BOOL, parse_bool_param, out);
 }
 
 dt_status dt_env_bytes(dt_env_param p, size_t *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_BYTES));
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v || parse_bytes(v, out))
-    return DT_OK;
-  if (is_set && env_table[p].default_value)
-    parse_bytes(env_table[p].default_value, out);
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_BYTES, parse_bytes_param, out);
 }
 
 dt_status dt_env_choice(dt_env_param p, int *index) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_CHOICE));
-  const dt_env_info *e = &env_table[p];
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v)
-    return DT_OK;
-  int i = choice_index(e->choices, v);
-  if (i >= 0) {
-    *index = i;
-    return DT_OK;
-  }
-  if (is_set && e->default_value && (i = choice_index(e->choices, e->default_value)) >= 0)
-    *index = i;
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_CHOICE, parse_choice_param, index);
 }
 
 dt_status dt_env_string(dt_env_param p, const char **out) {
@@ -230,27 +187,19 @@ dt_status dt_env_check(dt_env_param p) {
   const dt_env_info *e = dt_env_info_of(p);
   if (!e)
     return wrong_type(p, DT_ENV_TYPE_INT);
+  union {
+    int64_t i;
+    bool b;
+    size_t bytes;
+    int choice;
+    const char *text;
+  } v;
   switch (e->type) {
-    case DT_ENV_TYPE_INT: {
-      int64_t v = 0;
-      return dt_env_int(p, &v);
-    }
-    case DT_ENV_TYPE_BOOL: {
-      bool v = false;
-      return dt_env_bool(p, &v);
-    }
-    case DT_ENV_TYPE_BYTES: {
-      size_t v = 0;
-      return dt_env_bytes(p, &v);
-    }
-    case DT_ENV_TYPE_CHOICE: {
-      int v = 0;
-      return dt_env_choice(p, &v);
-    }
-    case DT_ENV_TYPE_STRING: {
-      const char *v = NULL;
-      return dt_env_string(p, &v);
-    }
+    case DT_ENV_TYPE_INT: return dt_env_int(p, &v.i);
+    case DT_ENV_TYPE_BOOL: return dt_env_bool(p, &v.b);
+    case DT_ENV_TYPE_BYTES: return dt_env_bytes(p, &v.bytes);
+    case DT_ENV_TYPE_CHOICE: return dt_env_choice(p, &v.choice);
+    case DT_ENV_TYPE_STRING: return dt_env_string(p, &v.text);
   }
   return DT_OK;
 }

@@ -3,6 +3,7 @@
  * follow torch.optim.SGD and torch.optim.AdamW exactly. */
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,13 @@ struct dt_optimizer {
   int n_segs;
   int64_t local_numel;
   dt_optim_shard shard; /* shard.grads retained; all zero when not sharded */
+  /* Runs of arena elements with or without weight decay, in order
+   * (dt_optim_set_decay_mask); NULL = everything decays. */
+  struct decay_run {
+    int64_t offset, numel;
+    bool decay;
+  } * runs;
+  int n_runs;
 };
 
 static int is_finite(float x) { return isfinite(x); }
@@ -157,7 +165,50 @@ void dt_optim_destroy(dt_optimizer *o) {
   release_state(o);
   dt_tensor_release(o->shard.grads);
   free(o->segs);
+  free(o->runs);
   free(o);
+}
+
+dt_status dt_optim_set_decay_mask(dt_optimizer *o, const uint8_t *decay, int n) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  free(o->runs);
+  o->runs = NULL;
+  o->n_runs = 0;
+  if (!decay)
+    return DT_OK;
+  int count = dt_param_arena_count(o->arena);
+  if (n != count)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "weight-decay mask of %d entries for an arena of %d parameters", n, count);
+  o->runs = calloc((size_t)(count > 0 ? count : 1), sizeof *o->runs);
+  if (!o->runs)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for %d weight-decay groups", count);
+  for (int i = 0; i < count; i++) {
+    int64_t off = dt_param_arena_offset(o->arena, i);
+    int64_t len = dt_tensor_numel(dt_param_arena_param(o->arena, i, NULL));
+    bool d = decay[i] != 0;
+    struct decay_run *last = o->n_runs ? &o->runs[o->n_runs - 1] : NULL;
+    if (last && last->decay == d && last->offset + last->numel == off)
+      last->numel += len;
+    else
+      o->runs[o->n_runs++] = (struct decay_run){off, len, d};
+  }
+  return DT_OK;
+}
+
+dt_status dt_optim_decay_matrices_only(dt_optimizer *o) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  int n = dt_param_arena_count(o->arena);
+  uint8_t *mask = malloc((size_t)(n > 0 ? n : 1));
+  if (!mask)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for a weight-decay mask of %d", n);
+  for (int i = 0; i < n; i++)
+    mask[i] = dt_tensor_ndim(dt_param_arena_param(o->arena, i, NULL)) >= 2;
+  dt_status st = dt_optim_set_decay_mask(o, mask, n);
+  free(mask);
+  return st;
 }
 
 static float *state_ptr(const dt_optimizer *o, int i) {
@@ -178,25 +229,43 @@ static dt_status check_grads(const dt_optimizer *o, dt_tensor *grads) {
   return DT_OK;
 }
 
-/* The fused kernel over segment `i`. */
+/* The fused kernel over arena elements [start, start + n) of segment sg,
+ * with or without weight decay. */
+static dt_status update_range(dt_optimizer *o, const dt_exec *ex, float *params, const float *grads,
+                              const dt_optim_segment *sg, int64_t start, int64_t n, bool decay) {
+  int64_t local = sg->local_offset + (start - sg->offset);
+  float *p = params + start;
+  const float *g = grads + local;
+  if (o->kind == OPTIM_SGD) {
+    const dt_sgd_config *c = &o->sgd;
+    float *m = state_ptr(o, 0);
+    return dt_kernel_sgd_update(ex, p, g, m ? m + local : NULL, n, o->lr, c->momentum, c->dampening,
+                                decay ? c->weight_decay : 0.0f, c->nesterov, o->steps == 0);
+  }
+  const dt_adamw_config *c = &o->adamw;
+  return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0) + local, state_ptr(o, 1) + local, n,
+                                o->lr, c->beta1, c->beta2, c->eps, decay ? c->weight_decay : 0.0f,
+                                (int)(o->steps + 1));
+}
+
+/* The fused kernel over segment `i`: once, or once per weight-decay run
+ * that meets it. */
 static dt_status update_segment(dt_optimizer *o, const dt_exec *ex, float *params,
                                 const float *grads, int i) {
   const dt_optim_segment *sg = &o->segs[i];
   if (sg->numel == 0)
     return DT_OK;
-  float *p = params + sg->offset;
-  const float *g = grads + sg->local_offset;
-  if (o->kind == OPTIM_SGD) {
-    const dt_sgd_config *c = &o->sgd;
-    float *m = state_ptr(o, 0);
-    return dt_kernel_sgd_update(ex, p, g, m ? m + sg->local_offset : NULL, sg->numel, o->lr,
-                                c->momentum, c->dampening, c->weight_decay, c->nesterov,
-                                o->steps == 0);
+  if (!o->runs)
+    return update_range(o, ex, params, grads, sg, sg->offset, sg->numel, true);
+  int64_t end = sg->offset + sg->numel;
+  for (int r = 0; r < o->n_runs; r++) {
+    int64_t lo = o->runs[r].offset > sg->offset ? o->runs[r].offset : sg->offset;
+    int64_t hi = o->runs[r].offset + o->runs[r].numel;
+    hi = hi < end ? hi : end;
+    if (hi > lo)
+      DT_CHECK(update_range(o, ex, params, grads, sg, lo, hi - lo, o->runs[r].decay));
   }
-  const dt_adamw_config *c = &o->adamw;
-  return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0) + sg->local_offset,
-                                state_ptr(o, 1) + sg->local_offset, sg->numel, o->lr, c->beta1,
-                                c->beta2, c->eps, c->weight_decay, (int)(o->steps + 1));
+  return DT_OK;
 }
 
 dt_status dt_optim_step(dt_optimizer *o) {
@@ -286,6 +355,51 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
   return DT_OK;
 }
 
+static dt_status check_flat(const dt_optimizer *o, const float *flat, int64_t flat_numel) {
+  int64_t want = (int64_t)o->n_state * dt_param_arena_numel(o->arena);
+  if (flat_numel != want || (!flat && want > 0))
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s state in the arena's coordinates holds %d x %lld floats, the buffer %lld",
+                    dt_optim_name(o), o->n_state, (long long)dt_param_arena_numel(o->arena),
+                    (long long)flat_numel);
+  return DT_OK;
+}
+
+dt_status dt_optim_state_to_flat(const dt_optimizer *o, float *flat, int64_t flat_numel) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = malloc((size_t)(local > 0 ? local : 1) * sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  dt_status st = dt_optim_state_get(o, mine, local);
+  for (int i = 0; i < o->n_state && st == DT_OK; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(flat + i * n + o->segs[k].offset, mine + i * o->local_numel + o->segs[k].local_offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  free(mine);
+  return st;
+}
+
+dt_status dt_optim_state_from_flat(dt_optimizer *o, const float *flat, int64_t flat_numel,
+                                   int64_t step_count) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = calloc((size_t)(local > 0 ? local : 1), sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  for (int i = 0; i < o->n_state; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(mine + i * o->local_numel + o->segs[k].local_offset, flat + i * n + o->segs[k].offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  dt_status st = dt_optim_state_set(o, mine, local, step_count);
+  free(mine);
+  return st;
+}
+
 /* ---- shards (ZeRO) ---- */
 
 static dt_status check_shard(const dt_optimizer *o, const dt_optim_shard *sh) {
@@ -352,6 +466,19 @@ dt_tensor *dt_optim_state_tensor(const dt_optimizer *o, int i) {
 
 /* ---- clipping ---- */
 
+/* The global norm of the n gradients at g (device of ex); `sum` (NULL =
+ * none) adds the other shards' sums of squares. */
+static dt_status norm_flat(const dt_exec *ex, const float *g, int64_t n, const dt_optim_shard *sum,
+                           double *norm) {
+  double sum_sq = 0.0;
+  if (n > 0)
+    DT_CHECK(dt_kernel_sum_squares(ex, g, n, &sum_sq));
+  if (sum != NULL && sum->sum_over_shards != NULL)
+    DT_CHECK(sum->sum_over_shards(sum->ctx, &sum_sq, 1));
+  *norm = sqrt(sum_sq);
+  return DT_OK;
+}
+
 /* Clips the n gradients at g (device of ex) to a global norm of max_norm;
  * `sum` (NULL = none) adds the other shards' sums of squares. */
 static dt_status clip_flat(const dt_exec *ex, float *g, int64_t n, float max_norm,
@@ -360,12 +487,8 @@ static dt_status clip_flat(const dt_exec *ex, float *g, int64_t n, float max_nor
     *total_norm = 0.0;
   if (!(max_norm > 0.0f) || !isfinite(max_norm))
     return DT_ERROR(DT_ERR_INVALID_ARG, "max_norm %g: must be finite and > 0", (double)max_norm);
-  double sum_sq = 0.0;
-  if (n > 0)
-    DT_CHECK(dt_kernel_sum_squares(ex, g, n, &sum_sq));
-  if (sum != NULL && sum->sum_over_shards != NULL)
-    DT_CHECK(sum->sum_over_shards(sum->ctx, &sum_sq, 1));
-  double norm = sqrt(sum_sq);
+  double norm = 0.0;
+  DT_CHECK(norm_flat(ex, g, n, sum, &norm));
   if (total_norm)
     *total_norm = norm;
   /* A non-finite norm fails this test and leaves the gradients as they are
@@ -391,6 +514,16 @@ dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total
   const dt_exec ex = dt_tensor_exec(grads);
   return clip_flat(&ex, dt_tensor_data(grads), dt_param_arena_numel(arena), max_norm, NULL,
                    total_norm);
+}
+
+dt_status dt_optim_grad_norm(dt_optimizer *o, double *norm) {
+  *norm = 0.0;
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  dt_tensor *grads = update_grads(o);
+  DT_CHECK(check_grads(o, grads));
+  const dt_exec ex = dt_tensor_exec(grads);
+  return norm_flat(&ex, dt_tensor_data(grads), dt_tensor_numel(grads), &o->shard, norm);
 }
 
 dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total_norm) {

@@ -109,6 +109,19 @@ dt_status dt_cuda_mark_elapsed(dt_cuda_mark *a, dt_cuda_mark *b, float *ms);
 /* *done = 1 when the work before the mark has completed (no wait). */
 dt_status dt_cuda_mark_query(dt_cuda_mark *m, int *done);
 
+/* ---- timing and NVTX, for traces ---- */
+
+/* A new timing event (a cudaEvent_t) recorded now on the compute stream of
+ * `dev`; destroy it with dt_cuda_timer_destroy. */
+dt_status dt_cuda_timer_record(dt_device dev, void **event);
+/* Milliseconds between two timer events on the device (waits for `end`). */
+dt_status dt_cuda_timer_elapsed_ms(void *start, void *end, double *ms);
+void dt_cuda_timer_destroy(void *event); /* NULL is a no-op */
+/* NVTX ranges on the calling thread (nvtxRangePushA / nvtxRangePop), so that
+ * Nsight Systems shows dtrain's span names; no-ops without CUDA. */
+void dt_cuda_nvtx_push(const char *name);
+void dt_cuda_nvtx_pop(void);
+
 /* ---- settings ---- */
 
 /* TF32 tensor cores for f32 GEMMs (default on, DT_CUDA_TF32=0 turns it

@@ -17,6 +17,33 @@
 
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
 
+/* A row kernel (a block per row, grid-stride over the rows) on ex's stream. */
+template <typename... Params, typename... Args>
+static dt_status launch_rows(const dt_exec *ex, int64_t rows, int64_t cols,
+                             void (*kernel)(Params...), Args... args) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)ctx;
+  kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(args...);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* The block's max of row x[0..n) and sum of exp(x - max) into *sumexp;
+ * every thread gets both. shf and shd: 32 floats and 32 doubles of shared
+ * memory. */
+static __device__ __forceinline__ float block_row_max_sumexp(const float *x, int64_t n, float *shf,
+                                                             double *shd, double *sumexp) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    mx = fmaxf(mx, x[j]);
+  mx = dt_block_max(mx, shf);
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    s += expf(x[j] - mx);
+  *sumexp = dt_block_sum(s, shd);
+  return mx;
+}
+
 /* The slot of index checks for kernels on `stream` (one per stream kind:
  * kernels on one stream run in order, so a slot serves one launch at a
  * time). */
@@ -72,14 +99,8 @@ static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, cols, shf, shd, &s);
     if (log_) {
       float lsf = (float)log(s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
@@ -112,22 +133,14 @@ extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, 
                                              int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  softmax_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(x, y, rows, cols,
-                                                                              log_);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, log_);
 }
 
 extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
                                               float *dx, int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  softmax_backward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(y, dy, dx, rows,
-                                                                               cols, log_);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, cols, softmax_backward_kernel, y, dy, dx, rows, cols, log_);
 }
 
 /* ---- causal softmax (attention scores) ---- */
@@ -141,14 +154,8 @@ static __global__ void causal_softmax_forward_kernel(const float *x, float *y, i
     const float *xr = x + r * t;
     float *yr = y + r * t;
     int64_t keep = r % t + 1;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, keep, shf, shd, &s);
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
       yr[j] = j < keep ? expf(xr[j] - mx) * inv : 0.0f;
@@ -176,10 +183,7 @@ extern "C" dt_status dt_cuda_causal_softmax_forward(const dt_exec *ex, const flo
                                                     int64_t rows, int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  causal_softmax_forward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(x, y, rows, t);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, t, causal_softmax_forward_kernel, x, y, rows, t);
 }
 
 extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const float *y,
@@ -187,11 +191,7 @@ extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const fl
                                                      int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  causal_softmax_backward_kernel<<<row_grid(rows), dt_row_threads(t), 0, stream>>>(y, dy, dx, rows,
-                                                                                   t);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, t, causal_softmax_backward_kernel, y, dy, dx, rows, t);
 }
 
 /* ---- cross-entropy ---- */
@@ -205,14 +205,8 @@ static __global__ void cross_entropy_forward_kernel(const float *logits, const v
   __shared__ double shd[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const float *xr = logits + i * c;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, c, shf, shd, &s);
     if (threadIdx.x == 0) {
       double l = (double)mx + log(s);
       if (lse)
@@ -300,16 +294,10 @@ static __global__ void classifier_forward_kernel(const float *logits, const void
         dr[j] = 0.0f;
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    /* read before the barrier in the sum: dr may overwrite it below */
+    /* read before the barriers of the row's max and sum: dr may overwrite it below */
     float xt = threadIdx.x == 0 ? xr[t] : 0.0f;
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, classes, shf, shd, &s);
     if (threadIdx.x == 0) {
       loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
       atomicAdd(&rep->kept, 1ull);
@@ -403,11 +391,8 @@ static dt_status layernorm_launch(const dt_exec *ex, const float *x, const float
                                   float *mean, float *rstd, int64_t rows, int64_t cols, float eps) {
   if (rows == 0)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  layernorm_forward_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
-      x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
-  DT_CUDA_CHECK_LAUNCH();
-  return DT_OK;
+  return launch_rows(ex, rows, cols, layernorm_forward_kernel, x, residual, gamma, beta, sum, y,
+                     mean, rstd, rows, cols, eps);
 }
 
 extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,

@@ -97,6 +97,25 @@ int dt_cuda_stream_ordered_memory(int index) {
   return 0;
 }
 
+dt_status dt_cuda_timer_record(dt_device dev, void **event) {
+  (void)dev;
+  *event = NULL;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "CUDA timing events: " NOT_BUILT);
+}
+
+dt_status dt_cuda_timer_elapsed_ms(void *start, void *end, double *ms) {
+  (void)start;
+  (void)end;
+  *ms = 0.0;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "CUDA timing events: " NOT_BUILT);
+}
+
+void dt_cuda_timer_destroy(void *event) { (void)event; }
+
+void dt_cuda_nvtx_push(const char *name) { (void)name; }
+
+void dt_cuda_nvtx_pop(void) {}
+
 void dt_cuda_set_tf32(int enabled) { (void)enabled; }
 
 int dt_cuda_tf32_enabled(void) { return 0; }

@@ -16,6 +16,8 @@
 #include "dist/replica.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/mfu.h"
+#include "launch/threads.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
@@ -27,7 +29,8 @@ static double now_seconds(void) {
 
 /* A synthetic batch of the task's input: inputs (batch, input_shape...) of
  * its dtype, N(0,1) for float inputs, ids in [0, input_range) for integer
- * ones; targets (batch) i32 class ids in [0, num_classes). */
+ * ones; targets (batch) i32 class ids in [0, num_classes), or (batch, T)
+ * for sequence targets. */
 static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_device dev,
                             dt_tensor **x, dt_tensor **y) {
   dt_status st = DT_OK;
@@ -37,7 +40,9 @@ static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_de
     xshape[i + 1] = task->input_shape[i];
     n *= (size_t)task->input_shape[i];
   }
-  const int64_t yshape[1] = {batch};
+  const int64_t yshape[2] = {batch, task->sequence_targets ? task->input_shape[0] : 1};
+  int yndim = task->sequence_targets ? 2 : 1;
+  size_t ny = (size_t)yshape[0] * (size_t)yshape[1];
   bool ints = task->input_dtype == DT_DTYPE_I32 || task->input_dtype == DT_DTYPE_I64;
   if (task->input_dtype != DT_DTYPE_F32 && !(ints && task->input_range > 0))
     return DT_ERROR(DT_ERR_UNSUPPORTED,
@@ -45,7 +50,7 @@ static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_de
                     "with an input_range",
                     task->name, dt_dtype_name(task->input_dtype));
   void *xs = malloc(n * (task->input_dtype == DT_DTYPE_I64 ? sizeof(int64_t) : sizeof(float)));
-  int32_t *ys = malloc((size_t)batch * sizeof *ys);
+  int32_t *ys = malloc(ny * sizeof *ys);
   if (!xs || !ys) {
     st = DT_ERROR(DT_ERR_OOM, "no host memory for a synthetic batch of %d", batch);
     goto done;
@@ -60,11 +65,11 @@ static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_de
     else
       ((int64_t *)xs)[i] = (int64_t)dt_generator_below(&gen, (uint64_t)task->input_range);
   }
-  for (int i = 0; i < batch; i++)
+  for (size_t i = 0; i < ny; i++)
     ys[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->num_classes);
   DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, task->input_ndim + 1, task->input_dtype, dev, x),
                 st, done);
-  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, 1, DT_DTYPE_I32, dev, y), st, done);
+  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, yndim, DT_DTYPE_I32, dev, y), st, done);
 done:
   free(ys);
   free(xs);
@@ -78,18 +83,10 @@ typedef struct phase_times {
 
 /* Adds the last synchronised pass's communication figures to *t. */
 static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
-  dt_ddp_timeline tl;
-  dt_ddp_get_timeline(ddp, &tl);
-  for (int b = 0; b < tl.n_buckets; b++) {
-    const dt_ddp_bucket_timing *bt = &tl.buckets[b];
-    if (bt->end_s <= 0 || bt->start_s <= 0)
-      continue;
-    t->allreduce += bt->end_s - bt->start_s;
-    double hidden_end = bt->end_s < tl.backward_end_s ? bt->end_s : tl.backward_end_s;
-    if (hidden_end > bt->start_s)
-      t->overlapped += hidden_end - bt->start_s;
-  }
-  t->exposed += tl.finish_end_s - tl.backward_end_s;
+  dt_ddp_comm_times c = dt_ddp_last_comm_times(ddp);
+  t->allreduce += c.allreduce_s;
+  t->overlapped += c.hidden_s;
+  t->exposed += c.exposed_s;
 }
 
 /* The step's phase boundaries (core/step.h): synchronise the device and
@@ -133,19 +130,26 @@ static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times
   return st;
 }
 
-/* sgd (lr 0.01, momentum 0.9) or adamw (PyTorch's defaults). */
-static dt_optimizer_spec bench_optimizer(const char *name) {
-  if (name && !strcmp(name, "adamw")) {
-    dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
-    return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false};
-  }
-  return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false};
+/* sgd (lr 0.01, momentum 0.9) or adamw: the task's AdamW settings when it
+ * has training defaults (a language model's: beta2, weight decay on the
+ * matrices only), PyTorch's otherwise. */
+static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) {
+  dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
+  const dt_task_defaults *td = task->defaults;
+  if (name && !strcmp(name, "adamw") && td && !strcmp(td->optimizer, "adamw"))
+    return (dt_optimizer_spec){
+        name, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
+  if (name && !strcmp(name, "adamw"))
+    return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
+  return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false, d.beta2, false};
 }
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_status st = DT_OK;
   dt_device dev;
-  const dt_task *task = NULL;
+  const dt_task *found = NULL;
+  dt_task ctx_task;
+  const dt_task *task = &ctx_task;
   dt_replica *rep = NULL;
   dt_module *model = NULL;
   int world = cfg->pg ? dt_pg_world_size(cfg->pg) : 1;
@@ -168,13 +172,17 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (cfg->threads > 0)
     dt_cpu_set_num_threads(cfg->threads);
 
-  DT_CHECK(dt_task_find(cfg->model, &task));
+  DT_CHECK(dt_task_find(cfg->model, &found));
+  ctx_task = *found;
+  if (cfg->ctx > 0)
+    DT_CHECK(dt_task_with_context(found, cfg->ctx, &ctx_task));
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task->loss;
+  sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
-  dt_optimizer_spec os = bench_optimizer(cfg->optimizer);
-  DT_CHECK(task->build(cfg->seed, &model));
+  dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
+  DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
     dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
@@ -214,6 +222,16 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.in_flight_mib = (double)rm.gradients_in_flight / DT_MIB;
   r.steps_per_s = cfg->steps / r.seconds;
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
+  if (task->max_context > 0)
+    r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
+  dt_peak_flops peak;
+  if (task->flops_per_sample && dt_mfu_peak(dev, &peak) == DT_OK) {
+    r.flops_per_sample = task->flops_per_sample(task);
+    r.peak_flops = peak.flops;
+    snprintf(r.peak_source, sizeof r.peak_source, "%s", peak.source);
+    r.mfu = r.samples_per_s * r.flops_per_sample / (peak.flops * world);
+  }
+  dt_clear_error();
   r.world = world;
   r.device = dev;
   if (timer.ddp) {
@@ -245,33 +263,17 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      {.name = "batch",
-       .type = DT_FLAG_INT,
-       .target = &cfg.batch,
-       .metavar = "N",
-       .help = "batch size (per rank under a launcher)",
-       .min = 1},
-      {.name = "steps",
-       .type = DT_FLAG_INT,
-       .target = &cfg.steps,
-       .metavar = "N",
-       .help = "timed training steps",
-       .min = 1},
-      {.name = "warmup",
-       .type = DT_FLAG_INT,
-       .target = &cfg.warmup,
-       .metavar = "N",
-       .help = "untimed warm-up steps"},
+      DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
+      DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
+      DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
                             "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+      dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
-      dt_cli_flag_comm_timeout(&cfg.comm_timeout),
-      dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
-      dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
-      dt_cli_flag_comm_backend(&comm_backend),
-      dt_cli_flag_zero(&cfg.zero),
+      DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
+                       &cfg.zero),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -293,19 +295,18 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
           "hid, and the part the step waited for.",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+    return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = pg ? dt_pg_rank(pg) : 0;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(pg ? dt_pg_local_size(pg) : 1);
 
   dt_bench_result r;
   dt_status st = dt_bench_run(&cfg, &r);
@@ -316,16 +317,24 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d\n",
+      "device %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads());
+      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
         "over %s, zero %d\n",
         r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero);
-  printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f\n", r.steps_per_s, r.samples_per_s,
+  printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
+  if (r.tokens_per_s > 0)
+    printf(" tokens_per_s=%.0f", r.tokens_per_s);
+  if (r.peak_flops > 0)
+    printf(" mfu=%.2f%%", 100.0 * r.mfu);
+  printf("\n");
+  if (r.peak_flops > 0)
+    printf("flops: %.1f MFLOP per sample, peak %.1f GFLOP/s per device (%s)\n",
+           r.flops_per_sample / 1e6, r.peak_flops / 1e9, r.peak_source);
   printf(
       "breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f peak_mem=%.1fMiB "
       "loss=%.4f\n",

@@ -50,13 +50,14 @@ typedef struct dt_bench_config {
   float bucket_cap_mb;      /* 25 */
   float first_bucket_mb;    /* 1 */
   int zero;                 /* ZeRO stage 0, 1, 2 (dist/ddp.h) */
+  int ctx;                  /* sequence tasks: the context T, 0 = the task's */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
- * buckets 1 MiB then 25 MiB, zero stage 0. */
+ * buckets 1 MiB then 25 MiB, zero stage 0; the task's context. */
 #define DT_BENCH_CONFIG_DEFAULT \
-  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0})
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, 0})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
@@ -70,6 +71,11 @@ typedef struct dt_bench_result {
   double optimizer_ms; /* per step: zero_grad + update */
   double peak_mib;     /* peak device memory during the timed steps */
   double final_loss;
+  /* Sequence tasks: samples_per_s x T. Tasks with flops_per_sample: the
+   * model FLOPs utilisation against peak_flops per device (launch/mfu.h). */
+  double tokens_per_s;
+  double flops_per_sample, peak_flops, mfu;
+  char peak_source[96];
   /* DDP (world > 1), per timed step, means over the timed steps. */
   int world;
   int buckets;

@@ -5,8 +5,10 @@
 #include "core/backend.h"
 #include "core/env.h"
 #include "core/tensor.h"
+#include "launch/trace.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
+#include "models/tasks.h"
 
 const char *dt_cli_model_choices(void) {
   static char list[256];
@@ -19,22 +21,53 @@ const char *dt_cli_model_choices(void) {
   return list;
 }
 
+const char *dt_cli_data_choices(void) {
+  static char list[256];
+  if (!list[0]) {
+    size_t used = 0;
+    for (int t = 0; t < dt_task_count(); t++) {
+      const dt_task *task = dt_task_at(t);
+      for (int d = 0; d < task->n_data && used < sizeof list; d++) {
+        const char *name = task->data[d].name;
+        if (used > 0 && dt_flags_is_choice(name, list))
+          continue;
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? "|" : "", name);
+      }
+    }
+  }
+  return list;
+}
+
+const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
+  const char *value = NULL;
+  size_t n = strlen(name);
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, n) != 0)
+      continue;
+    if (a[2 + n] == '\0' && i + 1 < argc)
+      value = argv[i + 1];
+    else if (a[2 + n] == '=')
+      value = a + 3 + n;
+  }
+  return value;
+}
+
 dt_flag dt_cli_flag_model(const char **target) {
-  return (dt_flag){.name = "model",
-                   .type = DT_FLAG_CHOICE,
-                   .target = target,
-                   .metavar = "NAME",
-                   .help = "the network to train (mlp is 784-512-512-10, lenet is LeNet-5)",
-                   .choices = dt_cli_model_choices()};
+  return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
+                                 "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "
+                                 "gpt2-* are GPT-2 language models)",
+                                 dt_cli_model_choices());
 }
 
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help) {
-  return (dt_flag){.name = "optimizer",
-                   .type = DT_FLAG_CHOICE,
-                   .target = target,
-                   .metavar = "NAME",
-                   .help = help,
-                   .choices = "sgd|adamw"};
+  return (dt_flag)DT_CHOICE_FLAG("optimizer", target, "NAME", help, "sgd|adamw");
+}
+
+dt_flag dt_cli_flag_data_dir(const char **target) {
+  return (dt_flag)DT_STRING_FLAG("data-dir", target, "DIR",
+                                 "folder holding the data sets; env DT_DATA_DIR sets the default",
+                                 .per_rank = true);
 }
 
 bool dt_cli_check_device(const char *value, char *why, size_t cap) {
@@ -42,6 +75,15 @@ bool dt_cli_check_device(const char *value, char *why, size_t cap) {
   if (dt_device_parse(value, &d) == DT_OK)
     return true;
   snprintf(why, cap, "expected cpu, cpu:N, cuda or cuda:N");
+  dt_clear_error();
+  return false;
+}
+
+bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap) {
+  int64_t a = 0, b = 0;
+  if (dt_trace_parse_steps(value, &a, &b) == DT_OK)
+    return true;
+  snprintf(why, cap, "expected A:B, the first and last optimizer step to record (1 <= A <= B)");
   dt_clear_error();
   return false;
 }
@@ -57,31 +99,45 @@ bool dt_cli_check_device_list(const char *value, char *why, size_t cap) {
 }
 
 dt_flag dt_cli_flag_device(const char **target) {
-  return (dt_flag){.name = "device",
-                   .type = DT_FLAG_STRING,
-                   .target = target,
-                   .metavar = "DEV",
-                   .help =
-                       "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own GPU "
-                       "(its local rank)",
-                   .check = dt_cli_check_device,
-                   .per_rank = true};
+  return (dt_flag)DT_STRING_FLAG("device", target, "DEV",
+                                 "cpu, cpu:N, cuda:N, or cuda: under a launcher each rank's own "
+                                 "GPU (its local rank)",
+                                 .check = dt_cli_check_device, .per_rank = true);
 }
 
 dt_flag dt_cli_flag_threads(int *target) {
-  return (dt_flag){.name = "threads",
-                   .type = DT_FLAG_INT,
-                   .target = target,
-                   .metavar = "N",
-                   .help = "CPU threads, 0 = all available cores (or DT_NUM_THREADS)",
-                   .min = 0,
-                   .max = DT_CPU_MAX_THREADS,
-                   .per_rank = true};
+  return (dt_flag)DT_INT_FLAG("threads", target, "N",
+                              "CPU threads, 0 = all available cores (or DT_NUM_THREADS)", .min = 0,
+                              .max = DT_CPU_MAX_THREADS, .per_rank = true);
+}
+
+dt_flag dt_cli_flag_ctx(int *target) {
+  return (dt_flag)DT_INT_FLAG("ctx", target, "T",
+                              "language models: context length (at most the model's), 0 = the "
+                              "model's own",
+                              .min = 0);
+}
+
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err) {
+  const dt_task *task = NULL;
+  if (ctx == 0 || dt_task_find(model, &task) != DT_OK) {
+    dt_clear_error();
+    return true;
+  }
+  if (task->max_context > 0 && ctx <= task->max_context)
+    return true;
+  if (task->max_context > 0)
+    fprintf(err, "dtrain %s: invalid value '%d' for --ctx: model %s's context is 1 to %lld\n",
+            command, ctx, model, (long long)task->max_context);
+  else
+    fprintf(err,
+            "dtrain %s: --ctx %d: model %s takes no sequence (--ctx is for the gpt2-* models)\n",
+            command, ctx, model);
+  return false;
 }
 
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {
-  return (dt_flag){
-      .name = "seed", .type = DT_FLAG_U64, .target = target, .metavar = "N", .help = help};
+  return (dt_flag)DT_U64_FLAG("seed", target, "N", help);
 }
 
 const char *dt_cli_comm_backend_default(void) {
@@ -90,62 +146,39 @@ const char *dt_cli_comm_backend_default(void) {
 }
 
 dt_flag dt_cli_flag_comm_backend(const char **target) {
-  return (dt_flag){.name = "comm-backend",
-                   .type = DT_FLAG_CHOICE,
-                   .target = target,
-                   .metavar = "NAME",
-                   .help =
-                       "how gradients are all-reduced: auto = nccl on GPUs, else mpi; mpi "
-                       "stages GPU tensors through host memory; overrides env "
-                       "DT_COMM_BACKEND",
-                   .choices = dt_env_info_of(DT_ENV_COMM_BACKEND)->choices};
+  return (dt_flag)DT_CHOICE_FLAG("comm-backend", target, "NAME",
+                                 "how gradients are all-reduced: auto = nccl on GPUs, else mpi; "
+                                 "mpi stages GPU tensors through host memory; overrides env "
+                                 "DT_COMM_BACKEND",
+                                 dt_env_info_of(DT_ENV_COMM_BACKEND)->choices);
 }
 
 dt_flag dt_cli_flag_comm_timeout(double *target) {
-  return (dt_flag){.name = "comm-timeout",
-                   .type = DT_FLAG_DOUBLE,
-                   .target = target,
-                   .metavar = "S",
-                   .help =
-                       "DDP: seconds a collective may take before the watchdog names it "
-                       "and aborts the job",
-                   .min = 0,
-                   .min_exclusive = true};
+  return (dt_flag)DT_DOUBLE_FLAG("comm-timeout", target, "S",
+                                 "DDP: seconds a collective may take before the watchdog names "
+                                 "it and aborts the job",
+                                 .min = 0, .min_exclusive = true);
 }
 
 dt_flag dt_cli_flag_bucket_cap_mb(float *target) {
-  return (dt_flag){.name = "bucket-cap-mb",
-                   .type = DT_FLAG_FLOAT,
-                   .target = target,
-                   .metavar = "MB",
-                   .help = "DDP: gradient bucket size after the first, in MiB",
-                   .min = 0,
-                   .min_exclusive = true};
+  return (dt_flag)DT_FLOAT_FLAG("bucket-cap-mb", target, "MB",
+                                "DDP: gradient bucket size after the first, in MiB", .min = 0,
+                                .min_exclusive = true);
 }
 
 dt_flag dt_cli_flag_first_bucket_mb(float *target) {
-  return (dt_flag){.name = "first-bucket-mb",
-                   .type = DT_FLAG_FLOAT,
-                   .target = target,
-                   .metavar = "MB",
-                   .help =
-                       "DDP: first gradient bucket, in MiB (small, so that the first "
-                       "all-reduce starts early)",
-                   .min = 0,
-                   .min_exclusive = true};
+  return (dt_flag)DT_FLOAT_FLAG("first-bucket-mb", target, "MB",
+                                "DDP: first gradient bucket, in MiB (small, so that the first "
+                                "all-reduce starts early)",
+                                .min = 0, .min_exclusive = true);
 }
 
 dt_flag dt_cli_flag_zero(int *target) {
-  return (dt_flag){.name = "zero",
-                   .type = DT_FLAG_INT,
-                   .target = target,
-                   .metavar = "STAGE",
-                   .help =
-                       "DDP and dp: ZeRO stage: 0 all-reduce; 1 shard the optimizer state over "
-                       "the ranks (gradients reduce-scattered, parameters all-gathered); 2 also "
-                       "the gradients",
-                   .min = 0,
-                   .max = 2};
+  return (dt_flag)DT_INT_FLAG("zero", target, "STAGE",
+                              "DDP and dp: ZeRO stage: 0 all-reduce; 1 shard the optimizer state "
+                              "over the ranks (gradients reduce-scattered, parameters "
+                              "all-gathered); 2 also the gradients",
+                              .min = 0, .max = 2);
 }
 
 dt_status dt_cli_check_env(void) {

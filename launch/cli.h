@@ -21,12 +21,28 @@ extern "C" {
 
 /* "lenet|mlp": the model registry's names (models/models.h), for --model. */
 const char *dt_cli_model_choices(void);
+/* "fashion-mnist|mnist|brown": every data set of the task table, for
+ * train's --data (which of them a model takes is checked at the start). */
+const char *dt_cli_data_choices(void);
+
+/* The value of `--name V` / `--name=V` in argv before any `--` (the last
+ * one given), or NULL: what train needs before it parses (--model decides
+ * the defaults the other flags start from). */
+const char *dt_cli_peek_flag(int argc, char **argv, const char *name);
 
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help);
+/* --data-dir (per rank: each rank may read its own copy). */
+dt_flag dt_cli_flag_data_dir(const char **target);
 dt_flag dt_cli_flag_device(const char **target);
 dt_flag dt_cli_flag_threads(int *target);
+/* --ctx T: a language model's context (0 = the model's own). */
+dt_flag dt_cli_flag_ctx(int *target);
+/* After parsing: --ctx `ctx` fits model `model` (a sequence task, T at
+ * most its context); otherwise prints "dtrain <command>: invalid value ..."
+ * to err and returns false (exit 2). An unknown model is left to the run. */
+bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
 /* --comm-backend: start *target at dt_cli_comm_backend_default()
  * (DT_COMM_BACKEND's value, or "auto") so that the help shows it; the flag
@@ -38,11 +54,20 @@ dt_flag dt_cli_flag_bucket_cap_mb(float *target);
 dt_flag dt_cli_flag_first_bucket_mb(float *target);
 /* --zero 0|1|2: the ZeRO stage of the DDP reducer (dist/ddp.h). */
 dt_flag dt_cli_flag_zero(int *target);
+/* The DDP flags of train and bench, in this order, as rows of a flag
+ * table: --comm-backend, --comm-timeout, --bucket-cap-mb, --first-bucket-mb,
+ * --zero. */
+#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb, zero)    \
+  dt_cli_flag_comm_backend(comm_backend), dt_cli_flag_comm_timeout(comm_timeout),             \
+      dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb), \
+      dt_cli_flag_zero(zero)
 
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */
 bool dt_cli_check_device(const char *value, char *why, size_t cap);
 bool dt_cli_check_device_list(const char *value, char *why, size_t cap);
+/* --trace-steps A:B (launch/trace.h's dt_trace_parse_steps). */
+bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap);
 
 /* Validates every DT_* variable a run reads (core/env_params.def, the test
  * group aside). DT_ERR_INVALID_ARG with the first bad one in

@@ -167,13 +167,7 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   dt_train_config job = dt_train_config_default(); /* what `dtrain train` runs */
   const char *data_dir = job.data_dir;
   dt_env_string(DT_ENV_DATA_DIR, &data_dir);
-  dt_flag flags[] = {
-      {.name = "data-dir",
-       .type = DT_FLAG_STRING,
-       .target = &data_dir,
-       .metavar = "DIR",
-       .help = "folder holding the data sets; env DT_DATA_DIR sets the default"},
-  };
+  dt_flag flags[] = {dt_cli_flag_data_dir(&data_dir)};
   dt_flag_set set = {
       .command = "doctor",
       .usage = "doctor [flags]",
@@ -185,14 +179,9 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
           "LeNet-5 on Fashion-MNIST on the CPU) can run; 1 when something it needs is\n"
           "missing or wrong (the data set, mpirun, a DT_* value), each named in the verdict.\n"
           "GPU problems are reported but do not fail the verdict.",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
 
   char buf[64];
   printf("devices:\n");

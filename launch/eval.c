@@ -34,21 +34,23 @@ static dt_status evaluate_checkpoint(const char *path, const char *data_dir, con
   dt_module *m = NULL;
   dt_dataset *test = NULL;
   double loss = 0, metric = 0;
-  DT_CHECK(task->build(0, &m));
+  DT_CHECK(task->build(task, 0, &m));
   char weights[4500];
   snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
   dt_status st = dt_module_to(m, dev);
   if (st == DT_OK)
     st = dt_safetensors_load_module(weights, m);
   if (st == DT_OK)
-    st = td->open(td, folder, "test", &test);
+    st = td->open(task, td, folder, task->eval_split, &test);
   if (st == DT_OK)
     st = dt_train_evaluate(task, m, test, batch, dev, &loss, &metric);
-  if (st == DT_OK)
-    printf(
-        "dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n"
-        "test_loss=%.4f test_%s=%.4f\n",
-        dir, model, data, step, loss, task->metric_name, metric);
+  if (st == DT_OK) {
+    printf("dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n%s_loss=%.4f", dir,
+           model, data, step, task->eval_split, loss);
+    if (task->metric)
+      printf(" %s_%s=%.4f", task->eval_split, task->metric_name, metric);
+    printf("\n");
+  }
   dt_dataset_destroy(test);
   dt_module_destroy(m);
   return st;
@@ -59,22 +61,10 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
   int batch = 1000, threads = 0;
   dt_env_string(DT_ENV_DATA_DIR, &data_dir);
   dt_flag flags[] = {
-      {.name = "checkpoint",
-       .type = DT_FLAG_STRING,
-       .target = &checkpoint,
-       .metavar = "PATH",
-       .help = "a checkpoint directory, or a run directory (its newest complete checkpoint)"},
-      {.name = "data-dir",
-       .type = DT_FLAG_STRING,
-       .target = &data_dir,
-       .metavar = "DIR",
-       .help = "folder holding the data sets; env DT_DATA_DIR sets the default"},
-      {.name = "eval-batch",
-       .type = DT_FLAG_INT,
-       .target = &batch,
-       .metavar = "N",
-       .help = "batch size of the evaluation",
-       .min = 1},
+      DT_STRING_FLAG("checkpoint", &checkpoint, "PATH",
+                     "a checkpoint directory, or a run directory (its newest complete checkpoint)"),
+      dt_cli_flag_data_dir(&data_dir),
+      DT_INT_FLAG("eval-batch", &batch, "N", "batch size of the evaluation", .min = 1),
       dt_cli_flag_device(&device),
       dt_cli_flag_threads(&threads),
   };
@@ -85,12 +75,9 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
           "Evaluates a checkpoint of dtrain train on the test split of its data set\n"
           "and prints test_loss=... test_accuracy=.... Exit status: 0, 1 when it fails\n"
           "(a damaged checkpoint is named by file and section), 2 for a bad command line.",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  int rc = dt_flags_parse_command(&set, argc, argv, err, NULL);
-  if (rc >= 0)
-    return rc;
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
   if (!checkpoint) {
     fprintf(err, "dtrain eval: --checkpoint PATH is required\n");
     return 2;

@@ -6,39 +6,18 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
+
+#include "core/parse.h"
 
 #define HELP_WIDTH 100 /* the help wraps its lines here */
 #define HELP_LEFT 24   /* the flag column */
 
 bool dt_flags_is_choice(const char *value, const char *choices) {
-  size_t n = strlen(value);
-  for (const char *p = choices;;) {
-    const char *bar = strchr(p, '|');
-    size_t len = bar ? (size_t)(bar - p) : strlen(p);
-    if (len == n && strncmp(p, value, n) == 0)
-      return true;
-    if (!bar)
-      return false;
-    p = bar + 1;
-  }
+  return dt_choice_index(choices, value) >= 0;
 }
 
 const char *dt_flags_format_choices(const char *choices, char *buf, size_t cap) {
-  size_t used = 0;
-  if (cap == 0)
-    return buf;
-  buf[0] = '\0';
-  for (const char *p = choices; *p && used + 3 < cap; p++) {
-    if (*p == '|') {
-      buf[used++] = ',';
-      buf[used++] = ' ';
-    } else {
-      buf[used++] = *p;
-    }
-  }
-  buf[used] = '\0';
-  return buf;
+  return dt_format_choices(choices, buf, cap);
 }
 
 /* "a positive integer", "an integer in 1..4096", "a number > 0", ... */
@@ -55,22 +34,6 @@ static void describe_number(const dt_flag *f, char *buf, size_t cap) {
   else
     snprintf(buf, cap, "a%s %s %s %g", integer ? "n" : "", noun,
              f->min_exclusive ? ">" : ">=", f->min);
-}
-
-static bool parse_bool(const char *s, bool *out) {
-  static const char *const yes[] = {"true", "1", "yes", "on"};
-  static const char *const no[] = {"false", "0", "no", "off"};
-  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-    if (!strcasecmp(s, yes[i])) {
-      *out = true;
-      return true;
-    }
-    if (!strcasecmp(s, no[i])) {
-      *out = false;
-      return true;
-    }
-  }
-  return false;
 }
 
 static bool in_range(const dt_flag *f, double v) {
@@ -140,7 +103,7 @@ static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
       *(const char **)f->target = text;
       return true;
     case DT_FLAG_BOOL:
-      if (!parse_bool(text, (bool *)f->target)) {
+      if (!dt_parse_bool(text, (bool *)f->target)) {
         snprintf(why, cap, "expected true or false");
         return false;
       }
@@ -244,6 +207,16 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
   if (out)
     *out = parsed;
   return DT_FLAGS_OK;
+}
+
+int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
+                           dt_flags_args *out) {
+  switch (dt_flags_parse(set, argc, argv, err, out)) {
+    case DT_FLAGS_OK: return DT_FLAGS_RUN;
+    case DT_FLAGS_HELP: dt_flags_print_help(set, stdout); return 0;
+    case DT_FLAGS_ERROR: break;
+  }
+  return 2;
 }
 
 /* The target's value; exact: the shortest digits (at least 6) that read
@@ -382,14 +355,4 @@ void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
   fprintf(out, "  %-*s show this help\n", HELP_LEFT - 2, "-h, --help");
   if (set->epilogue)
     fprintf(out, "\n%s\n", set->epilogue);
-}
-
-int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
-                           dt_flags_args *out) {
-  switch (dt_flags_parse(set, argc, argv, err, out)) {
-    case DT_FLAGS_OK: return -1;
-    case DT_FLAGS_HELP: dt_flags_print_help(set, stdout); return 0;
-    case DT_FLAGS_ERROR: break;
-  }
-  return 2;
 }

@@ -62,6 +62,34 @@ typedef struct dt_flag {
                     left out of dt_flags_format_values */
 } dt_flag;
 
+/* Table rows, one macro per type: name, target, metavar and help, then any
+ * other field as a designated initializer:
+ *   DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size", .min = 1),
+ *   DT_BOOL_FLAG("nesterov", &nesterov, "SGD with Nesterov momentum"),
+ * The target's type is the flag's (int* for INT, const char** for STRING
+ * and CHOICE, ...): a row pointing at the wrong type does not compile. */
+#define DT_FLAG_ROW_(type_, ctype_, name_, target_, ...) \
+  { .name = (name_), .type = (type_), .target = (ctype_ *){(target_)}, __VA_ARGS__ }
+#define DT_VALUE_FLAG_(type_, ctype_, name_, target_, metavar_, help_, ...) \
+  DT_FLAG_ROW_(type_, ctype_, name_, target_, .metavar = (metavar_), .help = (help_), __VA_ARGS__)
+#define DT_INT_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_INT, int, __VA_ARGS__)
+#define DT_U64_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_U64, uint64_t, __VA_ARGS__)
+#define DT_FLOAT_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_FLOAT, float, __VA_ARGS__)
+#define DT_DOUBLE_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_DOUBLE, double, __VA_ARGS__)
+#define DT_STRING_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_STRING, const char *, __VA_ARGS__)
+#define DT_LIST_FLAG(...) DT_VALUE_FLAG_(DT_FLAG_LIST, dt_flag_list, __VA_ARGS__)
+/* DT_CHOICE_FLAG(name, target, metavar, help, choices, ...) */
+#define DT_CHOICE_FLAG(name_, target_, metavar_, help_, choices_, ...)          \
+  DT_VALUE_FLAG_(DT_FLAG_CHOICE, const char *, name_, target_, metavar_, help_, \
+                 .choices = (choices_), __VA_ARGS__)
+/* DT_BOOL_FLAG(name, target, help, ...): a switch has no metavar. */
+#define DT_BOOL_FLAG(name_, target_, help_, ...) \
+  DT_FLAG_ROW_(DT_FLAG_BOOL, bool, name_, target_, .help = (help_), __VA_ARGS__)
+
+/* In a dt_flag_set initializer: `.flags` and `.nflags` from an array. */
+#define DT_FLAG_TABLE(array_) \
+  .flags = (array_), .nflags = (int)(sizeof(array_) / sizeof((array_)[0]))
+
 typedef struct dt_flag_set {
   const char *command;  /* "train": messages start "dtrain train: " */
   const char *usage;    /* after "usage: dtrain ": "train [flags]" */
@@ -93,11 +121,21 @@ typedef struct dt_flags_args {
 dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
                                dt_flags_args *out);
 
-/* dt_flags_parse as a command uses it: -1 when the command should go on;
- * else its exit status: 0 after printing the help to stdout (--help), 2
- * after a bad command line (the message is on `err`). */
+/* What a subcommand does with its command line: dt_flags_parse, and on
+ * --help the help printed to stdout. Returns DT_FLAGS_RUN when the command
+ * should go on, else its exit status: 0 after the help, 2 after a bad
+ * command line (the message is on `err`). */
+#define DT_FLAGS_RUN (-1)
 int dt_flags_parse_command(const dt_flag_set *set, int argc, char **argv, FILE *err,
                            dt_flags_args *out);
+/* dt_flags_parse_command in a subcommand returning its exit status:
+ * returns from the caller unless the command should go on. */
+#define DT_FLAGS_PARSE_OR_RETURN(set, argc, argv, err, out)                         \
+  do {                                                                              \
+    int dt_flags_rc_ = dt_flags_parse_command((set), (argc), (argv), (err), (out)); \
+    if (dt_flags_rc_ != DT_FLAGS_RUN)                                               \
+      return dt_flags_rc_;                                                          \
+  } while (0)
 
 /* The help: usage, about, every flag with its metavar, help, accepted
  * values and default (the target's current value, so call it before

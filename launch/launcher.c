@@ -256,48 +256,20 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   const char *hosts = NULL, *hostfile = NULL;
   dt_flag_list extra = {{NULL}, 0};
   dt_flag flags[] = {
-      {.name = "np",
-       .alias = "-n",
-       .type = DT_FLAG_INT,
-       .target = &np,
-       .metavar = "N",
-       .help = "ranks to start",
-       .min = 1,
-       .default_text = "one per visible GPU; required without GPUs"},
-      {.name = "hosts",
-       .type = DT_FLAG_STRING,
-       .target = &hosts,
-       .metavar = "H1,H2,...",
-       .help = "hosts to run on (mpirun --host; H:SLOTS gives slots)"},
-      {.name = "hostfile",
-       .type = DT_FLAG_STRING,
-       .target = &hostfile,
-       .metavar = "FILE",
-       .help = "an Open MPI hostfile (mpirun --hostfile; see launch/mpirun/)",
-       .check = check_readable},
-      {.name = "threads",
-       .type = DT_FLAG_INT,
-       .target = &threads,
-       .metavar = "C",
-       .help = "CPU threads per rank",
-       .min = 1,
-       .max = DT_CPU_MAX_THREADS,
-       .default_text = "cores / N"},
-      {.name = "mpirun-arg",
-       .type = DT_FLAG_LIST,
-       .target = &extra,
-       .metavar = "ARG",
-       .help = "pass ARG to mpirun"},
-      {.name = "dry-run",
-       .type = DT_FLAG_BOOL,
-       .target = &dry_run,
-       .help = "print the mpirun command line and exit"},
-      {.name = "max-restarts",
-       .type = DT_FLAG_INT,
-       .target = &max_restarts,
-       .metavar = "N",
-       .help = "train: when a rank dies or the watchdog fires, start the whole job again from "
-               "the newest complete checkpoint of its --run-dir, at most N times"},
+      DT_INT_FLAG("np", &np, "N", "ranks to start", .alias = "-n", .min = 1,
+                  .default_text = "one per visible GPU; required without GPUs"),
+      DT_STRING_FLAG("hosts", &hosts, "H1,H2,...",
+                     "hosts to run on (mpirun --host; H:SLOTS gives slots)"),
+      DT_STRING_FLAG("hostfile", &hostfile, "FILE",
+                     "an Open MPI hostfile (mpirun --hostfile; see launch/mpirun/)",
+                     .check = check_readable),
+      DT_INT_FLAG("threads", &threads, "C", "CPU threads per rank", .min = 1,
+                  .max = DT_CPU_MAX_THREADS, .default_text = "cores / N"),
+      DT_LIST_FLAG("mpirun-arg", &extra, "ARG", "pass ARG to mpirun"),
+      DT_BOOL_FLAG("dry-run", &dry_run, "print the mpirun command line and exit"),
+      DT_INT_FLAG("max-restarts", &max_restarts, "N",
+                  "train: when a rank dies or the watchdog fires, start the whole job again from "
+                  "the newest complete checkpoint of its --run-dir, at most N times"),
   };
   dt_flag_set set = {
       .command = "launch",
@@ -306,17 +278,12 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
           "                     [--mpirun-arg ARG]... [--dry-run] -- <command> [flags]",
       .about = about,
       .epilogue = examples,
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
       .command_after_dashdash = true,
       .args_hint = "put the dtrain command after --, e.g. dtrain launch -n 2 -- train",
   };
   dt_flags_args args;
-  switch (dt_flags_parse(&set, argc, argv, err, &args)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, &args);
   if (hosts && hostfile)
     return bad_usage(err, "%s", "give --hosts or --hostfile, not both");
   if (args.nrest < 1)
@@ -428,6 +395,12 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
     mpi_argv[k++] = "--mca";
     mpi_argv[k++] = (char *)m->name;
     mpi_argv[k++] = (char *)m->value;
+  }
+  /* The ranks write to mpirun's pseudo-terminal whatever mpirun's own
+   * output is: tell them (launch/progress.h). */
+  if (!dt_env_is_set(DT_ENV_PROGRESS) && isatty(STDOUT_FILENO)) {
+    mpi_argv[k++] = "-x";
+    mpi_argv[k++] = "DT_PROGRESS=bar";
   }
   if (np > cores && !hosts && !hostfile)
     mpi_argv[k++] = "--oversubscribe";

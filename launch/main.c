@@ -28,9 +28,14 @@
 #include "launch/eval.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
+#include "launch/report.h"
+#include "launch/threads.h"
 #include "launch/tokenize.h"
+#include "launch/top.h"
+#include "launch/trace.h"
 #include "launch/train_checkpoint.h"
 #include "launch/train_loop.h"
+#include "models/tasks.h"
 
 typedef struct command {
   const char *name;
@@ -46,6 +51,8 @@ static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
@@ -57,6 +64,9 @@ static const command commands[] = {
      cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", 0,
      cli_tokenize},
+    {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", 0,
+     cli_report},
+    {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", 0, cli_top},
     {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
@@ -110,6 +120,16 @@ static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err) {
   return dt_cli_tokenize(argc, argv);
 }
 
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_report(argc, argv, err);
+}
+
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_top(argc, argv, err);
+}
+
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
   dt_flag_set set = {
@@ -119,11 +139,7 @@ static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
       .max_args = 1,
   };
   dt_flags_args args;
-  switch (dt_flags_parse(&set, argc, argv, err, &args)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, &args);
   if (args.nargs == 0) {
     print_usage(stdout);
     return 0;
@@ -144,162 +160,117 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
+  /* The model decides where the other flags start (a language model's
+   * optimizer, schedule, batch, steps); an unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK)
+    dt_train_apply_task_defaults(&cfg, task);
+  dt_clear_error();
+  dt_observe_config *obs = &cfg.observe;
+  const char *trace_steps = "1:50";
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      {.name = "data",
-       .type = DT_FLAG_CHOICE,
-       .target = &cfg.data,
-       .metavar = "NAME",
-       .help = "data set, a folder of that name under --data-dir",
-       .choices = DT_CLI_DATA_SETS},
-      {.name = "data-dir",
-       .type = DT_FLAG_STRING,
-       .target = &cfg.data_dir,
-       .metavar = "DIR",
-       .help = "folder holding the data sets; env DT_DATA_DIR sets the default",
-       .per_rank = true},
-      {.name = "epochs",
-       .type = DT_FLAG_INT,
-       .target = &cfg.epochs,
-       .metavar = "N",
-       .help = "passes over the training set",
-       .min = 1},
-      {.name = "batch",
-       .type = DT_FLAG_INT,
-       .target = &cfg.batch,
-       .metavar = "N",
-       .help = "micro-batch size (per rank under a launcher)",
-       .min = 1},
-      {.name = "accum",
-       .type = DT_FLAG_INT,
-       .target = &cfg.accum,
-       .metavar = "K",
-       .help = "micro-batches per optimizer step (loss scaled by 1/K)",
-       .min = 1},
-      {.name = "lr",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.lr,
-       .metavar = "LR",
-       .help = "peak learning rate"},
+      DT_CHOICE_FLAG("data", &cfg.data, "NAME",
+                     "data set, a folder of that name under --data-dir (the model's first by "
+                     "default)",
+                     dt_cli_data_choices()),
+      dt_cli_flag_data_dir(&cfg.data_dir),
+      DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
+      DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
+                  .min = 1),
+      DT_INT_FLAG("accum", &cfg.accum, "K", "micro-batches per optimizer step (loss scaled by 1/K)",
+                  .min = 1),
+      DT_FLOAT_FLAG("lr", &cfg.lr, "LR", "peak learning rate"),
       dt_cli_flag_optimizer(&cfg.optimizer, "optimizer"),
-      {.name = "momentum",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.momentum,
-       .metavar = "M",
-       .help = "SGD momentum"},
-      {.name = "nesterov",
-       .type = DT_FLAG_BOOL,
-       .target = &nesterov,
-       .help = "SGD with Nesterov momentum"},
-      {.name = "weight-decay",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.weight_decay,
-       .metavar = "WD",
-       .help = "weight decay (decoupled for adamw)"},
-      {.name = "schedule",
-       .type = DT_FLAG_CHOICE,
-       .target = &cfg.schedule,
-       .metavar = "NAME",
-       .help = "learning-rate decay after the warm-up",
-       .choices = "constant|cosine|step"},
-      {.name = "warmup",
-       .type = DT_FLAG_INT,
-       .target = &cfg.warmup,
-       .metavar = "STEPS",
-       .help = "optimizer steps of linear learning-rate warm-up"},
-      {.name = "step-size",
-       .type = DT_FLAG_INT,
-       .target = &cfg.step_size,
-       .metavar = "STEPS",
-       .help = "step schedule: optimizer steps between decays, 0 = one epoch"},
-      {.name = "gamma",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.gamma,
-       .metavar = "G",
-       .help = "step schedule: decay factor",
-       .min_exclusive = true},
-      {.name = "min-lr",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.min_lr,
-       .metavar = "LR",
-       .help = "cosine schedule: final learning rate (at most --lr)"},
-      {.name = "clip",
-       .type = DT_FLAG_FLOAT,
-       .target = &cfg.clip,
-       .metavar = "NORM",
-       .help = "clip the global gradient norm, 0 = off"},
+      DT_FLOAT_FLAG("momentum", &cfg.momentum, "M", "SGD momentum"),
+      DT_BOOL_FLAG("nesterov", &nesterov, "SGD with Nesterov momentum"),
+      DT_FLOAT_FLAG("weight-decay", &cfg.weight_decay, "WD", "weight decay (decoupled for adamw)"),
+      DT_CHOICE_FLAG("schedule", &cfg.schedule, "NAME", "learning-rate decay after the warm-up",
+                     "constant|cosine|step"),
+      DT_INT_FLAG("warmup", &cfg.warmup, "STEPS",
+                  "optimizer steps of linear learning-rate warm-up"),
+      DT_INT_FLAG("step-size", &cfg.step_size, "STEPS",
+                  "step schedule: optimizer steps between decays, 0 = one epoch"),
+      DT_FLOAT_FLAG("gamma", &cfg.gamma, "G", "step schedule: decay factor", .min_exclusive = true),
+      DT_FLOAT_FLAG("min-lr", &cfg.min_lr, "LR",
+                    "cosine schedule: final learning rate (at most --lr)"),
+      DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
       dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
-      {.name = "log-interval",
-       .type = DT_FLAG_INT,
-       .target = &cfg.log_interval,
-       .metavar = "N",
-       .help = "micro-batches between progress lines, 0 = none",
-       .per_rank = true},
-      {.name = "max-steps",
-       .type = DT_FLAG_INT,
-       .target = &cfg.max_steps,
-       .metavar = "N",
-       .help = "stop after N optimizer steps in all (mid-epoch too; the LR schedule spans "
-               "them), 0 = --epochs decide"},
-      {.name = "eval-batch",
-       .type = DT_FLAG_INT,
-       .target = &cfg.eval_batch,
-       .metavar = "N",
-       .help = "batch size for the test-set evaluation",
-       .min = 1},
-      {.name = "mode",
-       .type = DT_FLAG_CHOICE,
-       .target = &cfg.mode,
-       .metavar = "MODE",
-       .help = "ddp: one process per rank (under a launcher); dp: one process, one replica "
-               "per device of --devices",
-       .choices = "ddp|dp"},
-      {.name = "devices",
-       .type = DT_FLAG_STRING,
-       .target = &cfg.devices,
-       .metavar = "LIST",
-       .help = "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
-       .check = dt_cli_check_device_list,
-       .per_rank = true},
-      dt_cli_flag_comm_backend(&comm_backend),
-      dt_cli_flag_comm_timeout(&cfg.comm_timeout),
-      dt_cli_flag_bucket_cap_mb(&cfg.bucket_cap_mb),
-      dt_cli_flag_first_bucket_mb(&cfg.first_bucket_mb),
-      dt_cli_flag_zero(&cfg.zero),
-      {.name = "allow-unused",
-       .type = DT_FLAG_BOOL,
-       .target = &allow_unused,
-       .help = "DDP: zero-fill gradients of parameters the forward did not use"},
-      {.name = "verbose-ranks",
-       .type = DT_FLAG_BOOL,
-       .target = &verbose_ranks,
-       .help = "every rank prints its progress (prefixed rank R:), not only rank 0",
-       .per_rank = true},
-      {.name = "run-dir",
-       .type = DT_FLAG_STRING,
-       .target = &cfg.run_dir,
-       .metavar = "DIR",
-       .help = "run directory: config.json, train.log, checkpoints/step_NNNNNNNN/",
-       .default_text = "runs/<model>-<data>-<time>"},
-      {.name = "save-every",
-       .type = DT_FLAG_INT,
-       .target = &cfg.save_every,
-       .metavar = "N",
-       .help = "save a checkpoint every N optimizer steps (and always at the end), 0 = only at "
-               "the end"},
-      {.name = "keep",
-       .type = DT_FLAG_INT,
-       .target = &cfg.keep,
-       .metavar = "K",
-       .help = "keep the newest K complete checkpoints, 0 = all"},
-      {.name = "resume",
-       .type = DT_FLAG_STRING,
-       .target = &cfg.resume,
-       .metavar = "auto|PATH",
-       .help = "continue from a checkpoint: auto = the newest complete one in --run-dir (none: "
-               "start from scratch), or a checkpoint directory"},
+      DT_INT_FLAG("log-interval", &cfg.log_interval, "N",
+                  "micro-batches between progress lines, 0 = none", .per_rank = true),
+      DT_INT_FLAG("max-steps", &cfg.max_steps, "N",
+                  "stop after N optimizer steps in all (mid-epoch too; the LR schedule spans "
+                  "them), 0 = --epochs decide"),
+      DT_INT_FLAG("eval-batch", &cfg.eval_batch, "N", "batch size for the test-set evaluation",
+                  .min = 1),
+      DT_CHOICE_FLAG("mode", &cfg.mode, "MODE",
+                     "ddp: one process per rank (under a launcher); dp: one process, one replica "
+                     "per device of --devices",
+                     "ddp|dp"),
+      DT_STRING_FLAG("devices", &cfg.devices, "LIST",
+                     "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
+                     .check = dt_cli_check_device_list, .per_rank = true),
+      DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
+                       &cfg.zero),
+      DT_BOOL_FLAG("allow-unused", &allow_unused,
+                   "DDP: zero-fill gradients of parameters the forward did not use"),
+      DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
+                   "every rank prints its progress (prefixed rank R:), not only rank 0",
+                   .per_rank = true),
+      dt_cli_flag_ctx(&cfg.ctx),
+      DT_FLOAT_FLAG("beta2", &cfg.beta2, "B", "adamw: decay of the squared-gradient average",
+                    .min = 0, .max = 0.999999),
+      DT_BOOL_FLAG("decay-matrices-only", &cfg.decay_matrices_only,
+                   "weight decay on weights of >= 2 dims only (not biases, norms)"),
+      DT_INT_FLAG("val-every", &cfg.val_every, "N",
+                  "evaluate on --val-batches every N optimizer steps, 0 = only at the end",
+                  .min = 0),
+      DT_INT_FLAG("val-batches", &cfg.val_batches, "N",
+                  "eval batches (of --eval-batch) the --val-every evaluations take, 0 = all",
+                  .min = 0),
+      DT_INT_FLAG("sample-every", &cfg.sample.every, "N",
+                  "text models: print a sample every N optimizer steps, 0 = at the end only",
+                  .min = 0),
+      DT_INT_FLAG("sample-len", &cfg.sample.length, "N",
+                  "text models: tokens per sample, 0 = no samples", .min = 0),
+      DT_FLOAT_FLAG("temperature", &cfg.sample.temperature, "T",
+                    "text models: sampling temperature, 0 = greedy", .min = 0),
+      DT_INT_FLAG("top-k", &cfg.sample.top_k, "K",
+                  "text models: sample among the K likeliest tokens, 0 = all", .min = 0),
+      DT_STRING_FLAG("prompt", &cfg.sample.prompt, "TEXT",
+                     "text models: the samples' beginning (default: <|endoftext|>)"),
+      DT_U64_FLAG("sample-seed", &cfg.sample.seed, "N", "text models: seed of the samples' draws"),
+      DT_STRING_FLAG("run-dir", &cfg.run_dir, "DIR",
+                     "run directory: config.json, train.log, checkpoints/step_NNNNNNNN/",
+                     .default_text = "runs/<model>-<data>-<time>"),
+      DT_INT_FLAG("save-every", &cfg.save_every, "N",
+                  "save a checkpoint every N optimizer steps (and always at the end), 0 = only "
+                  "at the end"),
+      DT_INT_FLAG("keep", &cfg.keep, "K", "keep the newest K complete checkpoints, 0 = all"),
+      DT_STRING_FLAG("resume", &cfg.resume, "auto|PATH",
+                     "continue from a checkpoint: auto = the newest complete one in --run-dir "
+                     "(none: start from scratch), or a checkpoint directory"),
+      DT_STRING_FLAG("metrics", &obs->metrics_path, "FILE",
+                     "JSON Lines: one record per log interval and per evaluation (rank 0 "
+                     "writes it)",
+                     .default_text = "<run-dir>/metrics.jsonl"),
+      DT_STRING_FLAG("trace", &obs->trace_path, "FILE",
+                     "Chrome trace-event timeline per rank ({rank} in FILE is the rank), for "
+                     "Perfetto",
+                     .default_text = "none"),
+      DT_STRING_FLAG("trace-steps", &trace_steps, "A:B",
+                     "the optimizer steps --trace records (first:last)",
+                     .check = dt_cli_check_trace_steps),
+      DT_BOOL_FLAG("quiet", &obs->quiet,
+                   "no header and no progress lines (the epoch lines and the result stay)",
+                   .per_rank = true),
+      DT_STRING_FLAG("status-dir", &obs->status_dir, "DIR",
+                     "where the ranks write their status for dtrain top",
+                     .default_text = "DT_STATUS_DIR, else /tmp/dtrain-status-<uid>",
+                     .per_rank = true),
   };
   dt_flag_set set = {
       .command = "train",
@@ -317,14 +288,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
           "stop after the current optimizer step, save a checkpoint and exit 75.\n"
           "Exit status: 0 on success, 1 when the run fails (dtrain: error: ...), 2 for a\n"
           "bad command line, 75 after a stop requested by a signal.",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  switch (dt_flags_parse(&set, argc, argv, err, NULL)) {
-    case DT_FLAGS_OK: break;
-    case DT_FLAGS_HELP: dt_flags_print_help(&set, stdout); return 0;
-    case DT_FLAGS_ERROR: return 2;
-  }
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
+  if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
+    return 2;
   bool dp = !strcmp(cfg.mode, "dp");
   if (dp && !cfg.devices) {
     fprintf(err,
@@ -350,6 +318,10 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   cfg.run_dir_default = true;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(dt_pg_local_size(pg));
+  if (dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) != DT_OK)
+    return 2; /* the flag's check accepted it */
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   static char agreed[8192];

@@ -16,10 +16,8 @@
 
 #include "core/checkpoint.h"
 #include "dist/agree.h"
+#include "launch/train_checkpoint_internal.h"
 #include "launch/train_loop.h"
-
-#define STATE_FILE "trainer_state.bin"
-#define WEIGHTS_FILE "model.safetensors"
 
 /* The one piece of process state: a signal handler can only set a flag. */
 static volatile sig_atomic_t stop_requested;
@@ -42,6 +40,9 @@ typedef struct save_job {
   char parent[4096]; /* .../checkpoints */
   int64_t step;
   int keep;
+  int n_shards;       /* ZeRO: optimizer.rank<R>.bin of every rank, written already */
+  double snapshot_ms; /* the training thread's part (the copies; ZeRO: the shard's file too) */
+  double write_ms;    /* the writer thread's */
   dt_tensor_snapshot *weights;
   dt_state_writer *state;
   dt_status status;
@@ -107,97 +108,29 @@ static void log_msg(dt_train_ckpt *ck, FILE *log, const char *fmt, ...) {
   fflush(log);
 }
 
-/* ---- what must match on resume ---- */
-static int64_t global_batch(const dt_train_ckpt_run *r) {
-  return (int64_t)r->cfg->batch * r->world;
-}
-
-/* "config.<flag> value" lines; the derived ones are named for their flags
- * in the messages (config_advice). */
-static void config_lines(const dt_train_ckpt_run *r, char *buf, size_t cap) {
-  const dt_train_config *c = r->cfg;
-  /* The step schedule's derived step size (one epoch) depends on the
-   * plan; the others ignore it. */
-  long long step_size = !strcmp(c->schedule, "step") ? (long long)r->schedule->step_size : 0;
-  snprintf(buf, cap,
-           "config.model %s\nconfig.data %s\nconfig.train-samples %lld\nconfig.global-batch "
-           "%lld\nconfig.accum %d\nconfig.optimizer %s\nconfig.lr %.9g\nconfig.momentum %.9g\n"
-           "config.nesterov %d\nconfig.weight-decay %.9g\nconfig.schedule %s\nconfig.warmup "
-           "%d\nconfig.step-size %lld\nconfig.gamma %.9g\nconfig.min-lr %.9g\n"
-           "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n",
-           c->model, c->data, (long long)r->train_samples, (long long)global_batch(r), c->accum,
-           c->optimizer, (double)c->lr, (double)c->momentum, c->nesterov ? 1 : 0,
-           (double)c->weight_decay, c->schedule, c->warmup, step_size, (double)c->gamma,
-           (double)c->min_lr, (long long)r->schedule->total_steps, (double)c->clip,
-           (unsigned long long)c->seed);
-}
-
-/* A value as the user wrote it: "0.05", not "0.0500000007", unless %g
- * would hide the difference. */
-static const char *shown(const char *v, const char *other, char *buf, size_t cap) {
-  char *end = NULL, a[64], b[64];
-  double x = strtod(v, &end);
-  if (end == v || *end != '\0')
-    return v;
-  snprintf(a, sizeof a, "%g", x);
-  snprintf(b, sizeof b, "%g", strtod(other, NULL));
-  if (!strcmp(a, b))
-    return v;
-  snprintf(buf, cap, "%s", a);
-  return buf;
-}
-
-static const char *config_advice(const char *key) {
-  if (!strcmp(key, "config.global-batch"))
-    return "keep the global batch (--batch x ranks) when resuming on another number of ranks";
-  if (!strcmp(key, "config.schedule-steps"))
-    return "the LR schedule must span the same steps: keep --epochs, --max-steps and the "
-           "global batch";
-  if (!strcmp(key, "config.train-samples"))
-    return "the training set differs";
-  return "start a new run (another --run-dir) for another configuration";
-}
-
-/* The first line of `want` whose value in `have` differs, as an error. */
-static dt_status compare_config(const char *path, const char *have, size_t have_size,
-                                const char *want, const dt_train_ckpt_run *r) {
-  for (const char *line = want; *line;) {
-    const char *nl = strchr(line, '\n');
-    char key[64], value[256], saved[256];
-    size_t len = nl ? (size_t)(nl - line) : strlen(line);
-    const char *sp = memchr(line, ' ', len);
-    snprintf(key, sizeof key, "%.*s", (int)(sp - line), line);
-    snprintf(value, sizeof value, "%.*s", (int)(len - (size_t)(sp - line) - 1), sp + 1);
-    char what[4200];
-    snprintf(what, sizeof what, "%s: section 'meta'", path);
-    DT_CHECK(dt_state_meta_get(have, have_size, key, what, saved, sizeof saved));
-    if (strcmp(saved, value) != 0) {
-      if (!strcmp(key, "config.global-batch")) {
-        long long g = atoll(saved);
-        if (g % r->world == 0)
-          return DT_ERROR(DT_ERR_INVALID_ARG,
-                          "%s: the checkpoint's global batch is %s, this run's %s (%d ranks x "
-                          "--batch %d): with %d ranks use --batch %lld",
-                          path, saved, value, r->world, r->cfg->batch, r->world, g / r->world);
-        return DT_ERROR(DT_ERR_INVALID_ARG,
-                        "%s: the checkpoint's global batch is %s, which %d ranks cannot share "
-                        "evenly: resume on a number of ranks that divides it",
-                        path, saved, r->world);
-      }
-      char a[64], b[64];
-      return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "%s: the checkpoint was written with --%s %s, this run has --%s %s: %s", path,
-                      key + 7, shown(saved, value, a, sizeof a), key + 7,
-                      shown(value, saved, b, sizeof b), config_advice(key));
-    }
-    line = nl ? nl + 1 : line + len;
-  }
+/* ---- saving ---- */
+/* Size and CRC32 of a file another rank wrote. */
+static dt_status file_entry(const char *dir, dt_ckpt_file_entry *e) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", dir, e->name);
+  void *buf = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_ckpt_read_file(path, &buf, &size));
+  e->size = size;
+  e->crc32 = dt_crc32(0, buf, size);
+  free(buf);
   return DT_OK;
 }
 
-/* ---- saving ---- */
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
 static void *writer_main(void *arg) {
   save_job *j = arg;
+  double t0 = now_ms();
   dt_ckpt_manifest m;
   memset(&m, 0, sizeof m);
   m.step = j->step;
@@ -207,14 +140,19 @@ static void *writer_main(void *arg) {
   if (st == DT_OK && unlink(manifest) != 0 && errno != ENOENT) /* a save of this step again */
     st = DT_ERROR(DT_ERR_IO, "removing %s: %s", manifest, strerror(errno));
   dt_ckpt_file_entry *w = &m.files[0], *s = &m.files[1];
-  snprintf(w->name, sizeof w->name, "%s", WEIGHTS_FILE);
-  snprintf(s->name, sizeof s->name, "%s", STATE_FILE);
+  snprintf(w->name, sizeof w->name, "%s", DT_CKPT_WEIGHTS_FILE);
+  snprintf(s->name, sizeof s->name, "%s", DT_CKPT_STATE_FILE);
   m.n_files = 2;
   if (st == DT_OK)
-    st =
-        dt_tensor_snapshot_write_safetensors(j->weights, j->dir, WEIGHTS_FILE, &w->crc32, &w->size);
+    st = dt_tensor_snapshot_write_safetensors(j->weights, j->dir, DT_CKPT_WEIGHTS_FILE, &w->crc32,
+                                              &w->size);
   if (st == DT_OK)
-    st = dt_state_writer_write(j->state, j->dir, STATE_FILE, &s->crc32, &s->size);
+    st = dt_state_writer_write(j->state, j->dir, DT_CKPT_STATE_FILE, &s->crc32, &s->size);
+  for (int r = 0; st == DT_OK && r < j->n_shards; r++) {
+    dt_ckpt_file_entry *e = &m.files[m.n_files++];
+    snprintf(e->name, sizeof e->name, "optimizer.rank%05d.bin", r);
+    st = file_entry(j->dir, e);
+  }
   if (st == DT_OK)
     st = dt_ckpt_manifest_write(j->dir, &m);
   /* --keep: the newest K complete checkpoints stay. */
@@ -231,6 +169,7 @@ static void *writer_main(void *arg) {
     if ((has_manifest && complete > j->keep) || (!has_manifest && complete > 0))
       st = dt_ckpt_remove(dir);
   }
+  j->write_ms = now_ms() - t0;
   j->status = st;
   if (st != DT_OK)
     snprintf(j->error, sizeof j->error, "saving checkpoint %s: %s", j->dir, dt_last_error());
@@ -260,6 +199,14 @@ static dt_status collect_writer(dt_train_ckpt *ck) {
     dt_error_set(st, __func__, __FILE__, __LINE__, "%s", j->error);
   else
     snprintf(ck->last_saved, sizeof ck->last_saved, "%s", j->dir);
+  if (st == DT_OK && ck->tee) {
+    fprintf(ck->tee,
+            "%sdtrain train: checkpoint %s saved: training waited %.1f ms (the snapshot), the "
+            "files took %.1f ms in the background\n",
+            ck->run.cfg->log_prefix ? ck->run.cfg->log_prefix : "", j->dir, j->snapshot_ms,
+            j->write_ms);
+    fflush(ck->tee);
+  }
   job_destroy(j);
   return st;
 }
@@ -268,47 +215,95 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
                            size_t cap) {
   const dt_train_ckpt_run *r = &ck->run;
   char config[4096];
-  config_lines(r, config, sizeof config);
+  dt_train_ckpt_config_lines(r, config, sizeof config);
   size_t n = (size_t)snprintf(
       buf, cap,
       "format dtrain-trainer-state\nstep %lld\nepoch %lld\nbatch_in_epoch %lld\n"
       "sample_in_epoch %lld\nworld %d\nper_rank_batch %d\nfirst_loss %a\nlr %a\n"
       "rng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s",
       (long long)pos->step, (long long)pos->epoch, (long long)pos->batch,
-      (long long)(pos->batch * global_batch(r)), r->world, r->cfg->batch, pos->first_loss,
-      (double)dt_optim_lr(r->opts[0]), (unsigned long long)r->cfg->seed, (long long)pos->epoch,
-      (unsigned long long)r->cfg->seed, config);
+      (long long)(pos->batch * dt_train_ckpt_global_batch(r)), r->world, r->cfg->batch,
+      pos->first_loss, (double)dt_optim_lr(r->opts[0]), (unsigned long long)r->cfg->seed,
+      (long long)pos->epoch, (unsigned long long)r->cfg->seed, config);
   if (n >= cap)
     return DT_ERROR(DT_ERR_INTERNAL, "trainer-state meta text too long");
   return DT_OK;
 }
 
-/* The optimizer's moments as one shard [0, total) (no ZeRO: every rank
- * holds all of them). */
-static dt_status optimizer_section(const dt_train_ckpt *ck, dt_state_writer *w) {
-  dt_optimizer *opt = ck->run.opts[0];
-  int64_t numel = dt_optim_state_numel(opt);
+/* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
+ * segments of the flat space (one, [0, total), without ZeRO), clipped to
+ * the model's parameters (ZeRO pads the arena's tail). */
+static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
+                                   size_t *size) {
+  int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(ck->run.models[0]);
-  float *moments = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
-  if (!moments)
-    return DT_ERROR(DT_ERR_OOM, "checkpoint: %lld optimizer floats: out of host memory",
-                    (long long)numel);
-  dt_status st = dt_optim_state_get(opt, moments, numel);
-  dt_ckpt_optim_shard shard = {0, (uint64_t)total, (uint64_t)total,
-                               total > 0 ? (uint32_t)(numel / total) : 0, moments};
+  int n_seg = dt_optim_num_segments(opt);
+  uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
+  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
+  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
+                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  uint32_t kept = 0;
+  size_t used = 0;
+  for (int i = 0; st == DT_OK && i < n_seg; i++) {
+    dt_optim_segment g = dt_optim_segment_at(opt, i);
+    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
+    if (n <= 0)
+      continue;
+    segs[2 * kept] = (uint64_t)g.offset;
+    segs[2 * kept + 1] = (uint64_t)n;
+    kept++;
+    used += (size_t)n;
+  }
+  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
+    for (int i = 0, k = 0; i < n_seg; i++) {
+      dt_optim_segment g = dt_optim_segment_at(opt, i);
+      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
+        continue;
+      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
+      pos += (uint32_t)segs[2 * k + 1];
+      k++;
+    }
+  dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
+  (void)used;
+  if (st == DT_OK)
+    st = dt_ckpt_optim_section_encode(&shard, bytes, size);
+  free(state);
+  free(data);
+  free(segs);
+  return st;
+}
+
+static void step_dir(const dt_train_ckpt *ck, int64_t step, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/step_%08lld", ck->ckpt_dir, (long long)step);
+}
+
+/* Under ZeRO every rank writes its own shard, optimizer.rank<R>.bin
+ * (section "optimizer.rank<R>"), before rank 0's manifest can list it. */
+static dt_status write_own_shard(const dt_train_ckpt *ck, int64_t step) {
+  char dir[4200], name[64], section[DT_STATE_NAME_MAX];
+  step_dir(ck, step, dir, sizeof dir);
+  snprintf(name, sizeof name, "optimizer.rank%05d.bin", ck->run.rank);
+  snprintf(section, sizeof section, "optimizer.rank%d", ck->run.rank);
+  DT_CHECK(dt_ckpt_make_dirs(dir));
+  dt_state_writer *w = NULL;
   void *bytes = NULL;
   size_t size = 0;
+  dt_status st = dt_state_writer_create(&w);
   if (st == DT_OK)
-    st = dt_ckpt_optim_section_encode(&shard, &bytes, &size);
-  free(moments);
+    st = optimizer_section(ck, ck->run.opts[0], &bytes, &size);
   if (st == DT_OK)
-    st = dt_state_writer_add(w, "optimizer", bytes, size);
+    st = dt_state_writer_add(w, section, bytes, size);
+  if (st == DT_OK)
+    st = dt_state_writer_write(w, dir, name, NULL, NULL);
   free(bytes);
+  dt_state_writer_destroy(w);
   return st;
 }
 
 /* The snapshot (on this thread), then the files on the writer thread. */
-static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
+static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
   DT_CHECK(collect_writer(ck));
   save_job *j = calloc(1, sizeof *j);
   if (!j)
@@ -321,8 +316,11 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
   j->step = p.step;
   j->keep = ck->run.cfg->keep;
   snprintf(j->parent, sizeof j->parent, "%s", ck->ckpt_dir);
-  snprintf(j->dir, sizeof j->dir, "%s/step_%08lld", ck->ckpt_dir, (long long)p.step);
+  step_dir(ck, p.step, j->dir, sizeof j->dir);
+  j->n_shards = sharded && ck->run.comm && ck->run.world > 1 ? ck->run.world : 0;
   char meta[8192];
+  void *bytes = NULL;
+  size_t size = 0;
   dt_status st = meta_text(ck, &p, meta, sizeof meta);
   if (st == DT_OK)
     st = dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights);
@@ -330,8 +328,19 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
     st = dt_state_writer_create(&j->state);
   if (st == DT_OK)
     st = dt_state_writer_add(j->state, "meta", meta, strlen(meta));
-  if (st == DT_OK)
-    st = optimizer_section(ck, j->state);
+  /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
+   * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
+   * files, written already. */
+  int parts = !sharded ? 1 : j->n_shards == 0 ? ck->run.n_replicas : 0;
+  for (int i = 0; st == DT_OK && i < parts; i++) {
+    char name[DT_STATE_NAME_MAX];
+    snprintf(name, sizeof name, sharded ? "optimizer.part%d" : "optimizer", i);
+    st = optimizer_section(ck, ck->run.opts[i], &bytes, &size);
+    if (st == DT_OK)
+      st = dt_state_writer_add(j->state, name, bytes, size);
+    free(bytes);
+    bytes = NULL;
+  }
   if (st != DT_OK) {
     job_destroy(j);
     return dt_error_wrap(st, "checkpoint of step %lld", (long long)p.step);
@@ -343,7 +352,6 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos) {
   }
   ck->writer_running = true;
   ck->job = j;
-  ck->saved_step = p.step;
   return DT_OK;
 }
 
@@ -363,6 +371,31 @@ static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
 
 static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
 
+/* A checkpoint of this step; every rank calls it (collective under ZeRO). */
+static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos) {
+  bool sharded = dt_optim_is_sharded(ck->run.opts[0]);
+  double t0 = now_ms();
+  if (sharded && ck->run.comm && ck->run.world > 1) {
+    /* The shards go to disk on this thread; every rank then knows all are
+     * there before rank 0's manifest can name them. */
+    dt_status st = write_own_shard(ck, pos->step);
+    float failed = st != DT_OK ? 1.0f : 0.0f;
+    dt_status cs = any_rank(ck, &failed);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "saving this rank's optimizer shard");
+    DT_CHECK(cs);
+    if (failed > 0)
+      return DT_ERROR(DT_ERR_IO, "another rank could not write its optimizer shard of step %lld",
+                      (long long)pos->step);
+  }
+  if (writes(ck)) {
+    DT_CHECK(start_save(ck, pos, sharded));
+    ck->job->snapshot_ms = now_ms() - t0; /* read by collect_writer, after the join */
+  }
+  ck->saved_step = pos->step;
+  return DT_OK;
+}
+
 dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop) {
   *stop = false;
   if (!ck)
@@ -375,8 +408,8 @@ dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *p
     *stop = true;
     return DT_OK; /* dt_train_ckpt_finish saves */
   }
-  if (every > 0 && pos->step % every == 0 && writes(ck))
-    DT_CHECK(start_save(ck, pos));
+  if (every > 0 && pos->step % every == 0)
+    DT_CHECK(save_checkpoint(ck, pos));
   return DT_OK;
 }
 
@@ -384,8 +417,8 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
   if (!ck)
     return DT_OK;
   dt_status st = DT_OK;
-  if (writes(ck) && ck->saved_step != pos->step)
-    st = start_save(ck, pos);
+  if (ck->saved_step != pos->step)
+    st = save_checkpoint(ck, pos);
   if (writes(ck)) {
     dt_status w = collect_writer(ck);
     if (st == DT_OK)
@@ -420,183 +453,6 @@ void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log) {
   if (ck->file_log)
     fclose(ck->file_log);
   free(ck);
-}
-
-/* ---- resuming ---- */
-/* The newest complete checkpoint in `parent` (a run's checkpoints/), ""
- * when it holds none (or does not exist yet); damaged ones are reported. */
-static dt_status newest_complete(const char *parent, FILE *log, char *out, size_t cap) {
-  dt_ckpt_manifest m;
-  char names[256][64];
-  int n = 0;
-  DT_CHECK(dt_ckpt_list(parent, names, 256, &n));
-  for (int i = 0; i < n; i++) {
-    char dir[4400];
-    snprintf(dir, sizeof dir, "%s/%s", parent, names[i]);
-    if (dt_ckpt_verify(dir, &m) == DT_OK) {
-      snprintf(out, cap, "%s", dir);
-      return DT_OK;
-    }
-    if (log)
-      fprintf(log, "dtrain: skipping checkpoint %s: %s\n", dir, dt_last_error());
-  }
-  out[0] = '\0';
-  if (n > 0)
-    return DT_ERROR(DT_ERR_FORMAT,
-                    "none of the %d checkpoints in %s is complete and intact (each is named "
-                    "above): remove them to start from scratch",
-                    n, parent);
-  return DT_OK;
-}
-
-dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t cap) {
-  dt_ckpt_manifest m;
-  char manifest[4200], parent[4200];
-  snprintf(manifest, sizeof manifest, "%s/%s", path, DT_CKPT_MANIFEST);
-  snprintf(parent, sizeof parent, "%s/checkpoints", path);
-  struct stat sb;
-  if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
-    DT_CHECK(dt_ckpt_verify(path, &m));
-    snprintf(out, cap, "%s", path);
-    return DT_OK;
-  }
-  return newest_complete(parent, log, out, cap);
-}
-
-static dt_status meta_int(const char *meta, size_t n, const char *key, const char *what,
-                          long long *out) {
-  char buf[64];
-  DT_CHECK(dt_state_meta_get(meta, n, key, what, buf, sizeof buf));
-  char *end = NULL;
-  *out = strtoll(buf, &end, 10);
-  if (*end != '\0')
-    return DT_ERROR(DT_ERR_FORMAT, "%s: '%s' is '%s', not an integer", what, key, buf);
-  return DT_OK;
-}
-
-/* The trainer state of a checkpoint directory and its meta section; path
- * and what (for messages) are filled in. */
-typedef struct state_meta {
-  char path[4200], what[4300];
-  dt_state_file *f;
-  const char *text;
-  size_t size;
-} state_meta;
-
-static dt_status open_meta(const char *ckpt_dir, state_meta *m) {
-  snprintf(m->path, sizeof m->path, "%s/%s", ckpt_dir, STATE_FILE);
-  snprintf(m->what, sizeof m->what, "%s: section 'meta'", m->path);
-  m->f = NULL;
-  DT_CHECK(dt_state_file_open(m->path, &m->f));
-  const void *text = NULL;
-  dt_status st = dt_state_file_section(m->f, "meta", &text, &m->size);
-  m->text = text;
-  if (st != DT_OK) {
-    dt_state_file_close(m->f);
-    m->f = NULL;
-  }
-  return st;
-}
-
-dt_status dt_train_ckpt_meta(const char *ckpt_dir, const char *key, char *buf, size_t cap) {
-  state_meta m;
-  DT_CHECK(open_meta(ckpt_dir, &m));
-  dt_status st = dt_state_meta_get(m.text, m.size, key, m.what, buf, cap);
-  dt_state_file *f = m.f;
-  dt_state_file_close(f);
-  return st;
-}
-
-/* The optimizer sections (one, or one per ZeRO shard) into the flat state. */
-static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file *f,
-                                const char *path, int64_t step) {
-  int64_t numel = dt_optim_state_numel(r->opts[0]);
-  int64_t total = dt_module_parameter_count(r->models[0]);
-  int64_t buffers = total > 0 ? numel / total : 0;
-  float *flat = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
-  if (!flat)
-    return DT_ERROR(DT_ERR_OOM, "resuming: out of host memory");
-  int64_t covered = 0;
-  dt_status st = DT_OK;
-  for (int k = -1; st == DT_OK && k < 4096; k++) {
-    char name[DT_STATE_NAME_MAX], what[4400];
-    if (k < 0)
-      snprintf(name, sizeof name, "optimizer");
-    else
-      snprintf(name, sizeof name, "optimizer.rank%d", k);
-    if (!dt_state_file_has_section(f, name)) {
-      if (k >= 0)
-        break;
-      continue;
-    }
-    snprintf(what, sizeof what, "%s: section '%s'", path, name);
-    const void *bytes = NULL;
-    size_t size = 0;
-    dt_ckpt_optim_shard sh;
-    st = dt_state_file_section(f, name, &bytes, &size);
-    if (st == DT_OK)
-      st = dt_ckpt_optim_section_decode(bytes, size, what, &sh);
-    if (st == DT_OK && (sh.total != (uint64_t)total || sh.n_buffers != (uint64_t)buffers))
-      st = DT_ERROR(DT_ERR_SHAPE,
-                    "%s: %u state buffers over %llu parameters, this run's %s has %lld over "
-                    "%lld: the checkpoint is of another model or optimizer",
-                    what, sh.n_buffers, (unsigned long long)sh.total, dt_optim_name(r->opts[0]),
-                    (long long)buffers, (long long)total);
-    for (uint32_t b = 0; st == DT_OK && b < sh.n_buffers; b++)
-      memcpy(flat + b * total + sh.offset, sh.data + b * sh.length, sh.length * sizeof(float));
-    covered += st == DT_OK ? (int64_t)sh.length : 0;
-  }
-  if (st == DT_OK && buffers > 0 && covered != total)
-    st = DT_ERROR(DT_ERR_FORMAT,
-                  "%s: the optimizer sections cover %lld of the %lld parameters' state", path,
-                  (long long)covered, (long long)total);
-  for (int i = 0; st == DT_OK && i < r->n_replicas; i++)
-    st = dt_optim_state_set(r->opts[i], flat, numel, step);
-  free(flat);
-  return st;
-}
-
-static dt_status load_checkpoint(dt_train_ckpt *ck, const char *dir, dt_train_position *pos) {
-  const dt_train_ckpt_run *r = &ck->run;
-  state_meta m;
-  DT_CHECK(open_meta(dir, &m));
-  dt_state_file *f = m.f;
-  const char *meta = m.text, *path = m.path, *what = m.what;
-  size_t n = m.size;
-  char config[4096], first_loss[64];
-  long long step = 0, epoch = 0, batch = 0;
-  config_lines(r, config, sizeof config);
-  dt_status st = compare_config(path, meta, n, config, r);
-  if (st == DT_OK)
-    st = meta_int(meta, n, "step", what, &step);
-  if (st == DT_OK)
-    st = meta_int(meta, n, "epoch", what, &epoch);
-  if (st == DT_OK)
-    st = meta_int(meta, n, "batch_in_epoch", what, &batch);
-  if (st == DT_OK)
-    st = dt_state_meta_get(meta, n, "first_loss", what, first_loss, sizeof first_loss);
-  if (st == DT_OK && (step < 0 || epoch < 0 || batch < 0 || batch > r->batches_per_epoch))
-    st = DT_ERROR(DT_ERR_FORMAT,
-                  "%s: position step %lld epoch %lld batch %lld does not fit an epoch of %lld "
-                  "micro-batches",
-                  what, step, epoch, batch, (long long)r->batches_per_epoch);
-  if (st == DT_OK) {
-    char weights[4200];
-    snprintf(weights, sizeof weights, "%s/%s", dir, WEIGHTS_FILE);
-    for (int i = 0; st == DT_OK && i < r->n_replicas; i++)
-      st = dt_safetensors_load_module(weights, r->models[i]);
-  }
-  if (st == DT_OK)
-    st = load_optimizer(r, f, path, step);
-  dt_state_file_close(f);
-  DT_CHECK(st);
-  for (int i = 0; i < r->n_replicas; i++)
-    dt_optim_set_lr(r->opts[i], dt_lr_at(r->schedule, step));
-  pos->step = step;
-  pos->epoch = epoch;
-  pos->batch = batch;
-  pos->first_loss = strtod(first_loss, NULL);
-  return DT_OK;
 }
 
 /* rank 0's text of `len` bytes to every rank (DDP). */
@@ -649,7 +505,7 @@ static dt_status write_config_json(const dt_train_ckpt *ck) {
       "  \"min_lr\": %.9g,\n  \"clip\": %.9g,\n  \"seed\": %llu,\n  \"eval_batch\": %d,\n"
       "  \"save_every\": %d,\n  \"keep\": %d,\n  \"resume\": \"%s\",\n  \"run_dir\": \"%s\"\n}\n",
       c->model, c->data, c->data_dir, c->device, c->mode, r->world, c->batch,
-      (long long)global_batch(r), c->accum, c->epochs, c->max_steps,
+      (long long)dt_train_ckpt_global_batch(r), c->accum, c->epochs, c->max_steps,
       (long long)r->schedule->total_steps, c->optimizer, (double)c->lr, (double)c->momentum,
       c->nesterov ? "true" : "false", (double)c->weight_decay, c->schedule, c->warmup, c->step_size,
       (double)c->gamma, (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed,
@@ -666,7 +522,7 @@ static dt_status resume_dir(dt_train_ckpt *ck, FILE *log, char *dir, size_t cap)
   bool is_auto = !strcmp(resume, "auto");
   FILE *report = ck->run.rank == 0 ? log : NULL;
   /* auto: the run's own checkpoints/ (which rank 0 may be creating now). */
-  dt_status st = is_auto ? newest_complete(ck->ckpt_dir, report, dir, cap)
+  dt_status st = is_auto ? dt_train_ckpt_newest(ck->ckpt_dir, report, dir, cap)
                          : dt_train_ckpt_resolve(resume, report, dir, cap);
   if (st != DT_OK)
     return dt_error_wrap(st, "--resume %s", resume);
@@ -707,11 +563,20 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   }
   if (st == DT_OK)
     log_msg(ck, *log, "dtrain train: run directory %s\n", ck->run_dir);
+  char old[1][64];
+  int n_old = 0;
+  if (st == DT_OK && !c->resume && run->rank == 0 &&
+      dt_ckpt_list(ck->ckpt_dir, old, 1, &n_old) == DT_OK && n_old > 0)
+    log_msg(ck, *log,
+            "dtrain train: note: %s holds checkpoints of an earlier run (newest %s) and this run "
+            "does not resume (--resume auto would): they are replaced as it reaches their "
+            "steps\n",
+            ck->ckpt_dir, old[0]);
   if (st == DT_OK && c->resume) {
     char dir[4400];
     st = resume_dir(ck, *log, dir, sizeof dir);
     if (st == DT_OK && dir[0]) {
-      st = load_checkpoint(ck, dir, pos);
+      st = dt_train_ckpt_load(&ck->run, dir, pos);
       if (st == DT_OK) {
         ck->saved_step = pos->step;
         log_msg(ck, *log,
@@ -731,3 +596,5 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   *out = ck;
   return DT_OK;
 }
+
+const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck) { return ck ? ck->run_dir : ""; }

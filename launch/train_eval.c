@@ -16,16 +16,26 @@ static dt_status keep_rows(dt_tensor **t, int64_t keep) {
 dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const dt_dataset *data,
                                   int batch, dt_device dev, int rank, int world, double *loss_sum,
                                   double *metric_sum, int64_t *count) {
+  return dt_train_evaluate_first(task, model, data, 0, batch, dev, rank, world, loss_sum,
+                                 metric_sum, count);
+}
+
+dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const dt_dataset *data,
+                                  int64_t first, int batch, dt_device dev, int rank, int world,
+                                  double *loss_sum, double *metric_sum, int64_t *count) {
   dt_status st = DT_OK;
   dt_sampler *sampler = NULL;
   dt_loader *loader = NULL;
   dt_tensor *x = NULL, *y = NULL, *output = NULL, *batch_loss = NULL;
   int was_training = dt_module_is_training(model);
   int64_t len = dt_dataset_length(data);
+  /* The sampler is not shuffled: the samples below `first` are the
+   * positions below it. */
+  int64_t used = first > 0 && first < len ? first : len;
   /* DistributedSampler pads the tail by repeating the start; the padded
    * positions come last in a rank's list, so its real samples are the
    * first `real` ones: positions rank, rank + world, ... below len. */
-  int64_t real = rank < len ? (len - rank + world - 1) / world : 0;
+  int64_t real = rank < used ? (used - rank + world - 1) / world : 0;
   *loss_sum = 0.0;
   *metric_sum = 0.0;
   *count = 0;
@@ -64,7 +74,8 @@ dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const d
     double v;
     DT_CHECK_GOTO(dt_tensor_item(batch_loss, 0, &v), st, free_batch);
     *loss_sum += v;
-    DT_CHECK_GOTO(task->metric(output, y, metric_sum), st, free_batch);
+    if (task->metric)
+      DT_CHECK_GOTO(task->metric(output, y, metric_sum), st, free_batch);
     *count += b;
     dt_tensor_release(batch_loss);
     dt_tensor_release(output);

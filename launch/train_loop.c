@@ -16,7 +16,10 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "launch/observe.h"
+#include "launch/threads.h"
 #include "launch/train_checkpoint.h"
+#include "launch/train_lm.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {
@@ -38,12 +41,16 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 1.0f,
-                           .log_prefix = ""};
+                           .log_prefix = "",
+                           .beta2 = 0.999f,
+                           .sample = DT_SAMPLE_CONFIG_DEFAULT,
+                           .observe = DT_OBSERVE_CONFIG_DEFAULT};
 }
 
 /* Everything one run owns, released in reverse order by state_destroy. */
 typedef struct train_state {
-  const dt_task *task;
+  const dt_task *task; /* &task_ctx */
+  dt_task task_ctx;    /* the table's, at the run's context (--ctx) */
   const dt_task_data *data;
   dt_device dev;
   dt_dataset *train_set;
@@ -69,6 +76,8 @@ typedef struct train_state {
   dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
   dt_train_position pos; /* after the last optimizer step (or the resumed one) */
   bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
+  dt_step_stats stats;   /* the gradient norm for the metrics */
+  dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
 static double now_seconds(void) {
@@ -107,10 +116,10 @@ static dt_status check_config(const dt_train_config *c) {
                     "epochs (%d), batch (%d), accum (%d) and eval_batch (%d) must be >= 1",
                     c->epochs, c->batch, c->accum, c->eval_batch);
   if (c->warmup < 0 || c->step_size < 0 || c->log_interval < 0 || c->max_steps < 0 ||
-      c->threads < 0)
+      c->threads < 0 || c->ctx < 0 || c->val_every < 0 || c->val_batches < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "warmup, step_size, log_interval, max_steps and threads "
-                    "must be >= 0");
+                    "warmup, step_size, log_interval, max_steps, threads, ctx, val_every and "
+                    "val_batches must be >= 0");
   if (c->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
                     c->threads, DT_CPU_MAX_THREADS);
@@ -195,7 +204,8 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
 }
 
 static dt_optimizer_spec optimizer_spec(const dt_train_config *c) {
-  return (dt_optimizer_spec){c->optimizer, c->lr, c->momentum, c->weight_decay, c->nesterov};
+  return (dt_optimizer_spec){c->optimizer, c->lr,    c->momentum,           c->weight_decay,
+                             c->nesterov,  c->beta2, c->decay_matrices_only};
 }
 
 static const char *format_shape(const int64_t *shape, int ndim, char *buf, size_t cap) {
@@ -262,7 +272,7 @@ static dt_status agreement_text(const dt_train_config *c, const train_state *s, 
 static dt_status build_replica(const dt_train_config *c, train_state *s) {
   dt_module *model = NULL;
   dt_optimizer_spec os = optimizer_spec(c);
-  DT_CHECK(s->task->build(c->seed, &model));
+  DT_CHECK(s->task->build(s->task, c->seed, &model));
   DT_CHECK(
       dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
   if (s->world > 1) {
@@ -288,7 +298,7 @@ typedef struct model_source {
 static dt_status build_dp_model(void *user, int replica, dt_module **out) {
   (void)replica;
   const model_source *src = user;
-  return src->task->build(src->seed, out);
+  return src->task->build(src->task, src->seed, out);
 }
 
 /* Data-parallel mode: one replica per device of --devices (dist/dp.h). */
@@ -338,10 +348,10 @@ static dt_status check_task_input(const dt_train_config *c, const train_state *s
     return DT_ERROR(DT_ERR_SHAPE, "data set %s has samples of shape %s, but model %s takes %s",
                     c->data, format_shape(shape, ndim, have, sizeof have), t->name,
                     format_shape(t->input_shape, t->input_ndim, want, sizeof want));
-  if (t->input_dtype != DT_DTYPE_F32)
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "model %s takes %s inputs, but the data loader gives f32 samples", t->name,
-                    dt_dtype_name(t->input_dtype));
+  dt_dtype given = dt_dataset_layout(s->train_set)->input_dtype;
+  if (t->input_dtype != given)
+    return DT_ERROR(DT_ERR_UNSUPPORTED, "model %s takes %s inputs, but data set %s gives %s",
+                    t->name, dt_dtype_name(t->input_dtype), c->data, dt_dtype_name(given));
   return DT_OK;
 }
 
@@ -382,8 +392,8 @@ static dt_status data_create(const dt_train_config *c, train_state *s) {
   char folder[4096];
   DT_CHECK(data_folder(c, folder, sizeof folder));
 
-  DT_CHECK(s->data->open(s->data, folder, "train", &s->train_set));
-  DT_CHECK(s->data->open(s->data, folder, "test", &s->test_set));
+  DT_CHECK(s->data->open(s->task, s->data, folder, "train", &s->train_set));
+  DT_CHECK(s->data->open(s->task, s->data, folder, s->task->eval_split, &s->test_set));
   DT_CHECK(check_task_input(c, s));
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -423,7 +433,12 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   DT_CHECK(check_comm_backend(c, s->dev));
   if (c->threads > 0)
     dt_cpu_set_num_threads(c->threads);
-  DT_CHECK(dt_task_find(c->model, &s->task));
+  const dt_task *found = NULL;
+  DT_CHECK(dt_task_find(c->model, &found));
+  s->task_ctx = *found;
+  if (c->ctx > 0)
+    DT_CHECK(dt_task_with_context(found, c->ctx, &s->task_ctx));
+  s->task = &s->task_ctx;
   DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
   DT_CHECK(data_create(c, s));
   DT_CHECK(plan_steps(c, s));
@@ -431,6 +446,7 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.loss = s->task->loss;
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
+  s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -552,7 +568,8 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
 /* Clipping sees the reduced gradients (the group's last micro-batch
  * finished the reduction). */
 static dt_status optimizer_step(train_state *s) {
-  return s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica));
+  DT_CHECK(s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica)));
+  return dt_observer_step_end(s->obs, s->ddp);
 }
 
 static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
@@ -568,23 +585,61 @@ static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) 
   fflush(log);
 }
 
-static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch, int64_t b,
-                         int64_t batches, double loss, double samples_per_s) {
-  dt_memory_stats ms;
-  memset(&ms, 0, sizeof ms);
-  if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
-    memset(&ms, 0, sizeof ms);
+static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batches, double loss,
+                              double samples_per_s) {
   /* Per rank (dp: per replica): what ZeRO shards. */
   dt_replica_memory rm = dt_replica_memory_use(s->replica ? s->replica : dt_dp_replica(s->dp, 0));
-  char in_flight[48] = "";
+  char extra[128], in_flight[48] = "";
   if (rm.gradients_in_flight > 0)
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
-  log_line(log, c,
-           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f mem %.1f MiB (peak %.1f "
-           "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
-           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s,
-           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
-           in_flight);
+  char rate[96];
+  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, rate,
+                           sizeof rate);
+  snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
+           mib(rm.optimizer_state), mib(rm.gradients), in_flight);
+  int devices = s->dp ? s->n_replicas : s->world;
+  dt_observe_interval iv = {epoch,
+                            b,
+                            batches,
+                            loss,
+                            dt_optim_lr(s->opt),
+                            samples_per_s,
+                            rate,
+                            extra,
+                            dt_train_mfu(s->task, s->dev, devices, samples_per_s)};
+  return dt_observer_interval(s->obs, &iv);
+}
+
+static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
+                                double *loss, double *metric);
+
+/* After optimizer step `step` (not the run's last, which the evaluation
+ * and the samples at the end cover): the evaluation on the first
+ * --val-batches of the eval split every --val-every steps, a sample every
+ * --sample-every. *seconds gets the time they took (not training time). */
+static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log, double *seconds) {
+  int64_t step = dt_optim_step_count(s->opt);
+  double t0 = now_seconds();
+  *seconds = 0.0;
+  if (step >= s->total_steps)
+    return DT_OK;
+  if (c->val_every > 0 && step % c->val_every == 0) {
+    double loss = 0.0, metric = 0.0;
+    DT_CHECK(evaluate_first(c, s, (int64_t)c->val_batches * c->eval_batch, &loss, &metric));
+    dt_observe_eval ev = {0, s->task->eval_split, NAN, loss, metric};
+    DT_CHECK(dt_observer_eval_end(s->obs, &ev));
+    char name[64];
+    snprintf(name, sizeof name, "%s_loss", s->task->eval_split);
+    if (s->task->metric)
+      log_line(log, c, "step %lld %s=%.4f %s_%s=%.4f\n", (long long)step, name, loss,
+               s->task->eval_split, s->task->metric_name, metric);
+    else
+      log_line(log, c, "step %lld %s=%.4f\n", (long long)step, name, loss);
+  }
+  if (c->sample.every > 0 && step % c->sample.every == 0)
+    DT_CHECK(dt_train_log_sample(log, c, s->task, s->model, s->dev, (long long)step));
+  *seconds = now_seconds() - t0;
+  return DT_OK;
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -601,6 +656,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int group = 1;
 
   DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
+  dt_observer_epoch_begin(s->obs, epoch, batches);
   for (int64_t b = first; b < batches && !s->stopped; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
@@ -609,9 +665,11 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (pos == 0) {
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
+      dt_observer_step_begin(s->obs, b, group);
     }
     bool sync = (pos == group - 1);
-    interval_samples += dt_tensor_dim(x, 0);
+    int64_t samples = dt_tensor_dim(x, 0);
+    interval_samples += samples;
     DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
     if (s->first_loss == 0.0 && epoch == 1 && b == 0) { /* one sync in the run */
       double first = host_loss_sum;
@@ -626,12 +684,16 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
       s->pos = (dt_train_position){dt_optim_step_count(s->opt), epoch - 1, b + 1, s->first_loss};
       DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
+      double aside = 0.0;
+      DT_CHECK_GOTO(after_step(c, s, log, &aside), st, fail);
+      interval_start += aside;
     }
     done_batches++;
     interval_batches++;
+    dt_observer_tick(s->obs, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
+    bool log_now = dt_observer_interval_due(s->obs, b + 1);
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -639,8 +701,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(check_diverged(s, sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
-        log_progress(log, c, s, epoch, b + 1, batches, sum / (double)interval_batches,
-                     (double)s->world * (double)interval_samples / (t - interval_start));
+        DT_CHECK_GOTO(
+            log_progress(s, epoch, b + 1, batches, sum / (double)interval_batches,
+                         (double)s->world * (double)interval_samples / (t - interval_start)),
+            st, fail);
         interval_start = t;
       }
       interval_batches = interval_samples = 0;
@@ -675,17 +739,24 @@ fail:
   return st;
 }
 
-/* Test loss and metric over the whole test set: each rank its shard. */
-static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
+/* Test loss and metric over the first `first` samples of the test (or
+ * validation) set, 0 = all of it: each rank its shard. */
+static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
+                                double *loss, double *metric) {
+  dt_observer_eval_begin(s->obs);
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
-  DT_CHECK(dt_train_evaluate_shard(s->task, s->model, s->test_set, c->eval_batch, s->dev, s->rank,
-                                   s->world, &sums[0], &sums[1], &count));
+  DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
+                                   s->rank, s->world, &sums[0], &sums[1], &count));
   sums[2] = (double)count;
   DT_CHECK(allreduce_sums(s, sums, 3));
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
   *metric = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
   return DT_OK;
+}
+
+static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss, double *metric) {
+  return evaluate_first(c, s, 0, loss, metric);
 }
 
 /* "nccl", "mpi", or "mpi (host-staged)" for device tensors over mpi. */
@@ -701,10 +772,10 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   dt_device_format(s->dev, dev, sizeof dev);
   log_line(log, c,
            "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
-           "threads %d\n",
+           "threads %d%s\n",
            c->model, (long long)dt_module_parameter_count(s->model), c->data,
            (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
-           s->dp ? c->devices : dev, dt_cpu_num_threads());
+           s->dp ? c->devices : dev, dt_cpu_num_threads(), dt_threads_note());
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
@@ -726,6 +797,49 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
            c->warmup, (unsigned long long)c->seed);
 }
 
+/* The run's progress display, metrics, trace and status file. */
+static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
+  dt_observe_config oc = c->observe;
+  oc.log_interval = c->log_interval;
+  char metrics[4200];
+  if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
+    oc.metrics_path = metrics;
+  }
+  DT_CHECK(dt_observer_create(&oc, s->rank, s->dev, log, console, c->log_prefix, s->pos.step > 0,
+                              &s->obs));
+  dt_device devs[DT_TRAIN_MAX_DEVICES];
+  int n = 0;
+  if (s->dp)
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+  char dev[32];
+  dt_device_format(s->dev, dev, sizeof dev);
+  const dt_task *t = s->task;
+  int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
+  for (int i = 0; tokens && i < t->input_ndim; i++)
+    tokens *= t->input_shape[i]; /* token ids: tokens/s */
+  dt_observe_run run = {c->model,
+                        c->data,
+                        s->dp ? c->devices : dev,
+                        s->comm ? comm_description(s) : "none",
+                        t->metric ? t->metric_name : NULL,
+                        s->dev,
+                        s->dp ? devs : NULL,
+                        n,
+                        s->comm,
+                        s->world,
+                        c->batch,
+                        c->accum,
+                        c->epochs,
+                        dt_cpu_num_threads(),
+                        s->total_steps,
+                        s->steps_per_epoch,
+                        tokens,
+                        s->dp ? NULL : &s->stats,
+                        s->pos.step};
+  return dt_observer_start(s->obs, &run);
+}
+
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
   dt_status st;
   train_state s;
@@ -736,10 +850,15 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
+  FILE *console = log; /* before train.log joins it */
   DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
-  log_header(log, cfg, &s);
+  if (!cfg->observe.quiet) {
+    log_header(log, cfg, &s);
+    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
+  }
+  DT_CHECK_GOTO(observe(cfg, &s, log, console), st, done);
 
-  const char *metric = s.task->metric_name;
+  const char *split = s.task->eval_split;
   for (int epoch = (int)s.pos.epoch + 1;
        epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps && !s.stopped; epoch++) {
     double t0 = now_seconds();
@@ -764,17 +883,26 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
-    log_line(log, cfg, "epoch %d train_loss=%.4f test_loss=%.4f test_%s=%.4f time=%.1fs\n", epoch,
-             r.train_loss, r.test_loss, metric, r.test_accuracy, now_seconds() - t0);
+    dt_observe_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy};
+    DT_CHECK_GOTO(dt_observer_eval_end(s.obs, &ev), st, done);
+    char metric[64] = "";
+    if (s.task->metric)
+      snprintf(metric, sizeof metric, " %s_%s=%.4f", split, s.task->metric_name, r.test_accuracy);
+    log_line(log, cfg, "epoch %d train_loss=%.4f %s_loss=%.4f%s time=%.1fs\n", epoch, r.train_loss,
+             split, r.test_loss, metric, now_seconds() - t0);
   }
   if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
+  if (!s.stopped)
+    DT_CHECK_GOTO(dt_train_log_sample(log, cfg, s.task, s.model, s.dev, 0), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
   DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
   r.stopped_by_signal = dt_train_ckpt_stop_signal(s.ck);
   r.seconds = now_seconds() - start;
+  r.result = s.task->result == DT_TASK_RESULT_LOSS ? r.test_loss : r.test_accuracy;
+  char name[64];
   if (r.stopped_by_signal)
     log_line(log, cfg,
              "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
@@ -782,11 +910,12 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
              r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
              dt_train_ckpt_last_saved(s.ck));
   else
-    log_line(log, cfg, "test_%s=%.4f\n", metric, r.test_accuracy);
+    log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
-done:
+done:;
+  dt_observer *obs = s.obs;
   dt_train_ckpt_close(s.ck, &log);
-  state_destroy(&s);
-  return st;
+  state_destroy(&s); /* the loader's thread stops before the trace closes */
+  return dt_observer_destroy(obs, st);
 }

@@ -62,6 +62,8 @@
 #include "dist/comm.h"
 #include "dist/process_group.h"
 #include "dist/replica.h"
+#include "launch/observe.h"
+#include "launch/sample.h"
 #include "models/tasks.h"
 
 #ifdef __cplusplus
@@ -116,6 +118,18 @@ typedef struct dt_train_config {
   int save_every;       /* optimizer steps between checkpoints, 0 = only at the end */
   int keep;             /* newest complete checkpoints kept, 0 = all */
   const char *resume;   /* NULL, "auto" (newest in run_dir, if any) or a checkpoint directory */
+
+  /* Language models, evaluations during training (launch/train_lm.c). */
+  int ctx;                  /* a sequence task's context T, 0 = the task's own */
+  float beta2;              /* adamw's second-moment decay (0.999) */
+  bool decay_matrices_only; /* weight decay on parameters of >= 2 dims only */
+  int val_every;            /* optimizer steps between evaluations of val_batches, 0 = none */
+  int val_batches;          /* eval batches those take, 0 = the whole split */
+  dt_sample_config sample;  /* text tasks: samples at the end (and every sample.every steps) */
+
+  /* What the run shows of itself (launch/observe.h): --metrics, --trace,
+   * --trace-steps, --quiet, --status-dir; log_interval comes from above. */
+  dt_observe_config observe;
 } dt_train_config;
 
 #define DT_TRAIN_MAX_DEVICES 64
@@ -166,10 +180,12 @@ typedef struct dt_optimizer_spec {
   float momentum;
   float weight_decay;
   bool nesterov;
+  float beta2;              /* adamw */
+  bool decay_matrices_only; /* dt_optim_decay_matrices_only */
 } dt_optimizer_spec;
 
 /* dt_replica_optim_fn over `spec` (a const dt_optimizer_spec *): an unknown
- * name is DT_ERR_INVALID_ARG. */
+ * name is DT_ERR_INVALID_ARG. adamw's beta1 and eps are PyTorch's. */
 dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *arena,
                                     dt_optimizer **out);
 
@@ -177,8 +193,16 @@ dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *are
  * 1 epoch, batch 64, lr 0.05, momentum 0.9, weight decay 0, no warm-up, accum 1, no
  * clipping, seed 0, log every 100 micro-batches, evaluation batch 1000; no process
  * group, mode ddp, comm backend from the environment (auto), comm timeout 300 s,
- * buckets 1 MiB then 25 MiB. */
+ * buckets 1 MiB then 25 MiB; adamw beta2 0.999, no evaluations during training,
+ * samples DT_SAMPLE_CONFIG_DEFAULT. */
 dt_train_config dt_train_config_default(void);
+
+/* The task's training defaults (task->defaults; none: *cfg unchanged)
+ * over *cfg: optimizer, lr, beta2, weight decay (and which parameters),
+ * warm-up, min_lr, clip, batch, max_steps, eval_batch, log_interval,
+ * val_every, val_batches. `dtrain train --model M` applies them before it
+ * parses the flags, which then override them. */
+void dt_train_apply_task_defaults(dt_train_config *cfg, const dt_task *task);
 
 typedef struct dt_train_result {
   int epochs;              /* epochs run (the last one cut short by max_steps) */
@@ -188,8 +212,10 @@ typedef struct dt_train_result {
   double train_loss;       /* mean micro-batch loss over the last epoch */
   double test_loss;        /* after the last epoch */
   double test_accuracy;    /* the task's metric (accuracy) after the last epoch, in [0, 1] */
-  double seconds;          /* wall time of the whole run */
-  int stopped_by_signal;   /* SIGTERM/SIGUSR1 stopped the run after saving, 0 = ran to the end */
+  double result;  /* the value of the last line, <eval_split>_<metric or loss>= (test_accuracy=,
+                     val_loss=) */
+  double seconds; /* wall time of the whole run */
+  int stopped_by_signal; /* SIGTERM/SIGUSR1 stopped the run after saving, 0 = ran to the end */
 } dt_train_result;
 
 /* Runs the configured job. Progress lines, one evaluation line per epoch and
@@ -199,9 +225,9 @@ typedef struct dt_train_result {
  * out of memory, a non-finite loss (DT_ERR_STATE), each with a message. */
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out);
 
-/* The task's mean loss and metric (accuracy) of `model` over all of
- * `data`, in eval mode without grad (the training flag is restored
- * afterwards). */
+/* The task's mean loss and metric (accuracy; 0 for a task without one) of
+ * `model` over all of `data`, in eval mode without grad (the training flag
+ * is restored afterwards). */
 dt_status dt_train_evaluate(const dt_task *task, dt_module *model, const dt_dataset *data,
                             int batch, dt_device dev, double *loss, double *metric);
 
@@ -211,6 +237,12 @@ dt_status dt_train_evaluate(const dt_task *task, dt_module *model, const dt_data
 dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const dt_dataset *data,
                                   int batch, dt_device dev, int rank, int world, double *loss_sum,
                                   double *metric_sum, int64_t *count);
+/* The same over the first `first` samples of `data` only (all when
+ * `first` is 0 or beyond its end): the fixed validation batches of
+ * --val-batches. */
+dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const dt_dataset *data,
+                                  int64_t first, int batch, dt_device dev, int rank, int world,
+                                  double *loss_sum, double *metric_sum, int64_t *count);
 
 #ifdef __cplusplus
 }

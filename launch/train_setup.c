@@ -101,13 +101,20 @@ dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *are
     sgd.momentum = o->momentum;
     sgd.weight_decay = o->weight_decay;
     sgd.nesterov = o->nesterov;
-    return dt_optim_sgd_create(arena, &sgd, out);
-  }
-  if (!strcmp(o->name, "adamw")) {
+    DT_CHECK(dt_optim_sgd_create(arena, &sgd, out));
+  } else if (!strcmp(o->name, "adamw")) {
     dt_adamw_config adamw = DT_ADAMW_CONFIG_DEFAULT;
     adamw.lr = o->lr;
+    adamw.beta2 = o->beta2;
     adamw.weight_decay = o->weight_decay;
-    return dt_optim_adamw_create(arena, &adamw, out);
+    DT_CHECK(dt_optim_adamw_create(arena, &adamw, out));
+  } else {
+    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw", o->name);
   }
-  return DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw", o->name);
+  dt_status st = o->decay_matrices_only ? dt_optim_decay_matrices_only(*out) : DT_OK;
+  if (st != DT_OK) {
+    dt_optim_destroy(*out);
+    *out = NULL;
+  }
+  return st;
 }

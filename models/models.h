@@ -35,6 +35,62 @@ dt_status dt_model_mlp(const int *sizes, int n_sizes, uint64_t seed, dt_module *
  * 61,706 parameters for 10 classes. */
 dt_status dt_model_lenet5(int num_classes, uint64_t seed, dt_module **out);
 
+/* GPT-2 (Radford et al. 2019; the layout of HF's GPT2LMHeadModel and
+ * llm.c): token and learned positional embeddings, n_layer pre-LN blocks
+ *   x = x + attn.c_proj(causal_attention(attn.c_attn(ln_1(x))))
+ *   x = x + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x))))
+ * a final LayerNorm, and the LM head tied to the token embedding (wte is
+ * one parameter used twice). The embedding has padded_vocab rows (50304 for
+ * GPT-2: a multiple of 128, as llm.c) of which the first vocab (50257) are
+ * tokens:
+ *   tokens (B, T) i32/i64, T <= block_size -> logits (B, T, padded_vocab)
+ * and the loss (dt_op_classifier_loss over the first vocab columns) and the
+ * sampler ignore the padding's columns, so its rows get no gradient. The
+ * attention is dt_op_causal_attention, and each block's second residual
+ * add and ln_2 are dt_op_residual_layer_norm (llm.c's fusions).
+ * Parameter names and order as HF/llm.c, so checkpoints map:
+ *   wte.weight (padded_vocab, C), wpe.weight (block_size, C),
+ *   h.<i>.ln_1.{weight,bias}, h.<i>.attn.c_attn.{weight (3C, C), bias},
+ *   h.<i>.attn.c_proj.{weight (C, C), bias}, h.<i>.ln_2.{weight,bias},
+ *   h.<i>.mlp.c_fc.{weight (4C, C), bias}, h.<i>.mlp.c_proj.{weight (C, 4C), bias},
+ *   ln_f.{weight,bias}
+ * (Linear weights are (out, in), as llm.c and PyTorch's nn.Linear; HF's
+ * Conv1D stores their transposes.) Initialisation as GPT-2: weights and
+ * embeddings N(0, 0.02), the residual projections (attn.c_proj, mlp.c_proj)
+ * N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm weight 1 (eps 1e-5). */
+typedef struct dt_gpt2_config {
+  int n_layer;
+  int n_head;
+  int n_embd;       /* C; a multiple of n_head */
+  int block_size;   /* the longest context the positional embedding holds */
+  int vocab;        /* real tokens: 50257 */
+  int padded_vocab; /* rows of wte, >= vocab: 50304 */
+} dt_gpt2_config;
+
+/* The named configurations, context block_size, GPT-2's vocabulary:
+ *   gpt2-tiny    4 layers,  4 heads, C 128,  context 64
+ *   gpt2        12 layers, 12 heads, C 768,  context 1024 (124M parameters)
+ *   gpt2-medium 24 layers, 16 heads, C 1024, context 1024 (350M)
+ *   gpt2-large  36 layers, 20 heads, C 1280, context 1024 (774M)
+ *   gpt2-xl     48 layers, 25 heads, C 1600, context 1024 (1558M)
+ * An unknown name is DT_ERR_INVALID_ARG listing them. */
+dt_status dt_gpt2_config_named(const char *name, dt_gpt2_config *out);
+
+/* Any positive sizes with n_embd % n_head == 0 and vocab <= padded_vocab
+ * (DT_ERR_INVALID_ARG otherwise). */
+dt_status dt_model_gpt2(const dt_gpt2_config *cfg, uint64_t seed, dt_module **out);
+
+/* Parameter count of the configuration (padded embedding included): 124,475,904 for gpt2. */
+int64_t dt_gpt2_parameter_count(const dt_gpt2_config *cfg);
+
+/* Training FLOPs per token at context T, as PaLM (appendix B) and nanoGPT
+ * count them: 6 N + 12 n_layer T C, where N is the parameter count
+ * (dt_gpt2_parameter_count, as llm.c's N: the tied head counted once, as it
+ * is one matmul's weight) and 12 L T C the attention's two matmuls (scores
+ * and values, 2 T C multiply-adds each per layer and token, forward and
+ * backward: x 3) over the full T x T square, not halved for the mask. */
+double dt_gpt2_flops_per_token(const dt_gpt2_config *cfg, int64_t T);
+
 /* Builds the model of task `name` (models/tasks.h) with its default
  * configuration:
  *   "mlp"   MLP 784-512-512-10

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/ops.h"
+#include "core/text.h"
 #include "models/models.h"
 
 /* Cross-entropy's "no label" target, as PyTorch's ignore_index. */
@@ -49,9 +50,92 @@ done:
   return st;
 }
 
-static dt_status open_idx_images(const dt_task_data *data, const char *folder, const char *split,
-                                 dt_dataset **out) {
+dt_status dt_task_loss_next_token_of(dt_tensor *logits, dt_tensor *target, int64_t n_classes,
+                                     dt_reduction reduction, dt_tensor **loss) {
+  int64_t n = dt_tensor_numel(target);
+  int64_t seqs = dt_tensor_ndim(target) > 0 ? dt_tensor_dim(target, 0) : 1;
+  if (reduction != DT_REDUCTION_MEAN && reduction != DT_REDUCTION_SUM)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "the next-token loss reduces by mean or sum");
+  dt_tensor *flat = NULL, *mean = NULL;
+  DT_CHECK(dt_tensor_reshape(target, &n, 1, &flat));
+  dt_status st = dt_op_classifier_loss(logits, flat, n_classes, IGNORE_INDEX, &mean);
+  dt_tensor_release(flat);
+  DT_CHECK(st);
+  if (reduction == DT_REDUCTION_MEAN) {
+    *loss = mean;
+    return DT_OK;
+  }
+  st = dt_op_scale(mean, (float)seqs, loss);
+  dt_tensor_release(mean);
+  return st;
+}
+
+dt_status dt_task_loss_next_token(dt_tensor *logits, dt_tensor *target, dt_reduction reduction,
+                                  dt_tensor **loss) {
+  return dt_task_loss_next_token_of(logits, target, DT_GPT2_VOCAB, reduction, loss);
+}
+
+static dt_status open_idx_images(const dt_task *task, const dt_task_data *data, const char *folder,
+                                 const char *split, dt_dataset **out) {
+  (void)task;
   return dt_dataset_mnist_files(folder, split, data->num_classes, data->mean, data->std, out);
+}
+
+/* Token windows of a shard that the dataset owns. */
+typedef struct owned_windows {
+  dt_shard shard;
+  dt_dataset *windows; /* over shard */
+} owned_windows;
+
+static int64_t owned_windows_length(void *impl) {
+  return dt_dataset_length(((owned_windows *)impl)->windows);
+}
+
+static dt_status owned_windows_get(void *impl, int64_t i, void *input, void *target) {
+  return dt_dataset_get_sample(((owned_windows *)impl)->windows, i, input, target);
+}
+
+static void owned_windows_destroy(void *impl) {
+  owned_windows *w = impl;
+  if (!w)
+    return;
+  dt_dataset_destroy(w->windows);
+  dt_shard_free(&w->shard);
+  free(w);
+}
+
+static const dt_dataset_vtable owned_windows_vtable = {owned_windows_length, NULL,
+                                                       owned_windows_destroy, owned_windows_get};
+
+/* data_dir/brown/{train,val}.bin (made from data_dir/brown/raw when
+ * missing) as windows of the task's context. */
+static dt_status open_brown(const dt_task *task, const dt_task_data *data, const char *folder,
+                            const char *split, dt_dataset **out) {
+  if (strcmp(split, "train") && strcmp(split, "val"))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "data set %s has splits train and val, not %s", data->name,
+                    split);
+  char parent[4096], path[4096];
+  const char *slash = strrchr(folder, '/');
+  size_t len = slash ? (size_t)(slash - folder) : 1;
+  if (len >= sizeof parent ||
+      snprintf(path, sizeof path, "%s/%s.bin", folder, split) >= (int)sizeof path)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "data folder path too long: %s", folder);
+  memcpy(parent, slash ? folder : ".", len);
+  parent[len] = '\0';
+  DT_CHECK(dt_brown_shards_ensure(parent));
+  owned_windows *w = calloc(1, sizeof *w);
+  if (!w)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for the %s split of %s", split, data->name);
+  dt_status st = dt_shard_read(path, data->num_classes, &w->shard);
+  if (st == DT_OK)
+    st = dt_dataset_token_windows(&w->shard, (int)task->input_shape[0], data->num_classes,
+                                  &w->windows);
+  if (st != DT_OK) {
+    owned_windows_destroy(w);
+    return st;
+  }
+  const dt_sample_layout *layout = dt_dataset_layout(w->windows);
+  return dt_dataset_create_with_layout(&owned_windows_vtable, w, layout, data->num_classes, out);
 }
 
 /* 28x28 grey images of 10 classes, in the idx files of MNIST; normalised
@@ -62,21 +146,76 @@ static const dt_task_data image28_data[] = {
 };
 #define NUM_IMAGE28_DATA ((int)(sizeof image28_data / sizeof image28_data[0]))
 
-static dt_status build_mlp(uint64_t seed, dt_module **out) {
+static dt_status build_mlp(const dt_task *task, uint64_t seed, dt_module **out) {
+  (void)task;
   static const int sizes[] = {784, 512, 512, 10};
   return dt_model_mlp(sizes, 4, seed, out);
 }
 
-static dt_status build_lenet(uint64_t seed, dt_module **out) {
+static dt_status build_lenet(const dt_task *task, uint64_t seed, dt_module **out) {
+  (void)task;
   return dt_model_lenet5(10, seed, out);
 }
+
+/* The task's GPT-2 configuration, its context the task's. */
+static dt_status gpt2_config(const dt_task *task, dt_gpt2_config *cfg) {
+  DT_CHECK(dt_gpt2_config_named(task->name, cfg));
+  cfg->block_size = (int)task->input_shape[0];
+  return DT_OK;
+}
+
+static dt_status build_gpt2(const dt_task *task, uint64_t seed, dt_module **out) {
+  dt_gpt2_config cfg;
+  DT_CHECK(gpt2_config(task, &cfg));
+  return dt_model_gpt2(&cfg, seed, out);
+}
+
+static double gpt2_flops_per_sample(const dt_task *task) {
+  dt_gpt2_config cfg;
+  if (gpt2_config(task, &cfg) != DT_OK)
+    return 0.0;
+  return (double)cfg.block_size * dt_gpt2_flops_per_token(&cfg, cfg.block_size);
+}
+
+/* GPT-2's tokens, in llm.c's shards. */
+static const dt_task_data text_data[] = {
+    {"brown", DT_GPT2_VOCAB, 0.0f, 1.0f, open_brown},
+};
+
+/* A few minutes on two cores for gpt2-tiny (README: "Language models"). */
+static const dt_task_defaults lm_defaults = {
+    .optimizer = "adamw",
+    .lr = 3e-3f,
+    .beta2 = 0.95f,
+    .weight_decay = 0.1f,
+    .decay_matrices_only = true,
+    .warmup = 20,
+    .min_lr = 3e-4f,
+    .clip = 1.0f,
+    .batch = 16,
+    .max_steps = 300,
+    .eval_batch = 16,
+    .log_interval = 10,
+    .val_every = 100,
+    .val_batches = 16,
+};
 
 /* What the models of 28x28 grey images share: the input, 10 classes, the
  * data sets, cross-entropy and accuracy. */
 #define IMAGE28_CLASSIFICATION                                                                 \
   .input_ndim = 3, .input_shape = {1, 28, 28}, .input_dtype = DT_DTYPE_F32, .num_classes = 10, \
   .data = image28_data, .n_data = NUM_IMAGE28_DATA, .loss = dt_task_loss_cross_entropy,        \
-  .metric_name = "accuracy", .metric = dt_task_metric_accuracy
+  .metric_name = "accuracy", .metric = dt_task_metric_accuracy, .eval_split = "test",          \
+  .result = DT_TASK_RESULT_METRIC
+
+/* GPT-2 language models over GPT-2's tokens: context `ctx` (--ctx shortens
+ * it), next-token targets, the validation loss as the result. */
+#define GPT2_LANGUAGE_MODEL(ctx)                                                           \
+  .build = build_gpt2, .input_ndim = 1, .input_shape = {ctx}, .input_dtype = DT_DTYPE_I32, \
+  .input_range = DT_GPT2_VOCAB, .num_classes = DT_GPT2_VOCAB, .sequence_targets = true,    \
+  .max_context = ctx, .data = text_data, .n_data = 1, .loss = dt_task_loss_next_token,     \
+  .eval_split = "val", .result = DT_TASK_RESULT_LOSS, .defaults = &lm_defaults,            \
+  .flops_per_sample = gpt2_flops_per_sample, .tokenizer = "gpt2"
 
 static const dt_task tasks[] = {
     {.name = "mlp",
@@ -87,6 +226,21 @@ static const dt_task tasks[] = {
      .summary = "LeNet-5 on 28x28 grey images, 10 classes",
      .build = build_lenet,
      IMAGE28_CLASSIFICATION},
+    {.name = "gpt2-tiny",
+     .summary = "GPT-2 with 4 layers, 4 heads, C 128, context 64 (7.2M parameters)",
+     GPT2_LANGUAGE_MODEL(64)},
+    {.name = "gpt2",
+     .summary = "GPT-2 124M: 12 layers, 12 heads, C 768, context 1024",
+     GPT2_LANGUAGE_MODEL(1024)},
+    {.name = "gpt2-medium",
+     .summary = "GPT-2 350M: 24 layers, 16 heads, C 1024, context 1024",
+     GPT2_LANGUAGE_MODEL(1024)},
+    {.name = "gpt2-large",
+     .summary = "GPT-2 774M: 36 layers, 20 heads, C 1280, context 1024",
+     GPT2_LANGUAGE_MODEL(1024)},
+    {.name = "gpt2-xl",
+     .summary = "GPT-2 1558M: 48 layers, 25 heads, C 1600, context 1024",
+     GPT2_LANGUAGE_MODEL(1024)},
 };
 #define NUM_TASKS ((int)(sizeof tasks / sizeof tasks[0]))
 
@@ -116,6 +270,18 @@ dt_status dt_task_find(const char *name, const dt_task **out) {
                   name ? name : "(null)", dt_task_names(", ", names, sizeof names));
 }
 
+dt_status dt_task_with_context(const dt_task *task, int64_t T, dt_task *out) {
+  if (task->max_context <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "model %s takes no sequence: it has no context to set",
+                    task->name);
+  if (T < 1 || T > task->max_context)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "context %lld for model %s: expected 1 to %lld",
+                    (long long)T, task->name, (long long)task->max_context);
+  *out = *task;
+  out->input_shape[0] = T;
+  return DT_OK;
+}
+
 dt_status dt_task_find_data(const dt_task *task, const char *name, const dt_task_data **out) {
   char list[256] = "";
   size_t used = 0;
@@ -138,7 +304,7 @@ dt_status dt_model_create(const char *name, uint64_t seed, dt_module **out) {
                     name ? name : "(null)");
   const dt_task *task = NULL;
   DT_CHECK(dt_task_find(name, &task));
-  return task->build(seed, out);
+  return task->build(task, seed, out);
 }
 
 const char *dt_model_name(int i) { return i >= 0 && i < NUM_TASKS ? tasks[i].name : NULL; }

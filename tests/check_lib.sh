@@ -1,12 +1,66 @@
-# Shared by the shell tests of the dtrain command: source it after setting
-# `tmp`, and define `run` (which runs dtrain with stdout to $out, stderr to
-# $err, and sets $rc). Then `expect RC WHERE PATTERN DESCRIPTION` checks the
-# last run: it exited RC and WHERE (out|err) matches the extended regex.
+# Shared by the shell tests that run dtrain. Source it first thing, through
+# the script's own location (Bazel's runfiles link to the source tree):
+#   . "$(dirname "$(readlink -f "$0")")/check_lib.sh"      (in tests/)
+#   . "$(dirname "$(readlink -f "$0")")/../check_lib.sh"   (in tests/*/)
+# It sets
+#   test_name  the test ("cli_test"), for its messages
+#   repo       the source tree
+#   dtrain     the built binary, absolute: the runfiles' one under Bazel,
+#              else $repo/bazel-bin/launch/dtrain; exit 1 when there is none
+#   tmp        a scratch folder (TEST_TMPDIR under Bazel)
+# and gives `run` (dtrain with stdout to $out, stderr to $err, status in
+# $rc; a test may define its own), `expect RC WHERE PATTERN DESCRIPTION`
+# (the last run exited RC and WHERE, out or err, matches the extended
+# regex), `expect_not WHERE PATTERN DESCRIPTION`, `fail`, `find_file` and
+# `find_data_dir`. $failures and $checks count.
+test_name=$(basename "$0" .sh)
+repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
+
+find_file() { # find_file PATH...: the first that exists, absolute
+  local f
+  for f in "$@"; do
+    [ -e "$f" ] && { readlink -f "$f"; return 0; }
+  done
+  return 1
+}
+
+dtrain=$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/dtrain" \
+  "$repo/bazel-bin/launch/dtrain") ||
+  { echo "$test_name: dtrain binary not found (bazel build //launch:dtrain)" >&2; exit 1; }
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+# find_data_dir SET...: the folder holding the named data sets: $DT_DATA_DIR,
+# else the repository's data/ (tools/setup.sh), else /usr/share/datasets.
+find_data_dir() {
+  local dir set dirs=("$repo/data" /usr/share/datasets)
+  [ -n "${DT_DATA_DIR:-}" ] && dirs=("$DT_DATA_DIR")
+  for dir in "${dirs[@]}"; do
+    for set in "$@"; do
+      [ -d "$dir/$set" ] || continue 2
+    done
+    readlink -f "$dir"
+    return 0
+  done
+  echo "$test_name: no $* under ${DT_DATA_DIR:-$repo/data or /usr/share/datasets}:" \
+    "run tools/setup.sh or set DT_DATA_DIR" >&2
+  return 1
+}
+
+# Ranks under mpirun must not share Bazel's per-test output files.
+unshare_test_files() {
+  unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
+}
+
 failures=0
 checks=0
 out="$tmp/out"
 err="$tmp/err"
 rc=0
+
+run() {
+  "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
 
 fail() {
   failures=$((failures + 1))
@@ -24,5 +78,30 @@ expect() {
     fail "$what: $where does not match /$pattern/"
   else
     echo "ok: $what"
+  fi
+}
+
+expect_not() {
+  local where=$1 pattern=$2 what=$3
+  checks=$((checks + 1))
+  if grep -Eq -- "$pattern" "${!where}"; then
+    fail "$what: $where matches /$pattern/"
+  else
+    echo "ok: $what"
+  fi
+}
+
+# expect_cmd DESCRIPTION COMMAND...: COMMAND (a checker) succeeds; its last
+# line is shown, or its output when it fails.
+expect_cmd() {
+  local what=$1
+  shift
+  checks=$((checks + 1))
+  if "$@" >"$tmp/check.out" 2>&1; then
+    echo "ok: $what ($(tail -1 "$tmp/check.out"))"
+  else
+    failures=$((failures + 1))
+    echo "FAIL: $what"
+    sed 's/^/  /' "$tmp/check.out" | tail -20
   fi
 }

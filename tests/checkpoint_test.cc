@@ -46,7 +46,8 @@ void WriteState(const std::string &dir) {
   std::vector<float> m(100);
   for (size_t i = 0; i < m.size(); i++)
     m[i] = 0.5f * (float)i;
-  dt_ckpt_optim_shard sh = {0, 50, 50, 2, m.data()};
+  const uint64_t segs[4] = {0, 20, 20, 30};  // two segments covering [0, 50)
+  dt_ckpt_optim_shard sh = {50, 2, 2, segs, m.data()};
   void *bytes = nullptr;
   size_t size = 0;
   ASSERT_EQ(dt_ckpt_optim_section_encode(&sh, &bytes, &size), DT_OK);
@@ -98,6 +99,8 @@ TEST(Checkpoint, StateRoundTrip) {
   ASSERT_EQ(dt_ckpt_optim_section_decode(data, size, "opt", &sh), DT_OK);
   EXPECT_EQ(sh.total, 50u);
   EXPECT_EQ(sh.n_buffers, 2u);
+  ASSERT_EQ(sh.n_segments, 2u);
+  EXPECT_EQ(sh.segments[2], 20u);
   EXPECT_EQ(sh.data[99], 49.5f);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(sh.data) % 4, 0u);
   EXPECT_EQ(dt_ckpt_optim_section_decode(data, size - 4, "opt", &sh), DT_ERR_FORMAT);
@@ -130,7 +133,7 @@ TEST(Checkpoint, StateDamageNamesTheSection) {
     dt_status st = dt_state_file_open(path.c_str(), &f);
     ASSERT_NE(st, DT_OK) << "flip at " << at;
     std::string e = dt_last_error();
-    bool in_optimizer = at > good.size() - 400 - 32;
+    bool in_optimizer = at > good.size() - 400 - 24 - 32;
     if (in_optimizer)
       EXPECT_NE(e.find("section 'optimizer': CRC32 mismatch"), std::string::npos) << e;
     else
@@ -250,6 +253,9 @@ TEST(Checkpoint, ListNewestFirstAndRemove) {
   ASSERT_EQ(n, 3);
   EXPECT_STREQ(names[0], "step_00000010");
   EXPECT_STREQ(names[2], "step_00000001");
+  ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 1, &n), DT_OK);  // the newest only
+  ASSERT_EQ(n, 1);
+  EXPECT_STREQ(names[0], "step_00000010");
   ASSERT_EQ(dt_ckpt_remove((dir + "/step_00000010").c_str()), DT_OK);
   ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 8, &n), DT_OK);
   EXPECT_EQ(n, 2);

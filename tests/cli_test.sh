@@ -7,28 +7,9 @@
 # DT_DEBUG=1) for an unavailable device and a missing data folder.
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="launch/dtrain"
-[ -x "$dtrain" ] || { echo "cli_test: dtrain binary not found" >&2; exit 1; }
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-
-lib="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
 
-run() {
-  "$dtrain" "$@" >"$out" 2>"$err"
-  rc=$?
-}
-expect_not() { # expect_not WHERE PATTERN DESCRIPTION
-  checks=$((checks + 1))
-  if grep -Eq -- "$2" "${!1}"; then
-    fail "$3: $1 matches /$2/"
-  else
-    echo "ok: $3"
-  fi
-}
 # A user-facing message names no internal function (dt_...) and no
 # source location (file.c:123).
 # The help wraps long lines: $flat is the last stdout with each flag's
@@ -86,6 +67,22 @@ expect 0 flat "--optimizer NAME .*one of sgd, adamw" "train --help lists the opt
 expect 0 flat "--mode MODE .*one of ddp, dp" "train --help lists the modes"
 expect 0 flat "--threads N .*0\.\.4096" "train --help gives the range of --threads"
 
+# A language model's defaults come from its task (--model before the other flags).
+run train --model gpt2-tiny --help
+flatten
+expect 0 flat "--optimizer NAME .*\(default: adamw\)" "gpt2-tiny's help shows its optimizer"
+expect 0 flat "--beta2 B .*\(default: 0\.95\)" "gpt2-tiny's help shows beta2 0.95"
+expect 0 flat "--clip NORM .*\(default: 1\)" "gpt2-tiny's help shows clipping at 1"
+expect 0 flat "--data NAME .*\(default: brown\)" "gpt2-tiny trains on brown by default"
+for flag in ctx val-every val-batches sample-every sample-len temperature top-k prompt; do
+  expect 0 out "--$flag" "dtrain train --help lists --$flag"
+done
+run train --model gpt2-tiny --ctx 65
+expect 2 err "invalid value '65' for --ctx: model gpt2-tiny's context is 1 to 64" \
+  "a context beyond the model's is a bad command line"
+run bench --model lenet --ctx 8
+expect 2 err "model lenet takes no sequence" "--ctx for an image model is a bad command line"
+
 run bench --help
 flatten
 expect 0 out "--steps" "dtrain bench --help lists --steps"
@@ -127,11 +124,11 @@ expect 2 err "invalid value 'linear' for --schedule: expected one of constant, c
   "schedule choices"
 # Every name or enum flag: exit 2, the flag and the accepted values.
 run train --model resnet18
-expect 2 err "^dtrain train: invalid value 'resnet18' for --model: expected one of mlp, lenet$" \
+expect 2 err "^dtrain train: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl$" \
   "unknown model"
 expect_plain "unknown model"
 run bench --model resnet18
-expect 2 err "^dtrain bench: invalid value 'resnet18' for --model: expected one of mlp, lenet$" \
+expect 2 err "^dtrain bench: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl$" \
   "bench: unknown model"
 run train --data cifar10
 expect 2 err "invalid value 'cifar10' for --data: expected one of fashion-mnist, mnist" \

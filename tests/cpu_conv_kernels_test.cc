@@ -10,20 +10,15 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/device.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/status.h"
-#include "core/device.h"
 #include "tests/cpu_kernels_test_util.h"
 
 namespace {
 
-using dtk::be;
-using dtk::cpu_exec;
-using dtk::expect_close;
-using dtk::randn;
-using dtk::ThreadCounts;
-using dtk::Vec;
+using namespace dtk;  // the kernel-test helpers (tests/cpu_kernels_test_util.h)
 
 /* ------------------------------------------------------- conv and pooling */
 

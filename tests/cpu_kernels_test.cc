@@ -17,12 +17,7 @@
 
 namespace {
 
-using dtk::be;
-using dtk::cpu_exec;
-using dtk::expect_close;
-using dtk::randn;
-using dtk::ThreadCounts;
-using dtk::Vec;
+using namespace dtk;  // the kernel-test helpers (tests/cpu_kernels_test_util.h)
 
 /* ---------------------------------------------------------------- gemm */
 

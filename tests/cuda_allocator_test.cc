@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "cuda/block_pool.h"
 #include "cuda/cuda.h"
+#include "tests/device_util.h"
 
 namespace {
 
@@ -389,32 +390,25 @@ TEST(CudaAvailability, DoctorReportsWithoutAGpu) {
 
 // ---- on a GPU ----
 
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get({DT_DEVICE_CUDA, 0}, &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
-
-#define SKIP_WITHOUT_GPU()                           \
-  do {                                               \
-    std::string reason_ = NoGpuReason();             \
-    if (!reason_.empty())                            \
-      GTEST_SKIP() << "no CUDA device: " << reason_; \
-  } while (0)
-
 const dt_device kGpu = {DT_DEVICE_CUDA, 0};
 
-TEST(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
-  SKIP_WITHOUT_GPU();
+// cuda:0's backend (the test skips, saying why, without a GPU), its cache
+// emptied, and its statistics before the test in s0.
+class CudaAllocatorGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason = dtt::NoDeviceReason(kGpu);
+    if (!reason.empty())
+      GTEST_SKIP() << "no CUDA device: " << reason;
+    ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+    ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
+    ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+  }
   const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
-  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
-  dt_memory_stats s0;
-  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+  dt_memory_stats s0{};
+};
+
+TEST_F(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
   void *a = nullptr;
   ASSERT_EQ(DT_OK, ops->alloc(kGpu, 3 * MiB, &a)) << dt_last_error();
   dt_memory_stats s1;
@@ -433,13 +427,7 @@ TEST(CudaAllocatorGpu, StatsReuseAndEmptyCache) {
   EXPECT_EQ(s2.reserved, s0.reserved);
 }
 
-TEST(CudaAllocatorGpu, CapOomAndRecovery) {
-  SKIP_WITHOUT_GPU();
-  const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
-  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
-  dt_memory_stats s0;
-  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
+TEST_F(CudaAllocatorGpu, CapOomAndRecovery) {
   ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, s0.reserved + 64 * MiB));
   void *a = nullptr, *b = nullptr;
   ASSERT_EQ(DT_OK, ops->alloc(kGpu, 48 * MiB, &a)) << dt_last_error();
@@ -463,13 +451,9 @@ TEST(CudaAllocatorGpu, CapOomAndRecovery) {
 // allocation over the cap must release the cache and succeed while that
 // work is still queued. cudaFree would have waited for all of it (and in
 // dp mode, for a collective that can wait on this very thread).
-TEST(CudaAllocatorGpu, OomRetryNeverWaitsForQueuedWork) {
-  SKIP_WITHOUT_GPU();
-  const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+TEST_F(CudaAllocatorGpu, OomRetryNeverWaitsForQueuedWork) {
   dt_exec ex;
   ASSERT_EQ(DT_OK, dt_exec_init(kGpu, DT_DTYPE_F32, &ex));
-  ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
   void *cached = nullptr, *a = nullptr, *c = nullptr;
   const int g = 4096;
   const size_t gb = (size_t)g * g * sizeof(float);
@@ -492,9 +476,9 @@ TEST(CudaAllocatorGpu, OomRetryNeverWaitsForQueuedWork) {
   ASSERT_EQ(DT_OK, ops->event_record(ev, compute));
   ASSERT_EQ(DT_OK, ops->stream_wait_event(comm, ev));  // the comm stream is busy
 
-  dt_memory_stats s0;
-  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &s0));
-  ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, s0.reserved + 16 * MiB));
+  dt_memory_stats now;
+  ASSERT_EQ(DT_OK, dt_memory_stats_get(kGpu, &now));
+  ASSERT_EQ(DT_OK, dt_cuda_set_memory_limit(0, now.reserved + 16 * MiB));
   void *b = nullptr;
   dt_status st = ops->alloc(kGpu, 72 * MiB, &b);  // only fits once the cache is released
   std::string msg = st == DT_OK ? "" : dt_last_error();
@@ -523,10 +507,7 @@ TEST(CudaAllocatorGpu, OomRetryNeverWaitsForQueuedWork) {
       done ? "finished" : "still running");
 }
 
-TEST(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
-  SKIP_WITHOUT_GPU();
-  const dt_backend_ops *ops = nullptr;
-  ASSERT_EQ(DT_OK, dt_backend_get(kGpu, &ops));
+TEST_F(CudaAllocatorGpu, PinnedMemoryIsCachedAndCopiesAsync) {
   const size_t n = 1 << 20;
   float *h = nullptr, *back = nullptr;
   ASSERT_EQ(DT_OK, dt_cuda_pinned_alloc(n * sizeof(float), (void **)&h)) << dt_last_error();

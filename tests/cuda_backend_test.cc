@@ -26,6 +26,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "cuda/cuda.h"
+#include "tests/device_util.h"
 
 namespace {
 
@@ -39,49 +40,13 @@ Vec Rand(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
 }
 
 // cuda:0, or the device named by DT_PARITY_TEST_DEVICE.
-dt_device TestDevice() {
-  dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = nullptr;
-  if (dt_env_string(DT_ENV_PARITY_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
-  return d;
-}
-
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get(TestDevice(), &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
+dt_device TestDevice() { return dtt::TestDevice(DT_ENV_PARITY_TEST_DEVICE); }
+std::string NoGpuReason() { return dtt::NoDeviceReason(TestDevice()); }
 
 // |got - want| <= atol + rtol * |want| everywhere; reports the worst element.
 ::testing::AssertionResult Close(const Vec &got, const Vec &want, double rtol, double atol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
-  size_t worst = 0, bad = 0;
-  double worst_excess = 0.0;
-  for (size_t i = 0; i < got.size(); i++) {
-    double g = got[i], w = want[i];
-    if ((std::isnan(w) && std::isnan(g)) || g == w)  // g == w: equal infinities too
-      continue;
-    double excess = std::fabs(g - w) - (atol + rtol * std::fabs(w));
-    if (!(excess <= 0.0)) {
-      bad++;
-      if (!(excess <= worst_excess)) {
-        worst_excess = excess;
-        worst = i;
-      }
-    }
-  }
-  if (bad == 0)
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << got.size() << " elements differ; worst at " << worst << ": cuda "
-         << got[worst] << " vs cpu " << want[worst] << " (rtol " << rtol << ", atol " << atol
-         << ")";
+  return dtt::ParityClose(std::vector<double>(got.begin(), got.end()),
+                          std::vector<double>(want.begin(), want.end()), rtol, atol);
 }
 
 class CudaBackend : public ::testing::Test {

@@ -1,10 +1,11 @@
-// One training step on the GPU equals the same step on the CPU: MLP and
-// LeNet-5 built from the same seed, the same batch, forward + cross-entropy
-// + backward + SGD (momentum) on cpu and on cuda:0, then the loss, every
-// gradient and every parameter compared, with TF32 off (exact f32 products
-// on both sides) and tolerances by dtype. Also: the dropout op draws the
-// same mask on both devices, bit for bit. Without a GPU every test skips
-// with the reason dt_backend_get() gives.
+// One training step on the GPU equals the same step on the CPU: MLP,
+// LeNet-5 and GPT-2 (gpt2-tiny; the 124M gpt2 at T 1024 with TF32, the
+// step tools/gpu_check.sh reports) built from the same seed, the same
+// batch, forward + the task's loss + backward + SGD (momentum) on cpu and
+// on cuda:0, then the loss, every gradient and every parameter compared,
+// with TF32 off (exact f32 products on both sides) and tolerances by dtype. Also: the dropout op
+// draws the same mask on both devices, bit for bit. Without a GPU every test skips with the reason
+// dt_backend_get() gives.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +27,8 @@
 #include "core/tensor.h"
 #include "cuda/cuda.h"
 #include "models/models.h"
+#include "models/tasks.h"
+#include "tests/device_util.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -35,25 +38,9 @@ using Vec = std::vector<float>;
 
 // cuda:0, or the device named by DT_TRAIN_STEP_TEST_DEVICE (e.g. "cpu": a
 // check of this harness itself, where both sides must agree exactly).
-dt_device TestDevice() {
-  dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = nullptr;
-  if (dt_env_string(DT_ENV_TRAIN_STEP_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_TRAIN_STEP_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
-  return d;
-}
+const dt_device kGpu = dtt::TestDevice(DT_ENV_TRAIN_STEP_TEST_DEVICE);
 
-const dt_device kGpu = TestDevice();
-
-std::string NoGpuReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get(kGpu, &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
+std::string NoGpuReason() { return dtt::NoDeviceReason(kGpu); }
 
 // How far the GPU may be from the CPU reference, by the dtype the step runs
 // in. Exact products (f32 with TF32 off) are held elementwise: `rtol`
@@ -79,8 +66,8 @@ Tolerance ToleranceFor(dt_dtype dtype, bool tf32) {
 ::testing::AssertionResult Close(const Vec &got, const Vec &want, Tolerance tol,
                                  const std::string &what) {
   if (got.size() != want.size())
-    return ::testing::AssertionFailure() << what << ": sizes " << got.size() << " vs "
-                                         << want.size();
+    return ::testing::AssertionFailure()
+           << what << ": sizes " << got.size() << " vs " << want.size();
   if (tol.l2 > 0) {
     double num = 0, den = 0;
     for (size_t i = 0; i < got.size(); i++) {
@@ -91,8 +78,8 @@ Tolerance ToleranceFor(dt_dtype dtype, bool tf32) {
     double rel = std::sqrt(num) / (std::sqrt(den) + 1e-30);
     if (rel <= tol.l2)
       return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << what << ": relative L2 error " << rel << " > "
-                                         << tol.l2;
+    return ::testing::AssertionFailure()
+           << what << ": relative L2 error " << rel << " > " << tol.l2;
   }
   double scale = 0.0;
   for (float w : want)
@@ -133,9 +120,9 @@ struct Trainer {
   }
 };
 
-void MakeTrainer(const char *name, uint64_t seed, dt_device dev, Trainer *t) {
+void MakeTrainer(const dt_task *task, uint64_t seed, dt_device dev, Trainer *t) {
   t->dev = dev;
-  OK(dt_model_create(name, seed, &t->model));
+  OK(task->build(task, seed, &t->model));
   OK(dt_module_to(t->model, dev));
   dt_module_train(t->model, 1);
   OK(dt_param_arena_create(t->model, &t->arena));
@@ -146,29 +133,52 @@ void MakeTrainer(const char *name, uint64_t seed, dt_device dev, Trainer *t) {
   OK(dt_optim_sgd_create(t->arena, &sgd, &t->opt));
 }
 
-// Inputs (batch,1,28,28) ~ N(0,1) and labels in [0,10), as `dtrain bench`.
-void MakeBatch(int batch, uint64_t seed, Vec *x, std::vector<int64_t> *y) {
+// A batch of the task's input, as `dtrain bench` makes it: images
+// (batch,1,28,28) ~ N(0,1) and labels in [0,10), or token ids (batch, T) in
+// [0, vocab) and next-token targets (batch, T).
+struct Batch {
+  Vec x;                     // images
+  std::vector<int64_t> ids;  // tokens
+  std::vector<int64_t> y;
+  std::vector<int64_t> x_shape, y_shape;
+};
+
+void MakeBatch(const dt_task *task, int batch, uint64_t seed, Batch *b) {
   dt_generator g;
   dt_generator_init(&g, seed);
-  x->resize((size_t)batch * 28 * 28);
-  for (float &v : *x)
+  if (task->max_context > 0) {
+    int64_t T = task->input_shape[0];
+    b->ids.resize((size_t)(batch * T));
+    b->y.resize(b->ids.size());
+    for (size_t i = 0; i < b->ids.size(); i++) {
+      b->ids[i] = (int64_t)dt_generator_below(&g, (uint64_t)task->input_range);
+      b->y[i] = (int64_t)dt_generator_below(&g, (uint64_t)task->num_classes);
+    }
+    b->x_shape = {batch, T};
+    b->y_shape = {batch, T};
+    return;
+  }
+  b->x.resize((size_t)batch * 28 * 28);
+  for (float &v : b->x)
     v = dt_generator_normal(&g);
-  y->resize(batch);
-  for (int64_t &v : *y)
+  b->y.resize(batch);
+  for (int64_t &v : b->y)
     v = (int64_t)dt_generator_below(&g, 10);
+  b->x_shape = {batch, 1, 28, 28};
+  b->y_shape = {batch};
 }
 
-// zero_grad, forward, cross-entropy (mean), backward, SGD step.
-void Step(Trainer *t, const Vec &xs, const std::vector<int64_t> &ys, double *loss_out) {
-  int64_t batch = (int64_t)ys.size();
-  TensorRef x(dtt::MakeTensor(xs, {batch, 1, 28, 28}, false, t->dev));
-  TensorRef y(dtt::MakeIndexTensor(ys, {batch}, DT_DTYPE_I32, t->dev));
+// zero_grad, forward, the task's loss (mean), backward.
+void Step(Trainer *t, const dt_task *task, const Batch &b, double *loss_out) {
+  TensorRef x(b.ids.empty() ? dtt::MakeTensor(b.x, b.x_shape, false, t->dev)
+                            : dtt::MakeIndexTensor(b.ids, b.x_shape, DT_DTYPE_I32, t->dev));
+  TensorRef y(dtt::MakeIndexTensor(b.y, b.y_shape, DT_DTYPE_I32, t->dev));
   ASSERT_TRUE(x && y) << dt_last_error();
   OK(dt_optim_zero_grad(t->opt));
   dt_tensor *logits = nullptr, *loss = nullptr;
   OK(dt_module_call(t->model, x.get(), &logits));
   TensorRef logits_ref(logits);
-  OK(dt_op_cross_entropy(logits, y.get(), DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss));
+  OK(task->loss(logits, y.get(), DT_REDUCTION_MEAN, &loss));
   TensorRef loss_ref(loss);
   OK(dt_backward(loss, nullptr));
   OK(dt_tensor_item(loss, 0, loss_out));
@@ -189,7 +199,8 @@ void ExpectSameByParameter(const Trainer &cpu, const Vec &got, const Vec &want, 
     const char *name = nullptr;
     dt_tensor *p = dt_param_arena_param(cpu.arena, i, &name);
     int64_t off = dt_param_arena_offset(cpu.arena, i), len = dt_tensor_numel(p);
-    Vec g(got.begin() + off, got.begin() + off + len), w(want.begin() + off, want.begin() + off + len);
+    Vec g(got.begin() + off, got.begin() + off + len),
+        w(want.begin() + off, want.begin() + off + len);
     EXPECT_TRUE(Close(g, w, tol, what + " of " + name));
   }
 }
@@ -208,26 +219,35 @@ class CudaTrainStep : public ::testing::TestWithParam<const char *> {
   void TearDown() override { dt_cuda_set_tf32(1); }
 
   // Runs `steps` steps on both devices and compares after each.
-  void RunAndCompare(const char *model, int steps, bool tf32) {
+  // A language model runs at context `ctx` (0: its own).
+  void RunAndCompare(const char *model, int steps, bool tf32, int batch = 0, int ctx = 16) {
     dt_cuda_set_tf32(tf32 ? 1 : 0);
     const uint64_t seed = 1234;
+    const dt_task *found = nullptr;
+    OK(dt_task_find(model, &found));
+    dt_task at_ctx = *found;
+    if (found->max_context > 0 && ctx > 0) {
+      OK(dt_task_with_context(found, ctx, &at_ctx));
+    }
+    const dt_task *task = &at_ctx;
     Trainer cpu, gpu;
-    ASSERT_NO_FATAL_FAILURE(MakeTrainer(model, seed, DT_CPU, &cpu));
-    ASSERT_NO_FATAL_FAILURE(MakeTrainer(model, seed, kGpu, &gpu));
+    ASSERT_NO_FATAL_FAILURE(MakeTrainer(task, seed, DT_CPU, &cpu));
+    ASSERT_NO_FATAL_FAILURE(MakeTrainer(task, seed, kGpu, &gpu));
     // Same initial parameters: the initialisation is the CPU generator's.
     ASSERT_TRUE(Close(Flat(gpu, false), Flat(cpu, false), {0, 0, 0}, "initial parameters"));
     Tolerance tol = ToleranceFor(DT_DTYPE_F32, tf32);
-    const int batch = std::string(model) == "lenet" ? 32 : 64;
+    if (batch == 0) {
+      batch = std::string(model) == "lenet" ? 32 : task->max_context > 0 ? 4 : 64;
+    }
     Vec before = Flat(cpu, false);
     for (int s = 0; s < steps; s++) {
       SCOPED_TRACE(std::string(model) + " step " + std::to_string(s + 1) +
                    (tf32 ? " (TF32 on)" : " (TF32 off)"));
-      Vec xs;
-      std::vector<int64_t> ys;
-      MakeBatch(batch, seed + (uint64_t)s, &xs, &ys);
+      Batch b;
+      MakeBatch(task, batch, seed + (uint64_t)s, &b);
       double lc = 0, lg = 0;
-      ASSERT_NO_FATAL_FAILURE(Step(&cpu, xs, ys, &lc));
-      ASSERT_NO_FATAL_FAILURE(Step(&gpu, xs, ys, &lg));
+      ASSERT_NO_FATAL_FAILURE(Step(&cpu, task, b, &lc));
+      ASSERT_NO_FATAL_FAILURE(Step(&gpu, task, b, &lg));
       EXPECT_NEAR(lg, lc, (tf32 ? 1e-2 : 1e-4) * std::fabs(lc) + 1e-6) << "loss";
       Vec gc = Flat(cpu, true), gg = Flat(gpu, true);
       ExpectSameByParameter(cpu, gg, gc, tol, "gradient");
@@ -247,7 +267,8 @@ class CudaTrainStep : public ::testing::TestWithParam<const char *> {
       // Continue from the CPU's parameters so each step is compared alone.
       before = pc;
       dt_no_grad_begin();
-      dt_status cst = dt_tensor_copy_(dt_param_arena_data(gpu.arena), dt_param_arena_data(cpu.arena));
+      dt_status cst =
+          dt_tensor_copy_(dt_param_arena_data(gpu.arena), dt_param_arena_data(cpu.arena));
       dt_no_grad_end();
       OK(cst);
     }
@@ -272,6 +293,25 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaTrainStep, ::testing::Values("mlp", "lenet"
 // The dropout op on cuda:0 keeps exactly the elements the CPU keeps (the
 // counter-based generator), scales them identically, advances the generator
 // by the same amount, and its backward routes the same gradient.
+// GPT-2 124M at its full context T 1024 (one sequence), TF32 on: the step
+// tools/gpu_check.sh times. On the CPU side this is the slow part (about
+// 0.8 TFLOP); skipped without a GPU, and in the CPU self-check.
+class CudaTrainStepGpt2 : public CudaTrainStep {};
+
+// gpt2-tiny at context 16, batch 4: the fused attention, residual layer
+// norm, classifier loss and the tied embedding on both devices (one step:
+// the 6.4M-row embedding makes each comparison slow on the CPU self-check).
+TEST_F(CudaTrainStepGpt2, Gpt2TinyOneSgdStepMatchesCpuWithTf32Off) {
+  RunAndCompare("gpt2-tiny", 1, false);
+}
+
+TEST_F(CudaTrainStepGpt2, Gpt2OneStepAtT1024IsCloseWithTf32On) {
+  if (kGpu.type != DT_DEVICE_CUDA)
+    GTEST_SKIP() << "the 124M step runs against a GPU only (it would take minutes on two CPU "
+                    "devices)";
+  RunAndCompare("gpt2", 1, true, 1, 1024);
+}
+
 TEST(CudaDropout, OpMaskIsBitExactWithTheCpu) {
   std::string reason = NoGpuReason();
   if (!reason.empty())

@@ -17,11 +17,13 @@ namespace {
 // Runs the parser over `args` and keeps what it printed.
 struct Parsed {
   dt_flags_result result;
+  int command_rc;  // as_command: what dt_flags_parse_command returned
   std::string err;
   dt_flags_args args;
 };
 
-Parsed Parse(const dt_flag_set &set, std::vector<std::string> args) {
+// as_command: through dt_flags_parse_command (result is left unset).
+Parsed Parse(const dt_flag_set &set, std::vector<std::string> args, bool as_command = false) {
   // The targets and p.args point into argv: keep every argv for good
   // (deque: elements never move).
   static std::deque<std::vector<std::string>> kept_strings;
@@ -36,7 +38,10 @@ Parsed Parse(const dt_flag_set &set, std::vector<std::string> args) {
   FILE *err = open_memstream(&buf, &len);
   Parsed p;
   p.args = {nullptr, 0, nullptr, 0};
-  p.result = dt_flags_parse(&set, (int)argv.size(), argv.data(), err, &p.args);
+  if (as_command)
+    p.command_rc = dt_flags_parse_command(&set, (int)argv.size(), argv.data(), err, &p.args);
+  else
+    p.result = dt_flags_parse(&set, (int)argv.size(), argv.data(), err, &p.args);
   std::fclose(err);
   p.err.assign(buf, len);
   std::free(buf);
@@ -173,6 +178,48 @@ TEST(Flags, HelpWinsAndStopsAtDashDash) {
   ASSERT_EQ(p.args.nrest, 2);
   EXPECT_STREQ(p.args.rest[0], "train");
   EXPECT_STREQ(p.args.rest[1], "--help");
+}
+
+// The row macros fill the same fields as a row written out.
+TEST(Flags, RowMacrosFillTheRow) {
+  int n = 0;
+  const char *mode = "ddp";
+  bool fast = false;
+  dt_flag rows[] = {
+      DT_INT_FLAG("np", &n, "N", "ranks", .min = 1, .max = 8),
+      DT_CHOICE_FLAG("mode", &mode, "MODE", "the mode", "ddp|dp", .per_rank = true),
+      DT_BOOL_FLAG("fast", &fast, "go fast"),
+  };
+  EXPECT_STREQ(rows[0].name, "np");
+  EXPECT_EQ(rows[0].type, DT_FLAG_INT);
+  EXPECT_EQ(rows[0].target, &n);
+  EXPECT_STREQ(rows[0].metavar, "N");
+  EXPECT_STREQ(rows[0].help, "ranks");
+  EXPECT_EQ(rows[0].min, 1);
+  EXPECT_EQ(rows[0].max, 8);
+  EXPECT_EQ(rows[1].type, DT_FLAG_CHOICE);
+  EXPECT_EQ(rows[1].target, &mode);
+  EXPECT_STREQ(rows[1].choices, "ddp|dp");
+  EXPECT_TRUE(rows[1].per_rank);
+  EXPECT_EQ(rows[2].type, DT_FLAG_BOOL);
+  EXPECT_EQ(rows[2].target, &fast);
+  EXPECT_EQ(rows[2].metavar, nullptr);
+  EXPECT_FALSE(rows[2].per_rank);
+}
+
+// A subcommand's view: go on, exit 0 after the help, exit 2 after a bad
+// command line (its message on err).
+TEST(Flags, ParseCommandGivesTheExitStatus) {
+  Table t;
+  Parsed p = Parse(t.set, {"-n", "3"}, true);
+  EXPECT_EQ(p.command_rc, DT_FLAGS_RUN) << p.err;
+  EXPECT_EQ(t.n, 3);
+  p = Parse(t.set, {"-n", "0"}, true);
+  EXPECT_EQ(p.command_rc, 2);
+  EXPECT_NE(p.err.find("invalid value '0' for -n"), std::string::npos) << p.err;
+  p = Parse(t.set, {"--nope", "--help"}, true);
+  EXPECT_EQ(p.command_rc, 0);
+  EXPECT_EQ(p.err, "");
 }
 
 TEST(Flags, PositionalArguments) {

@@ -18,6 +18,7 @@
 #include "core/data.h"
 #include "core/tensor.h"
 #include "core/text.h"
+#include "tests/stand_in_device.h"
 
 namespace {
 
@@ -99,9 +100,6 @@ dt_status FakeEventSync(dt_event *e) {
     trace.syncs_on_caller++;
   return DT_OK;
 }
-const dt_backend_ops *cpu;
-// The stand-in device's memory is host memory, accounted as cpu:<index>.
-dt_device AsCpu(dt_device d) { return {DT_DEVICE_CPU, d.index}; }
 dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
                    dt_stream *stream) {
   if (stream == kCopy) {
@@ -113,15 +111,12 @@ dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_
       trace.unsafe_copies++;  // compute queued before may still read dst
     trace.lead.push_back(trace.compute_pos - trace.copy_fence);
   }
-  return cpu->copy(dst, AsCpu(dd), src, AsCpu(sd), bytes, nullptr);
+  return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
 }
+dt_status (*stand_in_alloc)(dt_device, size_t, void **);
 dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
   trace.device_allocs++;
-  return cpu->alloc(AsCpu(dev), bytes, out);
-}
-void FakeFree(dt_device dev, void *p, size_t bytes) { cpu->free(AsCpu(dev), p, bytes); }
-dt_status FakeMemsetZero(dt_device dev, void *p, size_t bytes) {
-  return cpu->memset_zero(AsCpu(dev), p, bytes);
+  return stand_in_alloc(dev, bytes, out);
 }
 
 struct Digits {
@@ -142,10 +137,8 @@ void RegisterFakeDevice() {
   if (done)
     return;
   done = true;
-  cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = *cpu;
-  fake.name = "fake-async";
+  fake = dtt::StandInDeviceOps("fake-async");
   fake.host_alloc = FakeHostAlloc;
   fake.host_free = FakeHostFree;
   fake.stream = FakeStream;
@@ -155,9 +148,8 @@ void RegisterFakeDevice() {
   fake.stream_wait_event = FakeStreamWait;
   fake.event_synchronize = FakeEventSync;
   fake.copy = FakeCopy;
+  stand_in_alloc = fake.alloc;
   fake.alloc = FakeAlloc;
-  fake.free = FakeFree;
-  fake.memset_zero = FakeMemsetZero;
   ASSERT_EQ(dt_backend_register(DT_DEVICE_CUDA, &fake), DT_OK);
 }
 

@@ -43,7 +43,7 @@ const dt_module_vtable identity_vtable = {"Identity", identity_forward, nullptr}
 struct HookCtx {
   Log *log;
   std::string name;
-  dt_tensor *replacement; // handed over (a new reference is made per call)
+  dt_tensor *replacement;  // handed over (a new reference is made per call)
   dt_status fail;
 };
 
@@ -69,10 +69,16 @@ dt_status post_hook(dt_module *m, dt_tensor *input, dt_tensor *output, dt_tensor
   return c->fail;
 }
 
-TEST(ModuleHooks, RunInRegistrationOrderAroundForward) {
+// An Identity module whose forward logs to `log`, destroyed after the test.
+class ModuleHooks : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m)); }
+  void TearDown() override { dt_module_destroy(m); }
   Log log;
   dt_module *m = nullptr;
-  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+};
+
+TEST_F(ModuleHooks, RunInRegistrationOrderAroundForward) {
   HookCtx pre1{&log, "pre1", nullptr, DT_OK}, pre2{&log, "pre2", nullptr, DT_OK};
   HookCtx post1{&log, "post1", nullptr, DT_OK}, post2{&log, "post2", nullptr, DT_OK};
   dt_hook_handle h[4];
@@ -107,11 +113,9 @@ TEST(ModuleHooks, RunInRegistrationOrderAroundForward) {
   EXPECT_EQ(dt_module_remove_hook(m, 1 << 30), DT_ERR_INVALID_ARG);
 
   dt_tensor_release(x);
-  dt_module_destroy(m);
 }
 
-TEST(ModuleHooks, HandlesAreUniqueAcrossModules) {
-  Log log;
+TEST_F(ModuleHooks, HandlesAreUniqueAcrossModules) {
   dt_module *a = nullptr, *b = nullptr;
   ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &a));
   ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &b));
@@ -131,26 +135,21 @@ TEST(ModuleHooks, HandlesAreUniqueAcrossModules) {
 
 // Module hooks and grad-ready hooks draw from one process-wide sequence, so
 // a handle names exactly one hook of any kind (module.h).
-TEST(ModuleHooks, HandlesAreSharedWithGradReadyHooks) {
-  Log log;
-  dt_module *m = nullptr;
-  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+TEST_F(ModuleHooks, HandlesAreSharedWithGradReadyHooks) {
   dt_tensor *leaf = MakeTensor({1, 2}, {2}, true);
   HookCtx c{&log, "x", nullptr, DT_OK};
   dt_hook_handle g1, h, g2;
-  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(leaf, [](dt_tensor *, void *) {}, nullptr, &g1));
+  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(
+      leaf, [](dt_tensor *, void *) {}, nullptr, &g1));
   ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &c, &h));
-  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(leaf, [](dt_tensor *, void *) {}, nullptr, &g2));
+  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(
+      leaf, [](dt_tensor *, void *) {}, nullptr, &g2));
   EXPECT_LT(g1, h);
   EXPECT_LT(h, g2);
   dt_tensor_release(leaf);
-  dt_module_destroy(m);
 }
 
-TEST(ModuleHooks, PreHookReplacesInputWithoutLeaks) {
-  Log log;
-  dt_module *m = nullptr;
-  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+TEST_F(ModuleHooks, PreHookReplacesInputWithoutLeaks) {
   dt_tensor *x = MakeTensor({1, 2}, {2});
   dt_tensor *r1 = MakeTensor({3, 4}, {2});
   dt_tensor *r2 = MakeTensor({5, 6}, {2});
@@ -159,23 +158,19 @@ TEST(ModuleHooks, PreHookReplacesInputWithoutLeaks) {
   ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &b, nullptr));
   dt_tensor *y = nullptr;
   ASSERT_DT_OK(dt_module_call(m, x, &y));
-  EXPECT_EQ(y, r2); // the last replacement reaches forward
+  EXPECT_EQ(y, r2);  // the last replacement reaches forward
   EXPECT_EQ(ToVector(y), (std::vector<float>{5, 6}));
-  EXPECT_EQ(refcount(x), 1);  // caller's reference only
-  EXPECT_EQ(refcount(r1), 1); // intermediate replacement released
-  EXPECT_EQ(refcount(r2), 2); // ours + the output
+  EXPECT_EQ(refcount(x), 1);   // caller's reference only
+  EXPECT_EQ(refcount(r1), 1);  // intermediate replacement released
+  EXPECT_EQ(refcount(r2), 2);  // ours + the output
   dt_tensor_release(y);
   EXPECT_EQ(refcount(r2), 1);
   dt_tensor_release(x);
   dt_tensor_release(r1);
   dt_tensor_release(r2);
-  dt_module_destroy(m);
 }
 
-TEST(ModuleHooks, ForwardHookReplacesOutputWithoutLeaks) {
-  Log log;
-  dt_module *m = nullptr;
-  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+TEST_F(ModuleHooks, ForwardHookReplacesOutputWithoutLeaks) {
   dt_tensor *x = MakeTensor({1, 2}, {2});
   dt_tensor *r = MakeTensor({7, 8}, {2});
   HookCtx a{&log, "a", r, DT_OK};
@@ -184,25 +179,21 @@ TEST(ModuleHooks, ForwardHookReplacesOutputWithoutLeaks) {
   ASSERT_DT_OK(dt_module_call(m, x, &y));
   EXPECT_EQ(y, r);
   EXPECT_EQ(ToVector(y), (std::vector<float>{7, 8}));
-  EXPECT_EQ(refcount(x), 1); // forward's output (x itself) was released
+  EXPECT_EQ(refcount(x), 1);  // forward's output (x itself) was released
   EXPECT_EQ(refcount(r), 2);
   dt_tensor_release(y);
   dt_tensor_release(x);
   EXPECT_EQ(refcount(r), 1);
   dt_tensor_release(r);
-  dt_module_destroy(m);
 }
 
-TEST(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
-  Log log;
-  dt_module *m = nullptr;
-  ASSERT_DT_OK(dt_module_create(&identity_vtable, &log, &m));
+TEST_F(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
   dt_tensor *x = MakeTensor({1}, {1});
   dt_tensor *r = MakeTensor({2}, {1});
   HookCtx bad{&log, "bad", r, DT_ERR_SHAPE};
   dt_hook_handle h;
   ASSERT_DT_OK(dt_module_register_forward_hook(m, post_hook, &bad, &h));
-  dt_tensor *y = x; // must be reset to NULL
+  dt_tensor *y = x;  // must be reset to NULL
   EXPECT_EQ(dt_module_call(m, x, &y), DT_ERR_SHAPE);
   EXPECT_EQ(y, nullptr);
   EXPECT_EQ(refcount(x), 1);
@@ -212,12 +203,11 @@ TEST(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
   ASSERT_DT_OK(dt_module_register_forward_pre_hook(m, pre_hook, &bad, &h));
   log.events.clear();
   EXPECT_EQ(dt_module_call(m, x, &y), DT_ERR_SHAPE);
-  EXPECT_EQ(log.events, (std::vector<std::string>{"bad"})); // forward never ran
+  EXPECT_EQ(log.events, (std::vector<std::string>{"bad"}));  // forward never ran
   EXPECT_EQ(refcount(x), 1);
   EXPECT_EQ(refcount(r), 1);
   dt_tensor_release(x);
   dt_tensor_release(r);
-  dt_module_destroy(m);
 }
 
 // ---- registration and enumeration ----
@@ -257,11 +247,11 @@ TEST(ModuleRegistry, DuplicateNamesAreRejected) {
   EXPECT_EQ(dt_module_register_parameter(m, "", t), DT_ERR_INVALID_ARG);
   ASSERT_DT_OK(dt_module_add_child(m, "c", child));
   EXPECT_EQ(dt_module_register_buffer(m, "c", t), DT_ERR_INVALID_ARG);
-  EXPECT_EQ(dt_module_add_child(m, "d", child), DT_ERR_INVALID_ARG); // already has a parent
+  EXPECT_EQ(dt_module_add_child(m, "d", child), DT_ERR_INVALID_ARG);  // already has a parent
   EXPECT_EQ(dt_module_num_parameters(m), 1);
-  EXPECT_EQ(refcount(t), 2); // failed registrations took no reference
+  EXPECT_EQ(refcount(t), 2);  // failed registrations took no reference
   dt_tensor_release(t);
-  dt_module_destroy(m); // frees the child too
+  dt_module_destroy(m);  // frees the child too
 }
 
 TEST(ModuleRegistry, NestedSequentialNamesAreDepthFirst) {
@@ -276,8 +266,8 @@ TEST(ModuleRegistry, NestedSequentialNamesAreDepthFirst) {
   dt_module *seq = nullptr;
   ASSERT_DT_OK(dt_nn_sequential(outer, 3, &seq));
   EXPECT_EQ(param_names(seq),
-            (std::vector<std::string>{"0.weight", "0.bias", "1.0.weight", "1.0.bias",
-                                      "1.1.weight", "1.1.bias", "2.weight"}));
+            (std::vector<std::string>{"0.weight", "0.bias", "1.0.weight", "1.0.bias", "1.1.weight",
+                                      "1.1.bias", "2.weight"}));
   EXPECT_EQ(buffer_names(seq), (std::vector<std::string>{"1.1.running_mean", "1.1.running_var",
                                                          "1.1.num_batches_tracked"}));
   EXPECT_EQ(dt_module_parameter_count(seq), 2 * 3 + 3 + 3 * 4 + 4 + 4 + 4 + 4);
@@ -318,16 +308,16 @@ TEST(ModuleRegistry, SequentialAppendOfOwnedModuleIsRefusedSafely) {
   EXPECT_EQ(dt_nn_sequential_append(other, relu), DT_ERR_INVALID_ARG);
   dt_module *outer = nullptr;
   ASSERT_DT_OK(dt_nn_sequential(&other, 1, &outer));
-  EXPECT_EQ(dt_nn_sequential_append(other, outer), DT_ERR_INVALID_ARG); // a cycle
+  EXPECT_EQ(dt_nn_sequential_append(other, outer), DT_ERR_INVALID_ARG);  // a cycle
   EXPECT_EQ(dt_module_parent(other), outer);
   EXPECT_EQ(dt_module_num_children(seq), 1);
   EXPECT_EQ(dt_module_child_at(seq, 0), relu);
   dt_tensor *x = MakeTensor({-1, 2}, {2}), *y = nullptr;
-  ASSERT_DT_OK(dt_module_call(seq, x, &y)); // seq and relu are intact
+  ASSERT_DT_OK(dt_module_call(seq, x, &y));  // seq and relu are intact
   EXPECT_EQ(ToVector(y), (std::vector<float>{0, 2}));
   dt_tensor_release(y);
   dt_tensor_release(x);
-  dt_module_destroy(outer); // owns other
+  dt_module_destroy(outer);  // owns other
   dt_module_destroy(seq);
 }
 
@@ -335,9 +325,8 @@ TEST(ModuleRegistry, LeNetParameterNames) {
   dt_module *m = nullptr;
   ASSERT_DT_OK(dt_model_lenet5(10, 0, &m));
   EXPECT_EQ(param_names(m),
-            (std::vector<std::string>{"features.0.weight", "features.0.bias",
-                                      "features.3.weight", "features.3.bias",
-                                      "classifier.1.weight", "classifier.1.bias",
+            (std::vector<std::string>{"features.0.weight", "features.0.bias", "features.3.weight",
+                                      "features.3.bias", "classifier.1.weight", "classifier.1.bias",
                                       "classifier.3.weight", "classifier.3.bias",
                                       "classifier.5.weight", "classifier.5.bias"}));
   EXPECT_EQ(dt_module_num_buffers(m), 0);
@@ -383,7 +372,7 @@ TEST(ModuleInit, LinearIsUniformWithinOneOverSqrtFanIn) {
   }
   double n = (double)w.size();
   EXPECT_NEAR(sum / n, 0.0, 0.01 * bound);
-  EXPECT_NEAR(sq / n, bound * bound / 3.0, 0.03 * bound * bound); // U(-b,b) variance
+  EXPECT_NEAR(sq / n, bound * bound / 3.0, 0.03 * bound * bound);  // U(-b,b) variance
   EXPECT_GT(mx, 0.99 * bound);
   for (float v : b)
     ASSERT_LE(std::fabs(v), bound);
@@ -514,7 +503,8 @@ TEST(ModuleBehaviour, DropoutIsSeededAndIdentityInEval) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   // The generator advances: the second call draws a different mask.
-  EXPECT_NE(std::vector<float>(a.begin(), a.begin() + n), std::vector<float>(a.begin() + n, a.end()));
+  EXPECT_NE(std::vector<float>(a.begin(), a.begin() + n),
+            std::vector<float>(a.begin() + n, a.end()));
   int zeros = 0;
   for (float v : a) {
     ASSERT_TRUE(v == 0.0f || v == 2.0f) << v;
@@ -542,7 +532,7 @@ TEST(ModuleDevice, MoveBetweenCpuDevicesKeepsHandlesAndValues) {
   std::vector<float> before = ToVector(w);
 
   ASSERT_DT_OK(dt_module_to(m, cpu1));
-  EXPECT_EQ(dt_module_parameter_at(m, 0, nullptr), w); // same handle
+  EXPECT_EQ(dt_module_parameter_at(m, 0, nullptr), w);  // same handle
   for (int i = 0; i < dt_module_num_parameters(m); i++) {
     dt_tensor *p = dt_module_parameter_at(m, i, nullptr);
     EXPECT_TRUE(dt_device_equal(dt_tensor_device(p), cpu1));
@@ -573,4 +563,4 @@ TEST(ModuleDevice, MoveBetweenCpuDevicesKeepsHandlesAndValues) {
   dt_module_destroy(m);
 }
 
-} // namespace
+}  // namespace

@@ -93,6 +93,9 @@ struct OpCase {
 
 // The table (tests/op_table_cases.cc).
 const std::vector<OpCase> &OpCases();
+// Appends the rows of attention and the language-model ops
+// (tests/op_table_cases_lm.cc).
+void AddLanguageModelCases(std::vector<OpCase> *table);
 
 void PrintTo(const OpCase *c, std::ostream *os);
 

@@ -30,6 +30,7 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "cuda/cuda.h"
+#include "tests/device_util.h"
 #include "tests/test_util.h"
 
 namespace optable {
@@ -76,13 +77,7 @@ constexpr uint64_t kUpstreamSeed = 777;  // the upstream gradient of both checks
 // ---- the device under test ----
 
 // cuda:0, or the device named by DT_PARITY_TEST_DEVICE.
-dt_device TestDevice() {
-  dt_device d = {DT_DEVICE_CUDA, 0};
-  const char *s = nullptr;
-  if (dt_env_string(DT_ENV_PARITY_TEST_DEVICE, &s) != DT_OK || dt_device_parse(s, &d) != DT_OK)
-    std::fprintf(stderr, "DT_PARITY_TEST_DEVICE=%s: %s\n", s ? s : "", dt_last_error());
-  return d;
-}
+dt_device TestDevice() { return dtt::TestDevice(DT_ENV_PARITY_TEST_DEVICE); }
 
 std::string DeviceName(dt_device d) {
   char buf[32];
@@ -90,15 +85,7 @@ std::string DeviceName(dt_device d) {
 }
 
 // Why the device under test cannot be used ("" when it can).
-std::string NoDeviceReason() {
-  const dt_backend_ops *ops = nullptr;
-  if (dt_backend_get(TestDevice(), &ops) == DT_OK)
-    return "";
-  std::string r = dt_last_error();
-  if (dt_cuda_probe() != DT_OK && r.find(dt_last_error()) == std::string::npos)
-    r += " [" + std::string(dt_last_error()) + "]";
-  return r;
-}
+std::string NoDeviceReason() { return dtt::NoDeviceReason(TestDevice()); }
 
 // TF32 off for the scope of a parity check.
 struct NoTf32 {
@@ -201,35 +188,7 @@ std::vector<double> Read(dt_tensor *t) {
 // element.
 ::testing::AssertionResult Close(const std::vector<double> &got, const std::vector<double> &want,
                                  Tolerance tol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << got.size() << " elements vs " << want.size();
-  double max_want = 0.0;
-  for (double w : want)
-    if (std::isfinite(w))
-      max_want = std::max(max_want, std::fabs(w));
-  size_t worst = 0, bad = 0;
-  double worst_excess = 0.0;
-  for (size_t i = 0; i < got.size(); i++) {
-    double g = got[i], w = want[i];
-    if ((std::isnan(w) && std::isnan(g)) || g == w)  // g == w: equal infinities too
-      continue;
-    double excess = std::fabs(g - w) - (tol.atol + tol.rtol * std::fabs(w) + tol.scale * max_want);
-    if (!(excess <= 0.0)) {
-      bad++;
-      if (!(excess <= worst_excess)) {
-        worst_excess = excess;
-        worst = i;
-      }
-    }
-  }
-  if (bad == 0)
-    return ::testing::AssertionSuccess();
-  char detail[256];
-  std::snprintf(detail, sizeof detail,
-                "worst at %zu: %.9g vs cpu %.9g (rtol %g, atol %g, scale %g x max %.6g)", worst,
-                got[worst], want[worst], tol.rtol, tol.atol, tol.scale, max_want);
-  return ::testing::AssertionFailure()
-         << bad << " of " << got.size() << " elements differ; " << detail;
+  return dtt::ParityClose(got, want, tol.rtol, tol.atol, tol.scale);
 }
 
 // What one backend made of a row.

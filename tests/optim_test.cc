@@ -175,6 +175,18 @@ TEST_F(OptimTest, AdamWHandWorkedWithBiasCorrection) {
   }
 }
 
+// One element of torch.optim.AdamW's documented update at step t (from 1).
+void adamw_reference(const dt_adamw_config &c, int t, bool decay, double g, double *p, double *m,
+                     double *v) {
+  if (decay)
+    *p -= (double)c.lr * c.weight_decay * *p;
+  *m = c.beta1 * *m + (1.0 - c.beta1) * g;
+  *v = c.beta2 * *v + (1.0 - c.beta2) * g * g;
+  double mhat = *m / (1.0 - std::pow((double)c.beta1, t));
+  double vhat = *v / (1.0 - std::pow((double)c.beta2, t));
+  *p -= c.lr * mhat / (std::sqrt(vhat) + c.eps);
+}
+
 TEST_F(OptimTest, AdamWMatchesTheDocumentedAlgorithm) {
   dt_adamw_config c = {0.01f, 0.8f, 0.95f, 1e-6f, 0.05f};
   SetParams(kStart);
@@ -184,18 +196,54 @@ TEST_F(OptimTest, AdamWMatchesTheDocumentedAlgorithm) {
     std::vector<float> g = StepGrads(t);
     SetGrads(g);
     ASSERT_DT_OK(dt_optim_step(opt_));
-    for (int i = 0; i < 5; i++) {
-      p[i] -= (double)c.lr * c.weight_decay * p[i];
-      m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g[i];
-      v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * (double)g[i] * g[i];
-      double mhat = m[i] / (1.0 - std::pow((double)c.beta1, t));
-      double vhat = v[i] / (1.0 - std::pow((double)c.beta2, t));
-      p[i] -= c.lr * mhat / (std::sqrt(vhat) + c.eps);
-    }
+    for (int i = 0; i < 5; i++)
+      adamw_reference(c, t, true, g[i], &p[i], &m[i], &v[i]);
     std::vector<float> got = Params();
     for (int i = 0; i < 5; i++)
       EXPECT_NEAR(got[i], p[i], 1e-5) << "step " << t << " i " << i;
   }
+}
+
+// Parameter groups: with a mask only "w" (the first 3 elements) decays;
+// "b" follows AdamW without decay; both through the fused kernel. The mask
+// of the wrong length and NULL (all decay again) as documented.
+TEST_F(OptimTest, AdamWDecayMaskDecaysOnlyTheMaskedParameters) {
+  dt_adamw_config c = {0.01f, 0.8f, 0.95f, 1e-6f, 0.05f};
+  SetParams(kStart);
+  ASSERT_DT_OK(dt_optim_adamw_create(arena_, &c, &opt_));
+  const uint8_t mask[2] = {1, 0};
+  EXPECT_EQ(dt_optim_set_decay_mask(opt_, mask, 3), DT_ERR_INVALID_ARG);
+  ASSERT_DT_OK(dt_optim_set_decay_mask(opt_, mask, 2));
+  std::vector<double> p(kStart.begin(), kStart.end()), m(5, 0.0), v(5, 0.0);
+  for (int t = 1; t <= 3; t++) {
+    std::vector<float> g = StepGrads(t);
+    SetGrads(g);
+    ASSERT_DT_OK(dt_optim_step(opt_));
+    for (int i = 0; i < 5; i++)
+      adamw_reference(c, t, i < 3, g[i], &p[i], &m[i], &v[i]);
+    std::vector<float> got = Params();
+    for (int i = 0; i < 5; i++)
+      EXPECT_NEAR(got[i], p[i], 1e-6) << "step " << t << " i " << i;
+  }
+  // Back to decay everywhere: a zero gradient then only decays.
+  ASSERT_DT_OK(dt_optim_set_decay_mask(opt_, nullptr, 0));
+  std::vector<float> before = Params();
+  SetGrads(std::vector<float>(5, 0.0f));
+  ASSERT_DT_OK(dt_optim_step(opt_));
+  std::vector<float> after = Params();
+  EXPECT_LT(std::fabs(after[4]), std::fabs(before[4])) << "b decays again";
+}
+
+// SGD with the mask of dt_optim_decay_matrices_only: 1-D parameters (all
+// of them here) do not decay, so a zero gradient leaves them unchanged.
+TEST_F(OptimTest, SgdDecayMatricesOnlySparesVectors) {
+  dt_sgd_config c = {0.1f, 0.0f, 0.0f, 0.5f, 0};
+  SetParams(kStart);
+  ASSERT_DT_OK(dt_optim_sgd_create(arena_, &c, &opt_));
+  ASSERT_DT_OK(dt_optim_decay_matrices_only(opt_));
+  SetGrads(std::vector<float>(5, 0.0f));
+  ASSERT_DT_OK(dt_optim_step(opt_));
+  EXPECT_EQ(Params(), kStart);
 }
 
 TEST_F(OptimTest, StateRoundTripResumesIdentically) {

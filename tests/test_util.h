@@ -15,15 +15,8 @@
 #include "core/autograd.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "tests/dt_assert.h"
 
-// Fails the test (and returns) unless expr is DT_OK; prints the status,
-// dt_last_error() and where it arose.
-#define ASSERT_DT_OK(expr)                                                        \
-  do {                                                                            \
-    dt_status s_ = (expr);                                                        \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error() << " [" \
-                         << dt_last_error_location() << "]";                      \
-  } while (0)
 
 namespace dtt {
 

@@ -10,14 +10,10 @@
 #include <vector>
 
 #include "core/text.h"
+#include "tests/dt_assert.h"
 
 namespace {
 
-#define ASSERT_OK(expr)                                                    \
-  do {                                                                     \
-    dt_status s_ = (expr);                                                 \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
 
 // A shard whose token i is i % 50000: a window is known by its first token.
 struct CountingShard {
@@ -88,7 +84,7 @@ dt_token_loader *MakeLoader(const dt_shard *s, int B, int T, int R, int r, uint6
 TEST(TokenWindows, DatasetLayoutAndContents) {
   CountingShard cs(993);  // (993 - 1) / 16 = 62 windows
   dt_dataset *d = nullptr;
-  ASSERT_OK(dt_dataset_token_windows(&cs.shard, 16, 50257, &d));
+  ASSERT_DT_OK(dt_dataset_token_windows(&cs.shard, 16, 50257, &d));
   EXPECT_EQ(dt_dataset_length(d), 62);
   const dt_sample_layout *lay = dt_dataset_layout(d);
   EXPECT_EQ(lay->input_dtype, DT_DTYPE_I32);
@@ -99,7 +95,7 @@ TEST(TokenWindows, DatasetLayoutAndContents) {
   EXPECT_EQ(lay->target_shape[0], 16);
   EXPECT_EQ(dt_dataset_num_classes(d), 50257);
   std::vector<int32_t> x(16), y(16);
-  ASSERT_OK(dt_dataset_get_sample(d, 61, x.data(), y.data()));
+  ASSERT_DT_OK(dt_dataset_get_sample(d, 61, x.data(), y.data()));
   EXPECT_EQ(x[0], 976);
   EXPECT_EQ(y[15], 992) << "the last window ends on the shard's last token";
   float fx[16];

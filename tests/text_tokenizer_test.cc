@@ -10,15 +10,11 @@
 
 #include "core/rng.h"
 #include "core/text.h"
+#include "tests/dt_assert.h"
 #include "tests/text_test_util.h"
 
 namespace {
 
-#define ASSERT_OK(expr)                                                    \
-  do {                                                                     \
-    dt_status s_ = (expr);                                                 \
-    ASSERT_EQ(s_, DT_OK) << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
 
 std::string Gpt2Dir() {
   std::string d = dtt::TextDataDir();
@@ -65,9 +61,9 @@ TEST_F(Gpt2, LoadsTheVocabularyAndMerges) {
   EXPECT_EQ(dt_bpe_eot(bpe_), 50256);
   const uint8_t *p;
   size_t n;
-  ASSERT_OK(dt_bpe_token_bytes(bpe_, 262, &p, &n));
+  ASSERT_DT_OK(dt_bpe_token_bytes(bpe_, 262, &p, &n));
   EXPECT_EQ(std::string(reinterpret_cast<const char *>(p), n), " the");
-  ASSERT_OK(dt_bpe_token_bytes(bpe_, 50256, &p, &n));
+  ASSERT_DT_OK(dt_bpe_token_bytes(bpe_, 50256, &p, &n));
   EXPECT_EQ(std::string(reinterpret_cast<const char *>(p), n), "<|endoftext|>");
   EXPECT_EQ(dt_bpe_token_bytes(bpe_, 50257, &p, &n), DT_ERR_INVALID_ARG);
 }
@@ -102,7 +98,7 @@ TEST_F(Gpt2, RoundTripsAnyBytes) {
   dt_bpe_config nocache = DT_BPE_CONFIG_DEFAULT;
   nocache.cache_entries = 0;
   dt_bpe *plain = nullptr;
-  ASSERT_OK(dt_bpe_load_dir(Gpt2Dir().c_str(), &nocache, &plain));
+  ASSERT_DT_OK(dt_bpe_load_dir(Gpt2Dir().c_str(), &nocache, &plain));
   const char *fragments[] = {"\xe2\x82\xac",
                              "\xf0\x9f\x98",
                              "\xed\xa0\x80",
@@ -245,18 +241,18 @@ class SmallVocab : public ::testing::Test {
 };
 
 TEST_F(SmallVocab, LoadsAndMerges) {
-  ASSERT_OK(Load(EncoderJson({"ab", "abc"}), "#version: 0.2\na b\nab c\n"));
+  ASSERT_DT_OK(Load(EncoderJson({"ab", "abc"}), "#version: 0.2\na b\nab c\n"));
   EXPECT_EQ(dt_bpe_vocab_size(bpe_), 258);
   EXPECT_EQ(dt_bpe_eot(bpe_), -1);
   dt_tokens t = {};
-  ASSERT_OK(dt_bpe_encode(bpe_, "abcab", 5, &t));
+  ASSERT_DT_OK(dt_bpe_encode(bpe_, "abcab", 5, &t));
   ASSERT_EQ(t.len, 2);
   EXPECT_EQ(t.data[0], 257);
   EXPECT_EQ(t.data[1], 256);
   dt_tokens_free(&t);
   // A last line without a newline is not a merge (encoder.py, Encoder.js).
-  ASSERT_OK(Load(EncoderJson({"ab", "abc"}), "#version: 0.2\na b\nab c"));
-  ASSERT_OK(dt_bpe_encode(bpe_, "abc", 3, &t));
+  ASSERT_DT_OK(Load(EncoderJson({"ab", "abc"}), "#version: 0.2\na b\nab c"));
+  ASSERT_DT_OK(dt_bpe_encode(bpe_, "abc", 3, &t));
   EXPECT_EQ(t.len, 2);
   dt_tokens_free(&t);
 }
@@ -317,13 +313,13 @@ TEST_F(SmallVocab, MergeErrorsNameTheFileLineAndOffset) {
 TEST_F(SmallVocab, JsPairKeys) {
   std::vector<std::string> extra = {"\",", ",\"", "\",\""};
   std::string merges = "#v\n\" ,\n, \"\n\" ,\"\n";
-  ASSERT_OK(Load(EncoderJson(extra), merges, 1));
+  ASSERT_DT_OK(Load(EncoderJson(extra), merges, 1));
   dt_tokens t = {};
-  ASSERT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
+  ASSERT_DT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
   EXPECT_EQ(std::vector<int32_t>(t.data, t.data + t.len), (std::vector<int32_t>{258}));
   t.len = 0;
-  ASSERT_OK(Load(EncoderJson(extra), merges, 0));
-  ASSERT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
+  ASSERT_DT_OK(Load(EncoderJson(extra), merges, 0));
+  ASSERT_DT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
   EXPECT_EQ(std::vector<int32_t>(t.data, t.data + t.len), (std::vector<int32_t>{256, '"'}));
   dt_tokens_free(&t);
 }
@@ -368,7 +364,7 @@ TEST_F(Gpt2, CorpusSplitsByFile) {
   const char *inputs[] = {dir.c_str()};
   dt_tokens train = {}, val = {};
   dt_corpus_stats st;
-  ASSERT_OK(dt_corpus_tokenize(bpe_, inputs, 1, nullptr, &train, &val, &st));
+  ASSERT_DT_OK(dt_corpus_tokenize(bpe_, inputs, 1, nullptr, &train, &val, &st));
   EXPECT_EQ(st.train_files, 18);
   EXPECT_EQ(st.val_files, 2);
   std::vector<int32_t> expect;
@@ -387,7 +383,7 @@ TEST_F(Gpt2, CorpusSplitsByFile) {
   inputs[0] = one.c_str();
   dt_corpus_config cfg = DT_CORPUS_CONFIG_DEFAULT;
   cfg.val_fraction = 0.5;
-  ASSERT_OK(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, &val, nullptr));
+  ASSERT_DT_OK(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, &val, nullptr));
   EXPECT_EQ(train.len + val.len, 1 + (int64_t)Encode("file 5").size());
   EXPECT_EQ(val.len, (train.len + val.len + 1) / 2);
   dt_tokens_free(&train);
@@ -399,7 +395,7 @@ TEST_F(Gpt2, CorpusSplitsByFile) {
   dtt::WriteFile(brown + "/README", "not a corpus file");
   inputs[0] = brown.c_str();
   cfg.val_fraction = 0;
-  ASSERT_OK(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, nullptr, nullptr));
+  ASSERT_DT_OK(dt_corpus_tokenize(bpe_, inputs, 1, &cfg, &train, nullptr, nullptr));
   std::vector<int32_t> want = {50256};
   for (int32_t id : Encode("The end.\n"))
     want.push_back(id);

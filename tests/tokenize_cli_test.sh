@@ -5,31 +5,16 @@
 # $DT_DATA_DIR or the repository's data/ (tools/setup.sh).
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="launch/dtrain"
-[ -x "$dtrain" ] || { echo "tokenize_cli_test: dtrain binary not found" >&2; exit 1; }
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-
-lib="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
 
-data="${DT_DATA_DIR:-}"
-if [ -z "$data" ]; then
-  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
-  data="$repo/data"
-fi
+data=$(find_data_dir gpt2) || exit 1
 if [ ! -s "$data/gpt2/encoder.json" ]; then
   echo "tokenize_cli_test: no GPT-2 tokenizer files in $data/gpt2: run tools/setup.sh" >&2
   exit 1
 fi
 unset DT_DATA_DIR
 
-run() {
-  "$dtrain" "$@" >"$out" 2>"$err"
-  rc=$?
-}
 # The header's int32 at byte offset $2 of file $1.
 header_int() { od -An -t d4 -j "$2" -N 4 "$1" | tr -d ' '; }
 

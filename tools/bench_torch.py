@@ -13,7 +13,9 @@ The GPT-2 model is dtrain's (models/gpt2.c): pre-LN blocks, learned
 positional embedding, causal multi-head attention, tanh-GELU MLP, final LN,
 LM head tied to the token embedding, vocabulary padded to 50304, GPT-2's
 init; trained with AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D weights
-only) and gradient clipping at 1.0. Attention is written out (QK^T, causal
+only) and gradient clipping at 1.0 (dtrain bench takes the same step: the task's
+AdamW settings and clipping); the logits and the loss cover the 50257 real
+tokens, not the padding, as dtrain's. Attention is written out (QK^T, causal
 mask, softmax, PV) as in nanoGPT without flash attention, because Debian's
 PyTorch (1.13) has no scaled_dot_product_attention; on PyTorch >= 2.0 that
 fused kernel is used instead.
@@ -95,6 +97,7 @@ GPT2_CONFIGS = {  # name: (layers, heads, width, context)
     "gpt2-xl": (48, 25, 1600, 1024),
 }
 GPT2_VOCAB = 50304  # 50257 padded to a multiple of 128
+GPT2_TOKENS = 50257
 
 
 def build_gpt2(torch, nn, name, ctx):
@@ -158,7 +161,8 @@ def build_gpt2(torch, nn, name, ctx):
             x = self.wte(idx) + self.wpe(self.pos[:t])
             for block in self.h:
                 x = block(x)
-            return self.ln_f(x) @ self.wte.weight.t()  # the tied LM head
+            # The tied LM head over the real tokens (dtrain's logits skip the padding).
+            return self.ln_f(x) @ self.wte.weight[:GPT2_TOKENS].t()
 
     return GPT()
 

@@ -33,10 +33,10 @@
 #   the other CUDA suites (the loader's copy/compute timeline, the
 #   allocator's OOM retry beside a busy stream, ...), the distributed ones (2
 #   ranks under the bundled mpirun, with dtrain launch's MCA settings),
-#   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP, GPT-2
-#   tokens/s and MFU (`bench --model gpt2 --ctx 1024`), training on cuda:0
-#   (LeNet-5, MLP), `dtrain bench` beside tools/bench_torch.py, and `dtrain
-#   top --once`. A step whose subcommand, flag or model this build lacks is
+#   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP,
+#   training on cuda:0 (LeNet-5, MLP), traces/metrics and `dtrain top
+#   --once`, `dtrain bench` beside tools/bench_torch.py (GPT-2 124M at
+#   T=1024 too: tokens/s and MFU). A step whose subcommand, flag or model this build lacks is
 #   "skipped: <command> not available in this build"; a suite whose cases
 #   all skipped is "skipped", never "ok". The whole run has a deadline
 #   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
@@ -510,18 +510,6 @@ PYEOF
     fi
   fi
 
-  # ---- 2b. GPT-2 124M throughput at T=1024: tokens/s and MFU ----
-  if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
-    if cli_has bench gpt2 --ctx; then
-      step bench_gpt2_ctx1024 150 plain "$dtrain" bench --model gpt2 --ctx 1024 --device cuda \
-        --batch "${GPU_CHECK_GPT2_BATCH:-8}" --steps 20 --warmup 3
-      grep -hi 'tokens\|mfu' "$logs/bench_gpt2_ctx1024.log" | sed 's/^/gpt2 bench: /' \
-        >>"$logs/extra_lines.txt" 2>/dev/null
-    else
-      skipped_row bench_gpt2_ctx1024 "dtrain bench --model gpt2 --ctx"
-    fi
-  fi
-
   # ---- 3. training on cuda:0 ----
   if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
     if [ -d "$b/data/fashion-mnist" ]; then
@@ -529,6 +517,22 @@ PYEOF
         --data fashion-mnist --data-dir "$b/data" --epochs 1
       step train_mlp_cuda 120 plain "$dtrain" train --model mlp --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
+      # issue 15 on a GPU: the trace's gpu lane (CUDA timing events), the
+      # metrics, NVML in dtrain top
+      step observe_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
+        --data fashion-mnist --data-dir "$b/data" --max-steps 40 --log-interval 10 \
+        --metrics "$logs/observe_metrics.jsonl" --trace "$logs/observe_trace-{rank}.json" \
+        --trace-steps 5:10
+      step top_once 60 plain "$dtrain" top --once
+      {
+        echo "## issue 15 on cuda:0"
+        echo
+        echo '```'
+        echo "trace spans per lane (cat): $(grep -o '"cat":"[a-z-]*"' "$logs"/observe_trace-0.json 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')"
+        echo "metrics records: $(wc -l <"$logs/observe_metrics.jsonl" 2>/dev/null)"
+        grep -m2 '^GPUs\|^  gpu' "$logs/top_once.log" 2>/dev/null
+        echo '```'
+      } >>"$logs/extra.md"
       {
         echo "## training on cuda:0"
         echo
@@ -549,26 +553,30 @@ PYEOF
       echo '| model | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
       echo '|---|---|---|---|'
     } >>"$logs/extra.md"
-    for config in "mlp 128" "lenet 64"; do
-      read -r model batch <<<"$config"
+    # GPT-2: the LM's step (AdamW, clipping) at its context; 124M at T 1024.
+    for config in "mlp 128 300 20" "lenet 64 300 20" \
+      "gpt2-tiny 16 100 10 --ctx 64 --optimizer adamw" "gpt2 4 20 3 --ctx 1024 --optimizer adamw"; do
+      read -r model batch n warm extra <<<"$config"
+      # shellcheck disable=SC2086 # $extra is a list of flags
       step "bench_dtrain_$model" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
-        --steps 300 --warmup 20 --device cuda:0
+        --steps "$n" --warmup "$warm" --device cuda:0 $extra
+      # shellcheck disable=SC2086
       step "bench_torch_$model" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
-        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps 300 --warmup 20 \
-        --device cuda
+        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps "$n" --warmup "$warm" \
+        --device cuda $extra
       ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$model.log" 2>/dev/null)
       theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$model.log" 2>/dev/null)
       ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
       echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
     done
-    # ---- 5. dtrain top: one refresh of the GPU view ----
-    if "$dtrain" top --help >/dev/null 2>&1; then
-      step top_once 30 plain "$dtrain" top --once
-      { echo; echo '## dtrain top --once'; echo; echo '```'; head -40 "$logs/top_once.log"; echo '```'; } \
-        >>"$logs/extra.md"
-    else
-      skipped_row top_once "dtrain top --once"
-    fi
+    {
+      echo
+      echo '## GPT-2 on cuda:0: tokens/s and MFU (6 N + 12 L T C over the table peak, launch/mfu.h)'
+      echo
+      echo '```'
+      grep -h 'tokens_per_s=\|^flops:' "$logs"/bench_dtrain_gpt2*.log 2>/dev/null
+      echo '```'
+    } >>"$logs/extra.md"
   else
     summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
   fi

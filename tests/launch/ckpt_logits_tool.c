@@ -28,13 +28,13 @@ int main(int argc, char **argv) {
   char path[4096];
   if (dt_task_find("mlp", &task) != DT_OK || dt_task_find_data(task, "fashion-mnist", &data))
     return fail("the mlp task");
-  if (task->build(0, &m) != DT_OK)
+  if (task->build(task, 0, &m) != DT_OK)
     return fail("building the MLP");
   snprintf(path, sizeof path, "%s/model.safetensors", argv[1]);
   if (dt_safetensors_load_module(path, m) != DT_OK)
     return fail("loading the weights");
   snprintf(path, sizeof path, "%s/fashion-mnist", argv[2]);
-  if (data->open(data, path, "test", &test) != DT_OK)
+  if (data->open(task, data, path, "test", &test) != DT_OK)
     return fail("the test set");
   float *x = malloc((size_t)n * 784 * sizeof(float));
   int32_t label;

@@ -14,6 +14,7 @@ only, no dtrain code.
 """
 import gzip
 import json
+import os
 import struct
 import sys
 
@@ -38,8 +39,8 @@ def read_safetensors(path):
     return out
 
 
-def read_moments(path):
-    """The optimizer sections of trainer_state.bin (layout in core/checkpoint.h)."""
+def read_sections(path):
+    """{name: bytes} of a dtrain trainer-state file (layout in core/checkpoint.h)."""
     with open(path, "rb") as f:
         blob = f.read()
     assert blob[:8] == b"DTSTATE\0", path
@@ -50,12 +51,30 @@ def read_moments(path):
         name = e[:48].rstrip(b"\0").decode()
         offset, size = struct.unpack("<QQ", e[48:64])
         sections[name] = blob[offset:offset + size]
-    out = {}
+    return sections
+
+
+def read_moments(ckpt):
+    """The optimizer state over the whole flat parameter space, (buffers, total),
+    from the "optimizer" section or the shards (any sharding)."""
+    sections = read_sections(ckpt + "/trainer_state.bin")
+    for name in sorted(os.listdir(ckpt)):
+        if name.startswith("optimizer.rank") and name.endswith(".bin"):
+            sections.update(read_sections(ckpt + "/" + name))
+    full = None
     for name, b in sections.items():
-        if name.startswith("optimizer"):
-            offset, length, total, nbuf = struct.unpack("<QQQI", b[:28])
-            out[name] = np.frombuffer(b[32:], dtype="<f4").reshape(nbuf, length)
-    return out
+        if not name.startswith("optimizer"):
+            continue
+        total, nbuf, nseg = struct.unpack("<QII", b[:16])
+        segs = np.frombuffer(b[24:24 + 16 * nseg], dtype="<u8").reshape(nseg, 2)
+        data = np.frombuffer(b[24 + 16 * nseg:], dtype="<f4").reshape(nbuf, -1)
+        if full is None:
+            full = np.zeros((nbuf, total), dtype=np.float32)
+        pos = 0
+        for off, n in segs.tolist():
+            full[:, off:off + n] = data[:, pos:pos + n]
+            pos += n
+    return {} if full is None else {"optimizer": full}
 
 
 def compare(a, b, rtol):
@@ -66,7 +85,7 @@ def compare(a, b, rtol):
         print("different tensors:", sorted(wa), sorted(wb))
         return 1
     pairs += [("weight " + k, wa[k], wb[k]) for k in wa]
-    ma, mb = read_moments(a + "/trainer_state.bin"), read_moments(b + "/trainer_state.bin")
+    ma, mb = read_moments(a), read_moments(b)
     if sorted(ma) != sorted(mb):
         print("different optimizer sections:", sorted(ma), sorted(mb))
         return 1

@@ -10,42 +10,16 @@
 #     ends), launch without -n / --, mpirun missing.
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "ddp_cli_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-# Bazel's per-test files must not be shared by several ranks.
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-
-find_data_dir() {
-  if [ -n "${DT_DATA_DIR:-}" ]; then echo "$DT_DATA_DIR"; return; fi
-  local repo
-  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
-  if [ -d "$repo/data/fashion-mnist" ]; then echo "$repo/data"
-  elif [ -d /usr/share/datasets/fashion-mnist ]; then echo /usr/share/datasets
-  else echo "ddp_cli_test: no Fashion-MNIST: run tools/setup.sh or set DT_DATA_DIR" >&2; return 1
-  fi
-}
-data_dir=$(find_data_dir) || exit 1
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist) || exit 1
 export DT_DATA_DIR="$data_dir"
 
-lib="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/../check_lib.sh"
-# shellcheck source=tests/check_lib.sh
-. "$lib"
 timeout_bin=$(command -v timeout) || { echo "ddp_cli_test: timeout(1) not found" >&2; exit 1; }
 run() { # run with a deadline: nothing here may hang
   "$timeout_bin" 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
-}
-expect_not() { # expect_not WHERE PATTERN DESCRIPTION
-  checks=$((checks + 1))
-  if grep -Eq -- "$2" "${!1}"; then
-    fail "$3: $1 matches /$2/"
-  else
-    echo "ok: $3"
-  fi
 }
 last_line_accuracy() { tail -1 "$out" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p'; }
 

@@ -14,24 +14,11 @@
 #     file in place of the data folder; --eval-batch larger than the test set.
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "reliability_cli_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-
-repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
-data_dir="${DT_DATA_DIR:-$repo/data}"
-for d in fashion-mnist mnist; do
-  [ -d "$data_dir/$d" ] || { echo "reliability_cli_test: no $data_dir/$d: run tools/setup.sh" >&2; exit 1; }
-done
-export DT_DATA_DIR="$data_dir"
-
-lib="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/../check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist mnist) || exit 1
+export DT_DATA_DIR="$data_dir"
 
 mpi_args=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -x DT_NUM_THREADS=1)
 [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)

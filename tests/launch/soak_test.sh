@@ -8,18 +8,14 @@
 #   SOAK_DTRAIN another binary (a sanitizer build: any report fails a trial).
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist mnist) || exit 1
 # SOAK_DTRAIN: another build to soak (e.g. --config=asan's; see the note).
-[ -n "${SOAK_DTRAIN:-}" ] && dtrain="$SOAK_DTRAIN"
-[ -x "$dtrain" ] || { echo "soak_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
-data_dir="${DT_DATA_DIR:-$repo/data}"
-[ -d "$data_dir/fashion-mnist" ] && [ -d "$data_dir/mnist" ] ||
-  { echo "soak_test: no data under $data_dir: run tools/setup.sh" >&2; exit 1; }
+if [ -n "${SOAK_DTRAIN:-}" ]; then
+  dtrain=$(find_file "$SOAK_DTRAIN") || { echo "soak_test: no $SOAK_DTRAIN" >&2; exit 1; }
+fi
 
 trials=${SOAK_TRIALS:-8}
 RANDOM=${SOAK_SEED:-$$}

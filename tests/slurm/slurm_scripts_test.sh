@@ -13,21 +13,11 @@
 #     the command is one dtrain can run on several ranks.
 set -uo pipefail
 
-runfiles="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
-find_file() {
-  for f in "$@"; do
-    [ -e "$f" ] && { readlink -f "$f"; return 0; }
-  done
-  return 1
-}
-dtrain=$(find_file "$runfiles/dtrain/launch/dtrain" "$runfiles/bazel-bin/launch/dtrain") ||
-  { echo "slurm_scripts_test: dtrain binary not found"; exit 1; }
-scripts=$(dirname "$(find_file "$runfiles/dtrain/launch/slurm/one-node.sbatch" \
-  "$runfiles/launch/slurm/one-node.sbatch")") || { echo "launch/slurm/ not found"; exit 1; }
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+scripts=$(dirname "$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/slurm/one-node.sbatch" \
+  "$repo/launch/slurm/one-node.sbatch")") || { echo "launch/slurm/ not found"; exit 1; }
 
-failures=0
-checks=0
 check() { # check DESCRIPTION COMMAND...
   local what=$1
   shift

@@ -26,28 +26,11 @@ set -uo pipefail
 say() { echo "slurm_test: $*"; }
 
 # ---- inputs -----------------------------------------------------------------
-runfiles="${TEST_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
-find_file() { # the first of the candidate paths that exists
-  for f in "$@"; do
-    [ -e "$f" ] && { readlink -f "$f"; return 0; }
-  done
-  return 1
-}
-dtrain=$(find_file "$runfiles/dtrain/launch/dtrain" "$runfiles/bazel-bin/launch/dtrain") ||
-  { say "dtrain binary not found"; exit 1; }
-scripts=$(dirname "$(find_file "$runfiles/dtrain/launch/slurm/one-node.sbatch" \
-  "$runfiles/launch/slurm/one-node.sbatch")") || { say "launch/slurm/ not found"; exit 1; }
-find_data_dir() {
-  if [ -n "${DT_DATA_DIR:-}" ]; then echo "$DT_DATA_DIR"; return; fi
-  local repo
-  repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
-  if [ -d "$repo/data/fashion-mnist" ]; then echo "$repo/data"
-  elif [ -d /usr/share/datasets/fashion-mnist ]; then echo /usr/share/datasets
-  else say "no Fashion-MNIST found: run tools/setup.sh or set DT_DATA_DIR" >&2; return 1
-  fi
-}
-data_dir=$(find_data_dir) || exit 1
-data_dir=$(readlink -f "$data_dir")
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+scripts=$(dirname "$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/slurm/one-node.sbatch" \
+  "$repo/launch/slurm/one-node.sbatch")") || { say "launch/slurm/ not found"; exit 1; }
+data_dir=$(find_data_dir fashion-mnist) || exit 1
 
 # ---- results as JUnit XML ---------------------------------------------------
 cases=()   # "name|status|seconds|message", status pass, fail or skip

@@ -1,0 +1,26 @@
+/* Shared by launch/train_checkpoint.c (saving) and launch/train_resume.c
+ * (resuming); not for other users. */
+#ifndef DT_LAUNCH_TRAIN_CHECKPOINT_INTERNAL_H
+#define DT_LAUNCH_TRAIN_CHECKPOINT_INTERNAL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "launch/train_checkpoint.h"
+
+#define DT_CKPT_STATE_FILE "trainer_state.bin"
+#define DT_CKPT_WEIGHTS_FILE "model.safetensors"
+
+/* --batch x ranks. */
+int64_t dt_train_ckpt_global_batch(const dt_train_ckpt_run *r);
+/* The "config.<flag> value" lines of the meta section: what must match. */
+void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t cap);
+/* The newest complete checkpoint in `parent` (a run's checkpoints/), ""
+ * when there is none (or no parent yet); damaged ones are reported to log
+ * and skipped; all damaged is an error. */
+dt_status dt_train_ckpt_newest(const char *parent, FILE *log, char *out, size_t cap);
+/* Loads checkpoint `dir` into every replica of `r` and sets *pos; the
+ * configuration must match (an error naming the difference). */
+dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_train_position *pos);
+
+#endif

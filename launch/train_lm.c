@@ -1,0 +1,100 @@
+/* Task-driven parts of the training loop (launch/train_lm.h). */
+#include "launch/train_lm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "launch/mfu.h"
+
+void dt_train_apply_task_defaults(dt_train_config *c, const dt_task *task) {
+  if (!task)
+    return;
+  c->model = task->name;
+  c->data = task->data[0].name;
+  const dt_task_defaults *d = task->defaults;
+  if (!d)
+    return;
+  c->optimizer = d->optimizer;
+  c->lr = d->lr;
+  c->beta2 = d->beta2;
+  c->weight_decay = d->weight_decay;
+  c->decay_matrices_only = d->decay_matrices_only;
+  c->warmup = d->warmup;
+  c->min_lr = d->min_lr;
+  c->clip = d->clip;
+  c->batch = d->batch;
+  c->max_steps = d->max_steps;
+  c->eval_batch = d->eval_batch;
+  c->log_interval = d->log_interval;
+  c->val_every = d->val_every;
+  c->val_batches = d->val_batches;
+}
+
+void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
+                              char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  if (task->max_context > 0)
+    used +=
+        (size_t)snprintf(buf, cap, " tokens/s %.0f", samples_per_s * (double)task->input_shape[0]);
+  double mfu = dt_train_mfu(task, dev, world, samples_per_s);
+  if (mfu >= 0 && used < cap)
+    snprintf(buf + used, cap - used, " mfu %.1f%%", 100.0 * mfu);
+}
+
+double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s) {
+  dt_peak_flops peak;
+  if (!task->flops_per_sample || dt_mfu_peak(dev, &peak) != DT_OK) {
+    dt_clear_error();
+    return -1.0;
+  }
+  return samples_per_s * task->flops_per_sample(task) / (peak.flops * world);
+}
+
+void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev) {
+  dt_peak_flops peak;
+  if (!log || !task->flops_per_sample)
+    return;
+  if (dt_mfu_peak(dev, &peak) != DT_OK) {
+    fprintf(log, "%sdtrain train: no MFU: %s\n", prefix, dt_last_error());
+    dt_clear_error();
+    return;
+  }
+  double per_sample = task->flops_per_sample(task);
+  double per_token = task->max_context > 0 ? per_sample / (double)task->input_shape[0] : 0.0;
+  if (per_token > 0)
+    fprintf(log,
+            "%sdtrain train: %.1f MFLOP per token (6 N + 12 L T C), MFU against %.1f GFLOP/s "
+            "(%s)\n",
+            prefix, per_token / 1e6, peak.flops / 1e9, peak.source);
+  else
+    fprintf(log, "%sdtrain train: %.1f MFLOP per sample, MFU against %.1f GFLOP/s (%s)\n", prefix,
+            per_sample / 1e6, peak.flops / 1e9, peak.source);
+  fflush(log);
+}
+
+dt_status dt_train_log_sample(FILE *log, const dt_train_config *c, const dt_task *task,
+                              dt_module *model, dt_device dev, long long step) {
+  if (!log || !task->tokenizer || c->sample.length <= 0)
+    return DT_OK;
+  char *text = NULL;
+  dt_sample_config sc = c->sample;
+  DT_CHECK(dt_sample_text(model, task, dev, c->data_dir, &sc, &text));
+  const char *prefix = c->log_prefix ? c->log_prefix : "";
+  if (step > 0)
+    fprintf(log, "%ssample after step %lld (%d tokens, temperature %g, top-k %d, seed %llu):\n",
+            prefix, step, sc.length, (double)sc.temperature, sc.top_k, (unsigned long long)sc.seed);
+  else
+    fprintf(log, "%ssample (%d tokens, temperature %g, top-k %d, seed %llu):\n", prefix, sc.length,
+            (double)sc.temperature, sc.top_k, (unsigned long long)sc.seed);
+  fprintf(log, "%s%s\n%s---\n", prefix, text, prefix);
+  fflush(log);
+  free(text);
+  return DT_OK;
+}
+
+const char *dt_train_result_name(const dt_task *task, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s_%s", task->eval_split,
+           task->result == DT_TASK_RESULT_LOSS ? "loss" : task->metric_name);
+  return buf;
+}

@@ -1,0 +1,47 @@
+/* What the training loop (launch/train_loop.c) does for tasks that say so
+ * in the task table (models/tasks.h): sequence tasks' tokens/s, MFU from a
+ * task's FLOPs per sample, samples of generated text, the result line.
+ * The loop calls these for every task; what a task lacks prints nothing. */
+#ifndef DT_LAUNCH_TRAIN_LM_H
+#define DT_LAUNCH_TRAIN_LM_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "core/device.h"
+#include "core/module.h"
+#include "core/status.h"
+#include "launch/train_loop.h"
+#include "models/tasks.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* " tokens/s N" for sequence tasks and " mfu X.X%" for tasks with
+ * flops_per_sample (peak: launch/mfu.h, times `world` devices) into buf;
+ * "" when the task has neither. samples_per_s counts every rank. */
+void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
+                              char *buf, size_t cap);
+
+/* Model FLOPs utilisation in [0, 1] at samples_per_s (every rank's) over
+ * `world` devices like `dev`; -1 when the task has no flops_per_sample or
+ * the peak is unknown. */
+double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s);
+
+/* The header line on throughput: the FLOPs per token and the peak the MFU
+ * is taken against (nothing for a task without flops_per_sample). */
+void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev);
+
+/* Prints a sample of the model's text after optimizer step `step` (0: at
+ * the end) to `log`, for text tasks with c->sample.length > 0. */
+dt_status dt_train_log_sample(FILE *log, const dt_train_config *c, const dt_task *task,
+                              dt_module *model, dt_device dev, long long step);
+
+/* "val_loss" / "test_accuracy": what the result line names. */
+const char *dt_train_result_name(const dt_task *task, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
