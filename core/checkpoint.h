@@ -169,8 +169,8 @@ dt_status dt_ckpt_manifest_read(const char *dir, dt_ckpt_manifest *m);
 dt_status dt_ckpt_verify(const char *dir, dt_ckpt_manifest *m);
 
 /* The checkpoint directories "step_NNNNNNNN" of `parent`, newest (highest
- * step) first, into names (each up to 64 characters); *n gets the count
- * (at most cap). A missing parent is 0 entries. */
+ * step) first, into names (each up to 64 characters): the `cap` newest if
+ * there are more; *n gets the count. A missing parent is 0 entries. */
 dt_status dt_ckpt_list(const char *parent, char (*names)[64], int cap, int *n);
 
 /* Removes a checkpoint directory: manifest first (it stops counting), then

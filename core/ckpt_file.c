@@ -168,11 +168,14 @@ dt_status dt_ckpt_list(const char *parent, char (*names)[64], int cap, int *n) {
     const char *s = e->d_name;
     if (strncmp(s, "step_", 5) != 0 || strlen(s) != 13 || strspn(s + 5, "0123456789") != 8)
       continue;
-    if (*n < cap)
-      snprintf(names[(*n)++], 64, "%s", s);
+    /* Zero-padded: by name = by step. Keep the `cap` newest, sorted. */
+    if (*n == cap && (cap == 0 || strcmp(s, names[cap - 1]) < 0))
+      continue;
+    int k = *n < cap ? (*n)++ : cap - 1;
+    snprintf(names[k], 64, "%s", s);
+    qsort(names, (size_t)*n, 64, by_name_descending);
   }
   closedir(d);
-  qsort(names, (size_t)*n, 64, by_name_descending); /* zero-padded: by name = by step */
   return DT_OK;
 }
 

@@ -28,6 +28,7 @@
 
 #include "core/backend.h"
 #include "core/data.h"
+#include "core/trace.h"
 
 #define LOADER_ERROR_MAX 2048
 
@@ -123,7 +124,9 @@ static void *worker_main(void *arg) {
       return NULL;
 
     batch_slot *slot = &l->ring[b % l->ring_size];
+    double span = dt_trace_begin(DT_TRACE_LANE_LOADER, "load batch");
     fill_slot(l, l->first_batch + b, slot);
+    dt_trace_end(DT_TRACE_LANE_LOADER, "load batch", span);
     if (atomic_load(&l->stop))
       return NULL;
 
@@ -324,9 +327,11 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
   memcpy(shape + 1, lay->input_shape, (size_t)lay->input_ndim * sizeof *shape);
   memcpy(tshape + 1, lay->target_shape, (size_t)lay->target_ndim * sizeof *tshape);
   dt_tensor *x = NULL, *y = NULL;
+  double span = dt_trace_begin(DT_TRACE_LANE_COPY, "host to device");
   dt_status st = upload(l, slot->inputs, shape, lay->input_ndim + 1, lay->input_dtype, &x);
   if (st == DT_OK)
     st = upload(l, slot->labels, tshape, lay->target_ndim + 1, lay->target_dtype, &y);
+  dt_trace_end(DT_TRACE_LANE_COPY, "host to device", span);
   if (st == DT_OK && l->async_copy) {
     /* The compute stream waits for the copy; the host does not. */
     st = l->be->event_record(slot->copied, l->be->stream(l->cfg.device, DT_STREAM_COPY));

@@ -120,57 +120,58 @@ static const char *value_or_default(dt_env_param p, bool *is_set) {
   return v ? v : env_table[p].default_value;
 }
 
-dt_status dt_env_int(dt_env_param p, int64_t *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_INT));
+/* Reads text into *out for the parameter e; false when it is not a value
+ * of e's type. */
+typedef bool (*param_parse_fn)(const dt_env_info *e, const char *text, void *out);
+
+static bool parse_int_param(const dt_env_info *e, const char *s, void *out) {
+  return parse_int(s, e->min, e->max, (int64_t *)out);
+}
+static bool parse_bool_param(const dt_env_info *e, const char *s, void *out) {
+  (void)e;
+  return dt_parse_bool(s, (bool *)out);
+}
+static bool parse_bytes_param(const dt_env_info *e, const char *s, void *out) {
+  (void)e;
+  return parse_bytes(s, (size_t *)out);
+}
+static bool parse_choice_param(const dt_env_info *e, const char *s, void *out) {
+  int i = dt_choice_index(e->choices, s);
+  if (i < 0)
+    return false;
+  *(int *)out = i;
+  return true;
+}
+
+/* Parameter p of type `type` into *out: the variable's value when set, else
+ * the table's default (*out untouched when there is none). A bad value
+ * leaves the default in *out and is DT_ERR_INVALID_ARG naming it. */
+static dt_status read_param(dt_env_param p, dt_env_type type, param_parse_fn parse, void *out) {
+  DT_CHECK(wrong_type(p, type));
   const dt_env_info *e = &env_table[p];
   bool is_set;
   const char *v = value_or_default(p, &is_set);
-  if (!v)
-    return DT_OK;
-  if (parse_int(v, e->min, e->max, out))
+  if (!v || parse(e, v, out))
     return DT_OK;
   if (is_set && e->default_value)
-    parse_int(e->default_value, e->min, e->max, out);
+    parse(e, e->default_value, out);
   return bad_value(p, v);
+}
+
+dt_status dt_env_int(dt_env_param p, int64_t *out) {
+  return read_param(p, DT_ENV_TYPE_INT, parse_int_param, out);
 }
 
 dt_status dt_env_bool(dt_env_param p, bool *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_BOOL));
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v || dt_parse_bool(v, out))
-    return DT_OK;
-  if (is_set && env_table[p].default_value)
-    dt_parse_bool(env_table[p].default_value, out);
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_BOOL, parse_bool_param, out);
 }
 
 dt_status dt_env_bytes(dt_env_param p, size_t *out) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_BYTES));
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v || parse_bytes(v, out))
-    return DT_OK;
-  if (is_set && env_table[p].default_value)
-    parse_bytes(env_table[p].default_value, out);
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_BYTES, parse_bytes_param, out);
 }
 
 dt_status dt_env_choice(dt_env_param p, int *index) {
-  DT_CHECK(wrong_type(p, DT_ENV_TYPE_CHOICE));
-  const dt_env_info *e = &env_table[p];
-  bool is_set;
-  const char *v = value_or_default(p, &is_set);
-  if (!v)
-    return DT_OK;
-  int i = dt_choice_index(e->choices, v);
-  if (i >= 0) {
-    *index = i;
-    return DT_OK;
-  }
-  if (is_set && e->default_value && (i = dt_choice_index(e->choices, e->default_value)) >= 0)
-    *index = i;
-  return bad_value(p, v);
+  return read_param(p, DT_ENV_TYPE_CHOICE, parse_choice_param, index);
 }
 
 dt_status dt_env_string(dt_env_param p, const char **out) {
@@ -186,27 +187,19 @@ dt_status dt_env_check(dt_env_param p) {
   const dt_env_info *e = dt_env_info_of(p);
   if (!e)
     return wrong_type(p, DT_ENV_TYPE_INT);
+  union {
+    int64_t i;
+    bool b;
+    size_t bytes;
+    int choice;
+    const char *text;
+  } v;
   switch (e->type) {
-    case DT_ENV_TYPE_INT: {
-      int64_t v = 0;
-      return dt_env_int(p, &v);
-    }
-    case DT_ENV_TYPE_BOOL: {
-      bool v = false;
-      return dt_env_bool(p, &v);
-    }
-    case DT_ENV_TYPE_BYTES: {
-      size_t v = 0;
-      return dt_env_bytes(p, &v);
-    }
-    case DT_ENV_TYPE_CHOICE: {
-      int v = 0;
-      return dt_env_choice(p, &v);
-    }
-    case DT_ENV_TYPE_STRING: {
-      const char *v = NULL;
-      return dt_env_string(p, &v);
-    }
+    case DT_ENV_TYPE_INT: return dt_env_int(p, &v.i);
+    case DT_ENV_TYPE_BOOL: return dt_env_bool(p, &v.b);
+    case DT_ENV_TYPE_BYTES: return dt_env_bytes(p, &v.bytes);
+    case DT_ENV_TYPE_CHOICE: return dt_env_choice(p, &v.choice);
+    case DT_ENV_TYPE_STRING: return dt_env_string(p, &v.text);
   }
   return DT_OK;
 }

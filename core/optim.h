@@ -93,7 +93,10 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel, 
  * For checkpoints (each rank saves its shard, a load may re-shard): a
  * rank's state is dt_optim_state_get (n buffers of local_numel, see above)
  * and the segments say which arena elements each local element belongs
- * to; dt_optim_state_tensor gives the device buffers themselves.
+ * to (sections of offset + length); dt_optim_state_tensor gives the device
+ * buffers themselves, and dt_optim_state_to_flat / _from_flat translate
+ * to and from the arena's coordinates, where shards of any world size
+ * meet.
  *
  * Mixed precision will plug in here: f32 master weights of the shard (the
  * segments then index the master copy, and segment_updated casts and
@@ -137,6 +140,16 @@ dt_optim_segment dt_optim_segment_at(const dt_optimizer *o, int i); /* i in [0, 
 int64_t dt_optim_local_numel(const dt_optimizer *o);
 /* State buffer i (borrowed; NULL before the first step or for i out of range). */
 dt_tensor *dt_optim_state_tensor(const dt_optimizer *o, int i);
+/* The state in the arena's coordinates, for saving a shard and re-sharding
+ * on load: `flat` holds the state buffers one after the other, each of
+ * arena numel floats (flat_numel = buffers x arena numel). _to_flat writes
+ * the elements of this optimizer's segments and leaves the rest of `flat`
+ * alone (so the shards of every rank fill one array); _from_flat loads its
+ * segments from a complete one (the padding gets zeros) and sets the step
+ * count, whatever world size saved it. DT_ERR_SHAPE for another size. */
+dt_status dt_optim_state_to_flat(const dt_optimizer *o, float *flat, int64_t flat_numel);
+dt_status dt_optim_state_from_flat(dt_optimizer *o, const float *flat, int64_t flat_numel,
+                                   int64_t step_count);
 
 /* ---- learning-rate schedule ---- */
 typedef enum dt_lr_decay {
@@ -185,6 +198,9 @@ dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total
  * (sum_over_shards), so that *total_norm is the norm of the whole
  * gradient on every rank. The training step clips through this. */
 dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total_norm);
+/* *norm = that global norm, without clipping (collective when sharded, as
+ * clipping is). */
+dt_status dt_optim_grad_norm(dt_optimizer *o, double *norm);
 
 #ifdef __cplusplus
 }

@@ -355,6 +355,51 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
   return DT_OK;
 }
 
+static dt_status check_flat(const dt_optimizer *o, const float *flat, int64_t flat_numel) {
+  int64_t want = (int64_t)o->n_state * dt_param_arena_numel(o->arena);
+  if (flat_numel != want || (!flat && want > 0))
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s state in the arena's coordinates holds %d x %lld floats, the buffer %lld",
+                    dt_optim_name(o), o->n_state, (long long)dt_param_arena_numel(o->arena),
+                    (long long)flat_numel);
+  return DT_OK;
+}
+
+dt_status dt_optim_state_to_flat(const dt_optimizer *o, float *flat, int64_t flat_numel) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = malloc((size_t)(local > 0 ? local : 1) * sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  dt_status st = dt_optim_state_get(o, mine, local);
+  for (int i = 0; i < o->n_state && st == DT_OK; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(flat + i * n + o->segs[k].offset, mine + i * o->local_numel + o->segs[k].local_offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  free(mine);
+  return st;
+}
+
+dt_status dt_optim_state_from_flat(dt_optimizer *o, const float *flat, int64_t flat_numel,
+                                   int64_t step_count) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  DT_CHECK(check_flat(o, flat, flat_numel));
+  int64_t n = dt_param_arena_numel(o->arena), local = dt_optim_state_numel(o);
+  float *mine = calloc((size_t)(local > 0 ? local : 1), sizeof(float));
+  if (!mine)
+    return DT_ERROR(DT_ERR_OOM, "%s state: out of host memory", dt_optim_name(o));
+  for (int i = 0; i < o->n_state; i++)
+    for (int k = 0; k < o->n_segs; k++)
+      memcpy(mine + i * o->local_numel + o->segs[k].local_offset, flat + i * n + o->segs[k].offset,
+             (size_t)o->segs[k].numel * sizeof(float));
+  dt_status st = dt_optim_state_set(o, mine, local, step_count);
+  free(mine);
+  return st;
+}
+
 /* ---- shards (ZeRO) ---- */
 
 static dt_status check_shard(const dt_optimizer *o, const dt_optim_shard *sh) {
@@ -421,6 +466,19 @@ dt_tensor *dt_optim_state_tensor(const dt_optimizer *o, int i) {
 
 /* ---- clipping ---- */
 
+/* The global norm of the n gradients at g (device of ex); `sum` (NULL =
+ * none) adds the other shards' sums of squares. */
+static dt_status norm_flat(const dt_exec *ex, const float *g, int64_t n, const dt_optim_shard *sum,
+                           double *norm) {
+  double sum_sq = 0.0;
+  if (n > 0)
+    DT_CHECK(dt_kernel_sum_squares(ex, g, n, &sum_sq));
+  if (sum != NULL && sum->sum_over_shards != NULL)
+    DT_CHECK(sum->sum_over_shards(sum->ctx, &sum_sq, 1));
+  *norm = sqrt(sum_sq);
+  return DT_OK;
+}
+
 /* Clips the n gradients at g (device of ex) to a global norm of max_norm;
  * `sum` (NULL = none) adds the other shards' sums of squares. */
 static dt_status clip_flat(const dt_exec *ex, float *g, int64_t n, float max_norm,
@@ -429,12 +487,8 @@ static dt_status clip_flat(const dt_exec *ex, float *g, int64_t n, float max_nor
     *total_norm = 0.0;
   if (!(max_norm > 0.0f) || !isfinite(max_norm))
     return DT_ERROR(DT_ERR_INVALID_ARG, "max_norm %g: must be finite and > 0", (double)max_norm);
-  double sum_sq = 0.0;
-  if (n > 0)
-    DT_CHECK(dt_kernel_sum_squares(ex, g, n, &sum_sq));
-  if (sum != NULL && sum->sum_over_shards != NULL)
-    DT_CHECK(sum->sum_over_shards(sum->ctx, &sum_sq, 1));
-  double norm = sqrt(sum_sq);
+  double norm = 0.0;
+  DT_CHECK(norm_flat(ex, g, n, sum, &norm));
   if (total_norm)
     *total_norm = norm;
   /* A non-finite norm fails this test and leaves the gradients as they are
@@ -460,6 +514,16 @@ dt_status dt_clip_grad_norm(dt_param_arena *arena, float max_norm, double *total
   const dt_exec ex = dt_tensor_exec(grads);
   return clip_flat(&ex, dt_tensor_data(grads), dt_param_arena_numel(arena), max_norm, NULL,
                    total_norm);
+}
+
+dt_status dt_optim_grad_norm(dt_optimizer *o, double *norm) {
+  *norm = 0.0;
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  dt_tensor *grads = update_grads(o);
+  DT_CHECK(check_grads(o, grads));
+  const dt_exec ex = dt_tensor_exec(grads);
+  return norm_flat(&ex, dt_tensor_data(grads), dt_tensor_numel(grads), &o->shard, norm);
 }
 
 dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total_norm) {

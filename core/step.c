@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "core/autograd.h"
+#include "core/trace.h"
 
 static dt_status phase_ended(const dt_step *s, dt_step_phase phase) {
   return s->cfg.on_phase ? s->cfg.on_phase(s->cfg.on_phase_user, phase) : DT_OK;
@@ -24,12 +25,19 @@ dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor
   bool no_sync = reduce && !sync;
   if (no_sync)
     DT_CHECK(gs->no_sync_begin(gs->ctx));
-  DT_CHECK_GOTO(dt_module_call(s->model, input, &output), st, end_pass);
-  DT_CHECK_GOTO(s->cfg.loss(output, target, DT_REDUCTION_MEAN, &value), st, end_pass);
+  double span = dt_trace_begin(DT_TRACE_LANE_STEP, "forward");
+  st = dt_module_call(s->model, input, &output);
+  if (st == DT_OK)
+    st = s->cfg.loss(output, target, DT_REDUCTION_MEAN, &value);
+  dt_trace_end(DT_TRACE_LANE_STEP, "forward", span);
+  DT_CHECK_GOTO(st, st, end_pass);
   DT_CHECK_GOTO(phase_ended(s, DT_STEP_PHASE_FORWARD), st, end_pass);
+  span = dt_trace_begin(DT_TRACE_LANE_STEP, "backward");
   if (loss_scale != 1.0f)
-    DT_CHECK_GOTO(dt_op_scale(value, loss_scale, &scaled), st, end_pass);
-  DT_CHECK_GOTO(dt_backward(scaled ? scaled : value, NULL), st, end_pass);
+    st = dt_op_scale(value, loss_scale, &scaled);
+  if (st == DT_OK)
+    st = dt_backward(scaled ? scaled : value, NULL);
+  dt_trace_end(DT_TRACE_LANE_STEP, "backward", span);
 
 end_pass:
   if (no_sync) {
@@ -40,7 +48,9 @@ end_pass:
   /* Even after a failed backward a synchronised pass must finish: the
    * other replicas wait for this one's buckets. */
   if (reduce && sync) {
+    double wait = dt_trace_begin(DT_TRACE_LANE_STEP, "gradient sync");
     dt_status fin = gs->finish_backward(gs->ctx);
+    dt_trace_end(DT_TRACE_LANE_STEP, "gradient sync", wait);
     if (st == DT_OK)
       st = fin;
   }
@@ -54,7 +64,16 @@ end_pass:
   return st;
 }
 
+static dt_status update(const dt_step *s);
+
 dt_status dt_step_update(const dt_step *s) {
+  double span = dt_trace_begin(DT_TRACE_LANE_STEP, "optimizer");
+  dt_status st = update(s);
+  dt_trace_end(DT_TRACE_LANE_STEP, "optimizer", span);
+  return st;
+}
+
+static dt_status update(const dt_step *s) {
   if (s->cfg.clip > 0) {
     /* Clipping would scale a non-finite gradient to 0 (or NaN) and the run
      * would go on without learning: a divergence to report. */
@@ -66,6 +85,10 @@ dt_status dt_step_update(const dt_step *s) {
                       "clipping to %g); lower --lr or add --warmup",
                       isnan(norm) ? "nan" : "inf", (long long)dt_optim_step_count(s->opt) + 1,
                       (double)s->cfg.clip);
+    if (s->cfg.stats)
+      s->cfg.stats->grad_norm = norm;
+  } else if (s->cfg.stats && s->cfg.stats->want_grad_norm) {
+    DT_CHECK(dt_optim_grad_norm(s->opt, &s->cfg.stats->grad_norm));
   }
   if (s->cfg.schedule)
     dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));

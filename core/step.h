@@ -55,14 +55,22 @@ typedef enum dt_step_phase {
 } dt_step_phase;
 typedef dt_status (*dt_step_phase_fn)(void *user, dt_step_phase ended);
 
+/* What the caller may ask the update to measure (dtrain's metrics). */
+typedef struct dt_step_stats {
+  bool want_grad_norm; /* set before dt_step_update: measure the gradient norm */
+  double grad_norm;    /* the global norm before clipping, of the last update that measured it
+                          (with clip > 0 every update measures it) */
+} dt_step_stats;
+
 typedef struct dt_step_config {
   dt_loss_fn loss;                /* required */
   float clip;                     /* global gradient-norm cap, 0 = off */
   const dt_lr_schedule *schedule; /* borrowed; NULL = the optimizer's lr is left alone */
   dt_step_phase_fn on_phase;      /* NULL = none; a timer synchronises the device here */
   void *on_phase_user;
+  dt_step_stats *stats; /* borrowed; NULL = nothing measured beyond what clipping needs */
 } dt_step_config;
-#define DT_STEP_CONFIG_DEFAULT ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL})
+#define DT_STEP_CONFIG_DEFAULT ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL, NULL})
 
 /* What a step runs on: borrowed pointers, a value (nothing to free). The
  * arena is the model's (dt_param_arena_create), the optimizer over it. */

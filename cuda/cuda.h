@@ -96,6 +96,19 @@ void *dt_cuda_stream_handle(dt_stream *s);
 /* The cudaEvent_t of a backend event. */
 void *dt_cuda_event_handle(dt_event *ev);
 
+/* ---- timing and NVTX, for traces ---- */
+
+/* A new timing event (a cudaEvent_t) recorded now on the compute stream of
+ * `dev`; destroy it with dt_cuda_timer_destroy. */
+dt_status dt_cuda_timer_record(dt_device dev, void **event);
+/* Milliseconds between two timer events on the device (waits for `end`). */
+dt_status dt_cuda_timer_elapsed_ms(void *start, void *end, double *ms);
+void dt_cuda_timer_destroy(void *event); /* NULL is a no-op */
+/* NVTX ranges on the calling thread (nvtxRangePushA / nvtxRangePop), so that
+ * Nsight Systems shows dtrain's span names; no-ops without CUDA. */
+void dt_cuda_nvtx_push(const char *name);
+void dt_cuda_nvtx_pop(void);
+
 /* ---- settings ---- */
 
 /* TF32 tensor cores for f32 GEMMs (default on, DT_CUDA_TF32=0 turns it
@@ -113,10 +126,10 @@ dt_status dt_cuda_set_memory_limit(int index, size_t bytes);
 /* As dt_backend_ops.gemm (row-major, same argument meaning) with the
  * element types given: a and b f32, f16 or bf16 (the same), c f32 or the
  * type of a; accumulation in f32. */
-dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
-                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
-                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
-                          int ldc, int64_t stride_c, dt_dtype c_type, int batch);
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                          int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
+                          int64_t stride_c, dt_dtype c_type, int batch);
 
 #ifdef __cplusplus
 }

@@ -330,16 +330,10 @@ static __global__ void classifier_forward_kernel(const float *logits, const void
         dr[j] = 0.0f;
       continue;
     }
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-      mx = fmaxf(mx, xr[j]);
-    mx = dt_block_max(mx, shf);
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
-      s += expf(xr[j] - mx);
-    /* read before the barrier in the sum: dr may overwrite it below */
+    /* read before the barriers of the row's max and sum: dr may overwrite it below */
     float xt = threadIdx.x == 0 ? xr[t] : 0.0f;
-    s = dt_block_sum(s, shd);
+    double s;
+    float mx = block_row_max_sumexp(xr, classes, shf, shd, &s);
     if (threadIdx.x == 0) {
       loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
       atomicAdd(&rep->count, 1ull);

@@ -8,7 +8,7 @@
 
 #include "cuda/cuda.h"
 
-#define NOT_BUILT                                                                     \
+#define NOT_BUILT                                                                      \
   "this build of dtrain has no CUDA support (built without the CUDA toolkit, or with " \
   "--config=cpu): rebuild where the toolkit is installed (/usr/local/cuda or "         \
   "$CUDA_HOME), or use --device cpu"
@@ -67,6 +67,25 @@ void *dt_cuda_event_handle(dt_event *ev) {
   return NULL;
 }
 
+dt_status dt_cuda_timer_record(dt_device dev, void **event) {
+  (void)dev;
+  *event = NULL;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "CUDA timing events: " NOT_BUILT);
+}
+
+dt_status dt_cuda_timer_elapsed_ms(void *start, void *end, double *ms) {
+  (void)start;
+  (void)end;
+  *ms = 0.0;
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "CUDA timing events: " NOT_BUILT);
+}
+
+void dt_cuda_timer_destroy(void *event) { (void)event; }
+
+void dt_cuda_nvtx_push(const char *name) { (void)name; }
+
+void dt_cuda_nvtx_pop(void) {}
+
 void dt_cuda_set_tf32(int enabled) { (void)enabled; }
 
 int dt_cuda_tf32_enabled(void) { return 0; }
@@ -76,10 +95,10 @@ dt_status dt_cuda_set_memory_limit(int index, size_t bytes) {
   return DT_ERROR(DT_ERR_UNSUPPORTED, "memory limit for cuda:%d: " NOT_BUILT, index);
 }
 
-dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k,
-                          float alpha, const void *a, int lda, int64_t stride_a, const void *b,
-                          int ldb, int64_t stride_b, dt_dtype ab_type, float beta, void *c,
-                          int ldc, int64_t stride_c, dt_dtype c_type, int batch) {
+dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                          int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
+                          int64_t stride_c, dt_dtype c_type, int batch) {
   (void)dev, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a;
   (void)lda, (void)stride_a, (void)b, (void)ldb, (void)stride_b, (void)ab_type, (void)beta;
   (void)c, (void)ldc, (void)stride_c, (void)c_type, (void)batch;

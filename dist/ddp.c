@@ -427,6 +427,10 @@ void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel,
 
 dt_status dt_ddp_read_device_timeline(dt_ddp *d) {
   d->dev_backward_end_ms = -1;
+  if (d->cfg.zero_stage == 2)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "DDP device timeline: ZeRO stage 2 frees each bucket's collective (and its "
+                    "buffer) during the pass, so no device times are kept");
   for (int b = 0; b < d->n_buckets; b++) {
     dt_work *w = d->buckets[b].last_work;
     if (w == NULL)
@@ -451,4 +455,25 @@ void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out) {
   out->finish_end_s = d->finish_end_s;
   out->n_buckets = d->n_buckets;
   out->buckets = d->timings;
+}
+
+dt_ddp_comm_times dt_ddp_last_comm_times(const dt_ddp *d) {
+  dt_ddp_timeline tl;
+  dt_ddp_get_timeline(d, &tl);
+  return dt_ddp_timeline_comm_times(&tl);
+}
+
+dt_ddp_comm_times dt_ddp_timeline_comm_times(const dt_ddp_timeline *tl) {
+  dt_ddp_comm_times t = {0.0, 0.0, 0.0};
+  for (int b = 0; b < tl->n_buckets; b++) {
+    const dt_ddp_bucket_timing *bt = &tl->buckets[b];
+    if (bt->end_s <= 0 || bt->start_s <= 0)
+      continue;
+    t.allreduce_s += bt->end_s - bt->start_s;
+    double hidden_end = bt->end_s < tl->backward_end_s ? bt->end_s : tl->backward_end_s;
+    if (hidden_end > bt->start_s)
+      t.hidden_s += hidden_end - bt->start_s;
+  }
+  t.exposed_s = tl->finish_end_s - tl->backward_end_s;
+  return t;
 }

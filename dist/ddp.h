@@ -64,8 +64,12 @@
  * partial norms over the ranks. No-sync scopes accumulate locally as in
  * stage 0 (stage 2 then holds full gradients until the synchronised pass,
  * like PyTorch FSDP's no_sync). Stage 2 keeps no device timeline
- * (dt_ddp_read_device_timeline fails). The checkpoint saves each rank's
- * optimizer state with its segments (core/optim.h, "Shards").
+ * (dt_ddp_read_device_timeline fails). A checkpoint saves each rank's
+ * optimizer state with its segments (core/optim.h, "Shards": offset and
+ * length in the flat space); dt_optim_state_to_flat / _from_flat put
+ * shards of any world size into the arena's coordinates and back, so a
+ * load may re-shard. The parameters are complete on every rank after
+ * each step (rank 0 can save them as they are).
  *
  * The reducer keeps borrowed pointers to the module, arena and comm, which
  * must outlive it. One reducer per module; use it from one thread (the one
@@ -177,6 +181,17 @@ typedef struct dt_ddp_timeline {
   double dev_backward_end_ms;
 } dt_ddp_timeline;
 void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out);
+
+/* A pass's communication in seconds: the all-reduces' total time (host
+ * clock, start to end on the communication thread), the part of it before
+ * backward ended (hidden behind backward), and the wait after backward for
+ * the last buckets (exposed). */
+typedef struct dt_ddp_comm_times {
+  double allreduce_s, hidden_s, exposed_s;
+} dt_ddp_comm_times;
+dt_ddp_comm_times dt_ddp_timeline_comm_times(const dt_ddp_timeline *tl);
+/* The same for the reducer's last synchronised pass. */
+dt_ddp_comm_times dt_ddp_last_comm_times(const dt_ddp *d);
 
 /* Fills the device-clock fields of the last synchronised pass's timeline
  * (blocks until those points have executed; call after the step, for

@@ -194,7 +194,10 @@ static void make_room(dt_ddp *d, size_t need) {
   for (int b = 0; b < d->n_buckets; b++)
     if (d->buckets[b].work != NULL && dt_work_test(d->buckets[b].work))
       free_bucket_buffer(d, b);
-  size_t cap = 2 * (size_t)d->buckets[d->n_buckets > 1 ? 1 : 0].padded * sizeof(float);
+  int64_t largest = 0;
+  for (int b = 0; b < d->n_buckets; b++)
+    largest = d->buckets[b].padded > largest ? d->buckets[b].padded : largest;
+  size_t cap = 2 * (size_t)largest * sizeof(float);
   for (int b = 0; b < d->n_buckets && d->buffer_bytes + need > cap; b++)
     if (d->buckets[b].work != NULL)
       free_bucket_buffer(d, b);

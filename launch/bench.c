@@ -17,6 +17,7 @@
 #include "launch/cli.h"
 #include "launch/flags.h"
 #include "launch/mfu.h"
+#include "launch/threads.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
@@ -82,18 +83,10 @@ typedef struct phase_times {
 
 /* Adds the last synchronised pass's communication figures to *t. */
 static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
-  dt_ddp_timeline tl;
-  dt_ddp_get_timeline(ddp, &tl);
-  for (int b = 0; b < tl.n_buckets; b++) {
-    const dt_ddp_bucket_timing *bt = &tl.buckets[b];
-    if (bt->end_s <= 0 || bt->start_s <= 0)
-      continue;
-    t->allreduce += bt->end_s - bt->start_s;
-    double hidden_end = bt->end_s < tl.backward_end_s ? bt->end_s : tl.backward_end_s;
-    if (hidden_end > bt->start_s)
-      t->overlapped += hidden_end - bt->start_s;
-  }
-  t->exposed += tl.finish_end_s - tl.backward_end_s;
+  dt_ddp_comm_times c = dt_ddp_last_comm_times(ddp);
+  t->allreduce += c.allreduce_s;
+  t->overlapped += c.hidden_s;
+  t->exposed += c.exposed_s;
 }
 
 /* The step's phase boundaries (core/step.h): synchronise the device and
@@ -312,6 +305,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   int rank = pg ? dt_pg_rank(pg) : 0;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(pg ? dt_pg_local_size(pg) : 1);
 
   dt_bench_result r;
   dt_status st = dt_bench_run(&cfg, &r);
@@ -322,9 +317,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d\n",
+      "device %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads());
+      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "

@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "core/env.h"
 #include "core/tensor.h"
+#include "launch/trace.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
 #include "models/tasks.h"
@@ -74,6 +75,15 @@ bool dt_cli_check_device(const char *value, char *why, size_t cap) {
   if (dt_device_parse(value, &d) == DT_OK)
     return true;
   snprintf(why, cap, "expected cpu, cpu:N, cuda or cuda:N");
+  dt_clear_error();
+  return false;
+}
+
+bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap) {
+  int64_t a = 0, b = 0;
+  if (dt_trace_parse_steps(value, &a, &b) == DT_OK)
+    return true;
+  snprintf(why, cap, "expected A:B, the first and last optimizer step to record (1 <= A <= B)");
   dt_clear_error();
   return false;
 }

@@ -66,6 +66,8 @@ dt_flag dt_cli_flag_zero(int *target);
  * device list (cpu:0,cpu:1). */
 bool dt_cli_check_device(const char *value, char *why, size_t cap);
 bool dt_cli_check_device_list(const char *value, char *why, size_t cap);
+/* --trace-steps A:B (launch/trace.h's dt_trace_parse_steps). */
+bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap);
 
 /* Validates every DT_* variable a run reads (core/env_params.def, the test
  * group aside). DT_ERR_INVALID_ARG with the first bad one in

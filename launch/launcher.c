@@ -360,6 +360,12 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
     mpi_argv[k++] = "-x";
     mpi_argv[k++] = (char *)exports[i];
   }
+  /* The ranks write to mpirun's pseudo-terminal whatever mpirun's own
+   * output is: tell them (launch/progress.h). */
+  if (!dt_env_is_set(DT_ENV_PROGRESS) && isatty(STDOUT_FILENO)) {
+    mpi_argv[k++] = "-x";
+    mpi_argv[k++] = "DT_PROGRESS=bar";
+  }
   if (np > cores && !hosts && !hostfile)
     mpi_argv[k++] = "--oversubscribe";
   if (geteuid() == 0)

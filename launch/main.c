@@ -28,7 +28,11 @@
 #include "launch/eval.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
+#include "launch/report.h"
+#include "launch/threads.h"
 #include "launch/tokenize.h"
+#include "launch/top.h"
+#include "launch/trace.h"
 #include "launch/train_checkpoint.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
@@ -47,6 +51,8 @@ static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
@@ -58,6 +64,9 @@ static const command commands[] = {
      cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", 0,
      cli_tokenize},
+    {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", 0,
+     cli_report},
+    {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", 0, cli_top},
     {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
@@ -111,6 +120,16 @@ static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err) {
   return dt_cli_tokenize(argc, argv);
 }
 
+static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_report(argc, argv, err);
+}
+
+static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_top(argc, argv, err);
+}
+
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
   (void)pg;
   dt_flag_set set = {
@@ -148,6 +167,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (model && dt_task_find(model, &task) == DT_OK)
     dt_train_apply_task_defaults(&cfg, task);
   dt_clear_error();
+  dt_observe_config *obs = &cfg.observe;
+  const char *trace_steps = "1:50";
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       DT_CHOICE_FLAG("data", &cfg.data, "NAME",
@@ -232,6 +253,24 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_STRING_FLAG("resume", &cfg.resume, "auto|PATH",
                      "continue from a checkpoint: auto = the newest complete one in --run-dir "
                      "(none: start from scratch), or a checkpoint directory"),
+      DT_STRING_FLAG("metrics", &obs->metrics_path, "FILE",
+                     "JSON Lines: one record per log interval and per evaluation (rank 0 "
+                     "writes it)",
+                     .default_text = "<run-dir>/metrics.jsonl"),
+      DT_STRING_FLAG("trace", &obs->trace_path, "FILE",
+                     "Chrome trace-event timeline per rank ({rank} in FILE is the rank), for "
+                     "Perfetto",
+                     .default_text = "none"),
+      DT_STRING_FLAG("trace-steps", &trace_steps, "A:B",
+                     "the optimizer steps --trace records (first:last)",
+                     .check = dt_cli_check_trace_steps),
+      DT_BOOL_FLAG("quiet", &obs->quiet,
+                   "no header and no progress lines (the epoch lines and the result stay)",
+                   .per_rank = true),
+      DT_STRING_FLAG("status-dir", &obs->status_dir, "DIR",
+                     "where the ranks write their status for dtrain top",
+                     .default_text = "DT_STATUS_DIR, else /tmp/dtrain-status-<uid>",
+                     .per_rank = true),
   };
   dt_flag_set set = {
       .command = "train",
@@ -279,6 +318,10 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   cfg.run_dir_default = true;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;
+  if (cfg.threads == 0)
+    dt_threads_choose_default(dt_pg_local_size(pg));
+  if (dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) != DT_OK)
+    return 2; /* the flag's check accepted it */
   cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
   cfg.pg = pg;
   static char agreed[8192];

@@ -563,6 +563,15 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   }
   if (st == DT_OK)
     log_msg(ck, *log, "dtrain train: run directory %s\n", ck->run_dir);
+  char old[1][64];
+  int n_old = 0;
+  if (st == DT_OK && !c->resume && run->rank == 0 &&
+      dt_ckpt_list(ck->ckpt_dir, old, 1, &n_old) == DT_OK && n_old > 0)
+    log_msg(ck, *log,
+            "dtrain train: note: %s holds checkpoints of an earlier run (newest %s) and this run "
+            "does not resume (--resume auto would): they are replaced as it reaches their "
+            "steps\n",
+            ck->ckpt_dir, old[0]);
   if (st == DT_OK && c->resume) {
     char dir[4400];
     st = resume_dir(ck, *log, dir, sizeof dir);
@@ -587,3 +596,5 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   *out = ck;
   return DT_OK;
 }
+
+const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck) { return ck ? ck->run_dir : ""; }

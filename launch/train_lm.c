@@ -37,13 +37,18 @@ void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, dou
   if (task->max_context > 0)
     used +=
         (size_t)snprintf(buf, cap, " tokens/s %.0f", samples_per_s * (double)task->input_shape[0]);
+  double mfu = dt_train_mfu(task, dev, world, samples_per_s);
+  if (mfu >= 0 && used < cap)
+    snprintf(buf + used, cap - used, " mfu %.1f%%", 100.0 * mfu);
+}
+
+double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s) {
   dt_peak_flops peak;
-  if (!task->flops_per_sample || used >= cap || dt_mfu_peak(dev, &peak) != DT_OK) {
+  if (!task->flops_per_sample || dt_mfu_peak(dev, &peak) != DT_OK) {
     dt_clear_error();
-    return;
+    return -1.0;
   }
-  double achieved = samples_per_s * task->flops_per_sample(task);
-  snprintf(buf + used, cap - used, " mfu %.1f%%", 100.0 * achieved / (peak.flops * world));
+  return samples_per_s * task->flops_per_sample(task) / (peak.flops * world);
 }
 
 void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev) {

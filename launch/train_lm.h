@@ -24,6 +24,11 @@ extern "C" {
 void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
                               char *buf, size_t cap);
 
+/* Model FLOPs utilisation in [0, 1] at samples_per_s (every rank's) over
+ * `world` devices like `dev`; -1 when the task has no flops_per_sample or
+ * the peak is unknown. */
+double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s);
+
 /* The header line on throughput: the FLOPs per token and the peak the MFU
  * is taken against (nothing for a task without flops_per_sample). */
 void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev);

@@ -16,6 +16,8 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "launch/observe.h"
+#include "launch/threads.h"
 #include "launch/train_checkpoint.h"
 #include "launch/train_lm.h"
 
@@ -41,7 +43,8 @@ dt_train_config dt_train_config_default(void) {
                            .first_bucket_mb = 1.0f,
                            .log_prefix = "",
                            .beta2 = 0.999f,
-                           .sample = DT_SAMPLE_CONFIG_DEFAULT};
+                           .sample = DT_SAMPLE_CONFIG_DEFAULT,
+                           .observe = DT_OBSERVE_CONFIG_DEFAULT};
 }
 
 /* Everything one run owns, released in reverse order by state_destroy. */
@@ -73,6 +76,8 @@ typedef struct train_state {
   dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
   dt_train_position pos; /* after the last optimizer step (or the resumed one) */
   bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
+  dt_step_stats stats;   /* the gradient norm for the metrics */
+  dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
 static double now_seconds(void) {
@@ -441,6 +446,7 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.loss = s->task->loss;
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
+  s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -562,7 +568,8 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
 /* Clipping sees the reduced gradients (the group's last micro-batch
  * finished the reduction). */
 static dt_status optimizer_step(train_state *s) {
-  return s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica));
+  DT_CHECK(s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica)));
+  return dt_observer_step_end(s->obs, s->ddp);
 }
 
 static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
@@ -578,26 +585,29 @@ static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...) 
   fflush(log);
 }
 
-static void log_progress(FILE *log, const dt_train_config *c, train_state *s, int epoch, int64_t b,
-                         int64_t batches, double loss, double samples_per_s) {
-  dt_memory_stats ms;
-  memset(&ms, 0, sizeof ms);
-  if (dt_memory_stats_get(s->dev, &ms) != DT_OK)
-    memset(&ms, 0, sizeof ms);
+static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batches, double loss,
+                              double samples_per_s) {
   /* Per rank (dp: per replica): what ZeRO shards. */
   dt_replica_memory rm = dt_replica_memory_use(s->replica ? s->replica : dt_dp_replica(s->dp, 0));
-  char in_flight[48] = "";
+  char extra[128], in_flight[48] = "";
   if (rm.gradients_in_flight > 0)
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
-  char extra[96];
-  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, extra,
-                           sizeof extra);
-  log_line(log, c,
-           "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
-           "MiB) optimizer-state %.2f MiB grads %.2f MiB%s\n",
-           epoch, (long long)b, (long long)batches, loss, dt_optim_lr(s->opt), samples_per_s, extra,
-           mib(ms.allocated), mib(ms.peak_allocated), mib(rm.optimizer_state), mib(rm.gradients),
-           in_flight);
+  char rate[96];
+  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, rate,
+                           sizeof rate);
+  snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
+           mib(rm.optimizer_state), mib(rm.gradients), in_flight);
+  int devices = s->dp ? s->n_replicas : s->world;
+  dt_observe_interval iv = {epoch,
+                            b,
+                            batches,
+                            loss,
+                            dt_optim_lr(s->opt),
+                            samples_per_s,
+                            rate,
+                            extra,
+                            dt_train_mfu(s->task, s->dev, devices, samples_per_s)};
+  return dt_observer_interval(s->obs, &iv);
 }
 
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
@@ -616,6 +626,8 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
   if (c->val_every > 0 && step % c->val_every == 0) {
     double loss = 0.0, metric = 0.0;
     DT_CHECK(evaluate_first(c, s, (int64_t)c->val_batches * c->eval_batch, &loss, &metric));
+    dt_observe_eval ev = {0, s->task->eval_split, NAN, loss, metric};
+    DT_CHECK(dt_observer_eval_end(s->obs, &ev));
     char name[64];
     snprintf(name, sizeof name, "%s_loss", s->task->eval_split);
     if (s->task->metric)
@@ -644,6 +656,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int group = 1;
 
   DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
+  dt_observer_epoch_begin(s->obs, epoch, batches);
   for (int64_t b = first; b < batches && !s->stopped; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
@@ -652,9 +665,11 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (pos == 0) {
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
+      dt_observer_step_begin(s->obs, b, group);
     }
     bool sync = (pos == group - 1);
-    interval_samples += dt_tensor_dim(x, 0);
+    int64_t samples = dt_tensor_dim(x, 0);
+    interval_samples += samples;
     DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
     if (s->first_loss == 0.0 && epoch == 1 && b == 0) { /* one sync in the run */
       double first = host_loss_sum;
@@ -675,9 +690,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     }
     done_batches++;
     interval_batches++;
+    dt_observer_tick(s->obs, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = c->log_interval > 0 && log && (b + 1) % c->log_interval == 0;
+    bool log_now = dt_observer_interval_due(s->obs, b + 1);
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -685,8 +701,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(check_diverged(s, sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
         double t = now_seconds();
-        log_progress(log, c, s, epoch, b + 1, batches, sum / (double)interval_batches,
-                     (double)s->world * (double)interval_samples / (t - interval_start));
+        DT_CHECK_GOTO(
+            log_progress(s, epoch, b + 1, batches, sum / (double)interval_batches,
+                         (double)s->world * (double)interval_samples / (t - interval_start)),
+            st, fail);
         interval_start = t;
       }
       interval_batches = interval_samples = 0;
@@ -725,6 +743,7 @@ fail:
  * validation) set, 0 = all of it: each rank its shard. */
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
                                 double *loss, double *metric) {
+  dt_observer_eval_begin(s->obs);
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
   DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
@@ -753,10 +772,10 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   dt_device_format(s->dev, dev, sizeof dev);
   log_line(log, c,
            "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
-           "threads %d\n",
+           "threads %d%s\n",
            c->model, (long long)dt_module_parameter_count(s->model), c->data,
            (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
-           s->dp ? c->devices : dev, dt_cpu_num_threads());
+           s->dp ? c->devices : dev, dt_cpu_num_threads(), dt_threads_note());
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
@@ -778,6 +797,49 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
            c->warmup, (unsigned long long)c->seed);
 }
 
+/* The run's progress display, metrics, trace and status file. */
+static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
+  dt_observe_config oc = c->observe;
+  oc.log_interval = c->log_interval;
+  char metrics[4200];
+  if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
+    oc.metrics_path = metrics;
+  }
+  DT_CHECK(dt_observer_create(&oc, s->rank, s->dev, log, console, c->log_prefix, s->pos.step > 0,
+                              &s->obs));
+  dt_device devs[DT_TRAIN_MAX_DEVICES];
+  int n = 0;
+  if (s->dp)
+    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
+  char dev[32];
+  dt_device_format(s->dev, dev, sizeof dev);
+  const dt_task *t = s->task;
+  int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
+  for (int i = 0; tokens && i < t->input_ndim; i++)
+    tokens *= t->input_shape[i]; /* token ids: tokens/s */
+  dt_observe_run run = {c->model,
+                        c->data,
+                        s->dp ? c->devices : dev,
+                        s->comm ? comm_description(s) : "none",
+                        t->metric ? t->metric_name : NULL,
+                        s->dev,
+                        s->dp ? devs : NULL,
+                        n,
+                        s->comm,
+                        s->world,
+                        c->batch,
+                        c->accum,
+                        c->epochs,
+                        dt_cpu_num_threads(),
+                        s->total_steps,
+                        s->steps_per_epoch,
+                        tokens,
+                        s->dp ? NULL : &s->stats,
+                        s->pos.step};
+  return dt_observer_start(s->obs, &run);
+}
+
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
   dt_status st;
   train_state s;
@@ -788,9 +850,13 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   DT_CHECK(check_config(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
+  FILE *console = log; /* before train.log joins it */
   DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
-  log_header(log, cfg, &s);
-  dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
+  if (!cfg->observe.quiet) {
+    log_header(log, cfg, &s);
+    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
+  }
+  DT_CHECK_GOTO(observe(cfg, &s, log, console), st, done);
 
   const char *split = s.task->eval_split;
   for (int epoch = (int)s.pos.epoch + 1;
@@ -817,6 +883,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
+    dt_observe_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy};
+    DT_CHECK_GOTO(dt_observer_eval_end(s.obs, &ev), st, done);
     char metric[64] = "";
     if (s.task->metric)
       snprintf(metric, sizeof metric, " %s_%s=%.4f", split, s.task->metric_name, r.test_accuracy);
@@ -845,8 +913,9 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
-done:
+done:;
+  dt_observer *obs = s.obs;
   dt_train_ckpt_close(s.ck, &log);
-  state_destroy(&s);
-  return st;
+  state_destroy(&s); /* the loader's thread stops before the trace closes */
+  return dt_observer_destroy(obs, st);
 }

@@ -62,6 +62,7 @@
 #include "dist/comm.h"
 #include "dist/process_group.h"
 #include "dist/replica.h"
+#include "launch/observe.h"
 #include "launch/sample.h"
 #include "models/tasks.h"
 
@@ -125,6 +126,10 @@ typedef struct dt_train_config {
   int val_every;            /* optimizer steps between evaluations of val_batches, 0 = none */
   int val_batches;          /* eval batches those take, 0 = the whole split */
   dt_sample_config sample;  /* text tasks: samples at the end (and every sample.every steps) */
+
+  /* What the run shows of itself (launch/observe.h): --metrics, --trace,
+   * --trace-steps, --quiet, --status-dir; log_interval comes from above. */
+  dt_observe_config observe;
 } dt_train_config;
 
 #define DT_TRAIN_MAX_DEVICES 64

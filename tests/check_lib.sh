@@ -90,3 +90,18 @@ expect_not() {
     echo "ok: $what"
   fi
 }
+
+# expect_cmd DESCRIPTION COMMAND...: COMMAND (a checker) succeeds; its last
+# line is shown, or its output when it fails.
+expect_cmd() {
+  local what=$1
+  shift
+  checks=$((checks + 1))
+  if "$@" >"$tmp/check.out" 2>&1; then
+    echo "ok: $what ($(tail -1 "$tmp/check.out"))"
+  else
+    failures=$((failures + 1))
+    echo "FAIL: $what"
+    sed 's/^/  /' "$tmp/check.out" | tail -20
+  fi
+}

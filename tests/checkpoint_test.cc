@@ -253,6 +253,9 @@ TEST(Checkpoint, ListNewestFirstAndRemove) {
   ASSERT_EQ(n, 3);
   EXPECT_STREQ(names[0], "step_00000010");
   EXPECT_STREQ(names[2], "step_00000001");
+  ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 1, &n), DT_OK);  // the newest only
+  ASSERT_EQ(n, 1);
+  EXPECT_STREQ(names[0], "step_00000010");
   ASSERT_EQ(dt_ckpt_remove((dir + "/step_00000010").c_str()), DT_OK);
   ASSERT_EQ(dt_ckpt_list(dir.c_str(), names, 8, &n), DT_OK);
   EXPECT_EQ(n, 2);

@@ -24,7 +24,7 @@ bad() {
 # core/ file -> its library, and the libraries it may include from.
 lib_of() {
   case "$(basename "$1")" in
-    status.* | rng.* | parse.*) echo status ;;
+    status.* | rng.* | parse.* | trace.*) echo status ;;
     backend.h | backend_registry.c | device.* | env.* | env_params.def | kernels.c | memory.* | \
       op_table.def) echo backend ;;
     cpu.h | cpu_*) echo cpu ;;

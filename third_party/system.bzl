@@ -1,7 +1,7 @@
 """Finds the system libraries dtrain links (Debian packages, see tools/setup.sh).
 
 Yields @system_libs with cc_library targets :openblas, :mpi, :gtest,
-:gtest_main and :zlib. Paths come from the machine, never from the source
+:gtest_main, :zlib and :cjson. Paths come from the machine, never from the source
 tree, so that the same WORKSPACE builds on any Debian-like machine.
 """
 
@@ -62,6 +62,11 @@ cc_library(
 cc_library(
     name = "zlib",
     linkopts = ["-lz"],
+)
+
+cc_library(
+    name = "cjson",
+    linkopts = ["-lcjson"],
 )
 
 cc_library(

@@ -454,6 +454,22 @@ PYEOF
         --data fashion-mnist --data-dir "$b/data" --epochs 1
       step train_mlp_cuda 300 plain "$dtrain" train --model mlp --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
+      # issue 15 on a GPU: the trace's gpu lane (CUDA timing events), the
+      # metrics, NVML in dtrain top
+      step observe_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
+        --data fashion-mnist --data-dir "$b/data" --max-steps 40 --log-interval 10 \
+        --metrics "$logs/observe_metrics.jsonl" --trace "$logs/observe_trace-{rank}.json" \
+        --trace-steps 5:10
+      step top_once 60 plain "$dtrain" top --once
+      {
+        echo "## issue 15 on cuda:0"
+        echo
+        echo '```'
+        echo "trace spans per lane (cat): $(grep -o '"cat":"[a-z-]*"' "$logs"/observe_trace-0.json 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')"
+        echo "metrics records: $(wc -l <"$logs/observe_metrics.jsonl" 2>/dev/null)"
+        grep -m2 '^GPUs\|^  gpu' "$logs/top_once.log" 2>/dev/null
+        echo '```'
+      } >>"$logs/extra.md"
       {
         echo "## training on cuda:0"
         echo

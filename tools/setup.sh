@@ -2,14 +2,17 @@
 # Installs what dtrain needs to build, test and train; idempotent and fast
 # (well under a second) when everything is already present.
 #
-#   tools/setup.sh [--bench] [--quiet]
+#   tools/setup.sh [--bench] [--chromium] [--quiet]
 #
-#   --bench   also install Debian's python3-torch (the PyTorch peer that
-#             tools/bench_compare.sh measures against)
+#   --bench    also install Debian's python3-torch (the PyTorch peer that
+#              tools/bench_compare.sh measures against)
+#   --chromium also install Debian's chromium-headless-shell (the report test
+#              renders `dtrain report`'s page in it; ./test.sh passes this)
 #   --quiet   print nothing when there is nothing to do
 #
 # Debian packages: Bazel 4.2.3 (bazel-bootstrap) with its offline stand-in
-# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, the
+# rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, cJSON
+# (the metrics, trace and status files), the
 # Fashion-MNIST data set, and Slurm (slurmd, slurmctld, slurm-client; the
 # daemons are not started: tests/slurm/ runs its own throw-away cluster with
 # AuthType=auth/none, so no munge) plus iproute2/util-linux for its network
@@ -29,17 +32,19 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench=0
+chromium=0
 quiet=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
+    --chromium) chromium=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "setup: unknown option '$arg' (expected --bench, --quiet)" >&2
+      echo "setup: unknown option '$arg' (expected --bench, --chromium, --quiet)" >&2
       exit 2
       ;;
   esac
@@ -52,9 +57,10 @@ die() {
 }
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
-  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist
-  slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
+  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev
+  dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
 [ "$bench" = 1 ] && packages+=(python3-torch)
+[ "$chromium" = 1 ] && packages+=(chromium-headless-shell)
 
 fmnist_src=/usr/share/datasets/fashion-mnist
 fmnist_dir="$root/data/fashion-mnist"

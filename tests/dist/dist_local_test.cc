@@ -374,6 +374,73 @@ TEST_F(DistLocal, UnusedParametersAreNamedOrZeroFilled) {
   }
 }
 
+// ZeRO with a parameter the forward never uses, over 2 ranks: named, or
+// (allow_unused) reduced as zeros so that every bucket still launches; the
+// unused parameters then stay as they were, the used ones train.
+TEST_F(DistLocal, ZeroUnusedParametersAreNamedOrZeroFilled) {
+  for (int stage : {1, 2}) {
+    for (int allow : {0, 1}) {
+      std::vector<dt_status> got(2, DT_OK);
+      std::vector<std::string> msg(2);
+      std::vector<std::vector<float>> unused(2), used(2);
+      run_group(2, [&](int r, dt_comm *c) {
+        dt_module *m = nullptr, *a = nullptr, *b = nullptr;
+        dt_generator gen;
+        dt_generator_init(&gen, 3);
+        EXPECT_EQ(dt_module_create(&kHalfVt, nullptr, &m), DT_OK);
+        EXPECT_EQ(dt_nn_linear(784, 10, 1, &gen, &a), DT_OK);
+        EXPECT_EQ(dt_nn_linear(4, 4, 1, &gen, &b), DT_OK);
+        EXPECT_EQ(dt_module_add_child(m, "used", a), DT_OK);
+        EXPECT_EQ(dt_module_add_child(m, "unused", b), DT_OK);
+        dt_param_arena *arena = nullptr;
+        dt_optimizer *opt = nullptr;
+        dt_ddp *ddp = nullptr;
+        dt_sgd_config sgd = dtt::test_sgd();
+        dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+        cfg.allow_unused = allow;
+        cfg.zero_stage = stage;
+        cfg.first_bucket_bytes = 64;  // the unused layer is a bucket of its own
+        EXPECT_EQ(dt_param_arena_create(m, &arena), DT_OK);
+        EXPECT_EQ(dt_optim_sgd_create(arena, &sgd, &opt), DT_OK);
+        EXPECT_EQ(dt_ddp_create(m, arena, c, &cfg, &ddp), DT_OK) << dt_last_error();
+        EXPECT_EQ(dt_ddp_shard_optimizer(ddp, opt), DT_OK) << dt_last_error();
+        std::vector<float> before = dtt::arena_values(arena);
+        for (int s = 0; s < 2 && got[r] == DT_OK; s++) {
+          dt_tensor *x, *y;
+          make_batch(4 * (2 * s + r), 4, &x, &y);
+          got[r] = dtt::loss_backward(m, x, y, 1.0f, nullptr);
+          dt_status fin = dt_ddp_finish_backward(ddp);
+          got[r] = got[r] == DT_OK ? fin : got[r];
+          msg[r] = dt_last_error();
+          if (got[r] == DT_OK)
+            got[r] = dt_optim_step(opt);
+          dt_optim_zero_grad(opt);
+          dt_tensor_release(x);
+          dt_tensor_release(y);
+        }
+        std::vector<float> after = dtt::arena_values(arena);
+        int64_t split = dt_param_arena_offset(arena, 2);  // unused.weight comes after used.*
+        for (int64_t i = 0; i < static_cast<int64_t>(after.size()); i++)
+          (i < split ? used : unused)[r].push_back(after[i] - before[i]);
+        dt_ddp_destroy(ddp);
+        dt_optim_destroy(opt);
+        dt_param_arena_destroy(arena);
+        dt_module_destroy(m);
+      });
+      for (int r = 0; r < 2; r++) {
+        if (allow) {
+          EXPECT_EQ(got[r], DT_OK) << "stage " << stage << ": " << msg[r];
+          EXPECT_EQ(unused[r], std::vector<float>(unused[r].size(), 0.0f)) << "stage " << stage;
+          EXPECT_GT(dtt::max_abs_diff(used[r], std::vector<float>(used[r].size(), 0.0f)), 0);
+        } else {
+          EXPECT_EQ(got[r], DT_ERR_STATE) << "stage " << stage;
+          EXPECT_NE(msg[r].find("unused.weight, unused.bias"), std::string::npos) << msg[r];
+        }
+      }
+    }
+  }
+}
+
 TEST_F(DistLocal, ForwardBeforeFinishBackwardIsAnError) {
   Single s;
   dt_module *m = nullptr;
@@ -450,26 +517,13 @@ dtt::StepRun run_zero(int world, const dtt::StepSpec &spec) {
 // with gradient accumulation, with clipping, with AdamW; small buckets so
 // that buckets split parameters.
 TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
-  struct Case {
-    const char *model;
-    int accum;
-    float clip;
-    bool adamw;
-  };
-  const Case cases[] = {{"mlp", 1, 0.0f, false}, {"lenet", 1, 0.0f, false},
-                        {"mlp", 2, 0.0f, true},  {"lenet", 2, 0.0f, false},
-                        {"mlp", 1, 0.5f, true},  {"lenet", 2, 0.05f, false}};
-  for (const Case &c : cases) {
+  const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false},
+                                 {"lenet", 2, 0.05f, false},
+                                 {"mlp", 2, 0.5f, true},
+                                 {"lenet", 1, 0.0f, true}};
+  for (const dtt::ZeroCase &c : cases) {
     for (int world : {2, 3}) {
-      dtt::StepSpec spec;
-      spec.model = c.model;
-      spec.steps = 4;
-      spec.per_rank = 4;
-      spec.accum = c.accum;
-      spec.clip = c.clip;
-      spec.adamw = c.adamw;
-      spec.ddp.first_bucket_bytes = 20000;  // not a parameter boundary
-      spec.ddp.bucket_bytes = 300000;
+      dtt::StepSpec spec = dtt::zero_case_spec(c);
       std::vector<float> ref = dtt::train_steps(nullptr, world, spec).params;
       std::vector<float> stage0;
       for (int stage : {0, 1, 2}) {
@@ -619,7 +673,7 @@ TEST_F(DistLocal, ZeroMemoryPerRankFromTheAllocator) {
             dt_memory_stats_get(dev, &ms);
             before[r] = ms.allocated;
           }
-          runs[r] = dtt::train_steps(c, world, spec, dev, [&] {
+          runs[r] = dtt::train_steps(c, world, spec, dev, [&](const dt_step &) {
             dt_memory_stats now;
             dt_memory_stats_get(dev, &now);
             after[r] = now.allocated;
@@ -658,6 +712,58 @@ TEST_F(DistLocal, ZeroMemoryPerRankFromTheAllocator) {
   EXPECT_GT(in_flight[2], 0u);
   EXPECT_LT(in_flight[2], grads[0] / 2);
   EXPECT_EQ(live[1] - live[2], grads[1] - grads[2]);
+}
+
+// What a checkpoint does with shards: every rank of a ZeRO run writes its
+// segments' state into one array in the arena's coordinates; it equals
+// stage 0's whole state (every element owned by exactly one rank), and
+// the ranks of another world size load their own segments from it and
+// write back the same array.
+TEST_F(DistLocal, ZeroStateInArenaCoordinatesReshards) {
+  dtt::StepSpec spec;
+  spec.model = "mlp";
+  spec.steps = 2;
+  spec.per_rank = 4;
+  spec.adamw = true;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  std::vector<float> whole;
+  run_group(2, [&](int r, dt_comm *c) {
+    dtt::train_steps(c, 2, spec, DT_CPU, [&](const dt_step &s) {
+      if (r != 0)
+        return;
+      whole.resize(static_cast<size_t>(dt_optim_state_numel(s.opt)));  // unsharded: arena's
+      EXPECT_EQ(dt_optim_state_get(s.opt, whole.data(), static_cast<int64_t>(whole.size())), DT_OK)
+          << dt_last_error();
+    });
+  });
+  const int64_t n = static_cast<int64_t>(whole.size());
+  ASSERT_GT(n, 0);
+  std::vector<float> sharded(whole.size(), NAN), resharded(whole.size(), NAN);
+  int64_t steps = 0;
+  spec.ddp.zero_stage = 1;
+  run_group(2, [&](int r, dt_comm *c) {
+    dtt::train_steps(c, 2, spec, DT_CPU, [&](const dt_step &s) {
+      EXPECT_LT(dt_optim_state_numel(s.opt), n);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, sharded.data(), n), DT_OK) << dt_last_error();
+      if (r == 0)
+        steps = dt_optim_step_count(s.opt);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, sharded.data(), n - 1), DT_ERR_SHAPE);
+    });
+  });
+  EXPECT_EQ(steps, 2);
+  EXPECT_LE(dtt::rel_error(sharded, whole), 1e-5) << "every element came from one rank";
+  spec.steps = 0;
+  spec.ddp.zero_stage = 2;
+  run_group(3, [&](int, dt_comm *c) {
+    dtt::train_steps(c, 3, spec, DT_CPU, [&](const dt_step &s) {
+      EXPECT_EQ(dt_optim_state_from_flat(s.opt, sharded.data(), n, steps), DT_OK)
+          << dt_last_error();
+      EXPECT_EQ(dt_optim_step_count(s.opt), 2);
+      EXPECT_EQ(dt_optim_state_to_flat(s.opt, resharded.data(), n), DT_OK) << dt_last_error();
+    });
+  });
+  EXPECT_EQ(0, std::memcmp(resharded.data(), sharded.data(), n * sizeof(float)));
 }
 
 TEST_F(DistLocal, DataParallelRejectsBadDevicesAndBatches) {

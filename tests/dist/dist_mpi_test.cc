@@ -124,26 +124,12 @@ void check_ddp_equals_big_batch(dt_comm *comm, const std::string &model, int per
 // with accumulation, clipping (partial norms summed over the ranks) and
 // AdamW; buckets that split parameters; every rank ends bitwise equal.
 TEST_F(DistMpi, ZeroStagesEqualAllReduceAndOneProcess) {
-  struct Case {
-    const char *model;
-    int accum;
-    float clip;
-    bool adamw;
-  };
-  const Case cases[] = {{"mlp", 1, 0.0f, false},
-                        {"lenet", 2, 0.0f, true},
-                        {"mlp", 2, 0.5f, true},
-                        {"lenet", 1, 0.05f, false}};
-  for (const Case &c : cases) {
-    dtt::StepSpec spec;
-    spec.model = c.model;
-    spec.steps = 4;
-    spec.per_rank = 4;
-    spec.accum = c.accum;
-    spec.clip = c.clip;
-    spec.adamw = c.adamw;
-    spec.ddp.first_bucket_bytes = 20000;
-    spec.ddp.bucket_bytes = 300000;
+  const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false},
+                                 {"lenet", 2, 0.0f, true},
+                                 {"mlp", 2, 0.5f, true},
+                                 {"lenet", 1, 0.05f, false}};
+  for (const dtt::ZeroCase &c : cases) {
+    dtt::StepSpec spec = dtt::zero_case_spec(c);
     std::vector<float> ref = dtt::train_steps(nullptr, world(), spec).params, stage0;
     for (int stage : {0, 1, 2}) {
       spec.ddp.zero_stage = stage;

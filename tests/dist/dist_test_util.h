@@ -303,6 +303,29 @@ struct StepSpec {
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
 };
 
+// A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
+// per rank, buckets of 20000 then 300000 bytes (not parameter boundaries,
+// so buckets split parameters).
+struct ZeroCase {
+  const char *model;
+  int accum;
+  float clip;
+  bool adamw;
+};
+
+inline StepSpec zero_case_spec(const ZeroCase &c) {
+  StepSpec spec;
+  spec.model = c.model;
+  spec.steps = 4;
+  spec.per_rank = 4;
+  spec.accum = c.accum;
+  spec.clip = c.clip;
+  spec.adamw = c.adamw;
+  spec.ddp.first_bucket_bytes = 20000;
+  spec.ddp.bucket_bytes = 300000;
+  return spec;
+}
+
 inline dt_status spec_optimizer(void *user, int, dt_param_arena *arena, dt_optimizer **out) {
   if (static_cast<const StepSpec *>(user)->adamw) {
     dt_adamw_config c = DT_ADAMW_CONFIG_DEFAULT;
@@ -327,9 +350,9 @@ struct StepRun {
 // per_rank slice. Without (nullptr), one process takes every micro-batch
 // whole: the reference for any world.
 // `after_step` (if given) runs after the last update, before anything is
-// freed (memory measurements).
+// freed (memory measurements, the optimizer's state).
 inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_device dev = DT_CPU,
-                           const std::function<void()> &after_step = nullptr) {
+                           const std::function<void(const dt_step &)> &after_step = nullptr) {
   StepRun run;
   int rank = comm ? dt_comm_rank(comm) : 0;
   int64_t per_rank = comm ? spec.per_rank : static_cast<int64_t>(world) * spec.per_rank;
@@ -374,8 +397,8 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     if (st != DT_OK)
       ADD_FAILURE() << "step " << s << " on rank " << rank << ": " << dt_last_error();
   }
-  if (after_step)
-    after_step();
+  if (after_step && st == DT_OK)
+    after_step(step);
   if (arena != nullptr) {
     run.params = arena_values(arena);
     run.padded_numel = dt_param_arena_numel(arena) + dt_param_arena_tail(arena);

@@ -22,34 +22,17 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-dtrain="${TEST_SRCDIR:-$here/../..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="$here/../../bazel-bin/launch/dtrain"
-[ -x "$dtrain" ] || { echo "checkpoint_cli_test: dtrain binary not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
 numpy_tool="$here/ckpt_numpy.py"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
-repo=$(cd "$here/../.." && pwd)
-data_dir=${DT_DATA_DIR:-$repo/data}
-[ -d "$data_dir/fashion-mnist" ] || data_dir=/usr/share/datasets
-export DT_DATA_DIR="$data_dir"
-lib="$here/../check_lib.sh"
 # shellcheck source=tests/check_lib.sh
-. "$lib"
+. "$here/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR="$data_dir"
 run() { # run ARGS...: dtrain with a deadline
   timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
 }
-check() { # check DESCRIPTION COMMAND...: the command succeeds
-  checks=$((checks + 1))
-  if "${@:2}" >"$tmp/check.out" 2>&1; then
-    echo "ok: $1 ($(tail -1 "$tmp/check.out"))"
-  else
-    failures=$((failures + 1))
-    echo "FAIL: $1"
-    sed 's/^/  /' "$tmp/check.out" | tail -20
-  fi
-}
+check() { expect_cmd "$@"; } # check DESCRIPTION COMMAND...: the command succeeds (check_lib.sh)
 same_bits() { # same_bits CKPT_A CKPT_B
   cmp "$1/model.safetensors" "$2/model.safetensors" &&
     cmp "$1/trainer_state.bin" "$2/trainer_state.bin" &&
@@ -243,6 +226,9 @@ expect 0 out "checkpoint .*step_00000004 saved: training waited [0-9.]+ ms \(the
   "each checkpoint's line: the training thread's wait and the background write"
 check "--keep 2 leaves the newest 2 checkpoints" \
   test "$(ls "$d/keep/checkpoints")" = "$(printf 'step_00000003\nstep_00000004')"
+run "${common[@]}" --max-steps 2 --run-dir "$d/keep"
+expect 0 out "note: .*keep/checkpoints holds checkpoints of an earlier run \(newest step_00000004\)" \
+  "a new run in a run directory with checkpoints says it does not resume them"
 run "${common[@]}" --resume auto
 expect 2 err "--resume auto looks for checkpoints in the run directory: give it with --run-dir" \
   "--resume auto without --run-dir is a command-line error"

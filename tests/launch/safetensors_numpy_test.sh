@@ -7,15 +7,14 @@ set -uo pipefail
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-bin="${TEST_SRCDIR:-$here/../..}/dtrain"
-[ -x "$bin/launch/dtrain" ] || bin="$here/../../bazel-bin"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-repo=$(cd "$here/../.." && pwd)
-data_dir=${DT_DATA_DIR:-$repo/data}
-[ -d "$data_dir/fashion-mnist" ] || data_dir=/usr/share/datasets
+# shellcheck source=tests/check_lib.sh
+. "$here/../check_lib.sh"
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+logits_tool=$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/tests/launch/ckpt_logits_tool" \
+  "$repo/bazel-bin/tests/launch/ckpt_logits_tool") || { echo "FAIL: ckpt_logits_tool not built"; exit 1; }
 "$py" -c "import numpy" || { echo "FAIL: python3-numpy is missing (tools/setup.sh)"; exit 1; }
-"$bin/launch/dtrain" train --model mlp --max-steps 30 --batch 32 --log-interval 0 \
+"$dtrain" train --model mlp --max-steps 30 --batch 32 --log-interval 0 \
   --data-dir "$data_dir" --run-dir "$tmp/run" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
 ckpt="$tmp/run/checkpoints/step_00000030"
-"$bin/tests/launch/ckpt_logits_tool" "$ckpt" "$data_dir" 64 "$tmp/logits.f32" || exit 1
+"$logits_tool" "$ckpt" "$data_dir" 64 "$tmp/logits.f32" || exit 1
 "$py" "$here/ckpt_numpy.py" logits "$ckpt" "$data_dir" 64 "$tmp/logits.f32"

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu.h"
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "launch/train_loop.h"
 
 namespace {

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Issue 15, seeing the run, through the binary:
+#   - --metrics: a JSONL file whose every record has the documented keys
+#     (one process, and DDP over 2 ranks with the all-reduce figures);
+#   - --trace: well-formed Chrome trace JSON per rank ({rank} in the name),
+#     spans on the step, loader, host-to-device and comm lanes, only the
+#     --trace-steps range, and comm spans overlapping backward spans on both
+#     ranks of a 2-rank DDP run (small buckets, so the first launches early);
+#   - dtrain report: the page rendered by headless Chromium, and the
+#     screenshot's eight plot areas each with a drawn series (pixels);
+#   - dtrain top: says why there is no GPU to show and finds the ranks of a
+#     running job through their status files;
+#   - progress: the live line on a terminal (script(1)), the plain lines off
+#     it, --quiet;
+#   - bad input: --trace-steps, an unwritable metrics path, report errors.
+set -uo pipefail
+
+srcdir="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain"
+dtrain="$srcdir/launch/dtrain"
+[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
+check="$srcdir/tests/launch/obs_check"
+[ -x "$check" ] || check="bazel-bin/tests/launch/obs_check"
+{ [ -x "$dtrain" ] && [ -x "$check" ]; } || { echo "observe_cli_test: binaries not found" >&2; exit 1; }
+dtrain=$(readlink -f "$dtrain")
+check=$(readlink -f "$check")
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
+export DT_STATUS_DIR="$tmp/status"
+unset DT_PROGRESS
+
+repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
+if [ -z "${DT_DATA_DIR:-}" ]; then
+  if [ -d "$repo/data/fashion-mnist" ]; then export DT_DATA_DIR="$repo/data"
+  elif [ -d /usr/share/datasets/fashion-mnist ]; then export DT_DATA_DIR=/usr/share/datasets
+  else echo "observe_cli_test: no Fashion-MNIST: run tools/setup.sh" >&2; exit 1
+  fi
+fi
+
+lib="$srcdir/tests/check_lib.sh"
+[ -f "$lib" ] || lib="$(dirname "$0")/../check_lib.sh"
+# shellcheck source=tests/check_lib.sh
+. "$lib"
+run() { timeout 300 "$dtrain" "$@" >"$out" 2>"$err"; rc=$?; }
+# ---- one process: metrics and trace ------------------------------------------
+one="$tmp/one"
+mkdir -p "$one"
+run train --max-steps 24 --log-interval 6 --metrics "$one/metrics.jsonl" \
+  --trace "$one/trace-{rank}.json" --trace-steps 3:5
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "a run with --metrics and --trace"
+expect 0 out "^epoch 1 step 6/24 loss " "off a terminal the plain progress lines stay"
+expect_cmd "one process: every metrics record has the documented keys" \
+  "$check" metrics "$one/metrics.jsonl" --world 1
+expect_cmd "one process: the trace has step, loader and host-to-device spans of steps 3..5 only" \
+  "$check" trace "$one/trace-0.json" --lanes step,loader,host-to-device --steps 3:5
+[ "$(grep -c '"type":"train"' "$one/metrics.jsonl")" = 4 ] ||
+  fail "24 steps logged every 6: expected 4 train records"
+
+# ---- DDP over 2 ranks: comm overlapping backward -----------------------------
+ddp="$tmp/ddp"
+mkdir -p "$ddp"
+run launch -n 2 -- train --batch 32 --max-steps 30 --log-interval 10 --first-bucket-mb 0.05 \
+  --bucket-cap-mb 0.1 --metrics "$ddp/metrics.jsonl" --trace "$ddp/trace-{rank}.json" \
+  --trace-steps 4:9
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "2 ranks with --metrics and --trace"
+expect_cmd "DDP: every record has the documented keys, all-reduce time and hidden share" \
+  "$check" metrics "$ddp/metrics.jsonl" --world 2 --ddp
+for r in 0 1; do
+  expect_cmd "DDP rank $r: spans per lane, comm spans overlap backward spans" \
+    "$check" trace "$ddp/trace-$r.json" --lanes step,loader,host-to-device,comm \
+    --overlap comm:backward --steps 4:9
+done
+
+# ---- dtrain report, rendered in headless Chromium ----------------------------
+run report "$ddp"
+expect 0 out "wrote .*/ddp/report.html" "dtrain report RUN_DIR writes RUN_DIR/report.html"
+cp "$ddp/report.html" "$out"
+expect_not out "<script|https?://" "the report holds no script and fetches nothing"
+chromium=$(command -v chromium-headless-shell || command -v chromium || true)
+if [ -z "$chromium" ]; then
+  fail "no headless Chromium to render the report: tools/setup.sh --chromium installs it"
+else
+  rm -f "$ddp/shot.png"
+  (cd "$tmp" && HOME="$tmp" timeout 120 "$chromium" --no-sandbox --disable-gpu --hide-scrollbars \
+    --window-size=1200,1500 --screenshot="$ddp/shot.png" "file://$ddp/report.html" \
+    >"$tmp/chromium.log" 2>&1)
+  expect_cmd "the report as Chromium draws it: 8 plot areas, each with a series drawn" \
+    "$check" png "$ddp/shot.png" --panels 8
+fi
+run report "$one/metrics.jsonl" --out "$tmp/one.html"
+expect 0 out "wrote $tmp/one.html" "dtrain report METRICS_FILE --out FILE"
+expect 0 out "" "(report of a single process)"
+grep -q "no all-reduce: a single process" "$tmp/one.html" ||
+  fail "a single process's report says it has no all-reduce"
+run report "$tmp/nonexistent"
+expect 1 err "dtrain: error: cannot read the metrics file .*nonexistent" "report of a missing run"
+printf '{"type":"run"}\nnot json\n' >"$tmp/bad.jsonl"
+run report "$tmp/bad.jsonl"
+expect 1 err "bad.jsonl line 2 is not a JSON object" "report names the bad line"
+run report
+expect 2 err "which run\?" "report without a run"
+
+# ---- dtrain top ----------------------------------------------------------------
+run top --once --status-dir "$tmp/empty-status"
+if [ "${DT_TEST_HAS_GPU:-0}" = 1 ]; then
+  expect 0 out "^GPUs: [0-9]+" "top lists the GPUs"
+else
+  expect 0 out "^GPUs: none to show: GPU monitor unavailable: " "top without a GPU says why"
+fi
+expect 0 out "^jobs: no running dtrain job \(no live status file in .*empty-status" \
+  "top without a job says where it looked"
+"$dtrain" train --max-steps 400 --log-interval 0 >"$tmp/bg.out" 2>&1 &
+bg=$!
+for _ in $(seq 1 100); do
+  ls "$DT_STATUS_DIR"/*.json >/dev/null 2>&1 && break
+  sleep 0.2
+done
+sleep 1.2
+run top --once
+expect 0 out "^job pid$bg: lenet on fashion-mnist, 1 rank" "top finds a running job"
+expect 0 out "^  rank 0 .* pid $bg .*(training|evaluating|starting).* step [0-9]+/400" \
+  "top shows the rank's step of the run"
+kill "$bg" 2>/dev/null
+wait "$bg" 2>/dev/null
+run top --once
+expect 0 out "^jobs: no running dtrain job" "a killed job's stale file is not shown"
+run top --interval 0
+expect 2 err "invalid value '0' for --interval" "top --interval 0"
+
+# ---- progress on a terminal, --quiet ------------------------------------------
+if command -v script >/dev/null 2>&1; then
+  script -qec "$dtrain train --max-steps 12 --log-interval 4" /dev/null >"$out" 2>"$err" </dev/null
+  rc=$?
+  expect 0 out "\[[#.]{20}\] ep 1/1 +[0-9]+% step [0-9]+/12 [0-9]+ samples/s ETA ep [0-9?:]+ run [0-9?:]+" \
+    "on a terminal: one live line with a bar, steps, throughput and ETAs"
+  expect_not out "epoch 1 step 4/12 loss" "on a terminal the plain lines give way to the live one"
+else
+  fail "script(1) (util-linux) is needed to test the terminal progress line"
+fi
+run train --max-steps 12 --log-interval 4 --quiet
+expect 0 out "^test_accuracy=" "--quiet still ends with the result"
+expect_not out "^dtrain train: model|^epoch 1 step" "--quiet prints no header and no progress lines"
+
+# ---- bad input ----------------------------------------------------------------
+run train --trace-steps 5:2
+expect 2 err "invalid value '5:2' for --trace-steps" "--trace-steps backwards"
+run train --max-steps 2 --metrics "$tmp/no/such/dir/m.jsonl"
+expect 1 err "dtrain: error: cannot create the metrics file .*/no/such/dir/m.jsonl" \
+  "an unwritable --metrics path"
+
+echo "observe_cli_test: $checks checks, $failures failed"
+[ "$failures" = 0 ]
