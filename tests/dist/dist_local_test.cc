@@ -512,15 +512,16 @@ dtt::StepRun run_zero(int world, const dtt::StepSpec &spec) {
   return runs[0];
 }
 
-// Stages 1 and 2 equal stage 0 and one process on the whole batch: MLP and
-// LeNet, 2 and 3 ranks (the flat spaces are not multiples of 3: padding),
-// with gradient accumulation, with clipping, with AdamW; small buckets so
-// that buckets split parameters.
+// Stages 1 and 2 equal stage 0 and one process on the whole batch: MLP,
+// LeNet and a GPT-2 (tied embedding), 2 and 3 ranks (the flat spaces are
+// not multiples of 3: padding), with gradient accumulation, with clipping,
+// with AdamW; small buckets so that buckets split parameters.
 TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
   const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false},
                                  {"lenet", 2, 0.05f, false},
                                  {"mlp", 2, 0.5f, true},
-                                 {"lenet", 1, 0.0f, true}};
+                                 {"lenet", 1, 0.0f, true},
+                                 {"gpt2-micro", 2, 0.5f, true}};
   for (const dtt::ZeroCase &c : cases) {
     for (int world : {2, 3}) {
       dtt::StepSpec spec = dtt::zero_case_spec(c);

@@ -127,7 +127,8 @@ TEST_F(DistMpi, ZeroStagesEqualAllReduceAndOneProcess) {
   const dtt::ZeroCase cases[] = {{"mlp", 1, 0.0f, false},
                                  {"lenet", 2, 0.0f, true},
                                  {"mlp", 2, 0.5f, true},
-                                 {"lenet", 1, 0.05f, false}};
+                                 {"lenet", 1, 0.05f, false},
+                                 {"gpt2-micro", 2, 0.5f, true}};
   for (const dtt::ZeroCase &c : cases) {
     dtt::StepSpec spec = dtt::zero_case_spec(c);
     std::vector<float> ref = dtt::train_steps(nullptr, world(), spec).params, stage0;

@@ -361,7 +361,7 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_optimizer *opt = nullptr;
   dt_ddp *ddp = nullptr;
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
-  sc.loss = dt_task_loss_cross_entropy;
+  sc.loss = task_loss;
   sc.clip = spec.clip;
   dt_status st = build_model(spec.model, &m);
   if (st == DT_OK)
@@ -381,8 +381,9 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   for (int s = 0; s < spec.steps && st == DT_OK; s++) {
     for (int k = 0; k < spec.accum && st == DT_OK; k++) {
       dt_tensor *x, *y, *xd = nullptr, *yd = nullptr;
-      make_batch((static_cast<int64_t>(s) * spec.accum + k) * global + rank * per_rank, per_rank,
-                 &x, &y);
+      make_model_batch(spec.model,
+                       (static_cast<int64_t>(s) * spec.accum + k) * global + rank * per_rank,
+                       per_rank, &x, &y);
       st = dt_tensor_to_device(x, dev, &xd);
       if (st == DT_OK)
         st = dt_tensor_to_device(y, dev, &yd);
