@@ -93,6 +93,12 @@ subnet="10.$((200 + ($$ % 50))).$(($$ % 250))"
 bridge="dtbr$tag"
 namespaces=()
 export SLURM_CONF="$dir/slurm.conf"
+# Every test cluster numbers its jobs from 1, and Open MPI names its
+# shared-memory segments and session folders after the job: two slurm_tests
+# at once on one machine (parallel builds) mapped each other's segments and
+# crashed in the vader transport. Give this cluster's jobs folders of their own.
+mkdir -p "$dir/shm" "$dir/ompi"
+export OMPI_MCA_btl_vader_backing_directory="$dir/shm" OMPI_MCA_orte_tmpdir_base="$dir/ompi"
 
 teardown() {
   set +e
