@@ -341,6 +341,9 @@ preempt_case() {
   [ -f "$out" ] && cat "$out"
   local final="checkpoints/step_$(printf %08d $steps)" secs=$(($(date +%s) - start))
   if [ "$state" != COMPLETED ]; then
+    scontrol show job "$id" 2>&1 | sed 's/^/  job: /'
+    grep -h "JobId=$id\b\|job_id=$id\b\|JobID=$id\b" "$dir"/slurmctld.log "$dir"/slurmd.*.log 2>/dev/null |
+      tail -20 | sed 's/^/  log: /'
     record preempt_requeue fail "$secs" "job $id ended in state '${state:-unknown}'"
   elif [ "$signalled" != 1 ]; then
     record preempt_requeue fail "$secs" "job $id finished before its first checkpoint was seen"
