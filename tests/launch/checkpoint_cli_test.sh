@@ -253,11 +253,12 @@ killed_writing=0
 for ((t = 1; t <= trials; t++)); do
   d="$tmp/kill$t"
   "$dtrain" train --model mlp --max-steps 100000 --batch 8 --log-interval 0 --threads 1 \
-    --save-every 1 --keep 3 --run-dir "$d" >"$d.out" 2>&1 &
+    --lr 0.01 --save-every 1 --keep 3 --run-dir "$d" >"$d.out" 2>&1 &
   job=$!
-  # Once the first checkpoint is complete (one a step after it), a random moment.
+  # Once a first checkpoint is complete (one a step after it; --keep 3 soon
+  # removes step 1's, so any complete one counts), a random moment.
   for ((i = 0; i < 600; i++)); do
-    [ -f "$d/checkpoints/step_00000001/manifest.json" ] && break
+    ls "$d"/checkpoints/*/manifest.json >/dev/null 2>&1 && break
     sleep 0.1
   done
   sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r % 2000 / 1000 }')"
@@ -265,7 +266,8 @@ for ((t = 1; t <= trials; t++)); do
   kill -9 $job
   wait $job 2>/dev/null
   run eval --checkpoint "$d"
-  expect 0 out "^test_loss=[0-9.]+ test_accuracy=" \
+  # (what the weights are worth is not the point: a long run may diverge)
+  expect 0 out "^test_loss=(-?nan|[0-9.]+) test_accuracy=" \
     "kill -9 trial $t: the newest complete checkpoint loads ($(grep -o 'step_[0-9]*' "$out" | head -1))"
 done
 echo "kill -9 trials: $trials, $killed_writing of them with a temporary file present at the kill"
