@@ -325,9 +325,12 @@ preempt_case() {
     if [ "$signalled" = 0 ] && [ -f "$run/checkpoints/step_00000100/manifest.json" ]; then
       scancel --signal=USR1 "$id" && signalled=1
     fi
-    # A requeued job may wait for its begin time: let it start now.
+    # A requeued job may wait for its begin time: let it start, but not in
+    # the second its old credential was revoked (slurmd compares whole
+    # seconds and kills the new run: "Job credential revoked").
     if [ "$state" = PENDING ] && [ "$signalled" = 1 ]; then
-      scontrol update JobId="$id" StartTime=now >/dev/null 2>&1
+      pending=$((${pending:-0} + 1))
+      [ "$pending" = 25 ] && scontrol update JobId="$id" StartTime=now >/dev/null 2>&1
     fi
     case "$state" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;; esac
     sleep 0.1
