@@ -108,7 +108,9 @@ else
 fi
 expect 0 out "^jobs: no running dtrain job \(no live status file in .*empty-status" \
   "top without a job says where it looked"
-"$dtrain" train --max-steps 400 --log-interval 0 >"$tmp/bg.out" 2>&1 &
+# Long enough that a quiet machine is still training when top looks (400
+# steps ended before it on one); the job is killed below.
+"$dtrain" train --epochs 100 --max-steps 40000 --log-interval 0 >"$tmp/bg.out" 2>&1 &
 bg=$!
 for _ in $(seq 1 100); do
   ls "$DT_STATUS_DIR"/*.json >/dev/null 2>&1 && break
@@ -117,7 +119,7 @@ done
 sleep 1.2
 run top --once
 expect 0 out "^job pid$bg: lenet on fashion-mnist, 1 rank" "top finds a running job"
-expect 0 out "^  rank 0 .* pid $bg .*(training|evaluating|starting).* step [0-9]+/400" \
+expect 0 out "^  rank 0 .* pid $bg .*(training|evaluating|starting).* step [0-9]+/40000" \
   "top shows the rank's step of the run"
 kill "$bg" 2>/dev/null
 wait "$bg" 2>/dev/null
