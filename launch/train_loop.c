@@ -77,6 +77,7 @@ typedef struct train_state {
   dt_train_position pos; /* after the last optimizer step (or the resumed one) */
   bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
   dt_step_stats stats;   /* the gradient norm for the metrics */
+  dt_grad_scaler scaler; /* --precision fp16: the step's (step.scaler) */
   dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
@@ -447,6 +448,12 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
   s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
+  DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow, s->dev, s->rank, &s->step,
+                                    &s->scaler));
+  if (s->step.scaler && is_dp_mode(c))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "--precision fp16 with --mode dp: the replicas would share one GradScaler; "
+                    "use DDP (one process per device) or --precision bf16");
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -836,7 +843,8 @@ static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FI
                         s->steps_per_epoch,
                         tokens,
                         s->dp ? NULL : &s->stats,
-                        s->pos.step};
+                        s->pos.step,
+                        s->step.scaler};
   return dt_observer_start(s->obs, &run);
 }
 
