@@ -103,6 +103,15 @@ TEST_F(DistLocal, AllreduceSumAndAvgAreExactAndIdentical) {
   }
 }
 
+// 16-bit all-reduce and reduce-scatter (--grad-compress) equal the f32
+// sum in rank order rounded once to f16 / bf16, bit for bit, at W 2 and 3;
+// f16 overflow is inf.
+TEST_F(DistLocal, SixteenBitReductionsRoundTheF32SumOnce) {
+  for (int n : {2, 3})
+    for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+      run_group(n, [&](int, dt_comm *c) { dtt::check_reduce16(c, t); });
+}
+
 TEST_F(DistLocal, BroadcastAllgatherReduceScatterBarrier) {
   const int n = 3, count = 5;
   std::vector<std::vector<float>> bcast(n), gathered(n), scattered(n);

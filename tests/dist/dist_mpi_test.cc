@@ -88,6 +88,14 @@ TEST_F(DistMpi, Collectives) {
     dt_tensor_release(p);
 }
 
+// 16-bit all-reduce and reduce-scatter over MPI (our reduce-scatter +
+// all-gather of 2-byte elements) equal the f32 sum in rank order rounded
+// once, bit for bit; f16 overflow is inf.
+TEST_F(DistMpi, SixteenBitReductionsRoundTheF32SumOnce) {
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    dtt::check_reduce16(g_comm, t);
+}
+
 // Every rank holds bitwise the same parameters.
 void expect_same_on_every_rank(dt_comm *comm, const std::vector<float> &params) {
   int w = dt_comm_size(comm);
