@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -544,6 +545,78 @@ inline void check_reduce16(dt_comm *comm, dt_dtype t) {
   EXPECT_EQ(ab[2], 0x7c00) << "an inf input averages to inf";
   dt_tensor_release(s);
   dt_tensor_release(a);
+}
+
+// Rank r's gradient of mlp-small for its `per_rank` samples of the global
+// batch, times `scale` (comm NULL: no reducer, the local gradient); with a
+// reducer over comm, what dt_ddp_finish_backward leaves in the gradients,
+// and *bytes gets its bytes per pass.
+inline std::vector<float> one_backward(dt_comm *comm, int r, int per_rank, float scale,
+                                       dt_ddp_config cfg, size_t *bytes = nullptr) {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  std::vector<float> grads;
+  dt_tensor *x = nullptr, *y = nullptr;
+  make_batch(static_cast<int64_t>(r) * per_rank, per_rank, &x, &y);
+  dt_status st = build_model("mlp-small", &m);
+  if (st == DT_OK)
+    st = dt_param_arena_create(m, &arena);
+  if (st == DT_OK && comm)
+    st = dt_ddp_create(m, arena, comm, &cfg, &ddp);
+  if (st == DT_OK)
+    st = loss_backward(m, x, y, scale, nullptr);
+  if (st == DT_OK && ddp)
+    st = dt_ddp_finish_backward(ddp);
+  if (st == DT_OK)
+    grads = arena_grads(arena);
+  else
+    ADD_FAILURE() << "rank " << r << ": " << dt_last_error();
+  if (bytes && ddp)
+    *bytes = dt_ddp_comm_bytes_per_pass(ddp);
+  dt_tensor_release(x);
+  dt_tensor_release(y);
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return grads;
+}
+
+// On every rank of `comm`: one backward of mlp-small through a reducer
+// with grad_compress t (several buckets) leaves in the f32 gradients
+// exactly the documented 16-bit average of the ranks' gradients (each
+// rounded to t, summed in f32 in rank order, divided, rounded once: every
+// rank computes every rank's local gradient), and hands the communicator
+// half the bytes of an uncompressed reducer. scale != 1 must make some f16
+// gradients overflow (to inf), scale 1 none.
+inline void check_compressed_gradients(dt_comm *comm, dt_dtype t, float scale) {
+  const int per_rank = 6, world = dt_comm_size(comm), r = dt_comm_rank(comm);
+  std::vector<std::vector<float>> local;
+  for (int k = 0; k < world; k++)
+    local.push_back(one_backward(nullptr, k, per_rank, scale, DT_DDP_CONFIG_DEFAULT));
+  std::vector<uint16_t> want = expected_reduce16(t, local, true);
+  int infs = 0;
+  for (uint16_t h : want)
+    infs += std::isinf(widen16(t, h));
+  EXPECT_EQ(infs > 0, scale != 1.0f) << infs << " of " << want.size() << " overflow";
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = 20000;
+  size_t plain_bytes = 0, bytes = 0;
+  one_backward(comm, r, per_rank, scale, cfg, &plain_bytes);
+  cfg.grad_compress = t;
+  std::vector<float> got = one_backward(comm, r, per_rank, scale, cfg, &bytes);
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<uint16_t> bits(want.size());
+  for (size_t i = 0; i < want.size(); i++)
+    bits[i] = round16(t, got[i]);
+  EXPECT_TRUE(same_bits(bits, want))
+      << dt_dtype_name(t) << " W=" << world << " scale " << scale << " rank " << r;
+  for (size_t i = 0; i < want.size(); i++) {  // the f32 gradient is the 16-bit value
+    float back = widen16(t, bits[i]);
+    ASSERT_EQ(0, std::memcmp(&got[i], &back, sizeof back)) << i << ": " << got[i];
+  }
+  EXPECT_EQ(2 * bytes, plain_bytes);
+  EXPECT_EQ(plain_bytes, want.size() * sizeof(float));
 }
 
 // ||a - b|| / ||b||
