@@ -2,6 +2,7 @@
  * newest complete checkpoint, loading the weights and the optimizer state
  * (any sharding) into every replica. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,9 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
   snprintf(manifest, sizeof manifest, "%s/%s", path, DT_CKPT_MANIFEST);
   snprintf(parent, sizeof parent, "%s/checkpoints", path);
   struct stat sb;
+  if (stat(path, &sb) != 0)
+    return DT_ERROR(DT_ERR_IO, "%s: no such checkpoint or run directory: %s", path,
+                    strerror(errno));
   if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
     DT_CHECK(dt_ckpt_verify(path, &m));
     snprintf(out, cap, "%s", path);
