@@ -219,7 +219,8 @@ dt_status dt_optim_poison_grads(dt_optimizer *o);
  * (dt_step_config.scaler). The decision is the same on every rank: the
  * check is the global gradient norm, which dt_optim_grad_norm sums over
  * the shards (sum_over_shards) when each rank holds other gradients
- * (ZeRO); unsharded DDP gradients are identical after the all-reduce. */
+ * (ZeRO), and the step sums the found-inf flag over the ranks in any
+ * case, so that no rank can step alone. */
 typedef struct dt_grad_scaler_config {
   float init_scale;     /* 2^16 */
   float growth_factor;  /* 2 */
@@ -245,9 +246,12 @@ typedef struct dt_grad_scaler {
  * (0, 1), growth_interval >= 1: DT_ERR_INVALID_ARG otherwise) and starts
  * at init_scale. */
 dt_status dt_grad_scaler_init(dt_grad_scaler *s, const dt_grad_scaler_config *cfg);
-/* *found_inf = whether the gradients `o` updates hold an Inf or NaN on any
- * rank (collective when sharded); when not, divides them by the scale. */
-dt_status dt_grad_scaler_unscale(dt_grad_scaler *s, dt_optimizer *o, bool *found_inf);
+/* *found_inf = whether the gradients `o` updates hold an Inf or NaN (on
+ * any rank when sharded: the norm is collective then). The training step
+ * then sums the flag over the ranks (dt_grad_sync.sum_over_ranks). */
+dt_status dt_grad_scaler_check(dt_grad_scaler *s, dt_optimizer *o, bool *found_inf);
+/* Divides the gradients `o` updates by the scale (exact: a power of two). */
+dt_status dt_grad_scaler_unscale(const dt_grad_scaler *s, dt_optimizer *o);
 /* The scale for the next step: x backoff_factor after an overflow (and
  * the clean-step count restarts), x growth_factor after growth_interval
  * clean steps. Counts skipped steps. */

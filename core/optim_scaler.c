@@ -24,18 +24,21 @@ dt_status dt_grad_scaler_init(dt_grad_scaler *s, const dt_grad_scaler_config *cf
   return DT_OK;
 }
 
-dt_status dt_grad_scaler_unscale(dt_grad_scaler *s, dt_optimizer *o, bool *found_inf) {
+dt_status dt_grad_scaler_check(dt_grad_scaler *s, dt_optimizer *o, bool *found_inf) {
   *found_inf = false;
   if (s->debug_overflow_step >= 0 && dt_optim_step_count(o) == s->debug_overflow_step) {
     s->debug_overflow_step = -1; /* once: the skipped step keeps the step count */
     DT_CHECK(dt_optim_poison_grads(o));
   }
-  /* The norm is collective when sharded: every rank gets the same answer. */
+  /* Any Inf or NaN makes the sum of squares non-finite; the norm is
+   * collective when sharded. */
   double norm = 0.0;
   DT_CHECK(dt_optim_grad_norm(o, &norm));
   *found_inf = !isfinite(norm);
-  if (*found_inf)
-    return DT_OK;
+  return DT_OK;
+}
+
+dt_status dt_grad_scaler_unscale(const dt_grad_scaler *s, dt_optimizer *o) {
   return dt_optim_scale_grads(o, 1.0f / s->scale);
 }
 

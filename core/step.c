@@ -81,7 +81,14 @@ static dt_status update(const dt_step *s) {
   dt_grad_scaler *scaler = s->cfg.scaler;
   if (scaler) {
     bool found_inf = false;
-    DT_CHECK(dt_grad_scaler_unscale(scaler, s->opt, &found_inf));
+    DT_CHECK(dt_grad_scaler_check(scaler, s->opt, &found_inf));
+    if (s->sync.sum_over_ranks) { /* by construction: every rank decides alike */
+      double any = found_inf ? 1.0 : 0.0;
+      DT_CHECK(s->sync.sum_over_ranks(s->sync.ctx, &any, 1));
+      found_inf = any > 0.0;
+    }
+    if (!found_inf)
+      DT_CHECK(dt_grad_scaler_unscale(scaler, s->opt));
     dt_grad_scaler_update(scaler, found_inf);
     if (found_inf) { /* skipped: no update, the step count and the lr stay */
       DT_CHECK(dt_optim_zero_grad(s->opt));

@@ -45,8 +45,12 @@ typedef struct dt_grad_sync {
   dt_status (*no_sync_begin)(void *ctx); /* backward only accumulates locally */
   dt_status (*no_sync_end)(void *ctx);
   dt_status (*finish_backward)(void *ctx); /* waits for the reduced gradients */
+  /* Sums values[0..n) over the ranks in place (collective): the
+   * GradScaler's found-inf flag, so that every rank skips a step when any
+   * rank's gradients overflowed, whatever each rank holds. */
+  dt_status (*sum_over_ranks)(void *ctx, double *values, int n);
 } dt_grad_sync;
-#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL})
+#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL, NULL})
 
 /* The phase a step has just ended, for timing (dtrain bench). */
 typedef enum dt_step_phase {
