@@ -16,17 +16,17 @@ set -uo pipefail
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
 unshare_test_files
-data_dir=$(find_data_dir fashion-mnist) || exit 1
-export DT_DATA_DIR="$data_dir"
-
-timeout_bin=$(command -v timeout) || { echo "amp_cli_test: timeout(1) not found" >&2; exit 1; }
-run() { # with a deadline: nothing here may hang (a loaded 2-core machine is slow)
-  "$timeout_bin" 900 "$dtrain" "$@" >"$out" 2>"$err"
-  rc=$?
-}
+DT_DATA_DIR=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR
+run() { run_within 900 "$@"; } # a loaded 2-core machine is slow
 last_line_accuracy() { tail -1 "$out" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1/p'; }
 # within A B TOL: |A - B| <= TOL (both numbers)
 within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
+# the lines of a run without its timings
+untimed() { # (the resumed run's train_loss averages only its own micro-batches)
+  grep -E '^(epoch 1 step|epoch 1 train_loss|test_accuracy)' "$1" |
+    sed -e 's/ samples\/s.*//' -e 's/ time=.*//' -e 's/ train_loss=[0-9.]*//'
+}
 
 # ---- the command line --------------------------------------------------------
 run train --precision tf32 --max-steps 1
@@ -104,14 +104,40 @@ for zero in 0 1; do
   expect 0 out "^epoch 1 step 4/12 .* scale 32768 skipped 1 " "zero $zero: rank 0's own overflow"
   checks=$((checks + 1))
   # rank 0's lines and the result do not depend on which rank overflowed
-  a=$(grep -E '^(epoch 1 step|epoch 1 train_loss|test_accuracy)' "$tmp/rank1.out" | sed -e 's/ samples\/s.*//' -e 's/ time=.*//')
-  b=$(grep -E '^(epoch 1 step|epoch 1 train_loss|test_accuracy)' "$out" | sed -e 's/ samples\/s.*//' -e 's/ time=.*//')
+  a=$(untimed "$tmp/rank1.out")
+  b=$(untimed "$out")
   if [ -n "$a" ] && [ "$a" = "$b" ]; then
     echo "ok: zero $zero: an overflow on rank 1 or on rank 0 gives the same run on rank 0"
   else
     fail "zero $zero: rank 0's run differs with the overflow on rank 1 vs rank 0: $(diff <(echo "$a") <(echo "$b") | head -6)"
   fi
 done
+
+# ---- the scaler in the checkpoint: resume is exact ------------------------------
+# Steps 0-5 with the overflow at step 3 (scale 32768, 1 skipped, the
+# optimizer 1 step behind the run), saved at 6; resumed there, the run ends
+# exactly as the uninterrupted one.
+fp16_run() { # fp16_run RUN_DIR [FLAGS...]
+  local dir=$1
+  shift
+  run train --model mlp --precision fp16 --max-steps 12 --log-interval 1 --debug-overflow 0:3 \
+    --save-every 6 --run-dir "$dir" "$@"
+}
+fp16_run "$tmp/whole"
+expect 0 out "^epoch 1 step 12/12 .* scale 32768 skipped 1 " "fp16, one run of 12 steps"
+cp "$out" "$tmp/whole.out"
+expect_cmd "the checkpoint's trainer state has the scaler section" \
+  grep -aq "scale_bits 0x47000000" "$tmp/whole/checkpoints/step_00000006/trainer_state.bin"
+fp16_run "$tmp/resumed" --resume "$tmp/whole/checkpoints/step_00000006"
+expect 0 out "^epoch 1 step 12/12 .* scale 32768 skipped 1 " "fp16 resumed at step 6"
+checks=$((checks + 1))
+a=$(untimed "$tmp/whole.out" | grep -E 'step (7|8|9|10|11|12)/|train_loss|test_accuracy')
+b=$(untimed "$out" | grep -E 'step (7|8|9|10|11|12)/|train_loss|test_accuracy')
+if [ -n "$a" ] && [ "$a" = "$b" ]; then
+  echo "ok: resumed at step 6, the scaler and the optimizer's step count restored: the same run"
+else
+  fail "the resumed fp16 run differs from the uninterrupted one: $(diff <(echo "$a") <(echo "$b") | head -6)"
+fi
 
 echo "amp_cli_test: $checks checks, $failures failed"
 [ "$failures" = 0 ]
