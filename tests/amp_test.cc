@@ -13,8 +13,10 @@
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"
+#include "core/rng.h"
 #include "core/step.h"
 #include "models/models.h"
+#include "models/tasks.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -269,3 +271,58 @@ TEST(AutocastStep, Bf16StaysCloseToF32) {
 }
 
 }  // namespace
+
+// GPT-2 tiny, one forward and backward on random tokens: under bf16 and f16
+// autocast every parameter's gradient stays close to f32's (relative L2
+// error), so no op of the transformer loses its gradient in 16 bits.
+TEST(AutocastStep, Gpt2TinyGradientsCloseToF32) {
+  const dt_task *task = nullptr;
+  ASSERT_DT_OK(dt_task_find("gpt2-tiny", &task));
+  dt_task small;
+  ASSERT_DT_OK(dt_task_with_context(task, 32, &small));
+  dt_module *model = nullptr;
+  ASSERT_DT_OK(small.build(&small, 5, &model));
+  dt_param_arena *arena = nullptr;
+  ASSERT_DT_OK(dt_param_arena_create(model, &arena));
+  const int64_t b = 4, t = 32;
+  std::vector<int64_t> ids(b * t), next(b * t);
+  for (int64_t i = 0; i < b * t; i++) {
+    ids[i] = (int64_t)(dt_rng_bits(11, (uint64_t)i) % 2000);
+    next[i] = (int64_t)(dt_rng_bits(12, (uint64_t)i) % 2000);
+  }
+  dtt::Tensors ts;
+  dt_tensor *x = ts.add(dtt::MakeIndexTensor(ids, {b, t}, DT_DTYPE_I32));
+  dt_tensor *y = ts.add(dtt::MakeIndexTensor(next, {b, t}, DT_DTYPE_I32));
+  auto grads = [&](dt_dtype autocast) {
+    dt_step s = {model, arena, nullptr, DT_GRAD_SYNC_NONE, DT_STEP_CONFIG_DEFAULT};
+    s.cfg.loss = small.loss;
+    s.cfg.autocast = autocast;
+    dt_tensor *g = dt_param_arena_grads(arena);
+    EXPECT_EQ(DT_OK, dt_param_arena_zero_grad(arena)) << dt_last_error();
+    EXPECT_EQ(DT_OK, dt_step_forward_backward(&s, x, y, 1.0f, true, nullptr)) << dt_last_error();
+    return dtt::ToVector(g);
+  };
+  std::vector<float> want = grads(DT_DTYPE_F32);
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    std::vector<float> got = grads(d);
+    ASSERT_EQ(got.size(), want.size());
+    double bound = d == DT_DTYPE_BF16
+                       ? 2e-2
+                       : 4e-3;  // measured: 0.0066 and 0.0009 at most  // ~ 8 x the unit roundoff
+    for (int p = 0; p < dt_param_arena_count(arena); p++) {
+      const char *name = nullptr;
+      dt_tensor *param = dt_param_arena_param(arena, p, &name);
+      int64_t off = dt_param_arena_offset(arena, p), n = dt_tensor_numel(param);
+      double diff = 0, norm = 0;
+      for (int64_t i = off; i < off + n; i++) {
+        diff += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        norm += (double)want[i] * want[i];
+      }
+      double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+      EXPECT_LT(rel, bound) << dt_dtype_name(d) << " parameter " << p << " (" << name
+                            << "): relative gradient error";
+    }
+  }
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(model);
+}
