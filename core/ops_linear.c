@@ -133,23 +133,46 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
   dt_dtype ab = dt_tensor_dtype(x);
+  size_t esize = dt_dtype_size(ab);
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL;
   dt_status st = DT_OK;
-  DT_CHECK(dt_ops_cast(g, ab, &gc)); /* the gradient in the operands' dtype */
-  if (node->needs_grad[0]) {
-    /* dx (rows, in) = g (rows, out) @ w (out, in) */
+  /* 16-bit operands (autocast): the gradient is rounded to their dtype a
+   * slice of rows at a time, an eighth of it when it is large (the LM
+   * head's gradient is a language model's largest tensor). */
+  int64_t chunk = rows;
+  if (ab != DT_DTYPE_F32 && rows * outf > ((int64_t)1 << 20))
+    chunk = (rows + 7) / 8;
+  if (ab != DT_DTYPE_F32) {
+    const int64_t cshape[2] = {chunk, outf};
+    DT_CHECK(dt_tensor_empty(cshape, 2, ab, dev, &gc));
+  }
+  if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
-    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, rows, in, outf, dt_tensor_data(gc), outf, 0,
-                       dt_tensor_data(w), in, 0, 0.0f, DT_F32(dx), in, 0, 1),
-                  st, fail);
-  }
-  if (node->needs_grad[1]) {
-    /* dw (out, in) = g^T (out, rows) @ x (rows, in) */
+  if (node->needs_grad[1])
     DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
-    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, rows, dt_tensor_data(gc), outf, 0,
-                       dt_tensor_data(x), in, 0, 0.0f, DT_F32(dw), in, 0, 1),
-                  st, fail);
-  }
+  int64_t r0 = 0;
+  do { /* once when rows is 0: dw = 0 */
+    int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    const float *g32 = DT_F32(g) + r0 * outf;
+    const void *gp = g32;
+    if (gc && n > 0) {
+      DT_CHECK_GOTO(dt_kernel_cast(&ex, g32, DT_DTYPE_F32, dt_tensor_data(gc), ab, n * outf), st,
+                    fail);
+      gp = dt_tensor_data(gc);
+    }
+    /* dx (n, in) = g (n, out) @ w (out, in), rows r0.. */
+    if (dx)
+      DT_CHECK_GOTO(gemm(dev, ab, 0, 0, n, in, outf, gp, outf, 0, dt_tensor_data(w), in, 0, 0.0f,
+                         DT_F32(dx) + r0 * in, in, 0, 1),
+                    st, fail);
+    /* dw (out, in) (+)= g^T (out, n) @ x (n, in) */
+    if (dw)
+      DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
+                         (const char *)dt_tensor_data(x) + (size_t)(r0 * in) * esize, in, 0,
+                         r0 > 0 ? 1.0f : 0.0f, DT_F32(dw), in, 0, 1),
+                    st, fail);
+    r0 += n;
+  } while (r0 < rows);
   if (has_bias && node->needs_grad[2]) {
     /* db (out) = sum over rows of g (rows, out) */
     DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), st, fail);

@@ -673,6 +673,13 @@ std::vector<OpCase> Build() {
          {X({2, 3, 32}), X({8, 32}).Const()},
          Linear(),
          kReduction});
+    // a gradient of over 2^20 elements: rounded to 16 bits in slices of rows
+    add({"linear",
+         "autocast_8195x8_to_130_sliced",
+         d,
+         {X({8195, 8}), X({130, 8}), X({130})},
+         Linear(),
+         kReduction});
     add({"conv2d",
          "autocast_2x3x12x12_5x5_pad2",
          d,
