@@ -181,6 +181,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
+  dt_grad_scaler scaler; /* fp16 */
+  DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
@@ -271,6 +273,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
                        &cfg.zero),
@@ -298,7 +301,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+      !dt_cli_check_precision("bench", cfg.precision, cfg.device, NULL, err))
     return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
@@ -317,9 +321,13 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d%s\n",
+      "device %s precision %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
+      dt_device_format(r.device, dev, sizeof dev),
+      cfg.precision                     ? cfg.precision
+      : r.device.type == DT_DEVICE_CUDA ? "tf32"
+                                        : "fp32",
+      dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "

@@ -204,6 +204,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLOAT_FLAG("min-lr", &cfg.min_lr, "LR",
                     "cosine schedule: final learning rate (at most --lr)"),
       DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
+      dt_cli_flag_precision(&cfg.precision),
+      DT_STRING_FLAG("debug-overflow", &cfg.debug_overflow, "R:S",
+                     "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
+                     "step S (0-based)",
+                     .check = dt_cli_check_debug_overflow),
       dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
@@ -294,6 +299,13 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
     return 2;
   bool dp = !strcmp(cfg.mode, "dp");
+  if (!dt_cli_check_precision("train", cfg.precision, cfg.device, dp ? cfg.devices : NULL, err))
+    return 2;
+  if (cfg.debug_overflow && (!cfg.precision || strcmp(cfg.precision, "fp16") != 0)) {
+    fprintf(err,
+            "dtrain train: --debug-overflow tests the GradScaler: it needs --precision fp16\n");
+    return 2;
+  }
   if (dp && !cfg.devices) {
     fprintf(err,
             "dtrain train: --mode dp needs the replicas' devices: --devices cpu:0,cpu:1 (or "

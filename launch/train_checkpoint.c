@@ -302,6 +302,19 @@ static dt_status write_own_shard(const dt_train_ckpt *ck, int64_t step) {
   return st;
 }
 
+/* The GradScaler and the optimizer's step count (behind the run's step
+ * by the skipped steps): the same on every rank, saved by rank 0. */
+static dt_status add_scaler_section(const dt_train_ckpt *ck, dt_state_writer *w) {
+  char text[512];
+  size_t n = 0;
+  DT_CHECK(dt_ckpt_scaler_section_encode(ck->run.scaler, text, sizeof text, &n));
+  int more = snprintf(text + n, sizeof text - n, "optimizer_steps %lld\n",
+                      (long long)dt_optim_step_count(ck->run.opts[0]));
+  if (more < 0 || (size_t)more >= sizeof text - n)
+    return DT_ERROR(DT_ERR_INTERNAL, "trainer-state scaler text too long");
+  return dt_state_writer_add(w, "scaler", text, n + (size_t)more);
+}
+
 /* The snapshot (on this thread), then the files on the writer thread. */
 static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
   DT_CHECK(collect_writer(ck));
@@ -328,6 +341,8 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, boo
     st = dt_state_writer_create(&j->state);
   if (st == DT_OK)
     st = dt_state_writer_add(j->state, "meta", meta, strlen(meta));
+  if (st == DT_OK && ck->run.scaler)
+    st = add_scaler_section(ck, j->state);
   /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
    * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
    * files, written already. */
