@@ -28,8 +28,7 @@ say() { echo "slurm_test: $*"; }
 # ---- inputs -----------------------------------------------------------------
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
-scripts=$(dirname "$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/slurm/one-node.sbatch" \
-  "$repo/launch/slurm/one-node.sbatch")") || { say "launch/slurm/ not found"; exit 1; }
+scripts=$(dirname "$(find_source launch/slurm/one-node.sbatch)") || exit 1
 data_dir=$(find_data_dir fashion-mnist) || exit 1
 
 # ---- results as JUnit XML ---------------------------------------------------
