@@ -212,24 +212,24 @@ TEST_F(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
 
 // ---- registration and enumeration ----
 
-std::vector<std::string> param_names(const dt_module *m) {
+// The names of a module's parameters or buffers (count, at), in order.
+std::vector<std::string> tensor_names(const dt_module *m, int (*count)(const dt_module *),
+                                      dt_tensor *(*at)(const dt_module *, int, const char **)) {
   std::vector<std::string> names;
-  for (int i = 0; i < dt_module_num_parameters(m); i++) {
+  for (int i = 0; i < count(m); i++) {
     const char *n = nullptr;
-    EXPECT_NE(dt_module_parameter_at(m, i, &n), nullptr);
+    EXPECT_NE(at(m, i, &n), nullptr);
     names.push_back(n);
   }
   return names;
 }
 
+std::vector<std::string> param_names(const dt_module *m) {
+  return tensor_names(m, dt_module_num_parameters, dt_module_parameter_at);
+}
+
 std::vector<std::string> buffer_names(const dt_module *m) {
-  std::vector<std::string> names;
-  for (int i = 0; i < dt_module_num_buffers(m); i++) {
-    const char *n = nullptr;
-    EXPECT_NE(dt_module_buffer_at(m, i, &n), nullptr);
-    names.push_back(n);
-  }
-  return names;
+  return tensor_names(m, dt_module_num_buffers, dt_module_buffer_at);
 }
 
 TEST(ModuleRegistry, DuplicateNamesAreRejected) {
