@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -185,7 +186,31 @@ struct DigitsLoader {
   }
 };
 
-// The training loop's pattern: next, compute on the batch, let go of it.
+// The training loop's pattern: next, `use` the batch, let go of it, until
+// the epoch ends; returns the batches. Every batch: on the stand-in
+// device, two copies (inputs, labels) on the copy stream, the compute
+// stream waits for them; the caller's thread never waits (the worker
+// does, before it refills a slot).
+int DrainOnDevice(const std::function<dt_status(dt_tensor **, dt_tensor **)> &next,
+                  const std::function<void(dt_tensor *, dt_tensor *)> &use) {
+  int batches = 0;
+  for (;;) {
+    dt_tensor *x = nullptr, *y = nullptr;
+    dt_status st = next(&x, &y);
+    EXPECT_EQ(st, DT_OK) << dt_last_error();
+    if (st != DT_OK || x == nullptr)
+      return batches;
+    batches++;
+    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
+    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
+    EXPECT_EQ(trace.waits_on_compute, batches);
+    EXPECT_EQ(trace.syncs_on_caller, 0);
+    use(x, y);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+}
+
 TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   StartTrace();
   auto dl = std::make_unique<DigitsLoader>(23, 4, 3);
@@ -195,20 +220,8 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
 
   ASSERT_EQ(dt_loader_start_epoch(l, 0), DT_OK);
   std::vector<int> seen(23, 0);
-  int batches = 0;
-  for (;;) {
-    dt_tensor *x, *y;
-    ASSERT_EQ(dt_loader_next(l, &x, &y), DT_OK) << dt_last_error();
-    if (x == nullptr)
-      break;
-    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
-    batches++;
-    // Each batch: two copies (inputs, labels), the compute stream waits
-    // for them; the caller's thread never waits (the worker does, before
-    // it refills a slot).
-    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
-    EXPECT_EQ(trace.waits_on_compute, batches);
-    EXPECT_EQ(trace.syncs_on_caller, 0);
+  auto next = [l](dt_tensor **x, dt_tensor **y) { return dt_loader_next(l, x, y); };
+  int batches = DrainOnDevice(next, [&seen](dt_tensor *x, dt_tensor *y) {
     std::vector<float> xv(dt_tensor_numel(x));
     std::vector<int32_t> yv(dt_tensor_numel(y));
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), xv.size() * 4), DT_OK);
@@ -223,10 +236,8 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
     }
     UseOnCompute(x);  // the step's kernels read the batch...
     UseOnCompute(y);
-    UseOnCompute(x);
-    dt_tensor_release(x);  // ...and the host lets go while they are queued
-    dt_tensor_release(y);
-  }
+    UseOnCompute(x);  // ...and the host lets go while they are queued
+  });
   EXPECT_EQ(batches, 6);
   for (int c : seen)
     EXPECT_EQ(c, 1);
@@ -303,19 +314,10 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
   EXPECT_EQ(trace.host_allocs, 2 * c.prefetch);
   ASSERT_EQ(dt_token_loader_start_epoch(l, 0), DT_OK);
   std::set<int32_t> firsts;
-  int batches = 0;
-  for (;;) {
-    dt_tensor *x, *y;
-    ASSERT_EQ(dt_token_loader_next(l, &x, &y), DT_OK) << dt_last_error();
-    if (x == nullptr)
-      break;
-    batches++;
-    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
+  auto next = [l](dt_tensor **x, dt_tensor **y) { return dt_token_loader_next(l, x, y); };
+  int batches = DrainOnDevice(next, [&firsts](dt_tensor *x, dt_tensor *y) {
     EXPECT_EQ(dt_tensor_dtype(x), DT_DTYPE_I32);
     EXPECT_EQ(dt_tensor_dtype(y), DT_DTYPE_I32);
-    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
-    EXPECT_EQ(trace.waits_on_compute, batches);
-    EXPECT_EQ(trace.syncs_on_caller, 0);
     std::vector<int32_t> xv(24), yv(24);
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), 24 * 4), DT_OK);
     ASSERT_EQ(dt_tensor_to_host(y, yv.data(), 24 * 4), DT_OK);
@@ -324,9 +326,7 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
       for (int t = 0; t < 8; t++)
         EXPECT_EQ(yv[8 * r + t], xv[8 * r + t] + 1);
     }
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  });
   EXPECT_EQ(batches, 4);
   EXPECT_EQ(firsts.size(), 12u);
   EXPECT_EQ(trace.unsafe_copies, 0);
