@@ -22,6 +22,20 @@ dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
   return dt_check_f32(op, live, k);
 }
 
+dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
+                               const char *ids_name, dt_tensor *values) {
+  if (!index || !values)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {index, values};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &values, 1));
+  dt_dtype t = dt_tensor_dtype(index);
+  if (t != DT_DTYPE_I32 && t != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: %s dtype %s: %s must be i32 or i64", op, index_name,
+                    dt_dtype_name(t), ids_name);
+  return DT_OK;
+}
+
 dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
                               int n, dt_tensor *out, dt_node **node) {
   dt_tensor *live[DT_NODE_MAX_INPUTS];

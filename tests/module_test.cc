@@ -47,26 +47,21 @@ struct HookCtx {
   dt_status fail;
 };
 
-dt_status pre_hook(dt_module *m, dt_tensor *input, dt_tensor **repl, void *user) {
-  (void)m;
-  (void)input;
-  HookCtx *c = (HookCtx *)user;
+// What both kinds of hook do: log the name, hand over the replacement,
+// return the status the test asked for.
+dt_status log_hook(HookCtx *c, dt_tensor **repl) {
   c->log->events.push_back(c->name);
   if (c->replacement)
     *repl = dt_tensor_retain(c->replacement);
   return c->fail;
 }
 
-dt_status post_hook(dt_module *m, dt_tensor *input, dt_tensor *output, dt_tensor **repl,
-                    void *user) {
-  (void)m;
-  (void)input;
-  (void)output;
-  HookCtx *c = (HookCtx *)user;
-  c->log->events.push_back(c->name);
-  if (c->replacement)
-    *repl = dt_tensor_retain(c->replacement);
-  return c->fail;
+dt_status pre_hook(dt_module *, dt_tensor *, dt_tensor **repl, void *user) {
+  return log_hook(static_cast<HookCtx *>(user), repl);
+}
+
+dt_status post_hook(dt_module *, dt_tensor *, dt_tensor *, dt_tensor **repl, void *user) {
+  return log_hook(static_cast<HookCtx *>(user), repl);
 }
 
 // An Identity module whose forward logs to `log`, destroyed after the test.

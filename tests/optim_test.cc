@@ -259,23 +259,23 @@ TEST_F(OptimTest, StateRoundTripResumesIdentically) {
       return kind.adamw ? dt_optim_adamw_create(arena_, &ac, o)
                         : dt_optim_sgd_create(arena_, &sc, o);
     };
-    SetParams(kStart);
+    // A fresh optimizer from kStart after `steps` steps.
+    auto stepped = [&](int steps, dt_optimizer **o) {
+      SetParams(kStart);
+      DT_CHECK(create(o));
+      for (int k = 0; k < steps; k++) {
+        SetGrads(StepGrads(k));
+        DT_CHECK(dt_optim_step(*o));
+      }
+      return DT_OK;
+    };
     dt_optimizer *a = nullptr;
-    ASSERT_DT_OK(create(&a));
-    for (int k = 0; k < 3; k++) {
-      SetGrads(StepGrads(k));
-      ASSERT_DT_OK(dt_optim_step(a));
-    }
+    ASSERT_DT_OK(stepped(3, &a));
     std::vector<float> want = Params();
     dt_optim_destroy(a);
 
-    SetParams(kStart);
     dt_optimizer *b = nullptr;
-    ASSERT_DT_OK(create(&b));
-    for (int k = 0; k < 2; k++) {
-      SetGrads(StepGrads(k));
-      ASSERT_DT_OK(dt_optim_step(b));
-    }
+    ASSERT_DT_OK(stepped(2, &b));
     int64_t n = dt_optim_state_numel(b);
     EXPECT_EQ(n, kind.adamw ? 10 : 5);
     std::vector<float> state((size_t)n);
