@@ -84,9 +84,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
 
 dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen, dt_tensor **out) {
   static const char *op = "dt_op_dropout";
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   if (!(p >= 0.0f && p <= 1.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g is outside [0, 1]", op, (double)p);
   if (!training || p == 0.0f) {

@@ -52,9 +52,7 @@ fail:
 }
 
 static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_tensor **out) {
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   if (ndim == 0)
     return DT_ERROR(DT_ERR_SHAPE, "%s: input is 0-dim: softmax needs at least one dimension", op);
@@ -78,9 +76,7 @@ dt_status dt_op_log_softmax(dt_tensor *x, int dim, dt_tensor **out) {
 
 dt_status dt_op_causal_softmax(dt_tensor *x, dt_tensor **out) {
   static const char *op = "dt_op_causal_softmax";
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   const int64_t *shape = dt_tensor_shape(x);
   if (ndim < 2 || shape[ndim - 1] != shape[ndim - 2]) {
