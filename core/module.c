@@ -491,6 +491,20 @@ dt_status dt_module_remove_hook(dt_module *m, dt_hook_handle h) {
                   h, dt_module_type_name(m));
 }
 
+/* What a hook returned: on success its replacement (if any) takes the place
+ * of *t, whose reference it drops; on failure the replacement is dropped. */
+static dt_status apply_replacement(dt_status st, dt_tensor *repl, dt_tensor **t) {
+  if (st != DT_OK) {
+    dt_tensor_release(repl);
+    return st;
+  }
+  if (repl != NULL) {
+    dt_tensor_release(*t);
+    *t = repl;
+  }
+  return DT_OK;
+}
+
 dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
   if (m == NULL || input == NULL || output == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -502,27 +516,13 @@ dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
   for (int i = 0; i < m->n_pre_hooks; i++) {
     dt_tensor *repl = NULL;
     st = m->pre_hooks[i].pre(m, x, &repl, m->pre_hooks[i].user);
-    if (st != DT_OK) {
-      dt_tensor_release(repl);
-      goto release_input;
-    }
-    if (repl != NULL) {
-      dt_tensor_release(x);
-      x = repl;
-    }
+    DT_CHECK_GOTO(apply_replacement(st, repl, &x), st, release_input);
   }
   DT_CHECK_GOTO(m->vt->forward(m, x, &y), st, release_input);
   for (int i = 0; i < m->n_hooks; i++) {
     dt_tensor *repl = NULL;
     st = m->hooks[i].post(m, x, y, &repl, m->hooks[i].user);
-    if (st != DT_OK) {
-      dt_tensor_release(repl);
-      goto release_output;
-    }
-    if (repl != NULL) {
-      dt_tensor_release(y);
-      y = repl;
-    }
+    DT_CHECK_GOTO(apply_replacement(st, repl, &y), st, release_output);
   }
   *output = y;
   dt_tensor_release(x);
