@@ -42,34 +42,24 @@ const dt_device kDev = {DT_DEVICE_CUDA, 0};
 
 // ---- the stand-in backend ----
 
-struct Stream {
-  const char *name;
-};
-Stream kCompute{"compute"}, kCopy{"copy"}, kComm{"comm"};
-
-struct FakeEvent {
-  int id;
-  const Stream *recorded_on = nullptr;
-};
+dt_stream *const kCompute = dtt::StandInStream(DT_STREAM_COMPUTE);
+dt_stream *const kComm = dtt::StandInStream(DT_STREAM_COMM);
 
 struct Entry {
   std::thread::id thread;
   std::string op;  // record, wait, sync, d2h, h2d, sgd, ssync
-  const Stream *stream;
-  int event;              // -1 none
-  const Stream *ev_from;  // where the event was last recorded
+  const dt_stream *stream;
+  int event;                 // -1 none
+  const dt_stream *ev_from;  // where the event was last recorded
 };
 
 std::mutex g_mu;
 std::vector<Entry> g_trace;
-std::map<char *, size_t> g_pinned;  // page-locked blocks: start -> bytes
-int g_next_event = 0;
 const dt_backend_ops *g_cpu = nullptr;
 
-void Log(const char *op, dt_stream *s, FakeEvent *e) {
+void Log(const char *op, dt_stream *s, const dtt::StandInEvent *e) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_trace.push_back({std::this_thread::get_id(), op, reinterpret_cast<const Stream *>(s),
-                     e ? e->id : -1, e ? e->recorded_on : nullptr});
+  g_trace.push_back({std::this_thread::get_id(), op, s, e ? e->id : -1, e ? e->stream : nullptr});
 }
 std::vector<Entry> TakeTrace() {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -78,41 +68,18 @@ std::vector<Entry> TakeTrace() {
   return t;
 }
 
-dt_status FakeHostAlloc(size_t bytes, void **out) {
-  *out = malloc(bytes);
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_pinned[static_cast<char *>(*out)] = bytes;
-  return DT_OK;
-}
-void FakeHostFree(void *p) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_pinned.erase(static_cast<char *>(p));
-  }
-  free(p);
-}
-dt_stream *FakeStream(dt_device, dt_stream_kind kind) {
-  Stream *s = kind == DT_STREAM_COPY ? &kCopy : kind == DT_STREAM_COMM ? &kComm : &kCompute;
-  return reinterpret_cast<dt_stream *>(s);
-}
-dt_status FakeEventCreate(dt_device, dt_event **out) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  *out = reinterpret_cast<dt_event *>(new FakeEvent{g_next_event++});
-  return DT_OK;
-}
-void FakeEventDestroy(dt_event *e) { delete reinterpret_cast<FakeEvent *>(e); }
 dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  FakeEvent *fe = reinterpret_cast<FakeEvent *>(e);
-  fe->recorded_on = reinterpret_cast<const Stream *>(s);
+  dtt::StandInEvent *fe = dtt::AsStandInEvent(e);
+  fe->stream = s;
   Log("record", s, fe);
   return DT_OK;
 }
 dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
-  Log("wait", s, reinterpret_cast<FakeEvent *>(e));
+  Log("wait", s, dtt::AsStandInEvent(e));
   return DT_OK;
 }
 dt_status FakeEventSync(dt_event *e) {
-  Log("sync", nullptr, reinterpret_cast<FakeEvent *>(e));
+  Log("sync", nullptr, dtt::AsStandInEvent(e));
   return DT_OK;
 }
 dt_status FakeStreamSync(dt_stream *s) {
@@ -121,15 +88,10 @@ dt_status FakeStreamSync(dt_stream *s) {
 }
 dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
                    dt_stream *stream) {
-  if (stream == reinterpret_cast<dt_stream *>(&kComm) && dd.type != sd.type) {
+  if (stream == kComm && dd.type != sd.type) {
     bool d2h = dd.type == DT_DEVICE_CPU;
-    {
-      std::lock_guard<std::mutex> lock(g_mu);
-      char *host = static_cast<char *>(d2h ? dst : const_cast<void *>(src));
-      auto it = g_pinned.upper_bound(host);
-      bool pinned = it != g_pinned.begin() && (--it, host + bytes <= it->first + it->second);
-      EXPECT_TRUE(pinned) << "staging copies use page-locked host memory";
-    }
+    EXPECT_TRUE(dtt::StandInIsPinned(d2h ? dst : src, bytes))
+        << "staging copies use page-locked host memory";
     Log(d2h ? "d2h" : "h2d", stream, nullptr);
   }
   return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
@@ -143,13 +105,8 @@ dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf
 void RegisterStandIn() {
   g_cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = dtt::StandInDeviceOps("stand-in cuda");
+  fake = dtt::StandInAsyncOps("stand-in cuda");
   fake.unavailable = nullptr;
-  fake.host_alloc = FakeHostAlloc;
-  fake.host_free = FakeHostFree;
-  fake.stream = FakeStream;
-  fake.event_create = FakeEventCreate;
-  fake.event_destroy = FakeEventDestroy;
   fake.event_record = FakeEventRecord;
   fake.stream_wait_event = FakeStreamWait;
   fake.event_synchronize = FakeEventSync;
@@ -212,7 +169,7 @@ TEST_F(DistStaged, CollectivesOnDeviceTensors) {
     std::vector<Entry> tr = TakeTrace();
     std::vector<std::string> ops;
     for (const Entry &e : tr)
-      ops.push_back(e.op + (e.stream ? std::string(":") + e.stream->name : ""));
+      ops.push_back(e.op + (e.stream ? std::string(":") + dtt::StandInStreamName(e.stream) : ""));
     ASSERT_GE(ops.size(), 6u);
     EXPECT_EQ(ops[0], "record:compute");  // w1's own ready event at submission
     auto first = [&](const std::string &op) {
@@ -223,7 +180,7 @@ TEST_F(DistStaged, CollectivesOnDeviceTensors) {
     };
     int wait = first("wait:comm"), d2h = first("d2h:comm"), h2d = first("h2d:comm");
     ASSERT_GE(wait, 0);
-    EXPECT_EQ(tr[wait].ev_from, &kCompute);
+    EXPECT_EQ(tr[wait].ev_from, kCompute);
     EXPECT_LT(wait, d2h);
     EXPECT_LT(d2h, h2d);
     bool done_recorded = false;
@@ -253,13 +210,13 @@ void CheckStepProtocol(int s, int n_buckets, std::thread::id me) {
     prev_op[e.thread] = e.op;
     if (e.op == "sgd" && first_sgd == tr.size())
       first_sgd = i;
-    if (e.op == "record" && e.stream == &kCompute && e.thread == me)
+    if (e.op == "record" && e.stream == kCompute && e.thread == me)
       ready_events.insert(e.event);
-    if (e.op == "record" && e.stream == &kComm && before == "h2d")
+    if (e.op == "record" && e.stream == kComm && before == "h2d")
       done_events.insert(e.event);
-    if (e.op == "wait" && e.stream == &kComm)
+    if (e.op == "wait" && e.stream == kComm)
       comm_waited_on.insert(e.event);
-    if (e.op == "wait" && e.stream == &kCompute && i < first_sgd)
+    if (e.op == "wait" && e.stream == kCompute && i < first_sgd)
       compute_waited_on.insert(e.event);
     d2h += e.op == "d2h";
     h2d += e.op == "h2d";
