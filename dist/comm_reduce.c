@@ -2,6 +2,7 @@
  * rank order, one rounding to the data's type at the end. */
 #include <string.h>
 
+#include "core/half.h"
 #include "dist/comm_internal.h"
 
 int dt_comm_is_reduce_dtype(dt_dtype t) {

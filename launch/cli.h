@@ -66,6 +66,20 @@ dt_flag dt_cli_flag_grad_compress(const char **target);
       dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb), \
       dt_cli_flag_zero(zero), dt_cli_flag_grad_compress(grad_compress)
 
+/* The sampling flags of train and sample over a dt_sample_config
+ * (launch/sample.h), as rows of a flag table: --sample-len, --temperature,
+ * --top-k, --prompt, --sample-seed. */
+#define DT_CLI_SAMPLE_FLAGS(sc)                                                                   \
+  DT_INT_FLAG("sample-len", &(sc)->length, "N", "text models: tokens per sample, 0 = no samples", \
+              .min = 0),                                                                          \
+      DT_FLOAT_FLAG("temperature", &(sc)->temperature, "T",                                       \
+                    "text models: sampling temperature, 0 = greedy", .min = 0),                   \
+      DT_INT_FLAG("top-k", &(sc)->top_k, "K",                                                     \
+                  "text models: sample among the K likeliest tokens, 0 = all", .min = 0),         \
+      DT_STRING_FLAG("prompt", &(sc)->prompt, "TEXT", "text models: the samples' beginning",      \
+                     .default_text = "<|endoftext|>"),                                            \
+      DT_U64_FLAG("sample-seed", &(sc)->seed, "N", "text models: seed of the samples' draws")
+
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */
 bool dt_cli_check_device(const char *value, char *why, size_t cap);

@@ -1,5 +1,6 @@
-/* `dtrain eval`: rebuilds the checkpoint's model (its task from the trainer
- * state), loads model.safetensors and evaluates it on the test split. */
+/* `dtrain eval` and `dtrain sample`: rebuild the checkpoint's model (its
+ * task and context from the trainer state), load model.safetensors, then
+ * evaluate it on the test split or draw text from it. */
 #include "launch/eval.h"
 
 #include <stdlib.h>
@@ -11,62 +12,143 @@
 #include "core/env.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/sample.h"
 #include "launch/train_checkpoint.h"
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
+/* A checkpoint's model, loaded. */
+typedef struct ckpt_model {
+  char dir[4400], model[64], data[64], step[32];
+  dt_task task; /* at the checkpoint's context */
+  dt_device dev;
+  dt_module *module;
+} ckpt_model;
+
+/* The checkpoint's context: config.ctx (0, or missing in a checkpoint of
+ * an earlier dtrain: the model's own). */
+static dt_status checkpoint_task(const char *dir, const char *model, dt_task *out) {
+  const dt_task *task = NULL;
+  DT_CHECK(dt_task_find(model, &task));
+  *out = *task;
+  char ctx[32];
+  if (dt_train_ckpt_meta(dir, "config.ctx", ctx, sizeof ctx) != DT_OK) {
+    dt_clear_error();
+    return DT_OK;
+  }
+  long long t = atoll(ctx);
+  return t > 0 && task->max_context > 0 ? dt_task_with_context(task, t, out) : DT_OK;
+}
+
+/* Finds the checkpoint of `path`, builds its model on `device` and loads
+ * its weights; `needs_text`: the model must generate text (else an error
+ * naming the model). ckpt_model_close frees it, also after a failure. */
+static dt_status ckpt_model_open(const char *path, const char *device, bool needs_text,
+                                 ckpt_model *m) {
+  memset(m, 0, sizeof *m);
+  DT_CHECK(dt_train_ckpt_resolve(path, stderr, m->dir, sizeof m->dir));
+  if (!m->dir[0])
+    return DT_ERROR(DT_ERR_IO, "%s holds no checkpoint", path);
+  DT_CHECK(dt_train_ckpt_meta(m->dir, "config.model", m->model, sizeof m->model));
+  DT_CHECK(dt_train_ckpt_meta(m->dir, "config.data", m->data, sizeof m->data));
+  DT_CHECK(dt_train_ckpt_meta(m->dir, "step", m->step, sizeof m->step));
+  DT_CHECK(checkpoint_task(m->dir, m->model, &m->task));
+  if (needs_text && (!m->task.tokenizer || m->task.max_context <= 0))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "checkpoint %s holds model %s, which does not generate text: dtrain sample "
+                    "takes the checkpoint of a language model (gpt2-tiny, gpt2, ...)",
+                    m->dir, m->model);
+  DT_CHECK(dt_train_rank_device(device, NULL, &m->dev));
+  DT_CHECK(m->task.build(&m->task, 0, &m->module));
+  char weights[4500];
+  snprintf(weights, sizeof weights, "%s/model.safetensors", m->dir);
+  DT_CHECK(dt_module_to(m->module, m->dev));
+  return dt_safetensors_load_module(weights, m->module);
+}
+
+static void ckpt_model_close(ckpt_model *m) {
+  dt_module_destroy(m->module);
+  m->module = NULL;
+}
+
 static dt_status evaluate_checkpoint(const char *path, const char *data_dir, const char *device,
                                      int batch) {
-  char dir[4400], model[64], data[64], step[32], folder[4200];
-  DT_CHECK(dt_train_ckpt_resolve(path, stderr, dir, sizeof dir));
-  if (!dir[0])
-    return DT_ERROR(DT_ERR_IO, "%s holds no checkpoint", path);
-  DT_CHECK(dt_train_ckpt_meta(dir, "config.model", model, sizeof model));
-  DT_CHECK(dt_train_ckpt_meta(dir, "config.data", data, sizeof data));
-  DT_CHECK(dt_train_ckpt_meta(dir, "step", step, sizeof step));
-  const dt_task *task = NULL;
+  ckpt_model m;
   const dt_task_data *td = NULL;
-  DT_CHECK(dt_task_find(model, &task));
-  DT_CHECK(dt_task_find_data(task, data, &td));
-  dt_device dev;
-  DT_CHECK(dt_train_rank_device(device, NULL, &dev));
-  snprintf(folder, sizeof folder, "%s/%s", data_dir, data);
-  dt_module *m = NULL;
   dt_dataset *test = NULL;
   double loss = 0, metric = 0;
-  DT_CHECK(task->build(task, 0, &m));
-  char weights[4500];
-  snprintf(weights, sizeof weights, "%s/model.safetensors", dir);
-  dt_status st = dt_module_to(m, dev);
+  char folder[4200];
+  dt_status st = ckpt_model_open(path, device, false, &m);
+  const dt_task *task = &m.task;
   if (st == DT_OK)
-    st = dt_safetensors_load_module(weights, m);
+    st = dt_task_find_data(task, m.data, &td);
+  snprintf(folder, sizeof folder, "%s/%s", data_dir, m.data);
   if (st == DT_OK)
     st = td->open(task, td, folder, task->eval_split, &test);
   if (st == DT_OK)
-    st = dt_train_evaluate(task, m, test, batch, dev, &loss, &metric);
+    st = dt_train_evaluate(task, m.module, test, batch, m.dev, &loss, &metric);
   if (st == DT_OK) {
-    printf("dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n%s_loss=%.4f", dir,
-           model, data, step, task->eval_split, loss);
+    printf("dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n%s_loss=%.4f", m.dir,
+           m.model, m.data, m.step, task->eval_split, loss);
     if (task->metric)
       printf(" %s_%s=%.4f", task->eval_split, task->metric_name, metric);
     printf("\n");
   }
   dt_dataset_destroy(test);
-  dt_module_destroy(m);
+  ckpt_model_close(&m);
   return st;
 }
 
+typedef struct eval_args {
+  const char *checkpoint, *data_dir, *device;
+  int batch;
+  dt_sample_config sample;
+} eval_args;
+
+/* The command line of eval or sample: --checkpoint, the command's `own`
+ * flags (targets in *a), --data-dir, --device, --threads; then the
+ * environment, and `work`'s status as the exit status (1 with the
+ * message printed; 2 for a bad command line). */
+static int checkpoint_command(dt_flag_set *set, eval_args *a, const dt_flag *own, int n_own,
+                              int argc, char **argv, FILE *err, dt_status (*work)(void *)) {
+  int threads = 0, n = 0;
+  dt_flag flags[16];
+  flags[n++] = (dt_flag)DT_STRING_FLAG(
+      "checkpoint", &a->checkpoint, "PATH",
+      "a checkpoint directory, or a run directory (its newest complete checkpoint)");
+  for (int i = 0; i < n_own && n < 13; i++)
+    flags[n++] = own[i];
+  flags[n++] = dt_cli_flag_data_dir(&a->data_dir);
+  flags[n++] = dt_cli_flag_device(&a->device);
+  flags[n++] = dt_cli_flag_threads(&threads);
+  set->flags = flags;
+  set->nflags = n;
+  DT_FLAGS_PARSE_OR_RETURN(set, argc, argv, err, NULL);
+  if (!a->checkpoint) {
+    fprintf(err, "dtrain %s: --checkpoint PATH is required\n", set->command);
+    return 2;
+  }
+  if (dt_cli_check_env() != DT_OK)
+    return 1;
+  if (threads > 0)
+    dt_cpu_set_num_threads(threads);
+  if (work(a) != DT_OK) {
+    dt_cli_print_error(stderr, "");
+    return 1;
+  }
+  return 0;
+}
+
+static dt_status eval_work(void *arg) {
+  eval_args *a = arg;
+  return evaluate_checkpoint(a->checkpoint, a->data_dir, a->device, a->batch);
+}
+
 int dt_cli_eval(int argc, char **argv, FILE *err) {
-  const char *checkpoint = NULL, *data_dir = "data", *device = "cpu";
-  int batch = 1000, threads = 0;
-  dt_env_string(DT_ENV_DATA_DIR, &data_dir);
-  dt_flag flags[] = {
-      DT_STRING_FLAG("checkpoint", &checkpoint, "PATH",
-                     "a checkpoint directory, or a run directory (its newest complete checkpoint)"),
-      dt_cli_flag_data_dir(&data_dir),
-      DT_INT_FLAG("eval-batch", &batch, "N", "batch size of the evaluation", .min = 1),
-      dt_cli_flag_device(&device),
-      dt_cli_flag_threads(&threads),
+  eval_args a = {NULL, "data", "cpu", 1000, DT_SAMPLE_CONFIG_DEFAULT};
+  dt_env_string(DT_ENV_DATA_DIR, &a.data_dir);
+  dt_flag own[] = {
+      DT_INT_FLAG("eval-batch", &a.batch, "N", "batch size of the evaluation", .min = 1),
   };
   dt_flag_set set = {
       .command = "eval",
@@ -75,20 +157,46 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
           "Evaluates a checkpoint of dtrain train on the test split of its data set\n"
           "and prints test_loss=... test_accuracy=.... Exit status: 0, 1 when it fails\n"
           "(a damaged checkpoint is named by file and section), 2 for a bad command line.",
-      DT_FLAG_TABLE(flags),
   };
-  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!checkpoint) {
-    fprintf(err, "dtrain eval: --checkpoint PATH is required\n");
-    return 2;
+  return checkpoint_command(&set, &a, own, 1, argc, argv, err, eval_work);
+}
+
+static dt_status sample_work(void *arg) {
+  eval_args *a = arg;
+  ckpt_model m;
+  char *text = NULL;
+  dt_status st = ckpt_model_open(a->checkpoint, a->device, true, &m);
+  if (st == DT_OK)
+    st = dt_sample_text(m.module, &m.task, m.dev, a->data_dir, &a->sample, &text);
+  if (st == DT_OK) {
+    fprintf(stderr,
+            "dtrain sample: checkpoint %s (model %s, context %lld, optimizer step %s): %d "
+            "tokens, temperature %g, top-k %d, seed %llu\n",
+            m.dir, m.model, (long long)m.task.input_shape[0], m.step, a->sample.length,
+            (double)a->sample.temperature, a->sample.top_k, (unsigned long long)a->sample.seed);
+    printf("%s\n", text);
   }
-  if (dt_cli_check_env() != DT_OK)
-    return 1;
-  if (threads > 0)
-    dt_cpu_set_num_threads(threads);
-  if (evaluate_checkpoint(checkpoint, data_dir, device, batch) != DT_OK) {
-    dt_cli_print_error(stderr, "");
-    return 1;
-  }
-  return 0;
+  free(text);
+  ckpt_model_close(&m);
+  return st;
+}
+
+int dt_cli_sample(int argc, char **argv, FILE *err) {
+  eval_args a = {NULL, "data", "cpu", 1, DT_SAMPLE_CONFIG_DEFAULT};
+  dt_env_string(DT_ENV_DATA_DIR, &a.data_dir);
+  dt_flag own[] = {DT_CLI_SAMPLE_FLAGS(&a.sample)};
+  dt_flag_set set = {
+      .command = "sample",
+      .usage = "sample --checkpoint PATH [--prompt TEXT] [flags]",
+      .about =
+          "Continues --prompt with a language model's checkpoint of dtrain train and\n"
+          "prints the text: --sample-len tokens, each drawn from the model's next-token\n"
+          "distribution (--temperature, --top-k) by a generator seeded with\n"
+          "--sample-seed, so the same seed gives the same text. The tokenizer is GPT-2's\n"
+          "from --data-dir/gpt2. Exit status: 0, 1 when it fails (a missing or damaged\n"
+          "checkpoint, one of a model that is not a language model), 2 for a bad\n"
+          "command line.",
+  };
+  return checkpoint_command(&set, &a, own, (int)(sizeof own / sizeof own[0]), argc, argv, err,
+                            sample_work);
 }

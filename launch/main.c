@@ -46,10 +46,16 @@ typedef struct command {
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_sample(int argc, char **argv, dt_pg *pg, FILE *err) {
+  (void)pg;
+  return dt_cli_sample(argc, argv, err);
+}
+
 static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_sample(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err);
@@ -58,6 +64,8 @@ static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
     {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
     {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", 0, cli_eval},
+    {"sample", "text from a language model's checkpoint: dtrain sample --checkpoint PATH", 0,
+     cli_sample},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
      cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
@@ -234,15 +242,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_INT_FLAG("sample-every", &cfg.sample.every, "N",
                   "text models: print a sample every N optimizer steps, 0 = at the end only",
                   .min = 0),
-      DT_INT_FLAG("sample-len", &cfg.sample.length, "N",
-                  "text models: tokens per sample, 0 = no samples", .min = 0),
-      DT_FLOAT_FLAG("temperature", &cfg.sample.temperature, "T",
-                    "text models: sampling temperature, 0 = greedy", .min = 0),
-      DT_INT_FLAG("top-k", &cfg.sample.top_k, "K",
-                  "text models: sample among the K likeliest tokens, 0 = all", .min = 0),
-      DT_STRING_FLAG("prompt", &cfg.sample.prompt, "TEXT",
-                     "text models: the samples' beginning (default: <|endoftext|>)"),
-      DT_U64_FLAG("sample-seed", &cfg.sample.seed, "N", "text models: seed of the samples' draws"),
+      DT_CLI_SAMPLE_FLAGS(&cfg.sample),
       DT_STRING_FLAG("run-dir", &cfg.run_dir, "DIR",
                      "run directory: config.json, train.log, checkpoints/step_NNNNNNNN/",
                      .default_text = "runs/<model>-<data>-<time>"),

@@ -470,19 +470,53 @@ static dt_status broadcast_text(const dt_train_ckpt *ck, char *text, size_t len)
   return st;
 }
 
+#define DEFAULT_RUNS "runs"
+
+/* The default run directory, created here: runs/<model>-<data>-<UTC
+ * time>, or with a suffix -2, -3, ... when another run took that name in
+ * the same second (mkdir is the atomic claim: two runs never share one).
+ * A working directory where runs/ cannot be made is an error naming the
+ * fix: the run's checkpoints must go somewhere every rank sees, which a
+ * fallback such as /tmp is not on several nodes. */
+static dt_status create_default_run_dir(const dt_train_config *c, char *name, size_t cap) {
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  dt_status st = dt_ckpt_make_dirs(DEFAULT_RUNS);
+  for (int k = 1; st == DT_OK && k <= 1000; k++) {
+    if (k == 1)
+      snprintf(name, cap, "%s/%s-%s-%s", DEFAULT_RUNS, c->model, c->data, stamp);
+    else
+      snprintf(name, cap, "%s/%s-%s-%s-%d", DEFAULT_RUNS, c->model, c->data, stamp, k);
+    if (mkdir(name, 0755) == 0)
+      return DT_OK;
+    if (errno != EEXIST)
+      st = DT_ERROR(DT_ERR_IO, "creating directory %s: %s", name, strerror(errno));
+  }
+  if (st == DT_OK)
+    st = DT_ERROR(DT_ERR_IO, "%s: 1000 runs of this second already", name);
+  char cwd[1024], why[1024];
+  if (!getcwd(cwd, sizeof cwd))
+    snprintf(cwd, sizeof cwd, ".");
+  snprintf(why, sizeof why, "%s", dt_last_error());
+  return DT_ERROR(st,
+                  "%s: the default run directory goes under %s/ in the working directory %s: "
+                  "give --run-dir DIR on a writable file system that every rank sees",
+                  why, DEFAULT_RUNS, cwd);
+}
+
 static dt_status choose_run_dir(dt_train_ckpt *ck) {
   const dt_train_config *c = ck->run.cfg;
   char name[4096] = "";
-  if (c->run_dir) {
+  dt_status st = DT_OK;
+  if (c->run_dir)
     snprintf(name, sizeof name, "%s", c->run_dir);
-  } else if (ck->run.rank == 0) {
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    char stamp[32];
-    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    snprintf(name, sizeof name, "runs/%s-%s-%s", c->model, c->data, stamp);
-  }
+  else if (ck->run.rank == 0)
+    st = create_default_run_dir(c, name, sizeof name);
+  /* A failure on rank 0 ends the job (the others wait here). */
+  DT_CHECK(st);
   if (!c->run_dir)
     DT_CHECK(broadcast_text(ck, name, sizeof name));
   snprintf(ck->run_dir, sizeof ck->run_dir, "%s", name);

@@ -18,7 +18,7 @@
  *                other random state) and "config.*": what must match on
  *                resume (model, data set and its size, optimizer and its
  *                hyper-parameters, schedule and the steps it spans, accum,
- *                clip, seed, global batch)
+ *                clip, seed, global batch, a language model's context)
  *   "optimizer"  the optimizer's moments as one shard [0, numel) of the flat
  *                parameter space (dt_ckpt_optim_section_*); under ZeRO each
  *                rank's shard becomes its own section "optimizer.rank<R>"
@@ -80,6 +80,7 @@ typedef struct dt_train_ckpt_run {
   int64_t train_samples;     /* the training set's size */
   int64_t batches_per_epoch; /* this rank's micro-batches per epoch */
   const dt_lr_schedule *schedule;
+  int64_t context; /* a sequence task's context T (--ctx or the model's), 0 = none */
 } dt_train_ckpt_run;
 
 /* Where a run stands: after `step` optimizer steps, `batch` micro-batches of

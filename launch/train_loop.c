@@ -463,7 +463,8 @@ static dt_status checkpoint_open(const dt_train_config *c, train_state *s, FILE 
                            .world = s->world,
                            .train_samples = dt_dataset_length(s->train_set),
                            .batches_per_epoch = s->batches_per_epoch,
-                           .schedule = &s->schedule};
+                           .schedule = &s->schedule,
+                           .context = s->task->max_context > 0 ? s->task->input_shape[0] : 0};
   run.n_replicas = s->dp ? s->n_replicas : 1;
   for (int i = 0; i < run.n_replicas; i++) {
     dt_replica *r = s->dp ? dt_dp_replica(s->dp, i) : s->replica;

@@ -2,6 +2,7 @@
  * newest complete checkpoint, loading the weights and the optimizer state
  * (any sharding) into every replica. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,16 +26,19 @@ void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t ca
    * plan; the others ignore it. */
   long long step_size = !strcmp(c->schedule, "step") ? (long long)r->schedule->step_size : 0;
   snprintf(buf, cap,
-           "config.model %s\nconfig.data %s\nconfig.train-samples %lld\nconfig.global-batch "
+           "config.model %s\nconfig.data %s\nconfig.ctx %lld\nconfig.train-samples "
+           "%lld\nconfig.global-batch "
            "%lld\nconfig.accum %d\nconfig.optimizer %s\nconfig.lr %.9g\nconfig.momentum %.9g\n"
            "config.nesterov %d\nconfig.weight-decay %.9g\nconfig.schedule %s\nconfig.warmup "
            "%d\nconfig.step-size %lld\nconfig.gamma %.9g\nconfig.min-lr %.9g\n"
-           "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n",
-           c->model, c->data, (long long)r->train_samples, (long long)dt_train_ckpt_global_batch(r),
-           c->accum, c->optimizer, (double)c->lr, (double)c->momentum, c->nesterov ? 1 : 0,
-           (double)c->weight_decay, c->schedule, c->warmup, step_size, (double)c->gamma,
-           (double)c->min_lr, (long long)r->schedule->total_steps, (double)c->clip,
-           (unsigned long long)c->seed);
+           "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n"
+           "config.beta2 %.9g\nconfig.decay-matrices-only %d\n",
+           c->model, c->data, (long long)r->context, (long long)r->train_samples,
+           (long long)dt_train_ckpt_global_batch(r), c->accum, c->optimizer, (double)c->lr,
+           (double)c->momentum, c->nesterov ? 1 : 0, (double)c->weight_decay, c->schedule,
+           c->warmup, step_size, (double)c->gamma, (double)c->min_lr,
+           (long long)r->schedule->total_steps, (double)c->clip, (unsigned long long)c->seed,
+           (double)c->beta2, c->decay_matrices_only ? 1 : 0);
 }
 
 /* A value as the user wrote it: "0.05", not "0.0500000007", unless %g
@@ -58,6 +62,9 @@ static const char *config_advice(const char *key) {
   if (!strcmp(key, "config.schedule-steps"))
     return "the LR schedule must span the same steps: keep --epochs, --max-steps and the "
            "global batch";
+  if (!strcmp(key, "config.ctx"))
+    return "the model's position table and the data's windows depend on it: resume with the "
+           "checkpoint's --ctx";
   if (!strcmp(key, "config.train-samples"))
     return "the training set differs";
   return "start a new run (another --run-dir) for another configuration";
@@ -137,6 +144,9 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
   snprintf(manifest, sizeof manifest, "%s/%s", path, DT_CKPT_MANIFEST);
   snprintf(parent, sizeof parent, "%s/checkpoints", path);
   struct stat sb;
+  if (stat(path, &sb) != 0)
+    return DT_ERROR(DT_ERR_IO, "%s: no such checkpoint or run directory: %s", path,
+                    strerror(errno));
   if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
     DT_CHECK(dt_ckpt_verify(path, &m));
     snprintf(out, cap, "%s", path);

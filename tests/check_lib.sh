@@ -46,6 +46,15 @@ find_data_dir() {
   return 1
 }
 
+# numpy_reader: sets py (Debian's python3, which has python3-numpy; not
+# one earlier on PATH) and numpy_tool (tests/launch/ckpt_numpy.py, the
+# checkpoint reader that uses no dtrain code).
+numpy_reader() {
+  py=/usr/bin/python3
+  [ -x "$py" ] || py=python3
+  numpy_tool="$repo/tests/launch/ckpt_numpy.py"
+}
+
 # Ranks under mpirun must not share Bazel's per-test output files.
 unshare_test_files() {
   unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT

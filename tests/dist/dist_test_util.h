@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/half.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"

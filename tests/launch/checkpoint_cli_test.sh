@@ -17,15 +17,10 @@
 #     the newest complete checkpoint always loads (CKPT_KILL_TRIALS, 5 here;
 #     20+ for the note).
 set -uo pipefail
-# Debian's python3 (python3-numpy), not one earlier on PATH.
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-
-here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
-numpy_tool="$here/ckpt_numpy.py"
 # shellcheck source=tests/check_lib.sh
-. "$here/../check_lib.sh"
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
 unshare_test_files
+numpy_reader
 data_dir=$(find_data_dir fashion-mnist) || exit 1
 export DT_DATA_DIR="$data_dir"
 run() { # run ARGS...: dtrain with a deadline

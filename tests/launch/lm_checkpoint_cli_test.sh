@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Checkpoints of a language model (issues 11 and 13), through the dtrain
+# binary, on a small Brown data set the test tokenizes (two files to train
+# on, one to validate: the evaluation at the end of a run stays short):
+#   - GPT-tiny bit-exact resume: N steps = N/2 + resume + N/2 with --accum 2
+#     and --ctx 16, every parameter and AdamW moment bitwise equal (the files
+#     byte for byte and the tensors by the independent numpy reader), one
+#     process and DDP over 2 ranks;
+#   - the checkpoint records --ctx: a resume with another --ctx is refused
+#     naming both;
+#   - dtrain sample: the final checkpoint continues a prompt with the text
+#     the training run printed (same model, prompt and seed); the same seed
+#     gives the same text, other seeds other text; the text starts with the
+#     prompt; a checkpoint that is not a language model's, a missing or a
+#     damaged one, and an empty prompt are errors.
+set -uo pipefail
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
+unshare_test_files
+numpy_reader
+src=$(find_data_dir gpt2 brown fashion-mnist) || exit 1
+[ -d "$src/brown/raw" ] || { echo "$test_name: no $src/brown/raw (tools/setup.sh)" >&2; exit 1; }
+
+# The small data set: data/gpt2 (the tokenizer) and brown/{train,val}.bin.
+data="$tmp/data"
+mkdir -p "$data"
+ln -sfn "$src/gpt2" "$data/gpt2"
+run tokenize --brown --in "$src/brown/raw/ca01" "$src/brown/raw/ca02" "$src/brown/raw/ca03" \
+  --val-fraction 0.34 --out "$data/brown" --data-dir "$data"
+expect 0 out "3 files \(2 train, 1 val\)" "a small Brown data set: 2 files to train on, 1 to validate"
+export DT_DATA_DIR="$data"
+
+ck() { printf '%s/checkpoints/step_%08d' "$1" "$2"; }
+same_bits() { # same_bits CKPT_A CKPT_B
+  cmp "$1/model.safetensors" "$2/model.safetensors" &&
+    cmp "$1/trainer_state.bin" "$2/trainer_state.bin" &&
+    "$py" "$numpy_tool" compare "$1" "$2"
+}
+launch() { # launch NP ARGS...: NP ranks (1 = a plain process), output to $out/$err
+  local np=$1
+  shift
+  if [ "$np" = 1 ]; then
+    timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
+  else
+    timeout 300 "$dtrain" launch -n "$np" --threads 1 -- "$@" >"$out" 2>"$err"
+  fi
+  rc=$?
+}
+
+# ---- bit-exact resume ----
+steps=8
+lm=(train --model gpt2-tiny --ctx 16 --warmup 1 --accum 2 --log-interval 0 --threads 1
+  --max-steps $steps --sample-len 16 --prompt "The jury said")
+for np in 1 2; do
+  d="$tmp/exact-$np"
+  launch "$np" "${lm[@]}" --batch $((4 / np)) --save-every $((steps / 2)) --run-dir "$d/full"
+  expect 0 out "^val_loss=" "gpt2-tiny on $np rank(s): $steps steps of --accum 2, saving at $((steps / 2))"
+  launch "$np" "${lm[@]}" --batch $((4 / np)) --run-dir "$d/resumed" \
+    --resume "$(ck "$d/full" $((steps / 2)))"
+  expect 0 out "resumed from .*step_0*$((steps / 2)): optimizer step $((steps / 2))" \
+    "gpt2-tiny on $np rank(s): resumed at step $((steps / 2))"
+  expect_cmd "gpt2-tiny on $np rank(s), --accum 2: N = N/2 + resume + N/2, bitwise" \
+    same_bits "$(ck "$d/full" $steps)" "$(ck "$d/resumed" $steps)"
+done
+
+# ---- --ctx is part of the checkpoint ----
+full="$tmp/exact-1/full"
+launch 1 "${lm[@]}" --batch 4 --ctx 32 --run-dir "$tmp/ctx32" \
+  --resume "$(ck "$full" $((steps / 2)))"
+expect 1 err "the checkpoint was written with --ctx 16, this run has --ctx 32" \
+  "a resume with another --ctx is refused, naming both"
+
+# ---- dtrain sample ----
+final=$(ck "$full" $steps)
+# The text the training run printed at its end (between "sample (...):" and ---).
+
+awk '/^sample \(/ { on = 1; next } /^---$/ { on = 0 } on' "$full/train.log" >"$tmp/train_sample"
+sample() { # sample ARGS...: dtrain sample of $final, stdout to $out
+  timeout 120 "$dtrain" sample --checkpoint "$final" --threads 1 "$@" >"$out" 2>"$err"
+  rc=$?
+}
+sample --sample-len 16 --prompt "The jury said"
+expect 0 err "checkpoint .*step_0*$steps \(model gpt2-tiny, context 16, optimizer step $steps\)" \
+  "dtrain sample names the checkpoint, its model and its context"
+cp "$out" "$tmp/s0"
+expect_cmd "the checkpoint continues the prompt as the training run did (same model, prompt, seed)" \
+  cmp "$tmp/train_sample" "$tmp/s0"
+expect 0 out "^The jury said" "the text starts with the prompt"
+sample --sample-len 16 --prompt "The jury said"
+expect_cmd "the same seed gives the same text" cmp "$tmp/s0" "$out"
+differs=0
+for seed in 1 2 3; do
+  sample --sample-len 16 --prompt "The jury said" --sample-seed $seed
+  cmp -s "$tmp/s0" "$out" || differs=$((differs + 1))
+done
+expect_cmd "other seeds give other text ($differs of 3 differ)" test "$differs" -ge 1
+sample --sample-len 8 --temperature 0
+cp "$out" "$tmp/g0"
+sample --sample-len 8 --temperature 0 --sample-seed 5
+expect_cmd "greedy (--temperature 0) text does not depend on the seed" cmp "$tmp/g0" "$out"
+expect 0 out "^<\|endoftext\|>" "without --prompt the text starts from <|endoftext|>"
+"$dtrain" sample --checkpoint "$full" --sample-len 16 --prompt "The jury said" --threads 1 \
+  >"$out" 2>"$err"
+rc=$?
+expect 0 err "step_0*$steps" "a run directory stands for its newest complete checkpoint"
+
+run sample --checkpoint "$final" --prompt ""
+expect 2 err "invalid value '' for --prompt" "an empty prompt (no tokens) is a command-line error"
+run sample
+expect 2 err "--checkpoint PATH is required" "dtrain sample without --checkpoint"
+run sample --checkpoint "$tmp/nowhere"
+expect 1 err "nowhere: no such checkpoint or run directory" "a missing checkpoint: exit 1 naming it"
+cp -r "$final" "$tmp/flipped"
+"$py" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[len(b) - 8] ^= 0x20; open(p, 'wb').write(b)" \
+  "$tmp/flipped/model.safetensors"
+run sample --checkpoint "$tmp/flipped"
+expect 1 err "flipped/model.safetensors: tensor .*: CRC32 mismatch" \
+  "a damaged checkpoint: exit 1 naming the file and tensor"
+run train --model mlp --data fashion-mnist --data-dir "$src" --max-steps 1 --log-interval 0 \
+  --run-dir "$tmp/mlp"
+expect 0 out "^test_accuracy=" "an MLP run (to sample from)"
+run sample --checkpoint "$tmp/mlp"
+expect 1 err "holds model mlp, which does not generate text" \
+  "the checkpoint of a model that is not a language model: exit 1 naming it"
+
+echo "$test_name: $checks checks, $failures failed"
+[ "$failures" = 0 ]
