@@ -245,6 +245,16 @@ static int lock_within(pthread_mutex_t *mu, double seconds) {
   return pthread_mutex_timedlock(mu, &until) == 0;
 }
 
+/* Aborts a stream backend's transport (ncclCommAbort), not while an
+ * enqueue runs: the abort frees what it uses. An enqueue wedged in the
+ * transport past the deadline leaves the transport as it is. */
+static void abort_transport(dt_comm *c) {
+  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
+    c->be->abort_comm(c->impl);
+    pthread_mutex_unlock(&c->submit_mu);
+  }
+}
+
 /* A device collective is stuck past its deadline (st DT_ERR_TIMEOUT) or
  * the transport failed: name the collective, abort the transport and,
  * with abort_on_timeout, the job. */
@@ -258,13 +268,7 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
   fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
           c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
-  /* Not while an enqueue runs: the abort frees what it uses. An enqueue
-   * wedged in the transport past the deadline leaves the transport as it
-   * is; the job ends below. */
-  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
-    c->be->abort_comm(c->impl);
-    pthread_mutex_unlock(&c->submit_mu);
-  }
+  abort_transport(c); /* an enqueue wedged past the deadline: the job ends below */
   if (c->cfg.abort_on_timeout)
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
   pthread_mutex_lock(&c->mu);
@@ -405,6 +409,18 @@ void dt_comm_destroy(dt_comm *c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
+}
+
+void dt_comm_abort(dt_comm *c, const char *why) {
+  if (c == NULL)
+    return;
+  pthread_mutex_lock(&c->mu);
+  if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+    snprintf(c->broken_why, sizeof c->broken_why, "aborted on rank %d: %s", c->rank,
+             why ? why : "an error");
+  __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&c->mu);
+  abort_transport(c); /* one wedged in an enqueue is the watchdog's to report */
 }
 
 int dt_comm_rank(const dt_comm *c) { return c->rank; }

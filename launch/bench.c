@@ -253,6 +253,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (out)
     *out = r;
 cleanup:
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(rep ? dt_replica_comm(rep) : NULL, "the benchmark failed");
   dt_tensor_release(y);
   dt_tensor_release(x);
   dt_replica_destroy(rep);

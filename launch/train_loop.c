@@ -920,6 +920,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     *out = r;
 done:;
   dt_observer *obs = s.obs;
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(s.comm, "the training run failed");
   dt_train_ckpt_close(s.ck, &log);
   state_destroy(&s); /* the loader's thread stops before the trace closes */
   return dt_observer_destroy(obs, st);

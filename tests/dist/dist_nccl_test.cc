@@ -224,6 +224,22 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
 
 namespace {
 
+// Error paths: dt_comm_abort aborts the NCCL communicator (ncclCommAbort)
+// after a collective; later collectives fail at once, and the destroy
+// does not call ncclCommDestroy.
+TEST_F(DistNccl, AbortOnAnErrorPathFailsLaterCollectives) {
+  SKIP_WITHOUT_NCCL();
+  CreateComm();
+  dt_tensor *t = OnGpu({1, 2, 3});
+  DT_ASSERT_OK(dt_comm_allreduce_sync(comm_, t, DT_REDUCE_SUM));
+  dt_comm_abort(comm_, "the test failed on purpose");
+  dt_work *w = nullptr;
+  EXPECT_EQ(dt_comm_allreduce(comm_, t, DT_REDUCE_SUM, nullptr, &w), DT_ERR_STATE);
+  dt_tensor_release(t);
+  dt_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
 // 16-bit reductions over nccl (ncclBfloat16 / ncclFloat16) at world size
 // 1: all-reduce (sum, average) and reduce-scatter give the input back bit
 // for bit; and --grad-compress bf16 training through the reducer on the
