@@ -230,46 +230,50 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
   return DT_OK;
 }
 
+void dt_train_ckpt_copy_segments(const dt_ckpt_optim_shard *shard, float *flat, float *data,
+                                 int to_flat) {
+  size_t pos = 0;
+  for (uint32_t b = 0; b < shard->n_buffers; b++)
+    for (uint32_t i = 0; i < shard->n_segments; i++) {
+      float *f = flat + (size_t)b * shard->total + shard->segments[2 * i];
+      size_t bytes = shard->segments[2 * i + 1] * sizeof(float);
+      if (to_flat)
+        memcpy(f, shard->data + pos, bytes);
+      else
+        memcpy(data + pos, f, bytes);
+      pos += shard->segments[2 * i + 1];
+    }
+}
+
 /* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
- * segments of the flat space (one, [0, total), without ZeRO), clipped to
- * the model's parameters (ZeRO pads the arena's tail). */
+ * non-empty segments of the flat space (one, [0, total), without ZeRO),
+ * taken from the state in the arena's coordinates. */
 static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
                                    size_t *size) {
   int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(ck->run.models[0]);
   int n_seg = dt_optim_num_segments(opt);
   uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
-  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *flat = calloc((size_t)(nbuf * total > 0 ? nbuf * total : 1), sizeof(float));
   float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
   uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
-  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
-                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  dt_status st = flat && data && segs ? dt_optim_state_to_flat(opt, flat, nbuf * total)
+                                      : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
   uint32_t kept = 0;
-  size_t used = 0;
   for (int i = 0; st == DT_OK && i < n_seg; i++) {
     dt_optim_segment g = dt_optim_segment_at(opt, i);
-    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
-    if (n <= 0)
+    if (g.numel <= 0)
       continue;
     segs[2 * kept] = (uint64_t)g.offset;
-    segs[2 * kept + 1] = (uint64_t)n;
+    segs[2 * kept + 1] = (uint64_t)g.numel;
     kept++;
-    used += (size_t)n;
   }
-  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
-    for (int i = 0, k = 0; i < n_seg; i++) {
-      dt_optim_segment g = dt_optim_segment_at(opt, i);
-      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
-        continue;
-      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
-      pos += (uint32_t)segs[2 * k + 1];
-      k++;
-    }
   dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
-  (void)used;
-  if (st == DT_OK)
+  if (st == DT_OK) {
+    dt_train_ckpt_copy_segments(&shard, flat, data, 0);
     st = dt_ckpt_optim_section_encode(&shard, bytes, size);
-  free(state);
+  }
+  free(flat);
   free(data);
   free(segs);
   return st;
