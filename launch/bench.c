@@ -224,12 +224,13 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
-  dt_peak_flops peak;
-  if (task->flops_per_sample && dt_mfu_peak(dev, &peak) == DT_OK) {
-    r.flops_per_sample = task->flops_per_sample(task);
-    r.peak_flops = peak.flops;
-    snprintf(r.peak_source, sizeof r.peak_source, "%s", peak.source);
-    r.mfu = r.samples_per_s * r.flops_per_sample / (peak.flops * world);
+  dt_mfu mfu;
+  r.flops_per_sample = task->flops_per_sample ? task->flops_per_sample(task) : 0.0;
+  if (r.flops_per_sample > 0 &&
+      dt_mfu_of(dev, r.samples_per_s * r.flops_per_sample / world, &mfu) == DT_OK) {
+    r.peak_flops = mfu.peak.flops;
+    snprintf(r.peak_source, sizeof r.peak_source, "%s", mfu.peak.source);
+    r.mfu = mfu.value;
   }
   dt_clear_error();
   r.world = world;
@@ -329,8 +330,10 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
          r.ms_per_step);
   if (r.tokens_per_s > 0)
     printf(" tokens_per_s=%.0f", r.tokens_per_s);
-  if (r.peak_flops > 0)
+  if (r.peak_flops > 0 && r.mfu >= 0)
     printf(" mfu=%.2f%%", 100.0 * r.mfu);
+  else if (r.peak_flops > 0)
+    printf(" mfu=n/a (above the measured roof)");
   printf("\n");
   if (r.peak_flops > 0)
     printf("flops: %.1f MFLOP per sample, peak %.1f GFLOP/s per device (%s)\n",
