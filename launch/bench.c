@@ -262,13 +262,24 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
+  /* A model with training defaults (a language model) is timed as train
+   * runs it: its optimizer (with its settings, bench_optimizer) and batch;
+   * the flags override them. An unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK && task->defaults) {
+    cfg.optimizer = task->defaults->optimizer;
+    cfg.batch = task->defaults->batch;
+  }
+  dt_clear_error();
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
-                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3, or a language "
+                            "model's AdamW settings)"),
       dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),

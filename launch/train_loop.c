@@ -794,6 +794,7 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
 static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
   dt_observe_config oc = c->observe;
   oc.log_interval = c->log_interval;
+  oc.log_file = dt_train_ckpt_log_file(s->ck);
   char metrics[4200];
   if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
