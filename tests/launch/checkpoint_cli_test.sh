@@ -138,8 +138,8 @@ check "... and ends with the uninterrupted run's bits" \
 # and the launcher starts it again from the newest complete checkpoint.
 d="$tmp/watchdog"
 timeout 900 "$dtrain" launch -n 2 --threads 1 --max-restarts 2 -- train --model mlp \
-  --max-steps 2000 --batch 32 --log-interval 0 --threads 1 --save-every 100 --comm-timeout 5 \
-  --run-dir "$d" >"$out" 2>"$err" &
+  --epochs 3 --max-steps 2000 --batch 32 --log-interval 0 --threads 1 --save-every 100 \
+  --comm-timeout 5 --run-dir "$d" >"$out" 2>"$err" &
 job=$!
 for ((i = 0; i < 3000; i++)); do # until the first checkpoint is complete (5 min at most)
   [ -f "$d/checkpoints/step_00000100/manifest.json" ] && break
