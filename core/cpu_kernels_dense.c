@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "core/half.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -445,13 +446,7 @@ static void store_float(void *out, dt_dtype t, int64_t s, int64_t n, const float
   switch (t) {
     case DT_DTYPE_F32: memcpy((float *)out + s, fv, (size_t)n * sizeof(float)); break;
     case DT_DTYPE_F16:
-      for (int64_t i = 0; i < n; i++)
-        ((uint16_t *)out)[s + i] = dt_f32_to_f16(fv[i]);
-      break;
-    case DT_DTYPE_BF16:
-      for (int64_t i = 0; i < n; i++)
-        ((uint16_t *)out)[s + i] = dt_f32_to_bf16(fv[i]);
-      break;
+    case DT_DTYPE_BF16: (void)dt_half_from_f32(t, fv, (uint16_t *)out + s, n); break;
     default: break;
   }
 }

@@ -29,11 +29,7 @@ size_t dt_dtype_size(dt_dtype t);
 const char *dt_dtype_name(dt_dtype t);
 int dt_dtype_is_float(dt_dtype t);
 
-/* Scalar conversions (round to nearest even, NaN/Inf preserved). */
-uint16_t dt_f32_to_f16(float f);
-float dt_f16_to_f32(uint16_t h);
-uint16_t dt_f32_to_bf16(float f);
-float dt_bf16_to_f32(uint16_t h);
+/* Conversions between f32 and the 16-bit floats: core/half.h. */
 
 typedef enum dt_device_type { DT_DEVICE_CPU = 0, DT_DEVICE_CUDA = 1 } dt_device_type;
 

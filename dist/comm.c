@@ -27,10 +27,11 @@ struct dt_comm {
    * holding `mu` while the transport runs, so that an enqueue blocked in
    * the transport never stalls the watchdog. */
   pthread_mutex_t submit_mu;
-  int64_t enqueue_since_us; /* atomic: when the enqueue in progress began (dt_comm_now, µs), 0 = none */
-  uint64_t enqueue_seq;  /* atomic: its sequence number */
-  int blocked_reported;  /* watchdog only */
-  int broken; /* atomic */
+  int64_t
+      enqueue_since_us; /* atomic: when the enqueue in progress began (dt_comm_now, µs), 0 = none */
+  uint64_t enqueue_seq; /* atomic: its sequence number */
+  int blocked_reported; /* watchdog only */
+  int broken;           /* atomic */
   char broken_why[256];
   dt_comm_staging staging; /* host copies of device tensors (host backends) */
 };
@@ -43,16 +44,11 @@ double dt_comm_now(void) {
 
 const char *dt_coll_kind_name(dt_coll_kind k) {
   switch (k) {
-  case DT_COLL_ALLREDUCE:
-    return "allreduce";
-  case DT_COLL_BROADCAST:
-    return "broadcast";
-  case DT_COLL_ALLGATHER:
-    return "allgather";
-  case DT_COLL_REDUCE_SCATTER:
-    return "reduce_scatter";
-  case DT_COLL_BARRIER:
-    return "barrier";
+    case DT_COLL_ALLREDUCE: return "allreduce";
+    case DT_COLL_BROADCAST: return "broadcast";
+    case DT_COLL_ALLGATHER: return "allgather";
+    case DT_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case DT_COLL_BARRIER: return "barrier";
   }
   return "unknown collective";
 }
@@ -133,8 +129,8 @@ static void run_one(dt_comm *c, dt_work *w) {
   pthread_mutex_unlock(&w->mu);
   if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
     describe_work(w, what, sizeof what);
-    dt_status st = DT_ERROR(DT_ERR_STATE, "%s not run: the communicator is broken (%s)", what,
-                            c->broken_why);
+    dt_status st =
+        DT_ERROR(DT_ERR_STATE, "%s not run: the communicator is broken (%s)", what, c->broken_why);
     work_complete(w, st, dt_last_error());
     return;
   }
@@ -249,8 +245,7 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
   pthread_mutex_lock(&c->mu);
   if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
-    snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu %s",
-             (unsigned long long)w->seq,
+    snprintf(c->broken_why, sizeof c->broken_why, "collective #%llu %s", (unsigned long long)w->seq,
              st == DT_ERR_TIMEOUT ? "timed out" : "failed on the device");
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
   }
@@ -335,8 +330,7 @@ static void *watchdog_main(void *arg) {
 }
 
 dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int rank, int size,
-                                      const char *peers, const dt_comm_config *cfg,
-                                      dt_comm **out) {
+                                      const char *peers, const dt_comm_config *cfg, dt_comm **out) {
   dt_comm_config cc = cfg ? *cfg : DT_COMM_CONFIG_DEFAULT;
   *out = NULL;
   if (!(cc.timeout_s > 0)) {
@@ -393,9 +387,7 @@ int dt_comm_rank(const dt_comm *c) { return c->rank; }
 int dt_comm_size(const dt_comm *c) { return c->size; }
 const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
 const dt_comm_config *dt_comm_get_config(const dt_comm *c) { return &c->cfg; }
-uint64_t dt_comm_seq(const dt_comm *c) {
-  return __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
-}
+uint64_t dt_comm_seq(const dt_comm *c) { return __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE); }
 int dt_comm_is_broken(const dt_comm *c) { return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); }
 
 /* ---- submission ---- */
@@ -482,7 +474,8 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
   w->bucket = opts ? opts->bucket : -1;
   w->ready = opts ? opts->ready : NULL;
   w->count = count;
-  w->elem = in ? dt_dtype_size(dt_tensor_dtype(in)) : 0;
+  w->dtype = in ? dt_tensor_dtype(in) : DT_DTYPE_U8;
+  w->elem = in ? dt_dtype_size(w->dtype) : 0;
   w->bytes = (size_t)count * w->elem;
   pthread_mutex_init(&w->mu, NULL);
   init_monotonic_cond(&w->cv);
@@ -548,8 +541,9 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
 dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, const dt_coll_opts *opts,
                             dt_work **out) {
   DT_CHECK(check_buffer(c, "allreduce", "the", t));
-  if (dt_tensor_dtype(t) != DT_DTYPE_F32)
-    return DT_ERROR(DT_ERR_DTYPE, "allreduce on the %s communicator: tensor is %s, expected f32",
+  if (!dt_comm_is_reduce_dtype(dt_tensor_dtype(t)))
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "allreduce on the %s communicator: tensor is %s, expected f32, f16 or bf16",
                     c->be->name, dt_dtype_name(dt_tensor_dtype(t)));
   return submit(c, DT_COLL_ALLREDUCE, op, t, t, 0, dt_tensor_numel(t), opts, out);
 }
@@ -558,8 +552,8 @@ dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, const dt_coll_op
                             dt_work **out) {
   DT_CHECK(check_buffer(c, "broadcast", "the", t));
   if (root < 0 || root >= c->size)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast: root %d is outside the group of %d ranks",
-                    root, c->size);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "broadcast: root %d is outside the group of %d ranks", root,
+                    c->size);
   return submit(c, DT_COLL_BROADCAST, DT_REDUCE_SUM, t, t, root, dt_tensor_numel(t), opts, out);
 }
 
@@ -585,16 +579,17 @@ dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_r
   DT_CHECK(check_buffer(c, "reduce_scatter", "input", in));
   DT_CHECK(check_buffer(c, "reduce_scatter", "output", out));
   DT_CHECK(check_same_device(c, "reduce_scatter", in, out));
-  if (dt_tensor_dtype(in) != DT_DTYPE_F32 || dt_tensor_dtype(out) != DT_DTYPE_F32)
-    return DT_ERROR(DT_ERR_DTYPE, "reduce_scatter: input %s, output %s: both must be f32",
+  if (!dt_comm_is_reduce_dtype(dt_tensor_dtype(in)) || dt_tensor_dtype(in) != dt_tensor_dtype(out))
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "reduce_scatter: input %s, output %s: both must be f32, or both f16, or both "
+                    "bf16",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
   if (dt_tensor_numel(in) != dt_tensor_numel(out) * c->size)
     return DT_ERROR(DT_ERR_SHAPE,
                     "reduce_scatter: input has %lld elements, expected %d ranks x %lld output "
                     "elements",
                     (long long)dt_tensor_numel(in), c->size, (long long)dt_tensor_numel(out));
-  return submit(c, DT_COLL_REDUCE_SCATTER, op, in, out, 0, dt_tensor_numel(out), opts,
-                out_work);
+  return submit(c, DT_COLL_REDUCE_SCATTER, op, in, out, 0, dt_tensor_numel(out), opts, out_work);
 }
 
 dt_status dt_comm_barrier(dt_comm *c, const dt_coll_opts *opts, dt_work **out) {
@@ -757,12 +752,9 @@ dt_status dt_comm_barrier_sync(dt_comm *c) {
 
 const char *dt_comm_backend_choice_name(dt_comm_backend_choice b) {
   switch (b) {
-  case DT_COMM_BACKEND_AUTO:
-    return "auto";
-  case DT_COMM_BACKEND_MPI:
-    return "mpi";
-  case DT_COMM_BACKEND_NCCL:
-    return "nccl";
+    case DT_COMM_BACKEND_AUTO: return "auto";
+    case DT_COMM_BACKEND_MPI: return "mpi";
+    case DT_COMM_BACKEND_NCCL: return "nccl";
   }
   return "unknown";
 }

@@ -106,8 +106,8 @@ const char *dt_comm_backend_choice_name(dt_comm_backend_choice b); /* "auto", "m
 dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out);
 
 typedef struct dt_comm_config {
-  double timeout_s;     /* per-collective deadline (> 0); default 300 */
-  int abort_on_timeout; /* 1: print and end the job; 0: DT_ERR_TIMEOUT */
+  double timeout_s;               /* per-collective deadline (> 0); default 300 */
+  int abort_on_timeout;           /* 1: print and end the job; 0: DT_ERR_TIMEOUT */
   dt_comm_backend_choice backend; /* for dt_comm_create_for_device / dp; default auto */
 } dt_comm_config;
 #define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1, DT_COMM_BACKEND_AUTO})
@@ -122,7 +122,7 @@ typedef struct dt_coll_opts {
    * stream) has completed; host backends synchronise on it before reading,
    * nccl makes its comm stream wait on it. NULL: the data is ready now. */
   dt_event *ready;
-  int bucket;        /* DDP bucket index for the watchdog message, -1 none */
+  int bucket; /* DDP bucket index for the watchdog message, -1 none */
 } dt_coll_opts;
 #define DT_COLL_OPTS_DEFAULT ((dt_coll_opts){NULL, -1})
 
@@ -170,8 +170,7 @@ int dt_nccl_version(void);
  * DT_ERR_UNSUPPORTED naming them (NCCL refuses duplicate GPUs; use the
  * host-staged mpi backend). Every rank gets the same status. Without
  * CUDA/NCCL in the build: DT_ERR_UNSUPPORTED saying so. */
-dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg,
-                              dt_comm **out);
+dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg, dt_comm **out);
 
 /* The communicator for tensors on `dev`, by cfg->backend:
  *   cpu devices: mpi under a launcher, else a local group of one
@@ -216,7 +215,22 @@ int dt_comm_is_broken(const dt_comm *c);
  * submission; a disagreement between ranks that a backend can detect
  * (local: kind, size, root) fails the work with DT_ERR_DIST_MISMATCH. */
 
-/* In place: t = op over ranks of t. f32. */
+/* In place: t = op over ranks of t. f32, f16 or bf16.
+ *
+ * 16-bit data (the DDP reducer's --grad-compress) moves as 2-byte elements
+ * and is reduced as follows. mpi and local: every rank's values are
+ * converted to f32 and summed in rank order in f32 (AVG: then divided by
+ * the world size in f32), and the result is rounded once to the 16-bit
+ * type, to nearest even; every rank gets the same bits. On mpi this is a
+ * reduce-scatter of our own (MPI_Ialltoallv of 2-byte elements, each rank
+ * sums its slice) followed by MPI_Iallgatherv: MPI has no bf16 type, and a
+ * user-defined MPI_Op would round after every pairwise step in an order
+ * MPI chooses. nccl: ncclFloat16 / ncclBfloat16 with NCCL's own
+ * reduction, which rounds to the 16-bit type at each step of its ring or
+ * tree (ncclAvg divides as NCCL does), so the last bits can differ from
+ * the host backends'. f16 overflow: a value or result of magnitude 65520 or
+ * more (the largest f16 is 65504) is inf, and inf or NaN inputs give inf
+ * or NaN; a GradScaler sees it as an overflow and skips the step. */
 dt_status dt_comm_allreduce(dt_comm *c, dt_tensor *t, dt_reduce_op op, const dt_coll_opts *opts,
                             dt_work **out);
 /* In place: t = root's t. Any dtype (bytes). */
@@ -226,8 +240,9 @@ dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, const dt_coll_op
  * Same dtype; any dtype. */
 dt_status dt_comm_allgather(dt_comm *c, dt_tensor *in, dt_tensor *out, const dt_coll_opts *opts,
                             dt_work **out_work);
-/* in (size * n) f32; out (n) = op over ranks of this rank's slice
- * in[rank*n : (rank+1)*n]. */
+/* in (size * n); out (n) = op over ranks of this rank's slice
+ * in[rank*n : (rank+1)*n]. Both f32, or both f16 or bf16 (reduced as
+ * dt_comm_allreduce reduces them). */
 dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_reduce_op op,
                                  const dt_coll_opts *opts, dt_work **out_work);
 dt_status dt_comm_barrier(dt_comm *c, const dt_coll_opts *opts, dt_work **out);

@@ -34,7 +34,7 @@ struct dt_work {
   dt_tensor *out; /* retained */
   int root;
   int bucket;
-  dt_event *ready;  /* opts.ready, or own_ready */
+  dt_event *ready; /* opts.ready, or own_ready */
   /* Where the backend reads and writes: the tensors' data, or host copies
    * of it while a device tensor is staged. */
   void *in_data, *out_data;
@@ -46,13 +46,14 @@ struct dt_work {
   const dt_backend_ops *dev_ops;
   dt_event *own_ready;
   dt_event *done_ev;
-  int on_stream;      /* enqueued by a stream backend (completion = done_ev) */
+  int on_stream; /* enqueued by a stream backend (completion = done_ev) */
   const struct dt_comm_backend *be;
   void *backend_data; /* freed by be->work_free */
   uint64_t seq;
-  int64_t count;   /* elements per rank (in's numel; reduce_scatter: out's) */
-  size_t elem;     /* element size in bytes */
-  size_t bytes;    /* bytes this rank contributes */
+  int64_t count;  /* elements per rank (in's numel; reduce_scatter: out's) */
+  dt_dtype dtype; /* in's element type (f32, or f16/bf16 for reductions) */
+  size_t elem;    /* element size in bytes */
+  size_t bytes;   /* bytes this rank contributes */
   struct dt_work *next;
 
   pthread_mutex_t mu;
@@ -106,6 +107,25 @@ typedef struct dt_comm_backend {
   void (*work_free)(dt_work *w);
 } dt_comm_backend;
 
+/* ---- 16-bit reductions on the host (mpi, local) ----
+ * A reduction of f16/bf16 data converts each rank's values to f32, sums
+ * them in rank order in f32, divides by the world size for an average,
+ * and rounds the result once to the 16-bit type (nearest even; an f16
+ * result of magnitude 65520 or more, past the largest f16 65504, becomes
+ * inf, as does an inf or NaN input). Every rank gets the same bits
+ * (comm_reduce.c). */
+
+/* 1 for the types the reductions take: f32, f16, bf16. */
+int dt_comm_is_reduce_dtype(dt_dtype t);
+/* acc[0..n) = the sum in f32 over parts[0..nparts) in that order of their
+ * elements [0, n) (of type t), divided by nparts when avg. */
+void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n, int avg,
+                     float *acc);
+/* dst[0..n) = src[0..n) rounded to type t (nearest even; f32: a copy). */
+void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n);
+/* Chunk (in elements) of the f32 accumulators the host reductions use. */
+#define DT_COMM_REDUCE_CHUNK 1024
+
 /* ---- host staging of device tensors (comm_staged.c) ---- */
 
 /* Page-locked staging memory of one communicator, grown on demand. Used
@@ -115,8 +135,8 @@ typedef struct dt_comm_staging {
   dt_device dev;
   void *buf;
   size_t cap;
-  int pinned;        /* buf came from ops->host_alloc (else malloc) */
-  dt_event *copied;  /* device -> host copy complete */
+  int pinned;       /* buf came from ops->host_alloc (else malloc) */
+  dt_event *copied; /* device -> host copy complete */
 } dt_comm_staging;
 
 /* 1 when tensors on `dev` can be host-staged: a non-cpu device whose
@@ -125,8 +145,8 @@ int dt_comm_can_stage(dt_device dev);
 /* Runs `w` (a device-tensor work) on a host backend: comm stream waits on
  * w->ready, device -> staging copy, host `run` on the staging memory,
  * staging -> device copy, w->done_ev recorded on the comm stream. */
-dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void *impl,
-                             dt_work *w, double deadline);
+dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void *impl, dt_work *w,
+                             double deadline);
 /* Frees the staging memory (not when `broken`: a stuck request may still
  * write into it). */
 void dt_comm_staging_free(dt_comm_staging *s, int broken);
@@ -135,8 +155,7 @@ void dt_comm_staging_free(dt_comm_staging *s, int broken);
  * describes the group for watchdog messages ("ranks 0-3"). Takes ownership
  * of impl (destroyed on failure too). */
 dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int rank, int size,
-                                      const char *peers, const dt_comm_config *cfg,
-                                      dt_comm **out);
+                                      const char *peers, const dt_comm_config *cfg, dt_comm **out);
 
 #ifdef __cplusplus
 }

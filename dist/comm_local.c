@@ -16,6 +16,7 @@
 
 typedef struct local_slot {
   dt_coll_kind kind;
+  dt_dtype dtype;
   dt_reduce_op op;
   int64_t count;
   size_t elem;
@@ -35,6 +36,7 @@ struct dt_local_group {
   char broken_why[256];
   int *joined;
   local_slot *slots;
+  const void **parts; /* size x size: each participant's list of the buffers it reduces */
 };
 
 typedef struct local_comm {
@@ -50,11 +52,13 @@ dt_status dt_local_group_create(int size, dt_local_group **out) {
   if (g != NULL) {
     g->joined = calloc((size_t)size, sizeof *g->joined);
     g->slots = calloc((size_t)size, sizeof *g->slots);
+    g->parts = calloc((size_t)size * (size_t)size, sizeof *g->parts);
   }
-  if (g == NULL || g->joined == NULL || g->slots == NULL) {
+  if (g == NULL || g->joined == NULL || g->slots == NULL || g->parts == NULL) {
     if (g) {
       free(g->joined);
       free(g->slots);
+      free(g->parts);
     }
     free(g);
     return DT_ERROR(DT_ERR_OOM, "creating a local group of %d: out of host memory", size);
@@ -78,6 +82,7 @@ void dt_local_group_release(dt_local_group *g) {
   pthread_cond_destroy(&g->cv);
   free(g->joined);
   free(g->slots);
+  free(g->parts);
   free(g);
 }
 
@@ -129,46 +134,50 @@ static dt_status check_slots(const dt_local_group *g) {
   for (int k = 1; k < g->size; k++) {
     const local_slot *b = &g->slots[k];
     if (a->kind != b->kind || a->count != b->count || a->elem != b->elem || a->root != b->root ||
-        a->op != b->op)
+        a->op != b->op || a->dtype != b->dtype)
       return DT_ERROR(DT_ERR_DIST_MISMATCH,
                       "local participants disagree on a collective: participant 0 submitted "
-                      "#%llu %s of %lld x %zu-byte elements (root %d), participant %d #%llu %s "
-                      "of %lld x %zu-byte elements (root %d): every participant must submit the "
+                      "#%llu %s of %lld %s elements (root %d), participant %d #%llu %s "
+                      "of %lld %s elements (root %d): every participant must submit the "
                       "same collectives in the same order",
                       (unsigned long long)a->seq, dt_coll_kind_name(a->kind), (long long)a->count,
-                      a->elem, a->root, k, (unsigned long long)b->seq,
-                      dt_coll_kind_name(b->kind), (long long)b->count, b->elem, b->root);
+                      dt_dtype_name(a->dtype), a->root, k, (unsigned long long)b->seq,
+                      dt_coll_kind_name(b->kind), (long long)b->count, dt_dtype_name(b->dtype),
+                      b->root);
   }
   return DT_OK;
 }
 
-enum { CHUNK = 1024 };
+/* Element `i` of a buffer of `elem`-byte elements. */
+static void *at(void *base, int64_t i, size_t elem) { return (char *)base + (size_t)i * elem; }
 
 /* Participant `rank`'s share of the reduction: elements [lo, hi) of each
- * participant's `src` summed in rank order into each participant's dst. */
+ * participant's `src` summed in rank order (in f32, one rounding to the
+ * data's type: comm_reduce.c) into each participant's dst. */
 static void reduce_slice(const dt_local_group *g, int64_t lo, int64_t hi, int64_t src_off,
                          int to_all, int rank) {
   int n = g->size;
-  int avg = g->slots[0].op == DT_REDUCE_AVG;
-  float acc[CHUNK];
-  for (int64_t c0 = lo; c0 < hi; c0 += CHUNK) {
-    int64_t len = hi - c0 < CHUNK ? hi - c0 : CHUNK;
-    const float *p0 = (const float *)g->slots[0].in + src_off + c0;
-    for (int64_t j = 0; j < len; j++)
-      acc[j] = p0[j];
-    for (int k = 1; k < n; k++) {
-      const float *pk = (const float *)g->slots[k].in + src_off + c0;
-      for (int64_t j = 0; j < len; j++)
-        acc[j] += pk[j];
+  const local_slot *me = &g->slots[rank];
+  int avg = me->op == DT_REDUCE_AVG;
+  float acc[DT_COMM_REDUCE_CHUNK];
+  uint64_t rounded[DT_COMM_REDUCE_CHUNK / 2]; /* the result in the data's type */
+  const void **parts = g->parts + (size_t)rank * (size_t)n;
+  for (int64_t c0 = lo; c0 < hi; c0 += DT_COMM_REDUCE_CHUNK) {
+    int64_t len = hi - c0 < DT_COMM_REDUCE_CHUNK ? hi - c0 : DT_COMM_REDUCE_CHUNK;
+    size_t bytes = (size_t)len * me->elem;
+    for (int k = 0; k < n; k++)
+      parts[k] = at(g->slots[k].in, src_off + c0, me->elem);
+    dt_comm_sum_f32(parts, n, me->dtype, len, avg, acc);
+    const void *result = acc;
+    if (me->dtype != DT_DTYPE_F32) {
+      dt_comm_from_f32(acc, me->dtype, rounded, len);
+      result = rounded;
     }
-    if (avg)
-      for (int64_t j = 0; j < len; j++)
-        acc[j] /= (float)n;
     if (to_all) {
       for (int k = 0; k < n; k++)
-        memcpy((float *)g->slots[k].out + c0, acc, (size_t)len * sizeof(float));
+        memcpy(at(g->slots[k].out, c0, me->elem), result, bytes);
     } else {
-      memcpy((float *)g->slots[rank].out + (c0 - lo), acc, (size_t)len * sizeof(float));
+      memcpy(at(me->out, c0 - lo, me->elem), result, bytes);
     }
   }
 }
@@ -177,29 +186,28 @@ static void do_collective(const dt_local_group *g, int rank) {
   const local_slot *me = &g->slots[rank];
   int n = g->size;
   switch (me->kind) {
-  case DT_COLL_ALLREDUCE: {
-    int64_t lo = me->count * rank / n, hi = me->count * (rank + 1) / n;
-    reduce_slice(g, lo, hi, 0, 1, rank);
-    break;
-  }
-  case DT_COLL_REDUCE_SCATTER:
-    reduce_slice(g, 0, me->count, (int64_t)rank * me->count, 0, rank);
-    break;
-  case DT_COLL_BROADCAST:
-    if (rank != me->root && me->count > 0)
-      memcpy(me->out, g->slots[me->root].in, (size_t)me->count * me->elem);
-    break;
-  case DT_COLL_ALLGATHER: {
-    size_t bytes = (size_t)me->count * me->elem;
-    for (int k = 0; k < n; k++) {
-      char *dst = (char *)me->out + (size_t)k * bytes;
-      if (dst != g->slots[k].in || k != rank)
-        memmove(dst, g->slots[k].in, bytes);
+    case DT_COLL_ALLREDUCE: {
+      int64_t lo = me->count * rank / n, hi = me->count * (rank + 1) / n;
+      reduce_slice(g, lo, hi, 0, 1, rank);
+      break;
     }
-    break;
-  }
-  case DT_COLL_BARRIER:
-    break;
+    case DT_COLL_REDUCE_SCATTER:
+      reduce_slice(g, 0, me->count, (int64_t)rank * me->count, 0, rank);
+      break;
+    case DT_COLL_BROADCAST:
+      if (rank != me->root && me->count > 0)
+        memcpy(me->out, g->slots[me->root].in, (size_t)me->count * me->elem);
+      break;
+    case DT_COLL_ALLGATHER: {
+      size_t bytes = (size_t)me->count * me->elem;
+      for (int k = 0; k < n; k++) {
+        char *dst = (char *)me->out + (size_t)k * bytes;
+        if (dst != g->slots[k].in || k != rank)
+          memmove(dst, g->slots[k].in, bytes);
+      }
+      break;
+    }
+    case DT_COLL_BARRIER: break;
   }
 }
 
@@ -207,8 +215,8 @@ static dt_status local_run(void *impl, dt_work *w, double deadline) {
   local_comm *lc = impl;
   dt_local_group *g = lc->g;
   local_slot *me = &g->slots[lc->rank];
-  *me = (local_slot){w->kind, w->op, w->count, w->elem, w->root, w->seq,
-                     w->in_data, w->out_data};
+  *me = (local_slot){w->kind, w->dtype, w->op,      w->count,   w->elem,
+                     w->root, w->seq,   w->in_data, w->out_data};
   DT_CHECK(group_barrier(g, lc->rank, w->seq, deadline));
   dt_status mismatch = check_slots(g);
   if (mismatch == DT_OK)

@@ -14,6 +14,12 @@
 typedef struct mpi_comm {
   dt_pg *pg;
   MPI_Comm comm; /* private dup: our collectives never mix with anyone else's */
+  /* 16-bit reductions (communication thread only): every rank's part of
+   * this rank's slice, and the counts and displacements of the exchange. */
+  void *parts;
+  size_t parts_cap;
+  int *counts, *displs, *recv_counts, *recv_displs;
+  const void **part_ptrs;
 } mpi_comm;
 
 static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
@@ -24,28 +30,25 @@ static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
                     dt_coll_kind_name(w->kind), (long long)w->count, w->bytes);
   int n = (int)w->count, nb = (int)w->bytes;
   switch (w->kind) {
-  case DT_COLL_ALLREDUCE:
-    DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w->out_data, n, MPI_FLOAT, MPI_SUM,
-                                m->comm, req));
-    return DT_OK;
-  case DT_COLL_BROADCAST:
-    DT_MPI_CHECK(MPI_Ibcast(w->out_data, nb, MPI_BYTE, w->root, m->comm, req));
-    return DT_OK;
-  case DT_COLL_ALLGATHER: {
-    /* In place (ZeRO: the input is this rank's part of the output): MPI
-     * forbids aliased buffers and takes MPI_IN_PLACE instead. */
-    int in_place = w->in_data == (char *)w->out_data + (size_t)dt_comm_rank(w->comm) * w->bytes;
-    DT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : w->in_data, nb, MPI_BYTE, w->out_data,
-                                nb, MPI_BYTE, m->comm, req));
-    return DT_OK;
-  }
-  case DT_COLL_REDUCE_SCATTER:
-    DT_MPI_CHECK(MPI_Ireduce_scatter_block(w->in_data, w->out_data, n,
-                                           MPI_FLOAT, MPI_SUM, m->comm, req));
-    return DT_OK;
-  case DT_COLL_BARRIER:
-    DT_MPI_CHECK(MPI_Ibarrier(m->comm, req));
-    return DT_OK;
+    case DT_COLL_ALLREDUCE:
+      DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w->out_data, n, MPI_FLOAT, MPI_SUM, m->comm, req));
+      return DT_OK;
+    case DT_COLL_BROADCAST:
+      DT_MPI_CHECK(MPI_Ibcast(w->out_data, nb, MPI_BYTE, w->root, m->comm, req));
+      return DT_OK;
+    case DT_COLL_ALLGATHER: {
+      /* In place (ZeRO: the input is this rank's part of the output): MPI
+       * forbids aliased buffers and takes MPI_IN_PLACE instead. */
+      int in_place = w->in_data == (char *)w->out_data + (size_t)dt_comm_rank(w->comm) * w->bytes;
+      DT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : w->in_data, nb, MPI_BYTE, w->out_data,
+                                  nb, MPI_BYTE, m->comm, req));
+      return DT_OK;
+    }
+    case DT_COLL_REDUCE_SCATTER:
+      DT_MPI_CHECK(
+          MPI_Ireduce_scatter_block(w->in_data, w->out_data, n, MPI_FLOAT, MPI_SUM, m->comm, req));
+      return DT_OK;
+    case DT_COLL_BARRIER: DT_MPI_CHECK(MPI_Ibarrier(m->comm, req)); return DT_OK;
   }
   return DT_ERROR(DT_ERR_INTERNAL, "unknown collective kind %d", (int)w->kind);
 }
@@ -88,11 +91,11 @@ static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double 
  * sizes, which corrupts memory. One small all-reduce (max of each value and
  * of its negation gives the range over the ranks); a disagreement fails
  * the collective on every rank with the ranges. */
-enum { SIG_SEQ, SIG_KIND, SIG_ROOT, SIG_BYTES, SIG_N };
+enum { SIG_SEQ, SIG_KIND, SIG_ROOT, SIG_BYTES, SIG_DTYPE, SIG_N };
 
 static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
   int64_t sig[2 * SIG_N] = {
-      (int64_t)w->seq, w->kind, w->root, (int64_t)w->bytes,
+      (int64_t)w->seq, w->kind, w->root, (int64_t)w->bytes, w->dtype,
   };
   for (int i = 0; i < SIG_N; i++)
     sig[SIG_N + i] = -sig[i];
@@ -109,18 +112,114 @@ static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
     return DT_OK;
   return DT_ERROR(DT_ERR_DIST_MISMATCH,
                   "the ranks are not at the same collective: sequence numbers %lld..%lld, kinds "
-                  "%lld..%lld, roots %lld..%lld, sizes %lld..%lld bytes over the ranks: they ran "
-                  "different numbers of steps (uneven data, another --max-steps or --accum) or "
-                  "with another batch size or model; every rank must run the same collectives",
+                  "%lld..%lld, roots %lld..%lld, sizes %lld..%lld bytes, element types "
+                  "%lld..%lld over the ranks: they ran different numbers of steps (uneven data, "
+                  "another --max-steps or --accum) or with another batch size, model or "
+                  "--grad-compress; every rank must run the same collectives",
                   (long long)-sig[SIG_N + SIG_SEQ], (long long)sig[SIG_SEQ],
                   (long long)-sig[SIG_N + SIG_KIND], (long long)sig[SIG_KIND],
                   (long long)-sig[SIG_N + SIG_ROOT], (long long)sig[SIG_ROOT],
-                  (long long)-sig[SIG_N + SIG_BYTES], (long long)sig[SIG_BYTES]);
+                  (long long)-sig[SIG_N + SIG_BYTES], (long long)sig[SIG_BYTES],
+                  (long long)-sig[SIG_N + SIG_DTYPE], (long long)sig[SIG_DTYPE]);
+}
+
+/* ---- 16-bit reductions: a reduce-scatter of our own, then all-gather ---- */
+
+/* Room for `bytes` of parts and the per-rank tables. */
+static dt_status reserve_parts(mpi_comm *m, int world, size_t bytes) {
+  if (m->counts == NULL) {
+    m->counts = calloc((size_t)world * 4, sizeof *m->counts);
+    m->part_ptrs = calloc((size_t)world, sizeof *m->part_ptrs);
+    if (m->counts == NULL || m->part_ptrs == NULL)
+      return DT_ERROR(DT_ERR_OOM, "16-bit reduction over %d ranks: out of host memory", world);
+    m->displs = m->counts + world;
+    m->recv_counts = m->displs + world;
+    m->recv_displs = m->recv_counts + world;
+  }
+  if (bytes <= m->parts_cap)
+    return DT_OK;
+  void *p = realloc(m->parts, bytes);
+  if (p == NULL)
+    return DT_ERROR(DT_ERR_OOM, "16-bit reduction: out of host memory for %zu bytes", bytes);
+  m->parts = p;
+  m->parts_cap = bytes;
+  return DT_OK;
+}
+
+/* Starts a nonblocking MPI call under the MPI lock and waits for it. */
+#define RUN_MPI(m, w, deadline, call)                    \
+  do {                                                   \
+    MPI_Request req_ = MPI_REQUEST_NULL;                 \
+    dt_pg_mpi_lock((m)->pg);                             \
+    int rc_ = (call);                                    \
+    dt_pg_mpi_unlock((m)->pg);                           \
+    DT_MPI_CHECK(rc_);                                   \
+    DT_CHECK(wait_request((m), &req_, (w), (deadline))); \
+  } while (0)
+
+/* This rank's slice `len` elements long of the world's parts (in rank
+ * order, `len` apart in m->parts) reduced into `out`. */
+static void reduce_parts(mpi_comm *m, dt_work *w, int world, int64_t len, void *out) {
+  float acc[DT_COMM_REDUCE_CHUNK];
+  for (int64_t c0 = 0; c0 < len; c0 += DT_COMM_REDUCE_CHUNK) {
+    int64_t n = len - c0 < DT_COMM_REDUCE_CHUNK ? len - c0 : DT_COMM_REDUCE_CHUNK;
+    for (int k = 0; k < world; k++)
+      m->part_ptrs[k] = (const char *)m->parts + ((size_t)k * (size_t)len + (size_t)c0) * w->elem;
+    dt_comm_sum_f32(m->part_ptrs, world, w->dtype, n, w->op == DT_REDUCE_AVG, acc);
+    dt_comm_from_f32(acc, w->dtype, (char *)out + (size_t)c0 * w->elem, n);
+  }
+}
+
+/* reduce_scatter of 16-bit data: every rank sends rank k its k-th slice
+ * (MPI_Ialltoall of 2-byte elements) and reduces what it received. */
+static dt_status reduce_scatter_16(mpi_comm *m, dt_work *w, double deadline) {
+  int world = dt_comm_size(w->comm), n = (int)w->count;
+  DT_CHECK(reserve_parts(m, world, (size_t)world * (size_t)n * w->elem));
+  RUN_MPI(m, w, deadline,
+          MPI_Ialltoall(w->in_data, n, MPI_UINT16_T, m->parts, n, MPI_UINT16_T, m->comm, &req_));
+  reduce_parts(m, w, world, n, w->out_data);
+  return DT_OK;
+}
+
+/* allreduce of 16-bit data: rank k reduces slice k of every rank's data
+ * (MPI_Ialltoallv), then the reduced slices are gathered in place. */
+static dt_status allreduce_16(mpi_comm *m, dt_work *w, double deadline) {
+  int world = dt_comm_size(w->comm), rank = dt_comm_rank(w->comm);
+  int64_t n = w->count;
+  DT_CHECK(reserve_parts(m, world, 0));
+  for (int k = 0; k < world; k++) {
+    m->displs[k] = (int)(n * k / world);
+    m->counts[k] = (int)(n * (k + 1) / world) - m->displs[k];
+  }
+  int mine = m->counts[rank];
+  for (int k = 0; k < world; k++) {
+    m->recv_counts[k] = mine;
+    m->recv_displs[k] = k * mine;
+  }
+  DT_CHECK(reserve_parts(m, world, (size_t)world * (size_t)mine * w->elem));
+  RUN_MPI(m, w, deadline,
+          MPI_Ialltoallv(w->out_data, m->counts, m->displs, MPI_UINT16_T, m->parts, m->recv_counts,
+                         m->recv_displs, MPI_UINT16_T, m->comm, &req_));
+  reduce_parts(m, w, world, mine, (char *)w->out_data + (size_t)m->displs[rank] * w->elem);
+  RUN_MPI(m, w, deadline,
+          MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, w->out_data, m->counts, m->displs,
+                          MPI_UINT16_T, m->comm, &req_));
+  return DT_OK;
 }
 
 static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
   mpi_comm *m = impl;
   DT_CHECK(agree(m, w, deadline));
+  int reduction = w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER;
+  if (reduction && w->dtype != DT_DTYPE_F32) {
+    if (w->count > INT_MAX / dt_comm_size(w->comm))
+      return DT_ERROR(DT_ERR_UNSUPPORTED,
+                      "16-bit %s of %lld elements over %d ranks: above the 2^31-1 count MPI "
+                      "takes in one call; use smaller DDP buckets",
+                      dt_coll_kind_name(w->kind), (long long)w->count, dt_comm_size(w->comm));
+    return w->kind == DT_COLL_ALLREDUCE ? allreduce_16(m, w, deadline)
+                                        : reduce_scatter_16(m, w, deadline);
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   dt_pg_mpi_lock(m->pg);
   dt_status st = start_collective(m, w, &req);
@@ -128,7 +227,7 @@ static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
   if (st != DT_OK)
     return st;
   DT_CHECK(wait_request(m, &req, w, deadline));
-  if (w->op == DT_REDUCE_AVG && (w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER)) {
+  if (w->op == DT_REDUCE_AVG && reduction) {
     float *x = w->out_data;
     float world = (float)dt_comm_size(w->comm);
     for (int64_t i = 0; i < w->count; i++)
@@ -153,6 +252,11 @@ static void mpi_destroy(void *impl, int broken) {
     MPI_Comm_free(&m->comm);
     dt_pg_mpi_unlock(m->pg);
   }
+  if (!broken) { /* a stuck exchange may still use the parts and counts */
+    free(m->parts);
+    free(m->counts);
+  }
+  free(m->part_ptrs);
   free(m);
 }
 

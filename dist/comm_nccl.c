@@ -190,13 +190,19 @@ static dt_status nccl_check_device(void *impl, dt_device dev) {
                   dt_device_format(dev, b, sizeof b));
 }
 
+/* The reductions' element types: NCCL reduces f16 and bf16 natively
+ * (rounding at each step of its algorithm; dist/comm.h). */
+static ncclDataType_t reduce_type(dt_dtype t) {
+  return t == DT_DTYPE_F16 ? ncclFloat16 : t == DT_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
 static dt_status launch(nccl_comm *nc, dt_work *w) {
   ncclRedOp_t op = w->op == DT_REDUCE_AVG ? ncclAvg : ncclSum;
+  ncclDataType_t type = reduce_type(w->dtype);
   cudaStream_t s = nc->stream;
   switch (w->kind) {
     case DT_COLL_ALLREDUCE:
-      NC_NCCL(
-          ncclAllReduce(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op, nc->comm, s));
+      NC_NCCL(ncclAllReduce(w->in_data, w->out_data, (size_t)w->count, type, op, nc->comm, s));
       return DT_OK;
     case DT_COLL_BROADCAST:
       NC_NCCL(ncclBroadcast(w->in_data, w->out_data, w->bytes, ncclUint8, w->root, nc->comm, s));
@@ -205,8 +211,7 @@ static dt_status launch(nccl_comm *nc, dt_work *w) {
       NC_NCCL(ncclAllGather(w->in_data, w->out_data, w->bytes, ncclUint8, nc->comm, s));
       return DT_OK;
     case DT_COLL_REDUCE_SCATTER:
-      NC_NCCL(ncclReduceScatter(w->in_data, w->out_data, (size_t)w->count, ncclFloat32, op,
-                                nc->comm, s));
+      NC_NCCL(ncclReduceScatter(w->in_data, w->out_data, (size_t)w->count, type, op, nc->comm, s));
       return DT_OK;
     case DT_COLL_BARRIER:
       NC_NCCL(

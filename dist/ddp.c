@@ -17,26 +17,56 @@ void dt_ddp_record_error(dt_ddp *d, dt_status st) {
   }
 }
 
+static void release_compressed(ddp_bucket *bk) {
+  dt_tensor_release(bk->comp_in);
+  dt_tensor_release(bk->comp_out);
+  bk->comp_in = bk->comp_out = NULL;
+}
+
+/* --grad-compress: a 16-bit copy of `src` (cast on the compute stream). */
+static dt_status compressed_copy(dt_ddp *d, dt_tensor *src, dt_tensor **out) {
+  int64_t n = dt_tensor_numel(src);
+  DT_CHECK(dt_tensor_empty(&n, 1, d->cfg.grad_compress, d->dev, out));
+  return dt_tensor_copy_(*out, src);
+}
+
+/* Bucket b's collective: all-reduce (average) of its gradients, or ZeRO's
+ * reduce-scatter into the shard; in 16 bits with compression. */
+static dt_status submit_bucket(dt_ddp *d, int b, const dt_coll_opts *opts) {
+  ddp_bucket *bk = &d->buckets[b];
+  dt_tensor *in = bk->view, *out = bk->view;
+  if (d->cfg.zero_stage > 0)
+    DT_CHECK(dt_zero_bucket_io(d, b, &in, &out));
+  if (d->cfg.grad_compress != DT_DTYPE_F32) {
+    DT_CHECK(compressed_copy(d, in, &bk->comp_in));
+    in = out = bk->comp_in;
+    if (d->cfg.zero_stage > 0) {
+      int64_t n = dt_tensor_numel(bk->rs_out);
+      DT_CHECK(dt_tensor_empty(&n, 1, d->cfg.grad_compress, d->dev, &bk->comp_out));
+      out = bk->comp_out;
+    }
+  }
+  /* The gradients (or their 16-bit copy) are complete once the compute
+   * stream reaches this point: the communicator's stream waits on the
+   * event (nccl, host staging); the CPU backend computes synchronously
+   * and its events are no-ops. */
+  DT_CHECK(d->ops->event_record(bk->ready_ev, d->compute));
+  if (d->cfg.zero_stage > 0)
+    return dt_comm_reduce_scatter(d->comm, in, out, DT_REDUCE_AVG, opts, &bk->work);
+  return dt_comm_allreduce(d->comm, in, DT_REDUCE_AVG, opts, &bk->work);
+}
+
 static void launch_bucket(dt_ddp *d, int b) {
   ddp_bucket *bk = &d->buckets[b];
-  /* The gradients are complete once the compute stream reaches this point:
-   * the communicator's stream waits on the event (nccl, host staging); the
-   * CPU backend computes synchronously and its events are no-ops. */
   dt_coll_opts opts = DT_COLL_OPTS_DEFAULT;
   opts.bucket = b;
   opts.ready = bk->ready_ev;
   d->timings[b].launch_s = dt_comm_now();
   dt_work_release(bk->last_work);
   bk->last_work = NULL;
-  dt_status st = d->ops->event_record(bk->ready_ev, d->compute);
-  if (st != DT_OK) {
-    dt_ddp_record_error(d, dt_error_wrap(st, "recording DDP bucket %d's ready event", b));
-    return;
-  }
-  if (d->cfg.zero_stage > 0)
-    st = dt_zero_launch(d, b, &opts, &bk->work);
-  else
-    st = dt_comm_allreduce(d->comm, bk->view, DT_REDUCE_AVG, &opts, &bk->work);
+  dt_status st = submit_bucket(d, b, &opts);
+  if (st != DT_OK && bk->work == NULL)
+    release_compressed(bk); /* nothing in flight uses the 16-bit copies */
   if (st != DT_OK)
     dt_ddp_record_error(d,
                         dt_error_wrap(st, "launching the %s of DDP bucket %d",
@@ -195,6 +225,12 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
                     "DDP: zero_stage %d: expected 0 (all-reduce), 1 (shard the optimizer state) "
                     "or 2 (also the gradients)",
                     c.zero_stage);
+  if (c.grad_compress != DT_DTYPE_F32 && c.grad_compress != DT_DTYPE_F16 &&
+      c.grad_compress != DT_DTYPE_BF16)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "DDP: grad_compress %s: expected f32 (none), f16 or bf16 (--grad-compress "
+                    "none|fp16|bf16)",
+                    dt_dtype_name(c.grad_compress));
   if (c.first_bucket_bytes == 0 || c.bucket_bytes == 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "DDP: bucket caps must be > 0 bytes (got first %zu, then %zu; defaults 1 MiB "
@@ -235,6 +271,8 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
   DT_CHECK_GOTO(d->cfg.zero_stage > 0 ? dt_zero_build_buckets(d) : build_buckets(d), st,
                 destroy_ddp);
   DT_CHECK_GOTO(install_hooks(d), st, destroy_ddp);
+  for (int b = 0; b < d->n_buckets; b++) /* what goes on the wire */
+    d->timings[b].bytes = d->timings[b].bytes / sizeof(float) * dt_dtype_size(c.grad_compress);
   reset_pass(d);
   *out = d;
   return DT_OK;
@@ -252,6 +290,12 @@ destroy_ddp:
 dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host) {
   ddp_bucket *bk = &d->buckets[b];
   dt_status st = on_host ? dt_work_wait(bk->work, 0) : dt_work_wait_stream(bk->work, d->compute);
+  /* Compressed: the 16-bit result back into the f32 gradients, on the
+   * compute stream behind the wait. */
+  if (st == DT_OK && bk->comp_in != NULL)
+    st = d->cfg.zero_stage > 0 ? dt_tensor_copy_(bk->rs_out, bk->comp_out)
+                               : dt_tensor_copy_(bk->view, bk->comp_in);
+  release_compressed(bk);
   dt_work_times(bk->work, NULL, &d->timings[b].start_s, &d->timings[b].end_s);
   d->timings[b].dev_start_ms = d->timings[b].dev_end_ms = -1;
   /* Stage 2's work holds the bucket's buffer: freed now, so no device times. */
@@ -299,6 +343,7 @@ void dt_ddp_destroy(dt_ddp *d) {
     if (d->buckets[b].ready_ev)
       d->ops->event_destroy(d->buckets[b].ready_ev);
     dt_tensor_release(d->buckets[b].view);
+    release_compressed(&d->buckets[b]);
   }
   free(d->buckets);
   free(d->timings);
@@ -410,6 +455,13 @@ dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
   return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward};
 }
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
+
+size_t dt_ddp_comm_bytes_per_pass(const dt_ddp *d) {
+  size_t bytes = 0;
+  for (int b = 0; b < d->n_buckets; b++)
+    bytes += d->timings[b].bytes;
+  return bytes;
+}
 long dt_ddp_sync_count(const dt_ddp *d) { return d->sync_count; }
 
 void dt_ddp_bucket_info(const dt_ddp *d, int b, int64_t *offset, int64_t *numel, int *first_param,

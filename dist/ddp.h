@@ -71,6 +71,23 @@
  * load may re-shard. The parameters are complete on every rank after
  * each step (rank 0 can save them as they are).
  *
+ * Gradient compression (cfg.grad_compress f16 or bf16; PyTorch's
+ * fp16_compress_hook / bf16_compress_hook). When a bucket is ready its f32
+ * gradients are cast (round to nearest even) into a 16-bit buffer on the
+ * compute stream, the buffer is all-reduced (average; ZeRO:
+ * reduce-scattered) in 16 bits (dist/comm.h: summed in f32, rounded once,
+ * on the host backends; natively on nccl), and the result is cast back
+ * into the f32 gradients (ZeRO: the shard's) where the compute stream
+ * waits for the bucket, before the optimizer: half the bytes on the wire,
+ * the same buckets, hooks and overlap. Accumulation (no_sync) and
+ * clipping work on the f32 gradients as without compression; ZeRO's
+ * parameter all-gathers stay f32 (they carry the master weights). f16
+ * overflow: a local or reduced gradient of magnitude 65520 or more becomes
+ * inf in the f32 gradients, which a GradScaler treats as an overflow (the
+ * step is skipped and the scale lowered); without one the update would
+ * apply it, so use bf16 (f32's range) unless the loss is scaled. The
+ * 16-bit buffers exist only while their bucket is in flight.
+ *
  * The reducer keeps borrowed pointers to the module, arena and comm, which
  * must outlive it. One reducer per module; use it from one thread (the one
  * that runs forward and backward).
@@ -98,8 +115,9 @@ typedef struct dt_ddp_config {
   int allow_unused;          /* 1: zero-fill gradients of unused parameters */
   int check_parameters;      /* 1: verify names/shapes/dtypes across ranks at creation */
   int zero_stage;            /* 0: all-reduce; 1, 2: ZeRO (below) */
+  dt_dtype grad_compress;    /* f32: none; f16, bf16: reduce the buckets in 16 bits (below) */
 } dt_ddp_config;
-#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1, 0})
+#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32})
 
 typedef struct dt_ddp dt_ddp;
 
@@ -199,6 +217,11 @@ dt_ddp_comm_times dt_ddp_last_comm_times(const dt_ddp *d);
  * dev_backward_end_ms. DT_ERR_UNSUPPORTED for communicators without device
  * timing (host backends, host staging). */
 dt_status dt_ddp_read_device_timeline(dt_ddp *d);
+
+/* Bytes each synchronised pass hands the communicator for the gradients
+ * (all-reduce, or ZeRO's reduce-scatter, summed over the buckets): the
+ * f32 bucket sizes, or half of them with cfg.grad_compress. */
+size_t dt_ddp_comm_bytes_per_pass(const dt_ddp *d);
 
 /* Synchronised backward passes completed. */
 long dt_ddp_sync_count(const dt_ddp *d);

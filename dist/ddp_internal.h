@@ -30,6 +30,10 @@ typedef struct ddp_bucket {
   dt_tensor *ag_out;   /* the whole padded bucket of parameters */
   dt_event *gather_ev; /* the piece's update is issued on the compute stream */
   dt_work *gather;
+  /* cfg.grad_compress, while the bucket is in flight: the 16-bit copy of
+   * its gradients (reduced in place; ZeRO: the reduce-scatter's input) and
+   * ZeRO's 16-bit shard of the result. */
+  dt_tensor *comp_in, *comp_out;
 } ddp_bucket;
 
 /* Per parameter: its buckets, this pass's state and its grad-ready hook
@@ -99,8 +103,10 @@ dt_status dt_ddp_verify_parameters(dt_comm *comm, dt_module *model, dt_param_are
  * views, the shard gradients; pads the arena and (stage 2) drops its
  * gradient buffer. Replaces the stage-0 bucket builder. */
 dt_status dt_zero_build_buckets(dt_ddp *d);
-/* Launches bucket b's reduce-scatter (average) into the shard gradients. */
-dt_status dt_zero_launch(dt_ddp *d, int b, const dt_coll_opts *opts, dt_work **work);
+/* Bucket b's reduce-scatter: its input (the padded gradients; stage 2:
+ * its buffer, allocated zeroed if no gradient arrived) and its output
+ * (this rank's piece of the shard gradients). Borrowed. */
+dt_status dt_zero_bucket_io(dt_ddp *d, int b, dt_tensor **in, dt_tensor **out);
 /* Stage 2: copies parameter pa's gradient into its buckets' buffers and
  * frees it (no gradient: nothing to copy, the buffers start at zero). */
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa);

@@ -10,6 +10,7 @@
 
 #include "core/backend.h"
 #include "core/device.h"
+#include "core/half.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/status.h"

@@ -8,11 +8,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/half.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -34,20 +37,27 @@ namespace dtt {
 
 constexpr int kImage = 28 * 28;
 
-// A 1-d f32 tensor of v on dev (NULL, with a test failure, when it fails).
-inline dt_tensor *VectorOn(dt_device dev, const std::vector<float> &v) {
+// A 1-d tensor of `dtype` holding v's elements (of that type's size) on
+// dev (NULL, with a test failure, when it fails).
+template <typename T>
+dt_tensor *VectorOf(dt_device dev, dt_dtype dtype, const std::vector<T> &v) {
   int64_t n = static_cast<int64_t>(v.size());
   dt_tensor *t = nullptr;
-  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, dev, &t), DT_OK) << dt_last_error();
+  EXPECT_EQ(dt_tensor_from_host(v.data(), &n, 1, dtype, dev, &t), DT_OK) << dt_last_error();
   return t;
 }
+inline dt_tensor *VectorOn(dt_device dev, const std::vector<float> &v) {
+  return VectorOf(dev, DT_DTYPE_F32, v);
+}
 
-// The elements of an f32 tensor, on the host.
-inline std::vector<float> Host(dt_tensor *t) {
-  std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
-  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)), DT_OK) << dt_last_error();
+// The elements of a tensor whose element type is T's size, on the host.
+template <typename T>
+std::vector<T> HostOf(dt_tensor *t) {
+  std::vector<T> v(static_cast<size_t>(dt_tensor_numel(t)));
+  EXPECT_EQ(dt_tensor_to_host(t, v.data(), v.size() * sizeof(T)), DT_OK) << dt_last_error();
   return v;
 }
+inline std::vector<float> Host(dt_tensor *t) { return HostOf<float>(t); }
 
 // Samples [first, first + n) of an endless synthetic data set: inputs
 // (n, 1, 28, 28) in [-1, 1), labels (n) i32 in [0, 10). Deterministic, so
@@ -416,6 +426,198 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_param_arena_destroy(arena);
   dt_module_destroy(m);
   return run;
+}
+
+// ---- 16-bit reductions (--grad-compress) ----
+
+// Rank r's values for the 16-bit reduction checks: signs and magnitudes
+// mixed so that sums round, and the sums of three ranks round differently
+// when each step is rounded than when only the f32 sum is.
+inline std::vector<float> reduce16_values(int rank, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) {
+    float u = dt_rng_uniform(4242 + static_cast<uint64_t>(rank), static_cast<uint64_t>(i));
+    v[static_cast<size_t>(i)] = (2.0f * u - 1.0f) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
+  }
+  return v;
+}
+
+inline uint16_t round16(dt_dtype t, float v) {
+  return t == DT_DTYPE_BF16 ? dt_f32_to_bf16(v) : dt_f32_to_f16(v);
+}
+inline float widen16(dt_dtype t, uint16_t h) {
+  return t == DT_DTYPE_BF16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h);
+}
+
+// A 1-d tensor of type t (f16/bf16) holding v rounded to it.
+inline dt_tensor *Vector16(dt_dtype t, const std::vector<float> &v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); i++)
+    h[i] = round16(t, v[i]);
+  return VectorOf(DT_CPU, t, h);
+}
+
+inline std::vector<uint16_t> Bits16(dt_tensor *t) { return HostOf<uint16_t>(t); }
+
+// What dist/comm.h documents for the host backends: element i of the
+// reduction of ranks' 16-bit values v[k] is the f32 sum over k in rank
+// order of widen(v[k][i]) (divided by the world size for avg), rounded
+// once to the type.
+inline std::vector<uint16_t> expected_reduce16(dt_dtype t, const std::vector<std::vector<float>> &v,
+                                               bool avg) {
+  std::vector<uint16_t> out(v[0].size());
+  for (size_t i = 0; i < out.size(); i++) {
+    float acc = 0.0f;
+    for (size_t k = 0; k < v.size(); k++)
+      acc = k == 0 ? widen16(t, round16(t, v[k][i])) : acc + widen16(t, round16(t, v[k][i]));
+    if (avg)
+      acc /= static_cast<float>(v.size());
+    out[i] = round16(t, acc);
+  }
+  return out;
+}
+
+// Counts the elements where `got` and `want` differ, and names the first.
+inline ::testing::AssertionResult same_bits(const std::vector<uint16_t> &got,
+                                            const std::vector<uint16_t> &want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, expected " << want.size();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    if (got[i] != want[i] && bad++ == 0)
+      first = i;
+  if (bad == 0)
+    return ::testing::AssertionSuccess();
+  char what[96];
+  std::snprintf(what, sizeof what, "first %zu: got 0x%04x, expected 0x%04x", first,
+                static_cast<unsigned>(got[first]), static_cast<unsigned>(want[first]));
+  return ::testing::AssertionFailure()
+         << bad << " of " << got.size() << " elements differ; " << what;
+}
+
+// On every rank of `comm`: all-reduce (sum and average) and reduce-scatter
+// of 16-bit data equal the documented rounding of the f32 sum bit for bit
+// (every rank computes every rank's inputs), for a count that the world
+// size does not divide; f16 sums past 65504 are inf, their average is not.
+inline void check_reduce16(dt_comm *comm, dt_dtype t) {
+  const int w = dt_comm_size(comm), r = dt_comm_rank(comm);
+  const int64_t n = 1000 + 7;
+  std::vector<std::vector<float>> all;
+  for (int k = 0; k < w; k++)
+    all.push_back(reduce16_values(k, n));
+  for (bool avg : {false, true}) {
+    dt_tensor *x = Vector16(t, all[r]);
+    ASSERT_DT_OK(dt_comm_allreduce_sync(comm, x, avg ? DT_REDUCE_AVG : DT_REDUCE_SUM));
+    EXPECT_TRUE(same_bits(Bits16(x), expected_reduce16(t, all, avg)))
+        << dt_dtype_name(t) << (avg ? " avg" : " sum") << " all-reduce, W=" << w << ", rank " << r;
+    dt_tensor_release(x);
+  }
+  // reduce-scatter: slice s of rank k's input is all[k][s, s + m), so
+  // rank r reduces all[k][r, r + m) over k.
+  const int64_t m = 257;
+  std::vector<float> in;
+  for (int s = 0; s < w; s++)
+    in.insert(in.end(), all[r].begin() + s, all[r].begin() + s + m);
+  std::vector<std::vector<float>> mine;
+  for (int k = 0; k < w; k++)
+    mine.emplace_back(all[k].begin() + r, all[k].begin() + r + m);
+  dt_tensor *rs_in = Vector16(t, in), *rs_out = Vector16(t, std::vector<float>(m));
+  dt_work *work = nullptr;
+  ASSERT_DT_OK(dt_comm_reduce_scatter(comm, rs_in, rs_out, DT_REDUCE_AVG, nullptr, &work));
+  ASSERT_DT_OK(dt_work_wait(work, 0));
+  dt_work_release(work);
+  EXPECT_TRUE(same_bits(Bits16(rs_out), expected_reduce16(t, mine, true)))
+      << dt_dtype_name(t) << " reduce-scatter, W=" << w << ", rank " << r;
+  dt_tensor_release(rs_in);
+  dt_tensor_release(rs_out);
+  if (t != DT_DTYPE_F16 || w < 2)
+    return;
+  // f16 overflow: 40000 on every rank sums to inf (the sign kept); the
+  // average, taken in f32, is 40000 again; an inf input stays inf.
+  std::vector<float> big = {40000.0f, -40000.0f, r == 0 ? INFINITY : 1.0f};
+  dt_tensor *s = Vector16(t, big), *a = Vector16(t, big);
+  ASSERT_DT_OK(dt_comm_allreduce_sync(comm, s, DT_REDUCE_SUM));
+  ASSERT_DT_OK(dt_comm_allreduce_sync(comm, a, DT_REDUCE_AVG));
+  std::vector<uint16_t> sb = Bits16(s), ab = Bits16(a);
+  EXPECT_EQ(sb[0], 0x7c00) << "40000 x " << w << " in f16 is +inf";
+  EXPECT_EQ(sb[1], 0xfc00) << "-40000 x " << w << " in f16 is -inf";
+  EXPECT_EQ(sb[2], 0x7c00);
+  EXPECT_EQ(widen16(t, ab[0]), 40000.0f);
+  EXPECT_EQ(ab[2], 0x7c00) << "an inf input averages to inf";
+  dt_tensor_release(s);
+  dt_tensor_release(a);
+}
+
+// Rank r's gradient of mlp-small for its `per_rank` samples of the global
+// batch, times `scale` (comm NULL: no reducer, the local gradient); with a
+// reducer over comm, what dt_ddp_finish_backward leaves in the gradients,
+// and *bytes gets its bytes per pass.
+inline std::vector<float> one_backward(dt_comm *comm, int r, int per_rank, float scale,
+                                       dt_ddp_config cfg, size_t *bytes = nullptr) {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  std::vector<float> grads;
+  dt_tensor *x = nullptr, *y = nullptr;
+  make_batch(static_cast<int64_t>(r) * per_rank, per_rank, &x, &y);
+  dt_status st = build_model("mlp-small", &m);
+  if (st == DT_OK)
+    st = dt_param_arena_create(m, &arena);
+  if (st == DT_OK && comm)
+    st = dt_ddp_create(m, arena, comm, &cfg, &ddp);
+  if (st == DT_OK)
+    st = loss_backward(m, x, y, scale, nullptr);
+  if (st == DT_OK && ddp)
+    st = dt_ddp_finish_backward(ddp);
+  if (st == DT_OK)
+    grads = arena_grads(arena);
+  else
+    ADD_FAILURE() << "rank " << r << ": " << dt_last_error();
+  if (bytes && ddp)
+    *bytes = dt_ddp_comm_bytes_per_pass(ddp);
+  dt_tensor_release(x);
+  dt_tensor_release(y);
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+  return grads;
+}
+
+// On every rank of `comm`: one backward of mlp-small through a reducer
+// with grad_compress t (several buckets) leaves in the f32 gradients
+// exactly the documented 16-bit average of the ranks' gradients (each
+// rounded to t, summed in f32 in rank order, divided, rounded once: every
+// rank computes every rank's local gradient), and hands the communicator
+// half the bytes of an uncompressed reducer. scale != 1 must make some f16
+// gradients overflow (to inf), scale 1 none.
+inline void check_compressed_gradients(dt_comm *comm, dt_dtype t, float scale) {
+  const int per_rank = 6, world = dt_comm_size(comm), r = dt_comm_rank(comm);
+  std::vector<std::vector<float>> local;
+  for (int k = 0; k < world; k++)
+    local.push_back(one_backward(nullptr, k, per_rank, scale, DT_DDP_CONFIG_DEFAULT));
+  std::vector<uint16_t> want = expected_reduce16(t, local, true);
+  int infs = 0;
+  for (uint16_t h : want)
+    infs += std::isinf(widen16(t, h));
+  EXPECT_EQ(infs > 0, scale != 1.0f) << infs << " of " << want.size() << " overflow";
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.first_bucket_bytes = 20000;
+  size_t plain_bytes = 0, bytes = 0;
+  one_backward(comm, r, per_rank, scale, cfg, &plain_bytes);
+  cfg.grad_compress = t;
+  std::vector<float> got = one_backward(comm, r, per_rank, scale, cfg, &bytes);
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<uint16_t> bits(want.size());
+  for (size_t i = 0; i < want.size(); i++)
+    bits[i] = round16(t, got[i]);
+  EXPECT_TRUE(same_bits(bits, want))
+      << dt_dtype_name(t) << " W=" << world << " scale " << scale << " rank " << r;
+  for (size_t i = 0; i < want.size(); i++) {  // the f32 gradient is the 16-bit value
+    float back = widen16(t, bits[i]);
+    ASSERT_EQ(0, std::memcmp(&got[i], &back, sizeof back)) << i << ": " << got[i];
+  }
+  EXPECT_EQ(2 * bytes, plain_bytes);
+  EXPECT_EQ(plain_bytes, want.size() * sizeof(float));
 }
 
 // ||a - b|| / ||b||
