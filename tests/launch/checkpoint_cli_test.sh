@@ -206,6 +206,15 @@ launch 2 "${common[@]}" --batch 12 --zero 2 --run-dir "$d/again" --resume "$(ck 
 check "--zero 2 resumed on 2 ranks = uninterrupted, every file bitwise" \
   diff -r "$(ck "$d/two" 8)" "$(ck "$d/again" 8)"
 resume_on_1_and_3 4 8 2e-5 0 1 # AdamW; --zero 0 on 1 rank, --zero 1 on 3
+# A new run in the same run directory (no --resume) writes its shards over
+# the old run's: rank 0's manifest must list the new ones, never a stale
+# file that another rank has not replaced yet.
+launch 2 "${common[@]}" --batch 12 --zero 2 --lr 0.02 --save-every 4 --run-dir "$d/two" \
+  >"$out" 2>"$err"
+launch 2 "${common[@]}" --batch 12 --zero 2 --lr 0.02 --save-every 4 --run-dir "$d/fresh" \
+  >"$out" 2>"$err"
+check "--zero 2: a run over an earlier run's checkpoints = the same run in a fresh directory" \
+  diff -r "$(ck "$d/two" 8)" "$(ck "$d/fresh" 8)"
 
 # ---- damaged and mismatched checkpoints ----
 d="$tmp/damage"

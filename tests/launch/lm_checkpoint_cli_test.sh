@@ -58,6 +58,7 @@ for np in 1 2; do
   d="$tmp/exact-$np"
   launch "$np" "${lm[@]}" --batch $((4 / np)) --save-every $((steps / 2)) --run-dir "$d/full"
   expect 0 out "^val_loss=" "gpt2-tiny on $np rank(s): $steps steps of --accum 2, saving at $((steps / 2))"
+  cp "$out" "$d/full.out"
   launch "$np" "${lm[@]}" --batch $((4 / np)) --run-dir "$d/resumed" \
     --resume "$(ck "$d/full" $((steps / 2)))"
   expect 0 out "resumed from .*step_0*$((steps / 2)): optimizer step $((steps / 2))" \
@@ -115,6 +116,13 @@ expect_cmd "... and the summary names the last val_loss" \
   grep -Eq "last val loss [0-9]+\.[0-9]{4}" "$full/report.html"
 expect_cmd "... with no empty evaluation panel" \
   bash -c "! grep -q 'no evaluation recorded' '$full/report.html'"
+
+run eval --checkpoint "$full" --threads 1
+expect 0 out "^val_loss=[0-9]" "dtrain eval of a language model's checkpoint (at its --ctx)"
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(d < 2e-4 && d > -2e-4) }'; }
+expect_cmd "... gives the run's last val_loss (within the last digit: other eval batches)" \
+  close "$(grep -o '^val_loss=[0-9.]*' "$out" | cut -d= -f2)" \
+  "$(grep -o '^val_loss=[0-9.]*' "$tmp/exact-1/full.out" | cut -d= -f2)"
 
 run bench --model gpt2-tiny --ctx 16 --steps 1 --warmup 0 --threads 1
 expect 0 out "^dtrain bench: model gpt2-tiny .* batch 16 .* optimizer adamw" \
