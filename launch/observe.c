@@ -84,6 +84,7 @@ dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device d
   o->start_s = o->interval_start_s = dt_trace_now();
   o->last_loss = NAN;
   dt_progress_init(&o->progress, log, console, prefix, cfg->quiet);
+  o->progress.file_out = cfg->log_file;
   dt_status st = DT_OK;
   if (cfg->metrics_path && rank == 0)
     DT_CHECK_GOTO(dt_metrics_open(cfg->metrics_path, resumed, &o->metrics), st, fail);
@@ -373,7 +374,7 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
       st = write_record(o, iv, now, step_ms, all);
     free(all);
   }
-  if (line_due(o, iv->batch) && !o->progress.live) {
+  if (line_due(o, iv->batch)) {
     float mem[3];
     memory_of(o->dev, mem);
     char line[320], scale[64] = "";

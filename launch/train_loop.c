@@ -606,20 +606,12 @@ static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batc
   if (rm.gradients_in_flight > 0)
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   char rate[96];
-  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, rate,
-                           sizeof rate);
+  int devices = s->dp ? s->n_replicas : s->world;
+  double mfu = dt_train_throughput_text(s->task, s->dev, devices, samples_per_s, rate, sizeof rate);
   snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
            mib(rm.optimizer_state), mib(rm.gradients), in_flight);
-  int devices = s->dp ? s->n_replicas : s->world;
-  dt_observe_interval iv = {epoch,
-                            b,
-                            batches,
-                            loss,
-                            dt_optim_lr(s->opt),
-                            samples_per_s,
-                            rate,
-                            extra,
-                            dt_train_mfu(s->task, s->dev, devices, samples_per_s)};
+  dt_observe_interval iv = {epoch,         b,    batches, loss, dt_optim_lr(s->opt),
+                            samples_per_s, rate, extra,   mfu};
   return dt_observer_interval(s->obs, &iv);
 }
 
@@ -820,6 +812,7 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
 static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
   dt_observe_config oc = c->observe;
   oc.log_interval = c->log_interval;
+  oc.log_file = dt_train_ckpt_log_file(s->ck);
   char metrics[4200];
   if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
