@@ -22,6 +22,26 @@ dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
   return dt_check_f32(op, live, k);
 }
 
+dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  return dt_ops_check_inputs(op, &x, 1);
+}
+
+dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
+                               const char *ids_name, dt_tensor *values) {
+  if (!index || !values)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {index, values};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &values, 1));
+  dt_dtype t = dt_tensor_dtype(index);
+  if (t != DT_DTYPE_I32 && t != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: %s dtype %s: %s must be i32 or i64", op, index_name,
+                    dt_dtype_name(t), ids_name);
+  return DT_OK;
+}
+
 dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
                               int n, dt_tensor *out, dt_node **node) {
   dt_tensor *live[DT_NODE_MAX_INPUTS];
@@ -162,6 +182,15 @@ static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_d
   }
 }
 
+/* Where the reduce and broadcast helpers start: f32 execution on dev and
+ * the merged runs of shape. */
+static dt_status merged_on(dt_device dev, const int64_t *shape, int ndim, const int *mask,
+                           dt_exec *ex, merged_dims *m) {
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, ex));
+  merge_dims(shape, ndim, mask, m);
+  return DT_OK;
+}
+
 static int64_t product(const int64_t *v, int from, int to) {
   int64_t p = 1;
   for (int i = from; i < to; ++i)
@@ -172,9 +201,8 @@ static int64_t product(const int64_t *v, int from, int to) {
 dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
                              const int *mask, float scale, float *out) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
-  merge_dims(shape, ndim, mask, &m);
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
   int64_t out_numel = 1, groups = 0;
   int empty_reduction = 0;
   for (int i = 0; i < m.n; ++i) {
@@ -228,9 +256,8 @@ release_bufs:
 dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
                                 const int *mask, float scale, float *x) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
-  merge_dims(shape, ndim, mask, &m);
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
   int64_t numel = product(m.size, 0, m.n);
   if (numel == 0)
     return DT_OK;

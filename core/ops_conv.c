@@ -197,9 +197,7 @@ fail:
 
 static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
                         int padding, dt_tensor **out) {
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   dt_conv2d_geom g;
   DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));
   if (2 * padding > kernel)

@@ -21,6 +21,17 @@ extern "C" {
  * device and f32. `ts` may contain NULLs (optional bias etc.). */
 dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n);
 
+/* Validates the arguments of an op of one f32 tensor: x and out non-NULL,
+ * x f32. */
+dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out);
+
+/* Validates the inputs of an op indexing an f32 tensor: `index` and
+ * `values` non-NULL and on one device, `values` f32, `index` i32 or i64.
+ * The dtype error names the index tensor as "<index_name> dtype" and its
+ * entries as `ids_name` ("index", "indices"). */
+dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
+                               const char *ids_name, dt_tensor *values);
+
 /* Copies the non-NULL tensors of ts into dst; returns how many. */
 int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst);
 

@@ -6,6 +6,7 @@
 #include "core/backend.h"
 #include "core/env.h"
 #include "core/tensor.h"
+#include "dist/ddp.h"
 #include "launch/trace.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
@@ -212,6 +213,14 @@ dt_flag dt_cli_flag_zero(int *target) {
                               "over the ranks (gradients reduce-scattered, parameters "
                               "all-gathered); 2 also the gradients",
                               .min = 0, .max = 2);
+}
+
+dt_flag dt_cli_flag_grad_compress(const char **target) {
+  return (dt_flag)DT_CHOICE_FLAG("grad-compress", target, "TYPE",
+                                 "DDP and dp: all-reduce (ZeRO: reduce-scatter) the gradient "
+                                 "buckets in 16 bits, half the bytes: cast, reduced in f32 and "
+                                 "rounded to nearest even, cast back; fp16 overflows to inf",
+                                 DT_DDP_GRAD_COMPRESS_CHOICES);
 }
 
 dt_status dt_cli_check_env(void) {

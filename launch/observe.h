@@ -38,6 +38,7 @@ typedef struct dt_observe_config {
   bool quiet;                      /* no header, no progress lines */
   const char *status_dir;          /* for dtrain top; NULL = DT_STATUS_DIR or the default */
   int log_interval;                /* micro-batches between records */
+  FILE *log_file; /* the run's train.log: the plain lines while the live line is shown */
 } dt_observe_config;
 #define DT_OBSERVE_CONFIG_DEFAULT ((dt_observe_config){NULL, NULL, 1, 50, false, NULL, 100})
 

@@ -121,6 +121,8 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos);
 
 /* The signal that stopped the run (SIGTERM, SIGUSR1), 0 = none. */
 int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck);
+/* train.log (rank 0), NULL = none: for lines the terminal does not show. */
+FILE *dt_train_ckpt_log_file(const dt_train_ckpt *ck);
 /* The run directory ("" for NULL). */
 const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck);
 /* The last checkpoint saved (a directory), "" = none. */

@@ -41,6 +41,7 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 1.0f,
+                           .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
                            .sample = DT_SAMPLE_CONFIG_DEFAULT,
@@ -138,6 +139,8 @@ static dt_status check_config(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
   if (c->zero < 0 || c->zero > 2)
     return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", c->zero);
+  dt_dtype compress;
+  DT_CHECK(dt_ddp_grad_compress_parse(c->grad_compress, &compress));
   if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
@@ -201,6 +204,7 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
   dt_train_comm_options co = {c->comm_backend, c->comm_timeout, c->first_bucket_mb,
                               c->bucket_cap_mb, c->allow_unused};
   co.zero_stage = c->zero;
+  dt_ddp_grad_compress_parse(c->grad_compress, &co.grad_compress); /* checked at the start */
   return co;
 }
 
@@ -602,20 +606,12 @@ static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batc
   if (rm.gradients_in_flight > 0)
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   char rate[96];
-  dt_train_throughput_text(s->task, s->dev, s->dp ? s->n_replicas : s->world, samples_per_s, rate,
-                           sizeof rate);
+  int devices = s->dp ? s->n_replicas : s->world;
+  double mfu = dt_train_throughput_text(s->task, s->dev, devices, samples_per_s, rate, sizeof rate);
   snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
            mib(rm.optimizer_state), mib(rm.gradients), in_flight);
-  int devices = s->dp ? s->n_replicas : s->world;
-  dt_observe_interval iv = {epoch,
-                            b,
-                            batches,
-                            loss,
-                            dt_optim_lr(s->opt),
-                            samples_per_s,
-                            rate,
-                            extra,
-                            dt_train_mfu(s->task, s->dev, devices, samples_per_s)};
+  dt_observe_interval iv = {epoch,         b,    batches, loss, dt_optim_lr(s->opt),
+                            samples_per_s, rate, extra,   mfu};
   return dt_observer_interval(s->obs, &iv);
 }
 
@@ -794,16 +790,16 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
-             "(global batch %d), zero %d\n",
-             s->n_replicas, c->batch, c->batch, c->zero);
+             "(global batch %d), zero %d, grad-compress %s\n",
+             s->n_replicas, c->batch, c->batch, c->zero, c->grad_compress);
   } else if (s->world > 1) {
     char who[256];
     log_line(log, c,
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
-             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d\n",
+             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d, grad-compress %s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
              dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
-             c->comm_timeout, c->zero);
+             c->comm_timeout, c->zero, c->grad_compress);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
@@ -816,6 +812,7 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
 static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
   dt_observe_config oc = c->observe;
   oc.log_interval = c->log_interval;
+  oc.log_file = dt_train_ckpt_log_file(s->ck);
   char metrics[4200];
   if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
@@ -931,6 +928,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     *out = r;
 done:;
   dt_observer *obs = s.obs;
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(s.comm, "the training run failed");
   dt_train_ckpt_close(s.ck, &log);
   state_destroy(&s); /* the loader's thread stops before the trace closes */
   return dt_observer_destroy(obs, st);

@@ -113,6 +113,8 @@ typedef struct dt_train_config {
   bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
   int zero;                 /* ZeRO stage 0-2 (dist/ddp.h); one process: none */
   const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
+  /* --grad-compress "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h). */
+  const char *grad_compress;
   /* Under DDP every rank must have been started with the same settings:
    * these lines ("--lr 0.05\n"..., dt_flags_format_values) and the data sets'
    * descriptions are compared across the ranks before the first step; a
@@ -167,6 +169,7 @@ typedef struct dt_train_comm_options {
   bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
   int zero_stage;         /* ZeRO stage of the reducer (0, 1, 2) */
+  dt_dtype grad_compress; /* f32 (none), bf16, f16 (dist/ddp.h) */
 } dt_train_comm_options;
 
 /* DDP buckets of the given sizes in MiB (at least 4 bytes each), the ZeRO

@@ -73,6 +73,7 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.bucket_bytes = bucket_bytes(o->bucket_cap_mb);
   dc.allow_unused = o->allow_unused;
   dc.zero_stage = o->zero_stage;
+  dc.grad_compress = o->grad_compress;
   return dc;
 }
 
