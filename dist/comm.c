@@ -457,8 +457,12 @@ static dt_status check_buffer(const dt_comm *c, const char *what, const char *ro
   return DT_OK;
 }
 
-static dt_status check_same_device(const dt_comm *c, const char *what, const dt_tensor *in,
-                                   const dt_tensor *out) {
+/* The input and output buffers of a collective that has both: each a
+ * valid buffer (check_buffer), both on one device. */
+static dt_status check_in_out(const dt_comm *c, const char *what, const dt_tensor *in,
+                              const dt_tensor *out) {
+  DT_CHECK(check_buffer(c, what, "input", in));
+  DT_CHECK(check_buffer(c, what, "output", out));
   if (dt_device_equal(dt_tensor_device(in), dt_tensor_device(out)))
     return DT_OK;
   char a[32], b[32];
@@ -467,6 +471,18 @@ static dt_status check_same_device(const dt_comm *c, const char *what, const dt_
                   "device",
                   what, c->be->name, dt_device_format(dt_tensor_device(in), a, sizeof a),
                   dt_device_format(dt_tensor_device(out), b, sizeof b));
+}
+
+/* A collective between each rank's part and their concatenation: `whole`
+ * holds c->size times the elements of `part`. */
+static dt_status check_whole_of_parts(const dt_comm *c, const char *what, const char *whole_name,
+                                      const dt_tensor *whole, const char *part_name,
+                                      const dt_tensor *part) {
+  if (dt_tensor_numel(whole) == dt_tensor_numel(part) * c->size)
+    return DT_OK;
+  return DT_ERROR(DT_ERR_SHAPE, "%s: %s has %lld elements, expected %d ranks x %lld %s elements",
+                  what, whole_name, (long long)dt_tensor_numel(whole), c->size,
+                  (long long)dt_tensor_numel(part), part_name);
 }
 
 /* Device tensors: the device's backend, the readiness event (recorded on
@@ -599,36 +615,24 @@ dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, const dt_coll_op
 
 dt_status dt_comm_allgather(dt_comm *c, dt_tensor *in, dt_tensor *out, const dt_coll_opts *opts,
                             dt_work **out_work) {
-  DT_CHECK(check_buffer(c, "allgather", "input", in));
-  DT_CHECK(check_buffer(c, "allgather", "output", out));
-  DT_CHECK(check_same_device(c, "allgather", in, out));
+  DT_CHECK(check_in_out(c, "allgather", in, out));
   if (dt_tensor_dtype(in) != dt_tensor_dtype(out))
     return DT_ERROR(DT_ERR_DTYPE, "allgather: input is %s but output is %s",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
-  if (dt_tensor_numel(out) != dt_tensor_numel(in) * c->size)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "allgather: output has %lld elements, expected %d ranks x %lld input "
-                    "elements",
-                    (long long)dt_tensor_numel(out), c->size, (long long)dt_tensor_numel(in));
+  DT_CHECK(check_whole_of_parts(c, "allgather", "output", out, "input", in));
   return submit(c, DT_COLL_ALLGATHER, DT_REDUCE_SUM, in, out, 0, dt_tensor_numel(in), opts,
                 out_work);
 }
 
 dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_reduce_op op,
                                  const dt_coll_opts *opts, dt_work **out_work) {
-  DT_CHECK(check_buffer(c, "reduce_scatter", "input", in));
-  DT_CHECK(check_buffer(c, "reduce_scatter", "output", out));
-  DT_CHECK(check_same_device(c, "reduce_scatter", in, out));
+  DT_CHECK(check_in_out(c, "reduce_scatter", in, out));
   if (!dt_comm_is_reduce_dtype(dt_tensor_dtype(in)) || dt_tensor_dtype(in) != dt_tensor_dtype(out))
     return DT_ERROR(DT_ERR_DTYPE,
                     "reduce_scatter: input %s, output %s: both must be f32, or both f16, or both "
                     "bf16",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
-  if (dt_tensor_numel(in) != dt_tensor_numel(out) * c->size)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "reduce_scatter: input has %lld elements, expected %d ranks x %lld output "
-                    "elements",
-                    (long long)dt_tensor_numel(in), c->size, (long long)dt_tensor_numel(out));
+  DT_CHECK(check_whole_of_parts(c, "reduce_scatter", "input", in, "output", out));
   return submit(c, DT_COLL_REDUCE_SCATTER, op, in, out, 0, dt_tensor_numel(out), opts, out_work);
 }
 

@@ -473,7 +473,8 @@ static dt_status sync_finish_backward(void *d) { return dt_ddp_finish_backward(d
 dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
   if (d == NULL)
     return DT_GRAD_SYNC_NONE;
-  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward};
+  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward,
+                        dt_ddp_sum_over_ranks};
 }
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
 

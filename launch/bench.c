@@ -181,6 +181,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
+  dt_grad_scaler scaler; /* fp16 */
+  DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
@@ -225,12 +227,13 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
-  dt_peak_flops peak;
-  if (task->flops_per_sample && dt_mfu_peak(dev, &peak) == DT_OK) {
-    r.flops_per_sample = task->flops_per_sample(task);
-    r.peak_flops = peak.flops;
-    snprintf(r.peak_source, sizeof r.peak_source, "%s", peak.source);
-    r.mfu = r.samples_per_s * r.flops_per_sample / (peak.flops * world);
+  dt_mfu mfu;
+  r.flops_per_sample = task->flops_per_sample ? task->flops_per_sample(task) : 0.0;
+  if (r.flops_per_sample > 0 &&
+      dt_mfu_of(dev, r.samples_per_s * r.flops_per_sample / world, &mfu) == DT_OK) {
+    r.peak_flops = mfu.peak.flops;
+    snprintf(r.peak_source, sizeof r.peak_source, "%s", mfu.peak.source);
+    r.mfu = mfu.value;
   }
   dt_clear_error();
   r.world = world;
@@ -265,16 +268,28 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
+  /* A model with training defaults (a language model) is timed as train
+   * runs it: its optimizer (with its settings, bench_optimizer) and batch;
+   * the flags override them. An unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK && task->defaults) {
+    cfg.optimizer = task->defaults->optimizer;
+    cfg.batch = task->defaults->batch;
+  }
+  dt_clear_error();
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
-                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3, or a language "
+                            "model's AdamW settings)"),
       dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
                        &cfg.zero, &cfg.grad_compress),
@@ -304,7 +319,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+      !dt_cli_check_precision("bench", cfg.precision, cfg.device, NULL, err))
     return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
@@ -323,9 +339,13 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d%s\n",
+      "device %s precision %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
+      dt_device_format(r.device, dev, sizeof dev),
+      cfg.precision                     ? cfg.precision
+      : r.device.type == DT_DEVICE_CUDA ? "tf32"
+                                        : "fp32",
+      dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
@@ -336,8 +356,10 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
          r.ms_per_step);
   if (r.tokens_per_s > 0)
     printf(" tokens_per_s=%.0f", r.tokens_per_s);
-  if (r.peak_flops > 0)
+  if (r.peak_flops > 0 && r.mfu >= 0)
     printf(" mfu=%.2f%%", 100.0 * r.mfu);
+  else if (r.peak_flops > 0)
+    printf(" mfu=n/a (above the measured roof)");
   printf("\n");
   if (r.peak_flops > 0)
     printf("flops: %.1f MFLOP per sample, peak %.1f GFLOP/s per device (%s)\n",

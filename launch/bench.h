@@ -52,16 +52,18 @@ typedef struct dt_bench_config {
   float first_bucket_mb;    /* 1 */
   int zero;                 /* ZeRO stage 0, 1, 2 (dist/ddp.h) */
   int ctx;                  /* sequence tasks: the context T, 0 = the task's */
+  const char *precision;    /* "fp32", "tf32", "bf16", "fp16"; NULL = tf32 on CUDA, else fp32 */
   /* "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h) */
   const char *grad_compress;
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
- * buckets 1 MiB then 25 MiB, zero stage 0; the task's context. */
+ * buckets 1 MiB then 25 MiB, zero stage 0; the task's context; the
+ * device's default precision; no gradient compression. */
 #define DT_BENCH_CONFIG_DEFAULT                                                                  \
   ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, \
-                     0, "none"})
+                     0, NULL, "none"})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
@@ -76,7 +78,8 @@ typedef struct dt_bench_result {
   double peak_mib;     /* peak device memory during the timed steps */
   double final_loss;
   /* Sequence tasks: samples_per_s x T. Tasks with flops_per_sample: the
-   * model FLOPs utilisation against peak_flops per device (launch/mfu.h). */
+   * model FLOPs utilisation against peak_flops per device (launch/mfu.h;
+   * -1 when the run beat the measured CPU roof, dt_mfu_of). */
   double tokens_per_s;
   double flops_per_sample, peak_flops, mfu;
   char peak_source[96];

@@ -84,6 +84,7 @@ dt_status dt_observer_create(const dt_observe_config *cfg, int rank, dt_device d
   o->start_s = o->interval_start_s = dt_trace_now();
   o->last_loss = NAN;
   dt_progress_init(&o->progress, log, console, prefix, cfg->quiet);
+  o->progress.file_out = cfg->log_file;
   dt_status st = DT_OK;
   if (cfg->metrics_path && rank == 0)
     DT_CHECK_GOTO(dt_metrics_open(cfg->metrics_path, resumed, &o->metrics), st, fail);
@@ -335,6 +336,10 @@ static dt_status write_record(dt_observer *o, const dt_observe_interval *iv, dou
     r.tokens_per_s = iv->samples_per_s * (double)o->run.tokens_per_sample;
   r.step_ms = step_ms;
   r.mfu = iv->mfu;
+  if (o->run.scaler) {
+    r.loss_scale = o->run.scaler->scale;
+    r.skipped_steps = o->run.scaler->skipped_steps;
+  }
   r.rank_step_ms = rank_ms;
   r.n_ranks = world;
   r.devices = devs;
@@ -369,14 +374,17 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
       st = write_record(o, iv, now, step_ms, all);
     free(all);
   }
-  if (line_due(o, iv->batch) && !o->progress.live) {
+  if (line_due(o, iv->batch)) {
     float mem[3];
     memory_of(o->dev, mem);
-    char line[256];
+    char line[320], scale[64] = "";
+    if (o->run.scaler)
+      snprintf(scale, sizeof scale, " scale %g skipped %lld", (double)o->run.scaler->scale,
+               (long long)o->run.scaler->skipped_steps);
     snprintf(line, sizeof line,
-             "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
-             "MiB)%s\n",
-             iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr,
+             "epoch %d step %lld/%lld loss %.4f lr %.4g%s samples/s %.0f%s mem %.1f MiB (peak "
+             "%.1f MiB)%s\n",
+             iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr, scale,
              iv->samples_per_s, iv->rate_extra ? iv->rate_extra : "", mem[0], mem[2],
              iv->extra ? iv->extra : "");
     dt_progress_line(&o->progress, line);

@@ -149,13 +149,23 @@ static dt_status add_eval(report *r, const cJSON *o) {
   snprintf(name, sizeof name, "%s loss", split);
   DT_CHECK(add_point(&r->p[P_LOSS], name, true, step, number_or_nan(o, loss_key)));
   const cJSON *it;
+  bool metric = false;
   cJSON_ArrayForEach(it, o) {
     if (it->string && !strncmp(it->string, split, n) && it->string[n] == '_' &&
         strcmp(it->string, loss_key) && cJSON_IsNumber(it)) {
       snprintf(r->metric, sizeof r->metric, "%s", it->string + n + 1);
       r->last_metric = it->valuedouble;
+      metric = true;
       DT_CHECK(add_point(&r->p[P_METRIC], it->string, true, step, it->valuedouble));
     }
+  }
+  /* A task without a metric (a language model) is judged by its loss:
+   * val_loss is what its run ends with. */
+  double loss = number_or_nan(o, loss_key);
+  if (!metric && !isnan(loss)) {
+    snprintf(r->metric, sizeof r->metric, "loss");
+    r->last_metric = loss;
+    DT_CHECK(add_point(&r->p[P_METRIC], loss_key, true, step, loss));
   }
   return DT_OK;
 }
@@ -430,12 +440,8 @@ dt_status dt_report_write(const char *metrics, const char *out_path) {
 int dt_cli_report(int argc, char **argv, FILE *err) {
   const char *out = NULL;
   dt_flag flags[] = {
-      {.name = "out",
-       .type = DT_FLAG_STRING,
-       .target = &out,
-       .metavar = "FILE",
-       .help = "where the page goes",
-       .default_text = "report.html beside the metrics file"},
+      DT_STRING_FLAG("out", &out, "FILE", "where the page goes",
+                     .default_text = "report.html beside the metrics file"),
   };
   dt_flag_set set = {
       .command = "report",
@@ -446,14 +452,11 @@ int dt_cli_report(int argc, char **argv, FILE *err) {
           "folder): loss and test curves, throughput, learning rate, gradient norm,\n"
           "memory over time, each rank's step time and the all-reduce time with the\n"
           "part hidden behind backward.",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
       .max_args = 1,
   };
   dt_flags_args args;
-  int rc = dt_flags_parse_command(&set, argc, argv, err, &args);
-  if (rc >= 0)
-    return rc;
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, &args);
   if (args.nargs != 1) {
     fprintf(err, "dtrain report: which run? give RUN_DIR or a metrics file (see --help)\n");
     return 2;

@@ -273,6 +273,22 @@ static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file 
   return st;
 }
 
+/* The "scaler" section into *scaler, and the optimizer's step count. */
+static dt_status load_scaler(const dt_state_file *f, const char *path, dt_grad_scaler *scaler,
+                             long long *opt_steps) {
+  char what[4400], buf[32];
+  snprintf(what, sizeof what, "%s: section 'scaler'", path);
+  const void *bytes = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_state_file_section(f, "scaler", &bytes, &size));
+  DT_CHECK(dt_ckpt_scaler_section_decode(bytes, size, what, scaler));
+  DT_CHECK(dt_state_meta_get(bytes, size, "optimizer_steps", what, buf, sizeof buf));
+  char tail;
+  if (sscanf(buf, "%lld%c", opt_steps, &tail) != 1 || *opt_steps < 0)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: 'optimizer_steps %s' is not a count", what, buf);
+  return DT_OK;
+}
+
 dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_train_position *pos) {
   state_meta m;
   DT_CHECK(open_meta(dir, &m));
@@ -302,12 +318,15 @@ dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_tra
     for (int i = 0; st == DT_OK && i < r->n_replicas; i++)
       st = dt_safetensors_load_module(weights, r->models[i]);
   }
+  long long opt_steps = step; /* the optimizer's: fewer when the scaler skipped steps */
+  if (st == DT_OK && r->scaler && dt_state_file_has_section(f, "scaler"))
+    st = load_scaler(f, path, r->scaler, &opt_steps);
   if (st == DT_OK)
-    st = load_optimizer(r, f, dir, path, step);
+    st = load_optimizer(r, f, dir, path, opt_steps);
   dt_state_file_close(f);
   DT_CHECK(st);
   for (int i = 0; i < r->n_replicas; i++)
-    dt_optim_set_lr(r->opts[i], dt_lr_at(r->schedule, step));
+    dt_optim_set_lr(r->opts[i], dt_lr_at(r->schedule, opt_steps));
   pos->step = step;
   pos->epoch = epoch;
   pos->batch = batch;
