@@ -575,6 +575,31 @@ TEST_F(DistLocal, CompressedGradientsAreTheRounded16BitAverage) {
           run_group(world, [&](int, dt_comm *c) { dtt::check_compressed_gradients(c, t, scale); });
 }
 
+// fp16 compression under loss scaling: with the loss scaled by 2^40 the
+// gradients fit f32 but not f16, so every compressed bucket overflows to
+// inf; the GradScaler sees it on every rank, skips every step and halves
+// its scale each time (the ranks stay bitwise equal), where the f32
+// all-reduce skips none.
+TEST_F(DistLocal, CompressedFp16OverflowIsCaughtByTheGradScaler) {
+  dtt::StepSpec spec = dtt::zero_case_spec({"mlp", 1, 0.0f, false});
+  dtt::StepSpec untrained = spec;
+  untrained.steps = 0;
+  std::vector<float> initial = dtt::train_steps(nullptr, 2, untrained).params;
+  spec.init_scale = 1099511627776.0f;  // 2^40
+  for (int stage : {0, 2}) {
+    spec.ddp.zero_stage = stage;
+    spec.ddp.grad_compress = DT_DTYPE_F32;
+    dtt::StepRun plain = run_zero(2, spec);
+    EXPECT_EQ(plain.skipped_steps, 0) << "zero " << stage;
+    EXPECT_EQ(plain.final_scale, spec.init_scale);
+    spec.ddp.grad_compress = DT_DTYPE_F16;
+    dtt::StepRun run = run_zero(2, spec);
+    EXPECT_EQ(run.skipped_steps, spec.steps) << "zero " << stage;
+    EXPECT_EQ(run.final_scale, std::ldexp(spec.init_scale, -spec.steps)) << "zero " << stage;
+    EXPECT_EQ(run.params, initial) << "no step was applied";
+  }
+}
+
 // Training with compression: every rank ends bitwise equal; ZeRO 1 and 2
 // compressed equal compressed stage 0 (the same 16-bit sums, per element);
 // and the result is close to, but not the same as, uncompressed training

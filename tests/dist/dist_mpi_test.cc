@@ -214,8 +214,10 @@ TEST_F(DistMpi, DdpNoSyncAccumulationEqualsOneBatch) {
 // depends on the scheduler (this machine may be shared and oversubscribed),
 // so the start is required in 2 of 8 steps, not all (under load 1 of 3 was
 // seen; a reducer that waits for backward's end starts none).
-TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
+// The same with --grad-compress bf16: the casts do not move the launches.
+void check_first_allreduce_starts_early(dt_dtype compress) {
   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.grad_compress = compress;
   cfg.first_bucket_bytes = 64 << 10;
   cfg.bucket_bytes = 256 << 10;
   dt_module *m = nullptr;
@@ -229,7 +231,7 @@ TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
   int started_early = 0;
   for (int s = 0; s < steps; s++) {
     dt_tensor *x, *y;
-    dtt::make_batch((s * world() + rank()) * batch, batch, &x, &y);
+    dtt::make_batch((s * dt_comm_size(g_comm) + dt_comm_rank(g_comm)) * batch, batch, &x, &y);
     DT_ASSERT_OK(dtt::loss_backward(m, x, y, 1.0f, nullptr));
     DT_ASSERT_OK(dt_ddp_finish_backward(ddp));
     DT_ASSERT_OK(dt_param_arena_zero_grad(arena));
@@ -238,9 +240,10 @@ TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
     dt_ddp_timeline t;
     dt_ddp_get_timeline(ddp, &t);
     std::printf(
-        "[rank %d] step %d: backward %.1f ms (first grad ready -> finish entered); "
+        "[rank %d] %s step %d: backward %.1f ms (first grad ready -> finish entered); "
         "buckets (ms relative to backward end):",
-        rank(), s, 1e3 * (t.backward_end_s - t.first_grad_s));
+        dt_comm_rank(g_comm), dt_ddp_grad_compress_name(compress), s,
+        1e3 * (t.backward_end_s - t.first_grad_s));
     for (int b = 0; b < t.n_buckets; b++)
       std::printf(" #%d %zu B launch %+.1f start %+.1f end %+.1f;", b, t.buckets[b].bytes,
                   1e3 * (t.buckets[b].launch_s - t.backward_end_s),
@@ -253,10 +256,16 @@ TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
     started_early += t.buckets[0].start_s < t.backward_end_s;
   }
   EXPECT_GE(started_early, 2) << "the first bucket's all-reduce started before backward ended in "
-                              << started_early << " of " << steps << " steps";
+                              << started_early << " of " << steps << " steps, "
+                              << dt_ddp_grad_compress_name(compress);
   dt_ddp_destroy(ddp);
   dt_param_arena_destroy(arena);
   dt_module_destroy(m);
+}
+
+TEST_F(DistMpi, FirstAllreduceStartsBeforeBackwardEnds) {
+  for (dt_dtype compress : {DT_DTYPE_F32, DT_DTYPE_BF16})
+    check_first_allreduce_starts_early(compress);
 }
 
 TEST_F(DistMpi, ParameterMismatchFailsOnEveryRank) {

@@ -375,6 +375,7 @@ struct StepSpec {
   float clip = 0.0f;
   bool adamw = false;
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
+  float init_scale = 0.0f;  // > 0: a GradScaler (fp16 loss scaling) starting there
 };
 
 // A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
@@ -415,6 +416,8 @@ struct StepRun {
   dt_replica_memory memory{};  // the reducer's figures (dt_ddp_gradient_bytes...)
   int64_t padded_numel = 0;    // the arena's numel + tail
   int n_buckets = 0;
+  float final_scale = 0.0f;  // with spec.init_scale: the scaler's state at the end
+  int64_t skipped_steps = 0;
 };
 
 // spec.steps optimizer steps through dt_step_forward_backward and
@@ -437,7 +440,14 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task_loss;
   sc.clip = spec.clip;
-  dt_status st = build_model(spec.model, &m);
+  dt_grad_scaler scaler;
+  dt_grad_scaler_config scfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  scfg.init_scale = spec.init_scale;
+  dt_status st = spec.init_scale > 0 ? dt_grad_scaler_init(&scaler, &scfg) : DT_OK;
+  if (spec.init_scale > 0)
+    sc.scaler = &scaler;
+  if (st == DT_OK)
+    st = build_model(spec.model, &m);
   if (st == DT_OK)
     st = dt_module_to(m, dev);
   if (st == DT_OK)
@@ -480,6 +490,10 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   }
   if (opt != nullptr)
     run.memory.optimizer_state = dt_optim_state_bytes(opt);
+  if (sc.scaler != nullptr) {
+    run.final_scale = scaler.scale;
+    run.skipped_steps = scaler.skipped_steps;
+  }
   if (ddp != nullptr) {
     run.memory.gradients = dt_ddp_gradient_bytes(ddp);
     run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
