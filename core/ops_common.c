@@ -96,6 +96,44 @@ dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out) 
   return dt_tensor_empty(dt_tensor_shape(t), dt_tensor_ndim(t), DT_DTYPE_F32, dev, out);
 }
 
+dt_status dt_ops_cast(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
+  dt_tensor *c = NULL, *y = NULL;
+  *out = NULL;
+  DT_CHECK(dt_tensor_contiguous_copy(t, &c));
+  if (dt_tensor_dtype(c) == dtype) {
+    *out = c;
+    return DT_OK;
+  }
+  dt_status st =
+      dt_tensor_empty(dt_tensor_shape(c), dt_tensor_ndim(c), dtype, dt_tensor_device(c), &y);
+  if (st == DT_OK && dt_tensor_numel(c) > 0)
+    st = dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), dt_tensor_dtype(c), dt_tensor_data(y),
+                        dtype, dt_tensor_numel(c));
+  dt_tensor_release(c);
+  if (st != DT_OK) {
+    dt_tensor_release(y);
+    return st;
+  }
+  *out = y;
+  return DT_OK;
+}
+
+dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out) {
+  *out = NULL;
+  return t ? dt_ops_cast(t, dt_autocast_dtype_for(op), out) : DT_OK;
+}
+
+dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out) { return dt_ops_cast(t, DT_DTYPE_F32, out); }
+
+dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
+  dt_tensor *r = NULL;
+  *out = NULL;
+  DT_CHECK(dt_ops_cast(t, dtype, &r));
+  dt_status st = dt_ops_widen(r, out);
+  dt_tensor_release(r);
+  return st;
+}
+
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
   dt_tensor *alias = NULL;
   DT_CHECK(dt_tensor_detach(out, &alias));

@@ -122,6 +122,24 @@ static void describe_work(const dt_work *w, char *buf, size_t cap) {
 
 /* ---- the communication thread ---- */
 
+dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w, double deadline) {
+  if (ops->event_query == NULL)
+    return ops->event_synchronize(ev);
+  for (long polls = 0;; polls++) {
+    int done = 0;
+    DT_CHECK(ops->event_query(ev, &done));
+    if (done)
+      return DT_OK;
+    if (dt_comm_now() > deadline) {
+      w->device_stuck = 1;
+      w->leaked = 1;
+      return DT_ERR_TIMEOUT;
+    }
+    struct timespec pause = {0, polls < 100 ? 20000L : 500000L};
+    nanosleep(&pause, NULL);
+  }
+}
+
 static void run_one(dt_comm *c, dt_work *w) {
   char what[256];
   pthread_mutex_lock(&w->mu); /* dt_work_times may read it meanwhile */
@@ -143,14 +161,22 @@ static void run_one(dt_comm *c, dt_work *w) {
       const dt_backend_ops *ops = NULL;
       st = dt_backend_get(dt_tensor_device(w->in), &ops);
       if (st == DT_OK)
-        st = ops->event_synchronize(w->ready);
+        st = dt_comm_event_wait(ops, w->ready, w, deadline);
     }
     if (st == DT_OK)
       st = c->be->run(c->impl, w, deadline);
   }
   if (st == DT_ERR_TIMEOUT) {
     describe_work(w, what, sizeof what);
-    fprintf(stderr, "dtrain: rank %d: %s did not complete within %g s; %s\n", c->rank, what,
+    /* Waiting for the device (its input's ready event, a staging copy) is
+     * not waiting for the peers: say which. */
+    const char *late = w->device_stuck ? "was not ready on the device" : "did not complete";
+    const char *cause = w->device_stuck
+                            ? "the device's stream is stuck (a hung kernel, or a failed GPU: "
+                              "nvidia-smi, rerun with CUDA_LAUNCH_BLOCKING=1)"
+                            : "a peer is stuck, dead or submitting collectives in a different "
+                              "order";
+    fprintf(stderr, "dtrain: rank %d: %s %s within %g s; %s\n", c->rank, what, late,
             c->cfg.timeout_s,
             c->cfg.abort_on_timeout ? "aborting the job" : "failing it (abort_on_timeout off)");
     fflush(stderr);
@@ -160,10 +186,8 @@ static void run_one(dt_comm *c, dt_work *w) {
              (unsigned long long)w->seq, c->cfg.timeout_s);
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
     st = DT_ERROR(DT_ERR_TIMEOUT,
-                  "rank %d: %s did not complete within %g s: a peer is stuck, dead or "
-                  "submitting collectives in a different order (raise --comm-timeout if "
-                  "it is only slow)",
-                  c->rank, what, c->cfg.timeout_s);
+                  "rank %d: %s %s within %g s: %s (raise --comm-timeout if it is only slow)",
+                  c->rank, what, late, c->cfg.timeout_s, cause);
   } else if (st != DT_OK) {
     /* This rank did not take its part (staging, MPI, a mismatch): its next
      * collective would pair with the peers' current one, so fail every
@@ -221,6 +245,16 @@ static int lock_within(pthread_mutex_t *mu, double seconds) {
   return pthread_mutex_timedlock(mu, &until) == 0;
 }
 
+/* Aborts a stream backend's transport (ncclCommAbort), not while an
+ * enqueue runs: the abort frees what it uses. An enqueue wedged in the
+ * transport past the deadline leaves the transport as it is. */
+static void abort_transport(dt_comm *c) {
+  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
+    c->be->abort_comm(c->impl);
+    pthread_mutex_unlock(&c->submit_mu);
+  }
+}
+
 /* A device collective is stuck past its deadline (st DT_ERR_TIMEOUT) or
  * the transport failed: name the collective, abort the transport and,
  * with abort_on_timeout, the job. */
@@ -234,13 +268,7 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
   fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
           c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
-  /* Not while an enqueue runs: the abort frees what it uses. An enqueue
-   * wedged in the transport past the deadline leaves the transport as it
-   * is; the job ends below. */
-  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
-    c->be->abort_comm(c->impl);
-    pthread_mutex_unlock(&c->submit_mu);
-  }
+  abort_transport(c); /* an enqueue wedged past the deadline: the job ends below */
   if (c->cfg.abort_on_timeout)
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
   pthread_mutex_lock(&c->mu);
@@ -381,6 +409,18 @@ void dt_comm_destroy(dt_comm *c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
+}
+
+void dt_comm_abort(dt_comm *c, const char *why) {
+  if (c == NULL)
+    return;
+  pthread_mutex_lock(&c->mu);
+  if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+    snprintf(c->broken_why, sizeof c->broken_why, "aborted on rank %d: %s", c->rank,
+             why ? why : "an error");
+  __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&c->mu);
+  abort_transport(c); /* one wedged in an enqueue is the watchdog's to report */
 }
 
 int dt_comm_rank(const dt_comm *c) { return c->rank; }

@@ -181,6 +181,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
+  dt_grad_scaler scaler; /* fp16 */
+  DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
@@ -188,6 +190,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
                                 cfg->bucket_cap_mb, false};
     co.zero_stage = cfg->zero;
+    DT_CHECK_GOTO(dt_ddp_grad_compress_parse(cfg->grad_compress, &co.grad_compress), st, cleanup);
     DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
     timer.ddp = dt_replica_ddp(rep);
   }
@@ -224,12 +227,13 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.samples_per_s = r.steps_per_s * cfg->batch * world;
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
-  dt_peak_flops peak;
-  if (task->flops_per_sample && dt_mfu_peak(dev, &peak) == DT_OK) {
-    r.flops_per_sample = task->flops_per_sample(task);
-    r.peak_flops = peak.flops;
-    snprintf(r.peak_source, sizeof r.peak_source, "%s", peak.source);
-    r.mfu = r.samples_per_s * r.flops_per_sample / (peak.flops * world);
+  dt_mfu mfu;
+  r.flops_per_sample = task->flops_per_sample ? task->flops_per_sample(task) : 0.0;
+  if (r.flops_per_sample > 0 &&
+      dt_mfu_of(dev, r.samples_per_s * r.flops_per_sample / world, &mfu) == DT_OK) {
+    r.peak_flops = mfu.peak.flops;
+    snprintf(r.peak_source, sizeof r.peak_source, "%s", mfu.peak.source);
+    r.mfu = mfu.value;
   }
   dt_clear_error();
   r.world = world;
@@ -243,6 +247,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
     r.grad_mib = (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
+    r.allreduce_bytes = dt_ddp_comm_bytes_per_pass(timer.ddp);
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;
@@ -251,6 +256,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (out)
     *out = r;
 cleanup:
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(rep ? dt_replica_comm(rep) : NULL, "the benchmark failed");
   dt_tensor_release(y);
   dt_tensor_release(x);
   dt_replica_destroy(rep);
@@ -261,19 +268,31 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
+  /* A model with training defaults (a language model) is timed as train
+   * runs it: its optimizer (with its settings, bench_optimizer) and batch;
+   * the flags override them. An unknown name is the parser's. */
+  const dt_task *task = NULL;
+  const char *model = dt_cli_peek_flag(argc, argv, "model");
+  if (model && dt_task_find(model, &task) == DT_OK && task->defaults) {
+    cfg.optimizer = task->defaults->optimizer;
+    cfg.batch = task->defaults->batch;
+  }
+  dt_clear_error();
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
-                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3)"),
+                            "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3, or a language "
+                            "model's AdamW settings)"),
       dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero),
+                       &cfg.zero, &cfg.grad_compress),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -291,14 +310,17 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "line\n"
           "  ddp: world N, per-rank batch B, global batch ..., K buckets (... MiB) over ...\n"
           "names the reducer, and the line\n"
-          "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=... (per step)\n"
+          "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=...\n"
+          "  allreduce_bytes=... (per step)\n"
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
-          "hid, and the part the step waited for.",
+          "hid, the part the step waited for, and the bytes handed to the all-reduces\n"
+          "(ZeRO: reduce-scatters; --grad-compress halves them).",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+      !dt_cli_check_precision("bench", cfg.precision, cfg.device, NULL, err))
     return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
@@ -317,20 +339,27 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d%s\n",
+      "device %s precision %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
+      dt_device_format(r.device, dev, sizeof dev),
+      cfg.precision                     ? cfg.precision
+      : r.device.type == DT_DEVICE_CUDA ? "tf32"
+                                        : "fp32",
+      dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
-        "over %s, zero %d\n",
-        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero);
+        "over %s, zero %d, grad-compress %s\n",
+        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
+        cfg.grad_compress);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   if (r.tokens_per_s > 0)
     printf(" tokens_per_s=%.0f", r.tokens_per_s);
-  if (r.peak_flops > 0)
+  if (r.peak_flops > 0 && r.mfu >= 0)
     printf(" mfu=%.2f%%", 100.0 * r.mfu);
+  else if (r.peak_flops > 0)
+    printf(" mfu=n/a (above the measured roof)");
   printf("\n");
   if (r.peak_flops > 0)
     printf("flops: %.1f MFLOP per sample, peak %.1f GFLOP/s per device (%s)\n",
@@ -342,8 +371,11 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   printf("memory: optimizer_state_mib=%.3f grad_mib=%.3f in_flight_mib=%.3f (per rank)\n",
          r.optimizer_state_mib, r.gradient_mem_mib, r.in_flight_mib);
   if (r.world > 1)
-    printf("comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f (per step)\n",
-           r.allreduce_ms, r.overlapped_ms,
-           r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms);
+    printf(
+        "comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f "
+        "allreduce_bytes=%zu (per step)\n",
+        r.allreduce_ms, r.overlapped_ms,
+        r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms,
+        r.allreduce_bytes);
   return 0;
 }

@@ -169,6 +169,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLOAT_FLAG("min-lr", &cfg.min_lr, "LR",
                     "cosine schedule: final learning rate (at most --lr)"),
       DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
+      dt_cli_flag_precision(&cfg.precision),
+      DT_STRING_FLAG("debug-overflow", &cfg.debug_overflow, "R:S",
+                     "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
+                     "step S (0-based)",
+                     .check = dt_cli_check_debug_overflow),
       dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
@@ -187,7 +192,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
                      .check = dt_cli_check_device_list, .per_rank = true),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero),
+                       &cfg.zero, &cfg.grad_compress),
       DT_BOOL_FLAG("allow-unused", &allow_unused,
                    "DDP: zero-fill gradients of parameters the forward did not use"),
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
@@ -259,6 +264,13 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
     return 2;
   bool dp = !strcmp(cfg.mode, "dp");
+  if (!dt_cli_check_precision("train", cfg.precision, cfg.device, dp ? cfg.devices : NULL, err))
+    return 2;
+  if (cfg.debug_overflow && (!cfg.precision || strcmp(cfg.precision, "fp16") != 0)) {
+    fprintf(err,
+            "dtrain train: --debug-overflow tests the GradScaler: it needs --precision fp16\n");
+    return 2;
+  }
   if (dp && !cfg.devices) {
     fprintf(err,
             "dtrain train: --mode dp needs the replicas' devices: --devices cpu:0,cpu:1 (or "

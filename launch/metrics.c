@@ -119,7 +119,7 @@ dt_status dt_metrics_write_run(dt_metrics *m, const dt_metrics_run *r) {
 dt_metrics_step dt_metrics_step_default(void) {
   dt_metrics_step r;
   memset(&r, 0, sizeof r);
-  r.tokens_per_s = r.allreduce_ms = r.allreduce_hidden = -1.0;
+  r.tokens_per_s = r.allreduce_ms = r.allreduce_hidden = r.allreduce_bytes = -1.0;
   r.mfu = r.loss_scale = -1.0;
   r.skipped_steps = -1;
   return r;
@@ -156,9 +156,11 @@ static void fill_step(cJSON *o, const void *rec) {
   if (r->allreduce_ms >= 0) {
     add_number(o, "allreduce_ms", r->allreduce_ms);
     add_number(o, "allreduce_hidden", r->allreduce_hidden);
+    add_number(o, "allreduce_bytes", r->allreduce_bytes);
   } else {
     cJSON_AddNullToObject(o, "allreduce_ms");
     cJSON_AddNullToObject(o, "allreduce_hidden");
+    cJSON_AddNullToObject(o, "allreduce_bytes");
   }
   if (r->mfu >= 0)
     add_number(o, "mfu", r->mfu);

@@ -7,11 +7,21 @@
  * bf16; H100 SXM and H200 67 / 495 / 989, H100 PCIe 51 / 378 / 756), at
  * TF32 when TF32 is on (DT_CUDA_TF32, the default) and f32 otherwise, as
  * dtrain trains in f32; for the CPU the measured roof of a square sgemm
- * (1024^3 through the CPU backend with this thread's thread count, the
- * best of a few runs, measured once per thread count and cached). */
+ * (1024^3 through the CPU backend with this thread's thread count, cached
+ * per thread count).
+ *
+ * The CPU roof is what the run's cores do at their best, not what they did
+ * while other work held them: each of a few timed sgemms counts at the
+ * higher of its wall-clock rate and its rate per CPU-second of the process
+ * times the thread count (a thread that lost its core for part of the run
+ * loses wall time, not CPU time), and the roof is the best run. An MFU
+ * above 1 means the roof was still measured low: it is measured again
+ * (keeping the higher value), and an MFU still above 1 is not reported as
+ * a number (dt_mfu_of: above_roof). */
 #ifndef DT_LAUNCH_MFU_H
 #define DT_LAUNCH_MFU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/device.h"
@@ -29,6 +39,24 @@ typedef struct dt_peak_flops {
 /* The peak of `dev`. A GPU not in the table: DT_ERR_UNSUPPORTED naming it
  * (the caller prints no MFU). */
 dt_status dt_mfu_peak(dt_device dev, dt_peak_flops *out);
+
+typedef struct dt_mfu {
+  double value;    /* achieved / peak in [0, 1]; -1 = unknown or above the roof */
+  bool above_roof; /* achieved beat the measured CPU roof, measured again */
+  dt_peak_flops peak;
+} dt_mfu;
+
+/* The MFU of `achieved` FLOP/s per device on devices like `dev`: the peak
+ * from dt_mfu_peak; a CPU roof that `achieved` exceeds is measured again
+ * once per call (the higher value kept), and if it is still exceeded,
+ * value -1 and above_roof. Errors: dt_mfu_peak's. */
+dt_status dt_mfu_of(dt_device dev, double achieved, dt_mfu *out);
+
+/* The roof of timed runs of `flops` each: the best over the runs of
+ * max(flops / wall_s[i], threads * flops / cpu_s[i]) (cpu_s: CPU time of
+ * the process, 0 = not known). 0 when no run has a positive time. */
+double dt_mfu_roof_of_runs(double flops, const double *wall_s, const double *cpu_s, int n,
+                           int threads);
 
 /* The peak for a GPU of this name (cudaDeviceProp.name, e.g. "NVIDIA
  * H100 80GB HBM3") at "f32", "tf32" or "bf16"; 0 when unknown. */

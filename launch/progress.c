@@ -98,8 +98,9 @@ void dt_progress_clear(dt_progress *p) {
 }
 
 void dt_progress_line(dt_progress *p, const char *line) {
-  if (!p->out || p->quiet || p->live)
+  FILE *to = p->live ? p->file_out : p->out;
+  if (!p->out || p->quiet || !to)
     return;
-  fprintf(p->out, "%s%s", p->prefix, line);
-  fflush(p->out);
+  fprintf(to, "%s%s", p->prefix, line);
+  fflush(to);
 }

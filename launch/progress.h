@@ -9,7 +9,8 @@
  * is a file, so `dtrain launch` passes DT_PROGRESS on);
  * off a terminal (a log file, Slurm, a pipe): the plain lines
  * `epoch E step B/N loss L lr LR samples/s S mem M MiB (peak P MiB)` every
- * --log-interval micro-batches, as before. --quiet: neither.
+ * --log-interval micro-batches, as before; with the live line they go to
+ * the run's train.log alone (file_out). --quiet: neither.
  */
 #ifndef DT_LAUNCH_PROGRESS_H
 #define DT_LAUNCH_PROGRESS_H
@@ -25,6 +26,7 @@ extern "C" {
 typedef struct dt_progress {
   FILE *out;          /* plain lines; NULL = nothing shown */
   FILE *live_out;     /* the live line (a terminal) */
+  FILE *file_out;     /* with the live line: the plain lines' file (train.log), NULL = none */
   const char *prefix; /* "" or "rank 1: " */
   bool live;          /* out is a terminal */
   bool quiet;
@@ -58,7 +60,8 @@ typedef struct dt_progress_state {
 void dt_progress_draw(dt_progress *p, const dt_progress_state *s, bool force);
 /* Clears the live line so that an ordinary line can be printed. */
 void dt_progress_clear(dt_progress *p);
-/* A plain progress line (off a terminal, not quiet). */
+/* A plain progress line (not quiet): to out off a terminal, to file_out
+ * while the live line is shown. */
 void dt_progress_line(dt_progress *p, const char *line);
 
 /* "1:02:03" / "2:03" for seconds (negative or unknown: "?"). */

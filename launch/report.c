@@ -149,13 +149,23 @@ static dt_status add_eval(report *r, const cJSON *o) {
   snprintf(name, sizeof name, "%s loss", split);
   DT_CHECK(add_point(&r->p[P_LOSS], name, true, step, number_or_nan(o, loss_key)));
   const cJSON *it;
+  bool metric = false;
   cJSON_ArrayForEach(it, o) {
     if (it->string && !strncmp(it->string, split, n) && it->string[n] == '_' &&
         strcmp(it->string, loss_key) && cJSON_IsNumber(it)) {
       snprintf(r->metric, sizeof r->metric, "%s", it->string + n + 1);
       r->last_metric = it->valuedouble;
+      metric = true;
       DT_CHECK(add_point(&r->p[P_METRIC], it->string, true, step, it->valuedouble));
     }
+  }
+  /* A task without a metric (a language model) is judged by its loss:
+   * val_loss is what its run ends with. */
+  double loss = number_or_nan(o, loss_key);
+  if (!metric && !isnan(loss)) {
+    snprintf(r->metric, sizeof r->metric, "loss");
+    r->last_metric = loss;
+    DT_CHECK(add_point(&r->p[P_METRIC], loss_key, true, step, loss));
   }
   return DT_OK;
 }

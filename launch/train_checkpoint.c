@@ -34,17 +34,23 @@ void dt_train_ckpt_install_signal_handlers(void) {
   sigaction(SIGUSR1, &sa, NULL);
 }
 
-/* One checkpoint being written by the background thread. */
+/* One checkpoint being written by this rank's background thread: rank 0
+ * writes the weights, the trainer state and, last, the manifest; under
+ * ZeRO with DDP every rank writes its own optimizer shard, and rank 0's
+ * manifest waits until every rank's is there. */
 typedef struct save_job {
   char dir[4096];    /* .../checkpoints/step_NNNNNNNN */
   char parent[4096]; /* .../checkpoints */
   int64_t step;
   int keep;
-  int n_shards;       /* ZeRO: optimizer.rank<R>.bin of every rank, written already */
-  double snapshot_ms; /* the training thread's part (the copies; ZeRO: the shard's file too) */
-  double write_ms;    /* the writer thread's */
-  dt_tensor_snapshot *weights;
-  dt_state_writer *state;
+  int n_shards;           /* ZeRO with DDP: optimizer.rank<R>.bin of every rank (world), else 0 */
+  int rank;               /* this rank */
+  dt_state_writer *shard; /* this rank's shard (section optimizer.rank<R>), NULL = none */
+  double shard_wait_s;    /* rank 0: how long the other ranks' shards may take */
+  double snapshot_ms;     /* the training thread's part (the copies) */
+  double write_ms;        /* the writer thread's */
+  dt_tensor_snapshot *weights; /* rank 0 */
+  dt_state_writer *state;      /* rank 0; NULL on the others */
   dt_status status;
   char error[1024];
 } save_job;
@@ -109,6 +115,9 @@ static void log_msg(dt_train_ckpt *ck, FILE *log, const char *fmt, ...) {
 }
 
 /* ---- saving ---- */
+/* Rank 0 writes the weights, the trainer state and the manifest. */
+static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
+
 /* Size and CRC32 of a file another rank wrote. */
 static dt_status file_entry(const char *dir, dt_ckpt_file_entry *e) {
   char path[4400];
@@ -128,47 +137,110 @@ static double now_ms(void) {
   return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
 }
 
-static void *writer_main(void *arg) {
-  save_job *j = arg;
-  double t0 = now_ms();
+static void shard_name(int rank, const char *suffix, char *buf, size_t cap) {
+  snprintf(buf, cap, "optimizer.rank%05d.%s", rank, suffix);
+}
+
+/* This rank's shard, optimizer.rank<R>.bin; on failure a marker
+ * optimizer.rank<R>.failed with the reason, so that rank 0's writer stops
+ * waiting for the shard at once. */
+static dt_status write_shard(save_job *j) {
+  char name[64];
+  shard_name(j->rank, "bin", name, sizeof name);
+  dt_status st = dt_state_writer_write(j->shard, j->dir, name, NULL, NULL);
+  if (st == DT_OK)
+    return DT_OK;
+  char marker[4200];
+  shard_name(j->rank, "failed", name, sizeof name);
+  snprintf(marker, sizeof marker, "%s/%s", j->dir, name);
+  FILE *f = fopen(marker, "w");
+  if (f) {
+    fputs(dt_last_error(), f);
+    fclose(f);
+  }
+  return st;
+}
+
+/* Rank 0: the size and CRC32 of every rank's shard, waiting (up to
+ * j->shard_wait_s) for those that other ranks are still writing. */
+static dt_status collect_shards(save_job *j, dt_ckpt_manifest *m) {
+  double deadline = now_ms() + 1e3 * j->shard_wait_s;
+  for (int r = 0; r < j->n_shards; r++) {
+    dt_ckpt_file_entry *e = &m->files[m->n_files++];
+    char marker[4200], name[64];
+    shard_name(r, "bin", e->name, sizeof e->name);
+    shard_name(r, "failed", name, sizeof name);
+    snprintf(marker, sizeof marker, "%s/%s", j->dir, name);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", j->dir, e->name);
+    while (access(path, F_OK) != 0) { /* renamed into place: complete once there */
+      if (access(marker, F_OK) == 0) {
+        void *why = NULL;
+        size_t n = 0;
+        if (dt_ckpt_read_file(marker, &why, &n) != DT_OK)
+          n = 0;
+        dt_status st = DT_ERROR(DT_ERR_IO, "rank %d could not write its optimizer shard: %.*s", r,
+                                (int)n, why ? (const char *)why : "");
+        free(why);
+        return st;
+      }
+      if (now_ms() > deadline)
+        return DT_ERROR(DT_ERR_TIMEOUT,
+                        "rank %d's optimizer shard %s did not appear within %.0f s: is the run "
+                        "directory on a file system every rank sees?",
+                        r, path, j->shard_wait_s);
+      struct timespec pause = {0, 20 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+    }
+    DT_CHECK(file_entry(j->dir, e));
+  }
+  return DT_OK;
+}
+
+/* Rank 0: the weights, the trainer state, every rank's shard, then the
+ * manifest; then --keep. */
+static dt_status write_checkpoint(save_job *j) {
   dt_ckpt_manifest m;
   memset(&m, 0, sizeof m);
   m.step = j->step;
-  dt_status st = dt_ckpt_make_dirs(j->dir);
   char manifest[4200];
   snprintf(manifest, sizeof manifest, "%s/%s", j->dir, DT_CKPT_MANIFEST);
-  if (st == DT_OK && unlink(manifest) != 0 && errno != ENOENT) /* a save of this step again */
-    st = DT_ERROR(DT_ERR_IO, "removing %s: %s", manifest, strerror(errno));
+  if (unlink(manifest) != 0 && errno != ENOENT) /* a save of this step again */
+    return DT_ERROR(DT_ERR_IO, "removing %s: %s", manifest, strerror(errno));
   dt_ckpt_file_entry *w = &m.files[0], *s = &m.files[1];
   snprintf(w->name, sizeof w->name, "%s", DT_CKPT_WEIGHTS_FILE);
   snprintf(s->name, sizeof s->name, "%s", DT_CKPT_STATE_FILE);
   m.n_files = 2;
-  if (st == DT_OK)
-    st = dt_tensor_snapshot_write_safetensors(j->weights, j->dir, DT_CKPT_WEIGHTS_FILE, &w->crc32,
-                                              &w->size);
-  if (st == DT_OK)
-    st = dt_state_writer_write(j->state, j->dir, DT_CKPT_STATE_FILE, &s->crc32, &s->size);
-  for (int r = 0; st == DT_OK && r < j->n_shards; r++) {
-    dt_ckpt_file_entry *e = &m.files[m.n_files++];
-    snprintf(e->name, sizeof e->name, "optimizer.rank%05d.bin", r);
-    st = file_entry(j->dir, e);
-  }
-  if (st == DT_OK)
-    st = dt_ckpt_manifest_write(j->dir, &m);
+  DT_CHECK(dt_tensor_snapshot_write_safetensors(j->weights, j->dir, DT_CKPT_WEIGHTS_FILE, &w->crc32,
+                                                &w->size));
+  DT_CHECK(dt_state_writer_write(j->state, j->dir, DT_CKPT_STATE_FILE, &s->crc32, &s->size));
+  DT_CHECK(collect_shards(j, &m));
+  DT_CHECK(dt_ckpt_manifest_write(j->dir, &m));
   /* --keep: the newest K complete checkpoints stay. */
   char names[256][64];
   int n = 0, complete = 0;
-  if (st == DT_OK && j->keep > 0)
-    st = dt_ckpt_list(j->parent, names, 256, &n);
-  for (int i = 0; st == DT_OK && j->keep > 0 && i < n; i++) {
+  if (j->keep > 0)
+    DT_CHECK(dt_ckpt_list(j->parent, names, 256, &n));
+  for (int i = 0; j->keep > 0 && i < n; i++) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/%s", j->parent, names[i]);
     snprintf(manifest, sizeof manifest, "%s/%s", dir, DT_CKPT_MANIFEST);
     bool has_manifest = access(manifest, F_OK) == 0;
     complete += has_manifest;
     if ((has_manifest && complete > j->keep) || (!has_manifest && complete > 0))
-      st = dt_ckpt_remove(dir);
+      DT_CHECK(dt_ckpt_remove(dir));
   }
+  return DT_OK;
+}
+
+static void *writer_main(void *arg) {
+  save_job *j = arg;
+  double t0 = now_ms();
+  dt_status st = dt_ckpt_make_dirs(j->dir);
+  if (st == DT_OK && j->shard)
+    st = write_shard(j);
+  if (st == DT_OK && j->state)
+    st = write_checkpoint(j);
   j->write_ms = now_ms() - t0;
   j->status = st;
   if (st != DT_OK)
@@ -179,6 +251,7 @@ static void *writer_main(void *arg) {
 static void job_destroy(save_job *j) {
   if (!j)
     return;
+  dt_state_writer_destroy(j->shard);
   dt_tensor_snapshot_destroy(j->weights);
   dt_state_writer_destroy(j->state);
   free(j);
@@ -199,7 +272,7 @@ static dt_status collect_writer(dt_train_ckpt *ck) {
     dt_error_set(st, __func__, __FILE__, __LINE__, "%s", j->error);
   else
     snprintf(ck->last_saved, sizeof ck->last_saved, "%s", j->dir);
-  if (st == DT_OK && ck->tee) {
+  if (st == DT_OK && ck->tee && j->state) {
     fprintf(ck->tee,
             "%sdtrain train: checkpoint %s saved: training waited %.1f ms (the snapshot), the "
             "files took %.1f ms in the background\n",
@@ -230,46 +303,50 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
   return DT_OK;
 }
 
+void dt_train_ckpt_copy_segments(const dt_ckpt_optim_shard *shard, float *flat, float *data,
+                                 int to_flat) {
+  size_t pos = 0;
+  for (uint32_t b = 0; b < shard->n_buffers; b++)
+    for (uint32_t i = 0; i < shard->n_segments; i++) {
+      float *f = flat + (size_t)b * shard->total + shard->segments[2 * i];
+      size_t bytes = shard->segments[2 * i + 1] * sizeof(float);
+      if (to_flat)
+        memcpy(f, shard->data + pos, bytes);
+      else
+        memcpy(data + pos, f, bytes);
+      pos += shard->segments[2 * i + 1];
+    }
+}
+
 /* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
- * segments of the flat space (one, [0, total), without ZeRO), clipped to
- * the model's parameters (ZeRO pads the arena's tail). */
+ * non-empty segments of the flat space (one, [0, total), without ZeRO),
+ * taken from the state in the arena's coordinates. */
 static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
                                    size_t *size) {
   int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(ck->run.models[0]);
   int n_seg = dt_optim_num_segments(opt);
   uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
-  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *flat = calloc((size_t)(nbuf * total > 0 ? nbuf * total : 1), sizeof(float));
   float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
   uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
-  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
-                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  dt_status st = flat && data && segs ? dt_optim_state_to_flat(opt, flat, nbuf * total)
+                                      : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
   uint32_t kept = 0;
-  size_t used = 0;
   for (int i = 0; st == DT_OK && i < n_seg; i++) {
     dt_optim_segment g = dt_optim_segment_at(opt, i);
-    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
-    if (n <= 0)
+    if (g.numel <= 0)
       continue;
     segs[2 * kept] = (uint64_t)g.offset;
-    segs[2 * kept + 1] = (uint64_t)n;
+    segs[2 * kept + 1] = (uint64_t)g.numel;
     kept++;
-    used += (size_t)n;
   }
-  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
-    for (int i = 0, k = 0; i < n_seg; i++) {
-      dt_optim_segment g = dt_optim_segment_at(opt, i);
-      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
-        continue;
-      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
-      pos += (uint32_t)segs[2 * k + 1];
-      k++;
-    }
   dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
-  (void)used;
-  if (st == DT_OK)
+  if (st == DT_OK) {
+    dt_train_ckpt_copy_segments(&shard, flat, data, 0);
     st = dt_ckpt_optim_section_encode(&shard, bytes, size);
-  free(state);
+  }
+  free(flat);
   free(data);
   free(segs);
   return st;
@@ -279,32 +356,69 @@ static void step_dir(const dt_train_ckpt *ck, int64_t step, char *buf, size_t ca
   snprintf(buf, cap, "%s/step_%08lld", ck->ckpt_dir, (long long)step);
 }
 
-/* Under ZeRO every rank writes its own shard, optimizer.rank<R>.bin
- * (section "optimizer.rank<R>"), before rank 0's manifest can list it. */
-static dt_status write_own_shard(const dt_train_ckpt *ck, int64_t step) {
-  char dir[4200], name[64], section[DT_STATE_NAME_MAX];
-  step_dir(ck, step, dir, sizeof dir);
-  snprintf(name, sizeof name, "optimizer.rank%05d.bin", ck->run.rank);
+/* This rank's optimizer shard as a trainer-state file (section
+ * "optimizer.rank<R>"), for its writer thread. */
+static dt_status shard_snapshot(const dt_train_ckpt *ck, dt_state_writer **out) {
+  char section[DT_STATE_NAME_MAX];
   snprintf(section, sizeof section, "optimizer.rank%d", ck->run.rank);
-  DT_CHECK(dt_ckpt_make_dirs(dir));
-  dt_state_writer *w = NULL;
   void *bytes = NULL;
   size_t size = 0;
-  dt_status st = dt_state_writer_create(&w);
+  DT_CHECK(dt_state_writer_create(out));
+  dt_status st = optimizer_section(ck, ck->run.opts[0], &bytes, &size);
   if (st == DT_OK)
-    st = optimizer_section(ck, ck->run.opts[0], &bytes, &size);
-  if (st == DT_OK)
-    st = dt_state_writer_add(w, section, bytes, size);
-  if (st == DT_OK)
-    st = dt_state_writer_write(w, dir, name, NULL, NULL);
+    st = dt_state_writer_add(*out, section, bytes, size);
   free(bytes);
-  dt_state_writer_destroy(w);
   return st;
 }
 
-/* The snapshot (on this thread), then the files on the writer thread. */
+/* The GradScaler and the optimizer's step count (behind the run's step
+ * by the skipped steps): the same on every rank, saved by rank 0. */
+static dt_status add_scaler_section(const dt_train_ckpt *ck, dt_state_writer *w) {
+  char text[512];
+  size_t n = 0;
+  DT_CHECK(dt_ckpt_scaler_section_encode(ck->run.scaler, text, sizeof text, &n));
+  int more = snprintf(text + n, sizeof text - n, "optimizer_steps %lld\n",
+                      (long long)dt_optim_step_count(ck->run.opts[0]));
+  if (more < 0 || (size_t)more >= sizeof text - n)
+    return DT_ERROR(DT_ERR_INTERNAL, "trainer-state scaler text too long");
+  return dt_state_writer_add(w, "scaler", text, n + (size_t)more);
+}
+
+/* Rank 0's part of a save: the meta text, the weights, the replicated
+ * optimizer sections, into j. */
+static dt_status snapshot_checkpoint(const dt_train_ckpt *ck, const dt_train_position *p,
+                                     bool sharded, save_job *j) {
+  char meta[8192];
+  DT_CHECK(meta_text(ck, p, meta, sizeof meta));
+  DT_CHECK(dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights));
+  DT_CHECK(dt_state_writer_create(&j->state));
+  DT_CHECK(dt_state_writer_add(j->state, "meta", meta, strlen(meta)));
+  if (ck->run.scaler)
+    DT_CHECK(add_scaler_section(ck, j->state));
+  /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
+   * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
+   * files. */
+  int parts = !sharded ? 1 : j->n_shards == 0 ? ck->run.n_replicas : 0;
+  for (int i = 0; i < parts; i++) {
+    char name[DT_STATE_NAME_MAX];
+    snprintf(name, sizeof name, sharded ? "optimizer.part%d" : "optimizer", i);
+    void *bytes = NULL;
+    size_t size = 0;
+    dt_status st = optimizer_section(ck, ck->run.opts[i], &bytes, &size);
+    if (st == DT_OK)
+      st = dt_state_writer_add(j->state, name, bytes, size);
+    free(bytes);
+    DT_CHECK(st);
+  }
+  return DT_OK;
+}
+
+/* The snapshot (on this thread), then the files on this rank's writer
+ * thread: rank 0 always, the others under ZeRO with DDP (their shards). */
 static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
-  DT_CHECK(collect_writer(ck));
+  bool shards = sharded && ck->run.comm && ck->run.world > 1;
+  if (!writes(ck) && !shards)
+    return DT_OK;
   save_job *j = calloc(1, sizeof *j);
   if (!j)
     return DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
@@ -315,32 +429,16 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, boo
   }
   j->step = p.step;
   j->keep = ck->run.cfg->keep;
+  j->rank = ck->run.rank;
+  /* Under the watchdog's deadline: a rank whose shard never comes is
+   * reported by rank 0 before the watchdog ends the job. */
+  j->shard_wait_s = 0.5 * ck->run.cfg->comm_timeout;
   snprintf(j->parent, sizeof j->parent, "%s", ck->ckpt_dir);
   step_dir(ck, p.step, j->dir, sizeof j->dir);
-  j->n_shards = sharded && ck->run.comm && ck->run.world > 1 ? ck->run.world : 0;
-  char meta[8192];
-  void *bytes = NULL;
-  size_t size = 0;
-  dt_status st = meta_text(ck, &p, meta, sizeof meta);
-  if (st == DT_OK)
-    st = dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights);
-  if (st == DT_OK)
-    st = dt_state_writer_create(&j->state);
-  if (st == DT_OK)
-    st = dt_state_writer_add(j->state, "meta", meta, strlen(meta));
-  /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
-   * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
-   * files, written already. */
-  int parts = !sharded ? 1 : j->n_shards == 0 ? ck->run.n_replicas : 0;
-  for (int i = 0; st == DT_OK && i < parts; i++) {
-    char name[DT_STATE_NAME_MAX];
-    snprintf(name, sizeof name, sharded ? "optimizer.part%d" : "optimizer", i);
-    st = optimizer_section(ck, ck->run.opts[i], &bytes, &size);
-    if (st == DT_OK)
-      st = dt_state_writer_add(j->state, name, bytes, size);
-    free(bytes);
-    bytes = NULL;
-  }
+  j->n_shards = shards ? ck->run.world : 0;
+  dt_status st = shards ? shard_snapshot(ck, &j->shard) : DT_OK;
+  if (st == DT_OK && writes(ck))
+    st = snapshot_checkpoint(ck, &p, sharded, j);
   if (st != DT_OK) {
     job_destroy(j);
     return dt_error_wrap(st, "checkpoint of step %lld", (long long)p.step);
@@ -369,29 +467,51 @@ static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
   return st;
 }
 
-static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
+/* Under ZeRO with DDP, before any rank's writer of this save starts: the
+ * step's directory without this rank's shard (and rank 0's manifest) of an
+ * earlier save, so that rank 0's writer cannot take a stale shard. */
+static dt_status clear_own_files(const dt_train_ckpt *ck, int64_t step) {
+  char dir[4200], name[64], path[4400];
+  step_dir(ck, step, dir, sizeof dir);
+  DT_CHECK(dt_ckpt_make_dirs(dir));
+  const char *kinds[] = {"bin", "failed"};
+  for (int k = 0; k < 2 + writes(ck); k++) {
+    if (k < 2)
+      shard_name(ck->run.rank, kinds[k], name, sizeof name);
+    else
+      snprintf(name, sizeof name, "%s", DT_CKPT_MANIFEST);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (unlink(path) != 0 && errno != ENOENT)
+      return DT_ERROR(DT_ERR_IO, "removing %s: %s", path, strerror(errno));
+  }
+  return DT_OK;
+}
 
-/* A checkpoint of this step; every rank calls it (collective under ZeRO). */
+/* A checkpoint of this step; every rank calls it (collective under ZeRO
+ * with DDP). The previous save must have finished first (one in flight). */
 static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos) {
   bool sharded = dt_optim_is_sharded(ck->run.opts[0]);
   double t0 = now_ms();
+  dt_status st = collect_writer(ck);
   if (sharded && ck->run.comm && ck->run.world > 1) {
-    /* The shards go to disk on this thread; every rank then knows all are
-     * there before rank 0's manifest can name them. */
-    dt_status st = write_own_shard(ck, pos->step);
+    if (st == DT_OK)
+      st = clear_own_files(ck, pos->step);
+    /* Every rank knows the others' earlier shards were written and this
+     * step's stale files are gone. */
     float failed = st != DT_OK ? 1.0f : 0.0f;
     dt_status cs = any_rank(ck, &failed);
-    if (st != DT_OK)
-      return dt_error_wrap(st, "saving this rank's optimizer shard");
+    DT_CHECK(st);
     DT_CHECK(cs);
     if (failed > 0)
-      return DT_ERROR(DT_ERR_IO, "another rank could not write its optimizer shard of step %lld",
+      return DT_ERROR(DT_ERR_IO,
+                      "another rank could not write its optimizer shard (its message names "
+                      "the file), or clear it before step %lld's checkpoint",
                       (long long)pos->step);
   }
-  if (writes(ck)) {
-    DT_CHECK(start_save(ck, pos, sharded));
+  DT_CHECK(st);
+  DT_CHECK(start_save(ck, pos, sharded));
+  if (ck->job)
     ck->job->snapshot_ms = now_ms() - t0; /* read by collect_writer, after the join */
-  }
   ck->saved_step = pos->step;
   return DT_OK;
 }
@@ -419,11 +539,9 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
   dt_status st = DT_OK;
   if (ck->saved_step != pos->step)
     st = save_checkpoint(ck, pos);
-  if (writes(ck)) {
-    dt_status w = collect_writer(ck);
-    if (st == DT_OK)
-      st = w;
-  }
+  dt_status w = collect_writer(ck);
+  if (st == DT_OK)
+    st = w;
   /* Every rank learns whether rank 0 saved (and none exits before it has:
    * mpirun ends a job whose rank exits with a non-zero status). */
   float failed = st != DT_OK ? 1.0f : 0.0f;
@@ -432,7 +550,9 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
     return st;
   DT_CHECK(cs);
   if (failed > 0)
-    return DT_ERROR(DT_ERR_IO, "rank 0 could not save the checkpoint of step %lld",
+    return DT_ERROR(DT_ERR_IO,
+                    "another rank could not save its part of the checkpoint of step "
+                    "%lld (its message names the file)",
                     (long long)pos->step);
   return DT_OK;
 }
@@ -630,5 +750,7 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   *out = ck;
   return DT_OK;
 }
+
+FILE *dt_train_ckpt_log_file(const dt_train_ckpt *ck) { return ck ? ck->file_log : NULL; }
 
 const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck) { return ck ? ck->run_dir : ""; }

@@ -81,6 +81,10 @@ typedef struct dt_train_ckpt_run {
   int64_t batches_per_epoch; /* this rank's micro-batches per epoch */
   const dt_lr_schedule *schedule;
   int64_t context; /* a sequence task's context T (--ctx or the model's), 0 = none */
+  /* fp16: the GradScaler, saved in a "scaler" section with the optimizer's
+   * own step count (skipped steps leave it behind the run's step) and
+   * restored on resume; NULL = none. */
+  dt_grad_scaler *scaler;
 } dt_train_ckpt_run;
 
 /* Where a run stands: after `step` optimizer steps, `batch` micro-batches of
@@ -117,6 +121,8 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos);
 
 /* The signal that stopped the run (SIGTERM, SIGUSR1), 0 = none. */
 int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck);
+/* train.log (rank 0), NULL = none: for lines the terminal does not show. */
+FILE *dt_train_ckpt_log_file(const dt_train_ckpt *ck);
 /* The run directory ("" for NULL). */
 const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck);
 /* The last checkpoint saved (a directory), "" = none. */

@@ -30,25 +30,24 @@ void dt_train_apply_task_defaults(dt_train_config *c, const dt_task *task) {
   c->val_batches = d->val_batches;
 }
 
-void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
-                              char *buf, size_t cap) {
+double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
+                                char *buf, size_t cap) {
   size_t used = 0;
   buf[0] = '\0';
   if (task->max_context > 0)
     used +=
         (size_t)snprintf(buf, cap, " tokens/s %.0f", samples_per_s * (double)task->input_shape[0]);
-  double mfu = dt_train_mfu(task, dev, world, samples_per_s);
-  if (mfu >= 0 && used < cap)
-    snprintf(buf + used, cap - used, " mfu %.1f%%", 100.0 * mfu);
-}
-
-double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s) {
-  dt_peak_flops peak;
-  if (!task->flops_per_sample || dt_mfu_peak(dev, &peak) != DT_OK) {
+  dt_mfu mfu;
+  if (!task->flops_per_sample || world < 1 ||
+      dt_mfu_of(dev, samples_per_s * task->flops_per_sample(task) / world, &mfu) != DT_OK) {
     dt_clear_error();
     return -1.0;
   }
-  return samples_per_s * task->flops_per_sample(task) / (peak.flops * world);
+  if (used < cap && mfu.above_roof)
+    snprintf(buf + used, cap - used, " mfu n/a (above the measured roof)");
+  else if (used < cap)
+    snprintf(buf + used, cap - used, " mfu %.1f%%", 100.0 * mfu.value);
+  return mfu.value;
 }
 
 void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev) {

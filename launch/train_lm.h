@@ -19,15 +19,12 @@ extern "C" {
 #endif
 
 /* " tokens/s N" for sequence tasks and " mfu X.X%" for tasks with
- * flops_per_sample (peak: launch/mfu.h, times `world` devices) into buf;
- * "" when the task has neither. samples_per_s counts every rank. */
-void dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
-                              char *buf, size_t cap);
-
-/* Model FLOPs utilisation in [0, 1] at samples_per_s (every rank's) over
- * `world` devices like `dev`; -1 when the task has no flops_per_sample or
- * the peak is unknown. */
-double dt_train_mfu(const dt_task *task, dt_device dev, int world, double samples_per_s);
+ * flops_per_sample (peak: launch/mfu.h, times `world` devices; " mfu n/a
+ * (above the measured roof)" when the run beat a CPU roof measured again)
+ * into buf; "" when the task has neither. samples_per_s counts every
+ * rank. Returns the MFU in [0, 1], -1 when there is none to report. */
+double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
+                                char *buf, size_t cap);
 
 /* The header line on throughput: the FLOPs per token and the peak the MFU
  * is taken against (nothing for a task without flops_per_sample). */

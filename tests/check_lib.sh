@@ -84,6 +84,14 @@ run() {
   rc=$?
 }
 
+# run_within SECONDS ARGS...: run, ended after SECONDS (nothing may hang).
+run_within() {
+  local seconds=$1
+  shift
+  timeout "$seconds" "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+
 fail() {
   failures=$((failures + 1))
   echo "FAIL: $*"

@@ -281,6 +281,26 @@ TEST_F(DistStaged, ZeroOnDeviceEqualsOneProcess) {
   }
 }
 
+// --grad-compress bf16 on device tensors: the 16-bit casts run on the
+// device's compute stream around the host-staged 16-bit reductions; every
+// stage equals the same compressed training on host tensors (the same
+// 16-bit sums; on a GPU its kernels' rounding), and differs from f32.
+TEST_F(DistStaged, CompressedOnDeviceEqualsCompressedOnHost) {
+  dtt::StepSpec spec = dtt::zero_case_spec({"mlp", 2, 0.5f, false});
+  std::vector<float> plain = dtt::train_steps(g_comm, world(), spec).params;
+  spec.ddp.grad_compress = DT_DTYPE_BF16;
+  for (int stage : {0, 1, 2}) {
+    spec.ddp.zero_stage = stage;
+    std::vector<float> host = dtt::train_steps(g_comm, world(), spec).params;
+    std::vector<float> dev = dtt::train_steps(g_comm, world(), spec, kDev).params;
+    double rel = dtt::rel_error(dev, host);
+    std::printf("[rank %d] mlp bf16 zero %d on %s: relative error to the host run %.3g\n", rank(),
+                stage, g_real ? "cuda:0 (shared)" : "a stand-in device", rel);
+    EXPECT_LE(rel, g_real ? 1e-4 : 1e-6) << "zero " << stage;
+    EXPECT_GT(dtt::rel_error(host, plain), 1e-7) << "compression changed nothing";
+  }
+}
+
 // Auto selection: NCCL is unusable here (no GPU for it; or, on the GPU
 // machine, the ranks share cuda:0), every rank agrees and falls back to
 // host staging.

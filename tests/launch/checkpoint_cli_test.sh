@@ -13,6 +13,9 @@
 #     one, saying why, and takes the previous;
 #   - a full disk (a small tmpfs, when it can be mounted) while saving: exit 1
 #     naming ENOSPC, the previous checkpoint intact;
+#   - dtrain launch --max-restarts: a rank killed (kill -9), and a rank
+#     hung (SIGSTOP) until the watchdog ends the job (exit 70): the job
+#     restarts from the newest complete checkpoint and finishes;
 #   - kill -9 at random moments of a run that saves every step:
 #     the newest complete checkpoint always loads (CKPT_KILL_TRIALS, 5 here;
 #     20+ for the note).
@@ -34,10 +37,13 @@ same_bits() { # same_bits CKPT_A CKPT_B
     "$py" "$numpy_tool" compare "$1" "$2"
 }
 ck() { printf '%s/checkpoints/step_%08d' "$1" "$2"; }
+# One thread everywhere: the default thread count is measured at start
+# (launch/threads.h), and two runs that measured a different load would
+# sum in another order (not bitwise equal).
 launch() { # launch NP ARGS...: NP ranks (1 = a plain process)
   local np=$1
   shift
-  if [ "$np" = 1 ]; then "$dtrain" "$@"; else "$dtrain" launch -n "$np" --threads 1 -- "$@"; fi
+  if [ "$np" = 1 ]; then "$dtrain" "$@" --threads 1; else "$dtrain" launch -n "$np" --threads 1 -- "$@"; fi
 }
 
 # ---- bit-exact resume ----
@@ -128,6 +134,36 @@ expect 0 err "restart 1 of 2: a rank died \(killed by signal 9: mpirun exited 13
 expect 0 out "resumed from .*step_" "... which resumes from the newest complete checkpoint"
 check "... and ends with the uninterrupted run's bits" \
   same_bits "$(ck "$tmp/stop-2/ref" 900)" "$(ck "$d" 900)"
+# ---- --max-restarts after the watchdog: a rank hangs (SIGSTOP) ----
+# Rank 1 is stopped once the first checkpoint is complete (the run has
+# 1900 steps to go, far more than the moment it takes to stop it); rank 0's
+# all-reduce passes --comm-timeout 5, its watchdog ends the job (exit 70),
+# and the launcher starts it again from the newest complete checkpoint.
+d="$tmp/watchdog"
+timeout 900 "$dtrain" launch -n 2 --threads 1 --max-restarts 2 -- train --model mlp \
+  --epochs 3 --max-steps 2000 --batch 32 --log-interval 0 --threads 1 --save-every 100 \
+  --comm-timeout 5 --run-dir "$d" >"$out" 2>"$err" &
+job=$!
+for ((i = 0; i < 3000; i++)); do # until the first checkpoint is complete (5 min at most)
+  [ -f "$d/checkpoints/step_00000100/manifest.json" ] && break
+  sleep 0.1
+done
+stopped=0
+for pid in $(pgrep -f -- "--run-dir $d"); do
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" &&
+    kill -STOP "$pid" && stopped=$((stopped + 1))
+done
+wait $job
+rc=$?
+checks=$((checks + 1))
+if [ "$stopped" = 1 ]; then echo "ok: rank 1 stopped (SIGSTOP) after the first checkpoint"; else
+  fail "SIGSTOP reached $stopped ranks, expected rank 1 alone"; fi
+expect 0 err "restart 1 of 2: the watchdog ended the job \(a collective did not complete in time; exit 70\)" \
+  "--max-restarts: a hung rank's watchdog (exit 70) restarts the job, saying why"
+expect 0 out "resumed from .*step_0*[1-9][0-9]*: optimizer step" \
+  "... which resumes from the newest complete checkpoint"
+expect 0 out "^test_accuracy=" "... and the restarted job finishes the run"
+check "... at its last step" test -f "$(ck "$d" 2000)/manifest.json"
 run launch -n 2 --max-restarts 1 -- train --model mlp
 expect 2 err "--max-restarts resumes from the run's checkpoints: give train a --run-dir" \
   "--max-restarts without --run-dir is a command-line error"
@@ -173,6 +209,15 @@ launch 2 "${common[@]}" --batch 12 --zero 2 --run-dir "$d/again" --resume "$(ck 
 check "--zero 2 resumed on 2 ranks = uninterrupted, every file bitwise" \
   diff -r "$(ck "$d/two" 8)" "$(ck "$d/again" 8)"
 resume_on_1_and_3 4 8 2e-5 0 1 # AdamW; --zero 0 on 1 rank, --zero 1 on 3
+# A new run in the same run directory (no --resume) writes its shards over
+# the old run's: rank 0's manifest must list the new ones, never a stale
+# file that another rank has not replaced yet.
+launch 2 "${common[@]}" --batch 12 --zero 2 --lr 0.02 --save-every 4 --run-dir "$d/two" \
+  >"$out" 2>"$err"
+launch 2 "${common[@]}" --batch 12 --zero 2 --lr 0.02 --save-every 4 --run-dir "$d/fresh" \
+  >"$out" 2>"$err"
+check "--zero 2: a run over an earlier run's checkpoints = the same run in a fresh directory" \
+  diff -r "$(ck "$d/two" 8)" "$(ck "$d/fresh" 8)"
 
 # ---- damaged and mismatched checkpoints ----
 d="$tmp/damage"

@@ -8,6 +8,9 @@
 #     process and DDP over 2 ranks;
 #   - the checkpoint records --ctx: a resume with another --ctx is refused
 #     naming both;
+#   - dtrain report of the run plots val_loss where a task has no metric;
+#     train.log gets the plain progress lines while the live line is shown;
+#     bench takes a language model's training defaults;
 #   - dtrain sample: the final checkpoint continues a prompt with the text
 #     the training run printed (same model, prompt and seed); the same seed
 #     gives the same text, other seeds other text; the text starts with the
@@ -55,6 +58,7 @@ for np in 1 2; do
   d="$tmp/exact-$np"
   launch "$np" "${lm[@]}" --batch $((4 / np)) --save-every $((steps / 2)) --run-dir "$d/full"
   expect 0 out "^val_loss=" "gpt2-tiny on $np rank(s): $steps steps of --accum 2, saving at $((steps / 2))"
+  cp "$out" "$d/full.out"
   launch "$np" "${lm[@]}" --batch $((4 / np)) --run-dir "$d/resumed" \
     --resume "$(ck "$d/full" $((steps / 2)))"
   expect 0 out "resumed from .*step_0*$((steps / 2)): optimizer step $((steps / 2))" \
@@ -104,6 +108,26 @@ expect 0 out "^<\|endoftext\|>" "without --prompt the text starts from <|endofte
 rc=$?
 expect 0 err "step_0*$steps" "a run directory stands for its newest complete checkpoint"
 
+run report "$full"
+expect 0 out "" "dtrain report of the language model's run"
+expect_cmd "its evaluation panel plots val_loss (the task has no metric)" \
+  grep -q "val loss after each evaluation" "$full/report.html"
+expect_cmd "... and the summary names the last val_loss" \
+  grep -Eq "last val loss [0-9]+\.[0-9]{4}" "$full/report.html"
+expect_cmd "... with no empty evaluation panel" \
+  bash -c "! grep -q 'no evaluation recorded' '$full/report.html'"
+
+run eval --checkpoint "$full" --threads 1
+expect 0 out "^val_loss=[0-9]" "dtrain eval of a language model's checkpoint (at its --ctx)"
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(d < 2e-4 && d > -2e-4) }'; }
+expect_cmd "... gives the run's last val_loss (within the last digit: other eval batches)" \
+  close "$(grep -o '^val_loss=[0-9.]*' "$out" | cut -d= -f2)" \
+  "$(grep -o '^val_loss=[0-9.]*' "$tmp/exact-1/full.out" | cut -d= -f2)"
+
+run bench --model gpt2-tiny --ctx 16 --steps 1 --warmup 0 --threads 1
+expect 0 out "^dtrain bench: model gpt2-tiny .* batch 16 .* optimizer adamw" \
+  "dtrain bench of a language model takes its training defaults (batch 16, AdamW)"
+
 run sample --checkpoint "$final" --prompt ""
 expect 2 err "invalid value '' for --prompt" "an empty prompt (no tokens) is a command-line error"
 run sample
@@ -116,9 +140,11 @@ cp -r "$final" "$tmp/flipped"
 run sample --checkpoint "$tmp/flipped"
 expect 1 err "flipped/model.safetensors: tensor .*: CRC32 mismatch" \
   "a damaged checkpoint: exit 1 naming the file and tensor"
-run train --model mlp --data fashion-mnist --data-dir "$src" --max-steps 1 --log-interval 0 \
-  --run-dir "$tmp/mlp"
-expect 0 out "^test_accuracy=" "an MLP run (to sample from)"
+DT_PROGRESS=bar run train --model mlp --data fashion-mnist --data-dir "$src" --max-steps 3 \
+  --log-interval 1 --run-dir "$tmp/mlp"
+expect 0 out "^test_accuracy=" "an MLP run with the live progress line (DT_PROGRESS=bar)"
+expect_not out "^epoch 1 step 2/" "... which shows no plain progress lines on the console"
+expect_cmd "... while its train.log gets them" grep -q "^epoch 1 step 2/" "$tmp/mlp/train.log"
 run sample --checkpoint "$tmp/mlp"
 expect 1 err "holds model mlp, which does not generate text" \
   "the checkpoint of a model that is not a language model: exit 1 naming it"
