@@ -160,6 +160,10 @@ struct dt_backend_ops {
   dt_status (*event_record)(dt_event *ev, dt_stream *s);
   dt_status (*stream_wait_event)(dt_stream *s, dt_event *ev);
   dt_status (*event_synchronize)(dt_event *ev);
+  /* Optional (NULL: waiters call event_synchronize): *done = 1 once the
+   * work before `ev` has executed, else 0; never blocks. For waits that
+   * must keep a deadline (the communicator's watchdog). */
+  dt_status (*event_query)(dt_event *ev, int *done);
   /* The synchronisation points of the training thread (a synchronous
    * copy, device_synchronize, stream_synchronize of the compute stream):
    * errors that kernels found on the device without stopping the host (an

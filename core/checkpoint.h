@@ -88,7 +88,8 @@ dt_status dt_safetensors_load_module(const char *path, dt_module *m);
  *   u32 crc32 of everything above
  *   the sections' bytes at their offsets
  * Sections written by launch/ (docs in launch/train_checkpoint.h): "meta"
- * (text lines "key value"), "optimizer" (dt_ckpt_optim_section_*). */
+ * (text lines "key value"), "optimizer" (dt_ckpt_optim_section_*),
+ * "scaler" (fp16 runs: dt_ckpt_scaler_section_*). */
 #define DT_STATE_VERSION 1
 #define DT_STATE_NAME_MAX 48
 
@@ -118,6 +119,17 @@ int dt_state_file_has_section(const dt_state_file *f, const char *name);
  * the key is missing. */
 dt_status dt_state_meta_get(const char *text, size_t size, const char *key, const char *what,
                             char *buf, size_t cap);
+
+/* The GradScaler's section "scaler" (fp16), text lines as the meta section:
+ * scale_bits (the f32 scale's bits in hex: restored exactly), scale (for
+ * reading), growth_tracker, skipped_steps. The scaler's config is the
+ * run's. _encode writes at most cap bytes (DT_ERR_INVALID_ARG if too few);
+ * _decode sets scale, growth_tracker and skipped_steps, DT_ERR_FORMAT
+ * naming `what` for a missing or bad entry. */
+dt_status dt_ckpt_scaler_section_encode(const dt_grad_scaler *s, char *buf, size_t cap,
+                                        size_t *len);
+dt_status dt_ckpt_scaler_section_decode(const void *bytes, size_t size, const char *what,
+                                        dt_grad_scaler *s);
 
 /* An optimizer section holds one rank's shard of the flat parameter space
  * (all of it without ZeRO) as segments of it:

@@ -170,9 +170,9 @@ static int64_t target_at(const void *t, dt_dtype dt, int64_t i) {
 }
 
 /* Rejects a target dtype other than i32/i64 and any target outside [0, c)
- * that is not ignore_index; counts the rows not ignored. */
+ * that is not ignore_index; *count (when not NULL): the rows not ignored. */
 static dt_status check_targets(const char *op, const void *target, dt_dtype dt, int64_t n,
-                               int64_t c, int64_t ignore_index, int64_t *count) {
+                               int64_t c, int64_t ignore_index, float *count) {
   int64_t kept = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t t = target_at(target, dt, i);
@@ -186,7 +186,7 @@ static dt_status check_targets(const char *op, const void *target, dt_dtype dt, 
     kept++;
   }
   if (count)
-    *count = kept;
+    *count = (float)kept;
   return DT_OK;
 }
 
@@ -196,9 +196,8 @@ dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, c
                                        int64_t ignore_index, float *loss_rows, float *lse,
                                        float *count_out) {
   (void)ex;
-  int64_t count = 0;
   DT_CHECK(
-      check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index, &count));
+      check_targets("cross_entropy_forward", target, target_dtype, n, c, ignore_index, count_out));
   DT_CPU_PARALLEL_FOR(i, n, n * c, DT_CPU_PAR_MIN / 4) {
     const float *xr = logits + i * c;
     float mx = row_max(xr, c);
@@ -208,8 +207,6 @@ dt_status dt_cpu_cross_entropy_forward(const dt_exec *ex, const float *logits, c
     int64_t t = target_at(target, target_dtype, i);
     loss_rows[i] = t == ignore_index ? 0.0f : (float)(l - (double)xr[t]);
   }
-  if (count_out)
-    *count_out = (float)count;
   return DT_OK;
 }
 
@@ -242,9 +239,8 @@ dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, cons
                                     int64_t ignore_index, float *loss_rows, float *dlogits,
                                     float *count_out) {
   (void)ex;
-  int64_t count = 0;
-  DT_CHECK(
-      check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index, &count));
+  DT_CHECK(check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index,
+                         count_out));
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
@@ -268,8 +264,6 @@ dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, cons
     }
     loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
   }
-  if (count_out)
-    *count_out = (float)count;
   return DT_OK;
 }
 

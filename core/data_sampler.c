@@ -6,6 +6,7 @@
  *                               padded cyclically from its start;
  *   rank r takes list[r : total : R].
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@ struct dt_sampler {
   int64_t num_samples; /* per rank per epoch */
   int64_t *order;      /* (len) scratch: the epoch's permutation */
   int64_t *indices;    /* (num_samples) this rank's share */
+  /* order and indices follow the struct in its allocation */
 };
 
 dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, dt_sampler **out) {
@@ -38,19 +40,19 @@ dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, d
   int64_t num_samples =
       (c.drop_last && dataset_len % r != 0) ? dataset_len / r : (dataset_len + r - 1) / r;
 
-  dt_sampler *s = calloc(1, sizeof *s);
+  /* One block: the struct, then order (len) and indices (num_samples). */
+  uint64_t elems = (uint64_t)dataset_len + (uint64_t)num_samples;
+  dt_sampler *s = elems <= (SIZE_MAX - sizeof *s) / sizeof(int64_t)
+                      ? calloc(1, sizeof *s + (size_t)elems * sizeof(int64_t))
+                      : NULL;
   if (!s)
-    return DT_ERROR(DT_ERR_OOM, "cannot allocate a sampler");
+    return DT_ERROR(DT_ERR_OOM, "cannot allocate a sampler for %lld samples",
+                    (long long)dataset_len);
   s->cfg = c;
   s->len = dataset_len;
   s->num_samples = num_samples;
-  s->order = malloc((size_t)(dataset_len > 0 ? dataset_len : 1) * sizeof *s->order);
-  s->indices = malloc((size_t)(num_samples > 0 ? num_samples : 1) * sizeof *s->indices);
-  if (!s->order || !s->indices) {
-    dt_sampler_destroy(s);
-    return DT_ERROR(DT_ERR_OOM, "cannot allocate sampler indices for %lld samples",
-                    (long long)dataset_len);
-  }
+  s->order = (int64_t *)(s + 1);
+  s->indices = s->order + dataset_len;
   dt_status st = dt_sampler_set_epoch(s, 0);
   if (st != DT_OK) {
     dt_sampler_destroy(s);
@@ -60,13 +62,7 @@ dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, d
   return DT_OK;
 }
 
-void dt_sampler_destroy(dt_sampler *s) {
-  if (!s)
-    return;
-  free(s->order);
-  free(s->indices);
-  free(s);
-}
+void dt_sampler_destroy(dt_sampler *s) { free(s); }
 
 dt_status dt_sampler_set_epoch(dt_sampler *s, int64_t epoch) {
   if (!s)

@@ -23,14 +23,21 @@ static dt_status grow(void **data, int64_t *cap, int64_t need, size_t size, cons
   return DT_OK;
 }
 
+/* Appends n elements of `size` bytes from src to the buffer (*data, *len,
+ * *cap) of dt_tokens or dt_bytes. */
+static dt_status append(void **data, int64_t *len, int64_t *cap, const void *src, int64_t n,
+                        size_t size, const char *what) {
+  DT_CHECK(grow(data, cap, *len + n, size, what));
+  if (n > 0)
+    memcpy((char *)*data + (size_t)*len * size, src, (size_t)n * size);
+  *len += n;
+  return DT_OK;
+}
+
 dt_status dt_tokens_append(dt_tokens *t, const int32_t *ids, int64_t n) {
   if (!t || n < 0 || (n > 0 && !ids))
     return DT_ERROR(DT_ERR_INVALID_ARG, "tokens NULL, or ids NULL with n %lld", (long long)n);
-  DT_CHECK(grow((void **)&t->data, &t->cap, t->len + n, sizeof *t->data, "token"));
-  if (n > 0)
-    memcpy(t->data + t->len, ids, (size_t)n * sizeof *ids);
-  t->len += n;
-  return DT_OK;
+  return append((void **)&t->data, &t->len, &t->cap, ids, n, sizeof *t->data, "token");
 }
 
 void dt_tokens_free(dt_tokens *t) {
@@ -43,11 +50,7 @@ void dt_tokens_free(dt_tokens *t) {
 dt_status dt_bytes_append(dt_bytes *b, const void *data, int64_t n) {
   if (!b || n < 0 || (n > 0 && !data))
     return DT_ERROR(DT_ERR_INVALID_ARG, "bytes NULL, or data NULL with n %lld", (long long)n);
-  DT_CHECK(grow((void **)&b->data, &b->cap, b->len + n, 1, "byte"));
-  if (n > 0)
-    memcpy(b->data + b->len, data, (size_t)n);
-  b->len += n;
-  return DT_OK;
+  return append((void **)&b->data, &b->len, &b->cap, data, n, 1, "byte");
 }
 
 void dt_bytes_free(dt_bytes *b) {

@@ -3,6 +3,7 @@
 #include "core/module.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,8 +441,14 @@ dt_status dt_module_to(dt_module *m, dt_device dev) {
 
 /* ---- hooks ---- */
 
-static dt_status add_hook(module_hook **list, int *n, int *cap, module_hook h,
-                          dt_hook_handle *out) {
+/* Registers h on m: a forward pre-hook (pre, h.pre) or a forward hook
+ * (h.post). */
+static dt_status add_hook(dt_module *m, bool pre, module_hook h, dt_hook_handle *out) {
+  if (m == NULL || (pre ? h.pre == NULL : h.post == NULL))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "registering a forward %s: module or function is NULL",
+                    pre ? "pre-hook" : "hook");
+  module_hook **list = pre ? &m->pre_hooks : &m->hooks;
+  int *n = pre ? &m->n_pre_hooks : &m->n_hooks, *cap = pre ? &m->cap_pre_hooks : &m->cap_hooks;
   DT_CHECK(grow((void **)list, cap, *n + 1, sizeof **list, "hook"));
   /* One process-wide sequence, shared with grad-ready hooks, so a handle
    * from one module (or tensor) can never remove another's hook. */
@@ -454,22 +461,12 @@ static dt_status add_hook(module_hook **list, int *n, int *cap, module_hook h,
 
 dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook fn, void *user,
                                               dt_hook_handle *out) {
-  if (m == NULL || fn == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "registering a forward pre-hook: module or function "
-                    "is NULL");
-  module_hook h = {0, fn, NULL, user};
-  return add_hook(&m->pre_hooks, &m->n_pre_hooks, &m->cap_pre_hooks, h, out);
+  return add_hook(m, true, (module_hook){0, fn, NULL, user}, out);
 }
 
 dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void *user,
                                           dt_hook_handle *out) {
-  if (m == NULL || fn == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "registering a forward hook: module or function is "
-                    "NULL");
-  module_hook h = {0, NULL, fn, user};
-  return add_hook(&m->hooks, &m->n_hooks, &m->cap_hooks, h, out);
+  return add_hook(m, false, (module_hook){0, NULL, fn, user}, out);
 }
 
 static int remove_from(module_hook *list, int *n, dt_hook_handle h) {
@@ -494,6 +491,20 @@ dt_status dt_module_remove_hook(dt_module *m, dt_hook_handle h) {
                   h, dt_module_type_name(m));
 }
 
+/* What a hook returned: on success its replacement (if any) takes the place
+ * of *t, whose reference it drops; on failure the replacement is dropped. */
+static dt_status apply_replacement(dt_status st, dt_tensor *repl, dt_tensor **t) {
+  if (st != DT_OK) {
+    dt_tensor_release(repl);
+    return st;
+  }
+  if (repl != NULL) {
+    dt_tensor_release(*t);
+    *t = repl;
+  }
+  return DT_OK;
+}
+
 dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
   if (m == NULL || input == NULL || output == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -505,27 +516,13 @@ dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
   for (int i = 0; i < m->n_pre_hooks; i++) {
     dt_tensor *repl = NULL;
     st = m->pre_hooks[i].pre(m, x, &repl, m->pre_hooks[i].user);
-    if (st != DT_OK) {
-      dt_tensor_release(repl);
-      goto release_input;
-    }
-    if (repl != NULL) {
-      dt_tensor_release(x);
-      x = repl;
-    }
+    DT_CHECK_GOTO(apply_replacement(st, repl, &x), st, release_input);
   }
   DT_CHECK_GOTO(m->vt->forward(m, x, &y), st, release_input);
   for (int i = 0; i < m->n_hooks; i++) {
     dt_tensor *repl = NULL;
     st = m->hooks[i].post(m, x, y, &repl, m->hooks[i].user);
-    if (st != DT_OK) {
-      dt_tensor_release(repl);
-      goto release_output;
-    }
-    if (repl != NULL) {
-      dt_tensor_release(y);
-      y = repl;
-    }
+    DT_CHECK_GOTO(apply_replacement(st, repl, &y), st, release_output);
   }
   *output = y;
   dt_tensor_release(x);

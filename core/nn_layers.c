@@ -6,44 +6,36 @@
 #include "core/nn_internal.h"
 #include "core/ops.h"
 
-/* ---- elementwise activations: x -> f(x), same shape ---- */
+/* ---- one op of x: the activations (x -> f(x), same shape) and Flatten
+ * (x (N, ...) -> (N, prod(...))) ---- */
 
-static dt_status relu_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
-  (void)m;
-  return dt_op_relu(x, y);
+/* The module's impl: the op its forward is (static, never freed). */
+typedef struct unary_impl {
+  dt_status (*op)(dt_tensor *x, dt_tensor **y);
+} unary_impl;
+
+static dt_status unary_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  const unary_impl *u = dt_module_impl(m);
+  return u->op(x, y);
 }
 
-static dt_status gelu_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
-  (void)m;
-  return dt_op_gelu(x, y);
-}
+static const dt_module_vtable relu_vtable = {"ReLU", unary_forward, NULL};
+static const dt_module_vtable gelu_vtable = {"GELU", unary_forward, NULL};
+static const dt_module_vtable tanh_vtable = {"Tanh", unary_forward, NULL};
+static const dt_module_vtable flatten_vtable = {"Flatten", unary_forward, NULL};
+static const unary_impl relu_op = {dt_op_relu}, gelu_op = {dt_op_gelu}, tanh_op = {dt_op_tanh},
+                        flatten_op = {dt_op_flatten};
 
-static dt_status tanh_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
-  (void)m;
-  return dt_op_tanh(x, y);
-}
-
-/* x (N, ...) -> (N, prod(...)) */
-static dt_status flatten_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
-  (void)m;
-  return dt_op_flatten(x, y);
-}
-
-static const dt_module_vtable relu_vtable = {"ReLU", relu_forward, NULL};
-static const dt_module_vtable gelu_vtable = {"GELU", gelu_forward, NULL};
-static const dt_module_vtable tanh_vtable = {"Tanh", tanh_forward, NULL};
-static const dt_module_vtable flatten_vtable = {"Flatten", flatten_forward, NULL};
-
-static dt_status create_stateless(const dt_module_vtable *vt, dt_module **out) {
+static dt_status create_unary(const dt_module_vtable *vt, const unary_impl *op, dt_module **out) {
   if (out == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "creating a %s module: out is NULL", vt->type_name);
-  return dt_module_create(vt, NULL, out);
+  return dt_module_create(vt, (void *)op, out);
 }
 
-dt_status dt_nn_relu(dt_module **out) { return create_stateless(&relu_vtable, out); }
-dt_status dt_nn_gelu(dt_module **out) { return create_stateless(&gelu_vtable, out); }
-dt_status dt_nn_tanh(dt_module **out) { return create_stateless(&tanh_vtable, out); }
-dt_status dt_nn_flatten(dt_module **out) { return create_stateless(&flatten_vtable, out); }
+dt_status dt_nn_relu(dt_module **out) { return create_unary(&relu_vtable, &relu_op, out); }
+dt_status dt_nn_gelu(dt_module **out) { return create_unary(&gelu_vtable, &gelu_op, out); }
+dt_status dt_nn_tanh(dt_module **out) { return create_unary(&tanh_vtable, &tanh_op, out); }
+dt_status dt_nn_flatten(dt_module **out) { return create_unary(&flatten_vtable, &flatten_op, out); }
 
 /* ---- pooling: x (N,C,H,W) -> (N,C,OH,OW) ---- */
 

@@ -22,6 +22,26 @@ dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
   return dt_check_f32(op, live, k);
 }
 
+dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  return dt_ops_check_inputs(op, &x, 1);
+}
+
+dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
+                               const char *ids_name, dt_tensor *values) {
+  if (!index || !values)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  dt_tensor *both[2] = {index, values};
+  DT_CHECK(dt_check_same_device(op, both, 2));
+  DT_CHECK(dt_check_f32(op, &values, 1));
+  dt_dtype t = dt_tensor_dtype(index);
+  if (t != DT_DTYPE_I32 && t != DT_DTYPE_I64)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: %s dtype %s: %s must be i32 or i64", op, index_name,
+                    dt_dtype_name(t), ids_name);
+  return DT_OK;
+}
+
 dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
                               int n, dt_tensor *out, dt_node **node) {
   dt_tensor *live[DT_NODE_MAX_INPUTS];
@@ -76,6 +96,44 @@ dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out) 
   return dt_tensor_empty(dt_tensor_shape(t), dt_tensor_ndim(t), DT_DTYPE_F32, dev, out);
 }
 
+dt_status dt_ops_cast(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
+  dt_tensor *c = NULL, *y = NULL;
+  *out = NULL;
+  DT_CHECK(dt_tensor_contiguous_copy(t, &c));
+  if (dt_tensor_dtype(c) == dtype) {
+    *out = c;
+    return DT_OK;
+  }
+  dt_status st =
+      dt_tensor_empty(dt_tensor_shape(c), dt_tensor_ndim(c), dtype, dt_tensor_device(c), &y);
+  if (st == DT_OK && dt_tensor_numel(c) > 0)
+    st = dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), dt_tensor_dtype(c), dt_tensor_data(y),
+                        dtype, dt_tensor_numel(c));
+  dt_tensor_release(c);
+  if (st != DT_OK) {
+    dt_tensor_release(y);
+    return st;
+  }
+  *out = y;
+  return DT_OK;
+}
+
+dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out) {
+  *out = NULL;
+  return t ? dt_ops_cast(t, dt_autocast_dtype_for(op), out) : DT_OK;
+}
+
+dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out) { return dt_ops_cast(t, DT_DTYPE_F32, out); }
+
+dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
+  dt_tensor *r = NULL;
+  *out = NULL;
+  DT_CHECK(dt_ops_cast(t, dtype, &r));
+  dt_status st = dt_ops_widen(r, out);
+  dt_tensor_release(r);
+  return st;
+}
+
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
   dt_tensor *alias = NULL;
   DT_CHECK(dt_tensor_detach(out, &alias));
@@ -124,6 +182,15 @@ static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_d
   }
 }
 
+/* Where the reduce and broadcast helpers start: f32 execution on dev and
+ * the merged runs of shape. */
+static dt_status merged_on(dt_device dev, const int64_t *shape, int ndim, const int *mask,
+                           dt_exec *ex, merged_dims *m) {
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, ex));
+  merge_dims(shape, ndim, mask, m);
+  return DT_OK;
+}
+
 static int64_t product(const int64_t *v, int from, int to) {
   int64_t p = 1;
   for (int i = from; i < to; ++i)
@@ -134,9 +201,8 @@ static int64_t product(const int64_t *v, int from, int to) {
 dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
                              const int *mask, float scale, float *out) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
-  merge_dims(shape, ndim, mask, &m);
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
   int64_t out_numel = 1, groups = 0;
   int empty_reduction = 0;
   for (int i = 0; i < m.n; ++i) {
@@ -190,9 +256,8 @@ release_bufs:
 dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
                                 const int *mask, float scale, float *x) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   merged_dims m;
-  merge_dims(shape, ndim, mask, &m);
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
   int64_t numel = product(m.size, 0, m.n);
   if (numel == 0)
     return DT_OK;

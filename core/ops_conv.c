@@ -85,8 +85,12 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
   dt_conv2d_geom g;
   ints_to_geom(node->ints, &g);
   dt_device dev = dt_tensor_device(gy);
-  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL;
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *x32 = NULL, *w32 = NULL, *g32 = NULL;
   dt_status st;
+  /* 16-bit under autocast: the kernels compute in f32 */
+  DT_CHECK_GOTO(dt_ops_widen(x, &x32), st, fail);
+  DT_CHECK_GOTO(dt_ops_widen(w, &w32), st, fail);
+  DT_CHECK_GOTO(dt_ops_round_to(gy, dt_tensor_dtype(x), &g32), st, fail);
   if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
   if (node->needs_grad[1])
@@ -96,13 +100,14 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
-  DT_CHECK_GOTO(dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gy), &g, DT_F32(x), DT_F32(w), DT_F32(gy),
-                                          dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
-                                          db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
-                st, fail);
+  DT_CHECK_GOTO(
+      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gy), &g, DT_F32(x32), DT_F32(w32), DT_F32(g32),
+                                dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
+                                db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
+      st, fail);
   st = DT_OK;
 fail:
-  dt_tensor_release(ws);
+  DT_RELEASE_TENSORS(g32, w32, x32, ws);
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
@@ -130,19 +135,23 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   DT_CHECK(make_geom(op, x, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
 
   dt_device dev = dt_tensor_device(x);
-  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL;
+  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL, *x32 = NULL, *w32 = NULL;
   dt_node *node = NULL;
   dt_status st;
   int64_t oshape[4] = {g.n, g.oc, g.oh, g.ow};
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), st, fail);
+  /* under autocast xc, wc are 16-bit (kept for the backward), widened for
+   * the f32 kernels */
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, weight, &wc), st, fail);
+  DT_CHECK_GOTO(dt_ops_widen(xc, &x32), st, fail);
+  DT_CHECK_GOTO(dt_ops_widen(wc, &w32), st, fail);
   if (bias)
     DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
   DT_CHECK_GOTO(
-      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x), &g, DT_F32(xc), DT_F32(wc),
+      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x), &g, DT_F32(x32), DT_F32(w32),
                                bc ? DT_F32(bc) : NULL, DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
       st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), st, fail);
@@ -153,7 +162,7 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   }
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(ws, y, bc, wc, xc);
+  DT_RELEASE_TENSORS(w32, x32, ws, y, bc, wc, xc);
   return st;
 }
 
@@ -188,9 +197,7 @@ fail:
 
 static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
                         int padding, dt_tensor **out) {
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   dt_conv2d_geom g;
   DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));
   if (2 * padding > kernel)

@@ -24,15 +24,10 @@ static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **gr
 
 dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
   static const char *op = "dt_op_embedding";
-  if (!idx || !table || !out)
+  if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  dt_tensor *both[2] = {idx, table};
-  DT_CHECK(dt_check_same_device(op, both, 2));
-  DT_CHECK(dt_check_f32(op, &table, 1));
+  DT_CHECK(dt_ops_check_indexed(op, idx, "index", "indices", table));
   dt_dtype idt = dt_tensor_dtype(idx);
-  if (idt != DT_DTYPE_I32 && idt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: index dtype %s: indices must be i32 or i64", op,
-                    dt_dtype_name(idt));
   int ni = dt_tensor_ndim(idx);
   char bi[128], bt[128];
   if (dt_tensor_ndim(table) != 2 || ni + 1 > DT_MAX_DIMS)
@@ -89,9 +84,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
 
 dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen, dt_tensor **out) {
   static const char *op = "dt_op_dropout";
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_ops_check_inputs(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   if (!(p >= 0.0f && p <= 1.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g is outside [0, 1]", op, (double)p);
   if (!training || p == 0.0f) {

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "core/amp.h"
 #include "core/autograd_internal.h"
 #include "core/backend.h"
 #include "core/ops.h"
@@ -19,6 +20,17 @@ extern "C" {
 /* Validates the inputs of a float op: every non-NULL tensor on the same
  * device and f32. `ts` may contain NULLs (optional bias etc.). */
 dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n);
+
+/* Validates the arguments of an op of one f32 tensor: x and out non-NULL,
+ * x f32. */
+dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out);
+
+/* Validates the inputs of an op indexing an f32 tensor: `index` and
+ * `values` non-NULL and on one device, `values` f32, `index` i32 or i64.
+ * The dtype error names the index tensor as "<index_name> dtype" and its
+ * entries as `ids_name` ("index", "indices"). */
+dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
+                               const char *ids_name, dt_tensor *values);
 
 /* Copies the non-NULL tensors of ts into dst; returns how many. */
 int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst);
@@ -53,6 +65,24 @@ dt_status dt_ops_grads_result(dt_status st, dt_tensor *const *g, int n, dt_tenso
 
 /* A new contiguous f32 tensor with t's shape on dev, uninitialised. */
 dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out);
+
+/* A contiguous copy of t converted to `dtype` (f32/f16/bf16), made without
+ * recording; a new reference to the contiguous t when it has that dtype. */
+dt_status dt_ops_cast(dt_tensor *t, dt_dtype dtype, dt_tensor **out);
+
+/* Mixed precision (core/amp.h): t as the op computes with it, contiguous,
+ * in dt_autocast_dtype_for(op) (16-bit for a low-precision op under
+ * autocast, else f32); not recorded (the op's own node routes the gradient
+ * to t in f32). t NULL gives NULL. */
+dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out);
+
+/* The f32 values of t (a contiguous f32 copy of a 16-bit t, a new
+ * reference to contiguous f32): low-precision ops whose kernels compute in
+ * f32 widen their 16-bit inputs with it. */
+dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out);
+/* t rounded to `dtype` and widened back: f32, contiguous (a gradient
+ * entering a low-precision op's backward). */
+dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out);
 
 /* Saves a detached alias of an op's own output (no reference cycle
  * output -> node -> output). */

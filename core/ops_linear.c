@@ -6,16 +6,19 @@
 #include "core/ops_internal.h"
 
 /* C (batch x m,n) = op(A) op(B) (+ beta C) with the degenerate sizes
- * handled here (BLAS conventions differ on k == 0). */
-static dt_status gemm(dt_device dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                      const float *a, int64_t lda, int64_t sa, const float *b, int64_t ldb,
+ * handled here (BLAS conventions differ on k == 0). A and B hold elements
+ * of `ab` (f32, or 16-bit under autocast), C is f32. */
+static dt_status gemm(dt_device dev, dt_dtype ab, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      const void *a, int64_t lda, int64_t sa, const void *b, int64_t ldb,
                       int64_t sb, float beta, float *c, int64_t ldc, int64_t sc, int64_t batch) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
+  DT_CHECK(dt_exec_init(dev, ab, &ex));
   if (m == 0 || n == 0 || batch == 0)
     return DT_OK;
-  if (k == 0)
+  if (k == 0) {
+    ex.dtype = DT_DTYPE_F32; /* C is f32 */
     return beta == 0.0f ? dt_kernel_fill(&ex, c, 0.0f, batch * m * n) : DT_OK;
+  }
   return dt_kernel_gemm(&ex, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, sa, b, (int)ldb, sb,
                         beta, c, (int)ldc, sc, (int)batch);
 }
@@ -38,8 +41,10 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int64_t batch = node->ints[0], m = node->ints[1], k = node->ints[2], n = node->ints[3];
   int batched = (int)node->ints[4];
   dt_device dev = dt_tensor_device(g);
-  dt_tensor *da = NULL, *db = NULL;
+  dt_dtype ab = dt_tensor_dtype(a);
+  dt_tensor *da = NULL, *db = NULL, *gc = NULL;
   dt_status st = DT_OK;
+  DT_CHECK(dt_ops_cast(g, ab, &gc)); /* the gradient in the operands' dtype */
   if (!batched) {
     m *= batch;
     batch = 1;
@@ -47,19 +52,20 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   if (node->needs_grad[0]) {
     /* da (m,k) = g (m,n) @ b^T, b (k,n) */
     DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), st, fail);
-    DT_CHECK_GOTO(gemm(dev, 0, 1, m, k, n, DT_F32(g), n, m * n, DT_F32(b), n, batched ? k * n : 0,
-                       0.0f, DT_F32(da), k, m * k, batch),
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 1, m, k, n, dt_tensor_data(gc), n, m * n, dt_tensor_data(b), n,
+                       batched ? k * n : 0, 0.0f, DT_F32(da), k, m * k, batch),
                   st, fail);
   }
   if (node->needs_grad[1]) {
     /* db (k,n) = a^T (k,m) @ g (m,n) */
     DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), st, fail);
-    DT_CHECK_GOTO(gemm(dev, 1, 0, k, n, m, DT_F32(a), k, m * k, DT_F32(g), n, m * n, 0.0f,
-                       DT_F32(db), n, k * n, batch),
+    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, k, n, m, dt_tensor_data(a), k, m * k, dt_tensor_data(gc), n,
+                       m * n, 0.0f, DT_F32(db), n, k * n, batch),
                   st, fail);
   }
   st = DT_OK;
 fail:
+  dt_tensor_release(gc);
   return dt_ops_grads_result(st, (dt_tensor *[]){da, db}, 2, grad_in);
 }
 
@@ -93,17 +99,18 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   dt_node *node = NULL;
   dt_status st;
   dt_device dev = dt_tensor_device(a);
-  DT_CHECK_GOTO(dt_ops_contiguous(a, &ac), st, fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(b, &bc), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, a, &ac), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, b, &bc), st, fail);
+  dt_dtype ab = dt_tensor_dtype(ac);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, na, DT_DTYPE_F32, dev, &y), st, fail);
   /* y (m,n) = a (m,k) @ b (k,n), per batch when batched */
   if (batched)
-    DT_CHECK_GOTO(gemm(dev, 0, 0, m, n, k, DT_F32(ac), k, m * k, DT_F32(bc), n, k * n, 0.0f,
-                       DT_F32(y), n, m * n, batch),
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, m, n, k, dt_tensor_data(ac), k, m * k, dt_tensor_data(bc), n,
+                       k * n, 0.0f, DT_F32(y), n, m * n, batch),
                   st, fail);
   else
-    DT_CHECK_GOTO(gemm(dev, 0, 0, m * batch, n, k, DT_F32(ac), k, 0, DT_F32(bc), n, 0, 0.0f,
-                       DT_F32(y), n, 0, 1),
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, m * batch, n, k, dt_tensor_data(ac), k, 0, dt_tensor_data(bc),
+                       n, 0, 0.0f, DT_F32(y), n, 0, 1),
                   st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), st, fail);
   dt_tensor *saved[2] = {ac, bc};
@@ -125,20 +132,22 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int has_bias = (int)node->ints[3];
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
-  dt_tensor *dx = NULL, *dw = NULL, *db = NULL;
+  dt_dtype ab = dt_tensor_dtype(x);
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL;
   dt_status st = DT_OK;
+  DT_CHECK(dt_ops_cast(g, ab, &gc)); /* the gradient in the operands' dtype */
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
     DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
-    DT_CHECK_GOTO(gemm(dev, 0, 0, rows, in, outf, DT_F32(g), outf, 0, DT_F32(w), in, 0, 0.0f,
-                       DT_F32(dx), in, 0, 1),
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, rows, in, outf, dt_tensor_data(gc), outf, 0,
+                       dt_tensor_data(w), in, 0, 0.0f, DT_F32(dx), in, 0, 1),
                   st, fail);
   }
   if (node->needs_grad[1]) {
     /* dw (out, in) = g^T (out, rows) @ x (rows, in) */
     DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
-    DT_CHECK_GOTO(gemm(dev, 1, 0, outf, in, rows, DT_F32(g), outf, 0, DT_F32(x), in, 0, 0.0f,
-                       DT_F32(dw), in, 0, 1),
+    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, rows, dt_tensor_data(gc), outf, 0,
+                       dt_tensor_data(x), in, 0, 0.0f, DT_F32(dw), in, 0, 1),
                   st, fail);
   }
   if (has_bias && node->needs_grad[2]) {
@@ -152,6 +161,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   }
   st = DT_OK;
 fail:
+  dt_tensor_release(gc);
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
@@ -186,8 +196,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
-  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
-  DT_CHECK_GOTO(dt_ops_contiguous(weight, &wc), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, weight, &wc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), st, fail);
   float beta = 0.0f;
   if (bias && rows > 0 && outf > 0) {
@@ -198,8 +208,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
     beta = 1.0f;
   }
   /* y (rows, out) = x (rows, in) @ w^T, w (out, in) */
-  DT_CHECK_GOTO(gemm(dev, 0, 1, rows, outf, in, DT_F32(xc), in, 0, DT_F32(wc), in, 0, beta,
-                     DT_F32(y), outf, 0, 1),
+  DT_CHECK_GOTO(gemm(dev, dt_tensor_dtype(xc), 0, 1, rows, outf, in, dt_tensor_data(xc), in, 0,
+                     dt_tensor_data(wc), in, 0, beta, DT_F32(y), outf, 0, 1),
                 st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[2] = {xc, wc};

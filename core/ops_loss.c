@@ -37,15 +37,7 @@ static dt_status check_reduction(const char *op, dt_reduction r) {
  * *rows = N. */
 static dt_status check_logits_target(const char *op, dt_tensor *logits, dt_tensor *target,
                                      int64_t *cols, int64_t *rows) {
-  if (!logits || !target)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  dt_tensor *both[2] = {logits, target};
-  DT_CHECK(dt_check_same_device(op, both, 2));
-  DT_CHECK(dt_check_f32(op, &logits, 1));
-  dt_dtype tdt = dt_tensor_dtype(target);
-  if (tdt != DT_DTYPE_I32 && tdt != DT_DTYPE_I64)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: target dtype %s: class ids must be i32 or i64", op,
-                    dt_dtype_name(tdt));
+  DT_CHECK(dt_ops_check_indexed(op, target, "target", "class ids", logits));
   int nl = dt_tensor_ndim(logits);
   const int64_t *sl = dt_tensor_shape(logits);
   char bl[128], bt[128];

@@ -14,6 +14,14 @@ static dt_status param_or_const(dt_tensor *p, int64_t c, float fill, dt_device d
   return dt_tensor_full(&c, 1, fill, dev, out);
 }
 
+/* The affine parameters of a norm over c features, as its kernels read
+ * them: gamma (ones when NULL) and beta (zeros when NULL), contiguous. */
+static dt_status affine_params(dt_tensor *gamma, dt_tensor *beta, int64_t c, dt_device dev,
+                               dt_tensor **gc, dt_tensor **bc) {
+  DT_CHECK(param_or_const(gamma, c, 1.0f, dev, gc));
+  return param_or_const(beta, c, 0.0f, dev, bc);
+}
+
 static dt_status check_vec(const char *op, const char *what, dt_tensor *t, int64_t c) {
   char b[128];
   if (t && (dt_tensor_ndim(t) != 1 || dt_tensor_shape(t)[0] != c))
@@ -172,8 +180,7 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
-  DT_CHECK_GOTO(param_or_const(gamma, c, 1.0f, dev, &gc), st, fail);
-  DT_CHECK_GOTO(param_or_const(beta, c, 0.0f, dev, &bc), st, fail);
+  DT_CHECK_GOTO(affine_params(gamma, beta, c, dev, &gc, &bc), st, fail);
   if (running_mean) {
     rm = dt_tensor_retain(running_mean);
     rv = dt_tensor_retain(running_var);
@@ -285,8 +292,7 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
     DT_CHECK_GOTO(dt_ops_contiguous(residual, &rc), st, fail);
     DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &sum), st, fail);
   }
-  DT_CHECK_GOTO(param_or_const(gamma, cols, 1.0f, dev, &gc), st, fail);
-  DT_CHECK_GOTO(param_or_const(beta, cols, 0.0f, dev, &bc), st, fail);
+  DT_CHECK_GOTO(affine_params(gamma, beta, cols, dev, &gc, &bc), st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);

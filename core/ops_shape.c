@@ -245,9 +245,7 @@ dt_status dt_op_flatten(dt_tensor *x, dt_tensor **out) {
 
 dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
   static const char *op = "dt_op_argmax";
-  if (!x || !out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
-  DT_CHECK(dt_check_f32(op, &x, 1));
+  DT_CHECK(dt_ops_check_unary(op, x, out));
   int nd = dt_tensor_ndim(x);
   char b[128];
   if (nd < 1 || dt_tensor_shape(x)[nd - 1] < 1)

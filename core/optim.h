@@ -3,6 +3,7 @@
 #ifndef DT_CORE_OPTIM_H
 #define DT_CORE_OPTIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -98,10 +99,9 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel, 
  * to and from the arena's coordinates, where shards of any world size
  * meet.
  *
- * Mixed precision will plug in here: f32 master weights of the shard (the
- * segments then index the master copy, and segment_updated casts and
- * gathers), and the found-inf flag summed by sum_over_shards next to the
- * norm. */
+ * Mixed precision plugs in here: the GradScaler's found-inf check is the
+ * global gradient norm, summed by sum_over_shards (dt_grad_scaler_unscale);
+ * the master weights are the arena's f32 parameters. */
 typedef struct dt_optim_segment {
   int64_t offset;       /* first arena element */
   int64_t numel;        /* elements (0 allowed: a rank whose piece is all padding) */
@@ -201,6 +201,61 @@ dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total
 /* *norm = that global norm, without clipping (collective when sharded, as
  * clipping is). */
 dt_status dt_optim_grad_norm(dt_optimizer *o, double *norm);
+
+/* Multiplies the gradients `o` updates (the arena's, or its shard's) by
+ * factor, in place: the GradScaler's unscale. */
+dt_status dt_optim_scale_grads(dt_optimizer *o, float factor);
+/* Debugging the GradScaler: sets the first gradient element `o` updates on
+ * this rank (after the reduction: its shard under ZeRO) to +Inf. */
+dt_status dt_optim_poison_grads(dt_optimizer *o);
+
+/* ---- GradScaler (mixed precision, fp16; core/amp.h) ----
+ * PyTorch's torch.amp.GradScaler: the loss is multiplied by `scale` before
+ * the backward, so that small f16 gradients do not flush to zero; before
+ * clipping and the update the gradients are checked for Inf/NaN and divided
+ * by the scale. A step with an Inf/NaN is skipped (no update, the step
+ * count and so the LR schedule stay) and the scale backs off; after
+ * growth_interval clean steps in a row it grows. dt_step_update runs it
+ * (dt_step_config.scaler). The decision is the same on every rank: the
+ * check is the global gradient norm, which dt_optim_grad_norm sums over
+ * the shards (sum_over_shards) when each rank holds other gradients
+ * (ZeRO), and the step sums the found-inf flag over the ranks in any
+ * case, so that no rank can step alone. */
+typedef struct dt_grad_scaler_config {
+  float init_scale;     /* 2^16 */
+  float growth_factor;  /* 2 */
+  float backoff_factor; /* 0.5 */
+  int growth_interval;  /* 2000 clean steps */
+} dt_grad_scaler_config;
+#define DT_GRAD_SCALER_CONFIG_DEFAULT ((dt_grad_scaler_config){65536.0f, 2.0f, 0.5f, 2000})
+
+/* The scaler's state: a value (nothing to free); checkpoints save scale,
+ * growth_tracker and skipped_steps. */
+typedef struct dt_grad_scaler {
+  dt_grad_scaler_config cfg;
+  float scale;
+  int64_t growth_tracker; /* clean steps since the scale last changed */
+  int64_t skipped_steps;  /* optimizer steps skipped for Inf/NaN so far */
+  bool last_skipped;      /* the last dt_step_update skipped its step */
+  /* Debugging: at this optimizer step (0-based) this rank's gradients get
+   * an Inf after the reduction (dt_optim_poison_grads), once; -1 = never. */
+  int64_t debug_overflow_step;
+} dt_grad_scaler;
+
+/* Checks cfg (init_scale finite > 0, growth_factor > 1, backoff_factor in
+ * (0, 1), growth_interval >= 1: DT_ERR_INVALID_ARG otherwise) and starts
+ * at init_scale. */
+dt_status dt_grad_scaler_init(dt_grad_scaler *s, const dt_grad_scaler_config *cfg);
+/* *found_inf = whether the gradients `o` updates hold an Inf or NaN (on
+ * any rank when sharded: the norm is collective then). The training step
+ * then sums the flag over the ranks (dt_grad_sync.sum_over_ranks). */
+dt_status dt_grad_scaler_check(dt_grad_scaler *s, dt_optimizer *o, bool *found_inf);
+/* Divides the gradients `o` updates by the scale (exact: a power of two). */
+dt_status dt_grad_scaler_unscale(const dt_grad_scaler *s, dt_optimizer *o);
+/* The scale for the next step: x backoff_factor after an overflow (and
+ * the clean-step count restarts), x growth_factor after growth_interval
+ * clean steps. Counts skipped steps. */
+void dt_grad_scaler_update(dt_grad_scaler *s, bool found_inf);
 
 #ifdef __cplusplus
 }

@@ -535,3 +535,25 @@ dt_status dt_optim_clip_grad_norm(dt_optimizer *o, float max_norm, double *total
   return clip_flat(&ex, dt_tensor_data(grads), dt_tensor_numel(grads), max_norm, &o->shard,
                    total_norm);
 }
+
+/* ---- the GradScaler's access to the gradients ---- */
+
+dt_status dt_optim_scale_grads(dt_optimizer *o, float factor) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  dt_tensor *grads = update_grads(o);
+  DT_CHECK(check_grads(o, grads));
+  int64_t n = dt_tensor_numel(grads);
+  float *g = dt_tensor_data(grads);
+  return n > 0 ? dt_kernel_axpby(DT_TENSOR_EXEC(grads), n, 0.0f, g, factor, g) : DT_OK;
+}
+
+dt_status dt_optim_poison_grads(dt_optimizer *o) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  dt_tensor *grads = update_grads(o);
+  DT_CHECK(check_grads(o, grads));
+  if (dt_tensor_numel(grads) == 0)
+    return DT_OK;
+  return dt_kernel_fill(DT_TENSOR_EXEC(grads), dt_tensor_data(grads), INFINITY, 1);
+}

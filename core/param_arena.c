@@ -173,10 +173,7 @@ void dt_param_arena_destroy(dt_param_arena *a) {
     dt_tensor_release(a->params[i]);
     free(a->names[i]);
   }
-  dt_tensor_release(a->grads);
-  dt_tensor_release(a->grads_padded);
-  dt_tensor_release(a->data);
-  dt_tensor_release(a->data_padded);
+  DT_RELEASE_TENSORS(a->grads, a->grads_padded, a->data, a->data_padded);
   free(a->offsets);
   free(a->names);
   free(a->params);

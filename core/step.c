@@ -26,13 +26,17 @@ dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor
   if (no_sync)
     DT_CHECK(gs->no_sync_begin(gs->ctx));
   double span = dt_trace_begin(DT_TRACE_LANE_STEP, "forward");
+  dt_dtype prev = dt_autocast_begin(s->cfg.autocast);
   st = dt_module_call(s->model, input, &output);
   if (st == DT_OK)
     st = s->cfg.loss(output, target, DT_REDUCTION_MEAN, &value);
+  dt_autocast_end(prev);
   dt_trace_end(DT_TRACE_LANE_STEP, "forward", span);
   DT_CHECK_GOTO(st, st, end_pass);
   DT_CHECK_GOTO(phase_ended(s, DT_STEP_PHASE_FORWARD), st, end_pass);
   span = dt_trace_begin(DT_TRACE_LANE_STEP, "backward");
+  if (s->cfg.scaler)
+    loss_scale *= s->cfg.scaler->scale; /* a power of two: exact */
   if (loss_scale != 1.0f)
     st = dt_op_scale(value, loss_scale, &scaled);
   if (st == DT_OK)
@@ -74,6 +78,23 @@ dt_status dt_step_update(const dt_step *s) {
 }
 
 static dt_status update(const dt_step *s) {
+  dt_grad_scaler *scaler = s->cfg.scaler;
+  if (scaler) {
+    bool found_inf = false;
+    DT_CHECK(dt_grad_scaler_check(scaler, s->opt, &found_inf));
+    if (s->sync.sum_over_ranks) { /* by construction: every rank decides alike */
+      double any = found_inf ? 1.0 : 0.0;
+      DT_CHECK(s->sync.sum_over_ranks(s->sync.ctx, &any, 1));
+      found_inf = any > 0.0;
+    }
+    if (!found_inf)
+      DT_CHECK(dt_grad_scaler_unscale(scaler, s->opt));
+    dt_grad_scaler_update(scaler, found_inf);
+    if (found_inf) { /* skipped: no update, the step count and the lr stay */
+      DT_CHECK(dt_optim_zero_grad(s->opt));
+      return phase_ended(s, DT_STEP_PHASE_UPDATE);
+    }
+  }
   if (s->cfg.clip > 0) {
     /* Clipping would scale a non-finite gradient to 0 (or NaN) and the run
      * would go on without learning: a divergence to report. */

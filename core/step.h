@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 
+#include "core/amp.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -44,8 +45,12 @@ typedef struct dt_grad_sync {
   dt_status (*no_sync_begin)(void *ctx); /* backward only accumulates locally */
   dt_status (*no_sync_end)(void *ctx);
   dt_status (*finish_backward)(void *ctx); /* waits for the reduced gradients */
+  /* Sums values[0..n) over the ranks in place (collective): the
+   * GradScaler's found-inf flag, so that every rank skips a step when any
+   * rank's gradients overflowed, whatever each rank holds. */
+  dt_status (*sum_over_ranks)(void *ctx, double *values, int n);
 } dt_grad_sync;
-#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL})
+#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL, NULL})
 
 /* The phase a step has just ended, for timing (dtrain bench). */
 typedef enum dt_step_phase {
@@ -69,8 +74,17 @@ typedef struct dt_step_config {
   dt_step_phase_fn on_phase;      /* NULL = none; a timer synchronises the device here */
   void *on_phase_user;
   dt_step_stats *stats; /* borrowed; NULL = nothing measured beyond what clipping needs */
+  /* Mixed precision (core/amp.h): the forward and the loss run under
+   * autocast to this dtype (bf16, f16; f32 = off). */
+  dt_dtype autocast;
+  /* Borrowed; NULL = none. fp16's loss scaling: the backward runs on loss x
+   * scale, the update unscales, and skips a step with Inf/NaN gradients
+   * (the optimizer's step count and so the LR schedule stay). One scaler
+   * per step: the replicas of the data-parallel mode cannot share one. */
+  dt_grad_scaler *scaler;
 } dt_step_config;
-#define DT_STEP_CONFIG_DEFAULT ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL, NULL})
+#define DT_STEP_CONFIG_DEFAULT \
+  ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL, NULL, DT_DTYPE_F32, NULL})
 
 /* What a step runs on: borrowed pointers, a value (nothing to free). The
  * arena is the model's (dt_param_arena_create), the optimizer over it. */
@@ -93,7 +107,9 @@ typedef struct dt_step {
 dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor *target,
                                    float loss_scale, bool sync, dt_tensor **loss);
 
-/* The update, after the last micro-batch of an optimizer step: clipping
+/* The update, after the last micro-batch of an optimizer step: with a
+ * scaler, the unscale and the Inf/NaN check (a skipped step ends here,
+ * after zero_grad); clipping
  * (cfg.clip, on the reduced gradients), the learning rate of this step from
  * cfg.schedule, dt_optim_step, dt_optim_zero_grad; then, with a schedule,
  * the learning rate of the next step (as PyTorch's scheduler.step(): after

@@ -155,6 +155,18 @@ static dt_status cuda_event_synchronize(dt_event *ev) {
   return DT_OK;
 }
 
+static dt_status cuda_event_query(dt_event *ev, int *done) {
+  *done = 0;
+  if (!ev)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "event_query: NULL event");
+  cudaError_t e = cudaEventQuery(ev->e);
+  if (e == cudaErrorNotReady)
+    return DT_OK;
+  DT_CUDA_CHECK(e);
+  *done = 1;
+  return DT_OK;
+}
+
 static dt_status cuda_stream_synchronize(dt_stream *s) {
   if (!s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "stream_synchronize: NULL stream");
@@ -214,12 +226,7 @@ dt_status dt_cuda_mark_query(dt_cuda_mark *m, int *done) {
   *done = 0;
   if (!m)
     return DT_ERROR(DT_ERR_INVALID_ARG, "mark_query: NULL mark");
-  cudaError_t e = cudaEventQuery(m->ev.e);
-  if (e == cudaErrorNotReady)
-    return DT_OK;
-  DT_CUDA_CHECK(e);
-  *done = 1;
-  return DT_OK;
+  return cuda_event_query(&m->ev, done);
 }
 
 /* ---- the table ---- */
@@ -243,6 +250,7 @@ static const dt_backend_ops cuda_ops = {
     .event_record = cuda_event_record,
     .stream_wait_event = cuda_stream_wait_event,
     .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
     .stream_synchronize = cuda_stream_synchronize,
     .device_synchronize = cuda_device_synchronize,
 #define DT_KERNEL(name, dtypes, check, params, args) .name = dt_cuda_##name,

@@ -5,7 +5,39 @@
 #include "cuda/cuda.h"
 #include "cuda/cuda_internal.h"
 
-// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch
+static int cuda_type(dt_dtype t, cudaDataType_t *out) {
+  switch (t) {
+    case DT_DTYPE_F32: *out = CUDA_R_32F; return 1;
+    case DT_DTYPE_F16: *out = CUDA_R_16F; return 1;
+    case DT_DTYPE_BF16: *out = CUDA_R_16BF; return 1;
+    default: return 0;
+  }
+}
+
+/* C (c_type) = alpha op(A) op(B) + beta C with A, B of ab_type and f32
+ * accumulation, on the handle's current stream. f32 inputs follow the TF32
+ * setting; f16/bf16 inputs always use tensor cores. */
+static dt_status gemm_ex_call(dt_cuda_ctx *ctx, int trans_a, int trans_b, int m, int n, int k,
+                              float alpha, const void *a, int lda, int64_t stride_a, const void *b,
+                              int ldb, int64_t stride_b, cudaDataType_t tab, dt_dtype ab_type,
+                              float beta, void *c, int ldc, int64_t stride_c, cudaDataType_t tc,
+                              int batch) {
+  /* The handle's math mode applies to CUBLAS_COMPUTE_32F too: keep it in
+   * step with the setting so that TF32 off means exact f32 products. */
+  DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  if (ab_type == DT_DTYPE_F32 && dt_cuda_tf32_enabled())
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, tab, ldb,
+                                             stride_b, a, tab, lda, stride_a, &beta, c, tc, ldc,
+                                             stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+  return DT_OK;
+}
+
+// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch;
+// f16/bf16 A and B (ex->dtype) with an f32 C through cublasGemmStridedBatchedEx
 dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
                        float alpha, const float *a, int lda, int64_t stride_a, const float *b,
                        int ldb, int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
@@ -15,6 +47,12 @@ dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int
   DT_CUDA_EXEC(ex, ctx, stream);
   DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
   DT_CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));
+  if (ex->dtype != DT_DTYPE_F32) {
+    cudaDataType_t tab = CUDA_R_16BF;
+    (void)cuda_type(ex->dtype, &tab); /* the dispatch admits f32, f16 and bf16 only */
+    return gemm_ex_call(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                        tab, ex->dtype, beta, c, ldc, stride_c, CUDA_R_32F, batch);
+  }
   cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1)
@@ -25,15 +63,6 @@ dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int
                                               stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
                                               batch));
   return DT_OK;
-}
-
-static int cuda_type(dt_dtype t, cudaDataType_t *out) {
-  switch (t) {
-    case DT_DTYPE_F32: *out = CUDA_R_32F; return 1;
-    case DT_DTYPE_F16: *out = CUDA_R_16F; return 1;
-    case DT_DTYPE_BF16: *out = CUDA_R_16BF; return 1;
-    default: return 0;
-  }
 }
 
 // mixed precision: A, B (ab_type) -> C (c_type), f32 accumulation
@@ -53,18 +82,6 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
     return DT_OK;
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
-  /* The handle's math mode applies to CUBLAS_COMPUTE_32F too: keep it in
-   * step with the setting so that TF32 off means exact f32 products. */
-  DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
-  /* f32 inputs follow the TF32 setting; f16/bf16 inputs always use tensor
-   * cores with f32 accumulation. */
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (ab_type == DT_DTYPE_F32 && dt_cuda_tf32_enabled())
-    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-  cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, op_b, op_a, n, m, k, &alpha, b, tab, ldb,
-                                             stride_b, a, tab, lda, stride_a, &beta, c, tc, ldc,
-                                             stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
-  return DT_OK;
+  return gemm_ex_call(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                      tab, ab_type, beta, c, ldc, stride_c, tc, batch);
 }

@@ -336,6 +336,18 @@ static dt_status new_segment(dt_block_pool *p, size_t size, size_t seg, block **
   return oom_error(p, size, seg, why);
 }
 
+/* b absorbs the block after it (adjacent in its segment): b's size grows by
+ * it and it is freed. Returns b. */
+static block *join_next(block *b) {
+  block *next = b->next;
+  b->size += next->size;
+  b->next = next->next;
+  if (next->next)
+    next->next->prev = b;
+  free(next);
+  return b;
+}
+
 dt_status dt_block_pool_alloc(dt_block_pool *p, size_t bytes, uintptr_t stream, void **out) {
   *out = NULL;
   if (bytes > SIZE_MAX / 2)
@@ -375,13 +387,8 @@ dt_status dt_block_pool_alloc(dt_block_pool *p, size_t bytes, uintptr_t stream, 
         b->next->prev = r;
       b->next = r;
       b->size = size;
-      if (!set_insert(set, r)) {
-        b->next = r->next; /* undo */
-        if (r->next)
-          r->next->prev = b;
-        b->size += rest;
-        free(r);
-      }
+      if (!set_insert(set, r))
+        join_next(b); /* undo */
     }
   }
   if (!live_insert(p, b)) {
@@ -420,23 +427,12 @@ dt_status dt_block_pool_free(dt_block_pool *p, void *ptr) {
   p->allocated -= b->size;
   block_set *set = &p->free_sets[b->large];
   if (b->prev && !b->prev->allocated) {
-    block *prev = b->prev;
-    set_remove(set, prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next)
-      b->next->prev = prev;
-    free(b);
-    b = prev;
+    set_remove(set, b->prev);
+    b = join_next(b->prev);
   }
   if (b->next && !b->next->allocated) {
-    block *next = b->next;
-    set_remove(set, next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next)
-      next->next->prev = b;
-    free(next);
+    set_remove(set, b->next);
+    join_next(b);
   }
   if (!set_insert(set, b)) {
     /* Keep the block out of the cache rather than lose track of it: mark it

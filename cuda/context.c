@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <nccl.h> /* the version the build was made against; not linked */
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,12 +65,19 @@ dt_status dt_cuda_fail(cudaError_t e, const char *stmt, const char *func, const 
                       cuda_advice(e));
 }
 
+/* The status of a cuBLAS or cuDNN error, by its class: out of memory, not
+ * supported, a bad argument, else DT_ERR_CUDA. */
+static dt_status library_status(bool alloc_failed, bool not_supported, bool bad_param) {
+  return alloc_failed    ? DT_ERR_OOM
+         : not_supported ? DT_ERR_UNSUPPORTED
+         : bad_param     ? DT_ERR_INVALID_ARG
+                         : DT_ERR_CUDA;
+}
+
 dt_status dt_cublas_fail(cublasStatus_t e, const char *stmt, const char *func, const char *file,
                          int line) {
-  dt_status s = e == CUBLAS_STATUS_ALLOC_FAILED    ? DT_ERR_OOM
-                : e == CUBLAS_STATUS_NOT_SUPPORTED ? DT_ERR_UNSUPPORTED
-                : e == CUBLAS_STATUS_INVALID_VALUE ? DT_ERR_INVALID_ARG
-                                                   : DT_ERR_CUDA;
+  dt_status s = library_status(e == CUBLAS_STATUS_ALLOC_FAILED, e == CUBLAS_STATUS_NOT_SUPPORTED,
+                               e == CUBLAS_STATUS_INVALID_VALUE);
   return dt_error_set(s, func, file, line, "cuBLAS error %s (%s) on cuda:%d in `%s`%s",
                       cublasGetStatusName(e), cublasGetStatusString(e), current_device(), stmt,
                       e == CUBLAS_STATUS_ALLOC_FAILED
@@ -79,10 +87,8 @@ dt_status dt_cublas_fail(cublasStatus_t e, const char *stmt, const char *func, c
 
 dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, const char *file,
                         int line) {
-  dt_status s = e == CUDNN_STATUS_ALLOC_FAILED    ? DT_ERR_OOM
-                : e == CUDNN_STATUS_NOT_SUPPORTED ? DT_ERR_UNSUPPORTED
-                : e == CUDNN_STATUS_BAD_PARAM     ? DT_ERR_INVALID_ARG
-                                                  : DT_ERR_CUDA;
+  dt_status s = library_status(e == CUDNN_STATUS_ALLOC_FAILED, e == CUDNN_STATUS_NOT_SUPPORTED,
+                               e == CUDNN_STATUS_BAD_PARAM);
   return dt_error_set(
       s, func, file, line, "cuDNN error %d (%s) on cuda:%d in `%s`%s", (int)e,
       cudnnGetErrorString(e), current_device(), stmt,

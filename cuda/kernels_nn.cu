@@ -79,14 +79,20 @@ static __global__ void index_report_kernel(dt_cuda_index_slot *slot, int *claim,
   *(volatile int *)&err->set = 1;
 }
 
-/* Queues the report of the launch just made on `stream` (no host wait). */
-static cudaError_t index_report(dt_cuda_ctx *ctx, cudaStream_t stream, const void *idx, int i32,
-                                dt_cuda_index_kind kind, int64_t bound, int64_t ignore,
-                                float *count) {
-  index_report_kernel<<<1, 1, 0, stream>>>(index_slot(ctx, stream), ctx->index_check.claim,
-                                           ctx->index_check.error_dev, idx, i32, (int)kind,
-                                           (long long)bound, (long long)ignore, count);
-  return cudaGetLastError();
+/* The end of an index-checking launch on `stream`: its launch error, else
+ * (when `report`) the report of its slot queued behind it (no host wait). */
+static dt_status index_checked(dt_cuda_ctx *ctx, cudaStream_t stream, bool report, const void *idx,
+                               int i32, dt_cuda_index_kind kind, int64_t bound, int64_t ignore,
+                               float *count) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && report) {
+    index_report_kernel<<<1, 1, 0, stream>>>(index_slot(ctx, stream), ctx->index_check.claim,
+                                             ctx->index_check.error_dev, idx, i32, (int)kind,
+                                             (long long)bound, (long long)ignore, count);
+    e = cudaGetLastError();
+  }
+  DT_CUDA_CHECK(e);
+  return DT_OK;
 }
 
 /* ---- softmax ---- */
@@ -234,11 +240,8 @@ extern "C" dt_status dt_cuda_cross_entropy_forward(const dt_exec *ex, const floa
   if (n > 0)
     cross_entropy_forward_kernel<<<row_grid(n), dt_row_threads(c), 0, stream>>>(
         logits, target, i32, n, c, ignore_index, loss_rows, lse, index_slot(ctx, stream));
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess)
-    e = index_report(ctx, stream, target, i32, DT_CUDA_INDEX_CROSS_ENTROPY, c, ignore_index, count);
-  DT_CUDA_CHECK(e);
-  return DT_OK;
+  return index_checked(ctx, stream, true, target, i32, DT_CUDA_INDEX_CROSS_ENTROPY, c, ignore_index,
+                       count);
 }
 
 // logits (n,c), target (n), lse (n), dloss_rows (n) -> dlogits (n,c)
@@ -320,12 +323,8 @@ extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *
     classifier_forward_kernel<<<row_grid(n), dt_row_threads(vp), 0, stream>>>(
         logits, target, i32, n, vp, classes, ignore_index, loss_rows, dlogits,
         index_slot(ctx, stream));
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess)
-    e = index_report(ctx, stream, target, i32, DT_CUDA_INDEX_CLASSIFIER, classes, ignore_index,
-                     count);
-  DT_CUDA_CHECK(e);
-  return DT_OK;
+  return index_checked(ctx, stream, true, target, i32, DT_CUDA_INDEX_CLASSIFIER, classes,
+                       ignore_index, count);
 }
 
 // dlogits (n) *= dloss[0] / count[0] (0 when no row was kept: every row of
@@ -538,11 +537,7 @@ extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *id
   if (d > 0)
     embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
         idx, i32, table, y, n, v, d, index_slot(ctx, stream));
-  cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && d > 0)
-    e = index_report(ctx, stream, idx, i32, DT_CUDA_INDEX_EMBEDDING, v, 0, NULL);
-  DT_CUDA_CHECK(e);
-  return DT_OK;
+  return index_checked(ctx, stream, d > 0, idx, i32, DT_CUDA_INDEX_EMBEDDING, v, 0, NULL);
 }
 
 /* ---- dropout ---- */

@@ -122,6 +122,24 @@ static void describe_work(const dt_work *w, char *buf, size_t cap) {
 
 /* ---- the communication thread ---- */
 
+dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w, double deadline) {
+  if (ops->event_query == NULL)
+    return ops->event_synchronize(ev);
+  for (long polls = 0;; polls++) {
+    int done = 0;
+    DT_CHECK(ops->event_query(ev, &done));
+    if (done)
+      return DT_OK;
+    if (dt_comm_now() > deadline) {
+      w->device_stuck = 1;
+      w->leaked = 1;
+      return DT_ERR_TIMEOUT;
+    }
+    struct timespec pause = {0, polls < 100 ? 20000L : 500000L};
+    nanosleep(&pause, NULL);
+  }
+}
+
 static void run_one(dt_comm *c, dt_work *w) {
   char what[256];
   pthread_mutex_lock(&w->mu); /* dt_work_times may read it meanwhile */
@@ -143,14 +161,22 @@ static void run_one(dt_comm *c, dt_work *w) {
       const dt_backend_ops *ops = NULL;
       st = dt_backend_get(dt_tensor_device(w->in), &ops);
       if (st == DT_OK)
-        st = ops->event_synchronize(w->ready);
+        st = dt_comm_event_wait(ops, w->ready, w, deadline);
     }
     if (st == DT_OK)
       st = c->be->run(c->impl, w, deadline);
   }
   if (st == DT_ERR_TIMEOUT) {
     describe_work(w, what, sizeof what);
-    fprintf(stderr, "dtrain: rank %d: %s did not complete within %g s; %s\n", c->rank, what,
+    /* Waiting for the device (its input's ready event, a staging copy) is
+     * not waiting for the peers: say which. */
+    const char *late = w->device_stuck ? "was not ready on the device" : "did not complete";
+    const char *cause = w->device_stuck
+                            ? "the device's stream is stuck (a hung kernel, or a failed GPU: "
+                              "nvidia-smi, rerun with CUDA_LAUNCH_BLOCKING=1)"
+                            : "a peer is stuck, dead or submitting collectives in a different "
+                              "order";
+    fprintf(stderr, "dtrain: rank %d: %s %s within %g s; %s\n", c->rank, what, late,
             c->cfg.timeout_s,
             c->cfg.abort_on_timeout ? "aborting the job" : "failing it (abort_on_timeout off)");
     fflush(stderr);
@@ -160,10 +186,8 @@ static void run_one(dt_comm *c, dt_work *w) {
              (unsigned long long)w->seq, c->cfg.timeout_s);
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
     st = DT_ERROR(DT_ERR_TIMEOUT,
-                  "rank %d: %s did not complete within %g s: a peer is stuck, dead or "
-                  "submitting collectives in a different order (raise --comm-timeout if "
-                  "it is only slow)",
-                  c->rank, what, c->cfg.timeout_s);
+                  "rank %d: %s %s within %g s: %s (raise --comm-timeout if it is only slow)",
+                  c->rank, what, late, c->cfg.timeout_s, cause);
   } else if (st != DT_OK) {
     /* This rank did not take its part (staging, MPI, a mismatch): its next
      * collective would pair with the peers' current one, so fail every
@@ -221,6 +245,16 @@ static int lock_within(pthread_mutex_t *mu, double seconds) {
   return pthread_mutex_timedlock(mu, &until) == 0;
 }
 
+/* Aborts a stream backend's transport (ncclCommAbort), not while an
+ * enqueue runs: the abort frees what it uses. An enqueue wedged in the
+ * transport past the deadline leaves the transport as it is. */
+static void abort_transport(dt_comm *c) {
+  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
+    c->be->abort_comm(c->impl);
+    pthread_mutex_unlock(&c->submit_mu);
+  }
+}
+
 /* A device collective is stuck past its deadline (st DT_ERR_TIMEOUT) or
  * the transport failed: name the collective, abort the transport and,
  * with abort_on_timeout, the job. */
@@ -234,13 +268,7 @@ static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
   fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
           c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
-  /* Not while an enqueue runs: the abort frees what it uses. An enqueue
-   * wedged in the transport past the deadline leaves the transport as it
-   * is; the job ends below. */
-  if (c->be->abort_comm && lock_within(&c->submit_mu, c->cfg.timeout_s)) {
-    c->be->abort_comm(c->impl);
-    pthread_mutex_unlock(&c->submit_mu);
-  }
+  abort_transport(c); /* an enqueue wedged past the deadline: the job ends below */
   if (c->cfg.abort_on_timeout)
     c->be->abort_job(c->impl, DT_COMM_WATCHDOG_EXIT_CODE);
   pthread_mutex_lock(&c->mu);
@@ -383,6 +411,18 @@ void dt_comm_destroy(dt_comm *c) {
   free(c);
 }
 
+void dt_comm_abort(dt_comm *c, const char *why) {
+  if (c == NULL)
+    return;
+  pthread_mutex_lock(&c->mu);
+  if (!__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE))
+    snprintf(c->broken_why, sizeof c->broken_why, "aborted on rank %d: %s", c->rank,
+             why ? why : "an error");
+  __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&c->mu);
+  abort_transport(c); /* one wedged in an enqueue is the watchdog's to report */
+}
+
 int dt_comm_rank(const dt_comm *c) { return c->rank; }
 int dt_comm_size(const dt_comm *c) { return c->size; }
 const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
@@ -417,8 +457,12 @@ static dt_status check_buffer(const dt_comm *c, const char *what, const char *ro
   return DT_OK;
 }
 
-static dt_status check_same_device(const dt_comm *c, const char *what, const dt_tensor *in,
-                                   const dt_tensor *out) {
+/* The input and output buffers of a collective that has both: each a
+ * valid buffer (check_buffer), both on one device. */
+static dt_status check_in_out(const dt_comm *c, const char *what, const dt_tensor *in,
+                              const dt_tensor *out) {
+  DT_CHECK(check_buffer(c, what, "input", in));
+  DT_CHECK(check_buffer(c, what, "output", out));
   if (dt_device_equal(dt_tensor_device(in), dt_tensor_device(out)))
     return DT_OK;
   char a[32], b[32];
@@ -427,6 +471,18 @@ static dt_status check_same_device(const dt_comm *c, const char *what, const dt_
                   "device",
                   what, c->be->name, dt_device_format(dt_tensor_device(in), a, sizeof a),
                   dt_device_format(dt_tensor_device(out), b, sizeof b));
+}
+
+/* A collective between each rank's part and their concatenation: `whole`
+ * holds c->size times the elements of `part`. */
+static dt_status check_whole_of_parts(const dt_comm *c, const char *what, const char *whole_name,
+                                      const dt_tensor *whole, const char *part_name,
+                                      const dt_tensor *part) {
+  if (dt_tensor_numel(whole) == dt_tensor_numel(part) * c->size)
+    return DT_OK;
+  return DT_ERROR(DT_ERR_SHAPE, "%s: %s has %lld elements, expected %d ranks x %lld %s elements",
+                  what, whole_name, (long long)dt_tensor_numel(whole), c->size,
+                  (long long)dt_tensor_numel(part), part_name);
 }
 
 /* Device tensors: the device's backend, the readiness event (recorded on
@@ -559,36 +615,24 @@ dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, const dt_coll_op
 
 dt_status dt_comm_allgather(dt_comm *c, dt_tensor *in, dt_tensor *out, const dt_coll_opts *opts,
                             dt_work **out_work) {
-  DT_CHECK(check_buffer(c, "allgather", "input", in));
-  DT_CHECK(check_buffer(c, "allgather", "output", out));
-  DT_CHECK(check_same_device(c, "allgather", in, out));
+  DT_CHECK(check_in_out(c, "allgather", in, out));
   if (dt_tensor_dtype(in) != dt_tensor_dtype(out))
     return DT_ERROR(DT_ERR_DTYPE, "allgather: input is %s but output is %s",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
-  if (dt_tensor_numel(out) != dt_tensor_numel(in) * c->size)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "allgather: output has %lld elements, expected %d ranks x %lld input "
-                    "elements",
-                    (long long)dt_tensor_numel(out), c->size, (long long)dt_tensor_numel(in));
+  DT_CHECK(check_whole_of_parts(c, "allgather", "output", out, "input", in));
   return submit(c, DT_COLL_ALLGATHER, DT_REDUCE_SUM, in, out, 0, dt_tensor_numel(in), opts,
                 out_work);
 }
 
 dt_status dt_comm_reduce_scatter(dt_comm *c, dt_tensor *in, dt_tensor *out, dt_reduce_op op,
                                  const dt_coll_opts *opts, dt_work **out_work) {
-  DT_CHECK(check_buffer(c, "reduce_scatter", "input", in));
-  DT_CHECK(check_buffer(c, "reduce_scatter", "output", out));
-  DT_CHECK(check_same_device(c, "reduce_scatter", in, out));
+  DT_CHECK(check_in_out(c, "reduce_scatter", in, out));
   if (!dt_comm_is_reduce_dtype(dt_tensor_dtype(in)) || dt_tensor_dtype(in) != dt_tensor_dtype(out))
     return DT_ERROR(DT_ERR_DTYPE,
                     "reduce_scatter: input %s, output %s: both must be f32, or both f16, or both "
                     "bf16",
                     dt_dtype_name(dt_tensor_dtype(in)), dt_dtype_name(dt_tensor_dtype(out)));
-  if (dt_tensor_numel(in) != dt_tensor_numel(out) * c->size)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "reduce_scatter: input has %lld elements, expected %d ranks x %lld output "
-                    "elements",
-                    (long long)dt_tensor_numel(in), c->size, (long long)dt_tensor_numel(out));
+  DT_CHECK(check_whole_of_parts(c, "reduce_scatter", "input", in, "output", out));
   return submit(c, DT_COLL_REDUCE_SCATTER, op, in, out, 0, dt_tensor_numel(out), opts, out_work);
 }
 

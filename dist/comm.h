@@ -199,6 +199,16 @@ dt_status dt_comm_create_nccl_clique(dt_nccl_clique *q, int rank, const dt_comm_
  * frees the communicator. NULL is a no-op. */
 void dt_comm_destroy(dt_comm *c);
 
+/* For error paths, before dt_comm_destroy: this rank is giving up (it
+ * failed, or it cannot trust its peers), so the shutdown must not wait
+ * for them. The communicator becomes broken (every later collective fails
+ * at once) and its transport is aborted now: nccl calls ncclCommAbort,
+ * never ncclCommDestroy, which can block on peers that died or stopped;
+ * host backends then free only what a stuck request cannot touch.
+ * Collectives in flight fail or finish within the watchdog's deadline.
+ * NULL is a no-op; idempotent. */
+void dt_comm_abort(dt_comm *c, const char *why);
+
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
 const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local", "nccl" */

@@ -62,6 +62,9 @@ struct dt_work {
   /* Set by a backend that gave up while the transport may still touch the
    * buffers (a stuck MPI request): the tensors are then never released. */
   int leaked;
+  /* Set with DT_ERR_TIMEOUT when the time ran out waiting for the device
+   * (the input's ready event, a staging copy), not for the peers. */
+  int device_stuck;
   dt_status status;
   char error[1024];
   double submitted_s, started_s, completed_s;
@@ -125,6 +128,13 @@ void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n
 void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n);
 /* Chunk (in elements) of the f32 accumulators the host reductions use. */
 #define DT_COMM_REDUCE_CHUNK 1024
+
+/* Waits on the host for `ev` (of backend `ops`) until `deadline`
+ * (dt_comm_now() time): polls ops->event_query, sleeping a little between
+ * polls; backends without it are synchronised. Past the deadline:
+ * DT_ERR_TIMEOUT, and w->device_stuck and w->leaked are set (the device
+ * may still write the buffers). */
+dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w, double deadline);
 
 /* ---- host staging of device tensors (comm_staged.c) ---- */
 

@@ -1,48 +1,46 @@
 /* The host backends' reductions of f32, f16 and bf16 data: sums in f32 in
- * rank order, one rounding to the data's type at the end. */
+ * rank order, one rounding to the data's type at the end (core/half.h's
+ * conversions: round to nearest even). */
 #include <string.h>
 
 #include "core/half.h"
 #include "dist/comm_internal.h"
 
-int dt_comm_is_reduce_dtype(dt_dtype t) {
-  return t == DT_DTYPE_F32 || t == DT_DTYPE_F16 || t == DT_DTYPE_BF16;
-}
+int dt_comm_is_reduce_dtype(dt_dtype t) { return t == DT_DTYPE_F32 || dt_dtype_is_half(t); }
 
+/* acc = src (first) or acc += src, src widened to f32. n <= chunk. */
 static void add_part(float *acc, const void *src, dt_dtype t, int64_t n, int first) {
-  if (t == DT_DTYPE_F32) {
-    const float *p = src;
+  float wide[DT_COMM_REDUCE_CHUNK];
+  const float *p = src;
+  if (t != DT_DTYPE_F32) {
+    dt_half_to_f32(t, src, first ? acc : wide, n);
     if (first)
-      memcpy(acc, p, (size_t)n * sizeof(float));
-    else
-      for (int64_t i = 0; i < n; i++)
-        acc[i] += p[i];
-    return;
+      return;
+    p = wide;
   }
-  const uint16_t *h = src;
-  int bf16 = t == DT_DTYPE_BF16;
-  for (int64_t i = 0; i < n; i++) {
-    float v = bf16 ? dt_bf16_to_f32(h[i]) : dt_f16_to_f32(h[i]);
-    acc[i] = first ? v : acc[i] + v;
-  }
+  if (first)
+    memcpy(acc, p, (size_t)n * sizeof(float));
+  else
+    for (int64_t i = 0; i < n; i++)
+      acc[i] += p[i];
 }
 
 void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n, int avg,
                      float *acc) {
-  for (int k = 0; k < nparts; k++)
-    add_part(acc, parts[k], t, n, k == 0);
+  for (int64_t c0 = 0; c0 < n; c0 += DT_COMM_REDUCE_CHUNK) {
+    int64_t len = n - c0 < DT_COMM_REDUCE_CHUNK ? n - c0 : DT_COMM_REDUCE_CHUNK;
+    size_t off = (size_t)c0 * dt_dtype_size(t);
+    for (int k = 0; k < nparts; k++)
+      add_part(acc + c0, (const char *)parts[k] + off, t, len, k == 0);
+  }
   if (avg)
     for (int64_t i = 0; i < n; i++)
       acc[i] /= (float)nparts;
 }
 
 void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n) {
-  if (t == DT_DTYPE_F32) {
+  if (t == DT_DTYPE_F32)
     memcpy(dst, src, (size_t)n * sizeof(float));
-    return;
-  }
-  uint16_t *h = dst;
-  int bf16 = t == DT_DTYPE_BF16;
-  for (int64_t i = 0; i < n; i++)
-    h[i] = bf16 ? dt_f32_to_bf16(src[i]) : dt_f32_to_f16(src[i]);
+  else
+    dt_half_from_f32(t, src, dst, n);
 }

@@ -30,9 +30,8 @@ int dt_comm_can_stage(dt_device dev) {
   const dt_backend_ops *ops = NULL;
   if (dt_backend_get(dev, &ops) != DT_OK)
     return 0;
-  return ops->copy && ops->stream && ops->event_create && ops->event_destroy &&
-         ops->event_record && ops->stream_wait_event && ops->event_synchronize &&
-         ops->stream_synchronize;
+  return ops->copy && ops->stream && ops->event_create && ops->event_destroy && ops->event_record &&
+         ops->stream_wait_event && ops->event_synchronize && ops->stream_synchronize;
 }
 
 static void release_buffer(dt_comm_staging *s) {
@@ -63,7 +62,7 @@ void dt_comm_staging_free(dt_comm_staging *s, int broken) {
 
 /* Makes the staging state serve `dev` and hold at least `bytes`. */
 static dt_status staging_reserve(dt_comm_staging *s, const dt_backend_ops *ops, dt_device dev,
-                                 dt_stream *cs, size_t bytes) {
+                                 dt_stream *cs, size_t bytes, dt_work *w, double deadline) {
   if (s->ops != ops || !dt_device_equal(s->dev, dev)) {
     dt_comm_staging_free(s, 0);
     s->ops = ops;
@@ -72,7 +71,9 @@ static dt_status staging_reserve(dt_comm_staging *s, const dt_backend_ops *ops, 
   }
   if (bytes <= s->cap)
     return DT_OK;
-  DT_CHECK(ops->stream_synchronize(cs)); /* a copy back may read the old buffer */
+  /* A copy back may still read the old buffer. */
+  DT_CHECK(ops->event_record(s->copied, cs));
+  DT_CHECK(dt_comm_event_wait(ops, s->copied, w, deadline));
   release_buffer(s);
   size_t cap = DT_MIB;
   while (cap < bytes)
@@ -84,15 +85,15 @@ static dt_status staging_reserve(dt_comm_staging *s, const dt_backend_ops *ops, 
     s->buf = malloc(cap);
     s->pinned = 0;
     if (s->buf == NULL)
-      return DT_ERROR(DT_ERR_OOM, "staging %zu bytes of %s data in host memory: out of memory",
-                      cap, ops->name);
+      return DT_ERROR(DT_ERR_OOM, "staging %zu bytes of %s data in host memory: out of memory", cap,
+                      ops->name);
   }
   s->cap = cap;
   return DT_OK;
 }
 
-dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void *impl,
-                             dt_work *w, double deadline) {
+dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void *impl, dt_work *w,
+                             double deadline) {
   const dt_backend_ops *ops = w->dev_ops;
   dt_stream *cs = ops->stream(w->dev, DT_STREAM_COMM);
   if (cs == NULL) {
@@ -105,7 +106,7 @@ dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void
   size_t out_bytes = (size_t)dt_tensor_numel(w->out) * elem;
   int in_place = w->in == w->out;
   size_t out_off = in_place ? 0 : (in_bytes + 255) & ~(size_t)255;
-  DT_CHECK(staging_reserve(s, ops, w->dev, cs, out_off + out_bytes));
+  DT_CHECK(staging_reserve(s, ops, w->dev, cs, out_off + out_bytes, w, deadline));
   char *host_in = s->buf, *host_out = (char *)s->buf + out_off;
 
   if (w->ready != NULL)
@@ -115,7 +116,7 @@ dt_status dt_comm_staged_run(dt_comm_staging *s, const dt_comm_backend *be, void
   if (copy_up && in_bytes > 0)
     DT_CHECK(ops->copy(host_in, DT_CPU, w->in_data, w->dev, in_bytes, cs));
   DT_CHECK(ops->event_record(s->copied, cs));
-  DT_CHECK(ops->event_synchronize(s->copied));
+  DT_CHECK(dt_comm_event_wait(ops, s->copied, w, deadline)); /* the device may be stuck */
 
   void *dev_in = w->in_data, *dev_out = w->out_data;
   w->in_data = host_in;

@@ -10,6 +10,27 @@
 
 #include "dist/ddp_internal.h"
 
+const char *dt_ddp_grad_compress_name(dt_dtype t) {
+  return t == DT_DTYPE_F32    ? "none"
+         : t == DT_DTYPE_BF16 ? "bf16"
+         : t == DT_DTYPE_F16  ? "fp16"
+                              : NULL;
+}
+
+dt_status dt_ddp_grad_compress_parse(const char *s, dt_dtype *out) {
+  for (int t = 0; s != NULL && t < DT_DTYPE_COUNT; t++) {
+    const char *name = dt_ddp_grad_compress_name((dt_dtype)t);
+    if (name != NULL && strcmp(s, name) == 0) {
+      *out = (dt_dtype)t;
+      return DT_OK;
+    }
+  }
+  return DT_ERROR(DT_ERR_INVALID_ARG,
+                  "gradient compression '%s': expected none, bf16 (all-reduce the gradients in "
+                  "bfloat16) or fp16 (in float16)",
+                  s ? s : "(null)");
+}
+
 void dt_ddp_record_error(dt_ddp *d, dt_status st) {
   if (d->error == DT_OK) {
     d->error = st;
@@ -228,8 +249,8 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
   if (c.grad_compress != DT_DTYPE_F32 && c.grad_compress != DT_DTYPE_F16 &&
       c.grad_compress != DT_DTYPE_BF16)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "DDP: grad_compress %s: expected f32 (none), f16 or bf16 (--grad-compress "
-                    "none|fp16|bf16)",
+                    "DDP: grad_compress %s: expected f32 (none), f16 or bf16 "
+                    "(--grad-compress " DT_DDP_GRAD_COMPRESS_CHOICES ")",
                     dt_dtype_name(c.grad_compress));
   if (c.first_bucket_bytes == 0 || c.bucket_bytes == 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -452,7 +473,8 @@ static dt_status sync_finish_backward(void *d) { return dt_ddp_finish_backward(d
 dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
   if (d == NULL)
     return DT_GRAD_SYNC_NONE;
-  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward};
+  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward,
+                        dt_ddp_sum_over_ranks};
 }
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
 

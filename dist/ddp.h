@@ -119,6 +119,13 @@ typedef struct dt_ddp_config {
 } dt_ddp_config;
 #define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32})
 
+/* The names of cfg.grad_compress (the --grad-compress flag): none (f32),
+ * bf16, fp16. Parse: DT_ERR_INVALID_ARG naming the choices otherwise;
+ * name: NULL for other types. */
+#define DT_DDP_GRAD_COMPRESS_CHOICES "none|bf16|fp16"
+dt_status dt_ddp_grad_compress_parse(const char *s, dt_dtype *out);
+const char *dt_ddp_grad_compress_name(dt_dtype t);
+
 typedef struct dt_ddp dt_ddp;
 
 /* `arena` must have been created from `model` (dt_param_arena_create).

@@ -98,6 +98,11 @@ dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host);
  * rank 0 and the lowest rank that differs from it. */
 dt_status dt_ddp_verify_parameters(dt_comm *comm, dt_module *model, dt_param_arena *arena);
 
+/* Sums values[0..n) over the ranks in place, the same result on every rank
+ * (collective; ctx is the dt_ddp): ZeRO's sum_over_shards and the step's
+ * sum_over_ranks (the GradScaler's found-inf agreement). */
+dt_status dt_ddp_sum_over_ranks(void *ctx, double *values, int n);
+
 /* ---- ZeRO (zero.c) ---- */
 /* Buckets over the flat space padded per bucket to the world size, their
  * views, the shard gradients; pads the arena and (stage 2) drops its

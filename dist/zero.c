@@ -310,7 +310,7 @@ static dt_status step_done(void *ctx, dt_status st) {
 
 /* Sums values over the ranks: every rank's doubles are gathered as bytes
  * and added in rank order, identically everywhere. */
-static dt_status sum_over_shards(void *ctx, double *values, int n) {
+dt_status dt_ddp_sum_over_ranks(void *ctx, double *values, int n) {
   dt_ddp *d = ctx;
   int64_t bytes = (int64_t)n * (int64_t)sizeof(double), all = bytes * d->world;
   dt_tensor *mine = NULL, *gathered = NULL;
@@ -341,8 +341,8 @@ dt_status dt_ddp_shard_optimizer(dt_ddp *d, dt_optimizer *opt) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "ZeRO: reducer and optimizer must not be NULL");
   if (d->cfg.zero_stage == 0)
     return DT_OK;
-  dt_optim_shard sh = {d->segments, d->n_buckets,    d->shard_numel,  d->shard_grads,
-                       d,           sum_over_shards, segment_updated, step_done};
+  dt_optim_shard sh = {d->segments, d->n_buckets,          d->shard_numel,  d->shard_grads,
+                       d,           dt_ddp_sum_over_ranks, segment_updated, step_done};
   DT_CHECK(dt_optim_set_shard(opt, &sh));
   d->opt = opt;
   return DT_OK;

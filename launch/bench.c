@@ -181,6 +181,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
+  dt_grad_scaler scaler; /* fp16 */
+  DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
@@ -188,6 +190,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
                                 cfg->bucket_cap_mb, false};
     co.zero_stage = cfg->zero;
+    DT_CHECK_GOTO(dt_ddp_grad_compress_parse(cfg->grad_compress, &co.grad_compress), st, cleanup);
     DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
     timer.ddp = dt_replica_ddp(rep);
   }
@@ -244,6 +247,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
     r.grad_mib = (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
+    r.allreduce_bytes = dt_ddp_comm_bytes_per_pass(timer.ddp);
   }
   r.ms_per_step = 1e3 * r.seconds / cfg->steps;
   r.forward_ms = 1e3 * timed.forward / cfg->steps;
@@ -252,6 +256,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (out)
     *out = r;
 cleanup:
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(rep ? dt_replica_comm(rep) : NULL, "the benchmark failed");
   dt_tensor_release(y);
   dt_tensor_release(x);
   dt_replica_destroy(rep);
@@ -283,9 +289,10 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_ctx(&cfg.ctx),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero),
+                       &cfg.zero, &cfg.grad_compress),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -303,14 +310,17 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "line\n"
           "  ddp: world N, per-rank batch B, global batch ..., K buckets (... MiB) over ...\n"
           "names the reducer, and the line\n"
-          "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=... (per step)\n"
+          "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=...\n"
+          "  allreduce_bytes=... (per step)\n"
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
-          "hid, and the part the step waited for.",
+          "hid, the part the step waited for, and the bytes handed to the all-reduces\n"
+          "(ZeRO: reduce-scatters; --grad-compress halves them).",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err))
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+      !dt_cli_check_precision("bench", cfg.precision, cfg.device, NULL, err))
     return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;
@@ -329,14 +339,19 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s threads %d%s\n",
+      "device %s precision %s threads %d%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
-      dt_device_format(r.device, dev, sizeof dev), dt_cpu_num_threads(), dt_threads_note());
+      dt_device_format(r.device, dev, sizeof dev),
+      cfg.precision                     ? cfg.precision
+      : r.device.type == DT_DEVICE_CUDA ? "tf32"
+                                        : "fp32",
+      dt_cpu_num_threads(), dt_threads_note());
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
-        "over %s, zero %d\n",
-        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero);
+        "over %s, zero %d, grad-compress %s\n",
+        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
+        cfg.grad_compress);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);
   if (r.tokens_per_s > 0)
@@ -356,8 +371,11 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   printf("memory: optimizer_state_mib=%.3f grad_mib=%.3f in_flight_mib=%.3f (per rank)\n",
          r.optimizer_state_mib, r.gradient_mem_mib, r.in_flight_mib);
   if (r.world > 1)
-    printf("comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f (per step)\n",
-           r.allreduce_ms, r.overlapped_ms,
-           r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms);
+    printf(
+        "comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f "
+        "allreduce_bytes=%zu (per step)\n",
+        r.allreduce_ms, r.overlapped_ms,
+        r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms,
+        r.allreduce_bytes);
   return 0;
 }

@@ -15,7 +15,8 @@
  * samples/s counts all ranks (W * batch per step), and the reducer's
  * timeline gives the communication figures: time in all-reduce per step,
  * the part of it that ran while backward was still computing (hidden by
- * the overlap), and the part the step waited for (exposed). Weak scaling:
+ * the overlap), the part the step waited for (exposed), and the bytes
+ * each step hands the all-reduces (halved by --grad-compress). Weak scaling:
  * compare W ranks x T threads with 1 rank x T threads at the same batch.
  */
 #ifndef DT_LAUNCH_BENCH_H
@@ -51,13 +52,18 @@ typedef struct dt_bench_config {
   float first_bucket_mb;    /* 1 */
   int zero;                 /* ZeRO stage 0, 1, 2 (dist/ddp.h) */
   int ctx;                  /* sequence tasks: the context T, 0 = the task's */
+  const char *precision;    /* "fp32", "tf32", "bf16", "fp16"; NULL = tf32 on CUDA, else fp32 */
+  /* "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h) */
+  const char *grad_compress;
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
- * buckets 1 MiB then 25 MiB, zero stage 0; the task's context. */
-#define DT_BENCH_CONFIG_DEFAULT \
-  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, 0})
+ * buckets 1 MiB then 25 MiB, zero stage 0; the task's context; the
+ * device's default precision; no gradient compression. */
+#define DT_BENCH_CONFIG_DEFAULT                                                                  \
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, \
+                     0, NULL, "none"})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
@@ -83,8 +89,11 @@ typedef struct dt_bench_result {
   double allreduce_ms;  /* all-reduce running on the communication thread */
   double overlapped_ms; /* of which while backward was still computing */
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
-  double grad_mib;      /* gradient bytes all-reduced per step */
-  char comm[32];        /* "mpi", "nccl", "mpi (host-staged)" */
+  double grad_mib;      /* the model's f32 gradients, in MiB */
+  /* Bytes handed to the all-reduces (ZeRO: reduce-scatters) per step: the
+   * buckets' f32 bytes, halved by --grad-compress. */
+  size_t allreduce_bytes;
+  char comm[32]; /* "mpi", "nccl", "mpi (host-staged)" */
   /* Per rank (dt_replica_memory_use): ZeRO shards these; in flight:
    * stage 2's bucket buffers at their peak. */
   double optimizer_state_mib;

@@ -1,10 +1,12 @@
 #include "launch/cli.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/backend.h"
 #include "core/env.h"
 #include "core/tensor.h"
+#include "dist/ddp.h"
 #include "launch/trace.h"
 #include "launch/train_loop.h"
 #include "models/models.h"
@@ -105,6 +107,38 @@ dt_flag dt_cli_flag_device(const char **target) {
                                  .check = dt_cli_check_device, .per_rank = true);
 }
 
+dt_flag dt_cli_flag_precision(const char **target) {
+  return (dt_flag)DT_CHOICE_FLAG(
+      "precision", target, "P",
+      "arithmetic: fp32, tf32 (CUDA's tensor cores for f32 GEMMs), bf16 or fp16 (autocast "
+      "with f32 master weights; fp16 with a GradScaler): docs/mixed-precision.md",
+      "fp32|tf32|bf16|fp16", .default_text = "tf32 on CUDA, fp32 on the CPU");
+}
+
+bool dt_cli_check_precision(const char *command, const char *precision, const char *device,
+                            const char *devices, FILE *err) {
+  if (precision == NULL || strcmp(precision, "tf32") != 0)
+    return true;
+  const char *on = devices ? devices : device ? device : "cpu";
+  if (strncmp(on, "cpu", 3) != 0 && strstr(on, "cpu") == NULL)
+    return true;
+  fprintf(err,
+          "dtrain %s: --precision tf32 needs a CUDA device (TF32 is a tensor-core format), not "
+          "%s: use --precision fp32 on the CPU (or bf16, fp16)\n",
+          command, on);
+  return false;
+}
+
+bool dt_cli_check_debug_overflow(const char *value, char *why, size_t cap) {
+  int rank = 0;
+  int64_t step = 0;
+  if (dt_train_parse_debug_overflow(value, &rank, &step) == DT_OK)
+    return true;
+  dt_clear_error();
+  snprintf(why, cap, "expected RANK:STEP, both >= 0 (e.g. 1:5)");
+  return false;
+}
+
 dt_flag dt_cli_flag_threads(int *target) {
   return (dt_flag)DT_INT_FLAG("threads", target, "N",
                               "CPU threads, 0 = all available cores (or DT_NUM_THREADS)", .min = 0,
@@ -179,6 +213,14 @@ dt_flag dt_cli_flag_zero(int *target) {
                               "over the ranks (gradients reduce-scattered, parameters "
                               "all-gathered); 2 also the gradients",
                               .min = 0, .max = 2);
+}
+
+dt_flag dt_cli_flag_grad_compress(const char **target) {
+  return (dt_flag)DT_CHOICE_FLAG("grad-compress", target, "TYPE",
+                                 "DDP and dp: all-reduce (ZeRO: reduce-scatter) the gradient "
+                                 "buckets in 16 bits, half the bytes: cast, reduced in f32 and "
+                                 "rounded to nearest even, cast back; fp16 overflows to inf",
+                                 DT_DDP_GRAD_COMPRESS_CHOICES);
 }
 
 dt_status dt_cli_check_env(void) {

@@ -43,6 +43,17 @@ dt_flag dt_cli_flag_ctx(int *target);
  * most its context); otherwise prints "dtrain <command>: invalid value ..."
  * to err and returns false (exit 2). An unknown model is left to the run. */
 bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err);
+/* --precision fp32|tf32|bf16|fp16 (core/amp.h); *target NULL = the
+ * device's default (tf32 on CUDA, fp32 on the CPU). */
+dt_flag dt_cli_flag_precision(const char **target);
+/* After parsing: --precision `precision` (NULL: the default) suits the
+ * device(s) (`device`, and dp's `devices` list when not NULL): tf32 needs
+ * CUDA. Otherwise prints "dtrain <command>: ..." to err and returns false
+ * (exit 2). */
+bool dt_cli_check_precision(const char *command, const char *precision, const char *device,
+                            const char *devices, FILE *err);
+/* --debug-overflow's value: RANK:STEP. */
+bool dt_cli_check_debug_overflow(const char *value, char *why, size_t cap);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);
 /* --comm-backend: start *target at dt_cli_comm_backend_default()
  * (DT_COMM_BACKEND's value, or "auto") so that the help shows it; the flag
@@ -54,13 +65,17 @@ dt_flag dt_cli_flag_bucket_cap_mb(float *target);
 dt_flag dt_cli_flag_first_bucket_mb(float *target);
 /* --zero 0|1|2: the ZeRO stage of the DDP reducer (dist/ddp.h). */
 dt_flag dt_cli_flag_zero(int *target);
+/* --grad-compress none|bf16|fp16: the reducer's 16-bit all-reduce
+ * (dist/ddp.h, dt_ddp_grad_compress_parse). */
+dt_flag dt_cli_flag_grad_compress(const char **target);
 /* The DDP flags of train and bench, in this order, as rows of a flag
  * table: --comm-backend, --comm-timeout, --bucket-cap-mb, --first-bucket-mb,
- * --zero. */
-#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb, zero)    \
+ * --zero, --grad-compress. */
+#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb, zero,    \
+                         grad_compress)                                                       \
   dt_cli_flag_comm_backend(comm_backend), dt_cli_flag_comm_timeout(comm_timeout),             \
       dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb), \
-      dt_cli_flag_zero(zero)
+      dt_cli_flag_zero(zero), dt_cli_flag_grad_compress(grad_compress)
 
 /* The sampling flags of train and sample over a dt_sample_config
  * (launch/sample.h), as rows of a flag table: --sample-len, --temperature,

@@ -37,45 +37,36 @@
 #include "launch/train_loop.h"
 #include "models/tasks.h"
 
+/* A command has one of the two: train and bench run in the process group
+ * (run_in_group), the others on their own (run). */
 typedef struct command {
   const char *name;
   const char *summary;
-  int in_group; /* runs in the process group (train, bench) */
-  int (*run)(int argc, char **argv, dt_pg *pg, FILE *err);
+  int (*run_in_group)(int argc, char **argv, dt_pg *pg, FILE *err);
+  int (*run)(int argc, char **argv, FILE *err);
 } command;
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_sample(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_sample(argc, argv, err);
-}
-
-static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_sample(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err);
-static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err);
+static int cli_help(int argc, char **argv, FILE *err);
+static int cli_tokenize(int argc, char **argv, FILE *err);
 
 static const command commands[] = {
-    {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", 1, cli_train},
-    {"bench", "time training steps on synthetic data (steps_per_s=...)", 1, cli_bench},
-    {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", 0, cli_eval},
-    {"sample", "text from a language model's checkpoint: dtrain sample --checkpoint PATH", 0,
-     cli_sample},
-    {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", 0,
-     cli_launch},
-    {"doctor", "check this machine for the default job and GPU training: one verdict line", 0,
-     cli_doctor},
-    {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", 0,
+    {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", cli_train},
+    {"bench", "time training steps on synthetic data (steps_per_s=...)", dt_cli_bench},
+    {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", NULL, dt_cli_eval},
+    {"sample", "text from a language model's checkpoint: dtrain sample --checkpoint PATH", NULL,
+     dt_cli_sample},
+    {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", NULL,
+     dt_cli_launch},
+    {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
+     dt_cli_doctor},
+    {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", NULL,
      cli_tokenize},
-    {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", 0,
-     cli_report},
-    {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", 0, cli_top},
-    {"help", "show this help, or the help of a command: dtrain help train", 0, cli_help},
+    {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", NULL,
+     dt_cli_report},
+    {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", NULL,
+     dt_cli_top},
+    {"help", "show this help, or the help of a command: dtrain help train", NULL, cli_help},
 };
 #define NUM_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
 
@@ -103,43 +94,17 @@ static void print_unknown_command(const char *name) {
   fprintf(stderr, "; see dtrain --help)\n");
 }
 
-static int cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
-  return dt_cli_bench(argc, argv, pg, err);
-}
-
-static int cli_eval(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_eval(argc, argv, err);
-}
-
-static int cli_doctor(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_doctor(argc, argv, err);
-}
-
-static int cli_launch(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_launch(argc, argv, err);
-}
-
-static int cli_tokenize(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
+static int cli_tokenize(int argc, char **argv, FILE *err) {
   (void)err;
   return dt_cli_tokenize(argc, argv);
 }
 
-static int cli_report(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_report(argc, argv, err);
+/* The command c, with the process group pg where it runs in one. */
+static int run_command(const command *c, int argc, char **argv, dt_pg *pg, FILE *err) {
+  return c->run_in_group ? c->run_in_group(argc, argv, pg, err) : c->run(argc, argv, err);
 }
 
-static int cli_top(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
-  return dt_cli_top(argc, argv, err);
-}
-
-static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
-  (void)pg;
+static int cli_help(int argc, char **argv, FILE *err) {
   dt_flag_set set = {
       .command = "help",
       .usage = "help [COMMAND]",
@@ -159,7 +124,7 @@ static int cli_help(int argc, char **argv, dt_pg *pg, FILE *err) {
   }
   char help_flag[] = "--help";
   char *help_args[] = {help_flag, NULL};
-  return c->run(1, help_args, NULL, err);
+  return run_command(c, 1, help_args, NULL, err);
 }
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
@@ -204,6 +169,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLOAT_FLAG("min-lr", &cfg.min_lr, "LR",
                     "cosine schedule: final learning rate (at most --lr)"),
       DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
+      dt_cli_flag_precision(&cfg.precision),
+      DT_STRING_FLAG("debug-overflow", &cfg.debug_overflow, "R:S",
+                     "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
+                     "step S (0-based)",
+                     .check = dt_cli_check_debug_overflow),
       dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
@@ -222,7 +192,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
                      .check = dt_cli_check_device_list, .per_rank = true),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero),
+                       &cfg.zero, &cfg.grad_compress),
       DT_BOOL_FLAG("allow-unused", &allow_unused,
                    "DDP: zero-fill gradients of parameters the forward did not use"),
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
@@ -294,6 +264,13 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
     return 2;
   bool dp = !strcmp(cfg.mode, "dp");
+  if (!dt_cli_check_precision("train", cfg.precision, cfg.device, dp ? cfg.devices : NULL, err))
+    return 2;
+  if (cfg.debug_overflow && (!cfg.precision || strcmp(cfg.precision, "fp16") != 0)) {
+    fprintf(err,
+            "dtrain train: --debug-overflow tests the GradScaler: it needs --precision fp16\n");
+    return 2;
+  }
   if (dp && !cfg.devices) {
     fprintf(err,
             "dtrain train: --mode dp needs the replicas' devices: --devices cpu:0,cpu:1 (or "
@@ -421,7 +398,7 @@ static void run_in_group(const command *c, int argc, char **argv) {
       err = mem;
   }
   /* A stop requested during start-up counts too (after the first step). */
-  if (c->run == cli_train)
+  if (c->run_in_group == cli_train)
     dt_train_ckpt_install_signal_handlers();
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
@@ -434,7 +411,7 @@ static void run_in_group(const command *c, int argc, char **argv) {
   }
   share_cores(pg);
   dt_clear_error();
-  int rc = c->run(argc, argv, pg, err);
+  int rc = c->run_in_group(argc, argv, pg, err);
   char prefix[32] = "";
   if (dt_pg_world_size(pg) > 1)
     snprintf(prefix, sizeof prefix, "rank %d: ", dt_pg_rank(pg));
@@ -469,13 +446,13 @@ int main(int argc, char **argv) {
   }
   const char *name = argv[1];
   if (!strcmp(name, "--help") || !strcmp(name, "-h"))
-    exit(finish_stdout(cli_help(0, NULL, NULL, stderr)));
+    exit(finish_stdout(cli_help(0, NULL, stderr)));
   const command *c = find_command(name);
   if (!c) {
     print_unknown_command(name);
     exit(2);
   }
-  if (c->in_group)
+  if (c->run_in_group)
     run_in_group(c, argc - 2, argv + 2);
-  exit(finish_stdout(c->run(argc - 2, argv + 2, NULL, stderr)));
+  exit(finish_stdout(c->run(argc - 2, argv + 2, stderr)));
 }

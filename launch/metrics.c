@@ -87,20 +87,22 @@ void dt_json_add_numbers(void *obj, const dt_json_number *fields, int n) {
       (o), (const dt_json_number[]){__VA_ARGS__}, \
       (int)(sizeof((const dt_json_number[]){__VA_ARGS__}) / sizeof(dt_json_number)))
 
-/* A new record {"type": type}, or NULL out of memory. */
-static cJSON *new_record(const char *type) {
-  cJSON *o = cJSON_CreateObject();
-  if (o)
-    cJSON_AddStringToObject(o, "type", type);
-  return o;
-}
-
-dt_status dt_metrics_write_run(dt_metrics *m, const dt_metrics_run *r) {
+/* A record {"type": type, ...} filled in by fill(o, r) and written: what
+ * every dt_metrics_write_* does. Nothing when there is no metrics file. */
+static dt_status write_new_record(dt_metrics *m, const char *type,
+                                  void (*fill)(cJSON *o, const void *r), const void *r) {
   if (!m)
     return DT_OK;
-  cJSON *o = new_record("run");
+  cJSON *o = cJSON_CreateObject();
   if (!o)
     return DT_ERROR(DT_ERR_OOM, "no host memory for a metrics record");
+  cJSON_AddStringToObject(o, "type", type);
+  fill(o, r);
+  return write_record(m, o);
+}
+
+static void fill_run(cJSON *o, const void *rec) {
+  const dt_metrics_run *r = rec;
   cJSON_AddStringToObject(o, "model", r->model);
   cJSON_AddStringToObject(o, "data", r->data);
   cJSON_AddStringToObject(o, "device", r->device);
@@ -108,13 +110,16 @@ dt_status dt_metrics_write_run(dt_metrics *m, const dt_metrics_run *r) {
               {"accum", r->accum}, {"epochs", r->epochs}, {"total_steps", (double)r->total_steps},
               {"steps_per_epoch", (double)r->steps_per_epoch}, {"threads", r->threads});
   cJSON_AddStringToObject(o, "comm", r->comm);
-  return write_record(m, o);
+}
+
+dt_status dt_metrics_write_run(dt_metrics *m, const dt_metrics_run *r) {
+  return write_new_record(m, "run", fill_run, r);
 }
 
 dt_metrics_step dt_metrics_step_default(void) {
   dt_metrics_step r;
   memset(&r, 0, sizeof r);
-  r.tokens_per_s = r.allreduce_ms = r.allreduce_hidden = -1.0;
+  r.tokens_per_s = r.allreduce_ms = r.allreduce_hidden = r.allreduce_bytes = -1.0;
   r.mfu = r.loss_scale = -1.0;
   r.skipped_steps = -1;
   return r;
@@ -134,12 +139,8 @@ static cJSON *memory_array(const dt_metrics_step *r) {
   return a;
 }
 
-dt_status dt_metrics_write_step(dt_metrics *m, const dt_metrics_step *r) {
-  if (!m)
-    return DT_OK;
-  cJSON *o = new_record("train");
-  if (!o)
-    return DT_ERROR(DT_ERR_OOM, "no host memory for a metrics record");
+static void fill_step(cJSON *o, const void *rec) {
+  const dt_metrics_step *r = rec;
   ADD_NUMBERS(o, {"step", (double)r->step}, {"epoch", r->epoch}, {"batch", (double)r->batch},
               {"batches", (double)r->batches}, {"time", r->time_s}, {"loss", r->loss},
               {"lr", r->lr}, {"grad_norm", r->grad_norm}, {"samples_per_s", r->samples_per_s});
@@ -155,9 +156,11 @@ dt_status dt_metrics_write_step(dt_metrics *m, const dt_metrics_step *r) {
   if (r->allreduce_ms >= 0) {
     add_number(o, "allreduce_ms", r->allreduce_ms);
     add_number(o, "allreduce_hidden", r->allreduce_hidden);
+    add_number(o, "allreduce_bytes", r->allreduce_bytes);
   } else {
     cJSON_AddNullToObject(o, "allreduce_ms");
     cJSON_AddNullToObject(o, "allreduce_hidden");
+    cJSON_AddNullToObject(o, "allreduce_bytes");
   }
   if (r->mfu >= 0)
     add_number(o, "mfu", r->mfu);
@@ -165,15 +168,14 @@ dt_status dt_metrics_write_step(dt_metrics *m, const dt_metrics_step *r) {
     add_number(o, "loss_scale", r->loss_scale);
   if (r->skipped_steps >= 0)
     cJSON_AddNumberToObject(o, "skipped_steps", (double)r->skipped_steps);
-  return write_record(m, o);
 }
 
-dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {
-  if (!m)
-    return DT_OK;
-  cJSON *o = new_record("eval");
-  if (!o)
-    return DT_ERROR(DT_ERR_OOM, "no host memory for a metrics record");
+dt_status dt_metrics_write_step(dt_metrics *m, const dt_metrics_step *r) {
+  return write_new_record(m, "train", fill_step, r);
+}
+
+static void fill_eval(cJSON *o, const void *rec) {
+  const dt_metrics_eval *r = rec;
   const char *split = r->split ? r->split : "test";
   char loss_key[64], metric_key[96];
   snprintf(loss_key, sizeof loss_key, "%s_loss", split);
@@ -183,5 +185,8 @@ dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {
               {"train_loss", r->train_loss}, {loss_key, r->test_loss});
   if (r->metric_name)
     ADD_NUMBERS(o, {metric_key, r->test_metric});
-  return write_record(m, o);
+}
+
+dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {
+  return write_new_record(m, "eval", fill_eval, r);
 }

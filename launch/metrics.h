@@ -8,7 +8,7 @@
  *    "grad_norm", "samples_per_s", "tokens_per_s" (token inputs only),
  *    "step_ms", "rank_step_ms": [per rank],
  *    "memory": [{"device", "allocated_mib", "reserved_mib", "peak_mib"} per device],
- *    "allreduce_ms", "allreduce_hidden" (null without DDP),
+ *    "allreduce_ms", "allreduce_hidden", "allreduce_bytes" (null without DDP),
  *    optional: "mfu", "loss_scale", "skipped_steps"}
  *   {"type":"eval", "step", "epoch", "time", "split", "train_loss" (null
  *    mid-epoch), "<split>_loss", "<split>_<metric>" (e.g. test_accuracy;
@@ -19,7 +19,9 @@
  * interval since the last record (all ranks' mean at epoch ends, this
  * rank's otherwise); step_ms: wall milliseconds per optimizer step over the
  * interval; allreduce_ms: the all-reduces' time per synchronised step,
- * allreduce_hidden the share of it that ran before backward ended (0..1).
+ * allreduce_hidden the share of it that ran before backward ended (0..1),
+ * allreduce_bytes the bytes each synchronised step hands the all-reduces
+ * (ZeRO: reduce-scatters), halved by --grad-compress.
  */
 #ifndef DT_LAUNCH_METRICS_H
 #define DT_LAUNCH_METRICS_H
@@ -72,7 +74,7 @@ typedef struct dt_metrics_step {
   int n_ranks;
   const dt_metrics_device *devices;
   int n_devices;
-  double allreduce_ms, allreduce_hidden; /* < 0: no DDP (written as null) */
+  double allreduce_ms, allreduce_hidden, allreduce_bytes; /* < 0: no DDP (written as null) */
   /* Optional, written only when set (mixed precision, model FLOPs). */
   double mfu;            /* < 0: unknown */
   double loss_scale;     /* < 0: no loss scaling */

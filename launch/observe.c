@@ -46,6 +46,7 @@ struct dt_observer {
   double interval_start_s;
   int64_t interval_steps, interval_syncs;
   dt_ddp_comm_times comm; /* summed over the interval's synchronised steps */
+  size_t comm_bytes;      /* handed to the all-reduces per synchronised step */
   int record_interval;    /* rank 0's --log-interval with metrics, else 0 */
   dt_status first_error;
   double eval_span;
@@ -273,6 +274,7 @@ dt_status dt_observer_step_end(dt_observer *o, const dt_ddp *ddp) {
     dt_ddp_comm_times c = dt_ddp_last_comm_times(ddp);
     o->comm.allreduce_s += c.allreduce_s;
     o->comm.hidden_s += c.hidden_s;
+    o->comm_bytes = dt_ddp_comm_bytes_per_pass(ddp);
     o->interval_syncs++;
     dt_trace_add_comm(o->trace, ddp);
   }
@@ -334,6 +336,10 @@ static dt_status write_record(dt_observer *o, const dt_observe_interval *iv, dou
     r.tokens_per_s = iv->samples_per_s * (double)o->run.tokens_per_sample;
   r.step_ms = step_ms;
   r.mfu = iv->mfu;
+  if (o->run.scaler) {
+    r.loss_scale = o->run.scaler->scale;
+    r.skipped_steps = o->run.scaler->skipped_steps;
+  }
   r.rank_step_ms = rank_ms;
   r.n_ranks = world;
   r.devices = devs;
@@ -341,6 +347,7 @@ static dt_status write_record(dt_observer *o, const dt_observe_interval *iv, dou
   if (world > 1 && o->interval_syncs > 0) {
     r.allreduce_ms = 1e3 * o->comm.allreduce_s / (double)o->interval_syncs;
     r.allreduce_hidden = o->comm.allreduce_s > 0 ? o->comm.hidden_s / o->comm.allreduce_s : 0.0;
+    r.allreduce_bytes = (double)o->comm_bytes;
   }
   st = dt_metrics_write_step(o->metrics, &r);
 done:
@@ -370,11 +377,14 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv) {
   if (line_due(o, iv->batch)) {
     float mem[3];
     memory_of(o->dev, mem);
-    char line[256];
+    char line[320], scale[64] = "";
+    if (o->run.scaler)
+      snprintf(scale, sizeof scale, " scale %g skipped %lld", (double)o->run.scaler->scale,
+               (long long)o->run.scaler->skipped_steps);
     snprintf(line, sizeof line,
-             "epoch %d step %lld/%lld loss %.4f lr %.4g samples/s %.0f%s mem %.1f MiB (peak %.1f "
-             "MiB)%s\n",
-             iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr,
+             "epoch %d step %lld/%lld loss %.4f lr %.4g%s samples/s %.0f%s mem %.1f MiB (peak "
+             "%.1f MiB)%s\n",
+             iv->epoch, (long long)iv->batch, (long long)iv->batches, iv->loss, iv->lr, scale,
              iv->samples_per_s, iv->rate_extra ? iv->rate_extra : "", mem[0], mem[2],
              iv->extra ? iv->extra : "");
     dt_progress_line(&o->progress, line);

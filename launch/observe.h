@@ -51,9 +51,10 @@ typedef struct dt_observe_run {
   int world;
   int batch, accum, epochs, threads;
   int64_t total_steps, steps_per_epoch;
-  int64_t tokens_per_sample; /* token inputs: tokens per sample (tokens/s); 0 = samples/s */
-  dt_step_stats *stats;      /* the training step's (dt_step_config.stats); NULL = none */
-  int64_t steps_done;        /* optimizer steps before this process started (resumed) */
+  int64_t tokens_per_sample;    /* token inputs: tokens per sample (tokens/s); 0 = samples/s */
+  dt_step_stats *stats;         /* the training step's (dt_step_config.stats); NULL = none */
+  int64_t steps_done;           /* optimizer steps before this process started (resumed) */
+  const dt_grad_scaler *scaler; /* fp16: the loss scale and skipped steps shown; NULL = none */
 } dt_observe_run;
 
 typedef struct dt_observer dt_observer;

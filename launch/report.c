@@ -440,12 +440,8 @@ dt_status dt_report_write(const char *metrics, const char *out_path) {
 int dt_cli_report(int argc, char **argv, FILE *err) {
   const char *out = NULL;
   dt_flag flags[] = {
-      {.name = "out",
-       .type = DT_FLAG_STRING,
-       .target = &out,
-       .metavar = "FILE",
-       .help = "where the page goes",
-       .default_text = "report.html beside the metrics file"},
+      DT_STRING_FLAG("out", &out, "FILE", "where the page goes",
+                     .default_text = "report.html beside the metrics file"),
   };
   dt_flag_set set = {
       .command = "report",
@@ -456,14 +452,11 @@ int dt_cli_report(int argc, char **argv, FILE *err) {
           "folder): loss and test curves, throughput, learning rate, gradient norm,\n"
           "memory over time, each rank's step time and the all-reduce time with the\n"
           "part hidden behind backward.",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
       .max_args = 1,
   };
   dt_flags_args args;
-  int rc = dt_flags_parse_command(&set, argc, argv, err, &args);
-  if (rc >= 0)
-    return rc;
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, &args);
   if (args.nargs != 1) {
     fprintf(err, "dtrain report: which run? give RUN_DIR or a metrics file (see --help)\n");
     return 2;

@@ -157,20 +157,12 @@ int dt_cli_top(int argc, char **argv, FILE *err) {
   bool once = false;
   const char *status_dir = NULL;
   dt_flag flags[] = {
-      {.name = "interval",
-       .type = DT_FLAG_DOUBLE,
-       .target = &interval,
-       .metavar = "S",
-       .help = "seconds between refreshes",
-       .min = 0.1,
-       .max = 3600},
-      {.name = "once", .type = DT_FLAG_BOOL, .target = &once, .help = "show one refresh and exit"},
-      {.name = "status-dir",
-       .type = DT_FLAG_STRING,
-       .target = &status_dir,
-       .metavar = "DIR",
-       .help = "where running ranks write their status files",
-       .default_text = "DT_STATUS_DIR, else /tmp/dtrain-status-<uid>"},
+      DT_DOUBLE_FLAG("interval", &interval, "S", "seconds between refreshes", .min = 0.1,
+                     .max = 3600),
+      DT_BOOL_FLAG("once", &once, "show one refresh and exit"),
+      DT_STRING_FLAG("status-dir", &status_dir, "DIR",
+                     "where running ranks write their status files",
+                     .default_text = "DT_STATUS_DIR, else /tmp/dtrain-status-<uid>"),
   };
   dt_flag_set set = {
       .command = "top",
@@ -179,12 +171,9 @@ int dt_cli_top(int argc, char **argv, FILE *err) {
           "Shows this machine's GPUs (utilisation, memory, temperature, power; NVML) and\n"
           "the ranks of running dtrain jobs (step, loss, throughput, ETA), refreshed\n"
           "every --interval seconds until interrupted (--once: one refresh).",
-      .flags = flags,
-      .nflags = (int)(sizeof flags / sizeof flags[0]),
+      DT_FLAG_TABLE(flags),
   };
-  int rc = dt_flags_parse_command(&set, argc, argv, err, NULL);
-  if (rc >= 0)
-    return rc;
+  DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
   char dir[4096];
   dt_job_status_dir(status_dir, dir, sizeof dir);
   bool tty = isatty(fileno(stdout));

@@ -303,46 +303,50 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
   return DT_OK;
 }
 
+void dt_train_ckpt_copy_segments(const dt_ckpt_optim_shard *shard, float *flat, float *data,
+                                 int to_flat) {
+  size_t pos = 0;
+  for (uint32_t b = 0; b < shard->n_buffers; b++)
+    for (uint32_t i = 0; i < shard->n_segments; i++) {
+      float *f = flat + (size_t)b * shard->total + shard->segments[2 * i];
+      size_t bytes = shard->segments[2 * i + 1] * sizeof(float);
+      if (to_flat)
+        memcpy(f, shard->data + pos, bytes);
+      else
+        memcpy(data + pos, f, bytes);
+      pos += shard->segments[2 * i + 1];
+    }
+}
+
 /* This rank's optimizer state as a section (dt_ckpt_optim_shard): its
- * segments of the flat space (one, [0, total), without ZeRO), clipped to
- * the model's parameters (ZeRO pads the arena's tail). */
+ * non-empty segments of the flat space (one, [0, total), without ZeRO),
+ * taken from the state in the arena's coordinates. */
 static dt_status optimizer_section(const dt_train_ckpt *ck, dt_optimizer *opt, void **bytes,
                                    size_t *size) {
   int64_t numel = dt_optim_state_numel(opt), local = dt_optim_local_numel(opt);
   int64_t total = dt_module_parameter_count(ck->run.models[0]);
   int n_seg = dt_optim_num_segments(opt);
   uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
-  float *state = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+  float *flat = calloc((size_t)(nbuf * total > 0 ? nbuf * total : 1), sizeof(float));
   float *data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
   uint64_t *segs = malloc((size_t)(n_seg > 0 ? n_seg : 1) * 2 * sizeof(uint64_t));
-  dt_status st = state && data && segs ? dt_optim_state_get(opt, state, numel)
-                                       : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
+  dt_status st = flat && data && segs ? dt_optim_state_to_flat(opt, flat, nbuf * total)
+                                      : DT_ERROR(DT_ERR_OOM, "checkpoint: out of host memory");
   uint32_t kept = 0;
-  size_t used = 0;
   for (int i = 0; st == DT_OK && i < n_seg; i++) {
     dt_optim_segment g = dt_optim_segment_at(opt, i);
-    int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
-    if (n <= 0)
+    if (g.numel <= 0)
       continue;
     segs[2 * kept] = (uint64_t)g.offset;
-    segs[2 * kept + 1] = (uint64_t)n;
+    segs[2 * kept + 1] = (uint64_t)g.numel;
     kept++;
-    used += (size_t)n;
   }
-  for (uint32_t b = 0, pos = 0; st == DT_OK && b < nbuf; b++)
-    for (int i = 0, k = 0; i < n_seg; i++) {
-      dt_optim_segment g = dt_optim_segment_at(opt, i);
-      if (k >= (int)kept || segs[2 * k] != (uint64_t)g.offset)
-        continue;
-      memcpy(data + pos, state + (int64_t)b * local + g.local_offset, segs[2 * k + 1] * 4);
-      pos += (uint32_t)segs[2 * k + 1];
-      k++;
-    }
   dt_ckpt_optim_shard shard = {(uint64_t)total, nbuf, kept, segs, data};
-  (void)used;
-  if (st == DT_OK)
+  if (st == DT_OK) {
+    dt_train_ckpt_copy_segments(&shard, flat, data, 0);
     st = dt_ckpt_optim_section_encode(&shard, bytes, size);
-  free(state);
+  }
+  free(flat);
   free(data);
   free(segs);
   return st;
@@ -367,6 +371,19 @@ static dt_status shard_snapshot(const dt_train_ckpt *ck, dt_state_writer **out) 
   return st;
 }
 
+/* The GradScaler and the optimizer's step count (behind the run's step
+ * by the skipped steps): the same on every rank, saved by rank 0. */
+static dt_status add_scaler_section(const dt_train_ckpt *ck, dt_state_writer *w) {
+  char text[512];
+  size_t n = 0;
+  DT_CHECK(dt_ckpt_scaler_section_encode(ck->run.scaler, text, sizeof text, &n));
+  int more = snprintf(text + n, sizeof text - n, "optimizer_steps %lld\n",
+                      (long long)dt_optim_step_count(ck->run.opts[0]));
+  if (more < 0 || (size_t)more >= sizeof text - n)
+    return DT_ERROR(DT_ERR_INTERNAL, "trainer-state scaler text too long");
+  return dt_state_writer_add(w, "scaler", text, n + (size_t)more);
+}
+
 /* Rank 0's part of a save: the meta text, the weights, the replicated
  * optimizer sections, into j. */
 static dt_status snapshot_checkpoint(const dt_train_ckpt *ck, const dt_train_position *p,
@@ -376,6 +393,8 @@ static dt_status snapshot_checkpoint(const dt_train_ckpt *ck, const dt_train_pos
   DT_CHECK(dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights));
   DT_CHECK(dt_state_writer_create(&j->state));
   DT_CHECK(dt_state_writer_add(j->state, "meta", meta, strlen(meta)));
+  if (ck->run.scaler)
+    DT_CHECK(add_scaler_section(ck, j->state));
   /* Replicated: one "optimizer" section; --mode dp with ZeRO: each
    * replica's shard as "optimizer.part<i>"; DDP with ZeRO: the ranks'
    * files. */

@@ -81,6 +81,10 @@ typedef struct dt_train_ckpt_run {
   int64_t batches_per_epoch; /* this rank's micro-batches per epoch */
   const dt_lr_schedule *schedule;
   int64_t context; /* a sequence task's context T (--ctx or the model's), 0 = none */
+  /* fp16: the GradScaler, saved in a "scaler" section with the optimizer's
+   * own step count (skipped steps leave it behind the run's step) and
+   * restored on resume; NULL = none. */
+  dt_grad_scaler *scaler;
 } dt_train_ckpt_run;
 
 /* Where a run stands: after `step` optimizer steps, `batch` micro-batches of

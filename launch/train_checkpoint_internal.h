@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/checkpoint.h"
 #include "launch/train_checkpoint.h"
 
 #define DT_CKPT_STATE_FILE "trainer_state.bin"
@@ -19,6 +20,13 @@ void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t ca
  * when there is none (or no parent yet); damaged ones are reported to log
  * and skipped; all damaged is an error. */
 dt_status dt_train_ckpt_newest(const char *parent, FILE *log, char *out, size_t cap);
+/* Between the optimizer state in the arena's coordinates (`flat`:
+ * shard->n_buffers x shard->total, dt_optim_state_to_flat) and a
+ * checkpoint section's packed data (each buffer's segments in order):
+ * to_flat copies shard->data into flat, else flat into the packed `data`
+ * (shard->data's storage when saving). */
+void dt_train_ckpt_copy_segments(const dt_ckpt_optim_shard *shard, float *flat, float *data,
+                                 int to_flat);
 /* Loads checkpoint `dir` into every replica of `r` and sets *pos; the
  * configuration must match (an error naming the difference). */
 dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_train_position *pos);

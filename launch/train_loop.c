@@ -41,6 +41,7 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 1.0f,
+                           .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
                            .sample = DT_SAMPLE_CONFIG_DEFAULT,
@@ -77,6 +78,7 @@ typedef struct train_state {
   dt_train_position pos; /* after the last optimizer step (or the resumed one) */
   bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
   dt_step_stats stats;   /* the gradient norm for the metrics */
+  dt_grad_scaler scaler; /* --precision fp16: the step's (step.scaler) */
   dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
@@ -137,6 +139,8 @@ static dt_status check_config(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
   if (c->zero < 0 || c->zero > 2)
     return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", c->zero);
+  dt_dtype compress;
+  DT_CHECK(dt_ddp_grad_compress_parse(c->grad_compress, &compress));
   if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
@@ -200,6 +204,7 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
   dt_train_comm_options co = {c->comm_backend, c->comm_timeout, c->first_bucket_mb,
                               c->bucket_cap_mb, c->allow_unused};
   co.zero_stage = c->zero;
+  dt_ddp_grad_compress_parse(c->grad_compress, &co.grad_compress); /* checked at the start */
   return co;
 }
 
@@ -447,6 +452,12 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
   s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
+  DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow, s->dev, s->rank, &s->step,
+                                    &s->scaler));
+  if (s->step.scaler && is_dp_mode(c))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "--precision fp16 with --mode dp: the replicas would share one GradScaler; "
+                    "use DDP (one process per device) or --precision bf16");
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -460,7 +471,8 @@ static dt_status checkpoint_open(const dt_train_config *c, train_state *s, FILE 
                            .train_samples = dt_dataset_length(s->train_set),
                            .batches_per_epoch = s->batches_per_epoch,
                            .schedule = &s->schedule,
-                           .context = s->task->max_context > 0 ? s->task->input_shape[0] : 0};
+                           .context = s->task->max_context > 0 ? s->task->input_shape[0] : 0,
+                           .scaler = s->step.scaler};
   run.n_replicas = s->dp ? s->n_replicas : 1;
   for (int i = 0; i < run.n_replicas; i++) {
     dt_replica *r = s->dp ? dt_dp_replica(s->dp, i) : s->replica;
@@ -606,12 +618,18 @@ static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batc
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
                                 double *loss, double *metric);
 
+/* The run's steps so far: the optimizer's, and those the GradScaler
+ * skipped (--max-steps, --save-every and the position count both). */
+static int64_t run_steps(const train_state *s) {
+  return dt_optim_step_count(s->opt) + (s->step.scaler ? s->step.scaler->skipped_steps : 0);
+}
+
 /* After optimizer step `step` (not the run's last, which the evaluation
  * and the samples at the end cover): the evaluation on the first
  * --val-batches of the eval split every --val-every steps, a sample every
  * --sample-every. *seconds gets the time they took (not training time). */
 static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log, double *seconds) {
-  int64_t step = dt_optim_step_count(s->opt);
+  int64_t step = run_steps(s);
   double t0 = now_seconds();
   *seconds = 0.0;
   if (step >= s->total_steps)
@@ -675,7 +693,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     x = y = NULL;
     if (sync) {
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
-      s->pos = (dt_train_position){dt_optim_step_count(s->opt), epoch - 1, b + 1, s->first_loss};
+      s->pos = (dt_train_position){run_steps(s), epoch - 1, b + 1, s->first_loss};
       DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
       double aside = 0.0;
       DT_CHECK_GOTO(after_step(c, s, log, &aside), st, fail);
@@ -772,16 +790,16 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
-             "(global batch %d), zero %d\n",
-             s->n_replicas, c->batch, c->batch, c->zero);
+             "(global batch %d), zero %d, grad-compress %s\n",
+             s->n_replicas, c->batch, c->batch, c->zero, c->grad_compress);
   } else if (s->world > 1) {
     char who[256];
     log_line(log, c,
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
-             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d\n",
+             "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d, grad-compress %s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
              dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
-             c->comm_timeout, c->zero);
+             c->comm_timeout, c->zero, c->grad_compress);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
@@ -830,7 +848,8 @@ static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FI
                         s->steps_per_epoch,
                         tokens,
                         s->dp ? NULL : &s->stats,
-                        s->pos.step};
+                        s->pos.step,
+                        s->step.scaler};
   return dt_observer_start(s->obs, &run);
 }
 
@@ -854,12 +873,12 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 
   const char *split = s.task->eval_split;
   for (int epoch = (int)s.pos.epoch + 1;
-       epoch <= cfg->epochs && dt_optim_step_count(s.opt) < s.total_steps && !s.stopped; epoch++) {
+       epoch <= cfg->epochs && run_steps(&s) < s.total_steps && !s.stopped; epoch++) {
     double t0 = now_seconds();
     /* A resumed run starts inside its epoch; the run's last optimizer step
      * may come before the epoch's end. */
     int64_t first = epoch == s.pos.epoch + 1 ? s.pos.batch : 0;
-    int64_t steps_left = s.total_steps - dt_optim_step_count(s.opt);
+    int64_t steps_left = s.total_steps - run_steps(&s);
     int64_t batches = s.batches_per_epoch;
     if (steps_left < (s.batches_per_epoch - first + cfg->accum - 1) / cfg->accum)
       batches = first + steps_left * cfg->accum;
@@ -909,6 +928,8 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     *out = r;
 done:;
   dt_observer *obs = s.obs;
+  if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
+    dt_comm_abort(s.comm, "the training run failed");
   dt_train_ckpt_close(s.ck, &log);
   state_destroy(&s); /* the loader's thread stops before the trace closes */
   return dt_observer_destroy(obs, st);

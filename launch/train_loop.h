@@ -58,6 +58,7 @@
 #include "core/module.h"
 #include "core/optim.h"
 #include "core/status.h"
+#include "core/step.h"
 #include "core/tensor.h"
 #include "dist/comm.h"
 #include "dist/process_group.h"
@@ -82,13 +83,19 @@ typedef struct dt_train_config {
   float lr;
   float momentum; /* SGD */
   float weight_decay;
-  bool nesterov;    /* SGD */
-  int warmup;       /* optimizer steps of linear warm-up */
-  int step_size;    /* schedule "step": steps between decays (0 = one epoch) */
-  float gamma;      /* schedule "step": decay factor */
-  float min_lr;     /* schedule "cosine": floor */
-  int accum;        /* micro-batches per optimizer step */
-  float clip;       /* global gradient-norm cap, 0 = off */
+  bool nesterov; /* SGD */
+  int warmup;    /* optimizer steps of linear warm-up */
+  int step_size; /* schedule "step": steps between decays (0 = one epoch) */
+  float gamma;   /* schedule "step": decay factor */
+  float min_lr;  /* schedule "cosine": floor */
+  int accum;     /* micro-batches per optimizer step */
+  float clip;    /* global gradient-norm cap, 0 = off */
+  /* Mixed precision (core/amp.h): "fp32", "tf32", "bf16", "fp16"; NULL =
+   * the device's default (tf32 on CUDA, fp32 on the CPU). */
+  const char *precision;
+  /* fp16's GradScaler test: "R:S" = rank R's gradients get an Inf at
+   * optimizer step S (0-based); NULL = none. */
+  const char *debug_overflow;
   uint64_t seed;    /* model initialisation and data order */
   int threads;      /* CPU threads, 0 = the backend's default */
   int log_interval; /* micro-batches between progress lines, 0 = none */
@@ -106,6 +113,8 @@ typedef struct dt_train_config {
   bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
   int zero;                 /* ZeRO stage 0-2 (dist/ddp.h); one process: none */
   const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
+  /* --grad-compress "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h). */
+  const char *grad_compress;
   /* Under DDP every rank must have been started with the same settings:
    * these lines ("--lr 0.05\n"..., dt_flags_format_values) and the data sets'
    * descriptions are compared across the ranks before the first step; a
@@ -160,6 +169,7 @@ typedef struct dt_train_comm_options {
   bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
   int zero_stage;         /* ZeRO stage of the reducer (0, 1, 2) */
+  dt_dtype grad_compress; /* f32 (none), bf16, f16 (dist/ddp.h) */
 } dt_train_comm_options;
 
 /* DDP buckets of the given sizes in MiB (at least 4 bytes each), the ZeRO
@@ -171,6 +181,16 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
  * nccl or host-staged mpi for cuda) and the DDP reducer over it
  * (dt_replica_connect). Collective. */
 dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o);
+
+/* --precision `precision` (NULL: tf32 on CUDA, fp32 on the CPU) for a
+ * rank on dev: step->autocast, and for fp16 step->scaler = scaler
+ * (initialised with PyTorch's defaults; `debug_overflow` "R:S" or NULL,
+ * see dt_train_config); the CUDA backend's TF32 setting for fp32 (off) and
+ * tf32 (on). tf32 on the CPU, a bad name or "R:S" is DT_ERR_INVALID_ARG. */
+dt_status dt_train_precision_setup(const char *precision, const char *debug_overflow, dt_device dev,
+                                   int rank, dt_step_config *step, dt_grad_scaler *scaler);
+/* Parses --debug-overflow's "R:S" (R, S >= 0). */
+dt_status dt_train_parse_debug_overflow(const char *s, int *rank, int64_t *step);
 
 /* An optimizer by name: sgd (lr, momentum, weight_decay, nesterov) or
  * adamw (lr, weight_decay; betas and eps PyTorch's defaults). */

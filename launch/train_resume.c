@@ -215,17 +215,7 @@ static dt_status add_optimizer_section(const dt_state_file *f, const char *path,
                     "%s: %u state buffers over %llu parameters, this run's optimizer has %u "
                     "over %lld: the checkpoint is of another model or optimizer",
                     what, sh.n_buffers, (unsigned long long)sh.total, nbuf, (long long)total);
-  uint64_t elements = 0;
-  for (uint32_t i = 0; i < sh.n_segments; i++)
-    elements += sh.segments[2 * i + 1];
-  for (uint32_t b = 0; b < nbuf; b++) {
-    const float *src = sh.data + b * elements;
-    for (uint32_t i = 0; i < sh.n_segments; i++) {
-      uint64_t off = sh.segments[2 * i], n = sh.segments[2 * i + 1];
-      memcpy(flat + b * total + off, src, n * sizeof(float));
-      src += n;
-    }
-  }
+  dt_train_ckpt_copy_segments(&sh, flat, NULL, 1);
   for (uint32_t i = 0; i < sh.n_segments; i++)
     *covered += (int64_t)sh.segments[2 * i + 1];
   return DT_OK;
@@ -241,12 +231,8 @@ static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file 
   int64_t total = dt_module_parameter_count(r->models[0]);
   uint32_t nbuf = local > 0 ? (uint32_t)(numel / local) : 0;
   float *flat = calloc((size_t)(nbuf * total > 0 ? nbuf * total : 1), sizeof(float));
-  float *mine = calloc((size_t)(numel > 0 ? numel : 1), sizeof(float));
-  if (!flat || !mine) {
-    free(flat);
-    free(mine);
+  if (!flat)
     return DT_ERROR(DT_ERR_OOM, "resuming: out of host memory");
-  }
   int64_t covered = 0;
   dt_status st = DT_OK;
   if (dt_state_file_has_section(f, "optimizer")) {
@@ -281,21 +267,26 @@ static dt_status load_optimizer(const dt_train_ckpt_run *r, const dt_state_file 
                   path, (long long)covered, (long long)total);
   /* Each replica's part: its segments of the flat space (padding stays 0;
    * the replicas of --mode dp with ZeRO have the same sizes, other pieces). */
-  for (int k = 0; st == DT_OK && k < r->n_replicas; k++) {
-    opt = r->opts[k];
-    memset(mine, 0, (size_t)numel * sizeof(float));
-    for (int i = 0; i < dt_optim_num_segments(opt); i++) {
-      dt_optim_segment g = dt_optim_segment_at(opt, i);
-      int64_t n = g.offset >= total ? 0 : (g.numel < total - g.offset ? g.numel : total - g.offset);
-      for (uint32_t b = 0; n > 0 && b < nbuf; b++)
-        memcpy(mine + (int64_t)b * local + g.local_offset, flat + (int64_t)b * total + g.offset,
-               (size_t)n * sizeof(float));
-    }
-    st = dt_optim_state_set(opt, mine, numel, step);
-  }
+  for (int k = 0; st == DT_OK && k < r->n_replicas; k++)
+    st = dt_optim_state_from_flat(r->opts[k], flat, (int64_t)nbuf * total, step);
   free(flat);
-  free(mine);
   return st;
+}
+
+/* The "scaler" section into *scaler, and the optimizer's step count. */
+static dt_status load_scaler(const dt_state_file *f, const char *path, dt_grad_scaler *scaler,
+                             long long *opt_steps) {
+  char what[4400], buf[32];
+  snprintf(what, sizeof what, "%s: section 'scaler'", path);
+  const void *bytes = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_state_file_section(f, "scaler", &bytes, &size));
+  DT_CHECK(dt_ckpt_scaler_section_decode(bytes, size, what, scaler));
+  DT_CHECK(dt_state_meta_get(bytes, size, "optimizer_steps", what, buf, sizeof buf));
+  char tail;
+  if (sscanf(buf, "%lld%c", opt_steps, &tail) != 1 || *opt_steps < 0)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: 'optimizer_steps %s' is not a count", what, buf);
+  return DT_OK;
 }
 
 dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_train_position *pos) {
@@ -327,12 +318,15 @@ dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_tra
     for (int i = 0; st == DT_OK && i < r->n_replicas; i++)
       st = dt_safetensors_load_module(weights, r->models[i]);
   }
+  long long opt_steps = step; /* the optimizer's: fewer when the scaler skipped steps */
+  if (st == DT_OK && r->scaler && dt_state_file_has_section(f, "scaler"))
+    st = load_scaler(f, path, r->scaler, &opt_steps);
   if (st == DT_OK)
-    st = load_optimizer(r, f, dir, path, step);
+    st = load_optimizer(r, f, dir, path, opt_steps);
   dt_state_file_close(f);
   DT_CHECK(st);
   for (int i = 0; i < r->n_replicas; i++)
-    dt_optim_set_lr(r->opts[i], dt_lr_at(r->schedule, step));
+    dt_optim_set_lr(r->opts[i], dt_lr_at(r->schedule, opt_steps));
   pos->step = step;
   pos->epoch = epoch;
   pos->batch = batch;

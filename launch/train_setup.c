@@ -1,7 +1,11 @@
 /* What `dtrain train` and `dtrain bench` set up alike: devices, the
  * communicator and DDP reducer of a rank, the optimizer. */
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "core/amp.h"
+#include "cuda/cuda.h"
 #include "dist/agree.h"
 #include "launch/train_loop.h"
 
@@ -69,6 +73,7 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.bucket_bytes = bucket_bytes(o->bucket_cap_mb);
   dc.allow_unused = o->allow_unused;
   dc.zero_stage = o->zero_stage;
+  dc.grad_compress = o->grad_compress;
   return dc;
 }
 
@@ -117,4 +122,50 @@ dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *are
     *out = NULL;
   }
   return st;
+}
+
+dt_status dt_train_parse_debug_overflow(const char *s, int *rank, int64_t *step) {
+  char tail;
+  long long r = -1, t = -1;
+  if (!s || sscanf(s, "%lld:%lld%c", &r, &t, &tail) != 2 || r < 0 || t < 0 || r > INT32_MAX)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--debug-overflow '%s': expected RANK:STEP (rank R's gradients get an Inf at "
+                    "optimizer step S, both >= 0)",
+                    s ? s : "(null)");
+  *rank = (int)r;
+  *step = (int64_t)t;
+  return DT_OK;
+}
+
+dt_status dt_train_precision_setup(const char *precision, const char *debug_overflow, dt_device dev,
+                                   int rank, dt_step_config *step, dt_grad_scaler *scaler) {
+  bool cuda = dev.type == DT_DEVICE_CUDA;
+  dt_precision p = cuda ? DT_PRECISION_TF32 : DT_PRECISION_FP32;
+  if (precision)
+    DT_CHECK(dt_precision_parse(precision, &p));
+  if (p == DT_PRECISION_TF32 && !cuda)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--precision tf32 needs a CUDA device: use fp32 (or bf16, fp16) on the CPU");
+  if (cuda && (p == DT_PRECISION_FP32 || p == DT_PRECISION_TF32))
+    dt_cuda_set_tf32(p == DT_PRECISION_TF32);
+  step->autocast = dt_precision_autocast_dtype(p);
+  step->scaler = NULL;
+  if (debug_overflow && !dt_precision_needs_scaler(p))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--debug-overflow tests the GradScaler, which only --precision fp16 has (the "
+                    "precision is %s)",
+                    dt_precision_name(p));
+  if (!dt_precision_needs_scaler(p))
+    return DT_OK;
+  dt_grad_scaler_config sc = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  DT_CHECK(dt_grad_scaler_init(scaler, &sc));
+  if (debug_overflow) {
+    int r = 0;
+    int64_t s = 0;
+    DT_CHECK(dt_train_parse_debug_overflow(debug_overflow, &r, &s));
+    if (r == rank)
+      scaler->debug_overflow_step = s;
+  }
+  step->scaler = scaler;
+  return DT_OK;
 }

@@ -18,11 +18,10 @@ static const struct {
   const char *name;
   dt_gpt2_config cfg;
 } gpt2_configs[] = {
-    {"gpt2-tiny", {4, 4, 128, 64, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
-    {"gpt2", {12, 12, 768, 1024, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
-    {"gpt2-medium", {24, 16, 1024, 1024, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
-    {"gpt2-large", {36, 20, 1280, 1024, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
-    {"gpt2-xl", {48, 25, 1600, 1024, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
+#define DT_GPT2_SIZE(name, n_layer, n_head, n_embd, context, parameters) \
+  {name, {n_layer, n_head, n_embd, context, GPT2_VOCAB, GPT2_PADDED_VOCAB}},
+#include "models/gpt2_sizes.def"
+#undef DT_GPT2_SIZE
 };
 #define NUM_GPT2_CONFIGS ((int)(sizeof gpt2_configs / sizeof gpt2_configs[0]))
 

@@ -67,13 +67,9 @@ typedef struct dt_gpt2_config {
   int padded_vocab; /* rows of wte, >= vocab: 50304 */
 } dt_gpt2_config;
 
-/* The named configurations, context block_size, GPT-2's vocabulary:
- *   gpt2-tiny    4 layers,  4 heads, C 128,  context 64
- *   gpt2        12 layers, 12 heads, C 768,  context 1024 (124M parameters)
- *   gpt2-medium 24 layers, 16 heads, C 1024, context 1024 (350M)
- *   gpt2-large  36 layers, 20 heads, C 1280, context 1024 (774M)
- *   gpt2-xl     48 layers, 25 heads, C 1600, context 1024 (1558M)
- * An unknown name is DT_ERR_INVALID_ARG listing them. */
+/* The named configurations of models/gpt2_sizes.def (gpt2-tiny, gpt2
+ * (124M), gpt2-medium, gpt2-large, gpt2-xl), context block_size, GPT-2's
+ * vocabulary. An unknown name is DT_ERR_INVALID_ARG listing them. */
 dt_status dt_gpt2_config_named(const char *name, dt_gpt2_config *out);
 
 /* Any positive sizes with n_embd % n_head == 0 and vocab <= padded_vocab

@@ -228,21 +228,14 @@ static const dt_task tasks[] = {
      .summary = "LeNet-5 on 28x28 grey images, 10 classes",
      .build = build_lenet,
      IMAGE28_CLASSIFICATION},
-    {.name = "gpt2-tiny",
-     .summary = "GPT-2 with 4 layers, 4 heads, C 128, context 64 (7.2M parameters)",
-     GPT2_LANGUAGE_MODEL(64)},
-    {.name = "gpt2",
-     .summary = "GPT-2 124M: 12 layers, 12 heads, C 768, context 1024",
-     GPT2_LANGUAGE_MODEL(1024)},
-    {.name = "gpt2-medium",
-     .summary = "GPT-2 350M: 24 layers, 16 heads, C 1024, context 1024",
-     GPT2_LANGUAGE_MODEL(1024)},
-    {.name = "gpt2-large",
-     .summary = "GPT-2 774M: 36 layers, 20 heads, C 1280, context 1024",
-     GPT2_LANGUAGE_MODEL(1024)},
-    {.name = "gpt2-xl",
-     .summary = "GPT-2 1558M: 48 layers, 25 heads, C 1600, context 1024",
-     GPT2_LANGUAGE_MODEL(1024)},
+/* One task per GPT-2 size (models/gpt2_sizes.def). */
+#define DT_GPT2_SIZE(name_, n_layer, n_head, n_embd, context, parameters)                \
+  {.name = name_,                                                                        \
+   .summary = "GPT-2 " parameters ": " #n_layer " layers, " #n_head " heads, C " #n_embd \
+              ", context " #context,                                                     \
+   GPT2_LANGUAGE_MODEL(context)},
+#include "models/gpt2_sizes.def"
+#undef DT_GPT2_SIZE
 };
 #define NUM_TASKS ((int)(sizeof tasks / sizeof tasks[0]))
 

@@ -14,25 +14,11 @@
 
 namespace {
 
-struct Run {
-  dt_module *model = nullptr;
-  dt_param_arena *arena = nullptr;
-  dt_optimizer *opt = nullptr;
-  ~Run() {
-    dt_optim_destroy(opt);
-    dt_param_arena_destroy(arena);
-    dt_module_destroy(model);
-  }
-};
+using Run = dtt::SgdModel;
 
 void Setup(const char *name, Run *r) {
   ASSERT_DT_OK(dt_model_create(name, 7, &r->model));
-  ASSERT_DT_OK(dt_param_arena_create(r->model, &r->arena));
-  dt_sgd_config cfg = DT_SGD_CONFIG_DEFAULT;
-  cfg.lr = 0.05f;
-  cfg.momentum = 0.9f;
-  cfg.weight_decay = 1e-3f;
-  ASSERT_DT_OK(dt_optim_sgd_create(r->arena, &cfg, &r->opt));
+  ASSERT_DT_OK(dtt::AttachSgd(r, 0.05f, 0.9f, 1e-3f));
 }
 
 // Forward + mean cross-entropy on rows [lo, hi) of (x, y), scaled, backward.

@@ -116,17 +116,28 @@ TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   dt_module_destroy(m);
 }
 
+// Every parameter's gradient, one after the other in registration order;
+// empty (and a failure) when a parameter has none.
+std::vector<float> concatenated_grads(const dt_module *m) {
+  std::vector<float> all;
+  for (int i = 0; i < dt_module_num_parameters(m); i++) {
+    dt_tensor *g = dt_tensor_grad(dt_module_parameter_at(m, i, nullptr));
+    if (!g) {
+      ADD_FAILURE() << "parameter " << i << " has no gradient";
+      return {};
+    }
+    std::vector<float> gv = ToVector(g);
+    all.insert(all.end(), gv.begin(), gv.end());
+  }
+  return all;
+}
+
 TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
   // Reference: the same model without an arena.
   dt_module *ref = small_mlp(3);
   ASSERT_DT_OK(forward_backward(ref));
-  std::vector<float> want;
-  for (int i = 0; i < dt_module_num_parameters(ref); i++) {
-    dt_tensor *g = dt_tensor_grad(dt_module_parameter_at(ref, i, nullptr));
-    ASSERT_NE(g, nullptr);
-    std::vector<float> gv = ToVector(g);
-    want.insert(want.end(), gv.begin(), gv.end());
-  }
+  std::vector<float> want = concatenated_grads(ref);
+  ASSERT_FALSE(want.empty());
 
   dt_module *m = small_mlp(3);
   dt_param_arena *a = nullptr;
@@ -166,11 +177,8 @@ TEST(ParamArena, BackwardAccumulatesIntoTheFlatBufferAndZeroGradClearsIt) {
 TEST(ParamArena, KeepsAnExistingGradient) {
   dt_module *m = small_mlp(4);
   ASSERT_DT_OK(forward_backward(m));
-  std::vector<float> want;
-  for (int i = 0; i < dt_module_num_parameters(m); i++) {
-    std::vector<float> gv = ToVector(dt_tensor_grad(dt_module_parameter_at(m, i, nullptr)));
-    want.insert(want.end(), gv.begin(), gv.end());
-  }
+  std::vector<float> want = concatenated_grads(m);
+  ASSERT_FALSE(want.empty());
   dt_param_arena *a = nullptr;
   ASSERT_DT_OK(dt_param_arena_create(m, &a));
   EXPECT_EQ(ToVector(dt_param_arena_grads(a)), want);

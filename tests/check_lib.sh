@@ -11,7 +11,8 @@
 # and gives `run` (dtrain with stdout to $out, stderr to $err, status in
 # $rc; a test may define its own), `expect RC WHERE PATTERN DESCRIPTION`
 # (the last run exited RC and WHERE, out or err, matches the extended
-# regex), `expect_not WHERE PATTERN DESCRIPTION`, `fail`, `find_file` and
+# regex), `expect_not WHERE PATTERN DESCRIPTION`, `check_status
+# STATUS DESCRIPTION`, `fail`, `find_file`, `find_built`, `find_source` and
 # `find_data_dir`. $failures and $checks count.
 test_name=$(basename "$0" .sh)
 repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
@@ -24,9 +25,21 @@ find_file() { # find_file PATH...: the first that exists, absolute
   return 1
 }
 
-dtrain=$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/dtrain" \
-  "$repo/bazel-bin/launch/dtrain") ||
-  { echo "$test_name: dtrain binary not found (bazel build //launch:dtrain)" >&2; exit 1; }
+# find_built PATH: the built file PATH (launch/dtrain), absolute: the
+# runfiles' one under Bazel, else $repo/bazel-bin's.
+find_built() {
+  find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/$1" "$repo/bazel-bin/$1" ||
+    { echo "$test_name: $1 not found (bazel build //${1%/*}:${1##*/})" >&2; return 1; }
+}
+
+# find_source PATH: the source file PATH (README.md), absolute: the
+# runfiles' one under Bazel, else $repo's.
+find_source() {
+  find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/$1" "$repo/$1" ||
+    { echo "$test_name: $1 not found" >&2; return 1; }
+}
+
+dtrain=$(find_built launch/dtrain) || exit 1
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
 # find_data_dir SET...: the folder holding the named data sets: $DT_DATA_DIR,
@@ -71,6 +84,14 @@ run() {
   rc=$?
 }
 
+# run_within SECONDS ARGS...: run, ended after SECONDS (nothing may hang).
+run_within() {
+  local seconds=$1
+  shift
+  timeout "$seconds" "$dtrain" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+
 fail() {
   failures=$((failures + 1))
   echo "FAIL: $*"
@@ -88,6 +109,11 @@ expect() {
   else
     echo "ok: $what"
   fi
+}
+
+check_status() { # check_status STATUS DESCRIPTION: passed when STATUS is 0
+  checks=$((checks + 1))
+  if [ "$1" = 0 ]; then echo "ok: $2"; else echo "FAIL: $2"; failures=$((failures + 1)); fi
 }
 
 expect_not() {

@@ -453,29 +453,27 @@ TEST_P(ThreadCounts, DropoutMaskDeterministicAndScaled) {
 /* ------------------------------------------------------------- optimizers */
 
 TEST(CpuOptim, SgdMomentumWeightDecayByHand) {
-  // p=1, g=0.5 each step, lr 0.1, momentum 0.9, wd 0.1 (hand-computed)
+  // p=1, g=0.5 each step, lr 0.1, momentum 0.9 (hand-computed)
+  struct Case {
+    const char *what;
+    float dampening, weight_decay;
+    int nesterov;
+    std::vector<float> want;
+  };
+  const Case cases[] = {
+      {"step", 0.0f, 0.1f, 0, {0.94f, 0.8266f, 0.666274f}},  // wd 0.1
+      {"nesterov step", 0.0f, 0.1f, 1, {0.886f, 0.725566f}},
+      // dampening 0.5 (ignored on the first step), no weight decay
+      {"dampening step", 0.5f, 0.0f, 0, {0.95f, 0.88f, 0.792f}},
+  };
   float p = 1.0f, g = 0.5f, buf = 0.0f;
-  const float want[3] = {0.94f, 0.8266f, 0.666274f};
-  for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(DT_OK,
-              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 0, s == 0));
-    EXPECT_NEAR(p, want[s], 1e-6) << "step " << s + 1;
-  }
-  // nesterov: 0.886, 0.725566
-  p = 1.0f;
-  const float want_n[2] = {0.886f, 0.725566f};
-  for (int s = 0; s < 2; s++) {
-    ASSERT_EQ(DT_OK,
-              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.0f, 0.1f, 1, s == 0));
-    EXPECT_NEAR(p, want_n[s], 1e-6) << "nesterov step " << s + 1;
-  }
-  // dampening 0.5 (ignored on the first step), no weight decay: 0.95, 0.88, 0.792
-  p = 1.0f;
-  const float want_d[3] = {0.95f, 0.88f, 0.792f};
-  for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(DT_OK,
-              dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 0, s == 0));
-    EXPECT_NEAR(p, want_d[s], 1e-6) << "dampening step " << s + 1;
+  for (const Case &c : cases) {
+    p = 1.0f;
+    for (size_t s = 0; s < c.want.size(); s++) {
+      ASSERT_EQ(DT_OK, dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, c.dampening,
+                                            c.weight_decay, c.nesterov, s == 0));
+      EXPECT_NEAR(p, c.want[s], 1e-6) << c.what << " " << s + 1;
+    }
   }
   // plain SGD with weight decay, no buffer: p -= lr * (g + wd p) = 1 - 0.1*0.6
   p = 1.0f;

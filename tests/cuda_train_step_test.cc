@@ -108,16 +108,8 @@ Tolerance ToleranceFor(dt_dtype dtype, bool tf32) {
 #define OK(expr) ASSERT_EQ(DT_OK, (expr)) << dt_last_error()
 
 // A model with its arena and SGD optimizer on one device.
-struct Trainer {
-  dt_module *model = nullptr;
-  dt_param_arena *arena = nullptr;
-  dt_optimizer *opt = nullptr;
+struct Trainer : dtt::SgdModel {
   dt_device dev = DT_CPU;
-  ~Trainer() {
-    dt_optim_destroy(opt);
-    dt_param_arena_destroy(arena);
-    dt_module_destroy(model);
-  }
 };
 
 void MakeTrainer(const dt_task *task, uint64_t seed, dt_device dev, Trainer *t) {
@@ -125,12 +117,7 @@ void MakeTrainer(const dt_task *task, uint64_t seed, dt_device dev, Trainer *t) 
   OK(task->build(task, seed, &t->model));
   OK(dt_module_to(t->model, dev));
   dt_module_train(t->model, 1);
-  OK(dt_param_arena_create(t->model, &t->arena));
-  dt_sgd_config sgd = DT_SGD_CONFIG_DEFAULT;
-  sgd.lr = 0.05f;
-  sgd.momentum = 0.9f;
-  sgd.weight_decay = 1e-4f;
-  OK(dt_optim_sgd_create(t->arena, &sgd, &t->opt));
+  OK(dtt::AttachSgd(t, 0.05f, 0.9f, 1e-4f));
 }
 
 // A batch of the task's input, as `dtrain bench` makes it: images

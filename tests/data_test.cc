@@ -446,8 +446,8 @@ TEST_F(IdxDatasetTest, NormalisationComesFromTheNameNotThePath) {
     dt_dataset *d = nullptr;
     ASSERT_EQ(dt_dataset_mnist_like(dir.c_str(), name, "train", &d), DT_OK) << dt_last_error();
     ASSERT_EQ(dt_dataset_get(d, 0, x, &y), DT_OK);
-    float want = std::string(name) == "mnist" ? (0.0f - 0.1307f) / 0.3081f
-                                              : (0.0f - 0.2860f) / 0.3530f;
+    float want =
+        std::string(name) == "mnist" ? (0.0f - 0.1307f) / 0.3081f : (0.0f - 0.2860f) / 0.3530f;
     EXPECT_NEAR(x[0], want, 1e-5) << name;
     dt_dataset_destroy(d);
   }
@@ -731,6 +731,16 @@ class LoaderTest : public ::testing::Test {
     }
   }
 
+  // One epoch, whose batches must have the sizes `want` (and
+  // dt_loader_num_batches count them beforehand); the ids, in order.
+  std::vector<int64_t> EpochWithBatches(int64_t epoch, const std::vector<int64_t> &want) {
+    EXPECT_EQ(dt_loader_num_batches(l_), (int64_t)want.size());
+    std::vector<int64_t> ids, sizes;
+    RunEpoch(epoch, &ids, &sizes);
+    EXPECT_EQ(sizes, want);
+    return ids;
+  }
+
   FakeSet fake_;
   dt_dataset *d_ = nullptr;
   dt_sampler *s_ = nullptr;
@@ -739,13 +749,10 @@ class LoaderTest : public ::testing::Test {
 
 TEST_F(LoaderTest, EverySampleOnceWithShuffleAndPartialLastBatch) {
   Make(103, 1, 10, 0, 2);
-  EXPECT_EQ(dt_loader_num_batches(l_), 11);
-  std::vector<int64_t> ids, sizes;
-  RunEpoch(0, &ids, &sizes);
-  ASSERT_EQ(sizes.size(), 11u);
-  for (int i = 0; i < 10; i++)
-    EXPECT_EQ(sizes[i], 10);
-  EXPECT_EQ(sizes[10], 3);
+  std::vector<int64_t> batches(10, 10);
+  batches.push_back(3);
+  std::vector<int64_t> ids = EpochWithBatches(0, batches);
+  ASSERT_EQ(ids.size(), 103u);
   EXPECT_EQ(ids, Indices(s_));  // the sampler's order
   std::vector<int64_t> sorted = ids;
   std::sort(sorted.begin(), sorted.end());
@@ -766,12 +773,7 @@ TEST_F(LoaderTest, EverySampleOnceWithShuffleAndPartialLastBatch) {
 
 TEST_F(LoaderTest, DropLastDropsThePartialBatch) {
   Make(103, 0, 10, 1, 3);
-  EXPECT_EQ(dt_loader_num_batches(l_), 10);
-  std::vector<int64_t> ids, sizes;
-  RunEpoch(0, &ids, &sizes);
-  ASSERT_EQ(sizes.size(), 10u);
-  for (int64_t s : sizes)
-    EXPECT_EQ(s, 10);
+  std::vector<int64_t> ids = EpochWithBatches(0, std::vector<int64_t>(10, 10));
   ASSERT_EQ(ids.size(), 100u);
   for (int i = 0; i < 100; i++)
     EXPECT_EQ(ids[i], i);  // sequential sampler

@@ -6,21 +6,9 @@
 #   - no source reads a DT_* variable except through core/env.h;
 #   - every file docs/decisions.md names is in the repository.
 set -uo pipefail
-
-runfiles="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain"
-dtrain="$runfiles/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
-readme="$runfiles/README.md"
-[ -f "$readme" ] || readme="README.md"
-def="$runfiles/core/env_params.def"
-[ -f "$def" ] || def="core/env_params.def"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-failures=0
-checks=0
-check() { # check CONDITION-STATUS DESCRIPTION
-  checks=$((checks + 1))
-  if [ "$1" = 0 ]; then echo "ok: $2"; else echo "FAIL: $2"; failures=$((failures + 1)); fi
-}
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
+readme=$(find_source README.md) || exit 1
+def=$(find_source core/env_params.def) || exit 1
 
 # ---- the README's environment table and core/env_params.def ----------------
 sed -nE 's/^DT_ENV_[A-Z]+\(([A-Z0-9_]+),.*/DT_\1/p' "$def" | sort >"$tmp/table"
@@ -32,16 +20,16 @@ cut -f1 "$tmp/readme_rows" | sort >"$tmp/readme"
 missing=$(comm -23 "$tmp/table" "$tmp/readme" | tr '\n' ' ')
 extra=$(comm -13 "$tmp/table" "$tmp/readme" | tr '\n' ' ')
 [ -z "$missing" ]
-check $? "the README's table lists every variable of core/env_params.def${missing:+ (missing: $missing)}"
+check_status $? "the README's table lists every variable of core/env_params.def${missing:+ (missing: $missing)}"
 [ -z "$extra" ]
-check $? "the README's table lists no variable the table lacks${extra:+ (extra: $extra)}"
+check_status $? "the README's table lists no variable the table lacks${extra:+ (extra: $extra)}"
 
 # Defaults: as `dtrain doctor` prints them ("  DT_X  value  default: TEXT").
 "$dtrain" doctor >"$tmp/doctor" 2>&1
 while IFS=$'\t' read -r name default; do
   shown=$(sed -nE "s/^  $name +[^ ]+ +default: (.*)$/\1/p" "$tmp/doctor" | sed -E 's/ \(tests only\)$//')
   [ "$shown" = "$default" ]
-  check $? "$name: README default '$default' is doctor's '$shown'"
+  check_status $? "$name: README default '$default' is doctor's '$shown'"
 done <"$tmp/readme_rows"
 
 # ---- sources and docs/decisions.md, from the repository itself -------------
@@ -60,7 +48,7 @@ else
   grep -E '\.(c|h|cc|cu|cuh)$' "$tmp/files" | grep -vx 'core/env.c' |
     xargs grep -nE 'getenv\("DT_[A-Z]' >"$tmp/getenv" 2>/dev/null
   [ ! -s "$tmp/getenv" ]
-  check $? "no source reads a DT_* variable except core/env.c$( [ -s "$tmp/getenv" ] && printf ': %s' "$(tr '\n' ' ' <"$tmp/getenv")")"
+  check_status $? "no source reads a DT_* variable except core/env.c$( [ -s "$tmp/getenv" ] && printf ': %s' "$(tr '\n' ' ' <"$tmp/getenv")")"
 
   doc=docs/decisions.md
   # Paths in backticks or links, and bare file names with an extension.
@@ -82,10 +70,10 @@ else
     case "$p" in http*://* | *=* | -*) continue ;; esac
     n=$((n + 1))
     [ -e "$p" ]
-    check $? "docs/decisions.md names $p, which is in the repository"
+    check_status $? "docs/decisions.md names $p, which is in the repository"
   done <"$tmp/named"
   [ "$n" -gt 0 ]
-  check $? "docs/decisions.md names some files ($n)"
+  check_status $? "docs/decisions.md names some files ($n)"
 fi
 
 echo "env_doc_test: $checks checks, $failures failed"

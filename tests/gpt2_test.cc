@@ -288,17 +288,6 @@ double batch_loss(dt_module *m, dt_tensor *x, dt_tensor *y, bool backward) {
   return v;
 }
 
-struct HookRecord {
-  int fired = 0;
-  std::vector<float> grad_then;
-};
-
-void record_grad(dt_tensor *leaf, void *user) {
-  auto *r = static_cast<HookRecord *>(user);
-  r->fired++;
-  r->grad_then = ToVector(dt_tensor_grad(leaf));
-}
-
 // wte is used twice (embedding lookup and LM head): its gradient is the
 // sum of both, which finite differences of the loss confirm for a row that
 // is both an input token and a target, a row that is only a head row, and
@@ -315,13 +304,13 @@ TEST(Gpt2, TiedEmbeddingGradientHasBothUses) {
   ASSERT_DT_OK(dt_tensor_from_host(in.data(), shape, 2, DT_DTYPE_I32, DT_CPU, &x));
   ASSERT_DT_OK(dt_tensor_from_host(tgt.data(), shape, 2, DT_DTYPE_I32, DT_CPU, &y));
   dt_tensor *wte = dt_module_parameter_at(m, 0, nullptr);
-  HookRecord rec;
+  dtt::GradReadyRecord rec;
   dt_hook_handle h = 0;
-  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(wte, record_grad, &rec, &h));
+  ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(wte, dtt::RecordGradReady, &rec, &h));
   batch_loss(m, x, y, true);
   EXPECT_EQ(rec.fired, 1);
   std::vector<float> grad = ToVector(dt_tensor_grad(wte));
-  EXPECT_EQ(rec.grad_then, grad) << "the hook fired before the last use's gradient";
+  EXPECT_EQ(rec.grad, grad) << "the hook fired before the last use's gradient";
 
   std::vector<float> w = ToVector(wte);
   const int64_t C = c.n_embd;

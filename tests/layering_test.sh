@@ -25,10 +25,10 @@ bad() {
 lib_of() {
   case "$(basename "$1")" in
     status.* | rng.* | parse.* | trace.*) echo status ;;
-    backend.h | backend_registry.c | device.* | env.* | env_params.def | kernels.c | memory.* | \
-      op_table.def) echo backend ;;
+    backend.h | backend_registry.c | device.* | env.* | env_params.def | half.* | kernels.c | \
+      memory.* | op_table.def) echo backend ;;
     cpu.h | cpu_*) echo cpu ;;
-    tensor* | autograd*) echo tensor ;;
+    tensor* | autograd* | amp.* | autocast_policy.def) echo tensor ;;
     ops*) echo ops ;;
     module.* | nn.h | nn_* | param_arena.c) echo module ;;
     optim*) echo optim ;;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -30,49 +31,22 @@ namespace {
 // the fence is below the current position (it need not wait for the step
 // just queued).
 struct Trace {
-  int host_allocs = 0, host_frees = 0, device_allocs = 0;
+  int device_allocs = 0;
   int copies_on_copy_stream = 0, unsafe_copies = 0;
   int records = 0, waits_on_compute = 0, syncs = 0, syncs_on_caller = 0;
   long compute_pos = 0, copy_fence = 0;
   std::vector<long> lead;  // per copy: compute_pos - copy_fence at the copy
   std::map<const void *, long> last_use;
-  std::set<void *> pinned;
   std::thread::id caller;
 } trace;
 
-dt_stream *const kCompute = reinterpret_cast<dt_stream *>(0x10);
-dt_stream *const kCopy = reinterpret_cast<dt_stream *>(0x20);
-
-struct FakeEvent {
-  dt_stream *stream = nullptr;
-  long pos = 0;
-  int recorded = 0;
-  int synced = 0;
-};
+dt_stream *const kCompute = dtt::StandInStream(DT_STREAM_COMPUTE);
+dt_stream *const kCopy = dtt::StandInStream(DT_STREAM_COPY);
 
 void UseOnCompute(dt_tensor *t) { trace.last_use[dt_tensor_data(t)] = ++trace.compute_pos; }
 
-dt_status FakeHostAlloc(size_t bytes, void **out) {
-  *out = malloc(bytes);
-  trace.host_allocs++;
-  trace.pinned.insert(*out);
-  return DT_OK;
-}
-void FakeHostFree(void *p) {
-  trace.host_frees++;
-  trace.pinned.erase(p);
-  free(p);
-}
-dt_stream *FakeStream(dt_device, dt_stream_kind kind) {
-  return kind == DT_STREAM_COPY ? kCopy : kCompute;
-}
-dt_status FakeEventCreate(dt_device, dt_event **out) {
-  *out = reinterpret_cast<dt_event *>(new FakeEvent());
-  return DT_OK;
-}
-void FakeEventDestroy(dt_event *e) { delete reinterpret_cast<FakeEvent *>(e); }
 dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  auto *ev = reinterpret_cast<FakeEvent *>(e);
+  dtt::StandInEvent *ev = dtt::AsStandInEvent(e);
   EXPECT_TRUE(s == kCopy || s == kCompute);
   ev->stream = s;
   ev->pos = s == kCompute ? trace.compute_pos : 0;
@@ -81,7 +55,7 @@ dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
   return DT_OK;
 }
 dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
-  auto *ev = reinterpret_cast<FakeEvent *>(e);
+  dtt::StandInEvent *ev = dtt::AsStandInEvent(e);
   EXPECT_TRUE(ev->recorded) << "a wait on an event never recorded orders nothing";
   if (s == kCopy) {
     EXPECT_EQ(ev->stream, kCompute) << "the copy stream waits on compute events";
@@ -94,7 +68,7 @@ dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
   return DT_OK;
 }
 dt_status FakeEventSync(dt_event *e) {
-  reinterpret_cast<FakeEvent *>(e)->synced++;
+  dtt::AsStandInEvent(e)->synced++;
   trace.syncs++;
   if (std::this_thread::get_id() == trace.caller)
     trace.syncs_on_caller++;
@@ -103,8 +77,7 @@ dt_status FakeEventSync(dt_event *e) {
 dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
                    dt_stream *stream) {
   if (stream == kCopy) {
-    EXPECT_TRUE(trace.pinned.count(const_cast<void *>(src)))
-        << "async copies read from page-locked slots";
+    EXPECT_TRUE(dtt::StandInIsPinned(src, bytes)) << "async copies read from page-locked slots";
     trace.copies_on_copy_stream++;
     auto it = trace.last_use.find(dst);
     if (it != trace.last_use.end() && trace.copy_fence < it->second)
@@ -138,12 +111,7 @@ void RegisterFakeDevice() {
     return;
   done = true;
   static dt_backend_ops fake;
-  fake = dtt::StandInDeviceOps("fake-async");
-  fake.host_alloc = FakeHostAlloc;
-  fake.host_free = FakeHostFree;
-  fake.stream = FakeStream;
-  fake.event_create = FakeEventCreate;
-  fake.event_destroy = FakeEventDestroy;
+  fake = dtt::StandInAsyncOps("fake-async");
   fake.event_record = FakeEventRecord;
   fake.stream_wait_event = FakeStreamWait;
   fake.event_synchronize = FakeEventSync;
@@ -157,6 +125,7 @@ void RegisterFakeDevice() {
 void StartTrace() {
   RegisterFakeDevice();
   trace = Trace();
+  dtt::ResetStandInPinned();
   trace.caller = std::this_thread::get_id();
 }
 
@@ -185,30 +154,42 @@ struct DigitsLoader {
   }
 };
 
-// The training loop's pattern: next, compute on the batch, let go of it.
+// The training loop's pattern: next, `use` the batch, let go of it, until
+// the epoch ends; returns the batches. Every batch: on the stand-in
+// device, two copies (inputs, labels) on the copy stream, the compute
+// stream waits for them; the caller's thread never waits (the worker
+// does, before it refills a slot).
+int DrainOnDevice(const std::function<dt_status(dt_tensor **, dt_tensor **)> &next,
+                  const std::function<void(dt_tensor *, dt_tensor *)> &use) {
+  int batches = 0;
+  for (;;) {
+    dt_tensor *x = nullptr, *y = nullptr;
+    dt_status st = next(&x, &y);
+    EXPECT_EQ(st, DT_OK) << dt_last_error();
+    if (st != DT_OK || x == nullptr)
+      return batches;
+    batches++;
+    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
+    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
+    EXPECT_EQ(trace.waits_on_compute, batches);
+    EXPECT_EQ(trace.syncs_on_caller, 0);
+    use(x, y);
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+}
+
 TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   StartTrace();
   auto dl = std::make_unique<DigitsLoader>(23, 4, 3);
   dt_loader *l = dl->l;
   ASSERT_NE(l, nullptr);
-  EXPECT_EQ(trace.host_allocs, 2 * 3) << "inputs and labels of each slot are page-locked";
+  EXPECT_EQ(dtt::StandInPinned().allocs, 2 * 3) << "inputs and labels of each slot are page-locked";
 
   ASSERT_EQ(dt_loader_start_epoch(l, 0), DT_OK);
   std::vector<int> seen(23, 0);
-  int batches = 0;
-  for (;;) {
-    dt_tensor *x, *y;
-    ASSERT_EQ(dt_loader_next(l, &x, &y), DT_OK) << dt_last_error();
-    if (x == nullptr)
-      break;
-    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
-    batches++;
-    // Each batch: two copies (inputs, labels), the compute stream waits
-    // for them; the caller's thread never waits (the worker does, before
-    // it refills a slot).
-    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
-    EXPECT_EQ(trace.waits_on_compute, batches);
-    EXPECT_EQ(trace.syncs_on_caller, 0);
+  auto next = [l](dt_tensor **x, dt_tensor **y) { return dt_loader_next(l, x, y); };
+  int batches = DrainOnDevice(next, [&seen](dt_tensor *x, dt_tensor *y) {
     std::vector<float> xv(dt_tensor_numel(x));
     std::vector<int32_t> yv(dt_tensor_numel(y));
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), xv.size() * 4), DT_OK);
@@ -223,10 +204,8 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
     }
     UseOnCompute(x);  // the step's kernels read the batch...
     UseOnCompute(y);
-    UseOnCompute(x);
-    dt_tensor_release(x);  // ...and the host lets go while they are queued
-    dt_tensor_release(y);
-  }
+    UseOnCompute(x);  // ...and the host lets go while they are queued
+  });
   EXPECT_EQ(batches, 6);
   for (int c : seen)
     EXPECT_EQ(c, 1);
@@ -240,8 +219,8 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   for (size_t k = 4; k < 10; k++)
     EXPECT_GT(trace.lead[k], 0) << "copy " << k << " waited for all queued compute";
   dl.reset();
-  EXPECT_EQ(trace.host_frees, trace.host_allocs);
-  EXPECT_TRUE(trace.pinned.empty());
+  EXPECT_EQ(dtt::StandInPinned().frees, dtt::StandInPinned().allocs);
+  EXPECT_EQ(dtt::StandInPinned().live, 0);
 }
 
 // A caller that keeps its batches (or a view of them): the loader never
@@ -300,22 +279,13 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
   c.device = {DT_DEVICE_CUDA, 0};
   dt_token_loader *l;
   ASSERT_EQ(dt_token_loader_create(&shard, 50257, &c, &l), DT_OK) << dt_last_error();
-  EXPECT_EQ(trace.host_allocs, 2 * c.prefetch);
+  EXPECT_EQ(dtt::StandInPinned().allocs, 2 * c.prefetch);
   ASSERT_EQ(dt_token_loader_start_epoch(l, 0), DT_OK);
   std::set<int32_t> firsts;
-  int batches = 0;
-  for (;;) {
-    dt_tensor *x, *y;
-    ASSERT_EQ(dt_token_loader_next(l, &x, &y), DT_OK) << dt_last_error();
-    if (x == nullptr)
-      break;
-    batches++;
-    EXPECT_EQ(dt_tensor_device(x).type, DT_DEVICE_CUDA);
+  auto next = [l](dt_tensor **x, dt_tensor **y) { return dt_token_loader_next(l, x, y); };
+  int batches = DrainOnDevice(next, [&firsts](dt_tensor *x, dt_tensor *y) {
     EXPECT_EQ(dt_tensor_dtype(x), DT_DTYPE_I32);
     EXPECT_EQ(dt_tensor_dtype(y), DT_DTYPE_I32);
-    EXPECT_EQ(trace.copies_on_copy_stream, 2 * batches);
-    EXPECT_EQ(trace.waits_on_compute, batches);
-    EXPECT_EQ(trace.syncs_on_caller, 0);
     std::vector<int32_t> xv(24), yv(24);
     ASSERT_EQ(dt_tensor_to_host(x, xv.data(), 24 * 4), DT_OK);
     ASSERT_EQ(dt_tensor_to_host(y, yv.data(), 24 * 4), DT_OK);
@@ -324,14 +294,12 @@ TEST(LoaderAsync, TokenWindowsTakeTheSamePath) {
       for (int t = 0; t < 8; t++)
         EXPECT_EQ(yv[8 * r + t], xv[8 * r + t] + 1);
     }
-    dt_tensor_release(x);
-    dt_tensor_release(y);
-  }
+  });
   EXPECT_EQ(batches, 4);
   EXPECT_EQ(firsts.size(), 12u);
   EXPECT_EQ(trace.unsafe_copies, 0);
   dt_token_loader_destroy(l);
-  EXPECT_EQ(trace.host_frees, trace.host_allocs);
+  EXPECT_EQ(dtt::StandInPinned().frees, dtt::StandInPinned().allocs);
 }
 
 }  // namespace

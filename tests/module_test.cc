@@ -47,26 +47,21 @@ struct HookCtx {
   dt_status fail;
 };
 
-dt_status pre_hook(dt_module *m, dt_tensor *input, dt_tensor **repl, void *user) {
-  (void)m;
-  (void)input;
-  HookCtx *c = (HookCtx *)user;
+// What both kinds of hook do: log the name, hand over the replacement,
+// return the status the test asked for.
+dt_status log_hook(HookCtx *c, dt_tensor **repl) {
   c->log->events.push_back(c->name);
   if (c->replacement)
     *repl = dt_tensor_retain(c->replacement);
   return c->fail;
 }
 
-dt_status post_hook(dt_module *m, dt_tensor *input, dt_tensor *output, dt_tensor **repl,
-                    void *user) {
-  (void)m;
-  (void)input;
-  (void)output;
-  HookCtx *c = (HookCtx *)user;
-  c->log->events.push_back(c->name);
-  if (c->replacement)
-    *repl = dt_tensor_retain(c->replacement);
-  return c->fail;
+dt_status pre_hook(dt_module *, dt_tensor *, dt_tensor **repl, void *user) {
+  return log_hook(static_cast<HookCtx *>(user), repl);
+}
+
+dt_status post_hook(dt_module *, dt_tensor *, dt_tensor *, dt_tensor **repl, void *user) {
+  return log_hook(static_cast<HookCtx *>(user), repl);
 }
 
 // An Identity module whose forward logs to `log`, destroyed after the test.
@@ -212,24 +207,24 @@ TEST_F(ModuleHooks, FailingHookAbortsTheCallWithoutLeaks) {
 
 // ---- registration and enumeration ----
 
-std::vector<std::string> param_names(const dt_module *m) {
+// The names of a module's parameters or buffers (count, at), in order.
+std::vector<std::string> tensor_names(const dt_module *m, int (*count)(const dt_module *),
+                                      dt_tensor *(*at)(const dt_module *, int, const char **)) {
   std::vector<std::string> names;
-  for (int i = 0; i < dt_module_num_parameters(m); i++) {
+  for (int i = 0; i < count(m); i++) {
     const char *n = nullptr;
-    EXPECT_NE(dt_module_parameter_at(m, i, &n), nullptr);
+    EXPECT_NE(at(m, i, &n), nullptr);
     names.push_back(n);
   }
   return names;
 }
 
+std::vector<std::string> param_names(const dt_module *m) {
+  return tensor_names(m, dt_module_num_parameters, dt_module_parameter_at);
+}
+
 std::vector<std::string> buffer_names(const dt_module *m) {
-  std::vector<std::string> names;
-  for (int i = 0; i < dt_module_num_buffers(m); i++) {
-    const char *n = nullptr;
-    EXPECT_NE(dt_module_buffer_at(m, i, &n), nullptr);
-    names.push_back(n);
-  }
-  return names;
+  return tensor_names(m, dt_module_num_buffers, dt_module_buffer_at);
 }
 
 TEST(ModuleRegistry, DuplicateNamesAreRejected) {

@@ -647,6 +647,39 @@ std::vector<OpCase> Build() {
          AdamW({1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f}, steps),
          kElementwise,
          kParityOnly});
+
+  // Mixed precision: every op core/autocast_policy.def runs in low precision,
+  // under autocast to each 16-bit dtype (f32 inputs, 16-bit products, f32
+  // accumulation; the harness checks them against f32 and the device
+  // against the CPU with the dtype's tolerances). Attention's rows are in
+  // op_table_cases_lm.cc.
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    add({"matmul",
+         "autocast_7x64_by_64x9",
+         d,
+         {X({7, 64}), X({64, 9})},
+         Binary(dt_op_matmul),
+         kReduction});
+    add({"matmul",
+         "autocast_batched",
+         d,
+         {X({2, 5, 16}), X({2, 16, 6})},
+         Binary(dt_op_matmul),
+         kReduction});
+    add({"linear", "autocast_bias", d, {X({6, 32}), X({8, 32}), X({8})}, Linear(), kReduction});
+    add({"linear",
+         "autocast_frozen_weight",
+         d,
+         {X({2, 3, 32}), X({8, 32}).Const()},
+         Linear(),
+         kReduction});
+    add({"conv2d",
+         "autocast_2x3x12x12_5x5_pad2",
+         d,
+         {X({2, 3, 12, 12}), X({4, 3, 5, 5}), X({4})},
+         Conv2d(1, 2),
+         kReduction});
+  }
   return t;
 }
 

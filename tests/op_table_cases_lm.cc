@@ -369,6 +369,17 @@ void AddLanguageModelCases(std::vector<OpCase> *table) {
        kParityOnly,
        DT_ERR_SHAPE,
        "differ in shape"});
+
+  // mixed precision: attention under autocast (see the GEMM rows)
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    add({"causal_attention",
+         "autocast_2x9_h2_hd8",
+         d,
+         {X({2, 9, 48}).Range(-2, 2)},
+         // not checked against the matmul definition: under autocast that
+         // rounds other intermediates (the scores) than the fused kernel
+         [](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], 2, out); },
+         kReduction});
 }
 
 }  // namespace optable

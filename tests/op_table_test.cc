@@ -24,9 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "core/amp.h"
 #include "core/autograd.h"
 #include "core/backend.h"
 #include "core/env.h"
+#include "core/half.h"
 #include "core/ops.h"
 #include "core/rng.h"
 #include "cuda/cuda.h"
@@ -57,10 +59,13 @@ const DtypeTolerances kTolerances[] = {
      5e-4,
      5e-3,
      {{0, 0, 0}, {1e-5, 1e-6, 0}, {1e-5, 1e-5, 1e-5}, {1e-3, 1e-5, 1e-5}}},
-    // f16, bf16: no rows yet. First estimates from the unit roundoff (2^-11,
-    // 2^-8), to calibrate on a GPU with the first rows; finite differences
-    // need more precision than these dtypes have, so their rows are parity
-    // only (the f32 row of the same op checks the gradient).
+    // f16, bf16: the rows of the ops autocast runs in low precision (f32
+    // inputs rounded to 16 bits, f32 accumulation). From the unit roundoff
+    // (2^-11, 2^-8): the AutocastVsF32 check holds them to these against
+    // f32 on the CPU, the parity check the device against the CPU (both
+    // round the same inputs; the GPU sums in another order). Finite
+    // differences need more precision than these dtypes have, so there is
+    // no Grad check (the f32 row of the same op checks the gradient).
     {DT_DTYPE_F16, 0, 0, 0, {{0, 0, 0}, {1e-3, 1e-3, 0}, {1e-2, 1e-3, 1e-3}, {1e-2, 1e-3, 1e-3}}},
     {DT_DTYPE_BF16, 0, 0, 0, {{0, 0, 0}, {8e-3, 8e-3, 0}, {4e-2, 8e-3, 8e-3}, {4e-2, 8e-3, 8e-3}}},
 };
@@ -147,7 +152,8 @@ dt_tensor *MakeInput(const OpCase &c, size_t k, dt_device dev) {
   if (in.fill == Fill::kIndex)
     return dtt::MakeIndexTensor(IndexValues(in, seed), in.shape, in.index_dtype, dev);
   dt_tensor *t = dtt::MakeTensor(FloatValues(in, seed), in.shape, false, dev);
-  if (t && c.dtype != DT_DTYPE_F32) {
+  // a 16-bit row takes f32 inputs and runs under autocast (RunRow)
+  if (t && c.dtype != DT_DTYPE_F32 && !dt_dtype_is_half(c.dtype)) {
     dt_tensor *conv = nullptr;
     EXPECT_EQ(dt_tensor_to_dtype(t, c.dtype, &conv), DT_OK) << dt_last_error();
     dt_tensor_release(t);
@@ -203,10 +209,20 @@ struct Outcome {
   std::vector<std::vector<double>> grads, after;  // per input
 };
 
+// Autocast to the row's dtype for the scope, when it is a 16-bit row.
+struct RowAutocast {
+  dt_dtype prev;
+  RowAutocast(const OpCase &c, bool on)
+      : prev(dt_autocast_begin(on && dt_dtype_is_half(c.dtype) ? c.dtype : DT_DTYPE_F32)) {}
+  ~RowAutocast() { dt_autocast_end(prev); }
+};
+
 // The row on dev: forward; backward with the upstream gradient when the
 // output requires grad; then the gradients and the inputs read back.
-Outcome RunRow(const OpCase &c, dt_device dev) {
+// autocast false runs a 16-bit row in f32 (its reference).
+Outcome RunRow(const OpCase &c, dt_device dev, bool autocast = true) {
   Outcome o;
+  RowAutocast scope(c, autocast);
   dtt::Tensors ts;
   std::vector<dt_tensor *> in;
   for (size_t k = 0; k < c.inputs.size(); k++) {
@@ -342,6 +358,29 @@ TEST_P(Parity, MatchesCpu) {
   EXPECT_TRUE(CheckParity(c, TestDevice()));
 }
 
+// A 16-bit row under autocast against the same row in f32, on the CPU:
+// within the dtype's tolerances, and not bit for bit (the inputs were
+// rounded: autocast took effect).
+class Autocast : public ::testing::TestWithParam<const OpCase *> {};
+
+TEST_P(Autocast, CloseToF32) {
+  const OpCase &c = *GetParam();
+  Outcome got = RunRow(c, DT_CPU), want = RunRow(c, DT_CPU, /*autocast=*/false);
+  ASSERT_TRUE(CheckStatus(c, got, DT_CPU));
+  ASSERT_TRUE(CheckStatus(c, want, DT_CPU));
+  ASSERT_EQ(got.shape, want.shape);
+  EXPECT_EQ(got.dtype, DT_DTYPE_F32) << "the low-precision ops return f32 (f32 accumulation)";
+  Tolerance tol = TolerancesFor(c.dtype)->parity[(int)c.acc];
+  EXPECT_TRUE(Close(got.out, want.out, tol)) << "output";
+  EXPECT_NE(got.out, want.out) << "autocast to " << dt_dtype_name(c.dtype)
+                               << " left the output bit for bit the f32 one";
+  for (size_t k = 0; k < c.inputs.size(); k++)
+    if (want.has_grad[k]) {
+      ASSERT_TRUE(got.has_grad[k]) << "input " << k;
+      EXPECT_TRUE(Close(got.grads[k], want.grads[k], tol)) << "input " << k << " gradient";
+    }
+}
+
 std::vector<const OpCase *> Rows(bool grad) {
   std::vector<const OpCase *> r;
   for (const OpCase &c : OpCases()) {
@@ -359,6 +398,42 @@ std::string RowName(const ::testing::TestParamInfo<const OpCase *> &info) {
 
 INSTANTIATE_TEST_SUITE_P(OpTable, Grad, ::testing::ValuesIn(Rows(true)), RowName);
 INSTANTIATE_TEST_SUITE_P(OpTable, Parity, ::testing::ValuesIn(Rows(false)), RowName);
+
+std::vector<const OpCase *> HalfRows() {
+  std::vector<const OpCase *> r;
+  for (const OpCase &c : OpCases())
+    if (dt_dtype_is_half(c.dtype) && c.expect == DT_OK)
+      r.push_back(&c);
+  return r;
+}
+INSTANTIATE_TEST_SUITE_P(OpTable, Autocast, ::testing::ValuesIn(HalfRows()), RowName);
+
+// Every op of the op table has a policy in core/autocast_policy.def, and
+// every op the policy runs in low precision has rows for bf16 and f16.
+TEST(OpTableCoverage, AutocastPolicyCoversEveryOp) {
+  const std::set<std::string> policy = {
+#define DT_AUTOCAST(op, policy) #op,
+#include "core/autocast_policy.def"
+  };
+  std::set<std::string> bf16, f16;
+  for (const OpCase *c : HalfRows())
+    (c->dtype == DT_DTYPE_BF16 ? bf16 : f16).insert("dt_op_" + c->op);
+  const char *declared[] = {
+#define DT_OP(name, params) #name,
+#include "core/op_table.def"
+  };
+  int low = 0;
+  for (const char *op : declared) {
+    EXPECT_TRUE(policy.count(op)) << op << " has no row in core/autocast_policy.def";
+    if (dt_autocast_policy_of(op) == DT_AUTOCAST_LOW) {
+      low++;
+      EXPECT_TRUE(bf16.count(op)) << op << " runs in bf16 under autocast but has no bf16 row";
+      EXPECT_TRUE(f16.count(op)) << op << " runs in f16 under autocast but has no f16 row";
+    }
+  }
+  EXPECT_EQ(low, 4) << "GEMM (matmul, linear), convolution and attention";
+  EXPECT_EQ(dt_autocast_policy_of("dt_op_layer_norm"), DT_AUTOCAST_F32);
+}
 
 // ---- the table covers the op table ----
 

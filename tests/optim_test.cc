@@ -50,6 +50,7 @@ class OptimTest : public ::testing::Test {
   }
   std::vector<float> Params() { return dtt::ToVector(dt_param_arena_data(arena_)); }
   std::vector<float> Grads() { return dtt::ToVector(dt_param_arena_grads(arena_)); }
+  void ExpectAdamWReference(const dt_adamw_config &c, int steps, int decayed, double tol);
 
   dt_module *m_ = nullptr;
   dt_param_arena *arena_ = nullptr;
@@ -187,21 +188,28 @@ void adamw_reference(const dt_adamw_config &c, int t, bool decay, double g, doub
   *p -= c.lr * mhat / (std::sqrt(vhat) + c.eps);
 }
 
-TEST_F(OptimTest, AdamWMatchesTheDocumentedAlgorithm) {
-  dt_adamw_config c = {0.01f, 0.8f, 0.95f, 1e-6f, 0.05f};
-  SetParams(kStart);
-  ASSERT_DT_OK(dt_optim_adamw_create(arena_, &c, &opt_));
+// `steps` steps of opt_ (from kStart, gradients StepGrads(t)) against
+// adamw_reference element by element, within tol; the first `decayed`
+// elements decay.
+void OptimTest::ExpectAdamWReference(const dt_adamw_config &c, int steps, int decayed, double tol) {
   std::vector<double> p(kStart.begin(), kStart.end()), m(5, 0.0), v(5, 0.0);
-  for (int t = 1; t <= 5; t++) {
+  for (int t = 1; t <= steps; t++) {
     std::vector<float> g = StepGrads(t);
     SetGrads(g);
     ASSERT_DT_OK(dt_optim_step(opt_));
     for (int i = 0; i < 5; i++)
-      adamw_reference(c, t, true, g[i], &p[i], &m[i], &v[i]);
+      adamw_reference(c, t, i < decayed, g[i], &p[i], &m[i], &v[i]);
     std::vector<float> got = Params();
     for (int i = 0; i < 5; i++)
-      EXPECT_NEAR(got[i], p[i], 1e-5) << "step " << t << " i " << i;
+      EXPECT_NEAR(got[i], p[i], tol) << "step " << t << " i " << i;
   }
+}
+
+TEST_F(OptimTest, AdamWMatchesTheDocumentedAlgorithm) {
+  dt_adamw_config c = {0.01f, 0.8f, 0.95f, 1e-6f, 0.05f};
+  SetParams(kStart);
+  ASSERT_DT_OK(dt_optim_adamw_create(arena_, &c, &opt_));
+  ExpectAdamWReference(c, 5, 5, 1e-5);
 }
 
 // Parameter groups: with a mask only "w" (the first 3 elements) decays;
@@ -214,17 +222,7 @@ TEST_F(OptimTest, AdamWDecayMaskDecaysOnlyTheMaskedParameters) {
   const uint8_t mask[2] = {1, 0};
   EXPECT_EQ(dt_optim_set_decay_mask(opt_, mask, 3), DT_ERR_INVALID_ARG);
   ASSERT_DT_OK(dt_optim_set_decay_mask(opt_, mask, 2));
-  std::vector<double> p(kStart.begin(), kStart.end()), m(5, 0.0), v(5, 0.0);
-  for (int t = 1; t <= 3; t++) {
-    std::vector<float> g = StepGrads(t);
-    SetGrads(g);
-    ASSERT_DT_OK(dt_optim_step(opt_));
-    for (int i = 0; i < 5; i++)
-      adamw_reference(c, t, i < 3, g[i], &p[i], &m[i], &v[i]);
-    std::vector<float> got = Params();
-    for (int i = 0; i < 5; i++)
-      EXPECT_NEAR(got[i], p[i], 1e-6) << "step " << t << " i " << i;
-  }
+  ExpectAdamWReference(c, 3, 3, 1e-6);
   // Back to decay everywhere: a zero gradient then only decays.
   ASSERT_DT_OK(dt_optim_set_decay_mask(opt_, nullptr, 0));
   std::vector<float> before = Params();
@@ -261,23 +259,23 @@ TEST_F(OptimTest, StateRoundTripResumesIdentically) {
       return kind.adamw ? dt_optim_adamw_create(arena_, &ac, o)
                         : dt_optim_sgd_create(arena_, &sc, o);
     };
-    SetParams(kStart);
+    // A fresh optimizer from kStart after `steps` steps.
+    auto stepped = [&](int steps, dt_optimizer **o) {
+      SetParams(kStart);
+      DT_CHECK(create(o));
+      for (int k = 0; k < steps; k++) {
+        SetGrads(StepGrads(k));
+        DT_CHECK(dt_optim_step(*o));
+      }
+      return DT_OK;
+    };
     dt_optimizer *a = nullptr;
-    ASSERT_DT_OK(create(&a));
-    for (int k = 0; k < 3; k++) {
-      SetGrads(StepGrads(k));
-      ASSERT_DT_OK(dt_optim_step(a));
-    }
+    ASSERT_DT_OK(stepped(3, &a));
     std::vector<float> want = Params();
     dt_optim_destroy(a);
 
-    SetParams(kStart);
     dt_optimizer *b = nullptr;
-    ASSERT_DT_OK(create(&b));
-    for (int k = 0; k < 2; k++) {
-      SetGrads(StepGrads(k));
-      ASSERT_DT_OK(dt_optim_step(b));
-    }
+    ASSERT_DT_OK(stepped(2, &b));
     int64_t n = dt_optim_state_numel(b);
     EXPECT_EQ(n, kind.adamw ? 10 : 5);
     std::vector<float> state((size_t)n);

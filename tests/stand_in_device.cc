@@ -1,5 +1,9 @@
 #include "tests/stand_in_device.h"
 
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
 #include "core/cpu.h"
 
 namespace dtt {
@@ -18,6 +22,44 @@ dt_status StandInMemsetZero(dt_device dev, void *p, size_t bytes) {
   return dt_cpu_backend()->memset_zero(AsCpu(dev), p, bytes);
 }
 
+// The asynchronous half's state: page-locked blocks (start -> bytes) and
+// their counts, the next event id, and the streams (their addresses are
+// the handles).
+std::mutex g_mu;
+std::map<const char *, size_t> g_pinned;
+StandInPinnedCounts g_counts;
+int g_next_event = 0;
+char g_streams[3];
+
+dt_status StandInHostAlloc(size_t bytes, void **out) {
+  *out = std::malloc(bytes ? bytes : 1);
+  if (!*out)
+    return DT_ERROR(DT_ERR_OOM, "stand-in: no host memory for %zu page-locked bytes", bytes);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_pinned[static_cast<const char *>(*out)] = bytes;
+  g_counts.allocs++;
+  return DT_OK;
+}
+void StandInHostFree(void *p) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_pinned.erase(static_cast<const char *>(p));
+    g_counts.frees++;
+  }
+  std::free(p);
+}
+dt_stream *StandInStreamOf(dt_device, dt_stream_kind kind) { return StandInStream(kind); }
+dt_status StandInEventCreate(dt_device, dt_event **out) {
+  auto *e = new StandInEvent();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    e->id = g_next_event++;
+  }
+  *out = reinterpret_cast<dt_event *>(e);
+  return DT_OK;
+}
+void StandInEventDestroy(dt_event *e) { delete AsStandInEvent(e); }
+
 }  // namespace
 
 dt_status StandInCopy(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
@@ -33,6 +75,51 @@ dt_backend_ops StandInDeviceOps(const char *name) {
   ops.memset_zero = StandInMemsetZero;
   ops.copy = StandInCopy;
   return ops;
+}
+
+dt_backend_ops StandInAsyncOps(const char *name) {
+  dt_backend_ops ops = StandInDeviceOps(name);
+  ops.host_alloc = StandInHostAlloc;
+  ops.host_free = StandInHostFree;
+  ops.stream = StandInStreamOf;
+  ops.event_create = StandInEventCreate;
+  ops.event_destroy = StandInEventDestroy;
+  return ops;
+}
+
+StandInEvent *AsStandInEvent(dt_event *e) { return reinterpret_cast<StandInEvent *>(e); }
+
+dt_stream *StandInStream(dt_stream_kind kind) {
+  int k = kind == DT_STREAM_COPY ? 1 : kind == DT_STREAM_COMM ? 2 : 0;
+  return reinterpret_cast<dt_stream *>(&g_streams[k]);
+}
+
+const char *StandInStreamName(const dt_stream *s) {
+  static const char *const names[3] = {"compute", "copy", "comm"};
+  for (int k = 0; k < 3; k++)
+    if (s == reinterpret_cast<const dt_stream *>(&g_streams[k]))
+      return names[k];
+  return "";
+}
+
+bool StandInIsPinned(const void *p, size_t bytes) {
+  const char *c = static_cast<const char *>(p);
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_pinned.upper_bound(c);
+  return it != g_pinned.begin() && (--it, c + bytes <= it->first + it->second);
+}
+
+StandInPinnedCounts StandInPinned() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  StandInPinnedCounts c = g_counts;
+  c.live = static_cast<int>(g_pinned.size());
+  return c;
+}
+
+void ResetStandInPinned() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_counts = StandInPinnedCounts();
+  g_next_event = 0;
 }
 
 }  // namespace dtt

@@ -21,6 +21,39 @@ dt_backend_ops StandInDeviceOps(const char *name);
 dt_status StandInCopy(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
                       size_t bytes, dt_stream *stream);
 
+// ---- the asynchronous entries, for the tests that watch them ----
+// StandInAsyncOps(name): StandInDeviceOps(name) with page-locked host
+// memory it keeps track of (host_alloc, host_free), one handle per stream
+// kind (stream) and events (event_create, event_destroy) that are
+// StandInEvents. A test sets event_record, stream_wait_event,
+// event_synchronize, stream_synchronize and copy to functions of its own,
+// which keep what they watch in the StandInEvent behind the dt_event.
+// Thread-safe.
+dt_backend_ops StandInAsyncOps(const char *name);
+
+struct StandInEvent {
+  int id = 0;                   // in order of creation, from 0
+  dt_stream *stream = nullptr;  // where the test's event_record last put it
+  long pos = 0;                 // the test's position on that stream then
+  int recorded = 0, synced = 0;
+};
+StandInEvent *AsStandInEvent(dt_event *e);
+
+// The stream handle of a kind (DT_STREAM_COMPUTE, _COPY, _COMM), and the
+// name of a handle ("compute", "copy", "comm"; "" for any other).
+dt_stream *StandInStream(dt_stream_kind kind);
+const char *StandInStreamName(const dt_stream *s);
+
+// The page-locked blocks: whether [p, p + bytes) lies in one that is
+// allocated; how many were allocated and freed since ResetStandInPinned
+// (which also restarts the event ids), and how many are allocated now.
+bool StandInIsPinned(const void *p, size_t bytes);
+struct StandInPinnedCounts {
+  int allocs = 0, frees = 0, live = 0;
+};
+StandInPinnedCounts StandInPinned();
+void ResetStandInPinned();
+
 }  // namespace dtt
 
 #endif

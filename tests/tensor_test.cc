@@ -196,40 +196,28 @@ TEST(Autograd, NonScalarNeedsGradOutputAndAccumulates) {
     dt_tensor_release(p);
 }
 
-struct HookLog {
-  int calls = 0;
-  unsigned long pass = 0;
-  std::vector<float> grad_at_fire;
-};
-
-void on_ready(dt_tensor *leaf, void *user) {
-  auto *log = static_cast<HookLog *>(user);
-  log->calls++;
-  log->grad_at_fire = ToVector(dt_tensor_grad(leaf));
-}
-
 TEST(Autograd, GradReadyHookFiresOnceWithCompleteGradient) {
   // w is used three times; the hook must fire once, after all three parts.
   dt_tensor *w = MakeTensor({1, 2}, {2}, true);
   dt_tensor *other = MakeTensor({5, 5}, {2}, true);
-  HookLog log;
+  dtt::GradReadyRecord log;
   dt_hook_handle h;
-  ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, on_ready, &log, &h), DT_OK);
+  ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, dtt::RecordGradReady, &log, &h), DT_OK);
   dt_tensor *a, *b, *c, *d, *s;
   ASSERT_EQ(dt_op_mul(w, w, &a), DT_OK);       // grad 2w
   ASSERT_EQ(dt_op_add(a, other, &b), DT_OK);
   ASSERT_EQ(dt_op_mul(b, w, &c), DT_OK);       // (w^2 + o) w
   ASSERT_EQ(dt_op_sum(c, nullptr, 0, 0, &s), DT_OK);
   ASSERT_EQ(dt_backward(s, nullptr), DT_OK) << dt_last_error();
-  EXPECT_EQ(log.calls, 1);
+  EXPECT_EQ(log.fired, 1);
   // d/dw sum((w^2+o) w) = 3 w^2 + o
-  EXPECT_EQ(log.grad_at_fire, (std::vector<float>{8, 17}));
+  EXPECT_EQ(log.grad, (std::vector<float>{8, 17}));
   // A second pass fires again, once.
   ASSERT_EQ(dt_op_scale(w, 2.0f, &d), DT_OK);
   dt_tensor *s2;
   ASSERT_EQ(dt_op_sum(d, nullptr, 0, 0, &s2), DT_OK);
   ASSERT_EQ(dt_backward(s2, nullptr), DT_OK);
-  EXPECT_EQ(log.calls, 2);
+  EXPECT_EQ(log.fired, 2);
   ASSERT_EQ(dt_tensor_remove_grad_ready_hook(w, h), DT_OK);
   EXPECT_EQ(dt_tensor_remove_grad_ready_hook(w, h), DT_ERR_INVALID_ARG);
   for (dt_tensor *p : {w, other, a, b, c, d, s, s2})

@@ -11,6 +11,21 @@
 
 namespace dtt {
 
+void RecordGradReady(dt_tensor *leaf, void *record) {
+  auto *r = static_cast<GradReadyRecord *>(record);
+  r->fired++;
+  r->grad = ToVector(dt_tensor_grad(leaf));
+}
+
+dt_status AttachSgd(SgdModel *m, float lr, float momentum, float weight_decay) {
+  DT_CHECK(dt_param_arena_create(m->model, &m->arena));
+  dt_sgd_config cfg = DT_SGD_CONFIG_DEFAULT;
+  cfg.lr = lr;
+  cfg.momentum = momentum;
+  cfg.weight_decay = weight_decay;
+  return dt_optim_sgd_create(m->arena, &cfg, &m->opt);
+}
+
 std::vector<float> RandomValues(size_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i)

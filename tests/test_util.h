@@ -13,10 +13,11 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/module.h"
+#include "core/optim.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "tests/dt_assert.h"
-
 
 namespace dtt {
 
@@ -39,6 +40,30 @@ struct Tensors {
       dt_tensor_release(t);
   }
 };
+
+// What a grad-ready hook saw: how often it fired, and the leaf's gradient
+// when it last did. Registered as
+//   dt_tensor_add_grad_ready_hook(leaf, dtt::RecordGradReady, &record, &handle)
+struct GradReadyRecord {
+  int fired = 0;
+  std::vector<float> grad;
+};
+void RecordGradReady(dt_tensor *leaf, void *record);
+
+// A model with its parameter arena and SGD optimizer, destroyed together.
+struct SgdModel {
+  dt_module *model = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  ~SgdModel() {
+    dt_optim_destroy(opt);
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(model);
+  }
+};
+// The arena of m->model (already where it trains) and SGD over it with
+// lr, momentum and weight_decay (the other settings at their defaults).
+dt_status AttachSgd(SgdModel *m, float lr, float momentum, float weight_decay);
 
 // n uniform values in [lo, hi), a pure function of (seed, index).
 std::vector<float> RandomValues(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);

@@ -1,4 +1,3 @@
-#include "core/env.h"
 #include "tests/text_test_util.h"
 
 #include <sys/stat.h>
@@ -10,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "core/env.h"
 
 namespace dtt {
 
@@ -67,11 +68,16 @@ std::string ReadFile(const std::string &path) {
   return ss.str();
 }
 
-bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &files,
+bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &texts,
                      bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error) {
   std::string root = RepoRoot();
   std::string script = root + "/tests/gpt2_reference_encode.js";
   std::string tmp = MakeTempDir("reference");
+  std::vector<std::string> files;
+  for (size_t i = 0; i < texts.size(); i++) {
+    files.push_back(tmp + "/in" + std::to_string(i) + ".txt");
+    WriteFile(files.back(), texts[i]);
+  }
   std::string result = tmp + "/ids.bin";
   std::string cmd = "node '" + script + "' '" + gpt2_dir + "' '" + result + "'";
   if (pieces)

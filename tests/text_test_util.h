@@ -25,11 +25,11 @@ std::string MakeTempDir(const std::string &name);
 void WriteFile(const std::string &path, const std::string &bytes);
 std::string ReadFile(const std::string &path);
 
-// Runs tests/gpt2_reference_encode.js with node over `files` using the
-// Encoder.js in `gpt2_dir`; per file the ids (or, with pieces, one value:
-// the number of pre-tokenisation pieces). Returns false, with the reason in
-// *error, when node or the script fails.
-bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &files,
+// Runs tests/gpt2_reference_encode.js with node over `texts` (each written
+// to a file of its own) using the Encoder.js in `gpt2_dir`; per text the ids
+// (or, with pieces, one value: the number of pre-tokenisation pieces).
+// Returns false, with the reason in *error, when node or the script fails.
+bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &texts,
                      bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error);
 
 // The Brown corpus tokenized as dtrain does it (data_dir/brown/raw, every

@@ -15,7 +15,6 @@
 
 namespace {
 
-
 std::string Gpt2Dir() {
   std::string d = dtt::TextDataDir();
   return d.empty() ? "" : d + "/gpt2";
@@ -259,22 +258,27 @@ TEST_F(SmallVocab, LoadsAndMerges) {
 
 TEST_F(SmallVocab, EncoderJsonErrorsNameTheFileAndOffset) {
   std::string good = EncoderJson({"ab"}), m = "#version: 0.2\na b\n";
-  ExpectFormat("", m, "encoder.json", "byte offset 0: expected '{'");
-  ExpectFormat("[1, 2]", m, "encoder.json", "byte offset 0");
-  ExpectFormat(good.substr(0, good.size() - 1), m, "encoder.json", "expected ',' or '}'");
-  ExpectFormat(good + "x", m, "encoder.json", "data after the object");
-  ExpectFormat("{\"a\" 1}", m, "encoder.json", "byte offset 5: expected ':'");
-  ExpectFormat("{\"a\": -1}", m, "encoder.json", "byte offset 6: expected a non-negative");
-  ExpectFormat("{\"a\": 1.5}", m, "encoder.json", "expected an integer id");
-  ExpectFormat("{\"a\": 99999999999}", m, "encoder.json", "id too large");
-  ExpectFormat("{\"\\q\": 1}", m, "encoder.json", "byte offset 2: unknown escape");
-  ExpectFormat("{\"\\ud800\": 1}", m, "encoder.json", "without its low half");
-  ExpectFormat("{\"\\udc00\": 1}", m, "encoder.json", "lone low surrogate");
-  ExpectFormat("{\"a\xff\": 1}", m, "encoder.json", "byte offset 3: invalid UTF-8");
-  ExpectFormat("{\"a\n\": 1}", m, "encoder.json", "control character");
-  ExpectFormat("{\"abc", m, "encoder.json", "unterminated string");
-  ExpectFormat("{\"\": 0}", m, "encoder.json", "empty token string");
-  ExpectFormat("{\"a\": 0, \"b\": 1}", m, "encoder.json", "at least 256");
+  // Each malformed encoder.json and the detail its message gives.
+  const std::pair<std::string, const char *> bad[] = {
+      {"", "byte offset 0: expected '{'"},
+      {"[1, 2]", "byte offset 0"},
+      {good.substr(0, good.size() - 1), "expected ',' or '}'"},
+      {good + "x", "data after the object"},
+      {"{\"a\" 1}", "byte offset 5: expected ':'"},
+      {"{\"a\": -1}", "byte offset 6: expected a non-negative"},
+      {"{\"a\": 1.5}", "expected an integer id"},
+      {"{\"a\": 99999999999}", "id too large"},
+      {"{\"\\q\": 1}", "byte offset 2: unknown escape"},
+      {"{\"\\ud800\": 1}", "without its low half"},
+      {"{\"\\udc00\": 1}", "lone low surrogate"},
+      {"{\"a\xff\": 1}", "byte offset 3: invalid UTF-8"},
+      {"{\"a\n\": 1}", "control character"},
+      {"{\"abc", "unterminated string"},
+      {"{\"\": 0}", "empty token string"},
+      {"{\"a\": 0, \"b\": 1}", "at least 256"},
+  };
+  for (const auto &[encoder, detail] : bad)
+    ExpectFormat(encoder, m, "encoder.json", detail);
   // ids: dense and unique; every byte has a token; no repeated token.
   std::string gap = good;
   gap.replace(gap.rfind("256"), 3, "300");

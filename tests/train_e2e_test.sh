@@ -9,30 +9,10 @@
 # package's /usr/share/datasets.
 set -uo pipefail
 
-dtrain="${TEST_SRCDIR:-$(dirname "$0")/..}/dtrain/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="launch/dtrain"
-[ -x "$dtrain" ] || { echo "train_e2e_test: dtrain binary not found" >&2; exit 1; }
-
-find_data_dir() {
-  if [ -n "${DT_DATA_DIR:-}" ]; then
-    echo "$DT_DATA_DIR"
-    return
-  fi
-  local self repo
-  self=$(readlink -f "${BASH_SOURCE[0]}")
-  repo=$(cd "$(dirname "$self")/.." && pwd)
-  if [ -d "$repo/data/fashion-mnist" ]; then
-    echo "$repo/data"
-  elif [ -d /usr/share/datasets/fashion-mnist ]; then
-    echo /usr/share/datasets
-  else
-    echo "train_e2e_test: no Fashion-MNIST found: run tools/setup.sh or set DT_DATA_DIR" >&2
-    exit 1
-  fi
-}
-data_dir=$(find_data_dir) || exit 1
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
+data_dir=$(find_data_dir fashion-mnist) || exit 1
 echo "train_e2e_test: data from $data_dir"
-log="${TEST_TMPDIR:-/tmp}/train.log"
+log="$tmp/train.log"
 
 "$dtrain" train --data-dir "$data_dir" --model mlp --max-steps 10 --accum 3 --warmup 2 \
   --schedule cosine --clip 1.0 --log-interval 10 --lr 0.05 | tee "$log"

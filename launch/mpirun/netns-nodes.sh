@@ -36,6 +36,9 @@ done
 [ "$#" -gt 0 ] || { echo "netns-nodes: give the command after --" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "netns-nodes: needs root (network namespaces)" >&2; exit 1; }
 
+# shellcheck source=launch/mpirun/netns_lib.sh
+. "$(dirname "$(readlink -f "$0")")/netns_lib.sh"
+
 tag=$(($$ % 10000))
 subnet="10.$((150 + ($$ % 50))).$(($$ % 250))"
 bridge="dtbr$tag"
@@ -43,29 +46,18 @@ dir=$(mktemp -d /tmp/dtnetns.XXXXXX)
 created=()
 cleanup() {
   set +e
-  for ns in "${created[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
-  done
-  ip link del "$bridge" 2>/dev/null
+  netns_remove "$bridge" "${created[@]}"
   rm -rf "$dir"
 }
 trap cleanup EXIT
 
-ip link add "$bridge" type bridge
-ip addr add "$subnet.254/24" dev "$bridge"
-ip link set "$bridge" up
+netns_bridge "$bridge" "$subnet"
 : >"$dir/hosts"
 for i in $(seq "$nodes"); do
   ns="dtnode$tag-$i"
   veth="dtv${tag}n$i"
-  ip netns add "$ns"
   created+=("$ns")
-  ip link add "$veth" type veth peer name eth0 netns "$ns"
-  ip link set "$veth" master "$bridge" up
-  ip -n "$ns" addr add "$subnet.$i/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
+  netns_node "$ns" "$veth" "$bridge" "$subnet.$i"
   # Both directions: the host end shapes traffic into the node, eth0 out of it.
   if [ -n "$netem" ]; then
     # shellcheck disable=SC2086  # netem is a list of tc words

@@ -322,21 +322,7 @@ TEST_F(DistMpi, MismatchedCollectivesFailOnEveryRankBeforeDataMoves) {
 
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
-  pc.mode = DT_PG_MPI;
-  if (dt_pg_create(&pc, &g_pg) != DT_OK) {
-    std::fprintf(stderr, "dist_mpi_test: %s\n", dt_last_error());
+  if (!dtt::start_mpi("dist_mpi_test", &g_pg, &g_comm))
     return 1;
-  }
-  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  cc.timeout_s = 30;
-  if (dt_comm_create_mpi(g_pg, &cc, &g_comm) != DT_OK) {
-    std::fprintf(stderr, "dist_mpi_test: %s\n", dt_last_error());
-    dt_pg_destroy(g_pg);
-    return 1;
-  }
-  int rc = RUN_ALL_TESTS();
-  dt_comm_destroy(g_comm);
-  dt_pg_destroy(g_pg);
-  return rc;
+  return dtt::run_all_then_stop_mpi(g_pg, g_comm);
 }

@@ -224,6 +224,69 @@ TEST_F(DistNccl, DataParallelOverGpusEqualsOneDevice) {
 
 namespace {
 
+// Error paths: dt_comm_abort aborts the NCCL communicator (ncclCommAbort)
+// after a collective; later collectives fail at once, and the destroy
+// does not call ncclCommDestroy.
+TEST_F(DistNccl, AbortOnAnErrorPathFailsLaterCollectives) {
+  SKIP_WITHOUT_NCCL();
+  CreateComm();
+  dt_tensor *t = OnGpu({1, 2, 3});
+  DT_ASSERT_OK(dt_comm_allreduce_sync(comm_, t, DT_REDUCE_SUM));
+  dt_comm_abort(comm_, "the test failed on purpose");
+  dt_work *w = nullptr;
+  EXPECT_EQ(dt_comm_allreduce(comm_, t, DT_REDUCE_SUM, nullptr, &w), DT_ERR_STATE);
+  dt_tensor_release(t);
+  dt_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+// 16-bit reductions over nccl (ncclBfloat16 / ncclFloat16) at world size
+// 1: all-reduce (sum, average) and reduce-scatter give the input back bit
+// for bit; and --grad-compress bf16 training through the reducer on the
+// GPU (stages 0, 1, 2) matches the same compressed training on the CPU
+// over a local group of one.
+TEST_F(DistNccl, SixteenBitReductionsAndCompressedTraining) {
+  SKIP_WITHOUT_NCCL();
+  CreateComm();
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    dt_tensor *host = dtt::Vector16(t, dtt::reduce16_values(0, 1007));
+    std::vector<uint16_t> want = dtt::Bits16(host);
+    for (int k = 0; k < 3; k++) {
+      dt_tensor *x = nullptr, *out = nullptr;
+      DT_ASSERT_OK(dt_tensor_to_device(host, kGpu, &x));
+      if (k < 2) {
+        DT_ASSERT_OK(dt_comm_allreduce_sync(comm_, x, k == 0 ? DT_REDUCE_SUM : DT_REDUCE_AVG));
+      } else {
+        DT_ASSERT_OK(dt_tensor_to_device(host, kGpu, &out));
+        dt_work *w = nullptr;
+        DT_ASSERT_OK(dt_comm_reduce_scatter(comm_, x, out, DT_REDUCE_AVG, nullptr, &w));
+        DT_ASSERT_OK(dt_work_wait(w, 30));
+        dt_work_release(w);
+      }
+      EXPECT_TRUE(dtt::same_bits(dtt::Bits16(out ? out : x), want)) << dt_dtype_name(t) << " " << k;
+      dt_tensor_release(x);
+      dt_tensor_release(out);
+    }
+    dt_tensor_release(host);
+  }
+  dt_local_group *g = nullptr;
+  dt_comm *local = nullptr;
+  DT_ASSERT_OK(dt_local_group_create(1, &g));
+  DT_ASSERT_OK(dt_comm_create_local(g, 0, nullptr, &local));
+  dt_local_group_release(g);
+  dtt::StepSpec spec = dtt::zero_case_spec({"mlp", 2, 0.5f, false});
+  spec.ddp.grad_compress = DT_DTYPE_BF16;
+  for (int stage : {0, 1, 2}) {
+    spec.ddp.zero_stage = stage;
+    std::vector<float> cpu = dtt::train_steps(local, 1, spec).params;
+    std::vector<float> gpu = dtt::train_steps(comm_, 1, spec, kGpu).params;
+    double rel = dtt::rel_error(gpu, cpu);
+    std::printf("bf16 zero %d over nccl, world 1: relative error to the CPU %.3g\n", stage, rel);
+    EXPECT_LE(rel, 1e-4) << "zero " << stage;
+  }
+  dt_comm_destroy(local);
+}
+
 // ZeRO over nccl at world size 1 (reduce-scatter and in-place all-gather
 // on the comm stream, waiting on their events; the clipping sum gathered
 // through the GPU) and in data-parallel mode over an NCCL clique of every

@@ -42,34 +42,24 @@ const dt_device kDev = {DT_DEVICE_CUDA, 0};
 
 // ---- the stand-in backend ----
 
-struct Stream {
-  const char *name;
-};
-Stream kCompute{"compute"}, kCopy{"copy"}, kComm{"comm"};
-
-struct FakeEvent {
-  int id;
-  const Stream *recorded_on = nullptr;
-};
+dt_stream *const kCompute = dtt::StandInStream(DT_STREAM_COMPUTE);
+dt_stream *const kComm = dtt::StandInStream(DT_STREAM_COMM);
 
 struct Entry {
   std::thread::id thread;
   std::string op;  // record, wait, sync, d2h, h2d, sgd, ssync
-  const Stream *stream;
-  int event;              // -1 none
-  const Stream *ev_from;  // where the event was last recorded
+  const dt_stream *stream;
+  int event;                 // -1 none
+  const dt_stream *ev_from;  // where the event was last recorded
 };
 
 std::mutex g_mu;
 std::vector<Entry> g_trace;
-std::map<char *, size_t> g_pinned;  // page-locked blocks: start -> bytes
-int g_next_event = 0;
 const dt_backend_ops *g_cpu = nullptr;
 
-void Log(const char *op, dt_stream *s, FakeEvent *e) {
+void Log(const char *op, dt_stream *s, const dtt::StandInEvent *e) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_trace.push_back({std::this_thread::get_id(), op, reinterpret_cast<const Stream *>(s),
-                     e ? e->id : -1, e ? e->recorded_on : nullptr});
+  g_trace.push_back({std::this_thread::get_id(), op, s, e ? e->id : -1, e ? e->stream : nullptr});
 }
 std::vector<Entry> TakeTrace() {
   std::lock_guard<std::mutex> lock(g_mu);
@@ -78,41 +68,18 @@ std::vector<Entry> TakeTrace() {
   return t;
 }
 
-dt_status FakeHostAlloc(size_t bytes, void **out) {
-  *out = malloc(bytes);
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_pinned[static_cast<char *>(*out)] = bytes;
-  return DT_OK;
-}
-void FakeHostFree(void *p) {
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_pinned.erase(static_cast<char *>(p));
-  }
-  free(p);
-}
-dt_stream *FakeStream(dt_device, dt_stream_kind kind) {
-  Stream *s = kind == DT_STREAM_COPY ? &kCopy : kind == DT_STREAM_COMM ? &kComm : &kCompute;
-  return reinterpret_cast<dt_stream *>(s);
-}
-dt_status FakeEventCreate(dt_device, dt_event **out) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  *out = reinterpret_cast<dt_event *>(new FakeEvent{g_next_event++});
-  return DT_OK;
-}
-void FakeEventDestroy(dt_event *e) { delete reinterpret_cast<FakeEvent *>(e); }
 dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  FakeEvent *fe = reinterpret_cast<FakeEvent *>(e);
-  fe->recorded_on = reinterpret_cast<const Stream *>(s);
+  dtt::StandInEvent *fe = dtt::AsStandInEvent(e);
+  fe->stream = s;
   Log("record", s, fe);
   return DT_OK;
 }
 dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
-  Log("wait", s, reinterpret_cast<FakeEvent *>(e));
+  Log("wait", s, dtt::AsStandInEvent(e));
   return DT_OK;
 }
 dt_status FakeEventSync(dt_event *e) {
-  Log("sync", nullptr, reinterpret_cast<FakeEvent *>(e));
+  Log("sync", nullptr, dtt::AsStandInEvent(e));
   return DT_OK;
 }
 dt_status FakeStreamSync(dt_stream *s) {
@@ -121,15 +88,10 @@ dt_status FakeStreamSync(dt_stream *s) {
 }
 dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
                    dt_stream *stream) {
-  if (stream == reinterpret_cast<dt_stream *>(&kComm) && dd.type != sd.type) {
+  if (stream == kComm && dd.type != sd.type) {
     bool d2h = dd.type == DT_DEVICE_CPU;
-    {
-      std::lock_guard<std::mutex> lock(g_mu);
-      char *host = static_cast<char *>(d2h ? dst : const_cast<void *>(src));
-      auto it = g_pinned.upper_bound(host);
-      bool pinned = it != g_pinned.begin() && (--it, host + bytes <= it->first + it->second);
-      EXPECT_TRUE(pinned) << "staging copies use page-locked host memory";
-    }
+    EXPECT_TRUE(dtt::StandInIsPinned(d2h ? dst : src, bytes))
+        << "staging copies use page-locked host memory";
     Log(d2h ? "d2h" : "h2d", stream, nullptr);
   }
   return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
@@ -143,13 +105,8 @@ dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf
 void RegisterStandIn() {
   g_cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = dtt::StandInDeviceOps("stand-in cuda");
+  fake = dtt::StandInAsyncOps("stand-in cuda");
   fake.unavailable = nullptr;
-  fake.host_alloc = FakeHostAlloc;
-  fake.host_free = FakeHostFree;
-  fake.stream = FakeStream;
-  fake.event_create = FakeEventCreate;
-  fake.event_destroy = FakeEventDestroy;
   fake.event_record = FakeEventRecord;
   fake.stream_wait_event = FakeStreamWait;
   fake.event_synchronize = FakeEventSync;
@@ -212,7 +169,7 @@ TEST_F(DistStaged, CollectivesOnDeviceTensors) {
     std::vector<Entry> tr = TakeTrace();
     std::vector<std::string> ops;
     for (const Entry &e : tr)
-      ops.push_back(e.op + (e.stream ? std::string(":") + e.stream->name : ""));
+      ops.push_back(e.op + (e.stream ? std::string(":") + dtt::StandInStreamName(e.stream) : ""));
     ASSERT_GE(ops.size(), 6u);
     EXPECT_EQ(ops[0], "record:compute");  // w1's own ready event at submission
     auto first = [&](const std::string &op) {
@@ -223,7 +180,7 @@ TEST_F(DistStaged, CollectivesOnDeviceTensors) {
     };
     int wait = first("wait:comm"), d2h = first("d2h:comm"), h2d = first("h2d:comm");
     ASSERT_GE(wait, 0);
-    EXPECT_EQ(tr[wait].ev_from, &kCompute);
+    EXPECT_EQ(tr[wait].ev_from, kCompute);
     EXPECT_LT(wait, d2h);
     EXPECT_LT(d2h, h2d);
     bool done_recorded = false;
@@ -237,103 +194,71 @@ TEST_F(DistStaged, CollectivesOnDeviceTensors) {
 
 // DDP with every parameter and gradient on the device, over 2+ ranks, equals
 // one process on the whole batch (CPU reference).
-struct DeviceRun {
-  std::vector<float> params;
-  int n_buckets = 0;
-};
+// The event protocol of one DDP step on the stand-in (the trace since
+// before its backward), run on the training thread `me`.
+void CheckStepProtocol(int s, int n_buckets, std::thread::id me) {
+  std::vector<Entry> tr = TakeTrace();
+  std::set<int> ready_events, done_events, comm_waited_on, compute_waited_on;
+  size_t first_sgd = tr.size();
+  int d2h = 0, h2d = 0;
+  // The trace interleaves the training and communication threads: "the
+  // entry before" means the same thread's previous entry.
+  std::map<std::thread::id, std::string> prev_op;
+  for (size_t i = 0; i < tr.size(); i++) {
+    const Entry &e = tr[i];
+    std::string before = prev_op[e.thread];
+    prev_op[e.thread] = e.op;
+    if (e.op == "sgd" && first_sgd == tr.size())
+      first_sgd = i;
+    if (e.op == "record" && e.stream == kCompute && e.thread == me)
+      ready_events.insert(e.event);
+    if (e.op == "record" && e.stream == kComm && before == "h2d")
+      done_events.insert(e.event);
+    if (e.op == "wait" && e.stream == kComm)
+      comm_waited_on.insert(e.event);
+    if (e.op == "wait" && e.stream == kCompute && i < first_sgd)
+      compute_waited_on.insert(e.event);
+    d2h += e.op == "d2h";
+    h2d += e.op == "h2d";
+    if (i < first_sgd) {
+      EXPECT_FALSE(e.op == "sync" && e.thread == me)
+          << "step " << s << ": the training thread synchronised an event before the "
+          << "optimizer (the host must not block on the device during backward)";
+    }
+  }
+  EXPECT_EQ(static_cast<int>(ready_events.size()), n_buckets) << "step " << s;
+  EXPECT_EQ(ready_events, comm_waited_on) << "the comm stream waits on each bucket's event";
+  EXPECT_EQ(d2h, n_buckets);
+  EXPECT_EQ(h2d, n_buckets);
+  EXPECT_EQ(static_cast<int>(done_events.size()), n_buckets);
+  EXPECT_EQ(done_events, compute_waited_on)
+      << "the compute stream waits on every bucket's completion before the optimizer";
+  EXPECT_LT(first_sgd, tr.size()) << "the optimizer ran on the device";
+}
 
-DeviceRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank, bool check_protocol) {
-  DeviceRun run;
-  int w = dt_comm_size(g_comm), r = dt_comm_rank(g_comm);
-  dt_module *m = nullptr;
-  dt_param_arena *arena = nullptr;
-  dt_optimizer *opt = nullptr;
-  dt_ddp *ddp = nullptr;
+// DDP on kDev (several buckets), and with check_protocol every step's
+// event protocol checked.
+dtt::DdpRun TrainDdpOnDevice(const std::string &model, int steps, int per_rank,
+                             bool check_protocol) {
   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
   cfg.first_bucket_bytes = 32 << 10;  // several buckets
   cfg.bucket_bytes = 128 << 10;
-  dt_sgd_config sgd = dtt::test_sgd();
-  if (dtt::build_model(model, &m) != DT_OK || dt_module_to(m, kDev) != DT_OK ||
-      dt_param_arena_create(m, &arena) != DT_OK ||
-      dt_optim_sgd_create(arena, &sgd, &opt) != DT_OK ||
-      dt_ddp_create(m, arena, g_comm, &cfg, &ddp) != DT_OK) {
-    ADD_FAILURE() << "setup on rank " << r << ": " << dt_last_error();
-  } else {
-    run.n_buckets = dt_ddp_num_buckets(ddp);
-    std::thread::id me = std::this_thread::get_id();
-    for (int s = 0; s < steps; s++) {
-      dt_tensor *xh, *yh, *x = nullptr, *y = nullptr;
-      dtt::make_batch(static_cast<int64_t>(s) * w * per_rank + r * per_rank, per_rank, &xh, &yh);
-      EXPECT_EQ(dt_tensor_to_device(xh, kDev, &x), DT_OK);
-      EXPECT_EQ(dt_tensor_to_device(yh, kDev, &y), DT_OK);
-      TakeTrace();
-      dt_status st = dtt::loss_backward(m, x, y, 1.0f, nullptr);
-      if (st == DT_OK)
-        st = dt_ddp_finish_backward(ddp);
-      if (st == DT_OK)
-        st = dt_optim_step(opt);
-      if (st == DT_OK)
-        st = dt_optim_zero_grad(opt);
-      for (dt_tensor *p : {xh, yh, x, y})
-        dt_tensor_release(p);
-      if (st != DT_OK) {
-        ADD_FAILURE() << "step " << s << " on rank " << r << ": " << dt_last_error();
-        break;
-      }
-      if (!check_protocol)
-        continue;
-      std::vector<Entry> tr = TakeTrace();
-      std::set<int> ready_events, done_events, comm_waited_on, compute_waited_on;
-      size_t first_sgd = tr.size();
-      int d2h = 0, h2d = 0;
-      // The trace interleaves the training and communication threads: "the
-      // entry before" means the same thread's previous entry.
-      std::map<std::thread::id, std::string> prev_op;
-      for (size_t i = 0; i < tr.size(); i++) {
-        const Entry &e = tr[i];
-        std::string before = prev_op[e.thread];
-        prev_op[e.thread] = e.op;
-        if (e.op == "sgd" && first_sgd == tr.size())
-          first_sgd = i;
-        if (e.op == "record" && e.stream == &kCompute && e.thread == me)
-          ready_events.insert(e.event);
-        if (e.op == "record" && e.stream == &kComm && before == "h2d")
-          done_events.insert(e.event);
-        if (e.op == "wait" && e.stream == &kComm)
-          comm_waited_on.insert(e.event);
-        if (e.op == "wait" && e.stream == &kCompute && i < first_sgd)
-          compute_waited_on.insert(e.event);
-        d2h += e.op == "d2h";
-        h2d += e.op == "h2d";
-        if (i < first_sgd) {
-          EXPECT_FALSE(e.op == "sync" && e.thread == me)
-              << "step " << s << ": the training thread synchronised an event before the "
-              << "optimizer (the host must not block on the device during backward)";
-        }
-      }
-      EXPECT_EQ(static_cast<int>(ready_events.size()), run.n_buckets) << "step " << s;
-      EXPECT_EQ(ready_events, comm_waited_on) << "the comm stream waits on each bucket's event";
-      EXPECT_EQ(d2h, run.n_buckets);
-      EXPECT_EQ(h2d, run.n_buckets);
-      EXPECT_EQ(static_cast<int>(done_events.size()), run.n_buckets);
-      EXPECT_EQ(done_events, compute_waited_on)
-          << "the compute stream waits on every bucket's completion before the optimizer";
-      EXPECT_LT(first_sgd, tr.size()) << "the optimizer ran on the device";
-    }
-    run.params = dtt::arena_values(arena);
-  }
-  dt_ddp_destroy(ddp);
-  dt_optim_destroy(opt);
-  dt_param_arena_destroy(arena);
-  dt_module_destroy(m);
-  return run;
+  dtt::DdpWatch watch;
+  watch.dev = kDev;
+  watch.before_backward = [](int) { TakeTrace(); };
+  std::thread::id me = std::this_thread::get_id();
+  if (check_protocol)
+    watch.after_step = [me](int s, dt_ddp *ddp) {
+      CheckStepProtocol(s, dt_ddp_num_buckets(ddp), me);
+    };
+  return dtt::train_ddp(g_comm, model, steps, per_rank, 1, cfg, watch);
 }
 
 TEST_F(DistStaged, DdpOnDeviceEqualsOneProcessWithWorldTimesBatch) {
   const int steps = 4, per_rank = 8;
   for (const char *model : {"mlp", "lenet"}) {
     std::vector<float> ref = dtt::train_reference(model, steps, world() * per_rank);
-    DeviceRun run = TrainDdpOnDevice(model, steps, per_rank, !g_real);
+    dtt::DdpRun run = TrainDdpOnDevice(model, steps, per_rank, !g_real);
     double rel = dtt::rel_error(run.params, ref);
     std::printf("[rank %d] %s on %s over %d ranks, %d buckets, host-staged: relative error %.3g\n",
                 rank(), model, g_real ? "cuda:0 (shared)" : "a stand-in device", world(),
@@ -367,6 +292,26 @@ TEST_F(DistStaged, ZeroOnDeviceEqualsOneProcess) {
                   run.n_buckets, rel);
       EXPECT_LE(rel, g_real ? 1e-4 : 1e-5) << model << " zero " << stage;
     }
+  }
+}
+
+// --grad-compress bf16 on device tensors: the 16-bit casts run on the
+// device's compute stream around the host-staged 16-bit reductions; every
+// stage equals the same compressed training on host tensors (the same
+// 16-bit sums; on a GPU its kernels' rounding), and differs from f32.
+TEST_F(DistStaged, CompressedOnDeviceEqualsCompressedOnHost) {
+  dtt::StepSpec spec = dtt::zero_case_spec({"mlp", 2, 0.5f, false});
+  std::vector<float> plain = dtt::train_steps(g_comm, world(), spec).params;
+  spec.ddp.grad_compress = DT_DTYPE_BF16;
+  for (int stage : {0, 1, 2}) {
+    spec.ddp.zero_stage = stage;
+    std::vector<float> host = dtt::train_steps(g_comm, world(), spec).params;
+    std::vector<float> dev = dtt::train_steps(g_comm, world(), spec, kDev).params;
+    double rel = dtt::rel_error(dev, host);
+    std::printf("[rank %d] mlp bf16 zero %d on %s: relative error to the host run %.3g\n", rank(),
+                stage, g_real ? "cuda:0 (shared)" : "a stand-in device", rel);
+    EXPECT_LE(rel, g_real ? 1e-4 : 1e-6) << "zero " << stage;
+    EXPECT_GT(dtt::rel_error(host, plain), 1e-7) << "compression changed nothing";
   }
 }
 
@@ -451,23 +396,9 @@ int main(int argc, char **argv) {
   } else {
     RegisterStandIn();
   }
-  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
-  pc.mode = DT_PG_MPI;
-  if (dt_pg_create(&pc, &g_pg) != DT_OK) {
-    std::fprintf(stderr, "dist_staged_test: %s\n", dt_last_error());
+  if (!dtt::start_mpi("dist_staged_test", &g_pg, &g_comm))
     return 1;
-  }
-  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  cc.timeout_s = 30;
-  if (dt_comm_create_mpi(g_pg, &cc, &g_comm) != DT_OK) {
-    std::fprintf(stderr, "dist_staged_test: %s\n", dt_last_error());
-    dt_pg_destroy(g_pg);
-    return 1;
-  }
   std::printf("dist_staged_test: %s device backend, rank %d of %d\n",
               g_real ? "the real CUDA" : "a stand-in", dt_comm_rank(g_comm), dt_comm_size(g_comm));
-  int rc = RUN_ALL_TESTS();
-  dt_comm_destroy(g_comm);
-  dt_pg_destroy(g_pg);
-  return rc;
+  return dtt::run_all_then_stop_mpi(g_pg, g_comm);
 }

@@ -25,6 +25,7 @@
 #include "dist/comm.h"
 #include "dist/ddp.h"
 #include "dist/dp.h"
+#include "dist/process_group.h"
 #include "dist/replica.h"
 #include "models/models.h"
 #include "models/tasks.h"
@@ -36,6 +37,36 @@
 namespace dtt {
 
 constexpr int kImage = 28 * 28;
+
+// The MPI process group and the mpi communicator over it (30 s deadline per
+// collective) of a suite run under mpirun. false, with the reason printed
+// as "<suite>: <error>", when either cannot be made.
+inline bool start_mpi(const char *suite, dt_pg **pg, dt_comm **comm) {
+  dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
+  pc.mode = DT_PG_MPI;
+  if (dt_pg_create(&pc, pg) != DT_OK) {
+    std::fprintf(stderr, "%s: %s\n", suite, dt_last_error());
+    return false;
+  }
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  cc.timeout_s = 30;
+  if (dt_comm_create_mpi(*pg, &cc, comm) != DT_OK) {
+    std::fprintf(stderr, "%s: %s\n", suite, dt_last_error());
+    dt_pg_destroy(*pg);
+    *pg = nullptr;
+    return false;
+  }
+  return true;
+}
+
+// RUN_ALL_TESTS(), then the communicator and the process group destroyed;
+// the exit status of the suite.
+inline int run_all_then_stop_mpi(dt_pg *pg, dt_comm *comm) {
+  int rc = RUN_ALL_TESTS();
+  dt_comm_destroy(comm);
+  dt_pg_destroy(pg);
+  return rc;
+}
 
 // A 1-d tensor of `dtype` holding v's elements (of that type's size) on
 // dev (NULL, with a test failure, when it fails).
@@ -243,11 +274,38 @@ struct DdpRun {
   int n_buckets = 0;
 };
 
+// Where train_ddp runs and what it lets a test watch: the model and the
+// batches on `dev`; before_backward(step) once the step's first
+// micro-batch is on the device; after_step(step, ddp) after each
+// completed optimizer step.
+struct DdpWatch {
+  dt_device dev = DT_CPU;
+  std::function<void(int)> before_backward;
+  std::function<void(int, dt_ddp *)> after_step;
+};
+
+// The batch of make_model_batch on dev (a copy when dev is not the CPU).
+inline dt_status model_batch_on(dt_device dev, const std::string &model, int64_t first, int64_t n,
+                                dt_tensor **x, dt_tensor **y) {
+  make_model_batch(model, first, n, x, y);
+  if (dev.type == DT_DEVICE_CPU)
+    return DT_OK;
+  dt_tensor *xh = *x, *yh = *y;
+  *x = *y = nullptr;
+  dt_status st = dt_tensor_to_device(xh, dev, x);
+  if (st == DT_OK)
+    st = dt_tensor_to_device(yh, dev, y);
+  dt_tensor_release(xh);
+  dt_tensor_release(yh);
+  return st;
+}
+
 // DDP training over `comm`: `steps` steps with a global batch of
 // world * per_rank * accum samples per step; this rank takes its per_rank
 // slice of each of `accum` micro-batches (no_sync for all but the last).
 inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int per_rank,
-                        int accum = 1, dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT) {
+                        int accum = 1, dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT,
+                        const DdpWatch &watch = DdpWatch()) {
   DdpRun run;
   int world = dt_comm_size(comm), rank = dt_comm_rank(comm);
   dt_module *m = nullptr;
@@ -255,7 +313,9 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
   dt_optimizer *opt = nullptr;
   dt_ddp *ddp = nullptr;
   dt_sgd_config sgd = test_sgd();
-  if (build_model(model, &m) != DT_OK || dt_param_arena_create(m, &arena) != DT_OK ||
+  if (build_model(model, &m) != DT_OK ||
+      (watch.dev.type != DT_DEVICE_CPU && dt_module_to(m, watch.dev) != DT_OK) ||
+      dt_param_arena_create(m, &arena) != DT_OK ||
       dt_optim_sgd_create(arena, &sgd, &opt) != DT_OK ||
       dt_ddp_create(m, arena, comm, &cfg, &ddp) != DT_OK) {
     ADD_FAILURE() << "DDP setup on rank " << rank << ": " << dt_last_error();
@@ -265,10 +325,12 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
       dt_status st = DT_OK;
       for (int k = 0; k < accum && st == DT_OK; k++) {
         int64_t first = (static_cast<int64_t>(s) * accum + k) * global + rank * per_rank;
-        dt_tensor *x, *y;
-        make_model_batch(model, first, per_rank, &x, &y);
+        dt_tensor *x = nullptr, *y = nullptr;
+        st = model_batch_on(watch.dev, model, first, per_rank, &x, &y);
+        if (st == DT_OK && k == 0 && watch.before_backward)
+          watch.before_backward(s);
         int last = k == accum - 1;
-        if (!last)
+        if (st == DT_OK && !last)
           st = dt_ddp_no_sync_begin(ddp);
         if (st == DT_OK)
           st = loss_backward(m, x, y, 1.0f / static_cast<float>(accum), nullptr);
@@ -287,6 +349,8 @@ inline DdpRun train_ddp(dt_comm *comm, const std::string &model, int steps, int 
         ADD_FAILURE() << "DDP step " << s << " on rank " << rank << ": " << dt_last_error();
         break;
       }
+      if (watch.after_step)
+        watch.after_step(s, ddp);
     }
     run.params = arena_values(arena);
     dt_ddp_get_timeline(ddp, &run.timeline);

@@ -40,10 +40,13 @@ same_bits() { # same_bits CKPT_A CKPT_B
     "$py" "$numpy_tool" compare "$1" "$2"
 }
 ck() { printf '%s/checkpoints/step_%08d' "$1" "$2"; }
+# One thread everywhere: the default thread count is measured at start
+# (launch/threads.h), and two runs that measured a different load would
+# sum in another order (not bitwise equal).
 launch() { # launch NP ARGS...: NP ranks (1 = a plain process)
   local np=$1
   shift
-  if [ "$np" = 1 ]; then "$dtrain" "$@"; else "$dtrain" launch -n "$np" --threads 1 -- "$@"; fi
+  if [ "$np" = 1 ]; then "$dtrain" "$@" --threads 1; else "$dtrain" launch -n "$np" --threads 1 -- "$@"; fi
 }
 
 # ---- bit-exact resume ----

@@ -4,6 +4,8 @@
 #     only rank 0 prints (other ranks with --verbose-ranks), the final line;
 #   - the main job (2 ranks x batch 32, one epoch) reaches >= 0.85 and matches
 #     the single-process run with the same global batch (64) within 0.01;
+#   - --grad-compress bf16: the main job within 0.01 of uncompressed, half the
+#     all-reduced bytes (metrics file and bench); fp16 and dp mode train;
 #   - launch -- bench: the DDP figures (ddp: and comm: lines);
 #   - --mode dp --devices cpu:0,cpu:1 trains in one process;
 #   - clear errors: bad --devices, a failing rank (prefixed "rank R:", the job
@@ -39,8 +41,12 @@ expect 0 out "^rank 1: epoch 1 step 10/10" "--verbose-ranks: rank 1 prints, pref
 run train --log-interval 0
 single=$(last_line_accuracy)
 expect 0 out "^test_accuracy=" "single process, batch 64, one epoch"
-run launch -n 2 -- train --batch 32 --log-interval 0
+last_allreduce_bytes() { # of the last train record of a metrics file
+  grep -o '"allreduce_bytes":[0-9.e+]*' "$1" | tail -1 | cut -d: -f2
+}
+run launch -n 2 -- train --batch 32 --log-interval 300 --run-dir "$tmp/run-f32"
 ddp=$(last_line_accuracy)
+ddp_bytes=$(last_allreduce_bytes "$tmp/run-f32/metrics.jsonl")
 expect 0 out "^test_accuracy=" "2 ranks, batch 32 each, one epoch"
 checks=$((checks + 1))
 if [ -n "$single" ] && [ -n "$ddp" ] &&
@@ -50,12 +56,46 @@ else
   fail "2-rank test_accuracy=$ddp, single-process $single: want >= 0.85 and within 0.01"
 fi
 
+# ---- --grad-compress: the main job in 16 bits ---------------------------------
+run launch -n 2 -- train --batch 32 --log-interval 300 --run-dir "$tmp/run-bf16" --grad-compress bf16
+bf16=$(last_line_accuracy)
+bf16_bytes=$(last_allreduce_bytes "$tmp/run-bf16/metrics.jsonl")
+expect 0 out "zero 0, grad-compress bf16$" "--grad-compress bf16: the header names it"
+checks=$((checks + 1))
+if [ -n "$bf16" ] && [ -n "$ddp" ] && [ -n "$bf16_bytes" ] && [ -n "$ddp_bytes" ] &&
+  awk -v a="$bf16" -v b="$ddp" -v x="$bf16_bytes" -v y="$ddp_bytes" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a >= 0.85 && d <= 0.01 && x > 0 && 2 * x == y) }'; then
+  echo "ok: --grad-compress bf16 test_accuracy=$bf16, uncompressed $ddp (|diff| <= 0.01); allreduce_bytes $ddp_bytes -> $bf16_bytes per step"
+else
+  fail "--grad-compress bf16: test_accuracy=$bf16 vs $ddp (want >= 0.85, within 0.01); allreduce_bytes $bf16_bytes vs $ddp_bytes (want half)"
+fi
+run launch -n 2 -- train --model mlp --batch 16 --max-steps 20 --log-interval 20 --accum 2 --clip 1 \
+  --zero 2 --grad-compress fp16
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--grad-compress fp16 with --zero 2, --accum 2, --clip 1 trains"
+run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 10 --log-interval 10 --grad-compress bf16
+expect 0 out "mode dp: 2 replicas .*grad-compress bf16$" "--mode dp --grad-compress bf16: header"
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--mode dp --grad-compress bf16 trains"
+run train --grad-compress int8
+expect 2 err "invalid value 'int8' for --grad-compress: expected one of none, bf16, fp16" \
+  "a bad --grad-compress"
+
 # ---- bench under the launcher ------------------------------------------------
 run launch -n 2 -- bench --model mlp --batch 16 --steps 5 --warmup 1
 expect 0 out "^ddp: world 2, per-rank batch 16, global batch 32, [0-9]+ buckets" "bench: ddp line"
 expect 0 out "^steps_per_s=[0-9.]+ samples_per_s=[0-9.]+ ms_per_step=[0-9.]+$" "bench: throughput"
-expect 0 out "^comm: allreduce_ms=[0-9.]+ overlapped_ms=[0-9.]+ hidden=[0-9]+% exposed_ms=[0-9.]+" \
+expect 0 out "^comm: allreduce_ms=[0-9.]+ overlapped_ms=[0-9.]+ hidden=[0-9]+% exposed_ms=[0-9.]+ allreduce_bytes=[0-9]+ \(per step\)$" \
   "bench: the reducer's communication figures"
+bench_bytes=$(sed -n 's/^comm: .* allreduce_bytes=\([0-9]*\) .*/\1/p' "$out")
+run launch -n 2 -- bench --model mlp --batch 16 --steps 5 --warmup 1 --grad-compress bf16
+expect 0 out "^ddp: world 2, .* zero 0, grad-compress bf16$" "bench --grad-compress bf16: the ddp line"
+bf16_bench_bytes=$(sed -n 's/^comm: .* allreduce_bytes=\([0-9]*\) .*/\1/p' "$out")
+checks=$((checks + 1))
+if [ -n "$bench_bytes" ] && [ -n "$bf16_bench_bytes" ] && [ "$bench_bytes" -gt 0 ] &&
+  [ $((2 * bf16_bench_bytes)) = "$bench_bytes" ]; then
+  echo "ok: bench allreduce_bytes $bench_bytes -> $bf16_bench_bytes per step with --grad-compress bf16"
+else
+  fail "bench allreduce_bytes '$bench_bytes' -> '$bf16_bench_bytes' with --grad-compress bf16: want half"
+fi
 
 # ---- ZeRO: --zero 1 and 2 train as --zero 0 (DDP and dp) ----------------------
 zero_summary() { # the last progress line's loss and the final accuracy
@@ -70,7 +110,7 @@ for mode in ddp dp; do
       run train --mode dp --devices cpu:0,cpu:1 --model mlp --batch 32 --max-steps 6 --accum 2 \
         --clip 1 --optimizer adamw --lr 0.002 --log-interval 12 --zero "$z"
     fi
-    expect 0 out "zero $z$" "$mode --zero $z: the header names the stage"
+    expect 0 out "zero $z, grad-compress none$" "$mode --zero $z: the header names the stage"
     expect 0 out "^epoch 1 step 12/12 .* optimizer-state [0-9.]+ MiB grads [0-9.]+ MiB( \(\+[0-9.]+ MiB in flight\))?$" \
       "$mode --zero $z: the progress line's per-rank bytes"
     summary[$z]=$(zero_summary)
@@ -85,7 +125,7 @@ for mode in ddp dp; do
   fi
 done
 run launch -n 2 -- bench --model mlp --batch 16 --steps 3 --warmup 1 --optimizer adamw --zero 2
-expect 0 out "^ddp: world 2, .* zero 2$" "bench --zero 2: the ddp line"
+expect 0 out "^ddp: world 2, .* zero 2, grad-compress none$" "bench --zero 2: the ddp line"
 expect 0 out "^memory: optimizer_state_mib=[0-9.]+ grad_mib=[0-9.]+ in_flight_mib=[0-9.]+ \(per rank\)$" \
   "bench: per-rank memory"
 

@@ -85,8 +85,10 @@ static int check_metrics(const char *path, int argc, char **argv) {
   int world = arg_after(argc, argv, "--world") ? atoi(arg_after(argc, argv, "--world")) : 1;
   bool ddp = has_flag(argc, argv, "--ddp");
   static const char *const train_keys[] = {
-      "step", "epoch",     "batch",         "batches", "time",         "loss",
-      "lr",   "grad_norm", "samples_per_s", "step_ms", "allreduce_ms", "allreduce_hidden"};
+      "step",           "epoch",   "batch",        "batches",
+      "time",           "loss",    "lr",           "grad_norm",
+      "samples_per_s",  "step_ms", "allreduce_ms", "allreduce_hidden",
+      "allreduce_bytes"};
   static const char *const eval_keys[] = {"step", "epoch", "time", "train_loss"};
   const char *split = arg_after(argc, argv, "--split") ? arg_after(argc, argv, "--split") : "test";
   char split_loss[64], split_metric[64];
@@ -145,15 +147,19 @@ static int check_metrics(const char *path, int argc, char **argv) {
         fail("line %2$ld: grad_norm is not a positive number%1$s", "", line);
       const cJSON *ar = cJSON_GetObjectItemCaseSensitive(o, "allreduce_ms");
       const cJSON *hid = cJSON_GetObjectItemCaseSensitive(o, "allreduce_hidden");
+      const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(o, "allreduce_bytes");
       if (ddp && (!cJSON_IsNumber(ar) || !(ar->valuedouble > 0) || !cJSON_IsNumber(hid) ||
-                  hid->valuedouble < 0 || hid->valuedouble > 1))
+                  hid->valuedouble < 0 || hid->valuedouble > 1 || !cJSON_IsNumber(bytes) ||
+                  !(bytes->valuedouble > 0)))
         fail(
-            "line %2$ld: under DDP allreduce_ms must be > 0 and allreduce_hidden in "
-            "[0, 1]%1$s",
+            "line %2$ld: under DDP allreduce_ms and allreduce_bytes must be > 0 and "
+            "allreduce_hidden in [0, 1]%1$s",
             "", line);
-      if (!ddp && (!cJSON_IsNull(ar) || !cJSON_IsNull(hid)))
-        fail("line %2$ld: without DDP allreduce_ms and allreduce_hidden must be null%1$s", "",
-             line);
+      if (!ddp && (!cJSON_IsNull(ar) || !cJSON_IsNull(hid) || !cJSON_IsNull(bytes)))
+        fail(
+            "line %2$ld: without DDP allreduce_ms, allreduce_hidden and allreduce_bytes must be "
+            "null%1$s",
+            "", line);
     } else if (!strcmp(t, "eval")) {
       evals++;
       for (size_t k = 0; k < sizeof eval_keys / sizeof *eval_keys; k++)

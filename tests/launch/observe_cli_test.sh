@@ -15,31 +15,13 @@
 #   - bad input: --trace-steps, an unwritable metrics path, report errors.
 set -uo pipefail
 
-srcdir="${TEST_SRCDIR:-$(dirname "$0")/../..}/dtrain"
-dtrain="$srcdir/launch/dtrain"
-[ -x "$dtrain" ] || dtrain="bazel-bin/launch/dtrain"
-check="$srcdir/tests/launch/obs_check"
-[ -x "$check" ] || check="bazel-bin/tests/launch/obs_check"
-{ [ -x "$dtrain" ] && [ -x "$check" ]; } || { echo "observe_cli_test: binaries not found" >&2; exit 1; }
-dtrain=$(readlink -f "$dtrain")
-check=$(readlink -f "$check")
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+obs_check=$(find_built tests/launch/obs_check) || exit 1
+unshare_test_files
 export DT_STATUS_DIR="$tmp/status"
 unset DT_PROGRESS
-
-repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
-if [ -z "${DT_DATA_DIR:-}" ]; then
-  if [ -d "$repo/data/fashion-mnist" ]; then export DT_DATA_DIR="$repo/data"
-  elif [ -d /usr/share/datasets/fashion-mnist ]; then export DT_DATA_DIR=/usr/share/datasets
-  else echo "observe_cli_test: no Fashion-MNIST: run tools/setup.sh" >&2; exit 1
-  fi
-fi
-
-lib="$srcdir/tests/check_lib.sh"
-[ -f "$lib" ] || lib="$(dirname "$0")/../check_lib.sh"
-# shellcheck source=tests/check_lib.sh
-. "$lib"
+DT_DATA_DIR=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR
 run() { timeout 300 "$dtrain" "$@" >"$out" 2>"$err"; rc=$?; }
 # ---- one process: metrics and trace ------------------------------------------
 one="$tmp/one"
@@ -49,9 +31,9 @@ run train --max-steps 24 --log-interval 6 --metrics "$one/metrics.jsonl" \
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "a run with --metrics and --trace"
 expect 0 out "^epoch 1 step 6/24 loss " "off a terminal the plain progress lines stay"
 expect_cmd "one process: every metrics record has the documented keys" \
-  "$check" metrics "$one/metrics.jsonl" --world 1
+  "$obs_check" metrics "$one/metrics.jsonl" --world 1
 expect_cmd "one process: the trace has step, loader and host-to-device spans of steps 3..5 only" \
-  "$check" trace "$one/trace-0.json" --lanes step,loader,host-to-device --steps 3:5
+  "$obs_check" trace "$one/trace-0.json" --lanes step,loader,host-to-device --steps 3:5
 [ "$(grep -c '"type":"train"' "$one/metrics.jsonl")" = 4 ] ||
   fail "24 steps logged every 6: expected 4 train records"
 
@@ -63,10 +45,10 @@ run launch -n 2 -- train --batch 32 --max-steps 30 --log-interval 10 --first-buc
   --trace-steps 4:9
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "2 ranks with --metrics and --trace"
 expect_cmd "DDP: every record has the documented keys, all-reduce time and hidden share" \
-  "$check" metrics "$ddp/metrics.jsonl" --world 2 --ddp
+  "$obs_check" metrics "$ddp/metrics.jsonl" --world 2 --ddp
 for r in 0 1; do
   expect_cmd "DDP rank $r: spans per lane, comm spans overlap backward spans" \
-    "$check" trace "$ddp/trace-$r.json" --lanes step,loader,host-to-device,comm \
+    "$obs_check" trace "$ddp/trace-$r.json" --lanes step,loader,host-to-device,comm \
     --overlap comm:backward --steps 4:9
 done
 
@@ -84,7 +66,7 @@ else
     --window-size=1200,1500 --screenshot="$ddp/shot.png" "file://$ddp/report.html" \
     >"$tmp/chromium.log" 2>&1)
   expect_cmd "the report as Chromium draws it: 8 plot areas, each with a series drawn" \
-    "$check" png "$ddp/shot.png" --panels 8
+    "$obs_check" png "$ddp/shot.png" --panels 8
 fi
 run report "$one/metrics.jsonl" --out "$tmp/one.html"
 expect 0 out "wrote $tmp/one.html" "dtrain report METRICS_FILE --out FILE"

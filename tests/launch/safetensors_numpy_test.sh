@@ -10,8 +10,7 @@ here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
 # shellcheck source=tests/check_lib.sh
 . "$here/../check_lib.sh"
 data_dir=$(find_data_dir fashion-mnist) || exit 1
-logits_tool=$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/tests/launch/ckpt_logits_tool" \
-  "$repo/bazel-bin/tests/launch/ckpt_logits_tool") || { echo "FAIL: ckpt_logits_tool not built"; exit 1; }
+logits_tool=$(find_built tests/launch/ckpt_logits_tool) || exit 1
 "$py" -c "import numpy" || { echo "FAIL: python3-numpy is missing (tools/setup.sh)"; exit 1; }
 "$dtrain" train --model mlp --max-steps 30 --batch 32 --log-interval 0 \
   --data-dir "$data_dir" --run-dir "$tmp/run" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }

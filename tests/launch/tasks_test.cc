@@ -100,11 +100,17 @@ TEST_F(Tasks, TheTableIsWellFormed) {
 
 // The tasks small enough to build in a unit test, at a context short enough
 // for a fast step (the language models' --ctx).
-bool small_task(const dt_task *t, dt_task *out) {
-  if (t->max_context > 0 && std::string(t->name) != "gpt2-tiny")
-    return false;
-  *out = *t;
-  return t->max_context == 0 || dt_task_with_context(t, 8, out) == DT_OK;
+std::vector<dt_task> small_tasks() {
+  std::vector<dt_task> tasks;
+  for (int i = 0; i < dt_task_count(); i++) {
+    const dt_task *t = dt_task_at(i);
+    if (t->max_context > 0 && std::string(t->name) != "gpt2-tiny")
+      continue;
+    dt_task small = *t;
+    if (t->max_context == 0 || dt_task_with_context(t, 8, &small) == DT_OK)
+      tasks.push_back(small);
+  }
+  return tasks;
 }
 
 // Each task's model takes a batch of the declared input and gives
@@ -112,10 +118,7 @@ bool small_task(const dt_task *t, dt_task *out) {
 // the task's loss of it is finite and backward gives every parameter a
 // gradient; the metric counts at most one per sample.
 TEST_F(Tasks, EveryTaskBuildsAndTakesItsInputShape) {
-  for (int i = 0; i < dt_task_count(); i++) {
-    dt_task small;
-    if (!small_task(dt_task_at(i), &small))
-      continue;
+  for (const dt_task &small : small_tasks()) {
     const dt_task *t = &small;
     SCOPED_TRACE(t->name);
     dt_module *model = nullptr;
@@ -169,10 +172,7 @@ TEST_F(Tasks, EveryTaskBuildsAndTakesItsInputShape) {
 
 // bench builds its synthetic batch from the task alone: one step of each.
 TEST_F(Tasks, BenchRunsOneStepOfEveryTask) {
-  for (int i = 0; i < dt_task_count(); i++) {
-    dt_task small;
-    if (!small_task(dt_task_at(i), &small))
-      continue;
+  for (const dt_task &small : small_tasks()) {
     const dt_task *t = &small;
     SCOPED_TRACE(t->name);
     dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;

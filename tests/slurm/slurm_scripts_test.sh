@@ -15,8 +15,7 @@ set -uo pipefail
 
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
-scripts=$(dirname "$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/slurm/one-node.sbatch" \
-  "$repo/launch/slurm/one-node.sbatch")") || { echo "launch/slurm/ not found"; exit 1; }
+scripts=$(dirname "$(find_source launch/slurm/one-node.sbatch)") || exit 1
 
 check() { # check DESCRIPTION COMMAND...
   local what=$1

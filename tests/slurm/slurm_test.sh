@@ -28,8 +28,10 @@ say() { echo "slurm_test: $*"; }
 # ---- inputs -----------------------------------------------------------------
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
-scripts=$(dirname "$(find_file "${TEST_SRCDIR:-/nonexistent}/dtrain/launch/slurm/one-node.sbatch" \
-  "$repo/launch/slurm/one-node.sbatch")") || { say "launch/slurm/ not found"; exit 1; }
+scripts=$(dirname "$(find_source launch/slurm/one-node.sbatch)") || exit 1
+netns_lib=$(find_source launch/mpirun/netns_lib.sh) || exit 1
+# shellcheck source=launch/mpirun/netns_lib.sh
+. "$netns_lib"
 data_dir=$(find_data_dir fashion-mnist) || exit 1
 
 # ---- results as JUnit XML ---------------------------------------------------
@@ -122,11 +124,7 @@ teardown() {
   for pidfile in "$dir"/slurmd.*.pid "$dir"/slurmctld.pid; do
     [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null
   done
-  for ns in "${namespaces[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
-  done
-  ip link del "$bridge" 2>/dev/null
+  netns_remove "$bridge" "${namespaces[@]}"
   rm -rf "$dir"
 }
 trap teardown EXIT
@@ -139,23 +137,16 @@ if ! out=$(ip netns add "$probe" 2>&1); then
   netns_reason="cannot create network namespaces here (ip netns add: $out)"
 else
   ip netns del "$probe"
-  if ! out=$(ip link add "$bridge" type bridge 2>&1); then
+  if ! out=$(netns_bridge "$bridge" "$subnet" 2>&1); then
     netns_reason="cannot create a bridge here (ip link add type bridge: $out)"
   fi
 fi
 
 make_nodes() { # two namespaces dtn1, dtn2 on the bridge; controller at .254
-  ip addr add "$subnet.254/24" dev "$bridge" || return 1
-  ip link set "$bridge" up || return 1
   for i in 1 2; do
-    local ns="dtns$tag-$i" veth="dtv${tag}h$i"
-    ip netns add "$ns" || return 1
+    local ns="dtns$tag-$i"
     namespaces+=("$ns")
-    ip link add "$veth" type veth peer name eth0 netns "$ns" || return 1
-    ip link set "$veth" master "$bridge" up || return 1
-    ip -n "$ns" addr add "$subnet.$i/24" dev eth0 || return 1
-    ip -n "$ns" link set eth0 up || return 1
-    ip -n "$ns" link set lo up || return 1
+    netns_node "$ns" "dtv${tag}h$i" "$bridge" "$subnet.$i" || return 1
   done
 }
 if [ -z "$netns_reason" ] && ! make_nodes >"$dir/netns.log" 2>&1; then

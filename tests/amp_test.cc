@@ -1,0 +1,271 @@
+// Mixed precision (core/amp.h, the GradScaler of core/optim.h and its use by
+// the training step, core/step.h): precision names, the per-thread autocast
+// scope, the scaler's schedule, and training steps with the scaler.
+#include "core/amp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/module.h"
+#include "core/ops.h"
+#include "core/optim.h"
+#include "core/step.h"
+#include "models/models.h"
+#include "tests/test_util.h"
+
+namespace {
+
+TEST(Precision, NamesParseAndDtypes) {
+  const char *names[] = {"fp32", "tf32", "bf16", "fp16"};
+  const dt_dtype autocast[] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
+  for (int p = 0; p < DT_PRECISION_COUNT; p++) {
+    dt_precision got;
+    ASSERT_DT_OK(dt_precision_parse(names[p], &got));
+    EXPECT_EQ(got, (dt_precision)p);
+    EXPECT_STREQ(dt_precision_name(got), names[p]);
+    EXPECT_EQ(dt_precision_autocast_dtype(got), autocast[p]);
+    EXPECT_EQ(dt_precision_needs_scaler(got), p == DT_PRECISION_FP16);
+  }
+  dt_precision got;
+  EXPECT_EQ(dt_precision_parse("half", &got), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("expected fp32, tf32, bf16 or fp16"),
+            std::string::npos);
+}
+
+TEST(Autocast, ScopesNestAndArePerThread) {
+  EXPECT_EQ(dt_autocast_dtype(), DT_DTYPE_F32);
+  dt_dtype outer = dt_autocast_begin(DT_DTYPE_BF16);
+  EXPECT_EQ(outer, DT_DTYPE_F32);
+  EXPECT_EQ(dt_autocast_dtype_for("dt_op_linear"), DT_DTYPE_BF16);
+  EXPECT_EQ(dt_autocast_dtype_for("dt_op_layer_norm"), DT_DTYPE_F32);
+  EXPECT_EQ(dt_autocast_dtype_for("dt_op_no_such_op"), DT_DTYPE_F32);
+  dt_dtype inner = dt_autocast_begin(DT_DTYPE_F16);
+  EXPECT_EQ(inner, DT_DTYPE_BF16);
+  EXPECT_EQ(dt_autocast_dtype_for("dt_op_conv2d"), DT_DTYPE_F16);
+  dt_dtype seen = DT_DTYPE_BF16;
+  std::thread([&] { seen = dt_autocast_dtype(); }).join();
+  EXPECT_EQ(seen, DT_DTYPE_F32) << "another thread has autocast off";
+  dt_autocast_end(inner);
+  EXPECT_EQ(dt_autocast_dtype(), DT_DTYPE_BF16);
+  dt_autocast_end(outer);
+  EXPECT_EQ(dt_autocast_dtype(), DT_DTYPE_F32);
+  dt_autocast_end(dt_autocast_begin(DT_DTYPE_I32));  // not a 16-bit float: off
+  EXPECT_EQ(dt_autocast_begin(DT_DTYPE_I32), DT_DTYPE_F32);
+  dt_autocast_end(DT_DTYPE_F32);
+}
+
+// Under autocast a linear layer's output (f32) equals the f32 product of
+// the inputs rounded to the 16-bit dtype.
+TEST(Autocast, LinearComputesOnRoundedInputs) {
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    dtt::Tensors ts;
+    dt_tensor *x = ts.add(dtt::RandomTensor({3, 40}, 1));
+    dt_tensor *w = ts.add(dtt::RandomTensor({5, 40}, 2));
+    dt_tensor *xr, *wr, *xh, *wh, *want, *got;
+    ASSERT_DT_OK(dt_tensor_to_dtype(x, d, &xh));
+    ts.add(xh);
+    ASSERT_DT_OK(dt_tensor_to_dtype(w, d, &wh));
+    ts.add(wh);
+    ASSERT_DT_OK(dt_tensor_to_dtype(xh, DT_DTYPE_F32, &xr));
+    ts.add(xr);
+    ASSERT_DT_OK(dt_tensor_to_dtype(wh, DT_DTYPE_F32, &wr));
+    ts.add(wr);
+    ASSERT_DT_OK(dt_op_linear(xr, wr, nullptr, &want));
+    ts.add(want);
+    dt_dtype prev = dt_autocast_begin(d);
+    dt_status st = dt_op_linear(x, w, nullptr, &got);
+    dt_autocast_end(prev);
+    ASSERT_DT_OK(st);
+    ts.add(got);
+    EXPECT_EQ(dt_tensor_dtype(got), DT_DTYPE_F32);
+    std::vector<float> a = dtt::ToVector(got), b = dtt::ToVector(want);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); i++)
+      EXPECT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(b[i]))) << dt_dtype_name(d) << " " << i;
+  }
+}
+
+// ---- the GradScaler ----
+
+TEST(GradScaler, PyTorchDefaultsAndSchedule) {
+  dt_grad_scaler_config cfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  EXPECT_EQ(cfg.init_scale, 65536.0f);
+  EXPECT_EQ(cfg.growth_factor, 2.0f);
+  EXPECT_EQ(cfg.backoff_factor, 0.5f);
+  EXPECT_EQ(cfg.growth_interval, 2000);
+  dt_grad_scaler s;
+  ASSERT_DT_OK(dt_grad_scaler_init(&s, &cfg));
+  EXPECT_EQ(s.scale, 65536.0f);
+  for (int i = 0; i < 1999; i++)
+    dt_grad_scaler_update(&s, false);
+  EXPECT_EQ(s.scale, 65536.0f) << "1999 clean steps: not yet";
+  dt_grad_scaler_update(&s, false);
+  EXPECT_EQ(s.scale, 131072.0f) << "x2 after 2000 clean steps";
+  EXPECT_EQ(s.growth_tracker, 0);
+  for (int i = 0; i < 1500; i++)
+    dt_grad_scaler_update(&s, false);
+  dt_grad_scaler_update(&s, true);
+  EXPECT_EQ(s.scale, 65536.0f) << "x0.5 on overflow";
+  EXPECT_EQ(s.growth_tracker, 0) << "an overflow restarts the clean-step count";
+  EXPECT_EQ(s.skipped_steps, 1);
+  EXPECT_TRUE(s.last_skipped);
+  for (int i = 0; i < 1999; i++)
+    dt_grad_scaler_update(&s, false);
+  EXPECT_EQ(s.scale, 65536.0f);
+  EXPECT_FALSE(s.last_skipped);
+  cfg.init_scale = 3e38f;  // growing would overflow f32: the scale stays finite
+  cfg.growth_interval = 1;
+  ASSERT_DT_OK(dt_grad_scaler_init(&s, &cfg));
+  dt_grad_scaler_update(&s, false);
+  EXPECT_EQ(s.scale, 3e38f);
+}
+
+TEST(GradScaler, RejectsBadConfigs) {
+  dt_grad_scaler s;
+  const dt_grad_scaler_config bad[] = {
+      {0.0f, 2.0f, 0.5f, 2000}, {INFINITY, 2.0f, 0.5f, 2000}, {1.0f, 1.0f, 0.5f, 2000},
+      {1.0f, 2.0f, 1.0f, 2000}, {1.0f, 2.0f, 0.0f, 2000},     {1.0f, 2.0f, 0.5f, 0},
+      {NAN, 2.0f, 0.5f, 2000},
+  };
+  for (const dt_grad_scaler_config &c : bad) {
+    EXPECT_EQ(dt_grad_scaler_init(&s, &c), DT_ERR_INVALID_ARG) << c.init_scale;
+    EXPECT_NE(std::string(dt_last_error()).find("grad scaler"), std::string::npos);
+  }
+}
+
+// ---- training steps with the scaler ----
+
+dt_status CrossEntropy(dt_tensor *out, dt_tensor *target, dt_reduction r, dt_tensor **loss) {
+  return dt_op_cross_entropy(out, target, r, DT_IGNORE_INDEX, loss);
+}
+
+struct Trainer {
+  dt_module *model = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_optimizer *opt = nullptr;
+  dt_lr_schedule sched = DT_LR_SCHEDULE_DEFAULT;
+  dt_step step{};
+  explicit Trainer(dt_dtype autocast, dt_grad_scaler *scaler) {
+    EXPECT_EQ(DT_OK, dt_model_create("lenet", 3, &model)) << dt_last_error();
+    EXPECT_EQ(DT_OK, dt_param_arena_create(model, &arena)) << dt_last_error();
+    dt_sgd_config cfg = DT_SGD_CONFIG_DEFAULT;
+    cfg.lr = 0.05f;
+    cfg.momentum = 0.9f;
+    EXPECT_EQ(DT_OK, dt_optim_sgd_create(arena, &cfg, &opt)) << dt_last_error();
+    sched.base_lr = 0.05f;
+    sched.warmup_steps = 10;
+    step = {model, arena, opt, DT_GRAD_SYNC_NONE, DT_STEP_CONFIG_DEFAULT};
+    step.cfg.loss = CrossEntropy;
+    step.cfg.schedule = &sched;
+    step.cfg.autocast = autocast;
+    step.cfg.scaler = scaler;
+  }
+  ~Trainer() {
+    dt_optim_destroy(opt);
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(model);
+  }
+  // One optimizer step on a fixed batch of 16 (seed picks the batch).
+  void Step(uint64_t seed) {
+    dtt::Tensors ts;
+    dt_tensor *x = ts.add(dtt::RandomTensor({16, 1, 28, 28}, 50 + seed));
+    std::vector<int64_t> labels(16);
+    for (int64_t i = 0; i < 16; i++)
+      labels[i] = (int64_t)((i * 3 + seed) % 10);
+    dt_tensor *y = ts.add(dtt::MakeIndexTensor(labels, {16}, DT_DTYPE_I64));
+    ASSERT_DT_OK(dt_step_forward_backward(&step, x, y, 1.0f, true, nullptr));
+    ASSERT_DT_OK(dt_step_update(&step));
+  }
+  std::vector<float> Params() const { return dtt::ToVector(dt_param_arena_data(arena)); }
+};
+
+// Scaling by a power of two and unscaling is exact in f32: with f32 math
+// the scaler changes nothing, bit for bit.
+TEST(GradScalerStep, ScalingIsExactInF32) {
+  dt_grad_scaler s;
+  dt_grad_scaler_config cfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  cfg.init_scale = 1024.0f;
+  cfg.growth_interval = 2;  // the scale changes between steps too
+  ASSERT_DT_OK(dt_grad_scaler_init(&s, &cfg));
+  Trainer plain(DT_DTYPE_F32, nullptr), scaled(DT_DTYPE_F32, &s);
+  for (uint64_t i = 0; i < 4; i++) {
+    plain.Step(i);
+    scaled.Step(i);
+  }
+  EXPECT_EQ(s.scale, 4096.0f);
+  EXPECT_EQ(s.skipped_steps, 0);
+  EXPECT_EQ(dt_optim_step_count(scaled.opt), 4);
+  EXPECT_EQ(plain.Params(), scaled.Params());
+}
+
+// fp16 with a scale so large that the gradient overflows f16 in the
+// backward: the step is skipped (parameters, momentum, step count and lr
+// unchanged), the scale halves until it fits, then training proceeds.
+TEST(GradScalerStep, Fp16OverflowSkipsTheStepAndBacksOff) {
+  dt_grad_scaler s;
+  dt_grad_scaler_config cfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  cfg.init_scale = 1099511627776.0f;  // 2^40: f16's largest finite value is 65504
+  ASSERT_DT_OK(dt_grad_scaler_init(&s, &cfg));
+  Trainer t(DT_DTYPE_F16, &s);
+  std::vector<float> before = t.Params();
+  float lr = dt_optim_lr(t.opt);
+  t.Step(0);
+  EXPECT_EQ(s.skipped_steps, 1);
+  EXPECT_TRUE(s.last_skipped);
+  EXPECT_EQ(s.scale, 549755813888.0f);
+  EXPECT_EQ(dt_optim_step_count(t.opt), 0) << "a skipped step is not counted";
+  EXPECT_EQ(dt_optim_lr(t.opt), lr) << "the schedule did not advance";
+  EXPECT_EQ(t.Params(), before) << "a skipped step leaves the parameters";
+  int steps = 1;
+  while (s.last_skipped && steps < 60) {
+    t.Step(0);
+    steps++;
+  }
+  ASSERT_FALSE(s.last_skipped) << "the scale backs off until the gradients fit f16";
+  EXPECT_EQ(dt_optim_step_count(t.opt), 1);
+  EXPECT_EQ(s.skipped_steps, steps - 1);
+  EXPECT_EQ(s.scale, 1099511627776.0f * std::ldexp(1.0f, -(steps - 1)));
+  EXPECT_NE(t.Params(), before);
+  EXPECT_EQ(dt_optim_lr(t.opt), dt_lr_at(&t.sched, 1))
+      << "the schedule moved on with the step taken";
+}
+
+// A forced overflow (dt_grad_scaler.debug_overflow_step) skips exactly that
+// step, once.
+TEST(GradScalerStep, DebugOverflowSkipsOneStep) {
+  dt_grad_scaler s;
+  dt_grad_scaler_config cfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  ASSERT_DT_OK(dt_grad_scaler_init(&s, &cfg));
+  s.debug_overflow_step = 2;
+  Trainer t(DT_DTYPE_F16, &s);
+  for (uint64_t i = 0; i < 5; i++)
+    t.Step(i);
+  EXPECT_EQ(s.skipped_steps, 1);
+  EXPECT_EQ(s.scale, 32768.0f);
+  EXPECT_EQ(dt_optim_step_count(t.opt), 4);
+  EXPECT_EQ(s.debug_overflow_step, -1);
+}
+
+// bf16 autocast trains close to f32 but not bit for bit.
+TEST(AutocastStep, Bf16StaysCloseToF32) {
+  Trainer f32(DT_DTYPE_F32, nullptr), bf16(DT_DTYPE_BF16, nullptr);
+  for (uint64_t i = 0; i < 3; i++) {
+    f32.Step(i);
+    bf16.Step(i);
+  }
+  std::vector<float> a = f32.Params(), b = bf16.Params();
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    diff += (a[i] - b[i]) * (double)(a[i] - b[i]);
+    norm += a[i] * (double)a[i];
+  }
+  EXPECT_GT(diff, 0.0) << "bf16 autocast changed nothing";
+  EXPECT_LT(std::sqrt(diff / norm), 1e-2) << "bf16 drifted from f32 after 3 steps";
+}
+
+}  // namespace
