@@ -160,7 +160,7 @@ static void reduce_slice(const dt_local_group *g, int64_t lo, int64_t hi, int64_
   const local_slot *me = &g->slots[rank];
   int avg = me->op == DT_REDUCE_AVG;
   float acc[DT_COMM_REDUCE_CHUNK];
-  uint64_t rounded[DT_COMM_REDUCE_CHUNK / 2]; /* the result in the data's type */
+  uint16_t rounded[DT_COMM_REDUCE_CHUNK]; /* the result in the 16-bit type */
   const void **parts = g->parts + (size_t)rank * (size_t)n;
   for (int64_t c0 = lo; c0 < hi; c0 += DT_COMM_REDUCE_CHUNK) {
     int64_t len = hi - c0 < DT_COMM_REDUCE_CHUNK ? hi - c0 : DT_COMM_REDUCE_CHUNK;

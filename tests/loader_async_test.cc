@@ -45,51 +45,46 @@ dt_stream *const kCopy = dtt::StandInStream(DT_STREAM_COPY);
 
 void UseOnCompute(dt_tensor *t) { trace.last_use[dt_tensor_data(t)] = ++trace.compute_pos; }
 
-dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  dtt::StandInEvent *ev = dtt::AsStandInEvent(e);
-  EXPECT_TRUE(s == kCopy || s == kCompute);
-  ev->stream = s;
-  ev->pos = s == kCompute ? trace.compute_pos : 0;
-  ev->recorded++;
-  trace.records++;
-  return DT_OK;
-}
-dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
-  dtt::StandInEvent *ev = dtt::AsStandInEvent(e);
-  EXPECT_TRUE(ev->recorded) << "a wait on an event never recorded orders nothing";
-  if (s == kCopy) {
-    EXPECT_EQ(ev->stream, kCompute) << "the copy stream waits on compute events";
-    trace.copy_fence = std::max(trace.copy_fence, ev->pos);
-  } else {
-    EXPECT_EQ(s, kCompute);
-    EXPECT_EQ(ev->stream, kCopy) << "the compute stream waits for the copy";
-    trace.waits_on_compute++;
+// The stand-in's watch: what the loader asks of the device, checked and
+// counted.
+void Watch(const dtt::StandInCall &c) {
+  dtt::StandInEvent *ev = c.event;
+  switch (c.op) {
+    case dtt::StandInOp::kAlloc: trace.device_allocs++; break;
+    case dtt::StandInOp::kRecord:
+      EXPECT_TRUE(c.stream == kCopy || c.stream == kCompute);
+      ev->pos = c.stream == kCompute ? trace.compute_pos : 0;
+      trace.records++;
+      break;
+    case dtt::StandInOp::kWait:
+      EXPECT_TRUE(ev->recorded) << "a wait on an event never recorded orders nothing";
+      if (c.stream == kCopy) {
+        EXPECT_EQ(ev->stream, kCompute) << "the copy stream waits on compute events";
+        trace.copy_fence = std::max(trace.copy_fence, ev->pos);
+      } else {
+        EXPECT_EQ(c.stream, kCompute);
+        EXPECT_EQ(ev->stream, kCopy) << "the compute stream waits for the copy";
+        trace.waits_on_compute++;
+      }
+      break;
+    case dtt::StandInOp::kEventSync:
+      trace.syncs++;
+      if (std::this_thread::get_id() == trace.caller)
+        trace.syncs_on_caller++;
+      break;
+    case dtt::StandInOp::kCopy:
+      if (c.stream == kCopy) {
+        EXPECT_TRUE(dtt::StandInIsPinned(c.src, c.bytes))
+            << "async copies read from page-locked slots";
+        trace.copies_on_copy_stream++;
+        auto it = trace.last_use.find(c.dst);
+        if (it != trace.last_use.end() && trace.copy_fence < it->second)
+          trace.unsafe_copies++;  // compute queued before may still read dst
+        trace.lead.push_back(trace.compute_pos - trace.copy_fence);
+      }
+      break;
+    case dtt::StandInOp::kStreamSync: break;
   }
-  return DT_OK;
-}
-dt_status FakeEventSync(dt_event *e) {
-  dtt::AsStandInEvent(e)->synced++;
-  trace.syncs++;
-  if (std::this_thread::get_id() == trace.caller)
-    trace.syncs_on_caller++;
-  return DT_OK;
-}
-dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
-                   dt_stream *stream) {
-  if (stream == kCopy) {
-    EXPECT_TRUE(dtt::StandInIsPinned(src, bytes)) << "async copies read from page-locked slots";
-    trace.copies_on_copy_stream++;
-    auto it = trace.last_use.find(dst);
-    if (it != trace.last_use.end() && trace.copy_fence < it->second)
-      trace.unsafe_copies++;  // compute queued before may still read dst
-    trace.lead.push_back(trace.compute_pos - trace.copy_fence);
-  }
-  return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
-}
-dt_status (*stand_in_alloc)(dt_device, size_t, void **);
-dt_status FakeAlloc(dt_device dev, size_t bytes, void **out) {
-  trace.device_allocs++;
-  return stand_in_alloc(dev, bytes, out);
 }
 
 struct Digits {
@@ -111,13 +106,7 @@ void RegisterFakeDevice() {
     return;
   done = true;
   static dt_backend_ops fake;
-  fake = dtt::StandInAsyncOps("fake-async");
-  fake.event_record = FakeEventRecord;
-  fake.stream_wait_event = FakeStreamWait;
-  fake.event_synchronize = FakeEventSync;
-  fake.copy = FakeCopy;
-  stand_in_alloc = fake.alloc;
-  fake.alloc = FakeAlloc;
+  fake = dtt::StandInAsyncOps("fake-async", Watch);
   ASSERT_EQ(dt_backend_register(DT_DEVICE_CUDA, &fake), DT_OK);
 }
 

@@ -30,6 +30,12 @@ std::map<const char *, size_t> g_pinned;
 StandInPinnedCounts g_counts;
 int g_next_event = 0;
 char g_streams[3];
+StandInWatch g_watch = nullptr;
+
+void Show(const StandInCall &call) {
+  if (g_watch)
+    g_watch(call);
+}
 
 dt_status StandInHostAlloc(size_t bytes, void **out) {
   *out = std::malloc(bytes ? bytes : 1);
@@ -59,6 +65,31 @@ dt_status StandInEventCreate(dt_device, dt_event **out) {
   return DT_OK;
 }
 void StandInEventDestroy(dt_event *e) { delete AsStandInEvent(e); }
+dt_status StandInWatchedAlloc(dt_device dev, size_t bytes, void **out) {
+  Show({StandInOp::kAlloc, nullptr, nullptr, nullptr, dev, nullptr, dev, bytes});
+  return StandInAlloc(dev, bytes, out);
+}
+dt_status StandInEventRecord(dt_event *e, dt_stream *s) {
+  StandInEvent *ev = AsStandInEvent(e);
+  ev->stream = s;
+  ev->recorded++;
+  Show({StandInOp::kRecord, s, ev, nullptr, {}, nullptr, {}, 0});
+  return DT_OK;
+}
+dt_status StandInStreamWait(dt_stream *s, dt_event *e) {
+  Show({StandInOp::kWait, s, AsStandInEvent(e), nullptr, {}, nullptr, {}, 0});
+  return DT_OK;
+}
+dt_status StandInEventSync(dt_event *e) {
+  StandInEvent *ev = AsStandInEvent(e);
+  ev->synced++;
+  Show({StandInOp::kEventSync, nullptr, ev, nullptr, {}, nullptr, {}, 0});
+  return DT_OK;
+}
+dt_status StandInStreamSync(dt_stream *s) {
+  Show({StandInOp::kStreamSync, s, nullptr, nullptr, {}, nullptr, {}, 0});
+  return DT_OK;
+}
 
 }  // namespace
 
@@ -77,13 +108,28 @@ dt_backend_ops StandInDeviceOps(const char *name) {
   return ops;
 }
 
-dt_backend_ops StandInAsyncOps(const char *name) {
+namespace {
+dt_status StandInWatchedCopy(void *dst, dt_device dst_dev, const void *src, dt_device src_dev,
+                             size_t bytes, dt_stream *stream) {
+  Show({StandInOp::kCopy, stream, nullptr, dst, dst_dev, src, src_dev, bytes});
+  return StandInCopy(dst, dst_dev, src, src_dev, bytes, stream);
+}
+}  // namespace
+
+dt_backend_ops StandInAsyncOps(const char *name, StandInWatch watch) {
+  g_watch = watch;
   dt_backend_ops ops = StandInDeviceOps(name);
+  ops.alloc = StandInWatchedAlloc;
+  ops.copy = StandInWatchedCopy;
   ops.host_alloc = StandInHostAlloc;
   ops.host_free = StandInHostFree;
   ops.stream = StandInStreamOf;
   ops.event_create = StandInEventCreate;
   ops.event_destroy = StandInEventDestroy;
+  ops.event_record = StandInEventRecord;
+  ops.stream_wait_event = StandInStreamWait;
+  ops.event_synchronize = StandInEventSync;
+  ops.stream_synchronize = StandInStreamSync;
   return ops;
 }
 

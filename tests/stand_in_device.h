@@ -22,22 +22,33 @@ dt_status StandInCopy(void *dst, dt_device dst_dev, const void *src, dt_device s
                       size_t bytes, dt_stream *stream);
 
 // ---- the asynchronous entries, for the tests that watch them ----
-// StandInAsyncOps(name): StandInDeviceOps(name) with page-locked host
-// memory it keeps track of (host_alloc, host_free), one handle per stream
-// kind (stream) and events (event_create, event_destroy) that are
-// StandInEvents. A test sets event_record, stream_wait_event,
-// event_synchronize, stream_synchronize and copy to functions of its own,
-// which keep what they watch in the StandInEvent behind the dt_event.
-// Thread-safe.
-dt_backend_ops StandInAsyncOps(const char *name);
-
+// StandInAsyncOps(name, watch): StandInDeviceOps(name) with page-locked
+// host memory it keeps track of, one handle per stream kind, events
+// (StandInEvent) that remember where they were recorded, and every device
+// allocation, event record, stream wait, synchronisation and copy shown to
+// `watch` (on the calling thread) before it is done. One stand-in per
+// process: the last call's watch is the one called. Thread-safe.
 struct StandInEvent {
   int id = 0;                   // in order of creation, from 0
-  dt_stream *stream = nullptr;  // where the test's event_record last put it
-  long pos = 0;                 // the test's position on that stream then
+  dt_stream *stream = nullptr;  // where it was last recorded
+  long pos = 0;                 // the watch's own position on that stream then
   int recorded = 0, synced = 0;
 };
 StandInEvent *AsStandInEvent(dt_event *e);
+
+enum class StandInOp { kAlloc, kRecord, kWait, kEventSync, kStreamSync, kCopy };
+struct StandInCall {
+  StandInOp op;
+  dt_stream *stream;    // record, wait, stream sync, copy
+  StandInEvent *event;  // record (already updated), wait, event sync
+  void *dst;            // copy
+  dt_device dst_dev;
+  const void *src;
+  dt_device src_dev;
+  size_t bytes;  // alloc, copy
+};
+using StandInWatch = void (*)(const StandInCall &call);
+dt_backend_ops StandInAsyncOps(const char *name, StandInWatch watch);
 
 // The stream handle of a kind (DT_STREAM_COMPUTE, _COPY, _COMM), and the
 // name of a handle ("compute", "copy", "comm"; "" for any other).

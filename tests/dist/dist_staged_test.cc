@@ -68,33 +68,24 @@ std::vector<Entry> TakeTrace() {
   return t;
 }
 
-dt_status FakeEventRecord(dt_event *e, dt_stream *s) {
-  dtt::StandInEvent *fe = dtt::AsStandInEvent(e);
-  fe->stream = s;
-  Log("record", s, fe);
-  return DT_OK;
-}
-dt_status FakeStreamWait(dt_stream *s, dt_event *e) {
-  Log("wait", s, dtt::AsStandInEvent(e));
-  return DT_OK;
-}
-dt_status FakeEventSync(dt_event *e) {
-  Log("sync", nullptr, dtt::AsStandInEvent(e));
-  return DT_OK;
-}
-dt_status FakeStreamSync(dt_stream *s) {
-  Log("ssync", s, nullptr);
-  return DT_OK;
-}
-dt_status FakeCopy(void *dst, dt_device dd, const void *src, dt_device sd, size_t bytes,
-                   dt_stream *stream) {
-  if (stream == kComm && dd.type != sd.type) {
-    bool d2h = dd.type == DT_DEVICE_CPU;
-    EXPECT_TRUE(dtt::StandInIsPinned(d2h ? dst : src, bytes))
-        << "staging copies use page-locked host memory";
-    Log(d2h ? "d2h" : "h2d", stream, nullptr);
+// The stand-in's watch: the protocol's steps in the trace; staging copies
+// checked to use page-locked memory.
+void Watch(const dtt::StandInCall &c) {
+  switch (c.op) {
+    case dtt::StandInOp::kRecord: Log("record", c.stream, c.event); break;
+    case dtt::StandInOp::kWait: Log("wait", c.stream, c.event); break;
+    case dtt::StandInOp::kEventSync: Log("sync", nullptr, c.event); break;
+    case dtt::StandInOp::kStreamSync: Log("ssync", c.stream, nullptr); break;
+    case dtt::StandInOp::kCopy:
+      if (c.stream == kComm && c.dst_dev.type != c.src_dev.type) {
+        bool d2h = c.dst_dev.type == DT_DEVICE_CPU;
+        EXPECT_TRUE(dtt::StandInIsPinned(d2h ? c.dst : c.src, c.bytes))
+            << "staging copies use page-locked host memory";
+        Log(d2h ? "d2h" : "h2d", c.stream, nullptr);
+      }
+      break;
+    case dtt::StandInOp::kAlloc: break;
   }
-  return dtt::StandInCopy(dst, dd, src, sd, bytes, stream);
 }
 dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf, int64_t n,
                   float lr, float momentum, float dampening, float wd, bool nesterov, bool first) {
@@ -105,13 +96,8 @@ dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf
 void RegisterStandIn() {
   g_cpu = dt_cpu_backend();
   static dt_backend_ops fake;
-  fake = dtt::StandInAsyncOps("stand-in cuda");
+  fake = dtt::StandInAsyncOps("stand-in cuda", Watch);
   fake.unavailable = nullptr;
-  fake.event_record = FakeEventRecord;
-  fake.stream_wait_event = FakeStreamWait;
-  fake.event_synchronize = FakeEventSync;
-  fake.stream_synchronize = FakeStreamSync;
-  fake.copy = FakeCopy;
   fake.sgd_update = FakeSgd;
   dt_backend_register(DT_DEVICE_CUDA, &fake);
 }

@@ -375,6 +375,7 @@ struct StepSpec {
   float clip = 0.0f;
   bool adamw = false;
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
+  float init_scale = 0.0f;  // > 0: a GradScaler (fp16 loss scaling) starting there
 };
 
 // A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
@@ -386,6 +387,13 @@ struct ZeroCase {
   float clip;
   bool adamw;
 };
+
+// The ZeRO equivalence cases of the local and MPI suites: MLP, LeNet and a
+// GPT-2 (tied embedding), with and without accumulation, clipping, AdamW.
+constexpr ZeroCase kZeroCases[] = {{"mlp", 1, 0.0f, false},      {"lenet", 2, 0.05f, false},
+                                   {"lenet", 2, 0.0f, true},     {"mlp", 2, 0.5f, true},
+                                   {"lenet", 1, 0.0f, true},     {"lenet", 1, 0.05f, false},
+                                   {"gpt2-micro", 2, 0.5f, true}};
 
 inline StepSpec zero_case_spec(const ZeroCase &c) {
   StepSpec spec;
@@ -415,6 +423,8 @@ struct StepRun {
   dt_replica_memory memory{};  // the reducer's figures (dt_ddp_gradient_bytes...)
   int64_t padded_numel = 0;    // the arena's numel + tail
   int n_buckets = 0;
+  float final_scale = 0.0f;  // with spec.init_scale: the scaler's state at the end
+  int64_t skipped_steps = 0;
 };
 
 // spec.steps optimizer steps through dt_step_forward_backward and
@@ -437,7 +447,14 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task_loss;
   sc.clip = spec.clip;
-  dt_status st = build_model(spec.model, &m);
+  dt_grad_scaler scaler;
+  dt_grad_scaler_config scfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
+  scfg.init_scale = spec.init_scale;
+  dt_status st = spec.init_scale > 0 ? dt_grad_scaler_init(&scaler, &scfg) : DT_OK;
+  if (spec.init_scale > 0)
+    sc.scaler = &scaler;
+  if (st == DT_OK)
+    st = build_model(spec.model, &m);
   if (st == DT_OK)
     st = dt_module_to(m, dev);
   if (st == DT_OK)
@@ -480,6 +497,10 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   }
   if (opt != nullptr)
     run.memory.optimizer_state = dt_optim_state_bytes(opt);
+  if (sc.scaler != nullptr) {
+    run.final_scale = scaler.scale;
+    run.skipped_steps = scaler.skipped_steps;
+  }
   if (ddp != nullptr) {
     run.memory.gradients = dt_ddp_gradient_bytes(ddp);
     run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
@@ -702,6 +723,31 @@ inline double max_abs_diff(const std::vector<float> &a, const std::vector<float>
   for (size_t i = 0; i < a.size() && i < b.size(); i++)
     m = std::fmax(m, std::fabs(static_cast<double>(a[i]) - b[i]));
   return m;
+}
+
+// ZeRO stages 0, 1 and 2 of case c over `world` ranks, each trained by
+// run(spec), against `ref` (one process on the whole batch): within 1e-5
+// (SGD) or 1e-4 (AdamW, whose division by the root of tiny second moments
+// shows the reduction's rounding more), stages 1 and 2 within 1e-5 of stage
+// 0. Each result is printed after `who` ("" or "[rank R] ").
+inline void expect_zero_stages(const ZeroCase &c, int world, const std::vector<float> &ref,
+                               const std::function<StepRun(const StepSpec &)> &run,
+                               const std::string &who) {
+  StepSpec spec = zero_case_spec(c);
+  std::vector<float> stage0;
+  for (int stage : {0, 1, 2}) {
+    spec.ddp.zero_stage = stage;
+    StepRun r = run(spec);
+    double rel = rel_error(r.params, ref);
+    std::printf("%s%s W=%d accum %d clip %g %s zero %d: %d buckets, relative error %.3g\n",
+                who.c_str(), c.model, world, c.accum, c.clip, c.adamw ? "adamw" : "sgd", stage,
+                r.n_buckets, rel);
+    EXPECT_LE(rel, c.adamw ? 1e-4 : 1e-5) << c.model << " W=" << world << " zero " << stage;
+    if (stage == 0)
+      stage0 = r.params;
+    else
+      EXPECT_LE(rel_error(r.params, stage0), 1e-5) << c.model << " zero " << stage;
+  }
 }
 
 }  // namespace dtt

@@ -11,6 +11,9 @@
 #   - truncated, bit-flipped and mismatched checkpoints: exit 1 naming the
 #     file and section (or the setting); --resume auto skips a damaged newest
 #     one, saying why, and takes the previous;
+#   - the default run directory: a name another run took in the same
+#     second gets a -2 suffix; a working directory that cannot hold runs/
+#     is an error naming --run-dir;
 #   - a full disk (a small tmpfs, when it can be mounted) while saving: exit 1
 #     naming ENOSPC, the previous checkpoint intact;
 #   - dtrain launch --max-restarts: a rank killed (kill -9), and a rank
@@ -272,6 +275,27 @@ expect 0 out "note: .*keep/checkpoints holds checkpoints of an earlier run \(new
 run "${common[@]}" --resume auto
 expect 2 err "--resume auto looks for checkpoints in the run directory: give it with --run-dir" \
   "--resume auto without --run-dir is a command-line error"
+
+# ---- the default run directory ----
+# Every name a run could take in the next 30 s is taken already (as if
+# another run had started in that second): the run claims the next one.
+w="$tmp/cwd-busy"
+mkdir -p "$w/runs"
+now=$(date -u +%s)
+for ((s = 0; s < 30; s++)); do
+  mkdir -p "$w/runs/mlp-fashion-mnist-$(date -u -d "@$((now + s))" +%Y%m%d-%H%M%S)"
+done
+(cd "$w" && "$dtrain" train --model mlp --max-steps 1 --log-interval 0 >"$out" 2>"$err")
+rc=$?
+expect 0 out "^dtrain train: run directory runs/mlp-fashion-mnist-[0-9]{8}-[0-9]{6}-2$" \
+  "a run whose default directory another run took in the same second gets its own (-2)"
+w="$tmp/cwd-blocked"
+mkdir -p "$w"
+touch "$w/runs" # runs/ cannot be made here (as in a read-only working directory)
+(cd "$w" && "$dtrain" train --model mlp --max-steps 1 --log-interval 0 >"$out" 2>"$err")
+rc=$?
+expect 1 err "the default run directory goes under runs/ in the working directory .*: give --run-dir DIR" \
+  "a working directory that cannot hold runs/: exit 1 naming --run-dir"
 
 # ---- a full disk while saving ----
 disk="$tmp/small-disk"

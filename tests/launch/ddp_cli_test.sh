@@ -5,7 +5,8 @@
 #   - the main job (2 ranks x batch 32, one epoch) reaches >= 0.85 and matches
 #     the single-process run with the same global batch (64) within 0.01;
 #   - --grad-compress bf16: the main job within 0.01 of uncompressed, half the
-#     all-reduced bytes (metrics file and bench); fp16 and dp mode train;
+#     all-reduced bytes (metrics file and bench); a compressed ZeRO run resumes
+#     bit for bit; fp16 and dp mode train;
 #   - launch -- bench: the DDP figures (ddp: and comm: lines);
 #   - --mode dp --devices cpu:0,cpu:1 trains in one process;
 #   - clear errors: bad --devices, a failing rank (prefixed "rank R:", the job
@@ -72,6 +73,15 @@ fi
 run launch -n 2 -- train --model mlp --batch 16 --max-steps 20 --log-interval 20 --accum 2 --clip 1 \
   --zero 2 --grad-compress fp16
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--grad-compress fp16 with --zero 2, --accum 2, --clip 1 trains"
+# A compressed run resumes bit for bit (the casts are deterministic).
+compressed=(train --model mlp --max-steps 8 --accum 2 --batch 16 --log-interval 0 --grad-compress bf16 --zero 1)
+run launch -n 2 --threads 1 -- "${compressed[@]}" --save-every 4 --run-dir "$tmp/gc-full"
+run launch -n 2 --threads 1 -- "${compressed[@]}" --run-dir "$tmp/gc-resumed" \
+  --resume "$tmp/gc-full/checkpoints/step_00000004"
+expect 0 out "resumed from .*step_0*4" "--grad-compress bf16 --zero 1: resumed at step 4"
+check_same() { cmp "$1/model.safetensors" "$2/model.safetensors" && cmp "$1/trainer_state.bin" "$2/trainer_state.bin"; }
+expect_cmd "--grad-compress bf16 --zero 1: 8 steps = 4 + resume + 4, bitwise" \
+  check_same "$tmp/gc-full/checkpoints/step_00000008" "$tmp/gc-resumed/checkpoints/step_00000008"
 run train --mode dp --devices cpu:0,cpu:1 --model mlp --max-steps 10 --log-interval 10 --grad-compress bf16
 expect 0 out "mode dp: 2 replicas .*grad-compress bf16$" "--mode dp --grad-compress bf16: header"
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "--mode dp --grad-compress bf16 trains"
