@@ -48,7 +48,6 @@ typedef struct command {
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, FILE *err);
-static int cli_tokenize(int argc, char **argv, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", cli_train},
@@ -61,7 +60,7 @@ static const command commands[] = {
     {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
      dt_cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", NULL,
-     cli_tokenize},
+     dt_cli_tokenize},
     {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", NULL,
      dt_cli_report},
     {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", NULL,
@@ -92,11 +91,6 @@ static void print_unknown_command(const char *name) {
   for (int i = 0; i < NUM_COMMANDS; i++)
     fprintf(stderr, "%s %s", i ? "," : "", commands[i].name);
   fprintf(stderr, "; see dtrain --help)\n");
-}
-
-static int cli_tokenize(int argc, char **argv, FILE *err) {
-  (void)err;
-  return dt_cli_tokenize(argc, argv);
 }
 
 /* The command c, with the process group pg where it runs in one. */
