@@ -358,22 +358,15 @@ static int finish_stdout(int rc) {
 
 /* The start-up deadline: MPI start-up comes before the flags are parsed,
  * but a rank stopped during it must end the job as a stuck collective
- * would, so --comm-timeout is looked up in argv here (the parser checks it
+ * would, so --comm-timeout is peeked at here (the parser checks it
  * properly afterwards; a bad value keeps the default). */
 static double startup_timeout(int argc, char **argv) {
-  double t = DT_PG_CONFIG_DEFAULT.init_timeout_s;
-  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
-    const char *v = NULL;
-    if (!strcmp(argv[i], "--comm-timeout") && i + 1 < argc)
-      v = argv[i + 1];
-    else if (!strncmp(argv[i], "--comm-timeout=", 15))
-      v = argv[i] + 15;
-    char *end = NULL;
-    double x = v ? strtod(v, &end) : 0.0;
-    if (v && end != v && *end == '\0' && x > 0 && x < 1e9)
-      t = x;
-  }
-  return t;
+  const char *v = dt_cli_peek_flag(argc, argv, "comm-timeout");
+  char *end = NULL;
+  double t = v ? strtod(v, &end) : 0.0;
+  if (v && end != v && *end == '\0' && t > 0 && t < 1e9)
+    return t;
+  return DT_PG_CONFIG_DEFAULT.init_timeout_s;
 }
 
 /* Runs a command inside the process group; never returns. A failure on
