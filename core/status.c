@@ -1,6 +1,7 @@
 #include "core/status.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,30 +44,38 @@ void dt_clear_error(void) {
   last_error_location[0] = '\0';
 }
 
-dt_status dt_error_set(dt_status s, const char *func, const char *file, int line,
-                       const char *fmt, ...) {
+/* Formats the message into last_error; wrap: in front of the one there
+ * ("prefix: old message"). Formatted aside first: an argument may be
+ * dt_last_error() itself. */
+static void format_last_error(bool wrap, const char *fmt, va_list ap) {
+  char text[DT_ERROR_MAX];
+  vsnprintf(text, sizeof text, fmt, ap);
+  if (!wrap) {
+    memcpy(last_error, text, sizeof last_error);
+    return;
+  }
+  char old[DT_ERROR_MAX];
+  memcpy(old, last_error, sizeof old);
+  snprintf(last_error, sizeof last_error, "%s: %s", text, old);
+}
+
+dt_status dt_error_set(dt_status s, const char *func, const char *file, int line, const char *fmt,
+                       ...) {
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;
-  /* Formatted aside first: an argument may be dt_last_error() itself. */
-  char text[DT_ERROR_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
+  format_last_error(false, fmt, ap);
   va_end(ap);
-  memcpy(last_error, text, sizeof last_error);
   snprintf(last_error_location, sizeof last_error_location, "%s %s:%d", func, base, line);
   return s;
 }
 
 dt_status dt_error_wrap(dt_status s, const char *fmt, ...) {
-  char prefix[512];
-  char old[DT_ERROR_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  format_last_error(true, fmt, ap);
   va_end(ap);
-  memcpy(old, last_error, sizeof old);
-  snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
   return s;
 }
 

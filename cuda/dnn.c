@@ -135,70 +135,51 @@ fail:
   return st;
 }
 
-/* Picks the three algorithms (PICK_ALGO), with FMA math (exact f32) when
- * TF32 is off. Each query starts from the plan's base math type (the
- * previous direction's choice is not a constraint on the next). */
+/* One direction of plan_choose_with: ranks cuDNN's algorithms (timed on
+ * fb's buffers when benchmarking), picks one (PICK_ALGO), records it with
+ * its math type and workspace size. The direction's descriptors are
+ * (d1, d2, d3) in the order its cuDNN calls take them: forward (x, w, y),
+ * backward-data (w, y, x), backward-filter (x, y, w). The three differ in
+ * types and function names only, hence a macro. Returns from the caller
+ * on a failure. */
+#define CHOOSE_DIRECTION(what, Perf, COUNT, find_fn, get_fn, ws_size_fn, d1, d2, d3, algo_field,   \
+                         math_field, ws_field)                                                     \
+  do {                                                                                             \
+    Perf perf_[COUNT];                                                                             \
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));                                    \
+    if (bench)                                                                                     \
+      DT_CUDNN_CHECK(find_fn(h, p->d1, fb->d1, p->d2, fb->d2, p->conv, p->d3, fb->d3, COUNT, &got, \
+                             perf_, fb->ws, fb->ws_bytes));                                        \
+    else                                                                                           \
+      DT_CUDNN_CHECK(get_fn(h, p->d1, p->d2, p->conv, p->d3, COUNT, &got, perf_));                 \
+    PICK_ALGO(perf_, got, bench, i);                                                               \
+    if (i < 0)                                                                                     \
+      return no_algorithm(what, &p->g);                                                            \
+    p->algo_field = perf_[i].algo;                                                                 \
+    p->math_field = p->tf32 ? perf_[i].mathType : CUDNN_FMA_MATH;                                  \
+    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->math_field));                           \
+    DT_CUDNN_CHECK(ws_size_fn(h, p->d1, p->d2, p->conv, p->d3, p->algo_field, &p->ws_field));      \
+  } while (0)
+
+/* Picks the three algorithms, with FMA math (exact f32) when TF32 is off.
+ * Each query starts from the plan's base math type (the previous
+ * direction's choice is not a constraint on the next). */
 static dt_status plan_choose_with(dt_cuda_ctx *ctx, conv_plan *p, const find_buffers *fb) {
   cudnnHandle_t h = ctx->cudnn;
   int bench = fb != NULL, got = 0, i = -1;
   const cudnnMathType_t base = p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
-    if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-          h, p->x, fb->x, p->w, fb->w, p->conv, p->y, fb->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
-          perf, fb->ws, fb->ws_bytes));
-    else
-      DT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-          h, p->x, p->w, p->conv, p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
-    PICK_ALGO(perf, got, bench, i);
-    if (i < 0)
-      return no_algorithm("forward", &p->g);
-    p->fwd = perf[i].algo;
-    p->fwd_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
-    DT_CUDNN_CHECK(
-        cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, p->fwd, &p->ws_fwd));
-  }
-  {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
-    if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          h, p->w, fb->w, p->y, fb->y, p->conv, p->x, fb->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-          &got, perf, fb->ws, fb->ws_bytes));
-    else
-      DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          h, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
-    PICK_ALGO(perf, got, bench, i);
-    if (i < 0)
-      return no_algorithm("backward-data", &p->g);
-    p->bwd_data = perf[i].algo;
-    p->bwd_data_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math));
-    DT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x,
-                                                                p->bwd_data, &p->ws_bwd_data));
-  }
-  {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, base));
-    if (bench)
-      DT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          h, p->x, fb->x, p->y, fb->y, p->conv, p->w, fb->w,
-          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf, fb->ws, fb->ws_bytes));
-    else
-      DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
-    PICK_ALGO(perf, got, bench, i);
-    if (i < 0)
-      return no_algorithm("backward-filter", &p->g);
-    p->bwd_filter = perf[i].algo;
-    p->bwd_filter_math = p->tf32 ? perf[i].mathType : CUDNN_FMA_MATH;
-    DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math));
-    DT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        h, p->x, p->y, p->conv, p->w, p->bwd_filter, &p->ws_bwd_filter));
-  }
+  CHOOSE_DIRECTION("forward", cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                   cudnnFindConvolutionForwardAlgorithmEx, cudnnGetConvolutionForwardAlgorithm_v7,
+                   cudnnGetConvolutionForwardWorkspaceSize, x, w, y, fwd, fwd_math, ws_fwd);
+  CHOOSE_DIRECTION(
+      "backward-data", cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+      cudnnFindConvolutionBackwardDataAlgorithmEx, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+      cudnnGetConvolutionBackwardDataWorkspaceSize, w, y, x, bwd_data, bwd_data_math, ws_bwd_data);
+  CHOOSE_DIRECTION(
+      "backward-filter", cudnnConvolutionBwdFilterAlgoPerf_t,
+      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, cudnnFindConvolutionBackwardFilterAlgorithmEx,
+      cudnnGetConvolutionBackwardFilterAlgorithm_v7, cudnnGetConvolutionBackwardFilterWorkspaceSize,
+      x, y, w, bwd_filter, bwd_filter_math, ws_bwd_filter);
   return DT_OK;
 }
 

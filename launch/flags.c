@@ -20,11 +20,14 @@ const char *dt_flags_format_choices(const char *choices, char *buf, size_t cap) 
   return dt_format_choices(choices, buf, cap);
 }
 
-/* "a positive integer", "an integer in 1..4096", "a number > 0", ... */
+/* "a positive integer", "an integer in 1..4096", "a number > 0", "a number
+ * in [0, 1)", ... */
 static void describe_number(const dt_flag *f, char *buf, size_t cap) {
   bool integer = f->type == DT_FLAG_INT;
   const char *noun = integer ? "integer" : "number";
-  if (f->max != 0)
+  if (f->max != 0 && f->max_exclusive)
+    snprintf(buf, cap, "a number in %s%g, %g)", f->min_exclusive ? "(" : "[", f->min, f->max);
+  else if (f->max != 0)
     snprintf(buf, cap, "%s in %s%g..%g", integer ? "an integer" : "a number",
              f->min_exclusive ? ">" : "", f->min, f->max);
   else if (integer && f->min == 1)
@@ -39,7 +42,7 @@ static void describe_number(const dt_flag *f, char *buf, size_t cap) {
 static bool in_range(const dt_flag *f, double v) {
   if (f->min_exclusive ? !(v > f->min) : !(v >= f->min))
     return false;
-  return f->max == 0 || v <= f->max;
+  return f->max == 0 || (f->max_exclusive ? v < f->max : v <= f->max);
 }
 
 /* Stores `text` into flag f; on failure writes why into `why`. */
@@ -111,7 +114,7 @@ static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
     case DT_FLAG_LIST: {
       dt_flag_list *l = f->target;
       if (l->n >= DT_FLAG_LIST_MAX) {
-        snprintf(why, cap, "given more than %d times", DT_FLAG_LIST_MAX);
+        snprintf(why, cap, "more than %d values in all", DT_FLAG_LIST_MAX);
         return false;
       }
       l->items[l->n++] = text;
@@ -147,6 +150,39 @@ static void shown_name(const dt_flag *f, const char *typed, char *buf, size_t ca
     snprintf(buf, cap, "%s", f->alias);
   else
     snprintf(buf, cap, "--%s", f->name);
+}
+
+/* Stores `value` into f, or prints why not ("invalid value ..."). */
+static bool store_value(const dt_flag_set *set, dt_flag *f, const char *name, const char *value,
+                        FILE *err) {
+  char why[512];
+  if (set_value(f, value, why, sizeof why))
+    return true;
+  fprintf(err, "dtrain %s: invalid value '%s' for %s: %s\n", set->command, value, name, why);
+  return false;
+}
+
+/* A multi list's values: the one after '=' (when not empty), then every
+ * argument after argv[*i] up to the next flag; at least one. */
+static bool store_multi_values(const dt_flag_set *set, dt_flag *f, const char *name,
+                               const char *value, int argc, char **argv, int *i, FILE *err) {
+  int given = 0;
+  if (value && value[0]) {
+    if (!store_value(set, f, name, value, err))
+      return false;
+    given++;
+  }
+  while (*i + 1 < argc && !(argv[*i + 1][0] == '-' && argv[*i + 1][1] != '\0')) {
+    if (!store_value(set, f, name, argv[++*i], err))
+      return false;
+    given++;
+  }
+  if (given == 0) {
+    fprintf(err, "dtrain %s: flag %s needs at least one value (see dtrain %s --help)\n",
+            set->command, name, set->command);
+    return false;
+  }
+  return true;
 }
 
 dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FILE *err,
@@ -188,6 +224,11 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
     }
     char name[80];
     shown_name(f, arg, name, sizeof name);
+    if (f->type == DT_FLAG_LIST && f->multi) {
+      if (!store_multi_values(set, f, name, value, argc, argv, &i, err))
+        return DT_FLAGS_ERROR;
+      continue;
+    }
     if (!value) {
       if (f->type == DT_FLAG_BOOL) {
         value = "true";
@@ -198,11 +239,8 @@ dt_flags_result dt_flags_parse(const dt_flag_set *set, int argc, char **argv, FI
         return DT_FLAGS_ERROR;
       }
     }
-    char why[512];
-    if (!set_value(f, value, why, sizeof why)) {
-      fprintf(err, "dtrain %s: invalid value '%s' for %s: %s\n", cmd, value, name, why);
+    if (!store_value(set, f, name, value, err))
       return DT_FLAGS_ERROR;
-    }
   }
   if (out)
     *out = parsed;
@@ -335,9 +373,13 @@ void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
                dt_flags_format_choices(f->choices, list, sizeof list));
     } else if ((f->type == DT_FLAG_INT || f->type == DT_FLAG_FLOAT || f->type == DT_FLAG_DOUBLE) &&
                f->max != 0) {
-      snprintf(accepted, sizeof accepted, "; %g..%g", f->min, f->max);
+      if (f->max_exclusive)
+        snprintf(accepted, sizeof accepted, "; %s%g, %g)", f->min_exclusive ? "(" : "[", f->min,
+                 f->max);
+      else
+        snprintf(accepted, sizeof accepted, "; %g..%g", f->min, f->max);
     } else if (f->type == DT_FLAG_LIST) {
-      snprintf(accepted, sizeof accepted, "; repeat for several");
+      snprintf(accepted, sizeof accepted, "; %s", f->multi ? "one or more" : "repeat for several");
     }
     format_default(f, value, sizeof value);
     if (f->type == DT_FLAG_LIST)

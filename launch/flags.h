@@ -8,7 +8,8 @@
  *
  * Flags are `--name value` or `--name=value` (an alias such as `-n` takes
  * `-n value`); switches (DT_FLAG_BOOL) take no value (`--nesterov`) or an
- * explicit `--nesterov=true|false`. Every value is checked against its
+ * explicit `--nesterov=true|false`; a list flag marked `multi` takes every
+ * argument up to the next flag (`--in a.txt b.txt`). Every value is checked against its
  * type, range, choices or check function; a bad one is reported as
  *   dtrain train: invalid value 'resnet18' for --model: expected one of lenet, mlp
  * (exit status 2). `--help` / `-h` before any `--` asks for the help.
@@ -36,7 +37,9 @@ typedef enum dt_flag_type {
   DT_FLAG_LIST,    /* target: dt_flag_list*; repeatable, each value appended */
 } dt_flag_type;
 
-#define DT_FLAG_LIST_MAX 64
+/* Values a list flag holds, all its occurrences together (a `multi` list
+ * takes the files a shell glob expands to). */
+#define DT_FLAG_LIST_MAX 4096
 typedef struct dt_flag_list {
   const char *items[DT_FLAG_LIST_MAX];
   int n;
@@ -58,8 +61,11 @@ typedef struct dt_flag {
   const char *choices; /* CHOICE: "sgd|adamw" */
   dt_flag_check_fn check;
   const char *default_text; /* shown as the default instead of the target's value */
-  bool per_rank; /* may differ between the ranks of a job (device, threads, paths, logging):
-                    left out of dt_flags_format_values */
+  bool per_rank;      /* may differ between the ranks of a job (device, threads, paths, logging):
+                         left out of dt_flags_format_values */
+  bool max_exclusive; /* FLOAT/DOUBLE: the value must be < max (a fraction in [0, 1)) */
+  bool multi;         /* LIST: one occurrence takes every following argument up to the next one that
+                         starts with '-' (`--in a b c`), and at least one */
 } dt_flag;
 
 /* Table rows, one macro per type: name, target, metavar and help, then any

@@ -48,7 +48,6 @@ typedef struct command {
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
 static int cli_help(int argc, char **argv, FILE *err);
-static int cli_tokenize(int argc, char **argv, FILE *err);
 
 static const command commands[] = {
     {"train", "train a model (default: LeNet-5 on Fashion-MNIST, one epoch, CPU)", cli_train},
@@ -61,7 +60,7 @@ static const command commands[] = {
     {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
      dt_cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", NULL,
-     cli_tokenize},
+     dt_cli_tokenize},
     {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", NULL,
      dt_cli_report},
     {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", NULL,
@@ -92,11 +91,6 @@ static void print_unknown_command(const char *name) {
   for (int i = 0; i < NUM_COMMANDS; i++)
     fprintf(stderr, "%s %s", i ? "," : "", commands[i].name);
   fprintf(stderr, "; see dtrain --help)\n");
-}
-
-static int cli_tokenize(int argc, char **argv, FILE *err) {
-  (void)err;
-  return dt_cli_tokenize(argc, argv);
 }
 
 /* The command c, with the process group pg where it runs in one. */
@@ -364,22 +358,15 @@ static int finish_stdout(int rc) {
 
 /* The start-up deadline: MPI start-up comes before the flags are parsed,
  * but a rank stopped during it must end the job as a stuck collective
- * would, so --comm-timeout is looked up in argv here (the parser checks it
+ * would, so --comm-timeout is peeked at here (the parser checks it
  * properly afterwards; a bad value keeps the default). */
 static double startup_timeout(int argc, char **argv) {
-  double t = DT_PG_CONFIG_DEFAULT.init_timeout_s;
-  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
-    const char *v = NULL;
-    if (!strcmp(argv[i], "--comm-timeout") && i + 1 < argc)
-      v = argv[i + 1];
-    else if (!strncmp(argv[i], "--comm-timeout=", 15))
-      v = argv[i] + 15;
-    char *end = NULL;
-    double x = v ? strtod(v, &end) : 0.0;
-    if (v && end != v && *end == '\0' && x > 0 && x < 1e9)
-      t = x;
-  }
-  return t;
+  const char *v = dt_cli_peek_flag(argc, argv, "comm-timeout");
+  char *end = NULL;
+  double t = v ? strtod(v, &end) : 0.0;
+  if (v && end != v && *end == '\0' && t > 0 && t < 1e9)
+    return t;
+  return DT_PG_CONFIG_DEFAULT.init_timeout_s;
 }
 
 /* Runs a command inside the process group; never returns. A failure on

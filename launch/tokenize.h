@@ -3,13 +3,16 @@
 #ifndef DT_LAUNCH_TOKENIZE_H
 #define DT_LAUNCH_TOKENIZE_H
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* argv holds the arguments after "tokenize". Returns the exit status: 0,
- * 1 on a failure (the message printed), 2 on a bad command line. */
-int dt_cli_tokenize(int argc, char **argv);
+/* argv holds the arguments after "tokenize". Returns the exit status: 0
+ * (after --help too), 1 on a failure, 2 on a bad command line; messages go
+ * to `err`. */
+int dt_cli_tokenize(int argc, char **argv, FILE *err);
 
 #ifdef __cplusplus
 }

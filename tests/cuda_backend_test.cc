@@ -225,8 +225,9 @@ TEST_F(CudaBackend, BadIndicesAreReportedAtTheNextSyncWithTheCpuMessage) {
   EXPECT_EQ(st, DT_ERR_INVALID_ARG);
   std::string e = dt_last_error();
   EXPECT_NE(e.find("index 9 at position 3 is outside [0, 9)"), std::string::npos) << e;
-  if (y2)
+  if (y2) {
     OK(StatusAtNextSync(DT_OK, y2));  // reported once
+  }
   for (dt_tensor *t : {y2, y1, table, idx2, idx1})
     dt_tensor_release(t);
 }

@@ -265,6 +265,43 @@ TEST(Flags, HelpComesFromTheTable) {
   EXPECT_EQ(listed, (int)t.flags.size());
 }
 
+// A multi list takes every argument up to the next flag, over several
+// occurrences; a range can exclude its upper end.
+TEST(Flags, MultiValueListAndHalfOpenRange) {
+  dt_flag_list in = {{nullptr}, 0};
+  const char *out = nullptr;
+  double fraction = 0.1;
+  dt_flag rows[] = {
+      DT_LIST_FLAG("in", &in, "FILE...", "inputs", .multi = true),
+      DT_STRING_FLAG("out", &out, "DIR", "output"),
+      DT_DOUBLE_FLAG("fraction", &fraction, "F", "a share", .max = 1, .max_exclusive = true),
+  };
+  dt_flag_set set = {"demo", "demo [flags]", nullptr, nullptr, rows, 3, 0, false, nullptr};
+  std::string help = Help(set);
+  EXPECT_NE(help.find("inputs; one or more"), std::string::npos) << help;
+  EXPECT_NE(help.find("a share; [0, 1) (default: 0.1)"), std::string::npos) << help;
+  Parsed p = Parse(set, {"--in", "a", "b", "--out", "o", "--in=c", "d", "--fraction", "0.5"});
+  ASSERT_EQ(p.result, DT_FLAGS_OK) << p.err;
+  ASSERT_EQ(in.n, 4);
+  EXPECT_STREQ(in.items[0], "a");
+  EXPECT_STREQ(in.items[1], "b");
+  EXPECT_STREQ(in.items[2], "c");
+  EXPECT_STREQ(in.items[3], "d");
+  EXPECT_STREQ(out, "o");
+  EXPECT_DOUBLE_EQ(fraction, 0.5);
+  EXPECT_EQ(Parse(set, {"--fraction", "0"}).result, DT_FLAGS_OK);
+  p = Parse(set, {"--in", "--out", "o"});
+  EXPECT_EQ(p.result, DT_FLAGS_ERROR);
+  EXPECT_NE(p.err.find("dtrain demo: flag --in needs at least one value (see dtrain demo --help)"),
+            std::string::npos)
+      << p.err;
+  p = Parse(set, {"--fraction", "1"});
+  EXPECT_EQ(p.result, DT_FLAGS_ERROR);
+  EXPECT_NE(p.err.find("invalid value '1' for --fraction: expected a number in [0, 1)"),
+            std::string::npos)
+      << p.err;
+}
+
 TEST(Flags, Choices) {
   char buf[64];
   EXPECT_STREQ(dt_flags_format_choices("sgd|adamw", buf, sizeof buf), "sgd, adamw");

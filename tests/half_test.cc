@@ -102,8 +102,9 @@ TEST(Half, ArraysEqualScalars) {
     for (size_t i = 0; i < x.size(); i++) {
       ASSERT_EQ(h[i], narrow(t, x[i])) << i;
       float w = widen(t, h[i]);
-      if (!std::isnan(w))
+      if (!std::isnan(w)) {
         ASSERT_EQ(back[i], w) << i;
+      }
     }
   }
 }

@@ -31,7 +31,18 @@ expect 2 err "give --out DIR" "no --out"
 run tokenize --in x --out "$tmp/o" --val-fraction 1.5
 expect 2 err "invalid value '1.5' for --val-fraction" "bad --val-fraction"
 run tokenize --in x --out "$tmp/o" --frobnicate
-expect 2 err "unknown argument '--frobnicate'" "unknown flag"
+expect 2 err "dtrain tokenize: unknown flag --frobnicate \(see dtrain tokenize --help\)" \
+  "unknown flag"
+run tokenize --in x --out
+expect 2 err "flag --out needs a value" "--out without its value"
+run tokenize --in x --out "$tmp/o" --brown=maybe
+expect 2 err "invalid value 'maybe' for --brown: expected true or false" "bad --brown"
+run tokenize --in x stray --out "$tmp/o" extra
+expect 2 err "unexpected argument 'extra'" "an argument after the flags"
+# The help comes from the flag table: accepted values and defaults.
+run tokenize --help
+expect 0 out "--val-fraction F +share of files for validation; \[0, 1\) \(default: 0.1\)" \
+  "--help from the flag table"
 run tokenize --in "$tmp/missing" --out "$tmp/o" --vocab "$data/gpt2"
 expect 1 err "cannot read $tmp/missing" "missing input"
 run tokenize --in "$tmp" --out "$tmp/o" --vocab "$tmp/novocab"
