@@ -32,13 +32,14 @@ void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t ca
            "config.nesterov %d\nconfig.weight-decay %.9g\nconfig.schedule %s\nconfig.warmup "
            "%d\nconfig.step-size %lld\nconfig.gamma %.9g\nconfig.min-lr %.9g\n"
            "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n"
-           "config.beta2 %.9g\nconfig.decay-matrices-only %d\n",
+           "config.beta2 %.9g\nconfig.decay-matrices-only %d\nconfig.precision %s\n",
            c->model, c->data, (long long)r->context, (long long)r->train_samples,
            (long long)dt_train_ckpt_global_batch(r), c->accum, c->optimizer, (double)c->lr,
            (double)c->momentum, c->nesterov ? 1 : 0, (double)c->weight_decay, c->schedule,
            c->warmup, step_size, (double)c->gamma, (double)c->min_lr,
            (long long)r->schedule->total_steps, (double)c->clip, (unsigned long long)c->seed,
-           (double)c->beta2, c->decay_matrices_only ? 1 : 0);
+           (double)c->beta2, c->decay_matrices_only ? 1 : 0,
+           c->precision ? c->precision : "default");
 }
 
 /* A value as the user wrote it: "0.05", not "0.0500000007", unless %g

@@ -6,8 +6,8 @@
 #     and --ctx 16, every parameter and AdamW moment bitwise equal (the files
 #     byte for byte and the tensors by the independent numpy reader), one
 #     process and DDP over 2 ranks;
-#   - the checkpoint records --ctx: a resume with another --ctx is refused
-#     naming both;
+#   - the checkpoint records --ctx and --precision: a resume with another
+#     is refused naming both;
 #   - dtrain report of the run plots val_loss where a task has no metric;
 #     train.log gets the plain progress lines while the live line is shown;
 #     bench takes a language model's training defaults;
@@ -73,6 +73,11 @@ launch 1 "${lm[@]}" --batch 4 --ctx 32 --run-dir "$tmp/ctx32" \
   --resume "$(ck "$full" $((steps / 2)))"
 expect 1 err "the checkpoint was written with --ctx 16, this run has --ctx 32" \
   "a resume with another --ctx is refused, naming both"
+
+launch 1 "${lm[@]}" --batch 4 --precision bf16 --run-dir "$tmp/bf16" \
+  --resume "$(ck "$full" $((steps / 2)))"
+expect 1 err "the checkpoint was written with --precision default, this run has --precision bf16" \
+  "a resume with another --precision is refused, naming both"
 
 # ---- dtrain sample ----
 final=$(ck "$full" $steps)
