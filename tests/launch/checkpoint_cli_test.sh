@@ -33,6 +33,10 @@ run() { # run ARGS...: dtrain with a deadline
   timeout 300 "$dtrain" "$@" >"$out" 2>"$err"
   rc=$?
 }
+run_in() { # run_in DIR ARGS...: run, with DIR as the working directory
+  (cd "$1" && shift && run "$@" && exit "$rc")
+  rc=$?
+}
 check() { expect_cmd "$@"; } # check DESCRIPTION COMMAND...: the command succeeds (check_lib.sh)
 same_bits() { # same_bits CKPT_A CKPT_B
   cmp "$1/model.safetensors" "$2/model.safetensors" &&
@@ -285,15 +289,13 @@ now=$(date -u +%s)
 for ((s = 0; s < 30; s++)); do
   mkdir -p "$w/runs/mlp-fashion-mnist-$(date -u -d "@$((now + s))" +%Y%m%d-%H%M%S)"
 done
-(cd "$w" && "$dtrain" train --model mlp --max-steps 1 --log-interval 0 >"$out" 2>"$err")
-rc=$?
+run_in "$w" train --model mlp --max-steps 1 --log-interval 0
 expect 0 out "^dtrain train: run directory runs/mlp-fashion-mnist-[0-9]{8}-[0-9]{6}-2$" \
   "a run whose default directory another run took in the same second gets its own (-2)"
 w="$tmp/cwd-blocked"
 mkdir -p "$w"
 touch "$w/runs" # runs/ cannot be made here (as in a read-only working directory)
-(cd "$w" && "$dtrain" train --model mlp --max-steps 1 --log-interval 0 >"$out" 2>"$err")
-rc=$?
+run_in "$w" train --model mlp --max-steps 1 --log-interval 0
 expect 1 err "the default run directory goes under runs/ in the working directory .*: give --run-dir DIR" \
   "a working directory that cannot hold runs/: exit 1 naming --run-dir"
 
