@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "core/half.h"
 
 #define ATT_QB 64 /* queries per block (ATT_KB is a multiple) */
 #define ATT_KB 64 /* keys per block */
@@ -144,15 +145,41 @@ static void forward_task(const att_args *a, int64_t task, float *scratch) {
                           MIN(i0 + ATT_QB, a->g.t), scratch);
 }
 
+/* A 16-bit qkv (b, t, 3*h*hd) (ex->dtype) widened into a new f32 buffer
+ * (*wide, to free; NULL for an f32 qkv), to which *qkv then points: the CPU
+ * stores 16-bit and computes in f32. */
+static dt_status f32_qkv(const dt_exec *ex, const float **qkv, int64_t b, int64_t t, int64_t h,
+                         int64_t hd, float **wide) {
+  *wide = NULL;
+  if (!dt_dtype_is_half(ex->dtype))
+    return DT_OK;
+  int64_t n = b * t * 3 * h * hd;
+  *wide = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (*wide == NULL)
+    return DT_ERROR(DT_ERR_OOM, "attention: %lld f32 elements to widen a %s qkv", (long long)n,
+                    dt_dtype_name(ex->dtype));
+  dt_status st = dt_half_to_f32(ex->dtype, (const uint16_t *)*qkv, *wide, n);
+  if (st != DT_OK) {
+    free(*wide);
+    *wide = NULL;
+    return st;
+  }
+  *qkv = *wide;
+  return DT_OK;
+}
+
 // qkv (b, t, 3*h*hd) -> out (b, t, h*hd), lse (b, h, t)
 dt_status dt_cpu_attention_forward(const dt_exec *ex, const float *qkv, float *out, float *lse,
                                    int64_t b, int64_t t, int64_t h, int64_t hd) {
-  (void)ex;
+  float *wide = NULL;
+  DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
   att_args a = {att_geom_of(t, h, hd), qkv, NULL, NULL, NULL, out, lse, NULL, 0};
   a.qblocks = (t + ATT_QB - 1) / ATT_QB;
   const size_t scratch = (size_t)(ATT_QB * ATT_KB + ATT_QB * hd + 2 * ATT_QB);
-  return run_tasks("attention_forward", &a, b * h * a.qblocks, scratch,
-                   b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
+  dt_status st = run_tasks("attention_forward", &a, b * h * a.qblocks, scratch,
+                           b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
+  free(wide);
+  return st;
 }
 
 /* The backward of one (sequence, head). scratch: 2 * ATT_QB * ATT_KB (P and
@@ -206,10 +233,13 @@ static void backward_task(const att_args *a, int64_t bh, float *scratch) {
 dt_status dt_cpu_attention_backward(const dt_exec *ex, const float *qkv, const float *out,
                                     const float *lse, const float *dout, float *dqkv, int64_t b,
                                     int64_t t, int64_t h, int64_t hd) {
-  (void)ex;
+  float *wide = NULL;
+  DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
   att_args a = {att_geom_of(t, h, hd), qkv, out, lse, dout, NULL, NULL, dqkv, 0};
   /* one task per (sequence, head): its dq, dk and dv columns are its own */
   const size_t scratch = (size_t)(2 * ATT_QB * ATT_KB + t);
-  return run_tasks("attention_backward", &a, b * h, scratch, b * h * t * t * hd >= ATT_PAR_MIN,
-                   backward_task);
+  dt_status st = run_tasks("attention_backward", &a, b * h, scratch,
+                           b * h * t * t * hd >= ATT_PAR_MIN, backward_task);
+  free(wide);
+  return st;
 }

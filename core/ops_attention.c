@@ -6,17 +6,15 @@
 static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *qkv = node->saved[0], *y = node->saved[1], *lse = node->saved[2];
   int64_t b = node->ints[0], t = node->ints[1], h = node->ints[2], hd = node->ints[3];
-  dt_tensor *dqkv = NULL, *q32 = NULL, *g32 = NULL;
-  /* 16-bit qkv under autocast: the kernels compute in f32 */
-  dt_status st = dt_ops_widen(qkv, &q32);
-  if (st == DT_OK)
-    st = dt_ops_round_to(g, dt_tensor_dtype(qkv), &g32);
+  dt_tensor *dqkv = NULL, *g32 = NULL;
+  /* 16-bit qkv under autocast: the kernels read it and compute in f32 */
+  dt_status st = dt_ops_round_to(g, dt_tensor_dtype(qkv), &g32);
   if (st == DT_OK)
     st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
   if (st == DT_OK && b * t > 0)
-    st = dt_kernel_attention_backward(DT_TENSOR_EXEC(q32), DT_F32(q32), DT_F32(y), DT_F32(lse),
+    st = dt_kernel_attention_backward(DT_TENSOR_EXEC(qkv), DT_F32(qkv), DT_F32(y), DT_F32(lse),
                                       DT_F32(g32), DT_F32(dqkv), b, t, h, hd);
-  DT_RELEASE_TENSORS(g32, q32);
+  DT_RELEASE_TENSORS(g32);
   return dt_ops_grad_result(st, dqkv, &grad_in[0]);
 }
 
@@ -42,20 +40,19 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   const int64_t hd = c / n_head;
   const int64_t oshape[3] = {b, t, c}, lshape[3] = {b, n_head, t};
   dt_device dev = dt_tensor_device(qkv);
-  dt_tensor *qc = NULL, *q32 = NULL, *y = NULL, *lse = NULL;
+  dt_tensor *qc = NULL, *y = NULL, *lse = NULL;
   dt_node *node = NULL;
   dt_status st;
-  /* under autocast qc is 16-bit (kept for the backward), widened for the
-   * f32 kernels */
+  /* under autocast qc is 16-bit (kept for the backward), which the kernels
+   * read (the CPU widens it, CUDA reads 16-bit into f32 tiles) */
   DT_CHECK(dt_ops_autocast_input(op, qkv, &qc));
-  DT_CHECK_GOTO(dt_ops_widen(qc, &q32), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 3, DT_DTYPE_F32, dev, &y), st, fail);
   const int record = dt_autograd_should_record(&qkv, 1);
   if (record)
     DT_CHECK_GOTO(dt_tensor_empty(lshape, 3, DT_DTYPE_F32, dev, &lse), st, fail);
   /* qkv (b, t, 3c) -> y (b, t, c), lse (b, h, t) */
   if (b * t > 0)
-    DT_CHECK_GOTO(dt_kernel_attention_forward(DT_TENSOR_EXEC(q32), DT_F32(q32), DT_F32(y),
+    DT_CHECK_GOTO(dt_kernel_attention_forward(DT_TENSOR_EXEC(qc), DT_F32(qc), DT_F32(y),
                                               lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
                   st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, causal_attention_backward, &qkv, 1, y, &node), st, fail);
@@ -68,6 +65,6 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   }
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(y, lse, q32, qc);
+  DT_RELEASE_TENSORS(y, lse, qc);
   return st;
 }

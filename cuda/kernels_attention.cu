@@ -15,9 +15,14 @@
  *             tiles), both recomputing P = exp(S - lse). Every gradient
  *             element is summed by one thread in a fixed order: no atomics,
  *             so the backward is deterministic.
+ * qkv may be f16 or bf16 (ex->dtype, mixed precision): the kernels read it
+ * into the f32 shared tiles, so softmax and accumulation stay f32 while the
+ * largest input moves half the bytes (llm.c's bf16 attention).
  * Shared tiles are (32, hd + 1) floats (the +1 keeps the lanes reading a
  * column of a row-major tile on distinct banks); above 48 KiB the kernels
  * opt in to the larger dynamic shared memory of the device. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
@@ -35,15 +40,20 @@ struct att_dims {
   float scale;
 };
 
+static __device__ __forceinline__ float att_f32(float x) { return x; }
+static __device__ __forceinline__ float att_f32(__half x) { return __half2float(x); }
+static __device__ __forceinline__ float att_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* Loads rows [r0, r0 + ATT_TILE) of a head's hd columns (rows `stride`
- * apart; rows past t read as 0) into a (ATT_TILE, hd + 1) shared tile. */
-static __device__ __forceinline__ void load_tile(float *dst, const float *src, int64_t stride,
+ * apart; rows past t read as 0) into a (ATT_TILE, hd + 1) f32 shared tile. */
+template <typename T>
+static __device__ __forceinline__ void load_tile(float *dst, const T *src, int64_t stride,
                                                  int64_t r0, const att_dims &g) {
   const int hd = (int)g.hd, ld = hd + 1;
   for (int k = threadIdx.x; k < ATT_TILE * hd; k += blockDim.x) {
     int r = k / hd, d = k - r * hd;
     int64_t i = r0 + r;
-    dst[r * ld + d] = i < g.t ? src[i * stride + d] : 0.0f;
+    dst[r * ld + d] = i < g.t ? att_f32(src[i * stride + d]) : 0.0f;
   }
 }
 
@@ -113,10 +123,10 @@ static __device__ __forceinline__ int rows_below(int64_t r0, int64_t t) {
   return (int)(t - r0 < ATT_TILE ? t - r0 : ATT_TILE);
 }
 
-// qkv (b, t, 3c) -> out (b, t, c), lse (b, h, t) or NULL
-template <int HPL>
+// qkv (b, t, 3c) of T -> out (b, t, c), lse (b, h, t) or NULL
+template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_forward_kernel(const float *qkv, float *out, float *lse, att_dims g) {
+    attention_forward_kernel(const T *qkv, float *out, float *lse, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *sq = sm, *sk = sq + ATT_TILE * ld, *sv = sk + ATT_TILE * ld, *sp = sv + ATT_TILE * ld;
@@ -124,7 +134,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int qt = g.tiles - 1 - (int)(blockIdx.x % g.tiles);
   const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
   const int64_t q0 = (int64_t)qt * ATT_TILE;
-  const float *base = qkv + bi * g.t * g.row + hi * hd;
+  const T *base = qkv + bi * g.t * g.row + hi * hd;
   load_tile(sq, base, g.row, q0, g);
   float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][HPL];
 #pragma unroll
@@ -195,9 +205,9 @@ static __global__ void attention_rowdot_kernel(const float *out, const float *do
 }
 
 // dQ of one query tile: dq = scale * sum_j dS_ij k_j over the key tiles <= the diagonal
-template <int HPL>
+template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_backward_dq_kernel(const float *qkv, const float *lse, const float *dsum,
+    attention_backward_dq_kernel(const T *qkv, const float *lse, const float *dsum,
                                  const float *dout, float *dqkv, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -206,7 +216,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int qt = g.tiles - 1 - (int)(blockIdx.x % g.tiles);
   const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
   const int64_t q0 = (int64_t)qt * ATT_TILE;
-  const float *base = qkv + bi * g.t * g.row + hi * hd;
+  const T *base = qkv + bi * g.t * g.row + hi * hd;
   load_tile(sq, base, g.row, q0, g);
   load_tile(sdo, dout + bi * g.t * g.c + hi * hd, g.c, q0, g);
   float li[ATT_ROWS], di[ATT_ROWS], dq[ATT_ROWS][HPL];
@@ -245,9 +255,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 
 // dK, dV of one key tile: dv = sum_i P_ij dout_i, dk = scale * sum_i dS_ij q_i over the
 // query tiles >= the diagonal
-template <int HPL>
+template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_backward_dkv_kernel(const float *qkv, const float *lse, const float *dsum,
+    attention_backward_dkv_kernel(const T *qkv, const float *lse, const float *dsum,
                                   const float *dout, float *dqkv, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -258,7 +268,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int kt = (int)(blockIdx.x % g.tiles);
   const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
   const int64_t k0 = (int64_t)kt * ATT_TILE;
-  const float *base = qkv + bi * g.t * g.row + hi * hd, *gbase = dout + bi * g.t * g.c + hi * hd;
+  const T *base = qkv + bi * g.t * g.row + hi * hd;
+  const float *gbase = dout + bi * g.t * g.c + hi * hd;
   load_tile(sk, base + g.c, g.row, k0, g);
   load_tile(sv, base + 2 * g.c, g.row, k0, g);
   float dk[ATT_ROWS][HPL], dv[ATT_ROWS][HPL];
@@ -336,6 +347,15 @@ static dt_status attention_launch(void (*const *kernels)(Params...), const att_d
   return DT_OK;
 }
 
+template <typename T>
+static dt_status attention_forward_as(const T *qkv, float *out, float *lse, const att_dims &g,
+                                      cudaStream_t stream) {
+  static void (*const kernels[4])(const T *, float *, float *, att_dims) = {
+      attention_forward_kernel<T, 1>, attention_forward_kernel<T, 2>,
+      attention_forward_kernel<T, 3>, attention_forward_kernel<T, 4>};
+  return attention_launch(kernels, g, 3, ATT_TILE * 32, stream, qkv, out, lse, g);
+}
+
 extern "C" dt_status dt_cuda_attention_forward(const dt_exec *ex, const float *qkv, float *out,
                                                float *lse, int64_t b, int64_t t, int64_t h,
                                                int64_t hd) {
@@ -345,10 +365,31 @@ extern "C" dt_status dt_cuda_attention_forward(const dt_exec *ex, const float *q
   DT_CHECK(attention_dims("attention_forward", b, t, h, hd, &g));
   DT_CUDA_EXEC(ex, ctx, stream);
   (void)ctx;
-  static void (*const kernels[4])(const float *, float *, float *, att_dims) = {
-      attention_forward_kernel<1>, attention_forward_kernel<2>, attention_forward_kernel<3>,
-      attention_forward_kernel<4>};
-  return attention_launch(kernels, g, 3, ATT_TILE * 32, stream, qkv, out, lse, g);
+  switch (ex->dtype) {
+    case DT_DTYPE_F16: return attention_forward_as((const __half *)qkv, out, lse, g, stream);
+    case DT_DTYPE_BF16:
+      return attention_forward_as((const __nv_bfloat16 *)qkv, out, lse, g, stream);
+    default: return attention_forward_as(qkv, out, lse, g, stream);
+  }
+}
+
+/* dQ, then dK and dV, from the row sums dsum (b, h, t). */
+template <typename T>
+static dt_status attention_backward_as(const T *qkv, const float *lse, const float *dsum,
+                                       const float *dout, float *dqkv, const att_dims &g,
+                                       cudaStream_t stream) {
+  typedef void (*bwd_kernel)(const T *, const float *, const float *, const float *, float *,
+                             att_dims);
+  static const bwd_kernel dq[4] = {
+      attention_backward_dq_kernel<T, 1>, attention_backward_dq_kernel<T, 2>,
+      attention_backward_dq_kernel<T, 3>, attention_backward_dq_kernel<T, 4>};
+  static const bwd_kernel dkv[4] = {
+      attention_backward_dkv_kernel<T, 1>, attention_backward_dkv_kernel<T, 2>,
+      attention_backward_dkv_kernel<T, 3>, attention_backward_dkv_kernel<T, 4>};
+  DT_CHECK(attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse, dsum, dout,
+                            dqkv, g));
+  return attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse, dsum,
+                          dout, dqkv, g);
 }
 
 extern "C" dt_status dt_cuda_attention_backward(const dt_exec *ex, const float *qkv,
@@ -362,24 +403,19 @@ extern "C" dt_status dt_cuda_attention_backward(const dt_exec *ex, const float *
   DT_CUDA_EXEC(ex, ctx, stream);
   float *dsum = NULL;
   DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(b * h * t) * sizeof(float), (void **)&dsum));
-  typedef void (*bwd_kernel)(const float *, const float *, const float *, const float *, float *,
-                             att_dims);
-  static const bwd_kernel dq[4] = {attention_backward_dq_kernel<1>, attention_backward_dq_kernel<2>,
-                                   attention_backward_dq_kernel<3>,
-                                   attention_backward_dq_kernel<4>};
-  static const bwd_kernel dkv[4] = {
-      attention_backward_dkv_kernel<1>, attention_backward_dkv_kernel<2>,
-      attention_backward_dkv_kernel<3>, attention_backward_dkv_kernel<4>};
   dt_status st = DT_OK;
   attention_rowdot_kernel<<<dt_grid_for(b * h * t * 32), DT_THREADS, 0, stream>>>(out, dout, dsum,
                                                                                   g);
   DT_CUDA_CHECK_GOTO(cudaGetLastError(), st, free_dsum);
-  DT_CHECK_GOTO(attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse,
-                                 (const float *)dsum, dout, dqkv, g),
-                st, free_dsum);
-  DT_CHECK_GOTO(attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse,
-                                 (const float *)dsum, dout, dqkv, g),
-                st, free_dsum);
+  switch (ex->dtype) {
+    case DT_DTYPE_F16:
+      st = attention_backward_as((const __half *)qkv, lse, dsum, dout, dqkv, g, stream);
+      break;
+    case DT_DTYPE_BF16:
+      st = attention_backward_as((const __nv_bfloat16 *)qkv, lse, dsum, dout, dqkv, g, stream);
+      break;
+    default: st = attention_backward_as(qkv, lse, dsum, dout, dqkv, g, stream); break;
+  }
 free_dsum:
   dt_cuda_scratch_free(ctx, dsum);
   return st;

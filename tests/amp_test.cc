@@ -222,8 +222,9 @@ struct Trainer {
   std::vector<uint16_t> WorkingCopy() const {
     dt_tensor *w = dt_optim_working_copy(opt);
     std::vector<uint16_t> v(w ? (size_t)dt_tensor_numel(w) : 0);
-    if (w)
+    if (w) {
       EXPECT_EQ(DT_OK, dt_tensor_to_host(w, v.data(), v.size() * 2)) << dt_last_error();
+    }
     return v;
   }
   std::vector<float> Params() const { return dtt::ToVector(dt_param_arena_data(arena)); }

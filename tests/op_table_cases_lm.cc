@@ -370,16 +370,32 @@ void AddLanguageModelCases(std::vector<OpCase> *table) {
        DT_ERR_SHAPE,
        "differ in shape"});
 
-  // mixed precision: attention under autocast (see the GEMM rows)
+  // mixed precision: attention under autocast (see the GEMM rows); the
+  // kernels read the 16-bit qkv (CUDA into f32 tiles): T across the CUDA
+  // tiles, hd not a multiple of 32, and a GPT-2 124M layer
+  struct AutocastAttention {
+    int64_t b, t, h, hd;
+    unsigned flags;
+  };
+  const AutocastAttention autocast_attentions[] = {
+      {2, 9, 2, 8, 0},
+      {2, 65, 3, 48, kParityOnly},
+      {1, 1024, 12, 64, kParityOnly},
+  };
   for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
-    add({"causal_attention",
-         "autocast_2x9_h2_hd8",
-         d,
-         {X({2, 9, 48}).Range(-2, 2)},
-         // not checked against the matmul definition: under autocast that
-         // rounds other intermediates (the scores) than the fused kernel
-         [](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], 2, out); },
-         kReduction});
+    for (const AutocastAttention &a : autocast_attentions) {
+      const int heads = (int)a.h;
+      add({"causal_attention",
+           "autocast_" + std::to_string(a.b) + "x" + std::to_string(a.t) + "_h" +
+               std::to_string(a.h) + "_hd" + std::to_string(a.hd),
+           d,
+           {X({a.b, a.t, 3 * a.h * a.hd}).Range(-2, 2)},
+           // not checked against the matmul definition: under autocast that
+           // rounds other intermediates (the scores) than the fused kernel
+           [heads](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], heads, out); },
+           kReduction,
+           a.flags});
+    }
 }
 
 }  // namespace optable
