@@ -67,23 +67,24 @@ static dt_status test_request(mpi_comm *m, MPI_Request *req, int *done) {
 
 /* Waits for `req`, polling: Open MPI progresses nonblocking collectives
  * only inside MPI calls, and blocking in MPI would spin a core. The thread
- * tests a few times back to back, then sleeps between tests: 20 us while a
+ * tests a few times back to back, then sleeps between tests, the pause
+ * growing by half each time while nothing completes: up to 50 us while a
  * thread waits for the result on the host (the step's end: latency
- * matters), and while the caller computes (the backward pass that the
- * all-reduce overlaps) a pause growing by half each time up to 250 us while
- * nothing completes, since each wake-up is two context switches taken from
- * the computation, on a machine whose cores all compute. Past the deadline
- * the request (and the work's buffers) is left to MPI: DT_ERR_TIMEOUT. */
+ * matters), up to 250 us while the caller computes (the backward pass that
+ * the all-reduce overlaps), since each wake-up is two context switches
+ * taken from the computation on a machine whose cores all compute. Past the
+ * deadline the request (and the work's buffers) is left to MPI:
+ * DT_ERR_TIMEOUT. */
 static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double deadline) {
   int done = 0;
-  long pause_ns = 20000L;
+  long pause_ns = 10000L;
   for (long polls = 0; !done; polls++) {
     DT_CHECK(test_request(m, req, &done));
     if (done)
       break;
     if (polls >= 16) {
-      int waited_for = dt_comm_host_waiting(w->comm);
-      struct timespec pause = {0, waited_for ? 20000L : pause_ns};
+      long cap = dt_comm_host_waiting(w->comm) ? 50000L : 250000L;
+      struct timespec pause = {0, pause_ns < cap ? pause_ns : cap};
       nanosleep(&pause, NULL);
       pause_ns = pause_ns * 3 / 2 < 250000L ? pause_ns * 3 / 2 : 250000L;
     }
