@@ -206,12 +206,14 @@ extern "C" dt_status dt_cuda_binary(const dt_exec *ex, const dt_binary_args *arg
   return dt_launch_flat(ex, p.numel, binary_kernel, (int)args->op, a, b, out, p);
 }
 
-// y (n) = alpha * x + beta * y (beta 0: y not read)
-static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, float beta, float *y) {
+// y (n) = alpha * x + beta * y (beta 0: y not read); T: the storage type
+template <typename T>
+static __global__ void axpby_kernel(int64_t n, float alpha, const T *x, float beta, T *y) {
   if (beta == 0.0f) {
-    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+    DT_GRID_STRIDE(i, n) dt_store_f32(y, i, alpha * dt_load_f32(x, i));
   } else {
-    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i] + beta * y[i];
+    DT_GRID_STRIDE(i, n)
+    dt_store_f32(y, i, alpha * dt_load_f32(x, i) + beta * dt_load_f32(y, i));
   }
 }
 
@@ -219,42 +221,46 @@ extern "C" dt_status dt_cuda_axpby(const dt_exec *ex, int64_t n, float alpha, co
                                    float beta, float *y) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, axpby_kernel, n, alpha, x, beta, y);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T, dt_launch_flat(ex, n, axpby_kernel<T>, n, alpha, (const T *)x, beta, (T *)y));
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_CUBIC 0.044715f
 
 // y (n) = f(x)
-static __global__ void unary_forward_kernel(int op, int64_t n, const float *x, float *y) {
+template <typename T>
+static __global__ void unary_forward_kernel(int op, int64_t n, const T *x, T *y) {
   DT_GRID_STRIDE(i, n) {
-    float v = x[i];
+    float v = dt_load_f32(x, i), r;
     if (op == DT_UNARY_RELU)
-      y[i] = v < 0.0f ? 0.0f : v;
+      r = v < 0.0f ? 0.0f : v;
     else if (op == DT_UNARY_GELU)
-      y[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
+      r = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
     else
-      y[i] = tanhf(v);
+      r = tanhf(v);
+    dt_store_f32(y, i, r);
   }
 }
 
 // dx (n) = dy * f'(x), overwritten
-static __global__ void unary_backward_kernel(int op, int64_t n, const float *x, const float *dy,
-                                             float *dx) {
+template <typename T>
+static __global__ void unary_backward_kernel(int op, int64_t n, const T *x, const T *dy, T *dx) {
   DT_GRID_STRIDE(i, n) {
-    float v = x[i];
+    float v = dt_load_f32(x, i), d = dt_load_f32(dy, i), r;
     if (op == DT_UNARY_RELU) {
-      dx[i] = v > 0.0f ? dy[i] : 0.0f;
+      r = v > 0.0f ? d : 0.0f;
     } else if (op == DT_UNARY_GELU) {
       float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
       float sech2 = 1.0f - t * t;
       float grad =
           0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
-      dx[i] = dy[i] * grad;
+      r = d * grad;
     } else {
       float t = tanhf(v);
-      dx[i] = dy[i] * (1.0f - t * t);
+      r = d * (1.0f - t * t);
     }
+    dt_store_f32(dx, i, r);
   }
 }
 
@@ -262,14 +268,18 @@ extern "C" dt_status dt_cuda_unary_forward(const dt_exec *ex, dt_unary_op op, in
                                            const float *x, float *y) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, unary_forward_kernel, (int)op, n, x, y);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      dt_launch_flat(ex, n, unary_forward_kernel<T>, (int)op, n, (const T *)x, (T *)y));
 }
 
 extern "C" dt_status dt_cuda_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n,
                                             const float *x, const float *dy, float *dx) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, unary_backward_kernel, (int)op, n, x, dy, dx);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, n, unary_backward_kernel<T>, (int)op, n, (const T *)x,
+                                          (const T *)dy, (T *)dx));
 }
 
 /* ---- reductions ---- */

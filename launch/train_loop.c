@@ -40,7 +40,7 @@ dt_train_config dt_train_config_default(void) {
                            .mode = "ddp",
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
-                           .first_bucket_mb = 1.0f,
+                           .first_bucket_mb = 0.125f,
                            .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
