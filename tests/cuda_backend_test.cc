@@ -20,6 +20,7 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/env.h"
+#include "core/half.h"
 #include "core/memory.h"
 #include "core/ops.h"
 #include "core/rng.h"
@@ -122,6 +123,52 @@ TEST_F(CudaBackend, GemmWithTf32IsCloseAndMixedPrecisionWorks) {
                        DT_DTYPE_F32, 1));
     EXPECT_TRUE(Close(Down(dc, m * n), want, 2e-2, 0.15)) << dt_dtype_name(t);
   }
+}
+
+/* ---- the optimizers' 16-bit working copy (dt_half_out) ---- */
+
+// The fused updates and the half_copy kernel write the same parameters and
+// the same 16-bit copy as the CPU, bit for bit, rounded to nearest and
+// stochastically (the draws are dt_rng_uniform on both).
+TEST_F(CudaBackend, OptimizersWriteTheCpusWorkingCopy) {
+  const int64_t n = 5000;
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (bool stochastic : {false, true}) {
+      Vec p = Rand(n, 21), g = Rand(n, 22, -0.1f, 0.1f), m = Rand(n, 23, -0.01f, 0.01f),
+          v = Rand(n, 24, 0.0f, 1e-4f);
+      float *dp = Up(p), *dg = Up(g), *dm = Up(m), *dv = Up(v);
+      std::vector<uint16_t> h(n), hs(n), hc(n);
+      auto *dh = static_cast<uint16_t *>(Alloc(n * 2));
+      auto *dhs = static_cast<uint16_t *>(Alloc(n * 2));
+      dt_half_out out = {h.data(), t, stochastic, 77, 1000};
+      dt_half_out dout = {dh, t, stochastic, 77, 1000};
+      OK(dt_kernel_adamw_update(&cex_, p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f,
+                                0.95f, 1e-8f, 0.1f, 3, &out));
+      OK(dt_kernel_adamw_update(&gex_, dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3,
+                                &dout));
+      EXPECT_EQ(Down(dp, n), p) << "adamw parameters";
+      EXPECT_EQ(Down(dh, n), h) << "adamw " << dt_dtype_name(t) << " stochastic " << stochastic;
+      dt_half_out sout = {hs.data(), t, stochastic, 78, 0}, dsout = {dhs, t, stochastic, 78, 0};
+      OK(dt_kernel_sgd_update(&cex_, p.data(), g.data(), m.data(), n, 0.05f, 0.9f, 0.0f, 0.0f, 0,
+                              0, &sout));
+      OK(dt_kernel_sgd_update(&gex_, dp, dg, dm, n, 0.05f, 0.9f, 0.0f, 0.0f, 0, 0, &dsout));
+      EXPECT_EQ(Down(dp, n), p) << "sgd parameters";
+      EXPECT_EQ(Down(dhs, n), hs) << "sgd " << dt_dtype_name(t) << " stochastic " << stochastic;
+      dt_half_out cout = {hc.data(), t, stochastic, 79, 5}, dcout = {dh, t, stochastic, 79, 5};
+      OK(dt_kernel_half_copy(&cex_, p.data(), n, &cout));
+      OK(dt_kernel_half_copy(&gex_, dp, n, &dcout));
+      EXPECT_EQ(Down(dh, n), hc) << "half_copy " << dt_dtype_name(t);
+      if (!stochastic) {  // nearest: the copy is core/half.h's conversion of the parameters
+        std::vector<uint16_t> want(n);
+        OK(dt_half_from_f32(t, p.data(), want.data(), n));
+        EXPECT_EQ(hc, want);
+        EXPECT_EQ(hs, want);
+      }
+    }
+  dt_half_out bad = {nullptr, DT_DTYPE_F32, false, 0, 0};
+  float x = 1.0f;
+  EXPECT_EQ(dt_kernel_half_copy(&gex_, &x, 1, &bad), DT_ERR_DTYPE);
+  EXPECT_EQ(dt_kernel_half_copy(&gex_, &x, 1, nullptr), DT_ERR_INVALID_ARG);
 }
 
 /* ---- streams, events and memory through the table ---- */
