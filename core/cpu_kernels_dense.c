@@ -513,6 +513,10 @@ static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, in
     store_float(out, dst, s, n, (const float *)in + s);
     return;
   }
+  if (dt_dtype_is_half(src) && dst == DT_DTYPE_F32) { /* and back (widening is exact) */
+    (void)dt_half_to_f32(src, (const uint16_t *)in + s, (float *)out + s, n);
+    return;
+  }
   if (dtype_is_int(src)) {
     load_i64(in, src, s, n, iv);
     if (dtype_is_int(dst)) {
