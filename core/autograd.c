@@ -228,6 +228,38 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
   return st;
 }
 
+float *dt_node_grad_dest(const dt_node *node, int i) {
+  return i >= 0 && i < node->n_inputs ? node->grad_dest[i] : NULL;
+}
+
+static int shares_storage(const dt_tensor *t, const dt_storage *s) {
+  return t != NULL && t->storage == s;
+}
+
+/* Offers each leaf input's .grad to the backward as its destination
+ * (dt_node_grad_dest) where writing into it in place is safe: f32,
+ * contiguous, the leaf's size, on its device, and no storage shared with
+ * the incoming gradient, an input or a saved tensor. */
+static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
+  for (int j = 0; j < n->n_inputs; j++) {
+    dt_tensor *in = n->inputs[j], *d = in ? in->grad : NULL;
+    n->grad_dest[j] = NULL;
+    if (!n->needs_grad[j] || d == NULL || in->grad_fn != NULL || !in->requires_grad ||
+        d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
+        dt_tensor_numel(d) != dt_tensor_numel(in) ||
+        !dt_device_equal(d->storage->device, in->storage->device) ||
+        shares_storage(g, d->storage))
+      continue;
+    int shared = 0;
+    for (int k = 0; k < n->n_inputs && !shared; k++)
+      shared = shares_storage(n->inputs[k], d->storage);
+    for (int k = 0; k < DT_NODE_MAX_SAVED && !shared; k++)
+      shared = shares_storage(n->saved[k], d->storage);
+    if (!shared)
+      n->grad_dest[j] = dt_tensor_data(d);
+  }
+}
+
 static dt_status collect_nodes(dt_node *root, node_list *out) {
   node_list stack = {0};
   dt_status st = list_push(&stack, root);
@@ -347,7 +379,9 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
       st = dt_tensor_contiguous_copy(g, &gc);
       dt_tensor_release(g);
       if (st == DT_OK) {
+        offer_grad_dests(n, gc);
         st = n->backward(n, gc, grad_in);
+        memset(n->grad_dest, 0, sizeof n->grad_dest);
         if (st != DT_OK)
           dt_error_wrap(st, "backward of %s", n->name);
         dt_tensor_release(gc);

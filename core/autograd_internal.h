@@ -21,7 +21,10 @@ typedef struct dt_node dt_node;
  * gradient). For each input i that needs a gradient (node->needs_grad[i])
  * it sets grad_in[i] to a new tensor of that input's shape (the engine
  * takes the reference and converts it to the input's dtype when it has
- * another); it may leave NULL for inputs that do not need one. */
+ * another); it may leave NULL for inputs that do not need one. Where
+ * dt_node_grad_dest(node, i) is not NULL it may instead add input i's
+ * gradient into that buffer (a GEMM with beta = 1) and leave grad_in[i]
+ * NULL. */
 typedef dt_status (*dt_backward_fn)(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in);
 
 struct dt_node {
@@ -42,7 +45,15 @@ struct dt_node {
   /* engine scratch */
   dt_tensor *grad_accum;
   int pending;
+  float *grad_dest[DT_NODE_MAX_INPUTS]; /* during backward: see dt_node_grad_dest */
 };
+
+/* During the node's backward: where input i's gradient may be accumulated
+ * in place (contiguous f32, input i's numel), or NULL. It is the .grad of
+ * a leaf input that has one (the parameter arena's gradient views), shared
+ * with no tensor the backward reads; adding into it is what the engine
+ * would do with a returned gradient, without the temporary. */
+float *dt_node_grad_dest(const dt_node *node, int i);
 
 /* 1 if grad mode is on and any of the inputs requires grad. */
 int dt_autograd_should_record(dt_tensor *const *inputs, int n);

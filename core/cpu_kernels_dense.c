@@ -513,7 +513,7 @@ static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, in
     store_float(out, dst, s, n, (const float *)in + s);
     return;
   }
-  if (dt_dtype_is_half(src) && dst == DT_DTYPE_F32) { /* and back (widening is exact) */
+  if (dst == DT_DTYPE_F32 && dt_dtype_is_half(src)) { /* and back: exact, no need for f64 */
     (void)dt_half_to_f32(src, (const uint16_t *)in + s, (float *)out + s, n);
     return;
   }

@@ -138,8 +138,14 @@ dt_status dt_ops_cast(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
 }
 
 dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out) {
+  dt_dtype want = t ? dt_autocast_dtype_for(op) : DT_DTYPE_F32;
+  if (t && want != DT_DTYPE_F32 && t->half_copy && *t->half_fresh &&
+      dt_tensor_dtype(t->half_copy) == want) { /* the optimizer's working copy of a parameter */
+    *out = dt_tensor_retain(t->half_copy);
+    return DT_OK;
+  }
   *out = NULL;
-  return t ? dt_ops_cast(t, dt_autocast_dtype_for(op), out) : DT_OK;
+  return t ? dt_ops_cast(t, want, out) : DT_OK;
 }
 
 dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out) { return dt_ops_cast(t, DT_DTYPE_F32, out); }

@@ -49,18 +49,24 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     m *= batch;
     batch = 1;
   }
+  /* into a leaf's .grad (beta = 1) where the engine offers it */
+  float *da_dest = dt_node_grad_dest(node, 0), *db_dest = dt_node_grad_dest(node, 1);
   if (node->needs_grad[0]) {
-    /* da (m,k) = g (m,n) @ b^T, b (k,n) */
-    DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), st, fail);
+    /* da (m,k) (+)= g (m,n) @ b^T, b (k,n) */
+    if (da_dest == NULL)
+      DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), st, fail);
     DT_CHECK_GOTO(gemm(dev, ab, 0, 1, m, k, n, dt_tensor_data(gc), n, m * n, dt_tensor_data(b), n,
-                       batched ? k * n : 0, 0.0f, DT_F32(da), k, m * k, batch),
+                       batched ? k * n : 0, da_dest ? 1.0f : 0.0f,
+                       da_dest ? da_dest : DT_F32(da), k, m * k, batch),
                   st, fail);
   }
   if (node->needs_grad[1]) {
-    /* db (k,n) = a^T (k,m) @ g (m,n) */
-    DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), st, fail);
+    /* db (k,n) (+)= a^T (k,m) @ g (m,n) */
+    if (db_dest == NULL)
+      DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), st, fail);
     DT_CHECK_GOTO(gemm(dev, ab, 1, 0, k, n, m, dt_tensor_data(a), k, m * k, dt_tensor_data(gc), n,
-                       m * n, 0.0f, DT_F32(db), n, k * n, batch),
+                       m * n, db_dest ? 1.0f : 0.0f, db_dest ? db_dest : DT_F32(db), n, k * n,
+                       batch),
                   st, fail);
   }
   st = DT_OK;
@@ -192,7 +198,9 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int64_t chunk = half_slice_rows(ab, rows, outf);
   if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
-  if (node->needs_grad[1])
+  /* dw straight into the weight's .grad where the engine offers it */
+  float *dw_dest = node->needs_grad[1] ? dt_node_grad_dest(node, 1) : NULL;
+  if (node->needs_grad[1] && dw_dest == NULL)
     DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
   int64_t r0 = 0;
   do { /* once when rows is 0: dw = 0 */
@@ -204,10 +212,11 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
                          DT_F32(dx) + r0 * in, in, 0, 1),
                     st, fail);
     /* dw (out, in) (+)= g^T (out, n) @ x (n, in) */
-    if (dw)
+    if (dw || dw_dest)
       DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
                          (const char *)dt_tensor_data(x) + (size_t)(r0 * in) * esize, in, 0,
-                         r0 > 0 ? 1.0f : 0.0f, DT_F32(dw), in, 0, 1),
+                         r0 > 0 || dw_dest ? 1.0f : 0.0f, dw_dest ? dw_dest : DT_F32(dw), in, 0,
+                         1),
                     st, fail);
     r0 += n;
   } while (r0 < rows);
