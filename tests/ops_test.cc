@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -558,26 +559,43 @@ TEST(OpsErrors, SoftmaxOnlyOverTheLastDim) {
   ts.add(y);
 }
 
-TEST(OpsErrors, HalfPrecisionInputsAreRejected) {
+// Integer tensors are no float op's input; 16-bit ones are (mixed
+// precision: core/autocast_policy.def gives each result's dtype).
+TEST(OpsErrors, IntegerInputsAreRejected) {
   Tensors ts;
   dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  dt_tensor *i = ts.add(MakeIndexTensor({0, 1, 2, 0, 1, 2}, {2, 3}, DT_DTYPE_I32));
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_add(a, i, &y), DT_ERR_DTYPE);
+  EXPECT_NE(std::string(dt_last_error()).find("dt_op_add"), std::string::npos);
+  EXPECT_EQ(dt_op_relu(i, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(dt_op_softmax(i, -1, &y), DT_ERR_DTYPE);
+  dt_tensor *w = ts.add(RandomTensor({4, 3}, 2));
+  EXPECT_EQ(dt_op_linear(i, w, nullptr, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(dt_op_sum(i, nullptr, 0, 0, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(y, nullptr);
   for (dt_dtype dt : {DT_DTYPE_F16, DT_DTYPE_BF16}) {
     dt_tensor *h = nullptr;
     ASSERT_EQ(dt_tensor_to_dtype(a, dt, &h), DT_OK) << dt_last_error();
     ts.add(h);
-    dt_tensor *y = nullptr;
-    EXPECT_EQ(dt_op_add(a, h, &y), DT_ERR_DTYPE);
-    EXPECT_NE(std::string(dt_last_error()).find("dt_op_add"), std::string::npos);
-    EXPECT_EQ(dt_op_relu(h, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(dt_op_softmax(h, -1, &y), DT_ERR_DTYPE);
-    dt_tensor *w = ts.add(RandomTensor({4, 3}, 2));
-    EXPECT_EQ(dt_op_linear(h, w, nullptr, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(dt_op_sum(h, nullptr, 0, 0, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(y, nullptr);
+    auto dtype_of = [&](const std::function<dt_status(dt_tensor **)> &op) {
+      dt_tensor *r = nullptr;
+      EXPECT_EQ(op(&r), DT_OK) << dt_last_error();
+      ts.add(r);
+      return r ? dt_tensor_dtype(r) : DT_DTYPE_COUNT;
+    };
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_add(a, h, r); }), DT_DTYPE_F32);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_add(h, h, r); }), dt);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_relu(h, r); }), dt);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_softmax(h, -1, r); }), DT_DTYPE_F32);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_sum(h, nullptr, 0, 0, r); }),
+              DT_DTYPE_F32);
+    // a low-precision op outside autocast computes in f32
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_linear(h, w, nullptr, r); }),
+              DT_DTYPE_F32);
   }
   // class ids must be integers
   dt_tensor *ft = ts.add(MakeTensor({0, 1}, {2}));
-  dt_tensor *y = nullptr;
   EXPECT_EQ(dt_op_cross_entropy(a, ft, DT_REDUCTION_MEAN, -100, &y), DT_ERR_DTYPE);
   dt_tensor *table = ts.add(RandomTensor({3, 2}, 3));
   EXPECT_EQ(dt_op_embedding(ft, table, &y), DT_ERR_DTYPE);
@@ -819,6 +837,71 @@ TEST(OpsAutograd, GradReadyHookFiresOncePerLeafAcrossOps) {
   EXPECT_EQ(dt_tensor_remove_grad_ready_hook(w, hw), DT_OK);
   EXPECT_EQ(dt_tensor_remove_grad_ready_hook(x, hx), DT_OK);
   EXPECT_EQ(dt_tensor_remove_grad_ready_hook(b, hb), DT_OK);
+}
+
+// A leaf that already has a gradient gets the next pass's weight gradient
+// added into it in place (the GEMM with beta = 1), for linear and matmul,
+// and an input sharing the gradient's storage still sees the old values.
+TEST(OpsAutograd, WeightGradientAddsIntoAnExistingGradient) {
+  Tensors ts;
+  dt_tensor *x = ts.add(RandomTensor({5, 4}, 11));
+  dt_tensor *w = ts.add(RandomTensor({3, 4}, 12, true));
+  dt_tensor *b = ts.add(RandomTensor({3}, 13, true));
+  dt_tensor *c = ts.add(RandomTensor({5, 3}, 14));
+  dt_tensor *m = ts.add(RandomTensor({4, 3}, 15, true));
+  V xv = ToVector(x), cv = ToVector(c);
+  for (int pass = 1; pass <= 3; ++pass) {
+    // loss = sum(linear(x, w, b) * c) + sum((x @ m) * c): dw = c^T x, dm = x^T c
+    dt_tensor *y = nullptr, *yc = nullptr, *p = nullptr, *pc = nullptr, *s = nullptr,
+              *loss = nullptr;
+    ASSERT_EQ(dt_op_linear(x, w, b, &y), DT_OK);
+    ASSERT_EQ(dt_op_mul(y, c, &yc), DT_OK);
+    ASSERT_EQ(dt_op_matmul(x, m, &p), DT_OK);
+    ASSERT_EQ(dt_op_mul(p, c, &pc), DT_OK);
+    ASSERT_EQ(dt_op_add(yc, pc, &s), DT_OK);
+    ASSERT_EQ(dt_op_sum(s, nullptr, 0, 0, &loss), DT_OK);
+    ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+    V gw = ToVector(dt_tensor_grad(w)), gm = ToVector(dt_tensor_grad(m)),
+      gb = ToVector(dt_tensor_grad(b));
+    for (int o = 0; o < 3; ++o) {
+      float bsum = 0;
+      for (int i = 0; i < 4; ++i) {
+        float dw = 0;
+        for (int r = 0; r < 5; ++r)
+          dw += cv[r * 3 + o] * xv[r * 4 + i];
+        EXPECT_NEAR(gw[o * 4 + i], pass * dw, 1e-4f) << "pass " << pass;
+        EXPECT_NEAR(gm[i * 3 + o], pass * dw, 1e-4f) << "pass " << pass;
+      }
+      for (int r = 0; r < 5; ++r)
+        bsum += cv[r * 3 + o];
+      EXPECT_NEAR(gb[o], pass * bsum, 1e-4f) << "pass " << pass;
+    }
+    for (dt_tensor *t : {y, yc, p, pc, s, loss})
+      dt_tensor_release(t);
+  }
+  // linear(G, w) with G the very gradient of w: dw = c^T G adds to G
+  dt_tensor *w2 = ts.add(RandomTensor({3, 3}, 16, true));
+  dt_tensor *c2 = ts.add(RandomTensor({3, 3}, 17));
+  V c2v = ToVector(c2);
+  for (int pass = 1; pass <= 2; ++pass) {
+    dt_tensor *in = pass == 1 ? ts.add(RandomTensor({3, 3}, 18)) : dt_tensor_grad(w2);
+    V inv = ToVector(in), before = pass == 1 ? V(9, 0.0f) : ToVector(dt_tensor_grad(w2));
+    dt_tensor *y = nullptr, *yc = nullptr, *loss = nullptr;
+    ASSERT_EQ(dt_op_linear(in, w2, nullptr, &y), DT_OK);
+    ASSERT_EQ(dt_op_mul(y, c2, &yc), DT_OK);
+    ASSERT_EQ(dt_op_sum(yc, nullptr, 0, 0, &loss), DT_OK);
+    ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+    V g = ToVector(dt_tensor_grad(w2));
+    for (int o = 0; o < 3; ++o)
+      for (int i = 0; i < 3; ++i) {
+        float dw = 0;
+        for (int r = 0; r < 3; ++r)
+          dw += c2v[r * 3 + o] * inv[r * 3 + i];
+        EXPECT_NEAR(g[o * 3 + i], before[o * 3 + i] + dw, 1e-4f) << "pass " << pass;
+      }
+    for (dt_tensor *t : {y, yc, loss})
+      dt_tensor_release(t);
+  }
 }
 
 }  // namespace
