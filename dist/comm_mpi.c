@@ -101,9 +101,11 @@ static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double 
  * up wrongly (ranks that ran different numbers of steps, or with other
  * batch sizes or models) would otherwise exchange buffers of different
  * sizes, which corrupts memory. One small all-reduce (max of each value and
- * of its negation gives the range over the ranks); a disagreement fails
- * the collective on every rank with the ranges. */
+ * of its negation gives the range over the ranks; on 2 ranks a swap of the
+ * values); a disagreement fails the collective on every rank with the
+ * ranges. */
 enum { SIG_SEQ, SIG_KIND, SIG_ROOT, SIG_BYTES, SIG_DTYPE, SIG_N };
+#define DT_AGREE_TAG 0x4147 /* "AG": the point-to-point signatures of 2 ranks */
 
 static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
   int64_t sig[2 * SIG_N] = {
@@ -111,12 +113,32 @@ static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
   };
   for (int i = 0; i < SIG_N; i++)
     sig[SIG_N + i] = -sig[i];
-  MPI_Request req = MPI_REQUEST_NULL;
-  dt_pg_mpi_lock(m->pg);
-  int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2 * SIG_N, MPI_INT64_T, MPI_MAX, m->comm, &req);
-  dt_pg_mpi_unlock(m->pg);
-  DT_MPI_CHECK(rc);
-  DT_CHECK(wait_request(m, &req, w, deadline));
+  if (dt_comm_size(w->comm) == 2) {
+    /* Two ranks: swap the signatures (one message each way at once, where
+     * the all-reduce takes two one after the other) and take the ranges. */
+    int64_t peer[SIG_N];
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int other = 1 - dt_comm_rank(w->comm);
+    dt_pg_mpi_lock(m->pg);
+    int rc = MPI_Irecv(peer, SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[0]);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Isend(sig, SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[1]);
+    dt_pg_mpi_unlock(m->pg);
+    DT_MPI_CHECK(rc);
+    DT_CHECK(wait_request(m, &reqs[1], w, deadline));
+    DT_CHECK(wait_request(m, &reqs[0], w, deadline));
+    for (int i = 0; i < SIG_N; i++) {
+      sig[SIG_N + i] = -sig[i] > -peer[i] ? -sig[i] : -peer[i];
+      sig[i] = sig[i] > peer[i] ? sig[i] : peer[i];
+    }
+  } else {
+    MPI_Request req = MPI_REQUEST_NULL;
+    dt_pg_mpi_lock(m->pg);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2 * SIG_N, MPI_INT64_T, MPI_MAX, m->comm, &req);
+    dt_pg_mpi_unlock(m->pg);
+    DT_MPI_CHECK(rc);
+    DT_CHECK(wait_request(m, &req, w, deadline));
+  }
   int same = 1;
   for (int i = 0; i < SIG_N; i++)
     same = same && sig[i] == -sig[SIG_N + i];
