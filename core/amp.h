@@ -38,8 +38,10 @@ dt_dtype dt_precision_autocast_dtype(dt_precision p);
 int dt_precision_needs_scaler(dt_precision p);
 
 typedef enum dt_autocast_policy {
-  DT_AUTOCAST_F32 = 0, /* runs in f32 */
-  DT_AUTOCAST_LOW,     /* 16-bit inputs, f32 accumulation, f32 result */
+  DT_AUTOCAST_F32 = 0, /* f32 math and an f32 result; 16-bit inputs are widened */
+  DT_AUTOCAST_LOW,     /* 16-bit inputs, f32 accumulation, a 16-bit result */
+  DT_AUTOCAST_PROMOTE, /* f32 math, the result in the inputs' dtype: 16-bit when all
+                          are, f32 when any is (PyTorch's type promotion) */
 } dt_autocast_policy;
 
 /* The policy of the op named `op` ("dt_op_linear"), from the table; an op

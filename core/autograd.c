@@ -162,6 +162,30 @@ static int by_seq_desc(const void *a, const void *b) {
   return x < y ? 1 : (x > y ? -1 : 0);
 }
 
+/* g as a contiguous tensor of `dtype` (a new reference): every gradient
+ * has its tensor's dtype, so the engine converts one that arrives in
+ * another (a backward that computed in f32 for a 16-bit input). */
+static dt_status grad_as(dt_tensor *g, dt_dtype dtype, dt_tensor **out) {
+  dt_tensor *c = NULL, *r = NULL;
+  *out = NULL;
+  DT_CHECK(dt_tensor_contiguous_copy(g, &c));
+  if (c->dtype == dtype) {
+    *out = c;
+    return DT_OK;
+  }
+  dt_status st = dt_tensor_empty(c->shape, c->ndim, dtype, c->storage->device, &r);
+  if (st == DT_OK && dt_tensor_numel(c) > 0)
+    st = dt_kernel_cast(DT_TENSOR_EXEC(c), dt_tensor_data(c), c->dtype, dt_tensor_data(r), dtype,
+                        dt_tensor_numel(c));
+  dt_tensor_release(c);
+  if (st != DT_OK) {
+    dt_tensor_release(r);
+    return st;
+  }
+  *out = r;
+  return DT_OK;
+}
+
 /* Adds g into the node's pending gradient. Takes the reference to g. */
 static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
   if (n->grad_accum == NULL) {
@@ -170,7 +194,7 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
   }
   dt_tensor *acc = n->grad_accum;
   dt_tensor *gc;
-  dt_status st = dt_tensor_contiguous_copy(g, &gc);
+  dt_status st = grad_as(g, acc->dtype, &gc);
   dt_tensor_release(g);
   if (st != DT_OK)
     return st;
@@ -181,7 +205,7 @@ static dt_status accumulate_into_node(dt_node *n, dt_tensor *g) {
   } else {
     /* acc is shared with another part of the graph: sum into a new tensor. */
     dt_tensor *sum;
-    st = dt_tensor_empty(acc->shape, acc->ndim, DT_DTYPE_F32, acc->storage->device, &sum);
+    st = dt_tensor_empty(acc->shape, acc->ndim, acc->dtype, acc->storage->device, &sum);
     if (st == DT_OK) {
       dt_tensor *accc;
       st = dt_tensor_contiguous_copy(acc, &accc);
@@ -286,19 +310,24 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
       return DT_ERROR(DT_ERR_SHAPE, "backward: grad_output %s does not have the loss's shape %s",
                       dt_tensor_describe(grad_output, b, sizeof b),
                       dt_tensor_describe(loss, a, sizeof a));
-    if (grad_output->dtype != DT_DTYPE_F32 ||
-        !dt_device_equal(grad_output->storage->device, loss->storage->device))
-      return DT_ERROR(grad_output->dtype != DT_DTYPE_F32 ? DT_ERR_DTYPE : DT_ERR_DEVICE_MISMATCH,
-                      "backward: grad_output %s must be f32 on the loss's device (loss %s)",
+    int dtype_ok = grad_output->dtype == DT_DTYPE_F32 || grad_output->dtype == loss->dtype;
+    if (!dtype_ok || !dt_device_equal(grad_output->storage->device, loss->storage->device))
+      return DT_ERROR(!dtype_ok ? DT_ERR_DTYPE : DT_ERR_DEVICE_MISMATCH,
+                      "backward: grad_output %s must be f32 (or the loss's dtype) on the loss's "
+                      "device (loss %s)",
                       dt_tensor_describe(grad_output, b, sizeof b),
                       dt_tensor_describe(loss, a, sizeof a));
-    DT_CHECK(dt_tensor_contiguous_copy(grad_output, &seed));
+    DT_CHECK(grad_as(grad_output, loss->dtype, &seed));
   } else {
     if (dt_tensor_numel(loss) != 1)
       return DT_ERROR(DT_ERR_SHAPE,
                       "backward: loss %s is not a scalar: pass grad_output of its shape",
                       dt_tensor_describe(loss, a, sizeof a));
-    DT_CHECK(dt_tensor_full(loss->shape, loss->ndim, 1.0f, loss->storage->device, &seed));
+    dt_tensor *one = NULL;
+    DT_CHECK(dt_tensor_full(loss->shape, loss->ndim, 1.0f, loss->storage->device, &one));
+    dt_status st1 = grad_as(one, loss->dtype, &seed);
+    dt_tensor_release(one);
+    DT_CHECK(st1);
   }
   dt_status st = DT_OK;
   if (loss->grad_fn == NULL) { /* a leaf loss */
@@ -367,8 +396,13 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
         continue;
       }
       if (in->grad_fn != NULL) {
-        if (gj != NULL)
-          st = accumulate_into_node(in->grad_fn, gj);
+        dt_tensor *gt = NULL;
+        if (gj != NULL) {
+          st = grad_as(gj, in->dtype, &gt);
+          dt_tensor_release(gj);
+        }
+        if (gt != NULL)
+          st = accumulate_into_node(in->grad_fn, gt);
       } else if (in->requires_grad) {
         if (gj != NULL) {
           st = dt_tensor_accumulate_grad(in, gj);
@@ -402,12 +436,12 @@ dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g) {
     return DT_ERROR(DT_ERR_INTERNAL, "gradient %s does not match its tensor %s",
                     dt_tensor_describe(g, a, sizeof a), dt_tensor_describe(leaf, b, sizeof b));
   dt_tensor *gc;
-  DT_CHECK(dt_tensor_contiguous_copy(g, &gc));
+  DT_CHECK(grad_as(g, leaf->dtype, &gc));
   dt_status st = DT_OK;
   if (leaf->grad == NULL) {
     /* Own a private copy: g may be shared with other parts of the graph. */
     dt_tensor *ng;
-    st = dt_tensor_empty(leaf->shape, leaf->ndim, DT_DTYPE_F32, leaf->storage->device, &ng);
+    st = dt_tensor_empty(leaf->shape, leaf->ndim, leaf->dtype, leaf->storage->device, &ng);
     if (st == DT_OK) {
       st = dt_kernel_axpby(DT_TENSOR_EXEC(ng), dt_tensor_numel(ng), 1.0f, dt_tensor_data(gc), 0.0f,
                            dt_tensor_data(ng));

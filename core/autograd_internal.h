@@ -16,10 +16,12 @@ extern "C" {
 typedef struct dt_node dt_node;
 
 /* Computes the gradients of the node's inputs from `grad_out` (the gradient
- * of the node's single output, contiguous f32 or the output's dtype).
- * For each input i that needs a gradient (node->needs_grad[i]) it sets
- * grad_in[i] to a new tensor of that input's shape (the engine takes the
- * reference); it may leave NULL for inputs that do not need one. Where
+ * of the node's single output, contiguous, in the output's dtype: a
+ * gradient has its tensor's dtype, so a 16-bit activation gets a 16-bit
+ * gradient). For each input i that needs a gradient (node->needs_grad[i])
+ * it sets grad_in[i] to a new tensor of that input's shape (the engine
+ * takes the reference and converts it to the input's dtype when it has
+ * another); it may leave NULL for inputs that do not need one. Where
  * dt_node_grad_dest(node, i) is not NULL it may instead add input i's
  * gradient into that buffer (a GEMM with beta = 1) and leave grad_in[i]
  * NULL. */
@@ -34,12 +36,12 @@ struct dt_node {
   int n_inputs;
   dt_tensor *inputs[DT_NODE_MAX_INPUTS]; /* retained; edges of the graph */
   int needs_grad[DT_NODE_MAX_INPUTS];
-  dt_tensor *saved[DT_NODE_MAX_SAVED];   /* retained until the graph is freed */
-  int64_t ints[8];            /* op parameters */
+  dt_tensor *saved[DT_NODE_MAX_SAVED]; /* retained until the graph is freed */
+  int64_t ints[8];                     /* op parameters */
   double reals[4];
-  void *ctx;                  /* op-private data, freed with ctx_free */
+  void *ctx; /* op-private data, freed with ctx_free */
   void (*ctx_free)(void *);
-  int freed;                  /* backward already ran and released the graph */
+  int freed; /* backward already ran and released the graph */
   /* engine scratch */
   dt_tensor *grad_accum;
   int pending;
@@ -59,9 +61,8 @@ int dt_autograd_should_record(dt_tensor *const *inputs, int n);
 /* Creates a node with the given inputs (retained) and attaches it to
  * `output` as its grad_fn (output becomes a non-leaf requiring grad).
  * Returns the node (owned by the output) for the op to fill saved/ints. */
-dt_status dt_autograd_record(const char *name, dt_backward_fn backward,
-                             dt_tensor *const *inputs, int n_inputs, dt_tensor *output,
-                             dt_node **out_node);
+dt_status dt_autograd_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
+                             int n_inputs, dt_tensor *output, dt_node **out_node);
 
 /* A fresh, process-unique hook handle (grad-ready and module hooks). */
 int dt_hook_handle_next(void);

@@ -99,6 +99,17 @@ typedef struct dt_conv2d_geom {
   int oh, ow;     /* output */
 } dt_conv2d_geom;
 
+/* A 16-bit copy an f32 kernel writes beside its result (the optimizer's
+ * working copy of the weights, core/optim.h): data[i] = the 16-bit value of
+ * f32 result element i, rounded to nearest even, or stochastically with
+ * the draw dt_rng_uniform(seed, offset + i) (core/half.h). */
+typedef struct dt_half_out {
+  uint16_t *data; /* n elements on the kernel's device */
+  dt_dtype dtype; /* DT_DTYPE_BF16 or DT_DTYPE_F16 */
+  bool stochastic;
+  uint64_t seed, offset;
+} dt_half_out;
+
 typedef struct dt_backend_ops dt_backend_ops;
 
 /* Where a kernel runs: the backend and device, the stream it is enqueued on

@@ -50,6 +50,29 @@ int dt_cpu_threads(void);
                      schedule(static) __VA_ARGS__)                                        \
   for (int64_t i = 0; i < (n); i++)
 
+/* Mixed precision (core/cpu_kernels_half.c): an f32 kernel body over
+ * `n` elements of blocks: fn(ex32, ctx, in, out, len) computes out (len)
+ * from the f32 inputs in[0..nin) of one block. */
+#define DT_CPU_HALF_MAX_INPUTS 3
+typedef dt_status (*dt_cpu_block_fn)(const dt_exec *ex32, const void *ctx, const float *const *in,
+                                     float *out, int64_t len);
+/* Runs fn over n elements whose inputs in[k] and output `out` hold 16-bit
+ * elements of ex->dtype (f16 or bf16): each block's inputs are widened to
+ * f32, fn computes in f32 on the calling thread, the result is rounded
+ * once into `out` (which may be one of the inputs). Blocks run on the
+ * kernel threads. */
+dt_status dt_cpu_half_blocks(const dt_exec *ex, int64_t n, int nin, const void *const *in,
+                             void *out, dt_cpu_block_fn fn, const void *ctx);
+
+/* The f16/bf16 variants of axpby, unary_forward and unary_backward (the
+ * f32 kernels call them for a 16-bit ex->dtype). */
+dt_status dt_cpu_half_axpby(const dt_exec *ex, int64_t n, float alpha, const void *x, float beta,
+                            void *y);
+dt_status dt_cpu_half_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                    void *y);
+dt_status dt_cpu_half_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                     const void *dy, void *dx);
+
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);

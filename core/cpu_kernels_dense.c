@@ -259,7 +259,8 @@ dt_status dt_cpu_fill(const dt_exec *ex, float *x, float value, int64_t n) {
 // y (n) = alpha * x + beta * y
 dt_status dt_cpu_axpby(const dt_exec *ex, int64_t n, float alpha, const float *x, float beta,
                        float *y) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_axpby(ex, n, alpha, x, beta, y);
   int nt = dt_cpu_threads();
   if (beta == 0.0f) {
 #pragma omp parallel for simd if (parallel : n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
@@ -278,7 +279,8 @@ dt_status dt_cpu_axpby(const dt_exec *ex, int64_t n, float alpha, const float *x
 // y (n) = f(x)
 dt_status dt_cpu_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const float *x,
                                float *y) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_unary_forward(ex, op, n, x, y);
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
@@ -303,7 +305,8 @@ dt_status dt_cpu_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, con
 // dx (n) = dy * f'(x), overwritten
 dt_status dt_cpu_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const float *x,
                                 const float *dy, float *dx) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_unary_backward(ex, op, n, x, dy, dx);
   int nt = dt_cpu_threads();
   switch (op) {
     case DT_UNARY_RELU:
@@ -545,6 +548,10 @@ static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, in
   float fv[CAST_BLOCK];
   if (src == DT_DTYPE_F32 && !dtype_is_int(dst)) { /* the hot f32 -> f16/bf16 path */
     store_float(out, dst, s, n, (const float *)in + s);
+    return;
+  }
+  if (dst == DT_DTYPE_F32 && dt_dtype_is_half(src)) { /* and back: exact, no need for f64 */
+    (void)dt_half_to_f32(src, (const uint16_t *)in + s, (float *)out + s, n);
     return;
   }
   if (dtype_is_int(src)) {

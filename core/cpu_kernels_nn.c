@@ -1,8 +1,10 @@
 /* CPU kernels for softmax, cross-entropy, embedding and dropout. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "core/half.h"
 #include "core/rng.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -233,14 +235,68 @@ dt_status dt_cpu_cross_entropy_backward(const dt_exec *ex, const float *logits, 
 
 /* ---- fused classifier (LM-head loss) ---- */
 
-// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL, *count (rows kept, f32)
+/* One row of the fused classifier: the loss of xr (vp) at target t, and
+ * when dr is not NULL dr (vp) = softmax - onehot, 0 past `classes` (dr may
+ * be xr). */
+static float classifier_row(const float *xr, float *dr, int64_t t, int64_t vp, int64_t classes) {
+  /* the loss as cross_entropy_forward computes it, so that the two agree
+   * bit for bit; the exponentials are kept for the gradient */
+  float xt = xr[t], mx = row_max(xr, classes);
+  double s = row_exp_sum(xr, classes, mx, dr);
+  if (dr) {
+    row_scale(dr, (float)(1.0 / s), classes);
+    dr[t] -= 1.0f;
+    memset(dr + classes, 0, (size_t)(vp - classes) * sizeof(float));
+  }
+  return (float)((double)mx + log(s) - (double)xt);
+}
+
+/* The 16-bit classifier: each row widened to f32 (a row buffer per
+ * thread), classifier_row, its gradient rounded once into dlogits. */
+static dt_status classifier_forward_half(dt_dtype dtype, const uint16_t *logits, const void *target,
+                                         dt_dtype target_dtype, int64_t n, int64_t vp,
+                                         int64_t classes, int64_t ignore_index, float *loss_rows,
+                                         uint16_t *dlogits) {
+  dt_status st = DT_OK;
+#pragma omp parallel if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(dt_cpu_threads())
+  {
+    float *w = malloc((size_t)vp * sizeof(float));
+    if (w == NULL) {
+#pragma omp critical(dt_cpu_classifier_half)
+      st = DT_ERROR(DT_ERR_OOM, "classifier_forward: a row buffer of %lld f32", (long long)vp);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+      int64_t t = target_at(target, target_dtype, i);
+      if (w == NULL)
+        continue;
+      if (t == ignore_index) {
+        loss_rows[i] = 0.0f;
+        if (dlogits)
+          memset(dlogits + i * vp, 0, (size_t)vp * sizeof(uint16_t));
+        continue;
+      }
+      (void)dt_half_to_f32(dtype, logits + i * vp, w, vp);
+      loss_rows[i] = classifier_row(w, dlogits ? w : NULL, t, vp, classes);
+      if (dlogits)
+        (void)dt_half_from_f32(dtype, w, dlogits + i * vp, vp);
+    }
+    free(w);
+  }
+  return st;
+}
+
+// logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL, *count (rows kept, f32);
+// logits and dlogits hold ex->dtype (f32, or 16-bit: f32 math)
 dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, const void *target,
                                     dt_dtype target_dtype, int64_t n, int64_t vp, int64_t classes,
                                     int64_t ignore_index, float *loss_rows, float *dlogits,
                                     float *count_out) {
-  (void)ex;
   DT_CHECK(check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index,
                          count_out));
+  if (dt_dtype_is_half(ex->dtype))
+    return classifier_forward_half(ex->dtype, (const uint16_t *)logits, target, target_dtype, n, vp,
+                                   classes, ignore_index, loss_rows, (uint16_t *)dlogits);
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
@@ -253,25 +309,23 @@ dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, cons
         memset(dr, 0, (size_t)vp * sizeof(float));
       continue;
     }
-    /* the loss as cross_entropy_forward computes it, so that the two agree
-     * bit for bit; the exponentials are kept for the gradient (dr may be xr) */
-    float xt = xr[t], mx = row_max(xr, classes);
-    double s = row_exp_sum(xr, classes, mx, dr);
-    if (dr) {
-      row_scale(dr, (float)(1.0 / s), classes);
-      dr[t] -= 1.0f;
-      memset(dr + classes, 0, (size_t)(vp - classes) * sizeof(float));
-    }
-    loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+    loss_rows[i] = classifier_row(xr, dr, t, vp, classes);
   }
   return DT_OK;
+}
+
+static dt_status classifier_scale_block(const dt_exec *ex32, const void *ctx,
+                                        const float *const *in, float *out, int64_t len) {
+  return dt_cpu_axpby(ex32, len, *(const float *)ctx, in[0], 0.0f, out);
 }
 
 // dlogits (n) *= dloss[0] / count[0] (0 when no row was kept: dlogits is all zero then)
 dt_status dt_cpu_classifier_backward(const dt_exec *ex, float *dlogits, const float *dloss,
                                      const float *count, int64_t n) {
-  (void)ex;
   const float a = count[0] > 0.0f ? dloss[0] / count[0] : 0.0f;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_blocks(ex, n, 1, (const void *[]){dlogits}, dlogits, classifier_scale_block,
+                              &a);
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++)

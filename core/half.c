@@ -1,9 +1,12 @@
-/* f32 <-> f16/bf16 conversions, scalar and over arrays. */
+/* f32 <-> f16/bf16 conversions, scalar and over arrays; the arrays run
+ * the best vector kernels of this CPU (core/half_simd.c), chosen once. */
 #include "core/half.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
+#include "core/half_internal.h"
 #include "core/rng.h"
 
 static uint32_t f32_bits(float f) {
@@ -32,8 +35,8 @@ uint16_t dt_f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) /* NaN */
-    return (uint16_t)(sign | 0x7e00u);
+  if (abs > 0x7f800000u) /* NaN: quiet, the payload's top 9 bits kept (as F16C) */
+    return (uint16_t)(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
   if (abs >= 0x477ff000u) /* >= 65520 rounds to Inf (and Inf itself) */
     return (uint16_t)(sign | 0x7c00u);
   if (abs < 0x38800000u) { /* below the smallest normal half (2^-14): subnormal */
@@ -64,8 +67,8 @@ float dt_f16_to_f32(uint16_t h) {
     float v = (float)mant * (1.0f / 16777216.0f); /* mant * 2^-24 */
     return sign ? -v : v;
   }
-  if (exp == 31)
-    return bits_f32(sign | 0x7f800000u | (mant << 13));
+  if (exp == 31) /* Inf, or NaN made quiet (as F16C) */
+    return bits_f32(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
   return bits_f32(sign | ((exp - 15 + 127) << 23) | (mant << 13));
 }
 
@@ -105,29 +108,67 @@ static dt_status check_half(const char *what, dt_dtype dtype, const void *in, co
   return DT_OK;
 }
 
-/* narrowing: in is f32, out 16-bit; otherwise the reverse */
-static dt_status convert_half(const char *what, dt_dtype dtype, int narrowing, const void *in,
-                              void *out, int64_t n) {
-  DT_CHECK(check_half(what, dtype, in, out, n));
-  int f16 = dtype == DT_DTYPE_F16;
-  for (int64_t i = 0; i < n; i++) {
-    if (narrowing) {
-      float f = ((const float *)in)[i];
-      ((uint16_t *)out)[i] = f16 ? dt_f32_to_f16(f) : dt_f32_to_bf16(f);
-    } else {
-      uint16_t h = ((const uint16_t *)in)[i];
-      ((float *)out)[i] = f16 ? dt_f16_to_f32(h) : dt_bf16_to_f32(h);
-    }
+/* ---- the instruction set of the array conversions ---- */
+
+static const char *const isa_names[] = {"scalar", "avx2", "avx512", "avx512-bf16"};
+
+static _Atomic int active_isa = -1; /* dt_half_isa; -1 until first use */
+
+dt_half_isa dt_half_isa_best(void) {
+  dt_half_isa best = DT_HALF_ISA_SCALAR;
+  for (int i = DT_HALF_ISA_SCALAR + 1; i <= DT_HALF_ISA_AVX512_BF16; i++)
+    if (dt_half_simd_supported((dt_half_isa)i))
+      best = (dt_half_isa)i;
+  return best;
+}
+
+dt_half_isa dt_half_isa_active(void) {
+  int isa = atomic_load_explicit(&active_isa, memory_order_relaxed);
+  if (isa < 0) { /* racing first calls store the same value */
+    isa = (int)dt_half_isa_best();
+    atomic_store_explicit(&active_isa, isa, memory_order_relaxed);
   }
+  return (dt_half_isa)isa;
+}
+
+dt_status dt_half_isa_force(dt_half_isa isa) {
+  if ((int)isa < DT_HALF_ISA_SCALAR || (int)isa > DT_HALF_ISA_AVX512_BF16)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dt_half_isa_force: no instruction set %d", (int)isa);
+  if (!dt_half_simd_supported(isa))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "dt_half_isa_force: this CPU does not run the %s conversions (best: %s)",
+                    isa_names[isa], isa_names[dt_half_isa_best()]);
+  atomic_store_explicit(&active_isa, (int)isa, memory_order_relaxed);
   return DT_OK;
 }
 
+const char *dt_half_isa_name(dt_half_isa isa) {
+  return (int)isa >= DT_HALF_ISA_SCALAR && (int)isa <= DT_HALF_ISA_AVX512_BF16 ? isa_names[isa]
+                                                                               : "unknown";
+}
+
+/* ---- arrays ---- */
+
 dt_status dt_half_from_f32(dt_dtype dtype, const float *in, uint16_t *out, int64_t n) {
-  return convert_half("dt_half_from_f32", dtype, 1, in, out, n);
+  DT_CHECK(check_half("dt_half_from_f32", dtype, in, out, n));
+  dt_half_kernels k = dt_half_simd_kernels(dt_half_isa_active());
+  int f16 = dtype == DT_DTYPE_F16;
+  dt_half_narrow_fn vec = f16 ? k.f16_from_f32 : k.bf16_from_f32;
+  int64_t i = vec ? vec(in, out, n) : 0;
+  for (; i < n; i++)
+    out[i] = f16 ? dt_f32_to_f16(in[i]) : dt_f32_to_bf16(in[i]);
+  return DT_OK;
 }
 
 dt_status dt_half_to_f32(dt_dtype dtype, const uint16_t *in, float *out, int64_t n) {
-  return convert_half("dt_half_to_f32", dtype, 0, in, out, n);
+  DT_CHECK(check_half("dt_half_to_f32", dtype, in, out, n));
+  dt_half_kernels k = dt_half_simd_kernels(dt_half_isa_active());
+  int f16 = dtype == DT_DTYPE_F16;
+  dt_half_widen_fn vec = f16 ? k.f16_to_f32 : k.bf16_to_f32;
+  int64_t i = vec ? vec(in, out, n) : 0;
+  for (; i < n; i++)
+    out[i] = f16 ? dt_f16_to_f32(in[i]) : dt_bf16_to_f32(in[i]);
+  return DT_OK;
 }
 
 dt_status dt_half_from_f32_stochastic(dt_dtype dtype, const float *in, uint16_t *out, int64_t n,

@@ -224,9 +224,30 @@ static dt_status dt_kcheck_dropout(int64_t n, float p) {
   return dt_kcheck_sizes("dropout", n, 0, 0);
 }
 
+/* The optimizers' 16-bit output, when there is one. */
+static dt_status dt_kcheck_half_out(const char *who, int64_t n, const dt_half_out *half) {
+  if (half == NULL)
+    return DT_OK;
+  if (half->dtype != DT_DTYPE_BF16 && half->dtype != DT_DTYPE_F16)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: the 16-bit working copy is %s: expected bf16 or f16", who,
+                    dt_dtype_name(half->dtype));
+  if (n > 0 && half->data == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: the 16-bit working copy has no buffer", who);
+  return DT_OK;
+}
+
+static dt_status dt_kcheck_half_copy(int64_t n, const dt_half_out *half) {
+  DT_CHECK(dt_kcheck_sizes("half_copy", n, 0, 0));
+  if (half == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "half_copy: no 16-bit output (NULL)");
+  return dt_kcheck_half_out("half_copy", n, half);
+}
+
 static dt_status dt_kcheck_sgd(int64_t n, const float *momentum_buf, float lr, float momentum,
-                               float dampening, float weight_decay, bool nesterov) {
+                               float dampening, float weight_decay, bool nesterov,
+                               const dt_half_out *half) {
   DT_CHECK(dt_kcheck_sizes("sgd_update", n, 0, 0));
+  DT_CHECK(dt_kcheck_half_out("sgd_update", n, half));
   if (!(lr >= 0.0f) || !(momentum >= 0.0f) || !(weight_decay >= 0.0f) ||
       !(dampening >= 0.0f && dampening <= 1.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -245,8 +266,9 @@ static dt_status dt_kcheck_sgd(int64_t n, const float *momentum_buf, float lr, f
 }
 
 static dt_status dt_kcheck_adamw(int64_t n, float lr, float beta1, float beta2, float eps,
-                                 float weight_decay, int step) {
+                                 float weight_decay, int step, const dt_half_out *half) {
   DT_CHECK(dt_kcheck_sizes("adamw_update", n, 0, 0));
+  DT_CHECK(dt_kcheck_half_out("adamw_update", n, half));
   if (step < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "adamw_update: step %d: steps count from 1 (bias correction 1-beta^step)",

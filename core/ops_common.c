@@ -12,14 +12,33 @@ int dt_ops_compact(dt_tensor *const *ts, int n, dt_tensor **dst) {
   return k;
 }
 
-dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
+/* Same device and f32 (half_ok: or f16/bf16) for the non-NULL tensors of ts. */
+static dt_status check_inputs(const char *op, dt_tensor *const *ts, int n, int half_ok) {
   dt_tensor *live[16];
   DT_ASSERT(n <= 16);
   int k = dt_ops_compact(ts, n, live);
   if (k == 0)
     return DT_OK;
   DT_CHECK(dt_check_same_device(op, live, k));
-  return dt_check_f32(op, live, k);
+  if (!half_ok)
+    return dt_check_f32(op, live, k);
+  for (int i = 0; i < k; i++) {
+    dt_dtype d = dt_tensor_dtype(live[i]);
+    if (d != DT_DTYPE_F32 && !dt_dtype_is_half(d))
+      return DT_ERROR(DT_ERR_DTYPE,
+                      "%s: input %d is %s: this op takes floats (f32, f16 or bf16): convert it "
+                      "with dt_tensor_to_dtype first",
+                      op, i, dt_dtype_name(d));
+  }
+  return DT_OK;
+}
+
+dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n) {
+  return check_inputs(op, ts, n, 0);
+}
+
+dt_status dt_ops_check_float_inputs(const char *op, dt_tensor *const *ts, int n) {
+  return check_inputs(op, ts, n, 1);
 }
 
 dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out) {
@@ -34,7 +53,7 @@ dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *ind
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *both[2] = {index, values};
   DT_CHECK(dt_check_same_device(op, both, 2));
-  DT_CHECK(dt_check_f32(op, &values, 1));
+  DT_CHECK(dt_ops_check_float_inputs(op, &values, 1));
   dt_dtype t = dt_tensor_dtype(index);
   if (t != DT_DTYPE_I32 && t != DT_DTYPE_I64)
     return DT_ERROR(DT_ERR_DTYPE, "%s: %s dtype %s: %s must be i32 or i64", op, index_name,
@@ -119,8 +138,14 @@ dt_status dt_ops_cast(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
 }
 
 dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out) {
+  dt_dtype want = t ? dt_autocast_dtype_for(op) : DT_DTYPE_F32;
+  if (t && want != DT_DTYPE_F32 && t->half_copy && *t->half_fresh &&
+      dt_tensor_dtype(t->half_copy) == want) { /* the optimizer's working copy of a parameter */
+    *out = dt_tensor_retain(t->half_copy);
+    return DT_OK;
+  }
   *out = NULL;
-  return t ? dt_ops_cast(t, dt_autocast_dtype_for(op), out) : DT_OK;
+  return t ? dt_ops_cast(t, want, out) : DT_OK;
 }
 
 dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out) { return dt_ops_cast(t, DT_DTYPE_F32, out); }
@@ -134,6 +159,40 @@ dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
   return st;
 }
 
+int dt_ops_is_half(const dt_tensor *t) { return t != NULL && dt_dtype_is_half(dt_tensor_dtype(t)); }
+
+dt_status dt_ops_f32_input(dt_tensor *x, dt_tensor **w) {
+  *w = NULL;
+  if (!dt_ops_is_half(x)) {
+    *w = x ? dt_tensor_retain(x) : NULL;
+    return DT_OK;
+  }
+  return dt_tensor_to_dtype(x, DT_DTYPE_F32, w);
+}
+
+dt_status dt_ops_f32_done(dt_status st, dt_tensor *const *w, int n, dt_dtype dtype,
+                          dt_tensor **out) {
+  for (int i = 0; i < n; i++)
+    dt_tensor_release(w[i]);
+  if (st != DT_OK || !dt_dtype_is_half(dtype))
+    return st;
+  dt_tensor *y32 = *out;
+  *out = NULL;
+  st = dt_tensor_to_dtype(y32, dtype, out);
+  dt_tensor_release(y32);
+  return st;
+}
+
+dt_status dt_ops_narrow_result(dt_dtype dtype, dt_tensor **y) {
+  if (!dt_dtype_is_half(dtype) || dt_tensor_dtype(*y) == dtype)
+    return DT_OK;
+  dt_tensor *r = NULL;
+  DT_CHECK(dt_ops_cast(*y, dtype, &r));
+  dt_tensor_release(*y);
+  *y = r;
+  return DT_OK;
+}
+
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
   dt_tensor *alias = NULL;
   DT_CHECK(dt_tensor_detach(out, &alias));
@@ -144,7 +203,8 @@ dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out) {
 
 dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
   dt_tensor *y = NULL;
-  DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &y));
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x),
+                           dt_tensor_device(x), &y));
   int64_t n = dt_tensor_numel(x);
   if (n > 0) {
     dt_status st = dt_kernel_axpby(DT_TENSOR_EXEC(x), n, alpha, DT_F32(x), 0.0f, DT_F32(y));

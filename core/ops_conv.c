@@ -101,7 +101,7 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
   }
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   DT_CHECK_GOTO(
-      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gy), &g, DT_F32(x32), DT_F32(w32), DT_F32(g32),
+      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(g32), &g, DT_F32(x32), DT_F32(w32), DT_F32(g32),
                                 dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
                                 db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
       st, fail);
@@ -117,7 +117,7 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   if (!x || !weight || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
   dt_tensor *ins[3] = {x, weight, bias};
-  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  DT_CHECK(dt_ops_check_float_inputs(op, ins, 3));
   const int64_t *sw = dt_tensor_shape(weight);
   char bx[128], bw[128], bb[128];
   if (dt_tensor_ndim(weight) != 4 || dt_tensor_ndim(x) != 4 || sw[1] != dt_tensor_shape(x)[1] ||
@@ -146,14 +146,16 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   DT_CHECK_GOTO(dt_ops_widen(xc, &x32), st, fail);
   DT_CHECK_GOTO(dt_ops_widen(wc, &w32), st, fail);
   if (bias)
-    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
+    DT_CHECK_GOTO(dt_ops_widen(bias, &bc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
   DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
   DT_CHECK_GOTO(
-      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x), &g, DT_F32(x32), DT_F32(w32),
+      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x32), &g, DT_F32(x32), DT_F32(w32),
                                bc ? DT_F32(bc) : NULL, DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
       st, fail);
+  /* the result in xc's dtype: 16-bit under autocast (f32 accumulation) */
+  DT_CHECK_GOTO(dt_ops_narrow_result(dt_tensor_dtype(xc), &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), st, fail);
   if (node) {
     dt_node_save(node, 0, xc);
@@ -197,6 +199,9 @@ fail:
 
 static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
                         int padding, dt_tensor **out) {
+  /* 16-bit x: pooled in f32, the result in x's dtype (one rounding: exact) */
+  DT_OPS_RUN_IN_F32(x, dt_tensor_dtype(x), x32, out,
+                    pool2d(op, is_max, x32, kernel, stride, padding, out));
   DT_CHECK(dt_ops_check_unary(op, x, out));
   dt_conv2d_geom g;
   DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));

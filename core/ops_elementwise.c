@@ -139,6 +139,11 @@ static dt_status binary_op(const char *name, dt_binary_op op, dt_tensor *a, dt_t
   dt_tensor *ins[2] = {a, b};
   if (!a || !b || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", name);
+  DT_CHECK(dt_ops_check_float_inputs(name, ins, 2));
+  /* 16-bit inputs: computed in f32, the result 16-bit when both are
+   * (PyTorch's type promotion: 16-bit with f32 gives f32) */
+  dt_dtype res = dt_tensor_dtype(a) == dt_tensor_dtype(b) ? dt_tensor_dtype(a) : DT_DTYPE_F32;
+  DT_OPS_RUN_IN_F32_2(a, b, res, a32, b32, out, binary_op(name, op, a32, b32, out));
   DT_CHECK(dt_ops_check_inputs(name, ins, 2));
   int64_t shape[DT_MAX_DIMS];
   int ndim = 0;
@@ -181,7 +186,7 @@ static dt_status scale_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in
 dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   if (!a || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dt_op_scale: NULL argument");
-  DT_CHECK(dt_ops_check_inputs("dt_op_scale", &a, 1));
+  DT_CHECK(dt_ops_check_float_inputs("dt_op_scale", &a, 1)); /* y in a's dtype */
   dt_tensor *x = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
@@ -202,8 +207,9 @@ fail:
 /* saved[0] = x (contiguous); f'(x) is computed from the input */
 static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0];
-  dt_tensor *dx = NULL;
-  DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(x), &dx));
+  dt_tensor *dx = NULL; /* x's dtype, which g has too (16-bit: f32 math in the kernel) */
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x),
+                           dt_tensor_device(x), &dx));
   int64_t n = dt_tensor_numel(x);
   dt_status st = DT_OK;
   if (n > 0) {
@@ -216,12 +222,15 @@ static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in
 static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_tensor **out) {
   if (!a || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", name);
-  DT_CHECK(dt_ops_check_inputs(name, &a, 1));
+  DT_CHECK(dt_ops_check_float_inputs(name, &a, 1));
   dt_tensor *x = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(dt_ops_empty_like(x, dt_tensor_device(x), &y), st, fail);
+  /* y in x's dtype: a 16-bit activation stays 16-bit (f32 math) */
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x),
+                                dt_tensor_device(x), &y),
+                st, fail);
   int64_t n = dt_tensor_numel(x);
   if (n > 0)
     DT_CHECK_GOTO(dt_kernel_unary_forward(DT_TENSOR_EXEC(x), op, n, DT_F32(x), DT_F32(y)), st,

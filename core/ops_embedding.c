@@ -29,6 +29,8 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
   static const char *op = "dt_op_embedding";
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  /* a 16-bit table: looked up in f32, an f32 result */
+  DT_OPS_RUN_IN_F32(table, DT_DTYPE_F32, t32, out, dt_op_embedding(idx, t32, out));
   DT_CHECK(dt_ops_check_indexed(op, idx, "index", "indices", table));
   dt_dtype idt = dt_tensor_dtype(idx);
   int ni = dt_tensor_ndim(idx);
@@ -87,13 +89,17 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
 
 dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen, dt_tensor **out) {
   static const char *op = "dt_op_dropout";
-  DT_CHECK(dt_ops_check_unary(op, x, out));
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  DT_CHECK(dt_ops_check_float_inputs(op, &x, 1));
   if (!(p >= 0.0f && p <= 1.0f))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: probability p=%g is outside [0, 1]", op, (double)p);
   if (!training || p == 0.0f) {
     *out = dt_tensor_retain(x);
     return DT_OK;
   }
+  /* 16-bit x: dropped in f32, the result in x's dtype */
+  DT_OPS_RUN_IN_F32(x, dt_tensor_dtype(x), x32, out, dt_op_dropout(x32, p, training, gen, out));
   if (!gen)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: training mode needs a dt_generator (seeded with dt_generator_init)", op);

@@ -7,6 +7,7 @@
 #include "core/amp.h"
 #include "core/autograd_internal.h"
 #include "core/backend.h"
+#include "core/half.h"
 #include "core/ops.h"
 #include "core/tensor_internal.h"
 
@@ -21,12 +22,17 @@ extern "C" {
  * device and f32. `ts` may contain NULLs (optional bias etc.). */
 dt_status dt_ops_check_inputs(const char *op, dt_tensor *const *ts, int n);
 
+/* The same for an op that takes 16-bit floats too (the low-precision ops,
+ * whose inputs autocast converts): f32, f16 or bf16. */
+dt_status dt_ops_check_float_inputs(const char *op, dt_tensor *const *ts, int n);
+
 /* Validates the arguments of an op of one f32 tensor: x and out non-NULL,
  * x f32. */
 dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out);
 
-/* Validates the inputs of an op indexing an f32 tensor: `index` and
- * `values` non-NULL and on one device, `values` f32, `index` i32 or i64.
+/* Validates the inputs of an op indexing a float tensor: `index` and
+ * `values` non-NULL and on one device, `values` f32, f16 or bf16 (an op
+ * whose kernels are f32 widens 16-bit values first), `index` i32 or i64.
  * The dtype error names the index tensor as "<index_name> dtype" and its
  * entries as `ids_name` ("index", "indices"). */
 dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
@@ -84,11 +90,67 @@ dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out);
  * entering a low-precision op's backward). */
 dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out);
 
+/* Mixed precision: ops of 16-bit inputs whose kernels compute in f32
+ * (core/autocast_policy.def). 1 when t is f16 or bf16 (0 for NULL). */
+int dt_ops_is_half(const dt_tensor *t);
+/* *w = x widened to f32 through a recorded cast (dt_tensor_to_dtype) when
+ * x is 16-bit, so the gradient flows back to x in x's dtype (PyTorch
+ * autocast's cast at the entry of an fp32 op); a new reference to x
+ * otherwise (NULL stays NULL). */
+dt_status dt_ops_f32_input(dt_tensor *x, dt_tensor **w);
+/* The end of an op run on the f32 inputs w[0..n) of dt_ops_f32_input:
+ * releases them and, when st is DT_OK and `dtype` is 16-bit, replaces *out
+ * by its rounding to `dtype` (recorded: a 16-bit result of 16-bit inputs,
+ * as PyTorch's elementwise ops give). Returns st or the cast's status.
+ *   if (dt_ops_is_half(x)) {
+ *     dt_tensor *w = NULL;
+ *     dt_status st = dt_ops_f32_input(x, &w);
+ *     if (st == DT_OK) st = dt_op_max_pool2d(w, ..., out);
+ *     return dt_ops_f32_done(st, &w, 1, dt_tensor_dtype(x), out);
+ *   } */
+dt_status dt_ops_f32_done(dt_status st, dt_tensor *const *w, int n, dt_dtype dtype,
+                          dt_tensor **out);
+
+/* The entry of an op that computes in f32, for 16-bit inputs: when x (a
+ * and/or b) is 16-bit, returns the op called again (CALL) on the input
+ * widened by dt_ops_f32_input (named X32: A32, B32), its result *out
+ * rounded to `res` when that is 16-bit (dt_ops_f32_done). `out` is the
+ * op's result pointer. */
+#define DT_OPS_RUN_IN_F32(x, res, X32, out, CALL)         \
+  do {                                                    \
+    if (dt_ops_is_half(x)) {                              \
+      dt_tensor *X32 = NULL;                              \
+      dt_status st_ = dt_ops_f32_input((x), &X32);        \
+      if (st_ == DT_OK)                                   \
+        st_ = (CALL);                                     \
+      return dt_ops_f32_done(st_, &X32, 1, (res), (out)); \
+    }                                                     \
+  } while (0)
+#define DT_OPS_RUN_IN_F32_2(a, b, res, A32, B32, out, CALL) \
+  do {                                                      \
+    if (dt_ops_is_half(a) || dt_ops_is_half(b)) {           \
+      dt_tensor *w_[2] = {NULL, NULL};                      \
+      dt_status st_ = dt_ops_f32_input((a), &w_[0]);        \
+      if (st_ == DT_OK)                                     \
+        st_ = dt_ops_f32_input((b), &w_[1]);                \
+      dt_tensor *A32 = w_[0], *B32 = w_[1];                 \
+      if (st_ == DT_OK)                                     \
+        st_ = (CALL);                                       \
+      return dt_ops_f32_done(st_, w_, 2, (res), (out));     \
+    }                                                       \
+  } while (0)
+
+/* *y (an op's f32 result, not yet recorded) replaced by its rounding to
+ * `dtype` when that is 16-bit: a low-precision op's result under autocast
+ * (f32 accumulation, one rounding at the end). */
+dt_status dt_ops_narrow_result(dt_dtype dtype, dt_tensor **y);
+
 /* Saves a detached alias of an op's own output (no reference cycle
  * output -> node -> output). */
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out);
 
-/* out (new, contiguous, same shape) = alpha * x; x must be contiguous f32. */
+/* out (new, contiguous, same shape and dtype) = alpha * x; x must be
+ * contiguous f32 or 16-bit. */
 dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out);
 
 /* Sum of x (contiguous, `shape`) over the dims with mask[d] != 0, times

@@ -80,7 +80,7 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   if (!a || !b || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *ins[2] = {a, b};
-  DT_CHECK(dt_ops_check_inputs(op, ins, 2));
+  DT_CHECK(dt_ops_check_float_inputs(op, ins, 2));
   int na = dt_tensor_ndim(a), nb = dt_tensor_ndim(b);
   const int64_t *sa = dt_tensor_shape(a), *sb = dt_tensor_shape(b);
   char bufa[128], bufb[128];
@@ -118,6 +118,7 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
     DT_CHECK_GOTO(gemm(dev, ab, 0, 0, m * batch, n, k, dt_tensor_data(ac), k, 0, dt_tensor_data(bc),
                        n, 0, 0.0f, DT_F32(y), n, 0, 1),
                   st, fail);
+  DT_CHECK_GOTO(dt_ops_narrow_result(ab, &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), st, fail);
   dt_tensor *saved[2] = {ac, bc};
   const int64_t ints[5] = {batch, m, k, n, batched};
@@ -130,8 +131,58 @@ fail:
 
 /* ---- linear ---- */
 
-/* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous;
- * ints: 0 rows, 1 in, 2 out, 3 has bias. Inputs: x, weight[, bias]. */
+/* Rows per slice when a linear's (rows, out) matrix is 16-bit: an eighth
+ * of it when it is large (the LM head's logits and their gradient are a
+ * language model's largest tensors), so that no f32 copy of the whole is
+ * made (the forward's f32 accumulator, the CPU's widened GEMM operands). */
+static int64_t half_slice_rows(dt_dtype ab, int64_t rows, int64_t outf) {
+  if (ab != DT_DTYPE_F32 && rows * outf > ((int64_t)1 << 20))
+    return (rows + 7) / 8;
+  return rows;
+}
+
+/* y (rows, out) = x (rows, in) @ w^T (+ bias (out) broadcast over rows), x
+ * and w of `ab`, y of `ab` too: an f32 y directly, a 16-bit y a slice of
+ * rows at a time through an f32 buffer (f32 accumulation, one rounding). */
+static dt_status linear_rows(dt_device dev, dt_dtype ab, dt_tensor *xc, dt_tensor *wc,
+                             dt_tensor *bc, int64_t rows, int64_t in, int64_t outf, dt_tensor *y) {
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
+  const size_t esize = dt_dtype_size(ab);
+  const int64_t chunk = half_slice_rows(ab, rows, outf);
+  dt_tensor *buf = NULL;
+  dt_status st = DT_OK;
+  if (ab != DT_DTYPE_F32 && rows > 0) {
+    const int64_t bshape[2] = {chunk, outf};
+    DT_CHECK(dt_tensor_empty(bshape, 2, DT_DTYPE_F32, dev, &buf));
+  }
+  for (int64_t r0 = 0; r0 < rows && outf > 0; r0 += chunk) {
+    int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    float *acc = buf ? DT_F32(buf) : DT_F32(y) + r0 * outf;
+    float beta = 0.0f;
+    if (bc) {
+      DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(bc), acc, 1, n, outf, 1.0f), st, done);
+      beta = 1.0f;
+    }
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 1, n, outf, in,
+                       (const char *)dt_tensor_data(xc) + (size_t)(r0 * in) * esize, in, 0,
+                       dt_tensor_data(wc), in, 0, beta, acc, outf, 0, 1),
+                  st, done);
+    if (buf)
+      DT_CHECK_GOTO(
+          dt_kernel_cast(&ex, acc, DT_DTYPE_F32,
+                         (char *)dt_tensor_data(y) + (size_t)(r0 * outf) * esize, ab, n * outf),
+          st, done);
+  }
+done:
+  dt_tensor_release(buf);
+  return st;
+}
+
+/* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
+ * the dtype the forward computed in (16-bit under autocast), which the
+ * output and so its gradient g have too; ints: 0 rows, 1 in, 2 out, 3 has
+ * bias. Inputs: x, weight[, bias]. */
 static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
   int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
@@ -140,18 +191,11 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   const dt_exec ex = dt_tensor_exec(g);
   dt_dtype ab = dt_tensor_dtype(x);
   size_t esize = dt_dtype_size(ab);
-  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL;
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL, *g32 = NULL;
   dt_status st = DT_OK;
-  /* 16-bit operands (autocast): the gradient is rounded to their dtype a
-   * slice of rows at a time, an eighth of it when it is large (the LM
-   * head's gradient is a language model's largest tensor). */
-  int64_t chunk = rows;
-  if (ab != DT_DTYPE_F32 && rows * outf > ((int64_t)1 << 20))
-    chunk = (rows + 7) / 8;
-  if (ab != DT_DTYPE_F32) {
-    const int64_t cshape[2] = {chunk, outf};
-    DT_CHECK(dt_tensor_empty(cshape, 2, ab, dev, &gc));
-  }
+  DT_CHECK(dt_ops_cast(g, ab, &gc)); /* g's dtype is ab already: a new reference */
+  /* 16-bit operands: the CPU's GEMM widens them, a slice of rows at a time */
+  int64_t chunk = half_slice_rows(ab, rows, outf);
   if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
   /* dw straight into the weight's .grad where the engine offers it */
@@ -161,13 +205,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int64_t r0 = 0;
   do { /* once when rows is 0: dw = 0 */
     int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-    const float *g32 = DT_F32(g) + r0 * outf;
-    const void *gp = g32;
-    if (gc && n > 0) {
-      DT_CHECK_GOTO(dt_kernel_cast(&ex, g32, DT_DTYPE_F32, dt_tensor_data(gc), ab, n * outf), st,
-                    fail);
-      gp = dt_tensor_data(gc);
-    }
+    const void *gp = (const char *)dt_tensor_data(gc) + (size_t)(r0 * outf) * esize;
     /* dx (n, in) = g (n, out) @ w (out, in), rows r0.. */
     if (dx)
       DT_CHECK_GOTO(gemm(dev, ab, 0, 0, n, in, outf, gp, outf, 0, dt_tensor_data(w), in, 0, 0.0f,
@@ -183,17 +221,20 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     r0 += n;
   } while (r0 < rows);
   if (has_bias && node->needs_grad[2]) {
-    /* db (out) = sum over rows of g (rows, out) */
+    /* db (out) = sum over rows of g (rows, out), in f32 */
     DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), st, fail);
-    if (rows == 0)
+    if (rows == 0) {
       DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(db), 0.0f, outf), st, fail);
-    else if (outf > 0)
-      DT_CHECK_GOTO(dt_kernel_reduce_sum(&ex, DT_F32(g), DT_F32(db), 1, rows, outf, 1.0f), st,
-                    fail);
+    } else if (outf > 0) {
+      DT_CHECK_GOTO(dt_ops_widen(gc, &g32), st, fail);
+      DT_CHECK_GOTO(
+          dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(db), 1, rows, outf, 1.0f),
+          st, fail);
+    }
   }
   st = DT_OK;
 fail:
-  dt_tensor_release(gc);
+  DT_RELEASE_TENSORS(g32, gc);
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
@@ -202,7 +243,7 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   if (!x || !weight || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
   dt_tensor *ins[3] = {x, weight, bias};
-  DT_CHECK(dt_ops_check_inputs(op, ins, 3));
+  DT_CHECK(dt_ops_check_float_inputs(op, ins, 3));
   int nx = dt_tensor_ndim(x);
   const int64_t *sx = dt_tensor_shape(x), *sw = dt_tensor_shape(weight);
   char bx[128], bw[128], bb[128];
@@ -224,25 +265,17 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   memcpy(oshape, sx, (size_t)nx * sizeof(int64_t));
   oshape[nx - 1] = outf;
   dt_device dev = dt_tensor_device(x);
-  const dt_exec ex = dt_tensor_exec(x);
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL;
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
   DT_CHECK_GOTO(dt_ops_autocast_input(op, weight, &wc), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, DT_DTYPE_F32, dev, &y), st, fail);
-  float beta = 0.0f;
-  if (bias && rows > 0 && outf > 0) {
-    /* y (rows, out) = bias broadcast over rows, then y += x @ w^T */
-    DT_CHECK_GOTO(dt_ops_contiguous(bias, &bc), st, fail);
-    DT_CHECK_GOTO(dt_kernel_broadcast_axis(&ex, DT_F32(bc), DT_F32(y), 1, rows, outf, 1.0f), st,
-                  fail);
-    beta = 1.0f;
-  }
-  /* y (rows, out) = x (rows, in) @ w^T, w (out, in) */
-  DT_CHECK_GOTO(gemm(dev, dt_tensor_dtype(xc), 0, 1, rows, outf, in, dt_tensor_data(xc), in, 0,
-                     dt_tensor_data(wc), in, 0, beta, DT_F32(y), outf, 0, 1),
-                st, fail);
+  dt_dtype ab = dt_tensor_dtype(xc);
+  if (bias && rows > 0 && outf > 0)
+    DT_CHECK_GOTO(dt_ops_widen(bias, &bc), st, fail);
+  /* y (rows, out) of ab = x (rows, in) @ w^T (+ bias), f32 accumulation */
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, ab, dev, &y), st, fail);
+  DT_CHECK_GOTO(linear_rows(dev, ab, xc, wc, bc, rows, in, outf, y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[2] = {xc, wc};
   const int64_t ints[4] = {rows, in, outf, bias != NULL};

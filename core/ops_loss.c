@@ -111,6 +111,9 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   static const char *op = "dt_op_cross_entropy";
   if (!out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  /* 16-bit logits: widened, an f32 loss (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32(logits, DT_DTYPE_F32, l32, out,
+                    dt_op_cross_entropy(l32, target, reduction, ignore_index, out));
   int64_t c = 0, rows = 0;
   DT_CHECK(check_logits_target(op, logits, target, &c, &rows));
   DT_CHECK(check_reduction(op, reduction));
@@ -161,8 +164,9 @@ fail:
 
 /* ---- fused classifier (LM-head loss) ---- */
 
-/* saved: 0 dlogits (rows, vp): softmax - onehot, unscaled; 1 count (1: rows
- * kept, f32, on the device) */
+/* saved: 0 dlogits (rows, vp): softmax - onehot, unscaled, in the logits'
+ * dtype (a 16-bit activation's gradient is 16-bit); 1 count (1: rows kept,
+ * f32, on the device) */
 static dt_status classifier_loss_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *dlogits = node->saved[0], *count = node->saved[1];
   int64_t n = dt_tensor_numel(dlogits);
@@ -193,7 +197,11 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
                     dt_shape_format(dt_tensor_shape(logits), dt_tensor_ndim(logits), bl, sizeof bl),
                     (long long)vp);
   dt_device dev = dt_tensor_device(logits);
+  /* 16-bit logits are read as they are (f32 math) and their gradient
+   * buffer has their dtype: no f32 copy of the LM head's output */
   const dt_exec ex = dt_tensor_exec(logits);
+  dt_exec ex32;
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex32));
   const int record = dt_autograd_should_record(&logits, 1);
   reuse = reuse && record && dt_tensor_is_contiguous(logits) && logits->refcount == 1 &&
           logits->storage->refcount == 1;
@@ -207,7 +215,9 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
   if (reuse)
     DT_CHECK_GOTO(dt_tensor_detach(lc, &dlogits), st, fail);
   else if (record)
-    DT_CHECK_GOTO(dt_ops_empty_like(lc, dev, &dlogits), st, fail);
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(lc), dt_tensor_ndim(lc), dt_tensor_dtype(lc), dev,
+                                  &dlogits),
+                  st, fail);
   /* logits (rows, vp) -> loss_rows (rows), dlogits (rows, vp) = softmax - onehot */
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &count), st, fail);
   if (rows > 0)
@@ -216,13 +226,13 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
                                                dlogits ? DT_F32(dlogits) : NULL, DT_F32(count)),
                   st, fail);
   else
-    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(count), 0.0f, 1), st, fail);
+    DT_CHECK_GOTO(dt_kernel_fill(&ex32, DT_F32(count), 0.0f, 1), st, fail);
   /* sum / count on the device (the count stays there); over zero kept rows
    * that is 0/0 = NaN, as PyTorch gives */
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &sum), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &y), st, fail);
   DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows, 1.0f, DT_F32(sum)), st, fail);
-  DT_CHECK_GOTO(divide_scalars(&ex, DT_F32(sum), DT_F32(count), DT_F32(y), 1), st, fail);
+  DT_CHECK_GOTO(divide_scalars(&ex32, DT_F32(sum), DT_F32(count), DT_F32(y), 1), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, classifier_loss_backward, &logits, 1, y, &node), st, fail);
   dt_tensor *saved[2] = {dlogits, count};
   dt_ops_save_for_backward(node, saved, 2, NULL, 0);
@@ -315,6 +325,8 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   if (!a || !b || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *ins[2] = {a, b};
+  /* 16-bit a or b: widened, an f32 loss (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32_2(a, b, DT_DTYPE_F32, a32, b32, out, dt_op_mse(a32, b32, reduction, out));
   DT_CHECK(dt_ops_check_inputs(op, ins, 2));
   DT_CHECK(check_reduction(op, reduction));
   int nd = dt_tensor_ndim(a);

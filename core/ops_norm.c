@@ -143,6 +143,10 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   if (!x || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *all[5] = {x, gamma, beta, running_mean, running_var};
+  /* 16-bit x: normalised in f32, an f32 result (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
+                    dt_op_batch_norm2d(x32, gamma, beta, running_mean, running_var, training,
+                                       momentum, eps, out));
   DT_CHECK(dt_ops_check_inputs(op, all, 5));
   int nd = dt_tensor_ndim(x);
   const int64_t *s = dt_tensor_shape(x);
@@ -261,6 +265,9 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   if (!x || !out || (residual && !sum_out))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *ins[4] = {x, residual, gamma, beta};
+  /* 16-bit x or residual: widened, f32 results (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32_2(x, residual, DT_DTYPE_F32, x32, r32, out,
+                      layer_norm_op(op, x32, r32, gamma, beta, eps, sum_out, out));
   DT_CHECK(dt_ops_check_inputs(op, ins, 4));
   int nd = dt_tensor_ndim(x);
   char b[128], br[128];

@@ -26,6 +26,9 @@ static dt_status reduce_op(const char *op, bool is_mean, dt_tensor *x, const int
                            bool keepdim, dt_tensor **out) {
   if (!x || !out || (ndims > 0 && !dims) || ndims < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument or negative ndims", op);
+  /* 16-bit x: summed in f32, an f32 result (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
+                    reduce_op(op, is_mean, x32, dims, ndims, keepdim, out));
   DT_CHECK(dt_ops_check_inputs(op, &x, 1));
   int nd = dt_tensor_ndim(x);
   const int64_t *s = dt_tensor_shape(x);
@@ -190,6 +193,37 @@ static dt_status concat_tree(const char *op, dt_tensor *const *xs, int n, int di
   return st;
 }
 
+/* 16-bit inputs of mixed dtypes or requiring grad: concatenated in f32
+ * (recorded casts), the result in their dtype when all share one, else f32
+ * (PyTorch's promotion). Leaves *out NULL when this does not apply (one
+ * dtype, no gradient: the copy kernel moves 16-bit elements as they are). */
+static dt_status concat_half(const char *op, dt_tensor *const *xs, int n, int dim,
+                             dt_tensor **out) {
+  int half = 0, same = 1;
+  *out = NULL;
+  for (int i = 0; i < n; ++i) {
+    half |= dt_ops_is_half(xs[i]);
+    same &= dt_tensor_dtype(xs[i]) == dt_tensor_dtype(xs[0]);
+  }
+  if (!half || (same && !dt_autograd_should_record(xs, n)))
+    return DT_OK;
+  for (int i = 0; i < n; ++i)
+    DT_CHECK(dt_ops_check_float_inputs(op, &xs[i], 1));
+  dt_tensor **w = calloc((size_t)n, sizeof *w);
+  if (!w)
+    return DT_ERROR(DT_ERR_OOM, "%s: no host memory for %d tensors", op, n);
+  dt_status st = DT_OK;
+  for (int i = 0; st == DT_OK && i < n; ++i)
+    st = dt_ops_f32_input(xs[i], &w[i]);
+  if (st == DT_OK)
+    st = dt_op_concat(w, n, dim, out);
+  st = dt_ops_f32_done(st, w, n, same ? dt_tensor_dtype(xs[0]) : DT_DTYPE_F32, out);
+  free(w);
+  if (st != DT_OK)
+    *out = NULL;
+  return st;
+}
+
 dt_status dt_op_concat(dt_tensor *const *xs, int n, int dim, dt_tensor **out) {
   static const char *op = "dt_op_concat";
   if (!xs || n < 1 || !out)
@@ -198,6 +232,9 @@ dt_status dt_op_concat(dt_tensor *const *xs, int n, int dim, dt_tensor **out) {
     if (!xs[i])
       return DT_ERROR(DT_ERR_INVALID_ARG, "%s: tensor %d is NULL", op, i);
   DT_CHECK(dt_check_same_device(op, xs, n));
+  DT_CHECK(concat_half(op, xs, n, dim, out));
+  if (*out)
+    return DT_OK;
   int nd = dt_tensor_ndim(xs[0]);
   int d = 0;
   if (nd < 1)
@@ -245,6 +282,13 @@ dt_status dt_op_flatten(dt_tensor *x, dt_tensor **out) {
 
 dt_status dt_op_argmax(dt_tensor *x, dt_tensor **out) {
   static const char *op = "dt_op_argmax";
+  if (dt_ops_is_half(x) && out) { /* the 16-bit logits of a training step's metric */
+    dt_tensor *x32 = NULL;
+    DT_CHECK(dt_ops_widen(x, &x32));
+    dt_status st = dt_op_argmax(x32, out);
+    dt_tensor_release(x32);
+    return st;
+  }
   DT_CHECK(dt_ops_check_unary(op, x, out));
   int nd = dt_tensor_ndim(x);
   char b[128];

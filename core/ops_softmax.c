@@ -52,6 +52,8 @@ fail:
 }
 
 static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_tensor **out) {
+  /* 16-bit x: widened, an f32 result (autocast's fp32 ops) */
+  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out, softmax_op(op, x32, dim, log, out));
   DT_CHECK(dt_ops_check_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   if (ndim == 0)
@@ -76,6 +78,7 @@ dt_status dt_op_log_softmax(dt_tensor *x, int dim, dt_tensor **out) {
 
 dt_status dt_op_causal_softmax(dt_tensor *x, dt_tensor **out) {
   static const char *op = "dt_op_causal_softmax";
+  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out, dt_op_causal_softmax(x32, out));
   DT_CHECK(dt_ops_check_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   const int64_t *shape = dt_tensor_shape(x);

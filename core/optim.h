@@ -128,6 +128,42 @@ typedef struct dt_optim_shard {
   dt_status (*step_done)(void *ctx, dt_status st);
 } dt_optim_shard;
 
+/* ---- the 16-bit working copy of the weights (mixed precision) ----
+ *
+ * Under bf16/fp16 the optimizer keeps, beside the arena's f32 masters, a
+ * 16-bit copy of every parameter, written by the fused update kernel in
+ * the same pass that updates the master; the LOW ops (core/amp.h) use a
+ * parameter's copy instead of rounding the parameter each time they use
+ * it. Rounded to nearest even, the copy holds exactly what that rounding
+ * gave; stochastic rounding (llm.c) draws element i's rounding after s
+ * updates from (seed, s, i), so runs are reproducible, DDP and ZeRO ranks
+ * hold identical copies and a resumed run rebuilds the copy it left. The
+ * copy is rebuilt from the masters when it is not fresh: at its first use,
+ * after dt_optim_state_set (a checkpoint load) and after
+ * dt_optim_working_copy_invalidate, which whoever writes the parameters by
+ * other means than this optimizer must call. Checkpoints hold only the
+ * masters. */
+typedef struct dt_working_copy_config {
+  dt_dtype dtype; /* DT_DTYPE_BF16 or DT_DTYPE_F16 */
+  bool stochastic;
+  uint64_t seed; /* for stochastic rounding */
+} dt_working_copy_config;
+
+/* Makes `o` keep the working copy `cfg` describes (replacing one of
+ * another configuration) and makes it fresh: after this the LOW ops use
+ * it. The training step (core/step.h) calls it before each forward under
+ * autocast. DT_ERR_DTYPE for a dtype other than bf16/f16; OOM. */
+dt_status dt_optim_use_working_copy(dt_optimizer *o, const dt_working_copy_config *cfg);
+/* Drops the working copy: the LOW ops round the parameters again. */
+void dt_optim_drop_working_copy(dt_optimizer *o);
+/* The parameters changed behind the optimizer's back: the copy is rebuilt
+ * at its next use (until then the LOW ops round the parameters). */
+void dt_optim_working_copy_invalidate(dt_optimizer *o);
+/* The flat copy (arena numel elements, borrowed), NULL without one. */
+dt_tensor *dt_optim_working_copy(const dt_optimizer *o);
+/* Whether it holds the masters' current values. */
+bool dt_optim_working_copy_is_fresh(const dt_optimizer *o);
+
 /* Makes `o` update only `shard` (before its first step: DT_ERR_STATE
  * after). Drops any state buffer allocated so far (state_set afterwards
  * loads a shard's state). DT_ERR_INVALID_ARG for segments outside the

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/optim.h"
+#include "core/optim_internal.h"
 #include "core/tensor_internal.h"
 
 typedef enum optim_kind { OPTIM_SGD = 0, OPTIM_ADAMW } optim_kind;
@@ -40,6 +41,7 @@ struct dt_optimizer {
     bool decay;
   } * runs;
   int n_runs;
+  dt_working_copy *working; /* NULL = none (dt_optim_use_working_copy) */
 };
 
 static int is_finite(float x) { return isfinite(x); }
@@ -163,6 +165,7 @@ void dt_optim_destroy(dt_optimizer *o) {
   if (!o)
     return;
   release_state(o);
+  dt_working_copy_destroy(o->working);
   dt_tensor_release(o->shard.grads);
   free(o->segs);
   free(o->runs);
@@ -231,21 +234,27 @@ static dt_status check_grads(const dt_optimizer *o, dt_tensor *grads) {
 
 /* The fused kernel over arena elements [start, start + n) of segment sg,
  * with or without weight decay. */
+static dt_status rebuild_outside_segments(dt_optimizer *o, int64_t steps);
+
 static dt_status update_range(dt_optimizer *o, const dt_exec *ex, float *params, const float *grads,
                               const dt_optim_segment *sg, int64_t start, int64_t n, bool decay) {
   int64_t local = sg->local_offset + (start - sg->offset);
   float *p = params + start;
   const float *g = grads + local;
+  /* the working copy as it is after this update */
+  dt_half_out half = o->working ? dt_working_copy_out(o->working, start, o->steps + 1)
+                                : (dt_half_out){0};
+  const dt_half_out *h = o->working ? &half : NULL;
   if (o->kind == OPTIM_SGD) {
     const dt_sgd_config *c = &o->sgd;
     float *m = state_ptr(o, 0);
     return dt_kernel_sgd_update(ex, p, g, m ? m + local : NULL, n, o->lr, c->momentum, c->dampening,
-                                decay ? c->weight_decay : 0.0f, c->nesterov, o->steps == 0);
+                                decay ? c->weight_decay : 0.0f, c->nesterov, o->steps == 0, h);
   }
   const dt_adamw_config *c = &o->adamw;
   return dt_kernel_adamw_update(ex, p, g, state_ptr(o, 0) + local, state_ptr(o, 1) + local, n,
                                 o->lr, c->beta1, c->beta2, c->eps, decay ? c->weight_decay : 0.0f,
-                                (int)(o->steps + 1));
+                                (int)(o->steps + 1), h);
 }
 
 /* The fused kernel over segment `i`: once, or once per weight-decay run
@@ -291,10 +300,85 @@ dt_status dt_optim_step(dt_optimizer *o) {
   }
   if (o->shard.step_done)
     st = o->shard.step_done(o->shard.ctx, st);
+  /* a shard wrote its own segments' copy: the rest from the gathered masters */
+  if (st == DT_OK && o->working)
+    st = rebuild_outside_segments(o, o->steps + 1);
+  if (o->working)
+    dt_working_copy_set_fresh(o->working, st == DT_OK);
   if (st != DT_OK)
     return dt_error_wrap(st, "%s step %lld", dt_optim_name(o), (long long)o->steps);
   o->steps++;
   return DT_OK;
+}
+
+/* ---- the working copy of the weights ---- */
+
+static int compare_segments(const void *a, const void *b) {
+  int64_t x = ((const dt_optim_segment *)a)->offset, y = ((const dt_optim_segment *)b)->offset;
+  return (x > y) - (x < y);
+}
+
+/* Rebuilds the working copy of the arena elements no segment covers (all
+ * of them when there is none): a ZeRO rank's view of the other shards. */
+static dt_status rebuild_outside_segments(dt_optimizer *o, int64_t steps) {
+  int64_t numel = dt_param_arena_numel(o->arena);
+  dt_optim_segment *sorted = malloc((size_t)(o->n_segs > 0 ? o->n_segs : 1) * sizeof *sorted);
+  if (!sorted)
+    return DT_ERROR(DT_ERR_OOM, "%s: no host memory for %d segments", dt_optim_name(o), o->n_segs);
+  memcpy(sorted, o->segs, (size_t)o->n_segs * sizeof *sorted);
+  qsort(sorted, (size_t)o->n_segs, sizeof *sorted, compare_segments);
+  dt_status st = DT_OK;
+  int64_t done = 0; /* arena elements below this are covered or rebuilt */
+  for (int i = 0; i <= o->n_segs && st == DT_OK; i++) {
+    int64_t lo = i < o->n_segs ? sorted[i].offset : numel;
+    lo = lo < numel ? lo : numel;
+    if (lo > done)
+      st = dt_working_copy_rebuild(o->working, done, lo - done, steps);
+    if (i < o->n_segs && sorted[i].offset + sorted[i].numel > done)
+      done = sorted[i].offset + sorted[i].numel;
+    done = done > lo ? done : lo;
+  }
+  free(sorted);
+  return st;
+}
+
+static bool same_working_config(const dt_working_copy_config *a, const dt_working_copy_config *b) {
+  return a->dtype == b->dtype && a->stochastic == b->stochastic &&
+         (!a->stochastic || a->seed == b->seed);
+}
+
+dt_status dt_optim_use_working_copy(dt_optimizer *o, const dt_working_copy_config *cfg) {
+  if (!o || !cfg)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "dt_optim_use_working_copy: NULL argument");
+  if (o->working && !same_working_config(dt_working_copy_config_of(o->working), cfg))
+    dt_optim_drop_working_copy(o);
+  if (!o->working)
+    DT_CHECK(dt_working_copy_create(o->arena, cfg, &o->working));
+  if (dt_working_copy_is_fresh(o->working))
+    return DT_OK;
+  DT_CHECK(dt_working_copy_rebuild(o->working, 0, dt_param_arena_numel(o->arena), o->steps));
+  dt_working_copy_set_fresh(o->working, true);
+  return DT_OK;
+}
+
+void dt_optim_drop_working_copy(dt_optimizer *o) {
+  if (!o)
+    return;
+  dt_working_copy_destroy(o->working);
+  o->working = NULL;
+}
+
+void dt_optim_working_copy_invalidate(dt_optimizer *o) {
+  if (o && o->working)
+    dt_working_copy_set_fresh(o->working, false);
+}
+
+dt_tensor *dt_optim_working_copy(const dt_optimizer *o) {
+  return o && o->working ? dt_working_copy_data(o->working) : NULL;
+}
+
+bool dt_optim_working_copy_is_fresh(const dt_optimizer *o) {
+  return o && o->working && dt_working_copy_is_fresh(o->working);
 }
 
 dt_status dt_optim_zero_grad(dt_optimizer *o) {
@@ -352,6 +436,7 @@ dt_status dt_optim_state_set(dt_optimizer *o, const float *host, int64_t numel,
                       (size_t)n * sizeof(float), NULL));
   }
   o->steps = step_count;
+  dt_optim_working_copy_invalidate(o); /* a checkpoint's masters come with it */
   return DT_OK;
 }
 

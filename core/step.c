@@ -25,6 +25,11 @@ dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor
   bool no_sync = reduce && !sync;
   if (no_sync)
     DT_CHECK(gs->no_sync_begin(gs->ctx));
+  if (s->opt && (s->cfg.autocast == DT_DTYPE_BF16 || s->cfg.autocast == DT_DTYPE_F16)) {
+    const dt_working_copy_config wc = {s->cfg.autocast, s->cfg.stochastic_rounding,
+                                       s->cfg.rounding_seed};
+    DT_CHECK_GOTO(dt_optim_use_working_copy(s->opt, &wc), st, end_pass);
+  }
   double span = dt_trace_begin(DT_TRACE_LANE_STEP, "forward");
   dt_dtype prev = dt_autocast_begin(s->cfg.autocast);
   st = dt_module_call(s->model, input, &output);

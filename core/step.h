@@ -82,9 +82,14 @@ typedef struct dt_step_config {
    * (the optimizer's step count and so the LR schedule stay). One scaler
    * per step: the replicas of the data-parallel mode cannot share one. */
   dt_grad_scaler *scaler;
+  /* Under autocast the optimizer keeps a 16-bit working copy of the weights
+   * for the LOW ops (dt_optim_use_working_copy), rounded to nearest even,
+   * or stochastically from this seed (the same on every rank). */
+  bool stochastic_rounding;
+  uint64_t rounding_seed;
 } dt_step_config;
 #define DT_STEP_CONFIG_DEFAULT \
-  ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL, NULL, DT_DTYPE_F32, NULL})
+  ((dt_step_config){NULL, 0.0f, NULL, NULL, NULL, NULL, DT_DTYPE_F32, NULL, false, 0})
 
 /* What a step runs on: borrowed pointers, a value (nothing to free). The
  * arena is the model's (dt_param_arena_create), the optimizer over it. */

@@ -206,6 +206,7 @@ void dt_tensor_release(dt_tensor *t) {
     return;
   dt_tensor_release(t->grad);
   dt_node_release(t->grad_fn);
+  dt_tensor_release(t->half_copy);
   free(t->hooks);
   dt_storage_release(t->storage);
   free(t);

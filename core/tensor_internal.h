@@ -2,6 +2,7 @@
 #ifndef DT_CORE_TENSOR_INTERNAL_H
 #define DT_CORE_TENSOR_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,12 @@ struct dt_tensor {
   dt_grad_hook *hooks; /* grad-ready hooks (leaves) */
   int n_hooks, cap_hooks;
   int pending_grads; /* engine scratch: edges still to contribute */
+  /* A parameter's 16-bit working copy (core/optim.h): a view of the
+   * optimizer's flat 16-bit buffer, which the LOW ops use under autocast
+   * instead of rounding the tensor, while *half_fresh (the optimizer's
+   * flag) says it holds this tensor's values. Owned reference, or NULL. */
+  dt_tensor *half_copy;
+  const bool *half_fresh;
 };
 
 /* Allocates a storage of `bytes` on dev (through the backend; OOM detail

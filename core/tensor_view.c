@@ -206,18 +206,15 @@ dt_status dt_tensor_contiguous(dt_tensor *t, dt_tensor **out) {
 /* ---- dtype and device conversion ---- */
 
 static dt_status to_dtype_backward(dt_node *node, dt_tensor *g, dt_tensor **gin) {
+  /* A gradient has its tensor's dtype (a 16-bit activation gets a 16-bit
+   * gradient, an f32 master weight an f32 one). */
   dt_tensor *in = node->inputs[0];
   if (in->dtype == g->dtype) {
     gin[0] = dt_tensor_retain(g);
     return DT_OK;
   }
-  /* Gradients are kept in f32 (the engine accumulates in f32). */
-  if (g->dtype == DT_DTYPE_F32) {
-    gin[0] = dt_tensor_retain(g);
-    return DT_OK;
-  }
   dt_no_grad_begin();
-  dt_status st = dt_tensor_to_dtype(g, DT_DTYPE_F32, &gin[0]);
+  dt_status st = dt_tensor_to_dtype(g, in->dtype, &gin[0]);
   dt_no_grad_end();
   return st;
 }

@@ -3,6 +3,8 @@
 #ifndef DT_CUDA_KERNELS_COMMON_CUH
 #define DT_CUDA_KERNELS_COMMON_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -45,6 +47,45 @@ static dt_status dt_launch_flat(const dt_exec *ex, int64_t n, void (*kernel)(Par
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
+
+/* Mixed precision: kernels templated over the storage type T (float,
+ * __half, __nv_bfloat16) load T, compute in f32 and store T. */
+__device__ __forceinline__ float dt_load_f32(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float dt_load_f32(const __half *p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ __forceinline__ float dt_load_f32(const __nv_bfloat16 *p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void dt_store_f32(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void dt_store_f32(__half *p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void dt_store_f32(__nv_bfloat16 *p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+/* `return EXPR;` with the type name T bound to the storage type of the
+ * float dtype `dtype` (f16 -> __half, bf16 -> __nv_bfloat16, else float):
+ *   DT_CUDA_STORAGE_DISPATCH(ex->dtype, T, launch<T>((const T *)x));
+ */
+#define DT_CUDA_STORAGE_DISPATCH(dtype, T, ...) \
+  do {                                          \
+    switch (dtype) {                            \
+      case DT_DTYPE_F16: {                      \
+        using T = __half;                       \
+        return __VA_ARGS__;                     \
+      }                                         \
+      case DT_DTYPE_BF16: {                     \
+        using T = __nv_bfloat16;                \
+        return __VA_ARGS__;                     \
+      }                                         \
+      default: {                                \
+        using T = float;                        \
+        return __VA_ARGS__;                     \
+      }                                         \
+    }                                           \
+  } while (0)
 
 template <typename T>
 __device__ __forceinline__ T dt_warp_sum(T v) {

@@ -206,12 +206,14 @@ extern "C" dt_status dt_cuda_binary(const dt_exec *ex, const dt_binary_args *arg
   return dt_launch_flat(ex, p.numel, binary_kernel, (int)args->op, a, b, out, p);
 }
 
-// y (n) = alpha * x + beta * y (beta 0: y not read)
-static __global__ void axpby_kernel(int64_t n, float alpha, const float *x, float beta, float *y) {
+// y (n) = alpha * x + beta * y (beta 0: y not read); T: the storage type
+template <typename T>
+static __global__ void axpby_kernel(int64_t n, float alpha, const T *x, float beta, T *y) {
   if (beta == 0.0f) {
-    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i];
+    DT_GRID_STRIDE(i, n) dt_store_f32(y, i, alpha * dt_load_f32(x, i));
   } else {
-    DT_GRID_STRIDE(i, n) y[i] = alpha * x[i] + beta * y[i];
+    DT_GRID_STRIDE(i, n)
+    dt_store_f32(y, i, alpha * dt_load_f32(x, i) + beta * dt_load_f32(y, i));
   }
 }
 
@@ -219,42 +221,46 @@ extern "C" dt_status dt_cuda_axpby(const dt_exec *ex, int64_t n, float alpha, co
                                    float beta, float *y) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, axpby_kernel, n, alpha, x, beta, y);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T, dt_launch_flat(ex, n, axpby_kernel<T>, n, alpha, (const T *)x, beta, (T *)y));
 }
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_CUBIC 0.044715f
 
 // y (n) = f(x)
-static __global__ void unary_forward_kernel(int op, int64_t n, const float *x, float *y) {
+template <typename T>
+static __global__ void unary_forward_kernel(int op, int64_t n, const T *x, T *y) {
   DT_GRID_STRIDE(i, n) {
-    float v = x[i];
+    float v = dt_load_f32(x, i), r;
     if (op == DT_UNARY_RELU)
-      y[i] = v < 0.0f ? 0.0f : v;
+      r = v < 0.0f ? 0.0f : v;
     else if (op == DT_UNARY_GELU)
-      y[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
+      r = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v)));
     else
-      y[i] = tanhf(v);
+      r = tanhf(v);
+    dt_store_f32(y, i, r);
   }
 }
 
 // dx (n) = dy * f'(x), overwritten
-static __global__ void unary_backward_kernel(int op, int64_t n, const float *x, const float *dy,
-                                             float *dx) {
+template <typename T>
+static __global__ void unary_backward_kernel(int op, int64_t n, const T *x, const T *dy, T *dx) {
   DT_GRID_STRIDE(i, n) {
-    float v = x[i];
+    float v = dt_load_f32(x, i), d = dt_load_f32(dy, i), r;
     if (op == DT_UNARY_RELU) {
-      dx[i] = v > 0.0f ? dy[i] : 0.0f;
+      r = v > 0.0f ? d : 0.0f;
     } else if (op == DT_UNARY_GELU) {
       float t = tanhf(GELU_SCALE * (v + GELU_CUBIC * v * v * v));
       float sech2 = 1.0f - t * t;
       float grad =
           0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * v * v);
-      dx[i] = dy[i] * grad;
+      r = d * grad;
     } else {
       float t = tanhf(v);
-      dx[i] = dy[i] * (1.0f - t * t);
+      r = d * (1.0f - t * t);
     }
+    dt_store_f32(dx, i, r);
   }
 }
 
@@ -262,14 +268,18 @@ extern "C" dt_status dt_cuda_unary_forward(const dt_exec *ex, dt_unary_op op, in
                                            const float *x, float *y) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, unary_forward_kernel, (int)op, n, x, y);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      dt_launch_flat(ex, n, unary_forward_kernel<T>, (int)op, n, (const T *)x, (T *)y));
 }
 
 extern "C" dt_status dt_cuda_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n,
                                             const float *x, const float *dy, float *dx) {
   if (n <= 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, unary_backward_kernel, (int)op, n, x, dy, dx);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, n, unary_backward_kernel<T>, (int)op, n, (const T *)x,
+                                          (const T *)dy, (T *)dx));
 }
 
 /* ---- reductions ---- */
@@ -420,10 +430,75 @@ extern "C" dt_status dt_cuda_sum_squares(const dt_exec *ex, const float *x, int6
 
 /* ---- optimizers ---- */
 
-// param, grad, momentum_buf (n): PyTorch SGD
+/* The 16-bit working copy an update writes beside the f32 parameter
+ * (dt_half_out), by value for the kernels; data NULL = none. */
+struct half_out_args {
+  uint16_t *data;
+  int f16;
+  int stochastic;
+  uint64_t seed, offset;
+};
+
+static half_out_args half_out_of(const dt_half_out *h) {
+  half_out_args a = {NULL, 0, 0, 0, 0};
+  if (h != NULL && h->data != NULL)
+    a = half_out_args{h->data, h->dtype == DT_DTYPE_F16, h->stochastic ? 1 : 0, h->seed, h->offset};
+  return a;
+}
+
+/* core/half.c's nearest-even conversions, bit for bit on finite values and
+ * Inf (NaN stays NaN). */
+static __device__ __forceinline__ uint16_t f32_to_half_dev(int f16, float f) {
+  if (f16)
+    return __half_as_ushort(__float2half_rn(f));
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x0040u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static __device__ __forceinline__ float half_to_f32_dev(int f16, uint16_t h) {
+  return f16 ? __half2float(__ushort_as_half(h)) : __uint_as_float((uint32_t)h << 16);
+}
+
+/* dt_f32_to_half_stochastic of core/half.c, the same arithmetic. */
+static __device__ uint16_t f32_to_half_stochastic_dev(int f16, float f, float u) {
+  uint16_t near = f32_to_half_dev(f16, f);
+  float vnear = half_to_f32_dev(f16, near);
+  if (vnear == f || !isfinite(vnear))
+    return near;
+  uint16_t other = fabsf(vnear) > fabsf(f) ? (uint16_t)(near - 1) : (uint16_t)(near + 1);
+  float vother = half_to_f32_dev(f16, other);
+  if (!isfinite(vother))
+    return near;
+  float p_other = __fdiv_rn(fabsf(__fsub_rn(f, vnear)), fabsf(__fsub_rn(vother, vnear)));
+  return u < p_other ? other : near;
+}
+
+static __device__ __forceinline__ void write_half_dev(const half_out_args &h, int64_t i, float p) {
+  if (h.data == NULL)
+    return;
+  h.data[i] = h.stochastic ? f32_to_half_stochastic_dev(
+                                 h.f16, p, dt_rng_uniform_dev(h.seed, h.offset + (uint64_t)i))
+                           : f32_to_half_dev(h.f16, p);
+}
+
+// x, half.data (n)
+static __global__ void half_copy_kernel(const float *x, int64_t n, half_out_args half) {
+  DT_GRID_STRIDE(i, n) { write_half_dev(half, i, x[i]); }
+}
+
+extern "C" dt_status dt_cuda_half_copy(const dt_exec *ex, const float *x, int64_t n,
+                                       const dt_half_out *half) {
+  if (n == 0)
+    return DT_OK;
+  return dt_launch_flat(ex, n, half_copy_kernel, x, n, half_out_of(half));
+}
+
+// param, grad, momentum_buf, half.data (n): PyTorch SGD
 static __global__ void sgd_kernel(float *param, const float *grad, float *buf, int64_t n, float lr,
                                   float momentum, float dampening, float wd, int nesterov,
-                                  int first_step) {
+                                  int first_step, half_out_args half) {
   DT_GRID_STRIDE(i, n) {
     float p = param[i];
     float g = grad[i];
@@ -435,26 +510,28 @@ static __global__ void sgd_kernel(float *param, const float *grad, float *buf, i
       buf[i] = b;
       g = nesterov ? __fadd_rn(g, __fmul_rn(momentum, b)) : b;
     }
-    param[i] = __fsub_rn(p, __fmul_rn(lr, g));
+    float updated = __fsub_rn(p, __fmul_rn(lr, g));
+    param[i] = updated;
+    write_half_dev(half, i, updated);
   }
 }
 
 extern "C" dt_status dt_cuda_sgd_update(const dt_exec *ex, float *param, const float *grad,
                                         float *momentum_buf, int64_t n, float lr, float momentum,
                                         float dampening, float weight_decay, bool nesterov,
-                                        bool first_step) {
+                                        bool first_step, const dt_half_out *half) {
   if (n == 0)
     return DT_OK;
   return dt_launch_flat(ex, n, sgd_kernel, param, grad, momentum_buf, n, lr, momentum, dampening,
-                        weight_decay, nesterov, first_step);
+                        weight_decay, (int)nesterov, (int)first_step, half_out_of(half));
 }
 
-// param, grad, m, v (n): PyTorch AdamW, the CPU's operation order
+// param, grad, m, v, half.data (n): PyTorch AdamW, the CPU's operation order
 // (core/cpu_kernels_optim.c); explicit _rn intrinsics keep nvcc from
 // contracting into FMAs, so that the result matches the CPU bit for bit.
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n,
                                     float decay, float b2, float eps, float w1, float w2,
-                                    float step_size, float bc2_sqrt) {
+                                    float step_size, float bc2_sqrt, half_out_args half) {
   DT_GRID_STRIDE(i, n) {
     float g = grad[i];
     float p = __fmul_rn(param[i], decay);
@@ -466,13 +543,16 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
     m[i] = mi;
     v[i] = vi;
     float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-    param[i] = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
+    float updated = __fsub_rn(p, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
+    param[i] = updated;
+    write_half_dev(half, i, updated);
   }
 }
 
 extern "C" dt_status dt_cuda_adamw_update(const dt_exec *ex, float *param, const float *grad,
                                           float *m, float *v, int64_t n, float lr, float beta1,
-                                          float beta2, float eps, float weight_decay, int step) {
+                                          float beta2, float eps, float weight_decay, int step,
+                                          const dt_half_out *half) {
   if (n == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
@@ -483,7 +563,8 @@ extern "C" dt_status dt_cuda_adamw_update(const dt_exec *ex, float *param, const
   float bc2_sqrt = (float)sqrt(bc2);
   float w1 = 1.0f - beta1, w2 = 1.0f - beta2;
   adamw_kernel<<<dt_grid_for(n), DT_THREADS, 0, stream>>>(param, grad, m, v, n, decay, beta2, eps,
-                                                          w1, w2, step_size, bc2_sqrt);
+                                                          w1, w2, step_size, bc2_sqrt,
+                                                          half_out_of(half));
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }

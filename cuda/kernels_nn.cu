@@ -31,15 +31,16 @@ static dt_status launch_rows(const dt_exec *ex, int64_t rows, int64_t cols,
 /* The block's max of row x[0..n) and sum of exp(x - max) into *sumexp;
  * every thread gets both. shf and shd: 32 floats and 32 doubles of shared
  * memory. */
-static __device__ __forceinline__ float block_row_max_sumexp(const float *x, int64_t n, float *shf,
+template <typename T>
+static __device__ __forceinline__ float block_row_max_sumexp(const T *x, int64_t n, float *shf,
                                                              double *shd, double *sumexp) {
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    mx = fmaxf(mx, x[j]);
+    mx = fmaxf(mx, dt_load_f32(x, j));
   mx = dt_block_max(mx, shf);
   double s = 0.0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    s += expf(x[j] - mx);
+    s += expf(dt_load_f32(x, j) - mx);
   *sumexp = dt_block_sum(s, shd);
   return mx;
 }
@@ -276,16 +277,17 @@ extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const flo
 /* ---- fused classifier (LM-head loss) ---- */
 
 // logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL (may be logits itself);
-// report: first bad row, kept rows
-static __global__ void classifier_forward_kernel(const float *logits, const void *target, int i32,
+// report: first bad row, kept rows. T: the storage type of logits and dlogits (f32 math).
+template <typename T>
+static __global__ void classifier_forward_kernel(const T *logits, const void *target, int i32,
                                                  int64_t n, int64_t vp, int64_t classes,
-                                                 int64_t ignore_index, float *loss_rows,
-                                                 float *dlogits, dt_cuda_index_slot *rep) {
+                                                 int64_t ignore_index, float *loss_rows, T *dlogits,
+                                                 dt_cuda_index_slot *rep) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const float *xr = logits + i * vp;
-    float *dr = dlogits ? dlogits + i * vp : NULL;
+    const T *xr = logits + i * vp;
+    T *dr = dlogits ? dlogits + i * vp : NULL;
     int64_t t = index_at(target, i32, i);
     if (t == ignore_index || t < 0 || t >= classes) {
       if (threadIdx.x == 0) {
@@ -294,11 +296,11 @@ static __global__ void classifier_forward_kernel(const float *logits, const void
           atomicMin(&rep->bad, (unsigned long long)i);
       }
       for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
-        dr[j] = 0.0f;
+        dt_store_f32(dr, j, 0.0f);
       continue;
     }
     /* read before the barriers of the row's max and sum: dr may overwrite it below */
-    float xt = threadIdx.x == 0 ? xr[t] : 0.0f;
+    float xt = threadIdx.x == 0 ? dt_load_f32(xr, t) : 0.0f;
     double s;
     float mx = block_row_max_sumexp(xr, classes, shf, shd, &s);
     if (threadIdx.x == 0) {
@@ -307,8 +309,18 @@ static __global__ void classifier_forward_kernel(const float *logits, const void
     }
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
-      dr[j] = j < classes ? expf(xr[j] - mx) * inv - (j == t ? 1.0f : 0.0f) : 0.0f;
+      dt_store_f32(
+          dr, j, j < classes ? expf(dt_load_f32(xr, j) - mx) * inv - (j == t ? 1.0f : 0.0f) : 0.0f);
   }
+}
+
+template <typename T>
+static void classifier_forward_launch(dim3 grid, int threads, cudaStream_t stream,
+                                      const void *logits, const void *target, int i32, int64_t n,
+                                      int64_t vp, int64_t classes, int64_t ignore_index,
+                                      float *loss_rows, void *dlogits, dt_cuda_index_slot *rep) {
+  classifier_forward_kernel<T><<<grid, threads, 0, stream>>>(
+      (const T *)logits, target, i32, n, vp, classes, ignore_index, loss_rows, (T *)dlogits, rep);
 }
 
 extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *logits,
@@ -319,21 +331,27 @@ extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *
   DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = target_dtype == DT_DTYPE_I32;
   /* cross_entropy_forward's threads: with classes == vp the loss is its bit for bit */
-  if (n > 0)
-    classifier_forward_kernel<<<row_grid(n), dt_row_threads(vp), 0, stream>>>(
-        logits, target, i32, n, vp, classes, ignore_index, loss_rows, dlogits,
-        index_slot(ctx, stream));
+  if (n > 0) {
+    void (*launch)(dim3, int, cudaStream_t, const void *, const void *, int, int64_t, int64_t,
+                   int64_t, int64_t, float *, void *, dt_cuda_index_slot *) =
+        ex->dtype == DT_DTYPE_F16    ? classifier_forward_launch<__half>
+        : ex->dtype == DT_DTYPE_BF16 ? classifier_forward_launch<__nv_bfloat16>
+                                     : classifier_forward_launch<float>;
+    launch(row_grid(n), dt_row_threads(vp), stream, logits, target, i32, n, vp, classes,
+           ignore_index, loss_rows, dlogits, index_slot(ctx, stream));
+  }
   return index_checked(ctx, stream, true, target, i32, DT_CUDA_INDEX_CLASSIFIER, classes,
                        ignore_index, count);
 }
 
 // dlogits (n) *= dloss[0] / count[0] (0 when no row was kept: every row of
-// dlogits is then zero already)
-static __global__ void classifier_backward_kernel(float *dlogits, const float *dloss,
+// dlogits is then zero already); T: dlogits' storage type
+template <typename T>
+static __global__ void classifier_backward_kernel(T *dlogits, const float *dloss,
                                                   const float *count, int64_t n) {
   const float c = count[0];
   const float a = c > 0.0f ? dloss[0] / c : 0.0f;
-  DT_GRID_STRIDE(k, n) { dlogits[k] *= a; }
+  DT_GRID_STRIDE(k, n) { dt_store_f32(dlogits, k, dt_load_f32(dlogits, k) * a); }
 }
 
 extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogits,
@@ -341,9 +359,10 @@ extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogi
                                                  int64_t n) {
   if (n == 0)
     return DT_OK;
-  return dt_launch_flat(ex, n, classifier_backward_kernel, dlogits, dloss, count, n);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      dt_launch_flat(ex, n, classifier_backward_kernel<T>, (T *)dlogits, dloss, count, n));
 }
-
 /* ---- layer norm ---- */
 
 // x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->

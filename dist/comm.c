@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "core/env.h"
 #include "dist/comm_internal.h"
@@ -31,6 +34,7 @@ struct dt_comm {
       enqueue_since_us; /* atomic: when the enqueue in progress began (dt_comm_now, µs), 0 = none */
   uint64_t enqueue_seq; /* atomic: its sequence number */
   int blocked_reported; /* watchdog only */
+  int host_waiters;     /* atomic: threads blocked in host_wait on a queued work */
   int broken;           /* atomic */
   char broken_why[256];
   dt_comm_staging staging; /* host copies of device tensors (host backends) */
@@ -201,6 +205,11 @@ static void run_one(dt_comm *c, dt_work *w) {
 
 static void *comm_thread_main(void *arg) {
   dt_comm *c = arg;
+#ifdef __linux__
+  /* The host backends poll with sleeps of tens of microseconds: Linux's
+   * default timer slack (50 us) would stretch each to several times that. */
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
   for (;;) {
     pthread_mutex_lock(&c->mu);
     while (c->head == NULL && !c->stop)
@@ -429,6 +438,9 @@ const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
 const dt_comm_config *dt_comm_get_config(const dt_comm *c) { return &c->cfg; }
 uint64_t dt_comm_seq(const dt_comm *c) { return __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE); }
 int dt_comm_is_broken(const dt_comm *c) { return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); }
+int dt_comm_host_waiting(const dt_comm *c) {
+  return __atomic_load_n(&c->host_waiters, __ATOMIC_RELAXED) > 0;
+}
 
 /* ---- submission ---- */
 
@@ -687,12 +699,18 @@ static dt_status host_wait(dt_work *w, double timeout_s) {
       nanosleep(&pause, NULL);
     }
   }
+  int *waiters = &w->comm->host_waiters;
   pthread_mutex_lock(&w->mu);
+  if (!w->done)
+    __atomic_add_fetch(waiters, 1, __ATOMIC_RELAXED);
+  else
+    waiters = NULL;
   if (timeout_s > 0) {
     struct timespec until = abs_monotonic(dt_comm_now() + timeout_s);
     while (!w->done) {
       if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && !w->done) {
         pthread_mutex_unlock(&w->mu);
+        __atomic_sub_fetch(waiters, 1, __ATOMIC_RELAXED);
         return timeout_error(w, timeout_s);
       }
     }
@@ -702,6 +720,8 @@ static dt_status host_wait(dt_work *w, double timeout_s) {
   }
   dt_status st = w->status;
   pthread_mutex_unlock(&w->mu);
+  if (waiters != NULL)
+    __atomic_sub_fetch(waiters, 1, __ATOMIC_RELAXED);
   if (st != DT_OK) {
     describe_work(w, what, sizeof what);
     return DT_ERROR(st, "%s failed: %s", what, w->error);

@@ -126,8 +126,19 @@ void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n
                      float *acc);
 /* dst[0..n) = src[0..n) rounded to type t (nearest even; f32: a copy). */
 void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n);
+/* x[0..n) += y[0..n) (not overlapping), then (avg) x /= world: vectorised,
+ * in place; the same bits as the scalar (x + y) / world (a power-of-two
+ * world divides by multiplying with its exact reciprocal). */
+void dt_comm_add_f32(float *x, const float *y, int64_t n, int avg, int world);
+/* x[0..n) /= world, vectorised (the same bits as the scalar division). */
+void dt_comm_scale_avg_f32(float *x, int64_t n, int world);
 /* Chunk (in elements) of the f32 accumulators the host reductions use. */
 #define DT_COMM_REDUCE_CHUNK 1024
+
+/* 1 while a thread is blocked on the host waiting for one of c's works
+ * (dt_work_wait and friends): a host backend's polling then need not spare
+ * a core for computation and polls (yielding) without sleeping. */
+int dt_comm_host_waiting(const dt_comm *c);
 
 /* Waits on the host for `ev` (of backend `ops`) until `deadline`
  * (dt_comm_now() time): polls ops->event_query, sleeping a little between

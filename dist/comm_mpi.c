@@ -20,6 +20,12 @@ typedef struct mpi_comm {
   size_t parts_cap;
   int *counts, *displs, *recv_counts, *recv_displs;
   const void **part_ptrs;
+  /* The f32 ring all-reduce (communication thread only): the segment
+   * received from the left neighbour, and the requests of its chunks. */
+  float *ring_tmp;
+  size_t ring_tmp_cap; /* elements */
+  MPI_Request *ring_reqs;
+  size_t ring_reqs_cap;
 } mpi_comm;
 
 static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
@@ -30,9 +36,7 @@ static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
                     dt_coll_kind_name(w->kind), (long long)w->count, w->bytes);
   int n = (int)w->count, nb = (int)w->bytes;
   switch (w->kind) {
-    case DT_COLL_ALLREDUCE:
-      DT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, w->out_data, n, MPI_FLOAT, MPI_SUM, m->comm, req));
-      return DT_OK;
+    case DT_COLL_ALLREDUCE: break; /* ring_allreduce_f32 */
     case DT_COLL_BROADCAST:
       DT_MPI_CHECK(MPI_Ibcast(w->out_data, nb, MPI_BYTE, w->root, m->comm, req));
       return DT_OK;
@@ -62,19 +66,27 @@ static dt_status test_request(mpi_comm *m, MPI_Request *req, int *done) {
 }
 
 /* Waits for `req`, polling: Open MPI progresses nonblocking collectives
- * only inside MPI calls, so spin briefly for latency, then sleep a little
- * between tests so the thread does not steal a core from the backward
- * pass. Past the deadline the request (and the work's buffers) is left to
- * MPI: DT_ERR_TIMEOUT. */
+ * only inside MPI calls, and blocking in MPI would spin a core. The thread
+ * tests a few times back to back, then sleeps between tests, the pause
+ * growing by half each time while nothing completes: up to 50 us while a
+ * thread waits for the result on the host (the step's end: latency
+ * matters), up to 250 us while the caller computes (the backward pass that
+ * the all-reduce overlaps), since each wake-up is two context switches
+ * taken from the computation on a machine whose cores all compute. Past the
+ * deadline the request (and the work's buffers) is left to MPI:
+ * DT_ERR_TIMEOUT. */
 static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double deadline) {
   int done = 0;
+  long pause_ns = 10000L;
   for (long polls = 0; !done; polls++) {
     DT_CHECK(test_request(m, req, &done));
     if (done)
       break;
-    if (polls > 200) {
-      struct timespec pause = {0, polls > 20000 ? 200000L : 20000L};
+    if (polls >= 16) {
+      long cap = dt_comm_host_waiting(w->comm) ? 50000L : 250000L;
+      struct timespec pause = {0, pause_ns < cap ? pause_ns : cap};
       nanosleep(&pause, NULL);
+      pause_ns = pause_ns * 3 / 2 < 250000L ? pause_ns * 3 / 2 : 250000L;
     }
     if ((polls & 15) == 0 && dt_comm_now() > deadline) {
       w->leaked = 1; /* the request still owns the buffers */
@@ -207,6 +219,136 @@ static dt_status allreduce_16(mpi_comm *m, dt_work *w, double deadline) {
   return DT_OK;
 }
 
+/* ---- f32 all-reduce: a pipelined ring of our own ----
+ *
+ * Open MPI's nonblocking all-reduce (libnbc) reduces in place with a binomial
+ * tree: on 2 ranks rank 1 sends everything to rank 0, which reduces it all
+ * and sends it all back, one step after the other. The ring instead splits
+ * the buffer into `world` segments: world-1 reduce-scatter steps (send a
+ * segment to the right, receive the next from the left and add it in), then
+ * world-1 all-gather steps (pass the reduced segments on), each rank sending
+ * and reducing 1/world of the data per step. Every segment goes in chunks
+ * of DT_RING_CHUNK elements and each chunk is passed on (as the next step's
+ * send) as soon as it is reduced, so that the reduction of one chunk overlaps
+ * the transfer of the next and the all-gather of a segment starts with its
+ * first reduced chunk. The average divides in the last reduce-scatter step
+ * (fused with the add). On 2 ranks the result has the bits of the plain sum
+ * (x0 + x1) / 2; with more ranks each segment's sum runs in ring order,
+ * the same on every rank (every rank receives the reducer's values). */
+#define DT_RING_CHUNK ((int64_t)32768) /* elements: 128 KiB of f32 */
+#define DT_RING_TAG 0x5249                /* "RI" */
+
+static int64_t seg_lo(int64_t n, int world, int k) { return n * k / world; }
+
+static int64_t num_chunks(int64_t len) { return (len + DT_RING_CHUNK - 1) / DT_RING_CHUNK; }
+
+static dt_status isend_chunk(mpi_comm *m, const float *p, int64_t len, int peer, MPI_Request *r) {
+  dt_pg_mpi_lock(m->pg);
+  int rc = MPI_Isend(p, (int)len, MPI_FLOAT, peer, DT_RING_TAG, m->comm, r);
+  dt_pg_mpi_unlock(m->pg);
+  DT_MPI_CHECK(rc);
+  return DT_OK;
+}
+
+static dt_status irecv_chunk(mpi_comm *m, float *p, int64_t len, int peer, MPI_Request *r) {
+  dt_pg_mpi_lock(m->pg);
+  int rc = MPI_Irecv(p, (int)len, MPI_FLOAT, peer, DT_RING_TAG, m->comm, r);
+  dt_pg_mpi_unlock(m->pg);
+  DT_MPI_CHECK(rc);
+  return DT_OK;
+}
+
+/* Room for the ring's receive segment and 3 * chunks requests. */
+static dt_status reserve_ring(mpi_comm *m, int64_t seg_max) {
+  size_t reqs = 3 * (size_t)num_chunks(seg_max);
+  if ((size_t)seg_max > m->ring_tmp_cap) {
+    float *p = realloc(m->ring_tmp, (size_t)seg_max * sizeof(float));
+    if (p == NULL)
+      return DT_ERROR(DT_ERR_OOM, "ring all-reduce: out of host memory for %lld elements",
+                      (long long)seg_max);
+    m->ring_tmp = p;
+    m->ring_tmp_cap = (size_t)seg_max;
+  }
+  if (reqs > m->ring_reqs_cap) {
+    MPI_Request *r = realloc(m->ring_reqs, reqs * sizeof *r);
+    if (r == NULL)
+      return DT_ERROR(DT_ERR_OOM, "ring all-reduce: out of host memory for %zu requests", reqs);
+    m->ring_reqs = r;
+    m->ring_reqs_cap = reqs;
+  }
+  for (size_t i = 0; i < reqs; i++)
+    m->ring_reqs[i] = MPI_REQUEST_NULL;
+  return DT_OK;
+}
+
+/* Waits for every request of `reqs[0..n)` (null ones are done). */
+static dt_status wait_all(mpi_comm *m, MPI_Request *reqs, int64_t n, dt_work *w, double deadline) {
+  for (int64_t i = 0; i < n; i++)
+    if (reqs[i] != MPI_REQUEST_NULL)
+      DT_CHECK(wait_request(m, &reqs[i], w, deadline));
+  return DT_OK;
+}
+
+/* Chunk c of a segment `len` long: its offset and length. */
+static int64_t chunk_len(int64_t len, int64_t c) {
+  int64_t off = c * DT_RING_CHUNK;
+  return len - off < DT_RING_CHUNK ? len - off : DT_RING_CHUNK;
+}
+
+static dt_status ring_allreduce_f32(mpi_comm *m, dt_work *w, double deadline) {
+  int world = dt_comm_size(w->comm), rank = dt_comm_rank(w->comm);
+  float *x = w->out_data;
+  int64_t n = w->count;
+  int avg = w->op == DT_REDUCE_AVG;
+  if (world == 1) {
+    if (avg)
+      dt_comm_scale_avg_f32(x, n, world);
+    return DT_OK;
+  }
+  int right = (rank + 1) % world, left = (rank + world - 1) % world;
+  int64_t seg_max = 0;
+  for (int k = 0; k < world; k++)
+    if (seg_lo(n, world, k + 1) - seg_lo(n, world, k) > seg_max)
+      seg_max = seg_lo(n, world, k + 1) - seg_lo(n, world, k);
+  DT_CHECK(reserve_ring(m, seg_max));
+  int64_t cmax = num_chunks(seg_max);
+  /* The sends of a step are posted during the step before (as its chunks
+   * are reduced), alternating between two request arrays; the receives of
+   * a step are posted when it begins. */
+  MPI_Request *sends[2] = {m->ring_reqs, m->ring_reqs + cmax}, *recvs = m->ring_reqs + 2 * cmax;
+  int steps = 2 * (world - 1);
+  int64_t lo = seg_lo(n, world, rank), len = seg_lo(n, world, rank + 1) - lo;
+  for (int64_t c = 0; c < num_chunks(len); c++) /* step 0 sends this rank's segment */
+    DT_CHECK(isend_chunk(m, x + lo + c * DT_RING_CHUNK, chunk_len(len, c), right, &sends[0][c]));
+  for (int s = 0; s < steps; s++) {
+    int reduce = s < world - 1; /* reduce-scatter, then all-gather */
+    /* Step s receives segment rank-s-1 (mod world): the one step s+1
+     * sends on. */
+    int seg = ((rank - s - 1) % world + world) % world;
+    lo = seg_lo(n, world, seg);
+    len = seg_lo(n, world, seg + 1) - lo;
+    MPI_Request *next = sends[(s + 1) & 1];
+    /* The sends before step s are done before its receives land: an
+     * all-gather step writes the segment an early step sent from. */
+    DT_CHECK(wait_all(m, next, cmax, w, deadline));
+    int64_t chunks = num_chunks(len);
+    for (int64_t c = 0; c < chunks; c++) {
+      float *dst = (reduce ? m->ring_tmp : x + lo) + c * DT_RING_CHUNK;
+      DT_CHECK(irecv_chunk(m, dst, chunk_len(len, c), left, &recvs[c]));
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t off = c * DT_RING_CHUNK, cl = chunk_len(len, c);
+      DT_CHECK(wait_request(m, &recvs[c], w, deadline));
+      if (reduce)
+        dt_comm_add_f32(x + lo + off, m->ring_tmp + off, cl, avg && s == world - 2, world);
+      if (s + 1 < steps)
+        DT_CHECK(isend_chunk(m, x + lo + off, cl, right, &next[c]));
+    }
+  }
+  DT_CHECK(wait_all(m, sends[0], cmax, w, deadline));
+  return wait_all(m, sends[1], cmax, w, deadline);
+}
+
 static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
   mpi_comm *m = impl;
   DT_CHECK(agree(m, w, deadline));
@@ -220,6 +362,8 @@ static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
     return w->kind == DT_COLL_ALLREDUCE ? allreduce_16(m, w, deadline)
                                         : reduce_scatter_16(m, w, deadline);
   }
+  if (w->kind == DT_COLL_ALLREDUCE) /* chunks of at most DT_RING_CHUNK: any count */
+    return ring_allreduce_f32(m, w, deadline);
   MPI_Request req = MPI_REQUEST_NULL;
   dt_pg_mpi_lock(m->pg);
   dt_status st = start_collective(m, w, &req);
@@ -227,12 +371,8 @@ static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
   if (st != DT_OK)
     return st;
   DT_CHECK(wait_request(m, &req, w, deadline));
-  if (w->op == DT_REDUCE_AVG && reduction) {
-    float *x = w->out_data;
-    float world = (float)dt_comm_size(w->comm);
-    for (int64_t i = 0; i < w->count; i++)
-      x[i] /= world;
-  }
+  if (w->op == DT_REDUCE_AVG && reduction)
+    dt_comm_scale_avg_f32(w->out_data, w->count, dt_comm_size(w->comm));
   return DT_OK;
 }
 
@@ -252,9 +392,11 @@ static void mpi_destroy(void *impl, int broken) {
     MPI_Comm_free(&m->comm);
     dt_pg_mpi_unlock(m->pg);
   }
-  if (!broken) { /* a stuck exchange may still use the parts and counts */
+  if (!broken) { /* a stuck exchange may still use the parts, counts and requests */
     free(m->parts);
     free(m->counts);
+    free(m->ring_tmp);
+    free(m->ring_reqs);
   }
   free(m->part_ptrs);
   free(m);

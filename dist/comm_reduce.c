@@ -21,8 +21,7 @@ static void add_part(float *acc, const void *src, dt_dtype t, int64_t n, int fir
   if (first)
     memcpy(acc, p, (size_t)n * sizeof(float));
   else
-    for (int64_t i = 0; i < n; i++)
-      acc[i] += p[i];
+    dt_comm_add_f32(acc, p, n, 0, 1);
 }
 
 void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n, int avg,
@@ -34,8 +33,43 @@ void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n
       add_part(acc + c0, (const char *)parts[k] + off, t, len, k == 0);
   }
   if (avg)
+    dt_comm_scale_avg_f32(acc, n, nparts);
+}
+
+static int is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+/* x / 2^k and x * 2^-k are the same exact quotient rounded once: the same
+ * bits (2^-k is exact in f32 for any world size an int holds). */
+void dt_comm_scale_avg_f32(float *x, int64_t n, int world) {
+  if (is_pow2(world)) {
+    const float inv = 1.0f / (float)world;
+#pragma omp simd
     for (int64_t i = 0; i < n; i++)
-      acc[i] /= (float)nparts;
+      x[i] *= inv;
+  } else {
+    const float wf = (float)world;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+      x[i] /= wf;
+  }
+}
+
+void dt_comm_add_f32(float *restrict x, const float *restrict y, int64_t n, int avg, int world) {
+  if (!avg || world == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+      x[i] += y[i];
+  } else if (is_pow2(world)) {
+    const float inv = 1.0f / (float)world;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+      x[i] = (x[i] + y[i]) * inv;
+  } else {
+    const float wf = (float)world;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+      x[i] = (x[i] + y[i]) / wf;
+  }
 }
 
 void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n) {

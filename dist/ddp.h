@@ -109,7 +109,7 @@ extern "C" {
 #endif
 
 typedef struct dt_ddp_config {
-  size_t first_bucket_bytes; /* 1 MiB: small, so the first all-reduce starts early */
+  size_t first_bucket_bytes; /* 128 KiB: small, so the first all-reduce starts early */
   size_t bucket_bytes;       /* 25 MiB */
   int broadcast_buffers;     /* 1: buffers from rank 0 before each training forward */
   int allow_unused;          /* 1: zero-fill gradients of unused parameters */
@@ -117,7 +117,7 @@ typedef struct dt_ddp_config {
   int zero_stage;            /* 0: all-reduce; 1, 2: ZeRO (below) */
   dt_dtype grad_compress;    /* f32: none; f16, bf16: reduce the buckets in 16 bits (below) */
 } dt_ddp_config;
-#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32})
+#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32})
 
 /* The names of cfg.grad_compress (the --grad-compress flag): none (f32),
  * bf16, fp16. Parse: DT_ERR_INVALID_ARG naming the choices otherwise;

@@ -183,6 +183,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.on_phase_user = &timer;
   dt_grad_scaler scaler; /* fp16 */
   DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
+  DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
@@ -290,6 +291,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_precision(&cfg.precision),
+      dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
                        &cfg.zero, &cfg.grad_compress),

@@ -22,6 +22,7 @@
 #ifndef DT_LAUNCH_BENCH_H
 #define DT_LAUNCH_BENCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -49,21 +50,22 @@ typedef struct dt_bench_config {
   const char *comm_backend; /* "auto", "mpi", "nccl"; NULL = DT_COMM_BACKEND or auto */
   double comm_timeout;      /* seconds (300) */
   float bucket_cap_mb;      /* 25 */
-  float first_bucket_mb;    /* 1 */
+  float first_bucket_mb;    /* 0.125 */
   int zero;                 /* ZeRO stage 0, 1, 2 (dist/ddp.h) */
   int ctx;                  /* sequence tasks: the context T, 0 = the task's */
   const char *precision;    /* "fp32", "tf32", "bf16", "fp16"; NULL = tf32 on CUDA, else fp32 */
   /* "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h) */
   const char *grad_compress;
+  bool stochastic_rounding; /* of the 16-bit working copy of the weights (bf16, fp16) */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
- * buckets 1 MiB then 25 MiB, zero stage 0; the task's context; the
- * device's default precision; no gradient compression. */
-#define DT_BENCH_CONFIG_DEFAULT                                                                  \
-  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 1.0f, 0, \
-                     0, NULL, "none"})
+ * buckets 128 KiB then 25 MiB, zero stage 0; the task's context; the
+ * device's default precision; no gradient compression, rounding to nearest. */
+#define DT_BENCH_CONFIG_DEFAULT                                                                    \
+  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 0.125f, 0, \
+                     0, NULL, "none", false})
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */

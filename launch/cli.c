@@ -115,6 +115,12 @@ dt_flag dt_cli_flag_precision(const char **target) {
       "fp32|tf32|bf16|fp16", .default_text = "tf32 on CUDA, fp32 on the CPU");
 }
 
+dt_flag dt_cli_flag_stochastic_rounding(bool *target) {
+  return (dt_flag)DT_BOOL_FLAG("stochastic-rounding", target,
+                               "bf16/fp16: round the optimizer's 16-bit working copy of the "
+                               "weights stochastically (seeded by --seed), not to nearest");
+}
+
 bool dt_cli_check_precision(const char *command, const char *precision, const char *device,
                             const char *devices, FILE *err) {
   if (precision == NULL || strcmp(precision, "tf32") != 0)

@@ -46,6 +46,8 @@ bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err
 /* --precision fp32|tf32|bf16|fp16 (core/amp.h); *target NULL = the
  * device's default (tf32 on CUDA, fp32 on the CPU). */
 dt_flag dt_cli_flag_precision(const char **target);
+/* --stochastic-rounding: of the 16-bit working copy of the weights (llm.c's) */
+dt_flag dt_cli_flag_stochastic_rounding(bool *target);
 /* After parsing: --precision `precision` (NULL: the default) suits the
  * device(s) (`device`, and dp's `devices` list when not NULL): tf32 needs
  * CUDA. Otherwise prints "dtrain <command>: ..." to err and returns false

@@ -40,7 +40,7 @@ dt_train_config dt_train_config_default(void) {
                            .mode = "ddp",
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
-                           .first_bucket_mb = 1.0f,
+                           .first_bucket_mb = 0.125f,
                            .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
@@ -454,6 +454,7 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
   DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow, s->dev, s->rank, &s->step,
                                     &s->scaler));
+  DT_CHECK(dt_train_rounding_setup(c->stochastic_rounding, c->seed, &s->step));
   if (s->step.scaler && is_dp_mode(c))
     return DT_ERROR(DT_ERR_UNSUPPORTED,
                     "--precision fp16 with --mode dp: the replicas would share one GradScaler; "

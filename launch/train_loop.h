@@ -96,6 +96,9 @@ typedef struct dt_train_config {
   /* fp16's GradScaler test: "R:S" = rank R's gradients get an Inf at
    * optimizer step S (0-based); NULL = none. */
   const char *debug_overflow;
+  /* bf16/fp16: round the optimizer's 16-bit working copy of the weights
+   * stochastically (seeded by `seed`) instead of to nearest. */
+  bool stochastic_rounding;
   uint64_t seed;    /* model initialisation and data order */
   int threads;      /* CPU threads, 0 = the backend's default */
   int log_interval; /* micro-batches between progress lines, 0 = none */
@@ -189,6 +192,10 @@ dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options
  * tf32 (on). tf32 on the CPU, a bad name or "R:S" is DT_ERR_INVALID_ARG. */
 dt_status dt_train_precision_setup(const char *precision, const char *debug_overflow, dt_device dev,
                                    int rank, dt_step_config *step, dt_grad_scaler *scaler);
+/* --stochastic-rounding after dt_train_precision_setup: the working copy's
+ * rounding (seeded by `seed`); it needs step->autocast bf16 or f16
+ * (DT_ERR_INVALID_ARG otherwise). */
+dt_status dt_train_rounding_setup(bool stochastic, uint64_t seed, dt_step_config *step);
 /* Parses --debug-overflow's "R:S" (R, S >= 0). */
 dt_status dt_train_parse_debug_overflow(const char *s, int *rank, int64_t *step);
 

@@ -137,6 +137,16 @@ dt_status dt_train_parse_debug_overflow(const char *s, int *rank, int64_t *step)
   return DT_OK;
 }
 
+dt_status dt_train_rounding_setup(bool stochastic, uint64_t seed, dt_step_config *step) {
+  if (stochastic && step->autocast == DT_DTYPE_F32)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--stochastic-rounding rounds the 16-bit working copy of the weights: it "
+                    "needs --precision bf16 or fp16");
+  step->stochastic_rounding = stochastic;
+  step->rounding_seed = seed;
+  return DT_OK;
+}
+
 dt_status dt_train_precision_setup(const char *precision, const char *debug_overflow, dt_device dev,
                                    int rank, dt_step_config *step, dt_grad_scaler *scaler) {
   bool cuda = dev.type == DT_DEVICE_CUDA;

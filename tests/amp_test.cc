@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/autograd.h"
+#include "core/half.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/optim.h"
@@ -60,8 +62,8 @@ TEST(Autocast, ScopesNestAndArePerThread) {
   dt_autocast_end(DT_DTYPE_F32);
 }
 
-// Under autocast a linear layer's output (f32) equals the f32 product of
-// the inputs rounded to the 16-bit dtype.
+// Under autocast a linear layer's output is 16-bit: the f32 product of the
+// inputs rounded to the 16-bit dtype, rounded once.
 TEST(Autocast, LinearComputesOnRoundedInputs) {
   for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
     dtt::Tensors ts;
@@ -83,11 +85,16 @@ TEST(Autocast, LinearComputesOnRoundedInputs) {
     dt_autocast_end(prev);
     ASSERT_DT_OK(st);
     ts.add(got);
-    EXPECT_EQ(dt_tensor_dtype(got), DT_DTYPE_F32);
-    std::vector<float> a = dtt::ToVector(got), b = dtt::ToVector(want);
+    // the result is 16-bit: the f32 sum of the rounded products, rounded once
+    EXPECT_EQ(dt_tensor_dtype(got), d);
+    dt_tensor *got32 = nullptr;
+    ASSERT_DT_OK(dt_tensor_to_dtype(got, DT_DTYPE_F32, &got32));
+    ts.add(got32);
+    std::vector<float> a = dtt::ToVector(got32), b = dtt::ToVector(want);
     ASSERT_EQ(a.size(), b.size());
+    const float half_ulp = std::ldexp(1.0f, d == DT_DTYPE_BF16 ? -8 : -11);  // of [1, 2)
     for (size_t i = 0; i < a.size(); i++)
-      EXPECT_NEAR(a[i], b[i], 1e-5f * (1 + std::fabs(b[i]))) << dt_dtype_name(d) << " " << i;
+      EXPECT_NEAR(a[i], b[i], half_ulp * std::fabs(b[i]) + 1e-5f) << dt_dtype_name(d) << " " << i;
   }
 }
 
@@ -151,13 +158,19 @@ struct Trainer {
   dt_optimizer *opt = nullptr;
   dt_lr_schedule sched = DT_LR_SCHEDULE_DEFAULT;
   dt_step step{};
-  explicit Trainer(dt_dtype autocast, dt_grad_scaler *scaler) {
+  explicit Trainer(dt_dtype autocast, dt_grad_scaler *scaler, bool adamw = false) {
     EXPECT_EQ(DT_OK, dt_model_create("lenet", 3, &model)) << dt_last_error();
     EXPECT_EQ(DT_OK, dt_param_arena_create(model, &arena)) << dt_last_error();
-    dt_sgd_config cfg = DT_SGD_CONFIG_DEFAULT;
-    cfg.lr = 0.05f;
-    cfg.momentum = 0.9f;
-    EXPECT_EQ(DT_OK, dt_optim_sgd_create(arena, &cfg, &opt)) << dt_last_error();
+    if (adamw) {
+      dt_adamw_config cfg = DT_ADAMW_CONFIG_DEFAULT;
+      cfg.lr = 0.01f;
+      EXPECT_EQ(DT_OK, dt_optim_adamw_create(arena, &cfg, &opt)) << dt_last_error();
+    } else {
+      dt_sgd_config cfg = DT_SGD_CONFIG_DEFAULT;
+      cfg.lr = 0.05f;
+      cfg.momentum = 0.9f;
+      EXPECT_EQ(DT_OK, dt_optim_sgd_create(arena, &cfg, &opt)) << dt_last_error();
+    }
     sched.base_lr = 0.05f;
     sched.warmup_steps = 10;
     step = {model, arena, opt, DT_GRAD_SYNC_NONE, DT_STEP_CONFIG_DEFAULT};
@@ -171,16 +184,52 @@ struct Trainer {
     dt_param_arena_destroy(arena);
     dt_module_destroy(model);
   }
-  // One optimizer step on a fixed batch of 16 (seed picks the batch).
-  void Step(uint64_t seed) {
-    dtt::Tensors ts;
-    dt_tensor *x = ts.add(dtt::RandomTensor({16, 1, 28, 28}, 50 + seed));
+  // A fixed batch of 16 (seed picks it).
+  static void Batch(dtt::Tensors &ts, uint64_t seed, dt_tensor **x, dt_tensor **y) {
+    *x = ts.add(dtt::RandomTensor({16, 1, 28, 28}, 50 + seed));
     std::vector<int64_t> labels(16);
     for (int64_t i = 0; i < 16; i++)
       labels[i] = (int64_t)((i * 3 + seed) % 10);
-    dt_tensor *y = ts.add(dtt::MakeIndexTensor(labels, {16}, DT_DTYPE_I64));
+    *y = ts.add(dtt::MakeIndexTensor(labels, {16}, DT_DTYPE_I64));
+  }
+  // One optimizer step on batch `seed`.
+  void Step(uint64_t seed) {
+    dtt::Tensors ts;
+    dt_tensor *x, *y;
+    Batch(ts, seed, &x, &y);
     ASSERT_DT_OK(dt_step_forward_backward(&step, x, y, 1.0f, true, nullptr));
     ASSERT_DT_OK(dt_step_update(&step));
+  }
+  // The same step outside dt_step, so without the optimizer's working copy:
+  // the LOW ops round the parameters each time they use them.
+  void StepRoundingPerUse(uint64_t seed) {
+    dtt::Tensors ts;
+    dt_tensor *x, *y, *loss = nullptr;
+    Batch(ts, seed, &x, &y);
+    ASSERT_DT_OK(Loss(x, y, &loss));
+    ts.add(loss);
+    ASSERT_DT_OK(dt_backward(loss, nullptr));
+    dt_optim_set_lr(opt, dt_lr_at(&sched, dt_optim_step_count(opt)));
+    ASSERT_DT_OK(dt_optim_step(opt));
+    ASSERT_DT_OK(dt_optim_zero_grad(opt));
+  }
+  // The loss of batch (x, y) under the step's autocast.
+  dt_status Loss(dt_tensor *x, dt_tensor *y, dt_tensor **loss) {
+    dt_tensor *out = nullptr;
+    dt_dtype prev = dt_autocast_begin(step.cfg.autocast);
+    dt_status st = dt_module_call(model, x, &out);
+    if (st == DT_OK)
+      st = CrossEntropy(out, y, DT_REDUCTION_MEAN, loss);
+    dt_autocast_end(prev);
+    dt_tensor_release(out);
+    return st;
+  }
+  std::vector<uint16_t> WorkingCopy() const {
+    dt_tensor *w = dt_optim_working_copy(opt);
+    std::vector<uint16_t> v(w ? (size_t)dt_tensor_numel(w) : 0);
+    if (w)
+      EXPECT_EQ(DT_OK, dt_tensor_to_host(w, v.data(), v.size() * 2)) << dt_last_error();
+    return v;
   }
   std::vector<float> Params() const { return dtt::ToVector(dt_param_arena_data(arena)); }
 };
@@ -268,6 +317,117 @@ TEST(AutocastStep, Bf16StaysCloseToF32) {
   }
   EXPECT_GT(diff, 0.0) << "bf16 autocast changed nothing";
   EXPECT_LT(std::sqrt(diff / norm), 1e-2) << "bf16 drifted from f32 after 3 steps";
+}
+
+// ---- the optimizer's 16-bit working copy of the weights ----
+
+std::vector<uint16_t> RoundedToNearest(dt_dtype t, const std::vector<float> &x) {
+  std::vector<uint16_t> h(x.size());
+  EXPECT_EQ(DT_OK, dt_half_from_f32(t, x.data(), h.data(), (int64_t)x.size()));
+  return h;
+}
+
+// Training through dt_step (the LOW ops read the copy the fused update
+// wrote) equals rounding each parameter where it is used, bit for bit,
+// for both optimizers and both 16-bit types; the copy is the masters
+// rounded to nearest after every step.
+TEST(WorkingCopy, StepEqualsRoundingPerUseBitForBit) {
+  for (bool adamw : {false, true})
+    for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+      Trainer with(t, nullptr, adamw), per_use(t, nullptr, adamw);
+      for (uint64_t i = 0; i < 3; i++) {
+        with.Step(i);
+        per_use.StepRoundingPerUse(i);
+        ASSERT_TRUE(dt_optim_working_copy_is_fresh(with.opt));
+        ASSERT_EQ(with.WorkingCopy(), RoundedToNearest(t, with.Params()))
+            << dt_dtype_name(t) << " step " << i;
+      }
+      EXPECT_EQ(with.Params(), per_use.Params()) << dt_dtype_name(t) << " adamw " << adamw;
+      EXPECT_EQ(dt_optim_working_copy(per_use.opt), nullptr);
+    }
+}
+
+// The LOW ops really read the copy: a copy changed behind their back
+// changes the loss; invalidated, they round the masters again; rebuilt, the
+// copy gives that loss again.
+TEST(WorkingCopy, LowOpsReadIt) {
+  Trainer t(DT_DTYPE_BF16, nullptr);
+  t.Step(0);
+  dtt::Tensors ts;
+  dt_tensor *x, *y;
+  Trainer::Batch(ts, 1, &x, &y);
+  auto loss = [&] {
+    dt_tensor *l = nullptr;
+    EXPECT_EQ(DT_OK, t.Loss(x, y, &l)) << dt_last_error();
+    float v = dtt::ToVector(l)[0];
+    dt_tensor_release(l);
+    return v;
+  };
+  float with_copy = loss();
+  std::vector<uint16_t> halved = t.WorkingCopy();
+  for (uint16_t &h : halved)
+    h = dt_f32_to_bf16(0.5f * dt_bf16_to_f32(h));
+  dt_tensor *w = dt_optim_working_copy(t.opt), *src = nullptr;
+  const int64_t n = (int64_t)halved.size();
+  ASSERT_DT_OK(dt_tensor_from_host(halved.data(), &n, 1, DT_DTYPE_BF16, DT_CPU, &src));
+  ts.add(src);
+  ASSERT_DT_OK(dt_tensor_copy_(w, src));
+  EXPECT_NE(loss(), with_copy) << "the LOW ops ignored the working copy";
+  dt_optim_working_copy_invalidate(t.opt);
+  EXPECT_FALSE(dt_optim_working_copy_is_fresh(t.opt));
+  EXPECT_EQ(loss(), with_copy) << "a stale copy is not used";
+  const dt_working_copy_config cfg = {DT_DTYPE_BF16, false, 0};
+  ASSERT_DT_OK(dt_optim_use_working_copy(t.opt, &cfg));
+  EXPECT_EQ(t.WorkingCopy(), RoundedToNearest(DT_DTYPE_BF16, t.Params()));
+  EXPECT_EQ(loss(), with_copy);
+  const dt_working_copy_config f32 = {DT_DTYPE_F32, false, 0};
+  EXPECT_EQ(dt_optim_use_working_copy(t.opt, &f32), DT_ERR_DTYPE);
+}
+
+// Stochastic rounding of the copy: each element is one of the master's two
+// 16-bit neighbours, unbiased over the elements, the same for the same seed
+// (and when rebuilt after a checkpoint load: the draws depend on the seed,
+// the step count and the element) and different for another seed.
+TEST(WorkingCopy, StochasticRoundingReproducibleAndUnbiased) {
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    Trainer a(t, nullptr, true), b(t, nullptr, true), other(t, nullptr, true);
+    for (Trainer *tr : {&a, &b, &other}) {
+      tr->step.cfg.stochastic_rounding = true;
+      tr->step.cfg.rounding_seed = tr == &other ? 8 : 7;
+    }
+    for (uint64_t i = 0; i < 2; i++)
+      for (Trainer *tr : {&a, &b, &other})
+        tr->Step(i);
+    std::vector<float> p = a.Params();
+    std::vector<uint16_t> sr = a.WorkingCopy(), nearest = RoundedToNearest(t, p);
+    ASSERT_EQ(sr.size(), p.size());
+    EXPECT_EQ(b.Params(), p);
+    EXPECT_EQ(b.WorkingCopy(), sr) << "the same seed draws the same rounding";
+    EXPECT_NE(other.WorkingCopy(), sr) << "another seed draws another rounding";
+    auto widen = [t](uint16_t h) { return t == DT_DTYPE_BF16 ? dt_bf16_to_f32(h) : dt_f16_to_f32(h); };
+    int64_t differ = 0;
+    double bias = 0;  // sum of (copy - master) / the gap between the master's neighbours
+    for (size_t i = 0; i < p.size(); i++) {
+      float vn = widen(nearest[i]);
+      if (vn == p[i]) {
+        ASSERT_EQ(sr[i], nearest[i]) << "a representable master is kept, element " << i;
+        continue;
+      }
+      // codes of one sign are ordered by magnitude
+      uint16_t far = std::abs(vn) > std::abs(p[i]) ? nearest[i] - 1 : nearest[i] + 1;
+      ASSERT_TRUE(sr[i] == nearest[i] || sr[i] == far) << "element " << i;
+      bias += ((double)widen(sr[i]) - p[i]) / std::abs((double)widen(far) - vn);
+      differ += sr[i] != nearest[i];
+    }
+    EXPECT_GT(differ, (int64_t)p.size() / 10) << "stochastic rounding left the copy nearest";
+    // each term has mean 0 and |term| < 1: the sum's standard deviation is < sqrt(n)/2
+    EXPECT_LT(std::abs(bias), 5 * std::sqrt((double)p.size()) / 2) << dt_dtype_name(t);
+    // a resumed run rebuilds the copy it left
+    dt_optim_working_copy_invalidate(a.opt);
+    const dt_working_copy_config cfg = {t, true, 7};
+    ASSERT_DT_OK(dt_optim_use_working_copy(a.opt, &cfg));
+    EXPECT_EQ(a.WorkingCopy(), sr) << dt_dtype_name(t);
+  }
 }
 
 }  // namespace

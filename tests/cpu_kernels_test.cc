@@ -471,17 +471,17 @@ TEST(CpuOptim, SgdMomentumWeightDecayByHand) {
     p = 1.0f;
     for (size_t s = 0; s < c.want.size(); s++) {
       ASSERT_EQ(DT_OK, dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, c.dampening,
-                                            c.weight_decay, c.nesterov, s == 0));
+                                            c.weight_decay, c.nesterov, s == 0, nullptr));
       EXPECT_NEAR(p, c.want[s], 1e-6) << c.what << " " << s + 1;
     }
   }
   // plain SGD with weight decay, no buffer: p -= lr * (g + wd p) = 1 - 0.1*0.6
   p = 1.0f;
   ASSERT_EQ(DT_OK,
-            dt_kernel_sgd_update(cpu_exec(), &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0, 1));
+            dt_kernel_sgd_update(cpu_exec(), &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0, 1, nullptr));
   EXPECT_NEAR(p, 0.94f, 1e-7);
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 1, 1));
+            dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 1, 1, nullptr));
 }
 
 TEST(CpuOptim, AdamWByHandAndVsFormula) {
@@ -491,7 +491,7 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
   const double want[3] = {0.899, 0.798101, 0.697302899};
   for (int s = 1; s <= 3; s++) {
     ASSERT_EQ(DT_OK, dt_kernel_adamw_update(cpu_exec(), &p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f,
-                                            1e-8f, 0.01f, s));
+                                            1e-8f, 0.01f, s, nullptr));
     EXPECT_NEAR(p, want[s - 1], 2e-6) << "step " << s;
   }
   const double b1f = 0.9f, b2f = 0.999f;  // the betas as the kernel sees them
@@ -507,7 +507,7 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
     G = randn(n, 100 + s);
     ASSERT_EQ(DT_OK,
               dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n,
-                                     (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, s));
+                                     (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, s, nullptr));
     for (int64_t i = 0; i < n; i++) {
       pd[i] -= lr * wd * pd[i];
       md[i] = b1 * md[i] + (1 - b1) * G[i];
@@ -519,7 +519,7 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
   expect_close(P, pd, 1e-6, 1e-5, "adamw");
   EXPECT_EQ(DT_ERR_INVALID_ARG,
             dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n, 0.1f,
-                                   0.9f, 0.99f, 1e-8f, 0.0f, 0));
+                                   0.9f, 0.99f, 1e-8f, 0.0f, 0, nullptr));
 }
 
 /* ---------------------------------------------------------------- memory */

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -161,6 +162,131 @@ TEST(Half, StochasticRoundingIsUnbiased) {
   EXPECT_EQ(dt_f32_to_half_stochastic(DT_DTYPE_F16, 1e30f, 0.0f), 0x7c00);
   for (int i = 0; i < 64; i++)
     ASSERT_EQ(dt_f32_to_half_stochastic(DT_DTYPE_F16, 65510.0f, dt_rng_uniform(3, i)), 0x7bff);
+}
+
+// ---- the vector paths: every instruction set this CPU runs, forced one
+// at a time, gives the scalar functions' bits for every input class ----
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Restores the instruction set a test found.
+struct IsaScope {
+  dt_half_isa saved = dt_half_isa_active();
+  ~IsaScope() { EXPECT_EQ(dt_half_isa_force(saved), DT_OK); }
+};
+
+std::vector<dt_half_isa> SupportedIsas() {
+  std::vector<dt_half_isa> isas;
+  for (int i = DT_HALF_ISA_SCALAR; i <= DT_HALF_ISA_AVX512_BF16; i++)
+    if (dt_half_isa_force((dt_half_isa)i) == DT_OK)
+      isas.push_back((dt_half_isa)i);
+  return isas;
+}
+
+// f32 bit patterns: for every value of the top 16 bits (sign, exponent and
+// bf16's mantissa) low halves around every rounding boundary of both
+// formats: bf16's ties (0x8000) and f16's (bit 12 set, bits 13..15 any, for
+// its normals; a single bit for its subnormals), each +-1 ulp, and two
+// random low halves. This holds every tie of both formats, f32 subnormals,
+// +-0, +-Inf, NaNs of every top-16 payload and the overflow boundaries.
+std::vector<float> NarrowingSample() {
+  std::vector<uint32_t> lows = {0x0000, 0xffff};
+  for (int b = 0; b < 16; b++)
+    for (uint32_t d : {0u, 1u, 0xffffffffu})
+      lows.push_back(((1u << b) + d) & 0xffffu);
+  for (uint32_t k = 0; k < 8; k++)
+    for (uint32_t d : {0x0fffu, 0x1000u, 0x1001u, 0x0000u, 0x1fffu})
+      lows.push_back(k * 0x2000u + d);
+  std::sort(lows.begin(), lows.end());
+  lows.erase(std::unique(lows.begin(), lows.end()), lows.end());
+  std::vector<float> x;
+  x.reserve((size_t)65536 * (lows.size() + 2));
+  for (uint32_t hi = 0; hi < 65536; hi++) {
+    for (uint32_t lo : lows)
+      x.push_back(bits_f32(hi << 16 | lo));
+    for (uint64_t r = 0; r < 2; r++)
+      x.push_back(bits_f32(hi << 16 | (uint32_t)(dt_rng_uniform(11 + r, hi) * 65536.0f)));
+  }
+  return x;
+}
+
+TEST(HalfIsa, EveryPathWidensEveryCodeAsScalar) {
+  IsaScope scope;
+  std::vector<uint16_t> codes(65536);
+  for (uint32_t c = 0; c < 65536; c++)
+    codes[c] = (uint16_t)c;
+  for (dt_half_isa isa : SupportedIsas()) {
+    ASSERT_DT_OK(dt_half_isa_force(isa));
+    for (dt_dtype t : kHalves)
+      for (int64_t start : {0, 1, 7}) {  // misaligned starts and tails
+        int64_t n = 65536 - start;
+        std::vector<float> out(n);
+        ASSERT_DT_OK(dt_half_to_f32(t, codes.data() + start, out.data(), n));
+        for (int64_t i = 0; i < n; i++)
+          ASSERT_EQ(f32_bits(out[i]), f32_bits(widen(t, codes[start + i])))
+              << dt_half_isa_name(isa) << " " << dt_dtype_name(t) << " code " << start + i;
+      }
+  }
+}
+
+TEST(HalfIsa, EveryPathNarrowsAsScalar) {
+  IsaScope scope;
+  const std::vector<float> x = NarrowingSample();
+  for (dt_dtype t : kHalves) {
+    std::vector<uint16_t> want(x.size());
+    for (size_t i = 0; i < x.size(); i++)
+      want[i] = narrow(t, x[i]);
+    for (dt_half_isa isa : SupportedIsas()) {
+      ASSERT_DT_OK(dt_half_isa_force(isa));
+      for (int64_t start : {0, 3}) {
+        int64_t n = (int64_t)x.size() - start;
+        std::vector<uint16_t> out(n);
+        ASSERT_DT_OK(dt_half_from_f32(t, x.data() + start, out.data(), n));
+        for (int64_t i = 0; i < n; i++)
+          ASSERT_EQ(out[i], want[start + i])
+              << dt_half_isa_name(isa) << " " << dt_dtype_name(t) << " f32 bits " << std::hex
+              << f32_bits(x[start + i]);
+      }
+    }
+  }
+}
+
+// A vector holding one f32 subnormal among normal values: AVX512-BF16's
+// instruction would flush it to zero, the conversion must not.
+TEST(HalfIsa, SubnormalAmongNormals) {
+  IsaScope scope;
+  std::vector<float> x(64, 1.5f);
+  x[37] = bits_f32(0x00018000u);  // bf16 0x0002 by nearest even
+  x[5] = bits_f32(0x80000001u);   // -0 in bf16
+  for (dt_half_isa isa : SupportedIsas()) {
+    ASSERT_DT_OK(dt_half_isa_force(isa));
+    std::vector<uint16_t> out(x.size());
+    ASSERT_DT_OK(dt_half_from_f32(DT_DTYPE_BF16, x.data(), out.data(), (int64_t)x.size()));
+    EXPECT_EQ(out[37], 0x0002) << dt_half_isa_name(isa);
+    EXPECT_EQ(out[5], 0x8000) << dt_half_isa_name(isa);
+    EXPECT_EQ(out[0], 0x3fc0) << dt_half_isa_name(isa);
+  }
+}
+
+TEST(HalfIsa, ForcingChecksItsArgument) {
+  IsaScope scope;
+  EXPECT_EQ(dt_half_isa_force((dt_half_isa)99), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_half_isa_force(DT_HALF_ISA_SCALAR), DT_OK);
+  EXPECT_EQ(dt_half_isa_active(), DT_HALF_ISA_SCALAR);
+  EXPECT_STREQ(dt_half_isa_name(DT_HALF_ISA_AVX512_BF16), "avx512-bf16");
+  // the best level is supported, and so is every level below it here
+  dt_half_isa best = dt_half_isa_best();
+  for (int i = DT_HALF_ISA_SCALAR; i <= (int)best; i++)
+    EXPECT_EQ(dt_half_isa_force((dt_half_isa)i), DT_OK) << dt_half_isa_name((dt_half_isa)i);
+  for (int i = (int)best + 1; i <= DT_HALF_ISA_AVX512_BF16; i++) {
+    EXPECT_EQ(dt_half_isa_force((dt_half_isa)i), DT_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(dt_last_error()).find("does not run"), std::string::npos);
+  }
+  std::printf("half conversions: best instruction set here %s\n", dt_half_isa_name(best));
 }
 
 }  // namespace

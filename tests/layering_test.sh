@@ -25,7 +25,7 @@ bad() {
 lib_of() {
   case "$(basename "$1")" in
     status.* | rng.* | parse.* | trace.*) echo status ;;
-    backend.h | backend_registry.c | device.* | env.* | env_params.def | half.* | kernels.c | \
+    backend.h | backend_registry.c | device.* | env.* | env_params.def | half* | kernels.c | \
       memory.* | op_table.def) echo backend ;;
     cpu.h | cpu_*) echo cpu ;;
     tensor* | autograd* | amp.* | autocast_policy.def) echo tensor ;;

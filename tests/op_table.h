@@ -44,12 +44,17 @@ struct Input {
   std::vector<int64_t> ids;  // kIndex: the ids (empty: uniform in [0, hi))
   int64_t ignore_every = 0;  // kIndex, random: id i is `ignore` when i % every == every / 2
   int64_t ignore = -100;
+  // In a 16-bit row: stored in the row's dtype (as a low-precision op's
+  // result reaches the next op under autocast), so its gradient is 16-bit
+  // too; the row's f32 reference takes it in f32.
+  bool half = false;
 
   Input Range(float l, float h) const;
   Input Const() const;  // requires_grad false
   Input Away(float margin) const;
   Input Distinct(float gap) const;
   Input Head(std::vector<float> values) const;
+  Input Half() const;
 };
 
 // A float input of `shape`, uniform in [-1, 1), requiring grad.

@@ -687,6 +687,120 @@ std::vector<OpCase> Build() {
          Conv2d(1, 2),
          kReduction});
   }
+
+  // 16-bit activations: every op with a 16-bit input (Half(): a
+  // low-precision op's result under autocast) against the same row in f32
+  // (the harness checks the result's dtype against the op's policy: 16-bit
+  // for the low-precision ops and for the PROMOTE ops of 16-bit inputs, f32
+  // for the f32 ops and for 16-bit with f32). The large rows reach the
+  // kernels' block and thread paths.
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    const Shape bn = {3, 2, 4, 4};
+    std::vector<OpCase> rows = {
+        {"matmul",
+         "half_inputs",
+         d,
+         {X({7, 64}).Half(), X({64, 9}).Half()},
+         Binary(dt_op_matmul),
+         kReduction},
+        {"linear", "half_x", d, {X({6, 32}).Half(), X({8, 32}), X({8})}, Linear(), kReduction},
+        {"conv2d",
+         "half_x",
+         d,
+         {X({2, 3, 8, 8}).Half(), X({4, 3, 3, 3}), X({4})},
+         Conv2d(1, 1),
+         kReduction},
+        {"add", "half_both_broadcast", d, {X({4, 5}).Half(), X({5}).Half()}, Binary(dt_op_add)},
+        {"add", "half_plus_f32", d, {X({4, 5}).Half(), X({4, 5})}, Binary(dt_op_add)},
+        {"sub", "f32_minus_half", d, {X({3, 4}), X({3, 4}).Half()}, Binary(dt_op_sub)},
+        {"mul", "half_both", d, {X({3, 4}).Half(), X({3, 4}).Half()}, Binary(dt_op_mul)},
+        {"scale",
+         "half",
+         d,
+         {X({3, 4}).Half()},
+         [](const V &x, dt_tensor **out) { return dt_op_scale(x[0], -2.5f, out); }},
+        {"relu", "half", d, {X({2, 3, 4}).Away(0.05f).Half()}, Unary(dt_op_relu)},
+        {"gelu", "half", d, {X({2, 3, 4}).Range(-3, 3).Half()}, Unary(dt_op_gelu)},
+        {"tanh", "half", d, {X({5, 4}).Range(-2, 2).Half()}, Unary(dt_op_tanh)},
+        {"relu",
+         "half_40000",
+         d,
+         {X({40000}).Range(-4, 4).Head({0}).Half()},
+         Unary(dt_op_relu),
+         kElementwise,
+         kParityOnly},
+        {"gelu",
+         "half_40000",
+         d,
+         {X({40000}).Range(-4, 4).Half()},
+         Unary(dt_op_gelu),
+         kElementwise,
+         kParityOnly},
+        {"tanh",
+         "half_5000",
+         d,
+         {X({5000}).Range(-4, 4).Half()},
+         Unary(dt_op_tanh),
+         kElementwise,
+         kParityOnly},
+        {"dropout", "half_p0_3", d, {X({4, 6}).Half()}, Dropout(0.3f, 1234, 0)},
+        {"max_pool2d",
+         "half_2x2",
+         d,
+         {X({2, 3, 6, 6}).Distinct(0.01f).Half()},
+         Pool(dt_op_max_pool2d, 2, 2, 0)},
+        {"avg_pool2d",
+         "half_3x3_pad1",
+         d,
+         {X({2, 3, 6, 6}).Half()},
+         Pool(dt_op_avg_pool2d, 3, 2, 1)},
+        {"concat", "half_dim1", d, {X({2, 3}).Half(), X({2, 2}).Half()}, Concat(1)},
+        {"concat", "half_with_f32", d, {X({2, 3}).Half(), X({1, 3})}, Concat(0)},
+        {"flatten", "half", d, {X({2, 3, 2, 2}).Half()}, Unary(dt_op_flatten)},
+        {"softmax", "half", d, {X({5, 17}).Range(-3, 3).Half()}, Softmax(false), kReduction},
+        {"log_softmax", "half", d, {X({5, 17}).Range(-3, 3).Half()}, Softmax(true), kReduction},
+        {"causal_softmax",
+         "half",
+         d,
+         {X({2, 2, 5, 5}).Range(-2, 2).Half()},
+         Unary(dt_op_causal_softmax),
+         kReduction},
+        {"cross_entropy",
+         "half_logits",
+         d,
+         {X({6, 10}).Range(-2, 2).Half(), RandIds({6}, 10)},
+         CrossEntropy(DT_REDUCTION_MEAN, -100),
+         kReduction},
+        {"mse",
+         "half",
+         d,
+         {X({4, 5}).Half(), X({4, 5}).Half()},
+         Mse(DT_REDUCTION_MEAN),
+         kReduction},
+        {"batch_norm2d",
+         "half_train",
+         d,
+         {X(bn).Range(-2, 2).Half(), X({2}).Range(0.5f, 1.5f), X({2}), X({2}).Const(),
+          X({2}).Range(0.5f, 1.5f).Const()},
+         BatchNorm(1),
+         kNormalisation},
+        {"layer_norm",
+         "half",
+         d,
+         {X({4, 16}).Range(-2, 2).Half(), X({16}).Range(0.5f, 1.5f), X({16})},
+         LayerNorm(),
+         kNormalisation},
+        {"embedding",
+         "half_table",
+         d,
+         {RandIds({5}, 7), X({7, 4}).Half()},
+         [](const V &x, dt_tensor **out) { return dt_op_embedding(x[0], x[1], out); }},
+        {"sum", "half", d, {X({4, 6}).Half()}, Reduce(dt_op_sum, {1}, false), kReduction},
+        {"mean", "half", d, {X({4, 6}).Half()}, Reduce(dt_op_mean, {}, false), kReduction},
+    };
+    for (OpCase &c : rows)
+      add(std::move(c));
+  }
   return t;
 }
 
@@ -717,6 +831,11 @@ Input Input::Distinct(float gap) const {
 Input Input::Head(std::vector<float> values) const {
   Input r = *this;
   r.head = std::move(values);
+  return r;
+}
+Input Input::Half() const {
+  Input r = *this;
+  r.half = true;
   return r;
 }
 

@@ -164,29 +164,37 @@ OpFn ClassifierLossConsume(int64_t n_classes, bool intermediate) {
   };
 }
 
-// concat(sum, norm) along the last dimension from the fused residual layer
-// norm (inputs x, residual[, gamma, beta]): both results, so the gradient
-// check covers both; checked on every call against add + layer_norm (the
-// same arithmetic: equal bit for bit).
-dt_status ResidualLayerNormChecked(const V &x, dt_tensor **out) {
-  auto both = [&](dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat) {
-    dt_tensor *parts[2] = {sum, norm};
-    if (st == DT_OK)
-      st = dt_op_concat(parts, 2, -1, cat);
-    dt_tensor_release(norm);
-    dt_tensor_release(sum);
-    return st;
-  };
+// concat(sum, norm) along the last dimension (st: the status that made them;
+// both released).
+dt_status ConcatBoth(dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat) {
+  dt_tensor *parts[2] = {sum, norm};
+  if (st == DT_OK)
+    st = dt_op_concat(parts, 2, -1, cat);
+  dt_tensor_release(norm);
+  dt_tensor_release(sum);
+  return st;
+}
+
+// concat(sum, norm) from the fused residual layer norm (inputs x,
+// residual[, gamma, beta]): both results, so the gradient check covers both.
+dt_status ResidualLayerNormBoth(const V &x, dt_tensor **out) {
   dt_tensor *sum = nullptr, *norm = nullptr;
   dt_status st = dt_op_residual_layer_norm(x[0], x[1], Opt(x, 2), Opt(x, 3), 1e-5f, &sum, &norm);
+  return ConcatBoth(st, sum, norm, out);
+}
+
+// The same, checked on every call against add + layer_norm (the same
+// arithmetic: equal bit for bit).
+dt_status ResidualLayerNormChecked(const V &x, dt_tensor **out) {
   auto reference = [&](dt_tensor **ref) {
     dt_tensor *s = nullptr, *n = nullptr;
     dt_status rs = dt_op_add(x[0], x[1], &s);
     if (rs == DT_OK)
       rs = dt_op_layer_norm(s, Opt(x, 2), Opt(x, 3), 1e-5f, &n);
-    return both(rs, s, n, ref);
+    return ConcatBoth(rs, s, n, ref);
   };
-  return CheckedAgainst(both(st, sum, norm, out), out, reference, 0.0, 0.0, "residual layer norm");
+  return CheckedAgainst(ResidualLayerNormBoth(x, out), out, reference, 0.0, 0.0,
+                        "residual layer norm");
 }
 
 }  // namespace
@@ -380,6 +388,43 @@ void AddLanguageModelCases(std::vector<OpCase> *table) {
          // rounds other intermediates (the scores) than the fused kernel
          [](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], 2, out); },
          kReduction});
+
+  // 16-bit activations (see op_table_cases.cc): 16-bit qkv, logits and
+  // residual-stream inputs; the fused classifier reads 16-bit logits and
+  // writes their 16-bit gradient (GPT-2's LM head, 50257 of 50304)
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    add({"causal_attention",
+         "half_qkv_2x9_h2_hd8",
+         d,
+         {X({2, 9, 48}).Range(-2, 2).Half()},
+         [](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], 2, out); },
+         kReduction});
+    add({"classifier_loss",
+         "half_8x13_of_11",
+         d,
+         {X({8, 13}).Range(-3, 3).Half(), RandIds({8}, 11, DT_DTYPE_I64, 5)},
+         ClassifierLoss(11, -100),
+         kReduction});
+    add({"classifier_loss",
+         "half_64x50304",
+         d,
+         {X({64, 50304}).Range(-4, 4).Half(), RandIds({64}, 50257, DT_DTYPE_I32, 9)},
+         ClassifierLoss(50257, -100),
+         kReduction,
+         kParityOnly});
+    add({"classifier_loss_consume",
+         "half_intermediate_logits_8x13_of_11",
+         d,
+         {X({8, 13}).Range(-3, 3).Half(), RandIds({8}, 11, DT_DTYPE_I64, 5)},
+         ClassifierLossConsume(11, true),
+         kReduction});
+    add({"residual_layer_norm",
+         "half_x_2x3x5",
+         d,
+         {X({2, 3, 5}).Range(-2, 2).Half(), X({2, 3, 5}), X({5}).Range(0.5f, 1.5f), X({5})},
+         ResidualLayerNormBoth,
+         kNormalisation});
+  }
 }
 
 }  // namespace optable

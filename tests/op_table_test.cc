@@ -146,14 +146,17 @@ std::vector<int64_t> IndexValues(const Input &in, uint64_t seed) {
 }
 
 // Input k of row c on dev (a leaf; nullptr with a test failure on error).
-dt_tensor *MakeInput(const OpCase &c, size_t k, dt_device dev) {
+// A 16-bit row's inputs marked Half() are 16-bit under autocast (f32 in the
+// row's f32 reference).
+dt_tensor *MakeInput(const OpCase &c, size_t k, dt_device dev, bool autocast = true) {
   const Input &in = c.inputs[k];
   uint64_t seed = InputSeed(c, k);
   if (in.fill == Fill::kIndex)
     return dtt::MakeIndexTensor(IndexValues(in, seed), in.shape, in.index_dtype, dev);
   dt_tensor *t = dtt::MakeTensor(FloatValues(in, seed), in.shape, false, dev);
   // a 16-bit row takes f32 inputs and runs under autocast (RunRow)
-  if (t && c.dtype != DT_DTYPE_F32 && !dt_dtype_is_half(c.dtype)) {
+  bool convert = c.dtype != DT_DTYPE_F32 && (!dt_dtype_is_half(c.dtype) || (in.half && autocast));
+  if (t && convert) {
     dt_tensor *conv = nullptr;
     EXPECT_EQ(dt_tensor_to_dtype(t, c.dtype, &conv), DT_OK) << dt_last_error();
     dt_tensor_release(t);
@@ -226,7 +229,7 @@ Outcome RunRow(const OpCase &c, dt_device dev, bool autocast = true) {
   dtt::Tensors ts;
   std::vector<dt_tensor *> in;
   for (size_t k = 0; k < c.inputs.size(); k++) {
-    in.push_back(ts.add(MakeInput(c, k, dev)));
+    in.push_back(ts.add(MakeInput(c, k, dev, autocast)));
     if (!in.back()) {
       o.error = "input " + std::to_string(k) + " could not be made on " + DeviceName(dev);
       return o;
@@ -363,13 +366,35 @@ TEST_P(Parity, MatchesCpu) {
 // rounded: autocast took effect).
 class Autocast : public ::testing::TestWithParam<const OpCase *> {};
 
+// The dtype of a 16-bit row's output under autocast, from the op's policy
+// (core/autocast_policy.def): the 16-bit dtype for a low-precision op and
+// for a PROMOTE op all of whose float inputs are 16-bit, else f32.
+dt_dtype AutocastResultDtype(const OpCase &c) {
+  dt_autocast_policy p = dt_autocast_policy_of(("dt_op_" + c.op).c_str());
+  bool all_half = true;
+  for (const Input &in : c.inputs)
+    all_half = all_half && (in.fill == Fill::kIndex || in.half);
+  if (p == DT_AUTOCAST_LOW || (p == DT_AUTOCAST_PROMOTE && all_half))
+    return c.dtype;
+  return DT_DTYPE_F32;
+}
+
+// Whether a row gives the op a 16-bit input (Half()).
+bool HasHalfInput(const OpCase &c) {
+  for (const Input &in : c.inputs)
+    if (in.half)
+      return true;
+  return false;
+}
+
 TEST_P(Autocast, CloseToF32) {
   const OpCase &c = *GetParam();
   Outcome got = RunRow(c, DT_CPU), want = RunRow(c, DT_CPU, /*autocast=*/false);
   ASSERT_TRUE(CheckStatus(c, got, DT_CPU));
   ASSERT_TRUE(CheckStatus(c, want, DT_CPU));
   ASSERT_EQ(got.shape, want.shape);
-  EXPECT_EQ(got.dtype, DT_DTYPE_F32) << "the low-precision ops return f32 (f32 accumulation)";
+  EXPECT_EQ(got.dtype, AutocastResultDtype(c))
+      << "the result's dtype under autocast (core/autocast_policy.def)";
   Tolerance tol = TolerancesFor(c.dtype)->parity[(int)c.acc];
   EXPECT_TRUE(Close(got.out, want.out, tol)) << "output";
   EXPECT_NE(got.out, want.out) << "autocast to " << dt_dtype_name(c.dtype)
@@ -408,16 +433,21 @@ std::vector<const OpCase *> HalfRows() {
 }
 INSTANTIATE_TEST_SUITE_P(OpTable, Autocast, ::testing::ValuesIn(HalfRows()), RowName);
 
-// Every op of the op table has a policy in core/autocast_policy.def, and
-// every op the policy runs in low precision has rows for bf16 and f16.
+// Every op of the op table has a policy in core/autocast_policy.def, every
+// op the policy runs in low precision has rows for bf16 and f16, and, as
+// under autocast any op can receive a low-precision op's 16-bit result,
+// every op has bf16 and f16 rows with a 16-bit input.
 TEST(OpTableCoverage, AutocastPolicyCoversEveryOp) {
   const std::set<std::string> policy = {
 #define DT_AUTOCAST(op, policy) #op,
 #include "core/autocast_policy.def"
   };
-  std::set<std::string> bf16, f16;
-  for (const OpCase *c : HalfRows())
+  std::set<std::string> bf16, f16, bf16_in, f16_in;
+  for (const OpCase *c : HalfRows()) {
     (c->dtype == DT_DTYPE_BF16 ? bf16 : f16).insert("dt_op_" + c->op);
+    if (HasHalfInput(*c))
+      (c->dtype == DT_DTYPE_BF16 ? bf16_in : f16_in).insert("dt_op_" + c->op);
+  }
   const char *declared[] = {
 #define DT_OP(name, params) #name,
 #include "core/op_table.def"
@@ -425,6 +455,8 @@ TEST(OpTableCoverage, AutocastPolicyCoversEveryOp) {
   int low = 0;
   for (const char *op : declared) {
     EXPECT_TRUE(policy.count(op)) << op << " has no row in core/autocast_policy.def";
+    EXPECT_TRUE(bf16_in.count(op)) << op << " takes 16-bit inputs but has no bf16 row with one";
+    EXPECT_TRUE(f16_in.count(op)) << op << " takes 16-bit inputs but has no f16 row with one";
     if (dt_autocast_policy_of(op) == DT_AUTOCAST_LOW) {
       low++;
       EXPECT_TRUE(bf16.count(op)) << op << " runs in bf16 under autocast but has no bf16 row";

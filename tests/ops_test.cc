@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -558,26 +559,43 @@ TEST(OpsErrors, SoftmaxOnlyOverTheLastDim) {
   ts.add(y);
 }
 
-TEST(OpsErrors, HalfPrecisionInputsAreRejected) {
+// Integer tensors are no float op's input; 16-bit ones are (mixed
+// precision: core/autocast_policy.def gives each result's dtype).
+TEST(OpsErrors, IntegerInputsAreRejected) {
   Tensors ts;
   dt_tensor *a = ts.add(RandomTensor({2, 3}, 1));
+  dt_tensor *i = ts.add(MakeIndexTensor({0, 1, 2, 0, 1, 2}, {2, 3}, DT_DTYPE_I32));
+  dt_tensor *y = nullptr;
+  EXPECT_EQ(dt_op_add(a, i, &y), DT_ERR_DTYPE);
+  EXPECT_NE(std::string(dt_last_error()).find("dt_op_add"), std::string::npos);
+  EXPECT_EQ(dt_op_relu(i, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(dt_op_softmax(i, -1, &y), DT_ERR_DTYPE);
+  dt_tensor *w = ts.add(RandomTensor({4, 3}, 2));
+  EXPECT_EQ(dt_op_linear(i, w, nullptr, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(dt_op_sum(i, nullptr, 0, 0, &y), DT_ERR_DTYPE);
+  EXPECT_EQ(y, nullptr);
   for (dt_dtype dt : {DT_DTYPE_F16, DT_DTYPE_BF16}) {
     dt_tensor *h = nullptr;
     ASSERT_EQ(dt_tensor_to_dtype(a, dt, &h), DT_OK) << dt_last_error();
     ts.add(h);
-    dt_tensor *y = nullptr;
-    EXPECT_EQ(dt_op_add(a, h, &y), DT_ERR_DTYPE);
-    EXPECT_NE(std::string(dt_last_error()).find("dt_op_add"), std::string::npos);
-    EXPECT_EQ(dt_op_relu(h, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(dt_op_softmax(h, -1, &y), DT_ERR_DTYPE);
-    dt_tensor *w = ts.add(RandomTensor({4, 3}, 2));
-    EXPECT_EQ(dt_op_linear(h, w, nullptr, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(dt_op_sum(h, nullptr, 0, 0, &y), DT_ERR_DTYPE);
-    EXPECT_EQ(y, nullptr);
+    auto dtype_of = [&](const std::function<dt_status(dt_tensor **)> &op) {
+      dt_tensor *r = nullptr;
+      EXPECT_EQ(op(&r), DT_OK) << dt_last_error();
+      ts.add(r);
+      return r ? dt_tensor_dtype(r) : DT_DTYPE_COUNT;
+    };
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_add(a, h, r); }), DT_DTYPE_F32);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_add(h, h, r); }), dt);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_relu(h, r); }), dt);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_softmax(h, -1, r); }), DT_DTYPE_F32);
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_sum(h, nullptr, 0, 0, r); }),
+              DT_DTYPE_F32);
+    // a low-precision op outside autocast computes in f32
+    EXPECT_EQ(dtype_of([&](dt_tensor **r) { return dt_op_linear(h, w, nullptr, r); }),
+              DT_DTYPE_F32);
   }
   // class ids must be integers
   dt_tensor *ft = ts.add(MakeTensor({0, 1}, {2}));
-  dt_tensor *y = nullptr;
   EXPECT_EQ(dt_op_cross_entropy(a, ft, DT_REDUCTION_MEAN, -100, &y), DT_ERR_DTYPE);
   dt_tensor *table = ts.add(RandomTensor({3, 2}, 3));
   EXPECT_EQ(dt_op_embedding(ft, table, &y), DT_ERR_DTYPE);

@@ -3,9 +3,14 @@
 # alternating the two for several rounds so that both see the same machine
 # load, for MLP batch 128, LeNet-5 batch 64 and GPT-2 tiny batch 16 context
 # 64 (AdamW, the LM's step). Prints the median steps/s of each and the ratio
-# dtrain / PyTorch.
+# dtrain / PyTorch. Then weak scaling on 2 ranks of 1 thread each, MLP batch
+# 128 and LeNet-5 batch 64 per rank: `dtrain launch -n 1` and `-n 2` beside
+# PyTorch on 1 process and PyTorch DDP (gloo) on 2 (bench_torch.py --world 2),
+# the four alternating; efficiency = samples/s on 2 ranks / (2 x samples/s on
+# 1 rank) of each round, the median over the rounds, and the ratio.
 #
-#   tools/bench_compare.sh [--rounds R] [--steps N] [--gpt-steps N] [--threads T] [--only MODEL]
+#   tools/bench_compare.sh [--rounds R] [--steps N] [--gpt-steps N] [--threads T]
+#                          [--only MODEL|scaling] [--no-scaling]
 #
 # Needs Debian's python3-torch (tools/setup.sh --bench).
 set -euo pipefail
@@ -16,6 +21,7 @@ steps=200
 gpt_steps=10
 threads=$(nproc)
 only=""
+scaling=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -23,10 +29,16 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --gpt-steps) gpt_steps=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-scaling) scaling=0; shift ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_compare: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+
+case "$only" in
+  "" | mlp | lenet | gpt2-tiny | scaling) ;;
+  *) echo "bench_compare: --only $only: expected mlp, lenet, gpt2-tiny or scaling" >&2; exit 2 ;;
+esac
 
 python=/usr/bin/python3
 if ! "$python" -c 'import torch' 2>/dev/null; then
@@ -43,7 +55,7 @@ dtrain="$(cd "$root" && bazel info bazel-bin 2>/dev/null)/launch/dtrain"
 steps_per_s() { sed -n 's/^steps_per_s=\([0-9.]*\) .*/\1/p'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-printf '%-16s %14s %14s %16s\n' "benchmark" "dtrain step/s" "torch step/s" "dtrain/torch"
+[ "$only" = scaling ] || printf '%-16s %14s %14s %16s\n' "benchmark" "dtrain step/s" "torch step/s" "dtrain/torch"
 for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2"; do
   read -r model batch n extra <<<"$config"
   [ -z "$only" ] || [ "$only" = "$model" ] || continue
@@ -62,4 +74,43 @@ for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 
   ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }')
   printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
 done
-echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians)"
+if [ "$only" != scaling ]; then
+  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians)"
+fi
+
+# ---- weak scaling: 1 and 2 ranks of 1 thread each ----
+[ "$scaling" = 1 ] && { [ -z "$only" ] || [ "$only" = scaling ]; } || exit 0
+samples_per_s() { sed -n 's/^steps_per_s=[0-9.]* samples_per_s=\([0-9.]*\) .*/\1/p'; }
+efficiency() { awk -v one="$1" -v two="$2" 'BEGIN { printf "%.3f", (one > 0) ? two / (2 * one) : 0 }'; }
+dtrain_sps() { # ranks model batch
+  "$dtrain" launch -n "$1" --threads 1 -- bench --model "$2" --batch "$3" --steps "$steps" \
+    2> >(grep -v '^dtrain launch: mpirun ' >&2) | samples_per_s
+}
+torch_sps() { # ranks model batch
+  "$python" "$root/tools/bench_torch.py" --world "$1" --model "$2" --batch "$3" --steps "$steps" \
+    --threads 1 | samples_per_s
+}
+if [ -z "$only" ]; then echo; fi
+printf '%-16s %14s %14s %16s\n' "weak scaling" "dtrain eff" "torch eff" "dtrain/torch"
+for config in "mlp 128" "lenet 64"; do
+  read -r model batch <<<"$config"
+  ours1=() ours2=() theirs1=() theirs2=() ours_eff=() theirs_eff=()
+  for ((r = 0; r < rounds; r++)); do
+    ours1+=("$(dtrain_sps 1 "$model" "$batch")")
+    ours2+=("$(dtrain_sps 2 "$model" "$batch")")
+    theirs1+=("$(torch_sps 1 "$model" "$batch")")
+    theirs2+=("$(torch_sps 2 "$model" "$batch")")
+    ours_eff+=("$(efficiency "${ours1[r]}" "${ours2[r]}")")
+    theirs_eff+=("$(efficiency "${theirs1[r]}" "${theirs2[r]}")")
+  done
+  a=$(printf '%s\n' "${ours_eff[@]}" | median)
+  b=$(printf '%s\n' "${theirs_eff[@]}" | median)
+  ratio=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }')
+  printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
+  printf '%-16s %14.0f %14.0f   samples/s, 1 rank\n' "" \
+    "$(printf '%s\n' "${ours1[@]}" | median)" "$(printf '%s\n' "${theirs1[@]}" | median)"
+  printf '%-16s %14.0f %14.0f   samples/s, 2 ranks\n' "" \
+    "$(printf '%s\n' "${ours2[@]}" | median)" "$(printf '%s\n' "${theirs2[@]}" | median)"
+done
+echo "($rounds alternating rounds of $steps steps each, 1 thread per rank; efficiency: samples/s on 2"
+echo " ranks / (2 x on 1 rank) per round, median; PyTorch DDP over gloo; per-rank batch as shown)"

@@ -20,6 +20,14 @@ mask, softmax, PV) as in nanoGPT without flash attention, because Debian's
 PyTorch (1.13) has no scaled_dot_product_attention; on PyTorch >= 2.0 that
 fused kernel is used instead.
 
+With --world N (N > 1) it runs PyTorch DDP, the peer of `dtrain launch -n N
+-- bench`: N processes on this machine (this script again, one per rank),
+torch.distributed with the gloo backend on localhost, the model wrapped in
+DistributedDataParallel (its default buckets), each rank --batch samples per
+step (--threads threads each); the ranks meet at a barrier before and after
+the timed steps, and rank 0 prints the line above with samples_per_s over all
+ranks, after a line `ddp: world N, per-rank batch B, global batch N*B, gloo`.
+
 On the CPU it runs under Debian's python3-torch (`tools/setup.sh --bench`)
 with the OpenMP build of OpenBLAS, which is several times faster here than
 the default pthread build: the script re-executes itself with
@@ -69,6 +77,41 @@ def set_tf32(torch, on):
         torch.backends.cudnn.allow_tf32 = on
     except (AttributeError, RuntimeError, ValueError) as e:
         print("bench_torch: warning: could not set TF32 to %s: %s" % (on, e), file=sys.stderr)
+
+
+def spawn_ranks(world):
+    """Starts `world` copies of this script as the ranks of a DDP job on a
+    free localhost port; passes rank 0's output on. Returns the exit code."""
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for r in range(world):
+        cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
+            "--rank", str(r), "--port", str(port)]
+        out = None if r == 0 else subprocess.DEVNULL
+        ranks.append(subprocess.Popen(cmd, stdout=out))
+    # A rank that fails ends the others (they would wait for it at the
+    # next collective).
+    while any(proc.poll() is None for proc in ranks):
+        bad = [(r, proc.returncode) for r, proc in enumerate(ranks)
+               if proc.returncode not in (None, 0)]
+        if bad:
+            for proc in ranks:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in ranks:
+                proc.wait()
+            print("bench_torch: rank %d exited with %d" % bad[0], file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    bad = [(r, proc.returncode) for r, proc in enumerate(ranks) if proc.returncode != 0]
+    if bad:
+        print("bench_torch: rank %d exited with %d" % bad[0], file=sys.stderr)
+        return 1
+    return 0
 
 
 def build_model(name, nn):
@@ -183,7 +226,15 @@ def main():
                    help="cpu, cuda or cuda:N (as dtrain bench --device)")
     p.add_argument("--tf32", type=int, default=1, choices=[0, 1],
                    help="CUDA only: TF32 for f32 matmuls/convolutions (dtrain's default: 1)")
+    p.add_argument("--world", type=int, default=1,
+                   help="CPU: ranks of PyTorch DDP (gloo on localhost), 1 = no DDP")
+    p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.world < 1:
+        raise SystemExit("bench_torch: --world must be >= 1")
+    if args.world > 1 and args.rank < 0:
+        sys.exit(spawn_ranks(args.world))
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         raise SystemExit("bench_torch: --batch and --steps must be >= 1, --warmup >= 0")
     on_cuda = args.device.startswith("cuda")
@@ -201,6 +252,15 @@ def main():
 
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
+    ddp = args.world > 1
+    if ddp:
+        if on_cuda:
+            raise SystemExit("bench_torch: --world runs DDP on the CPU (gloo) only")
+        import torch.distributed as dist
+        import datetime
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+                                rank=args.rank, world_size=args.world,
+                                timeout=datetime.timedelta(seconds=120))
     if on_cuda:
         if not torch.cuda.is_available():
             raise SystemExit("bench_torch: --device %s but torch %s sees no CUDA device "
@@ -215,7 +275,7 @@ def main():
 
         def sync():
             pass
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + max(args.rank, 0))
     gpt = args.model in GPT2_CONFIGS
     ctx = (args.ctx or GPT2_CONFIGS[args.model][3]) if gpt else 0
     if gpt:
@@ -241,6 +301,16 @@ def main():
         x = torch.randn(args.batch, 1, 28, 28).to(device)
         y = torch.randint(0, 10, (args.batch,)).to(device)
     model.train()
+    if ddp:
+        # Every rank starts from rank 0's weights, as DDP broadcasts them;
+        # the optimizer holds the same parameter objects.
+        model = nn.parallel.DistributedDataParallel(model)
+
+        def barrier():
+            dist.barrier()
+    else:
+        def barrier():
+            pass
 
     times = [0.0, 0.0, 0.0]  # forward, backward, optimizer
 
@@ -269,27 +339,36 @@ def main():
     for _ in range(args.warmup):
         step()
     sync()  # warm-up (cuDNN/cuBLAS set-up, allocator growth) stays out of the timing
+    barrier()
     times[:] = [0.0, 0.0, 0.0]
     start = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
     sync()
+    barrier()
     seconds = time.perf_counter() - start
+    if ddp:
+        dist.destroy_process_group()
+        if args.rank != 0:
+            return
 
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters())  # DDP's module: the same ones
     sps = args.steps / seconds
     where = "threads %d" % threads
     if on_cuda:
         where = "device %s (%s) tf32 %d" % (args.device, torch.cuda.get_device_name(device),
                                             args.tf32)
+    if ddp:
+        print("ddp: world %d, per-rank batch %d, global batch %d, gloo"
+              % (args.world, args.batch, args.world * args.batch))
     print("torch bench: model %s (%d parameters) batch %d%s steps %d warmup %d optimizer %s "
           "%s torch %s" % (args.model, params, args.batch, " ctx %d" % ctx if gpt else "",
                            args.steps, args.warmup, "adamw" if gpt else args.optimizer, where,
                            torch.__version__))
     line = "steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f" % (
-        sps, sps * args.batch, 1e3 * seconds / args.steps)
+        sps, sps * args.batch * args.world, 1e3 * seconds / args.steps)
     if gpt:
-        line += " tokens_per_s=%.0f" % (sps * args.batch * ctx)
+        line += " tokens_per_s=%.0f" % (sps * args.batch * args.world * ctx)
     print(line)
     print("breakdown: forward_ms=%.3f backward_ms=%.3f optimizer_ms=%.3f loss=%.4f"
           % tuple([1e3 * t / args.steps for t in times] + [loss.item()]))

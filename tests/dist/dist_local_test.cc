@@ -542,6 +542,39 @@ TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
   }
 }
 
+// Mixed precision under DDP and ZeRO: after every sharded step each rank's
+// 16-bit working copy of the weights is complete and the same everywhere
+// (its own shards from the fused update, the others rebuilt from the
+// gathered masters with the same draws): the masters rounded to nearest, or
+// stochastically with the draws of (seed, step, element).
+TEST_F(DistLocal, WorkingCopyIsTheSameOnEveryRankAfterShardedSteps) {
+  const int world = 2;
+  for (bool stochastic : {false, true})
+    for (int stage : {0, 1, 2}) {
+      dtt::StepSpec spec = dtt::zero_case_spec({"mlp", 1, 0.0f, true});
+      spec.autocast = DT_DTYPE_BF16;
+      spec.stochastic_rounding = stochastic;
+      spec.ddp.zero_stage = stage;
+      std::vector<dtt::StepRun> runs(world);
+      run_group(
+          world, [&](int r, dt_comm *c) { runs[r] = dtt::train_steps(c, world, spec); }, 60.0);
+      const std::vector<float> &p = runs[0].params;
+      std::vector<uint16_t> want(p.size());
+      if (stochastic)
+        ASSERT_DT_OK(dt_half_from_f32_stochastic(DT_DTYPE_BF16, p.data(), want.data(),
+                                                 (int64_t)p.size(),
+                                                 dt_rng_bits(dtt::kRoundingSeed, spec.steps), 0));
+      else
+        ASSERT_DT_OK(dt_half_from_f32(DT_DTYPE_BF16, p.data(), want.data(), (int64_t)p.size()));
+      for (int r = 0; r < world; r++) {
+        EXPECT_EQ(runs[r].params, p) << "rank " << r << " zero " << stage;
+        EXPECT_TRUE(runs[r].working_copy_fresh) << "rank " << r;
+        EXPECT_EQ(runs[r].working_copy, want)
+            << "rank " << r << " zero " << stage << " stochastic " << stochastic;
+      }
+    }
+}
+
 // ---- gradient compression (--grad-compress) over threads ----
 
 // The reducer with f16 / bf16 compression leaves in every rank's f32

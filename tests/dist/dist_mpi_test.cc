@@ -88,6 +88,44 @@ TEST_F(DistMpi, Collectives) {
     dt_tensor_release(p);
 }
 
+// The f32 all-reduce (comm_mpi.c's ring: world segments, each passed on in
+// chunks of 32768 elements) at sizes around the segment and chunk
+// boundaries, odd ones and ones smaller than the world: every element the
+// exact sum (small integers) or average, the same bits on every rank.
+TEST_F(DistMpi, AllreduceF32AtSegmentAndChunkBoundaries) {
+  const int w = world(), r = rank();
+  const int64_t chunk = 32768;
+  std::vector<int64_t> sizes = {1, 2, 3, 5, 7, 1000, chunk - 1, chunk, chunk + 1};
+  for (int64_t k : {1, 2, 3})
+    for (int64_t d : {-1, 0, 1})
+      sizes.push_back(k * w * chunk + d);
+  sizes.push_back(2 * w * chunk + 3 * chunk / 2 + 5);
+  for (int64_t n : sizes) {
+    for (dt_reduce_op op : {DT_REDUCE_SUM, DT_REDUCE_AVG}) {
+      std::vector<float> v(n);
+      auto value = [](int rank, int64_t i) { return (float)((i * 7 + rank * 13) % 101 - 50); };
+      for (int64_t i = 0; i < n; i++)
+        v[i] = value(r, i);
+      dt_tensor *t = nullptr;
+      DT_ASSERT_OK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, DT_CPU, &t));
+      DT_ASSERT_OK(dt_comm_allreduce_sync(g_comm, t, op));
+      const float *got = static_cast<const float *>(dt_tensor_data(t));
+      int64_t bad = -1;
+      for (int64_t i = 0; i < n && bad < 0; i++) {
+        float sum = 0;
+        for (int k = 0; k < w; k++)
+          sum += value(k, i);  // small integers: exact in any order
+        float want = op == DT_REDUCE_AVG ? sum / (float)w : sum;
+        if (std::memcmp(&got[i], &want, sizeof want) != 0)
+          bad = i;
+      }
+      EXPECT_EQ(bad, -1) << "n " << n << (op == DT_REDUCE_AVG ? " avg" : " sum") << ": element "
+                         << bad << " is " << (bad >= 0 ? got[bad] : 0.0f);
+      dt_tensor_release(t);
+    }
+  }
+}
+
 // 16-bit all-reduce and reduce-scatter over MPI (our reduce-scatter +
 // all-gather of 2-byte elements) equal the f32 sum in rank order rounded
 // once, bit for bit; f16 overflow is inf.

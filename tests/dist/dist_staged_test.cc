@@ -88,9 +88,11 @@ void Watch(const dtt::StandInCall &c) {
   }
 }
 dt_status FakeSgd(const dt_exec *ex, float *param, const float *grad, float *buf, int64_t n,
-                  float lr, float momentum, float dampening, float wd, bool nesterov, bool first) {
+                  float lr, float momentum, float dampening, float wd, bool nesterov, bool first,
+                  const dt_half_out *half) {
   Log("sgd", ex->stream, nullptr);
-  return g_cpu->sgd_update(ex, param, grad, buf, n, lr, momentum, dampening, wd, nesterov, first);
+  return g_cpu->sgd_update(ex, param, grad, buf, n, lr, momentum, dampening, wd, nesterov, first,
+                           half);
 }
 
 void RegisterStandIn() {

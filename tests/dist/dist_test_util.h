@@ -376,7 +376,11 @@ struct StepSpec {
   bool adamw = false;
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
   float init_scale = 0.0f;  // > 0: a GradScaler (fp16 loss scaling) starting there
+  dt_dtype autocast = DT_DTYPE_F32;  // bf16/f16: mixed precision, the optimizer's working copy
+  bool stochastic_rounding = false;  // of the working copy, seed kRoundingSeed
 };
+
+constexpr uint64_t kRoundingSeed = 99;
 
 // A case of the ZeRO equivalence tests, and its run: 4 steps of 4 samples
 // per rank, buckets of 20000 then 300000 bytes (not parameter boundaries,
@@ -425,6 +429,8 @@ struct StepRun {
   int n_buckets = 0;
   float final_scale = 0.0f;  // with spec.init_scale: the scaler's state at the end
   int64_t skipped_steps = 0;
+  std::vector<uint16_t> working_copy;  // with spec.autocast: the optimizer's, at the end
+  bool working_copy_fresh = false;
 };
 
 // spec.steps optimizer steps through dt_step_forward_backward and
@@ -447,6 +453,9 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task_loss;
   sc.clip = spec.clip;
+  sc.autocast = spec.autocast;
+  sc.stochastic_rounding = spec.stochastic_rounding;
+  sc.rounding_seed = kRoundingSeed;
   dt_grad_scaler scaler;
   dt_grad_scaler_config scfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
   scfg.init_scale = spec.init_scale;
@@ -497,6 +506,12 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   }
   if (opt != nullptr)
     run.memory.optimizer_state = dt_optim_state_bytes(opt);
+  if (dt_tensor *w = opt ? dt_optim_working_copy(opt) : nullptr) {
+    run.working_copy.resize(static_cast<size_t>(dt_tensor_numel(w)));
+    if (dt_tensor_to_host(w, run.working_copy.data(), run.working_copy.size() * 2) != DT_OK)
+      ADD_FAILURE() << "reading the working copy: " << dt_last_error();
+    run.working_copy_fresh = dt_optim_working_copy_is_fresh(opt);
+  }
   if (sc.scaler != nullptr) {
     run.final_scale = scaler.scale;
     run.skipped_steps = scaler.skipped_steps;

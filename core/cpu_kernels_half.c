@@ -1,0 +1,86 @@
+/* 16-bit storage, f32 math: the CPU's f16/bf16 elementwise kernels. Each
+ * runs its f32 kernel on blocks: the 16-bit inputs of a block are widened
+ * with the bulk converters of core/half.h, the f32 body computes, and the
+ * result is rounded once to 16 bits. One body per op, whatever the storage
+ * type. */
+#include <stdbool.h>
+
+#include "core/cpu_internal.h"
+#include "core/half.h"
+
+#define HALF_BLOCK 2048 /* elements per block: 8 KiB of f32 per buffer, on the stack */
+
+dt_status dt_cpu_half_blocks(const dt_exec *ex, int64_t n, int nin, const void *const *in,
+                             void *out, dt_cpu_block_fn fn, const void *ctx) {
+  DT_ASSERT(nin >= 1 && nin <= DT_CPU_HALF_MAX_INPUTS && dt_dtype_is_half(ex->dtype));
+  const dt_dtype dtype = ex->dtype;
+  dt_exec ex32 = *ex;
+  ex32.dtype = DT_DTYPE_F32;
+  const int64_t blocks = (n + HALF_BLOCK - 1) / HALF_BLOCK;
+  dt_status st = DT_OK;
+#pragma omp parallel for if (n >= DT_CPU_PAR_MIN) num_threads(dt_cpu_threads()) schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    float buf[DT_CPU_HALF_MAX_INPUTS][HALF_BLOCK], res[HALF_BLOCK];
+    const float *args[DT_CPU_HALF_MAX_INPUTS];
+    const int64_t i0 = b * HALF_BLOCK, len = n - i0 < HALF_BLOCK ? n - i0 : HALF_BLOCK;
+    for (int k = 0; k < nin; k++) {
+      (void)dt_half_to_f32(dtype, (const uint16_t *)in[k] + i0, buf[k], len);
+      args[k] = buf[k];
+    }
+    dt_status s = fn(&ex32, ctx, args, res, len);
+    if (s == DT_OK)
+      (void)dt_half_from_f32(dtype, res, (uint16_t *)out + i0, len);
+    else {
+#pragma omp critical(dt_cpu_half_blocks)
+      st = s;
+    }
+  }
+  return st;
+}
+
+/* ---- the 16-bit variants of the f32 kernels (their dispatch calls these
+ * for ex->dtype f16/bf16) ---- */
+
+typedef struct axpby_ctx {
+  float alpha, beta;
+} axpby_ctx;
+
+static dt_status axpby_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                             float *out, int64_t len) {
+  const axpby_ctx *c = ctx;
+  if (c->beta != 0.0f) { /* in[1] is y's old value */
+    for (int64_t i = 0; i < len; i++)
+      out[i] = in[1][i];
+  }
+  return dt_cpu_axpby(ex32, len, c->alpha, in[0], c->beta, out);
+}
+
+// y (n) = alpha * x + beta * y, x and y 16-bit
+dt_status dt_cpu_half_axpby(const dt_exec *ex, int64_t n, float alpha, const void *x, float beta,
+                            void *y) {
+  const axpby_ctx c = {alpha, beta};
+  const void *in[2] = {x, y};
+  return dt_cpu_half_blocks(ex, n, beta != 0.0f ? 2 : 1, in, y, axpby_block, &c);
+}
+
+static dt_status unary_forward_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                                     float *out, int64_t len) {
+  return dt_cpu_unary_forward(ex32, *(const dt_unary_op *)ctx, len, in[0], out);
+}
+
+// y (n) = f(x), 16-bit x and y
+dt_status dt_cpu_half_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                    void *y) {
+  return dt_cpu_half_blocks(ex, n, 1, (const void *[]){x}, y, unary_forward_block, &op);
+}
+
+static dt_status unary_backward_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                                      float *out, int64_t len) {
+  return dt_cpu_unary_backward(ex32, *(const dt_unary_op *)ctx, len, in[0], in[1], out);
+}
+
+// dx (n) = dy * f'(x), 16-bit x, dy and dx
+dt_status dt_cpu_half_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                     const void *dy, void *dx) {
+  return dt_cpu_half_blocks(ex, n, 2, (const void *[]){x, dy}, dx, unary_backward_block, &op);
+}
