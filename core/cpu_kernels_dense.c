@@ -26,6 +26,40 @@ static void gemm_one(int ta, int tb, int m, int n, int k, float alpha, const flo
               k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/* One product on nt threads, each a single-threaded sgemm (OpenBLAS runs
+ * single-threaded inside a parallel region) on its share of C: columns
+ * when m <= n, else rows, so that the operand each thread packs in full is
+ * the smaller one. Up to the size of an MLP's or a small transformer's
+ * layers, OpenBLAS's own threading (threads sharing packed panels, a wait
+ * per panel) took up to 2x longer for these shapes; the shares need no
+ * synchronisation but the region's end. Each element of C is the same dot
+ * product over k as in one call. Returns 0 when the product is better left
+ * to OpenBLAS (large, or too narrow to share). */
+#define GEMM_SPLIT_MAX_MACS ((double)(1 << 27))
+#define GEMM_SPLIT_ALIGN 16 /* columns or rows per share: a multiple of the SIMD width */
+
+static int gemm_split(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                      const float *b, int ldb, float beta, float *c, int ldc, int nt) {
+  int by_cols = m <= n, len = by_cols ? n : m;
+  if ((double)m * n * k > GEMM_SPLIT_MAX_MACS || len < 2 * GEMM_SPLIT_ALIGN)
+    return 0;
+  int parts = MIN(nt, len / GEMM_SPLIT_ALIGN);
+#pragma omp parallel for num_threads(parts) schedule(static)
+  for (int t = 0; t < parts; t++) {
+    int i0 = (int)((int64_t)len * t / parts / GEMM_SPLIT_ALIGN * GEMM_SPLIT_ALIGN);
+    int i1 = t + 1 == parts ? len
+                            : (int)((int64_t)len * (t + 1) / parts / GEMM_SPLIT_ALIGN *
+                                    GEMM_SPLIT_ALIGN);
+    if (by_cols) /* C[:, i0:i1] = op(A) op(B)[:, i0:i1] */
+      gemm_one(ta, tb, m, i1 - i0, k, alpha, a, lda, b + (tb ? (int64_t)i0 * ldb : i0), ldb,
+               beta, c + i0, ldc);
+    else /* C[i0:i1, :] = op(A)[i0:i1, :] op(B) */
+      gemm_one(ta, tb, i1 - i0, n, k, alpha, a + (ta ? i0 : (int64_t)i0 * lda), lda, b, ldb,
+               beta, c + (int64_t)i0 * ldc, ldc);
+  }
+  return 1;
+}
+
 /* Elements a matrix operand spans: `rows` rows of `ld`, the last one
  * `cols` long, in each of `batch` matrices `stride` apart. */
 static int64_t gemm_extent(int rows, int cols, int ld, int64_t stride, int batch) {
@@ -78,6 +112,9 @@ dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int 
                c + i * stride_c, ldc);
     return DT_OK;
   }
+  if (batch == 1 && nt > 1 && k > 0 &&
+      gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nt))
+    return DT_OK;
   for (int i = 0; i < batch; i++)
     gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
              c + i * stride_c, ldc);

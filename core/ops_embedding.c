@@ -12,12 +12,15 @@ static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **gr
   int64_t tshape[2] = {v, d};
   dt_device dev = dt_tensor_device(gy);
   dt_tensor *dtable = NULL;
-  /* dtable (v, d) += scatter of dy (n, d) */
-  DT_CHECK(dt_tensor_zeros(tshape, 2, DT_DTYPE_F32, dev, &dtable));
+  /* dtable (v, d) += scatter of dy (n, d): straight into the table's .grad
+   * where the engine offers it (no zeroed (v, d) temporary to add in) */
+  float *dest = dt_node_grad_dest(node, 0);
+  if (dest == NULL)
+    DT_CHECK(dt_tensor_zeros(tshape, 2, DT_DTYPE_F32, dev, &dtable));
   dt_status st = DT_OK;
   if (n * d > 0) {
     st = dt_kernel_embedding_backward(DT_TENSOR_EXEC(gy), dt_tensor_data(idx), dt_tensor_dtype(idx),
-                                      DT_F32(gy), DT_F32(dtable), n, v, d);
+                                      DT_F32(gy), dest ? dest : DT_F32(dtable), n, v, d);
   }
   return dt_ops_grad_result(st, dtable, &grad_in[0]);
 }

@@ -840,8 +840,9 @@ TEST(OpsAutograd, GradReadyHookFiresOncePerLeafAcrossOps) {
 }
 
 // A leaf that already has a gradient gets the next pass's weight gradient
-// added into it in place (the GEMM with beta = 1), for linear and matmul,
-// and an input sharing the gradient's storage still sees the old values.
+// added into it in place (the GEMM with beta = 1, the embedding's scatter),
+// for linear, matmul and embedding, and an input sharing the gradient's
+// storage still sees the old values.
 TEST(OpsAutograd, WeightGradientAddsIntoAnExistingGradient) {
   Tensors ts;
   dt_tensor *x = ts.add(RandomTensor({5, 4}, 11));
@@ -877,6 +878,27 @@ TEST(OpsAutograd, WeightGradientAddsIntoAnExistingGradient) {
       EXPECT_NEAR(gb[o], pass * bsum, 1e-4f) << "pass " << pass;
     }
     for (dt_tensor *t : {y, yc, p, pc, s, loss})
+      dt_tensor_release(t);
+  }
+  // embedding: the scatter of the rows' gradients adds into the table's gradient
+  dt_tensor *table = ts.add(RandomTensor({4, 3}, 19, true));
+  dt_tensor *idx = ts.add(MakeIndexTensor({1, 3, 1}, {3}));
+  dt_tensor *ce = ts.add(RandomTensor({3, 3}, 20));
+  V cev = ToVector(ce);
+  for (int pass = 1; pass <= 2; ++pass) {
+    dt_tensor *e = nullptr, *ec = nullptr, *loss = nullptr;
+    ASSERT_EQ(dt_op_embedding(idx, table, &e), DT_OK);
+    ASSERT_EQ(dt_op_mul(e, ce, &ec), DT_OK);
+    ASSERT_EQ(dt_op_sum(ec, nullptr, 0, 0, &loss), DT_OK);
+    ASSERT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+    V g = ToVector(dt_tensor_grad(table));
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(g[0 * 3 + j], 0.0f);
+      EXPECT_NEAR(g[1 * 3 + j], pass * (cev[0 * 3 + j] + cev[2 * 3 + j]), 1e-5f);
+      EXPECT_EQ(g[2 * 3 + j], 0.0f);
+      EXPECT_NEAR(g[3 * 3 + j], pass * cev[1 * 3 + j], 1e-5f);
+    }
+    for (dt_tensor *t : {e, ec, loss})
       dt_tensor_release(t);
   }
   // linear(G, w) with G the very gradient of w: dw = c^T G adds to G
