@@ -121,6 +121,51 @@ dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int 
   return DT_OK;
 }
 
+/* Rows per slice of the 16-bit linear forward: an eighth of y when it is
+ * large (a language model's logits), so that its f32 accumulator and the
+ * widened operands stay small next to y. */
+static int64_t linear_slice_rows(int64_t m, int64_t n) {
+  return m * n > ((int64_t)1 << 20) ? (m + 7) / 8 : m;
+}
+
+// x (m,k), w (n,k), bias (n) or NULL -> y (m,n), all 16-bit (ex->dtype); per slice of rows an
+// f32 accumulator = bias, += x w^T (dt_cpu_gemm widens the operands), rounded once into y
+dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const float *x,
+                                const float *w, const float *bias, float *y) {
+  if (m == 0 || n == 0)
+    return DT_OK;
+  const dt_dtype dtype = ex->dtype;
+  const size_t esize = dt_dtype_size(dtype);
+  const int64_t chunk = linear_slice_rows(m, n);
+  float *acc = malloc((size_t)(chunk * n) * sizeof(float));
+  float *b32 = bias ? malloc((size_t)n * sizeof(float)) : NULL;
+  dt_status st = DT_OK;
+  if (!acc || (bias && !b32)) {
+    st = DT_ERROR(DT_ERR_OOM, "linear_forward: an f32 accumulator of %lld x %d: malloc failed",
+                  (long long)chunk, n);
+    goto done;
+  }
+  if (b32)
+    DT_CHECK_GOTO(dt_half_to_f32(dtype, (const uint16_t *)bias, b32, n), st, done);
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+    const int rows = (int)(m - r0 < chunk ? m - r0 : chunk);
+    if (b32)
+      for (int i = 0; i < rows; i++)
+        memcpy(acc + (int64_t)i * n, b32, (size_t)n * sizeof(float));
+    DT_CHECK_GOTO(dt_cpu_gemm(ex, false, true, rows, n, k, 1.0f,
+                              (const float *)((const char *)x + (size_t)(r0 * k) * esize), k, 0, w,
+                              k, 0, b32 ? 1.0f : 0.0f, acc, n, 0, 1),
+                  st, done);
+    DT_CHECK_GOTO(dt_half_from_f32(dtype, acc, (uint16_t *)((char *)y + (size_t)(r0 * n) * esize),
+                                   (int64_t)rows * n),
+                  st, done);
+  }
+done:
+  free(b32);
+  free(acc);
+  return st;
+}
+
 /* ---- strided iteration shared by binary and copy_strided ---- */
 
 /* Position of the iteration at flat index `start`: multi-index and the

@@ -119,6 +119,13 @@ dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int ld
   return DT_OK;
 }
 
+static dt_status dt_kcheck_linear(int m, int n, int k) {
+  if (m < 0 || n < 0 || k < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "linear_forward: sizes m=%d n=%d k=%d: m and n must be >= 0, k >= 1", m, n, k);
+  return DT_OK;
+}
+
 static dt_status dt_kcheck_binary(const dt_binary_args *args) {
   if (args->ndim < 0 || args->ndim > DT_MAX_DIMS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "binary: ndim %d outside [0, %d]", args->ndim, DT_MAX_DIMS);

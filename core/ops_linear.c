@@ -141,12 +141,24 @@ static int64_t half_slice_rows(dt_dtype ab, int64_t rows, int64_t outf) {
   return rows;
 }
 
+/* Whether a linear of `ab` with `in` input features runs the backend's
+ * 16-bit linear forward (one kernel: the GEMM, the bias and the rounding;
+ * on CUDA cuBLASLt's bias epilogue), whose bias is of `ab` too. */
+static int linear_is_native_half(dt_dtype ab, int64_t in) { return ab != DT_DTYPE_F32 && in > 0; }
+
 /* y (rows, out) = x (rows, in) @ w^T (+ bias (out) broadcast over rows), x
- * and w of `ab`, y of `ab` too: an f32 y directly, a 16-bit y a slice of
- * rows at a time through an f32 buffer (f32 accumulation, one rounding). */
+ * and w of `ab`, y of `ab` too: a 16-bit y through the backend's
+ * linear_forward (bias of `ab`), an f32 y directly, and with no input
+ * features a slice of rows at a time through an f32 buffer (bias f32). */
 static dt_status linear_rows(dt_device dev, dt_dtype ab, dt_tensor *xc, dt_tensor *wc,
                              dt_tensor *bc, int64_t rows, int64_t in, int64_t outf, dt_tensor *y) {
   dt_exec ex;
+  if (linear_is_native_half(ab, in)) {
+    DT_CHECK(dt_exec_init(dev, ab, &ex));
+    return dt_kernel_linear_forward(&ex, (int)rows, (int)outf, (int)in, dt_tensor_data(xc),
+                                    dt_tensor_data(wc), bc ? dt_tensor_data(bc) : NULL,
+                                    dt_tensor_data(y));
+  }
   DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
   const size_t esize = dt_dtype_size(ab);
   const int64_t chunk = half_slice_rows(ab, rows, outf);
@@ -271,8 +283,10 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
   DT_CHECK_GOTO(dt_ops_autocast_input(op, weight, &wc), st, fail);
   dt_dtype ab = dt_tensor_dtype(xc);
-  if (bias && rows > 0 && outf > 0)
-    DT_CHECK_GOTO(dt_ops_widen(bias, &bc), st, fail);
+  if (bias && rows > 0 && outf > 0) /* 16-bit: the working copy, as x and w */
+    DT_CHECK_GOTO(linear_is_native_half(ab, in) ? dt_ops_autocast_input(op, bias, &bc)
+                                                : dt_ops_widen(bias, &bc),
+                  st, fail);
   /* y (rows, out) of ab = x (rows, in) @ w^T (+ bias), f32 accumulation */
   DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, ab, dev, &y), st, fail);
   DT_CHECK_GOTO(linear_rows(dev, ab, xc, wc, bc, rows, in, outf, y), st, fail);

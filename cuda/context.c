@@ -311,6 +311,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
   c->cublas_tf32 = -1;
   pthread_mutex_init(&c->scratch_lock, NULL);
   pthread_mutex_init(&c->conv_lock, NULL);
+  pthread_mutex_init(&c->gemm_lock, NULL);
   pthread_mutex_init(&c->fence_lock, NULL);
   DT_CUDA_CHECK_GOTO(cudaSetDevice(index), st, fail);
   struct cudaDeviceProp prop;
@@ -344,6 +345,7 @@ static dt_status ctx_create(int index, dt_cuda_ctx **out) {
     }
   }
   DT_CHECK_GOTO(dt_cuda_ctx_sync_math_mode(c), st, fail);
+  DT_CUBLAS_CHECK_GOTO(cublasLtCreate(&c->cublaslt), st, fail);
   DT_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->fence, cudaEventDisableTiming), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreate(&c->cudnn), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetStream(c->cudnn, c->streams[DT_STREAM_COMPUTE].s), st, fail);
@@ -364,6 +366,8 @@ fail:
    * what is cheap to release. */
   if (c->cudnn)
     cudnnDestroy(c->cudnn);
+  if (c->cublaslt)
+    cublasLtDestroy(c->cublaslt);
   if (c->cublas)
     cublasDestroy(c->cublas);
   if (c->fence)

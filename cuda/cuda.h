@@ -149,6 +149,15 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
                           int64_t stride_b, dt_dtype ab_type, float beta, void *c, int ldc,
                           int64_t stride_c, dt_dtype c_type, int batch);
 
+/* How the 16-bit GEMMs of a device ran since it was first used: through
+ * cuBLASLt, or through cublasGemmStridedBatchedEx where cuBLASLt's
+ * heuristic had no algorithm (cuda/blas.c); plans = the cached cuBLASLt
+ * plans. */
+typedef struct dt_cuda_gemm_counts {
+  int64_t lt_calls, fallback_calls, plans;
+} dt_cuda_gemm_counts;
+dt_status dt_cuda_gemm_counts_get(dt_device dev, dt_cuda_gemm_counts *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #ifndef DT_CUDA_CUDA_INTERNAL_H
 #define DT_CUDA_CUDA_INTERNAL_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
@@ -40,6 +41,7 @@ struct dt_event {
 #define DT_CUDA_SCRATCH_BYTES ((size_t)64 << 10)
 
 typedef struct dt_cuda_conv_cache dt_cuda_conv_cache; /* cuda/dnn.c */
+typedef struct dt_cuda_gemm_cache dt_cuda_gemm_cache; /* cuda/blas.c */
 
 /* Index checks without a host sync (cross-entropy targets, embedding ids,
  * cuda/kernels_nn.cu). A forward kernel marks its bad rows in its stream's
@@ -78,6 +80,10 @@ typedef struct dt_cuda_ctx {
   cublasHandle_t cublas;
   int cublas_tf32; /* math mode currently set on the handle */
   cudnnHandle_t cudnn;
+  /* cuBLASLt (the 16-bit GEMMs) and its plans, guarded by gemm_lock */
+  cublasLtHandle_t cublaslt;
+  dt_cuda_gemm_cache *gemm_cache;
+  pthread_mutex_t gemm_lock;
   dt_block_pool *pool;
   /* Scratch for kernels that report to the host (error flags, counts,
    * reduction partials): device and pinned host. Guarded by `scratch_lock`
@@ -155,6 +161,11 @@ dt_status dt_cuda_scratch_alloc(dt_cuda_ctx *ctx, size_t bytes, void **out);
 void dt_cuda_scratch_free(dt_cuda_ctx *ctx, void *ptr);
 
 /* ---- BLAS (cuda/blas.c) ---- */
+/* y (m,n, dtype) = round(acc (m,n, f32) + bias (n, dtype) broadcast over
+ * the rows): the bias epilogue of the 16-bit linear forward where cuBLASLt
+ * has no algorithm with it (cuda/kernels_dense.cu). */
+dt_status dt_cuda_add_bias_rows(cudaStream_t stream, dt_dtype dtype, const float *acc,
+                                const void *bias, void *y, int64_t m, int64_t n);
 
 /* ---- cuDNN (cuda/dnn.c) ---- */
 void dt_cuda_conv_cache_destroy(dt_cuda_conv_cache *c);

@@ -134,3 +134,9 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
   (void)c, (void)ldc, (void)stride_c, (void)c_type, (void)batch;
   return DT_ERROR(DT_ERR_UNSUPPORTED, "gemm_ex: " NOT_BUILT);
 }
+
+dt_status dt_cuda_gemm_counts_get(dt_device dev, dt_cuda_gemm_counts *out) {
+  (void)dev;
+  memset(out, 0, sizeof *out);
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "gemm counts: " NOT_BUILT);
+}
