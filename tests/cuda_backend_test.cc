@@ -125,6 +125,107 @@ TEST_F(CudaBackend, GemmWithTf32IsCloseAndMixedPrecisionWorks) {
   }
 }
 
+// A 16-bit copy of v (core/half.h's rounding) and its widened values.
+std::vector<uint16_t> Half(const Vec &v, dt_dtype t) {
+  std::vector<uint16_t> h(v.size());
+  EXPECT_EQ(DT_OK, dt_half_from_f32(t, v.data(), h.data(), (int64_t)v.size()));
+  return h;
+}
+Vec Widen(const std::vector<uint16_t> &h, dt_dtype t) {
+  Vec v(h.size());
+  EXPECT_EQ(DT_OK, dt_half_to_f32(t, h.data(), v.data(), (int64_t)h.size()));
+  return v;
+}
+
+// The 16-bit GEMMs (cuBLASLt, cuda/blas.c) against the CPU on the same
+// rounded operands: every transpose, a batch, f32 and 16-bit outputs,
+// alpha/beta, and operands one element off the allocation's alignment
+// (the plan takes the pointers' real alignment; the heuristic may then
+// choose the GemmEx fallback, which must agree too). The aligned products
+// run through cuBLASLt (dt_cuda_gemm_counts).
+TEST_F(CudaBackend, HalfGemmThroughCublasLtMatchesTheCpu) {
+  if (SelfCheck())
+    GTEST_SKIP() << "CUDA-only (cuBLASLt): not in the CPU self-check";
+  dt_cuda_gemm_counts before{}, after{};
+  OK(dt_cuda_gemm_counts_get(dev_, &before));
+  const int m = 96, n = 80, k = 72, batch = 3;
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        for (int off : {0, 1}) {
+          // A (m,k) or (k,m), B (k,n) or (n,k), batch matrices each, `off` elements in
+          const int lda = ta ? m : k, ldb = tb ? k : n;
+          const int64_t sa = (int64_t)m * k, sb = (int64_t)k * n, sc = (int64_t)m * n;
+          Vec a = Rand(off + batch * sa, 31 + ta), b = Rand(off + batch * sb, 33 + tb),
+              c0 = Rand(off + batch * sc, 35);
+          std::vector<uint16_t> ah = Half(a, t), bh = Half(b, t);
+          Vec ar = Widen(ah, t), br = Widen(bh, t), want = c0;
+          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 0.5f, ar.data() + off, lda, sa,
+                            br.data() + off, ldb, sb, 0.25f, want.data() + off, n, sc, batch));
+          uint16_t *da = Up(ah), *db = Up(bh);
+          float *dc = Up(c0);
+          dt_exec hex = gex_;
+          hex.dtype = t;
+          OK(dt_kernel_gemm(&hex, ta, tb, m, n, k, 0.5f, (const float *)(da + off), lda, sa,
+                            (const float *)(db + off), ldb, sb, 0.25f, dc + off, n, sc, batch));
+          EXPECT_TRUE(Close(Down(dc, c0.size()), want, 1e-4, 1e-4))
+              << dt_dtype_name(t) << " f32 C, trans " << ta << tb << " offset " << off;
+          // one matrix, a 16-bit C (gemm_ex): the f32 result rounded once
+          auto *dh = static_cast<uint16_t *>(Alloc((off + sc) * 2));
+          OK(dt_cuda_gemm_ex(dev_, ta, tb, m, n, k, 1.0f, da + off, lda, 0, db + off, ldb, 0, t,
+                             0.0f, dh + off, n, 0, t, 1));
+          Vec want1(sc, 0.0f);
+          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 1.0f, ar.data() + off, lda, 0,
+                            br.data() + off, ldb, 0, 0.0f, want1.data(), n, 0, 1));
+          std::vector<uint16_t> got16 = Down(dh, off + sc);
+          got16.erase(got16.begin(), got16.begin() + off);
+          const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+          EXPECT_TRUE(Close(Widen(got16, t), want1, ulp, 1e-3))
+              << dt_dtype_name(t) << " 16-bit C, trans " << ta << tb << " offset " << off;
+        }
+  OK(dt_cuda_gemm_counts_get(dev_, &after));
+  std::printf("gemm counts: %lld through cuBLASLt, %lld through GemmEx, %lld plans\n",
+              (long long)(after.lt_calls - before.lt_calls),
+              (long long)(after.fallback_calls - before.fallback_calls), (long long)after.plans);
+  // the 16 aligned products at least (offset 0) found a cuBLASLt algorithm
+  EXPECT_GE(after.lt_calls - before.lt_calls, 16);
+}
+
+// The 16-bit linear forward (cuBLASLt's bias epilogue) against the CPU's
+// (an f32 accumulator per slice of rows): with and without a bias, a
+// GPT-2-like shape, odd sizes, and rows x outputs above the CPU's slicing
+// threshold (2^20), so the CPU slices while the GPU makes one call.
+TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
+  struct Shape {
+    int m, n, k;
+  };
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Shape sh : {Shape{64, 2304, 768}, Shape{7, 5, 3}, Shape{1100, 1000, 33}})
+      for (bool with_bias : {true, false}) {
+        std::vector<uint16_t> x = Half(Rand((size_t)sh.m * sh.k, 41), t),
+                              w = Half(Rand((size_t)sh.n * sh.k, 42, -0.2f, 0.2f), t),
+                              b = Half(Rand(sh.n, 43), t);
+        std::vector<uint16_t> want((size_t)sh.m * sh.n);
+        dt_exec cex = cex_, hex = gex_;
+        cex.dtype = hex.dtype = t;
+        OK(dt_kernel_linear_forward(&cex, sh.m, sh.n, sh.k, (const float *)x.data(),
+                                    (const float *)w.data(),
+                                    with_bias ? (const float *)b.data() : nullptr,
+                                    (float *)want.data()));
+        uint16_t *dx = Up(x), *dw = Up(w), *dbias = Up(b);
+        auto *dy = static_cast<uint16_t *>(Alloc(want.size() * 2));
+        OK(dt_kernel_linear_forward(&hex, sh.m, sh.n, sh.k, (const float *)dx, (const float *)dw,
+                                    with_bias ? (const float *)dbias : nullptr, (float *)dy));
+        const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+        EXPECT_TRUE(Close(Widen(Down(dy, want.size()), t), Widen(want, t), ulp, 1e-3))
+            << dt_dtype_name(t) << " " << sh.m << "x" << sh.n << "x" << sh.k << " bias "
+            << with_bias;
+      }
+  dt_exec f32 = gex_;
+  float z = 0.0f;
+  EXPECT_EQ(dt_kernel_linear_forward(&f32, 1, 1, 1, &z, &z, nullptr, &z), DT_ERR_DTYPE);
+}
+
 /* ---- the optimizers' 16-bit working copy (dt_half_out) ---- */
 
 // The fused updates and the half_copy kernel write the same parameters and
