@@ -231,7 +231,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_mfu mfu;
   r.flops_per_sample = task->flops_per_sample ? task->flops_per_sample(task) : 0.0;
   if (r.flops_per_sample > 0 &&
-      dt_mfu_of(dev, r.samples_per_s * r.flops_per_sample / world, &mfu) == DT_OK) {
+      dt_mfu_of(dev, cfg->precision, r.samples_per_s * r.flops_per_sample / world, &mfu) ==
+          DT_OK) {
     r.peak_flops = mfu.peak.flops;
     snprintf(r.peak_source, sizeof r.peak_source, "%s", mfu.peak.source);
     r.mfu = mfu.value;

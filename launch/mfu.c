@@ -111,10 +111,10 @@ static dt_status cpu_peak(bool again, dt_peak_flops *out) {
   return DT_OK;
 }
 
-dt_status dt_mfu_of(dt_device dev, double achieved, dt_mfu *out) {
+dt_status dt_mfu_of(dt_device dev, const char *precision, double achieved, dt_mfu *out) {
   memset(out, 0, sizeof *out);
   out->value = -1.0;
-  DT_CHECK(dt_mfu_peak(dev, &out->peak));
+  DT_CHECK(dt_mfu_peak(dev, precision, &out->peak));
   if (achieved > out->peak.flops && dev.type == DT_DEVICE_CPU)
     DT_CHECK(cpu_peak(true, &out->peak));
   if (achieved > out->peak.flops)
@@ -124,19 +124,35 @@ dt_status dt_mfu_of(dt_device dev, double achieved, dt_mfu *out) {
   return DT_OK;
 }
 
-dt_status dt_mfu_peak(dt_device dev, dt_peak_flops *out) {
+/* The column of the peak table for a run at `precision` (see dt_mfu_peak). */
+static dt_status peak_column(const char *precision, const char **out) {
+  if (precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"))) {
+    *out = "bf16";
+    return DT_OK;
+  }
+  if (precision && !strcmp(precision, "fp32")) {
+    *out = "f32";
+    return DT_OK;
+  }
+  bool tf32 = true;
+  if (!precision)
+    DT_CHECK(dt_env_bool(DT_ENV_CUDA_TF32, &tf32));
+  *out = tf32 ? "tf32" : "f32";
+  return DT_OK;
+}
+
+dt_status dt_mfu_peak(dt_device dev, const char *precision, dt_peak_flops *out) {
   memset(out, 0, sizeof *out);
   if (dev.type == DT_DEVICE_CPU)
     return cpu_peak(false, out);
   dt_cuda_device_info info;
   DT_CHECK(dt_cuda_get_device_info(dev.index, &info));
-  bool tf32 = true;
-  DT_CHECK(dt_env_bool(DT_ENV_CUDA_TF32, &tf32));
-  const char *precision = tf32 ? "tf32" : "f32";
-  out->flops = dt_mfu_gpu_peak(info.name, precision);
+  const char *column = NULL;
+  DT_CHECK(peak_column(precision, &column));
+  out->flops = dt_mfu_gpu_peak(info.name, column);
   if (out->flops <= 0.0)
     return DT_ERROR(DT_ERR_UNSUPPORTED, "no peak FLOP/s known for %s (known: H200, H100, A100)",
                     info.name);
-  snprintf(out->source, sizeof out->source, "%.60s %s (table)", info.name, precision);
+  snprintf(out->source, sizeof out->source, "%.60s %s (table)", info.name, column);
   return DT_OK;
 }

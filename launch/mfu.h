@@ -5,8 +5,9 @@
  * The peak: for a known GPU a table (dense tensor-core figures from
  * NVIDIA's data sheets: A100 19.5 / 156 / 312 TFLOP/s at f32 / TF32 /
  * bf16; H100 SXM and H200 67 / 495 / 989, H100 PCIe 51 / 378 / 756), at
- * TF32 when TF32 is on (DT_CUDA_TF32, the default) and f32 otherwise, as
- * dtrain trains in f32; for the CPU the measured roof of a square sgemm
+ * the run's precision: bf16 (and fp16, the same rate) under --precision
+ * bf16/fp16, else TF32 when TF32 is on (DT_CUDA_TF32, the default) and f32
+ * otherwise; for the CPU the measured roof of a square sgemm
  * (1024^3 through the CPU backend with this thread's thread count, cached
  * per thread count).
  *
@@ -36,9 +37,12 @@ typedef struct dt_peak_flops {
   char source[96]; /* "H200 tf32 (table)", "cpu sgemm 1024^3, 2 threads (measured)" */
 } dt_peak_flops;
 
-/* The peak of `dev`. A GPU not in the table: DT_ERR_UNSUPPORTED naming it
- * (the caller prints no MFU). */
-dt_status dt_mfu_peak(dt_device dev, dt_peak_flops *out);
+/* The peak of `dev` for a run at `precision` (--precision: "bf16" and
+ * "fp16" take the dense 16-bit tensor-core figure, "tf32" TF32, "fp32"
+ * plain f32; NULL: the device's default, TF32 unless DT_CUDA_TF32=0). A GPU
+ * not in the table: DT_ERR_UNSUPPORTED naming it (the caller prints no
+ * MFU). The CPU's roof is its sgemm whatever the precision. */
+dt_status dt_mfu_peak(dt_device dev, const char *precision, dt_peak_flops *out);
 
 typedef struct dt_mfu {
   double value;    /* achieved / peak in [0, 1]; -1 = unknown or above the roof */
@@ -46,11 +50,11 @@ typedef struct dt_mfu {
   dt_peak_flops peak;
 } dt_mfu;
 
-/* The MFU of `achieved` FLOP/s per device on devices like `dev`: the peak
- * from dt_mfu_peak; a CPU roof that `achieved` exceeds is measured again
+/* The MFU of `achieved` FLOP/s per device on devices like `dev` at
+ * `precision`: the peak from dt_mfu_peak; a CPU roof that `achieved` exceeds is measured again
  * once per call (the higher value kept), and if it is still exceeded,
  * value -1 and above_roof. Errors: dt_mfu_peak's. */
-dt_status dt_mfu_of(dt_device dev, double achieved, dt_mfu *out);
+dt_status dt_mfu_of(dt_device dev, const char *precision, double achieved, dt_mfu *out);
 
 /* The roof of timed runs of `flops` each: the best over the runs of
  * max(flops / wall_s[i], threads * flops / cpu_s[i]) (cpu_s: CPU time of

@@ -30,8 +30,8 @@ void dt_train_apply_task_defaults(dt_train_config *c, const dt_task *task) {
   c->val_batches = d->val_batches;
 }
 
-double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
-                                char *buf, size_t cap) {
+double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *precision,
+                                int world, double samples_per_s, char *buf, size_t cap) {
   size_t used = 0;
   buf[0] = '\0';
   if (task->max_context > 0)
@@ -39,7 +39,8 @@ double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, d
         (size_t)snprintf(buf, cap, " tokens/s %.0f", samples_per_s * (double)task->input_shape[0]);
   dt_mfu mfu;
   if (!task->flops_per_sample || world < 1 ||
-      dt_mfu_of(dev, samples_per_s * task->flops_per_sample(task) / world, &mfu) != DT_OK) {
+      dt_mfu_of(dev, precision, samples_per_s * task->flops_per_sample(task) / world, &mfu) !=
+          DT_OK) {
     dt_clear_error();
     return -1.0;
   }
@@ -50,11 +51,12 @@ double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, d
   return mfu.value;
 }
 
-void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev) {
+void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev,
+                        const char *precision) {
   dt_peak_flops peak;
   if (!log || !task->flops_per_sample)
     return;
-  if (dt_mfu_peak(dev, &peak) != DT_OK) {
+  if (dt_mfu_peak(dev, precision, &peak) != DT_OK) {
     fprintf(log, "%sdtrain train: no MFU: %s\n", prefix, dt_last_error());
     dt_clear_error();
     return;

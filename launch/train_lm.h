@@ -23,12 +23,14 @@ extern "C" {
  * (above the measured roof)" when the run beat a CPU roof measured again)
  * into buf; "" when the task has neither. samples_per_s counts every
  * rank. Returns the MFU in [0, 1], -1 when there is none to report. */
-double dt_train_throughput_text(const dt_task *task, dt_device dev, int world, double samples_per_s,
-                                char *buf, size_t cap);
+double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *precision,
+                                int world, double samples_per_s, char *buf, size_t cap);
 
 /* The header line on throughput: the FLOPs per token and the peak the MFU
- * is taken against (nothing for a task without flops_per_sample). */
-void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev);
+ * is taken against (nothing for a task without flops_per_sample). Both
+ * take the run's --precision (NULL: the device's default; launch/mfu.h). */
+void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev,
+                        const char *precision);
 
 /* Prints a sample of the model's text after optimizer step `step` (0: at
  * the end) to `log`, for text tasks with c->sample.length > 0. */

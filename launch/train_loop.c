@@ -79,6 +79,7 @@ typedef struct train_state {
   bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
   dt_step_stats stats;   /* the gradient norm for the metrics */
   dt_grad_scaler scaler; /* --precision fp16: the step's (step.scaler) */
+  const char *precision; /* --precision (NULL: the device's default): the MFU's peak */
   dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
 } train_state;
 
@@ -454,6 +455,7 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
   DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow, s->dev, s->rank, &s->step,
                                     &s->scaler));
+  s->precision = c->precision;
   DT_CHECK(dt_train_rounding_setup(c->stochastic_rounding, c->seed, &s->step));
   if (s->step.scaler && is_dp_mode(c))
     return DT_ERROR(DT_ERR_UNSUPPORTED,
@@ -608,7 +610,8 @@ static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batc
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   char rate[96];
   int devices = s->dp ? s->n_replicas : s->world;
-  double mfu = dt_train_throughput_text(s->task, s->dev, devices, samples_per_s, rate, sizeof rate);
+  double mfu = dt_train_throughput_text(s->task, s->dev, s->precision, devices, samples_per_s, rate,
+                                        sizeof rate);
   snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
            mib(rm.optimizer_state), mib(rm.gradients), in_flight);
   dt_observe_interval iv = {epoch,         b,    batches, loss, dt_optim_lr(s->opt),
@@ -868,7 +871,7 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
   if (!cfg->observe.quiet) {
     log_header(log, cfg, &s);
-    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev);
+    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev, s.precision);
   }
   DT_CHECK_GOTO(observe(cfg, &s, log, console), st, done);
 

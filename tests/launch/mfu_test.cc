@@ -12,6 +12,8 @@
 #include <string>
 
 #include "core/cpu.h"
+#include "core/device.h"
+#include "cuda/cuda.h"
 #include "models/models.h"
 #include "models/tasks.h"
 #include "tests/dt_assert.h"
@@ -96,7 +98,7 @@ TEST(Mfu, CpuRoofIsAMeasurementAtTheRunsThreadCount) {
   for (int threads : {1, 2}) {
     dt_cpu_set_num_threads(threads);
     dt_peak_flops peak;
-    ASSERT_DT_OK(dt_mfu_peak(DT_CPU, &peak));
+    ASSERT_DT_OK(dt_mfu_peak(DT_CPU, nullptr, &peak));
     char want[64];
     std::snprintf(want, sizeof want, "%d threads (measured)", threads);
     EXPECT_NE(std::strstr(peak.source, want), nullptr) << peak.source;
@@ -110,18 +112,44 @@ TEST(Mfu, CpuRoofIsAMeasurementAtTheRunsThreadCount) {
 TEST(Mfu, IsNeverReportedAboveOneHundredPercent) {
   dt_cpu_set_num_threads(1);
   dt_mfu mfu;
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, 0.0, &mfu));
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 0.0, &mfu));
   double roof = mfu.peak.flops;
   ASSERT_GT(roof, 0.0);
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, 0.5 * roof, &mfu));
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 0.5 * roof, &mfu));
   EXPECT_FALSE(mfu.above_roof);
   EXPECT_GT(mfu.value, 0.0);
   EXPECT_LE(mfu.value, 0.5 + 1e-12);
   // Far above any roof: measured again, still above, so no number.
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, 1e6 * roof, &mfu));
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 1e6 * roof, &mfu));
   EXPECT_TRUE(mfu.above_roof);
   EXPECT_EQ(mfu.value, -1.0);
   EXPECT_GE(mfu.peak.flops, roof) << "a roof measured again keeps the higher value";
+}
+
+}  // namespace
+
+namespace {
+
+// On a GPU the peak follows the run's precision: bf16 and fp16 the dense
+// 16-bit tensor-core figure, fp32 plain f32, tf32 TF32 (launch/mfu.h).
+TEST(Mfu, GpuPeakFollowsThePrecision) {
+  dt_cuda_device_info info;
+  if (dt_cuda_get_device_info(0, &info) != DT_OK) {
+    std::string why = dt_last_error();
+    dt_clear_error();
+    GTEST_SKIP() << "no CUDA device: " << why;
+  }
+  if (dt_mfu_gpu_peak(info.name, "bf16") <= 0.0)
+    GTEST_SKIP() << info.name << " is not in the peak table";
+  const struct {
+    const char *precision, *column;
+  } cases[] = {{"bf16", "bf16"}, {"fp16", "bf16"}, {"fp32", "f32"}, {"tf32", "tf32"}};
+  for (const auto &c : cases) {
+    dt_peak_flops peak;
+    ASSERT_DT_OK(dt_mfu_peak((dt_device){DT_DEVICE_CUDA, 0}, c.precision, &peak));
+    EXPECT_EQ(peak.flops, dt_mfu_gpu_peak(info.name, c.column)) << c.precision;
+    EXPECT_NE(std::strstr(peak.source, c.column), nullptr) << peak.source;
+  }
 }
 
 }  // namespace
