@@ -38,7 +38,10 @@ that tools/gpu_check.sh runs on) the model and batch live on the GPU and
 torch.cuda.synchronize() closes the warm-up and the timed steps, so the
 figure excludes warm-up and counts all queued GPU work, as `dtrain bench
 --device cuda` does. TF32 follows dtrain's default (on for f32 matmuls and
-convolutions; --tf32 0 turns it off on both).
+convolutions; --tf32 0 turns it off on both). --precision bf16 (or fp16,
+with torch.amp.GradScaler) runs the forward and the loss under
+torch.autocast with f32 master weights, the peer of `dtrain bench
+--precision bf16` (docs/mixed-precision.md).
 """
 import argparse
 import os
@@ -226,6 +229,8 @@ def main():
                    help="cpu, cuda or cuda:N (as dtrain bench --device)")
     p.add_argument("--tf32", type=int, default=1, choices=[0, 1],
                    help="CUDA only: TF32 for f32 matmuls/convolutions (dtrain's default: 1)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="fp32 (TF32 per --tf32 on CUDA), or autocast to bf16/fp16")
     p.add_argument("--world", type=int, default=1,
                    help="CPU: ranks of PyTorch DDP (gloo on localhost), 1 = no DDP")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -313,6 +318,19 @@ def main():
             pass
 
     times = [0.0, 0.0, 0.0]  # forward, backward, optimizer
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = None
+    if half is torch.float16:
+        if hasattr(torch.amp, "GradScaler"):  # PyTorch >= 2.3
+            scaler = torch.amp.GradScaler("cuda" if on_cuda else "cpu")
+        else:
+            scaler = torch.cuda.amp.GradScaler(enabled=on_cuda)
+
+    def forward_loss():
+        if half is None:
+            return loss_fn(model(x), y)
+        with torch.autocast(device_type="cuda" if on_cuda else "cpu", dtype=half):
+            return loss_fn(model(x), y)
 
     # On CUDA the phase boundaries synchronise, as `dtrain bench` does, so
     # that each phase's time is its GPU time.
@@ -320,15 +338,21 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         t1 = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        loss = forward_loss()
         sync()
         t2 = time.perf_counter()
-        loss.backward()
+        (scaler.scale(loss) if scaler else loss).backward()
         sync()
         t3 = time.perf_counter()
+        if scaler:
+            scaler.unscale_(opt)
         if gpt:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         sync()
         t4 = time.perf_counter()
         times[0] += t2 - t1
@@ -358,6 +382,7 @@ def main():
     if on_cuda:
         where = "device %s (%s) tf32 %d" % (args.device, torch.cuda.get_device_name(device),
                                             args.tf32)
+    where += " precision %s" % args.precision
     if ddp:
         print("ddp: world %d, per-rank batch %d, global batch %d, gloo"
               % (args.world, args.batch, args.world * args.batch))

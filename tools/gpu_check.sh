@@ -28,15 +28,18 @@
 #   summary.md and logs.tar.xz (every step's log, nvidia-smi, dtrain doctor).
 #   The summary opens with the machine's facts (GPU, driver, CUDA runtime,
 #   cuDNN and NCCL loaded vs built against, glibc) and has a row per step,
-#   most valuable first: the parity suites (ops, training step), a GPT-2
+#   most valuable first: the parity suites (ops with every dtype, the
+#   backend: cuBLASLt, cuDNN in 16 bits), GPT-2 124M in bf16 at T=1024
+#   (tokens/s and MFU against issue 12's 550K tokens/s bar, beside PyTorch
+#   under bf16 autocast), the training-step parity, a GPT-2
 #   124M training step at T=1024 against the CPU (`gpu_check.sh gpt2-step`),
 #   the other CUDA suites (the loader's copy/compute timeline, the
 #   allocator's OOM retry beside a busy stream, ...), the distributed ones (2
 #   ranks under the bundled mpirun, with dtrain launch's MCA settings),
 #   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP,
-#   training on cuda:0 (LeNet-5, MLP), traces/metrics and `dtrain top
-#   --once`, `dtrain bench` beside tools/bench_torch.py (GPT-2 124M at
-#   T=1024 too: tokens/s and MFU). A step whose subcommand, flag or model this build lacks is
+#   training on cuda:0 (LeNet-5 in fp32 and bf16, MLP), traces/metrics and
+#   `dtrain top --once`, `dtrain bench` beside tools/bench_torch.py (fp32
+#   and bf16 rows; GPT-2 124M at T=1024 too: tokens/s and MFU). A step whose subcommand, flag or model this build lacks is
 #   "skipped: <command> not available in this build"; a suite whose cases
 #   all skipped is "skipped", never "ok". The whole run has a deadline
 #   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
@@ -451,15 +454,27 @@ PYEOF
   fi
   [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 
-  # ---- 1. backend parity and the training-step parity ----
+  # ---- 1. backend parity (every op per dtype, cuBLASLt, cuDNN in 16 bits) ----
   local exe name
   local first_suites=" op_table_test cuda_backend_test cuda_train_step_test "
-  for name in $first_suites; do
+  for name in op_table_test cuda_backend_test; do
     exe="$b/bin/$name"
     [ -x "$exe" ] || continue
     step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
   done
-  # ---- 1b. a GPT-2 124M training step (T=1024) against the CPU reference ----
+  grep -h '^gemm counts: ' "$logs/cuda_backend_test.log" >>"$logs/extra_lines.txt" 2>/dev/null
+  # ---- 1a. GPT-2 124M in bf16 at T=1024 beside PyTorch (issue 12's figure) ----
+  if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
+    if cli_has bench gpt2 --ctx --precision; then
+      gpt2_bf16_bench
+    else
+      skipped_row bench_gpt2_bf16 "dtrain bench --model gpt2 --precision"
+    fi
+  fi
+  # ---- 1b. the training step's parity ----
+  exe="$b/bin/cuda_train_step_test"
+  [ -x "$exe" ] && step cuda_train_step_test "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
+  # ---- 1c. a GPT-2 124M training step (T=1024) against the CPU reference ----
   if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
     if cli_has bench gpt2 --ctx; then
       step gpt2_step_vs_cpu 200 plain env DT_CUDA_TF32=0 bash "$self" gpt2-step "$dtrain"
@@ -469,7 +484,7 @@ PYEOF
     fi
   fi
 
-  # ---- 1c. the other CUDA suites: the loader's timeline, the allocator, ... ----
+  # ---- 1d. the other CUDA suites: the loader's timeline, the allocator, ... ----
   for exe in "$b"/bin/*_test; do
     name=$(basename "$exe")
     case "$first_suites" in *" $name "*) continue ;; esac
@@ -515,6 +530,11 @@ PYEOF
     if [ -d "$b/data/fashion-mnist" ]; then
       step train_lenet_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1
+      # issue 12: LeNet-5 in bf16 (cuDNN's 16-bit convolutions), within 0.01 of the above
+      if cli_has train --precision; then
+        step train_lenet_cuda_bf16 120 plain "$dtrain" train --model lenet --device cuda:0 \
+          --data fashion-mnist --data-dir "$b/data" --epochs 1 --precision bf16
+      fi
       step train_mlp_cuda 120 plain "$dtrain" train --model mlp --device cuda:0 \
         --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
       # issue 15 on a GPU: the trace's gpu lane (CUDA timing events), the
@@ -537,7 +557,7 @@ PYEOF
         echo "## training on cuda:0"
         echo
         echo '```'
-        grep -h 'test_accuracy=' "$logs"/train_*_cuda.log 2>/dev/null
+        grep -H 'test_accuracy=' "$logs"/train_*_cuda*.log 2>/dev/null | sed 's|.*/||' 
         echo '```'
       } >>"$logs/extra.md"
     else
@@ -545,29 +565,40 @@ PYEOF
     fi
 
     # ---- 4. throughput beside PyTorch on the same GPU ----
-    local config model batch ours theirs ratio
+    local config model batch n warm prec extra tag ours theirs ratio
     {
       echo
-      echo '## throughput on the same GPU (steps/s, warm-up excluded, TF32 on for both)'
+      echo '## throughput on the same GPU (steps/s, warm-up excluded; fp32 rows with TF32 on for both, bf16 rows autocast on both)'
       echo
-      echo '| model | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
-      echo '|---|---|---|---|'
+      echo '| model | precision | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
+      echo '|---|---|---|---|---|'
     } >>"$logs/extra.md"
-    # GPT-2: the LM's step (AdamW, clipping) at its context; 124M at T 1024.
-    for config in "mlp 128 300 20" "lenet 64 300 20" \
-      "gpt2-tiny 16 100 10 --ctx 64 --optimizer adamw" "gpt2 4 20 3 --ctx 1024 --optimizer adamw"; do
-      read -r model batch n warm extra <<<"$config"
+    # GPT-2: the LM's step (AdamW, clipping) at its context; 124M at T 1024
+    # (its bf16 row ran in 1a). bf16 rows only where this build has --precision.
+    local has_precision=0
+    cli_has bench --precision && has_precision=1
+    for config in "mlp 128 300 20 fp32" "lenet 64 300 20 fp32" "lenet 64 300 20 bf16" \
+      "gpt2-tiny 16 100 10 fp32 --ctx 64 --optimizer adamw" \
+      "gpt2-tiny 16 100 10 bf16 --ctx 64 --optimizer adamw" \
+      "gpt2 4 20 3 fp32 --ctx 1024 --optimizer adamw"; do
+      read -r model batch n warm prec extra <<<"$config"
+      tag=$model
+      if [ "$prec" = bf16 ]; then
+        [ "$has_precision" = 1 ] || continue
+        tag="${model}_bf16"
+        extra="$extra --precision bf16"
+      fi
       # shellcheck disable=SC2086 # $extra is a list of flags
-      step "bench_dtrain_$model" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
+      step "bench_dtrain_$tag" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
         --steps "$n" --warmup "$warm" --device cuda:0 $extra
       # shellcheck disable=SC2086
-      step "bench_torch_$model" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
+      step "bench_torch_$tag" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
         "$b/bench_torch.py" --model "$model" --batch "$batch" --steps "$n" --warmup "$warm" \
         --device cuda $extra
-      ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$model.log" 2>/dev/null)
-      theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$model.log" 2>/dev/null)
+      ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$tag.log" 2>/dev/null)
+      theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$tag.log" 2>/dev/null)
       ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
-      echo "| $model batch $batch | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
+      echo "| $model batch $batch | $prec | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
     done
     {
       echo
@@ -604,6 +635,45 @@ size() {
   total=$((tree + carried))
   say "travels: working tree $((tree / 1024)) KiB + carried $((carried / 1024)) KiB = $((total / 1024 / 1024)) MiB ($total bytes) of 64 MiB"
   [ "$total" -lt "$limit" ] || die "over 64 MiB: what travels must shrink"
+}
+
+# gpt2_bf16_bench (inside run): GPT-2 124M at T=1024 in bf16 on cuda:0,
+# the LM's training step (AdamW, clipping), batch GPU_CHECK_GPT2_BATCH
+# (16, the task's default; halved once if that runs out of memory), beside
+# the same model in PyTorch under bf16 autocast; tokens/s and MFU (against
+# the dense bf16 peak) against issue 12's bar, into the summary.
+gpt2_bf16_bench() {
+  local gb=${GPU_CHECK_GPT2_BATCH:-16} log ours mfu theirs verdict
+  step bench_gpt2_bf16 150 plain "$dtrain" bench --model gpt2 --ctx 1024 --batch "$gb" \
+    --steps 10 --warmup 3 --optimizer adamw --precision bf16 --device cuda:0
+  log="$logs/bench_gpt2_bf16.log"
+  if [ "$step_rc" != 0 ] && grep -qi 'out of memory\|DT_ERR_OOM\|OOM' "$log" 2>/dev/null; then
+    gb=$((gb / 2))
+    step "bench_gpt2_bf16_batch$gb" 150 plain "$dtrain" bench --model gpt2 --ctx 1024 \
+      --batch "$gb" --steps 10 --warmup 3 --optimizer adamw --precision bf16 --device cuda:0
+    log="$logs/bench_gpt2_bf16_batch$gb.log"
+  fi
+  step bench_torch_gpt2_bf16 150 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
+    "$b/bench_torch.py" --model gpt2 --ctx 1024 --batch "$gb" --steps 10 --warmup 3 \
+    --optimizer adamw --precision bf16 --device cuda
+  ours=$(last_value "$log" tokens_per_s)
+  mfu=$(grep -o 'mfu=[0-9.]*%' "$log" 2>/dev/null | tail -1 | cut -d= -f2)
+  theirs=$(last_value "$logs/bench_torch_gpt2_bf16.log" tokens_per_s)
+  verdict=$(awk -v a="${ours:-0}" 'BEGIN {
+    if (a <= 0) print "no figure (see the step logs)";
+    else printf "%s: %.0f tokens/s is %.0f%% of 550000\n", (a >= 550000 ? "met" : "NOT met"), a, 100 * a / 550000 }')
+  {
+    echo
+    echo "## GPT-2 124M in bf16, T=1024, batch $gb, cuda:0 (issue 12: the bar is >= 550K tokens/s on one H200)"
+    echo
+    echo '```'
+    echo "dtrain:  tokens_per_s=${ours:-n/a} mfu=${mfu:-n/a} (against the dense bf16 peak)"
+    echo "PyTorch: tokens_per_s=${theirs:-n/a} (bf16 autocast, the same model and step)"
+    echo "bar: $verdict"
+    grep -h '^flops:\|^breakdown:' "$log" 2>/dev/null | sed 's/^/dtrain /'
+    echo '```'
+  } >>"$logs/extra.md"
+  write_summary running
 }
 
 # ---- steps that compare two runs (run calls them as `gpu_check.sh MODE`) ----
