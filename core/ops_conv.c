@@ -63,10 +63,12 @@ static void ints_to_geom(const int64_t *ints, dt_conv2d_geom *g) {
   g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
 }
 
-/* A temporary u8 buffer for the conv kernels' workspace (NULL when 0). */
-static dt_status alloc_workspace(dt_device dev, const dt_conv2d_geom *g, dt_tensor **ws) {
+/* A temporary u8 buffer for the workspace of the conv kernels of `dtype`
+ * (NULL when 0). */
+static dt_status alloc_workspace(dt_device dev, dt_dtype dtype, const dt_conv2d_geom *g,
+                                 dt_tensor **ws) {
   dt_exec ex;
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &ex));
+  DT_CHECK(dt_exec_init(dev, dtype, &ex));
   size_t bytes = 0;
   *ws = NULL;
   DT_CHECK(dt_kernel_conv2d_workspace(&ex, g, &bytes));
@@ -78,36 +80,38 @@ static dt_status alloc_workspace(dt_device dev, const dt_conv2d_geom *g, dt_tens
 
 /* ---- conv2d ---- */
 
-/* saved: 0 x, 1 weight (contiguous); ints: geometry. Inputs x, w[, bias]. */
+/* saved: 0 x, 1 weight (contiguous, of the dtype the forward computed in:
+ * 16-bit under autocast); ints: geometry. Inputs x, w[, bias]. The kernels
+ * take that dtype: dx and dw come back in it (the engine widens them for
+ * f32 inputs), db is f32. */
 static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
   int has_bias = node->n_inputs == 3;
   dt_conv2d_geom g;
   ints_to_geom(node->ints, &g);
   dt_device dev = dt_tensor_device(gy);
-  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *x32 = NULL, *w32 = NULL, *g32 = NULL;
+  const dt_dtype dtype = dt_tensor_dtype(x);
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *gc = NULL;
   dt_status st;
-  /* 16-bit under autocast: the kernels compute in f32 */
-  DT_CHECK_GOTO(dt_ops_widen(x, &x32), st, fail);
-  DT_CHECK_GOTO(dt_ops_widen(w, &w32), st, fail);
-  DT_CHECK_GOTO(dt_ops_round_to(gy, dt_tensor_dtype(x), &g32), st, fail);
+  DT_CHECK_GOTO(dt_ops_cast(gy, dtype, &gc), st, fail);
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), 4, dtype, dev, &dx), st, fail);
   if (node->needs_grad[1])
-    DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
+    DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 4, dtype, dev, &dw), st, fail);
   if (has_bias && node->needs_grad[2]) {
     int64_t oc = g.oc;
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
-  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
-  DT_CHECK_GOTO(
-      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(g32), &g, DT_F32(x32), DT_F32(w32), DT_F32(g32),
-                                dx ? DT_F32(dx) : NULL, dw ? DT_F32(dw) : NULL,
-                                db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
-      st, fail);
+  DT_CHECK_GOTO(alloc_workspace(dev, dtype, &g, &ws), st, fail);
+  DT_CHECK_GOTO(dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gc), &g, dt_tensor_data(x),
+                                          dt_tensor_data(w), dt_tensor_data(gc),
+                                          dx ? dt_tensor_data(dx) : NULL,
+                                          dw ? dt_tensor_data(dw) : NULL, db ? DT_F32(db) : NULL,
+                                          ws ? dt_tensor_data(ws) : NULL),
+                st, fail);
   st = DT_OK;
 fail:
-  DT_RELEASE_TENSORS(g32, w32, x32, ws);
+  DT_RELEASE_TENSORS(gc, ws);
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
@@ -135,27 +139,24 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   DT_CHECK(make_geom(op, x, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
 
   dt_device dev = dt_tensor_device(x);
-  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL, *x32 = NULL, *w32 = NULL;
+  dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL;
   dt_node *node = NULL;
   dt_status st;
   int64_t oshape[4] = {g.n, g.oc, g.oh, g.ow};
-  /* under autocast xc, wc are 16-bit (kept for the backward), widened for
-   * the f32 kernels */
+  /* under autocast xc, wc are 16-bit (kept for the backward) and the
+   * kernels take them as they are: f32 accumulation, a 16-bit result */
   DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
   DT_CHECK_GOTO(dt_ops_autocast_input(op, weight, &wc), st, fail);
-  DT_CHECK_GOTO(dt_ops_widen(xc, &x32), st, fail);
-  DT_CHECK_GOTO(dt_ops_widen(wc, &w32), st, fail);
-  if (bias)
+  const dt_dtype dtype = dt_tensor_dtype(xc);
+  if (bias) /* f32 for every dtype */
     DT_CHECK_GOTO(dt_ops_widen(bias, &bc), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
-  DT_CHECK_GOTO(alloc_workspace(dev, &g, &ws), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, dtype, dev, &y), st, fail);
+  DT_CHECK_GOTO(alloc_workspace(dev, dtype, &g, &ws), st, fail);
   /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
-  DT_CHECK_GOTO(
-      dt_kernel_conv2d_forward(DT_TENSOR_EXEC(x32), &g, DT_F32(x32), DT_F32(w32),
-                               bc ? DT_F32(bc) : NULL, DT_F32(y), ws ? dt_tensor_data(ws) : NULL),
-      st, fail);
-  /* the result in xc's dtype: 16-bit under autocast (f32 accumulation) */
-  DT_CHECK_GOTO(dt_ops_narrow_result(dt_tensor_dtype(xc), &y), st, fail);
+  DT_CHECK_GOTO(dt_kernel_conv2d_forward(DT_TENSOR_EXEC(xc), &g, dt_tensor_data(xc),
+                                         dt_tensor_data(wc), bc ? DT_F32(bc) : NULL,
+                                         dt_tensor_data(y), ws ? dt_tensor_data(ws) : NULL),
+                st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, conv2d_backward, ins, 3, y, &node), st, fail);
   if (node) {
     dt_node_save(node, 0, xc);
@@ -164,7 +165,7 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   }
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(w32, x32, ws, y, bc, wc, xc);
+  DT_RELEASE_TENSORS(ws, y, bc, wc, xc);
   return st;
 }
 

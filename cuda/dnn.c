@@ -7,7 +7,15 @@
  * runs repeat bit for bit, or, when DT_CUDNN_BENCHMARK=1 (PyTorch's
  * cudnn.benchmark), the fastest by timing every algorithm on buffers from
  * the caching allocator (the *Ex find functions). Workspaces come from the
- * caching allocator. Pooling is in kernels_nn.cu: the backend contract
+ * caching allocator.
+ *
+ * Mixed precision: a plan of f16/bf16 (ex->dtype) has 16-bit x, w and y
+ * descriptors and an f32 compute type (cuDNN's PSEUDO_HALF and
+ * PSEUDO_BFLOAT16 configurations: the sums accumulate in f32, each result
+ * is rounded once to 16 bits), the tensor-op math the heuristics rank;
+ * the bias stays f32 and is added (forward) and reduced (backward) by the
+ * small kernels of kernels_dense.cu, which take an f32 bias beside 16-bit
+ * tensors. Pooling is in kernels_nn.cu: the backend contract
  * hands argmax indices between max-pool forward and backward, which cuDNN
  * pooling does not produce. */
 #include <stdlib.h>
@@ -25,6 +33,7 @@
 typedef struct conv_plan {
   dt_conv2d_geom g;
   int tf32;
+  dt_dtype dtype; /* of x, w, y (and dy, dx, dw) */
   cudnnTensorDescriptor_t x, y, bias;
   cudnnFilterDescriptor_t w;
   cudnnConvolutionDescriptor_t conv;
@@ -156,18 +165,22 @@ fail:
     if (i < 0)                                                                                     \
       return no_algorithm(what, &p->g);                                                            \
     p->algo_field = perf_[i].algo;                                                                 \
-    p->math_field = p->tf32 ? perf_[i].mathType : CUDNN_FMA_MATH;                                  \
+    p->math_field = exact ? CUDNN_FMA_MATH : perf_[i].mathType;                                    \
     DT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, p->math_field));                           \
     DT_CUDNN_CHECK(ws_size_fn(h, p->d1, p->d2, p->conv, p->d3, p->algo_field, &p->ws_field));      \
   } while (0)
 
-/* Picks the three algorithms, with FMA math (exact f32) when TF32 is off.
- * Each query starts from the plan's base math type (the previous
- * direction's choice is not a constraint on the next). */
+/* Picks the three algorithms, with FMA math (exact f32) for f32 data when
+ * TF32 is off, tensor-op math for 16-bit data. Each query starts from the
+ * plan's base math type (the previous direction's choice is not a
+ * constraint on the next). */
 static dt_status plan_choose_with(dt_cuda_ctx *ctx, conv_plan *p, const find_buffers *fb) {
   cudnnHandle_t h = ctx->cudnn;
   int bench = fb != NULL, got = 0, i = -1;
-  const cudnnMathType_t base = p->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  const int exact = p->dtype == DT_DTYPE_F32 && !p->tf32;
+  const cudnnMathType_t base = p->dtype != DT_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
+                               : p->tf32                ? CUDNN_DEFAULT_MATH
+                                                        : CUDNN_FMA_MATH;
   CHOOSE_DIRECTION("forward", cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                    cudnnFindConvolutionForwardAlgorithmEx, cudnnGetConvolutionForwardAlgorithm_v7,
                    cudnnGetConvolutionForwardWorkspaceSize, x, w, y, fwd, fwd_math, ws_fwd);
@@ -209,7 +222,14 @@ static dt_status check_cudnn_numel(const char *op, const char *what, int64_t num
   return DT_OK;
 }
 
-static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32, conv_plan **out) {
+static cudnnDataType_t cudnn_type(dt_dtype t) {
+  return t == DT_DTYPE_F16    ? CUDNN_DATA_HALF
+         : t == DT_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16
+                              : CUDNN_DATA_FLOAT;
+}
+
+static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32, dt_dtype dtype,
+                             conv_plan **out) {
   DT_CHECK(check_cudnn_numel("conv2d", "input", (int64_t)g->n * g->c * g->h * g->w));
   DT_CHECK(check_cudnn_numel("conv2d", "output", (int64_t)g->n * g->oc * g->oh * g->ow));
   DT_CHECK(check_cudnn_numel("conv2d", "weight", (int64_t)g->oc * g->c * g->kh * g->kw));
@@ -219,29 +239,32 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
     return DT_ERROR(DT_ERR_OOM, "conv2d plan: host malloc failed");
   p->g = *g;
   p->tf32 = tf32;
+  p->dtype = dtype;
+  const cudnnDataType_t t = cudnn_type(dtype);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->x), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->y), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), st, fail);
   DT_CUDNN_CHECK_GOTO(
-      cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n, g->c, g->h, g->w),
-      st, fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g->n,
-                                                 g->oc, g->oh, g->ow),
-                      st, fail);
+      cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, g->n, g->c, g->h, g->w), st, fail);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, g->n, g->oc, g->oh, g->ow), st, fail);
   DT_CUDNN_CHECK_GOTO(
       cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g->oc, 1, 1), st,
       fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, g->oc,
-                                                 g->c, g->kh, g->kw),
-                      st, fail);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, g->oc, g->c, g->kh, g->kw), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetConvolution2dDescriptor(p->conv, g->ph, g->pw, g->sh, g->sw, 1, 1,
                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                       st, fail);
-  /* FMA math keeps f32 convolutions exact when TF32 is off. */
+  /* f32 compute for every data type; FMA math keeps f32 convolutions exact
+   * when TF32 is off */
   DT_CUDNN_CHECK_GOTO(
-      cudnnSetConvolutionMathType(p->conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), st, fail);
+      cudnnSetConvolutionMathType(p->conv, dtype != DT_DTYPE_F32 ? CUDNN_TENSOR_OP_MATH
+                                           : tf32                ? CUDNN_DEFAULT_MATH
+                                                                 : CUDNN_FMA_MATH),
+      st, fail);
   DT_CHECK_GOTO(plan_choose(ctx, p), st, fail);
   *out = p;
   return DT_OK;
@@ -250,8 +273,9 @@ fail:
   return st;
 }
 
-/* The cached plan for g (created on first use). */
-static dt_status plan_get(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, conv_plan **out) {
+/* The cached plan for g with data of `dtype` (created on first use). */
+static dt_status plan_get(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, dt_dtype dtype,
+                          conv_plan **out) {
   int tf32 = dt_cuda_tf32_enabled();
   dt_status st = DT_OK;
   pthread_mutex_lock(&ctx->conv_lock);
@@ -264,7 +288,8 @@ static dt_status plan_get(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, conv_plan *
   }
   dt_cuda_conv_cache *c = ctx->conv_cache;
   for (size_t i = 0; i < c->n; i++)
-    if (c->plans[i]->tf32 == tf32 && memcmp(&c->plans[i]->g, g, sizeof *g) == 0) {
+    if (c->plans[i]->tf32 == tf32 && c->plans[i]->dtype == dtype &&
+        memcmp(&c->plans[i]->g, g, sizeof *g) == 0) {
       *out = c->plans[i];
       goto unlock;
     }
@@ -279,7 +304,7 @@ static dt_status plan_get(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, conv_plan *
     c->cap = cap;
   }
   conv_plan *p = NULL;
-  st = plan_create(ctx, g, tf32, &p);
+  st = plan_create(ctx, g, tf32, dtype, &p);
   if (st == DT_OK) {
     c->plans[c->n++] = p;
     *out = p;
@@ -296,7 +321,7 @@ dt_status dt_cuda_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, s
   DT_CUDA_EXEC(ex, ctx, stream);
   (void)stream;
   conv_plan *p = NULL;
-  DT_CHECK(plan_get(ctx, g, &p));
+  DT_CHECK(plan_get(ctx, g, ex->dtype, &p));
   size_t ws = p->ws_fwd;
   if (p->ws_bwd_data > ws)
     ws = p->ws_bwd_data;
@@ -318,14 +343,14 @@ static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void
   return DT_OK;
 }
 
-// x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow)
+// x (n,c,h,w), w (oc,c,kh,kw), bias (oc, f32) or NULL -> y (n,oc,oh,ow); x, w, y of ex->dtype
 dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                  const float *w, const float *bias, float *y, void *workspace) {
   if (g->n == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   conv_plan *p = NULL;
-  DT_CHECK(plan_get(ctx, g, &p));
+  DT_CHECK(plan_get(ctx, g, ex->dtype, &p));
   void *ws = NULL, *tmp = NULL;
   DT_CHECK(workspace_get(ctx, workspace, p->ws_fwd, &ws, &tmp));
   const float one = 1.0f, zero = 0.0f;
@@ -336,8 +361,11 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
   DT_CUDNN_CHECK_GOTO(cudnnConvolutionForward(ctx->cudnn, &one, p->x, x, p->w, w, p->conv, p->fwd,
                                               ws, p->ws_fwd, &zero, p->y, y),
                       st, unlock);
-  if (bias)
+  if (bias && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), st, unlock);
+  else if (bias)
+    st = dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc,
+                                   (int64_t)g->oh * g->ow);
 unlock:
   pthread_mutex_unlock(&ctx->conv_lock);
   if (tmp)
@@ -345,13 +373,14 @@ unlock:
   return st;
 }
 
-// x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten)
+// x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten);
+// all but db (f32) of ex->dtype
 dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                   const float *w, const float *dy, float *dx, float *dw, float *db,
                                   void *workspace) {
   DT_CUDA_EXEC(ex, ctx, stream);
   if (g->n == 0) { /* no samples: the parameter gradients are zero */
-    size_t wbytes = (size_t)g->oc * g->c * g->kh * g->kw * sizeof(float);
+    size_t wbytes = (size_t)g->oc * g->c * g->kh * g->kw * dt_dtype_size(ex->dtype);
     if (dw)
       DT_CUDA_CHECK(cudaMemsetAsync(dw, 0, wbytes, stream));
     if (db)
@@ -359,7 +388,7 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
     return DT_OK;
   }
   conv_plan *p = NULL;
-  DT_CHECK(plan_get(ctx, g, &p));
+  DT_CHECK(plan_get(ctx, g, ex->dtype, &p));
   size_t need = 0;
   if (dx)
     need = p->ws_bwd_data;
@@ -385,9 +414,12 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
                                        ws, p->ws_bwd_filter, &zero, p->w, dw),
         st, unlock);
   }
-  if (db)
+  if (db && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), st, unlock);
+  else if (db)
+    st = dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc,
+                                    (int64_t)g->oh * g->ow);
 unlock:
   pthread_mutex_unlock(&ctx->conv_lock);
   if (tmp)

@@ -615,3 +615,61 @@ extern "C" dt_status dt_cuda_add_bias_rows(cudaStream_t stream, dt_dtype dtype, 
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }
+
+/* ---- the bias of a 16-bit convolution (cuda/dnn.c) ---- */
+
+// y (n, oc, hw) of T += bias (oc) f32: the sum in f32, rounded once
+template <typename T>
+static __global__ void conv_bias_forward_kernel(const float *bias, T *y, int64_t oc, int64_t hw,
+                                                int64_t total) {
+  DT_GRID_STRIDE(i, total) { dt_store_f32(y, i, dt_load_f32(y, i) + bias[(i / hw) % oc]); }
+}
+
+// dy (n, oc, hw) of T -> db (oc) f32 = the sum over n and hw, in double; a block per channel
+template <typename T>
+static __global__ void conv_bias_backward_kernel(const T *dy, float *db, int64_t n, int64_t oc,
+                                                 int64_t hw) {
+  __shared__ double sh[32];
+  for (int64_t o = blockIdx.x; o < oc; o += gridDim.x) {
+    double s = 0.0;
+    for (int64_t k = threadIdx.x; k < n * hw; k += blockDim.x) {
+      int64_t i = k / hw, j = k - i * hw;
+      s += (double)dt_load_f32(dy, (i * oc + o) * hw + j);
+    }
+    s = dt_block_sum(s, sh);
+    if (threadIdx.x == 0)
+      db[o] = (float)s;
+  }
+}
+
+extern "C" dt_status dt_cuda_conv_bias_forward(cudaStream_t stream, dt_dtype dtype,
+                                               const float *bias, void *y, int64_t n, int64_t oc,
+                                               int64_t hw) {
+  const int64_t total = n * oc * hw;
+  if (total == 0)
+    return DT_OK;
+  if (dtype == DT_DTYPE_F16)
+    conv_bias_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(bias, (__half *)y, oc,
+                                                                            hw, total);
+  else
+    conv_bias_forward_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(
+        bias, (__nv_bfloat16 *)y, oc, hw, total);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dtype,
+                                                const void *dy, float *db, int64_t n, int64_t oc,
+                                                int64_t hw) {
+  if (oc == 0)
+    return DT_OK;
+  unsigned blocks = (unsigned)(oc < 65535 ? oc : 65535);
+  if (dtype == DT_DTYPE_F16)
+    conv_bias_backward_kernel<<<blocks, DT_THREADS, 0, stream>>>((const __half *)dy, db, n, oc,
+                                                                 hw);
+  else
+    conv_bias_backward_kernel<<<blocks, DT_THREADS, 0, stream>>>((const __nv_bfloat16 *)dy, db,
+                                                                 n, oc, hw);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}

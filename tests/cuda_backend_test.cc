@@ -226,6 +226,65 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
   EXPECT_EQ(dt_kernel_linear_forward(&f32, 1, 1, 1, &z, &z, nullptr, &z), DT_ERR_DTYPE);
 }
 
+// The 16-bit convolution kernels (cuDNN with bf16/f16 tensors and f32
+// compute, the bias through kernels_dense.cu) against the CPU's (the f32
+// kernel on widened copies): forward with and without a bias, and the
+// backward's dx, dw (16-bit) and db (f32), on LeNet-5's first layer, a
+// strided padded one and an odd one.
+TEST_F(CudaBackend, HalfConvolutionMatchesTheCpu) {
+  struct Geom {
+    int n, c, h, w, oc, k, s, p;
+  };
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Geom q : {Geom{8, 1, 28, 28, 6, 5, 1, 2}, Geom{3, 6, 13, 11, 16, 3, 2, 1},
+                   Geom{1, 3, 5, 7, 5, 2, 1, 0}})
+      for (bool with_bias : {true, false}) {
+        dt_conv2d_geom g{};
+        g.n = q.n, g.c = q.c, g.h = q.h, g.w = q.w, g.oc = q.oc, g.kh = g.kw = q.k;
+        g.sh = g.sw = q.s, g.ph = g.pw = q.p;
+        g.oh = (q.h + 2 * q.p - q.k) / q.s + 1;
+        g.ow = (q.w + 2 * q.p - q.k) / q.s + 1;
+        const size_t nx = (size_t)q.n * q.c * q.h * q.w, nw = (size_t)q.oc * q.c * q.k * q.k,
+                     ny = (size_t)q.n * q.oc * g.oh * g.ow;
+        std::vector<uint16_t> x = Half(Rand(nx, 51), t), w = Half(Rand(nw, 52, -0.3f, 0.3f), t),
+                              dy = Half(Rand(ny, 53), t);
+        Vec bias = Rand(q.oc, 54);
+        dt_exec cex = cex_, hex = gex_;
+        cex.dtype = hex.dtype = t;
+        size_t cws = 0, gws = 0;
+        OK(dt_kernel_conv2d_workspace(&cex, &g, &cws));
+        OK(dt_kernel_conv2d_workspace(&hex, &g, &gws));
+        std::vector<uint8_t> cwork(cws + 1);
+        void *gwork = gws ? Alloc(gws) : nullptr;
+        std::vector<uint16_t> y(ny), dx(nx), dw(nw);
+        Vec db(q.oc);
+        const float *b = with_bias ? bias.data() : nullptr;
+        OK(dt_kernel_conv2d_forward(&cex, &g, (const float *)x.data(), (const float *)w.data(), b,
+                                    (float *)y.data(), cwork.data()));
+        OK(dt_kernel_conv2d_backward(&cex, &g, (const float *)x.data(), (const float *)w.data(),
+                                     (const float *)dy.data(), (float *)dx.data(),
+                                     (float *)dw.data(), db.data(), cwork.data()));
+        uint16_t *gx = Up(x), *gw = Up(w), *gdy = Up(dy);
+        float *gb = Up(bias), *gdb = Zeros(q.oc);
+        auto *gy = static_cast<uint16_t *>(Alloc(ny * 2));
+        auto *gdx = static_cast<uint16_t *>(Alloc(nx * 2));
+        auto *gdw = static_cast<uint16_t *>(Alloc(nw * 2));
+        OK(dt_kernel_conv2d_forward(&hex, &g, (const float *)gx, (const float *)gw,
+                                    with_bias ? gb : nullptr, (float *)gy, gwork));
+        OK(dt_kernel_conv2d_backward(&hex, &g, (const float *)gx, (const float *)gw,
+                                     (const float *)gdy, (float *)gdx, (float *)gdw, gdb, gwork));
+        // two roundings on the GPU (cuDNN's result, then the bias) against one
+        const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+        std::string what = std::string(dt_dtype_name(t)) + " n" + std::to_string(q.n) + " c" +
+                           std::to_string(q.c) + " oc" + std::to_string(q.oc) + " bias " +
+                           std::to_string(with_bias);
+        EXPECT_TRUE(Close(Widen(Down(gy, ny), t), Widen(y, t), 2 * ulp, 1e-2)) << "y " << what;
+        EXPECT_TRUE(Close(Widen(Down(gdx, nx), t), Widen(dx, t), ulp, 1e-2)) << "dx " << what;
+        EXPECT_TRUE(Close(Widen(Down(gdw, nw), t), Widen(dw, t), ulp, 1e-2)) << "dw " << what;
+        EXPECT_TRUE(Close(Down(gdb, q.oc), db, 1e-5, 1e-4)) << "db " << what;
+      }
+}
+
 /* ---- the optimizers' 16-bit working copy (dt_half_out) ---- */
 
 // The fused updates and the half_copy kernel write the same parameters and
