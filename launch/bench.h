@@ -67,6 +67,8 @@ typedef struct dt_bench_config {
   ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 0.125f, 0, \
                      0, NULL, "none", false})
 
+#define DT_BENCH_MAX_BUCKETS 32
+
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
   int64_t parameters;
@@ -91,6 +93,11 @@ typedef struct dt_bench_result {
   double allreduce_ms;  /* all-reduce running on the communication thread */
   double overlapped_ms; /* of which while backward was still computing */
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
+  double update_ms;     /* the optimizer's update per bucket inside the gradient sync */
+  /* Per bucket b < DT_BENCH_MAX_BUCKETS (in launch order): its bytes, its
+   * all-reduce's time and the part of it before backward ended. */
+  size_t bucket_bytes[DT_BENCH_MAX_BUCKETS];
+  double bucket_allreduce_ms[DT_BENCH_MAX_BUCKETS], bucket_hidden_ms[DT_BENCH_MAX_BUCKETS];
   double grad_mib;      /* the model's f32 gradients, in MiB */
   /* Bytes handed to the all-reduces (ZeRO: reduce-scatters) per step: the
    * buckets' f32 bytes, halved by --grad-compress. */

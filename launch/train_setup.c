@@ -1,5 +1,6 @@
 /* What `dtrain train` and `dtrain bench` set up alike: devices, the
  * communicator and DDP reducer of a rank, the optimizer. */
+#include <stdlib.h> /* TEMP */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -74,6 +75,8 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.allow_unused = o->allow_unused;
   dc.zero_stage = o->zero_stage;
   dc.grad_compress = o->grad_compress;
+  if (getenv("OV_SPLIT")) dc.split_bytes = (size_t)(atof(getenv("OV_SPLIT")) * MIB); /* TEMP */
+  if (getenv("OV_FUSE")) dc.update_per_bucket = atoi(getenv("OV_FUSE")); /* TEMP */
   return dc;
 }
 
