@@ -139,12 +139,13 @@ typedef struct dt_ddp_config {
   dt_dtype grad_compress;    /* f32: none; f16, bf16: reduce the buckets in 16 bits (below) */
   /* Stage 0: a parameter of the last bucket larger than this is split into
    * parts of about this size (whole rows, at most 8 parts), each closing
-   * its bucket, launched as the backward writes it (below); 0 = never. */
-  size_t split_bytes;    /* 256 KiB */
-  int update_per_bucket; /* 1: offer the step the update per bucket (below) */
+   * its bucket, launched as the backward writes it (below); 0 = never, the
+   * default (docs/decisions.md: per-message costs outweighed the overlap). */
+  size_t split_bytes;
+  int update_per_bucket; /* 1: offer the step the update per bucket (below); 0 = one pass */
 } dt_ddp_config;
 #define DT_DDP_CONFIG_DEFAULT \
-  ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32, DT_MIB / 4, 1})
+  ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32, 0, 0})
 
 /* The names of cfg.grad_compress (the --grad-compress flag): none (f32),
  * bf16, fp16. Parse: DT_ERR_INVALID_ARG naming the choices otherwise;

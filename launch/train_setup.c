@@ -1,6 +1,5 @@
 /* What `dtrain train` and `dtrain bench` set up alike: devices, the
  * communicator and DDP reducer of a rank, the optimizer. */
-#include <stdlib.h> /* TEMP */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -75,9 +74,13 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.allow_unused = o->allow_unused;
   dc.zero_stage = o->zero_stage;
   dc.grad_compress = o->grad_compress;
-  if (getenv("OV_SPLIT")) dc.split_bytes = (size_t)(atof(getenv("OV_SPLIT")) * MIB); /* TEMP */
-  if (getenv("OV_FUSE")) dc.update_per_bucket = atoi(getenv("OV_FUSE")); /* TEMP */
+  dc.split_bytes = o->split_bucket_mb > 0 ? bucket_bytes(o->split_bucket_mb) : 0;
+  dc.update_per_bucket = o->update_per_bucket;
   return dc;
+}
+
+bool dt_train_update_per_bucket(const char *bucket_update) {
+  return bucket_update != NULL && strcmp(bucket_update, "each") == 0;
 }
 
 dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o) {
