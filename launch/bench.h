@@ -65,10 +65,10 @@ typedef struct dt_bench_config {
  * no process group; DDP: comm backend from the environment, timeout 300 s,
  * buckets 128 KiB then 25 MiB, zero stage 0; the task's context; the
  * device's default precision; no gradient compression, rounding to nearest;
- * no split buckets, one update after the last bucket. */
+ * no split buckets, the update per bucket (--bucket-update each). */
 #define DT_BENCH_CONFIG_DEFAULT                                                                    \
   ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 0.125f, 0, \
-                     0, NULL, "none", false, 0.0f, "last"})
+                     0, NULL, "none", false, 0.0f, "each"})
 
 #define DT_BENCH_MAX_BUCKETS 32
 

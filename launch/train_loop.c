@@ -41,7 +41,7 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 0.125f,
-                           .bucket_update = "last",
+                           .bucket_update = "each",
                            .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
