@@ -336,13 +336,14 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "  ddp: world N, per-rank batch B, global batch ..., K buckets (... MiB) over ...\n"
           "names the reducer, and the line\n"
           "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=...\n"
-          "  allreduce_bytes=... bucket_update_ms=... (per step)\n"
+          "  allreduce_bytes=... (per step)\n"
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
-          "hid, the part the step waited for, the bytes handed to the all-reduces\n"
-          "(ZeRO: reduce-scatters; --grad-compress halves them) and the optimizer's\n"
-          "update of each bucket as it arrived (inside backward_ms); then\n"
-          "  buckets: #0 ...KiB ...ms hidden=...% #1 ... (per step)\n"
-          "gives the same per bucket, in launch order.",
+          "hid, the part the step waited for and the bytes handed to the all-reduces\n"
+          "(ZeRO: reduce-scatters; --grad-compress halves them); then\n"
+          "  buckets: update_ms=... #0 ...KiB ...ms hidden=...% #1 ... (per step)\n"
+          "the optimizer's update per bucket inside the wait (--bucket-update each; part\n"
+          "of backward_ms) and each bucket's all-reduce time and hidden share, in launch\n"
+          "order.",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
       DT_FLAG_TABLE(flags),
   };
@@ -401,11 +402,11 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (r.world > 1) {
     printf(
         "comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f "
-        "allreduce_bytes=%zu bucket_update_ms=%.3f (per step)\n",
+        "allreduce_bytes=%zu (per step)\n",
         r.allreduce_ms, r.overlapped_ms,
         r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms,
-        r.allreduce_bytes, r.update_ms);
-    printf("buckets:");
+        r.allreduce_bytes);
+    printf("buckets: update_ms=%.3f", r.update_ms);
     for (int b = 0; b < r.buckets && b < DT_BENCH_MAX_BUCKETS; b++)
       printf(" #%d %.0fKiB %.3fms hidden=%.0f%%", b, (double)r.bucket_bytes[b] / 1024.0,
              r.bucket_allreduce_ms[b],
