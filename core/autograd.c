@@ -117,6 +117,37 @@ dt_status dt_tensor_remove_grad_ready_hook(dt_tensor *leaf, dt_hook_handle h) {
   return DT_ERROR(DT_ERR_INVALID_ARG, "no grad-ready hook with handle %d on this tensor", h);
 }
 
+dt_status dt_tensor_set_grad_rows_hook(dt_tensor *leaf, int64_t rows_per_part,
+                                       dt_grad_rows_ready_fn fn, void *user) {
+  if (leaf->grad_fn != NULL || !leaf->requires_grad || fn == NULL || rows_per_part < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "rows-ready hooks attach to leaf tensors that require grad, with a function "
+                    "and rows_per_part >= 1 (got %lld)",
+                    (long long)rows_per_part);
+  if (leaf->rows_fn != NULL)
+    return DT_ERROR(DT_ERR_STATE, "the tensor has a rows-ready hook already (one per tensor)");
+  leaf->rows_fn = fn;
+  leaf->rows_user = user;
+  leaf->rows_per_part = rows_per_part;
+  return DT_OK;
+}
+
+void dt_tensor_clear_grad_rows_hook(dt_tensor *leaf) {
+  leaf->rows_fn = NULL;
+  leaf->rows_user = NULL;
+  leaf->rows_per_part = 0;
+}
+
+int64_t dt_node_grad_rows_per_part(const dt_node *node, int i) {
+  return i >= 0 && i < node->n_inputs ? node->grad_part_rows[i] : 0;
+}
+
+void dt_node_grad_rows_ready(const dt_node *node, int i, int64_t row0, int64_t nrows) {
+  dt_tensor *in = node->inputs[i];
+  DT_ASSERT(node->grad_part_rows[i] > 0 && in->rows_fn != NULL);
+  in->rows_fn(in, row0, nrows, in->rows_user);
+}
+
 /* Fires the hooks registered when the gradient became complete, in order,
  * from a snapshot: a hook may remove itself (or others) while they fire. */
 static void fire_hooks(dt_tensor *leaf) {
@@ -244,6 +275,7 @@ static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
   for (int j = 0; j < n->n_inputs; j++) {
     dt_tensor *in = n->inputs[j], *d = in ? in->grad : NULL;
     n->grad_dest[j] = NULL;
+    n->grad_part_rows[j] = 0;
     if (!n->needs_grad[j] || d == NULL || in->grad_fn != NULL || !in->requires_grad ||
         d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
         dt_tensor_numel(d) != dt_tensor_numel(in) ||
@@ -255,8 +287,15 @@ static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
       shared = shares_storage(n->inputs[k], d->storage);
     for (int k = 0; k < DT_NODE_MAX_SAVED && !shared; k++)
       shared = shares_storage(n->saved[k], d->storage);
-    if (!shared)
-      n->grad_dest[j] = dt_tensor_data(d);
+    if (shared)
+      continue;
+    n->grad_dest[j] = dt_tensor_data(d);
+    /* the last edge into the leaf, and no other input of this node is it */
+    int edges = 0;
+    for (int k = 0; k < n->n_inputs; k++)
+      edges += n->inputs[k] == in && n->needs_grad[k];
+    if (in->rows_fn != NULL && in->pending_grads == 1 && edges == 1 && in->ndim >= 1)
+      n->grad_part_rows[j] = in->rows_per_part;
   }
 }
 
@@ -382,6 +421,7 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
         offer_grad_dests(n, gc);
         st = n->backward(n, gc, grad_in);
         memset(n->grad_dest, 0, sizeof n->grad_dest);
+        memset(n->grad_part_rows, 0, sizeof n->grad_part_rows);
         if (st != DT_OK)
           dt_error_wrap(st, "backward of %s", n->name);
         dt_tensor_release(gc);

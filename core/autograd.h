@@ -40,6 +40,22 @@ dt_status dt_tensor_add_grad_ready_hook(dt_tensor *leaf, dt_grad_ready_fn fn, vo
                                         dt_hook_handle *out);
 dt_status dt_tensor_remove_grad_ready_hook(dt_tensor *leaf, dt_hook_handle h);
 
+/* Rows-ready hook: early pieces of a leaf's gradient. An op that adds a
+ * leaf's gradient straight into its .grad (core/autograd_internal.h) and
+ * is the last contributor of the pass to it may compute that gradient in
+ * blocks of rows (along dim 0) of rows_per_part rows, [k * rows_per_part,
+ * min((k + 1) * rows_per_part, rows)), from the last block to the first,
+ * and report each block once it holds its final value for the pass: the
+ * hook gets rows [row0, row0 + nrows). Linear's weight and bias do so;
+ * other ops report nothing. The grad-ready hook still fires at the end,
+ * whether blocks were reported or not. Same results bit for bit: a block
+ * is the same sums as the whole. One per leaf (DT_ERR_STATE for a second);
+ * rows_per_part >= 1; the leaf must require grad. */
+typedef void (*dt_grad_rows_ready_fn)(dt_tensor *leaf, int64_t row0, int64_t nrows, void *user);
+dt_status dt_tensor_set_grad_rows_hook(dt_tensor *leaf, int64_t rows_per_part,
+                                       dt_grad_rows_ready_fn fn, void *user);
+void dt_tensor_clear_grad_rows_hook(dt_tensor *leaf);
+
 /* Sequence number of the last backward pass completed on this thread; used
  * by tests to tie hook firings to passes. */
 unsigned long dt_backward_pass_count(void);

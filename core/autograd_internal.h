@@ -46,6 +46,7 @@ struct dt_node {
   dt_tensor *grad_accum;
   int pending;
   float *grad_dest[DT_NODE_MAX_INPUTS]; /* during backward: see dt_node_grad_dest */
+  int64_t grad_part_rows[DT_NODE_MAX_INPUTS]; /* see dt_node_grad_rows_per_part */
 };
 
 /* During the node's backward: where input i's gradient may be accumulated
@@ -54,6 +55,15 @@ struct dt_node {
  * with no tensor the backward reads; adding into it is what the engine
  * would do with a returned gradient, without the temporary. */
 float *dt_node_grad_dest(const dt_node *node, int i);
+
+/* During the node's backward, where dt_node_grad_dest(node, i) is given:
+ * the rows per block in which input i's gradient may be reported early
+ * (dt_tensor_set_grad_rows_hook), when the leaf has a rows-ready hook and
+ * this node is the last to contribute to its gradient in this pass; else
+ * 0. The backward then adds blocks into the destination from the last to
+ * the first and calls dt_node_grad_rows_ready after each. */
+int64_t dt_node_grad_rows_per_part(const dt_node *node, int i);
+void dt_node_grad_rows_ready(const dt_node *node, int i, int64_t row0, int64_t nrows);
 
 /* 1 if grad mode is on and any of the inputs requires grad. */
 int dt_autograd_should_record(dt_tensor *const *inputs, int n);

@@ -191,6 +191,26 @@ done:
   return st;
 }
 
+/* db (out) = sum over rows of g (rows, out), in f32, as a new tensor. */
+static dt_status bias_grad(dt_tensor *gc, int64_t rows, int64_t outf, dt_tensor **db) {
+  dt_tensor *g32 = NULL;
+  dt_status st = DT_OK;
+  DT_CHECK(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dt_tensor_device(gc), db));
+  if (rows == 0) {
+    st = dt_kernel_fill(DT_TENSOR_EXEC(*db), DT_F32(*db), 0.0f, outf);
+  } else if (outf > 0) {
+    st = dt_ops_widen(gc, &g32);
+    if (st == DT_OK)
+      st = dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(*db), 1, rows, outf,
+                                1.0f);
+  }
+  dt_tensor_release(g32);
+  return st;
+}
+
+static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
+                                         dt_tensor **grad_in);
+
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
  * output and so its gradient g have too; ints: 0 rows, 1 in, 2 out, 3 has
@@ -200,14 +220,21 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
   int has_bias = (int)node->ints[3];
   dt_device dev = dt_tensor_device(g);
-  const dt_exec ex = dt_tensor_exec(g);
   dt_dtype ab = dt_tensor_dtype(x);
   size_t esize = dt_dtype_size(ab);
-  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL, *g32 = NULL;
+  dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL;
   dt_status st = DT_OK;
   DT_CHECK(dt_ops_cast(g, ab, &gc)); /* g's dtype is ab already: a new reference */
   /* 16-bit operands: the CPU's GEMM widens them, a slice of rows at a time */
   int64_t chunk = half_slice_rows(ab, rows, outf);
+  int64_t part = node->needs_grad[1] && dt_node_grad_dest(node, 1) != NULL
+                     ? dt_node_grad_rows_per_part(node, 1)
+                     : 0;
+  if (part > 0 && part < outf && chunk == rows && rows > 0) {
+    st = linear_backward_in_parts(node, gc, part, grad_in);
+    dt_tensor_release(gc);
+    return st;
+  }
   if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
   /* dw straight into the weight's .grad where the engine offers it */
@@ -232,22 +259,61 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
                     st, fail);
     r0 += n;
   } while (r0 < rows);
-  if (has_bias && node->needs_grad[2]) {
-    /* db (out) = sum over rows of g (rows, out), in f32 */
-    DT_CHECK_GOTO(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dev, &db), st, fail);
-    if (rows == 0) {
-      DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(db), 0.0f, outf), st, fail);
-    } else if (outf > 0) {
-      DT_CHECK_GOTO(dt_ops_widen(gc, &g32), st, fail);
-      DT_CHECK_GOTO(
-          dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(db), 1, rows, outf, 1.0f),
-          st, fail);
-    }
-  }
+  if (has_bias && node->needs_grad[2])
+    DT_CHECK_GOTO(bias_grad(gc, rows, outf, &db), st, fail);
   st = DT_OK;
 fail:
-  DT_RELEASE_TENSORS(g32, gc);
+  dt_tensor_release(gc);
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
+}
+
+/* linear_backward when the weight's gradient may be reported in blocks of
+ * `part` output rows (dt_node_grad_rows_per_part; f32 or one slice of
+ * 16-bit rows): the bias first (added into its .grad and reported where
+ * it may be), then dw's blocks from the last to the first, each reported
+ * as soon as it is written, so that the DDP reducer can send it while the
+ * next is computed; dx last. Every element is the same GEMM sum as in
+ * one product (a block of rows of C is the same dot products over k). */
+static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
+                                         dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *w = node->saved[1];
+  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
+  int has_bias = (int)node->ints[3];
+  dt_device dev = dt_tensor_device(gc);
+  dt_dtype ab = dt_tensor_dtype(x);
+  size_t esize = dt_dtype_size(ab);
+  dt_tensor *dx = NULL, *db = NULL;
+  dt_status st = DT_OK;
+  if (has_bias && node->needs_grad[2]) {
+    DT_CHECK_GOTO(bias_grad(gc, rows, outf, &db), st, fail);
+    float *db_dest = dt_node_grad_dest(node, 2);
+    if (db_dest != NULL && dt_node_grad_rows_per_part(node, 2) > 0) {
+      /* what the engine would do with a returned db: .grad += db */
+      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), outf, 1.0f, DT_F32(db), 1.0f, db_dest), st,
+                    fail);
+      dt_tensor_release(db);
+      db = NULL;
+      dt_node_grad_rows_ready(node, 2, 0, outf);
+    }
+  }
+  float *dw_dest = dt_node_grad_dest(node, 1);
+  for (int64_t o0 = (outf - 1) / part * part; o0 >= 0; o0 -= part) {
+    int64_t n = outf - o0 < part ? outf - o0 : part;
+    /* dw[o0:o0+n, :] (n, in) += g[:, o0:o0+n]^T (n, rows) @ x (rows, in) */
+    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, n, in, rows, (const char *)dt_tensor_data(gc) + o0 * esize,
+                       outf, 0, dt_tensor_data(x), in, 0, 1.0f, dw_dest + o0 * in, in, 0, 1),
+                  st, fail);
+    dt_node_grad_rows_ready(node, 1, o0, n);
+  }
+  if (node->needs_grad[0]) {
+    /* dx (rows, in) = g (rows, out) @ w (out, in) */
+    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
+    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, rows, in, outf, dt_tensor_data(gc), outf, 0,
+                       dt_tensor_data(w), in, 0, 0.0f, DT_F32(dx), in, 0, 1),
+                  st, fail);
+  }
+fail:
+  return dt_ops_grads_result(st, (dt_tensor *[]){dx, NULL, db}, has_bias ? 3 : 2, grad_in);
 }
 
 dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tensor **out) {

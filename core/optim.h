@@ -53,6 +53,25 @@ void dt_optim_destroy(dt_optimizer *o);
  * DT_ERR_INVALID_ARG. */
 dt_status dt_optim_step(dt_optimizer *o);
 dt_status dt_optim_zero_grad(dt_optimizer *o);
+
+/* The same update in pieces, each run as soon as its gradients are final
+ * (the DDP reducer updates each bucket as its all-reduce completes,
+ * dist/ddp.h): dt_optim_step_begin (the checks dt_optim_step makes, and
+ * the state buffers), then dt_optim_step_range over ranges of the arena's
+ * flat space that together cover it once (any order, no overlap), then
+ * dt_optim_step_end. The kernels are elementwise, so the parameters, the
+ * state and the working copy end bit for bit as after dt_optim_step; the
+ * learning rate must not change in between. Unsharded optimizers only
+ * (begin: DT_ERR_STATE when sharded or already begun); a range outside
+ * the arena or beyond its size in all is DT_ERR_INVALID_ARG. _end with
+ * st != DT_OK (or with ranges that did not cover the arena: DT_ERR_STATE)
+ * abandons the step: the step count stays, the working copy is rebuilt
+ * from the masters at its next use, and it returns the error. */
+dt_status dt_optim_step_begin(dt_optimizer *o);
+dt_status dt_optim_step_range(dt_optimizer *o, int64_t offset, int64_t numel);
+dt_status dt_optim_step_end(dt_optimizer *o, dt_status st);
+/* Between dt_optim_step_begin and _end. */
+bool dt_optim_step_begun(const dt_optimizer *o);
 /* Weight decay per parameter (parameter groups, as PyTorch's): only the
  * arena's parameters i with decay[i] != 0 are decayed, by the configured
  * weight_decay; the others get none (GPT-2 decays its 2-D weights only:

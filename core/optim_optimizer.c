@@ -42,6 +42,10 @@ struct dt_optimizer {
   } * runs;
   int n_runs;
   dt_working_copy *working; /* NULL = none (dt_optim_use_working_copy) */
+  /* A step taken in pieces (dt_optim_step_begin .. _end): arena elements
+   * updated so far. */
+  bool in_step;
+  int64_t step_done;
 };
 
 static int is_finite(float x) { return isfinite(x); }
@@ -257,49 +261,44 @@ static dt_status update_range(dt_optimizer *o, const dt_exec *ex, float *params,
                                 (int)(o->steps + 1), h);
 }
 
-/* The fused kernel over segment `i`: once, or once per weight-decay run
- * that meets it. */
-static dt_status update_segment(dt_optimizer *o, const dt_exec *ex, float *params,
-                                const float *grads, int i) {
+/* The fused kernel over the arena elements [lo, hi) of segment `i`: once,
+ * or once per weight-decay run that meets them. */
+static dt_status update_segment_part(dt_optimizer *o, const dt_exec *ex, float *params,
+                                     const float *grads, int i, int64_t lo, int64_t hi) {
   const dt_optim_segment *sg = &o->segs[i];
-  if (sg->numel == 0)
+  lo = lo > sg->offset ? lo : sg->offset;
+  hi = hi < sg->offset + sg->numel ? hi : sg->offset + sg->numel;
+  if (hi <= lo)
     return DT_OK;
   if (!o->runs)
-    return update_range(o, ex, params, grads, sg, sg->offset, sg->numel, true);
-  int64_t end = sg->offset + sg->numel;
+    return update_range(o, ex, params, grads, sg, lo, hi - lo, true);
   for (int r = 0; r < o->n_runs; r++) {
-    int64_t lo = o->runs[r].offset > sg->offset ? o->runs[r].offset : sg->offset;
-    int64_t hi = o->runs[r].offset + o->runs[r].numel;
-    hi = hi < end ? hi : end;
-    if (hi > lo)
-      DT_CHECK(update_range(o, ex, params, grads, sg, lo, hi - lo, o->runs[r].decay));
+    int64_t rlo = o->runs[r].offset > lo ? o->runs[r].offset : lo;
+    int64_t rhi = o->runs[r].offset + o->runs[r].numel;
+    rhi = rhi < hi ? rhi : hi;
+    if (rhi > rlo)
+      DT_CHECK(update_range(o, ex, params, grads, sg, rlo, rhi - rlo, o->runs[r].decay));
   }
   return DT_OK;
 }
 
-dt_status dt_optim_step(dt_optimizer *o) {
-  if (!o)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+/* What every update checks first: the lr, the step count's range, the
+ * gradients, the state buffers. */
+static dt_status step_prepare(dt_optimizer *o) {
   dt_status st = check_lr(dt_optim_name(o), o->lr);
   if (st == DT_OK && o->kind == OPTIM_ADAMW && o->steps >= INT_MAX)
     st = DT_ERROR(DT_ERR_INVALID_ARG, "adamw: step count %lld exceeds the kernel's int range",
                   (long long)o->steps);
-  dt_tensor *params = dt_param_arena_data(o->arena);
-  dt_tensor *grads = update_grads(o);
   if (st == DT_OK)
-    st = check_grads(o, grads);
+    st = check_grads(o, update_grads(o));
   if (st == DT_OK)
     st = ensure_state(o);
-  const dt_exec ex = dt_tensor_exec(params);
-  /* A shard's hooks see every segment, also after an error, so that the
-   * ranks' collectives stay matched (step_done gathers what is left). */
-  for (int i = 0; i < o->n_segs && st == DT_OK; i++) {
-    st = update_segment(o, &ex, dt_tensor_data(params), dt_tensor_data(grads), i);
-    if (st == DT_OK && o->shard.segment_updated)
-      st = o->shard.segment_updated(o->shard.ctx, i);
-  }
-  if (o->shard.step_done)
-    st = o->shard.step_done(o->shard.ctx, st);
+  return st;
+}
+
+/* The end of every update: the working copy is fresh again (or not, after
+ * an error: rebuilt from the masters at its next use), the count grows. */
+static dt_status step_finish(dt_optimizer *o, dt_status st) {
   /* a shard wrote its own segments' copy: the rest from the gathered masters */
   if (st == DT_OK && o->working)
     st = rebuild_outside_segments(o, o->steps + 1);
@@ -310,6 +309,89 @@ dt_status dt_optim_step(dt_optimizer *o) {
   o->steps++;
   return DT_OK;
 }
+
+dt_status dt_optim_step(dt_optimizer *o) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  if (o->in_step)
+    return DT_ERROR(DT_ERR_STATE,
+                    "%s: dt_optim_step during a step taken in pieces (dt_optim_step_begin "
+                    "without dt_optim_step_end)",
+                    dt_optim_name(o));
+  dt_status st = step_prepare(o);
+  dt_tensor *params = dt_param_arena_data(o->arena);
+  dt_tensor *grads = update_grads(o);
+  const dt_exec ex = dt_tensor_exec(params);
+  /* A shard's hooks see every segment, also after an error, so that the
+   * ranks' collectives stay matched (step_done gathers what is left). */
+  for (int i = 0; i < o->n_segs && st == DT_OK; i++) {
+    const dt_optim_segment *sg = &o->segs[i];
+    st = update_segment_part(o, &ex, dt_tensor_data(params), dt_tensor_data(grads), i, sg->offset,
+                             sg->offset + sg->numel);
+    if (st == DT_OK && o->shard.segment_updated)
+      st = o->shard.segment_updated(o->shard.ctx, i);
+  }
+  if (o->shard.step_done)
+    st = o->shard.step_done(o->shard.ctx, st);
+  return step_finish(o, st);
+}
+
+/* ---- a step in pieces ---- */
+
+dt_status dt_optim_step_begin(dt_optimizer *o) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  if (o->in_step)
+    return DT_ERROR(DT_ERR_STATE, "%s: dt_optim_step_begin twice without dt_optim_step_end",
+                    dt_optim_name(o));
+  if (dt_optim_is_sharded(o))
+    return DT_ERROR(DT_ERR_STATE,
+                    "%s: a sharded optimizer (ZeRO) steps its segments with dt_optim_step, not "
+                    "in pieces",
+                    dt_optim_name(o));
+  DT_CHECK(step_prepare(o));
+  o->in_step = true;
+  o->step_done = 0;
+  return DT_OK;
+}
+
+dt_status dt_optim_step_range(dt_optimizer *o, int64_t offset, int64_t numel) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  if (!o->in_step)
+    return DT_ERROR(DT_ERR_STATE, "%s: dt_optim_step_range outside dt_optim_step_begin .. _end",
+                    dt_optim_name(o));
+  int64_t total = dt_param_arena_numel(o->arena);
+  if (offset < 0 || numel < 0 || offset + numel > total || o->step_done + numel > total)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: update of arena elements %lld + %lld: outside the arena (%lld), or more "
+                    "than it holds with the %lld updated in this step",
+                    dt_optim_name(o), (long long)offset, (long long)numel, (long long)total,
+                    (long long)o->step_done);
+  dt_tensor *params = dt_param_arena_data(o->arena);
+  const dt_exec ex = dt_tensor_exec(params);
+  DT_CHECK(update_segment_part(o, &ex, dt_tensor_data(params), dt_tensor_data(update_grads(o)), 0,
+                               offset, offset + numel));
+  o->step_done += numel;
+  return DT_OK;
+}
+
+dt_status dt_optim_step_end(dt_optimizer *o, dt_status st) {
+  if (!o)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "optimizer is NULL");
+  if (!o->in_step)
+    return st != DT_OK ? st
+                       : DT_ERROR(DT_ERR_STATE, "%s: dt_optim_step_end without dt_optim_step_begin",
+                                  dt_optim_name(o));
+  o->in_step = false;
+  int64_t total = dt_param_arena_numel(o->arena);
+  if (st == DT_OK && o->step_done != total)
+    st = DT_ERROR(DT_ERR_STATE, "%s: the step's pieces updated %lld of the arena's %lld elements",
+                  dt_optim_name(o), (long long)o->step_done, (long long)total);
+  return step_finish(o, st);
+}
+
+bool dt_optim_step_begun(const dt_optimizer *o) { return o != NULL && o->in_step; }
 
 /* ---- the working copy of the weights ---- */
 

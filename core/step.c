@@ -10,6 +10,21 @@ static dt_status phase_ended(const dt_step *s, dt_step_phase phase) {
   return s->cfg.on_phase ? s->cfg.on_phase(s->cfg.on_phase_user, phase) : DT_OK;
 }
 
+/* The update may run piece by piece as the gradients are reduced: nothing
+ * in it needs all of them first (clipping's global norm, the scaler's
+ * found-inf decision), and the optimizer is not sharded (ZeRO's steps its
+ * shard with its own gathers). */
+static bool update_per_piece(const dt_step *s) {
+  return s->sync.finish_backward_update != NULL && s->opt != NULL && s->cfg.scaler == NULL &&
+         !(s->cfg.clip > 0) && !dt_optim_is_sharded(s->opt);
+}
+
+/* The learning rate of the optimizer's next step, from the schedule. */
+static void set_scheduled_lr(const dt_step *s) {
+  if (s->cfg.schedule)
+    dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
+}
+
 dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor *target,
                                    float loss_scale, bool sync, dt_tensor **loss) {
   if (loss)
@@ -58,7 +73,13 @@ end_pass:
    * other replicas wait for this one's buckets. */
   if (reduce && sync) {
     double wait = dt_trace_begin(DT_TRACE_LANE_STEP, "gradient sync");
-    dt_status fin = gs->finish_backward(gs->ctx);
+    dt_status fin;
+    if (st == DT_OK && update_per_piece(s)) {
+      set_scheduled_lr(s);
+      fin = gs->finish_backward_update(gs->ctx, s->opt);
+    } else {
+      fin = gs->finish_backward(gs->ctx);
+    }
     dt_trace_end(DT_TRACE_LANE_STEP, "gradient sync", wait);
     if (st == DT_OK)
       st = fin;
@@ -82,7 +103,22 @@ dt_status dt_step_update(const dt_step *s) {
   return st;
 }
 
+/* After zero_grad: the learning rate of the next step, the phase's end. */
+static dt_status update_done(const dt_step *s) {
+  set_scheduled_lr(s);
+  return phase_ended(s, DT_STEP_PHASE_UPDATE);
+}
+
 static dt_status update(const dt_step *s) {
+  if (s->opt != NULL && dt_optim_step_begun(s->opt)) {
+    /* updated piece by piece in the gradient sync; the gradients are as
+     * they were reduced */
+    if (s->cfg.stats && s->cfg.stats->want_grad_norm)
+      DT_CHECK(dt_optim_grad_norm(s->opt, &s->cfg.stats->grad_norm));
+    DT_CHECK(dt_optim_step_end(s->opt, DT_OK));
+    DT_CHECK(dt_optim_zero_grad(s->opt));
+    return update_done(s);
+  }
   dt_grad_scaler *scaler = s->cfg.scaler;
   if (scaler) {
     bool found_inf = false;
@@ -116,11 +152,8 @@ static dt_status update(const dt_step *s) {
   } else if (s->cfg.stats && s->cfg.stats->want_grad_norm) {
     DT_CHECK(dt_optim_grad_norm(s->opt, &s->cfg.stats->grad_norm));
   }
-  if (s->cfg.schedule)
-    dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
+  set_scheduled_lr(s);
   DT_CHECK(dt_optim_step(s->opt));
   DT_CHECK(dt_optim_zero_grad(s->opt));
-  if (s->cfg.schedule)
-    dt_optim_set_lr(s->opt, dt_lr_at(s->cfg.schedule, dt_optim_step_count(s->opt)));
-  return phase_ended(s, DT_STEP_PHASE_UPDATE);
+  return update_done(s);
 }

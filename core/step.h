@@ -49,8 +49,13 @@ typedef struct dt_grad_sync {
    * GradScaler's found-inf flag, so that every rank skips a step when any
    * rank's gradients overflowed, whatever each rank holds. */
   dt_status (*sum_over_ranks)(void *ctx, double *values, int n);
+  /* Optional (NULL = not offered): finish_backward that also updates each
+   * piece of the gradients with `opt` as soon as it is reduced, beginning
+   * a step of `opt` that dt_step_update ends (dt_ddp_finish_backward_update:
+   * the optimizer fused with the buckets' arrival). */
+  dt_status (*finish_backward_update)(void *ctx, dt_optimizer *opt);
 } dt_grad_sync;
-#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL, NULL})
+#define DT_GRAD_SYNC_NONE ((dt_grad_sync){NULL, NULL, NULL, NULL, NULL, NULL})
 
 /* The phase a step has just ended, for timing (dtrain bench). */
 typedef enum dt_step_phase {
@@ -106,7 +111,13 @@ typedef struct dt_step {
  * accumulated micro-batches; no scaling op when 1). With gradient sync
  * hooks: sync false runs in a no_sync scope (gradients accumulate
  * locally); sync true finishes the reduction, also after an error, so that
- * the peers are never left waiting for this replica's buckets. *loss (NULL
+ * the peers are never left waiting for this replica's buckets, and must be
+ * followed by dt_step_update (it is the last micro-batch of the step):
+ * when the sync offers finish_backward_update and the update needs no
+ * global view of the gradients (no clip, no scaler, an unsharded
+ * optimizer), the optimizer's update runs there, piece by piece as the
+ * gradients are reduced, with this step's learning rate, and
+ * dt_step_update only ends it. *loss (NULL
  * = not wanted) receives the unscaled loss, detached (new reference; read
  * it when convenient: reading waits for the device). */
 dt_status dt_step_forward_backward(const dt_step *s, dt_tensor *input, dt_tensor *target,

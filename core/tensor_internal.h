@@ -42,6 +42,10 @@ struct dt_tensor {
   dt_grad_hook *hooks; /* grad-ready hooks (leaves) */
   int n_hooks, cap_hooks;
   int pending_grads; /* engine scratch: edges still to contribute */
+  /* The rows-ready hook (leaves; dt_tensor_set_grad_rows_hook): NULL = none. */
+  dt_grad_rows_ready_fn rows_fn;
+  void *rows_user;
+  int64_t rows_per_part;
   /* A parameter's 16-bit working copy (core/optim.h): a view of the
    * optimizer's flat 16-bit buffer, which the LOW ops use under autocast
    * instead of rounding the tensor, while *half_fresh (the optimizer's

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "dist/ddp_internal.h"
 
 const char *dt_ddp_grad_compress_name(dt_dtype t) {
@@ -101,14 +102,58 @@ static void launch_ready_buckets(dt_ddp *d) {
     launch_bucket(d, d->next_launch++);
 }
 
-/* Parameter pa is ready: its buckets have one parameter less to wait for. */
-static void count_down_buckets(dt_ddp *d, const ddp_param *pa, double now) {
-  for (int b = pa->bucket; b <= pa->bucket_end; b++) {
-    if (--d->buckets[b].pending == 0) {
-      d->buckets[b].ready = 1;
-      d->timings[b].ready_s = now;
-    }
+static void count_down_bucket(dt_ddp *d, int b, double now) {
+  if (--d->buckets[b].pending == 0) {
+    d->buckets[b].ready = 1;
+    d->timings[b].ready_s = now;
   }
+}
+
+/* Stage 0: a unit is ready, its bucket has one less to wait for. */
+static void unit_ready(dt_ddp *d, ddp_unit *u, double now) {
+  if (u->ready)
+    return;
+  u->ready = true;
+  count_down_bucket(d, u->bucket, now);
+}
+
+/* Parameter pa is ready: its buckets have one parameter (stage 0: its
+ * units not reported yet) less to wait for. */
+static void count_down_buckets(dt_ddp *d, const ddp_param *pa, double now) {
+  if (d->units != NULL) {
+    for (int u = pa->unit0; u < pa->unit0 + pa->n_units; u++)
+      unit_ready(d, &d->units[u], now);
+    return;
+  }
+  for (int b = pa->bucket; b <= pa->bucket_end; b++)
+    count_down_bucket(d, b, now);
+}
+
+/* A gradient of this synchronised pass arrived (hook time `now`). */
+static void note_pass(dt_ddp *d, double now) {
+  if (!d->in_pass) {
+    d->in_pass = 1;
+    d->first_grad_s = now;
+  }
+  d->last_grad_s = now;
+}
+
+/* Stage 0: rows [row0, row0 + nrows) of the parameter's gradient are final
+ * (dt_tensor_set_grad_rows_hook): the units they cover are ready. */
+static void on_grad_rows(dt_tensor *leaf, int64_t row0, int64_t nrows, void *user) {
+  (void)leaf;
+  ddp_param *pa = user;
+  dt_ddp *d = pa->d;
+  if (d->no_sync || pa->ready_this_pass) /* a second pass is the grad-ready hook's error */
+    return;
+  double now = dt_comm_now();
+  note_pass(d, now);
+  for (int i = pa->unit0; i < pa->unit0 + pa->n_units; i++) {
+    ddp_unit *u = &d->units[i];
+    if (u->row0 >= row0 && u->row0 + u->rows <= row0 + nrows)
+      unit_ready(d, u, now);
+  }
+  launch_ready_buckets(d);
 }
 
 static void on_grad_ready(dt_tensor *leaf, void *user) {
@@ -119,11 +164,7 @@ static void on_grad_ready(dt_tensor *leaf, void *user) {
   pa->used_since_sync = true;
   if (d->no_sync)
     return;
-  if (!d->in_pass) {
-    d->in_pass = 1;
-    d->first_grad_s = now;
-  }
-  d->last_grad_s = now;
+  note_pass(d, now);
   if (pa->ready_this_pass) {
     const char *name = NULL;
     dt_param_arena_param(d->arena, pa->index, &name);
@@ -188,40 +229,113 @@ static void reset_pass(dt_ddp *d) {
   }
   for (int i = 0; i < d->n_params; i++)
     d->params[i].ready_this_pass = false;
+  for (int u = 0; u < d->n_units; u++)
+    d->units[u].ready = false;
   d->next_launch = 0;
   d->in_pass = 0;
   d->error = DT_OK;
 }
 
+static size_t param_bytes(const dt_ddp *d, int i) {
+  return (size_t)dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL)) * sizeof(float);
+}
+
+static size_t bucket_cap(const dt_ddp *d, int b) {
+  return b == 0 ? d->cfg.first_bucket_bytes : d->cfg.bucket_bytes;
+}
+
+/* The last parameter (in registration order) of the last bucket when no
+ * parameter is split: that bucket's gradients, 0 .. this one, are the
+ * ones backward completes last, whose all-reduce would only start when it
+ * ends. */
+static int last_bucket_last_param(const dt_ddp *d) {
+  int i = d->n_params - 1, last = i;
+  for (int b = 0; i >= 0; b++) {
+    size_t bytes = 0;
+    last = i;
+    while (i >= 0 && (bytes == 0 || bytes < bucket_cap(d, b)))
+      bytes += param_bytes(d, i--);
+  }
+  return last;
+}
+
+/* Rows per part of a parameter of the last bucket (cfg.split_bytes), 0 =
+ * not split: about split_bytes of whole rows, at most 8 parts, a multiple
+ * of 16 rows (as the CPU GEMM's shares of a product: the same blocking of
+ * every element). */
+static int64_t split_part_rows(const dt_ddp *d, dt_tensor *p) {
+  size_t bytes = (size_t)dt_tensor_numel(p) * sizeof(float);
+  if (d->cfg.split_bytes == 0 || bytes <= d->cfg.split_bytes || dt_tensor_ndim(p) < 1)
+    return 0;
+  int64_t rows = dt_tensor_dim(p, 0), row_bytes = (int64_t)(bytes / (size_t)rows);
+  int64_t r = ((int64_t)d->cfg.split_bytes + row_bytes - 1) / row_bytes;
+  r = r > (rows + 7) / 8 ? r : (rows + 7) / 8;
+  r = (r + 15) / 16 * 16;
+  return r < rows ? r : 0;
+}
+
+/* Stage 0's buckets: units (whole parameters, or the parts of a split
+ * one from its last rows to its first) in reverse registration order; a
+ * bucket closes once it holds its cap, or after a part. */
 static dt_status build_buckets(dt_ddp *d) {
-  int n = d->n_params;
-  d->buckets = calloc((size_t)n, sizeof *d->buckets); /* at most one per parameter */
-  d->timings = calloc((size_t)n, sizeof *d->timings);
-  if (d->buckets == NULL || d->timings == NULL)
-    return DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d buckets", n);
+  int n = d->n_params, split_to = last_bucket_last_param(d);
+  for (int i = 0; i < n; i++) {
+    dt_tensor *p = dt_param_arena_param(d->arena, i, NULL);
+    ddp_param *pa = &d->params[i];
+    pa->part_rows = i <= split_to ? split_part_rows(d, p) : 0;
+    pa->n_units =
+        pa->part_rows > 0 ? (int)((dt_tensor_dim(p, 0) + pa->part_rows - 1) / pa->part_rows) : 1;
+    d->n_units += pa->n_units;
+  }
+  d->units = calloc((size_t)d->n_units, sizeof *d->units);
+  d->buckets = calloc((size_t)d->n_units, sizeof *d->buckets); /* at most one per unit */
+  d->timings = calloc((size_t)d->n_units, sizeof *d->timings);
+  if (d->units == NULL || d->buckets == NULL || d->timings == NULL)
+    return DT_ERROR(DT_ERR_OOM, "DDP: out of host memory for %d buckets", d->n_units);
   dt_tensor *grads = dt_param_arena_grads(d->arena);
   d->dev = dt_tensor_device(grads);
   DT_CHECK(dt_backend_get(d->dev, &d->ops));
   d->compute = d->ops->stream(d->dev, DT_STREAM_COMPUTE);
-  int i = n - 1;
-  while (i >= 0) {
-    int b = d->n_buckets;
-    size_t cap = b == 0 ? d->cfg.first_bucket_bytes : d->cfg.bucket_bytes;
-    ddp_bucket *bk = &d->buckets[b];
-    bk->last = i;
-    size_t bytes = 0;
-    while (i >= 0 && (bytes == 0 || bytes < cap)) {
-      bytes += (size_t)dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL)) * sizeof(float);
-      d->params[i].bucket = d->params[i].bucket_end = b;
-      i--;
+  int u = d->n_units, b = -1;
+  size_t bytes = 0;
+  int64_t hi = 0; /* the open bucket's end in the flat space */
+  for (int i = n - 1; i >= 0; i--) {
+    dt_tensor *p = dt_param_arena_param(d->arena, i, NULL);
+    ddp_param *pa = &d->params[i];
+    int64_t rows = dt_tensor_ndim(p) >= 1 ? dt_tensor_dim(p, 0) : 1;
+    int64_t row_numel = rows > 0 ? dt_tensor_numel(p) / rows : 0;
+    int64_t step = pa->part_rows > 0 ? pa->part_rows : (rows > 0 ? rows : 1);
+    pa->unit0 = u - pa->n_units;
+    int k = pa->unit0;
+    for (int64_t r0 = rows > 0 ? (rows - 1) / step * step : 0; r0 >= 0; r0 -= step, k++) {
+      ddp_unit *un = &d->units[k];
+      un->row0 = r0;
+      un->rows = rows - r0 < step ? rows - r0 : step;
+      int64_t off = dt_param_arena_offset(d->arena, i) + r0 * row_numel;
+      if (b < 0 || d->buckets[b].numel >= 0) { /* open the next bucket */
+        b = d->n_buckets++;
+        d->buckets[b].last = i;
+        d->buckets[b].numel = -1;
+        bytes = 0;
+        hi = off + un->rows * row_numel;
+      }
+      ddp_bucket *bk = &d->buckets[b];
+      un->bucket = b;
+      bk->first = i;
+      bk->offset = off;
+      bk->n_params++;
+      if (k == pa->unit0)
+        pa->bucket = b;
+      pa->bucket_end = b;
+      bytes += (size_t)(un->rows * row_numel) * sizeof(float);
+      if (bytes >= bucket_cap(d, b) || pa->part_rows > 0 || (i == 0 && r0 == 0))
+        bk->numel = hi - bk->offset; /* closed */
     }
-    bk->first = i + 1;
-    bk->n_params = bk->last - bk->first + 1;
-    bk->offset = dt_param_arena_offset(d->arena, bk->first);
-    bk->numel = dt_param_arena_offset(d->arena, bk->last) +
-                dt_tensor_numel(dt_param_arena_param(d->arena, bk->last, NULL)) - bk->offset;
+    u = pa->unit0;
+  }
+  for (b = 0; b < d->n_buckets; b++) {
+    ddp_bucket *bk = &d->buckets[b];
     d->timings[b].bytes = (size_t)bk->numel * sizeof(float);
-    d->n_buckets++;
     DT_CHECK(dt_tensor_view_flat(grads, bk->offset, &bk->numel, 1, &bk->view));
     DT_CHECK(d->ops->event_create(d->dev, &bk->ready_ev));
   }
@@ -229,9 +343,17 @@ static dt_status build_buckets(dt_ddp *d) {
 }
 
 static dt_status install_hooks(dt_ddp *d) {
-  for (int i = 0; i < d->n_params; i++)
-    DT_CHECK(dt_tensor_add_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), on_grad_ready,
-                                           &d->params[i], &d->params[i].hook));
+  for (int i = 0; i < d->n_params; i++) {
+    ddp_param *pa = &d->params[i];
+    dt_tensor *p = dt_param_arena_param(d->arena, i, NULL);
+    DT_CHECK(dt_tensor_add_grad_ready_hook(p, on_grad_ready, pa, &pa->hook));
+    /* Stage 0: every parameter may be reported early, a split one by parts */
+    if (d->units != NULL && dt_tensor_ndim(p) >= 1) {
+      DT_CHECK(dt_tensor_set_grad_rows_hook(
+          p, pa->part_rows > 0 ? pa->part_rows : dt_tensor_dim(p, 0), on_grad_rows, pa));
+      pa->rows_hook = true;
+    }
+  }
   return dt_module_register_forward_pre_hook(d->model, pre_forward, d, &d->pre_hook);
 }
 
@@ -331,13 +453,28 @@ dt_status dt_ddp_finish_bucket(dt_ddp *d, int b, int on_host) {
   return st;
 }
 
-static dt_status wait_buckets(dt_ddp *d, int on_host) {
+/* Bucket b is reduced: `opt` updates its range (the step begun in
+ * dt_ddp_finish_backward_update), timed into d->update_s. */
+static dt_status update_bucket(dt_ddp *d, int b, dt_optimizer *opt) {
+  double t0 = dt_comm_now(), span = dt_trace_begin(DT_TRACE_LANE_STEP, "bucket update");
+  dt_status st = dt_optim_step_range(opt, d->buckets[b].offset, d->buckets[b].numel);
+  dt_trace_end(DT_TRACE_LANE_STEP, "bucket update", span);
+  d->update_s += dt_comm_now() - t0;
+  return st;
+}
+
+/* Waits for every launched bucket in order; with `opt` (a step begun),
+ * updates each as soon as it is reduced, while the later ones are still in
+ * flight, and none after a failure. */
+static dt_status wait_buckets(dt_ddp *d, int on_host, dt_optimizer *opt) {
   dt_status st = DT_OK;
   char msg[1024] = "";
   for (int b = 0; b < d->n_buckets; b++) {
     if (d->buckets[b].work == NULL)
       continue;
     dt_status wst = dt_ddp_finish_bucket(d, b, on_host);
+    if (wst == DT_OK && st == DT_OK && opt != NULL)
+      wst = update_bucket(d, b, opt);
     if (wst != DT_OK && st == DT_OK) {
       st = wst;
       snprintf(msg, sizeof msg, "%s", dt_last_error());
@@ -352,12 +489,15 @@ void dt_ddp_destroy(dt_ddp *d) {
   if (d == NULL)
     return;
   if (d->buckets)
-    wait_buckets(d, 1);
+    wait_buckets(d, 1, NULL);
   if (d->pre_hook)
     dt_module_remove_hook(d->model, d->pre_hook);
-  for (int i = 0; d->params && i < d->n_params; i++)
+  for (int i = 0; d->params && i < d->n_params; i++) {
     if (d->params[i].hook)
       dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->params[i].hook);
+    if (d->params[i].rows_hook)
+      dt_tensor_clear_grad_rows_hook(dt_param_arena_param(d->arena, i, NULL));
+  }
   dt_zero_destroy(d);
   for (int b = 0; d->buckets && b < d->n_buckets; b++) {
     dt_work_release(d->buckets[b].last_work);
@@ -368,6 +508,7 @@ void dt_ddp_destroy(dt_ddp *d) {
   }
   free(d->buckets);
   free(d->timings);
+  free(d->units);
   free(d->params);
   free(d);
 }
@@ -403,8 +544,10 @@ static int settle_unused(dt_ddp *d, char *names, size_t cap, dt_status *st) {
   return missing;
 }
 
-dt_status dt_ddp_finish_backward(dt_ddp *d) {
+/* dt_ddp_finish_backward; with `opt`, the update per bucket (below). */
+static dt_status finish_backward(dt_ddp *d, dt_optimizer *opt) {
   d->backward_end_s = dt_comm_now();
+  d->update_s = 0.0;
   if (d->no_sync)
     return DT_OK;
   if (!d->in_pass)
@@ -413,7 +556,14 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
   dt_status fill = DT_OK;
   int missing = settle_unused(d, names, sizeof names, &fill);
   launch_ready_buckets(d);
-  dt_status st = wait_buckets(d, 0);
+  /* Update only a pass that will succeed as far as we know now: no hook
+   * error, every gradient there (or zero-filled). */
+  dt_status begun = DT_ERR_STATE;
+  if (opt != NULL && d->error == DT_OK && fill == DT_OK && (missing == 0 || d->cfg.allow_unused))
+    begun = dt_optim_step_begin(opt);
+  dt_status st = wait_buckets(d, 0, begun == DT_OK ? opt : NULL);
+  if (begun == DT_OK && st != DT_OK)
+    dt_optim_step_end(opt, st); /* abandoned: the step count stays */
   dt_zero_end_pass(d);
   d->dev_backward_end_ms = -1;
   dt_status hook_error = d->error;
@@ -443,7 +593,30 @@ dt_status dt_ddp_finish_backward(dt_ddp *d) {
                     "dt_ddp_config.allow_unused (zero-fill)",
                     in_pass ? " in this backward" : " (no backward ran since the last step)",
                     names);
+  if (opt != NULL && begun != DT_OK)
+    return dt_error_wrap(begun, "DDP: the update per bucket");
   return DT_OK;
+}
+
+dt_status dt_ddp_finish_backward(dt_ddp *d) { return finish_backward(d, NULL); }
+
+dt_status dt_ddp_finish_backward_update(dt_ddp *d, dt_optimizer *opt) {
+  if (opt == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "DDP: the update per bucket needs an optimizer");
+  if (d->cfg.zero_stage > 0 || dt_optim_step_begun(opt)) {
+    dt_status st = finish_backward(d, NULL); /* the peers wait for this rank's buckets */
+    if (st != DT_OK)
+      return st;
+    return DT_ERROR(DT_ERR_STATE,
+                    d->cfg.zero_stage > 0
+                        ? "DDP: no update per bucket with ZeRO (stage %d): its optimizer steps "
+                          "its shard (dt_optim_step)"
+                        : "DDP: a synchronised backward while the last one's update per bucket "
+                          "is not ended (stage %d): call dt_optim_step_end (dt_step_update) "
+                          "after each",
+                    d->cfg.zero_stage);
+  }
+  return finish_backward(d, opt);
 }
 
 dt_status dt_ddp_no_sync_begin(dt_ddp *d) {
@@ -469,12 +642,20 @@ int dt_ddp_in_no_sync(const dt_ddp *d) { return d->no_sync; }
 static dt_status sync_no_sync_begin(void *d) { return dt_ddp_no_sync_begin(d); }
 static dt_status sync_no_sync_end(void *d) { return dt_ddp_no_sync_end(d); }
 static dt_status sync_finish_backward(void *d) { return dt_ddp_finish_backward(d); }
+static dt_status sync_finish_backward_update(void *d, dt_optimizer *opt) {
+  return dt_ddp_finish_backward_update(d, opt);
+}
 
 dt_grad_sync dt_ddp_grad_sync(dt_ddp *d) {
   if (d == NULL)
     return DT_GRAD_SYNC_NONE;
-  return (dt_grad_sync){d, sync_no_sync_begin, sync_no_sync_end, sync_finish_backward,
-                        dt_ddp_sum_over_ranks};
+  bool per_bucket = d->cfg.update_per_bucket && d->cfg.zero_stage == 0;
+  return (dt_grad_sync){d,
+                        sync_no_sync_begin,
+                        sync_no_sync_end,
+                        sync_finish_backward,
+                        dt_ddp_sum_over_ranks,
+                        per_bucket ? sync_finish_backward_update : NULL};
 }
 int dt_ddp_num_buckets(const dt_ddp *d) { return d->n_buckets; }
 
@@ -527,6 +708,7 @@ void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out) {
   out->last_grad_s = d->last_grad_s;
   out->backward_end_s = d->backward_end_s;
   out->finish_end_s = d->finish_end_s;
+  out->update_s = d->update_s;
   out->n_buckets = d->n_buckets;
   out->buckets = d->timings;
 }
@@ -548,6 +730,7 @@ dt_ddp_comm_times dt_ddp_timeline_comm_times(const dt_ddp_timeline *tl) {
     if (hidden_end > bt->start_s)
       t.hidden_s += hidden_end - bt->start_s;
   }
-  t.exposed_s = tl->finish_end_s - tl->backward_end_s;
+  t.update_s = tl->update_s;
+  t.exposed_s = tl->finish_end_s - tl->backward_end_s - tl->update_s;
   return t;
 }

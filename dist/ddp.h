@@ -20,7 +20,28 @@
  * Buckets are contiguous slices of the arena's flat gradient buffer, formed
  * in reverse registration order (the order in which backward produces the
  * gradients): the first closes once it holds cfg.first_bucket_bytes, the
- * others at cfg.bucket_bytes. Each parameter's .grad is a view into the
+ * others at cfg.bucket_bytes.
+ *
+ * Split parameters (stage 0, cfg.split_bytes). The last bucket holds the
+ * gradients backward completes last (the input layer's), so its
+ * all-reduce could only start when backward ends, and the update after
+ * it. A parameter of that bucket larger than cfg.split_bytes is therefore
+ * split into parts of whole rows (dim 0; about split_bytes each, at most
+ * 8, a multiple of 16 rows), each part closing its bucket, and the
+ * reducer asks for its gradient by parts (dt_tensor_set_grad_rows_hook,
+ * core/autograd.h): an op that supports it (linear: the bias, then the
+ * weight's row blocks from the last to the first) reports each part as
+ * soon as it is written and its bucket launches while the next part is
+ * computed. Other ops report nothing and the parts launch together when
+ * the parameter is ready. The gradients are the same bits either way.
+ *
+ * Update per bucket (stage 0, cfg.update_per_bucket, through the training
+ * step: dt_ddp_finish_backward_update). The optimizer updates each
+ * bucket's parameters as soon as its all-reduce completes, while the later
+ * buckets are still in flight, instead of one pass after the last; the
+ * step uses it when nothing needs all the gradients first (no clipping, no
+ * GradScaler), and falls back to dt_ddp_finish_backward + dt_optim_step
+ * otherwise. Bit for bit the same update. Each parameter's .grad is a view into the
  * flat buffer, hence into its bucket: no copies. A grad-ready hook on every
  * parameter counts down its bucket; when a bucket's last gradient is ready
  * its asynchronous all-reduce (average) is launched — in bucket order on
@@ -116,8 +137,15 @@ typedef struct dt_ddp_config {
   int check_parameters;      /* 1: verify names/shapes/dtypes across ranks at creation */
   int zero_stage;            /* 0: all-reduce; 1, 2: ZeRO (below) */
   dt_dtype grad_compress;    /* f32: none; f16, bf16: reduce the buckets in 16 bits (below) */
+  /* Stage 0: a parameter of the last bucket larger than this is split into
+   * parts of about this size (whole rows, at most 8 parts), each closing
+   * its bucket, launched as the backward writes it (below); 0 = never, the
+   * default (docs/decisions.md: per-message costs outweighed the overlap). */
+  size_t split_bytes;
+  int update_per_bucket; /* 1: offer the step the update per bucket (below); 0 = one pass */
 } dt_ddp_config;
-#define DT_DDP_CONFIG_DEFAULT ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32})
+#define DT_DDP_CONFIG_DEFAULT \
+  ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32, 0, 0})
 
 /* The names of cfg.grad_compress (the --grad-compress flag): none (f32),
  * bf16, fp16. Parse: DT_ERR_INVALID_ARG naming the choices otherwise;
@@ -143,13 +171,31 @@ void dt_ddp_destroy(dt_ddp *d);
  * ends the pass. */
 dt_status dt_ddp_finish_backward(dt_ddp *d);
 
+/* dt_ddp_finish_backward with the optimizer's update fused with the
+ * buckets' arrival (the training step calls it when it may: core/step.h):
+ * begins a step of `opt` (dt_optim_step_begin) and, as each bucket's
+ * all-reduce completes, in bucket order, updates that bucket's range of
+ * the flat space (dt_optim_step_range) while the later buckets are still
+ * in flight; the caller ends the step (dt_optim_step_end), having set the
+ * learning rate before. The same bits as dt_ddp_finish_backward followed
+ * by dt_optim_step. Nothing is updated when the pass fails before the
+ * first bucket is waited for (a hook error, an unused parameter without
+ * allow_unused); a bucket that fails stops the updates and abandons the
+ * step (dt_optim_step_end with the error). In a no-sync scope it only ends
+ * the pass and begins nothing. DT_ERR_STATE, after finishing the pass as
+ * dt_ddp_finish_backward does, with ZeRO (its optimizer steps the shard)
+ * or when a step of `opt` is begun already. */
+dt_status dt_ddp_finish_backward_update(dt_ddp *d, dt_optimizer *opt);
+
 /* Gradient accumulation scopes (do not nest). */
 dt_status dt_ddp_no_sync_begin(dt_ddp *d);
 dt_status dt_ddp_no_sync_end(dt_ddp *d);
 int dt_ddp_in_no_sync(const dt_ddp *d);
 
 /* The reducer as the training step's gradient sync (core/step.h): its
- * no_sync scopes and dt_ddp_finish_backward. NULL gives DT_GRAD_SYNC_NONE. */
+ * no_sync scopes, dt_ddp_finish_backward and, in stage 0 with
+ * cfg.update_per_bucket, dt_ddp_finish_backward_update. NULL gives
+ * DT_GRAD_SYNC_NONE. */
 dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
 
 /* ZeRO (cfg.zero_stage 1 or 2): makes `opt` update only this rank's shard
@@ -198,6 +244,7 @@ typedef struct dt_ddp_timeline {
   double last_grad_s;    /* last grad-ready hook of the pass */
   double backward_end_s; /* dt_ddp_finish_backward entered */
   double finish_end_s;   /* dt_ddp_finish_backward returned (all buckets done) */
+  double update_s;       /* of which the update per bucket took (dt_ddp_finish_backward_update) */
   int n_buckets;
   const dt_ddp_bucket_timing *buckets; /* valid until the next pass */
   /* Device clock: where the compute stream stood when
@@ -209,10 +256,11 @@ void dt_ddp_get_timeline(const dt_ddp *d, dt_ddp_timeline *out);
 
 /* A pass's communication in seconds: the all-reduces' total time (host
  * clock, start to end on the communication thread), the part of it before
- * backward ended (hidden behind backward), and the wait after backward for
- * the last buckets (exposed). */
+ * backward ended (hidden behind backward), the wait after backward for the
+ * last buckets (exposed: dt_ddp_finish_backward's time less the updates
+ * per bucket it ran), and those updates' time. */
 typedef struct dt_ddp_comm_times {
-  double allreduce_s, hidden_s, exposed_s;
+  double allreduce_s, hidden_s, exposed_s, update_s;
 } dt_ddp_comm_times;
 dt_ddp_comm_times dt_ddp_timeline_comm_times(const dt_ddp_timeline *tl);
 /* The same for the reducer's last synchronised pass. */

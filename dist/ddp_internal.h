@@ -14,8 +14,8 @@ typedef struct ddp_bucket {
   int first, last;       /* parameters overlapping it, first <= last */
   int64_t offset, numel; /* its parameters' elements in the flat space */
   dt_tensor *view;       /* stage 0: slice of the flat gradient buffer (all-reduced in place) */
-  int n_params;
-  int pending; /* parameters of this pass still to become ready */
+  int n_params; /* what it waits for: stage 0 its units (below), ZeRO its parameters */
+  int pending;  /* of those, still to become ready in this pass */
   int ready;
   dt_event *ready_ev; /* recorded on the compute stream when the bucket is ready */
   dt_work *work;      /* in flight */
@@ -36,6 +36,16 @@ typedef struct ddp_bucket {
   dt_tensor *comp_in, *comp_out;
 } ddp_bucket;
 
+/* Stage 0: a piece of a parameter's gradient that lies in one bucket:
+ * the whole parameter, or, for a parameter split by cfg.split_bytes, a
+ * block of its rows (dim 0), which the backward may report as soon as it
+ * is written (dt_tensor_set_grad_rows_hook). */
+typedef struct ddp_unit {
+  int64_t row0, rows;
+  int bucket;
+  bool ready; /* in this pass */
+} ddp_unit;
+
 /* Per parameter: its buckets, this pass's state and its grad-ready hook
  * (whose context is this struct). Stage 0 buckets hold whole parameters
  * (bucket == bucket_end); ZeRO's may split one. */
@@ -46,6 +56,11 @@ typedef struct ddp_param {
   bool ready_this_pass;
   bool used_since_sync;
   dt_hook_handle hook;
+  /* stage 0: its units d->units[unit0 ..], from its last rows to its first
+   * (the order of the buckets); part_rows > 0 when it is split */
+  int unit0, n_units;
+  int64_t part_rows;
+  bool rows_hook; /* its rows-ready hook is set */
 } ddp_param;
 
 struct dt_ddp {
@@ -62,6 +77,9 @@ struct dt_ddp {
   ddp_param *params;
   dt_hook_handle pre_hook;
 
+  int n_units;
+  ddp_unit *units; /* stage 0 */
+
   int n_buckets;
   ddp_bucket *buckets;
   dt_ddp_bucket_timing *timings;
@@ -72,6 +90,7 @@ struct dt_ddp {
   dt_status error; /* first error raised inside a hook (hooks return void) */
   char error_msg[1024];
   double first_grad_s, last_grad_s, backward_end_s, finish_end_s;
+  double update_s; /* of the last pass: the buckets' updates inside finish (update_per_bucket) */
   long sync_count;
 
   /* ZeRO (cfg.zero_stage > 0) */

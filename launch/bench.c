@@ -78,15 +78,28 @@ done:
 
 typedef struct phase_times {
   double forward, backward, optimizer;
-  double allreduce, overlapped, exposed; /* DDP, from the reducer's timeline */
+  /* DDP, from the reducer's timeline; per bucket as well */
+  double allreduce, overlapped, exposed, update;
+  double bucket_allreduce[DT_BENCH_MAX_BUCKETS], bucket_hidden[DT_BENCH_MAX_BUCKETS];
 } phase_times;
 
 /* Adds the last synchronised pass's communication figures to *t. */
 static void add_comm_times(const dt_ddp *ddp, phase_times *t) {
-  dt_ddp_comm_times c = dt_ddp_last_comm_times(ddp);
+  dt_ddp_timeline tl;
+  dt_ddp_get_timeline(ddp, &tl);
+  dt_ddp_comm_times c = dt_ddp_timeline_comm_times(&tl);
   t->allreduce += c.allreduce_s;
   t->overlapped += c.hidden_s;
   t->exposed += c.exposed_s;
+  t->update += c.update_s;
+  for (int b = 0; b < tl.n_buckets && b < DT_BENCH_MAX_BUCKETS; b++) {
+    dt_ddp_timeline one = tl; /* bucket b alone */
+    one.n_buckets = 1;
+    one.buckets = &tl.buckets[b];
+    dt_ddp_comm_times cb = dt_ddp_timeline_comm_times(&one);
+    t->bucket_allreduce[b] += cb.allreduce_s;
+    t->bucket_hidden[b] += cb.hidden_s;
+  }
 }
 
 /* The step's phase boundaries (core/step.h): synchronise the device and
@@ -191,6 +204,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
                                 cfg->bucket_cap_mb, false};
     co.zero_stage = cfg->zero;
+    co.split_bucket_mb = cfg->split_bucket_mb;
+    co.update_per_bucket = dt_train_update_per_bucket(cfg->bucket_update);
     DT_CHECK_GOTO(dt_ddp_grad_compress_parse(cfg->grad_compress, &co.grad_compress), st, cleanup);
     DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
     timer.ddp = dt_replica_ddp(rep);
@@ -248,6 +263,14 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
     r.allreduce_ms = 1e3 * timed.allreduce / cfg->steps;
     r.overlapped_ms = 1e3 * timed.overlapped / cfg->steps;
     r.exposed_ms = 1e3 * timed.exposed / cfg->steps;
+    r.update_ms = 1e3 * timed.update / cfg->steps;
+    dt_ddp_timeline tl;
+    dt_ddp_get_timeline(timer.ddp, &tl);
+    for (int b = 0; b < tl.n_buckets && b < DT_BENCH_MAX_BUCKETS; b++) {
+      r.bucket_bytes[b] = tl.buckets[b].bytes;
+      r.bucket_allreduce_ms[b] = 1e3 * timed.bucket_allreduce[b] / cfg->steps;
+      r.bucket_hidden_ms[b] = 1e3 * timed.bucket_hidden[b] / cfg->steps;
+    }
     r.grad_mib = (double)dt_param_arena_numel(dt_replica_arena(rep)) * sizeof(float) / DT_MIB;
     r.allreduce_bytes = dt_ddp_comm_bytes_per_pass(timer.ddp);
   }
@@ -295,7 +318,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero, &cfg.grad_compress),
+                       &cfg.split_bucket_mb, &cfg.bucket_update, &cfg.zero, &cfg.grad_compress),
   };
   dt_flag_set set = {
       .command = "bench",
@@ -316,8 +339,12 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "  comm: allreduce_ms=... overlapped_ms=... hidden=...% exposed_ms=...\n"
           "  allreduce_bytes=... (per step)\n"
           "carries the all-reduce time per step, the part of it the overlap with backward\n"
-          "hid, the part the step waited for, and the bytes handed to the all-reduces\n"
-          "(ZeRO: reduce-scatters; --grad-compress halves them).",
+          "hid, the part the step waited for and the bytes handed to the all-reduces\n"
+          "(ZeRO: reduce-scatters; --grad-compress halves them); then\n"
+          "  buckets: update_ms=... #0 ...KiB ...ms hidden=...% #1 ... (per step)\n"
+          "the optimizer's update per bucket inside the wait (--bucket-update each; part\n"
+          "of backward_ms) and each bucket's all-reduce time and hidden share, in launch\n"
+          "order.",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
       DT_FLAG_TABLE(flags),
   };
@@ -373,12 +400,20 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       r.forward_ms, r.backward_ms, r.optimizer_ms, r.peak_mib, r.final_loss);
   printf("memory: optimizer_state_mib=%.3f grad_mib=%.3f in_flight_mib=%.3f (per rank)\n",
          r.optimizer_state_mib, r.gradient_mem_mib, r.in_flight_mib);
-  if (r.world > 1)
+  if (r.world > 1) {
     printf(
         "comm: allreduce_ms=%.3f overlapped_ms=%.3f hidden=%.0f%% exposed_ms=%.3f "
         "allreduce_bytes=%zu (per step)\n",
         r.allreduce_ms, r.overlapped_ms,
         r.allreduce_ms > 0 ? 100.0 * r.overlapped_ms / r.allreduce_ms : 0.0, r.exposed_ms,
         r.allreduce_bytes);
+    printf("buckets: update_ms=%.3f", r.update_ms);
+    for (int b = 0; b < r.buckets && b < DT_BENCH_MAX_BUCKETS; b++)
+      printf(" #%d %.0fKiB %.3fms hidden=%.0f%%", b, (double)r.bucket_bytes[b] / 1024.0,
+             r.bucket_allreduce_ms[b],
+             r.bucket_allreduce_ms[b] > 0 ? 100.0 * r.bucket_hidden_ms[b] / r.bucket_allreduce_ms[b]
+                                          : 0.0);
+    printf("%s (per step)\n", r.buckets > DT_BENCH_MAX_BUCKETS ? " ..." : "");
+  }
   return 0;
 }

@@ -57,15 +57,20 @@ typedef struct dt_bench_config {
   /* "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h) */
   const char *grad_compress;
   bool stochastic_rounding; /* of the 16-bit working copy of the weights (bf16, fp16) */
+  float split_bucket_mb;    /* DDP: split the last bucket's parameters above this (0 = off) */
+  const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
  * buckets 128 KiB then 25 MiB, zero stage 0; the task's context; the
- * device's default precision; no gradient compression, rounding to nearest. */
+ * device's default precision; no gradient compression, rounding to nearest;
+ * no split buckets, the update per bucket (--bucket-update each). */
 #define DT_BENCH_CONFIG_DEFAULT                                                                    \
   ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 0.125f, 0, \
-                     0, NULL, "none", false})
+                     0, NULL, "none", false, 0.0f, "each"})
+
+#define DT_BENCH_MAX_BUCKETS 32
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
@@ -91,6 +96,11 @@ typedef struct dt_bench_result {
   double allreduce_ms;  /* all-reduce running on the communication thread */
   double overlapped_ms; /* of which while backward was still computing */
   double exposed_ms;    /* backward end to all buckets reduced: the step waited */
+  double update_ms;     /* the optimizer's update per bucket inside the gradient sync */
+  /* Per bucket b < DT_BENCH_MAX_BUCKETS (in launch order): its bytes, its
+   * all-reduce's time and the part of it before backward ended. */
+  size_t bucket_bytes[DT_BENCH_MAX_BUCKETS];
+  double bucket_allreduce_ms[DT_BENCH_MAX_BUCKETS], bucket_hidden_ms[DT_BENCH_MAX_BUCKETS];
   double grad_mib;      /* the model's f32 gradients, in MiB */
   /* Bytes handed to the all-reduces (ZeRO: reduce-scatters) per step: the
    * buckets' f32 bytes, halved by --grad-compress. */

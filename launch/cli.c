@@ -206,6 +206,22 @@ dt_flag dt_cli_flag_bucket_cap_mb(float *target) {
                                 .min_exclusive = true);
 }
 
+dt_flag dt_cli_flag_split_bucket_mb(float *target) {
+  return (dt_flag)DT_FLOAT_FLAG("split-bucket-mb", target, "MB",
+                                "DDP: split each parameter of the last bucket above this many "
+                                "MiB into parts (row blocks) that all-reduce as backward writes "
+                                "them; 0 = off",
+                                .min = 0);
+}
+
+dt_flag dt_cli_flag_bucket_update(const char **target) {
+  return (dt_flag)DT_CHOICE_FLAG("bucket-update", target, "WHEN",
+                                 "DDP: each: the optimizer updates each bucket as its "
+                                 "all-reduce completes (without --clip, fp16 and --zero); last: "
+                                 "one update after the last bucket",
+                                 DT_CLI_BUCKET_UPDATE_CHOICES);
+}
+
 dt_flag dt_cli_flag_first_bucket_mb(float *target) {
   return (dt_flag)DT_FLOAT_FLAG("first-bucket-mb", target, "MB",
                                 "DDP: first gradient bucket, in MiB (small, so that the first "

@@ -187,7 +187,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
                      .check = dt_cli_check_device_list, .per_rank = true),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.zero, &cfg.grad_compress),
+                       &cfg.split_bucket_mb, &cfg.bucket_update, &cfg.zero, &cfg.grad_compress),
       DT_BOOL_FLAG("allow-unused", &allow_unused,
                    "DDP: zero-fill gradients of parameters the forward did not use"),
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,

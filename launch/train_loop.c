@@ -41,6 +41,7 @@ dt_train_config dt_train_config_default(void) {
                            .comm_timeout = 300.0,
                            .bucket_cap_mb = 25.0f,
                            .first_bucket_mb = 0.125f,
+                           .bucket_update = "each",
                            .grad_compress = "none",
                            .log_prefix = "",
                            .beta2 = 0.999f,
@@ -205,6 +206,8 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
   dt_train_comm_options co = {c->comm_backend, c->comm_timeout, c->first_bucket_mb,
                               c->bucket_cap_mb, c->allow_unused};
   co.zero_stage = c->zero;
+  co.split_bucket_mb = c->split_bucket_mb;
+  co.update_per_bucket = dt_train_update_per_bucket(c->bucket_update);
   dt_ddp_grad_compress_parse(c->grad_compress, &co.grad_compress); /* checked at the start */
   return co;
 }

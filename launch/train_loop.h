@@ -113,6 +113,8 @@ typedef struct dt_train_config {
   double comm_timeout;      /* seconds per collective before the watchdog aborts (300) */
   float bucket_cap_mb;      /* DDP bucket size after the first (25) */
   float first_bucket_mb;    /* DDP first bucket (1) */
+  float split_bucket_mb;    /* DDP: split the last bucket's parameters above this (0 = off) */
+  const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
   bool allow_unused;        /* DDP: zero-fill gradients of unused parameters */
   int zero;                 /* ZeRO stage 0-2 (dist/ddp.h); one process: none */
   const char *log_prefix;   /* prepended to every log line ("" or "rank 1: ") */
@@ -173,10 +175,16 @@ typedef struct dt_train_comm_options {
   const char *agree_text; /* lines every rank must share (dt_dist_agree_text), NULL = none */
   int zero_stage;         /* ZeRO stage of the reducer (0, 1, 2) */
   dt_dtype grad_compress; /* f32 (none), bf16, f16 (dist/ddp.h) */
+  float split_bucket_mb;  /* dt_ddp_config.split_bytes in MiB, 0 = off */
+  bool update_per_bucket; /* dt_ddp_config.update_per_bucket */
 } dt_train_comm_options;
 
-/* DDP buckets of the given sizes in MiB (at least 4 bytes each), the ZeRO
- * stage and unused-parameter tolerance. */
+/* --bucket-update: true for "each", false for "last" (and NULL). */
+bool dt_train_update_per_bucket(const char *bucket_update);
+
+/* DDP buckets of the given sizes in MiB (at least 4 bytes each), the
+ * split and the update per bucket, the ZeRO stage and unused-parameter
+ * tolerance. */
 dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
 
 /* One DDP rank (world of pg > 1): the communicator that

@@ -74,7 +74,13 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o) {
   dc.allow_unused = o->allow_unused;
   dc.zero_stage = o->zero_stage;
   dc.grad_compress = o->grad_compress;
+  dc.split_bytes = o->split_bucket_mb > 0 ? bucket_bytes(o->split_bucket_mb) : 0;
+  dc.update_per_bucket = o->update_per_bucket;
   return dc;
+}
+
+bool dt_train_update_per_bucket(const char *bucket_update) {
+  return bucket_update != NULL && strcmp(bucket_update, "each") == 0;
 }
 
 dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o) {

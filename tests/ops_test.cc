@@ -926,4 +926,103 @@ TEST(OpsAutograd, WeightGradientAddsIntoAnExistingGradient) {
   }
 }
 
+// ---- rows-ready hooks: a leaf's gradient in blocks (DDP's split buckets) ----
+
+// Every report (which tensor, rows) and the reported rows' values then.
+struct RowsEvent {
+  char who;
+  int64_t row0, nrows;
+  V rows;
+};
+struct RowsLog {
+  char who;
+  std::vector<RowsEvent> *events;
+};
+void RecordRows(dt_tensor *leaf, int64_t row0, int64_t nrows, void *user) {
+  RowsLog *log = static_cast<RowsLog *>(user);
+  V g = ToVector(dt_tensor_grad(leaf));
+  int64_t row = dt_tensor_numel(leaf) / dt_tensor_dim(leaf, 0);
+  log->events->push_back(
+      {log->who, row0, nrows, V(g.begin() + row0 * row, g.begin() + (row0 + nrows) * row)});
+}
+void RecordReady(dt_tensor *leaf, void *user) {
+  RowsLog *log = static_cast<RowsLog *>(user);
+  log->events->push_back({static_cast<char>(log->who - 'a' + 'A'), 0, 0, {}});
+  (void)leaf;
+}
+
+// loss = sum(linear(x1, w, b) * c1) [+ sum(linear(x2, w, nullptr) * c2)]
+// over three passes, the gradients accumulating: with rows-ready hooks
+// (w in blocks of `part` rows, b whole) the gradients are bit for bit those
+// without, and the hooks see, on the last contributor only, the bias, then
+// w's blocks from the last to the first, each with its final values.
+void check_rows_hooks(bool shared, int64_t part) {
+  SCOPED_TRACE(std::string(shared ? "w in two linears" : "one linear") + ", part " +
+               std::to_string(part));
+  Tensors ts;
+  dt_tensor *x1 = ts.add(RandomTensor({24, 40}, 31)), *x2 = ts.add(RandomTensor({24, 40}, 32));
+  dt_tensor *c1 = ts.add(RandomTensor({24, 100}, 33)), *c2 = ts.add(RandomTensor({24, 100}, 34));
+  std::vector<RowsEvent> events;
+  V grads[2][2];
+  for (int hooked = 0; hooked < 2; hooked++) {
+    dt_tensor *w = ts.add(RandomTensor({100, 40}, 35, true));
+    dt_tensor *b = ts.add(RandomTensor({100}, 36, true));
+    RowsLog wl = {'w', &events}, bl = {'b', &events};
+    for (int pass = 0; pass < 3; pass++) {
+      if (hooked && pass == 1) {  // the first pass made the .grad the ops add into
+        ASSERT_DT_OK(dt_tensor_set_grad_rows_hook(w, part, RecordRows, &wl));
+        ASSERT_DT_OK(dt_tensor_set_grad_rows_hook(b, 100, RecordRows, &bl));
+        EXPECT_EQ(dt_tensor_set_grad_rows_hook(b, 100, RecordRows, &bl), DT_ERR_STATE);
+        ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(w, RecordReady, &wl, nullptr));
+        ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(b, RecordReady, &bl, nullptr));
+      }
+      events.clear();
+      dt_tensor *y1 = nullptr, *yc1 = nullptr, *y2 = nullptr, *yc2 = nullptr, *s = nullptr,
+                *loss = nullptr;
+      ASSERT_DT_OK(dt_op_linear(x1, w, b, &y1));
+      ASSERT_DT_OK(dt_op_mul(y1, c1, &yc1));
+      if (shared) {
+        ASSERT_DT_OK(dt_op_linear(x2, w, nullptr, &y2));
+        ASSERT_DT_OK(dt_op_mul(y2, c2, &yc2));
+        ASSERT_DT_OK(dt_op_add(yc1, yc2, &s));
+      }
+      ASSERT_DT_OK(dt_op_sum(shared ? s : yc1, nullptr, 0, 0, &loss));
+      ASSERT_DT_OK(dt_backward(loss, nullptr));
+      for (dt_tensor *t : {y1, yc1, y2, yc2, s, loss})
+        dt_tensor_release(t);
+      if (!hooked || pass == 0)
+        continue;
+      V gw = ToVector(dt_tensor_grad(w)), gb = ToVector(dt_tensor_grad(b));
+      std::string order;
+      for (const RowsEvent &e : events) {
+        order += e.who;
+        if (e.who == 'w') {
+          order += std::to_string(e.row0) + "+" + std::to_string(e.nrows);
+          EXPECT_EQ(e.rows, V(gw.begin() + e.row0 * 40, gw.begin() + (e.row0 + e.nrows) * 40))
+              << "rows " << e.row0 << ": not final when reported";
+        } else if (e.who == 'b') {
+          EXPECT_EQ(e.rows, gb) << "the bias was not final when reported";
+        }
+        order += " ";
+      }
+      if (part < 100)
+        EXPECT_EQ(order, "b w96+4 w64+32 w32+32 w0+32 W B ") << "pass " << pass;
+      else  // one block: nothing to report early
+        EXPECT_EQ(order, "W B ") << "pass " << pass;
+    }
+    grads[hooked][0] = ToVector(dt_tensor_grad(w));
+    grads[hooked][1] = ToVector(dt_tensor_grad(b));
+    dt_tensor_clear_grad_rows_hook(w);
+    dt_tensor_clear_grad_rows_hook(b);
+  }
+  EXPECT_EQ(grads[1][0], grads[0][0]) << "the weight's gradient in blocks differs";
+  EXPECT_EQ(grads[1][1], grads[0][1]) << "the bias's gradient differs";
+}
+
+TEST(OpsAutograd, RowsHooksReportLinearGradientsInBlocksLastToFirst) {
+  for (bool shared : {false, true})
+    for (int64_t part : {32, 100})
+      check_rows_hooks(shared, part);
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/module.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 #include "tests/test_util.h"
 
@@ -566,6 +567,145 @@ TEST_F(OptimTest, ShardUpdatesOnlyItsSegmentsWithItsGradients) {
   EXPECT_EQ(dt_optim_set_shard(fresh, &bad), DT_ERR_INVALID_ARG);
   dt_optim_destroy(fresh);
   dt_tensor_release(g);
+}
+
+}  // namespace
+
+// ---- a step in pieces (the DDP reducer's update per bucket) ----
+namespace {
+
+// Parameters of 3000, 7, 4100 and 1 elements (more than the kernels'
+// blocks of 2048) with values from `seed`.
+struct PieceArena {
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  explicit PieceArena(uint64_t seed) {
+    EXPECT_EQ(dt_module_create(&kParamsOnly, nullptr, &m), DT_OK);
+    const int64_t sizes[4] = {3000, 7, 4100, 1};
+    const char *names[4] = {"a", "b", "c", "d"};
+    for (int i = 0; i < 4; i++) {
+      dt_tensor *t = nullptr;
+      EXPECT_EQ(dt_tensor_zeros(&sizes[i], 1, DT_DTYPE_F32, DT_CPU, &t), DT_OK);
+      EXPECT_EQ(dt_module_register_parameter(m, names[i], t), DT_OK);
+      dt_tensor_release(t);
+    }
+    EXPECT_EQ(dt_param_arena_create(m, &arena), DT_OK);
+    std::vector<float> p(static_cast<size_t>(dt_param_arena_numel(arena)));
+    for (size_t i = 0; i < p.size(); i++)
+      p[i] = 2.0f * dt_rng_uniform(seed, i) - 1.0f;
+    EXPECT_EQ(dtt::CopyFromHost(dt_param_arena_data(arena), p), DT_OK);
+  }
+  ~PieceArena() {
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(m);
+  }
+  void SetGrads(uint64_t seed) {
+    std::vector<float> g(static_cast<size_t>(dt_param_arena_numel(arena)));
+    for (size_t i = 0; i < g.size(); i++)
+      g[i] = 0.1f * (2.0f * dt_rng_uniform(seed + 1000, i) - 1.0f);
+    EXPECT_EQ(dtt::CopyFromHost(dt_param_arena_grads(arena), g), DT_OK);
+  }
+};
+
+struct PieceCase {
+  const char *what;
+  int adamw;  // else SGD
+  dt_sgd_config sgd;
+  bool decay_matrices_only;  // here: the decay mask {1, 0, 1, 0}
+  dt_dtype working;          // f32 = no working copy
+  bool stochastic;
+};
+
+// Ranges over the 7108 elements in an order that is neither ascending nor
+// along parameter boundaries, cutting kernel blocks and parameters.
+const std::vector<std::pair<int64_t, int64_t>> kPieces = {
+    {6107, 1001}, {3007, 3100}, {0, 1}, {2999, 8}, {1, 2998}};
+
+TEST(OptimPieces, StepInPiecesEqualsOneStepBitForBit) {
+  const PieceCase cases[] = {
+      {"sgd momentum", 0, {0.05f, 0.9f, 0.0f, 0.0f, 0}, false, DT_DTYPE_F32, false},
+      {"sgd nesterov decay", 0, {0.05f, 0.9f, 0.0f, 0.01f, 1}, true, DT_DTYPE_F32, false},
+      {"sgd plain bf16", 0, {0.1f, 0.0f, 0.0f, 0.0f, 0}, false, DT_DTYPE_BF16, false},
+      {"sgd dampening f16", 0, {0.05f, 0.8f, 0.1f, 0.001f, 0}, false, DT_DTYPE_F16, false},
+      {"adamw", 1, {}, true, DT_DTYPE_F32, false},
+      {"adamw bf16 stochastic", 1, {}, false, DT_DTYPE_BF16, true},
+  };
+  for (const PieceCase &c : cases) {
+    SCOPED_TRACE(c.what);
+    PieceArena whole(7), pieces(7);
+    dt_optimizer *ow = nullptr, *op = nullptr;
+    for (auto [pa, o] : {std::pair{&whole, &ow}, std::pair{&pieces, &op}}) {
+      dt_adamw_config ac = DT_ADAMW_CONFIG_DEFAULT;
+      ASSERT_DT_OK(c.adamw ? dt_optim_adamw_create(pa->arena, &ac, o)
+                           : dt_optim_sgd_create(pa->arena, &c.sgd, o));
+      const uint8_t mask[4] = {1, 0, 1, 0};
+      if (c.decay_matrices_only)
+        ASSERT_DT_OK(dt_optim_set_decay_mask(*o, mask, 4));
+      const dt_working_copy_config wc = {c.working, c.stochastic, 99};
+      if (c.working != DT_DTYPE_F32)
+        ASSERT_DT_OK(dt_optim_use_working_copy(*o, &wc));
+    }
+    for (int step = 0; step < 3; step++) {  // the first step is special for momentum
+      whole.SetGrads(step);
+      pieces.SetGrads(step);
+      ASSERT_DT_OK(dt_optim_step(ow));
+      ASSERT_DT_OK(dt_optim_step_begin(op));
+      EXPECT_TRUE(dt_optim_step_begun(op));
+      for (auto [off, n] : kPieces)
+        ASSERT_DT_OK(dt_optim_step_range(op, off, n));
+      ASSERT_DT_OK(dt_optim_step_end(op, DT_OK));
+      EXPECT_FALSE(dt_optim_step_begun(op));
+      EXPECT_EQ(dt_optim_step_count(op), step + 1);
+      EXPECT_EQ(dtt::ToVector(dt_param_arena_data(pieces.arena)),
+                dtt::ToVector(dt_param_arena_data(whole.arena)))
+          << "step " << step;
+    }
+    int64_t n = dt_optim_state_numel(ow);
+    std::vector<float> sw((size_t)n), sp((size_t)n);
+    ASSERT_DT_OK(dt_optim_state_get(ow, sw.data(), n));
+    ASSERT_DT_OK(dt_optim_state_get(op, sp.data(), n));
+    EXPECT_EQ(sp, sw);
+    if (c.working != DT_DTYPE_F32) {
+      EXPECT_TRUE(dt_optim_working_copy_is_fresh(op));
+      dt_tensor *hw = dt_optim_working_copy(ow), *hp = dt_optim_working_copy(op);
+      std::vector<uint16_t> bw((size_t)dt_tensor_numel(hw)), bp(bw.size());
+      ASSERT_DT_OK(dt_tensor_to_host(hw, bw.data(), bw.size() * 2));
+      ASSERT_DT_OK(dt_tensor_to_host(hp, bp.data(), bp.size() * 2));
+      EXPECT_EQ(bp, bw);
+    }
+    dt_optim_destroy(ow);
+    dt_optim_destroy(op);
+  }
+}
+
+// Misuse is an error, and an abandoned step leaves the count alone and
+// the working copy stale (rebuilt from the masters at its next use).
+TEST(OptimPieces, MisuseIsAnErrorAndAnAbandonedStepDoesNotCount) {
+  PieceArena pa(3);
+  dt_sgd_config c = {0.05f, 0.9f, 0.0f, 0.0f, 0};
+  dt_optimizer *o = nullptr;
+  ASSERT_DT_OK(dt_optim_sgd_create(pa.arena, &c, &o));
+  const dt_working_copy_config wc = {DT_DTYPE_BF16, false, 0};
+  ASSERT_DT_OK(dt_optim_use_working_copy(o, &wc));
+  pa.SetGrads(0);
+  EXPECT_EQ(dt_optim_step_range(o, 0, 1), DT_ERR_STATE);
+  EXPECT_EQ(dt_optim_step_end(o, DT_OK), DT_ERR_STATE);
+  ASSERT_DT_OK(dt_optim_step_begin(o));
+  EXPECT_EQ(dt_optim_step_begin(o), DT_ERR_STATE);
+  EXPECT_EQ(dt_optim_step(o), DT_ERR_STATE);
+  EXPECT_EQ(dt_optim_step_range(o, 8100, 9), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_optim_step_range(o, -1, 2), DT_ERR_INVALID_ARG);
+  ASSERT_DT_OK(dt_optim_step_range(o, 0, 7000));
+  EXPECT_EQ(dt_optim_step_range(o, 0, 200), DT_ERR_INVALID_ARG);  // more than the arena in all
+  EXPECT_EQ(dt_optim_step_end(o, DT_OK), DT_ERR_STATE);           // 108 elements missing
+  EXPECT_NE(std::string(dt_last_error()).find("7000 of the arena's 7108"), std::string::npos)
+      << dt_last_error();
+  EXPECT_EQ(dt_optim_step_count(o), 0);
+  EXPECT_FALSE(dt_optim_working_copy_is_fresh(o));
+  ASSERT_DT_OK(dt_optim_step_begin(o));
+  EXPECT_EQ(dt_optim_step_end(o, DT_ERR_MPI), DT_ERR_MPI);
+  EXPECT_EQ(dt_optim_step_count(o), 0);
+  dt_optim_destroy(o);
 }
 
 }  // namespace

@@ -542,6 +542,57 @@ TEST_F(DistLocal, ZeroStagesEqualAllReduceAndOneProcess) {
   }
 }
 
+// The schedule of issue 16 over threads, 2 and 3 ranks: split buckets and
+// the update per bucket give the bits of unsplit buckets and one update
+// (dtt::expect_schedule_bitwise: clipping, accumulation, a bf16 working
+// copy, fp16 with an overflow, LeNet, GPT-2, ZeRO).
+TEST_F(DistLocal, UpdatePerBucketAndSplitBucketsChangeNoBit) {
+  for (int world : {2, 3})
+    dtt::expect_schedule_bitwise(
+        world, [world](const dtt::StepSpec &s) { return run_zero(world, s); }, "", true);
+}
+
+// A parameter of the last bucket above split_bytes is cut into parts of
+// whole rows (a multiple of 16, at most 8 parts), each closing its bucket,
+// from its last rows to its first; the buckets still tile the flat space
+// in reverse order, and parameters outside the last bucket stay whole.
+TEST_F(DistLocal, SplitBucketsAreRowBlocksOfTheLastBucketsParameters) {
+  Single s;
+  dt_module *m = nullptr;
+  dt_param_arena *arena = nullptr;
+  dt_ddp *ddp = nullptr;
+  DT_ASSERT_OK(dtt::build_model("mlp", &m));  // 784-512-512-10
+  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
+  cfg.split_bytes = 512 << 10;  // 1.weight (1.53 MiB, rows of 3136 bytes): 176 rows a part
+  DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
+  // {5.bias, 5.weight, 3.bias, 3.weight} {1.bias, 1.weight[352:512)}
+  // {1.weight[176:352)} {1.weight[0:176)}
+  ASSERT_EQ(dt_ddp_num_buckets(ddp), 4);
+  int64_t end = dt_param_arena_numel(arena), row = 784;
+  const int64_t want_numel[4] = {end - 512 * row - 512, 160 * row + 512, 176 * row, 176 * row};
+  const int want_first[4] = {2, 0, 0, 0}, want_last[4] = {5, 1, 0, 0};
+  for (int b = 0; b < 4; b++) {
+    int64_t off, numel;
+    int first, last;
+    dt_ddp_bucket_info(ddp, b, &off, &numel, &first, &last);
+    EXPECT_EQ(off + numel, end) << "bucket " << b;
+    EXPECT_EQ(numel, want_numel[b]) << "bucket " << b;
+    EXPECT_EQ(first, want_first[b]) << "bucket " << b;
+    EXPECT_EQ(last, want_last[b]) << "bucket " << b;
+    end = off;
+  }
+  EXPECT_EQ(end, 0);
+  dt_ddp_destroy(ddp);
+  // split_bytes 0 (the default): the buckets of BucketsAreReverseOrderedContiguousSlices
+  cfg.split_bytes = 0;
+  DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
+  EXPECT_EQ(dt_ddp_num_buckets(ddp), 2);
+  dt_ddp_destroy(ddp);
+  dt_param_arena_destroy(arena);
+  dt_module_destroy(m);
+}
+
 // Mixed precision under DDP and ZeRO: after every sharded step each rank's
 // 16-bit working copy of the weights is complete and the same everywhere
 // (its own shards from the fused update, the others rebuilt from the

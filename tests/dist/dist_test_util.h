@@ -378,6 +378,7 @@ struct StepSpec {
   float init_scale = 0.0f;  // > 0: a GradScaler (fp16 loss scaling) starting there
   dt_dtype autocast = DT_DTYPE_F32;  // bf16/f16: mixed precision, the optimizer's working copy
   bool stochastic_rounding = false;  // of the working copy, seed kRoundingSeed
+  int64_t overflow_step = -1;        // with init_scale: this step's gradients get an Inf
 };
 
 constexpr uint64_t kRoundingSeed = 99;
@@ -431,6 +432,7 @@ struct StepRun {
   int64_t skipped_steps = 0;
   std::vector<uint16_t> working_copy;  // with spec.autocast: the optimizer's, at the end
   bool working_copy_fresh = false;
+  double update_s = 0.0;  // the reducer's update per bucket in the last pass (0: one pass)
 };
 
 // spec.steps optimizer steps through dt_step_forward_backward and
@@ -460,8 +462,10 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
   dt_grad_scaler_config scfg = DT_GRAD_SCALER_CONFIG_DEFAULT;
   scfg.init_scale = spec.init_scale;
   dt_status st = spec.init_scale > 0 ? dt_grad_scaler_init(&scaler, &scfg) : DT_OK;
-  if (spec.init_scale > 0)
+  if (spec.init_scale > 0) {
     sc.scaler = &scaler;
+    scaler.debug_overflow_step = spec.overflow_step;
+  }
   if (st == DT_OK)
     st = build_model(spec.model, &m);
   if (st == DT_OK)
@@ -520,6 +524,7 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     run.memory.gradients = dt_ddp_gradient_bytes(ddp);
     run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
     run.n_buckets = dt_ddp_num_buckets(ddp);
+    run.update_s = dt_ddp_last_comm_times(ddp).update_s;
   }
   dt_ddp_destroy(ddp);
   dt_optim_destroy(opt);
@@ -762,6 +767,115 @@ inline void expect_zero_stages(const ZeroCase &c, int world, const std::vector<f
       stage0 = r.params;
     else
       EXPECT_LE(rel_error(r.params, stage0), 1e-5) << c.model << " zero " << stage;
+  }
+}
+
+// ---- the schedule of issue 16: split buckets, the update per bucket ----
+
+// A case: what it trains, and whether the step may update per bucket
+// (no clipping, no GradScaler, no ZeRO).
+struct ScheduleCase {
+  const char *what;
+  StepSpec spec;
+  bool per_bucket;
+};
+
+inline std::vector<ScheduleCase> schedule_cases() {
+  std::vector<ScheduleCase> v;
+  StepSpec s;
+  s.steps = 3;
+  s.per_rank = 4;
+  v.push_back({"mlp sgd", s, true});
+  StepSpec clip = s;
+  clip.clip = 0.5f;
+  v.push_back({"mlp sgd clip 0.5", clip, false});
+  StepSpec accum = s;
+  accum.accum = 2;
+  v.push_back({"mlp sgd accum 2", accum, true});
+  StepSpec bf16 = s;
+  bf16.adamw = true;
+  bf16.autocast = DT_DTYPE_BF16;
+  bf16.stochastic_rounding = true;
+  v.push_back({"mlp adamw bf16 stochastic working copy", bf16, true});
+  StepSpec fp16 = s;
+  fp16.autocast = DT_DTYPE_F16;
+  fp16.init_scale = 65536.0f;
+  fp16.overflow_step = 1;  // step 1 overflows and is skipped
+  v.push_back({"mlp fp16 GradScaler with an overflow", fp16, false});
+  StepSpec lenet = s;  // its last bucket: fc1 (split, reported) and the convolutions
+  lenet.model = "lenet";
+  lenet.adamw = true;
+  lenet.ddp.first_bucket_bytes = 20000;
+  v.push_back({"lenet adamw", lenet, true});
+  StepSpec gpt = s;  // linears and the tied embedding (two contributors)
+  gpt.model = "gpt2-micro";
+  gpt.accum = 2;
+  v.push_back({"gpt2-micro sgd accum 2", gpt, true});
+  return v;
+}
+
+// The same bits: parameters, working copy and scaler state.
+inline void expect_same_run(const StepRun &b, const StepRun &a, const std::string &what) {
+  EXPECT_EQ(b.params, a.params) << what;
+  EXPECT_EQ(b.working_copy, a.working_copy) << what;
+  EXPECT_EQ(b.working_copy_fresh, a.working_copy_fresh) << what;
+  EXPECT_EQ(b.final_scale, a.final_scale) << what;
+  EXPECT_EQ(b.skipped_steps, a.skipped_steps) << what;
+}
+
+// Every case of schedule_cases over `world` ranks, each trained by
+// run(spec), four ways: unsplit or split buckets (every parameter of the
+// last bucket above 2 KiB in parts), each with one update after the last
+// bucket or the update per bucket. The update per bucket gives bit for bit
+// the run with one update on the same buckets, and runs per bucket exactly
+// where the case allows it (not with clipping or a GradScaler). Split
+// buckets must add buckets; they give the bits of unsplit ones where an
+// element's reduction does not depend on where its bucket begins
+// (`split_bitwise`: the local backend, MPI on 2 ranks), else (MPI's ring
+// on 3 ranks sums each segment of a bucket starting at another rank)
+// within 1e-5, as other bucket layouts. ZeRO (which updates its shards
+// itself) under the new defaults is within 1e-5 of stage 0 split.
+inline void expect_schedule_bitwise(int world,
+                                    const std::function<StepRun(const StepSpec &)> &run,
+                                    const std::string &who, bool split_bitwise) {
+  for (const ScheduleCase &c : schedule_cases()) {
+    StepRun r[2][2];  // [split][per bucket]
+    for (int split = 0; split < 2; split++)
+      for (int per_bucket = 0; per_bucket < 2; per_bucket++) {
+        StepSpec spec = c.spec;
+        spec.ddp.split_bytes = split ? 2048 : 0;
+        spec.ddp.update_per_bucket = per_bucket;
+        r[split][per_bucket] = run(spec);
+      }
+    double rel = rel_error(r[1][0].params, r[0][0].params);
+    std::printf("%s%s W=%d: %d buckets, %d split (relative difference %.3g); update per bucket "
+                "%.3f ms\n",
+                who.c_str(), c.what, world, r[0][0].n_buckets, r[1][0].n_buckets, rel,
+                1e3 * r[1][1].update_s);
+    for (int split = 0; split < 2; split++) {
+      std::string what = std::string(c.what) + (split ? ", split" : "") + " W=" +
+                         std::to_string(world);
+      expect_same_run(r[split][1], r[split][0], what + ": update per bucket");
+      EXPECT_EQ(r[split][0].update_s, 0.0) << what;
+      EXPECT_EQ(r[split][1].update_s > 0.0, c.per_bucket) << what;
+    }
+    EXPECT_GT(r[1][0].n_buckets, r[0][0].n_buckets) << c.what << ": nothing was split";
+    if (split_bitwise)
+      expect_same_run(r[1][0], r[0][0], std::string(c.what) + ": split buckets");
+    else
+      EXPECT_LE(rel, 1e-5) << c.what << ": split buckets";
+    if (c.spec.init_scale > 0) {
+      EXPECT_EQ(r[1][1].skipped_steps, 1) << c.what << ": the overflow did not skip its step";
+    }
+    if (std::string(c.what) == "mlp sgd") {
+      for (int stage : {1, 2}) {
+        StepSpec zero = c.spec;  // the defaults
+        zero.ddp.zero_stage = stage;
+        StepRun z = run(zero);
+        EXPECT_EQ(z.update_s, 0.0) << "zero " << stage;
+        EXPECT_LE(rel_error(z.params, r[1][1].params), 1e-5) << "zero " << stage;
+      }
+    }
   }
 }
 
