@@ -309,6 +309,7 @@ static dt_status cpu_empty_cache(dt_device dev) {
   pthread_mutex_lock(&cpu_mem_lock);
   cpu_cache_release_locked(dev.index);
   pthread_mutex_unlock(&cpu_mem_lock);
+  dt_cpu_scratch_free_idle(); /* host scratch is one pool for every CPU device */
   return DT_OK;
 }
 

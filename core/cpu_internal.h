@@ -73,6 +73,25 @@ dt_status dt_cpu_half_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n
 dt_status dt_cpu_half_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
                                      const void *dy, void *dx);
 
+/* Scratch memory for kernels (core/cpu_scratch.c): a host buffer of at
+ * least `bytes` (64-byte aligned) that the caller alone uses until it
+ * releases it; released buffers are kept for later calls of any thread
+ * and freed by dt_cpu_scratch_free_idle (the backend's empty_cache).
+ * Outside the device's memory statistics, like the per-thread im2col
+ * buffers: it holds widened copies, never tensors. DT_ERR_OOM when
+ * malloc fails. */
+typedef struct dt_cpu_scratch dt_cpu_scratch;
+dt_status dt_cpu_scratch_acquire(size_t bytes, dt_cpu_scratch **out, void **data);
+void dt_cpu_scratch_release(dt_cpu_scratch *s);
+void dt_cpu_scratch_free_idle(void);
+
+/* The f16/bf16 gemm (core/cpu_kernels_gemm_half.c): A and B of ex->dtype,
+ * C f32; each element of C is the f32 sgemm's on the widened operands. */
+dt_status dt_cpu_half_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
+                           float alpha, const void *a, int lda, int64_t stride_a, const void *b,
+                           int ldb, int64_t stride_b, float beta, float *c, int ldc,
+                           int64_t stride_c, int batch);
+
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);

@@ -47,61 +47,31 @@ static int gemm_split(int ta, int tb, int m, int n, int k, float alpha, const fl
 #pragma omp parallel for num_threads(parts) schedule(static)
   for (int t = 0; t < parts; t++) {
     int i0 = (int)((int64_t)len * t / parts / GEMM_SPLIT_ALIGN * GEMM_SPLIT_ALIGN);
-    int i1 = t + 1 == parts ? len
-                            : (int)((int64_t)len * (t + 1) / parts / GEMM_SPLIT_ALIGN *
-                                    GEMM_SPLIT_ALIGN);
+    int i1 = t + 1 == parts
+                 ? len
+                 : (int)((int64_t)len * (t + 1) / parts / GEMM_SPLIT_ALIGN * GEMM_SPLIT_ALIGN);
     if (by_cols) /* C[:, i0:i1] = op(A) op(B)[:, i0:i1] */
-      gemm_one(ta, tb, m, i1 - i0, k, alpha, a, lda, b + (tb ? (int64_t)i0 * ldb : i0), ldb,
-               beta, c + i0, ldc);
+      gemm_one(ta, tb, m, i1 - i0, k, alpha, a, lda, b + (tb ? (int64_t)i0 * ldb : i0), ldb, beta,
+               c + i0, ldc);
     else /* C[i0:i1, :] = op(A)[i0:i1, :] op(B) */
-      gemm_one(ta, tb, i1 - i0, n, k, alpha, a + (ta ? i0 : (int64_t)i0 * lda), lda, b, ldb,
-               beta, c + (int64_t)i0 * ldc, ldc);
+      gemm_one(ta, tb, i1 - i0, n, k, alpha, a + (ta ? i0 : (int64_t)i0 * lda), lda, b, ldb, beta,
+               c + (int64_t)i0 * ldc, ldc);
   }
   return 1;
 }
 
-/* Elements a matrix operand spans: `rows` rows of `ld`, the last one
- * `cols` long, in each of `batch` matrices `stride` apart. */
-static int64_t gemm_extent(int rows, int cols, int ld, int64_t stride, int batch) {
-  if (rows == 0 || cols == 0)
-    return 0;
-  return (int64_t)(rows - 1) * ld + cols + (int64_t)(batch - 1) * stride;
-}
-
-/* A 16-bit operand widened to a new f32 buffer (*out, to free) of the same
- * layout: the CPU stores 16-bit and computes in f32. */
-static dt_status widen_operand(dt_dtype dtype, const void *x, int64_t extent, float **out) {
-  *out = malloc((size_t)(extent > 0 ? extent : 1) * sizeof(float));
-  if (*out == NULL)
-    return DT_ERROR(DT_ERR_OOM, "gemm: %lld f32 elements to widen a %s operand", (long long)extent,
-                    dt_dtype_name(dtype));
-  return dt_half_to_f32(dtype, x, *out, extent);
-}
-
 // A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch;
-// f16/bf16 A and B are widened to f32 (C is f32 for every ex->dtype)
+// f16/bf16 A and B are widened to f32 (core/cpu_kernels_gemm_half.c; C is f32 for every
+// ex->dtype)
 dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
                       float alpha, const float *a, int lda, int64_t stride_a, const float *b,
                       int ldb, int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
                       int batch) {
   if (m == 0 || n == 0 || batch == 0)
     return DT_OK;
-  if (dt_dtype_is_half(ex->dtype)) {
-    float *wa = NULL, *wb = NULL;
-    dt_exec ex32 = *ex;
-    ex32.dtype = DT_DTYPE_F32;
-    dt_status st = widen_operand(
-        ex->dtype, a, gemm_extent(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch), &wa);
-    if (st == DT_OK)
-      st = widen_operand(ex->dtype, b,
-                         gemm_extent(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch), &wb);
-    if (st == DT_OK)
-      st = dt_cpu_gemm(&ex32, trans_a, trans_b, m, n, k, alpha, wa, lda, stride_a, wb, ldb,
-                       stride_b, beta, c, ldc, stride_c, batch);
-    free(wb);
-    free(wa);
-    return st;
-  }
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_gemm(ex, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                            stride_b, beta, c, ldc, stride_c, batch);
   int nt = dt_cpu_threads();
   /* Many small products (attention heads): one single-threaded sgemm per
    * OpenMP thread beats threading each small product. */

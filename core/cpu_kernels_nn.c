@@ -256,7 +256,7 @@ static float classifier_row(const float *xr, float *dr, int64_t t, int64_t vp, i
 static dt_status classifier_forward_half(dt_dtype dtype, const uint16_t *logits, const void *target,
                                          dt_dtype target_dtype, int64_t n, int64_t vp,
                                          int64_t classes, int64_t ignore_index, float *loss_rows,
-                                         uint16_t *dlogits) {
+                                         uint16_t *dlogits, float dlogits_scale) {
   dt_status st = DT_OK;
 #pragma omp parallel if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(dt_cpu_threads())
   {
@@ -278,6 +278,8 @@ static dt_status classifier_forward_half(dt_dtype dtype, const uint16_t *logits,
       }
       (void)dt_half_to_f32(dtype, logits + i * vp, w, vp);
       loss_rows[i] = classifier_row(w, dlogits ? w : NULL, t, vp, classes);
+      if (dlogits && dlogits_scale != 1.0f)
+        row_scale(w, dlogits_scale, classes);
       if (dlogits)
         (void)dt_half_from_f32(dtype, w, dlogits + i * vp, vp);
     }
@@ -291,12 +293,13 @@ static dt_status classifier_forward_half(dt_dtype dtype, const uint16_t *logits,
 dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, const void *target,
                                     dt_dtype target_dtype, int64_t n, int64_t vp, int64_t classes,
                                     int64_t ignore_index, float *loss_rows, float *dlogits,
-                                    float *count_out) {
+                                    float dlogits_scale, float *count_out) {
   DT_CHECK(check_targets("classifier_forward", target, target_dtype, n, classes, ignore_index,
                          count_out));
   if (dt_dtype_is_half(ex->dtype))
     return classifier_forward_half(ex->dtype, (const uint16_t *)logits, target, target_dtype, n, vp,
-                                   classes, ignore_index, loss_rows, (uint16_t *)dlogits);
+                                   classes, ignore_index, loss_rows, (uint16_t *)dlogits,
+                                   dlogits_scale);
   int nt = dt_cpu_threads();
 #pragma omp parallel for if (n * vp >= DT_CPU_PAR_MIN / 4) num_threads(nt) schedule(static)
   for (int64_t i = 0; i < n; i++) {
@@ -310,6 +313,8 @@ dt_status dt_cpu_classifier_forward(const dt_exec *ex, const float *logits, cons
       continue;
     }
     loss_rows[i] = classifier_row(xr, dr, t, vp, classes);
+    if (dr && dlogits_scale != 1.0f)
+      row_scale(dr, dlogits_scale, classes);
   }
   return DT_OK;
 }

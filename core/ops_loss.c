@@ -164,9 +164,9 @@ fail:
 
 /* ---- fused classifier (LM-head loss) ---- */
 
-/* saved: 0 dlogits (rows, vp): softmax - onehot, unscaled, in the logits'
- * dtype (a 16-bit activation's gradient is 16-bit); 1 count (1: rows kept,
- * f32, on the device) */
+/* saved: 0 dlogits (rows, vp): (softmax - onehot) * dlogits_scale, in the
+ * logits' dtype (a 16-bit activation's gradient is 16-bit); 1 count (1:
+ * rows kept times dlogits_scale, f32, on the device) */
 static dt_status classifier_loss_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *dlogits = node->saved[0], *count = node->saved[1];
   int64_t n = dt_tensor_numel(dlogits);
@@ -218,12 +218,17 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
     DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(lc), dt_tensor_ndim(lc), dt_tensor_dtype(lc), dev,
                                   &dlogits),
                   st, fail);
-  /* logits (rows, vp) -> loss_rows (rows), dlogits (rows, vp) = softmax - onehot */
+  /* logits (rows, vp) -> loss_rows (rows), dlogits (rows, vp) = (softmax - onehot) *
+   * dlogits_scale: in f16, 2^15 (|softmax - onehot| <= 1) keeps the small
+   * probabilities out of the subnormals (GPT-2's ~2e-5 are below f16's
+   * 6.1e-5); the backward divides it out again with the count it gets */
+  const float dlogits_scale = dt_tensor_dtype(lc) == DT_DTYPE_F16 ? 32768.0f : 1.0f;
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &count), st, fail);
   if (rows > 0)
     DT_CHECK_GOTO(dt_kernel_classifier_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, vp,
                                                n_classes, ignore_index, DT_F32(loss_rows),
-                                               dlogits ? DT_F32(dlogits) : NULL, DT_F32(count)),
+                                               dlogits ? DT_F32(dlogits) : NULL, dlogits_scale,
+                                               DT_F32(count)),
                   st, fail);
   else
     DT_CHECK_GOTO(dt_kernel_fill(&ex32, DT_F32(count), 0.0f, 1), st, fail);
@@ -234,6 +239,12 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
   DT_CHECK_GOTO(sum_to_scalar(dev, DT_F32(loss_rows), rows, 1.0f, DT_F32(sum)), st, fail);
   DT_CHECK_GOTO(divide_scalars(&ex32, DT_F32(sum), DT_F32(count), DT_F32(y), 1), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, classifier_loss_backward, &logits, 1, y, &node), st, fail);
+  if (node && dlogits_scale != 1.0f) { /* the backward's count: count * dlogits_scale, exact */
+    dt_tensor *scaled = NULL;
+    DT_CHECK_GOTO(dt_ops_scaled_copy(count, dlogits_scale, &scaled), st, fail);
+    dt_tensor_release(count);
+    count = scaled;
+  }
   dt_tensor *saved[2] = {dlogits, count};
   dt_ops_save_for_backward(node, saved, 2, NULL, 0);
   st = dt_ops_take(&y, out);

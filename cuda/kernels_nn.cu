@@ -282,7 +282,7 @@ template <typename T>
 static __global__ void classifier_forward_kernel(const T *logits, const void *target, int i32,
                                                  int64_t n, int64_t vp, int64_t classes,
                                                  int64_t ignore_index, float *loss_rows, T *dlogits,
-                                                 dt_cuda_index_slot *rep) {
+                                                 float dlogits_scale, dt_cuda_index_slot *rep) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -309,8 +309,10 @@ static __global__ void classifier_forward_kernel(const T *logits, const void *ta
     }
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
-      dt_store_f32(
-          dr, j, j < classes ? expf(dt_load_f32(xr, j) - mx) * inv - (j == t ? 1.0f : 0.0f) : 0.0f);
+      dt_store_f32(dr, j,
+                   j < classes ? (expf(dt_load_f32(xr, j) - mx) * inv - (j == t ? 1.0f : 0.0f)) *
+                                     dlogits_scale
+                               : 0.0f);
   }
 }
 
@@ -318,27 +320,30 @@ template <typename T>
 static void classifier_forward_launch(dim3 grid, int threads, cudaStream_t stream,
                                       const void *logits, const void *target, int i32, int64_t n,
                                       int64_t vp, int64_t classes, int64_t ignore_index,
-                                      float *loss_rows, void *dlogits, dt_cuda_index_slot *rep) {
-  classifier_forward_kernel<T><<<grid, threads, 0, stream>>>(
-      (const T *)logits, target, i32, n, vp, classes, ignore_index, loss_rows, (T *)dlogits, rep);
+                                      float *loss_rows, void *dlogits, float dlogits_scale,
+                                      dt_cuda_index_slot *rep) {
+  classifier_forward_kernel<T><<<grid, threads, 0, stream>>>((const T *)logits, target, i32, n, vp,
+                                                             classes, ignore_index, loss_rows,
+                                                             (T *)dlogits, dlogits_scale, rep);
 }
 
 extern "C" dt_status dt_cuda_classifier_forward(const dt_exec *ex, const float *logits,
                                                 const void *target, dt_dtype target_dtype,
                                                 int64_t n, int64_t vp, int64_t classes,
                                                 int64_t ignore_index, float *loss_rows,
-                                                float *dlogits, float *count) {
+                                                float *dlogits, float dlogits_scale,
+                                                float *count) {
   DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = target_dtype == DT_DTYPE_I32;
   /* cross_entropy_forward's threads: with classes == vp the loss is its bit for bit */
   if (n > 0) {
     void (*launch)(dim3, int, cudaStream_t, const void *, const void *, int, int64_t, int64_t,
-                   int64_t, int64_t, float *, void *, dt_cuda_index_slot *) =
+                   int64_t, int64_t, float *, void *, float, dt_cuda_index_slot *) =
         ex->dtype == DT_DTYPE_F16    ? classifier_forward_launch<__half>
         : ex->dtype == DT_DTYPE_BF16 ? classifier_forward_launch<__nv_bfloat16>
                                      : classifier_forward_launch<float>;
     launch(row_grid(n), dt_row_threads(vp), stream, logits, target, i32, n, vp, classes,
-           ignore_index, loss_rows, dlogits, index_slot(ctx, stream));
+           ignore_index, loss_rows, dlogits, dlogits_scale, index_slot(ctx, stream));
   }
   return index_checked(ctx, stream, true, target, i32, DT_CUDA_INDEX_CLASSIFIER, classes,
                        ignore_index, count);

@@ -350,7 +350,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
   if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
-      !dt_cli_check_precision("bench", cfg.precision, cfg.device, NULL, err))
+      !dt_cli_check_precision("bench", cfg.precision, cfg.stochastic_rounding, cfg.device, NULL,
+                              err))
     return 2;
   if (dt_cli_check_env() != DT_OK)
     return 1;

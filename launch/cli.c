@@ -121,8 +121,16 @@ dt_flag dt_cli_flag_stochastic_rounding(bool *target) {
                                "weights stochastically (seeded by --seed), not to nearest");
 }
 
-bool dt_cli_check_precision(const char *command, const char *precision, const char *device,
-                            const char *devices, FILE *err) {
+bool dt_cli_check_precision(const char *command, const char *precision, bool stochastic,
+                            const char *device, const char *devices, FILE *err) {
+  bool half = precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"));
+  if (stochastic && !half) {
+    fprintf(err,
+            "dtrain %s: --stochastic-rounding rounds the 16-bit working copy of the weights: it "
+            "needs --precision bf16 or fp16\n",
+            command);
+    return false;
+  }
   if (precision == NULL || strcmp(precision, "tf32") != 0)
     return true;
   const char *on = devices ? devices : device ? device : "cpu";

@@ -50,10 +50,11 @@ dt_flag dt_cli_flag_precision(const char **target);
 dt_flag dt_cli_flag_stochastic_rounding(bool *target);
 /* After parsing: --precision `precision` (NULL: the default) suits the
  * device(s) (`device`, and dp's `devices` list when not NULL): tf32 needs
- * CUDA. Otherwise prints "dtrain <command>: ..." to err and returns false
+ * CUDA; and --stochastic-rounding (`stochastic`) needs bf16 or fp16.
+ * Otherwise prints "dtrain <command>: ..." to err and returns false
  * (exit 2). */
-bool dt_cli_check_precision(const char *command, const char *precision, const char *device,
-                            const char *devices, FILE *err);
+bool dt_cli_check_precision(const char *command, const char *precision, bool stochastic,
+                            const char *device, const char *devices, FILE *err);
 /* --debug-overflow's value: RANK:STEP. */
 bool dt_cli_check_debug_overflow(const char *value, char *why, size_t cap);
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help);

@@ -259,7 +259,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
     return 2;
   bool dp = !strcmp(cfg.mode, "dp");
-  if (!dt_cli_check_precision("train", cfg.precision, cfg.device, dp ? cfg.devices : NULL, err))
+  if (!dt_cli_check_precision("train", cfg.precision, cfg.stochastic_rounding, cfg.device,
+                              dp ? cfg.devices : NULL, err))
     return 2;
   if (cfg.debug_overflow && (!cfg.precision || strcmp(cfg.precision, "fp16") != 0)) {
     fprintf(err,

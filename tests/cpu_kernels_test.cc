@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.h"
@@ -76,6 +77,84 @@ TEST_P(ThreadCounts, GemmBatched) {
         want[t * m * n + i * n + j] = 2.0 * s;
       }
   expect_close(c, want, 1e-5, 1e-5, "batched gemm");
+}
+
+// The 16-bit GEMM (f16/bf16 A and B, f32 C) is the f32 GEMM of the widened
+// operands bit for bit: its panels (a large operand widened a block of
+// columns or rows of C at a time) split C, never k. Shapes: both operands
+// whole, B in panels (n large), A in panels (m large), a k too long for
+// panels, and a batch; padded leading dimensions, alpha and beta.
+namespace half_gemm {
+
+struct Shape {
+  int m, n, k, batch;
+};
+
+// C of the 16-bit GEMM against C of the f32 GEMM of the widened operands,
+// bit for bit; empty when they agree, else what differs.
+std::string compare(dt_dtype dtype, const Shape &s, int ta, int tb) {
+  const int pad = 3, m = s.m, n = s.n, k = s.k;
+  const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+  const int64_t sa = (int64_t)(ta ? k : m) * lda, sb = (int64_t)(tb ? n : k) * ldb;
+  const int64_t sc = (int64_t)m * ldc;
+  Vec a32 = randn((size_t)(sa * s.batch), 11), b32 = randn((size_t)(sb * s.batch), 12);
+  std::vector<uint16_t> a16(a32.size()), b16(b32.size());
+  if (dt_half_from_f32(dtype, a32.data(), a16.data(), (int64_t)a32.size()) != DT_OK ||
+      dt_half_from_f32(dtype, b32.data(), b16.data(), (int64_t)b32.size()) != DT_OK ||
+      dt_half_to_f32(dtype, a16.data(), a32.data(), (int64_t)a32.size()) != DT_OK ||
+      dt_half_to_f32(dtype, b16.data(), b32.data(), (int64_t)b32.size()) != DT_OK)
+    return dt_last_error();
+  Vec want = randn((size_t)(sc * s.batch), 13), got = want;
+  if (dt_kernel_gemm(cpu_exec(), ta, tb, m, n, k, 1.5f, a32.data(), lda, sa, b32.data(), ldb, sb,
+                     -0.5f, want.data(), ldc, sc, s.batch) != DT_OK)
+    return dt_last_error();
+  dt_exec ex = *cpu_exec();
+  ex.dtype = dtype;
+  if (dt_kernel_gemm(&ex, ta, tb, m, n, k, 1.5f, (const float *)a16.data(), lda, sa,
+                     (const float *)b16.data(), ldb, sb, -0.5f, got.data(), ldc, sc,
+                     s.batch) != DT_OK)
+    return dt_last_error();
+  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+    return "";
+  return std::string(dt_dtype_name(dtype)) + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+         " k=" + std::to_string(k) + " batch=" + std::to_string(s.batch) +
+         " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + ": C differs";
+}
+
+}  // namespace half_gemm
+
+// The 16-bit GEMM (f16/bf16 A and B, f32 C) is the f32 GEMM of the widened
+// operands bit for bit: its panels (a large operand widened a block of
+// columns or rows of C at a time) split C, never k. Shapes: both operands
+// whole, B in panels (n large), A in panels (m large), a k too long for
+// panels, and a batch; padded leading dimensions, alpha and beta.
+TEST_P(ThreadCounts, HalfGemmIsTheF32GemmOfTheWidenedOperandsBitForBit) {
+  const half_gemm::Shape shapes[] = {
+      {5, 7, 4, 1}, {40, 9000, 100, 1}, {9000, 30, 64, 1}, {9, 8, 70000, 1}, {3, 300, 200, 4}};
+  for (dt_dtype dtype : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const half_gemm::Shape &s : shapes)
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+          ASSERT_EQ("", half_gemm::compare(dtype, s, ta, tb));
+}
+
+// Threads running 16-bit GEMMs at once (the replicas of the data-parallel
+// mode) each get their own widening scratch; dt_empty_cache frees it.
+TEST(CpuGemm, HalfGemmOnConcurrentThreads) {
+  std::string errs[3];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; t++)
+    threads.emplace_back([&errs, t] {
+      for (int rep = 0; rep < 4 && errs[t].empty(); rep++)
+        errs[t] = half_gemm::compare(t == 1 ? DT_DTYPE_F16 : DT_DTYPE_BF16, {40 + t, 9000, 100, 1},
+                                     rep & 1, rep >> 1);
+    });
+  for (std::thread &th : threads)
+    th.join();
+  for (const std::string &e : errs)
+    EXPECT_EQ("", e);
+  EXPECT_EQ(DT_OK, dt_empty_cache(cpu_exec()->dev));
+  EXPECT_EQ("", half_gemm::compare(DT_DTYPE_BF16, {40, 9000, 100, 1}, 0, 0));
 }
 
 TEST(CpuGemm, RejectsSmallLeadingDimension) {
@@ -477,11 +556,11 @@ TEST(CpuOptim, SgdMomentumWeightDecayByHand) {
   }
   // plain SGD with weight decay, no buffer: p -= lr * (g + wd p) = 1 - 0.1*0.6
   p = 1.0f;
-  ASSERT_EQ(DT_OK,
-            dt_kernel_sgd_update(cpu_exec(), &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0, 1, nullptr));
+  ASSERT_EQ(DT_OK, dt_kernel_sgd_update(cpu_exec(), &p, &g, nullptr, 1, 0.1f, 0.0f, 0.0f, 0.1f, 0,
+                                        1, nullptr));
   EXPECT_NEAR(p, 0.94f, 1e-7);
-  EXPECT_EQ(DT_ERR_INVALID_ARG,
-            dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f, 0.0f, 1, 1, nullptr));
+  EXPECT_EQ(DT_ERR_INVALID_ARG, dt_kernel_sgd_update(cpu_exec(), &p, &g, &buf, 1, 0.1f, 0.9f, 0.5f,
+                                                     0.0f, 1, 1, nullptr));
 }
 
 TEST(CpuOptim, AdamWByHandAndVsFormula) {
@@ -505,9 +584,9 @@ TEST(CpuOptim, AdamWByHandAndVsFormula) {
   const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
   for (int s = 1; s <= 3; s++) {
     G = randn(n, 100 + s);
-    ASSERT_EQ(DT_OK,
-              dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n,
-                                     (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, s, nullptr));
+    ASSERT_EQ(DT_OK, dt_kernel_adamw_update(cpu_exec(), P.data(), G.data(), M.data(), V.data(), n,
+                                            (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
+                                            s, nullptr));
     for (int64_t i = 0; i < n; i++) {
       pd[i] -= lr * wd * pd[i];
       md[i] = b1 * md[i] + (1 - b1) * G[i];

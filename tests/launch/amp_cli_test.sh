@@ -9,8 +9,8 @@
 #     holds other gradients): the step is skipped on every rank, the scale
 #     halves, training continues, and the run ends exactly as when the other
 #     rank overflows (the decision is the job's, not the rank's);
-#   - the command line: tf32 on the CPU and --debug-overflow without fp16
-#     exit 2 with the reason.
+#   - the command line: tf32 on the CPU, --debug-overflow without fp16 and
+#     --stochastic-rounding without bf16 or fp16 exit 2 with the reason.
 set -uo pipefail
 
 # shellcheck source=tests/check_lib.sh
@@ -39,6 +39,12 @@ expect 2 err "invalid value 'half' for --precision: expected one of fp32, tf32, 
 run train --precision bf16 --debug-overflow 0:1
 expect 2 err "--debug-overflow tests the GradScaler: it needs --precision fp16" \
   "--debug-overflow without fp16"
+run train --stochastic-rounding --max-steps 1
+expect 2 err "^dtrain train: --stochastic-rounding rounds the 16-bit working copy of the weights: it needs --precision bf16 or fp16" \
+  "--stochastic-rounding without bf16 or fp16"
+run bench --precision fp32 --stochastic-rounding --steps 1
+expect 2 err "^dtrain bench: --stochastic-rounding .* needs --precision bf16 or fp16" \
+  "bench: --stochastic-rounding with fp32"
 run train --precision fp16 --debug-overflow 1
 expect 2 err "invalid value '1' for --debug-overflow: expected RANK:STEP" "a bad RANK:STEP"
 run bench --model lenet --precision bf16 --batch 8 --steps 2 --warmup 1
