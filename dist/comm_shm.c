@@ -22,10 +22,10 @@
  * rank's before anything is read from the others (the agreement, costing
  * no extra round trip).
  *
- * Waiting: a few hundred spins, then FUTEX_WAIT on the peer's counter (a
- * shared, not private, futex: the word lives in the shared mapping), woken
- * by the peer's FUTEX_WAKE when it sees sleepers; the wait wakes every
- * SHM_LIVE_CHECK_S to check the deadline and that the peer still lives.
+ * Waiting (wait_peer): a short spin, short sleeps, then FUTEX_WAIT on the
+ * peer's counter (a shared, not private, futex: the word lives in the
+ * shared mapping), woken by the peer's FUTEX_WAKE once the count it waits
+ * for is reached; every SHM_LIVE_CHECK_S it checks that the peer lives.
  * Liveness: each rank's communication thread holds a robust process-shared
  * mutex in its control block from its first collective on; when that
  * thread or its process ends (SIGKILL included) the kernel marks the mutex
@@ -52,19 +52,23 @@
 
 #define SHM_MAGIC 0x64747368u /* "dtsh" */
 #define SHM_SLOTS 4           /* > 2: the pipeline keeps three chunks in flight */
-#define SHM_SLOT_BYTES ((size_t)512 << 10)
+#define SHM_SLOT_BYTES ((size_t)1 << 20)
 #define SHM_ALIGN 4096
-#define SHM_SPINS 200           /* about 10 us of pause instructions */
-#define SHM_LIVE_CHECK_S 0.05   /* how often a sleeping wait checks the peer */
+#define SHM_SPIN_S 2e-6          /* spin before sleeping while the rank computes */
+#define SHM_SPIN_WAITING_S 50e-6 /* ... and while a thread of the rank waits for the result */
+#define SHM_POLL_S 2e-3         /* poll this long before sleeping on a futex */
+#define SHM_LIVE_CHECK_S 0.05   /* how often a wait checks that the peer lives */
 
 enum { PH_IN, PH_RED, PH_OUT, PH_N };
 
 typedef struct shm_ctl {
-  uint32_t done[PH_N];    /* futex words: chunks past each phase (mod 2^32) */
-  uint32_t waiters[PH_N]; /* peers asleep on done[p] */
-  uint32_t armed;         /* 1 once `alive` is held by the communication thread */
+  uint32_t done[PH_N]; /* futex words: chunks past each phase (mod 2^32) */
+  /* While this rank sleeps on a peer's counter: which one, packed by
+   * sleep_word(), else 0. The peer wakes it only once the target is met. */
+  uint64_t sleeping_on;
+  uint32_t armed;           /* 1 once `alive` is held by the communication thread */
   int64_t sig[2][DT_SIG_N]; /* the signature of collective seq, at [seq & 1] */
-  pthread_mutex_t alive;  /* robust, process-shared */
+  pthread_mutex_t alive;    /* robust, process-shared */
 } shm_ctl;
 
 /* Each control block on its own cache lines. */
@@ -130,14 +134,29 @@ static int reached(uint32_t count, uint64_t target) {
   return (int32_t)(count - (uint32_t)target) >= 0;
 }
 
-/* This rank passed phase p of one more chunk. The counter store and the
- * waiter load are sequentially consistent, as are the waiter's increment
- * and counter load: one of the two sides always sees the other. */
+/* "Asleep until rank k's counter p reaches target": never 0. */
+static uint64_t sleep_word(int k, int p, uint32_t target) {
+  return ((uint64_t)target << 32) | ((uint64_t)(uint32_t)k << 4) | (uint64_t)(p + 1);
+}
+
+/* This rank passed phase p of one more chunk; wakes the peers asleep on
+ * that counter whose target it meets (and only those: a sleeper woken
+ * early would cost two context switches for nothing). The counter update
+ * and the sleepers' load are sequentially consistent, as are a sleeper's
+ * store of what it waits for and its load of the counter: one side always
+ * sees the other. */
 static void post(dt_shm_transport *t, int p) {
   shm_ctl *me = ctl_of(t, t->rank);
-  __atomic_add_fetch(&me->done[p], 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&me->waiters[p], __ATOMIC_SEQ_CST) != 0)
-    futex(&me->done[p], FUTEX_WAKE, INT_MAX, NULL);
+  uint32_t now = __atomic_add_fetch(&me->done[p], 1, __ATOMIC_SEQ_CST);
+  for (int k = 0; k < t->world; k++) {
+    if (k == t->rank)
+      continue;
+    uint64_t s = __atomic_load_n(&ctl_of(t, k)->sleeping_on, __ATOMIC_SEQ_CST);
+    if (s != 0 && s == sleep_word(t->rank, p, (uint32_t)(s >> 32)) && reached(now, s >> 32)) {
+      futex(&me->done[p], FUTEX_WAKE, INT_MAX, NULL);
+      return; /* wakes every sleeper on the word */
+    }
+  }
 }
 
 /* Takes this rank's liveness mutex on the communication thread. */
@@ -172,18 +191,39 @@ static dt_status check_alive(dt_shm_transport *t, int k, const dt_work *w) {
 }
 
 /* Waits until rank k has passed phase p of global chunk g (its counter
- * reaches g + 1). */
+ * reaches g + 1), in three stages:
+ *   spin   briefly while this rank computes (the core is the
+ *          computation's), longer while a thread of this rank waits for the
+ *          collective (the core is idle);
+ *   poll   sleeps growing from 10 us by half each time, up to 50 us while a
+ *          thread waits for the result and 250 us while the rank computes,
+ *          for SHM_POLL_S: the exchange's hand-offs are this short, and a
+ *          wake-up by the peer would preempt whatever runs on the core it
+ *          lands on (measured on 2 busy cores: futex hand-offs at every
+ *          phase lost a third of the throughput to context switches);
+ *   sleep  then FUTEX_WAIT until the peer's FUTEX_WAKE (it wakes only
+ *          sleepers whose count it reached), waking every
+ *          SHM_LIVE_CHECK_S: a peer that is far behind (still computing,
+ *          loading data) costs no wake-ups.
+ * Throughout, past `deadline`: DT_ERR_TIMEOUT; a dead peer: DT_ERR_STATE. */
 static dt_status wait_peer(dt_shm_transport *t, int k, int p, uint64_t g, dt_work *w,
                            double deadline) {
-  shm_ctl *peer = ctl_of(t, k);
-  uint32_t *word = &peer->done[p];
-  for (int i = 0; i < SHM_SPINS; i++) {
-    if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), g + 1))
-      return DT_OK;
-    cpu_relax();
-  }
-  __atomic_add_fetch(&peer->waiters[p], 1, __ATOMIC_SEQ_CST);
+  uint32_t *word = &ctl_of(t, k)->done[p];
+  if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), g + 1))
+    return DT_OK;
+  int waiting = dt_comm_host_waiting(w->comm);
+  double start = dt_comm_now();
+  double spin_until = start + (waiting ? SHM_SPIN_WAITING_S : SHM_SPIN_S);
+  do {
+    for (int i = 0; i < 64; i++) {
+      if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), g + 1))
+        return DT_OK;
+      cpu_relax();
+    }
+  } while (dt_comm_now() < spin_until);
+  uint64_t *sleeping = &ctl_of(t, t->rank)->sleeping_on;
   dt_status st = DT_OK;
+  double pause_s = 10e-6, next_check = start + SHM_LIVE_CHECK_S;
   for (;;) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
     if (reached(v, g + 1))
@@ -193,14 +233,28 @@ static dt_status wait_peer(dt_shm_transport *t, int k, int p, uint64_t g, dt_wor
       st = DT_ERR_TIMEOUT;
       break;
     }
-    st = check_alive(t, k, w);
-    if (st != DT_OK)
-      break;
-    double left = deadline - now < SHM_LIVE_CHECK_S ? deadline - now : SHM_LIVE_CHECK_S;
-    struct timespec ts = {0, (long)(left * 1e9) + 1};
-    futex(word, FUTEX_WAIT, v, &ts); /* EAGAIN: it moved on already; ETIMEDOUT: look again */
+    if (now > next_check) {
+      st = check_alive(t, k, w);
+      if (st != DT_OK)
+        break;
+      next_check = now + SHM_LIVE_CHECK_S;
+    }
+    double left = (deadline < next_check ? deadline : next_check) - now;
+    if (now - start < SHM_POLL_S) {
+      double cap = dt_comm_host_waiting(w->comm) ? 50e-6 : 250e-6;
+      double nap = pause_s < cap ? pause_s : cap;
+      struct timespec ts = {0, (long)((nap < left ? nap : left) * 1e9) + 1};
+      nanosleep(&ts, NULL);
+      pause_s *= 1.5;
+      continue;
+    }
+    __atomic_store_n(sleeping, sleep_word(k, p, (uint32_t)(g + 1)), __ATOMIC_SEQ_CST);
+    if (!reached(__atomic_load_n(word, __ATOMIC_SEQ_CST), g + 1)) {
+      struct timespec ts = {0, (long)(left * 1e9) + 1};
+      futex(word, FUTEX_WAIT, v, &ts); /* EAGAIN: it moved on; ETIMEDOUT: look again */
+    }
   }
-  __atomic_sub_fetch(&peer->waiters[p], 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(sleeping, 0, __ATOMIC_RELEASE);
   return st;
 }
 

@@ -20,9 +20,9 @@ namespace {
 dt_pg *g_pg = nullptr;
 dt_comm *g_comm = nullptr;  // DT_COMM_SHM from the environment
 
-// comm_shm.c's slot: 512 KiB per rank and chunk, split into W pieces for
+// comm_shm.c's slot: 1 MiB per rank and chunk, split into W pieces for
 // the reductions.
-constexpr int64_t kSlotBytes = 512 << 10;
+constexpr int64_t kSlotBytes = 1 << 20;
 
 class DistShm : public ::testing::Test {
  protected:
