@@ -223,7 +223,7 @@ static dt_status wait_peer(dt_shm_transport *t, int k, int p, uint64_t g, dt_wor
   } while (dt_comm_now() < spin_until);
   uint64_t *sleeping = &ctl_of(t, t->rank)->sleeping_on;
   dt_status st = DT_OK;
-  double pause_s = 10e-6, next_check = start + SHM_LIVE_CHECK_S;
+  double pause_s = 10e-6, next_check = start; /* a first check once the spin is over */
   for (;;) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
     if (reached(v, g + 1))
