@@ -124,6 +124,35 @@ static void describe_work(const dt_work *w, char *buf, size_t cap) {
            dt_coll_kind_name(w->kind), bucket, w->bytes, w->comm->peers);
 }
 
+/* ---- agreement ---- */
+
+void dt_comm_signature(const dt_work *w, int64_t sig[DT_SIG_N]) {
+  sig[DT_SIG_SEQ] = (int64_t)w->seq;
+  sig[DT_SIG_KIND] = w->kind;
+  sig[DT_SIG_ROOT] = w->root;
+  sig[DT_SIG_BYTES] = (int64_t)w->bytes;
+  sig[DT_SIG_DTYPE] = w->dtype;
+}
+
+dt_status dt_comm_signatures_agree(const int64_t lo[DT_SIG_N], const int64_t hi[DT_SIG_N]) {
+  int same = 1;
+  for (int i = 0; i < DT_SIG_N; i++)
+    same = same && lo[i] == hi[i];
+  if (same)
+    return DT_OK;
+  return DT_ERROR(DT_ERR_DIST_MISMATCH,
+                  "the ranks are not at the same collective: sequence numbers %lld..%lld, kinds "
+                  "%lld..%lld, roots %lld..%lld, sizes %lld..%lld bytes, element types "
+                  "%lld..%lld over the ranks: they ran different numbers of steps (uneven data, "
+                  "another --max-steps or --accum) or with another batch size, model or "
+                  "--grad-compress; every rank must run the same collectives",
+                  (long long)lo[DT_SIG_SEQ], (long long)hi[DT_SIG_SEQ],
+                  (long long)lo[DT_SIG_KIND], (long long)hi[DT_SIG_KIND],
+                  (long long)lo[DT_SIG_ROOT], (long long)hi[DT_SIG_ROOT],
+                  (long long)lo[DT_SIG_BYTES], (long long)hi[DT_SIG_BYTES],
+                  (long long)lo[DT_SIG_DTYPE], (long long)hi[DT_SIG_DTYPE]);
+}
+
 /* ---- the communication thread ---- */
 
 dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w, double deadline) {
@@ -435,6 +464,9 @@ void dt_comm_abort(dt_comm *c, const char *why) {
 int dt_comm_rank(const dt_comm *c) { return c->rank; }
 int dt_comm_size(const dt_comm *c) { return c->size; }
 const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
+const char *dt_comm_transport(const dt_comm *c) {
+  return c->be->transport != NULL ? c->be->transport(c->impl) : c->be->name;
+}
 const dt_comm_config *dt_comm_get_config(const dt_comm *c) { return &c->cfg; }
 uint64_t dt_comm_seq(const dt_comm *c) { return __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE); }
 int dt_comm_is_broken(const dt_comm *c) { return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); }
@@ -838,6 +870,11 @@ dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out) {
 }
 
 dt_status dt_comm_config_from_env(dt_comm_config *cfg) {
+  if (dt_env_is_set(DT_ENV_COMM_SHM)) {
+    bool shm = cfg->shm != 0;
+    DT_CHECK(dt_env_bool(DT_ENV_COMM_SHM, &shm));
+    cfg->shm = shm;
+  }
   if (!dt_env_is_set(DT_ENV_COMM_BACKEND))
     return DT_OK;
   /* The table's choices are auto|mpi|nccl, named as dt_comm_backend_parse

@@ -22,6 +22,19 @@
  *   mpi    host memory. A dedicated communication thread per communicator
  *          runs the queued collectives (nonblocking MPI calls, polled), so
  *          they overlap the caller's backward pass.
+ *
+ * Shared memory. When every rank of an mpi communicator is on one node
+ * (and cfg.shm, DT_COMM_SHM, is on), its collectives do not go through MPI
+ * messages: the ranks map one shared segment (made at creation, its name
+ * unlinked before creation returns, so nothing is left in /dev/shm however
+ * a rank ends), each reduces its 1/W slice reading every rank's staged
+ * data directly and publishes the result there, in pipelined chunks; the
+ * communication thread sleeps on a futex in the segment while it waits.
+ * Results are those of the MPI path bit for bit for f32 on two ranks and
+ * for 16-bit data on any number (sums in rank order; MPI's f32 ring sums
+ * 3+ ranks in ring order). A peer whose process dies fails the collective
+ * with DT_ERR_STATE naming it; the deadline and watchdog are unchanged.
+ * Ranks on several nodes keep the MPI path.
  *   local  N participants that are threads of one process (data-parallel
  *          replicas), shared-memory reduction. Each participant also has a
  *          communication thread. Sums are taken in rank order, so every
@@ -109,11 +122,16 @@ typedef struct dt_comm_config {
   double timeout_s;               /* per-collective deadline (> 0); default 300 */
   int abort_on_timeout;           /* 1: print and end the job; 0: DT_ERR_TIMEOUT */
   dt_comm_backend_choice backend; /* for dt_comm_create_for_device / dp; default auto */
+  /* mpi: 1 runs the host collectives through a shared-memory segment when
+   * every rank is on one node (see "Shared memory" above); 0 keeps MPI's
+   * point-to-point path. Default 1. */
+  int shm;
 } dt_comm_config;
-#define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1, DT_COMM_BACKEND_AUTO})
+#define DT_COMM_CONFIG_DEFAULT ((dt_comm_config){300.0, 1, DT_COMM_BACKEND_AUTO, 1})
 
-/* Applies the environment to *cfg: DT_COMM_BACKEND=auto|mpi|nccl. The only
- * place dist/ reads it. DT_ERR_INVALID_ARG (with the value) when malformed. */
+/* Applies the environment to *cfg: DT_COMM_BACKEND=auto|mpi|nccl and
+ * DT_COMM_SHM=1|0. The only place dist/ reads them. DT_ERR_INVALID_ARG
+ * (with the value) when malformed. */
 dt_status dt_comm_config_from_env(dt_comm_config *cfg);
 
 /* Optional per-collective settings (NULL = all defaults). */
@@ -212,6 +230,9 @@ void dt_comm_abort(dt_comm *c, const char *why);
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
 const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local", "nccl" */
+/* How the host collectives travel: "shm" for an mpi communicator on the
+ * shared-memory transport, else the backend's name ("mpi", ...). */
+const char *dt_comm_transport(const dt_comm *c);
 const dt_comm_config *dt_comm_get_config(const dt_comm *c);
 /* Number of collectives submitted so far (the next one gets this + 1). */
 uint64_t dt_comm_seq(const dt_comm *c);

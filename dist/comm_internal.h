@@ -108,7 +108,20 @@ typedef struct dt_comm_backend {
   /* Optional: frees w->backend_data (may run after the communicator is
    * destroyed: must not use impl). */
   void (*work_free)(dt_work *w);
+  /* Optional: dt_comm_transport (default: the backend's name). */
+  const char *(*transport)(void *impl);
 } dt_comm_backend;
+
+/* ---- agreement on the collective (mpi, and its shared-memory transport) ----
+ * Before data moves, the ranks compare what they are about to run:
+ * sequence number, kind, root, size in bytes and element type. */
+enum { DT_SIG_SEQ, DT_SIG_KIND, DT_SIG_ROOT, DT_SIG_BYTES, DT_SIG_DTYPE, DT_SIG_N };
+/* sig[0..DT_SIG_N) of `w`. */
+void dt_comm_signature(const dt_work *w, int64_t sig[DT_SIG_N]);
+/* lo and hi: each value's range over the ranks. DT_OK when every range is
+ * one value; else DT_ERR_DIST_MISMATCH naming the ranges and the likely
+ * causes (the same message on every rank). */
+dt_status dt_comm_signatures_agree(const int64_t lo[DT_SIG_N], const int64_t hi[DT_SIG_N]);
 
 /* ---- 16-bit reductions on the host (mpi, local) ----
  * A reduction of f16/bf16 data converts each rank's values to f32, sums

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "dist/comm_internal.h"
+#include "dist/comm_shm.h"
 #include "dist/guard.h"
 #include "dist/mpi_util.h"
 #include "dist/process_group_internal.h"
@@ -26,6 +27,9 @@ typedef struct mpi_comm {
   size_t ring_tmp_cap; /* elements */
   MPI_Request *ring_reqs;
   size_t ring_reqs_cap;
+  /* All ranks on one node: every collective runs through shared memory
+   * (comm_shm.c) instead of the MPI paths below. */
+  dt_shm_transport *shm;
 } mpi_comm;
 
 static dt_status start_collective(mpi_comm *m, dt_work *w, MPI_Request *req) {
@@ -104,57 +108,43 @@ static dt_status wait_request(mpi_comm *m, MPI_Request *req, dt_work *w, double 
  * of its negation gives the range over the ranks; on 2 ranks a swap of the
  * values); a disagreement fails the collective on every rank with the
  * ranges. */
-enum { SIG_SEQ, SIG_KIND, SIG_ROOT, SIG_BYTES, SIG_DTYPE, SIG_N };
 #define DT_AGREE_TAG 0x4147 /* "AG": the point-to-point signatures of 2 ranks */
 
 static dt_status agree(mpi_comm *m, dt_work *w, double deadline) {
-  int64_t sig[2 * SIG_N] = {
-      (int64_t)w->seq, w->kind, w->root, (int64_t)w->bytes, w->dtype,
-  };
-  for (int i = 0; i < SIG_N; i++)
-    sig[SIG_N + i] = -sig[i];
+  int64_t sig[2 * DT_SIG_N];
+  dt_comm_signature(w, sig);
+  for (int i = 0; i < DT_SIG_N; i++)
+    sig[DT_SIG_N + i] = -sig[i];
   if (dt_comm_size(w->comm) == 2) {
     /* Two ranks: swap the signatures (one message each way at once, where
      * the all-reduce takes two one after the other) and take the ranges. */
-    int64_t peer[SIG_N];
+    int64_t peer[DT_SIG_N];
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int other = 1 - dt_comm_rank(w->comm);
     dt_pg_mpi_lock(m->pg);
-    int rc = MPI_Irecv(peer, SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[0]);
+    int rc = MPI_Irecv(peer, DT_SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[0]);
     if (rc == MPI_SUCCESS)
-      rc = MPI_Isend(sig, SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[1]);
+      rc = MPI_Isend(sig, DT_SIG_N, MPI_INT64_T, other, DT_AGREE_TAG, m->comm, &reqs[1]);
     dt_pg_mpi_unlock(m->pg);
     DT_MPI_CHECK(rc);
     DT_CHECK(wait_request(m, &reqs[1], w, deadline));
     DT_CHECK(wait_request(m, &reqs[0], w, deadline));
-    for (int i = 0; i < SIG_N; i++) {
-      sig[SIG_N + i] = -sig[i] > -peer[i] ? -sig[i] : -peer[i];
+    for (int i = 0; i < DT_SIG_N; i++) {
+      sig[DT_SIG_N + i] = -sig[i] > -peer[i] ? -sig[i] : -peer[i];
       sig[i] = sig[i] > peer[i] ? sig[i] : peer[i];
     }
   } else {
     MPI_Request req = MPI_REQUEST_NULL;
     dt_pg_mpi_lock(m->pg);
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2 * SIG_N, MPI_INT64_T, MPI_MAX, m->comm, &req);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, sig, 2 * DT_SIG_N, MPI_INT64_T, MPI_MAX, m->comm, &req);
     dt_pg_mpi_unlock(m->pg);
     DT_MPI_CHECK(rc);
     DT_CHECK(wait_request(m, &req, w, deadline));
   }
-  int same = 1;
-  for (int i = 0; i < SIG_N; i++)
-    same = same && sig[i] == -sig[SIG_N + i];
-  if (same)
-    return DT_OK;
-  return DT_ERROR(DT_ERR_DIST_MISMATCH,
-                  "the ranks are not at the same collective: sequence numbers %lld..%lld, kinds "
-                  "%lld..%lld, roots %lld..%lld, sizes %lld..%lld bytes, element types "
-                  "%lld..%lld over the ranks: they ran different numbers of steps (uneven data, "
-                  "another --max-steps or --accum) or with another batch size, model or "
-                  "--grad-compress; every rank must run the same collectives",
-                  (long long)-sig[SIG_N + SIG_SEQ], (long long)sig[SIG_SEQ],
-                  (long long)-sig[SIG_N + SIG_KIND], (long long)sig[SIG_KIND],
-                  (long long)-sig[SIG_N + SIG_ROOT], (long long)sig[SIG_ROOT],
-                  (long long)-sig[SIG_N + SIG_BYTES], (long long)sig[SIG_BYTES],
-                  (long long)-sig[SIG_N + SIG_DTYPE], (long long)sig[SIG_DTYPE]);
+  int64_t lo[DT_SIG_N];
+  for (int i = 0; i < DT_SIG_N; i++)
+    lo[i] = -sig[DT_SIG_N + i];
+  return dt_comm_signatures_agree(lo, sig);
 }
 
 /* ---- 16-bit reductions: a reduce-scatter of our own, then all-gather ---- */
@@ -373,6 +363,8 @@ static dt_status ring_allreduce_f32(mpi_comm *m, dt_work *w, double deadline) {
 
 static dt_status mpi_run(void *impl, dt_work *w, double deadline) {
   mpi_comm *m = impl;
+  if (m->shm != NULL)
+    return dt_shm_transport_run(m->shm, w, deadline);
   DT_CHECK(agree(m, w, deadline));
   int reduction = w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER;
   if (reduction && w->dtype != DT_DTYPE_F32) {
@@ -421,13 +413,19 @@ static void mpi_destroy(void *impl, int broken) {
     free(m->ring_reqs);
   }
   free(m->part_ptrs);
+  dt_shm_transport_destroy(m->shm);
   free(m);
+}
+
+static const char *mpi_transport(void *impl) {
+  return ((mpi_comm *)impl)->shm != NULL ? "shm" : "mpi";
 }
 
 static const dt_comm_backend mpi_backend = {
     .name = "mpi",
     .host_memory = 1,
     .run = mpi_run,
+    .transport = mpi_transport,
     .abort_job = mpi_abort_job,
     .destroy = mpi_destroy,
 };
@@ -468,6 +466,12 @@ dt_status dt_comm_create_mpi(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out
   if (st != DT_OK) {
     mpi_destroy(m, 0);
     return dt_error_wrap(st, "creating an mpi communicator on rank %d", pg->rank);
+  }
+  dt_comm_config cc = cfg ? *cfg : DT_COMM_CONFIG_DEFAULT;
+  st = dt_shm_transport_create(pg, m->comm, cc.shm, cc.timeout_s, &m->shm);
+  if (st != DT_OK) {
+    mpi_destroy(m, 0);
+    return st;
   }
   char peers[96];
   if (pg->world == 1)

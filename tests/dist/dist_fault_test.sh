@@ -4,6 +4,10 @@
 #     prints which collective is stuck and aborts the job.
 #  2. A rank killed with SIGKILL: mpirun ends the job (the watchdog is set
 #     to 120 s so that it is mpirun, not the watchdog, that ends it).
+#  3. A rank killed in the middle of a large all-reduce on the shared-memory
+#     transport, under mpirun --enable-recovery (which does not end the
+#     others): they fail it naming the dead rank within a second or two of
+#     a 20 s deadline. No job leaves a segment of ours in /dev/shm.
 set -uo pipefail
 here=$(dirname "$0")
 tool="$here/dist_fault_tool"
@@ -45,5 +49,15 @@ check "the job should have ended with an error (exit $rc; 124 = hung)" \
   [ "$rc" -ne 0 -a "$rc" -ne 124 ]
 check "a rank finished without noticing the dead peer" lacks "finished without noticing"
 check "took ${elapsed}s to end the job" [ "$elapsed" -le 30 ]
+ours() { ls /dev/shm 2>/dev/null | grep -E "^dtrain-$(id -u)-" | sort; }
+before=$(ours)
+MPIRUN_LOCAL_ARGS=--enable-recovery job "rank dead mid-collective" 3 "$tool" die 20
+check "rank 0 did not name the dead rank" grep -Eq "rank 0: allreduce failed after [0-9.]+ s of a 20 s deadline: .*rank 2's process died" "$log"
+check "rank 1 did not name the dead rank" grep -Eq "rank 1: allreduce failed after [0-9.]+ s of a 20 s deadline: .*rank 2's process died" "$log"
+check "a rank finished without noticing the dead peer" lacks "finished without noticing"
+check "took ${elapsed}s, expected well under the 20 s deadline" [ "$elapsed" -le 15 ]
+after=$(ours)
+check "segments left in /dev/shm: $(comm -13 <(echo "$before") <(echo "$after") | tr '\n' ' ')" \
+  [ "$before" = "$after" ]
 [ "$status" -eq 0 ] && echo "PASS"
 exit "$status"

@@ -7,11 +7,17 @@
  *                                   communicator (as if still loading data);
  *                                   the others, blocked in MPI_Comm_dup, must
  *                                   name it and abort the job
+ *   dist_fault_tool die TIMEOUT     the last rank dies (SIGKILL) in the middle
+ *                                   of a large all-reduce; the others must
+ *                                   fail it naming the dead rank, well within
+ *                                   TIMEOUT (run under mpirun
+ *                                   --enable-recovery, which lets them)
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dist/comm.h"
@@ -22,20 +28,52 @@ static int fail(const char *what) {
   return 1;
 }
 
+/* A 64 MiB all-reduce, which the last rank leaves by dying a moment after
+ * it began: the others must fail it, naming the dead rank, long before the
+ * deadline. */
+static int die_mid_collective(dt_comm *comm, int victim, double timeout_s) {
+  int64_t n = 16 << 20;
+  dt_tensor *big = NULL;
+  if (dt_tensor_full(&n, 1, 1.0f, DT_CPU, &big) != DT_OK)
+    return fail("tensor");
+  dt_work *w = NULL;
+  if (dt_comm_allreduce(comm, big, DT_REDUCE_SUM, NULL, &w) != DT_OK)
+    return fail("allreduce");
+  if (victim) {
+    struct timespec pause = {0, 2000000L};
+    nanosleep(&pause, NULL);
+    raise(SIGKILL);
+  }
+  double start = dt_comm_now();
+  dt_status st = dt_work_wait(w, 0);
+  double took = dt_comm_now() - start;
+  dt_work_release(w);
+  dt_tensor_release(big);
+  if (st == DT_OK) {
+    printf("rank %d: finished without noticing the failure\n", dt_comm_rank(comm));
+    return 0;
+  }
+  fprintf(stderr, "dist_fault_tool: rank %d: allreduce failed after %.1f s of a %g s deadline: %s\n",
+          dt_comm_rank(comm), took, timeout_s, dt_last_error());
+  return 1;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0 &&
-                   strcmp(argv[1], "late") != 0)) {
-    fprintf(stderr, "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S\n");
+                   strcmp(argv[1], "late") != 0 && strcmp(argv[1], "die") != 0)) {
+    fprintf(stderr,
+            "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S | die TIMEOUT_S\n");
     return 2;
   }
   int stuck = strcmp(argv[1], "stuck") == 0, late = strcmp(argv[1], "late") == 0;
+  int die = strcmp(argv[1], "die") == 0;
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
   if (dt_pg_create(&pc, &pg) != DT_OK)
     return fail("process group");
   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  cc.timeout_s = stuck || late ? atof(argc > 2 ? argv[2] : "3") : 120.0;
+  cc.timeout_s = stuck || late || die ? atof(argc > 2 ? argv[2] : "3") : 120.0;
   if (late && dt_pg_rank(pg) == dt_pg_world_size(pg) - 1)
     sleep(120); /* never reaches the communicator's creation in time */
   dt_comm *comm = NULL;
@@ -50,6 +88,8 @@ int main(int argc, char **argv) {
     return fail("first allreduce");
   printf("rank %d: first allreduce done\n", rank);
   fflush(stdout);
+  if (die)
+    return die_mid_collective(comm, rank == last, cc.timeout_s);
   if (rank == last) {
     if (stuck) {
       sleep(120); /* stops calling collectives */

@@ -39,7 +39,7 @@ namespace dtt {
 constexpr int kImage = 28 * 28;
 
 // The MPI process group and the mpi communicator over it (30 s deadline per
-// collective) of a suite run under mpirun. false, with the reason printed
+// collective; DT_COMM_SHM from the environment) of a suite run under mpirun. false, with the reason printed
 // as "<suite>: <error>", when either cannot be made.
 inline bool start_mpi(const char *suite, dt_pg **pg, dt_comm **comm) {
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
@@ -50,7 +50,7 @@ inline bool start_mpi(const char *suite, dt_pg **pg, dt_comm **comm) {
   }
   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
   cc.timeout_s = 30;
-  if (dt_comm_create_mpi(*pg, &cc, comm) != DT_OK) {
+  if (dt_comm_config_from_env(&cc) != DT_OK || dt_comm_create_mpi(*pg, &cc, comm) != DT_OK) {
     std::fprintf(stderr, "%s: %s\n", suite, dt_last_error());
     dt_pg_destroy(*pg);
     *pg = nullptr;

@@ -1,0 +1,643 @@
+/* The shared-memory transport of the mpi communicator (see comm_shm.h).
+ *
+ * Segment: a header, one control block per rank, then per rank
+ * SHM_SLOTS staging slots of slot_bytes. A rank writes only its own
+ * control block (and the waiter counts of the others') and its own slots;
+ * it reads everyone's.
+ *
+ * A collective is cut into chunks; chunk g (counted over the
+ * communicator's life) uses slot g % SHM_SLOTS of every rank. Per chunk a
+ * rank passes three phases and counts each in its control block:
+ *   in    its contributions copied into its slot (the slices the others
+ *         reduce; allgather/broadcast: its data);
+ *   red   its own slice reduced from every rank's slot (reading its own
+ *         slice in place) and the result written to its buffer and slot;
+ *   out   the others' results (or data) copied out of their slots.
+ * A phase waits for the phase before it on every rank; a slot is refilled
+ * only after every rank has passed `out` of the chunk that used it before.
+ * The phases of consecutive chunks are pipelined (chunk i's copy-in, chunk
+ * i-1's reduction, chunk i-2's copy-out), so one rank's reduction overlaps
+ * the others' copies. Every collective has at least one chunk; its first
+ * copy-in also publishes the collective's signature, checked against every
+ * rank's before anything is read from the others (the agreement, costing
+ * no extra round trip).
+ *
+ * Waiting (wait_peer): a short spin, short sleeps, then FUTEX_WAIT on the
+ * peer's counter (a shared, not private, futex: the word lives in the
+ * shared mapping), woken by the peer's FUTEX_WAKE once the count it waits
+ * for is reached; every SHM_LIVE_CHECK_S it checks that the peer lives.
+ * Liveness: each rank's communication thread holds a robust process-shared
+ * mutex in its control block from its first collective on; when that
+ * thread or its process ends (SIGKILL included) the kernel marks the mutex
+ * owner-dead, which a peer's trylock sees. */
+#include "dist/comm_shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/guard.h"
+#include "dist/mpi_util.h"
+#include "dist/process_group_internal.h"
+
+#define SHM_MAGIC 0x64747368u /* "dtsh" */
+#define SHM_SLOTS 4           /* > 2: the pipeline keeps three chunks in flight */
+#define SHM_SLOT_BYTES ((size_t)1 << 20)
+#define SHM_ALIGN 4096
+#define SHM_SPIN_S 2e-6          /* spin before sleeping while the rank computes */
+#define SHM_SPIN_WAITING_S 50e-6 /* ... and while a thread of the rank waits for the result */
+#define SHM_POLL_S 2e-3         /* poll this long before sleeping on a futex */
+#define SHM_LIVE_CHECK_S 0.05   /* how often a wait checks that the peer lives */
+
+enum { PH_IN, PH_RED, PH_OUT, PH_N };
+
+typedef struct shm_ctl {
+  uint32_t done[PH_N]; /* futex words: chunks past each phase (mod 2^32) */
+  /* While this rank sleeps on a peer's counter: which one, packed by
+   * sleep_word(), else 0. The peer wakes it only once the target is met. */
+  uint64_t sleeping_on;
+  uint32_t armed;           /* 1 once `alive` is held by the communication thread */
+  int64_t sig[2][DT_SIG_N]; /* the signature of collective seq, at [seq & 1] */
+  pthread_mutex_t alive;    /* robust, process-shared */
+} shm_ctl;
+
+/* Each control block on its own cache lines. */
+#define SHM_CTL_STRIDE (((sizeof(shm_ctl) + 127) / 128) * 128)
+
+typedef struct shm_header {
+  uint32_t magic;
+  int32_t world;
+  uint64_t nonce;
+  uint64_t slot_bytes;
+} shm_header;
+
+struct dt_shm_transport {
+  int rank, world;
+  char *base;
+  size_t map_bytes;
+  size_t slot_bytes;
+  uint64_t chunks;        /* chunks this rank has started, over all collectives */
+  int armed;
+  const void **parts;     /* world: the slices a reduction adds */
+  const void **sub;       /* world: the same, advanced to a sub-chunk */
+};
+
+/* ---- segment layout ---- */
+
+static size_t ctl_offset(void) { return 256; }
+
+static size_t data_offset(int world) {
+  size_t end = ctl_offset() + (size_t)world * SHM_CTL_STRIDE;
+  return (end + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+}
+
+static size_t segment_bytes(int world, size_t slot_bytes) {
+  return data_offset(world) + (size_t)world * SHM_SLOTS * slot_bytes;
+}
+
+static shm_ctl *ctl_of(const dt_shm_transport *t, int k) {
+  return (shm_ctl *)(t->base + ctl_offset() + (size_t)k * SHM_CTL_STRIDE);
+}
+
+/* Slot of rank k that global chunk g uses. */
+static char *slot_of(const dt_shm_transport *t, int k, uint64_t g) {
+  size_t index = (size_t)k * SHM_SLOTS + (size_t)(g % SHM_SLOTS);
+  return t->base + data_offset(t->world) + index * t->slot_bytes;
+}
+
+/* ---- counters and waits ---- */
+
+static long futex(uint32_t *word, int op, uint32_t val, const struct timespec *timeout) {
+  return syscall(SYS_futex, word, op, val, timeout, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* `count` (mod 2^32) has reached `target`. */
+static int reached(uint32_t count, uint64_t target) {
+  return (int32_t)(count - (uint32_t)target) >= 0;
+}
+
+/* "Asleep until rank k's counter p reaches target": never 0. */
+static uint64_t sleep_word(int k, int p, uint32_t target) {
+  return ((uint64_t)target << 32) | ((uint64_t)(uint32_t)k << 4) | (uint64_t)(p + 1);
+}
+
+/* This rank passed phase p of one more chunk; wakes the peers asleep on
+ * that counter whose target it meets (and only those: a sleeper woken
+ * early would cost two context switches for nothing). The counter update
+ * and the sleepers' load are sequentially consistent, as are a sleeper's
+ * store of what it waits for and its load of the counter: one side always
+ * sees the other. */
+static void post(dt_shm_transport *t, int p) {
+  shm_ctl *me = ctl_of(t, t->rank);
+  uint32_t now = __atomic_add_fetch(&me->done[p], 1, __ATOMIC_SEQ_CST);
+  for (int k = 0; k < t->world; k++) {
+    if (k == t->rank)
+      continue;
+    uint64_t s = __atomic_load_n(&ctl_of(t, k)->sleeping_on, __ATOMIC_SEQ_CST);
+    if (s != 0 && s == sleep_word(t->rank, p, (uint32_t)(s >> 32)) && reached(now, s >> 32)) {
+      futex(&me->done[p], FUTEX_WAKE, INT_MAX, NULL);
+      return; /* wakes every sleeper on the word */
+    }
+  }
+}
+
+/* Takes this rank's liveness mutex on the communication thread. */
+static dt_status arm(dt_shm_transport *t) {
+  shm_ctl *me = ctl_of(t, t->rank);
+  int rc = pthread_mutex_lock(&me->alive);
+  if (rc == EOWNERDEAD) /* a previous communication thread of ours ended */
+    rc = pthread_mutex_consistent(&me->alive);
+  if (rc != 0)
+    return DT_ERROR(DT_ERR_INTERNAL, "shared-memory transport: locking the liveness mutex: %s",
+                    strerror(rc));
+  __atomic_store_n(&me->armed, 1, __ATOMIC_RELEASE);
+  t->armed = 1;
+  return DT_OK;
+}
+
+/* DT_OK while peer k's communication thread lives (or has not started). */
+static dt_status check_alive(dt_shm_transport *t, int k, const dt_work *w) {
+  shm_ctl *peer = ctl_of(t, k);
+  if (!__atomic_load_n(&peer->armed, __ATOMIC_ACQUIRE))
+    return DT_OK;
+  int rc = pthread_mutex_trylock(&peer->alive);
+  if (rc == EBUSY)
+    return DT_OK;
+  if (rc == 0 || rc == EOWNERDEAD)
+    pthread_mutex_unlock(&peer->alive); /* not consistent: later checks see ENOTRECOVERABLE */
+  return DT_ERROR(DT_ERR_STATE,
+                  "rank %d's process died (or its communicator was destroyed) while rank %d "
+                  "waited for it in collective #%llu (%s, %zu bytes) on the shared-memory "
+                  "transport: see that rank's output for why it ended",
+                  k, t->rank, (unsigned long long)w->seq, dt_coll_kind_name(w->kind), w->bytes);
+}
+
+/* Waits until rank k has passed phase p of global chunk g (its counter
+ * reaches g + 1), in three stages:
+ *   spin   briefly while this rank computes (the core is the
+ *          computation's), longer while a thread of this rank waits for the
+ *          collective (the core is idle);
+ *   poll   sleeps growing from 10 us by half each time, up to 50 us while a
+ *          thread waits for the result and 250 us while the rank computes,
+ *          for SHM_POLL_S: the exchange's hand-offs are this short, and a
+ *          wake-up by the peer would preempt whatever runs on the core it
+ *          lands on (measured on 2 busy cores: futex hand-offs at every
+ *          phase lost a third of the throughput to context switches);
+ *   sleep  then FUTEX_WAIT until the peer's FUTEX_WAKE (it wakes only
+ *          sleepers whose count it reached), waking every
+ *          SHM_LIVE_CHECK_S: a peer that is far behind (still computing,
+ *          loading data) costs no wake-ups.
+ * Throughout, past `deadline`: DT_ERR_TIMEOUT; a dead peer: DT_ERR_STATE. */
+static dt_status wait_peer(dt_shm_transport *t, int k, int p, uint64_t g, dt_work *w,
+                           double deadline) {
+  uint32_t *word = &ctl_of(t, k)->done[p];
+  if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), g + 1))
+    return DT_OK;
+  int waiting = dt_comm_host_waiting(w->comm);
+  double start = dt_comm_now();
+  double spin_until = start + (waiting ? SHM_SPIN_WAITING_S : SHM_SPIN_S);
+  do {
+    for (int i = 0; i < 64; i++) {
+      if (reached(__atomic_load_n(word, __ATOMIC_ACQUIRE), g + 1))
+        return DT_OK;
+      cpu_relax();
+    }
+  } while (dt_comm_now() < spin_until);
+  uint64_t *sleeping = &ctl_of(t, t->rank)->sleeping_on;
+  dt_status st = DT_OK;
+  double pause_s = 10e-6, next_check = start; /* a first check once the spin is over */
+  for (;;) {
+    uint32_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    if (reached(v, g + 1))
+      break;
+    double now = dt_comm_now();
+    if (now > deadline) {
+      st = DT_ERR_TIMEOUT;
+      break;
+    }
+    if (now > next_check) {
+      st = check_alive(t, k, w);
+      if (st != DT_OK)
+        break;
+      next_check = now + SHM_LIVE_CHECK_S;
+    }
+    double left = (deadline < next_check ? deadline : next_check) - now;
+    if (now - start < SHM_POLL_S) {
+      double cap = dt_comm_host_waiting(w->comm) ? 50e-6 : 250e-6;
+      double nap = pause_s < cap ? pause_s : cap;
+      struct timespec ts = {0, (long)((nap < left ? nap : left) * 1e9) + 1};
+      nanosleep(&ts, NULL);
+      pause_s *= 1.5;
+      continue;
+    }
+    __atomic_store_n(sleeping, sleep_word(k, p, (uint32_t)(g + 1)), __ATOMIC_SEQ_CST);
+    if (!reached(__atomic_load_n(word, __ATOMIC_SEQ_CST), g + 1)) {
+      struct timespec ts = {0, (long)(left * 1e9) + 1};
+      futex(word, FUTEX_WAIT, v, &ts); /* EAGAIN: it moved on; ETIMEDOUT: look again */
+    }
+  }
+  __atomic_store_n(sleeping, 0, __ATOMIC_RELEASE);
+  return st;
+}
+
+static dt_status wait_all(dt_shm_transport *t, int p, uint64_t g, dt_work *w, double deadline) {
+  for (int i = 1; i < t->world; i++)
+    DT_CHECK(wait_peer(t, (t->rank + i) % t->world, p, g, w, deadline));
+  return DT_OK;
+}
+
+/* ---- the collectives' chunks ---- */
+
+/* What one collective moves, in the units of its chunks. Reductions
+ * (allreduce, reduce_scatter) split the data into `world` segments and
+ * chunk each into pieces of `q` elements (a slot holds one piece of every
+ * segment); the others move bytes, `q` of them (a whole slot) per chunk. */
+typedef struct plan {
+  dt_work *w;
+  int reduction;
+  int64_t q;       /* elements (reductions) or bytes per chunk */
+  uint64_t chunks; /* >= 1 */
+  uint64_t g0;     /* global index of chunk 0 */
+} plan;
+
+/* Segment k of a reduction: its first element and length. */
+static char *seg_data(const plan *pl, int k, int64_t *len) {
+  dt_work *w = pl->w;
+  int world = dt_comm_size(w->comm);
+  if (w->kind == DT_COLL_REDUCE_SCATTER) {
+    *len = w->count;
+    return (char *)w->in_data + (size_t)k * (size_t)w->count * w->elem;
+  }
+  int64_t lo = w->count * k / world, hi = w->count * (k + 1) / world;
+  *len = hi - lo;
+  return (char *)w->out_data + (size_t)lo * w->elem;
+}
+
+/* Piece c of a range `len` long, `q` per piece: its offset and length. */
+static int64_t piece(int64_t len, int64_t q, uint64_t c, int64_t *off) {
+  *off = (int64_t)c * q;
+  int64_t n = len - *off;
+  return n <= 0 ? 0 : n < q ? n : q;
+}
+
+static void plan_init(plan *pl, dt_shm_transport *t, dt_work *w) {
+  pl->w = w;
+  pl->reduction = w->kind == DT_COLL_ALLREDUCE || w->kind == DT_COLL_REDUCE_SCATTER;
+  int64_t longest = 0;
+  if (pl->reduction) {
+    pl->q = (int64_t)(t->slot_bytes / (size_t)t->world / w->elem) / 64 * 64;
+    for (int k = 0; k < t->world; k++) {
+      int64_t len = 0;
+      seg_data(pl, k, &len);
+      longest = len > longest ? len : longest;
+    }
+  } else {
+    pl->q = (int64_t)t->slot_bytes;
+    longest = w->kind == DT_COLL_BARRIER ? 0 : (int64_t)w->bytes;
+  }
+  pl->chunks = longest == 0 ? 1 : (uint64_t)((longest + pl->q - 1) / pl->q);
+  pl->g0 = t->chunks;
+}
+
+static void copy_in(dt_shm_transport *t, const plan *pl, uint64_t c) {
+  dt_work *w = pl->w;
+  char *slot = slot_of(t, t->rank, pl->g0 + c);
+  int64_t off, n;
+  if (pl->reduction) {
+    for (int k = 0; k < t->world; k++) {
+      int64_t len;
+      char *seg = seg_data(pl, k, &len);
+      if (k != t->rank && (n = piece(len, pl->q, c, &off)) > 0)
+        memcpy(slot + (size_t)k * (size_t)pl->q * w->elem, seg + (size_t)off * w->elem,
+               (size_t)n * w->elem);
+    }
+  } else if (w->kind == DT_COLL_ALLGATHER) {
+    if ((n = piece((int64_t)w->bytes, pl->q, c, &off)) > 0) {
+      const char *src = (const char *)w->in_data + off;
+      memcpy(slot, src, (size_t)n);
+      char *mine = (char *)w->out_data + (size_t)t->rank * w->bytes + off;
+      if (mine != src) /* ZeRO gathers in place */
+        memcpy(mine, src, (size_t)n);
+    }
+  } else if (w->kind == DT_COLL_BROADCAST && t->rank == w->root) {
+    if ((n = piece((int64_t)w->bytes, pl->q, c, &off)) > 0)
+      memcpy(slot, (const char *)w->in_data + off, (size_t)n);
+  }
+}
+
+/* This rank's piece c of its segment: the sum over the ranks in rank order
+ * (comm_reduce.c: f32 sums, one rounding), into the buffer and the slot. */
+static void reduce(dt_shm_transport *t, const plan *pl, uint64_t c) {
+  dt_work *w = pl->w;
+  int64_t len, off;
+  char *seg = seg_data(pl, t->rank, &len);
+  int64_t n = piece(len, pl->q, c, &off);
+  if (n == 0)
+    return;
+  size_t in_slot = (size_t)t->rank * (size_t)pl->q * w->elem;
+  for (int k = 0; k < t->world; k++)
+    t->parts[k] = k == t->rank ? seg + (size_t)off * w->elem : slot_of(t, k, pl->g0 + c) + in_slot;
+  int reduce_scatter = w->kind == DT_COLL_REDUCE_SCATTER;
+  char *dst = reduce_scatter ? (char *)w->out_data + (size_t)off * w->elem
+                             : seg + (size_t)off * w->elem;
+  char *published = reduce_scatter ? NULL : slot_of(t, t->rank, pl->g0 + c) + in_slot;
+  float acc[DT_COMM_REDUCE_CHUNK];
+  for (int64_t s = 0; s < n; s += DT_COMM_REDUCE_CHUNK) {
+    int64_t m = n - s < DT_COMM_REDUCE_CHUNK ? n - s : DT_COMM_REDUCE_CHUNK;
+    size_t at = (size_t)s * w->elem;
+    for (int k = 0; k < t->world; k++)
+      t->sub[k] = (const char *)t->parts[k] + at;
+    dt_comm_sum_f32(t->sub, t->world, w->dtype, m, w->op == DT_REDUCE_AVG, acc);
+    dt_comm_from_f32(acc, w->dtype, dst + at, m);
+    if (published != NULL)
+      memcpy(published + at, dst + at, (size_t)m * w->elem);
+  }
+}
+
+static void copy_out(dt_shm_transport *t, const plan *pl, uint64_t c) {
+  dt_work *w = pl->w;
+  int64_t off, n;
+  if (w->kind == DT_COLL_ALLREDUCE) {
+    for (int k = 0; k < t->world; k++) {
+      int64_t len;
+      char *seg = seg_data(pl, k, &len);
+      if (k != t->rank && (n = piece(len, pl->q, c, &off)) > 0)
+        memcpy(seg + (size_t)off * w->elem,
+               slot_of(t, k, pl->g0 + c) + (size_t)k * (size_t)pl->q * w->elem,
+               (size_t)n * w->elem);
+    }
+  } else if (w->kind == DT_COLL_ALLGATHER) {
+    if ((n = piece((int64_t)w->bytes, pl->q, c, &off)) > 0)
+      for (int k = 0; k < t->world; k++)
+        if (k != t->rank)
+          memcpy((char *)w->out_data + (size_t)k * w->bytes + off, slot_of(t, k, pl->g0 + c),
+                 (size_t)n);
+  } else if (w->kind == DT_COLL_BROADCAST && t->rank != w->root) {
+    if ((n = piece((int64_t)w->bytes, pl->q, c, &off)) > 0)
+      memcpy((char *)w->out_data + off, slot_of(t, w->root, pl->g0 + c), (size_t)n);
+  }
+}
+
+/* Every rank's signature of this collective against ours. */
+static dt_status agree(dt_shm_transport *t, const dt_work *w) {
+  int64_t lo[DT_SIG_N], hi[DT_SIG_N];
+  const int64_t *mine = ctl_of(t, t->rank)->sig[w->seq & 1];
+  memcpy(lo, mine, sizeof lo);
+  memcpy(hi, mine, sizeof hi);
+  for (int k = 0; k < t->world; k++) {
+    const int64_t *s = ctl_of(t, k)->sig[w->seq & 1];
+    for (int i = 0; i < DT_SIG_N; i++) {
+      lo[i] = s[i] < lo[i] ? s[i] : lo[i];
+      hi[i] = s[i] > hi[i] ? s[i] : hi[i];
+    }
+  }
+  return dt_comm_signatures_agree(lo, hi);
+}
+
+/* The pipeline: iteration i copies chunk i in, reduces chunk i-1 and
+ * copies chunk i-2 out. */
+static dt_status run_plan(dt_shm_transport *t, plan *pl, double deadline) {
+  dt_work *w = pl->w;
+  /* allgather and broadcast read the others' slots once their copy-in is
+   * done; reductions once their reductions are. */
+  int out_after = pl->reduction ? PH_RED : PH_IN;
+  for (uint64_t i = 0; i < pl->chunks + 2; i++) {
+    if (i < pl->chunks) {
+      uint64_t g = pl->g0 + i;
+      if (g >= SHM_SLOTS)
+        DT_CHECK(wait_all(t, PH_OUT, g - SHM_SLOTS, w, deadline));
+      if (i == 0)
+        dt_comm_signature(w, ctl_of(t, t->rank)->sig[w->seq & 1]);
+      copy_in(t, pl, i);
+      post(t, PH_IN);
+      t->chunks++;
+      if (i == 0) {
+        DT_CHECK(wait_all(t, PH_IN, pl->g0, w, deadline));
+        DT_CHECK(agree(t, w));
+      }
+    }
+    if (i >= 1 && i <= pl->chunks) {
+      uint64_t c = i - 1;
+      if (c > 0)
+        DT_CHECK(wait_all(t, PH_IN, pl->g0 + c, w, deadline));
+      if (pl->reduction)
+        reduce(t, pl, c);
+      post(t, PH_RED);
+    }
+    if (i >= 2) {
+      uint64_t c = i - 2;
+      if (w->kind != DT_COLL_REDUCE_SCATTER && w->kind != DT_COLL_BARRIER)
+        DT_CHECK(wait_all(t, out_after, pl->g0 + c, w, deadline));
+      copy_out(t, pl, c);
+      post(t, PH_OUT);
+    }
+  }
+  return DT_OK;
+}
+
+dt_status dt_shm_transport_run(dt_shm_transport *t, dt_work *w, double deadline) {
+  if (!t->armed)
+    DT_CHECK(arm(t));
+  plan pl;
+  plan_init(&pl, t, w);
+  return run_plan(t, &pl, deadline);
+}
+
+/* ---- setup ---- */
+
+void dt_shm_transport_destroy(dt_shm_transport *t) {
+  if (t == NULL)
+    return;
+  if (t->base != NULL)
+    munmap(t->base, t->map_bytes);
+  free(t->parts);
+  free(t->sub);
+  free(t);
+}
+
+static dt_status map_segment(int fd, size_t bytes, char **base) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return DT_ERROR(DT_ERR_OOM, "mapping %zu bytes of shared memory: %s", bytes, strerror(errno));
+  *base = p;
+  return DT_OK;
+}
+
+/* Rank 0: creates, sizes, maps and initialises the segment `name`. */
+static dt_status create_segment(dt_shm_transport *t, const char *name, uint64_t nonce) {
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0)
+    return DT_ERROR(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
+  dt_status st = DT_OK;
+  if (ftruncate(fd, (off_t)t->map_bytes) != 0)
+    st = DT_ERROR(DT_ERR_OOM, "sizing the shared segment %s to %zu bytes: %s (is /dev/shm full?)",
+                  name, t->map_bytes, strerror(errno));
+  if (st == DT_OK)
+    st = map_segment(fd, t->map_bytes, &t->base);
+  close(fd);
+  if (st != DT_OK) {
+    shm_unlink(name);
+    return st;
+  }
+  shm_header *h = (shm_header *)t->base;
+  h->world = t->world;
+  h->nonce = nonce;
+  h->slot_bytes = t->slot_bytes;
+  __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
+  return DT_OK;
+}
+
+/* The other ranks: maps rank 0's segment and checks that it is the one
+ * rank 0 made (the ranks may see different /dev/shm). */
+static dt_status open_segment(dt_shm_transport *t, const char *name, uint64_t nonce) {
+  int fd = shm_open(name, O_RDWR, 0600);
+  if (fd < 0)
+    return DT_ERROR(DT_ERR_IO, "shm_open(%s) of rank 0's segment: %s", name, strerror(errno));
+  struct stat sb;
+  dt_status st = DT_OK;
+  if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != t->map_bytes)
+    st = DT_ERROR(DT_ERR_IO, "rank 0's shared segment %s is not %zu bytes long", name,
+                  t->map_bytes);
+  if (st == DT_OK)
+    st = map_segment(fd, t->map_bytes, &t->base);
+  close(fd);
+  DT_CHECK(st);
+  const shm_header *h = (const shm_header *)t->base;
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC || h->nonce != nonce ||
+      h->world != t->world)
+    return DT_ERROR(DT_ERR_IO, "the shared segment %s is not the one rank 0 created", name);
+  return DT_OK;
+}
+
+static dt_status init_alive_mutex(shm_ctl *c) {
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  int rc = pthread_mutex_init(&c->alive, &a);
+  pthread_mutexattr_destroy(&a);
+  if (rc != 0)
+    return DT_ERROR(DT_ERR_INTERNAL, "a robust process-shared mutex: %s", strerror(rc));
+  return DT_OK;
+}
+
+/* What rank 0 tells the others. */
+typedef struct shm_offer {
+  int32_t ok;
+  uint64_t nonce;
+  char name[64];
+} shm_offer;
+
+/* The collective part of creation: rank 0 makes the segment and broadcasts
+ * its name; every rank maps it; all agree that everyone did (the
+ * all-reduce is also the point after which nobody opens the name, so rank
+ * 0 unlinks it then). */
+static dt_status setup_segment(dt_shm_transport *t, dt_pg *pg, MPI_Comm comm, int want,
+                               char *why, size_t why_cap) {
+  shm_offer offer = {0, 0, ""};
+  dt_status st = DT_OK;
+  if (t->rank == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    static int counter; /* communicators made by this process */
+    offer.nonce = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
+    snprintf(offer.name, sizeof offer.name, "/dtrain-%d-%d-%d", (int)getuid(), (int)getpid(),
+             __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    if (want) {
+      st = create_segment(t, offer.name, offer.nonce);
+      if (st != DT_OK)
+        snprintf(why, why_cap, "%s", dt_last_error());
+    } else {
+      snprintf(why, why_cap, "turned off on rank 0");
+    }
+    offer.ok = want && st == DT_OK;
+  }
+  dt_pg_mpi_lock(pg);
+  int rc = MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, comm);
+  dt_pg_mpi_unlock(pg);
+  if (rc != MPI_SUCCESS) {
+    if (t->rank == 0 && offer.ok)
+      shm_unlink(offer.name);
+    DT_MPI_CHECK(rc);
+  }
+  int ok = offer.ok;
+  if (t->rank != 0 && ok) {
+    st = want ? open_segment(t, offer.name, offer.nonce) : DT_OK;
+    ok = want && st == DT_OK;
+  }
+  if (ok)
+    st = init_alive_mutex(ctl_of(t, t->rank));
+  ok = ok && st == DT_OK;
+  int all_ok = 0;
+  dt_pg_mpi_lock(pg);
+  rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+  dt_pg_mpi_unlock(pg);
+  if (t->rank == 0 && offer.ok)
+    shm_unlink(offer.name); /* everyone that could map it has: nothing stays in /dev/shm */
+  DT_MPI_CHECK(rc);
+  if (!all_ok && why[0] == '\0')
+    snprintf(why, why_cap, "%s", offer.ok ? "another rank could not map the segment, or has it turned off" : "");
+  return all_ok ? DT_OK : DT_ERR_UNSUPPORTED;
+}
+
+dt_status dt_shm_transport_create(dt_pg *pg, MPI_Comm comm, int want, double timeout_s,
+                                  dt_shm_transport **out) {
+  *out = NULL;
+  /* The same answer on every rank: no collective is run otherwise. */
+  if (pg->world < 2 || pg->local_size != pg->world)
+    return DT_OK;
+  dt_shm_transport *t = calloc(1, sizeof *t);
+  if (t != NULL) {
+    t->parts = calloc((size_t)pg->world, sizeof *t->parts);
+    t->sub = calloc((size_t)pg->world, sizeof *t->sub);
+  }
+  if (t == NULL || t->parts == NULL || t->sub == NULL) {
+    dt_shm_transport_destroy(t);
+    return DT_ERROR(DT_ERR_OOM, "shared-memory transport: out of host memory");
+  }
+  t->rank = pg->rank;
+  t->world = pg->world;
+  /* At least 64 elements of 4 bytes per segment and slot. */
+  size_t min_slot = ((size_t)pg->world * 256 + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+  t->slot_bytes = SHM_SLOT_BYTES > min_slot ? SHM_SLOT_BYTES : min_slot;
+  t->map_bytes = segment_bytes(t->world, t->slot_bytes);
+  char why[512] = "";
+  dt_guard *guard = NULL;
+  dt_status st = dt_guard_begin(pg, "setting up the shared-memory transport (every rank)",
+                                timeout_s, &guard);
+  if (st == DT_OK) {
+    st = setup_segment(t, pg, comm, want, why, sizeof why);
+    dt_guard_end(guard);
+  }
+  if (st == DT_ERR_UNSUPPORTED) {
+    if (t->rank == 0 && want && why[0] != '\0')
+      fprintf(stderr, "dtrain: rank 0: shared-memory transport unavailable (%s); using MPI\n",
+              why);
+    dt_shm_transport_destroy(t);
+    return DT_OK;
+  }
+  if (st != DT_OK) {
+    dt_shm_transport_destroy(t);
+    return dt_error_wrap(st, "setting up the shared-memory transport on rank %d", pg->rank);
+  }
+  *out = t;
+  return DT_OK;
+}
