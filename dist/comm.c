@@ -221,6 +221,14 @@ static void run_one(dt_comm *c, dt_work *w) {
     st = DT_ERROR(DT_ERR_TIMEOUT,
                   "rank %d: %s %s within %g s: %s (raise --comm-timeout if it is only slow)",
                   c->rank, what, late, c->cfg.timeout_s, cause);
+  } else if (st != DT_OK && w->peer_lost && c->cfg.abort_on_timeout) {
+    /* A peer's process is gone: no later collective can complete. End the
+     * job with a status the launcher's --max-restarts restarts on. */
+    describe_work(w, what, sizeof what);
+    fprintf(stderr, "dtrain: rank %d: %s failed: %s; aborting the job\n", c->rank, what,
+            dt_last_error());
+    fflush(stderr);
+    c->be->abort_job(c->impl, DT_COMM_PEER_LOST_EXIT_CODE);
   } else if (st != DT_OK) {
     /* This rank did not take its part (staging, MPI, a mismatch): its next
      * collective would pair with the peers' current one, so fail every

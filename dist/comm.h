@@ -93,6 +93,10 @@ extern "C" {
 #endif
 
 #define DT_COMM_WATCHDOG_EXIT_CODE 70 /* EX_SOFTWARE; distinct from timeout(1)'s 124 */
+/* The exit status of a job ended by a rank that found a peer's process
+ * gone (the shared-memory transport sees it at once, before mpirun may):
+ * like the watchdog's, a restart from the last checkpoint can help. */
+#define DT_COMM_PEER_LOST_EXIT_CODE 69 /* EX_UNAVAILABLE */
 
 typedef enum dt_reduce_op {
   DT_REDUCE_SUM = 0,

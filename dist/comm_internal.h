@@ -55,6 +55,7 @@ struct dt_work {
   size_t elem;    /* element size in bytes */
   size_t bytes;   /* bytes this rank contributes */
   struct dt_work *next;
+  int peer_lost; /* set by the backend: a peer's process is gone (the job cannot go on) */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;

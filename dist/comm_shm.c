@@ -174,7 +174,7 @@ static dt_status arm(dt_shm_transport *t) {
 }
 
 /* DT_OK while peer k's communication thread lives (or has not started). */
-static dt_status check_alive(dt_shm_transport *t, int k, const dt_work *w) {
+static dt_status check_alive(dt_shm_transport *t, int k, dt_work *w) {
   shm_ctl *peer = ctl_of(t, k);
   if (!__atomic_load_n(&peer->armed, __ATOMIC_ACQUIRE))
     return DT_OK;
@@ -183,6 +183,7 @@ static dt_status check_alive(dt_shm_transport *t, int k, const dt_work *w) {
     return DT_OK;
   if (rc == 0 || rc == EOWNERDEAD)
     pthread_mutex_unlock(&peer->alive); /* not consistent: later checks see ENOTRECOVERABLE */
+  w->peer_lost = 1;
   return DT_ERROR(DT_ERR_STATE,
                   "rank %d's process died (or its communicator was destroyed) while rank %d "
                   "waited for it in collective #%llu (%s, %zu bytes) on the shared-memory "

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "launch/launcher.h"
 
+#include "dist/comm.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -174,7 +176,7 @@ static void print_shell_word(FILE *out, const char *s) {
 
 /* Why a job ended, and whether a restart from its last checkpoint can
  * help: a rank that died (killed by a signal: mpirun exits 128+N, or its
- * own status) or the watchdog (70). Errors (1), a bad command line (2) and
+ * own status, or 69 from a rank that found its process gone) or the watchdog (70). Errors (1), a bad command line (2) and
  * a requested stop (75) are final. */
 static bool restartable(int status, char *why, size_t cap) {
   if (WIFSIGNALED(status)) {
@@ -185,6 +187,10 @@ static bool restartable(int status, char *why, size_t cap) {
   if (rc == 70) {
     snprintf(why, cap,
              "the watchdog ended the job (a collective did not complete in time; exit 70)");
+    return true;
+  }
+  if (rc == DT_COMM_PEER_LOST_EXIT_CODE) {
+    snprintf(why, cap, "a rank died (another rank found its process gone; exit %d)", rc);
     return true;
   }
   if (rc > 128) {

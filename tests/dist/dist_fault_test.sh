@@ -7,7 +7,10 @@
 #  3. A rank killed in the middle of a large all-reduce on the shared-memory
 #     transport, under mpirun --enable-recovery (which does not end the
 #     others): they fail it naming the dead rank within a second or two of
-#     a 20 s deadline. No job leaves a segment of ours in /dev/shm.
+#     a 20 s deadline, and (the communicator's abort_on_timeout being on)
+#     the first to see it ends the job with exit 69, which `dtrain launch
+#     --max-restarts` restarts on. No job leaves a segment of ours in
+#     /dev/shm.
 set -uo pipefail
 here=$(dirname "$0")
 tool="$here/dist_fault_tool"
@@ -52,8 +55,8 @@ check "took ${elapsed}s to end the job" [ "$elapsed" -le 30 ]
 ours() { ls /dev/shm 2>/dev/null | grep -E "^dtrain-$(id -u)-" | sort; }
 before=$(ours)
 MPIRUN_LOCAL_ARGS=--enable-recovery job "rank dead mid-collective" 3 "$tool" die 20
-check "rank 0 did not name the dead rank" grep -Eq "rank 0: allreduce failed after [0-9.]+ s of a 20 s deadline: .*rank 2's process died" "$log"
-check "rank 1 did not name the dead rank" grep -Eq "rank 1: allreduce failed after [0-9.]+ s of a 20 s deadline: .*rank 2's process died" "$log"
+# Both survivors see it; the first one's abort may end the other before it prints.
+check "no surviving rank named the dead rank" grep -Eq "rank [01]: (allreduce failed after [0-9.]+ s of a 20 s deadline: |collective #2 \\(allreduce.* failed: ).*rank 2's process died" "$log"
 check "a rank finished without noticing the dead peer" lacks "finished without noticing"
 check "took ${elapsed}s, expected well under the 20 s deadline" [ "$elapsed" -le 15 ]
 after=$(ours)
