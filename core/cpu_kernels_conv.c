@@ -5,7 +5,9 @@
  * inside a parallel region); with fewer images the images go one by one and
  * sgemm itself uses the threads. im2col buffers are per-thread scratch kept
  * between calls, so conv2d_workspace is 0 and the workspace argument is
- * unused on the CPU.
+ * unused on the CPU. Stride-1 convolutions of small images run on the
+ * direct AVX-512 kernels of cpu_kernels_conv_direct.c instead, where the
+ * CPU has them (each thread whole images, as here).
  */
 #include <cblas.h>
 #include <math.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_conv_direct.h"
 #include "core/cpu_internal.h"
 #include "core/half.h"
 
@@ -337,6 +340,63 @@ static int wide_backward_image(const dt_conv2d_geom *g, const float *x, const fl
 
 /* ---- convolution ---- */
 
+/* The direct kernels take whole images per thread: with fewer images than
+ * threads the im2col path's threaded sgemm keeps every thread busy. */
+static int direct_runs(const dt_conv2d_geom *g, int nt) {
+  return (nt == 1 || g->n >= nt) && dt_cpu_conv_direct_usable(g);
+}
+
+/* The backward on the direct kernels: each team (a thread with a run of
+ * images) sums its images' weight gradients in its own (oc, ckk) buffer;
+ * the buffers are added in team order. */
+static dt_status direct_backward(const dt_conv2d_geom *g, const float *x, const float *w,
+                                 const float *dy, float *dx, float *dw, int nt) {
+  int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
+  int64_t w_sz = (int64_t)g->oc * g->c * g->kh * g->kw;
+  size_t floats = dt_cpu_conv_direct_scratch_floats(g);
+  int teams = MIN(nt, g->n);
+  float *wt = NULL, *acc = NULL;
+  if (dx)
+    wt = malloc((size_t)w_sz * sizeof(float));
+  if (dw)
+    acc = malloc((size_t)teams * w_sz * sizeof(float));
+  if ((dx && !wt) || (dw && !acc)) {
+    free(wt);
+    free(acc);
+    return DT_ERROR(DT_ERR_OOM,
+                    "conv2d_backward: %d weight buffers of %lld floats: malloc failed", teams + 1,
+                    (long long)w_sz);
+  }
+  if (wt)
+    dt_cpu_conv_direct_pack_wt(g, w, wt);
+  int failed = 0;
+#pragma omp parallel if (teams > 1) num_threads(teams) reduction(| : failed)
+  {
+    int t = omp_get_thread_num(), nteam = omp_get_num_threads();
+    int i0 = (int)((int64_t)g->n * t / nteam), i1 = (int)((int64_t)g->n * (t + 1) / nteam);
+    float *mine = acc ? acc + (int64_t)t * w_sz : NULL;
+    float *buf = thread_scratch(floats);
+    failed |= !buf;
+    if (mine && (i0 == i1 || !buf))
+      memset(mine, 0, (size_t)w_sz * sizeof(float));
+    for (int i = i0; buf && i < i1; i++)
+      dt_cpu_conv_direct_backward_image(g, x + i * in_sz, wt, dy + i * out_sz,
+                                        dx ? dx + i * in_sz : NULL, mine, i != i0, buf);
+    if (t == 0)
+      teams = nteam; /* read after the region's closing barrier */
+  }
+  if (dw && !failed)
+    for (int64_t j = 0; j < w_sz; j++) {
+      float v = acc[j];
+      for (int t = 1; t < teams; t++)
+        v += acc[(int64_t)t * w_sz + j];
+      dw[j] = v;
+    }
+  free(acc);
+  free(wt);
+  return failed ? scratch_oom("conv2d_backward", floats) : DT_OK;
+}
+
 /* Scratch floats one image needs (for the out-of-memory message). */
 static size_t conv_scratch_floats(const dt_conv2d_geom *g) {
   if (is_wide(g)) {
@@ -454,6 +514,17 @@ dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, cons
   size_t scratch_floats = conv_scratch_floats(g);
   int nt = dt_cpu_threads();
   int failed = 0;
+  if (direct_runs(g, nt)) {
+    size_t floats = dt_cpu_conv_direct_scratch_floats(g);
+#pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static) reduction(| : failed)
+    for (int i = 0; i < g->n; i++) {
+      float *buf = thread_scratch(floats);
+      if (buf)
+        dt_cpu_conv_direct_forward_image(g, x + i * in_sz, w, bias, y + i * out_sz, buf);
+      failed |= !buf;
+    }
+    return failed ? scratch_oom("conv2d_forward", floats) : DT_OK;
+  }
   if (nt > 1 && g->n >= nt) {
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(| : failed)
     for (int i = 0; i < g->n; i++)
@@ -527,6 +598,8 @@ dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, con
     memset(dw, 0, (size_t)w_sz * sizeof(float));
     dw = NULL;
   }
+  if (direct_runs(g, nt))
+    return direct_backward(g, x, w, dy, dx, dw, nt);
 
   /* Each team (a thread with a contiguous run of images, or the one
    * sequential run) accumulates dw transposed, (ckk, oc), in its own

@@ -202,6 +202,7 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   dt_clear_error();
   printf("libraries:\n");
   printf("  OpenBLAS       %s\n", openblas_get_config());
+  printf("  BLAS kernels   %s\n", dt_cpu_blas_kernels());
   char mpi[8192];
   int mpi_len = 0;
   if (MPI_Get_library_version(mpi, &mpi_len) == 0) {

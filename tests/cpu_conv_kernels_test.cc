@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/device.h"
 #include "core/memory.h"
 #include "core/rng.h"
@@ -62,10 +64,48 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       geom(3, 2, 7, 9, 3, 3, 2, 1, 1, 1, 0),     // rectangular kernel, padding in h only
       geom(2, 3, 5, 4, 4, 1, 1, 1, 1, 1, 1),     // 1x1 kernel with padding
       geom(3, 2, 6, 5, 3, 2, 5, 1, 1, 0, 0),     // kernel as wide as the input (ow 1)
+      // the direct kernels' tails: 13 channels (tiles of 6 and 4 rows), rows of
+      // 21 and 34 columns, 7 input channels of 6 taps (dot tiles of 6)
+      geom(3, 3, 12, 19, 13, 3, 4, 1, 1, 1, 2),
+      geom(2, 7, 9, 33, 5, 2, 3, 1, 1, 0, 1),
   };
 }
 
-TEST_P(ThreadCounts, Conv2dForwardVsDirect) {
+// The conv tests run with the direct AVX-512 kernels allowed (where the
+// CPU has them) and with every convolution on the im2col + sgemm path.
+class ConvPaths : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  void SetUp() override {
+    saved_threads_ = dt_cpu_num_threads();
+    dt_cpu_set_num_threads(std::get<0>(GetParam()));
+    saved_direct_ = dt_cpu_set_conv_direct(std::get<1>(GetParam()));
+  }
+  void TearDown() override {
+    dt_cpu_set_conv_direct(saved_direct_);
+    dt_cpu_set_num_threads(saved_threads_);
+  }
+  int saved_threads_ = 1, saved_direct_ = 1;
+};
+
+TEST(CpuConv, DirectKernelsTakeLeNetWhereTheCpuHasAvx512) {
+  dt_conv2d_geom conv1 = geom(64, 1, 28, 28, 6, 5, 5, 1, 1, 2, 2);
+  dt_conv2d_geom conv2 = geom(64, 6, 14, 14, 16, 5, 5, 1, 1, 0, 0);
+  dt_conv2d_geom strided = geom(4, 2, 9, 8, 3, 5, 5, 2, 2, 2, 2);
+  dt_conv2d_geom huge = geom(1, 256, 64, 64, 64, 3, 3, 1, 1, 1, 1);
+  __builtin_cpu_init();
+  int avx512 = __builtin_cpu_supports("avx512f");
+  EXPECT_EQ(avx512, dt_cpu_conv_direct_eligible(&conv1));
+  EXPECT_EQ(avx512, dt_cpu_conv_direct_eligible(&conv2));
+  EXPECT_EQ(0, dt_cpu_conv_direct_eligible(&strided));
+  EXPECT_EQ(0, dt_cpu_conv_direct_eligible(&huge)) << "beyond the caches sgemm's blocking wins";
+  int saved = dt_cpu_set_conv_direct(0);
+  EXPECT_EQ(0, dt_cpu_conv_direct_eligible(&conv2));
+  dt_cpu_set_conv_direct(saved);
+  if (!avx512)
+    GTEST_SKIP() << "this CPU has no AVX-512F: every convolution takes the im2col path";
+}
+
+TEST_P(ConvPaths, Conv2dForwardVsDirect) {
   for (const dt_conv2d_geom &g : conv_geoms()) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
     size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
@@ -89,7 +129,7 @@ TEST_P(ThreadCounts, Conv2dForwardVsDirect) {
   }
 }
 
-TEST_P(ThreadCounts, Conv2dBackwardVsNaive) {
+TEST_P(ConvPaths, Conv2dBackwardVsNaive) {
   for (const dt_conv2d_geom &g : conv_geoms()) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
     size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
@@ -384,5 +424,7 @@ TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, ThreadCounts, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(ThreadsAndPaths, ConvPaths,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 0)));
 
 }  // namespace
