@@ -75,7 +75,8 @@ for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 
   printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
 done
 if [ "$only" != scaling ]; then
-  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians)"
+  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians;"
+  echo " OpenBLAS, whose GEMMs both run on: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
 fi
 
 # ---- weak scaling: 1 and 2 ranks of 1 thread each ----
