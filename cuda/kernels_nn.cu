@@ -98,24 +98,25 @@ static dt_status index_checked(dt_cuda_ctx *ctx, cudaStream_t stream, bool repor
 
 /* ---- softmax ---- */
 
-// x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
-static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t rows, int64_t cols,
+// x (rows, cols) of T -> y (rows, cols) f32 = softmax or log_softmax over cols
+template <typename T>
+static __global__ void softmax_forward_kernel(const T *x, float *y, int64_t rows, int64_t cols,
                                               int log_) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * cols;
+    const T *xr = x + r * cols;
     float *yr = y + r * cols;
     double s;
     float mx = block_row_max_sumexp(xr, cols, shf, shd, &s);
     if (log_) {
       float lsf = (float)log(s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        yr[j] = (xr[j] - mx) - lsf;
+        yr[j] = (dt_load_f32(xr, j) - mx) - lsf;
     } else {
       float inv = (float)(1.0 / s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        yr[j] = expf(xr[j] - mx) * inv;
+        yr[j] = expf(dt_load_f32(xr, j) - mx) * inv;
     }
   }
 }
@@ -140,7 +141,9 @@ extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, 
                                              int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, log_);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           launch_rows(ex, rows, cols, softmax_forward_kernel<T>, (const T *)x, y,
+                                       rows, cols, (int)log_));
 }
 
 extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
@@ -152,20 +155,21 @@ extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y,
 
 /* ---- causal softmax (attention scores) ---- */
 
-// x (rows, t) -> y (rows, t): row r softmax over columns 0..r%t, the rest 0
-static __global__ void causal_softmax_forward_kernel(const float *x, float *y, int64_t rows,
+// x (rows, t) of T -> y (rows, t) f32: row r softmax over columns 0..r%t, the rest 0
+template <typename T>
+static __global__ void causal_softmax_forward_kernel(const T *x, float *y, int64_t rows,
                                                      int64_t t) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * t;
+    const T *xr = x + r * t;
     float *yr = y + r * t;
     int64_t keep = r % t + 1;
     double s;
     float mx = block_row_max_sumexp(xr, keep, shf, shd, &s);
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
-      yr[j] = j < keep ? expf(xr[j] - mx) * inv : 0.0f;
+      yr[j] = j < keep ? expf(dt_load_f32(xr, j) - mx) * inv : 0.0f;
   }
 }
 
@@ -190,7 +194,9 @@ extern "C" dt_status dt_cuda_causal_softmax_forward(const dt_exec *ex, const flo
                                                     int64_t rows, int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  return launch_rows(ex, rows, t, causal_softmax_forward_kernel, x, y, rows, t);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      launch_rows(ex, rows, t, causal_softmax_forward_kernel<T>, (const T *)x, y, rows, t));
 }
 
 extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const float *y,
