@@ -64,6 +64,27 @@ typedef dt_status (*dt_cpu_block_fn)(const dt_exec *ex32, const void *ctx, const
 dt_status dt_cpu_half_blocks(const dt_exec *ex, int64_t n, int nin, const void *const *in,
                              void *out, dt_cpu_block_fn fn, const void *ctx);
 
+/* Row kernels whose inputs are f32 or 16-bit (core/cpu_kernels_half.c):
+ * fn computes rows [r0, r0 + n) from in[k], the f32 values of input k's
+ * rows r0.. (`cols` apart), and writes its (f32) outputs itself. */
+#define DT_CPU_ROWS_MAX_INPUTS 2
+typedef void (*dt_cpu_rows_fn)(const void *ctx, const float *const *in, int64_t r0, int64_t n);
+/* Runs fn over `rows` rows of `cols` (> 0) elements, in blocks of whole
+ * rows (about 2048 elements, or one longer row); input k holds dtypes[k]
+ * (f32, f16 or bf16). An f32 input is passed in place; a 16-bit input's
+ * block is widened into the thread's slice of one pooled scratch buffer,
+ * so fn sees the values a widened copy of the whole tensor would hold
+ * without such a copy. Blocks run on the kernel threads when rows * cols
+ * reaches min_work; rows are independent, so the results do not depend on
+ * the blocking or the thread count. DT_ERR_OOM when the scratch cannot be
+ * had. */
+dt_status dt_cpu_rows(const char *op, int64_t rows, int64_t cols, int nin, const void *const *in,
+                      const dt_dtype *dtypes, int64_t min_work, dt_cpu_rows_fn fn,
+                      const void *ctx);
+/* x[off, off + n) as f32: in place when dtype is f32, else widened into
+ * buf (n floats), which is returned. */
+const float *dt_cpu_f32_span(const void *x, dt_dtype dtype, int64_t off, int64_t n, float *buf);
+
 /* The f16/bf16 variants of axpby, unary_forward and unary_backward (the
  * f32 kernels call them for a 16-bit ex->dtype). */
 dt_status dt_cpu_half_axpby(const dt_exec *ex, int64_t n, float alpha, const void *x, float beta,

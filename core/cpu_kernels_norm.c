@@ -181,17 +181,31 @@ dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const flo
 
 /* ---- layer normalisation ---- */
 
-/* Layer norm of rows of x, or of sum = x + residual (written) when residual
- * is not NULL: the same arithmetic on the same values either way. */
-static void layernorm_rows(const float *x, const float *residual, const float *gamma,
-                           const float *beta, float *sum, float *y, float *mean, float *rstd,
-                           int64_t rows, int64_t cols, float eps) {
-  DT_CPU_PARALLEL_FOR(r, rows, rows * cols, DT_CPU_PAR_MIN / 4) {
-    const float *xr = x + r * cols;
-    float *yr = y + r * cols;
-    if (residual) {
-      const float *rr = residual + r * cols;
-      float *sr = sum + r * cols;
+/* x (and residual) hold ex->dtype (and residual_dtype): f32, or 16-bit
+ * read a block of rows at a time into f32 (dt_cpu_rows); the statistics,
+ * the sum, y and every gradient are f32. */
+
+typedef struct ln_forward_ctx {
+  const float *gamma, *beta;
+  float *sum, *y, *mean, *rstd;
+  int64_t cols;
+  float eps;
+} ln_forward_ctx;
+
+/* Layer norm of rows [r0, r0 + n) of x (in[0], f32), or of sum = x +
+ * residual (in[1]; written) when the context has a sum: the same
+ * arithmetic on the same values either way. */
+static void layernorm_rows(const void *ctx, const float *const *in, int64_t r0, int64_t n) {
+  const ln_forward_ctx *c = ctx;
+  const int64_t cols = c->cols;
+  const float *gamma = c->gamma, *beta = c->beta;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = r0 + i;
+    const float *xr = in[0] + i * cols;
+    float *yr = c->y + r * cols;
+    if (c->sum) {
+      const float *rr = in[1] + i * cols;
+      float *sr = c->sum + r * cols;
 #pragma omp simd
       for (int64_t j = 0; j < cols; j++)
         sr[j] = xr[j] + rr[j];
@@ -205,11 +219,11 @@ static void layernorm_rows(const float *x, const float *residual, const float *g
       double dlt = xr[j] - m;
       v += dlt * dlt;
     }
-    float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
-    if (mean)
-      mean[r] = mf;
-    if (rstd)
-      rstd[r] = rs;
+    float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)c->eps));
+    if (c->mean)
+      c->mean[r] = mf;
+    if (c->rstd)
+      c->rstd[r] = rs;
     if (gamma && beta)
       for (int64_t j = 0; j < cols; j++)
         yr[j] = (xr[j] - mf) * rs * gamma[j] + beta[j];
@@ -223,64 +237,85 @@ static void layernorm_rows(const float *x, const float *residual, const float *g
 dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const float *gamma,
                                    const float *beta, float *y, float *mean, float *rstd,
                                    int64_t rows, int64_t cols, float eps) {
-  (void)ex;
-  layernorm_rows(x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
-  return DT_OK;
+  const ln_forward_ctx c = {gamma, beta, NULL, y, mean, rstd, cols, eps};
+  return dt_cpu_rows("layernorm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
+                     DT_CPU_PAR_MIN / 4, layernorm_rows, &c);
 }
 
 // x, residual (rows, cols) -> sum = x + residual, y = layernorm(sum), mean, rstd (rows)
 dt_status dt_cpu_residual_layernorm_forward(const dt_exec *ex, const float *x,
-                                            const float *residual, const float *gamma,
-                                            const float *beta, float *sum, float *y, float *mean,
-                                            float *rstd, int64_t rows, int64_t cols, float eps) {
-  (void)ex;
-  layernorm_rows(x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
-  return DT_OK;
+                                            const float *residual, dt_dtype residual_dtype,
+                                            const float *gamma, const float *beta, float *sum,
+                                            float *y, float *mean, float *rstd, int64_t rows,
+                                            int64_t cols, float eps) {
+  const ln_forward_ctx c = {gamma, beta, sum, y, mean, rstd, cols, eps};
+  return dt_cpu_rows("residual_layernorm_forward", rows, cols, 2, (const void *[]){x, residual},
+                     (const dt_dtype[]){ex->dtype, residual_dtype}, DT_CPU_PAR_MIN / 4,
+                     layernorm_rows, &c);
+}
+
+typedef struct ln_backward_ctx {
+  const float *gamma, *mean, *rstd;
+  float *dx;
+  int64_t cols;
+} ln_backward_ctx;
+
+/* dx of rows [r0, r0 + n) from x (in[0]) and dy (in[1]), f32:
+ * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma */
+static void layernorm_backward_dx_rows(const void *ctx, const float *const *in, int64_t r0,
+                                       int64_t n) {
+  const ln_backward_ctx *c = ctx;
+  const int64_t cols = c->cols;
+  const float *gamma = c->gamma;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = r0 + i;
+    const float *xr = in[0] + i * cols, *gr = in[1] + i * cols;
+    float *dr = c->dx + r * cols;
+    float m = c->mean[r], rs = c->rstd[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t j = 0; j < cols; j++) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      sg += g;
+      sgx += (double)g * ((xr[j] - m) * rs);
+    }
+    float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+    for (int64_t j = 0; j < cols; j++) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
+    }
+  }
 }
 
 #define LN_COL_BLOCK 256
 
-// x, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
+// x (rows, cols) of ex->dtype, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
 // dgamma, dbeta (cols) accumulated (+=)
 dt_status dt_cpu_layernorm_backward(const dt_exec *ex, const float *x, const float *gamma,
                                     const float *mean, const float *rstd, const float *dy,
                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
                                     int64_t cols) {
-  (void)ex;
-  int nt = dt_cpu_threads();
-  int par = rows * cols >= DT_CPU_PAR_MIN / 4;
+  const dt_dtype xdt = ex->dtype;
   if (dx) {
-    /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma */
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float *xr = x + r * cols, *gr = dy + r * cols;
-      float *dr = dx + r * cols;
-      float m = mean[r], rs = rstd[r];
-      double sg = 0.0, sgx = 0.0;
-      for (int64_t j = 0; j < cols; j++) {
-        float g = gr[j] * (gamma ? gamma[j] : 1.0f);
-        sg += g;
-        sgx += (double)g * ((xr[j] - m) * rs);
-      }
-      float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
-      for (int64_t j = 0; j < cols; j++) {
-        float g = gr[j] * (gamma ? gamma[j] : 1.0f);
-        dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
-      }
-    }
+    const ln_backward_ctx c = {gamma, mean, rstd, dx, cols};
+    DT_CHECK(dt_cpu_rows("layernorm_backward", rows, cols, 2, (const void *[]){x, dy},
+                         (const dt_dtype[]){xdt, DT_DTYPE_F32}, DT_CPU_PAR_MIN / 4,
+                         layernorm_backward_dx_rows, &c));
   }
   if (!dgamma && !dbeta)
     return DT_OK;
-  /* Column blocks down all rows: race-free, fixed order. */
+  /* Column blocks down all rows: race-free, fixed order; a 16-bit x is
+   * widened a row's block at a time */
   int64_t blocks = (cols + LN_COL_BLOCK - 1) / LN_COL_BLOCK;
-#pragma omp parallel for if (par && blocks > 1) num_threads(nt) schedule(static)
+  int par = rows * cols >= DT_CPU_PAR_MIN / 4;
+#pragma omp parallel for if (par && blocks > 1) num_threads(dt_cpu_threads()) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     int64_t j0 = b * LN_COL_BLOCK, len = MIN(LN_COL_BLOCK, cols - j0);
     double ag[LN_COL_BLOCK], ab[LN_COL_BLOCK];
+    float xw[LN_COL_BLOCK];
     for (int64_t j = 0; j < len; j++)
       ag[j] = ab[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-      const float *xr = x + r * cols + j0, *gr = dy + r * cols + j0;
+      const float *xr = dt_cpu_f32_span(x, xdt, r * cols + j0, len, xw), *gr = dy + r * cols + j0;
       float m = mean[r], rs = rstd[r];
       for (int64_t j = 0; j < len; j++) {
         ag[j] += (double)gr[j] * ((xr[j] - m) * rs);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "core/backend.h"
+#include "core/half.h"
 
 dt_status dt_exec_init(dt_device dev, dt_dtype dtype, dt_exec *out) {
   const dt_backend_ops *be = NULL;
@@ -214,6 +215,16 @@ static dt_status dt_kcheck_layernorm(int64_t rows, int64_t cols) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm: bad size (rows %lld, cols %lld)",
                     (long long)rows, (long long)cols);
   return DT_OK;
+}
+
+/* The residual of the fused residual layer norm: a float of any width. */
+static dt_status dt_kcheck_residual_layernorm(dt_dtype residual_dtype, int64_t rows, int64_t cols) {
+  if (residual_dtype != DT_DTYPE_F32 && !dt_dtype_is_half(residual_dtype))
+    return DT_ERROR(DT_ERR_DTYPE,
+                    "residual_layernorm_forward: residual dtype %s: expected f32, f16 or bf16",
+                    (unsigned)residual_dtype < DT_DTYPE_COUNT ? dt_dtype_name(residual_dtype)
+                                                              : "?");
+  return dt_kcheck_layernorm(rows, cols);
 }
 
 /* Attention geometry: b sequences of t positions, h heads of hd columns. */

@@ -47,6 +47,12 @@ dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out) {
   return dt_ops_check_inputs(op, &x, 1);
 }
 
+dt_status dt_ops_check_float_unary(const char *op, dt_tensor *x, dt_tensor **out) {
+  if (!x || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
+  return dt_ops_check_float_inputs(op, &x, 1);
+}
+
 dt_status dt_ops_check_indexed(const char *op, dt_tensor *index, const char *index_name,
                                const char *ids_name, dt_tensor *values) {
   if (!index || !values)

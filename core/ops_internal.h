@@ -30,6 +30,10 @@ dt_status dt_ops_check_float_inputs(const char *op, dt_tensor *const *ts, int n)
  * x f32. */
 dt_status dt_ops_check_unary(const char *op, dt_tensor *x, dt_tensor **out);
 
+/* The same for an op whose kernels read 16-bit x as it is: x f32, f16 or
+ * bf16. */
+dt_status dt_ops_check_float_unary(const char *op, dt_tensor *x, dt_tensor **out);
+
 /* Validates the inputs of an op indexing a float tensor: `index` and
  * `values` non-NULL and on one device, `values` f32, f16 or bf16 (an op
  * whose kernels are f32 widens 16-bit values first), `index` i32 or i64.

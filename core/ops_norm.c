@@ -22,8 +22,13 @@ static dt_status affine_params(dt_tensor *gamma, dt_tensor *beta, int64_t c, dt_
   return param_or_const(beta, c, 0.0f, dev, bc);
 }
 
+/* A (c) parameter or statistic: f32 (the kernels read it as f32 whatever
+ * the input's dtype) and of c features; NULL passes. */
 static dt_status check_vec(const char *op, const char *what, dt_tensor *t, int64_t c) {
   char b[128];
+  if (t && dt_tensor_dtype(t) != DT_DTYPE_F32)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: %s is %s: norms take f32 parameters and statistics", op,
+                    what, dt_dtype_name(dt_tensor_dtype(t)));
   if (t && (dt_tensor_ndim(t) != 1 || dt_tensor_shape(t)[0] != c))
     return DT_ERROR(DT_ERR_SHAPE, "%s: %s %s does not match %lld features: expected (%lld)", op,
                     what, dt_shape_format(dt_tensor_shape(t), dt_tensor_ndim(t), b, sizeof b),
@@ -223,7 +228,8 @@ fail:
 /* ---- layer norm ---- */
 
 /* ints: 0 rows, 1 cols, 2 has gamma, 3 has beta.
- * saved: 0 x (rows, cols), 1 gamma (or ones), 2 mean (rows), 3 rstd (rows) */
+ * saved: 0 x (rows, cols; f32 or 16-bit), 1 gamma (or ones), 2 mean (rows),
+ * 3 rstd (rows) */
 static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
             *rstd = node->saved[3];
@@ -236,8 +242,10 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma, dbeta are accumulated by the kernel */
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
+  /* x may be 16-bit (the kernel reads it as it is); dx is f32, which the
+   * engine rounds to x's dtype */
   if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layernorm_backward(DT_TENSOR_EXEC(gy), DT_F32(x), DT_F32(gamma),
+    DT_CHECK_GOTO(dt_kernel_layernorm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
                                                DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
                                                DT_F32(dgamma), DT_F32(dbeta), rows, cols),
                   st, fail);
@@ -259,16 +267,16 @@ static dt_status residual_add_backward(dt_node *node, dt_tensor *g, dt_tensor **
 
 /* layer_norm(x), or with a residual sum = x + residual and layer_norm(sum)
  * in one kernel: a node for the sum (x, residual) and one for the norm
- * (sum, gamma, beta), which is layer_norm's. */
+ * (sum, gamma, beta), which is layer_norm's. x and residual may be 16-bit
+ * (autocast's f32 ops): the kernels read them as they are and compute in
+ * f32, sum and y are f32, and the 16-bit x is what the backward keeps (no
+ * widened copy); gamma and beta are f32. */
 static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
                                dt_tensor *beta, float eps, dt_tensor **sum_out, dt_tensor **out) {
   if (!x || !out || (residual && !sum_out))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *ins[4] = {x, residual, gamma, beta};
-  /* 16-bit x or residual: widened, f32 results (autocast's fp32 ops) */
-  DT_OPS_RUN_IN_F32_2(x, residual, DT_DTYPE_F32, x32, r32, out,
-                      layer_norm_op(op, x32, r32, gamma, beta, eps, sum_out, out));
-  DT_CHECK(dt_ops_check_inputs(op, ins, 4));
+  DT_CHECK(dt_ops_check_float_inputs(op, ins, 4)); /* gamma, beta: f32 (check_vec) */
   int nd = dt_tensor_ndim(x);
   char b[128], br[128];
   if (nd < 1)
@@ -305,9 +313,9 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0 && residual)
-    DT_CHECK_GOTO(dt_kernel_residual_layernorm_forward(&ex, DT_F32(xc), DT_F32(rc), DT_F32(gc),
-                                                       DT_F32(bc), DT_F32(sum), DT_F32(y),
-                                                       DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+    DT_CHECK_GOTO(dt_kernel_residual_layernorm_forward(
+                      &ex, DT_F32(xc), DT_F32(rc), dt_tensor_dtype(rc), DT_F32(gc), DT_F32(bc),
+                      DT_F32(sum), DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   else if (rows * cols > 0)
     DT_CHECK_GOTO(dt_kernel_layernorm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),

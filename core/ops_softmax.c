@@ -22,7 +22,10 @@ static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_
   return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
-/* x (..., cols), validated by the caller -> the softmax `kind` of each row. */
+/* x (..., cols), validated by the caller -> the softmax `kind` of each row.
+ * A 16-bit x (autocast's f32 ops) goes to the kernel as it is: it reads it
+ * into f32, the result is f32, and the backward's f32 gradient is rounded
+ * to x's dtype by the autograd engine. */
 static dt_status softmax_rows(const char *op, dt_tensor *x, enum softmax_kind kind,
                               dt_tensor **out) {
   int64_t cols = dt_tensor_shape(x)[dt_tensor_ndim(x) - 1], n = dt_tensor_numel(x);
@@ -52,9 +55,7 @@ fail:
 }
 
 static dt_status softmax_op(const char *op, dt_tensor *x, int dim, int log, dt_tensor **out) {
-  /* 16-bit x: widened, an f32 result (autocast's fp32 ops) */
-  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out, softmax_op(op, x32, dim, log, out));
-  DT_CHECK(dt_ops_check_unary(op, x, out));
+  DT_CHECK(dt_ops_check_float_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   if (ndim == 0)
     return DT_ERROR(DT_ERR_SHAPE, "%s: input is 0-dim: softmax needs at least one dimension", op);
@@ -78,8 +79,7 @@ dt_status dt_op_log_softmax(dt_tensor *x, int dim, dt_tensor **out) {
 
 dt_status dt_op_causal_softmax(dt_tensor *x, dt_tensor **out) {
   static const char *op = "dt_op_causal_softmax";
-  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out, dt_op_causal_softmax(x32, out));
-  DT_CHECK(dt_ops_check_unary(op, x, out));
+  DT_CHECK(dt_ops_check_float_unary(op, x, out));
   int ndim = dt_tensor_ndim(x);
   const int64_t *shape = dt_tensor_shape(x);
   if (ndim < 2 || shape[ndim - 1] != shape[ndim - 2]) {

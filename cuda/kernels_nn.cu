@@ -98,24 +98,25 @@ static dt_status index_checked(dt_cuda_ctx *ctx, cudaStream_t stream, bool repor
 
 /* ---- softmax ---- */
 
-// x (rows, cols) -> y (rows, cols) = softmax or log_softmax over cols
-static __global__ void softmax_forward_kernel(const float *x, float *y, int64_t rows, int64_t cols,
+// x (rows, cols) of T -> y (rows, cols) f32 = softmax or log_softmax over cols
+template <typename T>
+static __global__ void softmax_forward_kernel(const T *x, float *y, int64_t rows, int64_t cols,
                                               int log_) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * cols;
+    const T *xr = x + r * cols;
     float *yr = y + r * cols;
     double s;
     float mx = block_row_max_sumexp(xr, cols, shf, shd, &s);
     if (log_) {
       float lsf = (float)log(s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        yr[j] = (xr[j] - mx) - lsf;
+        yr[j] = (dt_load_f32(xr, j) - mx) - lsf;
     } else {
       float inv = (float)(1.0 / s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        yr[j] = expf(xr[j] - mx) * inv;
+        yr[j] = expf(dt_load_f32(xr, j) - mx) * inv;
     }
   }
 }
@@ -140,7 +141,9 @@ extern "C" dt_status dt_cuda_softmax_forward(const dt_exec *ex, const float *x, 
                                              int64_t rows, int64_t cols, bool log_) {
   if (rows == 0 || cols == 0)
     return DT_OK;
-  return launch_rows(ex, rows, cols, softmax_forward_kernel, x, y, rows, cols, log_);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           launch_rows(ex, rows, cols, softmax_forward_kernel<T>, (const T *)x, y,
+                                       rows, cols, (int)log_));
 }
 
 extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y, const float *dy,
@@ -152,20 +155,21 @@ extern "C" dt_status dt_cuda_softmax_backward(const dt_exec *ex, const float *y,
 
 /* ---- causal softmax (attention scores) ---- */
 
-// x (rows, t) -> y (rows, t): row r softmax over columns 0..r%t, the rest 0
-static __global__ void causal_softmax_forward_kernel(const float *x, float *y, int64_t rows,
+// x (rows, t) of T -> y (rows, t) f32: row r softmax over columns 0..r%t, the rest 0
+template <typename T>
+static __global__ void causal_softmax_forward_kernel(const T *x, float *y, int64_t rows,
                                                      int64_t t) {
   __shared__ float shf[32];
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * t;
+    const T *xr = x + r * t;
     float *yr = y + r * t;
     int64_t keep = r % t + 1;
     double s;
     float mx = block_row_max_sumexp(xr, keep, shf, shd, &s);
     float inv = (float)(1.0 / s);
     for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
-      yr[j] = j < keep ? expf(xr[j] - mx) * inv : 0.0f;
+      yr[j] = j < keep ? expf(dt_load_f32(xr, j) - mx) * inv : 0.0f;
   }
 }
 
@@ -190,7 +194,9 @@ extern "C" dt_status dt_cuda_causal_softmax_forward(const dt_exec *ex, const flo
                                                     int64_t rows, int64_t t) {
   if (rows == 0 || t == 0)
     return DT_OK;
-  return launch_rows(ex, rows, t, causal_softmax_forward_kernel, x, y, rows, t);
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      launch_rows(ex, rows, t, causal_softmax_forward_kernel<T>, (const T *)x, y, rows, t));
 }
 
 extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const float *y,
@@ -369,98 +375,130 @@ extern "C" dt_status dt_cuda_classifier_backward(const dt_exec *ex, float *dlogi
       dt_launch_flat(ex, n, classifier_backward_kernel<T>, (T *)dlogits, dloss, count, n));
 }
 /* ---- layer norm ---- */
+/* x holds TX (the kernel's ex->dtype), the residual TR; the statistics,
+ * the sum, y and every gradient are f32 (op_table.def). */
+
+// the layer norm of one row xr (cols) of T, by the block -> yr, mean[r], rstd[r]
+template <typename T>
+static __device__ __forceinline__ void layernorm_row(const T *xr, const float *gamma,
+                                                     const float *beta, float *yr, float *mean,
+                                                     float *rstd, int64_t r, int64_t cols,
+                                                     float eps, double *shd) {
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    s += dt_load_f32(xr, j);
+  double m = dt_block_sum(s, shd) / (double)cols;
+  double v = 0.0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    double d = dt_load_f32(xr, j) - m;
+    v += d * d;
+  }
+  v = dt_block_sum(v, shd);
+  float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
+  if (threadIdx.x == 0) {
+    if (mean)
+      mean[r] = mf;
+    if (rstd)
+      rstd[r] = rs;
+  }
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    yr[j] = (dt_load_f32(xr, j) - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+}
 
 // x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->
 // y (rows, cols), mean, rstd (rows)
-static __global__ void layernorm_forward_kernel(const float *x, const float *residual,
+template <typename TX, typename TR>
+static __global__ void layernorm_forward_kernel(const TX *x, const TR *residual,
                                                 const float *gamma, const float *beta, float *sum,
                                                 float *y, float *mean, float *rstd, int64_t rows,
                                                 int64_t cols, float eps) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * cols;
+    const TX *xr = x + r * cols;
     float *yr = y + r * cols;
     if (residual) { /* each thread reads back only the sums it wrote */
-      const float *rr = residual + r * cols;
+      const TR *rr = residual + r * cols;
       float *sr = sum + r * cols;
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        sr[j] = xr[j] + rr[j];
-      xr = sr;
+        sr[j] = dt_load_f32(xr, j) + dt_load_f32(rr, j);
+      layernorm_row(sr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
+    } else {
+      layernorm_row(xr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
     }
-    double s = 0.0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      s += xr[j];
-    double m = dt_block_sum(s, shd) / (double)cols;
-    double v = 0.0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      double d = xr[j] - m;
-      v += d * d;
-    }
-    v = dt_block_sum(v, shd);
-    float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
-    if (threadIdx.x == 0) {
-      if (mean)
-        mean[r] = mf;
-      if (rstd)
-        rstd[r] = rs;
-    }
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      yr[j] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
   }
 }
 
-static dt_status layernorm_launch(const dt_exec *ex, const float *x, const float *residual,
-                                  const float *gamma, const float *beta, float *sum, float *y,
-                                  float *mean, float *rstd, int64_t rows, int64_t cols, float eps) {
-  if (rows == 0)
-    return DT_OK;
-  return launch_rows(ex, rows, cols, layernorm_forward_kernel, x, residual, gamma, beta, sum, y,
-                     mean, rstd, rows, cols, eps);
+// the launch for x of TX: the residual's storage type from its dtype
+template <typename TX>
+static dt_status layernorm_launch(const dt_exec *ex, const TX *x, const void *residual,
+                                  dt_dtype residual_dtype, const float *gamma, const float *beta,
+                                  float *sum, float *y, float *mean, float *rstd, int64_t rows,
+                                  int64_t cols, float eps) {
+  DT_CUDA_STORAGE_DISPATCH(residual_dtype, TR,
+                           launch_rows(ex, rows, cols, layernorm_forward_kernel<TX, TR>, x,
+                                       (const TR *)residual, gamma, beta, sum, y, mean, rstd, rows,
+                                       cols, eps));
 }
 
 extern "C" dt_status dt_cuda_layernorm_forward(const dt_exec *ex, const float *x,
                                                const float *gamma, const float *beta, float *y,
                                                float *mean, float *rstd, int64_t rows, int64_t cols,
                                                float eps) {
-  return layernorm_launch(ex, x, NULL, gamma, beta, NULL, y, mean, rstd, rows, cols, eps);
+  if (rows == 0)
+    return DT_OK;
+  /* no residual: TR float, the instantiation the f32 residual shares */
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
+                           layernorm_launch(ex, (const TX *)x, NULL, DT_DTYPE_F32, gamma, beta,
+                                            NULL, y, mean, rstd, rows, cols, eps));
 }
 
 extern "C" dt_status dt_cuda_residual_layernorm_forward(const dt_exec *ex, const float *x,
-                                                        const float *residual, const float *gamma,
-                                                        const float *beta, float *sum, float *y,
-                                                        float *mean, float *rstd, int64_t rows,
-                                                        int64_t cols, float eps) {
-  return layernorm_launch(ex, x, residual, gamma, beta, sum, y, mean, rstd, rows, cols, eps);
+                                                        const float *residual,
+                                                        dt_dtype residual_dtype,
+                                                        const float *gamma, const float *beta,
+                                                        float *sum, float *y, float *mean,
+                                                        float *rstd, int64_t rows, int64_t cols,
+                                                        float eps) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
+                           layernorm_launch(ex, (const TX *)x, residual, residual_dtype, gamma,
+                                            beta, sum, y, mean, rstd, rows, cols, eps));
 }
 
-// x, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols) overwritten
-static __global__ void layernorm_backward_dx_kernel(const float *x, const float *gamma,
+// x (rows, cols) of T, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols)
+// overwritten
+template <typename T>
+static __global__ void layernorm_backward_dx_kernel(const T *x, const float *gamma,
                                                     const float *mean, const float *rstd,
                                                     const float *dy, float *dx, int64_t rows,
                                                     int64_t cols) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * cols, *gr = dy + r * cols;
+    const T *xr = x + r * cols;
+    const float *gr = dy + r * cols;
     float *dr = dx + r * cols;
     float m = mean[r], rs = rstd[r];
     double sg = 0.0, sgx = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
       sg += g;
-      sgx += (double)g * ((xr[j] - m) * rs);
+      sgx += (double)g * ((dt_load_f32(xr, j) - m) * rs);
     }
     sg = dt_block_sum(sg, shd);
     sgx = dt_block_sum(sgx, shd);
     float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
-      dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
+      dr[j] = rs * (g - mg - (dt_load_f32(xr, j) - m) * rs * mgx);
     }
   }
 }
 
-// x, dy (rows, cols) -> part (splits, 2, cols): per row-chunk sums of dy*xhat and dy
-static __global__ void layernorm_backward_param_partial_kernel(const float *x, const float *mean,
+// x (rows, cols) of T, dy (rows, cols) -> part (splits, 2, cols): per row-chunk sums of
+// dy*xhat and dy
+template <typename T>
+static __global__ void layernorm_backward_param_partial_kernel(const T *x, const float *mean,
                                                                const float *rstd, const float *dy,
                                                                double *part, int64_t rows,
                                                                int64_t cols, int64_t chunk) {
@@ -472,7 +510,7 @@ static __global__ void layernorm_backward_param_partial_kernel(const float *x, c
   double ag = 0.0, ab = 0.0;
   for (int64_t r = r0; r < r1; r++) {
     float g = dy[r * cols + j];
-    ag += (double)g * ((x[r * cols + j] - mean[r]) * rstd[r]);
+    ag += (double)g * ((dt_load_f32(x, r * cols + j) - mean[r]) * rstd[r]);
     ab += g;
   }
   part[(split * 2) * cols + j] = ag;
@@ -496,16 +534,14 @@ static __global__ void layernorm_backward_param_final_kernel(const double *part,
   }
 }
 
-extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *x,
-                                                const float *gamma, const float *mean,
-                                                const float *rstd, const float *dy, float *dx,
-                                                float *dgamma, float *dbeta, int64_t rows,
-                                                int64_t cols) {
-  if (rows == 0)
-    return DT_OK;
+template <typename T>
+static dt_status layernorm_backward_as(const dt_exec *ex, const T *x, const float *gamma,
+                                       const float *mean, const float *rstd, const float *dy,
+                                       float *dx, float *dgamma, float *dbeta, int64_t rows,
+                                       int64_t cols) {
   DT_CUDA_EXEC(ex, ctx, stream);
   if (dx) {
-    layernorm_backward_dx_kernel<<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
+    layernorm_backward_dx_kernel<T><<<row_grid(rows), dt_row_threads(cols), 0, stream>>>(
         x, gamma, mean, rstd, dy, dx, rows, cols);
     DT_CUDA_CHECK_LAUNCH();
   }
@@ -519,8 +555,8 @@ extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *
   DT_CHECK(
       dt_cuda_scratch_alloc(ctx, (size_t)(splits * 2 * cols) * sizeof(double), (void **)&part));
   dim3 grid((unsigned)((cols + 31) / 32), (unsigned)splits);
-  layernorm_backward_param_partial_kernel<<<grid, 32, 0, stream>>>(x, mean, rstd, dy, part, rows,
-                                                                   cols, chunk);
+  layernorm_backward_param_partial_kernel<T><<<grid, 32, 0, stream>>>(x, mean, rstd, dy, part,
+                                                                      rows, cols, chunk);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) {
     layernorm_backward_param_final_kernel<<<dt_grid_for(cols), DT_THREADS, 0, stream>>>(
@@ -530,6 +566,18 @@ extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *
   dt_cuda_scratch_free(ctx, part);
   DT_CUDA_CHECK(e);
   return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_layernorm_backward(const dt_exec *ex, const float *x,
+                                                const float *gamma, const float *mean,
+                                                const float *rstd, const float *dy, float *dx,
+                                                float *dgamma, float *dbeta, int64_t rows,
+                                                int64_t cols) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           layernorm_backward_as(ex, (const T *)x, gamma, mean, rstd, dy, dx,
+                                                 dgamma, dbeta, rows, cols));
 }
 
 /* ---- embedding ---- */

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -545,6 +546,123 @@ TEST(AutocastOps, Fp16ClassifierGradientKeepsSmallProbabilitiesNormal) {
   EXPECT_LT(worst, 2e-3) << "largest relative error of the f16 gradient";
   for (dt_tensor *t : {target, xw, x16, x32})
     dt_tensor_release(t);
+}
+
+// The f32 ops of 16-bit inputs whose kernels read 16 bits (the softmaxes,
+// layer norm, the fused residual layer norm) pass their 16-bit tensors as
+// they are: no widened copy. Their results and every gradient are bit for
+// bit those of the earlier path, the op on inputs widened by a recorded
+// cast (the 16-bit inputs' gradients rounded once, by the cast's backward
+// then, by the engine now).
+namespace widened_path {
+
+struct In {
+  std::vector<int64_t> shape;
+  bool half;  // 16-bit (the row's dtype), else f32
+};
+
+// The op's output and then each input's gradient (after a backward with a
+// fixed upstream gradient), as f32 values; with `widen` every 16-bit input
+// reaches the op through a recorded cast to f32.
+std::vector<std::vector<float>> Run(dt_dtype d, const std::vector<In> &ins, const dtt::OpFn &fn,
+                                    bool widen) {
+  std::vector<dt_tensor *> leaves, args;
+  std::vector<std::vector<float>> res;
+  for (size_t k = 0; k < ins.size(); k++) {
+    int64_t n = 1;
+    for (int64_t e : ins[k].shape)
+      n *= e;
+    dt_tensor *t = dtt::MakeTensor(dtt::RandomValues((size_t)n, 60 + k, -2.0f, 2.0f),
+                                   ins[k].shape);
+    dt_tensor *leaf = t, *arg = nullptr;
+    if (ins[k].half) {
+      EXPECT_EQ(DT_OK, dt_tensor_to_dtype(t, d, &leaf)) << dt_last_error();
+      dt_tensor_release(t);
+    }
+    EXPECT_EQ(DT_OK, dt_tensor_set_requires_grad(leaf, 1)) << dt_last_error();
+    if (ins[k].half && widen)
+      EXPECT_EQ(DT_OK, dt_tensor_to_dtype(leaf, DT_DTYPE_F32, &arg)) << dt_last_error();
+    else
+      arg = dt_tensor_retain(leaf);
+    leaves.push_back(leaf);
+    args.push_back(arg);
+  }
+  dt_tensor *out = nullptr, *up = nullptr;
+  EXPECT_EQ(DT_OK, fn(args, &out)) << dt_last_error();
+  if (out) {
+    EXPECT_EQ(dt_tensor_dtype(out), DT_DTYPE_F32) << "autocast's f32 ops return f32";
+    res.push_back(dtt::ToVector(out));
+    up = dtt::MakeTensor(dtt::UpstreamGradient(res[0].size(), 777), dtt::Shape(out));
+    EXPECT_EQ(DT_OK, dt_backward(out, up)) << dt_last_error();
+  }
+  for (dt_tensor *leaf : leaves) {
+    dt_tensor *g = dt_tensor_grad(leaf), *g32 = nullptr;
+    EXPECT_NE(g, nullptr);
+    if (g) {
+      EXPECT_EQ(dt_tensor_dtype(g), dt_tensor_dtype(leaf)) << "a gradient has its tensor's dtype";
+      dt_no_grad_begin();
+      EXPECT_EQ(DT_OK, dt_tensor_to_dtype(g, DT_DTYPE_F32, &g32)) << dt_last_error();
+      dt_no_grad_end();
+      res.push_back(g32 ? dtt::ToVector(g32) : std::vector<float>());
+      dt_tensor_release(g32);
+    }
+  }
+  for (dt_tensor *t : args)
+    dt_tensor_release(t);
+  for (dt_tensor *t : leaves)
+    dt_tensor_release(t);
+  dt_tensor_release(up);
+  dt_tensor_release(out);
+  return res;
+}
+
+}  // namespace widened_path
+
+TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
+  using widened_path::In;
+  struct Case {
+    const char *name;
+    std::vector<In> ins;
+    dtt::OpFn fn;
+  };
+  const std::vector<int64_t> rows = {37, 300}, d = {300};  // several blocks of rows
+  const std::vector<Case> cases = {
+      {"softmax", {{{5, 3000}, true}}, [](auto &x, dt_tensor **o) {
+         return dt_op_softmax(x[0], -1, o);
+       }},
+      {"log_softmax", {{rows, true}}, [](auto &x, dt_tensor **o) {
+         return dt_op_log_softmax(x[0], -1, o);
+       }},
+      {"causal_softmax", {{{2, 3, 40, 40}, true}}, [](auto &x, dt_tensor **o) {
+         return dt_op_causal_softmax(x[0], o);
+       }},
+      {"layer_norm", {{rows, true}, {d, false}, {d, false}}, [](auto &x, dt_tensor **o) {
+         return dt_op_layer_norm(x[0], x[1], x[2], 1e-5f, o);
+       }},
+      {"residual_layer_norm 16-bit x",
+       {{rows, true}, {rows, false}, {d, false}, {d, false}},
+       dtt::ResidualLayerNormBoth},
+      {"residual_layer_norm 16-bit residual",
+       {{rows, false}, {rows, true}, {d, false}, {d, false}},
+       dtt::ResidualLayerNormBoth},
+      {"residual_layer_norm both 16-bit",
+       {{rows, true}, {rows, true}, {d, false}, {d, false}},
+       dtt::ResidualLayerNormBoth},
+  };
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Case &c : cases) {
+      std::vector<std::vector<float>> got = widened_path::Run(dt, c.ins, c.fn, false),
+                                      want = widened_path::Run(dt, c.ins, c.fn, true);
+      ASSERT_EQ(got.size(), c.ins.size() + 1) << c.name;
+      ASSERT_EQ(want.size(), got.size()) << c.name;
+      for (size_t k = 0; k < got.size(); k++) {
+        std::string what = std::string(dt_dtype_name(dt)) + " " + c.name +
+                           (k == 0 ? " output" : " gradient of input " + std::to_string(k - 1));
+        ASSERT_EQ(got[k].size(), want[k].size()) << what;
+        EXPECT_EQ(0, std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)))
+            << what << " differs from the widened path";
+      }
+    }
 }
 
 // Under autocast the activations between ops are 16-bit, as in PyTorch: the

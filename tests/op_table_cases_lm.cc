@@ -164,24 +164,8 @@ OpFn ClassifierLossConsume(int64_t n_classes, bool intermediate) {
   };
 }
 
-// concat(sum, norm) along the last dimension (st: the status that made them;
-// both released).
-dt_status ConcatBoth(dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat) {
-  dt_tensor *parts[2] = {sum, norm};
-  if (st == DT_OK)
-    st = dt_op_concat(parts, 2, -1, cat);
-  dt_tensor_release(norm);
-  dt_tensor_release(sum);
-  return st;
-}
-
-// concat(sum, norm) from the fused residual layer norm (inputs x,
-// residual[, gamma, beta]): both results, so the gradient check covers both.
-dt_status ResidualLayerNormBoth(const V &x, dt_tensor **out) {
-  dt_tensor *sum = nullptr, *norm = nullptr;
-  dt_status st = dt_op_residual_layer_norm(x[0], x[1], Opt(x, 2), Opt(x, 3), 1e-5f, &sum, &norm);
-  return ConcatBoth(st, sum, norm, out);
-}
+using dtt::ConcatBoth;
+using dtt::ResidualLayerNormBoth;
 
 // The same, checked on every call against add + layer_norm (the same
 // arithmetic: equal bit for bit).
@@ -438,6 +422,70 @@ void AddLanguageModelCases(std::vector<OpCase> *table) {
          "half_x_2x3x5",
          d,
          {X({2, 3, 5}).Range(-2, 2).Half(), X({2, 3, 5}), X({5}).Range(0.5f, 1.5f), X({5})},
+         ResidualLayerNormBoth,
+         kNormalisation});
+  }
+
+  // The row kernels read a 16-bit x (softmax, log-softmax, the causal
+  // softmax, layer norm, the fused residual layer norm; the CPU a block of
+  // rows at a time, CUDA into f32 registers): many rows per CPU block with
+  // a partial last one, rows longer than a block, GPT-2's width (more than
+  // one column block of dgamma), enough elements for the CPU's threads and
+  // rows wider than a CUDA block's 256 threads; the residual layer norm
+  // with a 16-bit residual added to an f32 x (GPT-2's), both 16-bit, and
+  // no affine parameters.
+  OpFn softmax = [](const V &x, dt_tensor **out) { return dt_op_softmax(x[0], -1, out); };
+  OpFn log_softmax = [](const V &x, dt_tensor **out) { return dt_op_log_softmax(x[0], -1, out); };
+  OpFn layer_norm = [](const V &x, dt_tensor **out) {
+    return dt_op_layer_norm(x[0], Opt(x, 1), Opt(x, 2), 1e-5f, out);
+  };
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    add({"softmax", "half_37x300", d, {X({37, 300}).Range(-4, 4).Half()}, softmax, kReduction});
+    add({"softmax",
+         "half_5x3000",
+         d,
+         {X({5, 3000}).Range(-4, 4).Half()},
+         softmax,
+         kReduction,
+         kParityOnly});
+    add({"log_softmax",
+         "half_300x260",
+         d,
+         {X({300, 260}).Range(-4, 4).Half()},
+         log_softmax,
+         kReduction,
+         kParityOnly});
+    add({"causal_softmax",
+         "half_2x4x64x64",
+         d,
+         {X({2, 4, 64, 64}).Range(-2, 2).Half()},
+         causal,
+         kReduction,
+         kParityOnly});
+    add({"layer_norm",
+         "half_plain_37x300",
+         d,
+         {X({37, 300}).Range(-2, 2).Half()},
+         layer_norm,
+         kNormalisation});
+    add({"layer_norm",
+         "half_300x768",
+         d,
+         {X({300, 768}).Range(-3, 3).Half(), X({768}).Range(0.5f, 1.5f), X({768})},
+         layer_norm,
+         kNormalisation,
+         kParityOnly});
+    add({"residual_layer_norm",
+         "half_residual_300x768",
+         d,
+         {X({300, 768}).Range(-3, 3), X({300, 768}).Half(), X({768}).Range(0.5f, 1.5f), X({768})},
+         residual_ln,
+         kNormalisation,
+         kParityOnly});
+    add({"residual_layer_norm",
+         "half_both_plain_37x300",
+         d,
+         {X({37, 300}).Range(-2, 2).Half(), X({37, 300}).Half()},
          ResidualLayerNormBoth,
          kNormalisation});
   }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/env.h"
+#include "core/ops.h"
 #include "core/rng.h"
 
 namespace dtt {
@@ -129,6 +130,22 @@ std::vector<float> UpstreamGradient(size_t n, uint64_t seed) {
   for (float &v : r)
     v = v < 0 ? v - 0.5f : v + 0.5f;
   return r;
+}
+
+dt_status ConcatBoth(dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat) {
+  dt_tensor *parts[2] = {sum, norm};
+  if (st == DT_OK)
+    st = dt_op_concat(parts, 2, -1, cat);
+  dt_tensor_release(norm);
+  dt_tensor_release(sum);
+  return st;
+}
+
+dt_status ResidualLayerNormBoth(const std::vector<dt_tensor *> &x, dt_tensor **out) {
+  dt_tensor *sum = nullptr, *norm = nullptr;
+  dt_status st = dt_op_residual_layer_norm(x[0], x[1], x.size() > 2 ? x[2] : nullptr,
+                                           x.size() > 3 ? x[3] : nullptr, 1e-5f, &sum, &norm);
+  return ConcatBoth(st, sum, norm, out);
 }
 
 // L = sum(op(inputs) * r) in double, without recording.

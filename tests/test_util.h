@@ -97,6 +97,14 @@ dt_status CopyFromHost(dt_tensor *t, const std::vector<float> &values);
 // output element is nearly ignored.
 std::vector<float> UpstreamGradient(size_t n, uint64_t seed);
 
+// concat(sum, norm) along the last dimension (st: the status that made them;
+// both released).
+dt_status ConcatBoth(dt_status st, dt_tensor *sum, dt_tensor *norm, dt_tensor **cat);
+// concat(sum, norm) from the fused residual layer norm (inputs x,
+// residual[, gamma, beta], eps 1e-5): both results in one tensor, so a
+// gradient check or a comparison covers both.
+dt_status ResidualLayerNormBoth(const std::vector<dt_tensor *> &x, dt_tensor **out);
+
 // Builds the op's output from the inputs (the same tensors every call).
 using OpFn = std::function<dt_status(const std::vector<dt_tensor *> &inputs, dt_tensor **out)>;
 

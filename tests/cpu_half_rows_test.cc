@@ -1,0 +1,195 @@
+// The CPU row kernels of 16-bit inputs (softmax, log-softmax, the causal
+// softmax, layer norm forward, the fused residual layer norm, layer norm
+// backward): they widen blocks of rows into scratch (dt_cpu_rows,
+// core/cpu_kernels_half.c) instead of a widened copy of the whole tensor,
+// and give bit for bit what the f32 kernel gives on that copy, for bf16 and
+// f16, under 1, 2 and 3 threads. Shapes: many rows per block with a partial
+// last block, rows longer than a block (one row each), more than one
+// column block of the backward's parameter gradients, and enough elements
+// for the threads.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/half.h"
+#include "tests/cpu_kernels_test_util.h"
+
+namespace {
+
+using namespace dtk;  // the kernel-test helpers (tests/cpu_kernels_test_util.h)
+
+// Values in [lo, hi) rounded to a 16-bit dtype: their codes, and the same
+// values widened to f32 (what the op passed its f32 kernels before).
+struct Half {
+  std::vector<uint16_t> bits;
+  Vec wide;
+  const float *data() const { return reinterpret_cast<const float *>(bits.data()); }
+};
+
+Half MakeHalf(dt_dtype dtype, size_t n, uint64_t seed, float lo, float hi) {
+  Vec v = randn(n, seed, lo, hi);
+  Half h{std::vector<uint16_t>(n), Vec(n)};
+  EXPECT_EQ(DT_OK, dt_half_from_f32(dtype, v.data(), h.bits.data(), (int64_t)n));
+  EXPECT_EQ(DT_OK, dt_half_to_f32(dtype, h.bits.data(), h.wide.data(), (int64_t)n));
+  return h;
+}
+
+// The CPU's execution context for kernels of ex->dtype `dtype`.
+const dt_exec *ExecOf(dt_dtype dtype) {
+  static dt_exec ex[DT_DTYPE_COUNT];
+  if (!ex[dtype].be) {
+    EXPECT_EQ(DT_OK, dt_exec_init(DT_CPU, dtype, &ex[dtype])) << dt_last_error();
+  }
+  return &ex[dtype];
+}
+
+::testing::AssertionResult SameBits(const Vec &got, const Vec &want, const std::string &what) {
+  if (got.size() == want.size() &&
+      std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+    return ::testing::AssertionSuccess();
+  for (size_t i = 0; i < got.size() && i < want.size(); i++)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure()
+             << what << ": element " << i << " is " << got[i] << ", the f32 kernel's " << want[i];
+  return ::testing::AssertionFailure() << what << ": sizes differ";
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+const Shape kShapes[] = {{3, 5}, {37, 300}, {300, 260}, {5, 5000}, {40, 64}};
+
+std::string Case(dt_dtype dtype, const Shape &s, const char *what) {
+  return std::string(dt_dtype_name(dtype)) + " " + std::to_string(s.rows) + "x" +
+         std::to_string(s.cols) + " " + what;
+}
+
+TEST_P(ThreadCounts, HalfSoftmaxesAreTheF32KernelsOfTheWidenedInputBitForBit) {
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Shape &s : kShapes) {
+      const int64_t n = s.rows * s.cols;
+      Half x = MakeHalf(d, (size_t)n, 41, -6.0f, 6.0f);
+      for (int log = 0; log < 2; log++) {
+        Vec want((size_t)n), got((size_t)n, -1.0f);
+        ASSERT_EQ(DT_OK, dt_kernel_softmax_forward(cpu_exec(), x.wide.data(), want.data(), s.rows,
+                                                   s.cols, log));
+        ASSERT_EQ(DT_OK,
+                  dt_kernel_softmax_forward(ExecOf(d), x.data(), got.data(), s.rows, s.cols, log))
+            << dt_last_error();
+        EXPECT_TRUE(SameBits(got, want, Case(d, s, log ? "log_softmax" : "softmax")));
+      }
+      Vec want((size_t)n), got((size_t)n, -1.0f);
+      ASSERT_EQ(DT_OK, dt_kernel_causal_softmax_forward(cpu_exec(), x.wide.data(), want.data(),
+                                                        s.rows, s.cols));
+      ASSERT_EQ(DT_OK,
+                dt_kernel_causal_softmax_forward(ExecOf(d), x.data(), got.data(), s.rows, s.cols))
+          << dt_last_error();
+      EXPECT_TRUE(SameBits(got, want, Case(d, s, "causal softmax")));
+    }
+}
+
+// What a layer norm forward writes.
+struct LnOut {
+  Vec sum, y, mean, rstd;
+  explicit LnOut(const Shape &s)
+      : sum((size_t)(s.rows * s.cols), -1.0f),
+        y((size_t)(s.rows * s.cols), -1.0f),
+        mean((size_t)s.rows, -1.0f),
+        rstd((size_t)s.rows, -1.0f) {}
+};
+
+void ExpectSameLn(const LnOut &got, const LnOut &want, const std::string &what) {
+  EXPECT_TRUE(SameBits(got.sum, want.sum, what + " sum"));
+  EXPECT_TRUE(SameBits(got.y, want.y, what + " y"));
+  EXPECT_TRUE(SameBits(got.mean, want.mean, what + " mean"));
+  EXPECT_TRUE(SameBits(got.rstd, want.rstd, what + " rstd"));
+}
+
+TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) {
+  const float eps = 1e-5f;
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Shape &s : kShapes) {
+      const int64_t n = s.rows * s.cols, r = s.rows, c = s.cols;
+      Half x = MakeHalf(d, (size_t)n, 42, -3.0f, 3.0f), res = MakeHalf(d, (size_t)n, 43, -1, 1);
+      Vec x32 = randn((size_t)n, 44, -3, 3), res32 = randn((size_t)n, 45);
+      Vec gamma = randn((size_t)c, 46, 0.5f, 1.5f), beta = randn((size_t)c, 47);
+      // forward, affine and plain
+      for (int affine = 0; affine < 2; affine++) {
+        const float *g = affine ? gamma.data() : nullptr, *b = affine ? beta.data() : nullptr;
+        LnOut want(s), got(s);
+        ASSERT_EQ(DT_OK, dt_kernel_layernorm_forward(cpu_exec(), x.wide.data(), g, b,
+                                                     want.y.data(), want.mean.data(),
+                                                     want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK,
+                  dt_kernel_layernorm_forward(ExecOf(d), x.data(), g, b, got.y.data(),
+                                              got.mean.data(), got.rstd.data(), r, c, eps))
+            << dt_last_error();
+        ExpectSameLn(got, want, Case(d, s, affine ? "layer norm" : "plain layer norm"));
+      }
+      // the fused residual: 16-bit x, 16-bit residual (GPT-2's), both
+      struct Fused {
+        const char *what;
+        dt_dtype xd, rd;
+        const float *x, *res, *x_wide, *res_wide;
+      };
+      const Fused fused[] = {
+          {"16-bit x + f32 residual", d, DT_DTYPE_F32, x.data(), res32.data(), x.wide.data(),
+           res32.data()},
+          {"f32 x + 16-bit residual", DT_DTYPE_F32, d, x32.data(), res.data(), x32.data(),
+           res.wide.data()},
+          {"16-bit x + 16-bit residual", d, d, x.data(), res.data(), x.wide.data(),
+           res.wide.data()},
+      };
+      for (const Fused &f : fused) {
+        LnOut want(s), got(s);
+        ASSERT_EQ(DT_OK, dt_kernel_residual_layernorm_forward(
+                             cpu_exec(), f.x_wide, f.res_wide, DT_DTYPE_F32, gamma.data(),
+                             beta.data(), want.sum.data(), want.y.data(), want.mean.data(),
+                             want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_residual_layernorm_forward(
+                             ExecOf(f.xd), f.x, f.res, f.rd, gamma.data(), beta.data(),
+                             got.sum.data(), got.y.data(), got.mean.data(), got.rstd.data(), r,
+                             c, eps))
+            << dt_last_error();
+        ExpectSameLn(got, want, Case(d, s, f.what));
+      }
+      // backward from the forward's statistics; dgamma and dbeta accumulate
+      LnOut fwd(s);
+      ASSERT_EQ(DT_OK, dt_kernel_layernorm_forward(cpu_exec(), x.wide.data(), gamma.data(),
+                                                   beta.data(), fwd.y.data(), fwd.mean.data(),
+                                                   fwd.rstd.data(), r, c, eps));
+      Vec dy = randn((size_t)n, 48);
+      Vec dx_want((size_t)n), dg_want((size_t)c, 1.0f), db_want((size_t)c, 2.0f);
+      Vec dx_got((size_t)n, -1.0f), dg_got = dg_want, db_got = db_want;
+      ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(cpu_exec(), x.wide.data(), gamma.data(),
+                                                    fwd.mean.data(), fwd.rstd.data(), dy.data(),
+                                                    dx_want.data(), dg_want.data(),
+                                                    db_want.data(), r, c));
+      ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(ExecOf(d), x.data(), gamma.data(),
+                                                    fwd.mean.data(), fwd.rstd.data(), dy.data(),
+                                                    dx_got.data(), dg_got.data(), db_got.data(),
+                                                    r, c))
+          << dt_last_error();
+      EXPECT_TRUE(SameBits(dx_got, dx_want, Case(d, s, "layer norm dx")));
+      EXPECT_TRUE(SameBits(dg_got, dg_want, Case(d, s, "layer norm dgamma")));
+      EXPECT_TRUE(SameBits(db_got, db_want, Case(d, s, "layer norm dbeta")));
+    }
+}
+
+TEST(CpuHalfRows, ResidualOfAnIntegerDtypeIsRefused) {
+  const int64_t r = 2, c = 3;
+  Vec x = randn(6, 1), res = randn(6, 2), sum(6), y(6), mean(2), rstd(2);
+  EXPECT_EQ(DT_ERR_DTYPE, dt_kernel_residual_layernorm_forward(
+                              cpu_exec(), x.data(), res.data(), DT_DTYPE_I32, nullptr, nullptr,
+                              sum.data(), y.data(), mean.data(), rstd.data(), r, c, 1e-5f));
+  EXPECT_NE(std::string(dt_last_error()).find("residual dtype i32"), std::string::npos)
+      << dt_last_error();
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ThreadCounts, ::testing::Values(1, 2, 3));
+
+}  // namespace
