@@ -138,6 +138,12 @@ int dt_comm_is_reduce_dtype(dt_dtype t);
  * elements [0, n) (of type t), divided by nparts when avg. */
 void dt_comm_sum_f32(const void *const *parts, int nparts, dt_dtype t, int64_t n, int avg,
                      float *acc);
+/* f32 parts only: dst[i] (and dst2[i] when dst2 is not NULL) = the sum of
+ * parts[0..nparts)[i] in rank order, then (avg) / nparts: the bits of
+ * dt_comm_sum_f32 + dt_comm_from_f32, in one pass. dst may be one of the
+ * parts (element by element in place). */
+void dt_comm_sum_f32_into(const float *const *parts, int nparts, int64_t n, int avg, float *dst,
+                          float *dst2);
 /* dst[0..n) = src[0..n) rounded to type t (nearest even; f32: a copy). */
 void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n);
 /* x[0..n) += y[0..n) (not overlapping), then (avg) x /= world: vectorised,

@@ -78,3 +78,41 @@ void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n) {
   else
     dt_half_from_f32(t, src, dst, n);
 }
+
+void dt_comm_sum_f32_into(const float *const *parts, int nparts, int64_t n, int avg, float *dst,
+                          float *dst2) {
+  const float *a = parts[0], *b = nparts > 1 ? parts[1] : parts[0];
+  int scale = avg && nparts > 1;
+  const float inv = 1.0f / (float)nparts, wf = (float)nparts;
+  int pow2 = is_pow2(nparts);
+  if (nparts == 2 && (!scale || pow2)) { /* the common case, one loop */
+    const float k = scale ? inv : 1.0f;  /* x * 1 is x: the same bits */
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float s = (a[i] + b[i]) * k;
+      dst[i] = s;
+      if (dst2)
+        dst2[i] = s;
+    }
+    return;
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += DT_COMM_REDUCE_CHUNK) {
+    int64_t len = n - c0 < DT_COMM_REDUCE_CHUNK ? n - c0 : DT_COMM_REDUCE_CHUNK;
+    float acc[DT_COMM_REDUCE_CHUNK];
+    memcpy(acc, parts[0] + c0, (size_t)len * sizeof(float));
+    for (int k = 1; k < nparts; k++)
+      dt_comm_add_f32(acc, parts[k] + c0, len, 0, 1);
+    if (scale && pow2) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; i++)
+        acc[i] *= inv;
+    } else if (scale) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; i++)
+        acc[i] /= wf;
+    }
+    memcpy(dst + c0, acc, (size_t)len * sizeof(float));
+    if (dst2)
+      memcpy(dst2 + c0, acc, (size_t)len * sizeof(float));
+  }
+}

@@ -360,6 +360,11 @@ static void reduce(dt_shm_transport *t, const plan *pl, uint64_t c) {
   char *dst = reduce_scatter ? (char *)w->out_data + (size_t)off * w->elem
                              : seg + (size_t)off * w->elem;
   char *published = reduce_scatter ? NULL : slot_of(t, t->rank, pl->g0 + c) + in_slot;
+  if (w->dtype == DT_DTYPE_F32) { /* one pass: read the parts, write both copies */
+    dt_comm_sum_f32_into((const float *const *)t->parts, t->world, n, w->op == DT_REDUCE_AVG,
+                         (float *)dst, (float *)published);
+    return;
+  }
   float acc[DT_COMM_REDUCE_CHUNK];
   for (int64_t s = 0; s < n; s += DT_COMM_REDUCE_CHUNK) {
     int64_t m = n - s < DT_COMM_REDUCE_CHUNK ? n - s : DT_COMM_REDUCE_CHUNK;
