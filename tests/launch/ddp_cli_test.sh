@@ -28,12 +28,27 @@ last_line_accuracy() { tail -1 "$out" | sed -n 's/^test_accuracy=\([0-9.]*\)$/\1
 
 # ---- launch: the mpirun line, DDP, rank 0 prints ----------------------------
 run launch -n 2 -- train --model mlp --batch 32 --max-steps 20 --log-interval 20 --accum 2
-expect 0 err "^dtrain launch: mpirun -np 2 --bind-to none --map-by slot -x OMP_NUM_THREADS=[0-9]+ -x DT_NUM_THREADS=[0-9]+ .*$(basename "$dtrain") train --model mlp" \
+expect 0 err "^dtrain launch: mpirun -np 2 (--bind-to none --map-by slot|--map-by slot:PE=[0-9]+ --bind-to core) -x OMP_NUM_THREADS=[0-9]+ -x DT_NUM_THREADS=[0-9]+ .*$(basename "$dtrain") train --model mlp" \
   "launch prints the mpirun command line"
 expect 0 out "ddp world 2 .*per-rank batch 32, global batch 64" "the header names world and batches"
 expect 0 out "^test_accuracy=0\.[0-9]{4}$" "rank 0 prints the final line"
 expect_not out "^rank 1: " "other ranks are quiet"
 [ "$(grep -c '^test_accuracy=' "$out")" = 1 ] || fail "test_accuracy printed more than once"
+
+# placement: 2 ranks of 1 thread are bound to a core each where two cores are
+# there; a --bind-to of the user's replaces dtrain's placement
+run launch -n 2 --threads 1 --dry-run -- train --model mlp
+cores=$(nproc)
+if [ "$cores" -ge 2 ] && [ "$(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null)" = 0 ]; then
+  expect 0 err "^dtrain launch: mpirun -np 2 --map-by slot:PE=1 --bind-to core -x OMP_NUM_THREADS=1 " \
+    "each rank bound to a core of its own"
+fi
+run launch -n 2 --threads 1 --mpirun-arg=--bind-to --mpirun-arg=socket --dry-run -- train --model mlp
+expect 0 err "^dtrain launch: mpirun -np 2 -x OMP_NUM_THREADS=1 .* --bind-to socket " \
+  "the user's --bind-to alone places the ranks"
+run launch -n 3 --threads "$cores" --dry-run -- train --model mlp
+expect 0 err "^dtrain launch: mpirun -np 3 --bind-to none --map-by slot " \
+  "more threads than cores: no binding"
 
 run launch -n 2 -- train --model mlp --batch 16 --max-steps 10 --log-interval 5 --verbose-ranks
 expect 0 out "^rank 1: epoch 1 step 10/10" "--verbose-ranks: rank 1 prints, prefixed"
