@@ -169,8 +169,8 @@ static int maxpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64
 dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                    float *y, int32_t *argmax) {
   int bad;
-  return pool_planes("maxpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
-                     (int64_t)g->oh * g->ow, maxpool_forward_plane, argmax, &bad);
+  return pool_planes("maxpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
+                     maxpool_forward_plane, argmax, &bad);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w) through the argmax (ctx) of plane p
@@ -235,8 +235,8 @@ static int avgpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64
 dt_status dt_cpu_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                    float *y) {
   int bad;
-  return pool_planes("avgpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
-                     (int64_t)g->oh * g->ow, avgpool_forward_plane, NULL, &bad);
+  return pool_planes("avgpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
+                     avgpool_forward_plane, NULL, &bad);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w)
