@@ -1,9 +1,15 @@
-/* CPU max and average pooling, NCHW, parallel over (image, channel) planes. */
+/* CPU max and average pooling, NCHW, parallel over (image, channel) planes.
+ * x, y, dy and dx hold ex->dtype (f32, f16 or bf16); argmax is i32. One f32
+ * body per kernel works on one plane: a 16-bit plane is widened into the
+ * thread's slice of a pooled scratch buffer and its result rounded once,
+ * so the results are bit for bit the f32 kernel's on a widened copy. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "core/half.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -78,66 +84,119 @@ static int is_2x2_stride2(const dt_conv2d_geom *g) {
   return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0;
 }
 
-// x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w
-dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
-                                   float *y, int32_t *argmax) {
-  (void)ex;
-  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
-    const float *xp = x + p * hw;
-    float *yp = y + p * ohw;
-    int32_t *ap = argmax ? argmax + p * ohw : NULL;
-    if (is_2x2_stride2(g)) {
-      maxpool_2x2_plane(g, xp, yp, ap);
-      continue;
-    }
-    for (int oy = 0; oy < g->oh; oy++) {
-      int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
-      y0 = MAX(y0, 0);
-      for (int ox = 0; ox < g->ow; ox++) {
-        int x0 = ox * g->sw - g->pw, x1 = MIN(x0 + g->kw, g->w);
-        x0 = MAX(x0, 0);
-        float best = -INFINITY;
-        int32_t at = y0 * g->w + x0;
-        for (int iy = y0; iy < y1; iy++)
-          for (int ix = x0; ix < x1; ix++) {
-            float v = xp[iy * g->w + ix];
-            if (v > best || v != v) { /* NaN wins, as PyTorch */
-              best = v;
-              at = iy * g->w + ix;
-              if (v != v)
-                goto done;
-            }
+/* The f32 body of a pooling kernel: plane p's input `in` (f32) -> its
+ * output `out` (f32, every element written); nonzero when the plane's
+ * inputs are invalid (an argmax out of range). */
+typedef int (*pool_plane_fn)(const dt_conv2d_geom *g, const void *ctx, int64_t p, const float *in,
+                             float *out);
+
+/* Runs fn over the n*c planes: `in` holds planes of in_len elements, `out`
+ * planes of out_len, both of ex->dtype. f32 planes are passed in place; a
+ * 16-bit plane is widened into scratch, fn writes an f32 plane beside it,
+ * rounded once into `out`. Planes are independent, so the results do not
+ * depend on the thread count. *bad is nonzero when fn reported a bad plane
+ * (the caller words the error); DT_ERR_OOM when the scratch cannot be had. */
+static dt_status pool_planes(const char *op, const dt_exec *ex, const dt_conv2d_geom *g,
+                             const void *in, int64_t in_len, void *out, int64_t out_len,
+                             pool_plane_fn fn, const void *ctx, int *bad) {
+  const int64_t planes = (int64_t)g->n * g->c;
+  const int par = planes * (in_len > out_len ? in_len : out_len) >= DT_CPU_PAR_MIN;
+  const int nt = par ? dt_cpu_threads() : 1;
+  const dt_dtype dtype = ex->dtype;
+  int any_bad = 0;
+  if (!dt_dtype_is_half(dtype)) {
+#pragma omp parallel for if (par) num_threads(nt) schedule(static) reduction(| : any_bad)
+    for (int64_t p = 0; p < planes; p++)
+      any_bad |= fn(g, ctx, p, (const float *)in + p * in_len, (float *)out + p * out_len);
+    *bad = any_bad;
+    return DT_OK;
+  }
+  /* one pooled buffer per call, an input and an output plane per thread */
+  dt_cpu_scratch *scratch = NULL;
+  float *wide = NULL;
+  size_t bytes = (size_t)nt * (size_t)(in_len + out_len) * sizeof(float);
+  if (dt_cpu_scratch_acquire(bytes, &scratch, (void **)&wide) != DT_OK)
+    return DT_ERROR(DT_ERR_OOM, "%s: %zu bytes to widen 16-bit planes: malloc failed", op, bytes);
+#pragma omp parallel for if (par) num_threads(nt) schedule(static) reduction(| : any_bad)
+  for (int64_t p = 0; p < planes; p++) {
+    float *win = wide + (int64_t)omp_get_thread_num() * (in_len + out_len), *wout = win + in_len;
+    (void)dt_half_to_f32(dtype, (const uint16_t *)in + p * in_len, win, in_len);
+    any_bad |= fn(g, ctx, p, win, wout);
+    (void)dt_half_from_f32(dtype, wout, (uint16_t *)out + p * out_len, out_len);
+  }
+  dt_cpu_scratch_release(scratch);
+  *bad = any_bad;
+  return DT_OK;
+}
+
+// one plane: x (h,w) -> y (oh,ow); ctx: argmax (n,c,oh,ow) or NULL
+static int maxpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                 const float *xp, float *yp) {
+  int32_t *argmax = (int32_t *)ctx;
+  int32_t *ap = argmax ? argmax + p * g->oh * g->ow : NULL;
+  if (is_2x2_stride2(g)) {
+    maxpool_2x2_plane(g, xp, yp, ap);
+    return 0;
+  }
+  for (int oy = 0; oy < g->oh; oy++) {
+    int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
+    y0 = MAX(y0, 0);
+    for (int ox = 0; ox < g->ow; ox++) {
+      int x0 = ox * g->sw - g->pw, x1 = MIN(x0 + g->kw, g->w);
+      x0 = MAX(x0, 0);
+      float best = -INFINITY;
+      int32_t at = y0 * g->w + x0;
+      for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+          float v = xp[iy * g->w + ix];
+          if (v > best || v != v) { /* NaN wins, as PyTorch */
+            best = v;
+            at = iy * g->w + ix;
+            if (v != v)
+              goto done;
           }
-      done:
-        yp[oy * g->ow + ox] = best;
-        if (ap)
-          ap[oy * g->ow + ox] = at;
-      }
+        }
+    done:
+      yp[oy * g->ow + ox] = best;
+      if (ap)
+        ap[oy * g->ow + ox] = at;
     }
   }
-  return DT_OK;
+  return 0;
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
+dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                   float *y, int32_t *argmax) {
+  int bad;
+  return pool_planes("maxpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
+                     maxpool_forward_plane, argmax, &bad);
+}
+
+// one plane: dy (oh,ow) -> dx (h,w) through the argmax (ctx) of plane p
+static int maxpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                  const float *gp, float *dp) {
+  const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  const int32_t *ap = (const int32_t *)ctx + p * ohw;
+  int bad = 0;
+  memset(dp, 0, (size_t)hw * sizeof(float));
+  for (int64_t o = 0; o < ohw; o++) {
+    if (ap[o] < 0 || ap[o] >= hw) {
+      bad = 1;
+      continue;
+    }
+    dp[ap[o]] += gp[o];
+  }
+  return bad;
 }
 
 // dy (n,c,oh,ow), argmax -> dx (n,c,h,w) overwritten
 dt_status dt_cpu_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                     const int32_t *argmax, float *dx) {
-  (void)ex;
-  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  int bad = 0;
-  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN, reduction(| : bad)) {
-    float *dp = dx + p * hw;
-    const float *gp = dy + p * ohw;
-    const int32_t *ap = argmax + p * ohw;
-    memset(dp, 0, (size_t)hw * sizeof(float));
-    for (int64_t o = 0; o < ohw; o++) {
-      if (ap[o] < 0 || ap[o] >= hw) {
-        bad = 1;
-        continue;
-      }
-      dp[ap[o]] += gp[o];
-    }
-  }
+  const int64_t hw = (int64_t)g->h * g->w;
+  int bad;
+  DT_CHECK(pool_planes("maxpool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx, hw,
+                       maxpool_backward_plane, argmax, &bad));
   if (bad)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "maxpool2d_backward: argmax outside [0, %lld): pass the indices from "
@@ -154,48 +213,54 @@ static float avg_divisor(const dt_conv2d_geom *g, int oy, int ox) {
   return (float)((y1 - y0) * (x1 - x0));
 }
 
+// one plane: x (h,w) -> y (oh,ow)
+static int avgpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                 const float *xp, float *yp) {
+  (void)ctx, (void)p;
+  for (int oy = 0; oy < g->oh; oy++) {
+    int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
+    for (int ox = 0; ox < g->ow; ox++) {
+      int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
+      float s = 0.0f;
+      for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++)
+          s += xp[iy * g->w + ix];
+      yp[oy * g->ow + ox] = s / avg_divisor(g, oy, ox);
+    }
+  }
+  return 0;
+}
+
 // x (n,c,h,w) -> y (n,c,oh,ow)
 dt_status dt_cpu_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                    float *y) {
-  (void)ex;
-  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
-    const float *xp = x + p * hw;
-    float *yp = y + p * ohw;
-    for (int oy = 0; oy < g->oh; oy++) {
-      int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
-      for (int ox = 0; ox < g->ow; ox++) {
-        int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
-        float s = 0.0f;
-        for (int iy = y0; iy < y1; iy++)
-          for (int ix = x0; ix < x1; ix++)
-            s += xp[iy * g->w + ix];
-        yp[oy * g->ow + ox] = s / avg_divisor(g, oy, ox);
-      }
+  int bad;
+  return pool_planes("avgpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
+                     avgpool_forward_plane, NULL, &bad);
+}
+
+// one plane: dy (oh,ow) -> dx (h,w)
+static int avgpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                  const float *gp, float *dp) {
+  (void)ctx, (void)p;
+  memset(dp, 0, (size_t)g->h * g->w * sizeof(float));
+  for (int oy = 0; oy < g->oh; oy++) {
+    int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
+    for (int ox = 0; ox < g->ow; ox++) {
+      int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
+      float v = gp[oy * g->ow + ox] / avg_divisor(g, oy, ox);
+      for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++)
+          dp[iy * g->w + ix] += v;
     }
   }
-  return DT_OK;
+  return 0;
 }
 
 // dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
 dt_status dt_cpu_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                     float *dx) {
-  (void)ex;
-  int64_t planes = (int64_t)g->n * g->c, hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
-  DT_CPU_PARALLEL_FOR(p, planes, planes * hw, DT_CPU_PAR_MIN) {
-    float *dp = dx + p * hw;
-    const float *gp = dy + p * ohw;
-    memset(dp, 0, (size_t)hw * sizeof(float));
-    for (int oy = 0; oy < g->oh; oy++) {
-      int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
-      for (int ox = 0; ox < g->ow; ox++) {
-        int x0 = MAX(ox * g->sw - g->pw, 0), x1 = MIN(ox * g->sw - g->pw + g->kw, g->w);
-        float v = gp[oy * g->ow + ox] / avg_divisor(g, oy, ox);
-        for (int iy = y0; iy < y1; iy++)
-          for (int ix = x0; ix < x1; ix++)
-            dp[iy * g->w + ix] += v;
-      }
-    }
-  }
-  return DT_OK;
+  int bad;
+  return pool_planes("avgpool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx,
+                     (int64_t)g->h * g->w, avgpool_backward_plane, NULL, &bad);
 }

@@ -181,7 +181,8 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   dt_tensor *dx = NULL;
   dt_status st;
   int64_t xshape[4] = {g.n, g.c, g.h, g.w};
-  DT_CHECK(dt_tensor_empty(xshape, 4, DT_DTYPE_F32, dev, &dx));
+  /* dx in gy's dtype (y's, which is x's): the kernel rounds it once */
+  DT_CHECK(dt_tensor_empty(xshape, 4, dt_tensor_dtype(gy), dev, &dx));
   if (dt_tensor_numel(dx) > 0) {
     if (node->reals[0] != 0.0)
       DT_CHECK_GOTO(
@@ -200,10 +201,9 @@ fail:
 
 static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
                         int padding, dt_tensor **out) {
-  /* 16-bit x: pooled in f32, the result in x's dtype (one rounding: exact) */
-  DT_OPS_RUN_IN_F32(x, dt_tensor_dtype(x), x32, out,
-                    pool2d(op, is_max, x32, kernel, stride, padding, out));
-  DT_CHECK(dt_ops_check_unary(op, x, out));
+  /* A 16-bit x goes to the kernels as it is: they pool in f32 and round y
+   * (and the backward's dx) once, so no widened copy of x exists. */
+  DT_CHECK(dt_ops_check_float_unary(op, x, out));
   dt_conv2d_geom g;
   DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));
   if (2 * padding > kernel)
@@ -218,7 +218,7 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   dt_status st;
   int64_t oshape[4] = {g.n, g.c, g.oh, g.ow};
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_F32, dev, &y), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, dt_tensor_dtype(x), dev, &y), st, fail);
   /* x (n,c,h,w) -> y (n,c,oh,ow) [, argmax (n,c,oh,ow) flat index in h*w] */
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);

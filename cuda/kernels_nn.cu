@@ -660,13 +660,14 @@ static __device__ __forceinline__ void covering(int iy, int s, int p, int k, int
   *hi = h < on - 1 ? h : on - 1;
 }
 
-// x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
-static __global__ void maxpool_forward_kernel(dt_conv2d_geom g, const float *x, float *y,
-                                              int32_t *argmax, int64_t total) {
+// x (n,c,h,w) -> y (n,c,oh,ow) of T, argmax (n,c,oh,ow) flat index into h*w or NULL
+template <typename T>
+static __global__ void maxpool_forward_kernel(dt_conv2d_geom g, const T *x, T *y, int32_t *argmax,
+                                              int64_t total) {
   DT_GRID_STRIDE(t, total) {
     int64_t plane = t / ((int64_t)g.oh * g.ow);
     int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
-    const float *xp = x + plane * g.h * g.w;
+    const T *xp = x + plane * g.h * g.w;
     int y0 = oy * g.sh - g.ph, y1 = min(y0 + g.kh, g.h);
     int x0 = ox * g.sw - g.pw, x1 = min(x0 + g.kw, g.w);
     y0 = max(y0, 0);
@@ -676,7 +677,7 @@ static __global__ void maxpool_forward_kernel(dt_conv2d_geom g, const float *x, 
     bool nan = false;
     for (int iy = y0; iy < y1 && !nan; iy++)
       for (int ix = x0; ix < x1; ix++) {
-        float v = xp[iy * g.w + ix];
+        float v = dt_load_f32(xp, iy * g.w + ix);
         if (v > best || v != v) { /* NaN wins, as PyTorch */
           best = v;
           at = iy * g.w + ix;
@@ -686,19 +687,21 @@ static __global__ void maxpool_forward_kernel(dt_conv2d_geom g, const float *x, 
           }
         }
       }
-    y[t] = best;
+    dt_store_f32(y, t, best); /* exact: best is one of the inputs */
     if (argmax)
       argmax[t] = at;
   }
 }
 
-// dy (n,c,oh,ow), argmax -> dx (n,c,h,w): gathers in output order, as the CPU scatter
-static __global__ void maxpool_backward_kernel(dt_conv2d_geom g, const float *dy,
-                                               const int32_t *argmax, float *dx, int64_t total) {
+// dy (n,c,oh,ow), argmax -> dx (n,c,h,w) of T: gathers in output order, as the CPU
+// scatter, in f32, rounded once
+template <typename T>
+static __global__ void maxpool_backward_kernel(dt_conv2d_geom g, const T *dy,
+                                               const int32_t *argmax, T *dx, int64_t total) {
   DT_GRID_STRIDE(t, total) {
     int64_t plane = t / ((int64_t)g.h * g.w);
     int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
-    const float *gp = dy + plane * g.oh * g.ow;
+    const T *gp = dy + plane * g.oh * g.ow;
     const int32_t *ap = argmax + plane * g.oh * g.ow;
     int oy0, oy1, ox0, ox1;
     covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
@@ -707,8 +710,8 @@ static __global__ void maxpool_backward_kernel(dt_conv2d_geom g, const float *dy
     for (int oy = oy0; oy <= oy1; oy++)
       for (int ox = ox0; ox <= ox1; ox++)
         if (ap[oy * g.ow + ox] == pos)
-          s += gp[oy * g.ow + ox];
-    dx[t] = s;
+          s += dt_load_f32(gp, oy * g.ow + ox);
+    dt_store_f32(dx, t, s);
   }
 }
 
@@ -719,38 +722,39 @@ static __device__ __forceinline__ float avg_divisor(const dt_conv2d_geom &g, int
   return (float)((y1 - y0) * (x1 - x0));
 }
 
-// x (n,c,h,w) -> y (n,c,oh,ow), padding counted in the divisor
-static __global__ void avgpool_forward_kernel(dt_conv2d_geom g, const float *x, float *y,
-                                              int64_t total) {
+// x (n,c,h,w) -> y (n,c,oh,ow) of T, padding counted in the divisor; sums in f32
+template <typename T>
+static __global__ void avgpool_forward_kernel(dt_conv2d_geom g, const T *x, T *y, int64_t total) {
   DT_GRID_STRIDE(t, total) {
     int64_t plane = t / ((int64_t)g.oh * g.ow);
     int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
-    const float *xp = x + plane * g.h * g.w;
+    const T *xp = x + plane * g.h * g.w;
     int y0 = max(oy * g.sh - g.ph, 0), y1 = min(oy * g.sh - g.ph + g.kh, g.h);
     int x0 = max(ox * g.sw - g.pw, 0), x1 = min(ox * g.sw - g.pw + g.kw, g.w);
     float s = 0.0f;
     for (int iy = y0; iy < y1; iy++)
       for (int ix = x0; ix < x1; ix++)
-        s += xp[iy * g.w + ix];
-    y[t] = s / avg_divisor(g, oy, ox);
+        s += dt_load_f32(xp, iy * g.w + ix);
+    dt_store_f32(y, t, s / avg_divisor(g, oy, ox));
   }
 }
 
-// dy (n,c,oh,ow) -> dx (n,c,h,w): gathers in output order, as the CPU scatter
-static __global__ void avgpool_backward_kernel(dt_conv2d_geom g, const float *dy, float *dx,
+// dy (n,c,oh,ow) -> dx (n,c,h,w) of T: gathers in output order, as the CPU scatter
+template <typename T>
+static __global__ void avgpool_backward_kernel(dt_conv2d_geom g, const T *dy, T *dx,
                                                int64_t total) {
   DT_GRID_STRIDE(t, total) {
     int64_t plane = t / ((int64_t)g.h * g.w);
     int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
-    const float *gp = dy + plane * g.oh * g.ow;
+    const T *gp = dy + plane * g.oh * g.ow;
     int oy0, oy1, ox0, ox1;
     covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
     covering(ix, g.sw, g.pw, g.kw, g.ow, &ox0, &ox1);
     float s = 0.0f;
     for (int oy = oy0; oy <= oy1; oy++)
       for (int ox = ox0; ox <= ox1; ox++)
-        s += gp[oy * g.ow + ox] / avg_divisor(g, oy, ox);
-    dx[t] = s;
+        s += dt_load_f32(gp, oy * g.ow + ox) / avg_divisor(g, oy, ox);
+    dt_store_f32(dx, t, s);
   }
 }
 
@@ -759,7 +763,9 @@ extern "C" dt_status dt_cuda_maxpool2d_forward(const dt_exec *ex, const dt_conv2
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  return dt_launch_flat(ex, total, maxpool_forward_kernel, *g, x, y, argmax, total);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, total, maxpool_forward_kernel<T>, *g, (const T *)x,
+                                          (T *)y, argmax, total));
 }
 
 extern "C" dt_status dt_cuda_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -767,7 +773,9 @@ extern "C" dt_status dt_cuda_maxpool2d_backward(const dt_exec *ex, const dt_conv
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  return dt_launch_flat(ex, total, maxpool_backward_kernel, *g, dy, argmax, dx, total);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, total, maxpool_backward_kernel<T>, *g,
+                                          (const T *)dy, argmax, (T *)dx, total));
 }
 
 extern "C" dt_status dt_cuda_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -775,7 +783,9 @@ extern "C" dt_status dt_cuda_avgpool2d_forward(const dt_exec *ex, const dt_conv2
   int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
   if (total == 0)
     return DT_OK;
-  return dt_launch_flat(ex, total, avgpool_forward_kernel, *g, x, y, total);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, total, avgpool_forward_kernel<T>, *g, (const T *)x,
+                                          (T *)y, total));
 }
 
 extern "C" dt_status dt_cuda_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
@@ -783,5 +793,7 @@ extern "C" dt_status dt_cuda_avgpool2d_backward(const dt_exec *ex, const dt_conv
   int64_t total = (int64_t)g->n * g->c * g->h * g->w;
   if (total == 0)
     return DT_OK;
-  return dt_launch_flat(ex, total, avgpool_backward_kernel, *g, dy, dx, total);
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, total, avgpool_backward_kernel<T>, *g,
+                                          (const T *)dy, (T *)dx, total));
 }

@@ -616,6 +616,22 @@ std::vector<std::vector<float>> Run(dt_dtype d, const std::vector<In> &ins, cons
   return res;
 }
 
+// Expects fn's output and every input's gradient, with the 16-bit inputs
+// passed as they are, to be bit for bit those of the widened path.
+void ExpectSameAsWidened(dt_dtype d, const char *name, const std::vector<In> &ins,
+                         const dtt::OpFn &fn) {
+  std::vector<std::vector<float>> got = Run(d, ins, fn, false), want = Run(d, ins, fn, true);
+  ASSERT_EQ(got.size(), ins.size() + 1) << name;
+  ASSERT_EQ(want.size(), got.size()) << name;
+  for (size_t k = 0; k < got.size(); k++) {
+    std::string what = std::string(dt_dtype_name(d)) + " " + name +
+                       (k == 0 ? " output" : " gradient of input " + std::to_string(k - 1));
+    ASSERT_EQ(got[k].size(), want[k].size()) << what;
+    EXPECT_EQ(0, std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)))
+        << what << " differs from the widened path";
+  }
+}
+
 }  // namespace widened_path
 
 TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
@@ -650,18 +666,43 @@ TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
        dtt::ResidualLayerNormBoth},
   };
   for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Case &c : cases)
+      widened_path::ExpectSameAsWidened(dt, c.name, c.ins, c.fn);
+}
+
+// The poolings (PROMOTE: 16-bit in, 16-bit out) pass their 16-bit input to
+// the kernels; the widened path pooled a widened copy and rounded the
+// result once (its recorded cast rounded dx once too). Compared as the
+// harness reads them: the result rounded to the row's dtype (a no-op on
+// the 16-bit one) and widened.
+TEST(AutocastOps, PoolingOfHalfInputsEqualsTheWidenedPathBitForBit) {
+  struct Case {
+    const char *name;
+    dt_status (*op)(dt_tensor *, int, int, int, dt_tensor **);
+    std::vector<int64_t> x;
+    int k, s, p;
+  };
+  const Case cases[] = {
+      {"max_pool2d 2x2 (LeNet's)", dt_op_max_pool2d, {16, 6, 28, 28}, 2, 2, 0},
+      {"max_pool2d 3x3 stride 1 padded (overlapping windows)", dt_op_max_pool2d, {3, 4, 9, 7}, 3,
+       1, 1},
+      {"avg_pool2d 2x2", dt_op_avg_pool2d, {16, 6, 28, 28}, 2, 2, 0},
+      {"avg_pool2d 3x3 stride 2 padded", dt_op_avg_pool2d, {3, 4, 9, 7}, 3, 2, 1},
+  };
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
     for (const Case &c : cases) {
-      std::vector<std::vector<float>> got = widened_path::Run(dt, c.ins, c.fn, false),
-                                      want = widened_path::Run(dt, c.ins, c.fn, true);
-      ASSERT_EQ(got.size(), c.ins.size() + 1) << c.name;
-      ASSERT_EQ(want.size(), got.size()) << c.name;
-      for (size_t k = 0; k < got.size(); k++) {
-        std::string what = std::string(dt_dtype_name(dt)) + " " + c.name +
-                           (k == 0 ? " output" : " gradient of input " + std::to_string(k - 1));
-        ASSERT_EQ(got[k].size(), want[k].size()) << what;
-        EXPECT_EQ(0, std::memcmp(got[k].data(), want[k].data(), got[k].size() * sizeof(float)))
-            << what << " differs from the widened path";
-      }
+      dtt::OpFn fn = [&c, dt](const std::vector<dt_tensor *> &x, dt_tensor **out) {
+        dt_tensor *y = nullptr, *rounded = nullptr;
+        dt_status st = c.op(x[0], c.k, c.s, c.p, &y);
+        if (st == DT_OK)
+          st = dt_tensor_to_dtype(y, dt, &rounded);
+        if (st == DT_OK)
+          st = dt_tensor_to_dtype(rounded, DT_DTYPE_F32, out);
+        dt_tensor_release(rounded);
+        dt_tensor_release(y);
+        return st;
+      };
+      widened_path::ExpectSameAsWidened(dt, c.name, {{c.x, true}}, fn);
     }
 }
 

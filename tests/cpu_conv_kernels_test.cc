@@ -24,16 +24,6 @@ using namespace dtk;  // the kernel-test helpers (tests/cpu_kernels_test_util.h)
 
 /* ------------------------------------------------------- conv and pooling */
 
-dt_conv2d_geom geom(int n, int c, int h, int w, int oc, int kh, int kw, int sh, int sw, int ph,
-                    int pw) {
-  dt_conv2d_geom g;
-  g.n = n, g.c = c, g.h = h, g.w = w, g.oc = oc, g.kh = kh, g.kw = kw;
-  g.sh = sh, g.sw = sw, g.ph = ph, g.pw = pw;
-  g.oh = (h + 2 * ph - kh) / sh + 1;
-  g.ow = (w + 2 * pw - kw) / sw + 1;
-  return g;
-}
-
 // Calls f(n, o, oy, ox, c, ki, kj, x index) for every valid (output, tap) pair.
 template <typename F>
 void for_each_tap(const dt_conv2d_geom &g, int channels_out, F f) {

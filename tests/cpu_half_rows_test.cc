@@ -1,14 +1,17 @@
 // The CPU row kernels of 16-bit inputs (softmax, log-softmax, the causal
 // softmax, layer norm forward, the fused residual layer norm, layer norm
-// backward): they widen blocks of rows into scratch (dt_cpu_rows,
-// core/cpu_kernels_half.c) instead of a widened copy of the whole tensor,
-// and give bit for bit what the f32 kernel gives on that copy, for bf16 and
-// f16, under 1, 2 and 3 threads. Shapes: many rows per block with a partial
-// last block, rows longer than a block (one row each), more than one
-// column block of the backward's parameter gradients, and enough elements
-// for the threads.
+// backward) widen blocks of rows into scratch (dt_cpu_rows,
+// core/cpu_kernels_half.c), and the pooling kernels a plane at a time,
+// instead of a widened copy of the whole tensor; they give bit for bit
+// what the f32 kernel gives on that copy (its 16-bit results rounded once),
+// for bf16 and f16, under 1, 2 and 3 threads. Shapes: many rows per block
+// with a partial last block, rows longer than a block (one row each), more
+// than one column block of the backward's parameter gradients, and enough
+// elements for the threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -178,6 +181,91 @@ TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) 
       EXPECT_TRUE(SameBits(dg_got, dg_want, Case(d, s, "layer norm dgamma")));
       EXPECT_TRUE(SameBits(db_got, db_want, Case(d, s, "layer norm dbeta")));
     }
+}
+
+// The 16-bit codes of an f32 kernel's result: what the op stored before,
+// rounding the f32 kernel's output once.
+std::vector<uint16_t> Rounded(dt_dtype dtype, const Vec &v) {
+  std::vector<uint16_t> bits(v.size());
+  EXPECT_EQ(DT_OK, dt_half_from_f32(dtype, v.data(), bits.data(), (int64_t)v.size()));
+  return bits;
+}
+
+::testing::AssertionResult SameCodes(const std::vector<uint16_t> &got,
+                                     const std::vector<uint16_t> &want, const std::string &what) {
+  for (size_t i = 0; i < got.size() && i < want.size(); i++)
+    if (got[i] != want[i])
+      return ::testing::AssertionFailure() << what << ": element " << i << " is 0x" << std::hex
+                                           << got[i] << ", the f32 kernel's rounded 0x" << want[i];
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << what << ": sizes differ";
+  return ::testing::AssertionSuccess();
+}
+
+// The pooling kernels of 16-bit x, y, dy, dx: each plane widened into
+// scratch, the f32 body, one rounding. LeNet's 2x2 windows (with enough
+// planes for the threads), overlapping padded windows (the backward sums
+// several windows' gradients before its one rounding), odd sizes, a NaN.
+TEST_P(ThreadCounts, HalfPoolingIsTheF32KernelsOfTheWidenedInputsRoundedBitForBit) {
+  const dt_conv2d_geom geoms[] = {
+      geom(8, 6, 28, 28, 0, 2, 2, 2, 2, 0, 0), geom(3, 5, 9, 7, 0, 3, 3, 2, 2, 1, 1),
+      geom(2, 3, 10, 11, 0, 3, 3, 1, 1, 1, 1), geom(2, 3, 7, 9, 0, 2, 2, 2, 2, 0, 0),
+      geom(40, 16, 10, 10, 0, 3, 2, 1, 2, 1, 1)};
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const dt_conv2d_geom &g : geoms) {
+      const size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
+      const std::string what = std::string(dt_dtype_name(d)) + " " + std::to_string(g.n) + "x" +
+                               std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
+                               std::to_string(g.w) + " k" + std::to_string(g.kh) + "x" +
+                               std::to_string(g.kw) + " s" + std::to_string(g.sh) + " p" +
+                               std::to_string(g.ph);
+      Half x = MakeHalf(d, nx, 51, -4.0f, 4.0f), dy = MakeHalf(d, ny, 52, -2.0f, 2.0f);
+      x.bits[nx / 3] = d == DT_DTYPE_BF16 ? 0x7fc0 : 0x7e00;  // a quiet NaN wins its window
+      x.wide[nx / 3] = NAN;
+      // max pooling: y, argmax, dx
+      Vec y32(ny), dx32(nx);
+      std::vector<int32_t> am32(ny), am(ny, -1);
+      std::vector<uint16_t> y(ny, 0xffff), dx(nx, 0xffff);
+      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data(),
+                                                   am32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(ExecOf(d), &g, x.data(),
+                                                   reinterpret_cast<float *>(y.data()), am.data()))
+          << dt_last_error();
+      EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " max y"));
+      EXPECT_EQ(am, am32) << what << " argmax";
+      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(cpu_exec(), &g, dy.wide.data(), am32.data(),
+                                                    dx32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(ExecOf(d), &g, dy.data(), am.data(),
+                                                    reinterpret_cast<float *>(dx.data())))
+          << dt_last_error();
+      EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " max dx"));
+      // average pooling: y, dx
+      std::fill(y.begin(), y.end(), 0xffff);
+      std::fill(dx.begin(), dx.end(), 0xffff);
+      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(ExecOf(d), &g, x.data(),
+                                                   reinterpret_cast<float *>(y.data())))
+          << dt_last_error();
+      EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " avg y"));
+      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g, dy.wide.data(), dx32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(ExecOf(d), &g, dy.data(),
+                                                    reinterpret_cast<float *>(dx.data())))
+          << dt_last_error();
+      EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " avg dx"));
+    }
+}
+
+TEST(CpuHalfRows, HalfMaxPoolBackwardRefusesABadArgmax) {
+  const dt_conv2d_geom g = geom(1, 2, 4, 4, 0, 2, 2, 2, 2, 0, 0);
+  std::vector<uint16_t> dy(8, 0x3f80), dx(32);
+  std::vector<int32_t> am(8, 0);
+  am[5] = 16;  // h*w: one past the plane
+  EXPECT_EQ(DT_ERR_INVALID_ARG,
+            dt_kernel_maxpool2d_backward(ExecOf(DT_DTYPE_BF16), &g,
+                                         reinterpret_cast<const float *>(dy.data()), am.data(),
+                                         reinterpret_cast<float *>(dx.data())));
+  EXPECT_NE(std::string(dt_last_error()).find("argmax outside [0, 16)"), std::string::npos)
+      << dt_last_error();
 }
 
 TEST(CpuHalfRows, ResidualOfAnIntegerDtypeIsRefused) {

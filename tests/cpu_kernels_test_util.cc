@@ -22,6 +22,16 @@ Vec randn(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+dt_conv2d_geom geom(int n, int c, int h, int w, int oc, int kh, int kw, int sh, int sw, int ph,
+                    int pw) {
+  dt_conv2d_geom g;
+  g.n = n, g.c = c, g.h = h, g.w = w, g.oc = oc, g.kh = kh, g.kw = kw;
+  g.sh = sh, g.sw = sw, g.ph = ph, g.pw = pw;
+  g.oh = (h + 2 * ph - kh) / sh + 1;
+  g.ow = (w + 2 * pw - kw) / sw + 1;
+  return g;
+}
+
 void expect_close(const Vec &got, const std::vector<double> &want, double atol, double rtol,
                   const char *what) {
   ASSERT_EQ(got.size(), want.size()) << what;

@@ -754,6 +754,27 @@ std::vector<OpCase> Build() {
          d,
          {X({2, 3, 6, 6}).Half()},
          Pool(dt_op_avg_pool2d, 3, 2, 1)},
+        // overlapping windows: dx sums several windows' gradients, rounded once
+        {"max_pool2d",
+         "half_3x3_s1_pad1",
+         d,
+         {X({1, 2, 5, 5}).Distinct(0.01f).Half()},
+         Pool(dt_op_max_pool2d, 3, 1, 1)},
+        {"avg_pool2d",
+         "half_3x3_s1_pad1",
+         d,
+         {X({1, 3, 6, 5}).Half()},
+         Pool(dt_op_avg_pool2d, 3, 1, 1)},
+        // LeNet's first pooling at batch 8: the kernels' threads, the CUDA
+        // grid (max pooling's threads are in cpu_half_rows_test: this many
+        // values tie in 16 bits where the f32 reference's do not)
+        {"avg_pool2d",
+         "half_8x6x28x28",
+         d,
+         {X({8, 6, 28, 28}).Half()},
+         Pool(dt_op_avg_pool2d, 2, 2, 0),
+         kReduction,
+         kParityOnly},
         {"concat", "half_dim1", d, {X({2, 3}).Half(), X({2, 2}).Half()}, Concat(1)},
         {"concat", "half_with_f32", d, {X({2, 3}).Half(), X({1, 3})}, Concat(0)},
         {"flatten", "half", d, {X({2, 3, 2, 2}).Half()}, Unary(dt_op_flatten)},
