@@ -79,6 +79,36 @@ void dt_comm_from_f32(const float *src, dt_dtype t, void *dst, int64_t n) {
     dt_half_from_f32(t, src, dst, n);
 }
 
+/* Compiled for AVX-512, AVX2 and baseline SSE2, the loader picking what
+ * the CPU runs (as core's kernels, core/cpu_internal.h); an addition then
+ * a multiplication (no FMA to contract): the same bits on every path. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_COMM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DT_COMM_CLONES
+#endif
+
+/* dst = (a + b) * k, vectorised: a store under a condition in the loop,
+ * or a dst that might overlap the second destination, kept GCC from
+ * vectorising the one loop (it ran scalar, 5x slower than a copy). dst
+ * may be a (the reduction in place), so neither is restrict. */
+DT_COMM_CLONES static void sum2_into(const float *a, const float *b, float k, int64_t n,
+                                     float *dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++)
+    dst[i] = (a[i] + b[i]) * k;
+}
+
+DT_COMM_CLONES static void sum2_into2(const float *a, const float *b, float k, int64_t n,
+                                      float *dst, float *dst2) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    float s = (a[i] + b[i]) * k;
+    dst[i] = s;
+    dst2[i] = s;
+  }
+}
+
 void dt_comm_sum_f32_into(const float *const *parts, int nparts, int64_t n, int avg, float *dst,
                           float *dst2) {
   const float *a = parts[0], *b = nparts > 1 ? parts[1] : parts[0];
@@ -87,13 +117,10 @@ void dt_comm_sum_f32_into(const float *const *parts, int nparts, int64_t n, int 
   int pow2 = is_pow2(nparts);
   if (nparts == 2 && (!scale || pow2)) { /* the common case, one loop */
     const float k = scale ? inv : 1.0f;  /* x * 1 is x: the same bits */
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      float s = (a[i] + b[i]) * k;
-      dst[i] = s;
-      if (dst2)
-        dst2[i] = s;
-    }
+    if (dst2 != NULL)
+      sum2_into2(a, b, k, n, dst, dst2);
+    else
+      sum2_into(a, b, k, n, dst);
     return;
   }
   for (int64_t c0 = 0; c0 < n; c0 += DT_COMM_REDUCE_CHUNK) {
