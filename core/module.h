@@ -154,6 +154,15 @@ dt_status dt_param_arena_pad(dt_param_arena *a, int64_t tail);
 int64_t dt_param_arena_tail(const dt_param_arena *a);
 dt_tensor *dt_param_arena_padded_data(const dt_param_arena *a);  /* flat (numel + tail) */
 dt_tensor *dt_param_arena_padded_grads(const dt_param_arena *a); /* flat (numel + tail) */
+/* Moves the flat gradient buffer into `flat`, a contiguous f32 tensor of
+ * numel + tail elements on the arena's device (the arena keeps a
+ * reference): copies the gradients accumulated so far and re-points every
+ * .grad; offsets do not change. DDP puts the gradients in memory its ranks
+ * share this way (dist/comm.h, dt_comm_shared_buffer). Call it before
+ * anything keeps pointers into the gradients. DT_ERR_STATE after
+ * dt_param_arena_drop_grads; a wrong size, dtype, device or layout is
+ * DT_ERR_INVALID_ARG. */
+dt_status dt_param_arena_move_grads(dt_param_arena *a, dt_tensor *flat);
 /* ZeRO stage 2: frees the flat gradient buffer. Every .grad becomes NULL,
  * so autograd allocates a parameter's gradient when it first accumulates
  * one (the reducer copies it into a bucket and frees it);

@@ -256,6 +256,41 @@ dt_status dt_param_arena_pad(dt_param_arena *a, int64_t tail) {
   return st;
 }
 
+dt_status dt_param_arena_move_grads(dt_param_arena *a, dt_tensor *flat) {
+  if (a == NULL || flat == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "moving the arena's gradients: arena or buffer is NULL");
+  if (a->grads == NULL)
+    return DT_ERROR(DT_ERR_STATE, "moving the arena's gradients: they were dropped (ZeRO stage 2)");
+  char want[32], got[32];
+  int64_t n = a->numel + a->tail;
+  if (dt_tensor_dtype(flat) != DT_DTYPE_F32 || dt_tensor_ndim(flat) != 1 ||
+      dt_tensor_numel(flat) != n || !dt_tensor_is_contiguous(flat) ||
+      !dt_device_equal(dt_tensor_device(flat), a->device))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "moving the arena's gradients into a %s tensor of %lld elements on %s: "
+                    "expected a contiguous flat f32 tensor of %lld elements on %s",
+                    dt_dtype_name(dt_tensor_dtype(flat)), (long long)dt_tensor_numel(flat),
+                    dt_device_format(dt_tensor_device(flat), got, sizeof got), (long long)n,
+                    dt_device_format(a->device, want, sizeof want));
+  dt_tensor *grads = NULL;
+  int64_t numel = a->numel;
+  dt_status st = dt_tensor_view_flat(flat, 0, &numel, 1, &grads);
+  if (st == DT_OK)
+    st = dt_tensor_copy_(flat, a->grads_padded); /* the tail too: zero, or what was written */
+  if (st != DT_OK) {
+    dt_tensor_release(grads);
+    return dt_error_wrap(st, "moving the arena's gradients");
+  }
+  dt_tensor *old[2] = {a->grads, a->grads_padded};
+  a->grads = grads;
+  a->grads_padded = dt_tensor_retain(flat);
+  for (int i = 0; i < a->n && st == DT_OK; i++)
+    st = point_param(a, i); /* cannot fail: same shapes, a contiguous buffer */
+  for (int i = 0; i < 2; i++)
+    dt_tensor_release(old[i]);
+  return st;
+}
+
 dt_status dt_param_arena_drop_grads(dt_param_arena *a) {
   if (a == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dropping arena gradients: arena is NULL");

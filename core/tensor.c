@@ -1,4 +1,5 @@
 /* Tensors: storage, creation, lifetime, properties, copies. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,15 +10,23 @@
 
 /* ---- storage ---- */
 
-dt_status dt_storage_alloc(dt_device dev, size_t bytes, dt_storage **out) {
-  const dt_backend_ops *be;
-  DT_CHECK(dt_backend_get(dev, &be));
+/* A header with one reference, no data yet. */
+static dt_status storage_header(dt_device dev, size_t bytes, dt_storage **out) {
   dt_storage *s = calloc(1, sizeof *s);
   if (s == NULL)
     return DT_ERROR(DT_ERR_OOM, "out of host memory for a storage header");
   s->refcount = 1;
   s->device = dev;
   s->bytes = bytes;
+  *out = s;
+  return DT_OK;
+}
+
+dt_status dt_storage_alloc(dt_device dev, size_t bytes, dt_storage **out) {
+  const dt_backend_ops *be;
+  DT_CHECK(dt_backend_get(dev, &be));
+  dt_storage *s = NULL;
+  DT_CHECK(storage_header(dev, bytes, &s));
   s->owns_data = 1;
   if (bytes > 0) {
     dt_status st = be->alloc(dev, bytes, &s->data);
@@ -39,6 +48,8 @@ void dt_storage_release(dt_storage *s) {
     const dt_backend_ops *be;
     if (dt_backend_get(s->device, &be) == DT_OK)
       be->free(s->device, s->data, s->bytes);
+  } else if (s->release != NULL) {
+    s->release(s->release_ctx);
   }
   free(s);
 }
@@ -123,6 +134,41 @@ dt_status dt_tensor_empty(const int64_t *shape, int ndim, dt_dtype dtype, dt_dev
   dt_storage *s;
   DT_CHECK(dt_storage_alloc(dev, bytes, &s));
   dt_status st = dt_tensor_wrap(s, 0, shape, ndim, dtype, out);
+  dt_storage_release(s);
+  return st;
+}
+
+dt_status dt_tensor_from_cpu_memory(void *data, size_t bytes, const int64_t *shape, int ndim,
+                                    dt_dtype dtype, void (*release)(void *ctx), void *ctx,
+                                    dt_tensor **out) {
+  if (out == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "a tensor over caller memory: out is NULL");
+  *out = NULL;
+  DT_CHECK(check_shape(shape, ndim));
+  if ((int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
+    return DT_ERROR(DT_ERR_DTYPE, "unknown dtype %d", (int)dtype);
+  int64_t n = dt_shape_numel(shape, ndim);
+  size_t need = 0;
+  if (__builtin_mul_overflow((size_t)n, dt_dtype_size(dtype), &need) || need > bytes ||
+      (data == NULL && need > 0)) {
+    char buf[128];
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "a tensor of shape %s of %s over %zu bytes of caller memory at %p: it needs "
+                    "%zu bytes",
+                    dt_shape_format(shape, ndim, buf, sizeof buf), dt_dtype_name(dtype), bytes,
+                    data, need);
+  }
+  if ((uintptr_t)data % dt_dtype_size(dtype) != 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "caller memory at %p is not aligned to its %s elements",
+                    data, dt_dtype_name(dtype));
+  dt_storage *s = NULL;
+  DT_CHECK(storage_header(DT_CPU, bytes, &s));
+  s->data = data;
+  s->release = release;
+  s->release_ctx = ctx;
+  dt_status st = dt_tensor_wrap(s, 0, shape, ndim, dtype, out);
+  if (st != DT_OK) /* the caller keeps the memory: no release on failure */
+    s->release = NULL;
   dt_storage_release(s);
   return st;
 }

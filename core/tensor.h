@@ -31,6 +31,15 @@ dt_status dt_tensor_full(const int64_t *shape, int ndim, float value, dt_device 
 /* Copies `data` (host memory, `dtype` elements, contiguous) to a new tensor. */
 dt_status dt_tensor_from_host(const void *data, const int64_t *shape, int ndim, dt_dtype dtype,
                               dt_device dev, dt_tensor **out);
+/* A contiguous CPU tensor over `bytes` of memory the caller provides (a
+ * mapping several processes share, say), which must hold the shape's
+ * elements and be aligned to them. When the last tensor or view over it is
+ * released, release(ctx) runs (NULL: nothing; the memory must then outlive
+ * every tensor over it); on failure it does not, and the memory stays the
+ * caller's. The CPU allocator's statistics do not count the memory. */
+dt_status dt_tensor_from_cpu_memory(void *data, size_t bytes, const int64_t *shape, int ndim,
+                                    dt_dtype dtype, void (*release)(void *ctx), void *ctx,
+                                    dt_tensor **out);
 /* Copies the tensor's elements (any layout) to host memory, contiguous.
  * `bytes` must equal numel * dtype size. Waits for pending device work. */
 dt_status dt_tensor_to_host(const dt_tensor *t, void *data, size_t bytes);

@@ -20,6 +20,10 @@ typedef struct dt_storage {
   void *data;
   size_t bytes;
   int owns_data; /* freed through the backend when the count drops */
+  /* Memory the caller provided (dt_tensor_from_cpu_memory): release(ctx)
+   * when the count drops, else nothing. */
+  void (*release)(void *ctx);
+  void *release_ctx;
 } dt_storage;
 
 typedef struct dt_grad_hook {

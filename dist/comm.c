@@ -146,11 +146,11 @@ dt_status dt_comm_signatures_agree(const int64_t lo[DT_SIG_N], const int64_t hi[
                   "%lld..%lld over the ranks: they ran different numbers of steps (uneven data, "
                   "another --max-steps or --accum) or with another batch size, model or "
                   "--grad-compress; every rank must run the same collectives",
-                  (long long)lo[DT_SIG_SEQ], (long long)hi[DT_SIG_SEQ],
-                  (long long)lo[DT_SIG_KIND], (long long)hi[DT_SIG_KIND],
-                  (long long)lo[DT_SIG_ROOT], (long long)hi[DT_SIG_ROOT],
-                  (long long)lo[DT_SIG_BYTES], (long long)hi[DT_SIG_BYTES],
-                  (long long)lo[DT_SIG_DTYPE], (long long)hi[DT_SIG_DTYPE]);
+                  (long long)lo[DT_SIG_SEQ], (long long)hi[DT_SIG_SEQ], (long long)lo[DT_SIG_KIND],
+                  (long long)hi[DT_SIG_KIND], (long long)lo[DT_SIG_ROOT],
+                  (long long)hi[DT_SIG_ROOT], (long long)lo[DT_SIG_BYTES],
+                  (long long)hi[DT_SIG_BYTES], (long long)lo[DT_SIG_DTYPE],
+                  (long long)hi[DT_SIG_DTYPE]);
 }
 
 /* ---- the communication thread ---- */
@@ -475,6 +475,30 @@ const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
 const char *dt_comm_transport(const dt_comm *c) {
   return c->be->transport != NULL ? c->be->transport(c->impl) : c->be->name;
 }
+dt_status dt_comm_shared_buffer(dt_comm *c, int64_t numel, dt_dtype dtype, dt_tensor **out) {
+  if (out != NULL)
+    *out = NULL;
+  if (c == NULL || out == NULL || numel < 0 || (int)dtype < 0 || dtype >= DT_DTYPE_COUNT)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "a shared buffer: communicator or out is NULL, or %lld elements of dtype %d",
+                    (long long)numel, (int)dtype);
+  size_t bytes = 0;
+  if (__builtin_mul_overflow((size_t)numel, dt_dtype_size(dtype), &bytes))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "a shared buffer of %lld %s elements: too large",
+                    (long long)numel, dt_dtype_name(dtype));
+  if (c->be->shared_buffer == NULL || c->size == 1 || numel == 0)
+    return DT_OK;
+  void *data = NULL, *ctx = NULL;
+  void (*release)(void *) = NULL;
+  DT_CHECK(c->be->shared_buffer(c->impl, bytes, &data, &release, &ctx));
+  if (data == NULL)
+    return DT_OK;
+  dt_status st = dt_tensor_from_cpu_memory(data, bytes, &numel, 1, dtype, release, ctx, out);
+  if (st != DT_OK && release != NULL)
+    release(ctx);
+  return st;
+}
+
 const dt_comm_config *dt_comm_get_config(const dt_comm *c) { return &c->cfg; }
 uint64_t dt_comm_seq(const dt_comm *c) { return __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE); }
 int dt_comm_is_broken(const dt_comm *c) { return __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE); }

@@ -30,6 +30,10 @@
  * a rank ends), each reduces its 1/W slice reading every rank's staged
  * data directly and publishes the result there, in pipelined chunks; the
  * communication thread sleeps on a futex in the segment while it waits.
+ * An all-reduce of a buffer the ranks share (dt_comm_shared_buffer: DDP
+ * keeps its gradients there) skips the staging: each rank reduces its
+ * slice reading every rank's data where it lies and copies the others'
+ * results from their buffers.
  * Results are those of the MPI path bit for bit for f32 on two ranks and
  * for 16-bit data on any number (sums in rank order; MPI's f32 ring sums
  * 3+ ranks in ring order). A peer whose process dies fails the collective
@@ -237,6 +241,19 @@ const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local", "nccl" */
 /* How the host collectives travel: "shm" for an mpi communicator on the
  * shared-memory transport, else the backend's name ("mpi", ...). */
 const char *dt_comm_transport(const dt_comm *c);
+/* A flat CPU tensor of `numel` elements of `dtype` (contents undefined)
+ * in memory every rank of the communicator maps, one such buffer per rank.
+ * Collective: every rank calls it with the same size, on the thread that
+ * submits collectives. An all-reduce of all of such a tensor, or of a view
+ * of it at the same offset on every rank, then reads the peers' data where
+ * it lies and copies each result from the rank that reduced it, without
+ * the staging copies (DDP keeps its gradients there). The results are
+ * those of the staged path bit for bit. *out is NULL, with DT_OK, when the
+ * communicator has no such memory: a backend other than mpi on its
+ * shared-memory transport, one rank, or a segment some rank could not
+ * make (rank 0 says why). The memory stays valid while any tensor over it
+ * lives, after the communicator is destroyed too. */
+dt_status dt_comm_shared_buffer(dt_comm *c, int64_t numel, dt_dtype dtype, dt_tensor **out);
 const dt_comm_config *dt_comm_get_config(const dt_comm *c);
 /* Number of collectives submitted so far (the next one gets this + 1). */
 uint64_t dt_comm_seq(const dt_comm *c);

@@ -109,6 +109,10 @@ typedef struct dt_comm_backend {
   /* Optional: frees w->backend_data (may run after the communicator is
    * destroyed: must not use impl). */
   void (*work_free)(dt_work *w);
+  /* Optional: dt_comm_shared_buffer's memory (collective): *data NULL
+   * when there is none; else release(ctx) lets go of it. */
+  dt_status (*shared_buffer)(void *impl, size_t bytes, void **data, void (**release)(void *ctx),
+                             void **ctx);
   /* Optional: dt_comm_transport (default: the backend's name). */
   const char *(*transport)(void *impl);
 } dt_comm_backend;

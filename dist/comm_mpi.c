@@ -421,10 +421,20 @@ static const char *mpi_transport(void *impl) {
   return ((mpi_comm *)impl)->shm != NULL ? "shm" : "mpi";
 }
 
+static dt_status mpi_shared_buffer(void *impl, size_t bytes, void **data,
+                                   void (**release)(void *ctx), void **ctx) {
+  mpi_comm *m = impl;
+  *data = NULL;
+  if (m->shm == NULL)
+    return DT_OK;
+  return dt_shm_transport_share(m->shm, bytes, data, release, ctx);
+}
+
 static const dt_comm_backend mpi_backend = {
     .name = "mpi",
     .host_memory = 1,
     .run = mpi_run,
+    .shared_buffer = mpi_shared_buffer,
     .transport = mpi_transport,
     .abort_job = mpi_abort_job,
     .destroy = mpi_destroy,

@@ -56,8 +56,8 @@
 #define SHM_ALIGN 4096
 #define SHM_SPIN_S 2e-6          /* spin before sleeping while the rank computes */
 #define SHM_SPIN_WAITING_S 50e-6 /* ... and while a thread of the rank waits for the result */
-#define SHM_POLL_S 2e-3         /* poll this long before sleeping on a futex */
-#define SHM_LIVE_CHECK_S 0.05   /* how often a wait checks that the peer lives */
+#define SHM_POLL_S 2e-3          /* poll this long before sleeping on a futex */
+#define SHM_LIVE_CHECK_S 0.05    /* how often a wait checks that the peer lives */
 
 enum { PH_IN, PH_RED, PH_OUT, PH_N };
 
@@ -68,7 +68,10 @@ typedef struct shm_ctl {
   uint64_t sleeping_on;
   uint32_t armed;           /* 1 once `alive` is held by the communication thread */
   int64_t sig[2][DT_SIG_N]; /* the signature of collective seq, at [seq & 1] */
-  pthread_mutex_t alive;    /* robust, process-shared */
+  /* ... and where its buffer lies: shared buffer index and byte offset in
+   * this rank's part, or -1 and -1 (not in one: the staging slots). */
+  int64_t place[2][2];
+  pthread_mutex_t alive; /* robust, process-shared */
 } shm_ctl;
 
 /* Each control block on its own cache lines. */
@@ -81,15 +84,43 @@ typedef struct shm_header {
   uint64_t slot_bytes;
 } shm_header;
 
+/* A shared buffer (dt_shm_transport_share): a segment holding one part
+ * per rank, each rank's data at the same offset of its part. Unmapped when
+ * both the transport and the buffer's user have let go of it. */
+typedef struct shm_region {
+  int refs;    /* atomic: the transport's table and the caller's tensor */
+  uint64_t id; /* the same on every rank: counts the communicator's shares */
+  char *base;
+  size_t map_bytes;
+  size_t part_bytes; /* the stride between the ranks' parts (page multiple) */
+} shm_region;
+
+#define SHM_MAX_REGIONS 16
+#define SHM_REGION_HEADER SHM_ALIGN
+
+static char *region_part(const shm_region *r, int k) {
+  return r->base + SHM_REGION_HEADER + (size_t)k * r->part_bytes;
+}
+
 struct dt_shm_transport {
   int rank, world;
+  dt_pg *pg;
+  MPI_Comm comm;
+  double timeout_s;
   char *base;
   size_t map_bytes;
   size_t slot_bytes;
-  uint64_t chunks;        /* chunks this rank has started, over all collectives */
+  uint64_t chunks; /* chunks this rank has started, over all collectives */
   int armed;
-  const void **parts;     /* world: the slices a reduction adds */
-  const void **sub;       /* world: the same, advanced to a sub-chunk */
+  const void **parts; /* world: the slices a reduction adds */
+  const void **sub;   /* world: the same, advanced to a sub-chunk */
+  char **bufs;        /* world: an in-place all-reduce's buffer on every rank */
+  /* Shared buffers: added on the caller's thread, looked up on the
+   * communication thread, under regions_mu. A buffer whose caller has let
+   * go (refs 1) is unmapped at the next share or at destruction. */
+  pthread_mutex_t regions_mu;
+  shm_region *regions[SHM_MAX_REGIONS];
+  uint64_t shares; /* dt_shm_transport_share calls so far */
 };
 
 /* ---- segment layout ---- */
@@ -105,9 +136,11 @@ static size_t segment_bytes(int world, size_t slot_bytes) {
   return data_offset(world) + (size_t)world * SHM_SLOTS * slot_bytes;
 }
 
-static shm_ctl *ctl_of(const dt_shm_transport *t, int k) {
-  return (shm_ctl *)(t->base + ctl_offset() + (size_t)k * SHM_CTL_STRIDE);
+static shm_ctl *ctl_at(char *base, int k) {
+  return (shm_ctl *)(base + ctl_offset() + (size_t)k * SHM_CTL_STRIDE);
 }
+
+static shm_ctl *ctl_of(const dt_shm_transport *t, int k) { return ctl_at(t->base, k); }
 
 /* Slot of rank k that global chunk g uses. */
 static char *slot_of(const dt_shm_transport *t, int k, uint64_t g) {
@@ -357,8 +390,8 @@ static void reduce(dt_shm_transport *t, const plan *pl, uint64_t c) {
   for (int k = 0; k < t->world; k++)
     t->parts[k] = k == t->rank ? seg + (size_t)off * w->elem : slot_of(t, k, pl->g0 + c) + in_slot;
   int reduce_scatter = w->kind == DT_COLL_REDUCE_SCATTER;
-  char *dst = reduce_scatter ? (char *)w->out_data + (size_t)off * w->elem
-                             : seg + (size_t)off * w->elem;
+  char *dst =
+      reduce_scatter ? (char *)w->out_data + (size_t)off * w->elem : seg + (size_t)off * w->elem;
   char *published = reduce_scatter ? NULL : slot_of(t, t->rank, pl->g0 + c) + in_slot;
   if (w->dtype == DT_DTYPE_F32) { /* one pass: read the parts, write both copies */
     dt_comm_sum_f32_into((const float *const *)t->parts, t->world, n, w->op == DT_REDUCE_AVG,
@@ -402,7 +435,18 @@ static void copy_out(dt_shm_transport *t, const plan *pl, uint64_t c) {
   }
 }
 
-/* Every rank's signature of this collective against ours. */
+/* Publishes this rank's signature and place of collective w. */
+static void publish(dt_shm_transport *t, const dt_work *w, const int64_t place[2]) {
+  shm_ctl *me = ctl_of(t, t->rank);
+  dt_comm_signature(w, me->sig[w->seq & 1]);
+  me->place[w->seq & 1][0] = place[0];
+  me->place[w->seq & 1][1] = place[1];
+}
+
+/* Every rank's signature of this collective against ours, then the places
+ * of its buffers: in the staging slots on every rank, or at the same place
+ * of the same shared buffer on every rank (one rank's in-place exchange
+ * against another's staged one would pair different counts). */
 static dt_status agree(dt_shm_transport *t, const dt_work *w) {
   int64_t lo[DT_SIG_N], hi[DT_SIG_N];
   const int64_t *mine = ctl_of(t, t->rank)->sig[w->seq & 1];
@@ -415,7 +459,21 @@ static dt_status agree(dt_shm_transport *t, const dt_work *w) {
       hi[i] = s[i] > hi[i] ? s[i] : hi[i];
     }
   }
-  return dt_comm_signatures_agree(lo, hi);
+  DT_CHECK(dt_comm_signatures_agree(lo, hi));
+  const int64_t *place = ctl_of(t, t->rank)->place[w->seq & 1];
+  for (int k = 0; k < t->world; k++) {
+    const int64_t *p = ctl_of(t, k)->place[w->seq & 1];
+    if (p[0] != place[0] || p[1] != place[1])
+      return DT_ERROR(DT_ERR_DIST_MISMATCH,
+                      "collective #%llu (%s, %zu bytes): rank %d's buffer is %s (shared buffer "
+                      "%lld, byte %lld) but rank %d's is %s (shared buffer %lld, byte %lld): an "
+                      "all-reduce of a shared buffer (dt_comm_shared_buffer) must use the same "
+                      "slice of it on every rank",
+                      (unsigned long long)w->seq, dt_coll_kind_name(w->kind), w->bytes, t->rank,
+                      place[0] < 0 ? "private" : "shared", (long long)place[0], (long long)place[1],
+                      k, p[0] < 0 ? "private" : "shared", (long long)p[0], (long long)p[1]);
+  }
+  return DT_OK;
 }
 
 /* The pipeline: iteration i copies chunk i in, reduces chunk i-1 and
@@ -431,7 +489,7 @@ static dt_status run_plan(dt_shm_transport *t, plan *pl, double deadline) {
       if (g >= SHM_SLOTS)
         DT_CHECK(wait_all(t, PH_OUT, g - SHM_SLOTS, w, deadline));
       if (i == 0)
-        dt_comm_signature(w, ctl_of(t, t->rank)->sig[w->seq & 1]);
+        publish(t, w, (const int64_t[2]){-1, -1});
       copy_in(t, pl, i);
       post(t, PH_IN);
       t->chunks++;
@@ -459,12 +517,146 @@ static dt_status run_plan(dt_shm_transport *t, plan *pl, double deadline) {
   return DT_OK;
 }
 
+/* ---- all-reduce in place over a shared buffer ----
+ * Every rank's data lies in its part of one shared buffer, at the same
+ * offset: rank r reduces its segment reading every rank's data where it
+ * lies (its own in place), then copies each other segment's result from
+ * its owner's buffer. No staging copies, no publishing copy. Per chunk the
+ * counters mean: in, this rank's data is final (all chunks at once, once
+ * the collective's signature is agreed); red, its segment's chunk reduced
+ * (the others may copy it out, and it has finished reading their inputs of
+ * that chunk, so they may overwrite them); out, it has copied that chunk of
+ * every other segment. The collective ends once every rank is past out of
+ * its last chunk: nobody reads this rank's buffer any more, and its caller
+ * may change it. Chunks of SHM_INPLACE_ELEMS elements let a rank's
+ * reduction of chunk c overlap the others' copies of chunk c - 1. */
+#define SHM_INPLACE_ELEMS 32768
+
+/* The shared buffer w's data lies in, with place = its id and the byte
+ * offset in this rank's part; NULL and -1, -1 when it is not all in one
+ * (or w is not an in-place all-reduce). The work holds the buffer's
+ * tensor, so the buffer stays in the table while w runs. */
+static shm_region *find_place(dt_shm_transport *t, const dt_work *w, int64_t place[2]) {
+  place[0] = place[1] = -1;
+  if (w->kind != DT_COLL_ALLREDUCE || w->in_data != w->out_data || w->bytes == 0)
+    return NULL;
+  uintptr_t p = (uintptr_t)w->out_data;
+  shm_region *found = NULL;
+  pthread_mutex_lock(&t->regions_mu);
+  for (int i = 0; i < SHM_MAX_REGIONS && found == NULL; i++) {
+    shm_region *r = t->regions[i];
+    uintptr_t mine = r != NULL ? (uintptr_t)region_part(r, t->rank) : 0;
+    if (r != NULL && p >= mine && p - mine <= r->part_bytes &&
+        w->bytes <= r->part_bytes - (p - mine)) {
+      found = r;
+      place[0] = (int64_t)r->id;
+      place[1] = (int64_t)(p - mine);
+    }
+  }
+  pthread_mutex_unlock(&t->regions_mu);
+  return found;
+}
+
+/* Segment k of an in-place all-reduce of `count` elements: [lo, lo + len). */
+static int64_t inplace_seg(int64_t count, int world, int k, int64_t *len) {
+  int64_t lo = count * k / world;
+  *len = count * (k + 1) / world - lo;
+  return lo;
+}
+
+/* This rank's chunk c: the sum in rank order of every rank's elements,
+ * written over its own. */
+static void inplace_reduce(dt_shm_transport *t, dt_work *w, char *const *data, uint64_t c) {
+  int64_t len, off;
+  int64_t lo = inplace_seg(w->count, t->world, t->rank, &len);
+  int64_t n = piece(len, SHM_INPLACE_ELEMS, c, &off);
+  if (n == 0)
+    return;
+  size_t at = (size_t)(lo + off) * w->elem;
+  for (int k = 0; k < t->world; k++)
+    t->parts[k] = data[k] + at;
+  char *dst = data[t->rank] + at;
+  int avg = w->op == DT_REDUCE_AVG;
+  if (w->dtype == DT_DTYPE_F32) {
+    dt_comm_sum_f32_into((const float *const *)t->parts, t->world, n, avg, (float *)dst, NULL);
+    return;
+  }
+  float acc[DT_COMM_REDUCE_CHUNK];
+  for (int64_t s = 0; s < n; s += DT_COMM_REDUCE_CHUNK) {
+    int64_t m = n - s < DT_COMM_REDUCE_CHUNK ? n - s : DT_COMM_REDUCE_CHUNK;
+    for (int k = 0; k < t->world; k++)
+      t->sub[k] = (const char *)t->parts[k] + (size_t)s * w->elem;
+    dt_comm_sum_f32(t->sub, t->world, w->dtype, m, avg, acc);
+    dt_comm_from_f32(acc, w->dtype, dst + (size_t)s * w->elem, m);
+  }
+}
+
+/* Chunk c of every other rank's segment, once that rank has reduced it. */
+static dt_status inplace_copy_out(dt_shm_transport *t, dt_work *w, char *const *data, uint64_t g0,
+                                  uint64_t c, double deadline) {
+  for (int i = 1; i < t->world; i++) {
+    int k = (t->rank + i) % t->world;
+    int64_t len, off;
+    int64_t lo = inplace_seg(w->count, t->world, k, &len);
+    int64_t n = piece(len, SHM_INPLACE_ELEMS, c, &off);
+    DT_CHECK(wait_peer(t, k, PH_RED, g0 + c, w, deadline));
+    if (n > 0) {
+      size_t at = (size_t)(lo + off) * w->elem;
+      memcpy(data[t->rank] + at, data[k] + at, (size_t)n * w->elem);
+    }
+  }
+  post(t, PH_OUT);
+  return DT_OK;
+}
+
+static dt_status run_inplace(dt_shm_transport *t, dt_work *w, const shm_region *r,
+                             const int64_t place[2], double deadline) {
+  char **data = t->bufs;
+  for (int k = 0; k < t->world; k++)
+    data[k] = region_part(r, k) + place[1];
+  int64_t longest = (w->count + t->world - 1) / t->world;
+  uint64_t chunks =
+      longest == 0 ? 1 : (uint64_t)((longest + SHM_INPLACE_ELEMS - 1) / SHM_INPLACE_ELEMS);
+  uint64_t g0 = t->chunks;
+  t->chunks += chunks;
+  /* The agreement: as the staged path's first chunk, then the rest. */
+  publish(t, w, place);
+  post(t, PH_IN);
+  DT_CHECK(wait_all(t, PH_IN, g0, w, deadline));
+  DT_CHECK(agree(t, w));
+  for (uint64_t c = 1; c < chunks; c++)
+    post(t, PH_IN); /* the data was final from the start: the counts stay in chunks */
+  for (uint64_t c = 0; c <= chunks; c++) {
+    if (c < chunks) {
+      inplace_reduce(t, w, data, c);
+      post(t, PH_RED);
+    }
+    if (c >= 1)
+      DT_CHECK(inplace_copy_out(t, w, data, g0, c - 1, deadline));
+  }
+  return wait_all(t, PH_OUT, g0 + chunks - 1, w, deadline);
+}
+
 dt_status dt_shm_transport_run(dt_shm_transport *t, dt_work *w, double deadline) {
   if (!t->armed)
     DT_CHECK(arm(t));
+  int64_t place[2];
+  const shm_region *r = find_place(t, w, place);
+  if (r != NULL)
+    return run_inplace(t, w, r, place, deadline);
   plan pl;
   plan_init(&pl, t, w);
   return run_plan(t, &pl, deadline);
+}
+
+/* ---- shared buffers ---- */
+
+static void region_release(void *ctx) {
+  shm_region *r = ctx;
+  if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    return;
+  munmap(r->base, r->map_bytes);
+  free(r);
 }
 
 /* ---- setup ---- */
@@ -474,8 +666,13 @@ void dt_shm_transport_destroy(dt_shm_transport *t) {
     return;
   if (t->base != NULL)
     munmap(t->base, t->map_bytes);
+  for (int i = 0; i < SHM_MAX_REGIONS; i++)
+    if (t->regions[i] != NULL)
+      region_release(t->regions[i]);
+  pthread_mutex_destroy(&t->regions_mu);
   free(t->parts);
   free(t->sub);
+  free(t->bufs);
   free(t);
 }
 
@@ -488,48 +685,52 @@ static dt_status map_segment(int fd, size_t bytes, char **base) {
 }
 
 /* Rank 0: creates, sizes, maps and initialises the segment `name`. */
-static dt_status create_segment(dt_shm_transport *t, const char *name, uint64_t nonce) {
+static dt_status create_segment(const char *name, uint64_t nonce, int world, size_t bytes,
+                                size_t slot_bytes, char **base) {
   int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
     return DT_ERROR(DT_ERR_IO, "shm_open(%s): %s", name, strerror(errno));
   dt_status st = DT_OK;
-  if (ftruncate(fd, (off_t)t->map_bytes) != 0)
+  if (ftruncate(fd, (off_t)bytes) != 0)
     st = DT_ERROR(DT_ERR_OOM, "sizing the shared segment %s to %zu bytes: %s (is /dev/shm full?)",
-                  name, t->map_bytes, strerror(errno));
+                  name, bytes, strerror(errno));
   if (st == DT_OK)
-    st = map_segment(fd, t->map_bytes, &t->base);
+    st = map_segment(fd, bytes, base);
   close(fd);
   if (st != DT_OK) {
     shm_unlink(name);
     return st;
   }
-  shm_header *h = (shm_header *)t->base;
-  h->world = t->world;
+  shm_header *h = (shm_header *)*base;
+  h->world = world;
   h->nonce = nonce;
-  h->slot_bytes = t->slot_bytes;
+  h->slot_bytes = slot_bytes;
   __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_RELEASE);
   return DT_OK;
 }
 
 /* The other ranks: maps rank 0's segment and checks that it is the one
  * rank 0 made (the ranks may see different /dev/shm). */
-static dt_status open_segment(dt_shm_transport *t, const char *name, uint64_t nonce) {
+static dt_status open_segment(const char *name, uint64_t nonce, int world, size_t bytes,
+                              char **base) {
   int fd = shm_open(name, O_RDWR, 0600);
   if (fd < 0)
     return DT_ERROR(DT_ERR_IO, "shm_open(%s) of rank 0's segment: %s", name, strerror(errno));
   struct stat sb;
   dt_status st = DT_OK;
-  if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != t->map_bytes)
-    st = DT_ERROR(DT_ERR_IO, "rank 0's shared segment %s is not %zu bytes long", name,
-                  t->map_bytes);
+  if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != bytes)
+    st = DT_ERROR(DT_ERR_IO, "rank 0's shared segment %s is not %zu bytes long", name, bytes);
   if (st == DT_OK)
-    st = map_segment(fd, t->map_bytes, &t->base);
+    st = map_segment(fd, bytes, base);
   close(fd);
   DT_CHECK(st);
-  const shm_header *h = (const shm_header *)t->base;
+  const shm_header *h = (const shm_header *)*base;
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC || h->nonce != nonce ||
-      h->world != t->world)
+      h->world != world) {
+    munmap(*base, bytes);
+    *base = NULL;
     return DT_ERROR(DT_ERR_IO, "the shared segment %s is not the one rank 0 created", name);
+  }
   return DT_OK;
 }
 
@@ -552,55 +753,68 @@ typedef struct shm_offer {
   char name[64];
 } shm_offer;
 
-/* The collective part of creation: rank 0 makes the segment and broadcasts
- * its name; every rank maps it; all agree that everyone did (the
- * all-reduce is also the point after which nobody opens the name, so rank
- * 0 unlinks it then). */
-static dt_status setup_segment(dt_shm_transport *t, dt_pg *pg, MPI_Comm comm, int want,
-                               char *why, size_t why_cap) {
+/* Collective: rank 0 makes a segment of `bytes` and broadcasts its name;
+ * every rank maps it (at *base) and, for the transport's own segment
+ * (`ctl`), initialises its liveness mutex; all agree that everyone did
+ * (the all-reduce is also the point after which nobody opens the name, so
+ * rank 0 unlinks it then). DT_ERR_UNSUPPORTED, with `why`, when some rank
+ * could not (nothing stays mapped then). */
+static dt_status share_segment(dt_shm_transport *t, size_t bytes, size_t slot_bytes, int want,
+                               int ctl, char *why, size_t why_cap, char **base) {
   shm_offer offer = {0, 0, ""};
   dt_status st = DT_OK;
+  *base = NULL;
   if (t->rank == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    static int counter; /* communicators made by this process */
+    static int counter; /* segments made by this process */
     offer.nonce = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 40);
     snprintf(offer.name, sizeof offer.name, "/dtrain-%d-%d-%d", (int)getuid(), (int)getpid(),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     if (want) {
-      st = create_segment(t, offer.name, offer.nonce);
+      st = create_segment(offer.name, offer.nonce, t->world, bytes, slot_bytes, base);
       if (st != DT_OK)
         snprintf(why, why_cap, "%s", dt_last_error());
-    } else {
+    } else if (why[0] == '\0') {
       snprintf(why, why_cap, "turned off on rank 0");
     }
     offer.ok = want && st == DT_OK;
   }
-  dt_pg_mpi_lock(pg);
-  int rc = MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, comm);
-  dt_pg_mpi_unlock(pg);
+  dt_pg_mpi_lock(t->pg);
+  int rc = MPI_Bcast(&offer, (int)sizeof offer, MPI_BYTE, 0, t->comm);
+  dt_pg_mpi_unlock(t->pg);
   if (rc != MPI_SUCCESS) {
-    if (t->rank == 0 && offer.ok)
+    if (t->rank == 0 && offer.ok) {
       shm_unlink(offer.name);
+      munmap(*base, bytes);
+      *base = NULL;
+    }
     DT_MPI_CHECK(rc);
   }
   int ok = offer.ok;
   if (t->rank != 0 && ok) {
-    st = want ? open_segment(t, offer.name, offer.nonce) : DT_OK;
+    st = want ? open_segment(offer.name, offer.nonce, t->world, bytes, base) : DT_OK;
     ok = want && st == DT_OK;
+    if (st != DT_OK)
+      snprintf(why, why_cap, "%s", dt_last_error());
   }
-  if (ok)
-    st = init_alive_mutex(ctl_of(t, t->rank));
+  if (ok && ctl)
+    st = init_alive_mutex(ctl_at(*base, t->rank));
   ok = ok && st == DT_OK;
   int all_ok = 0;
-  dt_pg_mpi_lock(pg);
-  rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
-  dt_pg_mpi_unlock(pg);
+  dt_pg_mpi_lock(t->pg);
+  rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, t->comm);
+  dt_pg_mpi_unlock(t->pg);
   if (t->rank == 0 && offer.ok)
     shm_unlink(offer.name); /* everyone that could map it has: nothing stays in /dev/shm */
+  if ((rc != MPI_SUCCESS || !all_ok) && *base != NULL) {
+    munmap(*base, bytes);
+    *base = NULL;
+  }
   DT_MPI_CHECK(rc);
   if (!all_ok && why[0] == '\0')
-    snprintf(why, why_cap, "%s", offer.ok ? "another rank could not map the segment, or has it turned off" : "");
+    snprintf(why, why_cap, "%s",
+             offer.ok ? "another rank could not map the segment, or has it turned off" : "");
   return all_ok ? DT_OK : DT_ERR_UNSUPPORTED;
 }
 
@@ -612,31 +826,35 @@ dt_status dt_shm_transport_create(dt_pg *pg, MPI_Comm comm, int want, double tim
     return DT_OK;
   dt_shm_transport *t = calloc(1, sizeof *t);
   if (t != NULL) {
+    pthread_mutex_init(&t->regions_mu, NULL);
     t->parts = calloc((size_t)pg->world, sizeof *t->parts);
     t->sub = calloc((size_t)pg->world, sizeof *t->sub);
+    t->bufs = calloc((size_t)pg->world, sizeof *t->bufs);
   }
-  if (t == NULL || t->parts == NULL || t->sub == NULL) {
+  if (t == NULL || t->parts == NULL || t->sub == NULL || t->bufs == NULL) {
     dt_shm_transport_destroy(t);
     return DT_ERROR(DT_ERR_OOM, "shared-memory transport: out of host memory");
   }
   t->rank = pg->rank;
   t->world = pg->world;
+  t->pg = pg;
+  t->comm = comm;
+  t->timeout_s = timeout_s;
   /* At least 64 elements of 4 bytes per segment and slot. */
   size_t min_slot = ((size_t)pg->world * 256 + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
   t->slot_bytes = SHM_SLOT_BYTES > min_slot ? SHM_SLOT_BYTES : min_slot;
   t->map_bytes = segment_bytes(t->world, t->slot_bytes);
   char why[512] = "";
   dt_guard *guard = NULL;
-  dt_status st = dt_guard_begin(pg, "setting up the shared-memory transport (every rank)",
-                                timeout_s, &guard);
+  dt_status st =
+      dt_guard_begin(pg, "setting up the shared-memory transport (every rank)", timeout_s, &guard);
   if (st == DT_OK) {
-    st = setup_segment(t, pg, comm, want, why, sizeof why);
+    st = share_segment(t, t->map_bytes, t->slot_bytes, want, 1, why, sizeof why, &t->base);
     dt_guard_end(guard);
   }
   if (st == DT_ERR_UNSUPPORTED) {
     if (t->rank == 0 && want && why[0] != '\0')
-      fprintf(stderr, "dtrain: rank 0: shared-memory transport unavailable (%s); using MPI\n",
-              why);
+      fprintf(stderr, "dtrain: rank 0: shared-memory transport unavailable (%s); using MPI\n", why);
     dt_shm_transport_destroy(t);
     return DT_OK;
   }
@@ -645,5 +863,70 @@ dt_status dt_shm_transport_create(dt_pg *pg, MPI_Comm comm, int want, double tim
     return dt_error_wrap(st, "setting up the shared-memory transport on rank %d", pg->rank);
   }
   *out = t;
+  return DT_OK;
+}
+
+/* Unmaps the buffers whose callers have let go; the index of a free
+ * table entry, or -1. Under regions_mu. */
+static int sweep_regions(dt_shm_transport *t) {
+  int free_slot = -1;
+  for (int i = 0; i < SHM_MAX_REGIONS; i++) {
+    shm_region *r = t->regions[i];
+    if (r != NULL && __atomic_load_n(&r->refs, __ATOMIC_ACQUIRE) == 1) {
+      region_release(r); /* only the table held it */
+      t->regions[i] = r = NULL;
+    }
+    if (r == NULL && free_slot < 0)
+      free_slot = i;
+  }
+  return free_slot;
+}
+
+dt_status dt_shm_transport_share(dt_shm_transport *t, size_t bytes, void **data,
+                                 void (**release)(void *ctx), void **ctx) {
+  *data = NULL;
+  *release = NULL;
+  *ctx = NULL;
+  uint64_t id = t->shares++; /* the same count on every rank */
+  if (bytes == 0)
+    return DT_OK;
+  pthread_mutex_lock(&t->regions_mu);
+  int slot = sweep_regions(t);
+  pthread_mutex_unlock(&t->regions_mu);
+  shm_region *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return DT_ERROR(DT_ERR_OOM, "a shared buffer: out of host memory");
+  r->id = id;
+  r->part_bytes = (bytes + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
+  r->map_bytes = SHM_REGION_HEADER + (size_t)t->world * r->part_bytes;
+  char why[512] = "";
+  if (slot < 0) /* every rank learns of it in the segment's agreement */
+    snprintf(why, sizeof why, "%d shared buffers are in use on rank %d", SHM_MAX_REGIONS, t->rank);
+  dt_guard *guard = NULL;
+  dt_status st = dt_guard_begin(t->pg, "sharing a buffer between the ranks (every rank)",
+                                t->timeout_s, &guard);
+  if (st == DT_OK) {
+    st = share_segment(t, r->map_bytes, 0, slot >= 0, 0, why, sizeof why, &r->base);
+    dt_guard_end(guard);
+  }
+  if (st == DT_ERR_UNSUPPORTED) {
+    if (t->rank == 0 || slot < 0)
+      fprintf(stderr,
+              "dtrain: rank %d: no shared buffer of %zu bytes (%s); its all-reduces are staged\n",
+              t->rank, bytes, why);
+    free(r);
+    return DT_OK;
+  }
+  if (st != DT_OK) {
+    free(r);
+    return dt_error_wrap(st, "sharing a buffer of %zu bytes on rank %d", bytes, t->rank);
+  }
+  r->refs = 2; /* the table's and the caller's */
+  pthread_mutex_lock(&t->regions_mu);
+  t->regions[slot] = r;
+  pthread_mutex_unlock(&t->regions_mu);
+  *data = region_part(r, t->rank);
+  *release = region_release;
+  *ctx = r;
   return DT_OK;
 }

@@ -45,7 +45,18 @@ dt_status dt_shm_transport_create(dt_pg *pg, MPI_Comm comm, int want, double tim
  * data. DT_ERR_TIMEOUT past `deadline`; DT_ERR_STATE when a peer's process
  * died or left the communicator while this rank waited for it. */
 dt_status dt_shm_transport_run(dt_shm_transport *t, dt_work *w, double deadline);
-/* Unmaps the segment. NULL is a no-op. */
+/* Collective (every rank, with the same `bytes`, on the caller's thread:
+ * MPI sets it up): a buffer of `bytes` in a segment every rank maps, one
+ * part per rank. *data is this rank's part (page-aligned); `release(ctx)`
+ * lets go of it (the mapping stays until the transport is destroyed too).
+ * An in-place all-reduce whose data lies in such a buffer at the same
+ * offset on every rank reads the others' data where it lies and copies
+ * each segment's result from its owner's part (no staging copies); any
+ * other collective stages as before. *data is NULL, with DT_OK, when the
+ * segment could not be made or mapped on some rank (rank 0 says why). */
+dt_status dt_shm_transport_share(dt_shm_transport *t, size_t bytes, void **data,
+                                 void (**release)(void *ctx), void **ctx);
+/* Unmaps the segment (and the shared buffers nobody holds). NULL is a no-op. */
 void dt_shm_transport_destroy(dt_shm_transport *t);
 
 #ifdef __cplusplus

@@ -342,6 +342,26 @@ static dt_status build_buckets(dt_ddp *d) {
   return DT_OK;
 }
 
+/* cfg.shared_grads: the gradient arena moved into memory the ranks share,
+ * when the communicator has some (the same decision on every rank: the
+ * configuration, the device and the communicator are). */
+static dt_status share_gradients(dt_ddp *d) {
+  dt_tensor *grads = dt_param_arena_padded_grads(d->arena);
+  if (!d->cfg.shared_grads || d->cfg.zero_stage != 0 || d->cfg.grad_compress != DT_DTYPE_F32 ||
+      d->world == 1 || grads == NULL || dt_tensor_device(grads).type != DT_DEVICE_CPU)
+    return DT_OK;
+  dt_tensor *shared = NULL;
+  DT_CHECK(dt_comm_shared_buffer(d->comm, dt_tensor_numel(grads), DT_DTYPE_F32, &shared));
+  if (shared == NULL)
+    return DT_OK;
+  dt_status st = dt_param_arena_move_grads(d->arena, shared);
+  dt_tensor_release(shared);
+  d->grads_shared = st == DT_OK;
+  return st;
+}
+
+int dt_ddp_grads_shared(const dt_ddp *d) { return d != NULL && d->grads_shared; }
+
 static dt_status install_hooks(dt_ddp *d) {
   for (int i = 0; i < d->n_params; i++) {
     ddp_param *pa = &d->params[i];
@@ -411,6 +431,7 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
     DT_CHECK_GOTO(dt_comm_broadcast_sync(comm, dt_param_arena_data(arena), 0), st, destroy_ddp);
     DT_CHECK_GOTO(dt_ddp_broadcast_buffers(d), st, destroy_ddp);
   }
+  DT_CHECK_GOTO(share_gradients(d), st, destroy_ddp);
   DT_CHECK_GOTO(d->cfg.zero_stage > 0 ? dt_zero_build_buckets(d) : build_buckets(d), st,
                 destroy_ddp);
   DT_CHECK_GOTO(install_hooks(d), st, destroy_ddp);

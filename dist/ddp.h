@@ -143,9 +143,16 @@ typedef struct dt_ddp_config {
    * default (docs/decisions.md: per-message costs outweighed the overlap). */
   size_t split_bytes;
   int update_per_bucket; /* 1: offer the step the update per bucket (below); 0 = one pass */
+  /* 1 (the default): stage 0 without compression on CPU tensors keeps the
+   * gradient arena in memory the ranks share (dt_comm_shared_buffer: the
+   * mpi backend's shared-memory transport), so each bucket's all-reduce
+   * reads the peers' gradients where backward wrote them, without staging
+   * copies; the same bits either way. 0: a private arena. The same value
+   * on every rank. */
+  int shared_grads;
 } dt_ddp_config;
 #define DT_DDP_CONFIG_DEFAULT \
-  ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32, 0, 0})
+  ((dt_ddp_config){DT_MIB / 8, 25 * DT_MIB, 1, 0, 1, 0, DT_DTYPE_F32, 0, 0, 1})
 
 /* The names of cfg.grad_compress (the --grad-compress flag): none (f32),
  * bf16, fp16. Parse: DT_ERR_INVALID_ARG naming the choices otherwise;
@@ -164,6 +171,9 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
                         const dt_ddp_config *cfg, dt_ddp **out);
 /* Waits for launched buckets, removes the hooks, frees. NULL is a no-op. */
 void dt_ddp_destroy(dt_ddp *d);
+/* 1 when the gradient arena lives in memory the ranks share
+ * (cfg.shared_grads, and the communicator had some). */
+int dt_ddp_grads_shared(const dt_ddp *d);
 
 /* Call after dt_backward and before the optimizer: launches what is left
  * (in bucket order), waits for every bucket's all-reduce and reports

@@ -69,6 +69,7 @@ struct dt_ddp {
   dt_comm *comm;
   dt_ddp_config cfg;
   dt_device dev; /* where the gradients live */
+  int grads_shared; /* the arena's gradients are in a shared buffer (cfg.shared_grads) */
   const dt_backend_ops *ops;
   dt_stream *compute;
   double dev_backward_end_ms;

@@ -266,4 +266,75 @@ TEST(ParamArena, PadKeepsValuesAndGradientsAndDropGradsLetsAutogradAllocate) {
   dt_module_destroy(m);
 }
 
+// Gradients moved into caller memory (a tensor over it, as DDP's shared
+// buffer): the values so far are kept, backward accumulates there, zero
+// grad clears it, and the memory is released once the arena and the
+// module let go; wrong buffers are refused and change nothing.
+struct Released {
+  int calls = 0;
+};
+void CountRelease(void *ctx) { static_cast<Released *>(ctx)->calls++; }
+
+TEST(ParamArena, MoveGradsIntoCallerMemoryKeepsThemAndReleasesIt) {
+  dt_module *m = small_mlp(6);
+  dt_param_arena *a = nullptr;
+  ASSERT_DT_OK(dt_param_arena_create(m, &a));
+  ASSERT_DT_OK(forward_backward(m));
+  std::vector<float> grads = ToVector(dt_param_arena_grads(a));
+  int64_t n = dt_param_arena_numel(a);
+  std::vector<float> memory(static_cast<size_t>(n) + 4, -1.0f);
+  Released rel;
+  dt_tensor *flat = nullptr;
+  ASSERT_DT_OK(dt_tensor_from_cpu_memory(memory.data(), memory.size() * sizeof(float), &n, 1,
+                                         DT_DTYPE_F32, CountRelease, &rel, &flat));
+  dt_tensor *wrong = nullptr;
+  int64_t short_n = n - 1;
+  ASSERT_DT_OK(dt_tensor_from_cpu_memory(memory.data(), memory.size() * sizeof(float), &short_n, 1,
+                                         DT_DTYPE_F32, nullptr, nullptr, &wrong));
+  EXPECT_EQ(dt_param_arena_move_grads(a, wrong), DT_ERR_INVALID_ARG);
+  dt_tensor_release(wrong);
+  EXPECT_EQ(ToVector(dt_param_arena_grads(a)), grads) << "a refused move changed nothing";
+  ASSERT_DT_OK(dt_param_arena_move_grads(a, flat));
+  dt_tensor_release(flat);
+  EXPECT_EQ(std::vector<float>(memory.begin(), memory.begin() + n), grads);
+  EXPECT_EQ(memory[static_cast<size_t>(n)], -1.0f) << "wrote past the gradients";
+  EXPECT_EQ(dt_tensor_data(dt_param_arena_grads(a)), static_cast<void *>(memory.data()));
+  ASSERT_DT_OK(forward_backward(m));  // accumulates into the caller's memory
+  for (int64_t i = 0; i < n; i++)
+    EXPECT_NEAR(memory[static_cast<size_t>(i)], 2.0f * grads[static_cast<size_t>(i)], 2e-6f) << i;
+  ASSERT_DT_OK(dt_param_arena_zero_grad(a));
+  EXPECT_EQ(std::vector<float>(memory.begin(), memory.begin() + n),
+            std::vector<float>(static_cast<size_t>(n), 0.0f));
+  dt_param_arena_destroy(a);
+  EXPECT_EQ(rel.calls, 0) << "the parameters' .grad views still hold it";
+  dt_module_destroy(m);
+  EXPECT_EQ(rel.calls, 1);
+}
+
+TEST(ParamArena, CallerMemoryMustHoldTheShape) {
+  float memory[8];
+  int64_t n = 9;
+  dt_tensor *t = nullptr;
+  EXPECT_EQ(
+      dt_tensor_from_cpu_memory(memory, sizeof memory, &n, 1, DT_DTYPE_F32, nullptr, nullptr, &t),
+      DT_ERR_INVALID_ARG);
+  EXPECT_EQ(t, nullptr);
+  n = 1;
+  EXPECT_EQ(dt_tensor_from_cpu_memory(reinterpret_cast<char *>(memory) + 1, 4, &n, 1, DT_DTYPE_F32,
+                                      nullptr, nullptr, &t),
+            DT_ERR_INVALID_ARG)
+      << "misaligned";
+  n = 8;
+  Released rel;
+  ASSERT_DT_OK(dt_tensor_from_cpu_memory(memory, sizeof memory, &n, 1, DT_DTYPE_F32, CountRelease,
+                                         &rel, &t));
+  dt_tensor *view = nullptr;
+  int64_t four = 4;
+  ASSERT_DT_OK(dt_tensor_view_flat(t, 2, &four, 1, &view));
+  dt_tensor_release(t);
+  EXPECT_EQ(rel.calls, 0) << "a view holds the memory";
+  dt_tensor_release(view);
+  EXPECT_EQ(rel.calls, 1);
+}
+
 }  // namespace

@@ -231,6 +231,24 @@ TEST_F(DistMpi, UpdatePerBucketChangesNoBitAndSplitBucketsAgree) {
       who, world() <= 2);
 }
 
+// On one node (the shared-memory transport) the reducer keeps its
+// gradients in memory the ranks share by default and all-reduces them in
+// place: the bits of a private arena's staged all-reduces, every rank
+// equal; with DT_COMM_SHM=0 (MPI's path) there is no such memory.
+TEST_F(DistMpi, SharedGradientsChangeNoBit) {
+  for (const char *model : {"mlp", "lenet"}) {
+    dtt::StepSpec spec = dtt::zero_case_spec({model, 2, 0.0f, false});
+    dtt::StepRun shared = dtt::train_steps(g_comm, world(), spec);
+    spec.ddp.shared_grads = 0;
+    dtt::StepRun own = dtt::train_steps(g_comm, world(), spec);
+    bool shm = std::string(dt_comm_transport(g_comm)) == "shm";
+    EXPECT_EQ(shared.grads_shared, shm && world() > 1) << model;
+    EXPECT_FALSE(own.grads_shared) << model;
+    EXPECT_EQ(shared.params, own.params) << model << ": shared gradients changed the result";
+    expect_same_on_every_rank(g_comm, shared.params);
+  }
+}
+
 TEST_F(DistMpi, DdpMlpEqualsOneProcessWithWorldTimesBatch) {
   check_ddp_equals_big_batch(g_comm, "mlp", 8);
 }

@@ -39,8 +39,8 @@ namespace dtt {
 constexpr int kImage = 28 * 28;
 
 // The MPI process group and the mpi communicator over it (30 s deadline per
-// collective; DT_COMM_SHM from the environment) of a suite run under mpirun. false, with the reason printed
-// as "<suite>: <error>", when either cannot be made.
+// collective; DT_COMM_SHM from the environment) of a suite run under mpirun. false, with the reason
+// printed as "<suite>: <error>", when either cannot be made.
 inline bool start_mpi(const char *suite, dt_pg **pg, dt_comm **comm) {
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
@@ -375,7 +375,7 @@ struct StepSpec {
   float clip = 0.0f;
   bool adamw = false;
   dt_ddp_config ddp = DT_DDP_CONFIG_DEFAULT;
-  float init_scale = 0.0f;  // > 0: a GradScaler (fp16 loss scaling) starting there
+  float init_scale = 0.0f;           // > 0: a GradScaler (fp16 loss scaling) starting there
   dt_dtype autocast = DT_DTYPE_F32;  // bf16/f16: mixed precision, the optimizer's working copy
   bool stochastic_rounding = false;  // of the working copy, seed kRoundingSeed
   int64_t overflow_step = -1;        // with init_scale: this step's gradients get an Inf
@@ -432,7 +432,8 @@ struct StepRun {
   int64_t skipped_steps = 0;
   std::vector<uint16_t> working_copy;  // with spec.autocast: the optimizer's, at the end
   bool working_copy_fresh = false;
-  double update_s = 0.0;  // the reducer's update per bucket in the last pass (0: one pass)
+  double update_s = 0.0;      // the reducer's update per bucket in the last pass (0: one pass)
+  bool grads_shared = false;  // the reducer's gradients in memory the ranks share
 };
 
 // spec.steps optimizer steps through dt_step_forward_backward and
@@ -524,6 +525,7 @@ inline StepRun train_steps(dt_comm *comm, int world, const StepSpec &spec, dt_de
     run.memory.gradients = dt_ddp_gradient_bytes(ddp);
     run.memory.gradients_in_flight = dt_ddp_bucket_buffer_peak(ddp);
     run.n_buckets = dt_ddp_num_buckets(ddp);
+    run.grads_shared = dt_ddp_grads_shared(ddp) != 0;
     run.update_s = dt_ddp_last_comm_times(ddp).update_s;
   }
   dt_ddp_destroy(ddp);
@@ -835,8 +837,7 @@ inline void expect_same_run(const StepRun &b, const StepRun &a, const std::strin
 // on 3 ranks sums each segment of a bucket starting at another rank)
 // within 1e-5, as other bucket layouts. ZeRO (which updates its shards
 // itself) under the new defaults is within 1e-5 of stage 0 split.
-inline void expect_schedule_bitwise(int world,
-                                    const std::function<StepRun(const StepSpec &)> &run,
+inline void expect_schedule_bitwise(int world, const std::function<StepRun(const StepSpec &)> &run,
                                     const std::string &who, bool split_bitwise) {
   for (const ScheduleCase &c : schedule_cases()) {
     StepRun r[2][2];  // [split][per bucket]
@@ -848,13 +849,14 @@ inline void expect_schedule_bitwise(int world,
         r[split][per_bucket] = run(spec);
       }
     double rel = rel_error(r[1][0].params, r[0][0].params);
-    std::printf("%s%s W=%d: %d buckets, %d split (relative difference %.3g); update per bucket "
-                "%.3f ms\n",
-                who.c_str(), c.what, world, r[0][0].n_buckets, r[1][0].n_buckets, rel,
-                1e3 * r[1][1].update_s);
+    std::printf(
+        "%s%s W=%d: %d buckets, %d split (relative difference %.3g); update per bucket "
+        "%.3f ms\n",
+        who.c_str(), c.what, world, r[0][0].n_buckets, r[1][0].n_buckets, rel,
+        1e3 * r[1][1].update_s);
     for (int split = 0; split < 2; split++) {
-      std::string what = std::string(c.what) + (split ? ", split" : "") + " W=" +
-                         std::to_string(world);
+      std::string what =
+          std::string(c.what) + (split ? ", split" : "") + " W=" + std::to_string(world);
       expect_same_run(r[split][1], r[split][0], what + ": update per bucket");
       EXPECT_EQ(r[split][0].update_s, 0.0) << what;
       EXPECT_EQ(r[split][1].update_s > 0.0, c.per_bucket) << what;
