@@ -6,7 +6,14 @@
 #include <string.h>
 #include <time.h>
 #ifdef __linux__
+#include <sched.h>
 #include <sys/prctl.h>
+/* Linux's SCHED_BATCH (<sched.h> names it only with _GNU_SOURCE). */
+#ifdef SCHED_BATCH
+#define DT_SCHED_BATCH SCHED_BATCH
+#else
+#define DT_SCHED_BATCH 3
+#endif
 #endif
 
 #include "core/env.h"
@@ -240,6 +247,28 @@ static void run_one(dt_comm *c, dt_work *w) {
   work_complete(w, st, st == DT_OK ? "" : dt_last_error());
 }
 
+/* Starts c's thread. `batch` (the host backends' communication thread,
+ * which polls while the ranks compute): Linux's SCHED_BATCH, set before it
+ * runs. The thread keeps its fair share of the core (nice 0), but its
+ * wake-ups do not preempt the computation running there: it runs when the
+ * computation blocks (a wait for its result) or at the end of a time
+ * slice. Measured on 2 busy cores (2 ranks of 1 thread, docs/decisions.md).
+ * Where the policy is refused, an ordinary thread. The thread may start
+ * before the policy is set: a few of its first microseconds as an ordinary
+ * thread change nothing. */
+static int start_thread(dt_comm *c, void *(*fn)(void *), int batch) {
+  int rc = pthread_create(&c->thread, NULL, fn, c);
+#ifdef __linux__
+  if (rc == 0 && batch) { /* glibc's thread attributes take no SCHED_BATCH */
+    struct sched_param prio = {0};
+    pthread_setschedparam(c->thread, DT_SCHED_BATCH, &prio);
+  }
+#else
+  (void)batch;
+#endif
+  return rc;
+}
+
 static void *comm_thread_main(void *arg) {
   dt_comm *c = arg;
 #ifdef __linux__
@@ -427,7 +456,7 @@ dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->submit_mu, NULL);
   init_monotonic_cond(&c->cv);
-  int rc = pthread_create(&c->thread, NULL, be->enqueue ? watchdog_main : comm_thread_main, c);
+  int rc = start_thread(c, be->enqueue ? watchdog_main : comm_thread_main, be->enqueue == NULL);
   if (rc != 0) {
     dt_comm_destroy(c);
     return DT_ERROR(DT_ERR_INTERNAL, "starting the %s communication thread: %s", be->name,

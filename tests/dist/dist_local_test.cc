@@ -1,11 +1,14 @@
 // dist/ in one process: the local communicator (threads), the process group
 // without a launcher, the DDP reducer over a group of one (buckets, unused
 // parameters, no_sync, timeline) and the data-parallel mode.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -67,6 +70,48 @@ std::vector<float> to_vec(dt_tensor *t) {
   std::vector<float> v(static_cast<size_t>(dt_tensor_numel(t)));
   dt_tensor_to_host(t, v.data(), v.size() * sizeof(float));
   return v;
+}
+
+// Threads of this process under Linux's SCHED_BATCH policy (3).
+int batch_threads() {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (d == nullptr)
+    return -1;
+  while (dirent *e = readdir(d))
+    if (e->d_name[0] != '.' && sched_getscheduler(std::atoi(e->d_name)) == 3)
+      n++;
+  closedir(d);
+  return n;
+}
+
+// The communication thread's polls must not preempt the computation on
+// its core: it runs under SCHED_BATCH (a fair share, no wake-up
+// preemption), one per communicator, while the caller's thread does not.
+TEST_F(DistLocal, CommunicationThreadsDoNotPreemptTheComputation) {
+  int before = batch_threads();
+  ASSERT_GE(before, 0) << "no /proc/self/task";
+  int allowed = -1;  // may this process use SCHED_BATCH at all (a sandbox may refuse)?
+  std::thread probe([&] {
+    sched_param prio{};
+    allowed = pthread_setschedparam(pthread_self(), 3, &prio) == 0;
+  });
+  probe.join();
+  if (!allowed)
+    GTEST_SKIP()
+        << "this sandbox refuses SCHED_BATCH (the communicator then uses ordinary threads)";
+  dt_local_group *g = nullptr;
+  DT_ASSERT_OK(dt_local_group_create(2, &g));
+  dt_comm_config cc = test_comm_config();
+  dt_comm *a = nullptr, *b = nullptr;
+  DT_ASSERT_OK(dt_comm_create_local(g, 0, &cc, &a));
+  DT_ASSERT_OK(dt_comm_create_local(g, 1, &cc, &b));
+  dt_local_group_release(g);
+  EXPECT_EQ(batch_threads(), before + 2);
+  EXPECT_NE(sched_getscheduler(0), 3) << "the caller's thread keeps its policy";
+  dt_comm_destroy(a);
+  dt_comm_destroy(b);
+  EXPECT_EQ(batch_threads(), before);
 }
 
 TEST_F(DistLocal, AllreduceSumAndAvgAreExactAndIdentical) {
