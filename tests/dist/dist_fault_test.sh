@@ -9,8 +9,9 @@
 #     others): they fail it naming the dead rank within a second or two of
 #     a 20 s deadline, and (the communicator's abort_on_timeout being on)
 #     the first to see it ends the job with exit 69, which `dtrain launch
-#     --max-restarts` restarts on. No job leaves a segment of ours in
-#     /dev/shm.
+#     --max-restarts` restarts on. The same with the all-reduce in place
+#     over a shared buffer (DDP's gradients). No job leaves a segment of
+#     ours in /dev/shm.
 set -uo pipefail
 here=$(dirname "$0")
 tool="$here/dist_fault_tool"
@@ -54,11 +55,13 @@ check "a rank finished without noticing the dead peer" lacks "finished without n
 check "took ${elapsed}s to end the job" [ "$elapsed" -le 30 ]
 ours() { ls /dev/shm 2>/dev/null | grep -E "^dtrain-$(id -u)-" | sort; }
 before=$(ours)
-MPIRUN_LOCAL_ARGS=--enable-recovery job "rank dead mid-collective" 3 "$tool" die 20
-# Both survivors see it; the first one's abort may end the other before it prints.
-check "no surviving rank named the dead rank" grep -Eq "rank [01]: (allreduce failed after [0-9.]+ s of a 20 s deadline: |collective #2 \\(allreduce.* failed: ).*rank 2's process died" "$log"
-check "a rank finished without noticing the dead peer" lacks "finished without noticing"
-check "took ${elapsed}s, expected well under the 20 s deadline" [ "$elapsed" -le 15 ]
+for mode in die die-shared; do
+  MPIRUN_LOCAL_ARGS=--enable-recovery job "rank dead mid-collective ($mode)" 3 "$tool" "$mode" 20
+  # Both survivors see it; the first one's abort may end the other before it prints.
+  check "$mode: no surviving rank named the dead rank" grep -Eq "rank [01]: (allreduce failed after [0-9.]+ s of a 20 s deadline: |collective #2 \\(allreduce.* failed: ).*rank 2's process died" "$log"
+  check "$mode: a rank finished without noticing the dead peer" lacks "finished without noticing"
+  check "$mode: took ${elapsed}s, expected well under the 20 s deadline" [ "$elapsed" -le 15 ]
+done
 after=$(ours)
 check "segments left in /dev/shm: $(comm -13 <(echo "$before") <(echo "$after") | tr '\n' ' ')" \
   [ "$before" = "$after" ]

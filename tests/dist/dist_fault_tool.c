@@ -12,6 +12,11 @@
  *                                   fail it naming the dead rank, well within
  *                                   TIMEOUT (run under mpirun
  *                                   --enable-recovery, which lets them)
+ *   dist_fault_tool die-shared TIMEOUT  the same, the all-reduce in place
+ *                                   over a buffer the ranks share
+ *                                   (dt_comm_shared_buffer, as DDP's
+ *                                   gradients): the survivors read the dead
+ *                                   rank's part while it dies
  */
 #include <signal.h>
 #include <stdio.h>
@@ -31,11 +36,20 @@ static int fail(const char *what) {
 /* A 64 MiB all-reduce, which the last rank leaves by dying a moment after
  * it began: the others must fail it, naming the dead rank, long before the
  * deadline. */
-static int die_mid_collective(dt_comm *comm, int victim, double timeout_s) {
+static int die_mid_collective(dt_comm *comm, int victim, int shared, double timeout_s) {
   int64_t n = 16 << 20;
-  dt_tensor *big = NULL;
-  if (dt_tensor_full(&n, 1, 1.0f, DT_CPU, &big) != DT_OK)
+  dt_tensor *big = NULL, *ones = NULL;
+  if (dt_tensor_full(&n, 1, 1.0f, DT_CPU, &ones) != DT_OK)
     return fail("tensor");
+  if (shared) {
+    if (dt_comm_shared_buffer(comm, n, DT_DTYPE_F32, &big) != DT_OK || big == NULL)
+      return fail("shared buffer");
+    if (dt_tensor_copy_(big, ones) != DT_OK)
+      return fail("filling the shared buffer");
+    dt_tensor_release(ones);
+  } else {
+    big = ones;
+  }
   dt_work *w = NULL;
   if (dt_comm_allreduce(comm, big, DT_REDUCE_SUM, NULL, &w) != DT_OK)
     return fail("allreduce");
@@ -53,20 +67,24 @@ static int die_mid_collective(dt_comm *comm, int victim, double timeout_s) {
     printf("rank %d: finished without noticing the failure\n", dt_comm_rank(comm));
     return 0;
   }
-  fprintf(stderr, "dist_fault_tool: rank %d: allreduce failed after %.1f s of a %g s deadline: %s\n",
+  fprintf(stderr,
+          "dist_fault_tool: rank %d: allreduce failed after %.1f s of a %g s deadline: %s\n",
           dt_comm_rank(comm), took, timeout_s, dt_last_error());
   return 1;
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0 &&
-                   strcmp(argv[1], "late") != 0 && strcmp(argv[1], "die") != 0)) {
+                   strcmp(argv[1], "late") != 0 && strcmp(argv[1], "die") != 0 &&
+                   strcmp(argv[1], "die-shared") != 0)) {
     fprintf(stderr,
-            "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S | die TIMEOUT_S\n");
+            "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S | die "
+            "TIMEOUT_S | die-shared TIMEOUT_S\n");
     return 2;
   }
   int stuck = strcmp(argv[1], "stuck") == 0, late = strcmp(argv[1], "late") == 0;
-  int die = strcmp(argv[1], "die") == 0;
+  int shared = strcmp(argv[1], "die-shared") == 0;
+  int die = strcmp(argv[1], "die") == 0 || shared;
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
@@ -89,7 +107,7 @@ int main(int argc, char **argv) {
   printf("rank %d: first allreduce done\n", rank);
   fflush(stdout);
   if (die)
-    return die_mid_collective(comm, rank == last, cc.timeout_s);
+    return die_mid_collective(comm, rank == last, shared, cc.timeout_s);
   if (rank == last) {
     if (stuck) {
       sleep(120); /* stops calling collectives */
