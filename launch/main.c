@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,6 +426,14 @@ static void run_in_group(const command *c, int argc, char **argv) {
   }
   rc = finish_stdout(rc);
   dt_pg_destroy(pg);
+  /* A SIGTERM/SIGUSR1 after the last optimizer step's agreement: the run had
+   * finished (and saved), so it exits 0, but not silently. */
+  int late = dt_train_ckpt_signal_received();
+  if (rc == 0 && late)
+    fprintf(stderr,
+            "%sdtrain %s: %s arrived after the last optimizer step: the run had finished; "
+            "exit 0\n",
+            prefix, c->name, late == SIGUSR1 ? "SIGUSR1" : "SIGTERM");
   exit(rc);
 }
 

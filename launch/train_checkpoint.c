@@ -34,6 +34,8 @@ void dt_train_ckpt_install_signal_handlers(void) {
   sigaction(SIGUSR1, &sa, NULL);
 }
 
+int dt_train_ckpt_signal_received(void) { return (int)stop_requested; }
+
 /* One checkpoint being written by this rank's background thread: rank 0
  * writes the weights, the trainer state and, last, the manifest; under
  * ZeRO with DDP every rank writes its own optimizer shard, and rank 0's

@@ -100,6 +100,10 @@ typedef struct dt_train_ckpt dt_train_ckpt;
 
 /* Installs the SIGTERM/SIGUSR1 handlers that request a stop. */
 void dt_train_ckpt_install_signal_handlers(void);
+/* The stop signal this process received (SIGTERM, SIGUSR1), 0 = none: one
+ * that came after the ranks' last agreement did not stop the run (it had
+ * finished), and `dtrain train` says so when it exits 0. */
+int dt_train_ckpt_signal_received(void);
 
 /* Sets up the run directory (rank 0 creates it, writes config.json and
  * opens train.log, which *log then also writes to) and resumes when asked:

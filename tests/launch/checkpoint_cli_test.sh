@@ -106,7 +106,9 @@ signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK STEPS
   wait $job
   rc=$?
   if [ "$rc" = 0 ]; then
-    echo "note: the run ended before SIG$sig arrived; the resume below has nothing to do"
+    # The signal came after the ranks' last agreement: the run had finished.
+    expect 0 err "SIG$sig arrived after the last optimizer step: the run had finished" \
+      "$np rank(s): SIG$sig after the last step: exit 0, saying so"
   else
     expect 75 out "stopped by SIG$sig after optimizer step [0-9]+; checkpoint .* saved" \
       "$np rank(s): SIG$sig to rank $victim stops every rank after its step, saved, exit 75"
