@@ -120,6 +120,7 @@ dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out) {
   if (gethostname(pg->host, sizeof pg->host - 1) != 0)
     snprintf(pg->host, sizeof pg->host, "localhost");
   pg->launcher = dt_pg_detect_launcher();
+  pg->timeout_s = c.init_timeout_s;
 
   dt_status st = DT_OK;
   if (c.mode == DT_PG_AUTO && pg->launcher == DT_LAUNCHER_SLURM_NO_PMI) {
@@ -139,6 +140,7 @@ dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out) {
       goto destroy_pg;
     }
   }
+  pg->ready = 1;
   *out = pg;
   return DT_OK;
 
@@ -150,6 +152,20 @@ destroy_pg:
 void dt_pg_destroy(dt_pg *pg) {
   if (pg == NULL)
     return;
+  /* MPI_Finalize is no barrier under Open MPI: a rank stopped (SIGSTOP) in
+   * its teardown after the last collective would keep mpirun waiting for
+   * ever once the others had exited. So the ranks meet first, under the
+   * start-up deadline: a rank that does not arrive ends the job, named. */
+  if (pg->ready && pg->uses_mpi && pg->world > 1 && pg->world_comm != MPI_COMM_NULL) {
+    dt_guard *g = NULL;
+    if (dt_guard_begin(pg, "the end of the job (a barrier of every rank before MPI_Finalize)",
+                       pg->timeout_s, &g) == DT_OK) {
+      MPI_Barrier(pg->world_comm); /* errors return: a failed peer ends it anyway */
+      dt_guard_end(g);
+    } else {
+      dt_clear_error();
+    }
+  }
   if (pg->world_comm != MPI_COMM_NULL)
     MPI_Comm_free(&pg->world_comm);
   if (pg->initialized_mpi) {

@@ -65,7 +65,10 @@ typedef struct dt_pg dt_pg;
  * of several tasks started without an MPI plugin (advice: srun --mpi=pmix). */
 dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out);
 /* Frees the group; finalises MPI when dt_pg_create initialised it. Every
- * communicator made from the group must be destroyed first. NULL is a no-op. */
+ * communicator made from the group must be destroyed first. NULL is a no-op.
+ * Collective over an MPI group of several ranks: they meet in a barrier
+ * before MPI_Finalize, under the start-up deadline (a rank that never
+ * arrives ends the job, exit 70, naming the step). */
 void dt_pg_destroy(dt_pg *pg);
 
 int dt_pg_rank(const dt_pg *pg);

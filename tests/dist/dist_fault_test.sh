@@ -2,6 +2,8 @@
 # Failure handling across processes: nobody hangs.
 #  1. A rank that stops calling collectives: the others' watchdog (3 s)
 #     prints which collective is stuck and aborts the job.
+#  1b. A rank stopped (SIGSTOP) after the last collective: the others, at
+#     the barrier before MPI_Finalize, name the step and end the job (exit 70).
 #  2. A rank killed with SIGKILL: mpirun ends the job (the watchdog is set
 #     to 120 s so that it is mpirun, not the watchdog, that ends it).
 #  3. A rank killed in the middle of a large all-reduce on the shared-memory
@@ -46,6 +48,12 @@ job "rank late for the communicator" 2 "$tool" late 3
 check "the job should have been ended by the start-up deadline with exit 70 (got $rc; 124 = hung)" \
   [ "$rc" -eq 70 ]
 check "no message naming the step rank 0 waited for" grep -Eq "dtrain: error: rank 0: creating the mpi communicator \(MPI_Comm_dup, every rank\) did not complete within 3 s" "$log"
+check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
+
+job "rank stopped after the last collective" 2 "$tool" stop-at-end 3
+check "the job should have been ended by the end-of-job deadline with exit 70 (got $rc; 124 = hung)" \
+  [ "$rc" -eq 70 ]
+check "no message naming the step rank 0 waited for" grep -Eq "dtrain: error: rank 0: the end of the job \(a barrier of every rank before MPI_Finalize\) did not complete within 3 s" "$log"
 check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
 
 job "killed rank" 3 "$tool" kill

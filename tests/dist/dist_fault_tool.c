@@ -17,6 +17,12 @@
  *                                   (dt_comm_shared_buffer, as DDP's
  *                                   gradients): the survivors read the dead
  *                                   rank's part while it dies
+ *   dist_fault_tool stop-at-end TIMEOUT  after the last collective the last
+ *                                   rank stops (SIGSTOP) before the end of
+ *                                   the job: the others, at dt_pg_destroy's
+ *                                   barrier, must name it and end the job
+ *                                   (else they exit and mpirun waits for
+ *                                   ever on the stopped rank)
  */
 #include <signal.h>
 #include <stdio.h>
@@ -76,18 +82,21 @@ static int die_mid_collective(dt_comm *comm, int victim, int shared, double time
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0 &&
                    strcmp(argv[1], "late") != 0 && strcmp(argv[1], "die") != 0 &&
-                   strcmp(argv[1], "die-shared") != 0)) {
+                   strcmp(argv[1], "die-shared") != 0 && strcmp(argv[1], "stop-at-end") != 0)) {
     fprintf(stderr,
             "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S | die "
-            "TIMEOUT_S | die-shared TIMEOUT_S\n");
+            "TIMEOUT_S | die-shared TIMEOUT_S | stop-at-end TIMEOUT_S\n");
     return 2;
   }
   int stuck = strcmp(argv[1], "stuck") == 0, late = strcmp(argv[1], "late") == 0;
   int shared = strcmp(argv[1], "die-shared") == 0;
   int die = strcmp(argv[1], "die") == 0 || shared;
+  int stop_at_end = strcmp(argv[1], "stop-at-end") == 0;
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
+  if (stop_at_end)
+    pc.init_timeout_s = atof(argc > 2 ? argv[2] : "3");
   if (dt_pg_create(&pc, &pg) != DT_OK)
     return fail("process group");
   dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
@@ -108,6 +117,15 @@ int main(int argc, char **argv) {
   fflush(stdout);
   if (die)
     return die_mid_collective(comm, rank == last, shared, cc.timeout_s);
+  if (stop_at_end) {
+    dt_tensor_release(t);
+    dt_comm_destroy(comm);
+    if (rank == last)
+      raise(SIGSTOP); /* the others are past every collective */
+    dt_pg_destroy(pg);
+    printf("rank %d: left the job without noticing the stopped rank\n", rank);
+    return 0;
+  }
   if (rank == last) {
     if (stuck) {
       sleep(120); /* stops calling collectives */

@@ -316,8 +316,9 @@ void Fill(dt_tensor *buf, dt_dtype t, float fill) {
 dt_tensor *SliceWith(dt_tensor *buf, int64_t off, int64_t n, const std::vector<uint8_t> &bytes) {
   dt_tensor *view = nullptr, *src = FromBytes(dt_tensor_dtype(buf), bytes);
   EXPECT_EQ(dt_tensor_view_flat(buf, off, &n, 1, &view), DT_OK) << dt_last_error();
-  if (view != nullptr)
+  if (view != nullptr) {
     EXPECT_EQ(dt_tensor_copy_(view, src), DT_OK) << dt_last_error();
+  }
   dt_tensor_release(src);
   return view;
 }

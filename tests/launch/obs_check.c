@@ -4,7 +4,10 @@
  *
  *   obs_check metrics FILE [--world W] [--ddp] [--split val] [--no-metric] [--tokens]
  *                                                every record has its documented keys
- *   obs_check trace FILE [--lanes a,b,...] [--overlap comm:backward] [--steps A:B]
+ *   obs_check trace FILE [--lanes a,b,...] [--overlap comm:backward]
+ *                        [--launched-during comm:backward] [--steps A:B]
+ *       --overlap: a span of the lane overlaps a span of that name;
+ *       --launched-during: one was queued (ts - args.queued_ms) inside one
  *   obs_check png FILE --panels N                N plot areas, each with a drawn series
  *
  * Prints "ok: ..." and exits 0, or prints what is wrong and exits 1. */
@@ -189,6 +192,7 @@ static int check_metrics(const char *path, int argc, char **argv) {
 typedef struct span {
   int pid, tid;
   double ts, dur, step;
+  double queued_us; /* args.queued_ms in µs (comm spans), -1 = none */
   const char *name;
 } span;
 
@@ -230,13 +234,15 @@ static int check_trace(const char *path, int argc, char **argv) {
         fail("span '%s' lacks ts or a dur >= 0%.0ld", name->valuestring, 0);
         continue;
       }
-      const cJSON *step =
-          cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(e, "args"), "step");
+      const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+      const cJSON *step = cJSON_GetObjectItemCaseSensitive(args, "step");
+      const cJSON *queued = cJSON_GetObjectItemCaseSensitive(args, "queued_ms");
       spans[n_spans++] = (span){pid->valueint,
                                 t,
                                 ts->valuedouble,
                                 dur->valuedouble,
                                 cJSON_IsNumber(step) ? step->valuedouble : -1.0,
+                                cJSON_IsNumber(queued) ? 1e3 * queued->valuedouble : -1.0,
                                 name->valuestring};
     }
   }
@@ -277,6 +283,35 @@ static int check_trace(const char *path, int argc, char **argv) {
       fail("no span of lane '%s' overlaps a span named the second of --overlap%.0ld", a, 0);
     else
       printf("overlap: %d (%s span, %s span) pairs overlap in time\n", pairs, a, b);
+  }
+  /* comm spans queued while a backward span ran */
+  const char *during = arg_after(argc, argv, "--launched-during");
+  if (during) {
+    char a[64] = "", b[64] = "";
+    sscanf(during, "%63[^:]:%63s", a, b);
+    int launched = 0, with_queue = 0;
+    for (int i = 0; i < n_spans; i++) {
+      const span *x = &spans[i];
+      const char *xl = x->tid < MAX_LANES ? lane_name[x->tid] : NULL;
+      if (!xl || strcmp(xl, a) || x->queued_us < 0)
+        continue;
+      with_queue++;
+      double at = x->ts - x->queued_us;
+      for (int k = 0; k < n_spans; k++) {
+        const span *y = &spans[k];
+        if (y->pid == x->pid && !strcmp(y->name, b) && y->ts <= at && at <= y->ts + y->dur) {
+          launched++;
+          break;
+        }
+      }
+    }
+    if (launched == 0)
+      fail("no span of lane '%s' (of %ld with queued_ms) was queued inside a span named the "
+           "second of --launched-during",
+           a, (long)with_queue);
+    else
+      printf("launched during: %d of %d %s spans were queued inside a %s span\n", launched,
+             with_queue, a, b);
   }
   /* bounded by --trace-steps */
   const char *steps = arg_after(argc, argv, "--steps");
