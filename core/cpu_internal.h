@@ -93,6 +93,12 @@ dt_status dt_cpu_half_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n
                                     void *y);
 dt_status dt_cpu_half_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
                                      const void *dy, void *dx);
+/* dropout of 16-bit x (y, dy, dx in ex->dtype), the f32 body: blocks of x
+ * widened, y = keep ? x * scale : 0, one rounding */
+dt_status dt_cpu_half_dropout_forward(const dt_exec *ex, const void *x, void *y, uint8_t *mask,
+                                      int64_t n, float p, uint64_t seed, uint64_t offset);
+dt_status dt_cpu_half_dropout_backward(const dt_exec *ex, const void *dy, const uint8_t *mask,
+                                       void *dx, int64_t n, float p);
 
 /* Scratch memory for kernels (core/cpu_scratch.c): a host buffer of at
  * least `bytes` (64-byte aligned) that the caller alone uses until it

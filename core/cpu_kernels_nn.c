@@ -419,7 +419,8 @@ dt_status dt_cpu_embedding_backward(const dt_exec *ex, const void *idx, dt_dtype
 // x (n) -> y (n), mask (n) u8
 dt_status dt_cpu_dropout_forward(const dt_exec *ex, const float *x, float *y, uint8_t *mask,
                                  int64_t n, float p, uint64_t seed, uint64_t offset) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_dropout_forward(ex, x, y, mask, n, p, seed, offset);
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   DT_CPU_PARALLEL_FOR(i, n, n, DT_CPU_PAR_MIN / 4) {
     uint8_t keep = dt_rng_uniform(seed, offset + (uint64_t)i) >= p;
@@ -432,7 +433,8 @@ dt_status dt_cpu_dropout_forward(const dt_exec *ex, const float *x, float *y, ui
 // dy (n), mask (n) -> dx (n) = dy * mask / (1-p)
 dt_status dt_cpu_dropout_backward(const dt_exec *ex, const float *dy, const uint8_t *mask,
                                   float *dx, int64_t n, float p) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_half_dropout_backward(ex, dy, mask, dx, n, p);
   float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   DT_CPU_PARALLEL_FOR(i, n, n, DT_CPU_PAR_MIN)
   dx[i] = mask[i] ? dy[i] * scale : 0.0f;

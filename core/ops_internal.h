@@ -109,7 +109,7 @@ dt_status dt_ops_f32_input(dt_tensor *x, dt_tensor **w);
  *   if (dt_ops_is_half(x)) {
  *     dt_tensor *w = NULL;
  *     dt_status st = dt_ops_f32_input(x, &w);
- *     if (st == DT_OK) st = dt_op_dropout(w, ..., out);
+ *     if (st == DT_OK) st = dt_op_batch_norm2d(w, ..., out);
  *     return dt_ops_f32_done(st, &w, 1, dt_tensor_dtype(x), out);
  *   } */
 dt_status dt_ops_f32_done(dt_status st, dt_tensor *const *w, int n, dt_dtype dtype,

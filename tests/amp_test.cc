@@ -632,6 +632,19 @@ void ExpectSameAsWidened(dt_dtype d, const char *name, const std::vector<In> &in
   }
 }
 
+// An op's result y (status st) as the harness reads it: rounded to the
+// row's dtype d (a no-op on a 16-bit y) and widened to *out; releases y.
+dt_status RoundedAndWidened(dt_status st, dt_tensor *y, dt_dtype d, dt_tensor **out) {
+  dt_tensor *rounded = nullptr;
+  if (st == DT_OK)
+    st = dt_tensor_to_dtype(y, d, &rounded);
+  if (st == DT_OK)
+    st = dt_tensor_to_dtype(rounded, DT_DTYPE_F32, out);
+  dt_tensor_release(rounded);
+  dt_tensor_release(y);
+  return st;
+}
+
 }  // namespace widened_path
 
 TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
@@ -692,17 +705,29 @@ TEST(AutocastOps, PoolingOfHalfInputsEqualsTheWidenedPathBitForBit) {
   for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
     for (const Case &c : cases) {
       dtt::OpFn fn = [&c, dt](const std::vector<dt_tensor *> &x, dt_tensor **out) {
-        dt_tensor *y = nullptr, *rounded = nullptr;
+        dt_tensor *y = nullptr;
         dt_status st = c.op(x[0], c.k, c.s, c.p, &y);
-        if (st == DT_OK)
-          st = dt_tensor_to_dtype(y, dt, &rounded);
-        if (st == DT_OK)
-          st = dt_tensor_to_dtype(rounded, DT_DTYPE_F32, out);
-        dt_tensor_release(rounded);
-        dt_tensor_release(y);
-        return st;
+        return widened_path::RoundedAndWidened(st, y, dt, out);
       };
       widened_path::ExpectSameAsWidened(dt, c.name, {{c.x, true}}, fn);
+    }
+}
+
+// Dropout (PROMOTE) passes its 16-bit input to the kernels too and gets a
+// 16-bit y and dx: bit for bit the widened path's (the same mask, one
+// rounding), with a fresh generator of the same seed for each path.
+TEST(AutocastOps, DropoutOfHalfInputsEqualsTheWidenedPathBitForBit) {
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (float p : {0.1f, 0.5f}) {
+      dtt::OpFn fn = [dt, p](const std::vector<dt_tensor *> &x, dt_tensor **out) {
+        dt_generator gen;
+        dt_generator_init(&gen, 4242);
+        dt_tensor *y = nullptr;
+        dt_status st = dt_op_dropout(x[0], p, true, &gen, &y);
+        return widened_path::RoundedAndWidened(st, y, dt, out);
+      };
+      const std::string name = "dropout p " + std::to_string(p);
+      widened_path::ExpectSameAsWidened(dt, name.c_str(), {{{8, 3, 1000}, true}}, fn);
     }
 }
 

@@ -1,7 +1,8 @@
 // The CPU row kernels of 16-bit inputs (softmax, log-softmax, the causal
 // softmax, layer norm forward, the fused residual layer norm, layer norm
 // backward) widen blocks of rows into scratch (dt_cpu_rows,
-// core/cpu_kernels_half.c), and the pooling kernels a plane at a time,
+// core/cpu_kernels_half.c), the pooling kernels a plane at a time and
+// dropout a block at a time,
 // instead of a widened copy of the whole tensor; they give bit for bit
 // what the f32 kernel gives on that copy (its 16-bit results rounded once),
 // for bf16 and f16, under 1, 2 and 3 threads. Shapes: many rows per block
@@ -253,6 +254,41 @@ TEST_P(ThreadCounts, HalfPoolingIsTheF32KernelsOfTheWidenedInputsRoundedBitForBi
           << dt_last_error();
       EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " avg dx"));
     }
+}
+
+// Dropout of 16-bit x and dy: blocks widened, the f32 kernel's keep test
+// (the element's global index) and scaling, one rounding. Sizes below, at
+// and across a block and large enough for the threads; an offset into the
+// generator's stream; p 0.3, 0.5 and 1 (everything dropped); a NaN.
+TEST_P(ThreadCounts, HalfDropoutIsTheF32KernelOfTheWidenedInputsRoundedBitForBit) {
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (size_t n : {(size_t)3, (size_t)2048, (size_t)2049, (size_t)100003})
+      for (float p : {0.3f, 0.5f, 1.0f}) {
+        const std::string what = std::string(dt_dtype_name(d)) + " n " + std::to_string(n) +
+                                 " p " + std::to_string(p);
+        const uint64_t seed = 99, offset = 12345;
+        Half x = MakeHalf(d, n, 61, -4.0f, 4.0f), dy = MakeHalf(d, n, 62, -2.0f, 2.0f);
+        x.bits[n / 2] = d == DT_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
+        x.wide[n / 2] = NAN;
+        Vec y32(n), dx32(n);
+        std::vector<uint8_t> mask32(n), mask(n, 7);
+        std::vector<uint16_t> y(n, 0xffff), dx(n, 0xffff);
+        ASSERT_EQ(DT_OK, dt_kernel_dropout_forward(cpu_exec(), x.wide.data(), y32.data(),
+                                                   mask32.data(), (int64_t)n, p, seed, offset));
+        ASSERT_EQ(DT_OK, dt_kernel_dropout_forward(ExecOf(d), x.data(),
+                                                   reinterpret_cast<float *>(y.data()),
+                                                   mask.data(), (int64_t)n, p, seed, offset))
+            << dt_last_error();
+        EXPECT_EQ(mask, mask32) << what << " mask";
+        EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " y"));
+        ASSERT_EQ(DT_OK, dt_kernel_dropout_backward(cpu_exec(), dy.wide.data(), mask32.data(),
+                                                    dx32.data(), (int64_t)n, p));
+        ASSERT_EQ(DT_OK, dt_kernel_dropout_backward(ExecOf(d), dy.data(), mask.data(),
+                                                    reinterpret_cast<float *>(dx.data()),
+                                                    (int64_t)n, p))
+            << dt_last_error();
+        EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " dx"));
+      }
 }
 
 TEST(CpuHalfRows, HalfMaxPoolBackwardRefusesABadArgmax) {
