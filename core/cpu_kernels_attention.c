@@ -243,3 +243,109 @@ dt_status dt_cpu_attention_backward(const dt_exec *ex, const float *qkv, const f
   free(wide);
   return st;
 }
+
+/* ---- the attention as GEMMs: its row kernels ---- */
+
+/* What a row of attention_probs / attention_dscores reads and writes. */
+typedef struct att_rows {
+  dt_dtype dtype; /* of p and ds */
+  const float *s, *dp;
+  const void *p_in;
+  void *p_out;
+  float *lse;
+  bool lse_in;
+  int64_t t;
+} att_rows;
+
+typedef dt_status (*att_row_fn)(const att_rows *a, int64_t r, float *buf);
+
+/* Runs fn for rows [0, rows) over the kernel threads, each thread with an
+ * f32 row of t floats (the 16-bit row widened, or rounded from). */
+static dt_status run_rows(const char *op, const att_rows *a, int64_t rows, att_row_fn fn) {
+  dt_status st = DT_OK;
+  int failed = 0;
+#pragma omp parallel if (rows * a->t >= ATT_PAR_MIN) num_threads(dt_cpu_threads())
+  {
+    float *buf = malloc((size_t)a->t * sizeof(float));
+    dt_status mine = buf ? DT_OK : DT_ERR_OOM;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+      if (mine == DT_OK)
+        mine = fn(a, r, buf);
+    free(buf);
+    if (mine != DT_OK) {
+#pragma omp critical(dt_att_rows)
+      if (!failed) {
+        failed = 1;
+        st = mine;
+      }
+    }
+  }
+  if (st == DT_ERR_OOM)
+    return DT_ERROR(DT_ERR_OOM, "%s: %lld bytes of scratch per thread: malloc failed", op,
+                    (long long)(a->t * (int64_t)sizeof(float)));
+  return st;
+}
+
+/* Row r's f32 values out of buf into dst (ex->dtype) at row r. */
+static dt_status att_row_store(const att_rows *a, int64_t r, const float *buf, void *dst) {
+  if (!dt_dtype_is_half(a->dtype))
+    return DT_OK; /* buf was the f32 row itself */
+  return dt_half_from_f32(a->dtype, buf, (uint16_t *)dst + r * a->t, a->t);
+}
+
+DT_CPU_CLONES static dt_status probs_row(const att_rows *a, int64_t r, float *buf) {
+  const int64_t t = a->t, keep = r % t + 1;
+  const float *sr = a->s + r * t;
+  float *pr = dt_dtype_is_half(a->dtype) ? buf : (float *)a->p_out + r * t;
+  float l;
+  if (a->lse_in) {
+    l = a->lse[r];
+  } else {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < keep; j++)
+      mx = sr[j] > mx ? sr[j] : mx;
+    dt_cpu_exp_shifted(sr, mx, 1.0f, pr, keep);
+    l = (float)((double)mx + log(dt_cpu_sum_contiguous(pr, keep)));
+    a->lse[r] = l;
+  }
+  dt_cpu_exp_shifted(sr, l, 1.0f, pr, keep);
+  for (int64_t j = keep; j < t; j++)
+    pr[j] = 0.0f;
+  return att_row_store(a, r, pr, a->p_out);
+}
+
+DT_CPU_CLONES static dt_status dscores_row(const att_rows *a, int64_t r, float *buf) {
+  const int64_t t = a->t, keep = r % t + 1;
+  const float *dpr = a->dp + r * t;
+  const float *pr = (const float *)a->p_in + r * t;
+  float *dsr = (float *)a->p_out + r * t; /* f32: may be pr, read before written */
+  if (dt_dtype_is_half(a->dtype)) {
+    DT_CHECK(dt_half_to_f32(a->dtype, (const uint16_t *)a->p_in + r * t, buf, keep));
+    pr = dsr = buf;
+  }
+  double dot = 0.0;
+  for (int64_t j = 0; j < keep; j++)
+    dot += (double)pr[j] * dpr[j];
+  const float d = (float)dot;
+#pragma omp simd
+  for (int64_t j = 0; j < keep; j++)
+    dsr[j] = pr[j] * (dpr[j] - d);
+  for (int64_t j = keep; j < t; j++)
+    dsr[j] = 0.0f;
+  return att_row_store(a, r, buf, a->p_out);
+}
+
+// s (n, t, t) f32 -> p (n, t, t) of ex->dtype, lse (n, t) written or read
+dt_status dt_cpu_attention_probs(const dt_exec *ex, const float *s, float *p, float *lse,
+                                 bool lse_in, int64_t n, int64_t t) {
+  const att_rows a = {ex->dtype, s, NULL, NULL, p, lse, lse_in, t};
+  return run_rows("attention_probs", &a, n * t, probs_row);
+}
+
+// p (n, t, t) of ex->dtype, dp f32 -> ds of ex->dtype (may be p)
+dt_status dt_cpu_attention_dscores(const dt_exec *ex, const float *p, const float *dp, float *ds,
+                                   int64_t n, int64_t t) {
+  const att_rows a = {ex->dtype, NULL, dp, p, ds, NULL, false, t};
+  return run_rows("attention_dscores", &a, n * t, dscores_row);
+}

@@ -149,6 +149,12 @@ dt_status dt_ops_f32_done(dt_status st, dt_tensor *const *w, int n, dt_dtype dty
  * (f32 accumulation, one rounding at the end). */
 dt_status dt_ops_narrow_result(dt_dtype dtype, dt_tensor **y);
 
+/* The causal attention's GEMM path (core/ops_attention.c) works on groups
+ * of heads whose scores (f32) and probabilities fit `bytes` (256 MiB; 0
+ * restores that); returns the previous budget. For tests, which set it
+ * small to run several groups; not thread-safe. */
+int64_t dt_ops_attention_gemm_scratch(int64_t bytes);
+
 /* Saves a detached alias of an op's own output (no reference cycle
  * output -> node -> output). */
 dt_status dt_ops_save_output(dt_node *node, int slot, dt_tensor *out);

@@ -207,6 +207,72 @@ extern "C" dt_status dt_cuda_causal_softmax_backward(const dt_exec *ex, const fl
   return launch_rows(ex, rows, t, causal_softmax_backward_kernel, y, dy, dx, rows, t);
 }
 
+/* ---- the attention as GEMMs: its row kernels (core/ops_attention.c) ---- */
+
+// s (rows, t) f32 -> p (rows, t) of T: row r keeps columns 0..r%t, p = exp(s - lse), the rest 0;
+// lse (rows) written (the max and the sum of exponentials in double), or read when lse_in
+template <typename T>
+static __global__ void attention_probs_kernel(const float *s, T *p, float *lse, bool lse_in,
+                                              int64_t rows, int64_t t) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *sr = s + r * t;
+    T *pr = p + r * t;
+    const int64_t keep = r % t + 1;
+    float l;
+    if (lse_in) {
+      l = lse[r];
+    } else {
+      double sum;
+      float mx = block_row_max_sumexp(sr, keep, shf, shd, &sum);
+      l = (float)((double)mx + log(sum));
+      if (threadIdx.x == 0)
+        lse[r] = l;
+    }
+    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
+      dt_store_f32(pr, j, j < keep ? expf(sr[j] - l) : 0.0f);
+  }
+}
+
+// p (rows, t) of T, dp (rows, t) f32 -> ds (rows, t) of T = p (dp - sum p dp), masked entries 0;
+// ds may be p: each thread reads its elements before it writes them
+template <typename T>
+static __global__ void attention_dscores_kernel(const T *p, const float *dp, T *ds, int64_t rows,
+                                                int64_t t) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *pr = p + r * t;
+    const float *gr = dp + r * t;
+    T *dr = ds + r * t;
+    const int64_t keep = r % t + 1;
+    double acc = 0.0;
+    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
+      acc += (double)dt_load_f32(pr, j) * gr[j];
+    const float d = (float)dt_block_sum(acc, shd);
+    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
+      dt_store_f32(dr, j, j < keep ? dt_load_f32(pr, j) * (gr[j] - d) : 0.0f);
+  }
+}
+
+extern "C" dt_status dt_cuda_attention_probs(const dt_exec *ex, const float *s, float *p,
+                                             float *lse, bool lse_in, int64_t n, int64_t t) {
+  if (n == 0 || t == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           launch_rows(ex, n * t, t, attention_probs_kernel<T>, s, (T *)p, lse,
+                                       lse_in, n * t, t));
+}
+
+extern "C" dt_status dt_cuda_attention_dscores(const dt_exec *ex, const float *p, const float *dp,
+                                               float *ds, int64_t n, int64_t t) {
+  if (n == 0 || t == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           launch_rows(ex, n * t, t, attention_dscores_kernel<T>, (const T *)p, dp,
+                                       (T *)ds, n * t, t));
+}
+
 /* ---- cross-entropy ---- */
 
 // logits (n,c), target (n) -> loss_rows (n), lse (n); report: first bad row, kept rows

@@ -456,11 +456,17 @@ PYEOF
 
   # ---- 1. backend parity (every op per dtype, cuBLASLt, cuDNN in 16 bits) ----
   local exe name
-  local first_suites=" op_table_test cuda_backend_test cuda_train_step_test "
-  for name in op_table_test cuda_backend_test; do
+  local first_suites=" op_table_test op_table_attention_gemm_test cuda_backend_test cuda_train_step_test "
+  for name in op_table_test op_table_attention_gemm_test cuda_backend_test; do
     exe="$b/bin/$name"
     [ -x "$exe" ] || continue
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
+    if [ "$name" = op_table_attention_gemm_test ]; then
+      # the attention rows on the GEMM path, every dtype (its Bazel env)
+      step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest env DT_ATTENTION=gemm \
+        GTEST_FILTER='*causal_attention*' "$exe"
+    else
+      step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
+    fi
   done
   grep -h '^gemm counts: ' "$logs/cuda_backend_test.log" >>"$logs/extra_lines.txt" 2>/dev/null
   # ---- 1a. GPT-2 124M in bf16 at T=1024 beside PyTorch (issue 12's figure) ----
@@ -608,6 +614,23 @@ PYEOF
       grep -h 'tokens_per_s=\|^flops:' "$logs"/bench_dtrain_gpt2*.log 2>/dev/null
       echo '```'
     } >>"$logs/extra.md"
+    # the bf16 row of 1a (DT_ATTENTION auto: the GEMM path) against the
+    # fused attention kernels, to choose auto's default by measurement
+    if cli_has bench gpt2 --ctx --precision; then
+      step bench_gpt2_bf16_fused_attention 120 plain env DT_ATTENTION=fused "$dtrain" bench \
+        --model gpt2 --ctx 1024 --batch "${gpt2_batch:-${GPU_CHECK_GPT2_BATCH:-16}}" --steps 5 --warmup 2 \
+        --optimizer adamw --precision bf16 --device cuda:0
+      {
+        echo
+        echo '## GPT-2 124M bf16, T=1024: the attention as GEMMs (1a, the default) against the fused kernels'
+        echo
+        echo '```'
+        echo "gemm:  $(grep -h 'tokens_per_s=' "$logs"/bench_gpt2_bf16.log \
+          "$logs"/bench_gpt2_bf16_batch*.log 2>/dev/null | tail -1)"
+        echo "fused: $(grep -h 'tokens_per_s=' "$logs/bench_gpt2_bf16_fused_attention.log" 2>/dev/null | tail -1)"
+        echo '```'
+      } >>"$logs/extra.md"
+    fi
   else
     summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
   fi
@@ -656,6 +679,7 @@ gpt2_bf16_bench() {
   step bench_torch_gpt2_bf16 150 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
     "$b/bench_torch.py" --model gpt2 --ctx 1024 --batch "$gb" --steps 10 --warmup 3 \
     --optimizer adamw --precision bf16 --device cuda
+  gpt2_batch=$gb # the fused-attention comparison at the end uses the same batch
   ours=$(last_value "$log" tokens_per_s)
   mfu=$(grep -o 'mfu=[0-9.]*%' "$log" 2>/dev/null | tail -1 | cut -d= -f2)
   theirs=$(last_value "$logs/bench_torch_gpt2_bf16.log" tokens_per_s)
