@@ -98,10 +98,14 @@ static int64_t linear_slice_rows(int64_t m, int64_t n) {
   return m * n > ((int64_t)1 << 20) ? (m + 7) / 8 : m;
 }
 
-// x (m,k), w (n,k), bias (n) or NULL -> y (m,n), all 16-bit (ex->dtype); per slice of rows an
-// f32 accumulator = bias, += x w^T (dt_cpu_gemm widens the operands), rounded once into y
-dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const float *x,
-                                const float *w, const float *bias, float *y) {
+/* C (m, n) of ex->dtype (16-bit, leading dimension ldc) = alpha op(A)
+ * op(B) (+ bias (n), 16-bit, or NULL), A and B 16-bit: per slice of rows an
+ * f32 accumulator = bias, += the product (dt_cpu_gemm widens the
+ * operands), rounded once into C. */
+static dt_status gemm_rows_rounded(const dt_exec *ex, const char *what, bool trans_a,
+                                   bool trans_b, int m, int n, int k, float alpha, const void *a,
+                                   int lda, const void *b, int ldb, const void *bias, void *c,
+                                   int ldc) {
   if (m == 0 || n == 0)
     return DT_OK;
   const dt_dtype dtype = ex->dtype;
@@ -111,7 +115,7 @@ dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const fl
   float *b32 = bias ? malloc((size_t)n * sizeof(float)) : NULL;
   dt_status st = DT_OK;
   if (!acc || (bias && !b32)) {
-    st = DT_ERROR(DT_ERR_OOM, "linear_forward: an f32 accumulator of %lld x %d: malloc failed",
+    st = DT_ERROR(DT_ERR_OOM, "%s: an f32 accumulator of %lld x %d: malloc failed", what,
                   (long long)chunk, n);
     goto done;
   }
@@ -122,18 +126,44 @@ dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const fl
     if (b32)
       for (int i = 0; i < rows; i++)
         memcpy(acc + (int64_t)i * n, b32, (size_t)n * sizeof(float));
-    DT_CHECK_GOTO(dt_cpu_gemm(ex, false, true, rows, n, k, 1.0f,
-                              (const float *)((const char *)x + (size_t)(r0 * k) * esize), k, 0, w,
-                              k, 0, b32 ? 1.0f : 0.0f, acc, n, 0, 1),
-                  st, done);
-    DT_CHECK_GOTO(dt_half_from_f32(dtype, acc, (uint16_t *)((char *)y + (size_t)(r0 * n) * esize),
-                                   (int64_t)rows * n),
-                  st, done);
+    if (k == 0 && !b32)
+      memset(acc, 0, (size_t)rows * (size_t)n * sizeof(float));
+    /* op(A)'s rows r0..: rows of A, or columns of A (k, m) when transposed */
+    const size_t a_off = (size_t)(trans_a ? r0 : r0 * lda) * esize;
+    if (k > 0)
+      DT_CHECK_GOTO(dt_cpu_gemm(ex, trans_a, trans_b, rows, n, k, alpha,
+                                (const float *)((const char *)a + a_off), lda, 0, b, ldb, 0,
+                                b32 ? 1.0f : 0.0f, acc, n, 0, 1),
+                    st, done);
+    uint16_t *crow = (uint16_t *)((char *)c + (size_t)(r0 * ldc) * esize);
+    if (ldc == n)
+      DT_CHECK_GOTO(dt_half_from_f32(dtype, acc, crow, (int64_t)rows * n), st, done);
+    else
+      for (int i = 0; i < rows; i++)
+        DT_CHECK_GOTO(dt_half_from_f32(dtype, acc + (int64_t)i * n, crow + (int64_t)i * ldc, n), st,
+                      done);
   }
 done:
   free(b32);
   free(acc);
   return st;
+}
+
+// x (m,k), w (n,k), bias (n) or NULL -> y (m,n), all 16-bit (ex->dtype); per slice of rows an
+// f32 accumulator = bias, += x w^T (dt_cpu_gemm widens the operands), rounded once into y
+dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const float *x,
+                                const float *w, const float *bias, float *y) {
+  return gemm_rows_rounded(ex, "linear_forward", false, true, m, n, k, 1.0f, x, k, w, k, bias, y,
+                           n);
+}
+
+// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b, 16-bit -> C (m,n) of ex->dtype,
+// rounded once from an f32 accumulator per slice of rows
+dt_status dt_cpu_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
+                              float alpha, const float *a, int lda, const float *b, int ldb,
+                              float *c, int ldc) {
+  return gemm_rows_rounded(ex, "gemm_rounded", trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
+                           NULL, c, ldc);
 }
 
 /* ---- strided iteration shared by binary and copy_strided ---- */

@@ -210,6 +210,36 @@ static dt_status bias_grad(dt_tensor *gc, int64_t rows, int64_t outf, dt_tensor 
 
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
                                          dt_tensor **grad_in);
+/* A new gradient for the linear's input x: f32, or x's own 16-bit dtype
+ * when x was already of the dtype `ab` the linear computed in (a 16-bit
+ * activation under autocast), which linear_dx then writes directly. */
+static dt_status linear_dx_new(dt_node *node, dt_dtype ab, dt_device dev, dt_tensor **dx) {
+  dt_tensor *x = node->inputs[0];
+  if (ab != DT_DTYPE_F32 && dt_tensor_dtype(x) == ab)
+    return dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), ab, dev, dx);
+  return dt_ops_empty_like(x, dev, dx);
+}
+
+/* Rows r0..r0+n of dx (rows, in) = g (n, out) @ w (out, in), g and w of
+ * `ab`: an f32 dx through the f32-output GEMM, a 16-bit one rounded once
+ * from the f32 accumulator by the backend (gemm_rounded: no f32 copy). */
+static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n, int64_t r0,
+                           int64_t in, int64_t outf, const void *w, dt_tensor *dx) {
+  if (dt_tensor_dtype(dx) == DT_DTYPE_F32)
+    return gemm(dev, ab, 0, 0, n, in, outf, g, outf, 0, w, in, 0, 0.0f, DT_F32(dx) + r0 * in, in,
+                0, 1);
+  if (n == 0 || in == 0)
+    return DT_OK;
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, ab, &ex));
+  /* with no outputs (k = 0) nothing is read: any leading dimension >= 1 */
+  const int ld_g = outf > 0 ? (int)outf : 1;
+  return dt_kernel_gemm_rounded(&ex, 0, 0, (int)n, (int)in, (int)outf, 1.0f, g, ld_g, w, (int)in,
+                                (float *)((char *)dt_tensor_data(dx) +
+                                          (size_t)(r0 * in) * dt_dtype_size(ab)),
+                                (int)in);
+}
+
 
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
@@ -236,7 +266,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     return st;
   }
   if (node->needs_grad[0])
-    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
+    DT_CHECK_GOTO(linear_dx_new(node, ab, dev, &dx), st, fail);
   /* dw straight into the weight's .grad where the engine offers it */
   float *dw_dest = node->needs_grad[1] ? dt_node_grad_dest(node, 1) : NULL;
   if (node->needs_grad[1] && dw_dest == NULL)
@@ -247,9 +277,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     const void *gp = (const char *)dt_tensor_data(gc) + (size_t)(r0 * outf) * esize;
     /* dx (n, in) = g (n, out) @ w (out, in), rows r0.. */
     if (dx)
-      DT_CHECK_GOTO(gemm(dev, ab, 0, 0, n, in, outf, gp, outf, 0, dt_tensor_data(w), in, 0, 0.0f,
-                         DT_F32(dx) + r0 * in, in, 0, 1),
-                    st, fail);
+      DT_CHECK_GOTO(linear_dx(dev, ab, gp, n, r0, in, outf, dt_tensor_data(w), dx), st, fail);
     /* dw (out, in) (+)= g^T (out, n) @ x (n, in) */
     if (dw || dw_dest)
       DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
@@ -307,9 +335,8 @@ static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t 
   }
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
-    DT_CHECK_GOTO(dt_ops_empty_like(node->inputs[0], dev, &dx), st, fail);
-    DT_CHECK_GOTO(gemm(dev, ab, 0, 0, rows, in, outf, dt_tensor_data(gc), outf, 0,
-                       dt_tensor_data(w), in, 0, 0.0f, DT_F32(dx), in, 0, 1),
+    DT_CHECK_GOTO(linear_dx_new(node, ab, dev, &dx), st, fail);
+    DT_CHECK_GOTO(linear_dx(dev, ab, dt_tensor_data(gc), rows, 0, in, outf, dt_tensor_data(w), dx),
                   st, fail);
   }
 fail:

@@ -384,6 +384,24 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
   return st;
 }
 
+// A, B and C of ex->dtype (f16/bf16): C = alpha op(A) op(B), the f32 accumulator rounded once
+// by cuBLASLt
+dt_status dt_cuda_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb,
+                               float *c, int ldc) {
+  if (m == 0 || n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  if (k == 0) { /* no products: C = 0 (+0.0 is all bits zero in f16 and bf16) */
+    DT_CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * 2, 0, (size_t)n * 2, (size_t)m, stream));
+    return DT_OK;
+  }
+  const half_gemm g = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
+                       .lda = lda, .ldb = ldb, .ldc = ldc, .batch = 1, .a = a, .b = b, .c = c,
+                       .alpha = alpha, .beta = 0.0f, .ab = ex->dtype, .c_type = ex->dtype};
+  return half_gemm_run(ctx, stream, &g);
+}
+
 // mixed precision: A, B (ab_type) -> C (c_type), f32 accumulation
 dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n, int k, float alpha,
                           const void *a, int lda, int64_t stride_a, const void *b, int ldb,

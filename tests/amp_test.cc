@@ -760,3 +760,57 @@ TEST(AutocastStep, Gpt2TinyActivationsAre16Bit) {
   double f32 = step_bytes(DT_DTYPE_F32), bf16 = step_bytes(DT_DTYPE_BF16);
   EXPECT_LT(bf16, 0.9 * f32) << bf16 / DT_MIB << " MiB against f32's " << f32 / DT_MIB << " MiB";
 }
+
+// The linear's gradient for an input that is 16-bit already (an activation
+// under autocast: the attention's output, GELU's) is written in 16 bits by
+// the backend's gemm_rounded, one rounding of the f32 accumulator: bit for
+// bit the widened path's (an f32 dx that the recorded cast rounded), with
+// no f32 copy of dx. Sizes: one GEMM, and a dx large enough for the
+// linear's slices of rows (an eighth) and the CPU kernel's.
+TEST(AutocastOps, LinearGradientOfHalfInputEqualsTheWidenedPathBitForBit) {
+  struct Case {
+    const char *name;
+    std::vector<int64_t> x, w;
+    bool bias;
+  };
+  const Case cases[] = {
+      {"linear 5x7x33 -> 19", {5, 7, 33}, {19, 33}, true},
+      {"linear 1200x256 -> 1000 (slices)", {4, 300, 256}, {1000, 256}, true},
+      {"linear 300x1100 -> 1024 (dx in slices)", {300, 1100}, {1024, 1100}, false},
+  };
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Case &c : cases) {
+      dtt::OpFn fn = [&c, dt](const std::vector<dt_tensor *> &x, dt_tensor **out) {
+        dt_tensor *y = nullptr;
+        dt_dtype prev = dt_autocast_begin(dt);
+        dt_status st = dt_op_linear(x[0], x[1], c.bias ? x[2] : nullptr, &y);
+        dt_autocast_end(prev);
+        return widened_path::RoundedAndWidened(st, y, dt, out);
+      };
+      std::vector<widened_path::In> ins = {{c.x, true}, {c.w, false}};
+      if (c.bias)
+        ins.push_back({{c.w[0]}, false});
+      widened_path::ExpectSameAsWidened(dt, c.name, ins, fn);
+    }
+}
+
+// ... and its dtype is the input's: 16 bits, no f32 copy.
+TEST(AutocastOps, LinearGradientOfHalfInputIs16Bit) {
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+    dt_tensor *x32 = dtt::RandomTensor({6, 10}, 3), *x = nullptr, *y = nullptr;
+    dt_tensor *w = dtt::RandomTensor({4, 10}, 4, true);
+    ASSERT_EQ(DT_OK, dt_tensor_to_dtype(x32, dt, &x)) << dt_last_error();
+    ASSERT_EQ(DT_OK, dt_tensor_set_requires_grad(x, 1)) << dt_last_error();
+    dt_dtype prev = dt_autocast_begin(dt);
+    ASSERT_EQ(DT_OK, dt_op_linear(x, w, nullptr, &y)) << dt_last_error();
+    dt_autocast_end(prev);
+    dt_tensor *up = nullptr, *up32 = dtt::MakeTensor(dtt::UpstreamGradient(24, 777), {6, 4});
+    ASSERT_EQ(DT_OK, dt_tensor_to_dtype(up32, dt, &up)) << dt_last_error();
+    ASSERT_EQ(DT_OK, dt_backward(y, up)) << dt_last_error();
+    ASSERT_NE(dt_tensor_grad(x), nullptr);
+    EXPECT_EQ(dt_tensor_dtype(dt_tensor_grad(x)), dt);
+    EXPECT_EQ(dt_tensor_dtype(dt_tensor_grad(w)), DT_DTYPE_F32);
+    for (dt_tensor *t : {x32, x, y, w, up, up32})
+      dt_tensor_release(t);
+  }
+}

@@ -226,6 +226,42 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
   EXPECT_EQ(dt_kernel_linear_forward(&f32, 1, 1, 1, &z, &z, nullptr, &z), DT_ERR_DTYPE);
 }
 
+// gemm_rounded (16-bit A, B and C, one rounding of the f32 accumulator;
+// the linear's dx of a 16-bit input): every transpose, a C wider than n
+// (ldc > n), k = 0 (C = 0), against the CPU's.
+TEST_F(CudaBackend, HalfGemmRoundedMatchesTheCpu) {
+  struct Shape {
+    int m, n, k;
+  };
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Shape sh : {Shape{1024, 768, 3072}, Shape{7, 5, 3}, Shape{300, 33, 1000}, Shape{4, 6, 0}})
+      for (int tr = 0; tr < 4; tr++) {
+        const bool ta = tr & 1, tb = tr & 2;
+        const int lda = ta ? sh.m : (sh.k > 0 ? sh.k : 1), ldb = tb ? (sh.k > 0 ? sh.k : 1) : sh.n;
+        const int ldc = sh.n + 3;
+        std::vector<uint16_t> a = Half(Rand((size_t)sh.m * sh.k, 61), t),
+                              b = Half(Rand((size_t)sh.k * sh.n, 62, -0.2f, 0.2f), t);
+        std::vector<uint16_t> want((size_t)sh.m * ldc, 0x3c00);  // the gaps stay as they were
+        dt_exec cex = cex_, hex = gex_;
+        cex.dtype = hex.dtype = t;
+        OK(dt_kernel_gemm_rounded(&cex, ta, tb, sh.m, sh.n, sh.k, 0.5f, (const float *)a.data(),
+                                  lda, (const float *)b.data(), ldb, (float *)want.data(), ldc));
+        uint16_t *da = Up(a), *db = Up(b);
+        std::vector<uint16_t> init((size_t)sh.m * ldc, 0x3c00);
+        uint16_t *dc = Up(init);
+        OK(dt_kernel_gemm_rounded(&hex, ta, tb, sh.m, sh.n, sh.k, 0.5f, (const float *)da, lda,
+                                  (const float *)db, ldb, (float *)dc, ldc));
+        const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+        EXPECT_TRUE(Close(Widen(Down(dc, want.size()), t), Widen(want, t), ulp, 1e-3))
+            << dt_dtype_name(t) << " " << sh.m << "x" << sh.n << "x" << sh.k << " ta " << ta
+            << " tb " << tb;
+      }
+  dt_exec f32 = gex_;
+  float z = 0.0f;
+  EXPECT_EQ(dt_kernel_gemm_rounded(&f32, false, false, 1, 1, 1, 1.0f, &z, 1, &z, 1, &z, 1),
+            DT_ERR_DTYPE);
+}
+
 // The 16-bit convolution kernels (cuDNN with bf16/f16 tensors and f32
 // compute, the bias through kernels_dense.cu) against the CPU's (the f32
 // kernel on widened copies): forward with and without a bias, and the
