@@ -226,6 +226,51 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
   EXPECT_EQ(dt_kernel_linear_forward(&f32, 1, 1, 1, &z, &z, nullptr, &z), DT_ERR_DTYPE);
 }
 
+// The fused attention kernels on a 16-bit qkv against the CPU's (f32 math
+// on the widened qkv): the tensor-core (WMMA) kernels for head sizes 16,
+// 32, 64 and 128, the f32 tiles for 48; T across the 64-row blocks and a
+// GPT-2 124M layer. The tensor cores read P, dO and dS rounded to 16 bits,
+// so the tolerance is the dtype's (max error over the largest element).
+TEST_F(CudaBackend, HalfAttentionKernelsMatchTheCpu) {
+  struct Geom {
+    int64_t b, t, h, hd;
+  };
+  auto rel = [](const Vec &got, const Vec &want) {
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < want.size(); i++) {
+      err = std::fmax(err, std::fabs((double)got[i] - want[i]));
+      scale = std::fmax(scale, std::fabs((double)want[i]));
+    }
+    return err / (scale > 0 ? scale : 1.0);
+  };
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Geom q : {Geom{2, 9, 2, 16}, Geom{1, 130, 2, 32}, Geom{2, 65, 3, 64}, Geom{1, 77, 1, 128},
+                   Geom{2, 65, 3, 48}, Geom{1, 1024, 12, 64}}) {
+      const size_t nqkv = (size_t)(q.b * q.t * 3 * q.h * q.hd), nout = nqkv / 3,
+                   nlse = (size_t)(q.b * q.h * q.t);
+      std::vector<uint16_t> qkv = Half(Rand(nqkv, 71, -2.0f, 2.0f), t);
+      Vec dout = Rand(nout, 72), out(nout), lse(nlse), dqkv(nqkv);
+      dt_exec cex = cex_, hex = gex_;
+      cex.dtype = hex.dtype = t;
+      OK(dt_kernel_attention_forward(&cex, (const float *)qkv.data(), out.data(), lse.data(), q.b,
+                                     q.t, q.h, q.hd));
+      OK(dt_kernel_attention_backward(&cex, (const float *)qkv.data(), out.data(), lse.data(),
+                                      dout.data(), dqkv.data(), q.b, q.t, q.h, q.hd));
+      uint16_t *dq = Up(qkv);
+      float *dd = Up(dout), *dout_ = Zeros(nout), *dlse = Zeros(nlse), *dg = Zeros(nqkv);
+      OK(dt_kernel_attention_forward(&hex, (const float *)dq, dout_, dlse, q.b, q.t, q.h, q.hd));
+      OK(dt_kernel_attention_backward(&hex, (const float *)dq, dout_, dlse, dd, dg, q.b, q.t, q.h,
+                                      q.hd));
+      const double tol = t == DT_DTYPE_BF16 ? 2e-2 : 4e-3;
+      const std::string what = std::string(dt_dtype_name(t)) + " " + std::to_string(q.b) + "x" +
+                               std::to_string(q.t) + " h" + std::to_string(q.h) + " hd" +
+                               std::to_string(q.hd);
+      EXPECT_LE(rel(Down(dout_, nout), out), tol) << what << ": out";
+      EXPECT_TRUE(Close(Down(dlse, nlse), lse, 1e-4, 1e-4)) << what << ": lse";
+      EXPECT_LE(rel(Down(dg, nqkv), dqkv), tol) << what << ": dqkv";
+    }
+}
+
 // gemm_rounded (16-bit A, B and C, one rounding of the f32 accumulator;
 // the linear's dx of a 16-bit input): every transpose, a C wider than n
 // (ldc > n), k = 0 (C = 0), against the CPU's.

@@ -615,14 +615,15 @@ PYEOF
       echo '```'
     } >>"$logs/extra.md"
     # the bf16 row of 1a (DT_ATTENTION auto: the GEMM path) against the
-    # fused attention kernels, to choose auto's default by measurement
+    # fused attention kernels (the tensor-core flash kernels for GPT-2's
+    # head size 64), to choose auto's default by measurement
     if cli_has bench gpt2 --ctx --precision; then
       step bench_gpt2_bf16_fused_attention 120 plain env DT_ATTENTION=fused "$dtrain" bench \
         --model gpt2 --ctx 1024 --batch "${gpt2_batch:-${GPU_CHECK_GPT2_BATCH:-16}}" --steps 5 --warmup 2 \
         --optimizer adamw --precision bf16 --device cuda:0
       {
         echo
-        echo '## GPT-2 124M bf16, T=1024: the attention as GEMMs (1a, the default) against the fused kernels'
+        echo '## GPT-2 124M bf16, T=1024: the attention as GEMMs (1a, the default) against the fused tensor-core kernels (DT_ATTENTION=fused)'
         echo
         echo '```'
         echo "gemm:  $(grep -h 'tokens_per_s=' "$logs"/bench_gpt2_bf16.log \
