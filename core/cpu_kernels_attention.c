@@ -58,30 +58,38 @@ typedef struct att_args {
   int64_t qblocks;
 } att_args;
 
-typedef void (*att_task_fn)(const att_args *a, int64_t task, float *scratch);
+/* A task of a kernel: task `task` of the kernel's arguments `args`, with
+ * the calling thread's scratch. */
+typedef dt_status (*att_task_fn)(const void *args, int64_t task, float *scratch);
 
 /* Runs fn for tasks [0, n) over the kernel threads (parallel when `par`),
- * each thread with its own scratch of `scratch_floats`. */
-static dt_status run_tasks(const char *op, const att_args *a, int64_t n, size_t scratch_floats,
+ * each thread with its own scratch of `scratch_floats`; the first failure
+ * is returned. */
+static dt_status run_tasks(const char *op, const void *args, int64_t n, size_t scratch_floats,
                            int par, att_task_fn fn) {
-  int failed = 0, nt = dt_cpu_threads();
-#pragma omp parallel if (par && n > 1) num_threads(nt)
+  dt_status st = DT_OK;
+  int failed = 0;
+#pragma omp parallel if (par && n > 1) num_threads(dt_cpu_threads())
   {
     float *scratch = malloc(scratch_floats * sizeof(float));
-    if (!scratch) {
-#pragma omp atomic write
-      failed = 1;
-    }
+    dt_status mine = scratch ? DT_OK : DT_ERR_OOM;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < n; task++)
-      if (scratch)
-        fn(a, task, scratch);
+      if (mine == DT_OK)
+        mine = fn(args, task, scratch);
     free(scratch);
+    if (mine != DT_OK) {
+#pragma omp critical(dt_att_tasks)
+      if (!failed) {
+        failed = 1;
+        st = mine;
+      }
+    }
   }
-  if (failed)
+  if (st == DT_ERR_OOM)
     return DT_ERROR(DT_ERR_OOM, "%s: %zu bytes of scratch per thread: malloc failed", op,
                     scratch_floats * sizeof(float));
-  return DT_OK;
+  return st;
 }
 
 /* One forward task: queries [i0, i1) of head h of sequence b. scratch:
@@ -139,10 +147,12 @@ DT_CPU_CLONES static void attention_forward_block(const att_geom *g, const float
   }
 }
 
-static void forward_task(const att_args *a, int64_t task, float *scratch) {
+static dt_status forward_task(const void *args, int64_t task, float *scratch) {
+  const att_args *a = args;
   int64_t qb = task % a->qblocks, bh = task / a->qblocks, i0 = qb * ATT_QB;
   attention_forward_block(&a->g, a->qkv, a->y, a->lse_out, bh / a->g.heads, bh % a->g.heads, i0,
                           MIN(i0 + ATT_QB, a->g.t), scratch);
+  return DT_OK;
 }
 
 /* A 16-bit qkv (b, t, 3*h*hd) (ex->dtype) widened into a new f32 buffer
@@ -224,9 +234,11 @@ DT_CPU_CLONES static void attention_backward_head(const att_geom *g, const float
   }
 }
 
-static void backward_task(const att_args *a, int64_t bh, float *scratch) {
+static dt_status backward_task(const void *args, int64_t bh, float *scratch) {
+  const att_args *a = args;
   attention_backward_head(&a->g, a->qkv, a->out, a->lse, a->dout, a->dqkv, bh / a->g.heads,
                           bh % a->g.heads, scratch);
+  return DT_OK;
 }
 
 // qkv, out, lse, dout -> dqkv (b, t, 3*h*hd) overwritten
@@ -257,36 +269,6 @@ typedef struct att_rows {
   int64_t t;
 } att_rows;
 
-typedef dt_status (*att_row_fn)(const att_rows *a, int64_t r, float *buf);
-
-/* Runs fn for rows [0, rows) over the kernel threads, each thread with an
- * f32 row of t floats (the 16-bit row widened, or rounded from). */
-static dt_status run_rows(const char *op, const att_rows *a, int64_t rows, att_row_fn fn) {
-  dt_status st = DT_OK;
-  int failed = 0;
-#pragma omp parallel if (rows * a->t >= ATT_PAR_MIN) num_threads(dt_cpu_threads())
-  {
-    float *buf = malloc((size_t)a->t * sizeof(float));
-    dt_status mine = buf ? DT_OK : DT_ERR_OOM;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-      if (mine == DT_OK)
-        mine = fn(a, r, buf);
-    free(buf);
-    if (mine != DT_OK) {
-#pragma omp critical(dt_att_rows)
-      if (!failed) {
-        failed = 1;
-        st = mine;
-      }
-    }
-  }
-  if (st == DT_ERR_OOM)
-    return DT_ERROR(DT_ERR_OOM, "%s: %lld bytes of scratch per thread: malloc failed", op,
-                    (long long)(a->t * (int64_t)sizeof(float)));
-  return st;
-}
-
 /* Row r's f32 values out of buf into dst (ex->dtype) at row r. */
 static dt_status att_row_store(const att_rows *a, int64_t r, const float *buf, void *dst) {
   if (!dt_dtype_is_half(a->dtype))
@@ -294,7 +276,8 @@ static dt_status att_row_store(const att_rows *a, int64_t r, const float *buf, v
   return dt_half_from_f32(a->dtype, buf, (uint16_t *)dst + r * a->t, a->t);
 }
 
-DT_CPU_CLONES static dt_status probs_row(const att_rows *a, int64_t r, float *buf) {
+DT_CPU_CLONES static dt_status probs_row(const void *args, int64_t r, float *buf) {
+  const att_rows *a = args;
   const int64_t t = a->t, keep = r % t + 1;
   const float *sr = a->s + r * t;
   float *pr = dt_dtype_is_half(a->dtype) ? buf : (float *)a->p_out + r * t;
@@ -315,7 +298,8 @@ DT_CPU_CLONES static dt_status probs_row(const att_rows *a, int64_t r, float *bu
   return att_row_store(a, r, pr, a->p_out);
 }
 
-DT_CPU_CLONES static dt_status dscores_row(const att_rows *a, int64_t r, float *buf) {
+DT_CPU_CLONES static dt_status dscores_row(const void *args, int64_t r, float *buf) {
+  const att_rows *a = args;
   const int64_t t = a->t, keep = r % t + 1;
   const float *dpr = a->dp + r * t;
   const float *pr = (const float *)a->p_in + r * t;
@@ -340,12 +324,14 @@ DT_CPU_CLONES static dt_status dscores_row(const att_rows *a, int64_t r, float *
 dt_status dt_cpu_attention_probs(const dt_exec *ex, const float *s, float *p, float *lse,
                                  bool lse_in, int64_t n, int64_t t) {
   const att_rows a = {ex->dtype, s, NULL, NULL, p, lse, lse_in, t};
-  return run_rows("attention_probs", &a, n * t, probs_row);
+  /* a task per row, with an f32 row of t floats (the 16-bit row's) */
+  return run_tasks("attention_probs", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN, probs_row);
 }
 
 // p (n, t, t) of ex->dtype, dp f32 -> ds of ex->dtype (may be p)
 dt_status dt_cpu_attention_dscores(const dt_exec *ex, const float *p, const float *dp, float *ds,
                                    int64_t n, int64_t t) {
   const att_rows a = {ex->dtype, NULL, dp, p, ds, NULL, false, t};
-  return run_rows("attention_dscores", &a, n * t, dscores_row);
+  return run_tasks("attention_dscores", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN,
+                   dscores_row);
 }

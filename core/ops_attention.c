@@ -92,7 +92,7 @@ static dt_status scratch(int64_t n, dt_dtype dtype, dt_device dev, dt_tensor **o
 /* The heads' copy of qkv (qc, contiguous, of the GEMMs' dtype) and the
  * group buffers: s (f32) and p (qc's dtype), `group` heads each. */
 typedef struct gemm_att {
-  int64_t b, t, h, hd, bh, blk, group;
+  int64_t t, hd, bh, blk, group;
   float scale;
   dt_exec ex, ex32;
   size_t esize;
@@ -103,7 +103,7 @@ static dt_status gemm_att_init(dt_tensor *qc, int64_t b, int64_t t, int64_t h, i
                                gemm_att *a) {
   const dt_device dev = dt_tensor_device(qc);
   const dt_dtype ab = dt_tensor_dtype(qc);
-  a->b = b, a->t = t, a->h = h, a->hd = hd, a->bh = b * h, a->blk = t * hd;
+  a->t = t, a->hd = hd, a->bh = b * h, a->blk = t * hd;
   a->scale = (float)(1.0 / sqrt((double)hd));
   a->esize = dt_dtype_size(ab);
   a->group = gemm_group(a->bh, t, a->esize);

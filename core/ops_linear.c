@@ -240,7 +240,6 @@ static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n,
                                 (int)in);
 }
 
-
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
  * output and so its gradient g have too; ints: 0 rows, 1 in, 2 out, 3 has
