@@ -87,7 +87,7 @@ dt_status dt_safetensors_load_module(const char *path, dt_module *m);
  *   n_sections x { char name[48] (NUL-padded), u64 offset, u64 size, u32 crc32, u32 0 }
  *   u32 crc32 of everything above
  *   the sections' bytes at their offsets
- * Sections written by launch/ (docs in launch/train_checkpoint.h): "meta"
+ * Sections written by launch/ (docs in train/train_checkpoint.h): "meta"
  * (text lines "key value"), "optimizer" (dt_ckpt_optim_section_*),
  * "scaler" (fp16 runs: dt_ckpt_scaler_section_*). */
 #define DT_STATE_VERSION 1

@@ -16,9 +16,9 @@
 #include "dist/replica.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
-#include "launch/mfu.h"
+#include "train/mfu.h"
 #include "launch/threads.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 #include "models/tasks.h"
 
 static double now_seconds(void) {

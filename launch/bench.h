@@ -85,7 +85,7 @@ typedef struct dt_bench_result {
   double peak_mib;     /* peak device memory during the timed steps */
   double final_loss;
   /* Sequence tasks: samples_per_s x T. Tasks with flops_per_sample: the
-   * model FLOPs utilisation against peak_flops per device (launch/mfu.h;
+   * model FLOPs utilisation against peak_flops per device (train/mfu.h;
    * -1 when the run beat the measured CPU roof, dt_mfu_of). */
   double tokens_per_s;
   double flops_per_sample, peak_flops, mfu;

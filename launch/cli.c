@@ -8,7 +8,7 @@
 #include "core/tensor.h"
 #include "dist/ddp.h"
 #include "launch/trace.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 #include "models/models.h"
 #include "models/tasks.h"
 

@@ -87,7 +87,7 @@ dt_flag dt_cli_flag_bucket_update(const char **target);
       dt_cli_flag_zero(zero), dt_cli_flag_grad_compress(grad_compress)
 
 /* The sampling flags of train and sample over a dt_sample_config
- * (launch/sample.h), as rows of a flag table: --sample-len, --temperature,
+ * (train/sample.h), as rows of a flag table: --sample-len, --temperature,
  * --top-k, --prompt, --sample-seed. */
 #define DT_CLI_SAMPLE_FLAGS(sc)                                                                   \
   DT_INT_FLAG("sample-len", &(sc)->length, "N", "text models: tokens per sample, 0 = no samples", \

@@ -16,7 +16,7 @@
 #include "launch/cli.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 
 extern char **environ;
 

@@ -12,9 +12,9 @@
 #include "core/env.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
-#include "launch/sample.h"
-#include "launch/train_checkpoint.h"
-#include "launch/train_loop.h"
+#include "train/sample.h"
+#include "train/train_checkpoint.h"
+#include "train/train_loop.h"
 #include "models/tasks.h"
 
 /* A checkpoint's model, loaded. */

@@ -34,8 +34,8 @@
 #include "launch/tokenize.h"
 #include "launch/top.h"
 #include "launch/trace.h"
-#include "launch/train_checkpoint.h"
-#include "launch/train_loop.h"
+#include "train/train_checkpoint.h"
+#include "train/train_loop.h"
 #include "models/tasks.h"
 
 /* A command has one of the two: train and bench run in the process group

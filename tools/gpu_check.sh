@@ -608,7 +608,7 @@ PYEOF
     done
     {
       echo
-      echo '## GPT-2 on cuda:0: tokens/s and MFU (6 N + 12 L T C over the table peak, launch/mfu.h)'
+      echo '## GPT-2 on cuda:0: tokens/s and MFU (6 N + 12 L T C over the table peak, train/mfu.h)'
       echo
       echo '```'
       grep -h 'tokens_per_s=\|^flops:' "$logs"/bench_dtrain_gpt2*.log 2>/dev/null

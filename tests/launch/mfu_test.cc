@@ -1,9 +1,9 @@
-// Model FLOPs utilisation (launch/mfu.h): the FLOPs a GPT-2 task counts per
+// Model FLOPs utilisation (train/mfu.h): the FLOPs a GPT-2 task counts per
 // token against the matmuls of the model it builds, and the CPU roof the
 // MFU is taken against: how it is made of timed runs (a run that lost its
 // cores to other work counts at its CPU-time rate), its sanity on this
 // machine, and an MFU that is never reported above 100 %.
-#include "launch/mfu.h"
+#include "train/mfu.h"
 
 #include <gtest/gtest.h>
 
@@ -131,7 +131,7 @@ TEST(Mfu, IsNeverReportedAboveOneHundredPercent) {
 namespace {
 
 // On a GPU the peak follows the run's precision: bf16 and fp16 the dense
-// 16-bit tensor-core figure, fp32 plain f32, tf32 TF32 (launch/mfu.h).
+// 16-bit tensor-core figure, fp32 plain f32, tf32 TF32 (train/mfu.h).
 TEST(Mfu, GpuPeakFollowsThePrecision) {
   dt_cuda_device_info info;
   if (dt_cuda_get_device_info(0, &info) != DT_OK) {

@@ -118,7 +118,7 @@ for ((t = 1; t <= trials; t++)); do
       data) want="ranks were started with different settings: rank 0 has data train" ;;
     esac
     # SIGTERM after the signal handlers are in: every rank stops after the
-    # step, saves a checkpoint and the job exits 75 (launch/train_checkpoint.h).
+    # step, saves a checkpoint and the job exits 75 (train/train_checkpoint.h).
     if [ "$fault" = term ] && [ "$rc" = 75 ]; then
       grep -q "stopped by SIGTERM after optimizer step" "$dir/out" ||
         problems+=("exit 75 without the stop line")

@@ -13,7 +13,7 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 
 namespace {
 

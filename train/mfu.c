@@ -1,5 +1,5 @@
-/* Device peaks for MFU (launch/mfu.h). */
-#include "launch/mfu.h"
+/* Device peaks for MFU (train/mfu.h). */
+#include "train/mfu.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* The run directory, saving on a background thread, resuming, and the
- * stop requested by SIGTERM/SIGUSR1 (see launch/train_checkpoint.h). */
+ * stop requested by SIGTERM/SIGUSR1 (see train/train_checkpoint.h). */
 #define _GNU_SOURCE
-#include "launch/train_checkpoint.h"
+#include "train/train_checkpoint.h"
 
 #include <errno.h>
 #include <math.h>
@@ -16,8 +16,8 @@
 
 #include "core/checkpoint.h"
 #include "dist/agree.h"
-#include "launch/train_checkpoint_internal.h"
-#include "launch/train_loop.h"
+#include "train/train_checkpoint_internal.h"
+#include "train/train_loop.h"
 
 /* The one piece of process state: a signal handler can only set a flag. */
 static volatile sig_atomic_t stop_requested;

@@ -1,10 +1,10 @@
-/* Task-driven parts of the training loop (launch/train_lm.h). */
-#include "launch/train_lm.h"
+/* Task-driven parts of the training loop (train/train_lm.h). */
+#include "train/train_lm.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "launch/mfu.h"
+#include "train/mfu.h"
 
 void dt_train_apply_task_defaults(dt_train_config *c, const dt_task *task) {
   if (!task)

@@ -1,4 +1,4 @@
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 
 #include <errno.h>
 #include <math.h>
@@ -18,8 +18,8 @@
 #include "dist/dp.h"
 #include "launch/observe.h"
 #include "launch/threads.h"
-#include "launch/train_checkpoint.h"
-#include "launch/train_lm.h"
+#include "train/train_checkpoint.h"
+#include "train/train_lm.h"
 
 /* Fields not named are 0, false or NULL. */
 dt_train_config dt_train_config_default(void) {

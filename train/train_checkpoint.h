@@ -46,8 +46,8 @@
  * and if so all save, wait for the write and stop: dt_train_run returns
  * DT_OK with stopped_by_signal set, and `dtrain train` exits
  * DT_TRAIN_EXIT_STOPPED. */
-#ifndef DT_LAUNCH_TRAIN_CHECKPOINT_H
-#define DT_LAUNCH_TRAIN_CHECKPOINT_H
+#ifndef DT_TRAIN_TRAIN_CHECKPOINT_H
+#define DT_TRAIN_TRAIN_CHECKPOINT_H
 
 #include <stdbool.h>
 #include <stdint.h>

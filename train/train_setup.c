@@ -7,7 +7,7 @@
 #include "core/amp.h"
 #include "cuda/cuda.h"
 #include "dist/agree.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 
 #define MIB (1024.0 * 1024.0)
 

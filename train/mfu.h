@@ -19,8 +19,8 @@
  * above 1 means the roof was still measured low: it is measured again
  * (keeping the higher value), and an MFU still above 1 is not reported as
  * a number (dt_mfu_of: above_roof). */
-#ifndef DT_LAUNCH_MFU_H
-#define DT_LAUNCH_MFU_H
+#ifndef DT_TRAIN_MFU_H
+#define DT_TRAIN_MFU_H
 
 #include <stdbool.h>
 #include <stddef.h>

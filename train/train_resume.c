@@ -1,4 +1,4 @@
-/* Resuming (launch/train_checkpoint.h): what must match, finding the
+/* Resuming (train/train_checkpoint.h): what must match, finding the
  * newest complete checkpoint, loading the weights and the optimizer state
  * (any sharding) into every replica. */
 #define _GNU_SOURCE
@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "core/checkpoint.h"
-#include "launch/train_checkpoint_internal.h"
-#include "launch/train_loop.h"
+#include "train/train_checkpoint_internal.h"
+#include "train/train_loop.h"
 
 /* ---- what must match on resume ---- */
 int64_t dt_train_ckpt_global_batch(const dt_train_ckpt_run *r) {

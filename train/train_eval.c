@@ -1,7 +1,7 @@
 /* Test-set evaluation: whole set, or one rank's shard for a distributed
  * evaluation whose sums are all-reduced by the caller. */
 #include "core/autograd.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 
 /* Keeps the first `keep` rows of *t (a batch that runs into the sampler's
  * padding). */

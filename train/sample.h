@@ -18,8 +18,8 @@
  * token (greedy). The model runs in eval mode without grad (its training
  * flag is restored).
  */
-#ifndef DT_LAUNCH_SAMPLE_H
-#define DT_LAUNCH_SAMPLE_H
+#ifndef DT_TRAIN_SAMPLE_H
+#define DT_TRAIN_SAMPLE_H
 
 #include <stdint.h>
 

@@ -1,9 +1,9 @@
-/* What the training loop (launch/train_loop.c) does for tasks that say so
+/* What the training loop (train/train_loop.c) does for tasks that say so
  * in the task table (models/tasks.h): sequence tasks' tokens/s, MFU from a
  * task's FLOPs per sample, samples of generated text, the result line.
  * The loop calls these for every task; what a task lacks prints nothing. */
-#ifndef DT_LAUNCH_TRAIN_LM_H
-#define DT_LAUNCH_TRAIN_LM_H
+#ifndef DT_TRAIN_TRAIN_LM_H
+#define DT_TRAIN_TRAIN_LM_H
 
 #include <stddef.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 #include "core/device.h"
 #include "core/module.h"
 #include "core/status.h"
-#include "launch/train_loop.h"
+#include "train/train_loop.h"
 #include "models/tasks.h"
 
 #ifdef __cplusplus
@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* " tokens/s N" for sequence tasks and " mfu X.X%" for tasks with
- * flops_per_sample (peak: launch/mfu.h, times `world` devices; " mfu n/a
+ * flops_per_sample (peak: train/mfu.h, times `world` devices; " mfu n/a
  * (above the measured roof)" when the run beat a CPU roof measured again)
  * into buf; "" when the task has neither. samples_per_s counts every
  * rank. Returns the MFU in [0, 1], -1 when there is none to report. */
@@ -28,7 +28,7 @@ double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *
 
 /* The header line on throughput: the FLOPs per token and the peak the MFU
  * is taken against (nothing for a task without flops_per_sample). Both
- * take the run's --precision (NULL: the device's default; launch/mfu.h). */
+ * take the run's --precision (NULL: the device's default; train/mfu.h). */
 void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev,
                         const char *precision);
 

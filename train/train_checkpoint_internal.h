@@ -1,13 +1,13 @@
-/* Shared by launch/train_checkpoint.c (saving) and launch/train_resume.c
+/* Shared by train/train_checkpoint.c (saving) and train/train_resume.c
  * (resuming); not for other users. */
-#ifndef DT_LAUNCH_TRAIN_CHECKPOINT_INTERNAL_H
-#define DT_LAUNCH_TRAIN_CHECKPOINT_INTERNAL_H
+#ifndef DT_TRAIN_TRAIN_CHECKPOINT_INTERNAL_H
+#define DT_TRAIN_TRAIN_CHECKPOINT_INTERNAL_H
 
 #include <stdint.h>
 #include <stdio.h>
 
 #include "core/checkpoint.h"
-#include "launch/train_checkpoint.h"
+#include "train/train_checkpoint.h"
 
 #define DT_CKPT_STATE_FILE "trainer_state.bin"
 #define DT_CKPT_WEIGHTS_FILE "model.safetensors"

@@ -1,5 +1,5 @@
-/* Sampling text from a language model (launch/sample.h). */
-#include "launch/sample.h"
+/* Sampling text from a language model (train/sample.h). */
+#include "train/sample.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -47,8 +47,8 @@
  * of the trailing group at the end of an epoch, which still steps), so a
  * step sees the mean gradient of its micro-batches.
  */
-#ifndef DT_LAUNCH_TRAIN_LOOP_H
-#define DT_LAUNCH_TRAIN_LOOP_H
+#ifndef DT_TRAIN_TRAIN_LOOP_H
+#define DT_TRAIN_TRAIN_LOOP_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -64,7 +64,7 @@
 #include "dist/process_group.h"
 #include "dist/replica.h"
 #include "launch/observe.h"
-#include "launch/sample.h"
+#include "train/sample.h"
 #include "models/tasks.h"
 
 #ifdef __cplusplus
@@ -126,14 +126,14 @@ typedef struct dt_train_config {
    * difference fails every rank naming it. NULL = only the data sets. */
   const char *agreed_config;
 
-  /* Checkpoints (launch/train_checkpoint.h). */
+  /* Checkpoints (train/train_checkpoint.h). */
   const char *run_dir;  /* NULL = runs/<model>-<data>-<time> if run_dir_default, else none */
   bool run_dir_default; /* `dtrain train`: always a run directory */
   int save_every;       /* optimizer steps between checkpoints, 0 = only at the end */
   int keep;             /* newest complete checkpoints kept, 0 = all */
   const char *resume;   /* NULL, "auto" (newest in run_dir, if any) or a checkpoint directory */
 
-  /* Language models, evaluations during training (launch/train_lm.c). */
+  /* Language models, evaluations during training (train/train_lm.c). */
   int ctx;                  /* a sequence task's context T, 0 = the task's own */
   float beta2;              /* adamw's second-moment decay (0.999) */
   bool decay_matrices_only; /* weight decay on parameters of >= 2 dims only */
