@@ -6,7 +6,15 @@
 static const char *const precision_names[DT_PRECISION_COUNT] = {"fp32", "tf32", "bf16", "fp16"};
 
 const char *dt_precision_name(dt_precision p) {
+  if (p == DT_PRECISION_DEVICE_DEFAULT)
+    return "default";
   return (unsigned)p < DT_PRECISION_COUNT ? precision_names[p] : "invalid";
+}
+
+dt_precision dt_precision_resolve(dt_precision p, dt_device_type type) {
+  if (p != DT_PRECISION_DEVICE_DEFAULT)
+    return p;
+  return type == DT_DEVICE_CUDA ? DT_PRECISION_TF32 : DT_PRECISION_FP32;
 }
 
 dt_status dt_precision_parse(const char *s, dt_precision *out) {

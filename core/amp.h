@@ -18,6 +18,7 @@ extern "C" {
 
 /* `--precision`: the arithmetic of a run. */
 typedef enum dt_precision {
+  DT_PRECISION_DEVICE_DEFAULT = -1, /* what the device does by default: tf32 on CUDA, else fp32 */
   DT_PRECISION_FP32 = 0, /* f32 everywhere (on CUDA with TF32 off) */
   DT_PRECISION_TF32,     /* f32 storage, TF32 tensor-core GEMMs/convolutions (CUDA only) */
   DT_PRECISION_BF16,     /* autocast to bf16, f32 master weights */
@@ -25,7 +26,7 @@ typedef enum dt_precision {
   DT_PRECISION_COUNT,
 } dt_precision;
 
-/* "fp32", "tf32", "bf16", "fp16". */
+/* "fp32", "tf32", "bf16", "fp16" ("default" for DT_PRECISION_DEVICE_DEFAULT). */
 const char *dt_precision_name(dt_precision p);
 /* Parses one of the names above; anything else is DT_ERR_INVALID_ARG naming
  * the choices. */
@@ -33,6 +34,9 @@ dt_status dt_precision_parse(const char *s, dt_precision *out);
 /* The autocast dtype of p: DT_DTYPE_BF16, DT_DTYPE_F16, or DT_DTYPE_F32 (no
  * autocast) for fp32 and tf32. */
 dt_dtype dt_precision_autocast_dtype(dt_precision p);
+/* p, or for DT_PRECISION_DEVICE_DEFAULT the default of a device of type
+ * `type`: tf32 on CUDA, fp32 elsewhere. */
+dt_precision dt_precision_resolve(dt_precision p, dt_device_type type);
 /* Whether p needs a GradScaler (fp16: its 5-bit exponent underflows small
  * gradients). */
 int dt_precision_needs_scaler(dt_precision p);

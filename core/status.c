@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DT_ERROR_MAX 2048
+
 
 static _Thread_local char last_error[DT_ERROR_MAX];
 static _Thread_local char last_error_location[256];
@@ -38,6 +38,12 @@ const char *dt_status_name(dt_status s) {
 const char *dt_last_error(void) { return last_error; }
 
 const char *dt_last_error_location(void) { return last_error_location; }
+
+void dt_error_replace_message(const char *text) {
+  char copy[DT_ERROR_MAX]; /* text may be dt_last_error() itself */
+  snprintf(copy, sizeof copy, "%s", text);
+  memcpy(last_error, copy, sizeof last_error);
+}
 
 void dt_clear_error(void) {
   last_error[0] = '\0';

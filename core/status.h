@@ -41,6 +41,12 @@ const char *dt_status_name(dt_status s);
 
 /* The last error message recorded on this thread ("" when none). */
 const char *dt_last_error(void);
+/* The longest message kept (bytes, with the terminating NUL). */
+#define DT_ERROR_MAX 2048
+
+/* Replaces this thread's message, keeping where it was recorded (a caller
+ * that rewords it: the command line naming flags for fields). */
+void dt_error_replace_message(const char *text);
 
 /* Where the last error was recorded: "function file:line" of its DT_ERROR
  * (dt_error_wrap keeps it); "" when none. */

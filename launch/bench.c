@@ -149,12 +149,19 @@ static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times
 static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) {
   dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
   const dt_task_defaults *td = task->defaults;
-  if (name && !strcmp(name, "adamw") && td && !strcmp(td->optimizer, "adamw"))
-    return (dt_optimizer_spec){
-        name, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
-  if (name && !strcmp(name, "adamw"))
-    return (dt_optimizer_spec){name, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
-  return (dt_optimizer_spec){name ? name : "(null)", 0.01f, 0.9f, 0.0f, false, d.beta2, false};
+  bool adamw = name && !strcmp(name, "adamw");
+  if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
+    return (dt_optimizer_spec){DT_TRAIN_ADAMW, td->lr,    0.0f, td->weight_decay,
+                               false,          td->beta2, td->decay_matrices_only};
+  if (adamw)
+    return (dt_optimizer_spec){DT_TRAIN_ADAMW, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
+  return (dt_optimizer_spec){DT_TRAIN_SGD, 0.01f, 0.9f, 0.0f, false, d.beta2, false};
+}
+
+/* --precision as the trainer's value (NULL: the device's default). */
+static dt_status bench_precision(const char *name, dt_precision *out) {
+  *out = DT_PRECISION_DEVICE_DEFAULT;
+  return name ? dt_precision_parse(name, out) : DT_OK;
 }
 
 dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
@@ -179,7 +186,11 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (cfg->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
                     cfg->threads, DT_CPU_MAX_THREADS);
-  DT_CHECK(dt_train_rank_device(cfg->device, cfg->pg, &dev));
+  dt_device asked;
+  DT_CHECK(dt_cli_device(cfg->device, &asked));
+  DT_CHECK(dt_train_rank_device(asked, cfg->pg, &dev));
+  dt_precision precision;
+  DT_CHECK(bench_precision(cfg->precision, &precision));
   DT_CHECK(dt_backend_get(dev, &timer.be));
   timer.dev = dev;
   if (cfg->threads > 0)
@@ -195,17 +206,19 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   sc.on_phase = phase_ended;
   sc.on_phase_user = &timer;
   dt_grad_scaler scaler; /* fp16 */
-  DT_CHECK(dt_train_precision_setup(cfg->precision, NULL, dev, rank, &sc, &scaler));
+  DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
   DT_CHECK(task->build(task, cfg->seed, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
-    dt_train_comm_options co = {cfg->comm_backend, cfg->comm_timeout, cfg->first_bucket_mb,
+    dt_train_comm_options co = {DT_COMM_BACKEND_AUTO, cfg->comm_timeout, cfg->first_bucket_mb,
                                 cfg->bucket_cap_mb, false};
+    const char *backend = cfg->comm_backend ? cfg->comm_backend : dt_cli_comm_backend_default();
+    DT_CHECK_GOTO(dt_comm_backend_parse(backend, &co.backend), st, cleanup);
     co.zero_stage = cfg->zero;
     co.split_bucket_mb = cfg->split_bucket_mb;
-    co.update_per_bucket = dt_train_update_per_bucket(cfg->bucket_update);
+    co.update_per_bucket = cfg->bucket_update && !strcmp(cfg->bucket_update, "each");
     DT_CHECK_GOTO(dt_ddp_grad_compress_parse(cfg->grad_compress, &co.grad_compress), st, cleanup);
     DT_CHECK_GOTO(dt_train_connect(rep, cfg->pg, &co), st, cleanup);
     timer.ddp = dt_replica_ddp(rep);
@@ -244,9 +257,10 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
   dt_mfu mfu;
+  dt_mfu_cache roof = {0.0, 0};
   r.flops_per_sample = task->flops_per_sample ? task->flops_per_sample(task) : 0.0;
   if (r.flops_per_sample > 0 &&
-      dt_mfu_of(dev, cfg->precision, r.samples_per_s * r.flops_per_sample / world, &mfu) ==
+      dt_mfu_of(dev, precision, &roof, r.samples_per_s * r.flops_per_sample / world, &mfu) ==
           DT_OK) {
     r.peak_flops = mfu.peak.flops;
     snprintf(r.peak_source, sizeof r.peak_source, "%s", mfu.peak.source);
@@ -299,7 +313,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   const dt_task *task = NULL;
   const char *model = dt_cli_peek_flag(argc, argv, "model");
   if (model && dt_task_find(model, &task) == DT_OK && task->defaults) {
-    cfg.optimizer = task->defaults->optimizer;
+    if (task->defaults->optimizer != DT_TASK_OPTIMIZER_DEFAULT)
+      cfg.optimizer = task->defaults->optimizer == DT_TASK_OPTIMIZER_ADAMW ? "adamw" : "sgd";
     cfg.batch = task->defaults->batch;
   }
   dt_clear_error();

@@ -1,5 +1,6 @@
 #include "launch/cli.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -90,10 +91,60 @@ bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap) {
   return false;
 }
 
+dt_status dt_cli_parse_devices(const char *list, dt_device *devs, int cap, int *n) {
+  *n = 0;
+  if (!list || !list[0])
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "empty device list: expected devices separated by commas, e.g. cpu:0,cpu:1");
+  const char *p = list;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[64];
+    if (len == 0 || len >= sizeof item)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "device list '%s': %s item: expected devices separated by commas, e.g. "
+                      "cpu:0,cpu:1",
+                      list, len == 0 ? "an empty" : "an overlong");
+    if (*n >= cap)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "device list '%s': more than %d devices", list, cap);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    dt_status st = dt_device_parse(item, &devs[*n]);
+    if (st != DT_OK)
+      return dt_error_wrap(st, "device list '%s': item '%s'", list, item);
+    (*n)++;
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  return DT_OK;
+}
+
+dt_status dt_cli_device(const char *name, dt_device *out) {
+  DT_CHECK(dt_device_parse(name, out));
+  if (out->type == DT_DEVICE_CUDA && !strchr(name, ':'))
+    out->index = DT_TRAIN_RANK_DEVICE;
+  return DT_OK;
+}
+
+dt_status dt_cli_parse_debug_overflow(const char *s, int *rank, int64_t *step) {
+  char tail;
+  long long r = -1, t = -1;
+  if (!s || sscanf(s, "%lld:%lld%c", &r, &t, &tail) != 2 || r < 0 || t < 0 || r > INT32_MAX)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--debug-overflow '%s': expected RANK:STEP (rank R's gradients get an Inf at "
+                    "optimizer step S, both >= 0)",
+                    s ? s : "(null)");
+  *rank = (int)r;
+  *step = (int64_t)t;
+  return DT_OK;
+}
+
 bool dt_cli_check_device_list(const char *value, char *why, size_t cap) {
   dt_device devs[DT_TRAIN_MAX_DEVICES];
   int n = 0;
-  if (dt_train_parse_devices(value, devs, DT_TRAIN_MAX_DEVICES, &n) == DT_OK)
+  if (dt_cli_parse_devices(value, devs, DT_TRAIN_MAX_DEVICES, &n) == DT_OK)
     return true;
   snprintf(why, cap, "%s", dt_last_error());
   dt_clear_error();
@@ -146,7 +197,7 @@ bool dt_cli_check_precision(const char *command, const char *precision, bool sto
 bool dt_cli_check_debug_overflow(const char *value, char *why, size_t cap) {
   int rank = 0;
   int64_t step = 0;
-  if (dt_train_parse_debug_overflow(value, &rank, &step) == DT_OK)
+  if (dt_cli_parse_debug_overflow(value, &rank, &step) == DT_OK)
     return true;
   dt_clear_error();
   snprintf(why, cap, "expected RANK:STEP, both >= 0 (e.g. 1:5)");

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/device.h"
 #include "core/status.h"
 #include "launch/flags.h"
 
@@ -103,6 +104,14 @@ dt_flag dt_cli_flag_bucket_update(const char **target);
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */
 bool dt_cli_check_device(const char *value, char *why, size_t cap);
+/* --device: as dt_device_parse, "cuda" without an index is the rank's own
+ * GPU (DT_TRAIN_RANK_DEVICE). */
+dt_status dt_cli_device(const char *name, dt_device *out);
+/* --devices "cpu:0,cpu:1" (no spaces, no empty items, at most cap) into
+ * devs; *n gets the count. DT_ERR_INVALID_ARG naming the bad item. */
+dt_status dt_cli_parse_devices(const char *list, dt_device *devs, int cap, int *n);
+/* --debug-overflow "R:S" (R, S >= 0). */
+dt_status dt_cli_parse_debug_overflow(const char *s, int *rank, int64_t *step);
 bool dt_cli_check_device_list(const char *value, char *why, size_t cap);
 /* --trace-steps A:B (launch/trace.h's dt_trace_parse_steps). */
 bool dt_cli_check_trace_steps(const char *value, char *why, size_t cap);

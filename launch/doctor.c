@@ -222,7 +222,8 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   snprintf(names, sizeof names, "%s", DT_CLI_DATA_SETS);
   for (char *save = NULL, *name = strtok_r(names, "|", &save); name;
        name = strtok_r(NULL, "|", &save)) {
-    if (!report_data_set(data_dir, name) && !strcmp(name, job.data)) {
+    const char *job_data = job.data ? job.data->name : job.task ? job.task->data[0].name : "";
+    if (!report_data_set(data_dir, name) && !strcmp(name, job_data)) {
       add_need(missing, sizeof missing,
                "the %s data set under %s (run tools/setup.sh, or give --data-dir / DT_DATA_DIR)",
                name, data_dir);

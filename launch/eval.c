@@ -58,7 +58,9 @@ static dt_status ckpt_model_open(const char *path, const char *device, bool need
                     "checkpoint %s holds model %s, which does not generate text: dtrain sample "
                     "takes the checkpoint of a language model (gpt2-tiny, gpt2, ...)",
                     m->dir, m->model);
-  DT_CHECK(dt_train_rank_device(device, NULL, &m->dev));
+  dt_device asked;
+  DT_CHECK(dt_cli_device(device, &asked));
+  DT_CHECK(dt_train_rank_device(asked, NULL, &m->dev));
   DT_CHECK(m->task.build(&m->task, 0, &m->module));
   char weights[4500];
   snprintf(weights, sizeof weights, "%s/model.safetensors", m->dir);

@@ -398,3 +398,41 @@ void dt_flags_print_help(const dt_flag_set *set, FILE *out) {
   if (set->epilogue)
     fprintf(out, "\n%s\n", set->epilogue);
 }
+
+/* The flag of `set` that sets configuration field `field` (len bytes), or NULL. */
+static const dt_flag *flag_of_field(const dt_flag_set *set, const char *field, size_t len) {
+  for (int i = 0; i < set->nflags; i++) {
+    const dt_flag *f = &set->flags[i];
+    char name[64];
+    snprintf(name, sizeof name, "%s", f->field ? f->field : f->name);
+    for (char *p = name; !f->field && *p; p++)
+      *p = *p == '-' ? '_' : *p;
+    if (strlen(name) == len && strncmp(name, field, len) == 0)
+      return f;
+  }
+  return NULL;
+}
+
+void dt_flags_name_fields(const dt_flag_set *set, const char *msg, char *out, size_t cap) {
+  size_t used = 0;
+  if (cap == 0)
+    return;
+  out[0] = '\0';
+  for (const char *p = msg; *p && used + 1 < cap;) {
+    const char *end = *p == '`' ? strchr(p + 1, '`') : NULL;
+    size_t len = end ? (size_t)(end - p - 1) : 0;
+    bool field = end && len > 0 && strspn(p + 1, "abcdefghijklmnopqrstuvwxyz0123456789_") == len;
+    if (!field) {
+      out[used++] = *p++;
+      out[used] = '\0';
+      continue;
+    }
+    const dt_flag *f = flag_of_field(set, p + 1, len);
+    int n = f ? snprintf(out + used, cap - used, "--%s", f->name)
+              : snprintf(out + used, cap - used, "%.*s", (int)len, p + 1);
+    used += n > 0 ? (size_t)n : 0;
+    if (used >= cap)
+      used = cap - 1;
+    p = end + 1;
+  }
+}

@@ -66,6 +66,9 @@ typedef struct dt_flag {
   bool max_exclusive; /* FLOAT/DOUBLE: the value must be < max (a fraction in [0, 1)) */
   bool multi;         /* LIST: one occurrence takes every following argument up to the next one that
                          starts with '-' (`--in a b c`), and at least one */
+  /* The library configuration field it sets (train/train_config.h), when
+   * that is not its name with '-' as '_' ("min-lr" sets min_lr). */
+  const char *field;
 } dt_flag;
 
 /* Table rows, one macro per type: name, target, metavar and help, then any
@@ -120,6 +123,12 @@ typedef struct dt_flags_args {
   char **rest; /* command_after_dashdash: what follows `--` (NULL when absent) */
   int nrest;
 } dt_flags_args;
+
+/* `msg` with every configuration field named between backquotes
+ * ("`min_lr`", train/train_config.h) written as the set's flag that sets
+ * it ("--min-lr"); a field no flag sets loses its backquotes. Into out
+ * (always terminated). */
+void dt_flags_name_fields(const dt_flag_set *set, const char *msg, char *out, size_t cap);
 
 /* Parses argv[0..argc) (the arguments after the subcommand) into the
  * targets of set->flags. `out` (may be NULL when the set takes no

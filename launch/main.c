@@ -22,6 +22,7 @@
 #include "core/cpu.h"
 #include "core/env.h"
 #include "core/status.h"
+#include "dist/ddp.h"
 #include "dist/process_group.h"
 #include "launch/bench.h"
 #include "launch/cli.h"
@@ -29,6 +30,7 @@
 #include "launch/eval.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
+#include "launch/observe.h"
 #include "launch/report.h"
 #include "launch/threads.h"
 #include "launch/tokenize.h"
@@ -48,6 +50,30 @@ typedef struct command {
 } command;
 
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err);
+
+/* `dtrain train`'s exit status after a requested stop (SIGTERM/SIGUSR1)
+ * saved a checkpoint: EX_TEMPFAIL, "try again" (the Slurm scripts requeue). */
+#define DT_TRAIN_EXIT_STOPPED 75
+
+/* The stop signal this process received (SIGTERM, SIGUSR1), 0 = none: the
+ * trainer's should_stop hook. The command line's one piece of process
+ * state: a signal handler can only set a flag. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) { stop_requested = sig; }
+
+static int stop_signal_received(void) { return (int)stop_requested; }
+
+/* SIGTERM and SIGUSR1 request a stop after the current optimizer step. */
+static void install_stop_signal_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
+}
 static int cli_help(int argc, char **argv, FILE *err);
 
 static const command commands[] = {
@@ -125,21 +151,30 @@ static int cli_help(int argc, char **argv, FILE *err) {
 static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_train_config cfg = dt_train_config_default();
   bool nesterov = cfg.nesterov, allow_unused = cfg.allow_unused, verbose_ranks = false;
-  const char *default_backend = dt_cli_comm_backend_default();
-  const char *comm_backend = default_backend; /* cfg gets it only when given */
+  const char *comm_backend = dt_cli_comm_backend_default(); /* DT_COMM_BACKEND, else auto */
   dt_env_string(DT_ENV_DATA_DIR, &cfg.data_dir);
   /* The model decides where the other flags start (a language model's
    * optimizer, schedule, batch, steps); an unknown name is the parser's. */
   const dt_task *task = NULL;
-  const char *model = dt_cli_peek_flag(argc, argv, "model");
-  if (model && dt_task_find(model, &task) == DT_OK)
+  const char *model = "lenet", *data = NULL, *device = "cpu", *devices = NULL;
+  const char *peeked = dt_cli_peek_flag(argc, argv, "model");
+  if (peeked && dt_task_find(peeked, &task) == DT_OK)
     dt_train_apply_task_defaults(&cfg, task);
   dt_clear_error();
-  dt_observe_config *obs = &cfg.observe;
+  if (cfg.task) {
+    model = cfg.task->name;
+    data = cfg.task->data[0].name;
+  }
+  const char *optimizer = dt_train_optimizer_name(cfg.optimizer);
+  const char *schedule = dt_train_schedule_name(cfg.schedule), *mode = "ddp";
+  const char *precision = NULL, *debug_overflow = NULL, *resume = NULL;
+  const char *bucket_update = "each", *grad_compress = "none";
+  dt_observe_config obs_cfg = DT_OBSERVE_CONFIG_DEFAULT;
+  dt_observe_config *obs = &obs_cfg;
   const char *trace_steps = "1:50";
   dt_flag flags[] = {
-      dt_cli_flag_model(&cfg.model),
-      DT_CHOICE_FLAG("data", &cfg.data, "NAME",
+      dt_cli_flag_model(&model),
+      DT_CHOICE_FLAG("data", &data, "NAME",
                      "data set, a folder of that name under --data-dir (the model's first by "
                      "default)",
                      dt_cli_data_choices()),
@@ -150,11 +185,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_INT_FLAG("accum", &cfg.accum, "K", "micro-batches per optimizer step (loss scaled by 1/K)",
                   .min = 1),
       DT_FLOAT_FLAG("lr", &cfg.lr, "LR", "peak learning rate"),
-      dt_cli_flag_optimizer(&cfg.optimizer, "optimizer"),
+      dt_cli_flag_optimizer(&optimizer, "optimizer"),
       DT_FLOAT_FLAG("momentum", &cfg.momentum, "M", "SGD momentum"),
       DT_BOOL_FLAG("nesterov", &nesterov, "SGD with Nesterov momentum"),
       DT_FLOAT_FLAG("weight-decay", &cfg.weight_decay, "WD", "weight decay (decoupled for adamw)"),
-      DT_CHOICE_FLAG("schedule", &cfg.schedule, "NAME", "learning-rate decay after the warm-up",
+      DT_CHOICE_FLAG("schedule", &schedule, "NAME", "learning-rate decay after the warm-up",
                      "constant|cosine|step"),
       DT_INT_FLAG("warmup", &cfg.warmup, "STEPS",
                   "optimizer steps of linear learning-rate warm-up"),
@@ -164,15 +199,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLOAT_FLAG("min-lr", &cfg.min_lr, "LR",
                     "cosine schedule: final learning rate (at most --lr)"),
       DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
-      dt_cli_flag_precision(&cfg.precision),
+      dt_cli_flag_precision(&precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
-      DT_STRING_FLAG("debug-overflow", &cfg.debug_overflow, "R:S",
+      DT_STRING_FLAG("debug-overflow", &debug_overflow, "R:S",
                      "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
                      "step S (0-based)",
                      .check = dt_cli_check_debug_overflow),
       dt_cli_flag_seed(&cfg.seed, "seed for initialisation and data order"),
       dt_cli_flag_threads(&cfg.threads),
-      dt_cli_flag_device(&cfg.device),
+      dt_cli_flag_device(&device),
       DT_INT_FLAG("log-interval", &cfg.log_interval, "N",
                   "micro-batches between progress lines, 0 = none", .per_rank = true),
       DT_INT_FLAG("max-steps", &cfg.max_steps, "N",
@@ -180,15 +215,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                   "them), 0 = --epochs decide"),
       DT_INT_FLAG("eval-batch", &cfg.eval_batch, "N", "batch size for the test-set evaluation",
                   .min = 1),
-      DT_CHOICE_FLAG("mode", &cfg.mode, "MODE",
+      DT_CHOICE_FLAG("mode", &mode, "MODE",
                      "ddp: one process per rank (under a launcher); dp: one process, one replica "
                      "per device of --devices",
                      "ddp|dp"),
-      DT_STRING_FLAG("devices", &cfg.devices, "LIST",
+      DT_STRING_FLAG("devices", &devices, "LIST",
                      "--mode dp: the replicas' devices, cpu:0,cpu:1 or cuda:0,cuda:1",
                      .check = dt_cli_check_device_list, .per_rank = true),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
-                       &cfg.split_bucket_mb, &cfg.bucket_update, &cfg.zero, &cfg.grad_compress),
+                       &cfg.split_bucket_mb, &bucket_update, &cfg.zero, &grad_compress),
       DT_BOOL_FLAG("allow-unused", &allow_unused,
                    "DDP: zero-fill gradients of parameters the forward did not use"),
       DT_BOOL_FLAG("verbose-ranks", &verbose_ranks,
@@ -216,7 +251,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                   "save a checkpoint every N optimizer steps (and always at the end), 0 = only "
                   "at the end"),
       DT_INT_FLAG("keep", &cfg.keep, "K", "keep the newest K complete checkpoints, 0 = all"),
-      DT_STRING_FLAG("resume", &cfg.resume, "auto|PATH",
+      DT_STRING_FLAG("resume", &resume, "auto|PATH",
                      "continue from a checkpoint: auto = the newest complete one in --run-dir "
                      "(none: start from scratch), or a checkpoint directory"),
       DT_STRING_FLAG("metrics", &obs->metrics_path, "FILE",
@@ -257,47 +292,49 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("train", cfg.model, cfg.ctx, err))
-    return 2;
-  bool dp = !strcmp(cfg.mode, "dp");
-  if (!dt_cli_check_precision("train", cfg.precision, cfg.stochastic_rounding, cfg.device,
-                              dp ? cfg.devices : NULL, err))
-    return 2;
-  if (cfg.debug_overflow && (!cfg.precision || strcmp(cfg.precision, "fp16") != 0)) {
-    fprintf(err,
-            "dtrain train: --debug-overflow tests the GradScaler: it needs --precision fp16\n");
-    return 2;
-  }
-  if (dp && !cfg.devices) {
-    fprintf(err,
-            "dtrain train: --mode dp needs the replicas' devices: --devices cpu:0,cpu:1 (or "
-            "cuda:0,cuda:1)\n");
-    return 2;
-  }
-  if (!dp && cfg.devices) {
-    fprintf(err,
-            "dtrain train: --devices '%s' is for --mode dp (one process, one replica per "
-            "device); for DDP give one --device per rank\n",
-            cfg.devices);
+  /* The flags' strings as the trainer's typed configuration (the parser
+   * accepted each name and value already). */
+  bool ok = dt_task_find(model, &cfg.task) == DT_OK;
+  ok = ok && (!data || dt_task_find_data(cfg.task, data, &cfg.data) == DT_OK);
+  ok = ok && dt_cli_device(device, &cfg.device) == DT_OK;
+  ok = ok && (!devices || dt_cli_parse_devices(devices, cfg.devices, DT_TRAIN_MAX_DEVICES,
+                                               &cfg.n_devices) == DT_OK);
+  ok = ok && (!precision || dt_precision_parse(precision, &cfg.precision) == DT_OK);
+  ok = ok && (!debug_overflow || dt_cli_parse_debug_overflow(debug_overflow, &cfg.debug_overflow_rank,
+                                                             &cfg.debug_overflow_step) == DT_OK);
+  ok = ok && dt_comm_backend_parse(comm_backend, &cfg.comm_backend) == DT_OK;
+  ok = ok && dt_ddp_grad_compress_parse(grad_compress, &cfg.grad_compress) == DT_OK;
+  ok = ok && dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) == DT_OK;
+  if (!ok) { /* the data set's name against the model's own ones, a device the build lacks */
+    fprintf(err, "dtrain train: %s\n", dt_last_error());
     return 2;
   }
-  if (cfg.resume && !strcmp(cfg.resume, "auto") && !cfg.run_dir) {
-    fprintf(err,
-            "dtrain train: --resume auto looks for checkpoints in the run directory: give it "
-            "with --run-dir DIR\n");
+  cfg.optimizer = !strcmp(optimizer, "adamw") ? DT_TRAIN_ADAMW : DT_TRAIN_SGD;
+  cfg.schedule = !strcmp(schedule, "step")       ? DT_LR_DECAY_STEP
+                 : !strcmp(schedule, "constant") ? DT_LR_DECAY_CONSTANT
+                                                 : DT_LR_DECAY_COSINE;
+  cfg.mode = !strcmp(mode, "dp") ? DT_TRAIN_MODE_DP : DT_TRAIN_MODE_DDP;
+  cfg.update_per_bucket = !strcmp(bucket_update, "each");
+  cfg.resume = !resume                  ? DT_TRAIN_RESUME_NONE
+               : !strcmp(resume, "auto") ? DT_TRAIN_RESUME_AUTO
+                                        : DT_TRAIN_RESUME_PATH;
+  cfg.resume_path = cfg.resume == DT_TRAIN_RESUME_PATH ? resume : NULL;
+  cfg.nesterov = nesterov;
+  cfg.allow_unused = allow_unused;
+  cfg.run_dir_default = true;
+  cfg.quiet = obs->quiet;
+  cfg.pg = pg;
+  if (dt_train_config_validate(&cfg) != DT_OK) {
+    char msg[DT_ERROR_MAX];
+    dt_flags_name_fields(&set, dt_last_error(), msg, sizeof msg);
+    fprintf(err, "dtrain train: %s\n", msg);
     return 2;
   }
   if (dt_cli_check_env() != DT_OK)
     return 1;
-  cfg.run_dir_default = true;
-  cfg.nesterov = nesterov;
-  cfg.allow_unused = allow_unused;
   if (cfg.threads == 0)
     dt_threads_choose_default(dt_pg_local_size(pg));
-  if (dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) != DT_OK)
-    return 2; /* the flag's check accepted it */
-  cfg.comm_backend = comm_backend != default_backend ? comm_backend : NULL;
-  cfg.pg = pg;
+  cfg.threads_note = dt_threads_note();
   static char agreed[8192];
   dt_flags_format_values(&set, agreed, sizeof agreed);
   cfg.agreed_config = agreed;
@@ -306,12 +343,29 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (rank != 0)
     snprintf(prefix, sizeof prefix, "rank %d: ", rank);
   cfg.log_prefix = prefix;
+  dt_observe_hooks observe_hooks;
+  dt_observe_hooks_init(&observe_hooks, obs, stop_signal_received, &cfg.hooks);
   dt_train_result result;
-  dt_train_ckpt_install_signal_handlers();
-  dt_status st = dt_train_run(&cfg, rank == 0 || verbose_ranks ? stdout : NULL, &result);
-  if (st != DT_OK)
+  install_stop_signal_handlers();
+  FILE *log = rank == 0 || verbose_ranks ? stdout : NULL;
+  dt_status st = dt_train_run(&cfg, log, &result);
+  if (st != DT_OK) {
+    char msg[DT_ERROR_MAX];
+    dt_flags_name_fields(&set, dt_last_error(), msg, sizeof msg);
+    dt_error_replace_message(msg);
     return 1;
-  return result.stopped_by_signal ? DT_TRAIN_EXIT_STOPPED : 0;
+  }
+  if (!result.stop_code)
+    return 0;
+  if (log) {
+    fprintf(log,
+            "%sdtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
+            "continue with --resume auto (and the same --run-dir)\n",
+            prefix, result.stop_code == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
+            (long long)result.last_step, result.last_checkpoint);
+    fflush(log);
+  }
+  return DT_TRAIN_EXIT_STOPPED;
 }
 
 /* Under a launcher, before MPI is up: this process's rank from the
@@ -389,7 +443,7 @@ static void run_in_group(const command *c, int argc, char **argv) {
   }
   /* A stop requested during start-up counts too (after the first step). */
   if (c->run_in_group == cli_train)
-    dt_train_ckpt_install_signal_handlers();
+    install_stop_signal_handlers();
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.init_timeout_s = startup_timeout(argc, argv);
@@ -428,7 +482,7 @@ static void run_in_group(const command *c, int argc, char **argv) {
   dt_pg_destroy(pg);
   /* A SIGTERM/SIGUSR1 after the last optimizer step's agreement: the run had
    * finished (and saved), so it exits 0, but not silently. */
-  int late = dt_train_ckpt_signal_received();
+  int late = stop_signal_received();
   if (rc == 0 && late)
     fprintf(stderr,
             "%sdtrain %s: %s arrived after the last optimizer step: the run had finished; "

@@ -431,3 +431,78 @@ dt_status dt_observer_destroy(dt_observer *o, dt_status st) {
   free(o);
   return st != DT_OK ? st : closing;
 }
+
+/* ---- the observer as the trainer's hooks ---- */
+static dt_status hook_start(void *user, const dt_train_run_info *run) {
+  dt_observe_hooks *h = user;
+  dt_observe_config oc = h->cfg;
+  oc.log_interval = run->log_interval;
+  oc.log_file = run->log_file;
+  if (!oc.metrics_path && run->run_dir && run->run_dir[0]) { /* a run directory keeps its metrics */
+    snprintf(h->metrics_path, sizeof h->metrics_path, "%s/metrics.jsonl", run->run_dir);
+    oc.metrics_path = h->metrics_path;
+  }
+  DT_CHECK(dt_observer_create(&oc, run->rank, run->dev, run->log, run->console, run->log_prefix,
+                              run->resumed, &h->observer));
+  return dt_observer_start(h->observer, run);
+}
+
+static bool hook_interval_due(void *user, int64_t batch) {
+  return dt_observer_interval_due(((dt_observe_hooks *)user)->observer, batch);
+}
+
+static void hook_epoch_begin(void *user, int epoch, int64_t batches) {
+  dt_observer_epoch_begin(((dt_observe_hooks *)user)->observer, epoch, batches);
+}
+
+static void hook_step_begin(void *user, int64_t first_batch, int group) {
+  dt_observer_step_begin(((dt_observe_hooks *)user)->observer, first_batch, group);
+}
+
+static void hook_micro_batch_end(void *user, int64_t batch, int64_t samples) {
+  dt_observer_tick(((dt_observe_hooks *)user)->observer, batch, samples);
+}
+
+static dt_status hook_step_end(void *user, const dt_ddp *ddp) {
+  return dt_observer_step_end(((dt_observe_hooks *)user)->observer, ddp);
+}
+
+static dt_status hook_interval(void *user, const dt_train_interval *iv) {
+  return dt_observer_interval(((dt_observe_hooks *)user)->observer, iv);
+}
+
+static void hook_eval_begin(void *user) {
+  dt_observer_eval_begin(((dt_observe_hooks *)user)->observer);
+}
+
+static dt_status hook_eval_end(void *user, const dt_train_eval *ev) {
+  return dt_observer_eval_end(((dt_observe_hooks *)user)->observer, ev);
+}
+
+static int hook_should_stop(void *user) { return ((dt_observe_hooks *)user)->should_stop(); }
+
+static dt_status hook_finish(void *user, dt_status st) {
+  dt_observe_hooks *h = user;
+  st = dt_observer_destroy(h->observer, st);
+  h->observer = NULL;
+  return st;
+}
+
+void dt_observe_hooks_init(dt_observe_hooks *h, const dt_observe_config *cfg,
+                           int (*should_stop)(void), dt_train_hooks *out) {
+  memset(h, 0, sizeof *h);
+  h->cfg = *cfg;
+  h->should_stop = should_stop;
+  *out = (dt_train_hooks){.user = h,
+                          .start = hook_start,
+                          .interval_due = hook_interval_due,
+                          .epoch_begin = hook_epoch_begin,
+                          .step_begin = hook_step_begin,
+                          .micro_batch_end = hook_micro_batch_end,
+                          .step_end = hook_step_end,
+                          .interval = hook_interval,
+                          .eval_begin = hook_eval_begin,
+                          .eval_end = hook_eval_end,
+                          .should_stop = should_stop ? hook_should_stop : NULL,
+                          .finish = hook_finish};
+}

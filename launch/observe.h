@@ -26,6 +26,7 @@
 #include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
+#include "train/train_hooks.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,20 +43,11 @@ typedef struct dt_observe_config {
 } dt_observe_config;
 #define DT_OBSERVE_CONFIG_DEFAULT ((dt_observe_config){NULL, NULL, 1, 50, false, NULL, 100})
 
-typedef struct dt_observe_run {
-  const char *model, *data, *device_name, *comm_name, *metric_name;
-  dt_device dev;            /* this rank's (dp: the first replica's) */
-  const dt_device *devices; /* dp: every replica's device; NULL = dev */
-  int n_devices;
-  dt_comm *comm; /* world > 1: the rank's communicator (gathers the ranks' figures) */
-  int world;
-  int batch, accum, epochs, threads;
-  int64_t total_steps, steps_per_epoch;
-  int64_t tokens_per_sample;    /* token inputs: tokens per sample (tokens/s); 0 = samples/s */
-  dt_step_stats *stats;         /* the training step's (dt_step_config.stats); NULL = none */
-  int64_t steps_done;           /* optimizer steps before this process started (resumed) */
-  const dt_grad_scaler *scaler; /* fp16: the loss scale and skipped steps shown; NULL = none */
-} dt_observe_run;
+/* The run's facts, its progress records and evaluations: the trainer's
+ * (train/train_hooks.h). */
+typedef dt_train_run_info dt_observe_run;
+typedef dt_train_interval dt_observe_interval;
+typedef dt_train_eval dt_observe_eval;
 
 typedef struct dt_observer dt_observer;
 
@@ -89,32 +81,29 @@ void dt_observer_tick(dt_observer *o, int64_t batch, int64_t samples);
 /* The optimizer step is done; ddp (NULL = none) holds its all-reduces. */
 dt_status dt_observer_step_end(dt_observer *o, const dt_ddp *ddp);
 
-typedef struct dt_observe_interval {
-  int epoch;
-  int64_t batch, batches; /* micro-batches done in the epoch, and in all of it */
-  double loss;            /* mean micro-batch loss over the interval */
-  double lr;
-  double samples_per_s;   /* every rank's */
-  const char *rate_extra; /* after samples/s in the plain line (" tokens/s N mfu X%"), or NULL */
-  const char *extra;      /* appended to the plain progress line ("" or NULL = none) */
-  double mfu;             /* model FLOPs utilisation 0..1 for the metrics, < 0 = unknown */
-} dt_observe_interval;
 /* The progress line and the metrics record, whichever is due. Collective
  * at records when dt_observer_collective. */
 dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv);
 
 void dt_observer_eval_begin(dt_observer *o);
-typedef struct dt_observe_eval {
-  int epoch;         /* 0 = the epoch under way (an evaluation during training) */
-  const char *split; /* "test", "val": the record's keys <split>_loss, <split>_<metric> */
-  double train_loss; /* the epoch's mean, NAN = none (mid-epoch) */
-  double test_loss, test_metric;
-} dt_observe_eval;
 dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev);
 
 /* Closes everything; returns `st`, or when st is DT_OK the first error of
  * closing the files. NULL: st. */
 dt_status dt_observer_destroy(dt_observer *o, dt_status st);
+
+/* The observer as the trainer's hooks (train/train_hooks.h): `start`
+ * creates it from *cfg (copied; metrics default to <run dir>/metrics.jsonl
+ * when the run has a run directory) and the run's facts, `finish`
+ * destroys it; should_stop (NULL = none) is passed through. */
+typedef struct dt_observe_hooks {
+  dt_observe_config cfg;
+  dt_observer *observer;
+  int (*should_stop)(void);
+  char metrics_path[4200];
+} dt_observe_hooks;
+void dt_observe_hooks_init(dt_observe_hooks *h, const dt_observe_config *cfg,
+                           int (*should_stop)(void), dt_train_hooks *out);
 
 #ifdef __cplusplus
 }

@@ -186,7 +186,7 @@ static const dt_task_data text_data[] = {
  * on two cores; 300 steps reached only 0.5 nat below the unigram baseline
  * (README: "Language models"). */
 static const dt_task_defaults lm_defaults = {
-    .optimizer = "adamw",
+    .optimizer = DT_TASK_OPTIMIZER_ADAMW,
     .lr = 3e-3f,
     .beta2 = 0.95f,
     .weight_decay = 0.1f,

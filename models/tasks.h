@@ -55,8 +55,14 @@ struct dt_task_data {
 /* The training settings a task starts from when the command line does not
  * say otherwise (NULL in the table: the loop's own defaults, those of the
  * image tasks). */
+typedef enum dt_task_optimizer {
+  DT_TASK_OPTIMIZER_DEFAULT = 0, /* the trainer's own (sgd) */
+  DT_TASK_OPTIMIZER_SGD,
+  DT_TASK_OPTIMIZER_ADAMW,
+} dt_task_optimizer;
+
 typedef struct dt_task_defaults {
-  const char *optimizer; /* "adamw" */
+  dt_task_optimizer optimizer;
   float lr, beta2, weight_decay;
   bool decay_matrices_only; /* weight decay on parameters of >= 2 dims only */
   int warmup;               /* optimizer steps */

@@ -92,31 +92,32 @@ static dt_status measure_cpu_roof(int threads, double *flops) {
   return DT_OK;
 }
 
-/* The CPU roof at this thread count (cached; `again`: measured anew, the
- * higher value kept). */
-static dt_status cpu_peak(bool again, dt_peak_flops *out) {
-  static double cached = 0.0;
-  static int cached_threads = 0;
+/* The CPU roof at this thread count (kept in *cache, the caller's; NULL =
+ * measured every time; `again`: measured anew, the higher value kept). */
+static dt_status cpu_peak(dt_mfu_cache *cache, bool again, dt_peak_flops *out) {
+  dt_mfu_cache none = {0.0, 0};
+  dt_mfu_cache *c = cache ? cache : &none;
   int threads = dt_cpu_num_threads();
-  if (cached <= 0.0 || cached_threads != threads || again) {
+  if (c->roof <= 0.0 || c->threads != threads || again) {
     double flops = 0.0;
     DT_CHECK(measure_cpu_roof(threads, &flops));
-    if (cached_threads != threads || flops > cached)
-      cached = flops;
-    cached_threads = threads;
+    if (c->threads != threads || flops > c->roof)
+      c->roof = flops;
+    c->threads = threads;
   }
-  out->flops = cached;
+  out->flops = c->roof;
   snprintf(out->source, sizeof out->source, "cpu sgemm %d^3, %d threads (measured)", ROOF_N,
            threads);
   return DT_OK;
 }
 
-dt_status dt_mfu_of(dt_device dev, const char *precision, double achieved, dt_mfu *out) {
+dt_status dt_mfu_of(dt_device dev, dt_precision precision, dt_mfu_cache *cache, double achieved,
+                    dt_mfu *out) {
   memset(out, 0, sizeof *out);
   out->value = -1.0;
-  DT_CHECK(dt_mfu_peak(dev, precision, &out->peak));
+  DT_CHECK(dt_mfu_peak(dev, precision, cache, &out->peak));
   if (achieved > out->peak.flops && dev.type == DT_DEVICE_CPU)
-    DT_CHECK(cpu_peak(true, &out->peak));
+    DT_CHECK(cpu_peak(cache, true, &out->peak));
   if (achieved > out->peak.flops)
     out->above_roof = true;
   else
@@ -125,26 +126,27 @@ dt_status dt_mfu_of(dt_device dev, const char *precision, double achieved, dt_mf
 }
 
 /* The column of the peak table for a run at `precision` (see dt_mfu_peak). */
-static dt_status peak_column(const char *precision, const char **out) {
-  if (precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"))) {
+static dt_status peak_column(dt_precision precision, const char **out) {
+  if (precision == DT_PRECISION_BF16 || precision == DT_PRECISION_FP16) {
     *out = "bf16";
     return DT_OK;
   }
-  if (precision && !strcmp(precision, "fp32")) {
+  if (precision == DT_PRECISION_FP32) {
     *out = "f32";
     return DT_OK;
   }
   bool tf32 = true;
-  if (!precision)
+  if (precision == DT_PRECISION_DEVICE_DEFAULT)
     DT_CHECK(dt_env_bool(DT_ENV_CUDA_TF32, &tf32));
   *out = tf32 ? "tf32" : "f32";
   return DT_OK;
 }
 
-dt_status dt_mfu_peak(dt_device dev, const char *precision, dt_peak_flops *out) {
+dt_status dt_mfu_peak(dt_device dev, dt_precision precision, dt_mfu_cache *cache,
+                      dt_peak_flops *out) {
   memset(out, 0, sizeof *out);
   if (dev.type == DT_DEVICE_CPU)
-    return cpu_peak(false, out);
+    return cpu_peak(cache, false, out);
   dt_cuda_device_info info;
   DT_CHECK(dt_cuda_get_device_info(dev.index, &info));
   const char *column = NULL;

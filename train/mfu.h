@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/amp.h"
 #include "core/device.h"
 #include "core/status.h"
 
@@ -32,17 +33,26 @@
 extern "C" {
 #endif
 
+/* The measured CPU roof, kept by the caller between calls (one per run:
+ * the library keeps no process-global state). Zero-initialise it. */
+typedef struct dt_mfu_cache {
+  double roof; /* FLOP/s, 0 = not measured */
+  int threads; /* the thread count it was measured at */
+} dt_mfu_cache;
+
 typedef struct dt_peak_flops {
   double flops;    /* FLOP/s, > 0 */
   char source[96]; /* "H200 tf32 (table)", "cpu sgemm 1024^3, 2 threads (measured)" */
 } dt_peak_flops;
 
-/* The peak of `dev` for a run at `precision` (--precision: "bf16" and
- * "fp16" take the dense 16-bit tensor-core figure, "tf32" TF32, "fp32"
- * plain f32; NULL: the device's default, TF32 unless DT_CUDA_TF32=0). A GPU
+/* The peak of `dev` for a run at `precision` (bf16 and fp16 take the dense
+ * 16-bit tensor-core figure, tf32 TF32, fp32 plain f32;
+ * DT_PRECISION_DEVICE_DEFAULT: TF32 unless DT_CUDA_TF32=0; the CPU roof
+ * kept in *cache, NULL = measured anew). A GPU
  * not in the table: DT_ERR_UNSUPPORTED naming it (the caller prints no
  * MFU). The CPU's roof is its sgemm whatever the precision. */
-dt_status dt_mfu_peak(dt_device dev, const char *precision, dt_peak_flops *out);
+dt_status dt_mfu_peak(dt_device dev, dt_precision precision, dt_mfu_cache *cache,
+                      dt_peak_flops *out);
 
 typedef struct dt_mfu {
   double value;    /* achieved / peak in [0, 1]; -1 = unknown or above the roof */
@@ -54,7 +64,8 @@ typedef struct dt_mfu {
  * `precision`: the peak from dt_mfu_peak; a CPU roof that `achieved` exceeds is measured again
  * once per call (the higher value kept), and if it is still exceeded,
  * value -1 and above_roof. Errors: dt_mfu_peak's. */
-dt_status dt_mfu_of(dt_device dev, const char *precision, double achieved, dt_mfu *out);
+dt_status dt_mfu_of(dt_device dev, dt_precision precision, dt_mfu_cache *cache, double achieved,
+                    dt_mfu *out);
 
 /* The roof of timed runs of `flops` each: the best over the runs of
  * max(flops / wall_s[i], threads * flops / cpu_s[i]) (cpu_s: CPU time of

@@ -1,12 +1,11 @@
 /* The run directory, saving on a background thread, resuming, and the
- * stop requested by SIGTERM/SIGUSR1 (see train/train_checkpoint.h). */
+ * save of a stop the hooks requested (see train/train_checkpoint.h). */
 #define _GNU_SOURCE
 #include "train/train_checkpoint.h"
 
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,23 +17,6 @@
 #include "dist/agree.h"
 #include "train/train_checkpoint_internal.h"
 #include "train/train_loop.h"
-
-/* The one piece of process state: a signal handler can only set a flag. */
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int sig) { stop_requested = sig; }
-
-void dt_train_ckpt_install_signal_handlers(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGUSR1, &sa, NULL);
-}
-
-int dt_train_ckpt_signal_received(void) { return (int)stop_requested; }
 
 /* One checkpoint being written by this rank's background thread: rank 0
  * writes the weights, the trainer state and, last, the manifest; under
@@ -69,7 +51,6 @@ struct dt_train_ckpt {
   save_job *job;      /* in flight or finished, not yet collected */
   int64_t saved_step; /* the newest step saved (or resumed from), -1 = none */
   char last_saved[4096];
-  int stop_signal;
 };
 
 /* ---- the log: caller's stream and train.log ---- */
@@ -282,6 +263,9 @@ static dt_status collect_writer(dt_train_ckpt *ck) {
             j->write_ms);
     fflush(ck->tee);
   }
+  const dt_train_hooks *h = &ck->run.cfg->hooks;
+  if (st == DT_OK && j->state && h->checkpoint_saved) /* rank 0 wrote it: complete on disk */
+    st = h->checkpoint_saved(h->user, j->dir, j->step);
   job_destroy(j);
   return st;
 }
@@ -518,18 +502,10 @@ static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos
   return DT_OK;
 }
 
-dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop) {
-  *stop = false;
-  if (!ck)
+dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool stop) {
+  if (!ck || stop) /* a stop: dt_train_ckpt_finish saves */
     return DT_OK;
-  float flag = stop_requested ? 1.0f : 0.0f;
-  DT_CHECK(any_rank(ck, &flag));
   int every = ck->run.cfg->save_every;
-  if (flag > 0) {
-    ck->stop_signal = stop_requested ? (int)stop_requested : SIGTERM;
-    *stop = true;
-    return DT_OK; /* dt_train_ckpt_finish saves */
-  }
   if (every > 0 && pos->step % every == 0)
     DT_CHECK(save_checkpoint(ck, pos));
   return DT_OK;
@@ -559,7 +535,6 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
   return DT_OK;
 }
 
-int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck) { return ck ? ck->stop_signal : 0; }
 const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck) { return ck ? ck->last_saved : ""; }
 
 void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log) {
@@ -600,7 +575,8 @@ static dt_status broadcast_text(const dt_train_ckpt *ck, char *text, size_t len)
  * A working directory where runs/ cannot be made is an error naming the
  * fix: the run's checkpoints must go somewhere every rank sees, which a
  * fallback such as /tmp is not on several nodes. */
-static dt_status create_default_run_dir(const dt_train_config *c, char *name, size_t cap) {
+static dt_status create_default_run_dir(const dt_train_ckpt_run *r, char *name, size_t cap) {
+  const char *model = dt_train_ckpt_model_name(r), *data = dt_train_ckpt_data_name(r);
   time_t now = time(NULL);
   struct tm tm;
   gmtime_r(&now, &tm);
@@ -609,9 +585,9 @@ static dt_status create_default_run_dir(const dt_train_config *c, char *name, si
   dt_status st = dt_ckpt_make_dirs(DEFAULT_RUNS);
   for (int k = 1; st == DT_OK && k <= 1000; k++) {
     if (k == 1)
-      snprintf(name, cap, "%s/%s-%s-%s", DEFAULT_RUNS, c->model, c->data, stamp);
+      snprintf(name, cap, "%s/%s-%s-%s", DEFAULT_RUNS, model, data, stamp);
     else
-      snprintf(name, cap, "%s/%s-%s-%s-%d", DEFAULT_RUNS, c->model, c->data, stamp, k);
+      snprintf(name, cap, "%s/%s-%s-%s-%d", DEFAULT_RUNS, model, data, stamp, k);
     if (mkdir(name, 0755) == 0)
       return DT_OK;
     if (errno != EEXIST)
@@ -625,7 +601,7 @@ static dt_status create_default_run_dir(const dt_train_config *c, char *name, si
   snprintf(why, sizeof why, "%s", dt_last_error());
   return DT_ERROR(st,
                   "%s: the default run directory goes under %s/ in the working directory %s: "
-                  "give --run-dir DIR on a writable file system that every rank sees",
+                  "give `run_dir` DIR on a writable file system that every rank sees",
                   why, DEFAULT_RUNS, cwd);
 }
 
@@ -636,7 +612,7 @@ static dt_status choose_run_dir(dt_train_ckpt *ck) {
   if (c->run_dir)
     snprintf(name, sizeof name, "%s", c->run_dir);
   else if (ck->run.rank == 0)
-    st = create_default_run_dir(c, name, sizeof name);
+    st = create_default_run_dir(&ck->run, name, sizeof name);
   /* A failure on rank 0 ends the job (the others wait here). */
   DT_CHECK(st);
   if (!c->run_dir)
@@ -649,7 +625,18 @@ static dt_status choose_run_dir(dt_train_ckpt *ck) {
 static dt_status write_config_json(const dt_train_ckpt *ck) {
   const dt_train_ckpt_run *r = &ck->run;
   const dt_train_config *c = r->cfg;
-  char buf[8192];
+  char buf[8192], device[32] = "cuda", devices[DT_TRAIN_MAX_DEVICES * 12] = "";
+  if (c->device.type != DT_DEVICE_CUDA || c->device.index != DT_TRAIN_RANK_DEVICE)
+    dt_device_format(c->device, device, sizeof device);
+  for (int i = 0; c->mode == DT_TRAIN_MODE_DP && i < c->n_devices; i++) {
+    char one[32];
+    size_t used = strlen(devices);
+    snprintf(devices + used, sizeof devices - used, "%s%s", i ? "," : "",
+             dt_device_format(c->devices[i], one, sizeof one));
+  }
+  const char *resume = c->resume == DT_TRAIN_RESUME_AUTO   ? "auto"
+                       : c->resume == DT_TRAIN_RESUME_PATH ? c->resume_path
+                                                           : "";
   int n = snprintf(
       buf, sizeof buf,
       "{\n  \"model\": \"%s\",\n  \"data\": \"%s\",\n  \"data_dir\": \"%s\",\n"
@@ -660,30 +647,32 @@ static dt_status write_config_json(const dt_train_ckpt *ck) {
       "  \"schedule\": \"%s\",\n  \"warmup\": %d,\n  \"step_size\": %d,\n  \"gamma\": %.9g,\n"
       "  \"min_lr\": %.9g,\n  \"clip\": %.9g,\n  \"seed\": %llu,\n  \"eval_batch\": %d,\n"
       "  \"save_every\": %d,\n  \"keep\": %d,\n  \"resume\": \"%s\",\n  \"run_dir\": \"%s\"\n}\n",
-      c->model, c->data, c->data_dir, c->device, c->mode, r->world, c->batch,
+      dt_train_ckpt_model_name(r), dt_train_ckpt_data_name(r), c->data_dir ? c->data_dir : "",
+      devices[0] ? devices : device, dt_train_mode_name(c->mode), r->world, c->batch,
       (long long)dt_train_ckpt_global_batch(r), c->accum, c->epochs, c->max_steps,
-      (long long)r->schedule->total_steps, c->optimizer, (double)c->lr, (double)c->momentum,
-      c->nesterov ? "true" : "false", (double)c->weight_decay, c->schedule, c->warmup, c->step_size,
-      (double)c->gamma, (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed,
-      c->eval_batch, c->save_every, c->keep, c->resume ? c->resume : "", ck->run_dir);
+      (long long)r->schedule->total_steps, dt_train_optimizer_name(c->optimizer), (double)c->lr,
+      (double)c->momentum, c->nesterov ? "true" : "false", (double)c->weight_decay,
+      dt_train_schedule_name(c->schedule), c->warmup, c->step_size, (double)c->gamma,
+      (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed, c->eval_batch,
+      c->save_every, c->keep, resume, ck->run_dir);
   if (n < 0 || (size_t)n >= sizeof buf)
     return DT_ERROR(DT_ERR_INTERNAL, "config.json too long");
   dt_ckpt_chunk chunk = {buf, (size_t)n};
   return dt_ckpt_write_file(ck->run_dir, "config.json", &chunk, 1, NULL, NULL);
 }
 
-/* The checkpoint --resume names, the same on every rank. */
+/* The checkpoint `resume` names, the same on every rank. */
 static dt_status resume_dir(dt_train_ckpt *ck, FILE *log, char *dir, size_t cap) {
-  const char *resume = ck->run.cfg->resume;
-  bool is_auto = !strcmp(resume, "auto");
+  bool is_auto = ck->run.cfg->resume == DT_TRAIN_RESUME_AUTO;
+  const char *resume = is_auto ? "auto" : ck->run.cfg->resume_path;
   FILE *report = ck->run.rank == 0 ? log : NULL;
   /* auto: the run's own checkpoints/ (which rank 0 may be creating now). */
   dt_status st = is_auto ? dt_train_ckpt_newest(ck->ckpt_dir, report, dir, cap)
                          : dt_train_ckpt_resolve(resume, report, dir, cap);
   if (st != DT_OK)
-    return dt_error_wrap(st, "--resume %s", resume);
+    return dt_error_wrap(st, "`resume` %s", resume);
   if (!dir[0] && !is_auto)
-    return DT_ERROR(DT_ERR_IO, "--resume %s: no complete checkpoint there", resume);
+    return DT_ERROR(DT_ERR_IO, "`resume` %s: no complete checkpoint there", resume);
   if (ck->run.comm && ck->run.world > 1) {
     char line[4400];
     snprintf(line, sizeof line, "resume from '%s'\n", dir);
@@ -701,9 +690,6 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   const dt_train_config *c = run->cfg;
   if (!c->run_dir && !c->run_dir_default)
     return DT_OK;
-  if (c->resume && !strcmp(c->resume, "auto") && !c->run_dir)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "--resume auto looks in the run directory: give it with --run-dir");
   dt_train_ckpt *ck = calloc(1, sizeof *ck);
   if (!ck)
     return DT_ERROR(DT_ERR_OOM, "checkpoints: out of host memory");
@@ -721,14 +707,13 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
     log_msg(ck, *log, "dtrain train: run directory %s\n", ck->run_dir);
   char old[1][64];
   int n_old = 0;
-  if (st == DT_OK && !c->resume && run->rank == 0 &&
+  if (st == DT_OK && c->resume == DT_TRAIN_RESUME_NONE && run->rank == 0 &&
       dt_ckpt_list(ck->ckpt_dir, old, 1, &n_old) == DT_OK && n_old > 0)
     log_msg(ck, *log,
             "dtrain train: note: %s holds checkpoints of an earlier run (newest %s) and this run "
-            "does not resume (--resume auto would): they are replaced as it reaches their "
-            "steps\n",
+            "does not resume from them: they are replaced as it reaches their steps\n",
             ck->ckpt_dir, old[0]);
-  if (st == DT_OK && c->resume) {
+  if (st == DT_OK && c->resume != DT_TRAIN_RESUME_NONE) {
     char dir[4400];
     st = resume_dir(ck, *log, dir, sizeof dir);
     if (st == DT_OK && dir[0]) {

@@ -5,7 +5,7 @@
  *   <run dir>/train.log                       rank 0's log lines
  *   <run dir>/checkpoints/step_NNNNNNNN/      model.safetensors, trainer_state.bin, manifest.json
  *
- * The run directory is --run-dir, default runs/<model>-<data>-<UTC time>
+ * The run directory is run_dir, default runs/<model>-<data>-<UTC time>
  * (rank 0's clock, the same on every rank). It must be on a file system
  * every rank sees: each rank reads the checkpoint it resumes from.
  *
@@ -24,28 +24,28 @@
  *                rank's shard becomes its own section "optimizer.rank<R>"
  *                written by its owner, which the reader already assembles.
  *
- * Saving: after the optimizer step that --save-every names, at the end of
+ * Saving: after the optimizer step that save_every names, at the end of
  * the run, and when a stop was requested. Training waits only for the copy
  * of the parameters and moments to host memory; a background thread writes
  * the files (one checkpoint in flight: the next save waits for the
- * previous), then removes all but the newest --keep. Rank 0 writes
+ * previous), then removes all but the newest `keep`. Rank 0 writes
  * (everything is replicated).
  *
- * Resume (--resume auto|PATH): auto takes the newest complete checkpoint of
+ * Resume (resume AUTO or PATH): auto takes the newest complete checkpoint of
  * the run directory (reporting and skipping corrupt or partial ones), or
  * starts from scratch when there is none; PATH must be a complete
  * checkpoint directory. The world size may differ when the global batch
- * stays (--batch x ranks): the data position is a position in the global
+ * stays (batch x ranks): the data position is a position in the global
  * sample stream, which does not depend on the world size. Not exact across
  * world sizes: the sum of the gradients is taken in another order (f32
  * rounding), and an epoch whose length is not a multiple of the world size
  * is padded differently by the DistributedSampler.
  *
- * Stopping: SIGTERM or SIGUSR1 on any rank sets a flag; after each
- * optimizer step the ranks agree (one all-reduce) whether any rank got one,
- * and if so all save, wait for the write and stop: dt_train_run returns
- * DT_OK with stopped_by_signal set, and `dtrain train` exits
- * DT_TRAIN_EXIT_STOPPED. */
+ * Stopping: after each optimizer step the ranks agree (one all-reduce)
+ * whether the hooks' should_stop asked for a stop on any rank; if so all
+ * save, wait for the write and stop: dt_train_run returns DT_OK with
+ * stop_code set (`dtrain train`, whose hook answers SIGTERM and SIGUSR1,
+ * then exits 75). */
 #ifndef DT_TRAIN_TRAIN_CHECKPOINT_H
 #define DT_TRAIN_TRAIN_CHECKPOINT_H
 
@@ -62,10 +62,6 @@
 extern "C" {
 #endif
 
-/* `dtrain train`'s exit status after a requested stop (SIGTERM/SIGUSR1)
- * saved a checkpoint: EX_TEMPFAIL, "try again" (the Slurm scripts requeue). */
-#define DT_TRAIN_EXIT_STOPPED 75
-
 struct dt_train_config;
 
 /* What the checkpoint code sees of a run (borrowed). */
@@ -80,7 +76,7 @@ typedef struct dt_train_ckpt_run {
   int64_t train_samples;     /* the training set's size */
   int64_t batches_per_epoch; /* this rank's micro-batches per epoch */
   const dt_lr_schedule *schedule;
-  int64_t context; /* a sequence task's context T (--ctx or the model's), 0 = none */
+  int64_t context; /* a sequence task's context T (ctx or the model's), 0 = none */
   /* fp16: the GradScaler, saved in a "scaler" section with the optimizer's
    * own step count (skipped steps leave it behind the run's step) and
    * restored on resume; NULL = none. */
@@ -98,13 +94,6 @@ typedef struct dt_train_position {
 
 typedef struct dt_train_ckpt dt_train_ckpt;
 
-/* Installs the SIGTERM/SIGUSR1 handlers that request a stop. */
-void dt_train_ckpt_install_signal_handlers(void);
-/* The stop signal this process received (SIGTERM, SIGUSR1), 0 = none: one
- * that came after the ranks' last agreement did not stop the run (it had
- * finished), and `dtrain train` says so when it exits 0. */
-int dt_train_ckpt_signal_received(void);
-
 /* Sets up the run directory (rank 0 creates it, writes config.json and
  * opens train.log, which *log then also writes to) and resumes when asked:
  * loads the weights and optimizer state into every replica and sets *pos
@@ -113,18 +102,16 @@ int dt_train_ckpt_signal_received(void);
 dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_position *pos,
                              dt_train_ckpt **out);
 
-/* After each optimizer step: whether a stop was requested on any rank
- * (collective under DDP), and the save that --save-every or the stop calls
- * for. *stop: the run should end now. NULL ck: no checkpoints, *stop false. */
-dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool *stop);
+/* After each optimizer step: the save that save_every calls for, unless
+ * the ranks agreed to stop (`stop`: dt_train_ckpt_finish saves then).
+ * Collective under DDP when it saves. NULL ck: no checkpoints. */
+dt_status dt_train_ckpt_after_step(dt_train_ckpt *ck, const dt_train_position *pos, bool stop);
 
 /* The end of the run: the final save (unless this step is saved already),
  * then waits for the writer; every rank learns whether rank 0's writes
  * succeeded (collective). */
 dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos);
 
-/* The signal that stopped the run (SIGTERM, SIGUSR1), 0 = none. */
-int dt_train_ckpt_stop_signal(const dt_train_ckpt *ck);
 /* train.log (rank 0), NULL = none: for lines the terminal does not show. */
 FILE *dt_train_ckpt_log_file(const dt_train_ckpt *ck);
 /* The run directory ("" for NULL). */

@@ -12,8 +12,11 @@
 #define DT_CKPT_STATE_FILE "trainer_state.bin"
 #define DT_CKPT_WEIGHTS_FILE "model.safetensors"
 
-/* --batch x ranks. */
+/* batch x ranks. */
 int64_t dt_train_ckpt_global_batch(const dt_train_ckpt_run *r);
+/* The run's model (task) and data set names. */
+const char *dt_train_ckpt_model_name(const dt_train_ckpt_run *r);
+const char *dt_train_ckpt_data_name(const dt_train_ckpt_run *r);
 /* The "config.<flag> value" lines of the meta section: what must match. */
 void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t cap);
 /* The newest complete checkpoint in `parent` (a run's checkpoints/), ""

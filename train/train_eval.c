@@ -52,7 +52,7 @@ dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const d
   DT_CHECK(dt_sampler_create(len, &sc, &sampler));
   st = dt_loader_create(data, sampler, &lc, &loader);
   if (st != DT_OK) {
-    st = dt_error_wrap(st, "the evaluation's batches (--eval-batch %d)", lc.batch_size);
+    st = dt_error_wrap(st, "the evaluation's batches (`eval_batch` %d)", lc.batch_size);
     goto free_sampler;
   }
   DT_CHECK_GOTO(dt_loader_start_epoch(loader, 0), st, free_loader);

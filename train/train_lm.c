@@ -6,32 +6,9 @@
 
 #include "train/mfu.h"
 
-void dt_train_apply_task_defaults(dt_train_config *c, const dt_task *task) {
-  if (!task)
-    return;
-  c->model = task->name;
-  c->data = task->data[0].name;
-  const dt_task_defaults *d = task->defaults;
-  if (!d)
-    return;
-  c->optimizer = d->optimizer;
-  c->lr = d->lr;
-  c->beta2 = d->beta2;
-  c->weight_decay = d->weight_decay;
-  c->decay_matrices_only = d->decay_matrices_only;
-  c->warmup = d->warmup;
-  c->min_lr = d->min_lr;
-  c->clip = d->clip;
-  c->batch = d->batch;
-  c->max_steps = d->max_steps;
-  c->eval_batch = d->eval_batch;
-  c->log_interval = d->log_interval;
-  c->val_every = d->val_every;
-  c->val_batches = d->val_batches;
-}
-
-double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *precision,
-                                int world, double samples_per_s, char *buf, size_t cap) {
+double dt_train_throughput_text(const dt_task *task, dt_device dev, dt_precision precision,
+                                dt_mfu_cache *cache, int world, double samples_per_s, char *buf,
+                                size_t cap) {
   size_t used = 0;
   buf[0] = '\0';
   if (task->max_context > 0)
@@ -39,8 +16,8 @@ double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *
         (size_t)snprintf(buf, cap, " tokens/s %.0f", samples_per_s * (double)task->input_shape[0]);
   dt_mfu mfu;
   if (!task->flops_per_sample || world < 1 ||
-      dt_mfu_of(dev, precision, samples_per_s * task->flops_per_sample(task) / world, &mfu) !=
-          DT_OK) {
+      dt_mfu_of(dev, precision, cache, samples_per_s * task->flops_per_sample(task) / world,
+                &mfu) != DT_OK) {
     dt_clear_error();
     return -1.0;
   }
@@ -52,11 +29,11 @@ double dt_train_throughput_text(const dt_task *task, dt_device dev, const char *
 }
 
 void dt_train_log_flops(FILE *log, const char *prefix, const dt_task *task, dt_device dev,
-                        const char *precision) {
+                        dt_precision precision, dt_mfu_cache *cache) {
   dt_peak_flops peak;
   if (!log || !task->flops_per_sample)
     return;
-  if (dt_mfu_peak(dev, precision, &peak) != DT_OK) {
+  if (dt_mfu_peak(dev, precision, cache, &peak) != DT_OK) {
     fprintf(log, "%sdtrain train: no MFU: %s\n", prefix, dt_last_error());
     dt_clear_error();
     return;

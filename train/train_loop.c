@@ -16,38 +16,8 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
-#include "launch/observe.h"
-#include "launch/threads.h"
 #include "train/train_checkpoint.h"
 #include "train/train_lm.h"
-
-/* Fields not named are 0, false or NULL. */
-dt_train_config dt_train_config_default(void) {
-  return (dt_train_config){.model = "lenet",
-                           .data = "fashion-mnist",
-                           .data_dir = "data",
-                           .device = "cpu",
-                           .optimizer = "sgd",
-                           .schedule = "cosine",
-                           .epochs = 1,
-                           .batch = 64,
-                           .lr = 0.05f,
-                           .momentum = 0.9f,
-                           .gamma = 0.1f,
-                           .accum = 1,
-                           .log_interval = 100,
-                           .eval_batch = 1000,
-                           .mode = "ddp",
-                           .comm_timeout = 300.0,
-                           .bucket_cap_mb = 25.0f,
-                           .first_bucket_mb = 0.125f,
-                           .bucket_update = "each",
-                           .grad_compress = "none",
-                           .log_prefix = "",
-                           .beta2 = 0.999f,
-                           .sample = DT_SAMPLE_CONFIG_DEFAULT,
-                           .observe = DT_OBSERVE_CONFIG_DEFAULT};
-}
 
 /* Everything one run owns, released in reverse order by state_destroy. */
 typedef struct train_state {
@@ -77,11 +47,14 @@ typedef struct train_state {
   double first_loss;     /* the run's first micro-batch loss (0 = not yet, -1 = none) */
   dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
   dt_train_position pos; /* after the last optimizer step (or the resumed one) */
-  bool stopped;          /* a stop was requested (SIGTERM/SIGUSR1): saved, ending */
+  bool stopped;          /* a stop was requested (should_stop): saved, ending */
+  int stop_code;         /* should_stop's answer (the largest over the ranks) */
   dt_step_stats stats;   /* the gradient norm for the metrics */
   dt_grad_scaler scaler; /* --precision fp16: the step's (step.scaler) */
-  const char *precision; /* --precision (NULL: the device's default): the MFU's peak */
-  dt_observer *obs;      /* progress, metrics, trace (launch/observe.h) */
+  dt_precision precision; /* the run's (the device's default resolved): the MFU's peak */
+  const dt_train_hooks *hooks; /* the configuration's */
+  bool started;                /* hooks->start was called: finish is due */
+  dt_mfu_cache mfu;            /* the CPU roof, measured once per run */
 } train_state;
 
 static double now_seconds(void) {
@@ -107,98 +80,40 @@ static void state_destroy(train_state *s) {
   memset(s, 0, sizeof *s);
 }
 
-static bool is_dp_mode(const dt_train_config *c) { return c->mode && !strcmp(c->mode, "dp"); }
-
-static dt_status check_config(const dt_train_config *c) {
-  if (!c->model || !c->data || !c->data_dir || !c->device || !c->optimizer || !c->schedule ||
-      !c->mode)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "model, data, data_dir, device, optimizer, schedule and mode "
-                    "must all be set (start from dt_train_config_default())");
-  if (c->epochs < 1 || c->batch < 1 || c->accum < 1 || c->eval_batch < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "epochs (%d), batch (%d), accum (%d) and eval_batch (%d) must be >= 1",
-                    c->epochs, c->batch, c->accum, c->eval_batch);
-  if (c->warmup < 0 || c->step_size < 0 || c->log_interval < 0 || c->max_steps < 0 ||
-      c->threads < 0 || c->ctx < 0 || c->val_every < 0 || c->val_batches < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "warmup, step_size, log_interval, max_steps, threads, ctx, val_every and "
-                    "val_batches must be >= 0");
-  if (c->threads > DT_CPU_MAX_THREADS)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
-                    c->threads, DT_CPU_MAX_THREADS);
-  if (!(c->lr >= 0) || !(c->clip >= 0) || !(c->weight_decay >= 0))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "lr (%g), clip (%g) and weight_decay (%g) must be >= 0",
-                    c->lr, c->clip, c->weight_decay);
-  if (strcmp(c->optimizer, "sgd") && strcmp(c->optimizer, "adamw"))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown optimizer '%s': expected sgd or adamw",
-                    c->optimizer);
-  if (strcmp(c->schedule, "constant") && strcmp(c->schedule, "cosine") &&
-      strcmp(c->schedule, "step"))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown schedule '%s': expected constant, cosine or step",
-                    c->schedule);
-  if (strcmp(c->mode, "ddp") && strcmp(c->mode, "dp"))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "unknown mode '%s': expected ddp or dp", c->mode);
-  if (c->zero < 0 || c->zero > 2)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", c->zero);
-  dt_dtype compress;
-  DT_CHECK(dt_ddp_grad_compress_parse(c->grad_compress, &compress));
-  if (!(c->comm_timeout > 0) || !(c->bucket_cap_mb > 0) || !(c->first_bucket_mb > 0))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "comm_timeout (%g s), bucket_cap_mb (%g) and first_bucket_mb (%g) must be "
-                    "> 0",
-                    c->comm_timeout, c->bucket_cap_mb, c->first_bucket_mb);
-  int world = c->pg ? dt_pg_world_size(c->pg) : 1;
-  if (is_dp_mode(c) && world > 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "--mode dp runs one process over the devices of --devices, but this process "
-                    "is one of %d ranks: use --mode dp without mpirun, or DDP (the default "
-                    "mode) with one rank per device",
-                    world);
-  if (is_dp_mode(c) && (!c->devices || !c->devices[0]))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "--mode dp needs the replicas' devices: --devices cpu:0,cpu:1,...");
-  if (!is_dp_mode(c) && c->devices && c->devices[0])
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "--devices '%s' is for --mode dp (one process, one replica per device); "
-                    "for DDP give one --device per rank (default: cpu, or cuda:<local rank>)",
-                    c->devices);
-  return DT_OK;
-}
+static bool is_dp_mode(const dt_train_config *c) { return c->mode == DT_TRAIN_MODE_DP; }
 
 /* data_dir/data must be a folder; say where we looked and how to fix it. */
-static dt_status data_folder(const dt_train_config *c, char *path, size_t cap) {
+static dt_status data_folder(const dt_train_config *c, const char *data, char *path, size_t cap) {
   size_t n = strlen(c->data_dir);
   const char *sep = (n > 0 && c->data_dir[n - 1] == '/') ? "" : "/";
-  if ((size_t)snprintf(path, cap, "%s%s%s", c->data_dir, sep, c->data) >= cap)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "data path too long: %s%s%s", c->data_dir, sep, c->data);
+  if ((size_t)snprintf(path, cap, "%s%s%s", c->data_dir, sep, data) >= cap)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "data path too long: %s%s%s", c->data_dir, sep, data);
   struct stat st;
   if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode))
     return DT_ERROR(DT_ERR_IO,
                     "data set folder %s is not a directory (data dir '%s', data set '%s')", path,
-                    c->data_dir, c->data);
+                    c->data_dir, data);
   if (stat(path, &st) != 0 && errno != ENOENT)
     return DT_ERROR(DT_ERR_IO, "data set folder %s: %s (data dir '%s', data set '%s')", path,
-                    strerror(errno), c->data_dir, c->data);
+                    strerror(errno), c->data_dir, data);
   if (stat(path, &st) != 0)
     return DT_ERROR(DT_ERR_IO,
                     "data set folder %s not found (data dir '%s', data set '%s'): run "
-                    "tools/setup.sh to fetch the data sets, or point --data-dir (or DT_DATA_DIR) "
+                    "tools/setup.sh to fetch the data sets, or point `data_dir` (or DT_DATA_DIR) "
                     "at a folder that holds %s/",
-                    path, c->data_dir, c->data, c->data);
+                    path, c->data_dir, data, data);
   return DT_OK;
 }
 
 /* The communicator backend applies to the device: nccl with cpu tensors is
  * a mistake even in a single process, where no communicator is made. */
 static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
-  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
-  DT_CHECK(dt_train_comm_config(c->comm_backend, &cc));
-  if (cc.backend == DT_COMM_BACKEND_NCCL && dev.type == DT_DEVICE_CPU)
+  char name[32];
+  if (c->comm_backend == DT_COMM_BACKEND_NCCL && dev.type == DT_DEVICE_CPU)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "communication backend nccl (--comm-backend or DT_COMM_BACKEND) with device "
+                    "communication backend nccl (`comm_backend` or DT_COMM_BACKEND) with device "
                     "%s: NCCL reduces GPU memory; train on cuda devices, or use auto or mpi",
-                    c->device);
+                    dt_device_format(dev, name, sizeof name));
   return DT_OK;
 }
 
@@ -207,8 +122,8 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
                               c->bucket_cap_mb, c->allow_unused};
   co.zero_stage = c->zero;
   co.split_bucket_mb = c->split_bucket_mb;
-  co.update_per_bucket = dt_train_update_per_bucket(c->bucket_update);
-  dt_ddp_grad_compress_parse(c->grad_compress, &co.grad_compress); /* checked at the start */
+  co.update_per_bucket = c->update_per_bucket;
+  co.grad_compress = c->grad_compress;
   return co;
 }
 
@@ -312,20 +227,15 @@ static dt_status build_dp_model(void *user, int replica, dt_module **out) {
 
 /* Data-parallel mode: one replica per device of --devices (dist/dp.h). */
 static dt_status build_dp(const dt_train_config *c, train_state *s) {
-  dt_device devs[DT_TRAIN_MAX_DEVICES];
-  int n = 0;
-  DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
-  if (c->batch < n)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "--mode dp splits each micro-batch across the %d devices of --devices: "
-                    "--batch %d is too small (use --batch >= %d)",
-                    n, c->batch, n);
+  const dt_device *devs = c->devices;
+  int n = c->n_devices;
   dt_dp_config cfg = DT_DP_CONFIG_DEFAULT;
   /* Replicas run their kernels side by side: --threads each, or (0) this
    * thread's count (cores, or DT_NUM_THREADS) shared out by dist/dp.c. */
   cfg.threads_per_replica = c->threads;
   cfg.comm.timeout_s = c->comm_timeout;
-  DT_CHECK(dt_train_comm_config(c->comm_backend, &cfg.comm));
+  DT_CHECK(dt_comm_config_from_env(&cfg.comm));
+  cfg.comm.backend = c->comm_backend;
   dt_train_comm_options co = comm_options(c);
   cfg.ddp = dt_train_ddp_config(&co);
   cfg.step = s->step;
@@ -355,12 +265,12 @@ static dt_status check_task_input(const dt_train_config *c, const train_state *s
   char have[96], want[96];
   if (!same)
     return DT_ERROR(DT_ERR_SHAPE, "data set %s has samples of shape %s, but model %s takes %s",
-                    c->data, format_shape(shape, ndim, have, sizeof have), t->name,
+                    s->data->name, format_shape(shape, ndim, have, sizeof have), t->name,
                     format_shape(t->input_shape, t->input_ndim, want, sizeof want));
   dt_dtype given = dt_dataset_layout(s->train_set)->input_dtype;
   if (t->input_dtype != given)
     return DT_ERROR(DT_ERR_UNSUPPORTED, "model %s takes %s inputs, but data set %s gives %s",
-                    t->name, dt_dtype_name(t->input_dtype), c->data, dt_dtype_name(given));
+                    t->name, dt_dtype_name(t->input_dtype), s->data->name, dt_dtype_name(given));
   return DT_OK;
 }
 
@@ -380,17 +290,15 @@ static dt_status plan_steps(const dt_train_config *c, train_state *s) {
   ls->min_lr = c->min_lr;
   ls->step_size = c->step_size > 0 ? c->step_size : s->steps_per_epoch;
   ls->gamma = c->gamma;
-  ls->decay = !strcmp(c->schedule, "cosine") ? DT_LR_DECAY_COSINE
-              : !strcmp(c->schedule, "step") ? DT_LR_DECAY_STEP
-                                             : DT_LR_DECAY_CONSTANT;
+  ls->decay = c->schedule;
   /* --min-lr above --lr, --gamma 0, a warm-up as long as the run: refused
    * here rather than trained on silently. */
   dt_status st = dt_lr_schedule_check(ls);
   if (st != DT_OK)
     return dt_error_wrap(st,
-                         "--schedule %s over %lld optimizer steps (--warmup %d, --min-lr %g, "
-                         "--gamma %g)",
-                         c->schedule, (long long)ls->total_steps, c->warmup, (double)c->min_lr,
+                         "`schedule` %s over %lld optimizer steps (`warmup` %d, `min_lr` %g, "
+                         "`gamma` %g)",
+                         dt_train_schedule_name(c->schedule), (long long)ls->total_steps, c->warmup, (double)c->min_lr,
                          (double)c->gamma);
   return DT_OK;
 }
@@ -399,10 +307,14 @@ static dt_status plan_steps(const dt_train_config *c, train_state *s) {
  * this rank's shuffled shard; the background loader. */
 static dt_status data_create(const dt_train_config *c, train_state *s) {
   char folder[4096];
-  DT_CHECK(data_folder(c, folder, sizeof folder));
+  const char *where = NULL; /* no data_dir: a data set of the caller's own (in memory) */
+  if (c->data_dir) {
+    DT_CHECK(data_folder(c, s->data->name, folder, sizeof folder));
+    where = folder;
+  }
 
-  DT_CHECK(s->data->open(s->task, s->data, folder, "train", &s->train_set));
-  DT_CHECK(s->data->open(s->task, s->data, folder, s->task->eval_split, &s->test_set));
+  DT_CHECK(s->data->open(s->task, s->data, where, "train", &s->train_set));
+  DT_CHECK(s->data->open(s->task, s->data, where, s->task->eval_split, &s->test_set));
   DT_CHECK(check_task_input(c, s));
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -426,15 +338,13 @@ static dt_status data_create(const dt_train_config *c, train_state *s) {
 static dt_status state_create(const dt_train_config *c, train_state *s) {
   const dt_backend_ops *backend = NULL;
   memset(s, 0, sizeof *s);
+  s->hooks = &c->hooks;
   s->rank = c->pg ? dt_pg_rank(c->pg) : 0;
   s->world = c->pg ? dt_pg_world_size(c->pg) : 1;
 
   /* Cheap checks first: the device(s), the task, then the data folder. */
   if (is_dp_mode(c)) {
-    dt_device devs[DT_TRAIN_MAX_DEVICES];
-    int n = 0;
-    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
-    s->dev = devs[0];
+    s->dev = c->devices[0];
   } else {
     DT_CHECK(dt_train_rank_device(c->device, c->pg, &s->dev));
   }
@@ -442,13 +352,11 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   DT_CHECK(check_comm_backend(c, s->dev));
   if (c->threads > 0)
     dt_cpu_set_num_threads(c->threads);
-  const dt_task *found = NULL;
-  DT_CHECK(dt_task_find(c->model, &found));
-  s->task_ctx = *found;
+  s->task_ctx = *c->task;
   if (c->ctx > 0)
-    DT_CHECK(dt_task_with_context(found, c->ctx, &s->task_ctx));
+    DT_CHECK(dt_task_with_context(c->task, c->ctx, &s->task_ctx));
   s->task = &s->task_ctx;
-  DT_CHECK(dt_task_find_data(s->task, c->data, &s->data));
+  s->data = c->data ? c->data : &s->task->data[0];
   DT_CHECK(data_create(c, s));
   DT_CHECK(plan_steps(c, s));
   s->step = DT_STEP_CONFIG_DEFAULT;
@@ -456,14 +364,14 @@ static dt_status state_create(const dt_train_config *c, train_state *s) {
   s->step.clip = c->clip;
   s->step.schedule = &s->schedule;
   s->step.stats = is_dp_mode(c) ? NULL : &s->stats; /* dp's replicas would race on it */
-  DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow, s->dev, s->rank, &s->step,
-                                    &s->scaler));
-  s->precision = c->precision;
+  DT_CHECK(dt_train_precision_setup(c->precision, c->debug_overflow_rank, c->debug_overflow_step,
+                                    s->dev, s->rank, &s->step, &s->scaler));
+  s->precision = dt_precision_resolve(c->precision, s->dev.type);
   DT_CHECK(dt_train_rounding_setup(c->stochastic_rounding, c->seed, &s->step));
   if (s->step.scaler && is_dp_mode(c))
     return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "--precision fp16 with --mode dp: the replicas would share one GradScaler; "
-                    "use DDP (one process per device) or --precision bf16");
+                    "`precision` fp16 with `mode` dp: the replicas would share one GradScaler; "
+                    "use DDP (one process per device) or `precision` bf16");
   return is_dp_mode(c) ? build_dp(c, s) : build_replica(c, s);
 }
 
@@ -557,8 +465,8 @@ static dt_status check_diverged(const train_state *s, double mean_loss, int epoc
   else
     snprintf(what, sizeof what, "%s", isnan(mean_loss) ? "nan" : mean_loss > 0 ? "inf" : "-inf");
   return DT_ERROR(DT_ERR_STATE,
-                  "training diverged: loss is %s at epoch %d step %lld; lower --lr, add "
-                  "--warmup or set --clip",
+                  "training diverged: loss is %s at epoch %d step %lld; lower `lr`, add "
+                  "`warmup` or set `clip`",
                   what, epoch, (long long)batch);
 }
 
@@ -570,9 +478,9 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
   if (s->dp) {
     if (dt_tensor_dim(x, 0) < s->n_replicas)
       return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "--mode dp: a micro-batch of %lld samples cannot be split across %d "
-                      "replicas (the last batch of the epoch is smaller: use --max-steps or a "
-                      "--batch that leaves a larger remainder)",
+                      "`mode` dp: a micro-batch of %lld samples cannot be split across %d "
+                      "replicas (the last batch of the epoch is smaller: use `max_steps` or a "
+                      "`batch` that leaves a larger remainder)",
                       (long long)dt_tensor_dim(x, 0), s->n_replicas);
     double loss = 0.0;
     DT_CHECK(dt_dp_forward_backward(s->dp, x, y, scale, sync, &loss));
@@ -588,7 +496,7 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
  * finished the reduction). */
 static dt_status optimizer_step(train_state *s) {
   DT_CHECK(s->dp ? dt_dp_optimizer_step(s->dp) : dt_step_update(dt_replica_step(s->replica)));
-  return dt_observer_step_end(s->obs, s->ddp);
+  return s->hooks->step_end ? s->hooks->step_end(s->hooks->user, s->ddp) : DT_OK;
 }
 
 static void log_line(FILE *log, const dt_train_config *c, const char *fmt, ...)
@@ -613,13 +521,13 @@ static dt_status log_progress(train_state *s, int epoch, int64_t b, int64_t batc
     snprintf(in_flight, sizeof in_flight, " (+%.2f MiB in flight)", mib(rm.gradients_in_flight));
   char rate[96];
   int devices = s->dp ? s->n_replicas : s->world;
-  double mfu = dt_train_throughput_text(s->task, s->dev, s->precision, devices, samples_per_s, rate,
-                                        sizeof rate);
+  double mfu = dt_train_throughput_text(s->task, s->dev, s->precision, &s->mfu, devices,
+                                        samples_per_s, rate, sizeof rate);
   snprintf(extra, sizeof extra, " optimizer-state %.2f MiB grads %.2f MiB%s",
            mib(rm.optimizer_state), mib(rm.gradients), in_flight);
-  dt_observe_interval iv = {epoch,         b,    batches, loss, dt_optim_lr(s->opt),
-                            samples_per_s, rate, extra,   mfu};
-  return dt_observer_interval(s->obs, &iv);
+  dt_train_interval iv = {epoch,         b,    batches, loss, dt_optim_lr(s->opt),
+                          samples_per_s, rate, extra,   mfu};
+  return s->hooks->interval ? s->hooks->interval(s->hooks->user, &iv) : DT_OK;
 }
 
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
@@ -644,8 +552,9 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
   if (c->val_every > 0 && step % c->val_every == 0) {
     double loss = 0.0, metric = 0.0;
     DT_CHECK(evaluate_first(c, s, (int64_t)c->val_batches * c->eval_batch, &loss, &metric));
-    dt_observe_eval ev = {0, s->task->eval_split, NAN, loss, metric};
-    DT_CHECK(dt_observer_eval_end(s->obs, &ev));
+    dt_train_eval ev = {0, s->task->eval_split, NAN, loss, metric};
+    if (s->hooks->eval_end)
+      DT_CHECK(s->hooks->eval_end(s->hooks->user, &ev));
     char name[64];
     snprintf(name, sizeof name, "%s_loss", s->task->eval_split);
     if (s->task->metric)
@@ -658,6 +567,30 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
     DT_CHECK(dt_train_log_sample(log, c, s->task, s->model, s->dev, (long long)step));
   *seconds = now_seconds() - t0;
   return DT_OK;
+}
+
+/* Whether any rank's should_stop asks for a stop (one all-reduce under
+ * DDP; every rank has the hook or none does). This rank's answer is the
+ * stop code, -1 where only another rank asked. */
+static dt_status agree_stop(train_state *s) {
+  if (!s->hooks->should_stop)
+    return DT_OK;
+  int code = s->hooks->should_stop(s->hooks->user);
+  double any = code != 0;
+  DT_CHECK(allreduce_sums(s, &any, 1));
+  if (any > 0) {
+    s->stopped = true;
+    s->stop_code = code != 0 ? code : -1;
+  }
+  return DT_OK;
+}
+
+/* A progress record after `batch` micro-batches of the epoch: the hooks'
+ * answer, else every log_interval micro-batches. */
+static bool interval_due(const dt_train_config *c, const train_state *s, int64_t batch) {
+  if (s->hooks->interval_due)
+    return s->hooks->interval_due(s->hooks->user, batch);
+  return c->log_interval > 0 && batch % c->log_interval == 0;
 }
 
 /* One epoch over the training set (this rank's shard), or its first
@@ -674,7 +607,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int group = 1;
 
   DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
-  dt_observer_epoch_begin(s->obs, epoch, batches);
+  if (s->hooks->epoch_begin)
+    s->hooks->epoch_begin(s->hooks->user, epoch, batches);
   for (int64_t b = first; b < batches && !s->stopped; b++) {
     DT_CHECK_GOTO(dt_loader_next(s->loader, &x, &y), st, fail);
     if (x == NULL)
@@ -683,7 +617,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (pos == 0) {
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
-      dt_observer_step_begin(s->obs, b, group);
+      if (s->hooks->step_begin)
+        s->hooks->step_begin(s->hooks->user, b, group);
     }
     bool sync = (pos == group - 1);
     int64_t samples = dt_tensor_dim(x, 0);
@@ -701,17 +636,19 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (sync) {
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
       s->pos = (dt_train_position){run_steps(s), epoch - 1, b + 1, s->first_loss};
-      DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, &s->stopped), st, fail);
+      DT_CHECK_GOTO(agree_stop(s), st, fail);
+      DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, s->stopped), st, fail);
       double aside = 0.0;
       DT_CHECK_GOTO(after_step(c, s, log, &aside), st, fail);
       interval_start += aside;
     }
     done_batches++;
     interval_batches++;
-    dt_observer_tick(s->obs, b + 1, samples);
+    if (s->hooks->micro_batch_end)
+      s->hooks->micro_batch_end(s->hooks->user, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = dt_observer_interval_due(s->obs, b + 1);
+    bool log_now = interval_due(c, s, b + 1);
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -761,7 +698,8 @@ fail:
  * validation) set, 0 = all of it: each rank its shard. */
 static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_t first,
                                 double *loss, double *metric) {
-  dt_observer_eval_begin(s->obs);
+  if (s->hooks->eval_begin)
+    s->hooks->eval_begin(s->hooks->user);
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
   DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
@@ -786,19 +724,26 @@ static const char *comm_description(const train_state *s) {
 }
 
 static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
-  char dev[32];
+  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12] = "";
   dt_device_format(s->dev, dev, sizeof dev);
+  for (int i = 0; s->dp && i < c->n_devices; i++) {
+    char one[32];
+    size_t used = strlen(devs);
+    snprintf(devs + used, sizeof devs - used, "%s%s", i ? "," : "",
+             dt_device_format(c->devices[i], one, sizeof one));
+  }
   log_line(log, c,
            "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
            "threads %d%s\n",
-           c->model, (long long)dt_module_parameter_count(s->model), c->data,
+           s->task->name, (long long)dt_module_parameter_count(s->model), s->data->name,
            (long long)dt_dataset_length(s->train_set), (long long)dt_dataset_length(s->test_set),
-           s->dp ? c->devices : dev, dt_cpu_num_threads(), dt_threads_note());
+           s->dp ? devs : dev, dt_cpu_num_threads(), c->threads_note ? c->threads_note : "");
+  const char *compress = dt_ddp_grad_compress_name(c->grad_compress);
   if (s->dp) {
     log_line(log, c,
              "dtrain train: mode dp: %d replicas (one thread each), batch %d split across them "
              "(global batch %d), zero %d, grad-compress %s\n",
-             s->n_replicas, c->batch, c->batch, c->zero, c->grad_compress);
+             s->n_replicas, c->batch, c->batch, c->zero, compress);
   } else if (s->world > 1) {
     char who[256];
     log_line(log, c,
@@ -806,58 +751,64 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
              "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d, grad-compress %s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
              dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, comm_description(s),
-             c->comm_timeout, c->zero, c->grad_compress);
+             c->comm_timeout, c->zero, compress);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
            "warmup %d seed %llu\n",
-           c->epochs, c->batch, s->world * c->batch, c->accum, c->optimizer, c->lr, c->schedule,
-           c->warmup, (unsigned long long)c->seed);
+           c->epochs, c->batch, s->world * c->batch, c->accum, dt_train_optimizer_name(c->optimizer),
+           c->lr, dt_train_schedule_name(c->schedule), c->warmup, (unsigned long long)c->seed);
 }
 
-/* The run's progress display, metrics, trace and status file. */
-static dt_status observe(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
-  dt_observe_config oc = c->observe;
-  oc.log_interval = c->log_interval;
-  oc.log_file = dt_train_ckpt_log_file(s->ck);
-  char metrics[4200];
-  if (!oc.metrics_path && s->ck) { /* a run directory keeps its metrics */
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dt_train_ckpt_run_dir(s->ck));
-    oc.metrics_path = metrics;
-  }
-  DT_CHECK(dt_observer_create(&oc, s->rank, s->dev, log, console, c->log_prefix, s->pos.step > 0,
-                              &s->obs));
-  dt_device devs[DT_TRAIN_MAX_DEVICES];
-  int n = 0;
-  if (s->dp)
-    DT_CHECK(dt_train_parse_devices(c->devices, devs, DT_TRAIN_MAX_DEVICES, &n));
-  char dev[32];
+/* The hooks' start: the run's facts (what the progress display, metrics,
+ * trace and status file show). */
+static dt_status hooks_start(const dt_train_config *c, train_state *s, FILE *log, FILE *console) {
+  s->started = true;
+  if (!s->hooks->start)
+    return DT_OK;
+  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12] = "";
   dt_device_format(s->dev, dev, sizeof dev);
+  for (int i = 0; s->dp && i < c->n_devices; i++) {
+    char one[32];
+    size_t used = strlen(devs);
+    snprintf(devs + used, sizeof devs - used, "%s%s", i ? "," : "",
+             dt_device_format(c->devices[i], one, sizeof one));
+  }
   const dt_task *t = s->task;
   int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
   for (int i = 0; tokens && i < t->input_ndim; i++)
     tokens *= t->input_shape[i]; /* token ids: tokens/s */
-  dt_observe_run run = {c->model,
-                        c->data,
-                        s->dp ? c->devices : dev,
-                        s->comm ? comm_description(s) : "none",
-                        t->metric ? t->metric_name : NULL,
-                        s->dev,
-                        s->dp ? devs : NULL,
-                        n,
-                        s->comm,
-                        s->world,
-                        c->batch,
-                        c->accum,
-                        c->epochs,
-                        dt_cpu_num_threads(),
-                        s->total_steps,
-                        s->steps_per_epoch,
-                        tokens,
-                        s->dp ? NULL : &s->stats,
-                        s->pos.step,
-                        s->step.scaler};
-  return dt_observer_start(s->obs, &run);
+  dt_train_run_info run = {
+      .model = t->name,
+      .data = s->data->name,
+      .device_name = s->dp ? devs : dev,
+      .comm_name = s->comm ? comm_description(s) : "none",
+      .metric_name = t->metric ? t->metric_name : NULL,
+      .dev = s->dev,
+      .devices = s->dp ? c->devices : NULL,
+      .n_devices = s->dp ? c->n_devices : 0,
+      .comm = s->comm,
+      .world = s->world,
+      .batch = c->batch,
+      .accum = c->accum,
+      .epochs = c->epochs,
+      .threads = dt_cpu_num_threads(),
+      .total_steps = s->total_steps,
+      .steps_per_epoch = s->steps_per_epoch,
+      .tokens_per_sample = tokens,
+      .stats = s->dp ? NULL : &s->stats,
+      .steps_done = s->pos.step,
+      .scaler = s->step.scaler,
+      .rank = s->rank,
+      .log = log,
+      .console = console,
+      .log_file = dt_train_ckpt_log_file(s->ck),
+      .run_dir = dt_train_ckpt_run_dir(s->ck),
+      .log_prefix = c->log_prefix ? c->log_prefix : "",
+      .log_interval = c->log_interval,
+      .resumed = s->pos.step > 0,
+  };
+  return s->hooks->start(s->hooks->user, &run);
 }
 
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
@@ -868,15 +819,16 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   memset(&r, 0, sizeof r);
   double start = now_seconds();
 
-  DT_CHECK(check_config(cfg));
+  DT_CHECK(dt_train_config_validate(cfg));
   DT_CHECK_GOTO(state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */
   DT_CHECK_GOTO(checkpoint_open(cfg, &s, &log), st, done);
-  if (!cfg->observe.quiet) {
+  if (!cfg->quiet) {
     log_header(log, cfg, &s);
-    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev, s.precision);
+    dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev, s.precision,
+                       &s.mfu);
   }
-  DT_CHECK_GOTO(observe(cfg, &s, log, console), st, done);
+  DT_CHECK_GOTO(hooks_start(cfg, &s, log, console), st, done);
 
   const char *split = s.task->eval_split;
   for (int epoch = (int)s.pos.epoch + 1;
@@ -898,13 +850,14 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     if (!isfinite(r.test_loss)) {
       st = DT_ERROR(DT_ERR_STATE,
                     "training diverged: the test loss is %g after epoch %d (the parameters are "
-                    "no longer finite); lower --lr or --weight-decay, add --warmup or set --clip",
+                    "no longer finite); lower `lr` or `weight_decay`, add `warmup` or set `clip`",
                     r.test_loss, epoch);
       goto done;
     }
     r.epochs = epoch;
-    dt_observe_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy};
-    DT_CHECK_GOTO(dt_observer_eval_end(s.obs, &ev), st, done);
+    dt_train_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy};
+    if (s.hooks->eval_end)
+      DT_CHECK_GOTO(s.hooks->eval_end(s.hooks->user, &ev), st, done);
     char metric[64] = "";
     if (s.task->metric)
       snprintf(metric, sizeof metric, " %s_%s=%.4f", split, s.task->metric_name, r.test_accuracy);
@@ -919,25 +872,23 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
   DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
-  r.stopped_by_signal = dt_train_ckpt_stop_signal(s.ck);
+  r.stop_code = s.stop_code;
+  r.last_step = s.pos.step;
+  snprintf(r.last_checkpoint, sizeof r.last_checkpoint, "%s", dt_train_ckpt_last_saved(s.ck));
   r.seconds = now_seconds() - start;
   r.result = s.task->result == DT_TASK_RESULT_LOSS ? r.test_loss : r.test_accuracy;
   char name[64];
-  if (r.stopped_by_signal)
-    log_line(log, cfg,
-             "dtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
-             "continue with --resume auto (and the same --run-dir)\n",
-             r.stopped_by_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.pos.step,
-             dt_train_ckpt_last_saved(s.ck));
-  else
+  if (!r.stop_code) /* a stopped run's last line is the caller's (it knows why it stopped) */
     log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
 done:;
-  dt_observer *obs = s.obs;
   if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
     dt_comm_abort(s.comm, "the training run failed");
   dt_train_ckpt_close(s.ck, &log);
-  state_destroy(&s); /* the loader's thread stops before the trace closes */
-  return dt_observer_destroy(obs, st);
+  bool started = s.started;
+  state_destroy(&s); /* the loader's thread stops before the hooks' files close */
+  if (started && cfg->hooks.finish)
+    st = cfg->hooks.finish(cfg->hooks.user, st);
+  return st;
 }

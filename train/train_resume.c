@@ -18,13 +18,20 @@ int64_t dt_train_ckpt_global_batch(const dt_train_ckpt_run *r) {
   return (int64_t)r->cfg->batch * r->world;
 }
 
+const char *dt_train_ckpt_model_name(const dt_train_ckpt_run *r) { return r->cfg->task->name; }
+
+const char *dt_train_ckpt_data_name(const dt_train_ckpt_run *r) {
+  const dt_train_config *c = r->cfg;
+  return c->data ? c->data->name : c->task->data[0].name;
+}
+
 /* "config.<flag> value" lines; the derived ones are named for their flags
  * in the messages (config_advice). */
 void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t cap) {
   const dt_train_config *c = r->cfg;
   /* The step schedule's derived step size (one epoch) depends on the
    * plan; the others ignore it. */
-  long long step_size = !strcmp(c->schedule, "step") ? (long long)r->schedule->step_size : 0;
+  long long step_size = c->schedule == DT_LR_DECAY_STEP ? (long long)r->schedule->step_size : 0;
   snprintf(buf, cap,
            "config.model %s\nconfig.data %s\nconfig.ctx %lld\nconfig.train-samples "
            "%lld\nconfig.global-batch "
@@ -33,13 +40,14 @@ void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t ca
            "%d\nconfig.step-size %lld\nconfig.gamma %.9g\nconfig.min-lr %.9g\n"
            "config.schedule-steps %lld\nconfig.clip %.9g\nconfig.seed %llu\n"
            "config.beta2 %.9g\nconfig.decay-matrices-only %d\nconfig.precision %s\n",
-           c->model, c->data, (long long)r->context, (long long)r->train_samples,
-           (long long)dt_train_ckpt_global_batch(r), c->accum, c->optimizer, (double)c->lr,
-           (double)c->momentum, c->nesterov ? 1 : 0, (double)c->weight_decay, c->schedule,
+           dt_train_ckpt_model_name(r), dt_train_ckpt_data_name(r), (long long)r->context,
+           (long long)r->train_samples, (long long)dt_train_ckpt_global_batch(r), c->accum,
+           dt_train_optimizer_name(c->optimizer), (double)c->lr, (double)c->momentum,
+           c->nesterov ? 1 : 0, (double)c->weight_decay, dt_train_schedule_name(c->schedule),
            c->warmup, step_size, (double)c->gamma, (double)c->min_lr,
            (long long)r->schedule->total_steps, (double)c->clip, (unsigned long long)c->seed,
            (double)c->beta2, c->decay_matrices_only ? 1 : 0,
-           c->precision ? c->precision : "default");
+           dt_precision_name(c->precision));
 }
 
 /* A value as the user wrote it: "0.05", not "0.0500000007", unless %g
@@ -59,16 +67,16 @@ static const char *shown(const char *v, const char *other, char *buf, size_t cap
 
 static const char *config_advice(const char *key) {
   if (!strcmp(key, "config.global-batch"))
-    return "keep the global batch (--batch x ranks) when resuming on another number of ranks";
+    return "keep the global batch (`batch` x ranks) when resuming on another number of ranks";
   if (!strcmp(key, "config.schedule-steps"))
-    return "the LR schedule must span the same steps: keep --epochs, --max-steps and the "
+    return "the LR schedule must span the same steps: keep `epochs`, `max_steps` and the "
            "global batch";
   if (!strcmp(key, "config.ctx"))
     return "the model's position table and the data's windows depend on it: resume with the "
-           "checkpoint's --ctx";
+           "checkpoint's `ctx`";
   if (!strcmp(key, "config.train-samples"))
     return "the training set differs";
-  return "start a new run (another --run-dir) for another configuration";
+  return "start a new run (another `run_dir`) for another configuration";
 }
 
 /* The first line of `want` whose value in `have` differs, as an error. */
@@ -90,17 +98,21 @@ static dt_status compare_config(const char *path, const char *have, size_t have_
         if (g % r->world == 0)
           return DT_ERROR(DT_ERR_INVALID_ARG,
                           "%s: the checkpoint's global batch is %s, this run's %s (%d ranks x "
-                          "--batch %d): with %d ranks use --batch %lld",
+                          "`batch` %d): with %d ranks use `batch` %lld",
                           path, saved, value, r->world, r->cfg->batch, r->world, g / r->world);
         return DT_ERROR(DT_ERR_INVALID_ARG,
                         "%s: the checkpoint's global batch is %s, which %d ranks cannot share "
                         "evenly: resume on a number of ranks that divides it",
                         path, saved, r->world);
       }
-      char a[64], b[64];
+      char a[64], b[64], field[64];
+      /* "config.weight-decay" names the field weight_decay */
+      snprintf(field, sizeof field, "%s", key + 7);
+      for (char *p = field; *p; p++)
+        *p = *p == '-' ? '_' : *p;
       return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "%s: the checkpoint was written with --%s %s, this run has --%s %s: %s", path,
-                      key + 7, shown(saved, value, a, sizeof a), key + 7,
+                      "%s: the checkpoint was written with `%s` %s, this run has `%s` %s: %s", path,
+                      field, shown(saved, value, a, sizeof a), field,
                       shown(value, saved, b, sizeof b), config_advice(key));
     }
     line = nl ? nl + 1 : line + len;

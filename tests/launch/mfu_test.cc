@@ -98,7 +98,7 @@ TEST(Mfu, CpuRoofIsAMeasurementAtTheRunsThreadCount) {
   for (int threads : {1, 2}) {
     dt_cpu_set_num_threads(threads);
     dt_peak_flops peak;
-    ASSERT_DT_OK(dt_mfu_peak(DT_CPU, nullptr, &peak));
+    ASSERT_DT_OK(dt_mfu_peak(DT_CPU, DT_PRECISION_DEVICE_DEFAULT, nullptr, &peak));
     char want[64];
     std::snprintf(want, sizeof want, "%d threads (measured)", threads);
     EXPECT_NE(std::strstr(peak.source, want), nullptr) << peak.source;
@@ -112,15 +112,17 @@ TEST(Mfu, CpuRoofIsAMeasurementAtTheRunsThreadCount) {
 TEST(Mfu, IsNeverReportedAboveOneHundredPercent) {
   dt_cpu_set_num_threads(1);
   dt_mfu mfu;
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 0.0, &mfu));
+  dt_mfu_cache cache = {0.0, 0};  // the run's: the roof is measured once, kept here
+  const dt_precision p = DT_PRECISION_DEVICE_DEFAULT;
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, p, &cache, 0.0, &mfu));
   double roof = mfu.peak.flops;
   ASSERT_GT(roof, 0.0);
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 0.5 * roof, &mfu));
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, p, &cache, 0.5 * roof, &mfu));
   EXPECT_FALSE(mfu.above_roof);
   EXPECT_GT(mfu.value, 0.0);
   EXPECT_LE(mfu.value, 0.5 + 1e-12);
   // Far above any roof: measured again, still above, so no number.
-  ASSERT_DT_OK(dt_mfu_of(DT_CPU, nullptr, 1e6 * roof, &mfu));
+  ASSERT_DT_OK(dt_mfu_of(DT_CPU, p, &cache, 1e6 * roof, &mfu));
   EXPECT_TRUE(mfu.above_roof);
   EXPECT_EQ(mfu.value, -1.0);
   EXPECT_GE(mfu.peak.flops, roof) << "a roof measured again keeps the higher value";
@@ -146,7 +148,9 @@ TEST(Mfu, GpuPeakFollowsThePrecision) {
   } cases[] = {{"bf16", "bf16"}, {"fp16", "bf16"}, {"fp32", "f32"}, {"tf32", "tf32"}};
   for (const auto &c : cases) {
     dt_peak_flops peak;
-    ASSERT_DT_OK(dt_mfu_peak((dt_device){DT_DEVICE_CUDA, 0}, c.precision, &peak));
+    dt_precision p;
+    ASSERT_DT_OK(dt_precision_parse(c.precision, &p));
+    ASSERT_DT_OK(dt_mfu_peak((dt_device){DT_DEVICE_CUDA, 0}, p, nullptr, &peak));
     EXPECT_EQ(peak.flops, dt_mfu_gpu_peak(info.name, c.column)) << c.precision;
     EXPECT_NE(std::strstr(peak.source, c.column), nullptr) << peak.source;
   }

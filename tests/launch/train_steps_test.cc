@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
+#include "launch/observe.h"
 #include "train/train_loop.h"
 
 namespace {
@@ -62,14 +63,14 @@ class TrainSteps : public ::testing::Test {
   // warm-up of 2 steps.
   dt_train_config config() const {
     dt_train_config c = dt_train_config_default();
-    c.model = "mlp";
+    EXPECT_EQ(dt_task_find("mlp", &c.task), DT_OK);
     c.data_dir = data_dir_.c_str();
     c.batch = 4;
     c.accum = 2;
     c.lr = 0.05f;
     c.min_lr = 1e-3f;
     c.warmup = 2;
-    c.schedule = "cosine";
+    c.schedule = DT_LR_DECAY_COSINE;
     c.threads = 1;
     c.log_interval = 1;
     c.eval_batch = 8;
@@ -79,12 +80,16 @@ class TrainSteps : public ::testing::Test {
   // Runs c and checks its length: `steps` optimizer steps over `epochs`
   // epochs, the progress lines `seen` there and `unseen` not; the schedule
   // spans exactly the steps taken and ends at its floor.
-  void expect_run(const dt_train_config &c, int64_t steps, int epochs,
+  void expect_run(const dt_train_config &given, int64_t steps, int epochs,
                   const std::vector<std::string> &seen, const std::vector<std::string> &unseen) {
     char *buf = nullptr;
     size_t len = 0;
     std::FILE *log = open_memstream(&buf, &len);
     dt_train_result r{};
+    dt_train_config c = given;  // the progress lines: the command line's observer as hooks
+    dt_observe_config oc = DT_OBSERVE_CONFIG_DEFAULT;
+    dt_observe_hooks obs;
+    dt_observe_hooks_init(&obs, &oc, nullptr, &c.hooks);
     dt_status st = dt_train_run(&c, log, &r);
     std::fclose(log);
     std::string out(buf, len);
@@ -136,8 +141,10 @@ TEST_F(TrainSteps, EpochsBoundTheRunWhenTheyEndFirst) {
 
 TEST_F(TrainSteps, DataParallelModeCountsTheSameSteps) {
   dt_train_config c = config();
-  c.mode = "dp";
-  c.devices = "cpu:0,cpu:1";
+  c.mode = DT_TRAIN_MODE_DP;
+  c.devices[0] = (dt_device){DT_DEVICE_CPU, 0};
+  c.devices[1] = (dt_device){DT_DEVICE_CPU, 1};
+  c.n_devices = 2;
   c.epochs = 2;
   c.max_steps = 3;
   expect_run(c, 3, 1, {"epoch 1 step 6/6 "}, {"epoch 1 step 7"});
