@@ -97,8 +97,7 @@ dt_status dt_dataset_create_with_layout(const dt_dataset_vtable *vt, void *impl,
  * layout dt_dataset_create_with_layout refuses; sizes beyond memory),
  * DT_ERR_OOM. On failure *out is NULL. */
 dt_status dt_dataset_from_memory(const dt_sample_layout *layout, const void *inputs,
-                                 const void *targets, int64_t n, int num_classes,
-                                 dt_dataset **out);
+                                 const void *targets, int64_t n, int num_classes, dt_dataset **out);
 void dt_dataset_destroy(dt_dataset *d); /* NULL is a no-op */
 int64_t dt_dataset_length(const dt_dataset *d);
 const dt_sample_layout *dt_dataset_layout(const dt_dataset *d);

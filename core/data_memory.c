@@ -76,10 +76,10 @@ dt_status dt_dataset_from_memory(const dt_sample_layout *layout, const void *inp
    * size is computed from it; on failure s is freed by memory_destroy. */
   dt_dataset *d = NULL;
   DT_CHECK(dt_dataset_create_with_layout(&memory_vtable, s, layout, num_classes, &d));
-  s->input_bytes = layout_numel(layout->input_shape, layout->input_ndim) *
-                   dt_dtype_size(layout->input_dtype);
-  s->target_bytes = layout_numel(layout->target_shape, layout->target_ndim) *
-                    dt_dtype_size(layout->target_dtype);
+  s->input_bytes =
+      layout_numel(layout->input_shape, layout->input_ndim) * dt_dtype_size(layout->input_dtype);
+  s->target_bytes =
+      layout_numel(layout->target_shape, layout->target_ndim) * dt_dtype_size(layout->target_dtype);
   dt_status st = copy_samples("input", inputs, n, s->input_bytes, &s->inputs);
   if (st == DT_OK)
     st = copy_samples("target", targets, n, s->target_bytes, &s->targets);

@@ -915,10 +915,12 @@ TEST(MemoryDataset, HoldsACopyOfTheSamplesBitForBit) {
   // f16 inputs (raw bit patterns, NaN and -0 among them) and i64 targets.
   std::vector<uint16_t> in(n * 6);
   std::vector<int64_t> tgt(n * 2);
-  for (size_t i = 0; i < in.size(); i++) in[i] = (uint16_t)(0x3c00u + 97u * i);
+  for (size_t i = 0; i < in.size(); i++)
+    in[i] = (uint16_t)(0x3c00u + 97u * i);
   in[3] = 0x7e01;  // a NaN with a payload
   in[4] = 0x8000;  // -0
-  for (size_t i = 0; i < tgt.size(); i++) tgt[i] = (int64_t)(i * 1000003) - 7;
+  for (size_t i = 0; i < tgt.size(); i++)
+    tgt[i] = (int64_t)(i * 1000003) - 7;
   dt_sample_layout lay = MemoryLayout(DT_DTYPE_F16, DT_DTYPE_I64);
   dt_dataset *d = nullptr;
   ASSERT_DT_OK(dt_dataset_from_memory(&lay, in.data(), tgt.data(), n, 7, &d));
@@ -968,8 +970,7 @@ TEST(MemoryDataset, RefusesBadArguments) {
   EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, 0, 2, &d), DT_ERR_INVALID_ARG);
   EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, -1, 2, &d), DT_ERR_INVALID_ARG);
   EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, 2, 0, &d), DT_ERR_INVALID_ARG);
-  EXPECT_NE(std::string(dt_last_error()).find("num_classes"), std::string::npos)
-      << dt_last_error();
+  EXPECT_NE(std::string(dt_last_error()).find("num_classes"), std::string::npos) << dt_last_error();
   dt_sample_layout bad = lay;
   bad.input_ndim = 0;  // an input has at least one dim
   EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
@@ -996,7 +997,8 @@ TEST(MemoryDataset, TheLoaderBatchesItsSamples) {
   std::vector<float> in(n * 3);
   std::vector<int32_t> tgt(n);
   for (int i = 0; i < n; i++) {
-    for (int j = 0; j < 3; j++) in[i * 3 + j] = (float)i + (float)j / 10.0f;
+    for (int j = 0; j < 3; j++)
+      in[i * 3 + j] = (float)i + (float)j / 10.0f;
     tgt[i] = i % 4;
   }
   dt_sample_layout lay = {};
@@ -1021,7 +1023,8 @@ TEST(MemoryDataset, TheLoaderBatchesItsSamples) {
   for (;;) {
     dt_tensor *x = nullptr, *y = nullptr;
     ASSERT_DT_OK(dt_loader_next(l, &x, &y));
-    if (!x) break;
+    if (!x)
+      break;
     int64_t b = dt_tensor_dim(x, 0);
     ASSERT_EQ(dt_tensor_ndim(x), 2);
     ASSERT_EQ(dt_tensor_dim(x, 1), 3);
@@ -1031,7 +1034,8 @@ TEST(MemoryDataset, TheLoaderBatchesItsSamples) {
     const int32_t *ys = static_cast<const int32_t *>(dt_tensor_data(y));
     for (int64_t k = 0; k < b; k++) {
       int i = (int)xs[k * 3];
-      for (int j = 0; j < 3; j++) EXPECT_EQ(xs[k * 3 + j], in[i * 3 + j]);
+      for (int j = 0; j < 3; j++)
+        EXPECT_EQ(xs[k * 3 + j], in[i * 3 + j]);
       EXPECT_EQ(ys[k], i % 4);
       seen.push_back(i);
     }
@@ -1040,7 +1044,8 @@ TEST(MemoryDataset, TheLoaderBatchesItsSamples) {
   }
   std::sort(seen.begin(), seen.end());
   std::vector<int> all(n);
-  for (int i = 0; i < n; i++) all[i] = i;
+  for (int i = 0; i < n; i++)
+    all[i] = i;
   EXPECT_EQ(seen, all);
   dt_loader_destroy(l);
   dt_sampler_destroy(s);

@@ -5,12 +5,12 @@
 #include <dtrain.h>
 #include <stdio.h>
 
-#define TRY(x)                                                                    \
-  do {                                                                            \
-    if ((x) != DT_OK) {                                                           \
-      fprintf(stderr, "install_smoke: %s failed: %s\n", #x, dt_last_error());    \
-      return 1;                                                                   \
-    }                                                                             \
+#define TRY(x)                                                                \
+  do {                                                                        \
+    if ((x) != DT_OK) {                                                       \
+      fprintf(stderr, "install_smoke: %s failed: %s\n", #x, dt_last_error()); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
 static int loss_of(dt_module *model, dt_tensor *x, dt_tensor *y, dt_tensor **loss) {
@@ -27,7 +27,8 @@ int main(void) {
   float xs[N * IN];
   int32_t ys[N];
   for (int i = 0; i < N; i++) {
-    for (int j = 0; j < IN; j++) xs[i * IN + j] = (float)((i * 7 + j * 3) % 11) / 11.0f - 0.5f;
+    for (int j = 0; j < IN; j++)
+      xs[i * IN + j] = (float)((i * 7 + j * 3) % 11) / 11.0f - 0.5f;
     ys[i] = i % CLASSES;
   }
   const int64_t xshape[2] = {N, IN}, yshape[1] = {N};
@@ -52,14 +53,16 @@ int main(void) {
 
   dt_tensor *loss = NULL;
   double before = 0, after = 0;
-  if (loss_of(model, x, y, &loss)) return 1;
+  if (loss_of(model, x, y, &loss))
+    return 1;
   TRY(dt_tensor_item(loss, 0, &before));
   TRY(dt_backward(loss, NULL));
   TRY(dt_optim_step(opt));
   TRY(dt_optim_zero_grad(opt));
   dt_tensor_release(loss);
   loss = NULL;
-  if (loss_of(model, x, y, &loss)) return 1;
+  if (loss_of(model, x, y, &loss))
+    return 1;
   TRY(dt_tensor_item(loss, 0, &after));
   dt_tensor_release(loss);
 
