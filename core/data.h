@@ -78,7 +78,27 @@ dt_status dt_dataset_create(const dt_dataset_vtable *vt, void *impl, const int64
 dt_status dt_dataset_create_with_layout(const dt_dataset_vtable *vt, void *impl,
                                         const dt_sample_layout *layout, int num_classes,
                                         dt_dataset **out);
-void dt_dataset_destroy(dt_dataset *d);
+/* A data set over samples held in memory: `inputs` holds n inputs one after
+ * another, each of the layout's input dtype and shape (contiguous, so n x
+ * numel(input_shape) x dt_dtype_size(input_dtype) bytes), `targets` n
+ * targets likewise; any dtypes. Both are copied: the caller may free its
+ * buffers when the call returns, and dt_dataset_destroy frees the copies.
+ * `num_classes` as for dt_dataset_create_with_layout (the range of class-id
+ * targets; the values are not checked here: the loss checks its targets).
+ *
+ *   float x[N][3]; int32_t y[N];                      // filled by the caller
+ *   dt_sample_layout lay = {DT_DTYPE_F32, 1, {3}, DT_DTYPE_I32, 0, {0}};
+ *   dt_dataset *d;
+ *   DT_CHECK(dt_dataset_from_memory(&lay, x, y, N, 2, &d));
+ *
+ * For samples made on demand (a file format of your own, augmentation), give
+ * callbacks instead: dt_dataset_create_with_layout with a vtable.
+ * Errors: DT_ERR_INVALID_ARG (out, layout, inputs or targets NULL; n < 1; a
+ * layout dt_dataset_create_with_layout refuses; sizes beyond memory),
+ * DT_ERR_OOM. On failure *out is NULL. */
+dt_status dt_dataset_from_memory(const dt_sample_layout *layout, const void *inputs,
+                                 const void *targets, int64_t n, int num_classes, dt_dataset **out);
+void dt_dataset_destroy(dt_dataset *d); /* NULL is a no-op */
 int64_t dt_dataset_length(const dt_dataset *d);
 const dt_sample_layout *dt_dataset_layout(const dt_dataset *d);
 int dt_dataset_input_ndim(const dt_dataset *d);

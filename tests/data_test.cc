@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "tests/dt_assert.h"
 
 namespace {
 
@@ -891,6 +893,163 @@ TEST_F(LoaderTest, DistributedShardsThroughTheLoader) {
   }
   EXPECT_EQ(all.size(), 12u);  // 10 samples + 2 padding
   EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), 10u);
+}
+
+// ---- in-memory data sets (dt_dataset_from_memory) ----
+
+// A layout: inputs (2, 3) of `in`, targets (2) of `tgt`.
+dt_sample_layout MemoryLayout(dt_dtype in, dt_dtype tgt) {
+  dt_sample_layout lay = {};
+  lay.input_dtype = in;
+  lay.input_ndim = 2;
+  lay.input_shape[0] = 2;
+  lay.input_shape[1] = 3;
+  lay.target_dtype = tgt;
+  lay.target_ndim = 1;
+  lay.target_shape[0] = 2;
+  return lay;
+}
+
+TEST(MemoryDataset, HoldsACopyOfTheSamplesBitForBit) {
+  const int64_t n = 5;
+  // f16 inputs (raw bit patterns, NaN and -0 among them) and i64 targets.
+  std::vector<uint16_t> in(n * 6);
+  std::vector<int64_t> tgt(n * 2);
+  for (size_t i = 0; i < in.size(); i++)
+    in[i] = (uint16_t)(0x3c00u + 97u * i);
+  in[3] = 0x7e01;  // a NaN with a payload
+  in[4] = 0x8000;  // -0
+  for (size_t i = 0; i < tgt.size(); i++)
+    tgt[i] = (int64_t)(i * 1000003) - 7;
+  dt_sample_layout lay = MemoryLayout(DT_DTYPE_F16, DT_DTYPE_I64);
+  dt_dataset *d = nullptr;
+  ASSERT_DT_OK(dt_dataset_from_memory(&lay, in.data(), tgt.data(), n, 7, &d));
+  std::vector<uint16_t> want_in = in;
+  std::vector<int64_t> want_tgt = tgt;
+  std::fill(in.begin(), in.end(), 0);  // the caller's buffers are its own again
+  std::fill(tgt.begin(), tgt.end(), 0);
+
+  EXPECT_EQ(dt_dataset_length(d), n);
+  EXPECT_EQ(dt_dataset_num_classes(d), 7);
+  EXPECT_EQ(dt_dataset_input_numel(d), 6);
+  const dt_sample_layout *got = dt_dataset_layout(d);
+  EXPECT_EQ(got->input_dtype, DT_DTYPE_F16);
+  EXPECT_EQ(got->target_dtype, DT_DTYPE_I64);
+  EXPECT_EQ(got->input_ndim, 2);
+  EXPECT_EQ(got->input_shape[1], 3);
+  EXPECT_EQ(got->target_ndim, 1);
+  EXPECT_EQ(got->target_shape[0], 2);
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t x[6];
+    int64_t y[2];
+    ASSERT_DT_OK(dt_dataset_get_sample(d, i, x, y));
+    EXPECT_EQ(memcmp(x, &want_in[i * 6], sizeof x), 0) << "sample " << i;
+    EXPECT_EQ(memcmp(y, &want_tgt[i * 2], sizeof y), 0) << "sample " << i;
+  }
+  uint16_t x[6];
+  int64_t y[2];
+  EXPECT_EQ(dt_dataset_get_sample(d, n, x, y), DT_ERR_INVALID_ARG);
+  // Not f32 images with i32 labels: dt_dataset_get refuses.
+  float fx[6];
+  int32_t label;
+  EXPECT_EQ(dt_dataset_get(d, 0, fx, &label), DT_ERR_DTYPE);
+  dt_dataset_destroy(d);
+  dt_dataset_destroy(nullptr);
+}
+
+TEST(MemoryDataset, RefusesBadArguments) {
+  float in[6 * 2] = {0};
+  int32_t tgt[2 * 2] = {0};
+  dt_sample_layout lay = MemoryLayout(DT_DTYPE_F32, DT_DTYPE_I32);
+  dt_dataset *d = reinterpret_cast<dt_dataset *>(&lay);  // must come back NULL
+  EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, 2, 2, nullptr), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_from_memory(nullptr, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(d, nullptr);
+  EXPECT_EQ(dt_dataset_from_memory(&lay, nullptr, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_from_memory(&lay, in, nullptr, 2, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, 0, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, -1, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_dataset_from_memory(&lay, in, tgt, 2, 0, &d), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("num_classes"), std::string::npos) << dt_last_error();
+  dt_sample_layout bad = lay;
+  bad.input_ndim = 0;  // an input has at least one dim
+  EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  bad = lay;
+  bad.input_ndim = DT_MAX_DIMS;  // no dim left for the batch
+  EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  bad = lay;
+  bad.target_shape[0] = 0;
+  EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  bad = lay;
+  bad.input_dtype = (dt_dtype)99;
+  EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, 2, 2, &d), DT_ERR_INVALID_ARG);
+  // More samples than memory can address (refused before any copy).
+  bad = lay;
+  bad.input_ndim = 1;
+  bad.input_shape[0] = INT64_C(1) << 31;
+  EXPECT_EQ(dt_dataset_from_memory(&bad, in, tgt, INT64_C(1) << 40, 2, &d), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(d, nullptr);
+}
+
+TEST(MemoryDataset, TheLoaderBatchesItsSamples) {
+  // 10 samples, f32 inputs (3) = i + j / 10, one i32 label each = i % 4.
+  const int n = 10;
+  std::vector<float> in(n * 3);
+  std::vector<int32_t> tgt(n);
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < 3; j++)
+      in[i * 3 + j] = (float)i + (float)j / 10.0f;
+    tgt[i] = i % 4;
+  }
+  dt_sample_layout lay = {};
+  lay.input_dtype = DT_DTYPE_F32;
+  lay.input_ndim = 1;
+  lay.input_shape[0] = 3;
+  lay.target_dtype = DT_DTYPE_I32;
+  lay.target_ndim = 0;
+  dt_dataset *d = nullptr;
+  ASSERT_DT_OK(dt_dataset_from_memory(&lay, in.data(), tgt.data(), n, 4, &d));
+  dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
+  sc.seed = 3;
+  dt_sampler *s = nullptr;
+  ASSERT_DT_OK(dt_sampler_create(n, &sc, &s));
+  dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
+  lc.batch_size = 4;
+  dt_loader *l = nullptr;
+  ASSERT_DT_OK(dt_loader_create(d, s, &lc, &l));
+  EXPECT_EQ(dt_loader_num_batches(l), 3);
+  ASSERT_DT_OK(dt_loader_start_epoch(l, 0));
+  std::vector<int> seen;
+  for (;;) {
+    dt_tensor *x = nullptr, *y = nullptr;
+    ASSERT_DT_OK(dt_loader_next(l, &x, &y));
+    if (!x)
+      break;
+    int64_t b = dt_tensor_dim(x, 0);
+    ASSERT_EQ(dt_tensor_ndim(x), 2);
+    ASSERT_EQ(dt_tensor_dim(x, 1), 3);
+    ASSERT_EQ(dt_tensor_ndim(y), 1);
+    ASSERT_EQ(dt_tensor_dim(y, 0), b);
+    const float *xs = static_cast<const float *>(dt_tensor_data(x));
+    const int32_t *ys = static_cast<const int32_t *>(dt_tensor_data(y));
+    for (int64_t k = 0; k < b; k++) {
+      int i = (int)xs[k * 3];
+      for (int j = 0; j < 3; j++)
+        EXPECT_EQ(xs[k * 3 + j], in[i * 3 + j]);
+      EXPECT_EQ(ys[k], i % 4);
+      seen.push_back(i);
+    }
+    dt_tensor_release(x);
+    dt_tensor_release(y);
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int> all(n);
+  for (int i = 0; i < n; i++)
+    all[i] = i;
+  EXPECT_EQ(seen, all);
+  dt_loader_destroy(l);
+  dt_sampler_destroy(s);
+  dt_dataset_destroy(d);
 }
 
 }  // namespace
