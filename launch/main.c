@@ -302,7 +302,6 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   ok = ok && (!precision || dt_precision_parse(precision, &cfg.precision) == DT_OK);
   ok = ok && (!debug_overflow || dt_cli_parse_debug_overflow(debug_overflow, &cfg.debug_overflow_rank,
                                                              &cfg.debug_overflow_step) == DT_OK);
-  ok = ok && dt_comm_backend_parse(comm_backend, &cfg.comm_backend) == DT_OK;
   ok = ok && dt_ddp_grad_compress_parse(grad_compress, &cfg.grad_compress) == DT_OK;
   ok = ok && dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) == DT_OK;
   if (!ok) { /* the data set's name against the model's own ones, a device the build lacks */
@@ -332,6 +331,10 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   }
   if (dt_cli_check_env() != DT_OK)
     return 1;
+  if (dt_comm_backend_parse(comm_backend, &cfg.comm_backend) != DT_OK) { /* checked: the flag's */
+    fprintf(err, "dtrain train: %s\n", dt_last_error());                 /* choices, the env's */
+    return 2;
+  }
   if (cfg.threads == 0)
     dt_threads_choose_default(dt_pg_local_size(pg));
   cfg.threads_note = dt_threads_note();

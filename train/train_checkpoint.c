@@ -625,15 +625,10 @@ static dt_status choose_run_dir(dt_train_ckpt *ck) {
 static dt_status write_config_json(const dt_train_ckpt *ck) {
   const dt_train_ckpt_run *r = &ck->run;
   const dt_train_config *c = r->cfg;
-  char buf[8192], device[32] = "cuda", devices[DT_TRAIN_MAX_DEVICES * 12] = "";
-  if (c->device.type != DT_DEVICE_CUDA || c->device.index != DT_TRAIN_RANK_DEVICE)
-    dt_device_format(c->device, device, sizeof device);
-  for (int i = 0; c->mode == DT_TRAIN_MODE_DP && i < c->n_devices; i++) {
-    char one[32];
-    size_t used = strlen(devices);
-    snprintf(devices + used, sizeof devices - used, "%s%s", i ? "," : "",
-             dt_device_format(c->devices[i], one, sizeof one));
-  }
+  char buf[8192], device[32], devices[DT_TRAIN_MAX_DEVICES * 12];
+  dt_train_device_text(c->device, device, sizeof device);
+  dt_train_devices_text(c->devices, c->mode == DT_TRAIN_MODE_DP ? c->n_devices : 0, devices,
+                        sizeof devices);
   const char *resume = c->resume == DT_TRAIN_RESUME_AUTO   ? "auto"
                        : c->resume == DT_TRAIN_RESUME_PATH ? c->resume_path
                                                            : "";

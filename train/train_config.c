@@ -2,6 +2,7 @@
  * (train/train_config.h). */
 #include "train/train_config.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "core/cpu.h"
@@ -22,6 +23,27 @@ const char *dt_train_schedule_name(dt_lr_decay d) {
     case DT_LR_DECAY_STEP: return "step";
   }
   return "invalid";
+}
+
+char *dt_train_device_text(dt_device d, char *buf, size_t cap) {
+  if (d.type == DT_DEVICE_CUDA && d.index == DT_TRAIN_RANK_DEVICE)
+    snprintf(buf, cap, "cuda");
+  else if (d.type == DT_DEVICE_CPU && d.index == 0)
+    snprintf(buf, cap, "cpu");
+  else
+    dt_device_format(d, buf, cap);
+  return buf;
+}
+
+char *dt_train_devices_text(const dt_device *devs, int n, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used < cap; i++) {
+    char one[32];
+    used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? "," : "",
+                             dt_device_format(devs[i], one, sizeof one));
+  }
+  return buf;
 }
 
 /* Fields not named are 0, false or NULL. */
@@ -157,10 +179,13 @@ static dt_status check_mode(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`mode` dp needs the replicas' devices: `devices` cpu:0,cpu:1 (or "
                     "cuda:0,cuda:1)");
-  if (!dp && c->n_devices > 0)
+  if (!dp && c->n_devices > 0) {
+    char list[DT_TRAIN_MAX_DEVICES * 12];
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "`devices` is for `mode` dp (one process, one replica per device); for DDP "
-                    "give one `device` per rank");
+                    "`devices` '%s' is for `mode` dp (one process, one replica per device); for "
+                    "DDP give one `device` per rank",
+                    dt_train_devices_text(c->devices, c->n_devices, list, sizeof list));
+  }
   if (c->n_devices < 0 || c->n_devices > DT_TRAIN_MAX_DEVICES)
     return DT_ERROR(DT_ERR_INVALID_ARG, "`devices`: %d devices, expected 1 to %d", c->n_devices,
                     DT_TRAIN_MAX_DEVICES);

@@ -15,6 +15,7 @@
 #define DT_TRAIN_TRAIN_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/amp.h"
@@ -58,6 +59,12 @@ const char *dt_train_schedule_name(dt_lr_decay d);
  * dt_comm_pick_device (the local rank within CUDA_VISIBLE_DEVICES), cuda:0
  * without a process group. */
 #define DT_TRAIN_RANK_DEVICE (-1)
+
+/* A device as a user names it: "cpu" for cpu:0, "cuda" for this rank's
+ * GPU, else dt_device_format's "cuda:1". Returns buf. */
+char *dt_train_device_text(dt_device d, char *buf, size_t cap);
+/* Devices joined by commas ("cpu:0,cpu:1"). Returns buf. */
+char *dt_train_devices_text(const dt_device *devs, int n, char *buf, size_t cap);
 
 typedef struct dt_train_config {
   /* What to train: the model, its input, data sets, loss and metric

@@ -113,7 +113,7 @@ static dt_status check_comm_backend(const dt_train_config *c, dt_device dev) {
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "communication backend nccl (`comm_backend` or DT_COMM_BACKEND) with device "
                     "%s: NCCL reduces GPU memory; train on cuda devices, or use auto or mpi",
-                    dt_device_format(dev, name, sizeof name));
+                    dt_train_device_text(c->device, name, sizeof name));
   return DT_OK;
 }
 
@@ -724,14 +724,9 @@ static const char *comm_description(const train_state *s) {
 }
 
 static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
-  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12] = "";
+  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12];
   dt_device_format(s->dev, dev, sizeof dev);
-  for (int i = 0; s->dp && i < c->n_devices; i++) {
-    char one[32];
-    size_t used = strlen(devs);
-    snprintf(devs + used, sizeof devs - used, "%s%s", i ? "," : "",
-             dt_device_format(c->devices[i], one, sizeof one));
-  }
+  dt_train_devices_text(c->devices, s->dp ? c->n_devices : 0, devs, sizeof devs);
   log_line(log, c,
            "dtrain train: model %s (%lld parameters) data %s (%lld train, %lld test) device %s "
            "threads %d%s\n",
@@ -766,14 +761,9 @@ static dt_status hooks_start(const dt_train_config *c, train_state *s, FILE *log
   s->started = true;
   if (!s->hooks->start)
     return DT_OK;
-  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12] = "";
+  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12];
   dt_device_format(s->dev, dev, sizeof dev);
-  for (int i = 0; s->dp && i < c->n_devices; i++) {
-    char one[32];
-    size_t used = strlen(devs);
-    snprintf(devs + used, sizeof devs - used, "%s%s", i ? "," : "",
-             dt_device_format(c->devices[i], one, sizeof one));
-  }
+  dt_train_devices_text(c->devices, s->dp ? c->n_devices : 0, devs, sizeof devs);
   const dt_task *t = s->task;
   int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
   for (int i = 0; tokens && i < t->input_ndim; i++)
