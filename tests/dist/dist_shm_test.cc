@@ -21,7 +21,7 @@ namespace {
 dt_pg *g_pg = nullptr;
 dt_comm *g_comm = nullptr;  // DT_COMM_SHM from the environment
 
-// comm_shm.c's slot: 1 MiB per rank and chunk, split into W pieces for
+// comm_shm_protocol.c's slot: 1 MiB per rank and chunk, split into W pieces for
 // the reductions.
 constexpr int64_t kSlotBytes = 1 << 20;
 
