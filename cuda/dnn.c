@@ -343,6 +343,28 @@ static dt_status workspace_get(dt_cuda_ctx *ctx, void *given, size_t bytes, void
   return DT_OK;
 }
 
+/* Ends what conv_begin began: the lock, the temporary workspace. st. */
+static dt_status conv_end(dt_cuda_ctx *ctx, void *tmp, dt_status st) {
+  pthread_mutex_unlock(&ctx->conv_lock);
+  if (tmp)
+    dt_cuda_scratch_free(ctx, tmp);
+  return st;
+}
+
+/* A convolution's workspace (workspace_get) and the convolution lock (the
+ * descriptor's math type is per direction), with cuDNN on `stream`; the
+ * caller ends with conv_end. On an error nothing is held. */
+static dt_status conv_begin(dt_cuda_ctx *ctx, cudaStream_t stream, void *given, size_t bytes,
+                            void **ws, void **tmp) {
+  DT_CHECK(workspace_get(ctx, given, bytes, ws, tmp));
+  pthread_mutex_lock(&ctx->conv_lock);
+  dt_status st = DT_OK;
+  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, stream), st, fail);
+  return DT_OK;
+fail:
+  return conv_end(ctx, *tmp, st);
+}
+
 // x (n,c,h,w), w (oc,c,kh,kw), bias (oc, f32) or NULL -> y (n,oc,oh,ow); x, w, y of ex->dtype
 dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                  const float *w, const float *bias, float *y, void *workspace) {
@@ -352,11 +374,9 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
   conv_plan *p = NULL;
   DT_CHECK(plan_get(ctx, g, ex->dtype, &p));
   void *ws = NULL, *tmp = NULL;
-  DT_CHECK(workspace_get(ctx, workspace, p->ws_fwd, &ws, &tmp));
+  DT_CHECK(conv_begin(ctx, stream, workspace, p->ws_fwd, &ws, &tmp));
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
-  pthread_mutex_lock(&ctx->conv_lock); /* the descriptor's math type is per direction */
-  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, stream), st, unlock);
   DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->fwd_math), st, unlock);
   DT_CUDNN_CHECK_GOTO(cudnnConvolutionForward(ctx->cudnn, &one, p->x, x, p->w, w, p->conv, p->fwd,
                                               ws, p->ws_fwd, &zero, p->y, y),
@@ -367,10 +387,7 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
     st = dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc,
                                    (int64_t)g->oh * g->ow);
 unlock:
-  pthread_mutex_unlock(&ctx->conv_lock);
-  if (tmp)
-    dt_cuda_scratch_free(ctx, tmp);
-  return st;
+  return conv_end(ctx, tmp, st);
 }
 
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten);
@@ -395,11 +412,9 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
   if (dw && p->ws_bwd_filter > need)
     need = p->ws_bwd_filter;
   void *ws = NULL, *tmp = NULL;
-  DT_CHECK(workspace_get(ctx, workspace, need, &ws, &tmp));
+  DT_CHECK(conv_begin(ctx, stream, workspace, need, &ws, &tmp));
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
-  pthread_mutex_lock(&ctx->conv_lock);
-  DT_CUDNN_CHECK_GOTO(cudnnSetStream(ctx->cudnn, stream), st, unlock);
   if (dx) {
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), st, unlock);
     DT_CUDNN_CHECK_GOTO(
@@ -421,10 +436,7 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
     st = dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc,
                                     (int64_t)g->oh * g->ow);
 unlock:
-  pthread_mutex_unlock(&ctx->conv_lock);
-  if (tmp)
-    dt_cuda_scratch_free(ctx, tmp);
-  return st;
+  return conv_end(ctx, tmp, st);
 }
 
 /* ---- batch normalisation ---- */

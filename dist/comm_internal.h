@@ -1,8 +1,9 @@
 /* Communicator internals: the backend vtable and the work record.
  *
- * comm.c owns what every backend shares: argument checks, sequence numbers,
- * work handles, the communication thread (a FIFO of works run one at a
- * time), the watchdog message and the broken state. A backend provides
+ * comm.c, comm_work.c and comm_thread.c own what every backend shares:
+ * argument checks, sequence numbers, work handles, the communication
+ * thread (a FIFO of works run one at a time), the watchdog message and
+ * the broken state. A backend provides
  * `run`, which executes one collective to completion on the communication
  * thread and must give up at `deadline` (dt_comm_now() time) with
  * DT_ERR_TIMEOUT. A backend that enqueues on device streams (nccl) sets

@@ -28,7 +28,7 @@ typedef struct mpi_comm {
   MPI_Request *ring_reqs;
   size_t ring_reqs_cap;
   /* All ranks on one node: every collective runs through shared memory
-   * (comm_shm.c) instead of the MPI paths below. */
+   * (comm_shm*.c) instead of the MPI paths below. */
   dt_shm_transport *shm;
 } mpi_comm;
 

@@ -8,7 +8,7 @@
  * bucket's gradients are complete); [start]/[end] are timing events; [end]
  * is the completion that waiters query (dt_work_test), synchronise on
  * (dt_work_wait) or make a stream wait on (dt_work_wait_stream). The host
- * never blocks here. comm.c's watchdog polls `query` and `check_async`
+ * never blocks here. comm_thread.c's watchdog polls `query` and `check_async`
  * (ncclCommGetAsyncError) and calls `abort_comm` (ncclCommAbort) on a
  * deadline or error.
  */

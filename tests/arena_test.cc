@@ -50,6 +50,14 @@ dt_status forward_backward(dt_module *m) {
   return st;
 }
 
+// small_mlp(seed) with its arena, after one forward_backward. Call it
+// through ASSERT_NO_FATAL_FAILURE.
+void MlpAfterBackward(uint64_t seed, dt_module **m, dt_param_arena **a) {
+  *m = small_mlp(seed);
+  ASSERT_DT_OK(dt_param_arena_create(*m, a));
+  ASSERT_DT_OK(forward_backward(*m));
+}
+
 TEST(ParamArena, ParametersBecomeViewsInRegistrationOrder) {
   dt_module *m = small_mlp(1);
   std::vector<std::vector<float>> before;
@@ -226,10 +234,9 @@ namespace {
 // ZeRO's tail: the flat buffers grow by zeroed elements, every value and
 // accumulated gradient stays, .grad views point into the new buffer.
 TEST(ParamArena, PadKeepsValuesAndGradientsAndDropGradsLetsAutogradAllocate) {
-  dt_module *m = small_mlp(5);
+  dt_module *m = nullptr;
   dt_param_arena *a = nullptr;
-  ASSERT_DT_OK(dt_param_arena_create(m, &a));
-  ASSERT_DT_OK(forward_backward(m));
+  ASSERT_NO_FATAL_FAILURE(MlpAfterBackward(5, &m, &a));
   std::vector<float> data = ToVector(dt_param_arena_data(a));
   std::vector<float> grads = ToVector(dt_param_arena_grads(a));
   int64_t n = dt_param_arena_numel(a);
@@ -276,10 +283,9 @@ struct Released {
 void CountRelease(void *ctx) { static_cast<Released *>(ctx)->calls++; }
 
 TEST(ParamArena, MoveGradsIntoCallerMemoryKeepsThemAndReleasesIt) {
-  dt_module *m = small_mlp(6);
+  dt_module *m = nullptr;
   dt_param_arena *a = nullptr;
-  ASSERT_DT_OK(dt_param_arena_create(m, &a));
-  ASSERT_DT_OK(forward_backward(m));
+  ASSERT_NO_FATAL_FAILURE(MlpAfterBackward(6, &m, &a));
   std::vector<float> grads = ToVector(dt_param_arena_grads(a));
   int64_t n = dt_param_arena_numel(a);
   std::vector<float> memory(static_cast<size_t>(n) + 4, -1.0f);

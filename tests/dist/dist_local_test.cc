@@ -325,13 +325,25 @@ struct Single {
   ~Single() { dt_comm_destroy(comm); }
 };
 
-TEST_F(DistLocal, BucketsAreReverseOrderedContiguousSlices) {
+// DDP's buckets over a group of one: the MLP 784-512-512-10 and its arena.
+class DistLocalMlp : public DistLocal {
+ protected:
+  void SetUp() override {
+    DistLocal::SetUp();
+    DT_ASSERT_OK(dtt::build_model("mlp", &m));
+    DT_ASSERT_OK(dt_param_arena_create(m, &arena));
+  }
+  void TearDown() override {
+    dt_param_arena_destroy(arena);
+    dt_module_destroy(m);
+  }
   Single s;
   dt_module *m = nullptr;
   dt_param_arena *arena = nullptr;
+};
+
+TEST_F(DistLocalMlp, BucketsAreReverseOrderedContiguousSlices) {
   dt_ddp *ddp = nullptr;
-  DT_ASSERT_OK(dtt::build_model("mlp", &m));  // 784-512-512-10
-  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
   cfg.first_bucket_bytes = 64 << 10;
   cfg.bucket_bytes = 1 << 20;
@@ -368,8 +380,6 @@ TEST_F(DistLocal, BucketsAreReverseOrderedContiguousSlices) {
   // 784-512-512-10: {5.bias, 5.weight, 3.bias, 3.weight} then {1.bias, 1.weight}
   EXPECT_EQ(nb, 2);
   dt_ddp_destroy(ddp);
-  dt_param_arena_destroy(arena);
-  dt_module_destroy(m);
 }
 
 // A module whose forward uses child "used" and never child "unused".
@@ -601,13 +611,8 @@ TEST_F(DistLocal, UpdatePerBucketAndSplitBucketsChangeNoBit) {
 // whole rows (a multiple of 16, at most 8 parts), each closing its bucket,
 // from its last rows to its first; the buckets still tile the flat space
 // in reverse order, and parameters outside the last bucket stay whole.
-TEST_F(DistLocal, SplitBucketsAreRowBlocksOfTheLastBucketsParameters) {
-  Single s;
-  dt_module *m = nullptr;
-  dt_param_arena *arena = nullptr;
+TEST_F(DistLocalMlp, SplitBucketsAreRowBlocksOfTheLastBucketsParameters) {
   dt_ddp *ddp = nullptr;
-  DT_ASSERT_OK(dtt::build_model("mlp", &m));  // 784-512-512-10
-  DT_ASSERT_OK(dt_param_arena_create(m, &arena));
   dt_ddp_config cfg = DT_DDP_CONFIG_DEFAULT;
   cfg.split_bytes = 512 << 10;  // 1.weight (1.53 MiB, rows of 3136 bytes): 176 rows a part
   DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
@@ -634,8 +639,6 @@ TEST_F(DistLocal, SplitBucketsAreRowBlocksOfTheLastBucketsParameters) {
   DT_ASSERT_OK(dt_ddp_create(m, arena, s.comm, &cfg, &ddp));
   EXPECT_EQ(dt_ddp_num_buckets(ddp), 2);
   dt_ddp_destroy(ddp);
-  dt_param_arena_destroy(arena);
-  dt_module_destroy(m);
 }
 
 // Mixed precision under DDP and ZeRO: after every sharded step each rank's

@@ -389,8 +389,5 @@ TEST_F(DistMpi, MismatchedCollectivesFailOnEveryRankBeforeDataMoves) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (!dtt::start_mpi("dist_mpi_test", &g_pg, &g_comm))
-    return 1;
-  return dtt::run_all_then_stop_mpi(g_pg, g_comm);
+  return dtt::mpi_suite_main(argc, argv, "dist_mpi_test", &g_pg, &g_comm);
 }

@@ -21,7 +21,7 @@ namespace {
 dt_pg *g_pg = nullptr;
 dt_comm *g_comm = nullptr;  // DT_COMM_SHM from the environment
 
-// comm_shm.c's slot: 1 MiB per rank and chunk, split into W pieces for
+// comm_shm_protocol.c's slot: 1 MiB per rank and chunk, split into W pieces for
 // the reductions.
 constexpr int64_t kSlotBytes = 1 << 20;
 
@@ -534,8 +534,5 @@ TEST_F(DistShm, SharedBufferAtDifferentPlacesFailsOnEveryRank) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (!dtt::start_mpi("dist_shm_test", &g_pg, &g_comm))
-    return 1;
-  return dtt::run_all_then_stop_mpi(g_pg, g_comm);
+  return dtt::mpi_suite_main(argc, argv, "dist_shm_test", &g_pg, &g_comm);
 }

@@ -68,6 +68,16 @@ inline int run_all_then_stop_mpi(dt_pg *pg, dt_comm *comm) {
   return rc;
 }
 
+// The main() of a suite run under mpirun that needs nothing else set up:
+// GoogleTest's flags, start_mpi into *pg and *comm (1 when it fails), then
+// run_all_then_stop_mpi.
+inline int mpi_suite_main(int argc, char **argv, const char *suite, dt_pg **pg, dt_comm **comm) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (!start_mpi(suite, pg, comm))
+    return 1;
+  return run_all_then_stop_mpi(*pg, *comm);
+}
+
 // A 1-d tensor of `dtype` holding v's elements (of that type's size) on
 // dev (NULL, with a test failure, when it fails).
 template <typename T>

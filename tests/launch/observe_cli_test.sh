@@ -51,7 +51,7 @@ expect_cmd "DDP: every record has the documented keys, all-reduce time and hidde
   "$obs_check" metrics "$ddp/metrics.jsonl" --world 2 --ddp
 # Every bucket but the last is queued while backward runs. It runs at once
 # when a core is free; on a machine whose cores the ranks fill (CI's 2), the
-# communication thread (SCHED_BATCH, dist/comm.c) does not preempt backward
+# communication thread (SCHED_BATCH, dist/comm_thread.c) does not preempt backward
 # and runs when backward ends, so the spans overlap only with a core to spare.
 overlap=()
 [ "$(nproc)" -ge 4 ] && overlap=(--overlap comm:backward)
