@@ -96,6 +96,7 @@ void dt_comm_abort(dt_comm *c, const char *why) {
 int dt_comm_rank(const dt_comm *c) { return c->rank; }
 int dt_comm_size(const dt_comm *c) { return c->size; }
 const char *dt_comm_backend_name(const dt_comm *c) { return c->be->name; }
+bool dt_comm_is_nccl(const dt_comm *c) { return c != NULL && strcmp(c->be->name, "nccl") == 0; }
 const char *dt_comm_transport(const dt_comm *c) {
   return c->be->transport != NULL ? c->be->transport(c->impl) : c->be->name;
 }

@@ -85,6 +85,7 @@
 #ifndef DT_DIST_COMM_H
 #define DT_DIST_COMM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/backend.h"
@@ -238,6 +239,8 @@ void dt_comm_abort(dt_comm *c, const char *why);
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);
 const char *dt_comm_backend_name(const dt_comm *c); /* "mpi", "local", "nccl" */
+/* Whether c reduces device memory over NCCL (false for NULL). */
+bool dt_comm_is_nccl(const dt_comm *c);
 /* How the host collectives travel: "shm" for an mpi communicator on the
  * shared-memory transport, else the backend's name ("mpi", ...). */
 const char *dt_comm_transport(const dt_comm *c);

@@ -3,7 +3,9 @@
 # (Bazel here builds without a sandbox, so headers a target does not export
 # would still be found on disk: this test is what keeps them private).
 #   - folders: core/ includes only core/; cuda/ and models/ only core/ and
-#     themselves; dist/ core/, cuda/ and itself; launch/ anything.
+#     themselves; dist/ core/, cuda/ and itself; train/ (the trainer)
+#     core/, cuda/, dist/, models/ and itself; launch/ anything; examples/
+#     only <dtrain.h> (the public API) and the C library.
 #   - core/ libraries (core/libraries.bzl): a file includes only headers
 #     of its own library or of one it builds on; the CPU backend and the
 #     tensor layer, say, do not see each other.
@@ -62,7 +64,8 @@ while IFS= read -r f; do
     idir=${inc%%/*}
     case "$dir:$idir" in
       core:core | cuda:core | cuda:cuda | models:core | models:models | dist:core | dist:dist | \
-        dist:cuda | launch:* | tests:* | tools:*) ;;
+        dist:cuda | train:core | train:cuda | train:dist | train:models | train:train | \
+        launch:* | tests:* | tools:*) ;;
       *) bad "$f includes $inc: $dir/ may not use $idir/" ;;
     esac
     case "$inc" in
@@ -89,8 +92,19 @@ while IFS= read -r f; do
       esac
     fi
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z_]*\/[^"]*\)".*/\1/p' "$f")
-done < <(find core cuda dist models launch -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \
+done < <(find core cuda dist models train launch examples -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \
   -o -name '*.cuh' -o -name '*.def' \) | sort)
+
+# examples/ use the public API only: <dtrain.h> and the C library.
+for f in examples/*.c; do
+  [ -e "$f" ] || continue
+  while IFS= read -r inc; do
+    case "$inc" in
+      '<dtrain.h>' | '<'[a-z]*'.h>') ;;
+      *) bad "$f includes $inc: an example uses only <dtrain.h> (and the C library)" ;;
+    esac
+  done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*\([<"][^>"]*[>"]\).*/\1/p' "$f")
+done
 
 [ "$checked" -gt 100 ] || bad "only $checked include lines found: is the tree there?"
 if [ "$fail" = 0 ]; then

@@ -718,7 +718,7 @@ static dt_status evaluate(const dt_train_config *c, train_state *s, double *loss
 /* "nccl", "mpi", or "mpi (host-staged)" for device tensors over mpi. */
 static const char *comm_description(const train_state *s) {
   const char *name = dt_comm_backend_name(s->comm);
-  if (s->dev.type != DT_DEVICE_CPU && strcmp(name, "nccl") != 0)
+  if (s->dev.type != DT_DEVICE_CPU && !dt_comm_is_nccl(s->comm))
     return "mpi (host-staged)";
   return name;
 }
