@@ -3,7 +3,7 @@
  * bf16 autocast, a checkpoint at the end. No arguments.
  *   cc char_transformer.c $(pkg-config --cflags --libs dtrain) -o ct
  *   mpirun -np 2 ./ct     # the global batch is 16 on any number of ranks */
-#include <dtrain.h>
+#include "dtrain.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

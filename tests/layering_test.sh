@@ -5,7 +5,7 @@
 #   - folders: core/ includes only core/; cuda/ and models/ only core/ and
 #     themselves; dist/ core/, cuda/ and itself; train/ (the trainer)
 #     core/, cuda/, dist/, models/ and itself; launch/ anything; examples/
-#     only <dtrain.h> (the public API) and the C library.
+#     only dtrain.h (the public API) and the C library.
 #   - core/ libraries (core/libraries.bzl): a file includes only headers
 #     of its own library or of one it builds on; the CPU backend and the
 #     tensor layer, say, do not see each other.
@@ -95,13 +95,13 @@ while IFS= read -r f; do
 done < <(find core cuda dist models train launch examples -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \
   -o -name '*.cuh' -o -name '*.def' \) | sort)
 
-# examples/ use the public API only: <dtrain.h> and the C library.
+# examples/ use the public API only: dtrain.h and the C library.
 for f in examples/*.c; do
   [ -e "$f" ] || continue
   while IFS= read -r inc; do
     case "$inc" in
-      '<dtrain.h>' | '<'[a-z]*'.h>') ;;
-      *) bad "$f includes $inc: an example uses only <dtrain.h> (and the C library)" ;;
+      '"dtrain.h"' | '<'[a-z]*'.h>') ;;
+      *) bad "$f includes $inc: an example uses only "dtrain.h" (and the C library)" ;;
     esac
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*\([<"][^>"]*[>"]\).*/\1/p' "$f")
 done
