@@ -3,10 +3,10 @@
  * bf16 autocast, a checkpoint at the end. No arguments.
  *   cc char_transformer.c $(pkg-config --cflags --libs dtrain) -o ct
  *   mpirun -np 2 ./ct     # the global batch is 16 on any number of ranks */
-#include "dtrain.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dtrain.h"
 
 enum { T = 32, C = 64, HEADS = 4, V = 96, BATCH = 16 }; /* V: printable ASCII */
 
@@ -15,15 +15,11 @@ static const char *TEXT =
     "age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the "
     "season of Light, it was the season of Darkness, it was the spring of hope, it was the winter "
     "of despair, we had everything before us, we had nothing before us, we were all going direct "
-    "to Heaven, we were all going direct the other way. There were a king with a large jaw and a "
-    "queen with a plain face, on the throne of England; there were a king with a large jaw and a "
-    "queen with a fair face, on the throne of France. In both countries it was clearer than "
-    "crystal to the lords of the State preserves of loaves and fishes, that things in general "
-    "were settled for ever. It was the year of Our Lord one thousand seven hundred and seventy-five.";
+    "to Heaven, we were all going direct the other way.";
 
-typedef struct tiny {
-  dt_module *tok, *ln1, *qkv, *proj, *ln2, *fc, *gelu, *out, *ln_f, *head; /* children */
-  dt_tensor *pos;                                                          /* (T, C) */
+typedef struct tiny { /* the children, and the learned positions (T, C) */
+  dt_module *tok, *ln1, *qkv, *proj, *ln2, *fc, *gelu, *out, *ln_f, *head;
+  dt_tensor *pos;
 } tiny;
 
 /* x += f3(f2(f1(norm(x)))), f2 the causal attention when f2 is NULL. */
@@ -31,13 +27,9 @@ static dt_status residual(dt_module *norm, dt_module *f1, dt_module *f2, dt_modu
                           dt_tensor **x) {
   dt_tensor *h = NULL, *a = NULL, *b = NULL, *c = NULL, *y = NULL;
   dt_status st = dt_module_call(norm, *x, &h);
-  if (st == DT_OK)
-    st = dt_module_call(f1, h, &a); /* qkv (B, T, 3C) or fc (B, T, 4C) */
-  if (st == DT_OK)
+  if (st == DT_OK && (st = dt_module_call(f1, h, &a)) == DT_OK) /* qkv (B,T,3C), fc (B,T,4C) */
     st = f2 ? dt_module_call(f2, a, &b) : dt_op_causal_attention(a, HEADS, &b);
-  if (st == DT_OK)
-    st = dt_module_call(f3, b, &c);
-  if (st == DT_OK)
+  if (st == DT_OK && (st = dt_module_call(f3, b, &c)) == DT_OK)
     st = dt_op_add(*x, c, &y);
   dt_tensor_release(h), dt_tensor_release(a), dt_tensor_release(b), dt_tensor_release(c);
   if (st == DT_OK)
@@ -49,16 +41,12 @@ static dt_status residual(dt_module *norm, dt_module *f1, dt_module *f2, dt_modu
 static dt_status tiny_forward(dt_module *m, dt_tensor *ids, dt_tensor **out) {
   tiny *t = dt_module_impl(m);
   dt_tensor *e = NULL, *x = NULL, *z = NULL;
-  DT_CHECK(dt_module_call(t->tok, ids, &e));
-  dt_status st = dt_op_add(e, t->pos, &x); /* (B, T, C) + (T, C) */
+  DT_CHECK(dt_module_call(t->tok, ids, &e)); /* (B, T, C) */
+  dt_status st = dt_op_add(e, t->pos, &x);   /* (B, T, C) + (T, C) */
   dt_tensor_release(e);
-  if (st == DT_OK)
-    st = residual(t->ln1, t->qkv, NULL, t->proj, &x);
-  if (st == DT_OK)
+  if (st == DT_OK && (st = residual(t->ln1, t->qkv, NULL, t->proj, &x)) == DT_OK)
     st = residual(t->ln2, t->fc, t->gelu, t->out, &x);
-  if (st == DT_OK)
-    st = dt_module_call(t->ln_f, x, &z);
-  if (st == DT_OK)
+  if (st == DT_OK && (st = dt_module_call(t->ln_f, x, &z)) == DT_OK)
     st = dt_module_call(t->head, z, out);
   dt_tensor_release(z), dt_tensor_release(x);
   return st;
@@ -73,12 +61,11 @@ static dt_status tiny_build(const dt_task *task, uint64_t seed, dt_module **out)
   tiny *t = calloc(1, sizeof *t);
   DT_CHECK(dt_module_create(&TINY, t, out));
   int64_t shape[2] = {T, C};
-  float *zeros = calloc(T * C, sizeof *zeros);
+  static const float zeros[T * C];
   dt_status st = dt_tensor_from_host(zeros, shape, 2, DT_DTYPE_F32, DT_CPU, &t->pos);
-  free(zeros);
   if (st == DT_OK)
     st = dt_module_register_parameter(*out, "pos", t->pos); /* learned positions */
-#define CHILD(name, make)                                          \
+#define CHILD(name, make)                                             \
   if (st == DT_OK && (st = (make)) == DT_OK) /* the parent owns it */ \
     st = dt_module_add_child(*out, #name, t->name);
   CHILD(tok, dt_nn_embedding(V, C, &gen, &t->tok))
@@ -116,32 +103,27 @@ static dt_status text_open(const dt_task *task, const dt_task_data *data, const 
   return st;
 }
 
-static dt_status next_char_loss(dt_tensor *logits, dt_tensor *target, dt_reduction r,
-                                dt_tensor **loss) {
-  return dt_task_loss_next_token_of(logits, target, V, r, loss);
+static dt_status next_char_loss(dt_tensor *y, dt_tensor *target, dt_reduction r, dt_tensor **l) {
+  return dt_task_loss_next_token_of(y, target, V, r, l);
 }
 
 static const dt_task_data TEXT_DATA = {"tiny-text", V, 0.0f, 1.0f, text_open};
-static const dt_task TASK = {.name = "tiny-char-transformer", .summary = "1 block, 64 wide",
-                             .build = tiny_build, .input_ndim = 1, .input_shape = {T},
-                             .input_dtype = DT_DTYPE_I32, .input_range = V, .num_classes = V,
-                             .sequence_targets = true, .data = &TEXT_DATA, .n_data = 1,
-                             .loss = next_char_loss, .eval_split = "val",
-                             .result = DT_TASK_RESULT_LOSS};
+static const dt_task TASK = {
+    .name = "tiny-char-transformer", .summary = "1 block, 64 wide", .build = tiny_build,
+    .input_ndim = 1, .input_shape = {T}, .input_dtype = DT_DTYPE_I32, .input_range = V,
+    .num_classes = V, .sequence_targets = true, .data = &TEXT_DATA, .n_data = 1,
+    .loss = next_char_loss, .eval_split = "val", .result = DT_TASK_RESULT_LOSS};
 
 static dt_status on_saved(void *user, const char *dir, int64_t step) {
-  (void)user;
-  printf("checkpoint of step %lld: %s\n", (long long)step, dir);
+  printf("checkpoint of step %lld: %s (%s)\n", (long long)step, dir, (const char *)user);
   return DT_OK;
 }
 
 int main(void) {
   dt_pg *pg = NULL; /* MPI under mpirun, else one process */
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
-  if (dt_pg_create(&pc, &pg) != DT_OK) {
-    fprintf(stderr, "char_transformer: %s\n", dt_last_error());
-    return 1;
-  }
+  if (dt_pg_create(&pc, &pg) != DT_OK)
+    return fprintf(stderr, "char_transformer: %s\n", dt_last_error()), 1;
   int world = dt_pg_world_size(pg), rank = dt_pg_rank(pg);
   dt_train_config cfg = dt_train_config_default();
   cfg.task = &TASK;
@@ -155,6 +137,7 @@ int main(void) {
   cfg.precision = DT_PRECISION_BF16;
   cfg.run_dir_default = true; /* runs/<task>-<data>-<time>: the checkpoint at the end */
   cfg.hooks.checkpoint_saved = on_saved;
+  cfg.hooks.user = "the checkpoint_saved hook";
   dt_train_result r;
   dt_status st = dt_train_run(&cfg, rank == 0 ? stdout : NULL, &r);
   if (st != DT_OK)
