@@ -1,8 +1,5 @@
-/* A character-level transformer the zoo does not have, trained on text of
- * its own through dtrain's public API: DDP under mpirun (one rank without),
- * bf16 autocast, a checkpoint at the end. No arguments.
- *   cc char_transformer.c $(pkg-config --cflags --libs dtrain) -o ct
- *   mpirun -np 2 ./ct     # the global batch is 16 on any number of ranks */
+/* A character-level transformer on text of its own, through the public API: DDP under mpirun
+ * (global batch 16 on any world), bf16, a checkpoint. cc FILE $(pkg-config --cflags --libs dtrain) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +12,11 @@ static const char *TEXT =
     "age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the "
     "season of Light, it was the season of Darkness, it was the spring of hope, it was the winter "
     "of despair, we had everything before us, we had nothing before us, we were all going direct "
-    "to Heaven, we were all going direct the other way.";
+    "to Heaven, we were all going direct the other way. There were a king with a large jaw and a "
+    "queen with a plain face, on the throne of England; there were a king with a large jaw and a "
+    "queen with a fair face, on the throne of France. In both countries it was clearer than "
+    "crystal to the lords of the State preserves of loaves and fishes, that things in general "
+    "were settled for ever. It was the year of Our Lord one thousand seven hundred and seventy-five.";
 
 typedef struct tiny { /* the children, and the learned positions (T, C) */
   dt_module *tok, *ln1, *qkv, *proj, *ln2, *fc, *gelu, *out, *ln_f, *head;
@@ -115,7 +116,7 @@ static const dt_task TASK = {
     .loss = next_char_loss, .eval_split = "val", .result = DT_TASK_RESULT_LOSS};
 
 static dt_status on_saved(void *user, const char *dir, int64_t step) {
-  printf("checkpoint of step %lld: %s (%s)\n", (long long)step, dir, (const char *)user);
+  printf("checkpoint of step %lld: %s\n", (long long)step, dir), (void)user;
   return DT_OK;
 }
 
@@ -137,7 +138,6 @@ int main(void) {
   cfg.precision = DT_PRECISION_BF16;
   cfg.run_dir_default = true; /* runs/<task>-<data>-<time>: the checkpoint at the end */
   cfg.hooks.checkpoint_saved = on_saved;
-  cfg.hooks.user = "the checkpoint_saved hook";
   dt_train_result r;
   dt_status st = dt_train_run(&cfg, rank == 0 ? stdout : NULL, &r);
   if (st != DT_OK)
