@@ -58,7 +58,8 @@ die() {
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
   openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev
-  dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy)
+  dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy
+  pkgconf clang-format-14)
 [ "$bench" = 1 ] && packages+=(python3-torch)
 [ "$chromium" = 1 ] && packages+=(chromium-headless-shell)
 

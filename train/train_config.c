@@ -173,7 +173,6 @@ static dt_status check_ranges(const dt_train_config *c) {
 }
 
 static dt_status check_mode(const dt_train_config *c) {
-  int world = c->pg ? dt_pg_world_size(c->pg) : 1;
   bool dp = c->mode == DT_TRAIN_MODE_DP;
   if (dp && c->n_devices < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -189,12 +188,6 @@ static dt_status check_mode(const dt_train_config *c) {
   if (c->n_devices < 0 || c->n_devices > DT_TRAIN_MAX_DEVICES)
     return DT_ERROR(DT_ERR_INVALID_ARG, "`devices`: %d devices, expected 1 to %d", c->n_devices,
                     DT_TRAIN_MAX_DEVICES);
-  if (dp && world > 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "`mode` dp runs one process over the devices of `devices`, but this process "
-                    "is one of %d ranks: use `mode` dp without mpirun, or DDP (the default "
-                    "mode) with one rank per device",
-                    world);
   if (dp && c->batch < c->n_devices)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`mode` dp splits each micro-batch across the %d devices of `devices`: "

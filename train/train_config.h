@@ -165,11 +165,11 @@ dt_train_config dt_train_config_default(void);
 void dt_train_apply_task_defaults(dt_train_config *cfg, const dt_task *task);
 
 /* Every check of a configuration that needs no device, data or peer:
- * ranges, combinations (dp needs devices and no process group of more than
- * one rank, fp16's overflow test needs fp16, stochastic rounding a 16-bit
+ * ranges, combinations (dp needs devices, fp16's overflow test needs fp16, stochastic rounding a 16-bit
  * precision, tf32 a CUDA device, resume auto a run directory, a context
  * only for sequence tasks and within the task's). DT_ERR_INVALID_ARG
- * naming the fields (`field`). dt_train_run calls it first. */
+ * naming the fields (`field`). dt_train_run calls it first, and refuses
+ * at run time what depends on the process group (dp on more than one rank). */
 dt_status dt_train_config_validate(const dt_train_config *cfg);
 
 #ifdef __cplusplus
