@@ -186,11 +186,11 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   if (dt_tensor_numel(dx) > 0) {
     if (node->reals[0] != 0.0)
       DT_CHECK_GOTO(
-          dt_kernel_maxpool2d_backward(&ex, &g, DT_F32(gy),
-                                       (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
+          dt_kernel_max_pool2d_backward(
+              &ex, &g, DT_F32(gy), (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
           st, fail);
     else
-      DT_CHECK_GOTO(dt_kernel_avgpool2d_backward(&ex, &g, DT_F32(gy), DT_F32(dx)), st, fail);
+      DT_CHECK_GOTO(dt_kernel_avg_pool2d_backward(&ex, &g, DT_F32(gy), DT_F32(dx)), st, fail);
   }
   grad_in[0] = dx;
   return DT_OK;
@@ -223,11 +223,11 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);
     if (dt_tensor_numel(y) > 0)
-      DT_CHECK_GOTO(dt_kernel_maxpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y),
-                                                (int32_t *)dt_tensor_data(argmax)),
+      DT_CHECK_GOTO(dt_kernel_max_pool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y),
+                                                 (int32_t *)dt_tensor_data(argmax)),
                     st, fail);
   } else if (dt_tensor_numel(y) > 0) {
-    DT_CHECK_GOTO(dt_kernel_avgpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_avg_pool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y)), st, fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), st, fail);
   if (node) {

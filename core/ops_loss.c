@@ -173,8 +173,8 @@ static dt_status classifier_loss_backward(dt_node *node, dt_tensor *g, dt_tensor
   /* the buffer is the node's and backward runs once: scale it in place */
   dt_status st = DT_OK;
   if (n > 0)
-    st = dt_kernel_classifier_backward(DT_TENSOR_EXEC(dlogits), DT_F32(dlogits), DT_F32(g),
-                                       DT_F32(count), n);
+    st = dt_kernel_classifier_loss_backward(DT_TENSOR_EXEC(dlogits), DT_F32(dlogits), DT_F32(g),
+                                            DT_F32(count), n);
   return dt_ops_grad_result(st, dt_tensor_retain(dlogits), &grad_in[0]);
 }
 
@@ -225,10 +225,10 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
   const float dlogits_scale = dt_tensor_dtype(lc) == DT_DTYPE_F16 ? 32768.0f : 1.0f;
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &count), st, fail);
   if (rows > 0)
-    DT_CHECK_GOTO(dt_kernel_classifier_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, vp,
-                                               n_classes, ignore_index, DT_F32(loss_rows),
-                                               dlogits ? DT_F32(dlogits) : NULL, dlogits_scale,
-                                               DT_F32(count)),
+    DT_CHECK_GOTO(dt_kernel_classifier_loss_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows,
+                                                    vp, n_classes, ignore_index, DT_F32(loss_rows),
+                                                    dlogits ? DT_F32(dlogits) : NULL, dlogits_scale,
+                                                    DT_F32(count)),
                   st, fail);
   else
     DT_CHECK_GOTO(dt_kernel_fill(&ex32, DT_F32(count), 0.0f, 1), st, fail);

@@ -72,7 +72,7 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(dt_kernel_batchnorm_backward(
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_backward(
                       &ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean), DT_F32(invstd),
                       DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw, (float)node->reals[0]),
                   st, fail);
@@ -202,9 +202,9 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
-    DT_CHECK_GOTO(dt_kernel_batchnorm_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
-                                              DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd),
-                                              n, c, hw, training, momentum, eps),
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
+                                                 DT_F32(rm), DT_F32(rv), DT_F32(mean),
+                                                 DT_F32(invstd), n, c, hw, training, momentum, eps),
                   st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);
@@ -245,9 +245,9 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* x may be 16-bit (the kernel reads it as it is); dx is f32, which the
    * engine rounds to x's dtype */
   if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layernorm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
-                                               DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
-                                               DT_F32(dgamma), DT_F32(dbeta), rows, cols),
+    DT_CHECK_GOTO(dt_kernel_layer_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
+                                                DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
+                                                DT_F32(dgamma), DT_F32(dbeta), rows, cols),
                   st, fail);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
@@ -313,13 +313,13 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0 && residual)
-    DT_CHECK_GOTO(dt_kernel_residual_layernorm_forward(
+    DT_CHECK_GOTO(dt_kernel_residual_layer_norm_forward(
                       &ex, DT_F32(xc), DT_F32(rc), dt_tensor_dtype(rc), DT_F32(gc), DT_F32(bc),
                       DT_F32(sum), DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   else if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layernorm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
-                                              DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+    DT_CHECK_GOTO(dt_kernel_layer_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
+                                               DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   if (residual)
     DT_CHECK_GOTO(dt_ops_maybe_record(op, residual_add_backward, ins, 2, sum, &node), st, fail);
