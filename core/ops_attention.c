@@ -221,13 +221,18 @@ static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_ten
 }
 
 /* saved: 0 qkv (contiguous), 1 out (detached), both 16-bit under autocast,
- * 2 lse (b, h, t) f32;
- * ints: 0 b, 1 t, 2 heads, 3 hd, 4 the GEMM path ran */
+ * 2 lse (b, h, t) f32 */
+typedef struct causal_attention_saved {
+  int64_t b, t, heads, hd;
+  bool gemms; /* the forward ran the GEMM path */
+} causal_attention_saved;
+
 static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *qkv = node->saved[0], *y = node->saved[1], *lse = node->saved[2];
-  int64_t b = node->ints[0], t = node->ints[1], h = node->ints[2], hd = node->ints[3];
+  const causal_attention_saved *s = DT_NODE_PARAMS(node, causal_attention_saved);
+  int64_t b = s->b, t = s->t, h = s->heads, hd = s->hd;
   dt_tensor *dqkv = NULL, *g32 = NULL, *y32 = NULL;
-  if (node->ints[4]) { /* the forward ran the GEMMs */
+  if (s->gemms) {
     dt_status st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
     if (st == DT_OK && b * t > 0)
       st = gemm_attention_backward(qkv, DT_F32(lse), g, DT_F32(dqkv), b, t, h, hd);
@@ -294,8 +299,8 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   if (node) {
     DT_CHECK_GOTO(dt_ops_save_output(node, 1, y), st, fail);
     dt_tensor *saved[1] = {qc};
-    const int64_t ints[5] = {b, t, n_head, hd, gemms};
-    dt_ops_save_for_backward(node, saved, 1, ints, 5);
+    dt_ops_save_for_backward(node, saved, 1);
+    DT_OPS_SAVE_PARAMS(node, causal_attention_saved, {b, t, n_head, hd, gemms});
     dt_node_save(node, 2, lse);
   }
   st = dt_ops_take(&y, out);

@@ -106,15 +106,11 @@ dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
   return dt_tensor_contiguous_copy(t, out);
 }
 
-void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
-                              const int64_t *ints, int n_ints) {
+void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved) {
   if (!node)
     return;
-  DT_ASSERT(n_ints <= (int)(sizeof node->ints / sizeof node->ints[0]));
   for (int i = 0; i < n_saved; ++i)
     dt_node_save(node, i, saved[i]);
-  for (int i = 0; i < n_ints; ++i)
-    node->ints[i] = ints[i];
 }
 
 dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out) {

@@ -1,7 +1,11 @@
 /* Dropout (inverted: the kept elements scaled by 1 / (1 - p)). */
 #include "core/ops_internal.h"
 
-/* saved: 0 mask (u8); reals: 0 p */
+/* saved: 0 mask (u8) */
+typedef struct dropout_saved {
+  float p;
+} dropout_saved;
+
 static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *mask = node->saved[0];
   int64_t n = dt_tensor_numel(mask);
@@ -14,7 +18,7 @@ static dt_status dropout_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad
     /* dx = dy * mask / (1 - p) */
     st = dt_kernel_dropout_backward(DT_TENSOR_EXEC(gyc), DT_F32(gyc),
                                     (const uint8_t *)dt_tensor_data(mask), DT_F32(dx), n,
-                                    (float)node->reals[0]);
+                                    DT_NODE_PARAMS(node, dropout_saved)->p);
   }
   dt_tensor_release(gyc);
   return dt_ops_grad_result(st, dx, &grad_in[0]);
@@ -55,7 +59,7 @@ dt_status dt_op_dropout(dt_tensor *x, float p, bool training, dt_generator *gen,
   DT_CHECK_GOTO(dt_ops_maybe_record(op, dropout_backward, &x, 1, y, &node), st, fail);
   if (node) {
     dt_node_save(node, 0, mask);
-    node->reals[0] = p;
+    *DT_NODE_PARAMS_INIT(node, dropout_saved) = (dropout_saved){p};
   }
   st = dt_ops_take(&y, out);
 fail:

@@ -5,10 +5,15 @@
 
 /* ---- embedding ---- */
 
-/* saved: 0 idx (contiguous); ints: 0 n, 1 v, 2 d */
+/* saved: 0 idx (contiguous) */
+typedef struct embedding_saved {
+  int64_t n, v, d; /* indices, table rows, row width */
+} embedding_saved;
+
 static dt_status embedding_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *idx = node->saved[0];
-  int64_t n = node->ints[0], v = node->ints[1], d = node->ints[2];
+  const embedding_saved *s = DT_NODE_PARAMS(node, embedding_saved);
+  int64_t n = s->n, v = s->v, d = s->d;
   int64_t tshape[2] = {v, d};
   dt_device dev = dt_tensor_device(gy);
   dt_tensor *dtable = NULL;
@@ -61,8 +66,8 @@ dt_status dt_op_embedding(dt_tensor *idx, dt_tensor *table, dt_tensor **out) {
                                               DT_F32(tc), DT_F32(y), n, v, d),
                   st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, embedding_backward, &table, 1, y, &node), st, fail);
-  const int64_t ints[3] = {n, v, d};
-  dt_ops_save_for_backward(node, &ic, 1, ints, 3);
+  dt_ops_save_for_backward(node, &ic, 1);
+  DT_OPS_SAVE_PARAMS(node, embedding_saved, {n, v, d});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, tc, ic);

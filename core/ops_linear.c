@@ -34,12 +34,17 @@ static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k
 
 /* ---- matmul ---- */
 
-/* saved: 0 a (contiguous), 1 b (contiguous); ints: 0 batch, 1 m, 2 k, 3 n,
- * 4 batched (b has the batch dims too). Unbatched a is (batch*m, k). */
+/* saved: 0 a (contiguous), 1 b (contiguous). Unbatched a is (batch*m, k). */
+typedef struct matmul_saved {
+  int64_t batch, m, k, n;
+  bool batched; /* b has the batch dims too */
+} matmul_saved;
+
 static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *a = node->saved[0], *b = node->saved[1];
-  int64_t batch = node->ints[0], m = node->ints[1], k = node->ints[2], n = node->ints[3];
-  int batched = (int)node->ints[4];
+  const matmul_saved *s = DT_NODE_PARAMS(node, matmul_saved);
+  int64_t batch = s->batch, m = s->m, k = s->k, n = s->n;
+  int batched = s->batched;
   dt_device dev = dt_tensor_device(g);
   dt_dtype ab = dt_tensor_dtype(a);
   dt_tensor *da = NULL, *db = NULL, *gc = NULL;
@@ -121,8 +126,8 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   DT_CHECK_GOTO(dt_ops_narrow_result(ab, &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), st, fail);
   dt_tensor *saved[2] = {ac, bc};
-  const int64_t ints[5] = {batch, m, k, n, batched};
-  dt_ops_save_for_backward(node, saved, 2, ints, 5);
+  dt_ops_save_for_backward(node, saved, 2);
+  DT_OPS_SAVE_PARAMS(node, matmul_saved, {batch, m, k, n, batched});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, bc, ac);
@@ -130,6 +135,11 @@ fail:
 }
 
 /* ---- linear ---- */
+
+typedef struct linear_saved {
+  int64_t rows, in, out;
+  bool has_bias;
+} linear_saved;
 
 /* Rows per slice when a linear's (rows, out) matrix is 16-bit: an eighth
  * of it when it is large (the LM head's logits and their gradient are a
@@ -242,12 +252,12 @@ static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n,
 
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
- * output and so its gradient g have too; ints: 0 rows, 1 in, 2 out, 3 has
- * bias. Inputs: x, weight[, bias]. */
+ * output and so its gradient g have too. Inputs: x, weight[, bias]. */
 static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
-  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
-  int has_bias = (int)node->ints[3];
+  const linear_saved *s = DT_NODE_PARAMS(node, linear_saved);
+  int64_t rows = s->rows, in = s->in, outf = s->out;
+  int has_bias = s->has_bias;
   dt_device dev = dt_tensor_device(g);
   dt_dtype ab = dt_tensor_dtype(x);
   size_t esize = dt_dtype_size(ab);
@@ -304,8 +314,9 @@ fail:
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
                                          dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
-  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
-  int has_bias = (int)node->ints[3];
+  const linear_saved *s = DT_NODE_PARAMS(node, linear_saved);
+  int64_t rows = s->rows, in = s->in, outf = s->out;
+  int has_bias = s->has_bias;
   dt_device dev = dt_tensor_device(gc);
   dt_dtype ab = dt_tensor_dtype(x);
   size_t esize = dt_dtype_size(ab);
@@ -384,8 +395,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   DT_CHECK_GOTO(linear_rows(dev, ab, xc, wc, bc, rows, in, outf, y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[2] = {xc, wc};
-  const int64_t ints[4] = {rows, in, outf, bias != NULL};
-  dt_ops_save_for_backward(node, saved, 2, ints, 4);
+  dt_ops_save_for_backward(node, saved, 2);
+  DT_OPS_SAVE_PARAMS(node, linear_saved, {rows, in, outf, bias != NULL});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, bc, wc, xc);
