@@ -312,45 +312,45 @@ fail:
  * next is computed; dx last. Every element is the same GEMM sum as in
  * one product (a block of rows of C is the same dot products over k). */
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
-                                         dt_tensor **grad_in) {
-  dt_tensor *x = node->saved[0], *w = node->saved[1];
+                                          dt_tensor **grad_in) {
   const linear_saved *s = DT_NODE_PARAMS(node, linear_saved);
-  int64_t rows = s->rows, in = s->in, outf = s->out;
-  int has_bias = s->has_bias;
+  dt_tensor *x = node->saved[0], *w = node->saved[1];
+  const dt_dtype ab = dt_tensor_dtype(x);
+  const size_t esize = dt_dtype_size(ab);
   dt_device dev = dt_tensor_device(gc);
-  dt_dtype ab = dt_tensor_dtype(x);
-  size_t esize = dt_dtype_size(ab);
   dt_tensor *dx = NULL, *db = NULL;
   dt_status st = DT_OK;
-  if (has_bias && node->needs_grad[2]) {
-    DT_CHECK_GOTO(bias_grad(gc, rows, outf, &db), st, fail);
+  if (s->has_bias && node->needs_grad[2]) {
+    DT_CHECK_GOTO(bias_grad(gc, s->rows, s->out, &db), st, fail);
     float *db_dest = dt_node_grad_dest(node, 2);
     if (db_dest != NULL && dt_node_grad_rows_per_part(node, 2) > 0) {
       /* what the engine would do with a returned db: .grad += db */
-      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), outf, 1.0f, DT_F32(db), 1.0f, db_dest), st,
-                    fail);
+      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), s->out, 1.0f, DT_F32(db), 1.0f, db_dest),
+                    st, fail);
       dt_tensor_release(db);
       db = NULL;
-      dt_node_grad_rows_ready(node, 2, 0, outf);
+      dt_node_grad_rows_ready(node, 2, 0, s->out);
     }
   }
   float *dw_dest = dt_node_grad_dest(node, 1);
-  for (int64_t o0 = (outf - 1) / part * part; o0 >= 0; o0 -= part) {
-    int64_t n = outf - o0 < part ? outf - o0 : part;
+  for (int64_t o0 = (s->out - 1) / part * part; o0 >= 0; o0 -= part) {
+    int64_t n = s->out - o0 < part ? s->out - o0 : part;
     /* dw[o0:o0+n, :] (n, in) += g[:, o0:o0+n]^T (n, rows) @ x (rows, in) */
-    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, n, in, rows, (const char *)dt_tensor_data(gc) + o0 * esize,
-                       outf, 0, dt_tensor_data(x), in, 0, 1.0f, dw_dest + o0 * in, in, 0, 1),
-                  st, fail);
+    DT_CHECK_GOTO(
+        gemm(dev, ab, 1, 0, n, s->in, s->rows, (const char *)dt_tensor_data(gc) + o0 * esize,
+             s->out, 0, dt_tensor_data(x), s->in, 0, 1.0f, dw_dest + o0 * s->in, s->in, 0, 1),
+        st, fail);
     dt_node_grad_rows_ready(node, 1, o0, n);
   }
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
     DT_CHECK_GOTO(linear_dx_new(node, ab, dev, &dx), st, fail);
-    DT_CHECK_GOTO(linear_dx(dev, ab, dt_tensor_data(gc), rows, 0, in, outf, dt_tensor_data(w), dx),
-                  st, fail);
+    DT_CHECK_GOTO(
+        linear_dx(dev, ab, dt_tensor_data(gc), s->rows, 0, s->in, s->out, dt_tensor_data(w), dx),
+        st, fail);
   }
 fail:
-  return dt_ops_grads_result(st, (dt_tensor *[]){dx, NULL, db}, has_bias ? 3 : 2, grad_in);
+  return dt_ops_grads_result(st, (dt_tensor *[]){dx, NULL, db}, s->has_bias ? 3 : 2, grad_in);
 }
 
 dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tensor **out) {

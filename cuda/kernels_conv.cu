@@ -18,6 +18,23 @@ static __device__ __forceinline__ void covering(int iy, int s, int p, int k, int
   *hi = h < on - 1 ? h : on - 1;
 }
 
+/* Input element t of a backward gather: its plane, its position in the
+ * plane, and the outputs [oy0, oy1] x [ox0, ox1] whose windows contain it. */
+struct pool_gather {
+  int64_t plane;
+  int pos, oy0, oy1, ox0, ox1;
+};
+
+static __device__ __forceinline__ pool_gather pool_gather_of(const dt_conv2d_geom &g, int64_t t) {
+  pool_gather p;
+  p.plane = t / ((int64_t)g.h * g.w);
+  p.pos = (int)(t - p.plane * g.h * g.w);
+  const int iy = p.pos / g.w, ix = p.pos - iy * g.w;
+  covering(iy, g.sh, g.ph, g.kh, g.oh, &p.oy0, &p.oy1);
+  covering(ix, g.sw, g.pw, g.kw, g.ow, &p.ox0, &p.ox1);
+  return p;
+}
+
 // x (n,c,h,w) -> y (n,c,oh,ow) of T, argmax (n,c,oh,ow) flat index into h*w or NULL
 template <typename T>
 static __global__ void max_pool_forward_kernel(dt_conv2d_geom g, const T *x, T *y, int32_t *argmax,
@@ -57,17 +74,13 @@ template <typename T>
 static __global__ void max_pool_backward_kernel(dt_conv2d_geom g, const T *dy,
                                                 const int32_t *argmax, T *dx, int64_t total) {
   DT_GRID_STRIDE(t, total) {
-    int64_t plane = t / ((int64_t)g.h * g.w);
-    int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
-    const T *gp = dy + plane * g.oh * g.ow;
-    const int32_t *ap = argmax + plane * g.oh * g.ow;
-    int oy0, oy1, ox0, ox1;
-    covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
-    covering(ix, g.sw, g.pw, g.kw, g.ow, &ox0, &ox1);
+    const pool_gather p = pool_gather_of(g, t);
+    const T *gp = dy + p.plane * g.oh * g.ow;
+    const int32_t *ap = argmax + p.plane * g.oh * g.ow;
     float s = 0.0f;
-    for (int oy = oy0; oy <= oy1; oy++)
-      for (int ox = ox0; ox <= ox1; ox++)
-        if (ap[oy * g.ow + ox] == pos)
+    for (int oy = p.oy0; oy <= p.oy1; oy++)
+      for (int ox = p.ox0; ox <= p.ox1; ox++)
+        if (ap[oy * g.ow + ox] == p.pos)
           s += dt_load_f32(gp, oy * g.ow + ox);
     dt_store_f32(dx, t, s);
   }
@@ -102,60 +115,54 @@ template <typename T>
 static __global__ void avg_pool_backward_kernel(dt_conv2d_geom g, const T *dy, T *dx,
                                                 int64_t total) {
   DT_GRID_STRIDE(t, total) {
-    int64_t plane = t / ((int64_t)g.h * g.w);
-    int pos = (int)(t - plane * g.h * g.w), iy = pos / g.w, ix = pos - iy * g.w;
-    const T *gp = dy + plane * g.oh * g.ow;
-    int oy0, oy1, ox0, ox1;
-    covering(iy, g.sh, g.ph, g.kh, g.oh, &oy0, &oy1);
-    covering(ix, g.sw, g.pw, g.kw, g.ow, &ox0, &ox1);
+    const pool_gather p = pool_gather_of(g, t);
+    const T *gp = dy + p.plane * g.oh * g.ow;
     float s = 0.0f;
-    for (int oy = oy0; oy <= oy1; oy++)
-      for (int ox = ox0; ox <= ox1; ox++)
+    for (int oy = p.oy0; oy <= p.oy1; oy++)
+      for (int ox = p.ox0; ox <= p.ox1; ox++)
         s += dt_load_f32(gp, oy * g.ow + ox) / avg_divisor(g, oy, ox);
     dt_store_f32(dx, t, s);
   }
 }
 
+/* The host side of a pooling kernel: kernel<T> (T: ex->dtype's storage
+ * type) over `total` elements, launched with (*g, args..., total), where
+ * args may name T; nothing to do when total is 0. */
+#define POOL_LAUNCH(ex, g, total, kernel, ...)                                                  \
+  do {                                                                                          \
+    const int64_t total_ = (total);                                                             \
+    if (total_ == 0)                                                                            \
+      return DT_OK;                                                                             \
+    DT_CUDA_STORAGE_DISPATCH((ex)->dtype, T,                                                    \
+                             dt_launch_flat(ex, total_, kernel<T>, *(g), __VA_ARGS__, total_)); \
+  } while (0)
+
+static int64_t pool_inputs(const dt_conv2d_geom *g) { return (int64_t)g->n * g->c * g->h * g->w; }
+static int64_t pool_outputs(const dt_conv2d_geom *g) {
+  return (int64_t)g->n * g->c * g->oh * g->ow;
+}
+
 extern "C" dt_status dt_cuda_max_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                 const float *x, float *y, int32_t *argmax) {
-  int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
-  if (total == 0)
-    return DT_OK;
-  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
-                           dt_launch_flat(ex, total, max_pool_forward_kernel<T>, *g, (const T *)x,
-                                          (T *)y, argmax, total));
+  POOL_LAUNCH(ex, g, pool_outputs(g), max_pool_forward_kernel, (const T *)x, (T *)y, argmax);
 }
 
 extern "C" dt_status dt_cuda_max_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                  const float *dy, const int32_t *argmax,
                                                  float *dx) {
-  int64_t total = (int64_t)g->n * g->c * g->h * g->w;
-  if (total == 0)
-    return DT_OK;
-  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
-                           dt_launch_flat(ex, total, max_pool_backward_kernel<T>, *g, (const T *)dy,
-                                          argmax, (T *)dx, total));
+  POOL_LAUNCH(ex, g, pool_inputs(g), max_pool_backward_kernel, (const T *)dy, argmax, (T *)dx);
 }
 
 extern "C" dt_status dt_cuda_avg_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                 const float *x, float *y) {
-  int64_t total = (int64_t)g->n * g->c * g->oh * g->ow;
-  if (total == 0)
-    return DT_OK;
-  DT_CUDA_STORAGE_DISPATCH(
-      ex->dtype, T,
-      dt_launch_flat(ex, total, avg_pool_forward_kernel<T>, *g, (const T *)x, (T *)y, total));
+  POOL_LAUNCH(ex, g, pool_outputs(g), avg_pool_forward_kernel, (const T *)x, (T *)y);
 }
 
 extern "C" dt_status dt_cuda_avg_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
                                                  const float *dy, float *dx) {
-  int64_t total = (int64_t)g->n * g->c * g->h * g->w;
-  if (total == 0)
-    return DT_OK;
-  DT_CUDA_STORAGE_DISPATCH(
-      ex->dtype, T,
-      dt_launch_flat(ex, total, avg_pool_backward_kernel<T>, *g, (const T *)dy, (T *)dx, total));
+  POOL_LAUNCH(ex, g, pool_inputs(g), avg_pool_backward_kernel, (const T *)dy, (T *)dx);
 }
+
 /* ---- the bias of a 16-bit convolution (cuda/dnn.c) ---- */
 
 // y (n, oc, hw) of T += bias (oc) f32: the sum in f32, rounded once
