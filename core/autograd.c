@@ -77,6 +77,18 @@ dt_status dt_autograd_record(const char *name, dt_backward_fn backward, dt_tenso
   return DT_OK;
 }
 
+void *dt_node_params_init(dt_node *node, size_t size) {
+  DT_ASSERT(size <= sizeof node->params);
+  memset(&node->params, 0, sizeof node->params);
+  node->params_size = size;
+  return node->params.bytes;
+}
+
+void *dt_node_params_get(dt_node *node, size_t size) {
+  DT_ASSERT(node->params_size == size);
+  return node->params.bytes;
+}
+
 void dt_node_save(dt_node *node, int slot, dt_tensor *t) {
   DT_ASSERT(slot >= 0 && slot < DT_NODE_MAX_SAVED);
   dt_tensor_release(node->saved[slot]);

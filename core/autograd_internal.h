@@ -12,6 +12,25 @@ extern "C" {
 
 #define DT_NODE_MAX_INPUTS 4
 #define DT_NODE_MAX_SAVED 6
+#define DT_NODE_PARAMS_BYTES 96
+
+/* What an op's backward needs besides tensors (sizes, flags, scalars) is
+ * the op's own struct, e.g.
+ *   typedef struct linear_saved { int64_t rows, in, out; bool has_bias; } linear_saved;
+ * kept in the node's params area, not in a separate allocation: a node per
+ * op call is the tape's hot path, and the states are small. The area is
+ * written with DT_NODE_PARAMS_INIT(node, linear_saved) (zeroed, its size
+ * recorded) and read with DT_NODE_PARAMS(node, linear_saved); both fail to
+ * compile when the struct does not fit the area or needs more alignment
+ * than it has, and reading with a struct of another size than was written
+ * is a broken invariant (DT_ASSERT). Larger or owning state goes to
+ * node->ctx. */
+typedef union dt_node_params {
+  int64_t align_i64; /* the area is aligned for int64_t, double and pointers */
+  double align_f64;
+  void *align_ptr;
+  unsigned char bytes[DT_NODE_PARAMS_BYTES];
+} dt_node_params;
 
 typedef struct dt_node dt_node;
 
@@ -37,8 +56,8 @@ struct dt_node {
   dt_tensor *inputs[DT_NODE_MAX_INPUTS]; /* retained; edges of the graph */
   int needs_grad[DT_NODE_MAX_INPUTS];
   dt_tensor *saved[DT_NODE_MAX_SAVED]; /* retained until the graph is freed */
-  int64_t ints[8];                     /* op parameters */
-  double reals[4];
+  dt_node_params params;               /* the op's saved struct: DT_NODE_PARAMS */
+  size_t params_size;                  /* sizeof that struct; 0 = none */
   void *ctx; /* op-private data, freed with ctx_free */
   void (*ctx_free)(void *);
   int freed; /* backward already ran and released the graph */
@@ -70,7 +89,8 @@ int dt_autograd_should_record(dt_tensor *const *inputs, int n);
 
 /* Creates a node with the given inputs (retained) and attaches it to
  * `output` as its grad_fn (output becomes a non-leaf requiring grad).
- * Returns the node (owned by the output) for the op to fill saved/ints. */
+ * Returns the node (owned by the output) for the op to fill saved and
+ * params. */
 dt_status dt_autograd_record(const char *name, dt_backward_fn backward, dt_tensor *const *inputs,
                              int n_inputs, dt_tensor *output, dt_node **out_node);
 
@@ -85,6 +105,25 @@ dt_status dt_tensor_accumulate_grad(dt_tensor *leaf, dt_tensor *g);
 
 /* Retains t in node->saved[slot]. */
 void dt_node_save(dt_node *node, int slot, dt_tensor *t);
+
+/* The node's params area as a `type *` (see dt_node_params): _INIT zeroes
+ * it and records sizeof(type) (the forward, once), the other asserts that
+ * the area holds a `type` (the backward). */
+#define DT_NODE_PARAMS_INIT(node, type) \
+  ((type *)dt_node_params_init((node), DT_NODE_PARAMS_CHECKED_SIZE(type)))
+#define DT_NODE_PARAMS(node, type) \
+  ((type *)dt_node_params_get((node), DT_NODE_PARAMS_CHECKED_SIZE(type)))
+/* sizeof(type), compiling only when a `type` fits the params area. */
+#define DT_NODE_PARAMS_CHECKED_SIZE(type)                                                 \
+  (sizeof(type) + 0 * sizeof(struct {                                                     \
+                    _Static_assert(sizeof(type) <= DT_NODE_PARAMS_BYTES,                  \
+                                   #type " exceeds DT_NODE_PARAMS_BYTES");                \
+                    _Static_assert(_Alignof(type) <= _Alignof(dt_node_params),            \
+                                   #type " needs more alignment than the node's params"); \
+                    int unused;                                                           \
+                  }))
+void *dt_node_params_init(dt_node *node, size_t size);
+void *dt_node_params_get(dt_node *node, size_t size);
 
 #ifdef __cplusplus
 }

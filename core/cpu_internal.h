@@ -50,10 +50,11 @@ int dt_cpu_threads(void);
                      schedule(static) __VA_ARGS__)                                        \
   for (int64_t i = 0; i < (n); i++)
 
-/* Mixed precision (core/cpu_kernels_half.c): an f32 kernel body over
+/* Mixed precision (core/cpu_half.c): an f32 kernel body over
  * `n` elements of blocks: fn(ex32, ctx, in, out, len) computes out (len)
  * from the f32 inputs in[0..nin) of one block. */
 #define DT_CPU_HALF_MAX_INPUTS 3
+#define DT_CPU_HALF_BLOCK 2048 /* elements per block: 8 KiB of f32 per buffer, on the stack */
 typedef dt_status (*dt_cpu_block_fn)(const dt_exec *ex32, const void *ctx, const float *const *in,
                                      float *out, int64_t len);
 /* Runs fn over n elements whose inputs in[k] and output `out` hold 16-bit
@@ -64,7 +65,7 @@ typedef dt_status (*dt_cpu_block_fn)(const dt_exec *ex32, const void *ctx, const
 dt_status dt_cpu_half_blocks(const dt_exec *ex, int64_t n, int nin, const void *const *in,
                              void *out, dt_cpu_block_fn fn, const void *ctx);
 
-/* Row kernels whose inputs are f32 or 16-bit (core/cpu_kernels_half.c):
+/* Row kernels whose inputs are f32 or 16-bit (core/cpu_half.c):
  * fn computes rows [r0, r0 + n) from in[k], the f32 values of input k's
  * rows r0.. (`cols` apart), and writes its (f32) outputs itself. */
 #define DT_CPU_ROWS_MAX_INPUTS 2
@@ -112,7 +113,7 @@ dt_status dt_cpu_scratch_acquire(size_t bytes, dt_cpu_scratch **out, void **data
 void dt_cpu_scratch_release(dt_cpu_scratch *s);
 void dt_cpu_scratch_free_idle(void);
 
-/* The f16/bf16 gemm (core/cpu_kernels_gemm_half.c): A and B of ex->dtype,
+/* The f16/bf16 gemm (core/cpu_kernels_linear_half.c): A and B of ex->dtype,
  * C f32; each element of C is the f32 sgemm's on the widened operands. */
 dt_status dt_cpu_half_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
                            float alpha, const void *a, int lda, int64_t stride_a, const void *b,
@@ -122,6 +123,17 @@ dt_status dt_cpu_half_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m,
 /* Sum of x (n) in double with four interleaved accumulators (the order
  * every CPU reduction uses). */
 double dt_cpu_sum_contiguous(const float *x, int64_t n);
+
+/* Row helpers of the row kernels (core/cpu_rows.c), vectorised:
+ *   dt_cpu_row_max      max of x[0..n) (NaN ignored, as the reference loops)
+ *   dt_cpu_row_exp_sum  sum of exp(x[j] - mx) in double (eight lanes, a fixed
+ *                       order); the exponentials go to e (may be x) unless NULL
+ *   dt_cpu_row_scale    x[j] *= a
+ *   dt_cpu_index_at     element i of an i32 or i64 index array */
+float dt_cpu_row_max(const float *x, int64_t n);
+double dt_cpu_row_exp_sum(const float *x, int64_t n, float mx, float *e);
+void dt_cpu_row_scale(float *x, float a, int64_t n);
+int64_t dt_cpu_index_at(const void *idx, dt_dtype dt, int64_t i);
 
 /* Vectorised math (core/cpu_math.c); y may be x.
  *   y[j] = scale * exp(x[j] - shift), for x[j] - shift <= 88 (within 1 ulp

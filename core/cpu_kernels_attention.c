@@ -179,14 +179,14 @@ static dt_status f32_qkv(const dt_exec *ex, const float **qkv, int64_t b, int64_
 }
 
 // qkv (b, t, 3*h*hd) -> out (b, t, h*hd), lse (b, h, t)
-dt_status dt_cpu_attention_forward(const dt_exec *ex, const float *qkv, float *out, float *lse,
-                                   int64_t b, int64_t t, int64_t h, int64_t hd) {
+dt_status dt_cpu_causal_attention_forward(const dt_exec *ex, const float *qkv, float *out,
+                                          float *lse, int64_t b, int64_t t, int64_t h, int64_t hd) {
   float *wide = NULL;
   DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
   att_args a = {att_geom_of(t, h, hd), qkv, NULL, NULL, NULL, out, lse, NULL, 0};
   a.qblocks = (t + ATT_QB - 1) / ATT_QB;
   const size_t scratch = (size_t)(ATT_QB * ATT_KB + ATT_QB * hd + 2 * ATT_QB);
-  dt_status st = run_tasks("attention_forward", &a, b * h * a.qblocks, scratch,
+  dt_status st = run_tasks("causal_attention_forward", &a, b * h * a.qblocks, scratch,
                            b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
   free(wide);
   return st;
@@ -242,15 +242,15 @@ static dt_status backward_task(const void *args, int64_t bh, float *scratch) {
 }
 
 // qkv, out, lse, dout -> dqkv (b, t, 3*h*hd) overwritten
-dt_status dt_cpu_attention_backward(const dt_exec *ex, const float *qkv, const float *out,
-                                    const float *lse, const float *dout, float *dqkv, int64_t b,
-                                    int64_t t, int64_t h, int64_t hd) {
+dt_status dt_cpu_causal_attention_backward(const dt_exec *ex, const float *qkv, const float *out,
+                                           const float *lse, const float *dout, float *dqkv,
+                                           int64_t b, int64_t t, int64_t h, int64_t hd) {
   float *wide = NULL;
   DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
   att_args a = {att_geom_of(t, h, hd), qkv, out, lse, dout, NULL, NULL, dqkv, 0};
   /* one task per (sequence, head): its dq, dk and dv columns are its own */
   const size_t scratch = (size_t)(2 * ATT_QB * ATT_KB + t);
-  dt_status st = run_tasks("attention_backward", &a, b * h, scratch,
+  dt_status st = run_tasks("causal_attention_backward", &a, b * h, scratch,
                            b * h * t * t * hd >= ATT_PAR_MIN, backward_task);
   free(wide);
   return st;
@@ -258,7 +258,7 @@ dt_status dt_cpu_attention_backward(const dt_exec *ex, const float *qkv, const f
 
 /* ---- the attention as GEMMs: its row kernels ---- */
 
-/* What a row of attention_probs / attention_dscores reads and writes. */
+/* What a row of causal_attention_probs / causal_attention_dscores reads and writes. */
 typedef struct att_rows {
   dt_dtype dtype; /* of p and ds */
   const float *s, *dp;
@@ -321,17 +321,18 @@ DT_CPU_CLONES static dt_status dscores_row(const void *args, int64_t r, float *b
 }
 
 // s (n, t, t) f32 -> p (n, t, t) of ex->dtype, lse (n, t) written or read
-dt_status dt_cpu_attention_probs(const dt_exec *ex, const float *s, float *p, float *lse,
-                                 bool lse_in, int64_t n, int64_t t) {
+dt_status dt_cpu_causal_attention_probs(const dt_exec *ex, const float *s, float *p, float *lse,
+                                        bool lse_in, int64_t n, int64_t t) {
   const att_rows a = {ex->dtype, s, NULL, NULL, p, lse, lse_in, t};
   /* a task per row, with an f32 row of t floats (the 16-bit row's) */
-  return run_tasks("attention_probs", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN, probs_row);
+  return run_tasks("causal_attention_probs", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN,
+                   probs_row);
 }
 
 // p (n, t, t) of ex->dtype, dp f32 -> ds of ex->dtype (may be p)
-dt_status dt_cpu_attention_dscores(const dt_exec *ex, const float *p, const float *dp, float *ds,
-                                   int64_t n, int64_t t) {
+dt_status dt_cpu_causal_attention_dscores(const dt_exec *ex, const float *p, const float *dp,
+                                          float *ds, int64_t n, int64_t t) {
   const att_rows a = {ex->dtype, NULL, dp, p, ds, NULL, false, t};
-  return run_tasks("attention_dscores", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN,
+  return run_tasks("causal_attention_dscores", &a, n * t, (size_t)t, n * t * t >= ATT_PAR_MIN,
                    dscores_row);
 }

@@ -20,22 +20,23 @@ static double *bn_partials(const char *op, int64_t count) {
 }
 
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cpu_batchnorm_forward(const dt_exec *ex, const float *x, float *y, const float *gamma,
-                                   const float *beta, float *running_mean, float *running_var,
-                                   float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                   int64_t hw, bool training, float momentum, float eps) {
+dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float *save_mean, float *save_invstd,
+                                      int64_t n, int64_t c, int64_t hw, bool training,
+                                      float momentum, float eps) {
   (void)ex;
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;
   float *scale = malloc((size_t)(c > 0 ? c : 1) * 2 * sizeof(float));
   if (!scale)
-    return DT_ERROR(DT_ERR_OOM, "batchnorm_forward: scratch of %lld floats: malloc failed",
+    return DT_ERROR(DT_ERR_OOM, "batch_norm2d_forward: scratch of %lld floats: malloc failed",
                     (long long)c * 2);
   float *shift = scale + c;
 
   if (training) {
-    double *part = bn_partials("batchnorm_forward", n * c);
+    double *part = bn_partials("batch_norm2d_forward", n * c);
     if (!part) {
       free(scale);
       return DT_ERR_OOM;
@@ -114,17 +115,17 @@ dt_status dt_cpu_batchnorm_forward(const dt_exec *ex, const float *x, float *y, 
 }
 
 // x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma (c), dbeta (c) (overwrite)
-dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
-                                    const float *gamma, const float *save_mean,
-                                    const float *save_invstd, float *dx, float *dgamma,
-                                    float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
+dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const float *dy,
+                                       const float *gamma, const float *save_mean,
+                                       const float *save_invstd, float *dx, float *dgamma,
+                                       float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
   (void)ex;
   (void)eps; /* the saved invstd already holds it */
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;
   /* partials: (n*c) sums of dy, then (n*c) sums of dy*(x-mean) */
-  double *part = bn_partials("batchnorm_backward", n * c);
+  double *part = bn_partials("batch_norm2d_backward", n * c);
   if (!part)
     return DT_ERR_OOM;
   double *part_dy = part, *part_dyx = part + n * c;
@@ -142,7 +143,7 @@ dt_status dt_cpu_batchnorm_backward(const dt_exec *ex, const float *x, const flo
   float *k_dy = malloc((size_t)(c > 0 ? c : 1) * 3 * sizeof(float));
   if (!k_dy) {
     free(part);
-    return DT_ERROR(DT_ERR_OOM, "batchnorm_backward: scratch of %lld floats: malloc failed",
+    return DT_ERROR(DT_ERR_OOM, "batch_norm2d_backward: scratch of %lld floats: malloc failed",
                     (long long)c * 3);
   }
   float *k_x = k_dy + c, *k_mul = k_dy + 2 * c;
@@ -195,7 +196,7 @@ typedef struct ln_forward_ctx {
 /* Layer norm of rows [r0, r0 + n) of x (in[0], f32), or of sum = x +
  * residual (in[1]; written) when the context has a sum: the same
  * arithmetic on the same values either way. */
-static void layernorm_rows(const void *ctx, const float *const *in, int64_t r0, int64_t n) {
+static void layer_norm_rows(const void *ctx, const float *const *in, int64_t r0, int64_t n) {
   const ln_forward_ctx *c = ctx;
   const int64_t cols = c->cols;
   const float *gamma = c->gamma, *beta = c->beta;
@@ -234,24 +235,24 @@ static void layernorm_rows(const void *ctx, const float *const *in, int64_t r0, 
 }
 
 // x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
-dt_status dt_cpu_layernorm_forward(const dt_exec *ex, const float *x, const float *gamma,
-                                   const float *beta, float *y, float *mean, float *rstd,
-                                   int64_t rows, int64_t cols, float eps) {
+dt_status dt_cpu_layer_norm_forward(const dt_exec *ex, const float *x, const float *gamma,
+                                    const float *beta, float *y, float *mean, float *rstd,
+                                    int64_t rows, int64_t cols, float eps) {
   const ln_forward_ctx c = {gamma, beta, NULL, y, mean, rstd, cols, eps};
-  return dt_cpu_rows("layernorm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
-                     DT_CPU_PAR_MIN / 4, layernorm_rows, &c);
+  return dt_cpu_rows("layer_norm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
+                     DT_CPU_PAR_MIN / 4, layer_norm_rows, &c);
 }
 
-// x, residual (rows, cols) -> sum = x + residual, y = layernorm(sum), mean, rstd (rows)
-dt_status dt_cpu_residual_layernorm_forward(const dt_exec *ex, const float *x,
-                                            const float *residual, dt_dtype residual_dtype,
-                                            const float *gamma, const float *beta, float *sum,
-                                            float *y, float *mean, float *rstd, int64_t rows,
-                                            int64_t cols, float eps) {
+// x, residual (rows, cols) -> sum = x + residual, y = layer_norm(sum), mean, rstd (rows)
+dt_status dt_cpu_residual_layer_norm_forward(const dt_exec *ex, const float *x,
+                                             const float *residual, dt_dtype residual_dtype,
+                                             const float *gamma, const float *beta, float *sum,
+                                             float *y, float *mean, float *rstd, int64_t rows,
+                                             int64_t cols, float eps) {
   const ln_forward_ctx c = {gamma, beta, sum, y, mean, rstd, cols, eps};
-  return dt_cpu_rows("residual_layernorm_forward", rows, cols, 2, (const void *[]){x, residual},
+  return dt_cpu_rows("residual_layer_norm_forward", rows, cols, 2, (const void *[]){x, residual},
                      (const dt_dtype[]){ex->dtype, residual_dtype}, DT_CPU_PAR_MIN / 4,
-                     layernorm_rows, &c);
+                     layer_norm_rows, &c);
 }
 
 typedef struct ln_backward_ctx {
@@ -262,8 +263,8 @@ typedef struct ln_backward_ctx {
 
 /* dx of rows [r0, r0 + n) from x (in[0]) and dy (in[1]), f32:
  * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma */
-static void layernorm_backward_dx_rows(const void *ctx, const float *const *in, int64_t r0,
-                                       int64_t n) {
+static void layer_norm_backward_dx_rows(const void *ctx, const float *const *in, int64_t r0,
+                                        int64_t n) {
   const ln_backward_ctx *c = ctx;
   const int64_t cols = c->cols;
   const float *gamma = c->gamma;
@@ -290,16 +291,16 @@ static void layernorm_backward_dx_rows(const void *ctx, const float *const *in, 
 
 // x (rows, cols) of ex->dtype, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
 // dgamma, dbeta (cols) accumulated (+=)
-dt_status dt_cpu_layernorm_backward(const dt_exec *ex, const float *x, const float *gamma,
-                                    const float *mean, const float *rstd, const float *dy,
-                                    float *dx, float *dgamma, float *dbeta, int64_t rows,
-                                    int64_t cols) {
+dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const float *gamma,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
+                                     int64_t cols) {
   const dt_dtype xdt = ex->dtype;
   if (dx) {
     const ln_backward_ctx c = {gamma, mean, rstd, dx, cols};
-    DT_CHECK(dt_cpu_rows("layernorm_backward", rows, cols, 2, (const void *[]){x, dy},
+    DT_CHECK(dt_cpu_rows("layer_norm_backward", rows, cols, 2, (const void *[]){x, dy},
                          (const dt_dtype[]){xdt, DT_DTYPE_F32}, DT_CPU_PAR_MIN / 4,
-                         layernorm_backward_dx_rows, &c));
+                         layer_norm_backward_dx_rows, &c));
   }
   if (!dgamma && !dbeta)
     return DT_OK;

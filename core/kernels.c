@@ -157,11 +157,12 @@ static dt_status dt_kcheck_classes(const char *op, dt_dtype idx_dtype, int64_t n
 /* The fused classifier: vp columns of which the first `classes` are real. */
 static dt_status dt_kcheck_classifier(dt_dtype target_dtype, int64_t n, int64_t vp,
                                       int64_t classes) {
-  DT_CHECK(dt_kcheck_classes("classifier_forward", target_dtype, n, vp));
+  DT_CHECK(dt_kcheck_classes("classifier_loss_forward", target_dtype, n, vp));
   if (classes < 1 || classes > vp)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "classifier_forward: %lld classes in rows of %lld logits: expected 1..%lld",
-                    (long long)classes, (long long)vp, (long long)vp);
+    return DT_ERROR(
+        DT_ERR_INVALID_ARG,
+        "classifier_loss_forward: %lld classes in rows of %lld logits: expected 1..%lld",
+        (long long)classes, (long long)vp, (long long)vp);
   return DT_OK;
 }
 
@@ -193,38 +194,40 @@ static dt_status dt_kcheck_geom(const char *op, const dt_conv2d_geom *g, bool co
   return DT_OK;
 }
 
-static dt_status dt_kcheck_batchnorm(int64_t n, int64_t c, int64_t hw, bool training,
-                                     float momentum, float eps, const float *running_mean,
-                                     const float *running_var) {
-  DT_CHECK(dt_kcheck_sizes("batchnorm", n, c, hw));
+static dt_status dt_kcheck_batch_norm2d(int64_t n, int64_t c, int64_t hw, bool training,
+                                        float momentum, float eps, const float *running_mean,
+                                        const float *running_var) {
+  DT_CHECK(dt_kcheck_sizes("batch_norm2d", n, c, hw));
   if (training && n * hw <= 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm: training needs more than 1 value per channel, got n=%lld x "
+                    "batch_norm2d: training needs more than 1 value per channel, got n=%lld x "
                     "hw=%lld: use a batch larger than 1 or eval mode",
                     (long long)n, (long long)hw);
   if (!training && (!running_mean || !running_var))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm: eval mode needs running_mean and running_var");
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batch_norm2d: eval mode needs running_mean and running_var");
   if (!(eps >= 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batchnorm: eps %g must be >= 0 and momentum %g in [0, 1]",
-                    (double)eps, (double)momentum);
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batch_norm2d: eps %g must be >= 0 and momentum %g in [0, 1]", (double)eps,
+                    (double)momentum);
   return DT_OK;
 }
 
-static dt_status dt_kcheck_layernorm(int64_t rows, int64_t cols) {
+static dt_status dt_kcheck_layer_norm(int64_t rows, int64_t cols) {
   if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layernorm: bad size (rows %lld, cols %lld)",
+    return DT_ERROR(DT_ERR_INVALID_ARG, "layer_norm: bad size (rows %lld, cols %lld)",
                     (long long)rows, (long long)cols);
   return DT_OK;
 }
 
 /* The residual of the fused residual layer norm: a float of any width. */
-static dt_status dt_kcheck_residual_layernorm(dt_dtype residual_dtype, int64_t rows, int64_t cols) {
+static dt_status dt_kcheck_residual_layer_norm(dt_dtype residual_dtype, int64_t rows,
+                                               int64_t cols) {
   if (residual_dtype != DT_DTYPE_F32 && !dt_dtype_is_half(residual_dtype))
-    return DT_ERROR(DT_ERR_DTYPE,
-                    "residual_layernorm_forward: residual dtype %s: expected f32, f16 or bf16",
-                    (unsigned)residual_dtype < DT_DTYPE_COUNT ? dt_dtype_name(residual_dtype)
-                                                              : "?");
-  return dt_kcheck_layernorm(rows, cols);
+    return DT_ERROR(
+        DT_ERR_DTYPE, "residual_layer_norm_forward: residual dtype %s: expected f32, f16 or bf16",
+        (unsigned)residual_dtype < DT_DTYPE_COUNT ? dt_dtype_name(residual_dtype) : "?");
+  return dt_kcheck_layer_norm(rows, cols);
 }
 
 /* Attention geometry: b sequences of t positions, h heads of hd columns. */

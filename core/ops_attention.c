@@ -18,10 +18,10 @@
  * dtype; then for a group of heads at a time (at most
  * ATT_GEMM_SCRATCH_BYTES of scores and probabilities, even groups):
  *   forward   S = q k^T / sqrt(hd) (f32)   P = exp(S - lse) (qkv's dtype,
- *             attention_probs, which writes lse)   O = P v
+ *             causal_attention_probs, which writes lse)   O = P v
  *   backward  S and P again (P from the saved lse: the forward's bits)
  *             dV = P^T dO   dP = dO v^T (f32, into S's buffer)
- *             dS = P (dP - rowsum(P dP)) (attention_dscores, into P)
+ *             dS = P (dP - rowsum(P dP)) (causal_attention_dscores, into P)
  *             dQ = dS k / sqrt(hd)   dK = dS^T q / sqrt(hd)
  * with dO in qkv's dtype. Under autocast P, dO and dS are rounded to 16
  * bits where the GEMMs read them (flash attention does the same); every
@@ -148,8 +148,8 @@ static dt_status scores_and_probs(const gemm_att *a, int64_t j0, int64_t n, floa
   const int64_t t = a->t, hd = a->hd, tt = t * t;
   DT_CHECK(heads_gemm(a, 0, 1, t, t, hd, a->scale, head_of(a, 0, j0), hd, a->blk,
                       head_of(a, 1, j0), hd, a->blk, DT_F32(a->s), t, tt, n));
-  return dt_kernel_attention_probs(&a->ex, DT_F32(a->s), dt_tensor_data(a->p), lse + j0 * t,
-                                   lse_in, n, t);
+  return dt_kernel_causal_attention_probs(&a->ex, DT_F32(a->s), dt_tensor_data(a->p), lse + j0 * t,
+                                          lse_in, n, t);
 }
 
 /* qc (b, t, 3c) of the GEMMs' dtype -> y (b, t, c) f32 and lse (b, h, t). */
@@ -207,7 +207,7 @@ static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_ten
     if (st == DT_OK) /* dP = dO v^T, over S */
       st = heads_gemm(&a, 0, 1, t, t, hd, 1.0f, d_o, hd, a.blk, v, hd, a.blk, s, t, tt, n);
     if (st == DT_OK) /* dS, over P */
-      st = dt_kernel_attention_dscores(&a.ex, p, s, dt_tensor_data(a.p), n, t);
+      st = dt_kernel_causal_attention_dscores(&a.ex, p, s, dt_tensor_data(a.p), n, t);
     if (st == DT_OK) /* dQ = dS k / sqrt(hd) */
       st = heads_gemm(&a, 0, 0, t, hd, t, a.scale, p, t, tt, k, hd, a.blk, dq, hd, a.blk, n);
     if (st == DT_OK) /* dK = dS^T q / sqrt(hd) */
@@ -221,13 +221,18 @@ static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_ten
 }
 
 /* saved: 0 qkv (contiguous), 1 out (detached), both 16-bit under autocast,
- * 2 lse (b, h, t) f32;
- * ints: 0 b, 1 t, 2 heads, 3 hd, 4 the GEMM path ran */
+ * 2 lse (b, h, t) f32 */
+typedef struct causal_attention_saved {
+  int64_t b, t, heads, hd;
+  bool gemms; /* the forward ran the GEMM path */
+} causal_attention_saved;
+
 static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *qkv = node->saved[0], *y = node->saved[1], *lse = node->saved[2];
-  int64_t b = node->ints[0], t = node->ints[1], h = node->ints[2], hd = node->ints[3];
+  const causal_attention_saved *s = DT_NODE_PARAMS(node, causal_attention_saved);
+  int64_t b = s->b, t = s->t, h = s->heads, hd = s->hd;
   dt_tensor *dqkv = NULL, *g32 = NULL, *y32 = NULL;
-  if (node->ints[4]) { /* the forward ran the GEMMs */
+  if (s->gemms) {
     dt_status st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
     if (st == DT_OK && b * t > 0)
       st = gemm_attention_backward(qkv, DT_F32(lse), g, DT_F32(dqkv), b, t, h, hd);
@@ -240,8 +245,8 @@ static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tenso
   if (st == DT_OK)
     st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
   if (st == DT_OK && b * t > 0)
-    st = dt_kernel_attention_backward(DT_TENSOR_EXEC(qkv), DT_F32(qkv), DT_F32(y32), DT_F32(lse),
-                                      DT_F32(g32), DT_F32(dqkv), b, t, h, hd);
+    st = dt_kernel_causal_attention_backward(DT_TENSOR_EXEC(qkv), DT_F32(qkv), DT_F32(y32),
+                                             DT_F32(lse), DT_F32(g32), DT_F32(dqkv), b, t, h, hd);
   DT_RELEASE_TENSORS(y32, g32);
   return dt_ops_grad_result(st, dqkv, &grad_in[0]);
 }
@@ -285,8 +290,8 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
     DT_CHECK_GOTO(gemm_attention_forward(qc, DT_F32(y), lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
                   st, fail);
   else if (b * t > 0)
-    DT_CHECK_GOTO(dt_kernel_attention_forward(DT_TENSOR_EXEC(qc), DT_F32(qc), DT_F32(y),
-                                              lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
+    DT_CHECK_GOTO(dt_kernel_causal_attention_forward(DT_TENSOR_EXEC(qc), DT_F32(qc), DT_F32(y),
+                                                     lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
                   st, fail);
   /* the result in qc's dtype: 16-bit under autocast */
   DT_CHECK_GOTO(dt_ops_narrow_result(dt_tensor_dtype(qc), &y), st, fail);
@@ -294,8 +299,8 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   if (node) {
     DT_CHECK_GOTO(dt_ops_save_output(node, 1, y), st, fail);
     dt_tensor *saved[1] = {qc};
-    const int64_t ints[5] = {b, t, n_head, hd, gemms};
-    dt_ops_save_for_backward(node, saved, 1, ints, 5);
+    dt_ops_save_for_backward(node, saved, 1);
+    DT_OPS_SAVE_PARAMS(node, causal_attention_saved, {b, t, n_head, hd, gemms});
     dt_node_save(node, 2, lse);
   }
   st = dt_ops_take(&y, out);

@@ -106,15 +106,11 @@ dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out) {
   return dt_tensor_contiguous_copy(t, out);
 }
 
-void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
-                              const int64_t *ints, int n_ints) {
+void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved) {
   if (!node)
     return;
-  DT_ASSERT(n_ints <= (int)(sizeof node->ints / sizeof node->ints[0]));
   for (int i = 0; i < n_saved; ++i)
     dt_node_save(node, i, saved[i]);
-  for (int i = 0; i < n_ints; ++i)
-    node->ints[i] = ints[i];
 }
 
 dt_status dt_ops_empty_like(const dt_tensor *t, dt_device dev, dt_tensor **out) {
@@ -230,6 +226,8 @@ typedef struct merged_dims {
   int n;
   int64_t size[DT_MAX_DIMS];
   int reduced[DT_MAX_DIMS];
+  int groups; /* reduced runs */
+  int last;   /* the last reduced run, -1 when none */
 } merged_dims;
 
 static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_dims *m) {
@@ -246,6 +244,13 @@ static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_d
       m->n++;
     }
   }
+  m->groups = 0;
+  m->last = -1;
+  for (int i = 0; i < m->n; ++i)
+    if (m->reduced[i]) {
+      m->groups++;
+      m->last = i;
+    }
 }
 
 /* Where the reduce and broadcast helpers start: f32 execution on dev and
@@ -269,16 +274,14 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
   dt_exec ex;
   merged_dims m;
   DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
-  int64_t out_numel = 1, groups = 0;
+  const int groups = m.groups;
+  int64_t out_numel = 1;
   int empty_reduction = 0;
   for (int i = 0; i < m.n; ++i) {
-    if (m.reduced[i]) {
-      groups++;
-      if (m.size[i] == 0)
-        empty_reduction = 1;
-    } else {
+    if (!m.reduced[i])
       out_numel *= m.size[i];
-    }
+    else if (m.size[i] == 0)
+      empty_reduction = 1;
   }
   if (out_numel == 0)
     return DT_OK;
@@ -327,12 +330,7 @@ dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *sh
   int64_t numel = product(m.size, 0, m.n);
   if (numel == 0)
     return DT_OK;
-  int groups = 0, last = -1;
-  for (int i = 0; i < m.n; ++i)
-    if (m.reduced[i]) {
-      groups++;
-      last = i;
-    }
+  const int groups = m.groups, last = m.last;
   if (groups == 0)
     return dt_kernel_axpby(&ex, numel, scale, y, 0.0f, x);
   if (groups == 1)

@@ -43,26 +43,6 @@ static dt_status make_geom(const char *op, const dt_tensor *x, int oc, int kh, i
   return DT_OK;
 }
 
-static void geom_to_ints(const dt_conv2d_geom *g, int64_t *ints) {
-  const int64_t v[8] = {g->n, g->c, g->h, g->w, g->oc, (int64_t)g->kh << 32 | g->kw, g->sh, g->ph};
-  memcpy(ints, v, sizeof v);
-}
-
-static void ints_to_geom(const int64_t *ints, dt_conv2d_geom *g) {
-  memset(g, 0, sizeof *g);
-  g->n = (int)ints[0];
-  g->c = (int)ints[1];
-  g->h = (int)ints[2];
-  g->w = (int)ints[3];
-  g->oc = (int)ints[4];
-  g->kh = (int)(ints[5] >> 32);
-  g->kw = (int)(ints[5] & 0xffffffff);
-  g->sh = g->sw = (int)ints[6];
-  g->ph = g->pw = (int)ints[7];
-  g->oh = (g->h + 2 * g->ph - g->kh) / g->sh + 1;
-  g->ow = (g->w + 2 * g->pw - g->kw) / g->sw + 1;
-}
-
 /* A temporary u8 buffer for the workspace of the conv kernels of `dtype`
  * (NULL when 0). */
 static dt_status alloc_workspace(dt_device dev, dt_dtype dtype, const dt_conv2d_geom *g,
@@ -81,14 +61,17 @@ static dt_status alloc_workspace(dt_device dev, dt_dtype dtype, const dt_conv2d_
 /* ---- conv2d ---- */
 
 /* saved: 0 x, 1 weight (contiguous, of the dtype the forward computed in:
- * 16-bit under autocast); ints: geometry. Inputs x, w[, bias]. The kernels
- * take that dtype: dx and dw come back in it (the engine widens them for
- * f32 inputs), db is f32. */
+ * 16-bit under autocast). Inputs x, w[, bias]. The kernels take that
+ * dtype: dx and dw come back in it (the engine widens them for f32
+ * inputs), db is f32. */
+typedef struct conv2d_saved {
+  dt_conv2d_geom g;
+} conv2d_saved;
+
 static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
   int has_bias = node->n_inputs == 3;
-  dt_conv2d_geom g;
-  ints_to_geom(node->ints, &g);
+  dt_conv2d_geom g = DT_NODE_PARAMS(node, conv2d_saved)->g;
   dt_device dev = dt_tensor_device(gy);
   const dt_dtype dtype = dt_tensor_dtype(x);
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *ws = NULL, *gc = NULL;
@@ -161,7 +144,7 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
   if (node) {
     dt_node_save(node, 0, xc);
     dt_node_save(node, 1, wc);
-    geom_to_ints(&g, node->ints);
+    *DT_NODE_PARAMS_INIT(node, conv2d_saved) = (conv2d_saved){g};
   }
   st = dt_ops_take(&y, out);
 fail:
@@ -171,11 +154,15 @@ fail:
 
 /* ---- pooling ---- */
 
-/* saved: 0 argmax (i32, max pooling only); ints: geometry; reals[0]: 1 for
- * max pooling. */
-static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+/* saved: 0 argmax (i32, max pooling only) */
+typedef struct pool2d_saved {
   dt_conv2d_geom g;
-  ints_to_geom(node->ints, &g);
+  bool is_max;
+} pool2d_saved;
+
+static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  const pool2d_saved *s = DT_NODE_PARAMS(node, pool2d_saved);
+  dt_conv2d_geom g = s->g;
   dt_device dev = dt_tensor_device(gy);
   const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL;
@@ -184,13 +171,13 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   /* dx in gy's dtype (y's, which is x's): the kernel rounds it once */
   DT_CHECK(dt_tensor_empty(xshape, 4, dt_tensor_dtype(gy), dev, &dx));
   if (dt_tensor_numel(dx) > 0) {
-    if (node->reals[0] != 0.0)
+    if (s->is_max)
       DT_CHECK_GOTO(
-          dt_kernel_maxpool2d_backward(&ex, &g, DT_F32(gy),
-                                       (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
+          dt_kernel_max_pool2d_backward(
+              &ex, &g, DT_F32(gy), (const int32_t *)dt_tensor_data(node->saved[0]), DT_F32(dx)),
           st, fail);
     else
-      DT_CHECK_GOTO(dt_kernel_avgpool2d_backward(&ex, &g, DT_F32(gy), DT_F32(dx)), st, fail);
+      DT_CHECK_GOTO(dt_kernel_avg_pool2d_backward(&ex, &g, DT_F32(gy), DT_F32(dx)), st, fail);
   }
   grad_in[0] = dx;
   return DT_OK;
@@ -223,16 +210,15 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);
     if (dt_tensor_numel(y) > 0)
-      DT_CHECK_GOTO(dt_kernel_maxpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y),
-                                                (int32_t *)dt_tensor_data(argmax)),
+      DT_CHECK_GOTO(dt_kernel_max_pool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y),
+                                                 (int32_t *)dt_tensor_data(argmax)),
                     st, fail);
   } else if (dt_tensor_numel(y) > 0) {
-    DT_CHECK_GOTO(dt_kernel_avgpool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y)), st, fail);
+    DT_CHECK_GOTO(dt_kernel_avg_pool2d_forward(&ex, &g, DT_F32(xc), DT_F32(y)), st, fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, pool_backward, &x, 1, y, &node), st, fail);
   if (node) {
-    geom_to_ints(&g, node->ints);
-    node->reals[0] = is_max;
+    *DT_NODE_PARAMS_INIT(node, pool2d_saved) = (pool2d_saved){g, is_max};
     if (is_max)
       dt_node_save(node, 0, argmax);
   }

@@ -86,8 +86,12 @@ static dt_status output_grad(dt_node *node, dt_tensor *g, dt_tensor **out) {
   return dt_ops_grad_as_shape(g, shape, ndim, out);
 }
 
+typedef struct binary_saved {
+  dt_binary_op op;
+} binary_saved;
+
 static dt_status add_sub_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in) {
-  float sign_b = node->ints[0] == DT_BINARY_SUB ? -1.0f : 1.0f;
+  float sign_b = DT_NODE_PARAMS(node, binary_saved)->op == DT_BINARY_SUB ? -1.0f : 1.0f;
   dt_tensor *g = NULL;
   dt_status st;
   DT_CHECK(output_grad(node, grad_out, &g));
@@ -159,8 +163,7 @@ static dt_status binary_op(const char *name, dt_binary_op op, dt_tensor *a, dt_t
     dt_tensor_release(y);
     return st;
   }
-  if (node)
-    node->ints[0] = op;
+  DT_OPS_SAVE_PARAMS(node, binary_saved, {op});
   *out = y;
   return DT_OK;
 }
@@ -179,8 +182,12 @@ dt_status dt_op_mul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
 
 /* ---- scale ---- */
 
+typedef struct scale_saved {
+  float alpha;
+} scale_saved;
+
 static dt_status scale_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
-  return dt_ops_scaled_copy(g, (float)node->reals[0], &grad_in[0]);
+  return dt_ops_scaled_copy(g, DT_NODE_PARAMS(node, scale_saved)->alpha, &grad_in[0]);
 }
 
 dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
@@ -193,8 +200,7 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   DT_CHECK(dt_ops_contiguous(a, &x));
   DT_CHECK_GOTO(dt_ops_scaled_copy(x, alpha, &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), st, fail);
-  if (node)
-    node->reals[0] = alpha;
+  DT_OPS_SAVE_PARAMS(node, scale_saved, {alpha});
   st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
@@ -205,6 +211,10 @@ fail:
 /* ---- unary activations ---- */
 
 /* saved[0] = x (contiguous); f'(x) is computed from the input */
+typedef struct unary_saved {
+  dt_unary_op op;
+} unary_saved;
+
 static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0];
   dt_tensor *dx = NULL; /* x's dtype, which g has too (16-bit: f32 math in the kernel) */
@@ -213,8 +223,8 @@ static dt_status unary_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in
   int64_t n = dt_tensor_numel(x);
   dt_status st = DT_OK;
   if (n > 0) {
-    st = dt_kernel_unary_backward(DT_TENSOR_EXEC(x), (dt_unary_op)node->ints[0], n, DT_F32(x),
-                                  DT_F32(g), DT_F32(dx));
+    st = dt_kernel_unary_backward(DT_TENSOR_EXEC(x), DT_NODE_PARAMS(node, unary_saved)->op, n,
+                                  DT_F32(x), DT_F32(g), DT_F32(dx));
   }
   return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
@@ -236,8 +246,8 @@ static dt_status unary_op(const char *name, dt_unary_op op, dt_tensor *a, dt_ten
     DT_CHECK_GOTO(dt_kernel_unary_forward(DT_TENSOR_EXEC(x), op, n, DT_F32(x), DT_F32(y)), st,
                   fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(name, unary_backward, &a, 1, y, &node), st, fail);
-  const int64_t ints[1] = {op};
-  dt_ops_save_for_backward(node, &x, 1, ints, 1);
+  dt_ops_save_for_backward(node, &x, 1);
+  DT_OPS_SAVE_PARAMS(node, unary_saved, {op});
   st = dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);

@@ -56,11 +56,19 @@ dt_status dt_ops_maybe_record(const char *name, dt_backward_fn backward, dt_tens
  * original input, so a "contiguous" node would only hold memory. */
 dt_status dt_ops_contiguous(dt_tensor *t, dt_tensor **out);
 
-/* Keeps what an op's backward reads on its node: saved[i] (retained) in
- * slot i and ints[i] in node->ints[i]. Does nothing when node is NULL (no
- * node was recorded), so it can follow dt_ops_maybe_record directly. */
-void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved,
-                              const int64_t *ints, int n_ints);
+/* Keeps the tensors an op's backward reads on its node: saved[i]
+ * (retained) in slot i. Does nothing when node is NULL (no node was
+ * recorded), so it can follow dt_ops_maybe_record directly. */
+void dt_ops_save_for_backward(dt_node *node, dt_tensor *const *saved, int n_saved);
+
+/* Keeps the op's saved struct on its node, when a node was recorded:
+ *   DT_OPS_SAVE_PARAMS(node, linear_saved, {rows, in, out, bias != NULL});
+ * the backward reads it with DT_NODE_PARAMS(node, linear_saved). */
+#define DT_OPS_SAVE_PARAMS(node, type, ...)                 \
+  do {                                                      \
+    if (node)                                               \
+      *DT_NODE_PARAMS_INIT(node, type) = (type)__VA_ARGS__; \
+  } while (0)
 
 /* Hands the op's result to the caller: *out = *y, *y = NULL (so the
  * cleanup label's release of y does nothing); returns DT_OK. */

@@ -34,12 +34,17 @@ static dt_status check_int_range(const char *op, int64_t m, int64_t n, int64_t k
 
 /* ---- matmul ---- */
 
-/* saved: 0 a (contiguous), 1 b (contiguous); ints: 0 batch, 1 m, 2 k, 3 n,
- * 4 batched (b has the batch dims too). Unbatched a is (batch*m, k). */
+/* saved: 0 a (contiguous), 1 b (contiguous). Unbatched a is (batch*m, k). */
+typedef struct matmul_saved {
+  int64_t batch, m, k, n;
+  bool batched; /* b has the batch dims too */
+} matmul_saved;
+
 static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *a = node->saved[0], *b = node->saved[1];
-  int64_t batch = node->ints[0], m = node->ints[1], k = node->ints[2], n = node->ints[3];
-  int batched = (int)node->ints[4];
+  const matmul_saved *s = DT_NODE_PARAMS(node, matmul_saved);
+  int64_t batch = s->batch, m = s->m, k = s->k, n = s->n;
+  int batched = s->batched;
   dt_device dev = dt_tensor_device(g);
   dt_dtype ab = dt_tensor_dtype(a);
   dt_tensor *da = NULL, *db = NULL, *gc = NULL;
@@ -121,8 +126,8 @@ dt_status dt_op_matmul(dt_tensor *a, dt_tensor *b, dt_tensor **out) {
   DT_CHECK_GOTO(dt_ops_narrow_result(ab, &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, matmul_backward, ins, 2, y, &node), st, fail);
   dt_tensor *saved[2] = {ac, bc};
-  const int64_t ints[5] = {batch, m, k, n, batched};
-  dt_ops_save_for_backward(node, saved, 2, ints, 5);
+  dt_ops_save_for_backward(node, saved, 2);
+  DT_OPS_SAVE_PARAMS(node, matmul_saved, {batch, m, k, n, batched});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, bc, ac);
@@ -130,6 +135,11 @@ fail:
 }
 
 /* ---- linear ---- */
+
+typedef struct linear_saved {
+  int64_t rows, in, out;
+  bool has_bias;
+} linear_saved;
 
 /* Rows per slice when a linear's (rows, out) matrix is 16-bit: an eighth
  * of it when it is large (the LM head's logits and their gradient are a
@@ -242,12 +252,12 @@ static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n,
 
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
- * output and so its gradient g have too; ints: 0 rows, 1 in, 2 out, 3 has
- * bias. Inputs: x, weight[, bias]. */
+ * output and so its gradient g have too. Inputs: x, weight[, bias]. */
 static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *w = node->saved[1];
-  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
-  int has_bias = (int)node->ints[3];
+  const linear_saved *s = DT_NODE_PARAMS(node, linear_saved);
+  int64_t rows = s->rows, in = s->in, outf = s->out;
+  int has_bias = s->has_bias;
   dt_device dev = dt_tensor_device(g);
   dt_dtype ab = dt_tensor_dtype(x);
   size_t esize = dt_dtype_size(ab);
@@ -302,44 +312,45 @@ fail:
  * next is computed; dx last. Every element is the same GEMM sum as in
  * one product (a block of rows of C is the same dot products over k). */
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
-                                         dt_tensor **grad_in) {
+                                          dt_tensor **grad_in) {
+  const linear_saved *s = DT_NODE_PARAMS(node, linear_saved);
   dt_tensor *x = node->saved[0], *w = node->saved[1];
-  int64_t rows = node->ints[0], in = node->ints[1], outf = node->ints[2];
-  int has_bias = (int)node->ints[3];
+  const dt_dtype ab = dt_tensor_dtype(x);
+  const size_t esize = dt_dtype_size(ab);
   dt_device dev = dt_tensor_device(gc);
-  dt_dtype ab = dt_tensor_dtype(x);
-  size_t esize = dt_dtype_size(ab);
   dt_tensor *dx = NULL, *db = NULL;
   dt_status st = DT_OK;
-  if (has_bias && node->needs_grad[2]) {
-    DT_CHECK_GOTO(bias_grad(gc, rows, outf, &db), st, fail);
+  if (s->has_bias && node->needs_grad[2]) {
+    DT_CHECK_GOTO(bias_grad(gc, s->rows, s->out, &db), st, fail);
     float *db_dest = dt_node_grad_dest(node, 2);
     if (db_dest != NULL && dt_node_grad_rows_per_part(node, 2) > 0) {
       /* what the engine would do with a returned db: .grad += db */
-      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), outf, 1.0f, DT_F32(db), 1.0f, db_dest), st,
-                    fail);
+      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), s->out, 1.0f, DT_F32(db), 1.0f, db_dest),
+                    st, fail);
       dt_tensor_release(db);
       db = NULL;
-      dt_node_grad_rows_ready(node, 2, 0, outf);
+      dt_node_grad_rows_ready(node, 2, 0, s->out);
     }
   }
   float *dw_dest = dt_node_grad_dest(node, 1);
-  for (int64_t o0 = (outf - 1) / part * part; o0 >= 0; o0 -= part) {
-    int64_t n = outf - o0 < part ? outf - o0 : part;
+  for (int64_t o0 = (s->out - 1) / part * part; o0 >= 0; o0 -= part) {
+    int64_t n = s->out - o0 < part ? s->out - o0 : part;
     /* dw[o0:o0+n, :] (n, in) += g[:, o0:o0+n]^T (n, rows) @ x (rows, in) */
-    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, n, in, rows, (const char *)dt_tensor_data(gc) + o0 * esize,
-                       outf, 0, dt_tensor_data(x), in, 0, 1.0f, dw_dest + o0 * in, in, 0, 1),
-                  st, fail);
+    DT_CHECK_GOTO(
+        gemm(dev, ab, 1, 0, n, s->in, s->rows, (const char *)dt_tensor_data(gc) + o0 * esize,
+             s->out, 0, dt_tensor_data(x), s->in, 0, 1.0f, dw_dest + o0 * s->in, s->in, 0, 1),
+        st, fail);
     dt_node_grad_rows_ready(node, 1, o0, n);
   }
   if (node->needs_grad[0]) {
     /* dx (rows, in) = g (rows, out) @ w (out, in) */
     DT_CHECK_GOTO(linear_dx_new(node, ab, dev, &dx), st, fail);
-    DT_CHECK_GOTO(linear_dx(dev, ab, dt_tensor_data(gc), rows, 0, in, outf, dt_tensor_data(w), dx),
-                  st, fail);
+    DT_CHECK_GOTO(
+        linear_dx(dev, ab, dt_tensor_data(gc), s->rows, 0, s->in, s->out, dt_tensor_data(w), dx),
+        st, fail);
   }
 fail:
-  return dt_ops_grads_result(st, (dt_tensor *[]){dx, NULL, db}, has_bias ? 3 : 2, grad_in);
+  return dt_ops_grads_result(st, (dt_tensor *[]){dx, NULL, db}, s->has_bias ? 3 : 2, grad_in);
 }
 
 dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tensor **out) {
@@ -384,8 +395,8 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   DT_CHECK_GOTO(linear_rows(dev, ab, xc, wc, bc, rows, in, outf, y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, linear_backward, ins, 3, y, &node), st, fail);
   dt_tensor *saved[2] = {xc, wc};
-  const int64_t ints[4] = {rows, in, outf, bias != NULL};
-  dt_ops_save_for_backward(node, saved, 2, ints, 4);
+  dt_ops_save_for_backward(node, saved, 2);
+  DT_OPS_SAVE_PARAMS(node, linear_saved, {rows, in, outf, bias != NULL});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, bc, wc, xc);

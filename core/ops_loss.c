@@ -69,13 +69,18 @@ static dt_status divide_scalars(const dt_exec *ex, const float *a, const float *
 }
 
 /* saved: 0 logits (rows, c) contiguous, 1 target (rows) contiguous, 2 lse
- * (rows), 3 count (1: rows kept, f32, on the device); ints: 0 reduction,
- * 1 ignore_index, 2 rows, 3 c. */
+ * (rows), 3 count (1: rows kept, f32, on the device). */
+typedef struct cross_entropy_saved {
+  dt_reduction reduction;
+  int64_t ignore_index, rows, c;
+} cross_entropy_saved;
+
 static dt_status cross_entropy_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *logits = node->saved[0], *target = node->saved[1], *lse = node->saved[2];
   dt_tensor *count = node->saved[3];
-  dt_reduction red = (dt_reduction)node->ints[0];
-  int64_t ignore = node->ints[1], rows = node->ints[2], c = node->ints[3];
+  const cross_entropy_saved *s = DT_NODE_PARAMS(node, cross_entropy_saved);
+  dt_reduction red = s->reduction;
+  int64_t ignore = s->ignore_index, rows = s->rows, c = s->c;
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *dlogits = NULL, *drows = NULL;
@@ -154,8 +159,8 @@ dt_status dt_op_cross_entropy(dt_tensor *logits, dt_tensor *target, dt_reduction
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, cross_entropy_backward, &logits, 1, y, &node), st, fail);
   dt_tensor *saved[4] = {lc, tc, lse, count};
-  const int64_t ints[4] = {reduction, ignore_index, rows, c};
-  dt_ops_save_for_backward(node, saved, 4, ints, 4);
+  dt_ops_save_for_backward(node, saved, 4);
+  DT_OPS_SAVE_PARAMS(node, cross_entropy_saved, {reduction, ignore_index, rows, c});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, sum, count, loss_rows, lse, tc, lc);
@@ -173,8 +178,8 @@ static dt_status classifier_loss_backward(dt_node *node, dt_tensor *g, dt_tensor
   /* the buffer is the node's and backward runs once: scale it in place */
   dt_status st = DT_OK;
   if (n > 0)
-    st = dt_kernel_classifier_backward(DT_TENSOR_EXEC(dlogits), DT_F32(dlogits), DT_F32(g),
-                                       DT_F32(count), n);
+    st = dt_kernel_classifier_loss_backward(DT_TENSOR_EXEC(dlogits), DT_F32(dlogits), DT_F32(g),
+                                            DT_F32(count), n);
   return dt_ops_grad_result(st, dt_tensor_retain(dlogits), &grad_in[0]);
 }
 
@@ -225,10 +230,10 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
   const float dlogits_scale = dt_tensor_dtype(lc) == DT_DTYPE_F16 ? 32768.0f : 1.0f;
   DT_CHECK_GOTO(dt_tensor_empty(scalar_shape, 0, DT_DTYPE_F32, dev, &count), st, fail);
   if (rows > 0)
-    DT_CHECK_GOTO(dt_kernel_classifier_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows, vp,
-                                               n_classes, ignore_index, DT_F32(loss_rows),
-                                               dlogits ? DT_F32(dlogits) : NULL, dlogits_scale,
-                                               DT_F32(count)),
+    DT_CHECK_GOTO(dt_kernel_classifier_loss_forward(&ex, DT_F32(lc), dt_tensor_data(tc), tdt, rows,
+                                                    vp, n_classes, ignore_index, DT_F32(loss_rows),
+                                                    dlogits ? DT_F32(dlogits) : NULL, dlogits_scale,
+                                                    DT_F32(count)),
                   st, fail);
   else
     DT_CHECK_GOTO(dt_kernel_fill(&ex32, DT_F32(count), 0.0f, 1), st, fail);
@@ -246,7 +251,7 @@ static dt_status classifier_loss(const char *op, dt_tensor *logits, dt_tensor *t
     count = scaled;
   }
   dt_tensor *saved[2] = {dlogits, count};
-  dt_ops_save_for_backward(node, saved, 2, NULL, 0);
+  dt_ops_save_for_backward(node, saved, 2);
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, sum, count, dlogits, loss_rows, tc, lc);
@@ -295,12 +300,18 @@ static dt_status same_shape_binary(dt_binary_op opc, const dt_tensor *a, const d
   return dt_kernel_binary(DT_TENSOR_EXEC(a), &args, DT_F32(a), DT_F32(b), out);
 }
 
-/* saved: 0 diff = a - b (contiguous); ints: 0 reduction, 1 numel.
+/* saved: 0 diff = a - b (contiguous).
  * da = coef * g * diff, db = -da; coef 2 (sum, none) or 2/numel (mean). */
+typedef struct mse_saved {
+  dt_reduction reduction;
+  int64_t numel;
+} mse_saved;
+
 static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *diff = node->saved[0];
-  dt_reduction red = (dt_reduction)node->ints[0];
-  int64_t n = node->ints[1];
+  const mse_saved *s = DT_NODE_PARAMS(node, mse_saved);
+  dt_reduction red = s->reduction;
+  int64_t n = s->numel;
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *gb = NULL, *da = NULL;
@@ -375,8 +386,8 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
           st, fail);
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), st, fail);
-  const int64_t ints[2] = {reduction, n};
-  dt_ops_save_for_backward(node, &diff, 1, ints, 2);
+  dt_ops_save_for_backward(node, &diff, 1);
+  DT_OPS_SAVE_PARAMS(node, mse_saved, {reduction, n});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, sq, diff);

@@ -54,14 +54,20 @@ static void hand_out_grads(dt_node *node, int has_gamma, int has_beta, dt_tensor
 
 /* ---- batch norm ---- */
 
-/* ints: 0 n, 1 c, 2 hw, 3 training, 4 has gamma, 5 has beta; reals: 0 eps.
- * saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd (the batch
+/* saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd (the batch
  * statistics in training; a snapshot of the running ones in eval). */
+typedef struct batch_norm2d_saved {
+  int64_t n, c, hw;
+  bool training, has_gamma, has_beta;
+  float eps;
+} batch_norm2d_saved;
+
 static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
             *invstd = node->saved[3];
-  int64_t n = node->ints[0], c = node->ints[1], hw = node->ints[2];
-  int training = (int)node->ints[3], has_gamma = (int)node->ints[4], has_beta = (int)node->ints[5];
+  const batch_norm2d_saved *s = DT_NODE_PARAMS(node, batch_norm2d_saved);
+  int64_t n = s->n, c = s->c, hw = s->hw;
+  int training = s->training, has_gamma = s->has_gamma, has_beta = s->has_beta;
   dt_device dev = dt_tensor_device(gy);
   const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
@@ -72,9 +78,9 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
    * dx is the training formula, replaced below in eval mode. */
   if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(dt_kernel_batchnorm_backward(
-                      &ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean), DT_F32(invstd),
-                      DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), n, c, hw, (float)node->reals[0]),
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_backward(&ex, DT_F32(x), DT_F32(gy), DT_F32(gamma),
+                                                  DT_F32(mean), DT_F32(invstd), DT_F32(dx),
+                                                  DT_F32(dgamma), DT_F32(dbeta), n, c, hw, s->eps),
                   st, fail);
   else if (c > 0) { /* no samples: the parameter gradients are zero */
     DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dgamma), 0.0f, c), st, fail);
@@ -202,9 +208,9 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
-    DT_CHECK_GOTO(dt_kernel_batchnorm_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
-                                              DT_F32(rm), DT_F32(rv), DT_F32(mean), DT_F32(invstd),
-                                              n, c, hw, training, momentum, eps),
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
+                                                 DT_F32(rm), DT_F32(rv), DT_F32(mean),
+                                                 DT_F32(invstd), n, c, hw, training, momentum, eps),
                   st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);
@@ -215,10 +221,9 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
     DT_CHECK_GOTO(running_stats_snapshot(rm, rv, eps, &mean, &invstd), st, fail);
   }
   dt_tensor *saved[4] = {xc, gc, mean, invstd};
-  const int64_t ints[6] = {n, c, hw, training != 0, gamma != NULL, beta != NULL};
-  dt_ops_save_for_backward(node, saved, 4, ints, 6);
-  if (node)
-    node->reals[0] = eps;
+  dt_ops_save_for_backward(node, saved, 4);
+  DT_OPS_SAVE_PARAMS(node, batch_norm2d_saved,
+                     {n, c, hw, training != 0, gamma != NULL, beta != NULL, eps});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, invstd, mean, rv, rm, bc, gc, xc);
@@ -227,14 +232,19 @@ fail:
 
 /* ---- layer norm ---- */
 
-/* ints: 0 rows, 1 cols, 2 has gamma, 3 has beta.
- * saved: 0 x (rows, cols; f32 or 16-bit), 1 gamma (or ones), 2 mean (rows),
+/* saved: 0 x (rows, cols; f32 or 16-bit), 1 gamma (or ones), 2 mean (rows),
  * 3 rstd (rows) */
+typedef struct layer_norm_saved {
+  int64_t rows, cols;
+  bool has_gamma, has_beta;
+} layer_norm_saved;
+
 static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
             *rstd = node->saved[3];
-  int64_t rows = node->ints[0], cols = node->ints[1];
-  int has_gamma = (int)node->ints[2], has_beta = (int)node->ints[3];
+  const layer_norm_saved *s = DT_NODE_PARAMS(node, layer_norm_saved);
+  int64_t rows = s->rows, cols = s->cols;
+  int has_gamma = s->has_gamma, has_beta = s->has_beta;
   dt_device dev = dt_tensor_device(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL;
   dt_status st;
@@ -245,9 +255,9 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* x may be 16-bit (the kernel reads it as it is); dx is f32, which the
    * engine rounds to x's dtype */
   if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layernorm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
-                                               DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
-                                               DT_F32(dgamma), DT_F32(dbeta), rows, cols),
+    DT_CHECK_GOTO(dt_kernel_layer_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
+                                                DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
+                                                DT_F32(dgamma), DT_F32(dbeta), rows, cols),
                   st, fail);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
@@ -313,13 +323,13 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0 && residual)
-    DT_CHECK_GOTO(dt_kernel_residual_layernorm_forward(
+    DT_CHECK_GOTO(dt_kernel_residual_layer_norm_forward(
                       &ex, DT_F32(xc), DT_F32(rc), dt_tensor_dtype(rc), DT_F32(gc), DT_F32(bc),
                       DT_F32(sum), DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   else if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layernorm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
-                                              DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+    DT_CHECK_GOTO(dt_kernel_layer_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
+                                               DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   if (residual)
     DT_CHECK_GOTO(dt_ops_maybe_record(op, residual_add_backward, ins, 2, sum, &node), st, fail);
@@ -327,8 +337,8 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   dt_tensor *norm_ins[3] = {residual ? sum : x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, norm_ins, 3, y, &node), st, fail);
   dt_tensor *saved[4] = {residual ? sum : xc, gc, mean, rstd};
-  const int64_t ints[4] = {rows, cols, gamma != NULL, beta != NULL};
-  dt_ops_save_for_backward(node, saved, 4, ints, 4);
+  dt_ops_save_for_backward(node, saved, 4);
+  DT_OPS_SAVE_PARAMS(node, layer_norm_saved, {rows, cols, gamma != NULL, beta != NULL});
   if (residual)
     dt_ops_take(&sum, sum_out);
   st = dt_ops_take(&y, out);

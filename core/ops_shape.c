@@ -7,18 +7,21 @@
 
 /* ---- sum / mean ---- */
 
-/* ints: 0 ndim of x, 1..ndim mask; reals: 0 scale */
+typedef struct reduce_saved {
+  int ndim;              /* x's */
+  int mask[DT_MAX_DIMS]; /* 1: dim reduced */
+  float scale;           /* 1 (sum), 1 / count (mean) */
+} reduce_saved;
+
 static dt_status reduce_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *x = node->inputs[0];
-  int ndim = (int)node->ints[0];
-  int mask[DT_MAX_DIMS];
-  for (int d = 0; d < ndim; ++d)
-    mask[d] = (int)node->ints[1 + d];
+  const reduce_saved *s = DT_NODE_PARAMS(node, reduce_saved);
+  int ndim = s->ndim;
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(x, dt_tensor_device(g), &dx));
   /* dx (x's shape) = scale * g broadcast over the reduced dims */
   dt_status st = dt_ops_broadcast_dims(dt_tensor_device(g), DT_F32(g), dt_tensor_shape(x), ndim,
-                                       mask, (float)node->reals[0], DT_F32(dx));
+                                       s->mask, s->scale, DT_F32(dx));
   return dt_ops_grad_result(st, dx, &grad_in[0]);
 }
 
@@ -66,10 +69,10 @@ static dt_status reduce_op(const char *op, bool is_mean, dt_tensor *x, const int
     DT_CHECK_GOTO(dt_ops_reduce_dims(dev, DT_F32(xc), s, nd, mask, scale, DT_F32(y)), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, reduce_backward, &x, 1, y, &node), st, fail);
   if (node) {
-    node->ints[0] = nd;
-    for (int d = 0; d < nd; ++d)
-      node->ints[1 + d] = mask[d];
-    node->reals[0] = count > 0 ? scale : 0.0;
+    reduce_saved *saved = DT_NODE_PARAMS_INIT(node, reduce_saved);
+    saved->ndim = nd;
+    memcpy(saved->mask, mask, (size_t)nd * sizeof(int));
+    saved->scale = count > 0 ? scale : 0.0f;
   }
   st = dt_ops_take(&y, out);
 fail:
@@ -88,15 +91,20 @@ dt_status dt_op_mean(dt_tensor *x, const int *dims, int ndims, bool keepdim, dt_
 
 /* ---- concat ---- */
 
-/* ints: 0 dim, 1.. size of each input along dim */
+typedef struct concat_saved {
+  int dim;
+  int64_t sizes[DT_NODE_MAX_INPUTS]; /* of each input along dim */
+} concat_saved;
+
 static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor **grad_in) {
-  int dim = (int)node->ints[0];
+  const concat_saved *s = DT_NODE_PARAMS(node, concat_saved);
+  int dim = s->dim;
   int nd = dt_tensor_ndim(node->inputs[0]);
   int64_t oshape[DT_MAX_DIMS];
   memcpy(oshape, dt_tensor_shape(node->inputs[0]), (size_t)nd * sizeof(int64_t));
   oshape[dim] = 0;
   for (int i = 0; i < node->n_inputs; ++i)
-    oshape[dim] += node->ints[1 + i];
+    oshape[dim] += s->sizes[i];
   dt_tensor *g = NULL;
   DT_CHECK(dt_ops_grad_as_shape(grad_out, oshape, nd, &g));
   const int64_t *gstrides = dt_tensor_strides(g);
@@ -105,7 +113,7 @@ static dt_status concat_backward(dt_node *node, dt_tensor *grad_out, dt_tensor *
   int64_t start = 0;
   for (int i = 0; st == DT_OK && i < node->n_inputs; ++i) {
     dt_tensor *x = node->inputs[i];
-    int64_t len = node->ints[1 + i];
+    int64_t len = s->sizes[i];
     if (node->needs_grad[i]) {
       dt_tensor *dx = NULL;
       st = dt_ops_empty_like(x, dt_tensor_device(g), &dx);
@@ -157,9 +165,10 @@ static dt_status concat_direct(const char *op, dt_tensor *const *xs, int n, int 
   if (n <= DT_NODE_MAX_INPUTS)
     DT_CHECK_GOTO(dt_ops_maybe_record(op, concat_backward, xs, n, y, &node), st, fail);
   if (node) {
-    node->ints[0] = dim;
+    concat_saved *saved = DT_NODE_PARAMS_INIT(node, concat_saved);
+    saved->dim = dim;
     for (int i = 0; i < n; ++i)
-      node->ints[1 + i] = dt_tensor_shape(xs[i])[dim];
+      saved->sizes[i] = dt_tensor_shape(xs[i])[dim];
   }
   *out = y;
   return DT_OK;

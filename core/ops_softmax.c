@@ -5,11 +5,17 @@
 
 enum softmax_kind { SOFTMAX = 0, LOG_SOFTMAX = 1, CAUSAL_SOFTMAX = 2 };
 
-/* saved: 0 y (the output, detached); ints: 0 kind, 1 cols */
+/* saved: 0 y (the output, detached) */
+typedef struct softmax_saved {
+  enum softmax_kind kind;
+  int64_t cols;
+} softmax_saved;
+
 static dt_status softmax_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *y = node->saved[0];
-  int kind = (int)node->ints[0];
-  int64_t cols = node->ints[1], n = dt_tensor_numel(y);
+  const softmax_saved *s = DT_NODE_PARAMS(node, softmax_saved);
+  int kind = s->kind;
+  int64_t cols = s->cols, n = dt_tensor_numel(y);
   dt_tensor *dx = NULL;
   DT_CHECK(dt_ops_empty_like(y, dt_tensor_device(y), &dx));
   dt_status st = DT_OK;
@@ -45,8 +51,7 @@ static dt_status softmax_rows(const char *op, dt_tensor *x, enum softmax_kind ki
   DT_CHECK_GOTO(dt_ops_maybe_record(op, softmax_backward, &x, 1, y, &node), st, fail);
   if (node) {
     DT_CHECK_GOTO(dt_ops_save_output(node, 0, y), st, fail);
-    node->ints[0] = kind;
-    node->ints[1] = cols;
+    *DT_NODE_PARAMS_INIT(node, softmax_saved) = (softmax_saved){kind, cols};
   }
   st = dt_ops_take(&y, out);
 fail:

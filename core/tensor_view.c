@@ -88,11 +88,16 @@ dt_status dt_tensor_reshape(dt_tensor *t, const int64_t *shape, int ndim, dt_ten
 
 /* ---- permute / transpose ---- */
 
+typedef struct permute_saved {
+  int perm[DT_MAX_DIMS];
+} permute_saved;
+
 static dt_status permute_backward(dt_node *node, dt_tensor *g, dt_tensor **gin) {
+  const permute_saved *s = DT_NODE_PARAMS(node, permute_saved);
   int inv[DT_MAX_DIMS];
   int nd = node->inputs[0]->ndim;
   for (int i = 0; i < nd; i++)
-    inv[node->ints[i]] = i;
+    inv[s->perm[i]] = i;
   dt_tensor *p;
   DT_CHECK(dt_tensor_permute(g, inv, &p));
   dt_status st = dt_tensor_contiguous(p, &gin[0]);
@@ -116,8 +121,8 @@ dt_status dt_tensor_permute(dt_tensor *t, const int *perm, dt_tensor **out) {
   dt_node *node;
   DT_CHECK(make_view(t, t->offset, sh, st_, t->ndim, &v));
   DT_CHECK(finish_unary(DT_OK, true, "permute", permute_backward, t, v, &node, out));
-  for (int i = 0; node && i < t->ndim; i++)
-    node->ints[i] = perm[i];
+  if (node)
+    memcpy(DT_NODE_PARAMS_INIT(node, permute_saved)->perm, perm, (size_t)t->ndim * sizeof(int));
   return DT_OK;
 }
 
@@ -139,11 +144,16 @@ dt_status dt_tensor_transpose(dt_tensor *t, int d0, int d1, dt_tensor **out) {
 
 /* ---- slice along dim 0 ---- */
 
+typedef struct slice_saved {
+  int64_t start, stop; /* rows [start, stop) of dim 0 */
+} slice_saved;
+
 static dt_status slice_backward(dt_node *node, dt_tensor *g, dt_tensor **gin) {
+  const slice_saved *s = DT_NODE_PARAMS(node, slice_saved);
   dt_tensor *in = node->inputs[0];
   dt_tensor *z, *part;
   DT_CHECK(dt_tensor_zeros(in->shape, in->ndim, DT_DTYPE_F32, in->storage->device, &z));
-  dt_status st = dt_tensor_slice(z, node->ints[0], node->ints[1], &part);
+  dt_status st = dt_tensor_slice(z, s->start, s->stop, &part);
   if (st == DT_OK) {
     st = dt_tensor_copy_(part, g);
     dt_tensor_release(part);
@@ -169,10 +179,8 @@ dt_status dt_tensor_slice(dt_tensor *t, int64_t start, int64_t stop, dt_tensor *
   dt_node *node;
   DT_CHECK(make_view(t, t->offset + start * t->strides[0], sh, t->strides, t->ndim, &v));
   DT_CHECK(finish_unary(DT_OK, true, "slice", slice_backward, t, v, &node, out));
-  if (node) {
-    node->ints[0] = start;
-    node->ints[1] = stop;
-  }
+  if (node)
+    *DT_NODE_PARAMS_INIT(node, slice_saved) = (slice_saved){start, stop};
   return DT_OK;
 }
 

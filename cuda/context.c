@@ -263,15 +263,15 @@ dt_status dt_cuda_take_index_error(dt_cuda_ctx *ctx) {
    * yet run may still claim the record (and is reported next time). */
   DT_CUDA_CHECK(
       cudaMemsetAsync(ctx->index_check.claim, 0, sizeof(int), dt_cuda_compute_stream(ctx)));
-  /* The CPU's messages (core/cpu_kernels_nn.c), word for word, then where
-   * the GPU found it. */
+  /* The CPU's messages (core/cpu_kernels_loss.c, cpu_kernels_embedding.c), word for word, then
+   * where the GPU found it. */
   if (r.kind != DT_CUDA_INDEX_EMBEDDING)
     return DT_ERROR(
         DT_ERR_INVALID_ARG,
         "%s: target %lld at row %lld is outside [0, %lld) and is not ignore_index "
         "(%lld): check the labels against the number of classes (found on cuda:%d "
         "by a kernel queued before this synchronisation)",
-        r.kind == DT_CUDA_INDEX_CLASSIFIER ? "classifier_forward" : "cross_entropy_forward",
+        r.kind == DT_CUDA_INDEX_CLASSIFIER ? "classifier_loss_forward" : "cross_entropy_forward",
         r.value, r.position, r.bound, r.ignore_index, ctx->index);
   return DT_ERROR(DT_ERR_INVALID_ARG,
                   "embedding_forward: index %lld at position %lld is outside [0, %lld): check the "

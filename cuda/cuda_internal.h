@@ -44,7 +44,7 @@ typedef struct dt_cuda_conv_cache dt_cuda_conv_cache; /* cuda/dnn.c */
 typedef struct dt_cuda_gemm_cache dt_cuda_gemm_cache; /* cuda/blas.c */
 
 /* Index checks without a host sync (cross-entropy targets, embedding ids,
- * cuda/kernels_nn.cu). A forward kernel marks its bad rows in its stream's
+ * cuda/kernels_index.cu). A forward kernel marks its bad rows in its stream's
  * slot; a one-thread kernel after it turns the slot's first bad row into
  * the device's index error (the first since the host last looked) and
  * resets the slot. The host reads the error at the next synchronisation
@@ -163,28 +163,27 @@ void dt_cuda_scratch_free(dt_cuda_ctx *ctx, void *ptr);
 /* ---- BLAS (cuda/blas.c) ---- */
 /* y (m,n, dtype) = round(acc (m,n, f32) + bias (n, dtype) broadcast over
  * the rows): the bias epilogue of the 16-bit linear forward where cuBLASLt
- * has no algorithm with it (cuda/kernels_dense.cu). */
+ * has no algorithm with it (cuda/kernels_linear.cu). */
 dt_status dt_cuda_add_bias_rows(cudaStream_t stream, dt_dtype dtype, const float *acc,
                                 const void *bias, void *y, int64_t m, int64_t n);
 
 /* ---- cuDNN (cuda/dnn.c) ---- */
 void dt_cuda_conv_cache_destroy(dt_cuda_conv_cache *c);
 
-/* ---- dense kernels (cuda/kernels_dense.cu) ---- */
-/* Per-channel fill of batchnorm eval statistics: save_mean = rm,
- * save_invstd = 1/sqrt(rv + eps), each (c). Used by cuda/dnn.c. */
+/* ---- kernels beside cuDNN (cuda/kernels_norm.cu, cuda/kernels_conv.cu) ---- */
+/* Per-channel fill of batch norm's eval statistics (kernels_norm.cu):
+ * save_mean = rm, save_invstd = 1/sqrt(rv + eps), each (c). Used by
+ * cuda/dnn.c. */
 dt_status dt_cuda_bn_eval_stats(dt_cuda_ctx *ctx, const float *rm, const float *rv,
                                 float *save_mean, float *save_invstd, int64_t c, float eps);
 
-/* The bias of a 16-bit convolution (T = dtype, f16 or bf16): y (n, oc,
+/* The bias of a 16-bit convolution (kernels_conv.cu; T = dtype, f16 or bf16): y (n, oc,
  * hw) of T += bias (oc, f32), the sum rounded once; db (oc, f32) = the sum
  * of dy (n, oc, hw) of T over n and hw (in double, a fixed order). */
 dt_status dt_cuda_conv_bias_forward(cudaStream_t stream, dt_dtype dtype, const float *bias,
                                     void *y, int64_t n, int64_t oc, int64_t hw);
 dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dtype, const void *dy,
                                      float *db, int64_t n, int64_t oc, int64_t hw);
-
-/* ---- nn kernels (cuda/kernels_nn.cu) ---- */
 
 #ifdef __cplusplus
 }

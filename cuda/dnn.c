@@ -14,8 +14,8 @@
  * PSEUDO_BFLOAT16 configurations: the sums accumulate in f32, each result
  * is rounded once to 16 bits), the tensor-op math the heuristics rank;
  * the bias stays f32 and is added (forward) and reduced (backward) by the
- * small kernels of kernels_dense.cu, which take an f32 bias beside 16-bit
- * tensors. Pooling is in kernels_nn.cu: the backend contract
+ * small kernels of kernels_conv.cu, which take an f32 bias beside 16-bit
+ * tensors. Pooling is in kernels_conv.cu too: the backend contract
  * hands argmax indices between max-pool forward and backward, which cuDNN
  * pooling does not produce. */
 #include <stdlib.h>
@@ -456,9 +456,9 @@ static void bn_desc_destroy(bn_desc *d) {
 static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
   memset(d, 0, sizeof *d);
   if (n > INT32_MAX || c > INT32_MAX || hw > INT32_MAX)
-    return DT_ERROR(DT_ERR_UNSUPPORTED, "batchnorm: size (n %lld, c %lld, hw %lld) over 2^31",
+    return DT_ERROR(DT_ERR_UNSUPPORTED, "batch_norm2d: size (n %lld, c %lld, hw %lld) over 2^31",
                     (long long)n, (long long)c, (long long)hw);
-  DT_CHECK(check_cudnn_numel("batchnorm", "input", n * c * hw));
+  DT_CHECK(check_cudnn_numel("batch_norm2d", "input", n * c * hw));
   dt_status st = DT_OK;
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), st, fail);
@@ -489,16 +489,17 @@ static dt_status bn_scratch(dt_cuda_ctx *ctx, const dt_exec *ex, int64_t c, int 
 }
 
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cuda_batchnorm_forward(const dt_exec *ex, const float *x, float *y, const float *gamma,
-                                    const float *beta, float *running_mean, float *running_var,
-                                    float *save_mean, float *save_invstd, int64_t n, int64_t c,
-                                    int64_t hw, bool training, float momentum, float eps) {
+dt_status dt_cuda_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
+                                       const float *gamma, const float *beta, float *running_mean,
+                                       float *running_var, float *save_mean, float *save_invstd,
+                                       int64_t n, int64_t c, int64_t hw, bool training,
+                                       float momentum, float eps) {
   if (training && (!running_mean) != (!running_var))
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_forward: pass both running_mean and running_var, or neither");
+                    "batch_norm2d_forward: pass both running_mean and running_var, or neither");
   if (eps < CUDNN_BN_MIN_EPSILON)
     return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "batchnorm_forward: eps %g is below cuDNN's minimum %g: use eps >= %g",
+                    "batch_norm2d_forward: eps %g is below cuDNN's minimum %g: use eps >= %g",
                     (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
   if (n * c * hw == 0)
     return DT_OK;
@@ -538,17 +539,17 @@ done:
 }
 
 // x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma, dbeta (c), overwritten
-dt_status dt_cuda_batchnorm_backward(const dt_exec *ex, const float *x, const float *dy,
-                                     const float *gamma, const float *save_mean,
-                                     const float *save_invstd, float *dx, float *dgamma,
-                                     float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
+dt_status dt_cuda_batch_norm2d_backward(const dt_exec *ex, const float *x, const float *dy,
+                                        const float *gamma, const float *save_mean,
+                                        const float *save_invstd, float *dx, float *dgamma,
+                                        float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
   if (eps < CUDNN_BN_MIN_EPSILON)
     return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "batchnorm_backward: eps %g is below cuDNN's minimum %g: use eps >= %g",
+                    "batch_norm2d_backward: eps %g is below cuDNN's minimum %g: use eps >= %g",
                     (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
   if (!save_mean || !save_invstd)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batchnorm_backward: needs save_mean and save_invstd from the forward");
+                    "batch_norm2d_backward: needs save_mean and save_invstd from the forward");
   if (c == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);

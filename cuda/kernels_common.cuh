@@ -125,6 +125,49 @@ __device__ inline float dt_block_max(float v, float *shared) {
   return dt_warp_max(r);
 }
 
+/* Blocks for a row kernel over `rows` rows (grid-stride beyond 65536). */
+static inline unsigned dt_row_grid(int64_t rows) { return (unsigned)(rows < 65536 ? rows : 65536); }
+
+/* A row kernel (a block per row, grid-stride over the rows) on ex's stream. */
+template <typename... Params, typename... Args>
+static dt_status dt_launch_rows(const dt_exec *ex, int64_t rows, int64_t cols,
+                                void (*kernel)(Params...), Args... args) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  (void)ctx;
+  kernel<<<dt_row_grid(rows), dt_row_threads(cols), 0, stream>>>(args...);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* The block's max of row x[0..n) and sum of exp(x - max) into *sumexp;
+ * every thread gets both. shf and shd: 32 floats and 32 doubles of shared
+ * memory. */
+template <typename T>
+static __device__ __forceinline__ float dt_block_row_max_sumexp(const T *x, int64_t n, float *shf,
+                                                                double *shd, double *sumexp) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    mx = fmaxf(mx, dt_load_f32(x, j));
+  mx = dt_block_max(mx, shf);
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    s += expf(dt_load_f32(x, j) - mx);
+  *sumexp = dt_block_sum(s, shd);
+  return mx;
+}
+
+/* Index validation in the forward kernels (cuda/kernels_index.cu): the slot
+ * of index checks for kernels on `stream` (one per stream kind: kernels on
+ * one stream run in order, so a slot serves one launch at a time), and the
+ * end of an index-checking launch: its launch error, else (when `report`)
+ * the report of its slot queued behind it (no host wait): the first bad
+ * position becomes the device's index error; *count (when not NULL) = the
+ * rows kept. */
+dt_cuda_index_slot *dt_cuda_index_slot_of(dt_cuda_ctx *ctx, cudaStream_t stream);
+dt_status dt_cuda_index_checked(dt_cuda_ctx *ctx, cudaStream_t stream, bool report, const void *idx,
+                                int i32, dt_cuda_index_kind kind, int64_t bound, int64_t ignore,
+                                float *count);
+
 /* Element i of an i32 (i32 != 0) or i64 index array. */
 static __device__ __forceinline__ int64_t index_at(const void *p, int i32, int64_t i) {
   return i32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];

@@ -1,13 +1,47 @@
-/* The embedding backward on CUDA, deterministic (llm.c's encoder_backward
+/* CUDA kernels of the embedding (core/ops_embedding.c). The forward
+ * validates the ids inside the kernel (kernels_index.cu). The backward is
+ * deterministic (llm.c's encoder_backward
  * idea, on the device): no float atomics. The positions are sorted by their
  * index (CUB's radix sort is stable, so each index's positions stay in
  * ascending order); then one block per run of equal indices (and per 256
  * columns) adds that run's dy rows into the table row in position order.
- * That is the CPU reference's order (core/cpu_kernels_nn.c), so the two
+ * That is the CPU reference's order (core/cpu_kernels_embedding.c), so the two
  * agree bit for bit, and repeated runs agree with each other. */
 #include <cub/cub.cuh>
 
 #include "cuda/kernels_common.cuh"
+
+/* ---- embedding ---- */
+
+// idx (n), table (v,d) -> y (n,d); report: first bad position
+static __global__ void embedding_forward_kernel(const void *idx, int i32, const float *table,
+                                                float *y, int64_t n, int64_t v, int64_t d,
+                                                dt_cuda_index_slot *rep) {
+  DT_GRID_STRIDE(k, n * d) {
+    int64_t i = k / d, j = k - i * d;
+    int64_t t = index_at(idx, i32, i);
+    if (t < 0 || t >= v) {
+      if (j == 0)
+        atomicMin(&rep->bad, (unsigned long long)i);
+      y[k] = 0.0f;
+    } else {
+      y[k] = table[t * d + j];
+    }
+  }
+}
+
+extern "C" dt_status dt_cuda_embedding_forward(const dt_exec *ex, const void *idx,
+                                               dt_dtype idx_dtype, const float *table, float *y,
+                                               int64_t n, int64_t v, int64_t d) {
+  if (n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  int i32 = idx_dtype == DT_DTYPE_I32;
+  if (d > 0)
+    embedding_forward_kernel<<<dt_grid_for(n * d), DT_THREADS, 0, stream>>>(
+        idx, i32, table, y, n, v, d, dt_cuda_index_slot_of(ctx, stream));
+  return dt_cuda_index_checked(ctx, stream, d > 0, idx, i32, DT_CUDA_INDEX_EMBEDDING, v, 0, NULL);
+}
 
 #define EMB_COLS 256 /* columns per block of the accumulation */
 

@@ -193,7 +193,7 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
     Vec x = randn(nx, 29), y(ny), dy = randn(ny, 30), dx(nx, NAN);
     std::vector<int32_t> am(ny);
-    ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()))
+    ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()))
         << dt_last_error();
     std::vector<double> wdx(nx, 0.0);
     for (int p = 0; p < g.n * g.c; p++)
@@ -214,7 +214,8 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
           ASSERT_EQ(am[o], at);
           wdx[(size_t)p * g.h * g.w + at] += dy[o];
         }
-    ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(cpu_exec(), &g, dy.data(), am.data(), dx.data()));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_max_pool2d_backward(cpu_exec(), &g, dy.data(), am.data(), dx.data()));
     expect_close(dx, wdx, 1e-6, 0, "maxpool dx");
   }
 }
@@ -235,8 +236,8 @@ TEST_P(ThreadCounts, MaxPool2x2TiesNanAndOddSizes) {
   x[63 + 9 + 7] = INFINITY;
   Vec y(ny), y2(ny);
   std::vector<int32_t> am(ny);
-  ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()));
-  ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.data(), y2.data(), nullptr));
+  ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y2.data(), nullptr));
   for (int p = 0; p < g.n * g.c; p++)
     for (int oy = 0; oy < g.oh; oy++)
       for (int ox = 0; ox < g.ow; ox++) {
@@ -269,20 +270,20 @@ TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {
   // 1x1x3x3 input 1..9, kernel 3, stride 1, padding 1 -> corner = (1+2+4+5)/9
   dt_conv2d_geom g = geom(1, 1, 3, 3, 0, 3, 3, 1, 1, 1, 1);
   Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, y(9), dx(9);
-  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g, x.data(), y.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_forward(cpu_exec(), &g, x.data(), y.data()));
   EXPECT_FLOAT_EQ(y[0], 12.0f / 9);
   EXPECT_FLOAT_EQ(y[4], 45.0f / 9);
   EXPECT_FLOAT_EQ(y[8], (5 + 6 + 8 + 9) / 9.0f);
   Vec dy(9, 9.0f);
-  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g, dy.data(), dx.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_backward(cpu_exec(), &g, dy.data(), dx.data()));
   // each input gets 1 from every window covering it: corner 4, edge 6, centre 9
   EXPECT_EQ(dx, (Vec{4, 6, 4, 6, 9, 6, 4, 6, 4}));
   // adjointness on a strided geometry: <avgpool(x), r> == <x, avgpool^T(r)>
   dt_conv2d_geom g2 = geom(2, 3, 9, 8, 0, 3, 3, 2, 2, 1, 1);
   size_t nx = (size_t)2 * 3 * 9 * 8, ny = (size_t)2 * 3 * g2.oh * g2.ow;
   Vec x2 = randn(nx, 31), y2(ny), r = randn(ny, 32), dx2(nx);
-  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g2, x2.data(), y2.data()));
-  ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g2, r.data(), dx2.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_forward(cpu_exec(), &g2, x2.data(), y2.data()));
+  ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_backward(cpu_exec(), &g2, r.data(), dx2.data()));
   double lhs = 0, rhs = 0;
   for (size_t i = 0; i < ny; i++)
     lhs += (double)y2[i] * r[i];
@@ -300,9 +301,9 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
   Vec rm = {0.5f, 0.0f, -1.0f}, rv = {1.0f, 2.0f, 0.5f}, rm0 = rm, rv0 = rv;
   Vec y(x.size()), mean(c), invstd(c);
   const float mom = 0.1f, eps = 1e-5f;
-  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
-                                               beta.data(), rm.data(), rv.data(), mean.data(),
-                                               invstd.data(), n, c, hw, 1, mom, eps))
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
+                                                  beta.data(), rm.data(), rv.data(), mean.data(),
+                                                  invstd.data(), n, c, hw, 1, mom, eps))
       << dt_last_error();
   std::vector<double> wy(x.size()), mu(c), var(c);
   for (int64_t ci = 0; ci < c; ci++) {
@@ -331,9 +332,9 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // backward vs the closed form in double
   Vec dy = randn(x.size(), 34), dx(x.size()), dg(c, NAN), dbt(c, NAN);
-  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_backward(cpu_exec(), x.data(), dy.data(), gamma.data(),
-                                                mean.data(), invstd.data(), dx.data(), dg.data(),
-                                                dbt.data(), n, c, hw, eps));
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_backward(cpu_exec(), x.data(), dy.data(), gamma.data(),
+                                                   mean.data(), invstd.data(), dx.data(), dg.data(),
+                                                   dbt.data(), n, c, hw, eps));
   std::vector<double> wdx(x.size()), wdg(c), wdb(c);
   for (int64_t ci = 0; ci < c; ci++) {
     double is = 1 / std::sqrt(var[ci] + eps), sdy = 0, sdyx = 0;
@@ -357,17 +358,17 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // eval mode uses the running statistics and leaves them alone
   Vec rm1 = rm, rv1 = rv;
-  ASSERT_EQ(DT_OK, dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
-                                               beta.data(), rm.data(), rv.data(), mean.data(),
-                                               invstd.data(), n, c, hw, 0, mom, eps));
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
+                                                  beta.data(), rm.data(), rv.data(), mean.data(),
+                                                  invstd.data(), n, c, hw, 0, mom, eps));
   EXPECT_EQ(rm, rm1);
   EXPECT_EQ(rv, rv1);
   EXPECT_NEAR(y[0], (x[0] - rm[0]) / std::sqrt(rv[0] + eps) * gamma[0] + beta[0], 1e-5);
   // one value per channel cannot be normalised in training
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            dt_kernel_batchnorm_forward(cpu_exec(), x.data(), y.data(), gamma.data(), beta.data(),
-                                        rm.data(), rv.data(), mean.data(), invstd.data(), 1, c, 1,
-                                        1, mom, eps));
+            dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
+                                           beta.data(), rm.data(), rv.data(), mean.data(),
+                                           invstd.data(), 1, c, 1, 1, mom, eps));
 }
 
 TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
@@ -376,12 +377,12 @@ TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
   Vec x = randn(rows * cols, 35, -2, 2), gamma = randn(cols, 36), beta = randn(cols, 37);
   Vec y(x.size()), mean(rows), rstd(rows);
   ASSERT_EQ(DT_OK,
-            dt_kernel_layernorm_forward(cpu_exec(), x.data(), gamma.data(), beta.data(), y.data(),
-                                        mean.data(), rstd.data(), rows, cols, eps));
+            dt_kernel_layer_norm_forward(cpu_exec(), x.data(), gamma.data(), beta.data(), y.data(),
+                                         mean.data(), rstd.data(), rows, cols, eps));
   Vec dy = randn(x.size(), 38), dx(x.size()), dg(cols, 1.0f), db(cols, 2.0f);
-  ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(cpu_exec(), x.data(), gamma.data(), mean.data(),
-                                                rstd.data(), dy.data(), dx.data(), dg.data(),
-                                                db.data(), rows, cols));
+  ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(cpu_exec(), x.data(), gamma.data(), mean.data(),
+                                                 rstd.data(), dy.data(), dx.data(), dg.data(),
+                                                 db.data(), rows, cols));
   std::vector<double> wy(x.size()), wdx(x.size()), wdg(cols, 1.0), wdb(cols, 2.0);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = &x[r * cols], *gr = &dy[r * cols];

@@ -1,7 +1,7 @@
 // The CPU row kernels of 16-bit inputs (softmax, log-softmax, the causal
 // softmax, layer norm forward, the fused residual layer norm, layer norm
 // backward) widen blocks of rows into scratch (dt_cpu_rows,
-// core/cpu_kernels_half.c), the pooling kernels a plane at a time and
+// core/cpu_half.c), the pooling kernels a plane at a time and
 // dropout a block at a time,
 // instead of a widened copy of the whole tensor; they give bit for bit
 // what the f32 kernel gives on that copy (its 16-bit results rounded once),
@@ -125,12 +125,11 @@ TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) 
       for (int affine = 0; affine < 2; affine++) {
         const float *g = affine ? gamma.data() : nullptr, *b = affine ? beta.data() : nullptr;
         LnOut want(s), got(s);
-        ASSERT_EQ(DT_OK, dt_kernel_layernorm_forward(cpu_exec(), x.wide.data(), g, b,
-                                                     want.y.data(), want.mean.data(),
-                                                     want.rstd.data(), r, c, eps));
         ASSERT_EQ(DT_OK,
-                  dt_kernel_layernorm_forward(ExecOf(d), x.data(), g, b, got.y.data(),
-                                              got.mean.data(), got.rstd.data(), r, c, eps))
+                  dt_kernel_layer_norm_forward(cpu_exec(), x.wide.data(), g, b, want.y.data(),
+                                               want.mean.data(), want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(ExecOf(d), x.data(), g, b, got.y.data(),
+                                                      got.mean.data(), got.rstd.data(), r, c, eps))
             << dt_last_error();
         ExpectSameLn(got, want, Case(d, s, affine ? "layer norm" : "plain layer norm"));
       }
@@ -150,33 +149,32 @@ TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) 
       };
       for (const Fused &f : fused) {
         LnOut want(s), got(s);
-        ASSERT_EQ(DT_OK, dt_kernel_residual_layernorm_forward(
+        ASSERT_EQ(DT_OK, dt_kernel_residual_layer_norm_forward(
                              cpu_exec(), f.x_wide, f.res_wide, DT_DTYPE_F32, gamma.data(),
                              beta.data(), want.sum.data(), want.y.data(), want.mean.data(),
                              want.rstd.data(), r, c, eps));
-        ASSERT_EQ(DT_OK, dt_kernel_residual_layernorm_forward(
-                             ExecOf(f.xd), f.x, f.res, f.rd, gamma.data(), beta.data(),
-                             got.sum.data(), got.y.data(), got.mean.data(), got.rstd.data(), r,
-                             c, eps))
+        ASSERT_EQ(DT_OK,
+                  dt_kernel_residual_layer_norm_forward(
+                      ExecOf(f.xd), f.x, f.res, f.rd, gamma.data(), beta.data(), got.sum.data(),
+                      got.y.data(), got.mean.data(), got.rstd.data(), r, c, eps))
             << dt_last_error();
         ExpectSameLn(got, want, Case(d, s, f.what));
       }
       // backward from the forward's statistics; dgamma and dbeta accumulate
       LnOut fwd(s);
-      ASSERT_EQ(DT_OK, dt_kernel_layernorm_forward(cpu_exec(), x.wide.data(), gamma.data(),
-                                                   beta.data(), fwd.y.data(), fwd.mean.data(),
-                                                   fwd.rstd.data(), r, c, eps));
+      ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(cpu_exec(), x.wide.data(), gamma.data(),
+                                                    beta.data(), fwd.y.data(), fwd.mean.data(),
+                                                    fwd.rstd.data(), r, c, eps));
       Vec dy = randn((size_t)n, 48);
       Vec dx_want((size_t)n), dg_want((size_t)c, 1.0f), db_want((size_t)c, 2.0f);
       Vec dx_got((size_t)n, -1.0f), dg_got = dg_want, db_got = db_want;
-      ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(cpu_exec(), x.wide.data(), gamma.data(),
-                                                    fwd.mean.data(), fwd.rstd.data(), dy.data(),
-                                                    dx_want.data(), dg_want.data(),
-                                                    db_want.data(), r, c));
-      ASSERT_EQ(DT_OK, dt_kernel_layernorm_backward(ExecOf(d), x.data(), gamma.data(),
-                                                    fwd.mean.data(), fwd.rstd.data(), dy.data(),
-                                                    dx_got.data(), dg_got.data(), db_got.data(),
-                                                    r, c))
+      ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(cpu_exec(), x.wide.data(), gamma.data(),
+                                                     fwd.mean.data(), fwd.rstd.data(), dy.data(),
+                                                     dx_want.data(), dg_want.data(), db_want.data(),
+                                                     r, c));
+      ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(
+                           ExecOf(d), x.data(), gamma.data(), fwd.mean.data(), fwd.rstd.data(),
+                           dy.data(), dx_got.data(), dg_got.data(), db_got.data(), r, c))
           << dt_last_error();
       EXPECT_TRUE(SameBits(dx_got, dx_want, Case(d, s, "layer norm dx")));
       EXPECT_TRUE(SameBits(dg_got, dg_want, Case(d, s, "layer norm dgamma")));
@@ -227,30 +225,30 @@ TEST_P(ThreadCounts, HalfPoolingIsTheF32KernelsOfTheWidenedInputsRoundedBitForBi
       Vec y32(ny), dx32(nx);
       std::vector<int32_t> am32(ny), am(ny, -1);
       std::vector<uint16_t> y(ny, 0xffff), dx(nx, 0xffff);
-      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data(),
-                                                   am32.data()));
-      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_forward(ExecOf(d), &g, x.data(),
-                                                   reinterpret_cast<float *>(y.data()), am.data()))
+      ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data(),
+                                                    am32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(ExecOf(d), &g, x.data(),
+                                                    reinterpret_cast<float *>(y.data()), am.data()))
           << dt_last_error();
       EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " max y"));
       EXPECT_EQ(am, am32) << what << " argmax";
-      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(cpu_exec(), &g, dy.wide.data(), am32.data(),
-                                                    dx32.data()));
-      ASSERT_EQ(DT_OK, dt_kernel_maxpool2d_backward(ExecOf(d), &g, dy.data(), am.data(),
-                                                    reinterpret_cast<float *>(dx.data())))
+      ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_backward(cpu_exec(), &g, dy.wide.data(), am32.data(),
+                                                     dx32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_backward(ExecOf(d), &g, dy.data(), am.data(),
+                                                     reinterpret_cast<float *>(dx.data())))
           << dt_last_error();
       EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " max dx"));
       // average pooling: y, dx
       std::fill(y.begin(), y.end(), 0xffff);
       std::fill(dx.begin(), dx.end(), 0xffff);
-      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data()));
-      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_forward(ExecOf(d), &g, x.data(),
-                                                   reinterpret_cast<float *>(y.data())))
+      ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_forward(cpu_exec(), &g, x.wide.data(), y32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_forward(ExecOf(d), &g, x.data(),
+                                                    reinterpret_cast<float *>(y.data())))
           << dt_last_error();
       EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " avg y"));
-      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(cpu_exec(), &g, dy.wide.data(), dx32.data()));
-      ASSERT_EQ(DT_OK, dt_kernel_avgpool2d_backward(ExecOf(d), &g, dy.data(),
-                                                    reinterpret_cast<float *>(dx.data())))
+      ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_backward(cpu_exec(), &g, dy.wide.data(), dx32.data()));
+      ASSERT_EQ(DT_OK, dt_kernel_avg_pool2d_backward(ExecOf(d), &g, dy.data(),
+                                                     reinterpret_cast<float *>(dx.data())))
           << dt_last_error();
       EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " avg dx"));
     }
@@ -297,9 +295,9 @@ TEST(CpuHalfRows, HalfMaxPoolBackwardRefusesABadArgmax) {
   std::vector<int32_t> am(8, 0);
   am[5] = 16;  // h*w: one past the plane
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            dt_kernel_maxpool2d_backward(ExecOf(DT_DTYPE_BF16), &g,
-                                         reinterpret_cast<const float *>(dy.data()), am.data(),
-                                         reinterpret_cast<float *>(dx.data())));
+            dt_kernel_max_pool2d_backward(ExecOf(DT_DTYPE_BF16), &g,
+                                          reinterpret_cast<const float *>(dy.data()), am.data(),
+                                          reinterpret_cast<float *>(dx.data())));
   EXPECT_NE(std::string(dt_last_error()).find("argmax outside [0, 16)"), std::string::npos)
       << dt_last_error();
 }
@@ -307,7 +305,7 @@ TEST(CpuHalfRows, HalfMaxPoolBackwardRefusesABadArgmax) {
 TEST(CpuHalfRows, ResidualOfAnIntegerDtypeIsRefused) {
   const int64_t r = 2, c = 3;
   Vec x = randn(6, 1), res = randn(6, 2), sum(6), y(6), mean(2), rstd(2);
-  EXPECT_EQ(DT_ERR_DTYPE, dt_kernel_residual_layernorm_forward(
+  EXPECT_EQ(DT_ERR_DTYPE, dt_kernel_residual_layer_norm_forward(
                               cpu_exec(), x.data(), res.data(), DT_DTYPE_I32, nullptr, nullptr,
                               sum.data(), y.data(), mean.data(), rstd.data(), r, c, 1e-5f));
   EXPECT_NE(std::string(dt_last_error()).find("residual dtype i32"), std::string::npos)

@@ -252,15 +252,17 @@ TEST_F(CudaBackend, HalfAttentionKernelsMatchTheCpu) {
       Vec dout = Rand(nout, 72), out(nout), lse(nlse), dqkv(nqkv);
       dt_exec cex = cex_, hex = gex_;
       cex.dtype = hex.dtype = t;
-      OK(dt_kernel_attention_forward(&cex, (const float *)qkv.data(), out.data(), lse.data(), q.b,
-                                     q.t, q.h, q.hd));
-      OK(dt_kernel_attention_backward(&cex, (const float *)qkv.data(), out.data(), lse.data(),
-                                      dout.data(), dqkv.data(), q.b, q.t, q.h, q.hd));
+      OK(dt_kernel_causal_attention_forward(&cex, (const float *)qkv.data(), out.data(), lse.data(),
+                                            q.b, q.t, q.h, q.hd));
+      OK(dt_kernel_causal_attention_backward(&cex, (const float *)qkv.data(), out.data(),
+                                             lse.data(), dout.data(), dqkv.data(), q.b, q.t, q.h,
+                                             q.hd));
       uint16_t *dq = Up(qkv);
       float *dd = Up(dout), *dout_ = Zeros(nout), *dlse = Zeros(nlse), *dg = Zeros(nqkv);
-      OK(dt_kernel_attention_forward(&hex, (const float *)dq, dout_, dlse, q.b, q.t, q.h, q.hd));
-      OK(dt_kernel_attention_backward(&hex, (const float *)dq, dout_, dlse, dd, dg, q.b, q.t, q.h,
-                                      q.hd));
+      OK(dt_kernel_causal_attention_forward(&hex, (const float *)dq, dout_, dlse, q.b, q.t, q.h,
+                                            q.hd));
+      OK(dt_kernel_causal_attention_backward(&hex, (const float *)dq, dout_, dlse, dd, dg, q.b, q.t,
+                                             q.h, q.hd));
       const double tol = t == DT_DTYPE_BF16 ? 2e-2 : 4e-3;
       const std::string what = std::string(dt_dtype_name(t)) + " " + std::to_string(q.b) + "x" +
                                std::to_string(q.t) + " h" + std::to_string(q.h) + " hd" +
@@ -308,7 +310,7 @@ TEST_F(CudaBackend, HalfGemmRoundedMatchesTheCpu) {
 }
 
 // The 16-bit convolution kernels (cuDNN with bf16/f16 tensors and f32
-// compute, the bias through kernels_dense.cu) against the CPU's (the f32
+// compute, the bias through kernels_conv.cu) against the CPU's (the f32
 // kernel on widened copies): forward with and without a bias, and the
 // backward's dx, dw (16-bit) and db (f32), on LeNet-5's first layer, a
 // strided padded one and an odd one.

@@ -1,7 +1,6 @@
-/* CPU dense kernels: GEMM (OpenBLAS), elementwise ops, reductions, casts and
- * strided copies. Reductions accumulate in double in fixed-size chunks, so a
- * result does not depend on the thread count. */
-#include <cblas.h>
+/* CPU elementwise kernels (core/ops_elementwise.c and the tensor layer):
+ * binary ops with broadcasting, fill, axpby, unary ops (and their 16-bit
+ * variants), casts and strided copies. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,160 +10,6 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-/* ---- GEMM ---- */
-
-static void gemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                     const float *b, int ldb, float beta, float *c, int ldc) {
-  if (k == 0) { /* C = beta*C; BLAS implementations disagree on k = 0 */
-    for (int i = 0; i < m; i++)
-      for (int j = 0; j < n; j++)
-        c[(int64_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(int64_t)i * ldc + j];
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-/* One product on nt threads, each a single-threaded sgemm (OpenBLAS runs
- * single-threaded inside a parallel region) on its share of C: columns
- * when m <= n, else rows, so that the operand each thread packs in full is
- * the smaller one. Up to the size of an MLP's or a small transformer's
- * layers, OpenBLAS's own threading (threads sharing packed panels, a wait
- * per panel) took up to 2x longer for these shapes; the shares need no
- * synchronisation but the region's end. Each element of C is the same dot
- * product over k as in one call. Returns 0 when the product is better left
- * to OpenBLAS (large, or too narrow to share). */
-#define GEMM_SPLIT_MAX_MACS ((double)(1 << 27))
-#define GEMM_SPLIT_ALIGN 16 /* columns or rows per share: a multiple of the SIMD width */
-
-static int gemm_split(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
-                      const float *b, int ldb, float beta, float *c, int ldc, int nt) {
-  int by_cols = m <= n, len = by_cols ? n : m;
-  if ((double)m * n * k > GEMM_SPLIT_MAX_MACS || len < 2 * GEMM_SPLIT_ALIGN)
-    return 0;
-  int parts = MIN(nt, len / GEMM_SPLIT_ALIGN);
-#pragma omp parallel for num_threads(parts) schedule(static)
-  for (int t = 0; t < parts; t++) {
-    int i0 = (int)((int64_t)len * t / parts / GEMM_SPLIT_ALIGN * GEMM_SPLIT_ALIGN);
-    int i1 = t + 1 == parts
-                 ? len
-                 : (int)((int64_t)len * (t + 1) / parts / GEMM_SPLIT_ALIGN * GEMM_SPLIT_ALIGN);
-    if (by_cols) /* C[:, i0:i1] = op(A) op(B)[:, i0:i1] */
-      gemm_one(ta, tb, m, i1 - i0, k, alpha, a, lda, b + (tb ? (int64_t)i0 * ldb : i0), ldb, beta,
-               c + i0, ldc);
-    else /* C[i0:i1, :] = op(A)[i0:i1, :] op(B) */
-      gemm_one(ta, tb, i1 - i0, n, k, alpha, a + (ta ? i0 : (int64_t)i0 * lda), lda, b, ldb, beta,
-               c + (int64_t)i0 * ldc, ldc);
-  }
-  return 1;
-}
-
-// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b -> C (m,n), per batch;
-// f16/bf16 A and B are widened to f32 (core/cpu_kernels_gemm_half.c; C is f32 for every
-// ex->dtype)
-dt_status dt_cpu_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
-                      float alpha, const float *a, int lda, int64_t stride_a, const float *b,
-                      int ldb, int64_t stride_b, float beta, float *c, int ldc, int64_t stride_c,
-                      int batch) {
-  if (m == 0 || n == 0 || batch == 0)
-    return DT_OK;
-  if (dt_dtype_is_half(ex->dtype))
-    return dt_cpu_half_gemm(ex, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                            stride_b, beta, c, ldc, stride_c, batch);
-  int nt = dt_cpu_threads();
-  /* Many small products (attention heads): one single-threaded sgemm per
-   * OpenMP thread beats threading each small product. */
-  if (batch > 1 && nt > 1 && batch >= nt && (double)m * n * k < (double)(1 << 24)) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int i = 0; i < batch; i++)
-      gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
-               c + i * stride_c, ldc);
-    return DT_OK;
-  }
-  if (batch == 1 && nt > 1 && k > 0 &&
-      gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nt))
-    return DT_OK;
-  for (int i = 0; i < batch; i++)
-    gemm_one(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
-             c + i * stride_c, ldc);
-  return DT_OK;
-}
-
-/* Rows per slice of the 16-bit linear forward: an eighth of y when it is
- * large (a language model's logits), so that its f32 accumulator and the
- * widened operands stay small next to y. */
-static int64_t linear_slice_rows(int64_t m, int64_t n) {
-  return m * n > ((int64_t)1 << 20) ? (m + 7) / 8 : m;
-}
-
-/* C (m, n) of ex->dtype (16-bit, leading dimension ldc) = alpha op(A)
- * op(B) (+ bias (n), 16-bit, or NULL), A and B 16-bit: per slice of rows an
- * f32 accumulator = bias, += the product (dt_cpu_gemm widens the
- * operands), rounded once into C. */
-static dt_status gemm_rows_rounded(const dt_exec *ex, const char *what, bool trans_a,
-                                   bool trans_b, int m, int n, int k, float alpha, const void *a,
-                                   int lda, const void *b, int ldb, const void *bias, void *c,
-                                   int ldc) {
-  if (m == 0 || n == 0)
-    return DT_OK;
-  const dt_dtype dtype = ex->dtype;
-  const size_t esize = dt_dtype_size(dtype);
-  const int64_t chunk = linear_slice_rows(m, n);
-  float *acc = malloc((size_t)(chunk * n) * sizeof(float));
-  float *b32 = bias ? malloc((size_t)n * sizeof(float)) : NULL;
-  dt_status st = DT_OK;
-  if (!acc || (bias && !b32)) {
-    st = DT_ERROR(DT_ERR_OOM, "%s: an f32 accumulator of %lld x %d: malloc failed", what,
-                  (long long)chunk, n);
-    goto done;
-  }
-  if (b32)
-    DT_CHECK_GOTO(dt_half_to_f32(dtype, (const uint16_t *)bias, b32, n), st, done);
-  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
-    const int rows = (int)(m - r0 < chunk ? m - r0 : chunk);
-    if (b32)
-      for (int i = 0; i < rows; i++)
-        memcpy(acc + (int64_t)i * n, b32, (size_t)n * sizeof(float));
-    if (k == 0 && !b32)
-      memset(acc, 0, (size_t)rows * (size_t)n * sizeof(float));
-    /* op(A)'s rows r0..: rows of A, or columns of A (k, m) when transposed */
-    const size_t a_off = (size_t)(trans_a ? r0 : r0 * lda) * esize;
-    if (k > 0)
-      DT_CHECK_GOTO(dt_cpu_gemm(ex, trans_a, trans_b, rows, n, k, alpha,
-                                (const float *)((const char *)a + a_off), lda, 0, b, ldb, 0,
-                                b32 ? 1.0f : 0.0f, acc, n, 0, 1),
-                    st, done);
-    uint16_t *crow = (uint16_t *)((char *)c + (size_t)(r0 * ldc) * esize);
-    if (ldc == n)
-      DT_CHECK_GOTO(dt_half_from_f32(dtype, acc, crow, (int64_t)rows * n), st, done);
-    else
-      for (int i = 0; i < rows; i++)
-        DT_CHECK_GOTO(dt_half_from_f32(dtype, acc + (int64_t)i * n, crow + (int64_t)i * ldc, n), st,
-                      done);
-  }
-done:
-  free(b32);
-  free(acc);
-  return st;
-}
-
-// x (m,k), w (n,k), bias (n) or NULL -> y (m,n), all 16-bit (ex->dtype); per slice of rows an
-// f32 accumulator = bias, += x w^T (dt_cpu_gemm widens the operands), rounded once into y
-dt_status dt_cpu_linear_forward(const dt_exec *ex, int m, int n, int k, const float *x,
-                                const float *w, const float *bias, float *y) {
-  return gemm_rows_rounded(ex, "linear_forward", false, true, m, n, k, 1.0f, x, k, w, k, bias, y,
-                           n);
-}
-
-// A (m,k) or (k,m) if trans_a, B (k,n) or (n,k) if trans_b, 16-bit -> C (m,n) of ex->dtype,
-// rounded once from an f32 accumulator per slice of rows
-dt_status dt_cpu_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, int m, int n, int k,
-                              float alpha, const float *a, int lda, const float *b, int ldb,
-                              float *c, int ldc) {
-  return gemm_rows_rounded(ex, "gemm_rounded", trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-                           NULL, c, ldc);
-}
 
 /* ---- strided iteration shared by binary and copy_strided ---- */
 
@@ -377,131 +222,51 @@ dt_status dt_cpu_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, co
   return DT_ERROR(DT_ERR_INVALID_ARG, "unary_backward: unknown op %d", (int)op);
 }
 
-/* ---- reductions ---- */
+/* ---- the 16-bit variants of the f32 kernels (their dispatch calls these
+ * for ex->dtype f16/bf16) ---- */
 
-/* Sum of a contiguous run in double, four accumulators for throughput
- * (lane j sums x[i + j]; the lanes are independent, so they vectorize
- * without reassociating anything). */
-double dt_cpu_sum_contiguous(const float *x, int64_t n) {
-  double s[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-#pragma omp simd
-    for (int j = 0; j < 4; j++)
-      s[j] += x[i + j];
-  }
-  for (; i < n; i++)
-    s[0] += x[i];
-  return (s[0] + s[1]) + (s[2] + s[3]);
-}
+typedef struct axpby_ctx {
+  float alpha, beta;
+} axpby_ctx;
 
-static double sum_squares_contiguous(const float *x, int64_t n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += (double)x[i] * x[i];
-    s1 += (double)x[i + 1] * x[i + 1];
-    s2 += (double)x[i + 2] * x[i + 2];
-    s3 += (double)x[i + 3] * x[i + 3];
-  }
-  for (; i < n; i++)
-    s0 += (double)x[i] * x[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
-#define RED_CHUNK 65536 /* elements per partial sum of a long run */
-#define RED_BLOCK 256   /* inner elements per task of a strided reduction */
-
-/* A long contiguous run summed as fixed chunks in parallel, then the chunk
- * sums in order: the result is independent of the thread count. */
-static dt_status sum_long_run(const float *x, int64_t n, int squares, double *out) {
-  int64_t chunks = (n + RED_CHUNK - 1) / RED_CHUNK;
-  if (chunks <= 1) {
-    *out = squares ? sum_squares_contiguous(x, n) : dt_cpu_sum_contiguous(x, n);
-    return DT_OK;
-  }
-  double *part = malloc((size_t)chunks * sizeof *part);
-  if (!part)
-    return DT_ERROR(DT_ERR_OOM, "reduction scratch of %lld doubles: malloc failed",
-                    (long long)chunks);
-  int nt = dt_cpu_threads();
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t ci = 0; ci < chunks; ci++) {
-    int64_t s = ci * RED_CHUNK, len = MIN(RED_CHUNK, n - s);
-    part[ci] = squares ? sum_squares_contiguous(x + s, len) : dt_cpu_sum_contiguous(x + s, len);
-  }
-  double acc = 0;
-  for (int64_t ci = 0; ci < chunks; ci++)
-    acc += part[ci];
-  free(part);
-  *out = acc;
-  return DT_OK;
-}
-
-// x (outer, r, inner) -> y (outer, inner) = scale * sum_r x
-dt_status dt_cpu_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer, int64_t r,
-                            int64_t inner, float scale) {
-  (void)ex;
-  if (outer == 0 || inner == 0)
-    return DT_OK;
-  int nt = dt_cpu_threads();
-  int par = outer * r * inner >= DT_CPU_PAR_MIN;
-  if (inner == 1) {
-    if (outer == 1) {
-      double s;
-      DT_CHECK(sum_long_run(x, r, 0, &s));
-      y[0] = (float)(s * scale);
-      return DT_OK;
-    }
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-    for (int64_t o = 0; o < outer; o++)
-      y[o] = (float)(dt_cpu_sum_contiguous(x + o * r, r) * scale);
-    return DT_OK;
-  }
-  /* Tasks: (outer index, block of RED_BLOCK inner columns), each summing
-   * down r with double accumulators. */
-  int64_t blocks = (inner + RED_BLOCK - 1) / RED_BLOCK;
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < outer * blocks; task++) {
-    int64_t o = task / blocks, i0 = (task % blocks) * RED_BLOCK;
-    int64_t len = MIN(RED_BLOCK, inner - i0);
-    double acc[RED_BLOCK];
+static dt_status axpby_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                             float *out, int64_t len) {
+  const axpby_ctx *c = ctx;
+  if (c->beta != 0.0f) { /* in[1] is y's old value */
     for (int64_t i = 0; i < len; i++)
-      acc[i] = 0.0;
-    const float *base = x + o * r * inner + i0;
-    for (int64_t k = 0; k < r; k++) {
-      const float *row = base + k * inner;
-#pragma omp simd
-      for (int64_t i = 0; i < len; i++)
-        acc[i] += row[i];
-    }
-    float *dst = y + o * inner + i0;
-    for (int64_t i = 0; i < len; i++)
-      dst[i] = (float)(acc[i] * scale);
+      out[i] = in[1][i];
   }
-  return DT_OK;
+  return dt_cpu_axpby(ex32, len, c->alpha, in[0], c->beta, out);
 }
 
-// y (outer, inner) -> x (outer, r, inner) = scale * y
-dt_status dt_cpu_broadcast_axis(const dt_exec *ex, const float *y, float *x, int64_t outer,
-                                int64_t r, int64_t inner, float scale) {
-  (void)ex;
-  int nt = dt_cpu_threads();
-#pragma omp parallel for if (outer * r * inner >= DT_CPU_PAR_MIN) num_threads(nt) schedule(static)
-  for (int64_t row = 0; row < outer * r; row++) {
-    const float *src = y + (row / (r ? r : 1)) * inner;
-    float *dst = x + row * inner;
-#pragma omp simd
-    for (int64_t i = 0; i < inner; i++)
-      dst[i] = scale * src[i];
-  }
-  return DT_OK;
+// y (n) = alpha * x + beta * y, x and y 16-bit
+dt_status dt_cpu_half_axpby(const dt_exec *ex, int64_t n, float alpha, const void *x, float beta,
+                            void *y) {
+  const axpby_ctx c = {alpha, beta};
+  const void *in[2] = {x, y};
+  return dt_cpu_half_blocks(ex, n, beta != 0.0f ? 2 : 1, in, y, axpby_block, &c);
 }
 
-// x (n) -> *out = sum x^2 (double)
-dt_status dt_cpu_sum_squares(const dt_exec *ex, const float *x, int64_t n, double *out) {
-  (void)ex;
-  return sum_long_run(x, n, 1, out);
+static dt_status unary_forward_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                                     float *out, int64_t len) {
+  return dt_cpu_unary_forward(ex32, *(const dt_unary_op *)ctx, len, in[0], out);
+}
+
+// y (n) = f(x), 16-bit x and y
+dt_status dt_cpu_half_unary_forward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                    void *y) {
+  return dt_cpu_half_blocks(ex, n, 1, (const void *[]){x}, y, unary_forward_block, &op);
+}
+
+static dt_status unary_backward_block(const dt_exec *ex32, const void *ctx, const float *const *in,
+                                      float *out, int64_t len) {
+  return dt_cpu_unary_backward(ex32, *(const dt_unary_op *)ctx, len, in[0], in[1], out);
+}
+
+// dx (n) = dy * f'(x), 16-bit x, dy and dx
+dt_status dt_cpu_half_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, const void *x,
+                                     const void *dy, void *dx) {
+  return dt_cpu_half_blocks(ex, n, 2, (const void *[]){x, dy}, dx, unary_backward_block, &op);
 }
 
 /* ---- casts ---- */

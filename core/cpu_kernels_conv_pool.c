@@ -57,7 +57,7 @@ static inline float max_2x2(float a, float b, float c, float d, int32_t at, int3
 /* The common 2x2, stride 2, unpadded window: one plane x (h,w) -> y (oh,ow),
  * argmax (oh,ow) or NULL. Same scan order as the general loop, so the
  * results are identical. */
-static void maxpool_2x2_plane(const dt_conv2d_geom *g, const float *x, float *y, int32_t *argmax) {
+static void max_pool_2x2_plane(const dt_conv2d_geom *g, const float *x, float *y, int32_t *argmax) {
   int32_t w = g->w;
   for (int oy = 0; oy < g->oh; oy++) {
     const float *r0 = x + (int64_t)(2 * oy) * w, *r1 = r0 + w;
@@ -130,12 +130,12 @@ static dt_status pool_planes(const char *op, const dt_exec *ex, const dt_conv2d_
 }
 
 // one plane: x (h,w) -> y (oh,ow); ctx: argmax (n,c,oh,ow) or NULL
-static int maxpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
-                                 const float *xp, float *yp) {
+static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                  const float *xp, float *yp) {
   int32_t *argmax = (int32_t *)ctx;
   int32_t *ap = argmax ? argmax + p * g->oh * g->ow : NULL;
   if (is_2x2_stride2(g)) {
-    maxpool_2x2_plane(g, xp, yp, ap);
+    max_pool_2x2_plane(g, xp, yp, ap);
     return 0;
   }
   for (int oy = 0; oy < g->oh; oy++) {
@@ -166,16 +166,16 @@ static int maxpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64
 }
 
 // x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
-dt_status dt_cpu_maxpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
-                                   float *y, int32_t *argmax) {
+dt_status dt_cpu_max_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                    float *y, int32_t *argmax) {
   int bad;
-  return pool_planes("maxpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
-                     maxpool_forward_plane, argmax, &bad);
+  return pool_planes("max_pool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
+                     (int64_t)g->oh * g->ow, max_pool_forward_plane, argmax, &bad);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w) through the argmax (ctx) of plane p
-static int maxpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
-                                  const float *gp, float *dp) {
+static int max_pool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                   const float *gp, float *dp) {
   const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
   const int32_t *ap = (const int32_t *)ctx + p * ohw;
   int bad = 0;
@@ -191,16 +191,16 @@ static int maxpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 }
 
 // dy (n,c,oh,ow), argmax -> dx (n,c,h,w) overwritten
-dt_status dt_cpu_maxpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
-                                    const int32_t *argmax, float *dx) {
+dt_status dt_cpu_max_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
+                                     const int32_t *argmax, float *dx) {
   const int64_t hw = (int64_t)g->h * g->w;
   int bad;
-  DT_CHECK(pool_planes("maxpool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx, hw,
-                       maxpool_backward_plane, argmax, &bad));
+  DT_CHECK(pool_planes("max_pool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx, hw,
+                       max_pool_backward_plane, argmax, &bad));
   if (bad)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "maxpool2d_backward: argmax outside [0, %lld): pass the indices from "
-                    "maxpool2d_forward with the same geometry",
+                    "max_pool2d_backward: argmax outside [0, %lld): pass the indices from "
+                    "max_pool2d_forward with the same geometry",
                     (long long)hw);
   return DT_OK;
 }
@@ -214,8 +214,8 @@ static float avg_divisor(const dt_conv2d_geom *g, int oy, int ox) {
 }
 
 // one plane: x (h,w) -> y (oh,ow)
-static int avgpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
-                                 const float *xp, float *yp) {
+static int avg_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                  const float *xp, float *yp) {
   (void)ctx, (void)p;
   for (int oy = 0; oy < g->oh; oy++) {
     int y0 = MAX(oy * g->sh - g->ph, 0), y1 = MIN(oy * g->sh - g->ph + g->kh, g->h);
@@ -232,16 +232,16 @@ static int avgpool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64
 }
 
 // x (n,c,h,w) -> y (n,c,oh,ow)
-dt_status dt_cpu_avgpool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
-                                   float *y) {
+dt_status dt_cpu_avg_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                    float *y) {
   int bad;
-  return pool_planes("avgpool2d_forward", ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow,
-                     avgpool_forward_plane, NULL, &bad);
+  return pool_planes("avg_pool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
+                     (int64_t)g->oh * g->ow, avg_pool_forward_plane, NULL, &bad);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w)
-static int avgpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
-                                  const float *gp, float *dp) {
+static int avg_pool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
+                                   const float *gp, float *dp) {
   (void)ctx, (void)p;
   memset(dp, 0, (size_t)g->h * g->w * sizeof(float));
   for (int oy = 0; oy < g->oh; oy++) {
@@ -258,9 +258,9 @@ static int avgpool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 }
 
 // dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
-dt_status dt_cpu_avgpool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
-                                    float *dx) {
+dt_status dt_cpu_avg_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
+                                     float *dx) {
   int bad;
-  return pool_planes("avgpool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx,
-                     (int64_t)g->h * g->w, avgpool_backward_plane, NULL, &bad);
+  return pool_planes("avg_pool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx,
+                     (int64_t)g->h * g->w, avg_pool_backward_plane, NULL, &bad);
 }

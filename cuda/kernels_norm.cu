@@ -1,0 +1,234 @@
+/* CUDA kernels of the norm family (core/ops_norm.c): layer norm (and the
+ * fused residual + layer norm), one block per row; batch norm is cuDNN's
+ * (cuda/dnn.c), with its eval-mode statistics here. Semantics follow the
+ * CPU reference (core/cpu_kernels_norm.c). */
+#include <math.h>
+
+#include "cuda/kernels_common.cuh"
+
+/* ---- layer norm ---- */
+/* x holds TX (the kernel's ex->dtype), the residual TR; the statistics,
+ * the sum, y and every gradient are f32 (op_table.def). */
+
+// the layer norm of one row xr (cols) of T, by the block -> yr, mean[r], rstd[r]
+template <typename T>
+static __device__ __forceinline__ void layer_norm_row(const T *xr, const float *gamma,
+                                                      const float *beta, float *yr, float *mean,
+                                                      float *rstd, int64_t r, int64_t cols,
+                                                      float eps, double *shd) {
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    s += dt_load_f32(xr, j);
+  double m = dt_block_sum(s, shd) / (double)cols;
+  double v = 0.0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    double d = dt_load_f32(xr, j) - m;
+    v += d * d;
+  }
+  v = dt_block_sum(v, shd);
+  float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
+  if (threadIdx.x == 0) {
+    if (mean)
+      mean[r] = mf;
+    if (rstd)
+      rstd[r] = rs;
+  }
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    yr[j] = (dt_load_f32(xr, j) - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+}
+
+// x (rows, cols) (+ residual -> sum, when residual is not NULL), gamma/beta (cols) or NULL ->
+// y (rows, cols), mean, rstd (rows)
+template <typename TX, typename TR>
+static __global__ void layer_norm_forward_kernel(const TX *x, const TR *residual,
+                                                 const float *gamma, const float *beta, float *sum,
+                                                 float *y, float *mean, float *rstd, int64_t rows,
+                                                 int64_t cols, float eps) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const TX *xr = x + r * cols;
+    float *yr = y + r * cols;
+    if (residual) { /* each thread reads back only the sums it wrote */
+      const TR *rr = residual + r * cols;
+      float *sr = sum + r * cols;
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        sr[j] = dt_load_f32(xr, j) + dt_load_f32(rr, j);
+      layer_norm_row(sr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
+    } else {
+      layer_norm_row(xr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
+    }
+  }
+}
+
+// the launch for x of TX: the residual's storage type from its dtype
+template <typename TX>
+static dt_status layer_norm_launch(const dt_exec *ex, const TX *x, const void *residual,
+                                   dt_dtype residual_dtype, const float *gamma, const float *beta,
+                                   float *sum, float *y, float *mean, float *rstd, int64_t rows,
+                                   int64_t cols, float eps) {
+  DT_CUDA_STORAGE_DISPATCH(
+      residual_dtype, TR,
+      dt_launch_rows(ex, rows, cols, layer_norm_forward_kernel<TX, TR>, x, (const TR *)residual,
+                     gamma, beta, sum, y, mean, rstd, rows, cols, eps));
+}
+
+extern "C" dt_status dt_cuda_layer_norm_forward(const dt_exec *ex, const float *x,
+                                                const float *gamma, const float *beta, float *y,
+                                                float *mean, float *rstd, int64_t rows,
+                                                int64_t cols, float eps) {
+  if (rows == 0)
+    return DT_OK;
+  /* no residual: TR float, the instantiation the f32 residual shares */
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
+                           layer_norm_launch(ex, (const TX *)x, NULL, DT_DTYPE_F32, gamma, beta,
+                                             NULL, y, mean, rstd, rows, cols, eps));
+}
+
+extern "C" dt_status dt_cuda_residual_layer_norm_forward(
+    const dt_exec *ex, const float *x, const float *residual, dt_dtype residual_dtype,
+    const float *gamma, const float *beta, float *sum, float *y, float *mean, float *rstd,
+    int64_t rows, int64_t cols, float eps) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
+                           layer_norm_launch(ex, (const TX *)x, residual, residual_dtype, gamma,
+                                             beta, sum, y, mean, rstd, rows, cols, eps));
+}
+
+// x (rows, cols) of T, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols)
+// overwritten
+template <typename T>
+static __global__ void layer_norm_backward_dx_kernel(const T *x, const float *gamma,
+                                                     const float *mean, const float *rstd,
+                                                     const float *dy, float *dx, int64_t rows,
+                                                     int64_t cols) {
+  __shared__ double shd[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *xr = x + r * cols;
+    const float *gr = dy + r * cols;
+    float *dr = dx + r * cols;
+    float m = mean[r], rs = rstd[r];
+    double sg = 0.0, sgx = 0.0;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      sg += g;
+      sgx += (double)g * ((dt_load_f32(xr, j) - m) * rs);
+    }
+    sg = dt_block_sum(sg, shd);
+    sgx = dt_block_sum(sgx, shd);
+    float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      float g = gr[j] * (gamma ? gamma[j] : 1.0f);
+      dr[j] = rs * (g - mg - (dt_load_f32(xr, j) - m) * rs * mgx);
+    }
+  }
+}
+
+// x (rows, cols) of T, dy (rows, cols) -> part (splits, 2, cols): per row-chunk sums of
+// dy*xhat and dy
+template <typename T>
+static __global__ void layer_norm_backward_param_partial_kernel(const T *x, const float *mean,
+                                                                const float *rstd, const float *dy,
+                                                                double *part, int64_t rows,
+                                                                int64_t cols, int64_t chunk) {
+  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t split = blockIdx.y;
+  if (j >= cols)
+    return;
+  int64_t r0 = split * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  double ag = 0.0, ab = 0.0;
+  for (int64_t r = r0; r < r1; r++) {
+    float g = dy[r * cols + j];
+    ag += (double)g * ((dt_load_f32(x, r * cols + j) - mean[r]) * rstd[r]);
+    ab += g;
+  }
+  part[(split * 2) * cols + j] = ag;
+  part[(split * 2 + 1) * cols + j] = ab;
+}
+
+// part (splits, 2, cols) -> dgamma, dbeta (cols) += sums over splits, in order
+static __global__ void layer_norm_backward_param_final_kernel(const double *part, int64_t splits,
+                                                              int64_t cols, float *dgamma,
+                                                              float *dbeta) {
+  DT_GRID_STRIDE(j, cols) {
+    double ag = 0.0, ab = 0.0;
+    for (int64_t s = 0; s < splits; s++) {
+      ag += part[(s * 2) * cols + j];
+      ab += part[(s * 2 + 1) * cols + j];
+    }
+    if (dgamma)
+      dgamma[j] += (float)ag;
+    if (dbeta)
+      dbeta[j] += (float)ab;
+  }
+}
+
+template <typename T>
+static dt_status layer_norm_backward_as(const dt_exec *ex, const T *x, const float *gamma,
+                                        const float *mean, const float *rstd, const float *dy,
+                                        float *dx, float *dgamma, float *dbeta, int64_t rows,
+                                        int64_t cols) {
+  DT_CUDA_EXEC(ex, ctx, stream);
+  if (dx) {
+    layer_norm_backward_dx_kernel<T><<<dt_row_grid(rows), dt_row_threads(cols), 0, stream>>>(
+        x, gamma, mean, rstd, dy, dx, rows, cols);
+    DT_CUDA_CHECK_LAUNCH();
+  }
+  if (!dgamma && !dbeta)
+    return DT_OK;
+  int64_t splits = rows < 64 ? 1 : (rows + 63) / 64;
+  if (splits > 256)
+    splits = 256;
+  int64_t chunk = (rows + splits - 1) / splits;
+  double *part = NULL;
+  DT_CHECK(
+      dt_cuda_scratch_alloc(ctx, (size_t)(splits * 2 * cols) * sizeof(double), (void **)&part));
+  dim3 grid((unsigned)((cols + 31) / 32), (unsigned)splits);
+  layer_norm_backward_param_partial_kernel<T>
+      <<<grid, 32, 0, stream>>>(x, mean, rstd, dy, part, rows, cols, chunk);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    layer_norm_backward_param_final_kernel<<<dt_grid_for(cols), DT_THREADS, 0, stream>>>(
+        part, splits, cols, dgamma, dbeta);
+    e = cudaGetLastError();
+  }
+  dt_cuda_scratch_free(ctx, part);
+  DT_CUDA_CHECK(e);
+  return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_layer_norm_backward(const dt_exec *ex, const float *x,
+                                                 const float *gamma, const float *mean,
+                                                 const float *rstd, const float *dy, float *dx,
+                                                 float *dgamma, float *dbeta, int64_t rows,
+                                                 int64_t cols) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           layer_norm_backward_as(ex, (const T *)x, gamma, mean, rstd, dy, dx,
+                                                  dgamma, dbeta, rows, cols));
+}
+
+/* ---- batchnorm eval statistics (for cuda/dnn.c) ---- */
+
+// rm, rv (c) -> save_mean = rm, save_invstd = 1/sqrt(rv + eps), each (c)
+static __global__ void bn_eval_stats_kernel(const float *rm, const float *rv, float *save_mean,
+                                            float *save_invstd, int64_t c, float eps) {
+  DT_GRID_STRIDE(i, c) {
+    if (save_mean)
+      save_mean[i] = rm[i];
+    if (save_invstd)
+      save_invstd[i] = (float)(1.0 / sqrt((double)rv[i] + (double)eps));
+  }
+}
+
+extern "C" dt_status dt_cuda_bn_eval_stats(dt_cuda_ctx *ctx, const float *rm, const float *rv,
+                                           float *save_mean, float *save_invstd, int64_t c,
+                                           float eps) {
+  if (c <= 0 || (!save_mean && !save_invstd))
+    return DT_OK;
+  bn_eval_stats_kernel<<<dt_grid_for(c), DT_THREADS, 0, dt_cuda_compute_stream(ctx)>>>(
+      rm, rv, save_mean, save_invstd, c, eps);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
