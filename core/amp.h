@@ -19,10 +19,10 @@ extern "C" {
 /* `--precision`: the arithmetic of a run. */
 typedef enum dt_precision {
   DT_PRECISION_DEVICE_DEFAULT = -1, /* what the device does by default: tf32 on CUDA, else fp32 */
-  DT_PRECISION_FP32 = 0, /* f32 everywhere (on CUDA with TF32 off) */
-  DT_PRECISION_TF32,     /* f32 storage, TF32 tensor-core GEMMs/convolutions (CUDA only) */
-  DT_PRECISION_BF16,     /* autocast to bf16, f32 master weights */
-  DT_PRECISION_FP16,     /* autocast to f16, f32 master weights, dynamic loss scaling */
+  DT_PRECISION_FP32 = 0,            /* f32 everywhere (on CUDA with TF32 off) */
+  DT_PRECISION_TF32, /* f32 storage, TF32 tensor-core GEMMs/convolutions (CUDA only) */
+  DT_PRECISION_BF16, /* autocast to bf16, f32 master weights */
+  DT_PRECISION_FP16, /* autocast to f16, f32 master weights, dynamic loss scaling */
   DT_PRECISION_COUNT,
 } dt_precision;
 

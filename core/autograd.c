@@ -291,8 +291,7 @@ static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
     if (!n->needs_grad[j] || d == NULL || in->grad_fn != NULL || !in->requires_grad ||
         d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
         dt_tensor_numel(d) != dt_tensor_numel(in) ||
-        !dt_device_equal(d->storage->device, in->storage->device) ||
-        shares_storage(g, d->storage))
+        !dt_device_equal(d->storage->device, in->storage->device) || shares_storage(g, d->storage))
       continue;
     int shared = 0;
     for (int k = 0; k < n->n_inputs && !shared; k++)

@@ -58,13 +58,13 @@ struct dt_node {
   dt_tensor *saved[DT_NODE_MAX_SAVED]; /* retained until the graph is freed */
   dt_node_params params;               /* the op's saved struct: DT_NODE_PARAMS */
   size_t params_size;                  /* sizeof that struct; 0 = none */
-  void *ctx; /* op-private data, freed with ctx_free */
+  void *ctx;                           /* op-private data, freed with ctx_free */
   void (*ctx_free)(void *);
   int freed; /* backward already ran and released the graph */
   /* engine scratch */
   dt_tensor *grad_accum;
   int pending;
-  float *grad_dest[DT_NODE_MAX_INPUTS]; /* during backward: see dt_node_grad_dest */
+  float *grad_dest[DT_NODE_MAX_INPUTS];       /* during backward: see dt_node_grad_dest */
   int64_t grad_part_rows[DT_NODE_MAX_INPUTS]; /* see dt_node_grad_rows_per_part */
 };
 

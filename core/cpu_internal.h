@@ -80,8 +80,7 @@ typedef void (*dt_cpu_rows_fn)(const void *ctx, const float *const *in, int64_t 
  * the blocking or the thread count. DT_ERR_OOM when the scratch cannot be
  * had. */
 dt_status dt_cpu_rows(const char *op, int64_t rows, int64_t cols, int nin, const void *const *in,
-                      const dt_dtype *dtypes, int64_t min_work, dt_cpu_rows_fn fn,
-                      const void *ctx);
+                      const dt_dtype *dtypes, int64_t min_work, dt_cpu_rows_fn fn, const void *ctx);
 /* x[off, off + n) as f32: in place when dtype is f32, else widened into
  * buf (n floats), which is returned. */
 const float *dt_cpu_f32_span(const void *x, dt_dtype dtype, int64_t off, int64_t n, float *buf);

@@ -363,9 +363,8 @@ static dt_status direct_backward(const dt_conv2d_geom *g, const float *x, const 
   if ((dx && !wt) || (dw && !acc)) {
     free(wt);
     free(acc);
-    return DT_ERROR(DT_ERR_OOM,
-                    "conv2d_backward: %d weight buffers of %lld floats: malloc failed", teams + 1,
-                    (long long)w_sz);
+    return DT_ERROR(DT_ERR_OOM, "conv2d_backward: %d weight buffers of %lld floats: malloc failed",
+                    teams + 1, (long long)w_sz);
   }
   if (wt)
     dt_cpu_conv_direct_pack_wt(g, w, wt);
@@ -476,8 +475,8 @@ done:
 }
 
 static dt_status half_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,
-                                      const void *w, const void *dy, void *dx, void *dw,
-                                      float *db, void *workspace) {
+                                      const void *w, const void *dy, void *dx, void *dw, float *db,
+                                      void *workspace) {
   dt_exec ex32 = *ex;
   ex32.dtype = DT_DTYPE_F32;
   float *x32 = NULL, *w32 = NULL, *dy32 = NULL, *dx32 = NULL, *dw32 = NULL;

@@ -3,13 +3,12 @@
  * Every function that touches a 512-bit register carries the target
  * attribute, so the build needs no -m flag; dt_cpu_conv_direct_usable keeps
  * them off CPUs without AVX-512F. */
-#include "core/cpu_conv_direct.h"
-
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "core/cpu.h"
+#include "core/cpu_conv_direct.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -23,7 +22,7 @@ int dt_cpu_set_conv_direct(int enabled) { return atomic_exchange(&direct_enabled
 typedef struct direct_geom {
   int hp, wp, L, ckk, taps;
   int plane;
-  int shift;  /* S: the largest tap offset ki*wp + kj, dwide's left zero run in dx */
+  int shift;   /* S: the largest tap offset ki*wp + kj, dwide's left zero run in dx */
   int gstride; /* floats per output channel of the padded gradient: S + plane, rounded */
   int padded;
 } direct_geom;
@@ -156,16 +155,15 @@ TILE_INLINE void offset_gemm_tile(const int MR, const int NV, const float *A, in
       _mm512_mask_storeu_ps(C + (int64_t)m * ldc + 16 * v, mask[v], acc[m][v]);
 }
 
-#define OG_CASE(MR, NV)                                                                   \
-  case (MR) * 8 + (NV):                                                                   \
-    offset_gemm_tile(MR, NV, A + (int64_t)m0 * lda, lda, K, B + n0, off, mask,            \
-                     init ? init + m0 : NULL, C + (int64_t)m0 * ldc + n0, ldc);            \
+#define OG_CASE(MR, NV)                                                         \
+  case (MR)*8 + (NV):                                                           \
+    offset_gemm_tile(MR, NV, A + (int64_t)m0 * lda, lda, K, B + n0, off, mask,  \
+                     init ? init + m0 : NULL, C + (int64_t)m0 * ldc + n0, ldc); \
     break;
 #define OG_CASES_NV(MR) OG_CASE(MR, 1) OG_CASE(MR, 2) OG_CASE(MR, 3) OG_CASE(MR, 4)
 
-TARGET_AVX512 static void offset_gemm(int M, int N, int K, const float *A, int lda,
-                                      const float *B, const int32_t *off, const float *init,
-                                      float *C, int ldc) {
+TARGET_AVX512 static void offset_gemm(int M, int N, int K, const float *A, int lda, const float *B,
+                                      const int32_t *off, const float *init, float *C, int ldc) {
   for (int n0 = 0; n0 < N; n0 += 16 * OG_NV) {
     int nv = MIN(OG_NV, (N - n0 + 15) / 16);
     __mmask16 mask[OG_NV] = {0, 0, 0, 0};
@@ -230,17 +228,16 @@ TILE_INLINE void offset_dots_tile(const int MR, const int NJ, const float *D, in
     }
 }
 
-#define IP_CASE(MR, NJ)                                                                      \
-  case (MR) * 8 + (NJ):                                                                      \
-    offset_dots_tile(MR, NJ, D + (int64_t)m0 * ldd, ldd, N, B, off + j0,                     \
-                     C + (int64_t)m0 * ldc + j0, ldc, accumulate);                           \
+#define IP_CASE(MR, NJ)                                                  \
+  case (MR)*8 + (NJ):                                                    \
+    offset_dots_tile(MR, NJ, D + (int64_t)m0 * ldd, ldd, N, B, off + j0, \
+                     C + (int64_t)m0 * ldc + j0, ldc, accumulate);       \
     break;
 #define IP_CASES_NJ(MR) \
   IP_CASE(MR, 1) IP_CASE(MR, 2) IP_CASE(MR, 3) IP_CASE(MR, 4) IP_CASE(MR, 5) IP_CASE(MR, 6)
 
-TARGET_AVX512 static void offset_dots(int M, int J, int N, const float *D, int ldd,
-                                      const float *B, const int32_t *off, float *C, int ldc,
-                                      int accumulate) {
+TARGET_AVX512 static void offset_dots(int M, int J, int N, const float *D, int ldd, const float *B,
+                                      const int32_t *off, float *C, int ldc, int accumulate) {
   for (int m0 = 0; m0 < M; m0 += IP_MR) {
     int mr = MIN(IP_MR, M - m0);
     for (int j0 = 0; j0 < J; j0 += IP_NJ) {
@@ -259,8 +256,7 @@ TARGET_AVX512 static void offset_dots(int M, int J, int N, const float *D, int l
 #else /* not x86-64 GCC: never called (dt_cpu_conv_direct_usable is 0) */
 static void offset_gemm(int M, int N, int K, const float *A, int lda, const float *B,
                         const int32_t *off, const float *init, float *C, int ldc) {
-  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)off, (void)init, (void)C,
-      (void)ldc;
+  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)off, (void)init, (void)C, (void)ldc;
 }
 static void offset_dots(int M, int J, int N, const float *D, int ldd, const float *B,
                         const int32_t *off, float *C, int ldc, int accumulate) {

@@ -21,8 +21,8 @@ static void write_half(const dt_half_out *half, const float *param, int64_t lo, 
   if (half == NULL)
     return;
   if (half->stochastic)
-    (void)dt_half_from_f32_stochastic(half->dtype, param + lo, half->data + lo, hi - lo,
-                                      half->seed, half->offset + (uint64_t)lo);
+    (void)dt_half_from_f32_stochastic(half->dtype, param + lo, half->data + lo, hi - lo, half->seed,
+                                      half->offset + (uint64_t)lo);
   else
     (void)dt_half_from_f32(half->dtype, param + lo, half->data + lo, hi - lo);
 }

@@ -10,10 +10,10 @@
  *
  * The array conversions run vector kernels chosen once at run time for this
  * CPU (AVX512-BF16, AVX512F, AVX2 + F16C, else scalar); every path gives
- * the same bits as the scalar functions, for every input. The stochastic variants (llm.c's working-copy rounding) round
- * x to one of its two 16-bit neighbours with probability proportional to
- * closeness, so the expected value is x; the draw for element i is
- * dt_rng_uniform(seed, offset + i), the same on every backend and rank.
+ * the same bits as the scalar functions, for every input. The stochastic variants (llm.c's
+ * working-copy rounding) round x to one of its two 16-bit neighbours with probability proportional
+ * to closeness, so the expected value is x; the draw for element i is dt_rng_uniform(seed, offset +
+ * i), the same on every backend and rank.
  *
  * Used by the cast kernels, mixed precision (core/amp.h) and the 16-bit
  * gradient all-reduce (dist/).

@@ -23,8 +23,7 @@ int dt_half_simd_supported(dt_half_isa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case DT_HALF_ISA_SCALAR: return 1;
-    case DT_HALF_ISA_AVX2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case DT_HALF_ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case DT_HALF_ISA_AVX512: return __builtin_cpu_supports("avx512f");
     case DT_HALF_ISA_AVX512_BF16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");

@@ -51,15 +51,9 @@ static dt_status init_host(const int64_t *shape, int ndim, init_kind kind, float
                     (long long)n);
   for (int64_t i = 0; i < n; i++) {
     switch (kind) {
-    case INIT_UNIFORM:
-      host[i] = (2.0f * dt_generator_uniform(gen) - 1.0f) * scale;
-      break;
-    case INIT_NORMAL:
-      host[i] = dt_generator_normal(gen) * scale;
-      break;
-    case INIT_CONSTANT:
-      host[i] = scale;
-      break;
+      case INIT_UNIFORM: host[i] = (2.0f * dt_generator_uniform(gen) - 1.0f) * scale; break;
+      case INIT_NORMAL: host[i] = dt_generator_normal(gen) * scale; break;
+      case INIT_CONSTANT: host[i] = scale; break;
     }
   }
   dt_status st = dt_tensor_from_host(host, shape, ndim, DT_DTYPE_F32, DT_CPU, out);

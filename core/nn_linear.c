@@ -44,8 +44,8 @@ dt_status dt_nn_linear(int in_features, int out_features, int bias, dt_generator
                        dt_module **out) {
   if (in_features <= 0 || out_features <= 0 || gen == NULL || out == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "Linear(%d, %d): features must be positive and gen/out non-NULL",
-                    in_features, out_features);
+                    "Linear(%d, %d): features must be positive and gen/out non-NULL", in_features,
+                    out_features);
   linear_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
     *impl = (linear_impl){in_features, out_features, bias ? 1 : 0};
@@ -80,7 +80,7 @@ dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride
   dt_module *m = NULL;
   DT_CHECK(dt_nn_create(&conv2d_vtable, impl, &m));
   int64_t wshape[4] = {out_channels, in_channels, kernel, kernel};
-  dt_status st = init_weight_bias(m, wshape, 4, out_channels, in_channels * kernel * kernel,
-                                  bias, gen);
+  dt_status st =
+      init_weight_bias(m, wshape, 4, out_channels, in_channels * kernel * kernel, bias, gen);
   return dt_nn_finish_create(m, st, out);
 }

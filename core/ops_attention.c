@@ -116,8 +116,8 @@ static dt_status gemm_att_init(dt_tensor *qc, int64_t b, int64_t t, int64_t h, i
                     "of the GEMMs (DT_ATTENTION=fused has no such limit)",
                     (long long)t, (long long)hd);
   DT_CHECK(scratch(3 * a->bh * a->blk, ab, dev, &a->heads));
-  DT_CHECK(permute_qkv(&a->ex, dt_tensor_data(qc), dt_tensor_data(a->heads), b, t, h, hd,
-                       a->esize, 1));
+  DT_CHECK(
+      permute_qkv(&a->ex, dt_tensor_data(qc), dt_tensor_data(a->heads), b, t, h, hd, a->esize, 1));
   DT_CHECK(scratch(a->group * t * t, DT_DTYPE_F32, dev, &a->s));
   return scratch(a->group * t * t, ab, dev, &a->p);
 }
@@ -126,8 +126,7 @@ static void gemm_att_release(gemm_att *a) { DT_RELEASE_TENSORS(a->p, a->s, a->he
 
 /* Part `part` (0 q, 1 k, 2 v) of head j of the heads' copy. */
 static const void *head_of(const gemm_att *a, int part, int64_t j) {
-  return (const char *)dt_tensor_data(a->heads) +
-         (size_t)((part * a->bh + j) * a->blk) * a->esize;
+  return (const char *)dt_tensor_data(a->heads) + (size_t)((part * a->bh + j) * a->blk) * a->esize;
 }
 
 /* C (n heads of (m, k2)) = alpha op(A) op(B), A and B of the GEMMs' dtype
@@ -146,8 +145,8 @@ static dt_status heads_gemm(const gemm_att *a, int ta, int tb, int64_t m, int64_
 static dt_status scores_and_probs(const gemm_att *a, int64_t j0, int64_t n, float *lse,
                                   bool lse_in) {
   const int64_t t = a->t, hd = a->hd, tt = t * t;
-  DT_CHECK(heads_gemm(a, 0, 1, t, t, hd, a->scale, head_of(a, 0, j0), hd, a->blk,
-                      head_of(a, 1, j0), hd, a->blk, DT_F32(a->s), t, tt, n));
+  DT_CHECK(heads_gemm(a, 0, 1, t, t, hd, a->scale, head_of(a, 0, j0), hd, a->blk, head_of(a, 1, j0),
+                      hd, a->blk, DT_F32(a->s), t, tt, n));
   return dt_kernel_causal_attention_probs(&a->ex, DT_F32(a->s), dt_tensor_data(a->p), lse + j0 * t,
                                           lse_in, n, t);
 }
@@ -179,9 +178,8 @@ static dt_status gemm_attention_forward(dt_tensor *qc, float *y, float *lse, int
 }
 
 /* dqkv (b, t, 3c) f32 from qc (the GEMMs' dtype), lse and g (b, t, c). */
-static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_tensor *g,
-                                         float *dqkv, int64_t b, int64_t t, int64_t h,
-                                         int64_t hd) {
+static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_tensor *g, float *dqkv,
+                                         int64_t b, int64_t t, int64_t h, int64_t hd) {
   gemm_att a;
   dt_tensor *gc = NULL, *dout = NULL, *dheads = NULL;
   dt_status st = gemm_att_init(qc, b, t, h, hd, &a);

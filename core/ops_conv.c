@@ -86,12 +86,12 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
   DT_CHECK_GOTO(alloc_workspace(dev, dtype, &g, &ws), st, fail);
-  DT_CHECK_GOTO(dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gc), &g, dt_tensor_data(x),
-                                          dt_tensor_data(w), dt_tensor_data(gc),
-                                          dx ? dt_tensor_data(dx) : NULL,
-                                          dw ? dt_tensor_data(dw) : NULL, db ? DT_F32(db) : NULL,
-                                          ws ? dt_tensor_data(ws) : NULL),
-                st, fail);
+  DT_CHECK_GOTO(
+      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gc), &g, dt_tensor_data(x), dt_tensor_data(w),
+                                dt_tensor_data(gc), dx ? dt_tensor_data(dx) : NULL,
+                                dw ? dt_tensor_data(dw) : NULL, db ? DT_F32(db) : NULL,
+                                ws ? dt_tensor_data(ws) : NULL),
+      st, fail);
   st = DT_OK;
 fail:
   DT_RELEASE_TENSORS(gc, ws);

@@ -61,18 +61,18 @@ static dt_status matmul_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     if (da_dest == NULL)
       DT_CHECK_GOTO(dt_ops_empty_like(a, dev, &da), st, fail);
     DT_CHECK_GOTO(gemm(dev, ab, 0, 1, m, k, n, dt_tensor_data(gc), n, m * n, dt_tensor_data(b), n,
-                       batched ? k * n : 0, da_dest ? 1.0f : 0.0f,
-                       da_dest ? da_dest : DT_F32(da), k, m * k, batch),
+                       batched ? k * n : 0, da_dest ? 1.0f : 0.0f, da_dest ? da_dest : DT_F32(da),
+                       k, m * k, batch),
                   st, fail);
   }
   if (node->needs_grad[1]) {
     /* db (k,n) (+)= a^T (k,m) @ g (m,n) */
     if (db_dest == NULL)
       DT_CHECK_GOTO(dt_ops_empty_like(b, dev, &db), st, fail);
-    DT_CHECK_GOTO(gemm(dev, ab, 1, 0, k, n, m, dt_tensor_data(a), k, m * k, dt_tensor_data(gc), n,
-                       m * n, db_dest ? 1.0f : 0.0f, db_dest ? db_dest : DT_F32(db), n, k * n,
-                       batch),
-                  st, fail);
+    DT_CHECK_GOTO(
+        gemm(dev, ab, 1, 0, k, n, m, dt_tensor_data(a), k, m * k, dt_tensor_data(gc), n, m * n,
+             db_dest ? 1.0f : 0.0f, db_dest ? db_dest : DT_F32(db), n, k * n, batch),
+        st, fail);
   }
   st = DT_OK;
 fail:
@@ -211,15 +211,14 @@ static dt_status bias_grad(dt_tensor *gc, int64_t rows, int64_t outf, dt_tensor 
   } else if (outf > 0) {
     st = dt_ops_widen(gc, &g32);
     if (st == DT_OK)
-      st = dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(*db), 1, rows, outf,
-                                1.0f);
+      st = dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(*db), 1, rows, outf, 1.0f);
   }
   dt_tensor_release(g32);
   return st;
 }
 
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,
-                                         dt_tensor **grad_in);
+                                          dt_tensor **grad_in);
 /* A new gradient for the linear's input x: f32, or x's own 16-bit dtype
  * when x was already of the dtype `ab` the linear computed in (a 16-bit
  * activation under autocast), which linear_dx then writes directly. */
@@ -236,18 +235,17 @@ static dt_status linear_dx_new(dt_node *node, dt_dtype ab, dt_device dev, dt_ten
 static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n, int64_t r0,
                            int64_t in, int64_t outf, const void *w, dt_tensor *dx) {
   if (dt_tensor_dtype(dx) == DT_DTYPE_F32)
-    return gemm(dev, ab, 0, 0, n, in, outf, g, outf, 0, w, in, 0, 0.0f, DT_F32(dx) + r0 * in, in,
-                0, 1);
+    return gemm(dev, ab, 0, 0, n, in, outf, g, outf, 0, w, in, 0, 0.0f, DT_F32(dx) + r0 * in, in, 0,
+                1);
   if (n == 0 || in == 0)
     return DT_OK;
   dt_exec ex;
   DT_CHECK(dt_exec_init(dev, ab, &ex));
   /* with no outputs (k = 0) nothing is read: any leading dimension >= 1 */
   const int ld_g = outf > 0 ? (int)outf : 1;
-  return dt_kernel_gemm_rounded(&ex, 0, 0, (int)n, (int)in, (int)outf, 1.0f, g, ld_g, w, (int)in,
-                                (float *)((char *)dt_tensor_data(dx) +
-                                          (size_t)(r0 * in) * dt_dtype_size(ab)),
-                                (int)in);
+  return dt_kernel_gemm_rounded(
+      &ex, 0, 0, (int)n, (int)in, (int)outf, 1.0f, g, ld_g, w, (int)in,
+      (float *)((char *)dt_tensor_data(dx) + (size_t)(r0 * in) * dt_dtype_size(ab)), (int)in);
 }
 
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
@@ -291,8 +289,7 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
     if (dw || dw_dest)
       DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
                          (const char *)dt_tensor_data(x) + (size_t)(r0 * in) * esize, in, 0,
-                         r0 > 0 || dw_dest ? 1.0f : 0.0f, dw_dest ? dw_dest : DT_F32(dw), in, 0,
-                         1),
+                         r0 > 0 || dw_dest ? 1.0f : 0.0f, dw_dest ? dw_dest : DT_F32(dw), in, 0, 1),
                     st, fail);
     r0 += n;
   } while (r0 < rows);

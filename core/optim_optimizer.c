@@ -246,8 +246,8 @@ static dt_status update_range(dt_optimizer *o, const dt_exec *ex, float *params,
   float *p = params + start;
   const float *g = grads + local;
   /* the working copy as it is after this update */
-  dt_half_out half = o->working ? dt_working_copy_out(o->working, start, o->steps + 1)
-                                : (dt_half_out){0};
+  dt_half_out half =
+      o->working ? dt_working_copy_out(o->working, start, o->steps + 1) : (dt_half_out){0};
   const dt_half_out *h = o->working ? &half : NULL;
   if (o->kind == OPTIM_SGD) {
     const dt_sgd_config *c = &o->sgd;

@@ -73,8 +73,8 @@ const dt_working_copy_config *dt_working_copy_config_of(const dt_working_copy *w
 }
 
 dt_half_out dt_working_copy_out(const dt_working_copy *w, int64_t start, int64_t steps) {
-  dt_half_out h = {(uint16_t *)dt_tensor_data(w->data) + start, w->cfg.dtype, w->cfg.stochastic,
-                   0, 0};
+  dt_half_out h = {(uint16_t *)dt_tensor_data(w->data) + start, w->cfg.dtype, w->cfg.stochastic, 0,
+                   0};
   if (w->cfg.stochastic) {
     h.seed = dt_rng_bits(w->cfg.seed, (uint64_t)steps); /* a stream per step */
     h.offset = (uint64_t)start;

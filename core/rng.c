@@ -32,8 +32,8 @@ float dt_generator_uniform(dt_generator *g) {
 float dt_generator_normal(dt_generator *g) {
   double u1 = ((double)(dt_rng_bits(g->seed, dt_generator_advance(g, 1)) >> 11) + 1.0) *
               (1.0 / 9007199254740993.0);
-  double u2 = (double)(dt_rng_bits(g->seed, dt_generator_advance(g, 1)) >> 11) *
-              (1.0 / 9007199254740992.0);
+  double u2 =
+      (double)(dt_rng_bits(g->seed, dt_generator_advance(g, 1)) >> 11) * (1.0 / 9007199254740992.0);
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 

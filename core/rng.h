@@ -26,8 +26,8 @@ typedef struct dt_generator {
 void dt_generator_init(dt_generator *g, uint64_t seed);
 /* Reserves n counters; returns the first. */
 uint64_t dt_generator_advance(dt_generator *g, uint64_t n);
-float dt_generator_uniform(dt_generator *g);          /* [0,1) */
-float dt_generator_normal(dt_generator *g);           /* N(0,1), Box-Muller */
+float dt_generator_uniform(dt_generator *g);              /* [0,1) */
+float dt_generator_normal(dt_generator *g);               /* N(0,1), Box-Muller */
 uint64_t dt_generator_below(dt_generator *g, uint64_t n); /* [0,n) */
 
 #ifdef __cplusplus

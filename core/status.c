@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-
 static _Thread_local char last_error[DT_ERROR_MAX];
 static _Thread_local char last_error_location[256];
 

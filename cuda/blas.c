@@ -46,8 +46,8 @@ static int cuda_type(dt_dtype t, cudaDataType_t *out) {
  * memcmp compares it (padding included). */
 typedef struct lt_key {
   int trans_a, trans_b, m, n, k, lda, ldb, ldc, batch;
-  int ab, c;   /* dt_dtype of A and B, of C */
-  int bias;    /* 1: the bias epilogue (a bias of C's type, n elements) */
+  int ab, c; /* dt_dtype of A and B, of C */
+  int bias;  /* 1: the bias epilogue (a bias of C's type, n elements) */
   int align_a, align_b, align_c, align_bias; /* bytes, at most 256 */
   int64_t stride_a, stride_b, stride_c;
 } lt_key;
@@ -98,11 +98,10 @@ static int alignment_of(const void *p) {
 
 /* Sets attribute `attr` of a cuBLASLt object to `value` of C type `type`;
  * jumps to `fail` with `st` set on an error. */
-#define LT_SET(kind, obj, attr, type, value)                                          \
-  do {                                                                                \
-    type v_ = (value);                                                                \
-    DT_CUBLAS_CHECK_GOTO(cublasLt##kind##SetAttribute((obj), (attr), &v_, sizeof v_), \
-                         st, fail);                                                   \
+#define LT_SET(kind, obj, attr, type, value)                                                     \
+  do {                                                                                           \
+    type v_ = (value);                                                                           \
+    DT_CUBLAS_CHECK_GOTO(cublasLt##kind##SetAttribute((obj), (attr), &v_, sizeof v_), st, fail); \
   } while (0)
 
 static dt_status layout_create(cublasLtMatrixLayout_t *out, cudaDataType_t t, int rows, int cols,
@@ -242,10 +241,10 @@ static dt_status gemm_ex_call(dt_cuda_ctx *ctx, const half_gemm *g) {
     compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   cublasOperation_t op_a = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t op_b = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      ctx->cublas, op_b, op_a, g->n, g->m, g->k, &g->alpha, g->b, tab, g->ldb, g->stride_b, g->a,
-      tab, g->lda, g->stride_a, &g->beta, g->c, tc, g->ldc, g->stride_c, g->batch, compute,
-      CUBLAS_GEMM_DEFAULT));
+  DT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, op_b, op_a, g->n, g->m, g->k, &g->alpha,
+                                             g->b, tab, g->ldb, g->stride_b, g->a, tab, g->lda,
+                                             g->stride_a, &g->beta, g->c, tc, g->ldc, g->stride_c,
+                                             g->batch, compute, CUBLAS_GEMM_DEFAULT));
   return DT_OK;
 }
 
@@ -288,14 +287,14 @@ static dt_status half_gemm_run(dt_cuda_ctx *ctx, cudaStream_t stream, const half
     if (p->ws > 0)
       DT_CHECK_GOTO(dt_block_pool_alloc(ctx->pool, p->ws, (uintptr_t)stream, &ws), st, unlock);
     if (g->bias)
-      DT_CUBLAS_CHECK_GOTO(cublasLtMatmulDescSetAttribute(p->desc,
-                                                          CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                          &g->bias, sizeof g->bias),
-                           st, unlock);
-    DT_CUBLAS_CHECK_GOTO(cublasLtMatmul(ctx->cublaslt, p->desc, &g->alpha, g->b, p->la, g->a,
-                                        p->lb, &g->beta, g->c, p->lc, g->c, p->lc, &p->algo, ws,
-                                        p->ws, stream),
-                         st, unlock);
+      DT_CUBLAS_CHECK_GOTO(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                         sizeof g->bias),
+          st, unlock);
+    DT_CUBLAS_CHECK_GOTO(
+        cublasLtMatmul(ctx->cublaslt, p->desc, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta, g->c,
+                       p->lc, g->c, p->lc, &p->algo, ws, p->ws, stream),
+        st, unlock);
     count(ctx, 1);
   } else {
     DT_ASSERT(g->bias == NULL); /* the biased caller handles its own fallback */
@@ -333,11 +332,25 @@ dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   if (ex->dtype != DT_DTYPE_F32) { /* the dispatch admits f32, f16 and bf16 only */
-    const half_gemm g = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                         .lda = lda, .ldb = ldb, .ldc = ldc, .batch = batch,
-                         .stride_a = stride_a, .stride_b = stride_b, .stride_c = stride_c,
-                         .a = a, .b = b, .c = c, .alpha = alpha, .beta = beta,
-                         .ab = ex->dtype, .c_type = DT_DTYPE_F32};
+    const half_gemm g = {.trans_a = trans_a,
+                         .trans_b = trans_b,
+                         .m = m,
+                         .n = n,
+                         .k = k,
+                         .lda = lda,
+                         .ldb = ldb,
+                         .ldc = ldc,
+                         .batch = batch,
+                         .stride_a = stride_a,
+                         .stride_b = stride_b,
+                         .stride_c = stride_c,
+                         .a = a,
+                         .b = b,
+                         .c = c,
+                         .alpha = alpha,
+                         .beta = beta,
+                         .ab = ex->dtype,
+                         .c_type = DT_DTYPE_F32};
     return half_gemm_run(ctx, stream, &g);
   }
   DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
@@ -362,9 +375,23 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   /* y (m,n) = x (m,k) @ w^T, w (n,k) */
-  half_gemm g = {.trans_a = 0, .trans_b = 1, .m = m, .n = n, .k = k, .lda = k, .ldb = k,
-                 .ldc = n, .batch = 1, .a = x, .b = w, .bias = bias, .c = y, .alpha = 1.0f,
-                 .beta = 0.0f, .ab = ex->dtype, .c_type = ex->dtype};
+  half_gemm g = {.trans_a = 0,
+                 .trans_b = 1,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .lda = k,
+                 .ldb = k,
+                 .ldc = n,
+                 .batch = 1,
+                 .a = x,
+                 .b = w,
+                 .bias = bias,
+                 .c = y,
+                 .alpha = 1.0f,
+                 .beta = 0.0f,
+                 .ab = ex->dtype,
+                 .c_type = ex->dtype};
   int usable = 0;
   if (bias)
     DT_CHECK(lt_usable(ctx, &g, &usable));
@@ -396,9 +423,22 @@ dt_status dt_cuda_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, in
     DT_CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * 2, 0, (size_t)n * 2, (size_t)m, stream));
     return DT_OK;
   }
-  const half_gemm g = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                       .lda = lda, .ldb = ldb, .ldc = ldc, .batch = 1, .a = a, .b = b, .c = c,
-                       .alpha = alpha, .beta = 0.0f, .ab = ex->dtype, .c_type = ex->dtype};
+  const half_gemm g = {.trans_a = trans_a,
+                       .trans_b = trans_b,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .lda = lda,
+                       .ldb = ldb,
+                       .ldc = ldc,
+                       .batch = 1,
+                       .a = a,
+                       .b = b,
+                       .c = c,
+                       .alpha = alpha,
+                       .beta = 0.0f,
+                       .ab = ex->dtype,
+                       .c_type = ex->dtype};
   return half_gemm_run(ctx, stream, &g);
 }
 
@@ -420,10 +460,25 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   cudaStream_t stream = dt_cuda_compute_stream(ctx);
-  const half_gemm g = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                       .lda = lda, .ldb = ldb, .ldc = ldc, .batch = batch, .stride_a = stride_a,
-                       .stride_b = stride_b, .stride_c = stride_c, .a = a, .b = b, .c = c,
-                       .alpha = alpha, .beta = beta, .ab = ab_type, .c_type = c_type};
+  const half_gemm g = {.trans_a = trans_a,
+                       .trans_b = trans_b,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .lda = lda,
+                       .ldb = ldb,
+                       .ldc = ldc,
+                       .batch = batch,
+                       .stride_a = stride_a,
+                       .stride_b = stride_b,
+                       .stride_c = stride_c,
+                       .a = a,
+                       .b = b,
+                       .c = c,
+                       .alpha = alpha,
+                       .beta = beta,
+                       .ab = ab_type,
+                       .c_type = c_type};
   if (ab_type != DT_DTYPE_F32)
     return half_gemm_run(ctx, stream, &g);
   DT_CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));

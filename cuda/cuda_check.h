@@ -54,7 +54,7 @@ dt_status dt_cudnn_fail(cudnnStatus_t e, const char *stmt, const char *func, con
   DT_FOREIGN_CHECK_GOTO(cudaError_t, cudaSuccess, dt_cuda_fail, stmt, status_var, label)
 #define DT_CUBLAS_CHECK(stmt) \
   DT_FOREIGN_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, dt_cublas_fail, stmt)
-#define DT_CUBLAS_CHECK_GOTO(stmt, status_var, label)                                          \
+#define DT_CUBLAS_CHECK_GOTO(stmt, status_var, label)                                            \
   DT_FOREIGN_CHECK_GOTO(cublasStatus_t, CUBLAS_STATUS_SUCCESS, dt_cublas_fail, stmt, status_var, \
                         label)
 #define DT_CUDNN_CHECK(stmt) \

@@ -180,10 +180,10 @@ dt_status dt_cuda_bn_eval_stats(dt_cuda_ctx *ctx, const float *rm, const float *
 /* The bias of a 16-bit convolution (kernels_conv.cu; T = dtype, f16 or bf16): y (n, oc,
  * hw) of T += bias (oc, f32), the sum rounded once; db (oc, f32) = the sum
  * of dy (n, oc, hw) of T over n and hw (in double, a fixed order). */
-dt_status dt_cuda_conv_bias_forward(cudaStream_t stream, dt_dtype dtype, const float *bias,
-                                    void *y, int64_t n, int64_t oc, int64_t hw);
-dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dtype, const void *dy,
-                                     float *db, int64_t n, int64_t oc, int64_t hw);
+dt_status dt_cuda_conv_bias_forward(cudaStream_t stream, dt_dtype dtype, const float *bias, void *y,
+                                    int64_t n, int64_t oc, int64_t hw);
+dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dtype, const void *dy, float *db,
+                                     int64_t n, int64_t oc, int64_t hw);
 
 #ifdef __cplusplus
 }

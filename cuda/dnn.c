@@ -384,8 +384,7 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
   if (bias && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), st, unlock);
   else if (bias)
-    st = dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc,
-                                   (int64_t)g->oh * g->ow);
+    st = dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc, (int64_t)g->oh * g->ow);
 unlock:
   return conv_end(ctx, tmp, st);
 }
@@ -433,8 +432,7 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), st, unlock);
   else if (db)
-    st = dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc,
-                                    (int64_t)g->oh * g->ow);
+    st = dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc, (int64_t)g->oh * g->ow);
 unlock:
   return conv_end(ctx, tmp, st);
 }

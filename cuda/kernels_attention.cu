@@ -382,10 +382,10 @@ static dt_status attention_backward_as(const T *qkv, const float *lse, const flo
   static const bwd_kernel dkv[4] = {
       attention_backward_dkv_kernel<T, 1>, attention_backward_dkv_kernel<T, 2>,
       attention_backward_dkv_kernel<T, 3>, attention_backward_dkv_kernel<T, 4>};
-  DT_CHECK(attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse, dsum, dout,
-                            dqkv, g));
-  return attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse, dsum,
-                          dout, dqkv, g);
+  DT_CHECK(
+      attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse, dsum, dout, dqkv, g));
+  return attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse, dsum, dout,
+                          dqkv, g);
 }
 
 extern "C" dt_status dt_cuda_causal_attention_backward(const dt_exec *ex, const float *qkv,

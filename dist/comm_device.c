@@ -50,24 +50,23 @@ dt_status dt_comm_create_for_device(dt_pg *pg, dt_device dev, const dt_comm_conf
     return create_host_comm(pg, &cc, out);
   }
   switch (cc.backend) {
-  case DT_COMM_BACKEND_NCCL:
-    return dt_comm_create_nccl(pg, dev, &cc, out);
-  case DT_COMM_BACKEND_MPI:
-    if (!dt_comm_can_stage(dev))
-      return DT_ERROR(DT_ERR_UNSUPPORTED,
-                      "host-staged communication for %s: its backend lacks streams, events or "
-                      "copies (or the device is unusable: %s)",
-                      d, dt_last_error());
-    return create_host_comm(pg, &cc, out);
-  case DT_COMM_BACKEND_AUTO:
-    break;
+    case DT_COMM_BACKEND_NCCL: return dt_comm_create_nccl(pg, dev, &cc, out);
+    case DT_COMM_BACKEND_MPI:
+      if (!dt_comm_can_stage(dev))
+        return DT_ERROR(DT_ERR_UNSUPPORTED,
+                        "host-staged communication for %s: its backend lacks streams, events or "
+                        "copies (or the device is unusable: %s)",
+                        d, dt_last_error());
+      return create_host_comm(pg, &cc, out);
+    case DT_COMM_BACKEND_AUTO: break;
   }
   dt_status st = dt_comm_create_nccl(pg, dev, &cc, out);
   if (st == DT_OK)
     return DT_OK;
   /* dt_comm_create_nccl fails alike on every rank, so all fall back. */
-  fprintf(stderr, "dtrain: rank %d: nccl unavailable for %s: %s; using the host-staged mpi "
-                  "backend (slower: GPU -> host -> network -> GPU)\n",
+  fprintf(stderr,
+          "dtrain: rank %d: nccl unavailable for %s: %s; using the host-staged mpi "
+          "backend (slower: GPU -> host -> network -> GPU)\n",
           pg->rank, d, dt_last_error());
   fflush(stderr);
   if (!dt_comm_can_stage(dev))

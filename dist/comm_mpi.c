@@ -248,7 +248,7 @@ static dt_status allreduce_16(mpi_comm *m, dt_work *w, double deadline) {
  * (x0 + x1) / 2; with more ranks each segment's sum runs in ring order,
  * the same on every rank (every rank receives the reducer's values). */
 #define DT_RING_CHUNK ((int64_t)32768) /* elements: 128 KiB of f32 */
-#define DT_RING_TAG 0x5249                /* "RI" */
+#define DT_RING_TAG 0x5249             /* "RI" */
 
 static int64_t seg_lo(int64_t n, int world, int k) { return n * k / world; }
 

@@ -4,7 +4,7 @@
  * every rank. */
 #include "dist/comm_internal.h"
 
-#define NCCL_NOT_BUILT                                                                     \
+#define NCCL_NOT_BUILT                                                                        \
   "this build of dtrain has no NCCL (built without the CUDA toolkit, or with --config=cpu): " \
   "rebuild where /usr/local/cuda (or $CUDA_HOME) has NCCL, or use DT_COMM_BACKEND=mpi"
 
@@ -12,8 +12,7 @@ int dt_nccl_built(void) { return 0; }
 
 int dt_nccl_version(void) { return 0; }
 
-dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg,
-                              dt_comm **out) {
+dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cfg, dt_comm **out) {
   (void)pg, (void)dev, (void)cfg;
   if (out)
     *out = NULL;

@@ -14,8 +14,8 @@ typedef struct ddp_bucket {
   int first, last;       /* parameters overlapping it, first <= last */
   int64_t offset, numel; /* its parameters' elements in the flat space */
   dt_tensor *view;       /* stage 0: slice of the flat gradient buffer (all-reduced in place) */
-  int n_params; /* what it waits for: stage 0 its units (below), ZeRO its parameters */
-  int pending;  /* of those, still to become ready in this pass */
+  int n_params;          /* what it waits for: stage 0 its units (below), ZeRO its parameters */
+  int pending;           /* of those, still to become ready in this pass */
   int ready;
   dt_event *ready_ev; /* recorded on the compute stream when the bucket is ready */
   dt_work *work;      /* in flight */
@@ -68,7 +68,7 @@ struct dt_ddp {
   dt_param_arena *arena;
   dt_comm *comm;
   dt_ddp_config cfg;
-  dt_device dev; /* where the gradients live */
+  dt_device dev;    /* where the gradients live */
   int grads_shared; /* the arena's gradients are in a shared buffer (cfg.shared_grads) */
   const dt_backend_ops *ops;
   dt_stream *compute;

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cpu.h"
 #include "core/backend.h"
+#include "core/cpu.h"
 
 typedef enum dp_task {
   DP_TASK_NONE = 0,

@@ -16,25 +16,25 @@
 
 dt_status dt_nccl_fail(ncclResult_t r, ncclComm_t comm, int rank, int device, const char *stmt,
                        const char *func, const char *file, int line);
-dt_status dt_nccl_cuda_fail(cudaError_t e, int rank, int device, const char *stmt,
-                            const char *func, const char *file, int line);
+dt_status dt_nccl_cuda_fail(cudaError_t e, int rank, int device, const char *stmt, const char *func,
+                            const char *file, int line);
 
 /* ncclInProgress is not an error: it only appears with nonblocking
  * communicators, whose state ncclCommGetAsyncError reports. */
-#define DT_NCCL_CHECK(stmt, comm, rank, device)                                         \
-  do {                                                                                  \
-    ncclResult_t dt_nccl_r_ = (stmt);                                                   \
-    if (dt_nccl_r_ != ncclSuccess && dt_nccl_r_ != ncclInProgress)                      \
+#define DT_NCCL_CHECK(stmt, comm, rank, device)                                            \
+  do {                                                                                     \
+    ncclResult_t dt_nccl_r_ = (stmt);                                                      \
+    if (dt_nccl_r_ != ncclSuccess && dt_nccl_r_ != ncclInProgress)                         \
       return dt_nccl_fail(dt_nccl_r_, (comm), (rank), (device), #stmt, __func__, __FILE__, \
-                          __LINE__);                                                    \
+                          __LINE__);                                                       \
   } while (0)
 
-#define DT_NCCL_CUDA_CHECK(stmt, rank, device)                                            \
-  do {                                                                                    \
-    cudaError_t dt_nccl_ce_ = (stmt);                                                     \
-    if (dt_nccl_ce_ != cudaSuccess)                                                       \
+#define DT_NCCL_CUDA_CHECK(stmt, rank, device)                                           \
+  do {                                                                                   \
+    cudaError_t dt_nccl_ce_ = (stmt);                                                    \
+    if (dt_nccl_ce_ != cudaSuccess)                                                      \
       return dt_nccl_cuda_fail(dt_nccl_ce_, (rank), (device), #stmt, __func__, __FILE__, \
-                               __LINE__);                                                 \
+                               __LINE__);                                                \
   } while (0)
 
 #endif

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist/mpi_util.h"
 #include "dist/guard.h"
+#include "dist/mpi_util.h"
 #include "dist/process_group_internal.h"
 
 static int env_set(const char *name) {
@@ -31,30 +31,21 @@ dt_launcher dt_pg_detect_launcher(void) {
 
 const char *dt_launcher_name(dt_launcher l) {
   switch (l) {
-  case DT_LAUNCHER_NONE:
-    return "no launcher";
-  case DT_LAUNCHER_OPEN_MPI:
-    return "Open MPI mpirun";
-  case DT_LAUNCHER_PMIX:
-    return "PMIx (srun --mpi=pmix)";
-  case DT_LAUNCHER_PMI:
-    return "PMI";
-  case DT_LAUNCHER_SLURM_NO_PMI:
-    return "srun without an MPI plugin";
+    case DT_LAUNCHER_NONE: return "no launcher";
+    case DT_LAUNCHER_OPEN_MPI: return "Open MPI mpirun";
+    case DT_LAUNCHER_PMIX: return "PMIx (srun --mpi=pmix)";
+    case DT_LAUNCHER_PMI: return "PMI";
+    case DT_LAUNCHER_SLURM_NO_PMI: return "srun without an MPI plugin";
   }
   return "unknown launcher";
 }
 
 static const char *thread_level_name(int level) {
   switch (level) {
-  case MPI_THREAD_SINGLE:
-    return "MPI_THREAD_SINGLE";
-  case MPI_THREAD_FUNNELED:
-    return "MPI_THREAD_FUNNELED";
-  case MPI_THREAD_SERIALIZED:
-    return "MPI_THREAD_SERIALIZED";
-  case MPI_THREAD_MULTIPLE:
-    return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
   }
   return "unknown";
 }
@@ -94,8 +85,8 @@ static dt_status init_mpi_steps(dt_pg *pg) {
   DT_MPI_CHECK(MPI_Comm_rank(pg->world_comm, &pg->rank));
   DT_MPI_CHECK(MPI_Comm_size(pg->world_comm, &pg->world));
   MPI_Comm node = MPI_COMM_NULL;
-  DT_MPI_CHECK(MPI_Comm_split_type(pg->world_comm, MPI_COMM_TYPE_SHARED, pg->rank,
-                                   MPI_INFO_NULL, &node));
+  DT_MPI_CHECK(
+      MPI_Comm_split_type(pg->world_comm, MPI_COMM_TYPE_SHARED, pg->rank, MPI_INFO_NULL, &node));
   int rc1 = MPI_Comm_rank(node, &pg->local_rank);
   int rc2 = MPI_Comm_size(node, &pg->local_size);
   MPI_Comm_free(&node);
@@ -187,8 +178,8 @@ int dt_pg_uses_mpi(const dt_pg *pg) { return pg->uses_mpi; }
 int dt_pg_mpi_thread_level(const dt_pg *pg) { return pg->thread_level; }
 
 char *dt_pg_describe(const dt_pg *pg, char *buf, unsigned long cap) {
-  snprintf(buf, cap, "rank %d/%d (local %d/%d) on %s via %s", pg->rank, pg->world,
-           pg->local_rank, pg->local_size, pg->host,
+  snprintf(buf, cap, "rank %d/%d (local %d/%d) on %s via %s", pg->rank, pg->world, pg->local_rank,
+           pg->local_size, pg->host,
            pg->uses_mpi ? dt_launcher_name(pg->launcher) : "a single process");
   return buf;
 }

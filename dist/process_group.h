@@ -48,9 +48,9 @@ typedef struct dt_pg_config {
 
 typedef enum dt_launcher {
   DT_LAUNCHER_NONE = 0,
-  DT_LAUNCHER_OPEN_MPI,  /* mpirun: OMPI_COMM_WORLD_SIZE */
-  DT_LAUNCHER_PMIX,      /* srun --mpi=pmix and other PMIx launchers: PMIX_RANK */
-  DT_LAUNCHER_PMI,       /* MPICH hydra, srun --mpi=pmi2: PMI_RANK / PMI_SIZE */
+  DT_LAUNCHER_OPEN_MPI,     /* mpirun: OMPI_COMM_WORLD_SIZE */
+  DT_LAUNCHER_PMIX,         /* srun --mpi=pmix and other PMIx launchers: PMIX_RANK */
+  DT_LAUNCHER_PMI,          /* MPICH hydra, srun --mpi=pmi2: PMI_RANK / PMI_SIZE */
   DT_LAUNCHER_SLURM_NO_PMI, /* srun without an MPI plugin: SLURM_NTASKS > 1 only */
 } dt_launcher;
 
@@ -73,7 +73,7 @@ void dt_pg_destroy(dt_pg *pg);
 
 int dt_pg_rank(const dt_pg *pg);
 int dt_pg_world_size(const dt_pg *pg);
-int dt_pg_local_rank(const dt_pg *pg);  /* rank among the processes of this host */
+int dt_pg_local_rank(const dt_pg *pg); /* rank among the processes of this host */
 int dt_pg_local_size(const dt_pg *pg);
 const char *dt_pg_host(const dt_pg *pg); /* this process's host name */
 int dt_pg_uses_mpi(const dt_pg *pg);

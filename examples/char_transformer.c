@@ -1,8 +1,9 @@
 /* A character-level transformer on text of its own, through the public API: DDP under mpirun
- * (global batch 16 on any world), bf16, a checkpoint. cc FILE $(pkg-config --cflags --libs dtrain) */
+ * (global batch 16 on any world), bf16, a checkpoint. cc FILE $(pkg-config dtrain ...) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include "dtrain.h"
 
 enum { T = 32, C = 64, HEADS = 4, V = 96, BATCH = 16 }; /* V: printable ASCII */
@@ -16,7 +17,8 @@ static const char *TEXT =
     "queen with a plain face, on the throne of England; there were a king with a large jaw and a "
     "queen with a fair face, on the throne of France. In both countries it was clearer than "
     "crystal to the lords of the State preserves of loaves and fishes, that things in general "
-    "were settled for ever. It was the year of Our Lord one thousand seven hundred and seventy-five.";
+    "were settled for ever. It was the year of Our Lord one thousand seven hundred and "
+    "seventy-five.";
 
 typedef struct tiny { /* the children, and the learned positions (T, C) */
   dt_module *tok, *ln1, *qkv, *proj, *ln2, *fc, *gelu, *out, *ln_f, *head;
@@ -93,11 +95,8 @@ static dt_status text_open(const dt_task *task, const dt_task_data *data, const 
   int64_t from = strcmp(split, "train") ? cut : 0, to = strcmp(split, "train") ? len : cut;
   int64_t n = (to - from - T - 1) / 2 + 1; /* a window every 2 characters */
   int32_t *x = malloc(n * T * sizeof *x), *y = malloc(n * T * sizeof *y);
-  for (int64_t i = 0; i < n; i++)
-    for (int j = 0; j < T; j++) {
-      x[i * T + j] = TEXT[from + 2 * i + j] - 32;
-      y[i * T + j] = TEXT[from + 2 * i + j + 1] - 32;
-    }
+  for (int64_t k = 0; k < n * T; k++) /* window k / T, character k % T */
+    y[k] = TEXT[from + 2 * (k / T) + k % T + 1] - 32, x[k] = TEXT[from + 2 * (k / T) + k % T] - 32;
   dt_sample_layout lay = {DT_DTYPE_I32, 1, {T}, DT_DTYPE_I32, 1, {T}};
   dt_status st = dt_dataset_from_memory(&lay, x, y, n, V, out);
   free(x), free(y);
@@ -109,11 +108,13 @@ static dt_status next_char_loss(dt_tensor *y, dt_tensor *target, dt_reduction r,
 }
 
 static const dt_task_data TEXT_DATA = {"tiny-text", V, 0.0f, 1.0f, text_open};
-static const dt_task TASK = {
-    .name = "tiny-char-transformer", .summary = "1 block, 64 wide", .build = tiny_build,
-    .input_ndim = 1, .input_shape = {T}, .input_dtype = DT_DTYPE_I32, .input_range = V,
-    .num_classes = V, .sequence_targets = true, .data = &TEXT_DATA, .n_data = 1,
+/* The task (models/tasks.h): the model, its input, its data, the loss, what evaluates. */
+/* clang-format off */
+static const dt_task TASK = {.name = "tiny-char-transformer", .summary = "1 block, 64 wide",
+    .build = tiny_build, .input_ndim = 1, .input_shape = {T}, .input_dtype = DT_DTYPE_I32,
+    .input_range = V, .num_classes = V, .sequence_targets = true, .data = &TEXT_DATA, .n_data = 1,
     .loss = next_char_loss, .eval_split = "val", .result = DT_TASK_RESULT_LOSS};
+/* clang-format on */
 
 static dt_status on_saved(void *user, const char *dir, int64_t step) {
   printf("checkpoint of step %lld: %s\n", (long long)step, dir), (void)user;
@@ -138,13 +139,9 @@ int main(void) {
   cfg.precision = DT_PRECISION_BF16;
   cfg.run_dir_default = true; /* runs/<task>-<data>-<time>: the checkpoint at the end */
   cfg.hooks.checkpoint_saved = on_saved;
-  dt_train_result r;
-  dt_status st = dt_train_run(&cfg, rank == 0 ? stdout : NULL, &r);
+  dt_status st = dt_train_run(&cfg, rank == 0 ? stdout : NULL, NULL); /* ends val_loss=... */
   if (st != DT_OK)
     fprintf(stderr, "char_transformer: rank %d: %s\n", rank, dt_last_error());
-  else if (rank == 0)
-    printf("world %d: %lld steps, train_loss %.6f\n", world, (long long)r.optimizer_steps,
-           r.train_loss);
   dt_pg_destroy(pg);
   return st == DT_OK ? 0 : 1;
 }

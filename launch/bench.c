@@ -16,10 +16,10 @@
 #include "dist/replica.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
-#include "train/mfu.h"
 #include "launch/threads.h"
-#include "train/train_loop.h"
 #include "models/tasks.h"
+#include "train/mfu.h"
+#include "train/train_loop.h"
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -151,8 +151,8 @@ static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) 
   const dt_task_defaults *td = task->defaults;
   bool adamw = name && !strcmp(name, "adamw");
   if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
-    return (dt_optimizer_spec){DT_TRAIN_ADAMW, td->lr,    0.0f, td->weight_decay,
-                               false,          td->beta2, td->decay_matrices_only};
+    return (dt_optimizer_spec){
+        DT_TRAIN_ADAMW, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
   if (adamw)
     return (dt_optimizer_spec){DT_TRAIN_ADAMW, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
   return (dt_optimizer_spec){DT_TRAIN_SGD, 0.01f, 0.9f, 0.0f, false, d.beta2, false};

@@ -56,8 +56,8 @@ typedef struct dt_bench_config {
   const char *precision;    /* "fp32", "tf32", "bf16", "fp16"; NULL = tf32 on CUDA, else fp32 */
   /* "none", "bf16", "fp16": the reducer's 16-bit all-reduce (dist/ddp.h) */
   const char *grad_compress;
-  bool stochastic_rounding; /* of the 16-bit working copy of the weights (bf16, fp16) */
-  float split_bucket_mb;    /* DDP: split the last bucket's parameters above this (0 = off) */
+  bool stochastic_rounding;  /* of the 16-bit working copy of the weights (bf16, fp16) */
+  float split_bucket_mb;     /* DDP: split the last bucket's parameters above this (0 = off) */
   const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
 } dt_bench_config;
 
@@ -66,9 +66,9 @@ typedef struct dt_bench_config {
  * buckets 128 KiB then 25 MiB, zero stage 0; the task's context; the
  * device's default precision; no gradient compression, rounding to nearest;
  * no split buckets, the update per bucket (--bucket-update each). */
-#define DT_BENCH_CONFIG_DEFAULT                                                                    \
-  ((dt_bench_config){"mlp", "sgd", "cpu", 128, 100, 10, 0, 0, NULL, NULL, 300.0, 25.0f, 0.125f, 0, \
-                     0, NULL, "none", false, 0.0f, "each"})
+#define DT_BENCH_CONFIG_DEFAULT                                                       \
+  ((dt_bench_config){"mlp", "sgd", "cpu",  128, 100, 10,   0,      0,     NULL, NULL, \
+                     300.0, 25.0f, 0.125f, 0,   0,   NULL, "none", false, 0.0f, "each"})
 
 #define DT_BENCH_MAX_BUCKETS 32
 
@@ -101,7 +101,7 @@ typedef struct dt_bench_result {
    * all-reduce's time and the part of it before backward ended. */
   size_t bucket_bytes[DT_BENCH_MAX_BUCKETS];
   double bucket_allreduce_ms[DT_BENCH_MAX_BUCKETS], bucket_hidden_ms[DT_BENCH_MAX_BUCKETS];
-  double grad_mib;      /* the model's f32 gradients, in MiB */
+  double grad_mib; /* the model's f32 gradients, in MiB */
   /* Bytes handed to the all-reduces (ZeRO: reduce-scatters) per step: the
    * buckets' f32 bytes, halved by --grad-compress. */
   size_t allreduce_bytes;

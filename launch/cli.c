@@ -9,9 +9,9 @@
 #include "core/tensor.h"
 #include "dist/ddp.h"
 #include "launch/trace.h"
-#include "train/train_loop.h"
 #include "models/models.h"
 #include "models/tasks.h"
+#include "train/train_loop.h"
 
 const char *dt_cli_model_choices(void) {
   static char list[256];

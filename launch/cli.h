@@ -80,11 +80,11 @@ dt_flag dt_cli_flag_bucket_update(const char **target);
 /* The DDP flags of train and bench, in this order, as rows of a flag
  * table: --comm-backend, --comm-timeout, --bucket-cap-mb, --first-bucket-mb,
  * --split-bucket-mb, --bucket-update, --zero, --grad-compress. */
-#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb,            \
-                         split_bucket_mb, bucket_update, zero, grad_compress)                   \
-  dt_cli_flag_comm_backend(comm_backend), dt_cli_flag_comm_timeout(comm_timeout),               \
-      dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb),   \
-      dt_cli_flag_split_bucket_mb(split_bucket_mb), dt_cli_flag_bucket_update(bucket_update),   \
+#define DT_CLI_DDP_FLAGS(comm_backend, comm_timeout, bucket_cap_mb, first_bucket_mb,          \
+                         split_bucket_mb, bucket_update, zero, grad_compress)                 \
+  dt_cli_flag_comm_backend(comm_backend), dt_cli_flag_comm_timeout(comm_timeout),             \
+      dt_cli_flag_bucket_cap_mb(bucket_cap_mb), dt_cli_flag_first_bucket_mb(first_bucket_mb), \
+      dt_cli_flag_split_bucket_mb(split_bucket_mb), dt_cli_flag_bucket_update(bucket_update), \
       dt_cli_flag_zero(zero), dt_cli_flag_grad_compress(grad_compress)
 
 /* The sampling flags of train and sample over a dt_sample_config

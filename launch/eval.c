@@ -12,10 +12,10 @@
 #include "core/env.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "models/tasks.h"
 #include "train/sample.h"
 #include "train/train_checkpoint.h"
 #include "train/train_loop.h"
-#include "models/tasks.h"
 
 /* A checkpoint's model, loaded. */
 typedef struct ckpt_model {

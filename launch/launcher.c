@@ -1,8 +1,6 @@
 #define _GNU_SOURCE
 #include "launch/launcher.h"
 
-#include "dist/comm.h"
-
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -15,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/env.h"
+#include "dist/comm.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
 
@@ -132,10 +131,10 @@ static int physical_cores_available(void) {
 
 /* The user placed the ranks already through --mpirun-arg. */
 static bool placement_set_by_user(const dt_flag_list *extra) {
-  static const char *const options[] = {"--bind-to", "-bind-to", "--map-by", "-map-by",
-                                        "--cpu-set", "-cpu-set", "--rankfile", "-rf",
-                                        "--use-hwthread-cpus", "-use-hwthread-cpus",
-                                        "--cpus-per-proc", "-cpus-per-proc"};
+  static const char *const options[] = {
+      "--bind-to",           "-bind-to",           "--map-by",        "-map-by",
+      "--cpu-set",           "-cpu-set",           "--rankfile",      "-rf",
+      "--use-hwthread-cpus", "-use-hwthread-cpus", "--cpus-per-proc", "-cpus-per-proc"};
   for (int i = 0; i < extra->n; i++)
     for (size_t j = 0; j < sizeof options / sizeof options[0]; j++)
       if (!strncmp(extra->items[i], options[j], strlen(options[j])))
@@ -227,8 +226,8 @@ static void print_shell_word(FILE *out, const char *s) {
 
 /* Why a job ended, and whether a restart from its last checkpoint can
  * help: a rank that died (killed by a signal: mpirun exits 128+N, or its
- * own status, or 69 from a rank that found its process gone) or the watchdog (70). Errors (1), a bad command line (2) and
- * a requested stop (75) are final. */
+ * own status, or 69 from a rank that found its process gone) or the watchdog (70). Errors (1), a
+ * bad command line (2) and a requested stop (75) are final. */
 static bool restartable(int status, char *why, size_t cap) {
   if (WIFSIGNALED(status)) {
     snprintf(why, cap, "mpirun was killed by signal %d", WTERMSIG(status));

@@ -36,9 +36,9 @@
 #include "launch/tokenize.h"
 #include "launch/top.h"
 #include "launch/trace.h"
+#include "models/tasks.h"
 #include "train/train_checkpoint.h"
 #include "train/train_loop.h"
-#include "models/tasks.h"
 
 /* A command has one of the two: train and bench run in the process group
  * (run_in_group), the others on their own (run). */
@@ -300,8 +300,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   ok = ok && (!devices || dt_cli_parse_devices(devices, cfg.devices, DT_TRAIN_MAX_DEVICES,
                                                &cfg.n_devices) == DT_OK);
   ok = ok && (!precision || dt_precision_parse(precision, &cfg.precision) == DT_OK);
-  ok = ok && (!debug_overflow || dt_cli_parse_debug_overflow(debug_overflow, &cfg.debug_overflow_rank,
-                                                             &cfg.debug_overflow_step) == DT_OK);
+  ok = ok &&
+       (!debug_overflow || dt_cli_parse_debug_overflow(debug_overflow, &cfg.debug_overflow_rank,
+                                                       &cfg.debug_overflow_step) == DT_OK);
   ok = ok && dt_ddp_grad_compress_parse(grad_compress, &cfg.grad_compress) == DT_OK;
   ok = ok && dt_trace_parse_steps(trace_steps, &obs->trace_first, &obs->trace_last) == DT_OK;
   if (!ok) { /* the data set's name against the model's own ones, a device the build lacks */
@@ -314,9 +315,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                                                  : DT_LR_DECAY_COSINE;
   cfg.mode = !strcmp(mode, "dp") ? DT_TRAIN_MODE_DP : DT_TRAIN_MODE_DDP;
   cfg.update_per_bucket = !strcmp(bucket_update, "each");
-  cfg.resume = !resume                  ? DT_TRAIN_RESUME_NONE
+  cfg.resume = !resume                   ? DT_TRAIN_RESUME_NONE
                : !strcmp(resume, "auto") ? DT_TRAIN_RESUME_AUTO
-                                        : DT_TRAIN_RESUME_PATH;
+                                         : DT_TRAIN_RESUME_PATH;
   cfg.resume_path = cfg.resume == DT_TRAIN_RESUME_PATH ? resume : NULL;
   cfg.nesterov = nesterov;
   cfg.allow_unused = allow_unused;

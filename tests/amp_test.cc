@@ -572,8 +572,7 @@ std::vector<std::vector<float>> Run(dt_dtype d, const std::vector<In> &ins, cons
     int64_t n = 1;
     for (int64_t e : ins[k].shape)
       n *= e;
-    dt_tensor *t = dtt::MakeTensor(dtt::RandomValues((size_t)n, 60 + k, -2.0f, 2.0f),
-                                   ins[k].shape);
+    dt_tensor *t = dtt::MakeTensor(dtt::RandomValues((size_t)n, 60 + k, -2.0f, 2.0f), ins[k].shape);
     dt_tensor *leaf = t, *arg = nullptr;
     if (ins[k].half) {
       EXPECT_EQ(DT_OK, dt_tensor_to_dtype(t, d, &leaf)) << dt_last_error();
@@ -656,18 +655,18 @@ TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
   };
   const std::vector<int64_t> rows = {37, 300}, d = {300};  // several blocks of rows
   const std::vector<Case> cases = {
-      {"softmax", {{{5, 3000}, true}}, [](auto &x, dt_tensor **o) {
-         return dt_op_softmax(x[0], -1, o);
-       }},
-      {"log_softmax", {{rows, true}}, [](auto &x, dt_tensor **o) {
-         return dt_op_log_softmax(x[0], -1, o);
-       }},
-      {"causal_softmax", {{{2, 3, 40, 40}, true}}, [](auto &x, dt_tensor **o) {
-         return dt_op_causal_softmax(x[0], o);
-       }},
-      {"layer_norm", {{rows, true}, {d, false}, {d, false}}, [](auto &x, dt_tensor **o) {
-         return dt_op_layer_norm(x[0], x[1], x[2], 1e-5f, o);
-       }},
+      {"softmax",
+       {{{5, 3000}, true}},
+       [](auto &x, dt_tensor **o) { return dt_op_softmax(x[0], -1, o); }},
+      {"log_softmax",
+       {{rows, true}},
+       [](auto &x, dt_tensor **o) { return dt_op_log_softmax(x[0], -1, o); }},
+      {"causal_softmax",
+       {{{2, 3, 40, 40}, true}},
+       [](auto &x, dt_tensor **o) { return dt_op_causal_softmax(x[0], o); }},
+      {"layer_norm",
+       {{rows, true}, {d, false}, {d, false}},
+       [](auto &x, dt_tensor **o) { return dt_op_layer_norm(x[0], x[1], x[2], 1e-5f, o); }},
       {"residual_layer_norm 16-bit x",
        {{rows, true}, {rows, false}, {d, false}, {d, false}},
        dtt::ResidualLayerNormBoth},
@@ -697,8 +696,12 @@ TEST(AutocastOps, PoolingOfHalfInputsEqualsTheWidenedPathBitForBit) {
   };
   const Case cases[] = {
       {"max_pool2d 2x2 (LeNet's)", dt_op_max_pool2d, {16, 6, 28, 28}, 2, 2, 0},
-      {"max_pool2d 3x3 stride 1 padded (overlapping windows)", dt_op_max_pool2d, {3, 4, 9, 7}, 3,
-       1, 1},
+      {"max_pool2d 3x3 stride 1 padded (overlapping windows)",
+       dt_op_max_pool2d,
+       {3, 4, 9, 7},
+       3,
+       1,
+       1},
       {"avg_pool2d 2x2", dt_op_avg_pool2d, {16, 6, 28, 28}, 2, 2, 0},
       {"avg_pool2d 3x3 stride 2 padded", dt_op_avg_pool2d, {3, 4, 9, 7}, 3, 2, 1},
   };

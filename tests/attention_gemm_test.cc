@@ -171,7 +171,8 @@ TEST(AttentionGemm, AnUnknownPathIsRefused) {
   dt_tensor *qkv = dtt::RandomTensor({1, 4, 6}, 5);
   dt_tensor *y = nullptr;
   EXPECT_EQ(DT_ERR_INVALID_ARG, dt_op_causal_attention(qkv, 1, &y));
-  EXPECT_NE(std::string(dt_last_error()).find("DT_ATTENTION"), std::string::npos) << dt_last_error();
+  EXPECT_NE(std::string(dt_last_error()).find("DT_ATTENTION"), std::string::npos)
+      << dt_last_error();
   EXPECT_EQ(y, nullptr);
   dt_tensor_release(qkv);
 }

@@ -213,11 +213,10 @@ TEST_P(ThreadCounts, HalfPoolingIsTheF32KernelsOfTheWidenedInputsRoundedBitForBi
   for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
     for (const dt_conv2d_geom &g : geoms) {
       const size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
-      const std::string what = std::string(dt_dtype_name(d)) + " " + std::to_string(g.n) + "x" +
-                               std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
-                               std::to_string(g.w) + " k" + std::to_string(g.kh) + "x" +
-                               std::to_string(g.kw) + " s" + std::to_string(g.sh) + " p" +
-                               std::to_string(g.ph);
+      const std::string what =
+          std::string(dt_dtype_name(d)) + " " + std::to_string(g.n) + "x" + std::to_string(g.c) +
+          "x" + std::to_string(g.h) + "x" + std::to_string(g.w) + " k" + std::to_string(g.kh) +
+          "x" + std::to_string(g.kw) + " s" + std::to_string(g.sh) + " p" + std::to_string(g.ph);
       Half x = MakeHalf(d, nx, 51, -4.0f, 4.0f), dy = MakeHalf(d, ny, 52, -2.0f, 2.0f);
       x.bits[nx / 3] = d == DT_DTYPE_BF16 ? 0x7fc0 : 0x7e00;  // a quiet NaN wins its window
       x.wide[nx / 3] = NAN;
@@ -262,8 +261,8 @@ TEST_P(ThreadCounts, HalfDropoutIsTheF32KernelOfTheWidenedInputsRoundedBitForBit
   for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
     for (size_t n : {(size_t)3, (size_t)2048, (size_t)2049, (size_t)100003})
       for (float p : {0.3f, 0.5f, 1.0f}) {
-        const std::string what = std::string(dt_dtype_name(d)) + " n " + std::to_string(n) +
-                                 " p " + std::to_string(p);
+        const std::string what =
+            std::string(dt_dtype_name(d)) + " n " + std::to_string(n) + " p " + std::to_string(p);
         const uint64_t seed = 99, offset = 12345;
         Half x = MakeHalf(d, n, 61, -4.0f, 4.0f), dy = MakeHalf(d, n, 62, -2.0f, 2.0f);
         x.bits[n / 2] = d == DT_DTYPE_BF16 ? 0x7fc0 : 0x7e00;
@@ -274,16 +273,16 @@ TEST_P(ThreadCounts, HalfDropoutIsTheF32KernelOfTheWidenedInputsRoundedBitForBit
         ASSERT_EQ(DT_OK, dt_kernel_dropout_forward(cpu_exec(), x.wide.data(), y32.data(),
                                                    mask32.data(), (int64_t)n, p, seed, offset));
         ASSERT_EQ(DT_OK, dt_kernel_dropout_forward(ExecOf(d), x.data(),
-                                                   reinterpret_cast<float *>(y.data()),
-                                                   mask.data(), (int64_t)n, p, seed, offset))
+                                                   reinterpret_cast<float *>(y.data()), mask.data(),
+                                                   (int64_t)n, p, seed, offset))
             << dt_last_error();
         EXPECT_EQ(mask, mask32) << what << " mask";
         EXPECT_TRUE(SameCodes(y, Rounded(d, y32), what + " y"));
         ASSERT_EQ(DT_OK, dt_kernel_dropout_backward(cpu_exec(), dy.wide.data(), mask32.data(),
                                                     dx32.data(), (int64_t)n, p));
-        ASSERT_EQ(DT_OK, dt_kernel_dropout_backward(ExecOf(d), dy.data(), mask.data(),
-                                                    reinterpret_cast<float *>(dx.data()),
-                                                    (int64_t)n, p))
+        ASSERT_EQ(DT_OK,
+                  dt_kernel_dropout_backward(ExecOf(d), dy.data(), mask.data(),
+                                             reinterpret_cast<float *>(dx.data()), (int64_t)n, p))
             << dt_last_error();
         EXPECT_TRUE(SameCodes(dx, Rounded(d, dx32), what + " dx"));
       }

@@ -160,8 +160,8 @@ TEST_F(CudaBackend, HalfGemmThroughCublasLtMatchesTheCpu) {
               c0 = Rand(off + batch * sc, 35);
           std::vector<uint16_t> ah = Half(a, t), bh = Half(b, t);
           Vec ar = Widen(ah, t), br = Widen(bh, t), want = c0;
-          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 0.5f, ar.data() + off, lda, sa,
-                            br.data() + off, ldb, sb, 0.25f, want.data() + off, n, sc, batch));
+          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 0.5f, ar.data() + off, lda, sa, br.data() + off,
+                            ldb, sb, 0.25f, want.data() + off, n, sc, batch));
           uint16_t *da = Up(ah), *db = Up(bh);
           float *dc = Up(c0);
           dt_exec hex = gex_;
@@ -175,8 +175,8 @@ TEST_F(CudaBackend, HalfGemmThroughCublasLtMatchesTheCpu) {
           OK(dt_cuda_gemm_ex(dev_, ta, tb, m, n, k, 1.0f, da + off, lda, 0, db + off, ldb, 0, t,
                              0.0f, dh + off, n, 0, t, 1));
           Vec want1(sc, 0.0f);
-          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 1.0f, ar.data() + off, lda, 0,
-                            br.data() + off, ldb, 0, 0.0f, want1.data(), n, 0, 1));
+          OK(dt_kernel_gemm(&cex_, ta, tb, m, n, k, 1.0f, ar.data() + off, lda, 0, br.data() + off,
+                            ldb, 0, 0.0f, want1.data(), n, 0, 1));
           std::vector<uint16_t> got16 = Down(dh, off + sc);
           got16.erase(got16.begin(), got16.begin() + off);
           const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
@@ -208,10 +208,9 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
         std::vector<uint16_t> want((size_t)sh.m * sh.n);
         dt_exec cex = cex_, hex = gex_;
         cex.dtype = hex.dtype = t;
-        OK(dt_kernel_linear_forward(&cex, sh.m, sh.n, sh.k, (const float *)x.data(),
-                                    (const float *)w.data(),
-                                    with_bias ? (const float *)b.data() : nullptr,
-                                    (float *)want.data()));
+        OK(dt_kernel_linear_forward(
+            &cex, sh.m, sh.n, sh.k, (const float *)x.data(), (const float *)w.data(),
+            with_bias ? (const float *)b.data() : nullptr, (float *)want.data()));
         uint16_t *dx = Up(x), *dw = Up(w), *dbias = Up(b);
         auto *dy = static_cast<uint16_t *>(Alloc(want.size() * 2));
         OK(dt_kernel_linear_forward(&hex, sh.m, sh.n, sh.k, (const float *)dx, (const float *)dw,
@@ -392,8 +391,8 @@ TEST_F(CudaBackend, OptimizersWriteTheCpusWorkingCopy) {
       EXPECT_EQ(Down(dp, n), p) << "adamw parameters";
       EXPECT_EQ(Down(dh, n), h) << "adamw " << dt_dtype_name(t) << " stochastic " << stochastic;
       dt_half_out sout = {hs.data(), t, stochastic, 78, 0}, dsout = {dhs, t, stochastic, 78, 0};
-      OK(dt_kernel_sgd_update(&cex_, p.data(), g.data(), m.data(), n, 0.05f, 0.9f, 0.0f, 0.0f, 0,
-                              0, &sout));
+      OK(dt_kernel_sgd_update(&cex_, p.data(), g.data(), m.data(), n, 0.05f, 0.9f, 0.0f, 0.0f, 0, 0,
+                              &sout));
       OK(dt_kernel_sgd_update(&gex_, dp, dg, dm, n, 0.05f, 0.9f, 0.0f, 0.0f, 0, 0, &dsout));
       EXPECT_EQ(Down(dp, n), p) << "sgd parameters";
       EXPECT_EQ(Down(dhs, n), hs) << "sgd " << dt_dtype_name(t) << " stochastic " << stochastic;

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -247,9 +247,8 @@ TEST(HalfIsa, EveryPathNarrowsAsScalar) {
         std::vector<uint16_t> out(n);
         ASSERT_DT_OK(dt_half_from_f32(t, x.data() + start, out.data(), n));
         for (int64_t i = 0; i < n; i++)
-          ASSERT_EQ(out[i], want[start + i])
-              << dt_half_isa_name(isa) << " " << dt_dtype_name(t) << " f32 bits " << std::hex
-              << f32_bits(x[start + i]);
+          ASSERT_EQ(out[i], want[start + i]) << dt_half_isa_name(isa) << " " << dt_dtype_name(t)
+                                             << " f32 bits " << std::hex << f32_bits(x[start + i]);
       }
     }
   }

@@ -47,7 +47,7 @@ void check_train_step(dt_module *m, int64_t n) {
   ASSERT_DT_OK(dt_tensor_item(loss, 0, &l));
   EXPECT_TRUE(std::isfinite(l));
   EXPECT_GT(l, 0.0);
-  EXPECT_LT(l, 10.0); // about ln(10) at initialisation
+  EXPECT_LT(l, 10.0);  // about ln(10) at initialisation
   ASSERT_DT_OK(dt_backward(loss, nullptr));
   for (int i = 0; i < dt_module_num_parameters(m); i++) {
     const char *name = nullptr;
@@ -147,4 +147,4 @@ TEST(Models, MlpInputOfWrongSizeIsAShapeError) {
   dt_module_destroy(m);
 }
 
-} // namespace
+}  // namespace

@@ -384,7 +384,9 @@ void AddLanguageModelCases(std::vector<OpCase> *table) {
            {X({a.b, a.t, 3 * a.h * a.hd}).Range(-2, 2)},
            // not checked against the matmul definition: under autocast that
            // rounds other intermediates (the scores) than the fused kernel
-           [heads](const V &x, dt_tensor **out) { return dt_op_causal_attention(x[0], heads, out); },
+           [heads](const V &x, dt_tensor **out) {
+             return dt_op_causal_attention(x[0], heads, out);
+           },
            kReduction,
            a.flags});
     }

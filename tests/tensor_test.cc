@@ -1,4 +1,6 @@
 // Tensor API and the autograd engine (the ops themselves: ops_*_test.cc).
+#include "core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +10,6 @@
 #include "core/autograd.h"
 #include "core/memory.h"
 #include "core/ops.h"
-#include "core/tensor.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -52,7 +53,7 @@ TEST(Tensor, HugeShapeIsRefusedNotWrapped) {
   EXPECT_EQ(dt_tensor_empty(shape, 2, DT_DTYPE_F32, DT_CPU, &t), DT_ERR_SHAPE);
   EXPECT_EQ(t, nullptr);
   EXPECT_NE(std::string(dt_last_error()).find("too large"), std::string::npos);
-  const int64_t bytes_wrap[1] = {INT64_C(1) << 62}; // 2^62 elements x 4 bytes
+  const int64_t bytes_wrap[1] = {INT64_C(1) << 62};  // 2^62 elements x 4 bytes
   EXPECT_EQ(dt_tensor_zeros(bytes_wrap, 1, DT_DTYPE_F32, DT_CPU, &t), DT_ERR_SHAPE);
 }
 
@@ -149,9 +150,9 @@ TEST(Autograd, FailedBackwardLeavesLiveGraphUsable) {
   dt_tensor *y, *ys, *t, *both, *bs, *ts;
   ASSERT_EQ(dt_op_scale(x, 2.0f, &y), DT_OK);
   ASSERT_EQ(dt_op_sum(y, nullptr, 0, 0, &ys), DT_OK);
-  ASSERT_EQ(dt_backward(ys, nullptr), DT_OK) << dt_last_error(); // frees y's graph
+  ASSERT_EQ(dt_backward(ys, nullptr), DT_OK) << dt_last_error();  // frees y's graph
   ASSERT_EQ(dt_op_scale(x, 3.0f, &t), DT_OK);
-  ASSERT_EQ(dt_op_add(t, y, &both), DT_OK); // t live, y freed
+  ASSERT_EQ(dt_op_add(t, y, &both), DT_OK);  // t live, y freed
   ASSERT_EQ(dt_op_sum(both, nullptr, 0, 0, &bs), DT_OK);
   EXPECT_EQ(dt_backward(bs, nullptr), DT_ERR_STATE);
   EXPECT_EQ(ToVector(dt_tensor_grad(x)), (std::vector<float>{2, 2}));
@@ -204,9 +205,9 @@ TEST(Autograd, GradReadyHookFiresOnceWithCompleteGradient) {
   dt_hook_handle h;
   ASSERT_EQ(dt_tensor_add_grad_ready_hook(w, dtt::RecordGradReady, &log, &h), DT_OK);
   dt_tensor *a, *b, *c, *d, *s;
-  ASSERT_EQ(dt_op_mul(w, w, &a), DT_OK);       // grad 2w
+  ASSERT_EQ(dt_op_mul(w, w, &a), DT_OK);  // grad 2w
   ASSERT_EQ(dt_op_add(a, other, &b), DT_OK);
-  ASSERT_EQ(dt_op_mul(b, w, &c), DT_OK);       // (w^2 + o) w
+  ASSERT_EQ(dt_op_mul(b, w, &c), DT_OK);  // (w^2 + o) w
   ASSERT_EQ(dt_op_sum(c, nullptr, 0, 0, &s), DT_OK);
   ASSERT_EQ(dt_backward(s, nullptr), DT_OK) << dt_last_error();
   EXPECT_EQ(log.fired, 1);

@@ -14,7 +14,6 @@
 
 namespace {
 
-
 // A shard whose token i is i % 50000: a window is known by its first token.
 struct CountingShard {
   std::vector<uint16_t> tokens;

@@ -648,8 +648,8 @@ static dt_status write_config_json(const dt_train_ckpt *ck) {
       (long long)r->schedule->total_steps, dt_train_optimizer_name(c->optimizer), (double)c->lr,
       (double)c->momentum, c->nesterov ? "true" : "false", (double)c->weight_decay,
       dt_train_schedule_name(c->schedule), c->warmup, c->step_size, (double)c->gamma,
-      (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed, c->eval_batch,
-      c->save_every, c->keep, resume, ck->run_dir);
+      (double)c->min_lr, (double)c->clip, (unsigned long long)c->seed, c->eval_batch, c->save_every,
+      c->keep, resume, ck->run_dir);
   if (n < 0 || (size_t)n >= sizeof buf)
     return DT_ERROR(DT_ERR_INTERNAL, "config.json too long");
   dt_ckpt_chunk chunk = {buf, (size_t)n};

@@ -147,8 +147,8 @@ static dt_status check_ranges(const dt_train_config *c) {
                     "`epochs` (%d), `batch` (%d), `accum` (%d) and `eval_batch` (%d) must be >= 1",
                     c->epochs, c->batch, c->accum, c->eval_batch);
   if (c->warmup < 0 || c->step_size < 0 || c->log_interval < 0 || c->max_steps < 0 ||
-      c->threads < 0 || c->ctx < 0 || c->val_every < 0 || c->val_batches < 0 ||
-      c->save_every < 0 || c->keep < 0)
+      c->threads < 0 || c->ctx < 0 || c->val_every < 0 || c->val_batches < 0 || c->save_every < 0 ||
+      c->keep < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`warmup`, `step_size`, `log_interval`, `max_steps`, `threads`, `ctx`, "
                     "`val_every`, `val_batches`, `save_every` and `keep` must be >= 0");

@@ -108,14 +108,14 @@ typedef struct dt_train_config {
   int eval_batch;           /* batch size for evaluation */
 
   /* Distributed. */
-  dt_pg *pg;          /* borrowed; NULL or world 1 = one process */
-  dt_train_mode mode; /* DDP (default) or DP */
+  dt_pg *pg;                               /* borrowed; NULL or world 1 = one process */
+  dt_train_mode mode;                      /* DDP (default) or DP */
   dt_device devices[DT_TRAIN_MAX_DEVICES]; /* mode DP: the replicas' devices */
   int n_devices;
   dt_comm_backend_choice comm_backend; /* how gradients are reduced (auto) */
-  double comm_timeout;    /* seconds per collective before the watchdog aborts (300) */
-  float bucket_cap_mb;    /* DDP bucket size after the first (25) */
-  float first_bucket_mb;  /* DDP first bucket (0.125) */
+  double comm_timeout;                 /* seconds per collective before the watchdog aborts (300) */
+  float bucket_cap_mb;                 /* DDP bucket size after the first (25) */
+  float first_bucket_mb;               /* DDP first bucket (0.125) */
   float split_bucket_mb;  /* DDP: split the last bucket's parameters above this (0 = off) */
   bool update_per_bucket; /* DDP: update each bucket as its reduction arrives (true) */
   bool allow_unused;      /* DDP: zero-fill gradients of unused parameters */
@@ -144,8 +144,8 @@ typedef struct dt_train_config {
   int val_batches;          /* eval batches those take, 0 = the whole split */
   dt_sample_config sample;  /* text tasks: samples at the end (and every sample.every steps) */
 
-  bool quiet;            /* no header lines */
-  dt_train_hooks hooks;  /* what the run shows of itself, when to stop (train_hooks.h) */
+  bool quiet;           /* no header lines */
+  dt_train_hooks hooks; /* what the run shows of itself, when to stop (train_hooks.h) */
 } dt_train_config;
 
 /* LeNet-5 on fashion-mnist under "data" (the task is looked up here), cpu,
@@ -165,11 +165,11 @@ dt_train_config dt_train_config_default(void);
 void dt_train_apply_task_defaults(dt_train_config *cfg, const dt_task *task);
 
 /* Every check of a configuration that needs no device, data or peer:
- * ranges, combinations (dp needs devices, fp16's overflow test needs fp16, stochastic rounding a 16-bit
- * precision, tf32 a CUDA device, resume auto a run directory, a context
- * only for sequence tasks and within the task's). DT_ERR_INVALID_ARG
- * naming the fields (`field`). dt_train_run calls it first, and refuses
- * at run time what depends on the process group (dp on more than one rank). */
+ * ranges, combinations (dp needs devices, fp16's overflow test needs fp16, stochastic rounding a
+ * 16-bit precision, tf32 a CUDA device, resume auto a run directory, a context only for sequence
+ * tasks and within the task's). DT_ERR_INVALID_ARG naming the fields (`field`). dt_train_run calls
+ * it first, and refuses at run time what depends on the process group (dp on more than one rank).
+ */
 dt_status dt_train_config_validate(const dt_train_config *cfg);
 
 #ifdef __cplusplus

@@ -11,19 +11,19 @@
 #include "core/device.h"
 #include "core/module.h"
 #include "core/status.h"
+#include "models/tasks.h"
 #include "train/mfu.h"
 #include "train/train_loop.h"
-#include "models/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* " tokens/s N" for sequence tasks and " mfu X.X%" for tasks with
- * flops_per_sample (peak: train/mfu.h, times `world` devices, the CPU roof kept in *cache; " mfu n/a
- * (above the measured roof)" when the run beat a CPU roof measured again)
- * into buf; "" when the task has neither. samples_per_s counts every
- * rank. Returns the MFU in [0, 1], -1 when there is none to report. */
+ * flops_per_sample (peak: train/mfu.h, times `world` devices, the CPU roof kept in *cache; " mfu
+ * n/a (above the measured roof)" when the run beat a CPU roof measured again) into buf; "" when the
+ * task has neither. samples_per_s counts every rank. Returns the MFU in [0, 1], -1 when there is
+ * none to report. */
 double dt_train_throughput_text(const dt_task *task, dt_device dev, dt_precision precision,
                                 dt_mfu_cache *cache, int world, double samples_per_s, char *buf,
                                 size_t cap);

@@ -18,9 +18,7 @@
 #include "dist/dp.h"
 #include "train/train_checkpoint.h"
 #include "train/train_lm.h"
-
 #include "train/train_state_internal.h"
-
 
 static double now_seconds(void) {
   struct timespec ts;
@@ -368,14 +366,15 @@ static void log_header(FILE *log, const dt_train_config *c, train_state *s) {
              "dtrain train: ddp world %d (%s): per-rank batch %d, global batch %d; buckets %d "
              "(first %g MiB, then %g MiB) over %s, comm timeout %g s, zero %d, grad-compress %s\n",
              s->world, dt_pg_describe(c->pg, who, sizeof who), c->batch, s->world * c->batch,
-             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb, dt_train_comm_description(s),
-             c->comm_timeout, c->zero, compress);
+             dt_ddp_num_buckets(s->ddp), c->first_bucket_mb, c->bucket_cap_mb,
+             dt_train_comm_description(s), c->comm_timeout, c->zero, compress);
   }
   log_line(log, c,
            "dtrain train: epochs %d batch %d (global %d) accum %d optimizer %s lr %g schedule %s "
            "warmup %d seed %llu\n",
-           c->epochs, c->batch, s->world * c->batch, c->accum, dt_train_optimizer_name(c->optimizer),
-           c->lr, dt_train_schedule_name(c->schedule), c->warmup, (unsigned long long)c->seed);
+           c->epochs, c->batch, s->world * c->batch, c->accum,
+           dt_train_optimizer_name(c->optimizer), c->lr, dt_train_schedule_name(c->schedule),
+           c->warmup, (unsigned long long)c->seed);
 }
 
 /* The hooks' start: the run's facts (what the progress display, metrics,

@@ -110,9 +110,9 @@ dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options
  * an Inf at optimizer step overflow_step, overflow_rank -1 = never); the
  * CUDA backend's TF32 setting for fp32 (off) and tf32 (on). tf32 on the
  * CPU, or an overflow test without fp16, is DT_ERR_INVALID_ARG. */
-dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank,
-                                   int64_t overflow_step, dt_device dev, int rank,
-                                   dt_step_config *step, dt_grad_scaler *scaler);
+dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank, int64_t overflow_step,
+                                   dt_device dev, int rank, dt_step_config *step,
+                                   dt_grad_scaler *scaler);
 /* Stochastic rounding of the working copy after dt_train_precision_setup
  * (seeded by `seed`); it needs step->autocast bf16 or f16
  * (DT_ERR_INVALID_ARG otherwise). */

@@ -46,8 +46,7 @@ void dt_train_ckpt_config_lines(const dt_train_ckpt_run *r, char *buf, size_t ca
            c->nesterov ? 1 : 0, (double)c->weight_decay, dt_train_schedule_name(c->schedule),
            c->warmup, step_size, (double)c->gamma, (double)c->min_lr,
            (long long)r->schedule->total_steps, (double)c->clip, (unsigned long long)c->seed,
-           (double)c->beta2, c->decay_matrices_only ? 1 : 0,
-           dt_precision_name(c->precision));
+           (double)c->beta2, c->decay_matrices_only ? 1 : 0, dt_precision_name(c->precision));
 }
 
 /* A value as the user wrote it: "0.05", not "0.0500000007", unless %g

@@ -98,9 +98,9 @@ dt_status dt_train_rounding_setup(bool stochastic, uint64_t seed, dt_step_config
   return DT_OK;
 }
 
-dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank,
-                                   int64_t overflow_step, dt_device dev, int rank,
-                                   dt_step_config *step, dt_grad_scaler *scaler) {
+dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank, int64_t overflow_step,
+                                   dt_device dev, int rank, dt_step_config *step,
+                                   dt_grad_scaler *scaler) {
   bool cuda = dev.type == DT_DEVICE_CUDA;
   dt_precision p = dt_precision_resolve(precision, dev.type);
   if ((int)p < 0 || p >= DT_PRECISION_COUNT)

@@ -244,8 +244,8 @@ static dt_status plan_steps(const dt_train_config *c, train_state *s) {
     return dt_error_wrap(st,
                          "`schedule` %s over %lld optimizer steps (`warmup` %d, `min_lr` %g, "
                          "`gamma` %g)",
-                         dt_train_schedule_name(c->schedule), (long long)ls->total_steps, c->warmup, (double)c->min_lr,
-                         (double)c->gamma);
+                         dt_train_schedule_name(c->schedule), (long long)ls->total_steps, c->warmup,
+                         (double)c->min_lr, (double)c->gamma);
   return DT_OK;
 }
 

@@ -38,14 +38,14 @@ typedef struct train_state {
   dt_comm *comm; /* DDP (world > 1) */
   dt_ddp *ddp;
   int rank, world;
-  double first_loss;     /* the run's first micro-batch loss (0 = not yet, -1 = none) */
-  dt_train_ckpt *ck;     /* run directory and checkpoints, NULL = none */
-  dt_train_position pos; /* after the last optimizer step (or the resumed one) */
-  bool stopped;          /* a stop was requested (should_stop): saved, ending */
-  int stop_code;         /* should_stop's answer (the largest over the ranks) */
-  dt_step_stats stats;   /* the gradient norm for the metrics */
-  dt_grad_scaler scaler; /* --precision fp16: the step's (step.scaler) */
-  dt_precision precision; /* the run's (the device's default resolved): the MFU's peak */
+  double first_loss;           /* the run's first micro-batch loss (0 = not yet, -1 = none) */
+  dt_train_ckpt *ck;           /* run directory and checkpoints, NULL = none */
+  dt_train_position pos;       /* after the last optimizer step (or the resumed one) */
+  bool stopped;                /* a stop was requested (should_stop): saved, ending */
+  int stop_code;               /* should_stop's answer (the largest over the ranks) */
+  dt_step_stats stats;         /* the gradient norm for the metrics */
+  dt_grad_scaler scaler;       /* --precision fp16: the step's (step.scaler) */
+  dt_precision precision;      /* the run's (the device's default resolved): the MFU's peak */
   const dt_train_hooks *hooks; /* the configuration's */
   bool started;                /* hooks->start was called: finish is due */
   dt_mfu_cache mfu;            /* the CPU roof, measured once per run */

@@ -306,9 +306,10 @@ static int check_trace(const char *path, int argc, char **argv) {
       }
     }
     if (launched == 0)
-      fail("no span of lane '%s' (of %ld with queued_ms) was queued inside a span named the "
-           "second of --launched-during",
-           a, (long)with_queue);
+      fail(
+          "no span of lane '%s' (of %ld with queued_ms) was queued inside a span named the "
+          "second of --launched-during",
+          a, (long)with_queue);
     else
       printf("launched during: %d of %d %s spans were queued inside a %s span\n", launched,
              with_queue, a, b);
