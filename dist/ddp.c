@@ -396,7 +396,7 @@ dt_status dt_ddp_create(dt_module *model, dt_param_arena *arena, dt_comm *comm,
                     dt_dtype_name(c.grad_compress));
   if (c.first_bucket_bytes == 0 || c.bucket_bytes == 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "DDP: bucket caps must be > 0 bytes (got first %zu, then %zu; defaults 1 MiB "
+                    "DDP: bucket caps must be > 0 bytes (got first %zu, then %zu; defaults 128 KiB "
                     "and 25 MiB)",
                     c.first_bucket_bytes, c.bucket_bytes);
   if (dt_param_arena_count(arena) != dt_module_num_parameters(model))
