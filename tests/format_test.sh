@@ -4,6 +4,8 @@
 # that leaves a file unformatted fails here, naming the file and the first
 # lines clang-format would change. Fix with: clang-format -i FILE.
 # Generated files (core/data_unicode_tables.c) are left as generated.
+# Also STYLE.md's size: no product source (outside tests/, not generated)
+# over 800 lines; a file that passes it is usually two ideas.
 set -uo pipefail
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." || exit 1
 
@@ -24,6 +26,15 @@ done < <(find core cuda dist models train launch tests tools examples dtrain.h -
   \( -name '*.c' -o -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) \
   ! -name data_unicode_tables.c | sort)
 
+while IFS= read -r f; do
+  lines=$(wc -l <"$f")
+  [ "$lines" -le 800 ] || {
+    fail=1
+    echo "FAIL: $f has $lines lines: split it (at most 800)"
+  }
+done < <(find core cuda dist models train launch examples -type f \( -name '*.c' -o -name '*.h' \
+  -o -name '*.cu' -o -name '*.cuh' \) ! -name data_unicode_tables.c | sort)
+
 [ "$n" -gt 100 ] || { echo "FAIL: only $n sources found: is the tree there?"; exit 1; }
-[ "$fail" = 0 ] && echo "PASS: $n sources formatted as .clang-format says"
+[ "$fail" = 0 ] && echo "PASS: $n sources formatted as .clang-format says, none of the product's over 800 lines"
 exit "$fail"
