@@ -35,7 +35,7 @@ static __global__ void softmax_forward_kernel(const T *x, float *y, int64_t rows
     } else {
       float inv = (float)(1.0 / s);
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-        yr[j] = j < keep ? expf(dt_load_f32(xr, j) - mx) * inv : 0.0f;
+        yr[j] = !CAUSAL || j < keep ? expf(dt_load_f32(xr, j) - mx) * inv : 0.0f;
     }
   }
 }
@@ -57,7 +57,10 @@ static __global__ void softmax_backward_kernel(const T *y, const float *dy, TD *
     float sf = (float)dt_block_sum(s, shd);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const float yj = dt_load_f32(yr, j);
-      dt_store_f32(dr, j, j >= keep ? 0.0f : log_ ? gr[j] - expf(yj) * sf : yj * (gr[j] - sf));
+      dt_store_f32(dr, j,
+                   CAUSAL && j >= keep ? 0.0f
+                   : log_              ? gr[j] - expf(yj) * sf
+                                       : yj * (gr[j] - sf));
     }
   }
 }
