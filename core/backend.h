@@ -133,6 +133,16 @@ typedef struct dt_exec {
 #define DT_KPARAMS(...) (const dt_exec *ex, __VA_ARGS__)
 #define DT_KARGS(...) (ex, __VA_ARGS__)
 
+/* The cast kernels' double -> integer conversion, one expression that the
+ * CPU and CUDA kernels both use: truncation toward zero like C and
+ * PyTorch, saturating at the int64 range, NaN -> 0 (no undefined
+ * behaviour). v is evaluated several times. */
+#define DT_CAST_F64_TO_I64(v)                   \
+  ((v) != (v)                      ? (int64_t)0 \
+   : (v) >= 9223372036854775807.0  ? INT64_MAX  \
+   : (v) <= -9223372036854775808.0 ? INT64_MIN  \
+                                   : (int64_t)(v))
+
 struct dt_backend_ops {
   const char *name; /* "cpu", "cuda" */
 

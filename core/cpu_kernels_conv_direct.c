@@ -161,6 +161,15 @@ TILE_INLINE void offset_gemm_tile(const int MR, const int NV, const float *A, in
                      init ? init + m0 : NULL, C + (int64_t)m0 * ldc + n0, ldc); \
     break;
 #define OG_CASES_NV(MR) OG_CASE(MR, 1) OG_CASE(MR, 2) OG_CASE(MR, 3) OG_CASE(MR, 4)
+/* the tile of mr rows by nv vectors, one unrolled body per shape */
+#define OG_TILE(mr, nv)                                                                           \
+  do {                                                                                            \
+    switch ((mr)*8 + (nv)) {                                                                      \
+      default:                                                                                    \
+        break; /* no such tile */                                                                 \
+        OG_CASES_NV(1) OG_CASES_NV(2) OG_CASES_NV(3) OG_CASES_NV(4) OG_CASES_NV(5) OG_CASES_NV(6) \
+    }                                                                                             \
+  } while (0)
 
 TARGET_AVX512 static void offset_gemm(int M, int N, int K, const float *A, int lda, const float *B,
                                       const int32_t *off, const float *init, float *C, int ldc) {
@@ -171,18 +180,8 @@ TARGET_AVX512 static void offset_gemm(int M, int N, int K, const float *A, int l
       int rem = N - n0 - 16 * v;
       mask[v] = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);
     }
-    for (int m0 = 0; m0 < M; m0 += OG_MR) {
-      int mr = MIN(OG_MR, M - m0);
-      switch (mr * 8 + nv) {
-        OG_CASES_NV(1)
-        OG_CASES_NV(2)
-        OG_CASES_NV(3)
-        OG_CASES_NV(4)
-        OG_CASES_NV(5)
-        OG_CASES_NV(6)
-        default: break;
-      }
-    }
+    for (int m0 = 0; m0 < M; m0 += OG_MR)
+      OG_TILE(MIN(OG_MR, M - m0), nv);
   }
 }
 
@@ -235,21 +234,22 @@ TILE_INLINE void offset_dots_tile(const int MR, const int NJ, const float *D, in
     break;
 #define IP_CASES_NJ(MR) \
   IP_CASE(MR, 1) IP_CASE(MR, 2) IP_CASE(MR, 3) IP_CASE(MR, 4) IP_CASE(MR, 5) IP_CASE(MR, 6)
+/* the tile of mr rows of D by nj offsets, one unrolled body per shape */
+#define IP_TILE(mr, nj)                                             \
+  do {                                                              \
+    switch ((mr)*8 + (nj)) {                                        \
+      default:                                                      \
+        break; /* no such tile */                                   \
+        IP_CASES_NJ(1) IP_CASES_NJ(2) IP_CASES_NJ(3) IP_CASES_NJ(4) \
+    }                                                               \
+  } while (0)
 
 TARGET_AVX512 static void offset_dots(int M, int J, int N, const float *D, int ldd, const float *B,
                                       const int32_t *off, float *C, int ldc, int accumulate) {
   for (int m0 = 0; m0 < M; m0 += IP_MR) {
     int mr = MIN(IP_MR, M - m0);
-    for (int j0 = 0; j0 < J; j0 += IP_NJ) {
-      int nj = MIN(IP_NJ, J - j0);
-      switch (mr * 8 + nj) {
-        IP_CASES_NJ(1)
-        IP_CASES_NJ(2)
-        IP_CASES_NJ(3)
-        IP_CASES_NJ(4)
-        default: break;
-      }
-    }
+    for (int j0 = 0; j0 < J; j0 += IP_NJ)
+      IP_TILE(mr, MIN(IP_NJ, J - j0));
   }
 }
 

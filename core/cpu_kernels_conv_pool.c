@@ -129,6 +129,22 @@ static dt_status pool_planes(const char *op, const dt_exec *ex, const dt_conv2d_
   return DT_OK;
 }
 
+/* pool_planes from the input planes to the output planes, x (n,c,h,w) ->
+ * y (n,c,oh,ow): the forward kernels; fn reports no bad planes. */
+static dt_status pool_forward_planes(const char *op, const dt_exec *ex, const dt_conv2d_geom *g,
+                                     const float *x, float *y, pool_plane_fn fn, const void *ctx) {
+  int bad;
+  return pool_planes(op, ex, g, x, (int64_t)g->h * g->w, y, (int64_t)g->oh * g->ow, fn, ctx, &bad);
+}
+
+/* pool_planes from the output planes back, dy (n,c,oh,ow) -> dx (n,c,h,w):
+ * the backward kernels. */
+static dt_status pool_backward_planes(const char *op, const dt_exec *ex, const dt_conv2d_geom *g,
+                                      const float *dy, float *dx, pool_plane_fn fn, const void *ctx,
+                                      int *bad) {
+  return pool_planes(op, ex, g, dy, (int64_t)g->oh * g->ow, dx, (int64_t)g->h * g->w, fn, ctx, bad);
+}
+
 // one plane: x (h,w) -> y (oh,ow); ctx: argmax (n,c,oh,ow) or NULL
 static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
                                   const float *xp, float *yp) {
@@ -168,9 +184,7 @@ static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 // x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
 dt_status dt_cpu_max_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                     float *y, int32_t *argmax) {
-  int bad;
-  return pool_planes("max_pool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
-                     (int64_t)g->oh * g->ow, max_pool_forward_plane, argmax, &bad);
+  return pool_forward_planes("max_pool2d_forward", ex, g, x, y, max_pool_forward_plane, argmax);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w) through the argmax (ctx) of plane p
@@ -195,8 +209,8 @@ dt_status dt_cpu_max_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g,
                                      const int32_t *argmax, float *dx) {
   const int64_t hw = (int64_t)g->h * g->w;
   int bad;
-  DT_CHECK(pool_planes("max_pool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx, hw,
-                       max_pool_backward_plane, argmax, &bad));
+  DT_CHECK(pool_backward_planes("max_pool2d_backward", ex, g, dy, dx, max_pool_backward_plane,
+                                argmax, &bad));
   if (bad)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "max_pool2d_backward: argmax outside [0, %lld): pass the indices from "
@@ -234,9 +248,7 @@ static int avg_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 // x (n,c,h,w) -> y (n,c,oh,ow)
 dt_status dt_cpu_avg_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                     float *y) {
-  int bad;
-  return pool_planes("avg_pool2d_forward", ex, g, x, (int64_t)g->h * g->w, y,
-                     (int64_t)g->oh * g->ow, avg_pool_forward_plane, NULL, &bad);
+  return pool_forward_planes("avg_pool2d_forward", ex, g, x, y, avg_pool_forward_plane, NULL);
 }
 
 // one plane: dy (oh,ow) -> dx (h,w)
@@ -260,7 +272,7 @@ static int avg_pool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int
 // dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
 dt_status dt_cpu_avg_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                      float *dx) {
-  int bad;
-  return pool_planes("avg_pool2d_backward", ex, g, dy, (int64_t)g->oh * g->ow, dx,
-                     (int64_t)g->h * g->w, avg_pool_backward_plane, NULL, &bad);
+  int bad; /* the average has no bad planes */
+  return pool_backward_planes("avg_pool2d_backward", ex, g, dy, dx, avg_pool_backward_plane, NULL,
+                              &bad);
 }

@@ -277,34 +277,15 @@ static int dtype_is_int(dt_dtype t) {
   return t == DT_DTYPE_I32 || t == DT_DTYPE_I64 || t == DT_DTYPE_U8;
 }
 
-/* Float to integer truncates toward zero like C and PyTorch, saturating at
- * the int64 range (NaN -> 0) instead of invoking undefined behaviour. */
-static int64_t f64_to_i64(double v) {
-  if (v != v)
-    return 0;
-  if (v >= 9223372036854775807.0)
-    return INT64_MAX;
-  if (v <= -9223372036854775808.0)
-    return INT64_MIN;
-  return (int64_t)v;
-}
+static int64_t f64_to_i64(double v) { return DT_CAST_F64_TO_I64(v); }
 
-static void load_f64(const void *in, dt_dtype t, int64_t s, int64_t n, double *v) {
-  switch (t) {
-    case DT_DTYPE_F32:
-      for (int64_t i = 0; i < n; i++)
-        v[i] = ((const float *)in)[s + i];
-      break;
-    case DT_DTYPE_F16:
-      for (int64_t i = 0; i < n; i++)
-        v[i] = dt_f16_to_f32(((const uint16_t *)in)[s + i]);
-      break;
-    case DT_DTYPE_BF16:
-      for (int64_t i = 0; i < n; i++)
-        v[i] = dt_bf16_to_f32(((const uint16_t *)in)[s + i]);
-      break;
-    default: break;
-  }
+/* The float values of a block as f32: in place for f32, else widened
+ * (exactly) into buf. */
+static const float *float_values(const void *in, dt_dtype t, int64_t s, int64_t n, float *buf) {
+  if (t == DT_DTYPE_F32)
+    return (const float *)in + s;
+  (void)dt_half_to_f32(t, (const uint16_t *)in + s, buf, n);
+  return buf;
 }
 
 static void load_i64(const void *in, dt_dtype t, int64_t s, int64_t n, int64_t *v) {
@@ -353,7 +334,6 @@ static void store_int(void *out, dt_dtype t, int64_t s, int64_t n, const int64_t
 
 static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, int64_t s,
                        int64_t n) {
-  double dv[CAST_BLOCK];
   int64_t iv[CAST_BLOCK];
   float fv[CAST_BLOCK];
   if (src == DT_DTYPE_F32 && !dtype_is_int(dst)) { /* the hot f32 -> f16/bf16 path */
@@ -375,16 +355,14 @@ static void cast_block(const void *in, dt_dtype src, void *out, dt_dtype dst, in
     store_float(out, dst, s, n, fv);
     return;
   }
-  load_f64(in, src, s, n, dv);
+  const float *f = float_values(in, src, s, n, fv);
   if (dtype_is_int(dst)) {
     for (int64_t i = 0; i < n; i++)
-      iv[i] = f64_to_i64(dv[i]);
+      iv[i] = f64_to_i64(f[i]);
     store_int(out, dst, s, n, iv);
     return;
   }
-  for (int64_t i = 0; i < n; i++)
-    fv[i] = (float)dv[i];
-  store_float(out, dst, s, n, fv);
+  store_float(out, dst, s, n, f);
 }
 
 // in (n, src dtype) -> out (n, dst dtype)

@@ -149,26 +149,35 @@ const char *dt_half_isa_name(dt_half_isa isa) {
 
 /* ---- arrays ---- */
 
-dt_status dt_half_from_f32(dt_dtype dtype, const float *in, uint16_t *out, int64_t n) {
-  DT_CHECK(check_half("dt_half_from_f32", dtype, in, out, n));
+/* f32 -> 16-bit (widen 0) or back (widen 1): the active instruction set's
+ * vector kernel converts a prefix, the scalar reference the rest. */
+static dt_status convert_array(const char *what, dt_dtype dtype, int widen, const void *in,
+                               void *out, int64_t n) {
+  DT_CHECK(check_half(what, dtype, in, out, n));
   dt_half_kernels k = dt_half_simd_kernels(dt_half_isa_active());
   int f16 = dtype == DT_DTYPE_F16;
-  dt_half_narrow_fn vec = f16 ? k.f16_from_f32 : k.bf16_from_f32;
-  int64_t i = vec ? vec(in, out, n) : 0;
-  for (; i < n; i++)
-    out[i] = f16 ? dt_f32_to_f16(in[i]) : dt_f32_to_bf16(in[i]);
+  if (widen) {
+    const uint16_t *h = in;
+    float *f = out;
+    dt_half_widen_fn vec = f16 ? k.f16_to_f32 : k.bf16_to_f32;
+    for (int64_t i = vec ? vec(h, f, n) : 0; i < n; i++)
+      f[i] = half_to_f32(dtype, h[i]);
+  } else {
+    const float *f = in;
+    uint16_t *h = out;
+    dt_half_narrow_fn vec = f16 ? k.f16_from_f32 : k.bf16_from_f32;
+    for (int64_t i = vec ? vec(f, h, n) : 0; i < n; i++)
+      h[i] = half_from_f32(dtype, f[i]);
+  }
   return DT_OK;
 }
 
+dt_status dt_half_from_f32(dt_dtype dtype, const float *in, uint16_t *out, int64_t n) {
+  return convert_array("dt_half_from_f32", dtype, 0, in, out, n);
+}
+
 dt_status dt_half_to_f32(dt_dtype dtype, const uint16_t *in, float *out, int64_t n) {
-  DT_CHECK(check_half("dt_half_to_f32", dtype, in, out, n));
-  dt_half_kernels k = dt_half_simd_kernels(dt_half_isa_active());
-  int f16 = dtype == DT_DTYPE_F16;
-  dt_half_widen_fn vec = f16 ? k.f16_to_f32 : k.bf16_to_f32;
-  int64_t i = vec ? vec(in, out, n) : 0;
-  for (; i < n; i++)
-    out[i] = f16 ? dt_f16_to_f32(in[i]) : dt_bf16_to_f32(in[i]);
-  return DT_OK;
+  return convert_array("dt_half_to_f32", dtype, 1, in, out, n);
 }
 
 dt_status dt_half_from_f32_stochastic(dt_dtype dtype, const float *in, uint16_t *out, int64_t n,

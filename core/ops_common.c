@@ -223,6 +223,7 @@ dt_status dt_ops_scaled_copy(dt_tensor *x, float alpha, dt_tensor **out) {
  * flag collapse into one dim; size-1 dims are dropped (reducing them is a
  * no-op). */
 typedef struct merged_dims {
+  dt_exec ex; /* f32 execution on the device */
   int n;
   int64_t size[DT_MAX_DIMS];
   int reduced[DT_MAX_DIMS];
@@ -256,8 +257,8 @@ static void merge_dims(const int64_t *shape, int ndim, const int *mask, merged_d
 /* Where the reduce and broadcast helpers start: f32 execution on dev and
  * the merged runs of shape. */
 static dt_status merged_on(dt_device dev, const int64_t *shape, int ndim, const int *mask,
-                           dt_exec *ex, merged_dims *m) {
-  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, ex));
+                           merged_dims *m) {
+  DT_CHECK(dt_exec_init(dev, DT_DTYPE_F32, &m->ex));
   merge_dims(shape, ndim, mask, m);
   return DT_OK;
 }
@@ -271,9 +272,8 @@ static int64_t product(const int64_t *v, int from, int to) {
 
 dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape, int ndim,
                              const int *mask, float scale, float *out) {
-  dt_exec ex;
   merged_dims m;
-  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &m));
   const int groups = m.groups;
   int64_t out_numel = 1;
   int empty_reduction = 0;
@@ -286,9 +286,9 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
   if (out_numel == 0)
     return DT_OK;
   if (empty_reduction)
-    return dt_kernel_fill(&ex, out, 0.0f, out_numel);
+    return dt_kernel_fill(&m.ex, out, 0.0f, out_numel);
   if (groups == 0)
-    return dt_kernel_axpby(&ex, out_numel, scale, x, 0.0f, out);
+    return dt_kernel_axpby(&m.ex, out_numel, scale, x, 0.0f, out);
 
   /* One reduce_sum per reduced run, innermost first; the scale is applied
    * by the first, the last writes into `out`. */
@@ -311,7 +311,7 @@ dt_status dt_ops_reduce_dims(dt_device dev, const float *x, const int64_t *shape
       bufs[done & 1] = buf;
       dst = DT_F32(buf);
     }
-    DT_CHECK_GOTO(dt_kernel_reduce_sum(&ex, src, dst, outer, r, inner, done == 1 ? scale : 1.0f),
+    DT_CHECK_GOTO(dt_kernel_reduce_sum(&m.ex, src, dst, outer, r, inner, done == 1 ? scale : 1.0f),
                   st, release_bufs);
     m.size[i] = 1;
     src = dst;
@@ -324,17 +324,16 @@ release_bufs:
 
 dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *shape, int ndim,
                                 const int *mask, float scale, float *x) {
-  dt_exec ex;
   merged_dims m;
-  DT_CHECK(merged_on(dev, shape, ndim, mask, &ex, &m));
+  DT_CHECK(merged_on(dev, shape, ndim, mask, &m));
   int64_t numel = product(m.size, 0, m.n);
   if (numel == 0)
     return DT_OK;
   const int groups = m.groups, last = m.last;
   if (groups == 0)
-    return dt_kernel_axpby(&ex, numel, scale, y, 0.0f, x);
+    return dt_kernel_axpby(&m.ex, numel, scale, y, 0.0f, x);
   if (groups == 1)
-    return dt_kernel_broadcast_axis(&ex, y, x, product(m.size, 0, last), m.size[last],
+    return dt_kernel_broadcast_axis(&m.ex, y, x, product(m.size, 0, last), m.size[last],
                                     product(m.size, last + 1, m.n), scale);
 
   /* Several runs: a strided copy with 0 strides on the broadcast dims. */
@@ -346,9 +345,10 @@ dt_status dt_ops_broadcast_dims(dt_device dev, const float *y, const int64_t *sh
     if (!m.reduced[i])
       s *= m.size[i];
   }
-  DT_CHECK(dt_kernel_copy_strided(&ex, x, dst_strides, y, src_strides, m.size, m.n, sizeof(float)));
+  DT_CHECK(
+      dt_kernel_copy_strided(&m.ex, x, dst_strides, y, src_strides, m.size, m.n, sizeof(float)));
   if (scale != 1.0f)
-    DT_CHECK(dt_kernel_axpby(&ex, numel, scale, x, 0.0f, x));
+    DT_CHECK(dt_kernel_axpby(&m.ex, numel, scale, x, 0.0f, x));
   return DT_OK;
 }
 

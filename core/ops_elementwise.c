@@ -196,15 +196,15 @@ dt_status dt_op_scale(dt_tensor *a, float alpha, dt_tensor **out) {
   DT_CHECK(dt_ops_check_float_inputs("dt_op_scale", &a, 1)); /* y in a's dtype */
   dt_tensor *x = NULL, *y = NULL;
   dt_node *node = NULL;
-  dt_status st;
   DT_CHECK(dt_ops_contiguous(a, &x));
-  DT_CHECK_GOTO(dt_ops_scaled_copy(x, alpha, &y), st, fail);
+  dt_status st = dt_ops_scaled_copy(x, alpha, &y);
+  dt_tensor_release(x); /* read by the copy only: the backward needs just alpha */
+  DT_CHECK(st);
   DT_CHECK_GOTO(dt_ops_maybe_record("dt_op_scale", scale_backward, &a, 1, y, &node), st, fail);
   DT_OPS_SAVE_PARAMS(node, scale_saved, {alpha});
-  st = dt_ops_take(&y, out);
+  return dt_ops_take(&y, out);
 fail:
   dt_tensor_release(y);
-  dt_tensor_release(x);
   return st;
 }
 

@@ -300,18 +300,16 @@ static dt_status same_shape_binary(dt_binary_op opc, const dt_tensor *a, const d
   return dt_kernel_binary(DT_TENSOR_EXEC(a), &args, DT_F32(a), DT_F32(b), out);
 }
 
-/* saved: 0 diff = a - b (contiguous).
+/* saved: 0 diff = a - b (contiguous, a's shape).
  * da = coef * g * diff, db = -da; coef 2 (sum, none) or 2/numel (mean). */
 typedef struct mse_saved {
   dt_reduction reduction;
-  int64_t numel;
 } mse_saved;
 
 static dt_status mse_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
   dt_tensor *diff = node->saved[0];
-  const mse_saved *s = DT_NODE_PARAMS(node, mse_saved);
-  dt_reduction red = s->reduction;
-  int64_t n = s->numel;
+  dt_reduction red = DT_NODE_PARAMS(node, mse_saved)->reduction;
+  int64_t n = dt_tensor_numel(diff);
   dt_device dev = dt_tensor_device(g);
   const dt_exec ex = dt_tensor_exec(g);
   dt_tensor *gb = NULL, *da = NULL;
@@ -387,7 +385,7 @@ dt_status dt_op_mse(dt_tensor *a, dt_tensor *b, dt_reduction reduction, dt_tenso
   }
   DT_CHECK_GOTO(dt_ops_maybe_record(op, mse_backward, ins, 2, y, &node), st, fail);
   dt_ops_save_for_backward(node, &diff, 1);
-  DT_OPS_SAVE_PARAMS(node, mse_saved, {reduction, n});
+  DT_OPS_SAVE_PARAMS(node, mse_saved, {reduction});
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, sq, diff);

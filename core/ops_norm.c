@@ -22,6 +22,19 @@ static dt_status affine_params(dt_tensor *gamma, dt_tensor *beta, int64_t c, dt_
   return param_or_const(beta, c, 0.0f, dev, bc);
 }
 
+/* The running mean and variance a batch norm updates: the caller's, or
+ * (training without running stats) scratch zeros and ones of c. */
+static dt_status running_stats(dt_tensor *running_mean, dt_tensor *running_var, int64_t c,
+                               dt_device dev, dt_tensor **rm, dt_tensor **rv) {
+  if (running_mean) {
+    *rm = dt_tensor_retain(running_mean);
+    *rv = dt_tensor_retain(running_var);
+    return DT_OK;
+  }
+  DT_CHECK(dt_tensor_zeros(&c, 1, DT_DTYPE_F32, dev, rm));
+  return dt_tensor_full(&c, 1, 1.0f, dev, rv);
+}
+
 /* A (c) parameter or statistic: f32 (the kernels read it as f32 whatever
  * the input's dtype) and of c features; NULL passes. */
 static dt_status check_vec(const char *op, const char *what, dt_tensor *t, int64_t c) {
@@ -189,28 +202,21 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                     op, dt_shape_format(s, nd, b, sizeof b));
 
   dt_device dev = dt_tensor_device(x);
-  const dt_exec ex = dt_tensor_exec(x);
   dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL, *rm = NULL,
             *rv = NULL;
   dt_node *node = NULL;
   dt_status st;
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
   DT_CHECK_GOTO(affine_params(gamma, beta, c, dev, &gc, &bc), st, fail);
-  if (running_mean) {
-    rm = dt_tensor_retain(running_mean);
-    rv = dt_tensor_retain(running_var);
-  } else { /* training without running stats: scratch buffers */
-    DT_CHECK_GOTO(dt_tensor_zeros(&c, 1, DT_DTYPE_F32, dev, &rm), st, fail);
-    DT_CHECK_GOTO(dt_tensor_full(&c, 1, 1.0f, dev, &rv), st, fail);
-  }
+  DT_CHECK_GOTO(running_stats(running_mean, running_var, c, dev, &rm, &rv), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(s, nd, DT_DTYPE_F32, dev, &y), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
-    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(&ex, DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc),
-                                                 DT_F32(rm), DT_F32(rv), DT_F32(mean),
-                                                 DT_F32(invstd), n, c, hw, training, momentum, eps),
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(
+                      DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc), DT_F32(rm),
+                      DT_F32(rv), DT_F32(mean), DT_F32(invstd), n, c, hw, training, momentum, eps),
                   st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);

@@ -225,6 +225,21 @@ typedef struct half_gemm {
   dt_dtype ab, c_type;
 } half_gemm;
 
+/* The arguments of a GEMM (no bias; strides read when batch > 1), in
+ * dt_cuda_gemm_ex's order. */
+static half_gemm half_gemm_of(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                              const void *a, int lda, int64_t stride_a, const void *b, int ldb,
+                              int64_t stride_b, dt_dtype ab, float beta, void *c, int ldc,
+                              int64_t stride_c, dt_dtype c_type, int batch) {
+  half_gemm g;
+  memset(&g, 0, sizeof g);
+  g.trans_a = trans_a, g.trans_b = trans_b, g.m = m, g.n = n, g.k = k;
+  g.lda = lda, g.ldb = ldb, g.ldc = ldc, g.batch = batch;
+  g.stride_a = stride_a, g.stride_b = stride_b, g.stride_c = stride_c;
+  g.a = a, g.b = b, g.c = c, g.alpha = alpha, g.beta = beta, g.ab = ab, g.c_type = c_type;
+  return g;
+}
+
 /* C (c_type) = alpha op(A) op(B) + beta C with A, B of ab_type and f32
  * accumulation through cublasGemmStridedBatchedEx, on the handle's
  * stream (set by the caller). f32 inputs follow the TF32 setting;
@@ -332,25 +347,9 @@ dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   if (ex->dtype != DT_DTYPE_F32) { /* the dispatch admits f32, f16 and bf16 only */
-    const half_gemm g = {.trans_a = trans_a,
-                         .trans_b = trans_b,
-                         .m = m,
-                         .n = n,
-                         .k = k,
-                         .lda = lda,
-                         .ldb = ldb,
-                         .ldc = ldc,
-                         .batch = batch,
-                         .stride_a = stride_a,
-                         .stride_b = stride_b,
-                         .stride_c = stride_c,
-                         .a = a,
-                         .b = b,
-                         .c = c,
-                         .alpha = alpha,
-                         .beta = beta,
-                         .ab = ex->dtype,
-                         .c_type = DT_DTYPE_F32};
+    const half_gemm g =
+        half_gemm_of(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                     ex->dtype, beta, c, ldc, stride_c, DT_DTYPE_F32, batch);
     return half_gemm_run(ctx, stream, &g);
   }
   DT_CHECK(dt_cuda_ctx_sync_math_mode(ctx));
@@ -375,23 +374,9 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   /* y (m,n) = x (m,k) @ w^T, w (n,k) */
-  half_gemm g = {.trans_a = 0,
-                 .trans_b = 1,
-                 .m = m,
-                 .n = n,
-                 .k = k,
-                 .lda = k,
-                 .ldb = k,
-                 .ldc = n,
-                 .batch = 1,
-                 .a = x,
-                 .b = w,
-                 .bias = bias,
-                 .c = y,
-                 .alpha = 1.0f,
-                 .beta = 0.0f,
-                 .ab = ex->dtype,
-                 .c_type = ex->dtype};
+  half_gemm g =
+      half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
+  g.bias = bias;
   int usable = 0;
   if (bias)
     DT_CHECK(lt_usable(ctx, &g, &usable));
@@ -423,22 +408,8 @@ dt_status dt_cuda_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, in
     DT_CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * 2, 0, (size_t)n * 2, (size_t)m, stream));
     return DT_OK;
   }
-  const half_gemm g = {.trans_a = trans_a,
-                       .trans_b = trans_b,
-                       .m = m,
-                       .n = n,
-                       .k = k,
-                       .lda = lda,
-                       .ldb = ldb,
-                       .ldc = ldc,
-                       .batch = 1,
-                       .a = a,
-                       .b = b,
-                       .c = c,
-                       .alpha = alpha,
-                       .beta = 0.0f,
-                       .ab = ex->dtype,
-                       .c_type = ex->dtype};
+  const half_gemm g = half_gemm_of(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                                   ex->dtype, 0.0f, c, ldc, 0, ex->dtype, 1);
   return half_gemm_run(ctx, stream, &g);
 }
 
@@ -460,25 +431,8 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
   dt_cuda_ctx *ctx = NULL;
   DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
   cudaStream_t stream = dt_cuda_compute_stream(ctx);
-  const half_gemm g = {.trans_a = trans_a,
-                       .trans_b = trans_b,
-                       .m = m,
-                       .n = n,
-                       .k = k,
-                       .lda = lda,
-                       .ldb = ldb,
-                       .ldc = ldc,
-                       .batch = batch,
-                       .stride_a = stride_a,
-                       .stride_b = stride_b,
-                       .stride_c = stride_c,
-                       .a = a,
-                       .b = b,
-                       .c = c,
-                       .alpha = alpha,
-                       .beta = beta,
-                       .ab = ab_type,
-                       .c_type = c_type};
+  const half_gemm g = half_gemm_of(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                   stride_b, ab_type, beta, c, ldc, stride_c, c_type, batch);
   if (ab_type != DT_DTYPE_F32)
     return half_gemm_run(ctx, stream, &g);
   DT_CUBLAS_CHECK(cublasSetStream(ctx->cublas, stream));

@@ -449,26 +449,6 @@ static __global__ void attention_probs_kernel(const float *s, T *p, float *lse, 
   }
 }
 
-// p (rows, t) of T, dp (rows, t) f32 -> ds (rows, t) of T = p (dp - sum p dp), masked entries 0;
-// ds may be p: each thread reads its elements before it writes them
-template <typename T>
-static __global__ void attention_dscores_kernel(const T *p, const float *dp, T *ds, int64_t rows,
-                                                int64_t t) {
-  __shared__ double shd[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T *pr = p + r * t;
-    const float *gr = dp + r * t;
-    T *dr = ds + r * t;
-    const int64_t keep = r % t + 1;
-    double acc = 0.0;
-    for (int64_t j = threadIdx.x; j < keep; j += blockDim.x)
-      acc += (double)dt_load_f32(pr, j) * gr[j];
-    const float d = (float)dt_block_sum(acc, shd);
-    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
-      dt_store_f32(dr, j, j < keep ? dt_load_f32(pr, j) * (gr[j] - d) : 0.0f);
-  }
-}
-
 extern "C" dt_status dt_cuda_causal_attention_probs(const dt_exec *ex, const float *s, float *p,
                                                     float *lse, bool lse_in, int64_t n, int64_t t) {
   if (n == 0 || t == 0)
@@ -476,14 +456,4 @@ extern "C" dt_status dt_cuda_causal_attention_probs(const dt_exec *ex, const flo
   DT_CUDA_STORAGE_DISPATCH(
       ex->dtype, T,
       dt_launch_rows(ex, n * t, t, attention_probs_kernel<T>, s, (T *)p, lse, lse_in, n * t, t));
-}
-
-extern "C" dt_status dt_cuda_causal_attention_dscores(const dt_exec *ex, const float *p,
-                                                      const float *dp, float *ds, int64_t n,
-                                                      int64_t t) {
-  if (n == 0 || t == 0)
-    return DT_OK;
-  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
-                           dt_launch_rows(ex, n * t, t, attention_dscores_kernel<T>, (const T *)p,
-                                          dp, (T *)ds, n * t, t));
 }

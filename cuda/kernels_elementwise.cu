@@ -46,16 +46,7 @@ static __device__ __forceinline__ void store_int(void *p, int t, int64_t i, int6
   }
 }
 
-/* Truncation toward zero, saturating at the int64 range, NaN -> 0. */
-static __device__ __forceinline__ int64_t f64_to_i64(double v) {
-  if (v != v)
-    return 0;
-  if (v >= 9223372036854775807.0)
-    return INT64_MAX;
-  if (v <= -9223372036854775808.0)
-    return INT64_MIN;
-  return (int64_t)v;
-}
+static __device__ __forceinline__ int64_t f64_to_i64(double v) { return DT_CAST_F64_TO_I64(v); }
 
 // in (n, src dtype) -> out (n, dst dtype)
 static __global__ void cast_kernel(const void *in, int src, void *out, int dst, int64_t n) {
