@@ -534,12 +534,11 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
    * mpirun ends a job whose rank exits with a non-zero status). */
   bool other_failed = false;
   DT_CHECK(every_rank_succeeded(ck, st, &other_failed));
-  if (other_failed)
-    return DT_ERROR(DT_ERR_IO,
-                    "another rank could not save its part of the checkpoint of step "
-                    "%lld (its message names the file)",
-                    (long long)pos->step);
-  return DT_OK;
+  return other_failed ? DT_ERROR(DT_ERR_IO,
+                                 "another rank could not save its part of the checkpoint of "
+                                 "step %lld (its message names the file)",
+                                 (long long)pos->step)
+                      : DT_OK;
 }
 
 const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck) { return ck ? ck->last_saved : ""; }
