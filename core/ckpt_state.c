@@ -217,12 +217,11 @@ dt_status dt_state_file_open(const char *path, dt_state_file **out) {
   dt_status st = dt_ckpt_read_file(path, &f->buf, &f->size);
   if (st == DT_OK)
     st = parse_state(path, f->buf, f->size, &f->s, &f->n);
-  if (st != DT_OK) {
+  if (st == DT_OK)
+    *out = f;
+  else
     dt_state_file_close(f);
-    return st;
-  }
-  *out = f;
-  return DT_OK;
+  return st;
 }
 
 void dt_state_file_close(dt_state_file *f) {

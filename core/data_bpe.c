@@ -233,21 +233,15 @@ static dt_status reserve_scratch(dt_bpe *bpe, int64_t n) {
   int64_t cap = bpe->scratch_cap ? bpe->scratch_cap : 256;
   while (cap < n)
     cap *= 2;
-  int32_t *sym = realloc(bpe->sym, (size_t)cap * sizeof *sym);
-  if (sym)
-    bpe->sym = sym;
-  int32_t *next = realloc(bpe->next, (size_t)cap * sizeof *next);
-  if (next)
-    bpe->next = next;
-  int32_t *prev = realloc(bpe->prev, (size_t)cap * sizeof *prev);
-  if (prev)
-    bpe->prev = prev;
-  heap_entry *heap = realloc(bpe->heap, (size_t)cap * 4 * sizeof *heap);
-  if (heap)
-    bpe->heap = heap;
-  if (!sym || !next || !prev || !heap)
+  /* One block: the heap (4 entries a symbol), then sym, next and prev. */
+  heap_entry *heap = realloc(bpe->heap, (size_t)cap * (4 * sizeof *heap + 3 * sizeof(int32_t)));
+  if (!heap)
     return DT_ERROR(DT_ERR_OOM, "cannot allocate merge scratch for a piece of %lld bytes",
                     (long long)n);
+  bpe->heap = heap;
+  bpe->sym = (int32_t *)(heap + 4 * cap);
+  bpe->next = bpe->sym + cap;
+  bpe->prev = bpe->next + cap;
   bpe->scratch_cap = cap;
   return DT_OK;
 }

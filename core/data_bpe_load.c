@@ -620,9 +620,7 @@ done:
 
 dt_status dt_bpe_load(const char *encoder_json, const char *vocab_bpe, const dt_bpe_config *cfg,
                       dt_bpe **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!encoder_json || !vocab_bpe)
     return DT_ERROR(DT_ERR_INVALID_ARG, "the encoder.json and vocab.bpe paths must not be NULL");
   dt_bpe_config c = cfg ? *cfg : DT_BPE_CONFIG_DEFAULT;
@@ -676,10 +674,7 @@ void dt_bpe_destroy(dt_bpe *bpe) {
   free(bpe->cache);
   dt_bytes_free(&bpe->cache_keys);
   dt_tokens_free(&bpe->cache_ids);
-  free(bpe->sym);
-  free(bpe->next);
-  free(bpe->prev);
-  free(bpe->heap);
+  free(bpe->heap); /* and the symbols after it */
   free(bpe);
 }
 

@@ -175,9 +175,7 @@ static const dt_dataset_vtable idx_images_vtable = {
 
 dt_status dt_dataset_idx_images(const char *images_path, const char *labels_path, int num_classes,
                                 float mean, float std, dt_dataset **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!images_path || !labels_path)
     return DT_ERROR(DT_ERR_INVALID_ARG, "images_path and labels_path must not be NULL");
   if (num_classes < 1 || num_classes > 256)
@@ -262,9 +260,7 @@ static dt_status find_idx_file(const char *dir, const char *stem, char *buf, siz
 
 dt_status dt_dataset_mnist_files(const char *dir, const char *split, int num_classes, float mean,
                                  float std, dt_dataset **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!dir || !split)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dir and split must not be NULL");
   const char *prefix;
@@ -285,9 +281,7 @@ dt_status dt_dataset_mnist_files(const char *dir, const char *split, int num_cla
 
 dt_status dt_dataset_mnist_like(const char *dir, const char *name, const char *split,
                                 dt_dataset **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!name)
     return DT_ERROR(DT_ERR_INVALID_ARG, "name must not be NULL");
   /* Per-pixel statistics of the training sets (torchvision examples), by

@@ -195,9 +195,7 @@ static void stop_worker(dt_loader *l) {
 
 dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
                            dt_loader **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!d || !s)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dataset and sampler must not be NULL");
   dt_loader_config c = cfg ? *cfg : DT_LOADER_CONFIG_DEFAULT;

@@ -60,9 +60,7 @@ static size_t layout_numel(const int64_t *shape, int ndim) {
 dt_status dt_dataset_from_memory(const dt_sample_layout *layout, const void *inputs,
                                  const void *targets, int64_t n, int num_classes,
                                  dt_dataset **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!layout || !inputs || !targets)
     return DT_ERROR(DT_ERR_INVALID_ARG, "layout, inputs and targets must not be NULL");
   if (n < 1)

@@ -23,9 +23,7 @@ struct dt_sampler {
 };
 
 dt_status dt_sampler_create(int64_t dataset_len, const dt_sampler_config *cfg, dt_sampler **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   dt_sampler_config c = cfg ? *cfg : DT_SAMPLER_CONFIG_DEFAULT;
   if (dataset_len < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dataset length %lld: must be >= 0",

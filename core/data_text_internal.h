@@ -68,11 +68,11 @@ struct dt_bpe {
   dt_bytes cache_keys;
   dt_tokens cache_ids;
 
-  /* scratch of one piece's merge: symbols as a linked list, a heap */
+  /* scratch of one piece's merge: symbols as a linked list, a heap; one
+   * block (heap), sym, next and prev point into it */
   int64_t scratch_cap;
   int32_t *sym, *next, *prev;
   struct dt_bpe_heap_entry *heap;
-  int64_t heap_cap;
 };
 
 /* Appends a whole file (DT_ERR_IO naming it on failure). */

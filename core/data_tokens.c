@@ -33,9 +33,7 @@ static const dt_dataset_vtable windows_vtable = {windows_length, NULL, windows_d
 
 dt_status dt_dataset_token_windows(const dt_shard *shard, int seq_len, int32_t vocab_size,
                                    dt_dataset **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!shard || (shard->num_tokens > 0 && !shard->tokens))
     return DT_ERROR(DT_ERR_INVALID_ARG, "shard is NULL or empty-handed");
   if (seq_len < 1)
@@ -64,9 +62,7 @@ struct dt_token_loader {
 
 dt_status dt_token_loader_create(const dt_shard *shard, int32_t vocab_size,
                                  const dt_token_loader_config *cfg, dt_token_loader **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   dt_token_loader_config c = cfg ? *cfg : DT_TOKEN_LOADER_CONFIG_DEFAULT;
   if (c.batch < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG, "batch %d: must be >= 1", c.batch);

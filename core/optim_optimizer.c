@@ -138,9 +138,7 @@ static dt_status ensure_state(dt_optimizer *o) {
 }
 
 static dt_status check_create_args(dt_param_arena *arena, const void *cfg, dt_optimizer **out) {
-  if (!out)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
-  *out = NULL;
+  DT_CHECK_OUT(out);
   if (!arena || !cfg)
     return DT_ERROR(DT_ERR_INVALID_ARG, "arena and config must not be NULL");
   return DT_OK;

@@ -74,6 +74,16 @@ void dt_assert_fail(const char *expr, const char *file, int line) __attribute__(
       return dt_check_s_;           \
   } while (0)
 
+/* The start of a function that makes a handle: DT_ERR_INVALID_ARG ("out is
+ * NULL") when `out` is NULL, else *out = NULL, so that a failure leaves no
+ * stale handle behind. */
+#define DT_CHECK_OUT(out)                                 \
+  do {                                                    \
+    if (!(out))                                           \
+      return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL"); \
+    *(out) = NULL;                                        \
+  } while (0)
+
 /* Stores the status of `expr` in `status_var` and jumps to `label` (named
  * for what it frees) on failure:
  *   DT_CHECK_GOTO(dt_tensor_empty(..., &y), st, free_x); */

@@ -375,21 +375,22 @@ dt_status dt_comm_barrier_sync(dt_comm *c) {
 
 /* ---- backend choice ---- */
 
+/* The choices' names, indexed by the enum: the name and the parser read them. */
+static const char *const backend_choice_names[] = {
+    [DT_COMM_BACKEND_AUTO] = "auto",
+    [DT_COMM_BACKEND_MPI] = "mpi",
+    [DT_COMM_BACKEND_NCCL] = "nccl",
+};
+enum { BACKEND_CHOICES = sizeof backend_choice_names / sizeof backend_choice_names[0] };
+
 const char *dt_comm_backend_choice_name(dt_comm_backend_choice b) {
-  switch (b) {
-    case DT_COMM_BACKEND_AUTO: return "auto";
-    case DT_COMM_BACKEND_MPI: return "mpi";
-    case DT_COMM_BACKEND_NCCL: return "nccl";
-  }
-  return "unknown";
+  return (unsigned)b < BACKEND_CHOICES ? backend_choice_names[b] : "unknown";
 }
 
 dt_status dt_comm_backend_parse(const char *s, dt_comm_backend_choice *out) {
-  static const dt_comm_backend_choice all[] = {DT_COMM_BACKEND_AUTO, DT_COMM_BACKEND_MPI,
-                                               DT_COMM_BACKEND_NCCL};
-  for (size_t i = 0; s != NULL && i < sizeof all / sizeof all[0]; i++)
-    if (strcmp(s, dt_comm_backend_choice_name(all[i])) == 0) {
-      *out = all[i];
+  for (int i = 0; s != NULL && i < BACKEND_CHOICES; i++)
+    if (strcmp(s, backend_choice_names[i]) == 0) {
+      *out = (dt_comm_backend_choice)i;
       return DT_OK;
     }
   return DT_ERROR(DT_ERR_INVALID_ARG,

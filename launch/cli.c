@@ -259,18 +259,22 @@ dt_flag dt_cli_flag_comm_timeout(double *target) {
                                  .min = 0, .min_exclusive = true);
 }
 
+/* A DDP bucket size in MiB: above 0, or from 0 where 0 turns it off. */
+static dt_flag bucket_mib_flag(const char *name, float *target, const char *help,
+                               bool zero_is_off) {
+  return (dt_flag)DT_FLOAT_FLAG(name, target, "MB", help, .min = 0, .min_exclusive = !zero_is_off);
+}
+
 dt_flag dt_cli_flag_bucket_cap_mb(float *target) {
-  return (dt_flag)DT_FLOAT_FLAG("bucket-cap-mb", target, "MB",
-                                "DDP: gradient bucket size after the first, in MiB", .min = 0,
-                                .min_exclusive = true);
+  return bucket_mib_flag("bucket-cap-mb", target,
+                         "DDP: gradient bucket size after the first, in MiB", false);
 }
 
 dt_flag dt_cli_flag_split_bucket_mb(float *target) {
-  return (dt_flag)DT_FLOAT_FLAG("split-bucket-mb", target, "MB",
-                                "DDP: split each parameter of the last bucket above this many "
-                                "MiB into parts (row blocks) that all-reduce as backward writes "
-                                "them; 0 = off",
-                                .min = 0);
+  return bucket_mib_flag("split-bucket-mb", target,
+                         "DDP: split each parameter of the last bucket above this many MiB into "
+                         "parts (row blocks) that all-reduce as backward writes them; 0 = off",
+                         true);
 }
 
 dt_flag dt_cli_flag_bucket_update(const char **target) {
@@ -282,10 +286,10 @@ dt_flag dt_cli_flag_bucket_update(const char **target) {
 }
 
 dt_flag dt_cli_flag_first_bucket_mb(float *target) {
-  return (dt_flag)DT_FLOAT_FLAG("first-bucket-mb", target, "MB",
-                                "DDP: first gradient bucket, in MiB (small, so that the first "
-                                "all-reduce starts early)",
-                                .min = 0, .min_exclusive = true);
+  return bucket_mib_flag("first-bucket-mb", target,
+                         "DDP: first gradient bucket, in MiB (small, so that the first "
+                         "all-reduce starts early)",
+                         false);
 }
 
 dt_flag dt_cli_flag_zero(int *target) {

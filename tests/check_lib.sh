@@ -7,13 +7,17 @@
 #   repo       the source tree
 #   dtrain     the built binary, absolute: the runfiles' one under Bazel,
 #              else $repo/bazel-bin/launch/dtrain; exit 1 when there is none
+#              (not looked for when the test sets check_lib_without_dtrain=1
+#              before sourcing: a test of the installed library)
 #   tmp        a scratch folder (TEST_TMPDIR under Bazel)
 # and gives `run` (dtrain with stdout to $out, stderr to $err, status in
 # $rc; a test may define its own), `expect RC WHERE PATTERN DESCRIPTION`
 # (the last run exited RC and WHERE, out or err, matches the extended
 # regex), `expect_not WHERE PATTERN DESCRIPTION`, `check_status
-# STATUS DESCRIPTION`, `fail`, `find_file`, `find_built`, `find_source` and
-# `find_data_dir`. $failures and $checks count.
+# STATUS DESCRIPTION`, `ok DESCRIPTION` and `not_ok DESCRIPTION` (a check
+# that passed or failed), `check DESCRIPTION COMMAND...`, `fail`,
+# `find_file`, `find_built`, `find_source` and `find_data_dir`. $failures
+# and $checks count.
 test_name=$(basename "$0" .sh)
 repo=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
 
@@ -39,7 +43,9 @@ find_source() {
     { echo "$test_name: $1 not found" >&2; return 1; }
 }
 
-dtrain=$(find_built launch/dtrain) || exit 1
+if [ "${check_lib_without_dtrain:-0}" != 1 ]; then
+  dtrain=$(find_built launch/dtrain) || exit 1
+fi
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
 # find_data_dir SET...: the folder holding the named data sets: $DT_DATA_DIR,
@@ -111,9 +117,29 @@ expect() {
   fi
 }
 
-check_status() { # check_status STATUS DESCRIPTION: passed when STATUS is 0
+ok() { # ok DESCRIPTION: a check that passed
   checks=$((checks + 1))
-  if [ "$1" = 0 ]; then echo "ok: $2"; else echo "FAIL: $2"; failures=$((failures + 1)); fi
+  echo "ok: $*"
+}
+
+not_ok() { # not_ok DESCRIPTION: a check that failed
+  checks=$((checks + 1))
+  failures=$((failures + 1))
+  echo "FAIL: $*"
+}
+
+check_status() { # check_status STATUS DESCRIPTION: passed when STATUS is 0
+  if [ "$1" = 0 ]; then ok "$2"; else not_ok "$2"; fi
+}
+
+# check DESCRIPTION COMMAND...: COMMAND succeeds (its output shown when not).
+check() {
+  local what=$1
+  shift
+  if "$@" >"$tmp/cmd.out" 2>&1; then ok "$what"; else
+    not_ok "$what"
+    sed 's/^/  /' "$tmp/cmd.out" | tail -30
+  fi
 }
 
 expect_not() {
@@ -131,12 +157,10 @@ expect_not() {
 expect_cmd() {
   local what=$1
   shift
-  checks=$((checks + 1))
   if "$@" >"$tmp/check.out" 2>&1; then
-    echo "ok: $what ($(tail -1 "$tmp/check.out"))"
+    ok "$what ($(tail -1 "$tmp/check.out"))"
   else
-    failures=$((failures + 1))
-    echo "FAIL: $what"
+    not_ok "$what"
     sed 's/^/  /' "$tmp/check.out" | tail -20
   fi
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "tests/data_layout_util.h"
 #include "tests/dt_assert.h"
 
 namespace {
@@ -932,13 +933,7 @@ TEST(MemoryDataset, HoldsACopyOfTheSamplesBitForBit) {
   EXPECT_EQ(dt_dataset_length(d), n);
   EXPECT_EQ(dt_dataset_num_classes(d), 7);
   EXPECT_EQ(dt_dataset_input_numel(d), 6);
-  const dt_sample_layout *got = dt_dataset_layout(d);
-  EXPECT_EQ(got->input_dtype, DT_DTYPE_F16);
-  EXPECT_EQ(got->target_dtype, DT_DTYPE_I64);
-  EXPECT_EQ(got->input_ndim, 2);
-  EXPECT_EQ(got->input_shape[1], 3);
-  EXPECT_EQ(got->target_ndim, 1);
-  EXPECT_EQ(got->target_shape[0], 2);
+  dtt::ExpectSameLayout(dt_dataset_layout(d), MemoryLayout(DT_DTYPE_F16, DT_DTYPE_I64));
   for (int64_t i = 0; i < n; i++) {
     uint16_t x[6];
     int64_t y[2];

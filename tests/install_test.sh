@@ -18,23 +18,12 @@ fi
 bin=${bin:-$files}
 install_sh="$files/tools/install.sh"
 smoke_c="$files/tests/install_smoke.c"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# tmp, ok, not_ok and check (check_lib.sh; the installed files, not the
+# dtrain binary, are what this test runs).
+check_lib_without_dtrain=1
+. "$(dirname "$(readlink -f "$0")")/check_lib.sh"
 prefix="$tmp/prefix"
 unset LD_LIBRARY_PATH
-
-failures=0
-checks=0
-ok() { checks=$((checks + 1)); echo "ok: $*"; }
-fail() { checks=$((checks + 1)); failures=$((failures + 1)); echo "FAIL: $*"; }
-# check DESCRIPTION COMMAND...: COMMAND succeeds (its output shown when not).
-check() {
-  local what=$1
-  shift
-  if "$@" >"$tmp/cmd.out" 2>&1; then ok "$what"; else
-    fail "$what"
-    sed 's/^/  /' "$tmp/cmd.out" | tail -30
-  fi
-}
 
 # ---- usage ------------------------------------------------------------------
 "$install_sh" >"$tmp/usage.out" 2>&1
@@ -42,7 +31,7 @@ rc=$?
 if [ "$rc" = 2 ] && grep -q "tools/install.sh PREFIX" "$tmp/usage.out"; then
   ok "no argument: usage, exit 2"
 else
-  fail "no argument: exit $rc, expected 2 with the usage"
+  not_ok "no argument: exit $rc, expected 2 with the usage"
 fi
 
 # ---- install, twice -----------------------------------------------------------
@@ -67,10 +56,10 @@ missing=$(cd "$prefix/include/dtrain" && find . -type f -exec sed -n \
   's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' {} + | sort -u |
   while read -r inc; do [ -f "$inc" ] || echo "$inc"; done)
 if [ -z "$missing" ]; then ok "the installed headers include only installed headers"; else
-  fail "included but not installed: $missing"
+  not_ok "included but not installed: $missing"
 fi
 if ls "$prefix"/include/dtrain/*/*_internal.h >/dev/null 2>&1; then
-  fail "private headers installed: $(ls "$prefix"/include/dtrain/*/*_internal.h)"
+  not_ok "private headers installed: $(ls "$prefix"/include/dtrain/*/*_internal.h)"
 else
   ok "no *_internal.h installed"
 fi
@@ -108,7 +97,7 @@ check "install_smoke.c builds statically against libdtrain.a (pkg-config --stati
 check "the dynamic program needs libdtrain.so" grep -q "libdtrain.so" \
   <(readelf -d smoke_dynamic 2>&1 | grep NEEDED)
 if readelf -d smoke_static 2>&1 | grep NEEDED | grep -q libdtrain; then
-  fail "the static program needs libdtrain.so"
+  not_ok "the static program needs libdtrain.so"
 else
   ok "the static program does not need libdtrain.so"
 fi

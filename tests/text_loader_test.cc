@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/text.h"
+#include "tests/data_layout_util.h"
 #include "tests/dt_assert.h"
 
 namespace {
@@ -85,13 +86,8 @@ TEST(TokenWindows, DatasetLayoutAndContents) {
   dt_dataset *d = nullptr;
   ASSERT_DT_OK(dt_dataset_token_windows(&cs.shard, 16, 50257, &d));
   EXPECT_EQ(dt_dataset_length(d), 62);
-  const dt_sample_layout *lay = dt_dataset_layout(d);
-  EXPECT_EQ(lay->input_dtype, DT_DTYPE_I32);
-  EXPECT_EQ(lay->target_dtype, DT_DTYPE_I32);
-  EXPECT_EQ(lay->input_ndim, 1);
-  EXPECT_EQ(lay->input_shape[0], 16);
-  EXPECT_EQ(lay->target_ndim, 1);
-  EXPECT_EQ(lay->target_shape[0], 16);
+  const dt_sample_layout windows = {DT_DTYPE_I32, 1, {16}, DT_DTYPE_I32, 1, {16}};
+  dtt::ExpectSameLayout(dt_dataset_layout(d), windows);
   EXPECT_EQ(dt_dataset_num_classes(d), 50257);
   std::vector<int32_t> x(16), y(16);
   ASSERT_DT_OK(dt_dataset_get_sample(d, 61, x.data(), y.data()));

@@ -57,6 +57,12 @@ def _dt_library_impl(ctx):
     keep = ctx.actions.declare_file("lib%s.keep" % ctx.attr.name)
     tools = cc_toolchain.all_files
 
+    # What every action below reads: the archives, with the toolchain's tools.
+    over_archives = dict(
+        inputs = depset(archives, transitive = [tools]),
+        use_default_shell_env = True,
+    )
+
     ctx.actions.write(libs, " ".join(flags) + "\n")
 
     args = ctx.actions.args()
@@ -68,22 +74,20 @@ def _dt_library_impl(ctx):
     ctx.actions.run(
         executable = cc_toolchain.compiler_executable,
         arguments = [args],
-        inputs = depset(archives, transitive = [tools]),
         outputs = [so],
         mnemonic = "DtLinkShared",
-        use_default_shell_env = True,
         progress_message = "Linking %s (whole archives)" % so.short_path,
+        **over_archives
     )
 
     script = "CREATE %s\n" % a.path + "".join(["ADDLIB %s\n" % x.path for x in archives]) + "SAVE\nEND\n"
     ctx.actions.run_shell(
         command = 'printf "%%s" "$1" | "%s" -M' % cc_toolchain.ar_executable,
         arguments = [script],
-        inputs = depset(archives, transitive = [tools]),
         outputs = [a],
         mnemonic = "DtArchive",
-        use_default_shell_env = True,
         progress_message = "Archiving %s" % a.short_path,
+        **over_archives
     )
 
     # For each input archive: the members with an .init_array section
@@ -112,11 +116,10 @@ rm -f "$out.tmp" "$out.ctors"
 """,
         arguments = [keep.path, cc_toolchain.objdump_executable, cc_toolchain.nm_executable] +
                     [x.path for x in archives],
-        inputs = depset(archives, transitive = [tools]),
         outputs = [keep],
         mnemonic = "DtKeepSymbols",
-        use_default_shell_env = True,
         progress_message = "Listing the constructors of %s" % a.short_path,
+        **over_archives
     )
 
     outs = [so, a, libs, keep]

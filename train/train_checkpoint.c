@@ -453,6 +453,18 @@ static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
   return st;
 }
 
+/* Every rank learns whether every rank succeeded: this rank's own failure
+ * (st) comes back first, then the all-reduce's; *other_failed is set when
+ * st is DT_OK but another rank's was not. */
+static dt_status every_rank_succeeded(const dt_train_ckpt *ck, dt_status st, bool *other_failed) {
+  float failed = st != DT_OK ? 1.0f : 0.0f;
+  dt_status cs = any_rank(ck, &failed);
+  DT_CHECK(st);
+  DT_CHECK(cs);
+  *other_failed = failed > 0;
+  return DT_OK;
+}
+
 /* Under ZeRO with DDP, before any rank's writer of this save starts: the
  * step's directory without this rank's shard (and rank 0's manifest) of an
  * earlier save, so that rank 0's writer cannot take a stale shard. */
@@ -484,11 +496,9 @@ static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos
       st = clear_own_files(ck, pos->step);
     /* Every rank knows the others' earlier shards were written and this
      * step's stale files are gone. */
-    float failed = st != DT_OK ? 1.0f : 0.0f;
-    dt_status cs = any_rank(ck, &failed);
-    DT_CHECK(st);
-    DT_CHECK(cs);
-    if (failed > 0)
+    bool other_failed = false;
+    DT_CHECK(every_rank_succeeded(ck, st, &other_failed));
+    if (other_failed)
       return DT_ERROR(DT_ERR_IO,
                       "another rank could not write its optimizer shard (its message names "
                       "the file), or clear it before step %lld's checkpoint",
@@ -522,17 +532,13 @@ dt_status dt_train_ckpt_finish(dt_train_ckpt *ck, const dt_train_position *pos) 
     st = w;
   /* Every rank learns whether rank 0 saved (and none exits before it has:
    * mpirun ends a job whose rank exits with a non-zero status). */
-  float failed = st != DT_OK ? 1.0f : 0.0f;
-  dt_status cs = any_rank(ck, &failed);
-  if (st != DT_OK)
-    return st;
-  DT_CHECK(cs);
-  if (failed > 0)
-    return DT_ERROR(DT_ERR_IO,
-                    "another rank could not save its part of the checkpoint of step "
-                    "%lld (its message names the file)",
-                    (long long)pos->step);
-  return DT_OK;
+  bool other_failed = false;
+  DT_CHECK(every_rank_succeeded(ck, st, &other_failed));
+  return other_failed ? DT_ERROR(DT_ERR_IO,
+                                 "another rank could not save its part of the checkpoint of "
+                                 "step %lld (its message names the file)",
+                                 (long long)pos->step)
+                      : DT_OK;
 }
 
 const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck) { return ck ? ck->last_saved : ""; }

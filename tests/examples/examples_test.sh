@@ -13,15 +13,14 @@ files="${TEST_SRCDIR:-}/dtrain"
 [ -n "${TEST_SRCDIR:-}" ] || files=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/bazel-bin
 src="${TEST_SRCDIR:+$TEST_SRCDIR/dtrain}"
 src=${src:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+# tmp, ok and not_ok (check_lib.sh; this test runs its own builds, not the
+# dtrain binary).
+check_lib_without_dtrain=1
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
 prefix="$tmp/prefix"
 mpirun_local="$src/tests/dist/mpirun_local.sh"
 unset LD_LIBRARY_PATH
 
-failures=0
-checks=0
-ok() { checks=$((checks + 1)); echo "ok: $*"; }
-fail() { checks=$((checks + 1)); failures=$((failures + 1)); echo "FAIL: $*"; }
 within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
 
 if ! "$src/tools/install.sh" --from-bazel-bin "$files" --source-dir "$src" "$prefix" >"$tmp/install.out" 2>&1; then
@@ -52,28 +51,28 @@ for c in "$src"/examples/*.c; do
     >"$tmp/$name.cc.out" 2>&1; then
     ok "$name: cc FILE \$(pkg-config --cflags --libs dtrain)"
   else
-    fail "$name: cc against the installed copy"
+    not_ok "$name: cc against the installed copy"
     sed 's/^/  /' "$tmp/$name.cc.out" | tail -20
     continue
   fi
   lines=$(wc -l <"$c")
-  [ "$lines" -le 150 ] && ok "$name: $lines lines" || fail "$name: $lines lines, at most 150"
+  [ "$lines" -le 150 ] && ok "$name: $lines lines" || not_ok "$name: $lines lines, at most 150"
   ddp=$(run "$name-cc-2" 2 "$tmp/$name")
   single=$(run "$name-cc-1" 1 "$tmp/$name")
   bazel_ddp=$(run "$name-bazel-2" 2 "$src/examples/$name")
   for r in "cc-2:$ddp" "cc-1:$single" "bazel-2:$bazel_ddp"; do
     case "${r#*:}" in
       [0-9]*) ok "$name ${r%%:*}: val_loss=${r#*:}" ;;
-      *) fail "$name ${r%%:*}: no val_loss line (${r#*:})"; tail -15 "$tmp/$name-${r%%:*}.out" ;;
+      *) not_ok "$name ${r%%:*}: no val_loss line (${r#*:})"; tail -15 "$tmp/$name-${r%%:*}.out" ;;
     esac
   done
   grep -q "checkpoint of step" "$tmp/$name-cc-2.out" && ok "$name: a checkpoint saved (hook)" ||
-    fail "$name: no checkpoint_saved hook line"
+    not_ok "$name: no checkpoint_saved hook line"
   within "$ddp" "$single" 0.01 && ok "$name: DDP $ddp = one process $single (within 0.01)" ||
-    fail "$name: DDP val_loss $ddp, one process $single: want within 0.01"
+    not_ok "$name: DDP val_loss $ddp, one process $single: want within 0.01"
   within "$ddp" "$bazel_ddp" 0.01 && ok "$name: cc build $ddp = Bazel build $bazel_ddp" ||
-    fail "$name: cc build $ddp, Bazel build $bazel_ddp"
+    not_ok "$name: cc build $ddp, Bazel build $bazel_ddp"
 done
-[ "$n" -gt 0 ] || fail "no examples/*.c"
+[ "$n" -gt 0 ] || not_ok "no examples/*.c"
 echo "$checks checks, $failures failed"
 [ "$failures" = 0 ]
