@@ -216,6 +216,8 @@ static dt_status read_metrics(const char *path, report *r) {
 
 /* ---- drawing ---- */
 
+/* Every text from the metrics file reaches the page through here (element
+ * content and quoted attributes alike). */
 static void html_escape(FILE *out, const char *s) {
   for (; *s; s++) {
     if (*s == '<')
@@ -226,6 +228,8 @@ static void html_escape(FILE *out, const char *s) {
       fputs("&amp;", out);
     else if (*s == '"')
       fputs("&quot;", out);
+    else if (*s == '\'')
+      fputs("&#39;", out);
     else
       fputc(*s, out);
   }
@@ -387,7 +391,12 @@ static void setup_panels(report *r) {
 static void write_page(FILE *out, report *r, const char *source) {
   setup_panels(r);
   fputs(
-      "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>dtrain report</title>\n"
+      "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>\n"
+      /* The page runs no script and loads nothing: a value that slipped
+       * past html_escape still could not run one (inline handlers
+       * included). */
+      "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
+      "style-src 'unsafe-inline'\">\n<title>dtrain report</title>\n"
       "<style>body{font:13px sans-serif;margin:16px;background:#fff;color:#222;width:1160px}"
       "h1{font-size:18px;margin:0 0 8px}.grid{display:grid;grid-template-columns:"
       "repeat(2,560px);gap:24px 24px}svg text{font:11px sans-serif;fill:#333}"
@@ -400,8 +409,13 @@ static void write_page(FILE *out, report *r, const char *source) {
   if (r->run)
     write_run_table(out, r);
   fprintf(out, "<p>%ld training records, %ld evaluations", r->trains, r->evals);
-  if (r->evals)
-    fprintf(out, "; last %s %s %.4f", r->split, r->metric, r->last_metric);
+  if (r->evals) {
+    fputs("; last ", out);
+    html_escape(out, r->split);
+    fputc(' ', out);
+    html_escape(out, r->metric);
+    fprintf(out, " %.4f", r->last_metric);
+  }
   fputs(".</p>\n<div class='grid'>\n", out);
   for (int i = 0; i < P_COUNT; i++)
     if (i < P_MFU || points_in(&r->p[i]) > 0) /* the optional ones when recorded */

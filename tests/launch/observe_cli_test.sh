@@ -77,6 +77,33 @@ else
   expect_cmd "the report as Chromium draws it: 8 plot areas, each with a series drawn" \
     "$obs_check" png "$ddp/shot.png" --panels 8
 fi
+# Issue 32: a metrics file is data, never script. Payloads that set the
+# page's title to 7 when they run (short enough to survive the report's
+# 31-character split), in every string value and key the report shows (the
+# run record's values and keys, an evaluation's split and its metric key),
+# rendered by Chromium: the title must stay the report's. Before the fix
+# the split reached the page as markup and Chromium's title became 7.
+xss="<svg onload=document.title=7>"
+xss2="<img src=x onerror=document.title=7>"
+{
+  printf '{"type":"run","model":"%s","data":"%s","device":"%s","comm":"%s","%s":"%s","world":1}\n' \
+    "$xss" "$xss2" "$xss" "$xss2" "$xss" "$xss2"
+  printf '{"type":"train","step":1,"epoch":1,"time":0.1,"loss":2.0,"lr":0.1,"samples_per_s":10}\n'
+  printf '{"type":"eval","split":"%s","step":1,"epoch":1,"%s_loss":1.5,"%s_%s":0.5}\n' \
+    "$xss" "$xss" "$xss" "$xss2"
+} >"$tmp/xss.jsonl"
+run report "$tmp/xss.jsonl" --out "$tmp/xss.html"
+expect 0 out "wrote $tmp/xss.html" "dtrain report of a metrics file full of markup"
+cp "$tmp/xss.html" "$out"
+expect_not out "<svg onload|<img src=x" "no value reaches the page as markup"
+expect 0 out "Content-Security-Policy" "the page forbids script (Content-Security-Policy)"
+if [ -n "$chromium" ]; then
+  (cd "$tmp" && HOME="$tmp" timeout 120 "$chromium" --no-sandbox --disable-gpu --virtual-time-budget=2000 \
+    --dump-dom "file://$tmp/xss.html" >"$tmp/xss.dom" 2>"$tmp/chromium-xss.log")
+  cp "$tmp/xss.dom" "$out"
+  expect 0 out "<title>dtrain report</title>" "Chromium renders the page and no payload ran"
+  expect_not out "<title>7</title>" "no script of the metrics file ran in Chromium"
+fi
 run report "$one/metrics.jsonl" --out "$tmp/one.html"
 expect 0 out "wrote $tmp/one.html" "dtrain report METRICS_FILE --out FILE"
 expect 0 out "" "(report of a single process)"
