@@ -53,9 +53,12 @@ static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
     case DT_FLAG_INT: {
       errno = 0;
       long long v = strtoll(text, &end, 10);
-      if (errno || end == text || *end || v > INT_MAX || v < INT_MIN || !in_range(f, (double)v)) {
+      bool number = end != text && !*end; /* digits, perhaps beyond what an int holds */
+      if (errno || !number || v > INT_MAX || v < INT_MIN || !in_range(f, (double)v)) {
         describe_number(f, expected, sizeof expected);
-        snprintf(why, cap, "expected %s", expected);
+        /* A number beyond an int: the range itself says why it is refused. */
+        bool beyond = number && f->max == 0 && (errno == ERANGE || v > INT_MAX || v < INT_MIN);
+        snprintf(why, cap, "expected %s%s", expected, beyond ? " of at most 2147483647" : "");
         return false;
       }
       *(int *)f->target = (int)v;
@@ -66,7 +69,9 @@ static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
       unsigned long long v = strtoull(text, &end, 10);
       /* strtoull accepts "-1" (and " -1") and negates it: refuse any sign. */
       if (errno || end == text || *end || strchr(text, '-') != NULL) {
-        snprintf(why, cap, "expected a non-negative integer");
+        bool beyond = errno == ERANGE && end != text && !*end && !strchr(text, '-');
+        snprintf(why, cap, "expected a non-negative integer%s",
+                 beyond ? " of at most 18446744073709551615" : "");
         return false;
       }
       *(uint64_t *)f->target = (uint64_t)v;
@@ -77,7 +82,9 @@ static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
       errno = 0;
       double v = strtod(text, &end);
       bool fits = f->type == DT_FLAG_DOUBLE || fabs(v) <= 3.4028234663852886e38;
-      if (errno || end == text || *end || !isfinite(v) || !fits || !in_range(f, v)) {
+      /* strtod also reads hexadecimal ("0x10" is 16): a decimal number only. */
+      bool decimal = strpbrk(text, "xX") == NULL;
+      if (errno || end == text || *end || !isfinite(v) || !fits || !decimal || !in_range(f, v)) {
         describe_number(f, expected, sizeof expected);
         snprintf(why, cap, "expected %s", expected);
         return false;

@@ -150,6 +150,16 @@ TEST(Flags, BadValuesNameTheFlagAndWhatIsAccepted) {
       {{"--lr", "inf"}, "invalid value 'inf' for --lr"},
       {{"--lr", "1e39"}, "invalid value '1e39' for --lr"},  // beyond float
       {{"--gamma", "0"}, "invalid value '0' for --gamma: expected a number > 0"},
+      // Issue 32: hexadecimal is not a decimal number (strtod reads 0x10 as 16).
+      {{"--lr", "0x10"}, "invalid value '0x10' for --lr: expected a non-negative number"},
+      {{"--timeout", "0X1p3"}, "invalid value '0X1p3' for --timeout: expected a number > 0"},
+      // Issue 32: a number beyond the type names the range, not "an integer" alone.
+      {{"-n", "2147483648"},
+       "invalid value '2147483648' for -n: expected a positive integer of at most 2147483647"},
+      {{"--np", "18446744073709551615"}, "expected a positive integer of at most 2147483647"},
+      {{"--seed", "18446744073709551616"},
+       "invalid value '18446744073709551616' for --seed: expected a non-negative integer of at "
+       "most 18446744073709551615"},
       {{"--timeout", "nan"}, "invalid value 'nan' for --timeout"},
       {{"--name", ""}, "invalid value '' for --name: expected a non-empty value"},
       {{"--mode", "zero"}, "invalid value 'zero' for --mode: expected one of ddp, dp"},
