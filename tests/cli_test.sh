@@ -159,6 +159,10 @@ expect 2 err "invalid value '5000' for --threads: expected an integer in 0\.\.40
   "absurd bench --threads"
 run train --epochs 0
 expect 2 err "invalid value '0' for --epochs: expected a positive integer" "zero epochs"
+# Issue 32: more micro-batches per step than an epoch holds ran one short step.
+run train --accum 2147483647 --data-dir "$tmp/tiny" --batch 4 --run-dir "$tmp/accum-run"
+expect 1 err "dtrain: error: --accum 2147483647 micro-batches per optimizer step is more than an epoch holds \(2 micro-batches of --batch 4 on this rank\): use --accum of at most 2" \
+  "--accum beyond the epoch"
 run train --gamma 0
 expect 2 err "invalid value '0' for --gamma: expected a number > 0" "--gamma 0"
 run train --comm-timeout 0

@@ -223,6 +223,14 @@ static dt_status check_task_input(const dt_train_config *c, const train_state *s
 /* The run's length in optimizer steps and the LR schedule over it. */
 static dt_status plan_steps(const dt_train_config *c, train_state *s) {
   s->batches_per_epoch = dt_loader_num_batches(s->loader);
+  /* A group longer than the epoch would be cut at the epoch's end: every
+   * optimizer step would see fewer micro-batches than asked, silently. */
+  if (c->accum > s->batches_per_epoch)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`accum` %d micro-batches per optimizer step is more than an epoch holds "
+                    "(%lld micro-batches of `batch` %d on this rank): use `accum` of at most %lld",
+                    c->accum, (long long)s->batches_per_epoch, c->batch,
+                    (long long)s->batches_per_epoch);
   s->steps_per_epoch = (s->batches_per_epoch + c->accum - 1) / c->accum;
   s->total_steps = (int64_t)c->epochs * s->steps_per_epoch;
   if (c->max_steps > 0 && c->max_steps < s->total_steps)
