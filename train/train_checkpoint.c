@@ -439,26 +439,12 @@ static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, boo
   return DT_OK;
 }
 
-/* Sums a flag over the ranks (DDP), on the rank's device. */
-static dt_status any_rank(const dt_train_ckpt *ck, float *flag) {
-  if (!ck->run.comm || ck->run.world <= 1)
-    return DT_OK;
-  int64_t shape = 1;
-  dt_tensor *t = NULL;
-  DT_CHECK(dt_tensor_from_host(flag, &shape, 1, DT_DTYPE_F32, ck->run.dev, &t));
-  dt_status st = dt_comm_allreduce_sync(ck->run.comm, t, DT_REDUCE_SUM);
-  if (st == DT_OK)
-    st = dt_tensor_to_host(t, flag, sizeof *flag);
-  dt_tensor_release(t);
-  return st;
-}
-
 /* Every rank learns whether every rank succeeded: this rank's own failure
  * (st) comes back first, then the all-reduce's; *other_failed is set when
  * st is DT_OK but another rank's was not. */
 static dt_status every_rank_succeeded(const dt_train_ckpt *ck, dt_status st, bool *other_failed) {
-  float failed = st != DT_OK ? 1.0f : 0.0f;
-  dt_status cs = any_rank(ck, &failed);
+  double failed = st != DT_OK ? 1.0 : 0.0;
+  dt_status cs = dt_train_sum_over_ranks(ck->run.comm, ck->run.dev, &failed, 1);
   DT_CHECK(st);
   DT_CHECK(cs);
   *other_failed = failed > 0;

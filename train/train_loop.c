@@ -1,12 +1,9 @@
 #include "train/train_loop.h"
 
-#include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "core/autograd.h"
@@ -27,27 +24,6 @@ static double now_seconds(void) {
 }
 
 static double mib(size_t bytes) { return (double)bytes / DT_MIB; }
-
-/* Sums vals[0..n) over the ranks (in f32: counts up to 2^24 are exact), on
- * the rank's device: an nccl communicator reduces GPU memory only. */
-static dt_status allreduce_sums(train_state *s, double *vals, int n) {
-  if (s->world <= 1)
-    return DT_OK;
-  float buf[8];
-  int64_t shape = n;
-  dt_tensor *t = NULL;
-  for (int i = 0; i < n; i++)
-    buf[i] = (float)vals[i];
-  DT_CHECK(dt_tensor_from_host(buf, &shape, 1, DT_DTYPE_F32, s->dev, &t));
-  dt_status st = dt_comm_allreduce_sync(s->comm, t, DT_REDUCE_SUM);
-  if (st == DT_OK)
-    st = dt_tensor_to_host(t, buf, (size_t)n * sizeof *buf);
-  dt_tensor_release(t);
-  DT_CHECK(st);
-  for (int i = 0; i < n; i++)
-    vals[i] = buf[i];
-  return DT_OK;
-}
 
 /* Adds `loss` (a detached scalar, taken) into *sum on the device, without
  * waiting for the device. */
@@ -206,7 +182,7 @@ static dt_status agree_stop(train_state *s) {
     return DT_OK;
   int code = s->hooks->should_stop(s->hooks->user);
   double any = code != 0;
-  DT_CHECK(allreduce_sums(s, &any, 1));
+  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, &any, 1));
   if (any > 0) {
     s->stopped = true;
     s->stop_code = code != 0 ? code : -1;
@@ -313,7 +289,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
   epoch_loss += sum;
   double totals[2] = {epoch_loss, (double)done_batches};
-  DT_CHECK_GOTO(allreduce_sums(s, totals, 2), st, fail);
+  DT_CHECK_GOTO(dt_train_sum_over_ranks(s->comm, s->dev, totals, 2), st, fail);
   *mean_loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   return DT_OK;
 fail:
@@ -334,7 +310,7 @@ static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_
   DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
                                    s->rank, s->world, &sums[0], &sums[1], &count));
   sums[2] = (double)count;
-  DT_CHECK(allreduce_sums(s, sums, 3));
+  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, sums, 3));
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;
   *metric = sums[2] > 0 ? sums[1] / sums[2] : 0.0;
   return DT_OK;

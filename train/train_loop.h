@@ -104,6 +104,12 @@ dt_ddp_config dt_train_ddp_config(const dt_train_comm_options *o);
  * (dt_replica_connect). Collective. */
 dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options *o);
 
+/* Sums vals[0..n) (1 <= n <= 8) over the ranks of `comm` in place, in f32
+ * (counts up to 2^24 are exact), on the rank's device `dev` (an nccl
+ * communicator reduces GPU memory only). Collective; NULL comm (one
+ * process, dp's replicas): a no-op. */
+dt_status dt_train_sum_over_ranks(dt_comm *comm, dt_device dev, double *vals, int n);
+
 /* `precision` (DT_PRECISION_DEVICE_DEFAULT: tf32 on CUDA, fp32 on the CPU)
  * for a rank on dev: step->autocast, and for fp16 step->scaler = scaler
  * (initialised with PyTorch's defaults; rank overflow_rank's gradients get

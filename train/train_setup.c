@@ -127,3 +127,24 @@ dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank, in
   step->scaler = scaler;
   return DT_OK;
 }
+
+dt_status dt_train_sum_over_ranks(dt_comm *comm, dt_device dev, double *vals, int n) {
+  if (!comm)
+    return DT_OK;
+  float buf[8];
+  int64_t shape = n;
+  dt_tensor *t = NULL;
+  if (n < 1 || n > 8)
+    return DT_ERROR(DT_ERR_INTERNAL, "summing %d values over the ranks: 1 to 8 at a time", n);
+  for (int i = 0; i < n; i++)
+    buf[i] = (float)vals[i];
+  DT_CHECK(dt_tensor_from_host(buf, &shape, 1, DT_DTYPE_F32, dev, &t));
+  dt_status st = dt_comm_allreduce_sync(comm, t, DT_REDUCE_SUM);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, buf, (size_t)n * sizeof *buf);
+  dt_tensor_release(t);
+  DT_CHECK(st);
+  for (int i = 0; i < n; i++)
+    vals[i] = buf[i];
+  return DT_OK;
+}
