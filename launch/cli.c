@@ -235,6 +235,23 @@ bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err
   return false;
 }
 
+bool dt_cli_check_text_flags(const char *command, const dt_task *task, int argc, char **argv,
+                             FILE *err) {
+  static const char *const text_flags[] = {"prompt", "sample-len",  "temperature",
+                                           "top-k",  "sample-seed", "sample-every"};
+  if (task->tokenizer)
+    return true;
+  for (size_t i = 0; i < sizeof text_flags / sizeof text_flags[0]; i++)
+    if (dt_cli_peek_flag(argc, argv, text_flags[i])) {
+      fprintf(err,
+              "dtrain %s: --%s: model %s does not generate text (--%s is for the gpt2-* "
+              "models)\n",
+              command, text_flags[i], task->name, text_flags[i]);
+      return false;
+    }
+  return true;
+}
+
 dt_flag dt_cli_flag_seed(uint64_t *target, const char *help) {
   return (dt_flag)DT_U64_FLAG("seed", target, "N", help);
 }

@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "launch/flags.h"
+#include "models/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,6 +101,12 @@ dt_flag dt_cli_flag_bucket_update(const char **target);
       DT_STRING_FLAG("prompt", &(sc)->prompt, "TEXT", "text models: the samples' beginning",      \
                      .default_text = "<|endoftext|>"),                                            \
       DT_U64_FLAG("sample-seed", &(sc)->seed, "N", "text models: seed of the samples' draws")
+
+/* False, with a message to err, when argv gives a text model's flag
+ * (--prompt, --sample-len, ...) to a task without a tokenizer: refused
+ * as --ctx is, not ignored. */
+bool dt_cli_check_text_flags(const char *command, const dt_task *task, int argc, char **argv,
+                             FILE *err);
 
 /* Checks for STRING flags: a device name (cpu, cpu:N, cuda, cuda:N), a
  * device list (cpu:0,cpu:1). */

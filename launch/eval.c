@@ -3,6 +3,8 @@
  * evaluate it on the test split or draw text from it. */
 #include "launch/eval.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,22 +165,33 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
   return checkpoint_command(&set, &a, own, 1, argc, argv, err, eval_work);
 }
 
+/* dtrain sample's text to stdout as each token is drawn: a long sample
+ * shows from its first token, and a write error (a full disk, a closed
+ * pipe) ends it at once. */
+static dt_status emit_stdout(void *ctx, const char *bytes, size_t n) {
+  (void)ctx;
+  if (fwrite(bytes, 1, n, stdout) != n || fflush(stdout) != 0)
+    return DT_ERROR(DT_ERR_IO, "writing the sample to the standard output failed: %s",
+                    strerror(errno));
+  return DT_OK;
+}
+
 static dt_status sample_work(void *arg) {
   eval_args *a = arg;
   ckpt_model m;
-  char *text = NULL;
   dt_status st = ckpt_model_open(a->checkpoint, a->device, true, &m);
-  if (st == DT_OK)
-    st = dt_sample_text(m.module, &m.task, m.dev, a->data_dir, &a->sample, &text);
   if (st == DT_OK) {
     fprintf(stderr,
             "dtrain sample: checkpoint %s (model %s, context %lld, optimizer step %s): %d "
             "tokens, temperature %g, top-k %d, seed %llu\n",
             m.dir, m.model, (long long)m.task.input_shape[0], m.step, a->sample.length,
             (double)a->sample.temperature, a->sample.top_k, (unsigned long long)a->sample.seed);
-    printf("%s\n", text);
+    dt_sample_config sc = a->sample;
+    sc.emit = emit_stdout;
+    st = dt_sample_text(m.module, &m.task, m.dev, a->data_dir, &sc, NULL);
   }
-  free(text);
+  if (st == DT_OK)
+    st = emit_stdout(NULL, "\n", 1);
   ckpt_model_close(&m);
   return st;
 }

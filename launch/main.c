@@ -309,6 +309,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     fprintf(err, "dtrain train: %s\n", dt_last_error());
     return 2;
   }
+  if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err))
+    return 2;
   cfg.optimizer = !strcmp(optimizer, "adamw") ? DT_TRAIN_ADAMW : DT_TRAIN_SGD;
   cfg.schedule = !strcmp(schedule, "step")       ? DT_LR_DECAY_STEP
                  : !strcmp(schedule, "constant") ? DT_LR_DECAY_CONSTANT
@@ -401,20 +403,28 @@ static void share_cores(const dt_pg *pg) {
 
 /* The end of every command: what it wrote to stdout must have reached it
  * (a full disk, a closed pipe, /dev/full). A lost result line is an error:
- * exit 1 naming it, unless the command already failed. */
+ * exit 1 naming it, unless the command already failed (and said why). An
+ * earlier failed flush (the trainer's log) leaves the error flag but not
+ * its errno: one newline more, into output that already lost bytes, finds
+ * the cause ("No space left on device"). */
 static int finish_stdout(int rc) {
   errno = 0;
   bool failed = fflush(stdout) != 0 || ferror(stdout);
   int e = errno;
+  if (failed && e == 0) {
+    clearerr(stdout);
+    if (fputc('\n', stdout) == EOF || fflush(stdout) != 0)
+      e = errno;
+  }
   if (fclose(stdout) != 0 && !failed) {
     failed = true;
     e = errno;
   }
-  if (!failed)
+  if (!failed || rc != 0)
     return rc;
   fprintf(stderr, "dtrain: error: writing the standard output failed: %s\n",
-          e ? strerror(e) : "write error");
-  return rc == 0 ? 1 : rc;
+          e ? strerror(e) : "an earlier write failed");
+  return 1;
 }
 
 /* The start-up deadline: MPI start-up comes before the flags are parsed,

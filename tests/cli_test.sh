@@ -82,6 +82,13 @@ expect 2 err "invalid value '65' for --ctx: model gpt2-tiny's context is 1 to 64
   "a context beyond the model's is a bad command line"
 run bench --model lenet --ctx 8
 expect 2 err "model lenet takes no sequence" "--ctx for an image model is a bad command line"
+for flag in "--prompt hi" "--sample-len 8" "--temperature 0" "--top-k 3" "--sample-seed=4" \
+  "--sample-every 2"; do
+  # shellcheck disable=SC2086 # the flag and its value
+  run train --model mlp --max-steps 1 $flag
+  expect 2 err "^dtrain train: ${flag%%[ =]*}: model mlp does not generate text" \
+    "$flag for an image model is refused as --ctx is (it was ignored)"
+done
 
 run bench --help
 flatten

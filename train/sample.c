@@ -83,8 +83,24 @@ static int32_t pick(const float *logits, int64_t V, const dt_sample_config *cfg,
   return (int32_t)best; /* u at the very top of the rounding */
 }
 
+/* The bytes of tokens ids[0..n) to cfg->emit (or appended to *text). */
+static dt_status emit_tokens(const dt_bpe *bpe, const int32_t *ids, int64_t n,
+                             const dt_sample_config *cfg, dt_bytes *text) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *bytes = NULL;
+    size_t len = 0;
+    DT_CHECK(dt_bpe_token_bytes(bpe, ids[i], &bytes, &len));
+    DT_CHECK(cfg->emit ? cfg->emit(cfg->emit_ctx, (const char *)bytes, len)
+                       : dt_bytes_append(text, bytes, (int64_t)len));
+  }
+  return DT_OK;
+}
+
+/* The prompt's tokens, then cfg->length more, each emitted as it is drawn.
+ * Only the last T tokens condition the next one, so the window `ids` keeps
+ * at most 2T: a long sample's memory stays the model's context. */
 static dt_status generate(dt_module *model, const dt_task *task, dt_device dev, dt_bpe *bpe,
-                          const dt_sample_config *cfg, dt_tokens *ids) {
+                          const dt_sample_config *cfg, dt_tokens *ids, dt_bytes *text) {
   int64_t V = task->num_classes, T = task->input_shape[0];
   const char *prompt = cfg->prompt ? cfg->prompt : "";
   DT_CHECK(dt_bpe_encode(bpe, prompt, strlen(prompt), ids));
@@ -92,6 +108,7 @@ static dt_status generate(dt_module *model, const dt_task *task, dt_device dev, 
     int32_t eot = dt_bpe_eot(bpe);
     DT_CHECK(dt_tokens_append(ids, &eot, 1));
   }
+  DT_CHECK(emit_tokens(bpe, ids->data, ids->len, cfg, text));
   float *logits = malloc((size_t)V * sizeof *logits);
   float *scratch = malloc((size_t)V * sizeof *scratch);
   dt_status st = DT_OK;
@@ -100,10 +117,16 @@ static dt_status generate(dt_module *model, const dt_task *task, dt_device dev, 
   dt_generator gen;
   dt_generator_init(&gen, cfg->seed);
   for (int i = 0; st == DT_OK && i < cfg->length; i++) {
+    if (ids->len >= 2 * T) { /* keep the last T: the next token's context */
+      memmove(ids->data, ids->data + ids->len - T, (size_t)T * sizeof *ids->data);
+      ids->len = T;
+    }
     st = next_logits(model, ids->data, ids->len, T, dev, logits, V);
     int32_t next = st == DT_OK ? pick(logits, V, cfg, &gen, scratch) : 0;
     if (st == DT_OK)
       st = dt_tokens_append(ids, &next, 1);
+    if (st == DT_OK)
+      st = emit_tokens(bpe, &next, 1, cfg, text);
   }
   free(scratch);
   free(logits);
@@ -112,13 +135,16 @@ static dt_status generate(dt_module *model, const dt_task *task, dt_device dev, 
 
 dt_status dt_sample_text(dt_module *model, const dt_task *task, dt_device dev, const char *data_dir,
                          const dt_sample_config *cfg, char **out) {
-  *out = NULL;
+  if (out)
+    *out = NULL;
   if (!task->tokenizer || task->max_context <= 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "model %s does not generate text", task->name);
   if (cfg->length < 0 || !(cfg->temperature >= 0.0f) || cfg->top_k < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "sampling %d tokens at temperature %g with top-k %d: none may be negative",
                     cfg->length, (double)cfg->temperature, cfg->top_k);
+  if (!cfg->emit && !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "sampling: neither an emit callback nor out");
   char dir[4096];
   if (snprintf(dir, sizeof dir, "%s/%s", data_dir, task->tokenizer) >= (int)sizeof dir)
     return DT_ERROR(DT_ERR_INVALID_ARG, "data dir too long: %s", data_dir);
@@ -129,12 +155,10 @@ dt_status dt_sample_text(dt_module *model, const dt_task *task, dt_device dev, c
   int was_training = dt_module_is_training(model);
   dt_module_train(model, 0);
   dt_no_grad_begin();
-  dt_status st = generate(model, task, dev, bpe, cfg, &ids);
+  dt_status st = generate(model, task, dev, bpe, cfg, &ids, &text);
   dt_no_grad_end();
   dt_module_train(model, was_training);
-  if (st == DT_OK)
-    st = dt_bpe_decode(bpe, ids.data, ids.len, &text);
-  if (st == DT_OK) {
+  if (st == DT_OK && !cfg->emit) {
     *out = malloc((size_t)text.len + 1);
     if (*out) {
       memcpy(*out, text.data, (size_t)text.len);

@@ -21,6 +21,7 @@
 #ifndef DT_TRAIN_SAMPLE_H
 #define DT_TRAIN_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/module.h"
@@ -38,11 +39,19 @@ typedef struct dt_sample_config {
   float temperature;  /* 0 = greedy */
   int top_k;          /* 0 = the whole vocabulary */
   uint64_t seed;
+  /* Streaming: when set, the text's bytes go to emit as they are drawn
+   * (the prompt's first, then each token's; a token's bytes may end
+   * inside a UTF-8 character) and dt_sample_text's out may be NULL. A
+   * non-OK status from emit (a full disk, a closed pipe) ends the
+   * sampling with that status. */
+  dt_status (*emit)(void *ctx, const char *bytes, size_t n);
+  void *emit_ctx;
 } dt_sample_config;
-#define DT_SAMPLE_CONFIG_DEFAULT ((dt_sample_config){"", 64, 0, 1.0f, 40, 0})
+#define DT_SAMPLE_CONFIG_DEFAULT ((dt_sample_config){"", 64, 0, 1.0f, 40, 0, NULL, NULL})
 
 /* The prompt and its continuation as text (*out: malloc'd, NUL-terminated;
- * the caller frees it). Errors: a task without a tokenizer or sequence
+ * the caller frees it; with cfg->emit set, the text goes there instead and
+ * out, if given, stays NULL). Errors: a task without a tokenizer or sequence
  * input, a negative length or temperature (DT_ERR_INVALID_ARG), the
  * tokenizer files (DT_ERR_IO / DT_ERR_FORMAT), the model's. */
 dt_status dt_sample_text(dt_module *model, const dt_task *task, dt_device dev, const char *data_dir,

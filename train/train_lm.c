@@ -57,6 +57,7 @@ dt_status dt_train_log_sample(FILE *log, const dt_train_config *c, const dt_task
     return DT_OK;
   char *text = NULL;
   dt_sample_config sc = c->sample;
+  sc.emit = NULL; /* the log takes the text whole, under its header */
   DT_CHECK(dt_sample_text(model, task, dev, c->data_dir, &sc, &text));
   const char *prefix = c->log_prefix ? c->log_prefix : "";
   if (step > 0)

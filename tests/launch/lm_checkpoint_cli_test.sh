@@ -15,7 +15,8 @@
 #     the training run printed (same model, prompt and seed); the same seed
 #     gives the same text, other seeds other text; the text starts with the
 #     prompt; a checkpoint that is not a language model's, a missing or a
-#     damaged one, and an empty prompt are errors.
+#     damaged one, and an empty prompt are errors; a long sample streams
+#     its text as it is drawn, and a full stdout is named.
 set -uo pipefail
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
@@ -133,6 +134,16 @@ run bench --model gpt2-tiny --ctx 16 --steps 1 --warmup 0 --threads 1
 expect 0 out "^dtrain bench: model gpt2-tiny .* batch 16 .* optimizer adamw" \
   "dtrain bench of a language model takes its training defaults (batch 16, AdamW)"
 
+# A long sample streams: its first tokens reach stdout while it runs.
+timeout 20 "$dtrain" sample --checkpoint "$final" --threads 1 --sample-len 1000000000 \
+  --prompt "The jury said" >"$out" 2>"$err"
+rc=$?
+expect 124 out "^The jury said.{8}" \
+  "a 10^9-token sample shows its text as it is drawn (stopped after 20 s)"
+timeout 120 "$dtrain" sample --checkpoint "$final" --threads 1 --sample-len 4 >/dev/full 2>"$err"
+rc=$?
+expect 1 err "writing the sample to the standard output failed: No space left on device" \
+  "dtrain sample > /dev/full: exit 1 naming the cause"
 run sample --checkpoint "$final" --prompt ""
 expect 2 err "invalid value '' for --prompt" "an empty prompt (no tokens) is a command-line error"
 run sample

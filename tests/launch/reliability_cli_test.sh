@@ -6,7 +6,8 @@
 #     different data behind the same flags: every rank fails before the first
 #     step naming the flag (or data set) and both values; per-rank flags
 #     (--threads, --log-interval, --data-dir) may differ;
-#   - output that cannot be written (stdout on /dev/full): exit 1, named;
+#   - output that cannot be written (stdout on /dev/full): exit 1, named,
+#     with its cause also where the trainer's log flushed earlier;
 #   - --bucket-cap-mb 1e30 / 1e-6 (no undefined float->size_t conversion);
 #   - divergence named "nan" (not "-nan"), and with --clip by its size;
 #   - data problems named for what they are, before the first step: a
@@ -83,7 +84,8 @@ full() { # full DESCRIPTION ARGS...: stdout on /dev/full
   shift
   timeout 120 "$dtrain" "$@" >/dev/full 2>"$err"
   rc=$?
-  expect 1 err "^dtrain: error: writing the standard output failed" "$what > /dev/full"
+  expect 1 err "^dtrain: error: writing the standard output failed: No space left on device" \
+    "$what > /dev/full"
 }
 full "train" train --model mlp --max-steps 2 --log-interval 0
 full "train --help" train --help
