@@ -127,9 +127,9 @@ static dt_status open_brown(const dt_task *task, const dt_task_data *data, const
   if (!w)
     return DT_ERROR(DT_ERR_OOM, "no host memory for the %s split of %s", split, data->name);
   dt_status st = dt_shard_read(path, data->num_classes, &w->shard);
-  if (st == DT_OK)
-    st = dt_dataset_token_windows(&w->shard, (int)task->input_shape[0], data->num_classes,
-                                  &w->windows);
+  if (st == DT_OK && (st = dt_dataset_token_windows(&w->shard, (int)task->input_shape[0],
+                                                    data->num_classes, &w->windows)) != DT_OK)
+    st = dt_error_wrap(st, "%s", path); /* the shard too short for a window */
   if (st != DT_OK) {
     owned_windows_destroy(w);
     return st;

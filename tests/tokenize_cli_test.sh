@@ -101,5 +101,22 @@ else
   fail "existing shards were rewritten"
 fi
 
+# Shards too short for one window of the context: the error names the file.
+mkdir -p "$tmp/short"
+printf 'One two three.' >"$tmp/five.txt"
+run tokenize --in "$tmp/five.txt" --out "$tmp/short/brown" --val-fraction 0 --vocab "$data/gpt2"
+expect 0 out "5 train and 0 val tokens" "a 5-token shard"
+ln -s "$data/gpt2" "$tmp/short/gpt2"
+cp "$tmp/short/brown/train.bin" "$tmp/short/brown/val.bin"
+run train --model gpt2-tiny --ctx 16 --data-dir "$tmp/short" --max-steps 1
+expect 1 err "short/brown/train.bin: a shard of 5 tokens holds no window of" \
+  "training on a 5-token shard: exit 1 naming the file"
+head -c 1024 "$tmp/short/brown/train.bin" >"$tmp/short/brown/val.bin"
+printf '\0\0\0\0' | dd of="$tmp/short/brown/val.bin" bs=1 seek=8 conv=notrunc 2>/dev/null
+cp "$tmp/short/brown/val.bin" "$tmp/short/brown/train.bin"
+run train --model gpt2-tiny --ctx 16 --data-dir "$tmp/short" --max-steps 1
+expect 1 err "short/brown/train.bin: a shard of 0 tokens holds no window of" \
+  "training on an empty shard: exit 1 naming the file"
+
 echo "$checks checks, $failures failures"
 [ "$failures" = 0 ]
