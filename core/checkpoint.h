@@ -78,7 +78,8 @@ dt_status dt_tensor_snapshot_write_safetensors(const dt_tensor_snapshot *s, cons
  * every tensor of the module must be in the file with its shape and dtype
  * (f32), and every tensor of the file must belong to the module; the first
  * difference is DT_ERR_SHAPE / DT_ERR_DTYPE / DT_ERR_FORMAT naming the
- * tensor. Each tensor's CRC32 from the metadata is checked. */
+ * tensor. Each tensor's CRC32 from the metadata ("crc32.<name>") is
+ * checked; a tensor without one is DT_ERR_FORMAT. */
 dt_status dt_safetensors_load_module(const char *path, dt_module *m);
 
 /* ---- trainer state ----

@@ -1,6 +1,7 @@
 /* A streaming JSON reader, enough for the safetensors header and the
  * manifest: strings without \u escapes beyond ASCII, integers, nested
  * objects and arrays skipped when not wanted. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,15 +61,25 @@ dt_status ckpt_json_string(ckpt_json *j, char *buf, size_t cap) {
 
 dt_status ckpt_json_int(ckpt_json *j, int64_t *out) {
   skip_ws(j);
+  size_t start = j->pos;
+  while (j->pos < j->n && j->s[j->pos] && strchr("-0123456789", j->s[j->pos]))
+    j->pos++;
+  size_t k = j->pos - start;
   char tmp[32];
-  size_t k = 0;
-  while (j->pos < j->n && k + 1 < sizeof tmp && strchr("-0123456789", j->s[j->pos]) && j->s[j->pos])
-    tmp[k++] = j->s[j->pos++];
+  if (k == 0 || k >= sizeof tmp)
+    return k == 0 ? bad(j, "expected an integer")
+                  : DT_ERROR(DT_ERR_FORMAT, "%s: the integer %.40s%s is out of range", j->what,
+                             j->s + start, k > 40 ? "..." : "");
+  memcpy(tmp, j->s + start, k);
   tmp[k] = '\0';
   char *end = NULL;
+  errno = 0;
   long long v = strtoll(tmp, &end, 10);
-  if (k == 0 || *end != '\0')
+  if (*end != '\0')
     return bad(j, "expected an integer");
+  if (errno == ERANGE)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: the integer %s is out of range (at most %lld)", j->what,
+                    tmp, (long long)INT64_MAX);
   *out = v;
   return DT_OK;
 }

@@ -40,6 +40,9 @@ static dt_status parse_file_entry(ckpt_json *j, dt_ckpt_file_entry *e) {
       seen |= 1;
     } else if (!strcmp(key, "bytes")) {
       DT_CHECK(ckpt_json_int(j, &v));
+      if (v < 0)
+        return DT_ERROR(DT_ERR_FORMAT, "%s: a file entry's bytes is %lld, negative", j->what,
+                        (long long)v);
       e->size = (uint64_t)v;
       seen |= 2;
     } else if (!strcmp(key, "crc32")) {
@@ -52,8 +55,16 @@ static dt_status parse_file_entry(ckpt_json *j, dt_ckpt_file_entry *e) {
     }
     DT_CHECK(ckpt_json_next(j, '}', &more));
   }
-  if (seen != 7 || strchr(e->name, '/') || e->name[0] == '.' || !e->name[0])
-    return DT_ERROR(DT_ERR_FORMAT, "%s: a file entry lacks its name, bytes or crc32", j->what);
+  if (seen != 7)
+    return DT_ERROR(DT_ERR_FORMAT, "%s: a file entry lacks its %s", j->what,
+                    !(seen & 1)   ? "name"
+                    : !(seen & 2) ? "bytes"
+                                  : "crc32");
+  if (strchr(e->name, '/') || strchr(e->name, '\\') || e->name[0] == '.' || !e->name[0])
+    return DT_ERROR(DT_ERR_FORMAT,
+                    "%s: file entry '%s' is not a plain file name of the checkpoint's directory "
+                    "(no path, no leading '.')",
+                    j->what, e->name);
   return DT_OK;
 }
 
@@ -66,6 +77,8 @@ static dt_status parse_manifest(ckpt_json *j, dt_ckpt_manifest *m) {
     DT_CHECK(ckpt_json_expect(j, ':'));
     if (!strcmp(key, "step")) {
       DT_CHECK(ckpt_json_int(j, &m->step));
+      if (m->step < 0)
+        return DT_ERROR(DT_ERR_FORMAT, "%s: step %lld is negative", j->what, (long long)m->step);
       has_step = 1;
     } else if (!strcmp(key, "version")) {
       int64_t v;
@@ -82,7 +95,7 @@ static dt_status parse_manifest(ckpt_json *j, dt_ckpt_manifest *m) {
         DT_CHECK(ckpt_json_next(j, ']', &f));
       }
       if (m->n_files == 0)
-        DT_CHECK(ckpt_json_expect(j, ']'));
+        return DT_ERROR(DT_ERR_FORMAT, "%s: the file list is empty", j->what);
       has_files = 1;
     } else {
       DT_CHECK(ckpt_json_skip(j));

@@ -308,14 +308,18 @@ static dt_status load_tensor(const char *path, const st_entry *e, const char *da
                     path, e->name, (long long)e->begin, (long long)e->end,
                     (unsigned long long)bytes, (unsigned long long)data_size);
   const char *src = data + e->begin;
-  if (e->has_crc) {
-    uint32_t c = dt_crc32(0, src, bytes);
-    if (c != e->crc)
-      return DT_ERROR(DT_ERR_FORMAT,
-                      "%s: tensor %s: CRC32 mismatch (stored %08x, computed %08x): the file is "
-                      "corrupt",
-                      path, e->name, e->crc, c);
-  }
+  if (!e->has_crc)
+    return DT_ERROR(DT_ERR_FORMAT,
+                    "%s: tensor %s has no CRC32 in the metadata (crc32.%s): dtrain writes one for "
+                    "every tensor, so the file was not written by dtrain or its metadata was "
+                    "stripped",
+                    path, e->name, e->name);
+  uint32_t c = dt_crc32(0, src, bytes);
+  if (c != e->crc)
+    return DT_ERROR(DT_ERR_FORMAT,
+                    "%s: tensor %s: CRC32 mismatch (stored %08x, computed %08x): the file is "
+                    "corrupt",
+                    path, e->name, e->crc, c);
   if (!dt_tensor_is_contiguous(t))
     return DT_ERROR(DT_ERR_INTERNAL, "%s: tensor %s of the model is not contiguous", path, e->name);
   const dt_backend_ops *be = dt_tensor_backend(t);

@@ -243,6 +243,91 @@ TEST(Checkpoint, ManifestMakesACheckpointExist) {
   dt_module_destroy(m);
 }
 
+// A manifest.json of `files` (a JSON array's inside) and `step`: the
+// message of dt_ckpt_manifest_read.
+std::string ManifestError(const std::string &dir, const std::string &step,
+                          const std::string &files) {
+  std::string text = "{\"format\": \"dtrain-checkpoint\", \"version\": 1, \"step\": " + step +
+                     ", \"files\": [" + files + "]}";
+  WriteAll(dir + "/manifest.json", std::vector<unsigned char>(text.begin(), text.end()));
+  dt_ckpt_manifest m;
+  if (dt_ckpt_manifest_read(dir.c_str(), &m) == DT_OK)
+    return "accepted";
+  return dt_last_error();
+}
+
+TEST(Checkpoint, ManifestRefusesWhatItCannotHold) {
+  std::string dir = TempDir();
+  const std::string ok = R"({"name": "model.safetensors", "bytes": 8, "crc32": "0000abcd"})";
+  EXPECT_EQ(ManifestError(dir, "12", ok), "accepted");
+  // A 20-digit step is no step (it was read as 9223372036854775807).
+  EXPECT_NE(ManifestError(dir, "12345678901234567890", ok)
+                .find("the integer 12345678901234567890 is out of range (at most "
+                      "9223372036854775807)"),
+            std::string::npos);
+  EXPECT_NE(ManifestError(dir, "-3", ok).find("step -3 is negative"), std::string::npos);
+  EXPECT_NE(ManifestError(dir, "12", "").find("the file list is empty"), std::string::npos);
+  // A path is named as such, not as a missing name.
+  std::string e = ManifestError(
+      dir, "12",
+      R"({"name": "../step_00000001/model.safetensors", "bytes": 8, "crc32": "0000abcd"})");
+  EXPECT_NE(e.find("file entry '../step_00000001/model.safetensors' is not a plain file name"),
+            std::string::npos)
+      << e;
+  e = ManifestError(dir, "12", R"({"name": "model.safetensors", "crc32": "0000abcd"})");
+  EXPECT_NE(e.find("a file entry lacks its bytes"), std::string::npos) << e;
+  e = ManifestError(dir, "12",
+                    R"({"name": "m", "bytes": 18446744073709551000, "crc32": "0000abcd"})");
+  EXPECT_NE(e.find("the integer 18446744073709551000 is out of range"), std::string::npos) << e;
+}
+
+// The safetensors header of `path` with `from` replaced by `to` (the
+// length field follows; the offsets count from the data, so they hold).
+void EditHeader(const std::string &path, const std::string &from, const std::string &to) {
+  auto b = ReadAll(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++)
+    n |= (uint64_t)b[i] << (8 * i);
+  std::string header(b.begin() + 8, b.begin() + 8 + (long)n);
+  size_t at = header.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  header.replace(at, from.size(), to);
+  std::vector<unsigned char> out(8);
+  for (int i = 0; i < 8; i++)
+    out[i] = (unsigned char)(header.size() >> (8 * i));
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), b.begin() + 8 + (long)n, b.end());
+  WriteAll(path, out);
+}
+
+TEST(Checkpoint, SafetensorsOffsetsAndCrcsAreChecked) {
+  std::string dir = TempDir();
+  dt_module *m = nullptr;
+  ASSERT_EQ(dt_model_create("mlp", 1, &m), DT_OK);
+  ASSERT_EQ(dt_safetensors_save_module(m, dir.c_str(), "model.safetensors", nullptr, nullptr),
+            DT_OK);
+  std::string path = dir + "/model.safetensors";
+  auto good = ReadAll(path);
+  std::string header(good.begin() + 8, good.begin() + 300);
+  // An offset beyond int64 is named as written (it was 9223372036854775807).
+  size_t at = header.find("\"data_offsets\":[0,");
+  ASSERT_NE(at, std::string::npos) << header;
+  std::string first = header.substr(at, header.find(']', at) + 1 - at);
+  EditHeader(path, first, "\"data_offsets\":[0,18446744073709551000]");
+  EXPECT_EQ(dt_safetensors_load_module(path.c_str(), m), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("the integer 18446744073709551000 is out of range"),
+            std::string::npos)
+      << dt_last_error();
+  // A tensor whose CRC was stripped from the metadata is refused, named.
+  WriteAll(path, good);
+  EditHeader(path, "\"crc32.1.weight\"", "\"crc32.1.wXight\"");
+  EXPECT_EQ(dt_safetensors_load_module(path.c_str(), m), DT_ERR_FORMAT);
+  EXPECT_NE(std::string(dt_last_error()).find("tensor 1.weight has no CRC32 in the metadata"),
+            std::string::npos)
+      << dt_last_error();
+  dt_module_destroy(m);
+}
+
 TEST(Checkpoint, ListNewestFirstAndRemove) {
   std::string dir = TempDir();
   for (const char *n : {"step_00000002", "step_00000010", "step_00000001", "other", "step_12"})

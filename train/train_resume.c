@@ -74,7 +74,7 @@ static const char *config_advice(const char *key) {
     return "the model's position table and the data's windows depend on it: resume with the "
            "checkpoint's `ctx`";
   if (!strcmp(key, "config.train-samples"))
-    return "the training set differs";
+    return "the training data differ: resume with the checkpoint's `data` and `data_dir`";
   return "start a new run (another `run_dir`) for another configuration";
 }
 
@@ -104,6 +104,16 @@ static dt_status compare_config(const char *path, const char *have, size_t have_
                         "evenly: resume on a number of ranks that divides it",
                         path, saved, r->world);
       }
+      /* derived, not fields: named by what they count */
+      if (!strcmp(key, "config.schedule-steps"))
+        return DT_ERROR(DT_ERR_INVALID_ARG,
+                        "%s: the checkpoint's LR schedule spans %s optimizer steps, this run's %s: "
+                        "%s",
+                        path, saved, value, config_advice(key));
+      if (!strcmp(key, "config.train-samples"))
+        return DT_ERROR(DT_ERR_INVALID_ARG,
+                        "%s: the checkpoint's training set holds %s samples, this run's %s: %s",
+                        path, saved, value, config_advice(key));
       char a[64], b[64], field[64];
       /* "config.weight-decay" names the field weight_decay */
       snprintf(field, sizeof field, "%s", key + 7);
@@ -120,6 +130,21 @@ static dt_status compare_config(const char *path, const char *have, size_t have_
 }
 
 /* ---- resuming ---- */
+/* dt_ckpt_verify, and the manifest lists the files a resume reads: one
+ * that is not listed would be read without its CRC. */
+static dt_status verify_checkpoint(const char *dir, dt_ckpt_manifest *m) {
+  DT_CHECK(dt_ckpt_verify(dir, m));
+  static const char *const needed[] = {DT_CKPT_WEIGHTS_FILE, DT_CKPT_STATE_FILE};
+  for (int k = 0; k < 2; k++) {
+    int i = 0;
+    while (i < m->n_files && strcmp(m->files[i].name, needed[k]) != 0)
+      i++;
+    if (i == m->n_files)
+      return DT_ERROR(DT_ERR_FORMAT, "%s/%s does not list %s", dir, DT_CKPT_MANIFEST, needed[k]);
+  }
+  return DT_OK;
+}
+
 /* The newest complete checkpoint in `parent` (a run's checkpoints/), ""
  * when it holds none (or does not exist yet); damaged ones are reported. */
 dt_status dt_train_ckpt_newest(const char *parent, FILE *log, char *out, size_t cap) {
@@ -132,7 +157,7 @@ dt_status dt_train_ckpt_newest(const char *parent, FILE *log, char *out, size_t 
     char dir[4400], manifest[4500];
     snprintf(dir, sizeof dir, "%s/%s", parent, names[i]);
     snprintf(manifest, sizeof manifest, "%s/%s", dir, DT_CKPT_MANIFEST);
-    if (dt_ckpt_verify(dir, &m) == DT_OK) {
+    if (verify_checkpoint(dir, &m) == DT_OK) {
       snprintf(out, cap, "%s", dir);
       return DT_OK;
     }
@@ -160,7 +185,7 @@ dt_status dt_train_ckpt_resolve(const char *path, FILE *log, char *out, size_t c
     return DT_ERROR(DT_ERR_IO, "%s: no such checkpoint or run directory: %s", path,
                     strerror(errno));
   if (access(manifest, F_OK) == 0 || stat(parent, &sb) != 0) {
-    DT_CHECK(dt_ckpt_verify(path, &m));
+    DT_CHECK(verify_checkpoint(path, &m));
     snprintf(out, cap, "%s", path);
     return DT_OK;
   }

@@ -256,6 +256,14 @@ rm "$d/nomanifest/manifest.json"
 run "${common[@]}" --run-dir "$d/x4" --resume "$d/nomanifest"
 expect 1 err "no readable manifest \(an interrupted save\?\)" \
   "a checkpoint without its manifest does not exist"
+cp -r "$(ck "$d/run" 4)" "$d/unlisted"
+"$py" -c "import json, sys; p = sys.argv[1]; m = json.load(open(p)); m['files'] = [f for f in m['files'] if f['name'] != 'model.safetensors']; json.dump(m, open(p, 'w'))" \
+  "$d/unlisted/manifest.json"
+run "${common[@]}" --run-dir "$d/x7" --resume "$d/unlisted"
+expect 1 err "unlisted/manifest.json does not list model.safetensors" \
+  "a manifest that leaves out the weights (read unchecked otherwise) is refused"
+run "${common[@]}" --seed 5 --run-dir "$d/x8" --resume "$(ck "$d/run" 4)"
+expect 1 err "written with --seed 0, this run has --seed 5" "another seed is named as --seed"
 run train --model lenet --max-steps 4 --batch 16 --log-interval 0 --run-dir "$d/x5" \
   --resume "$(ck "$d/run" 4)"
 expect 1 err "the checkpoint was written with --model mlp, this run has --model lenet" \
@@ -265,7 +273,9 @@ expect 1 err "written with --optimizer sgd, this run has --optimizer adamw" \
   "another optimizer is refused, naming the difference"
 flip "$(ck "$d/run" 4)/trainer_state.bin" 100
 run "${common[@]}" --max-steps 6 --run-dir "$d/run" --resume auto
-expect 1 err "--max-steps 6|schedule must span" "--resume auto with another --max-steps is refused"
+expect 1 err "the checkpoint's LR schedule spans 4 optimizer steps, this run's 6: .*keep --epochs, --max-steps" \
+  "--resume auto with another --max-steps is refused, naming flags --help lists"
+expect_not err "schedule_steps|schedule-steps" "... and no field or flag that does not exist"
 run "${common[@]}" --run-dir "$d/run" --resume auto
 expect 0 out "skipping checkpoint .*step_00000004: .*section 'optimizer': CRC32 mismatch" \
   "--resume auto names the damaged newest checkpoint"
