@@ -141,8 +141,8 @@ static void add_need(char *list, size_t cap, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Every DT_* variable with its value and default; counts the bad values
- * (the test-only ones aside: a run never reads them). */
+/* Every DT_* variable with its value and default; every bad value is
+ * shown, and counted unless only tests read it (a run never does). */
 static int report_environment(void) {
   int problems = 0;
   printf("environment (every variable dtrain reads; the README describes them):\n");
@@ -154,9 +154,9 @@ static int report_environment(void) {
     snprintf(value, sizeof value, "%s", raw ? raw : "unset");
     printf("  %-26s %-14s default: %s%s\n", e->name, value, dt_env_default_text((dt_env_param)p),
            test ? " (tests only)" : "");
-    if (!test && dt_env_check((dt_env_param)p) != DT_OK) {
-      problems++;
-      printf("    PROBLEM: %s\n", dt_last_error());
+    if (dt_env_check((dt_env_param)p) != DT_OK) {
+      problems += !test; /* a test's own value stops that test, not a run */
+      printf("    PROBLEM%s: %s\n", test ? " (for the tests that read it)" : "", dt_last_error());
       dt_clear_error();
     }
   }

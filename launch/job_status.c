@@ -54,11 +54,21 @@ dt_status dt_job_status_open(const char *dir, int rank, dt_job_status *s, dt_job
   memset(f, 0, sizeof *f);
   job_name(s->job, sizeof s->job);
   s->rank = rank;
+  struct stat sb;
+  const char *why = NULL;
   if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+    why = strerror(errno);
+  else if (stat(dir, &sb) != 0)
+    why = strerror(errno);
+  else if (!S_ISDIR(sb.st_mode))
+    why = "it is not a folder";
+  else if (access(dir, W_OK | X_OK) != 0)
+    why = strerror(errno);
+  if (why)
     return DT_ERROR(DT_ERR_IO,
-                    "cannot create the status folder %s (for dtrain top): %s; set --status-dir "
+                    "cannot use the status folder %s (for dtrain top): %s; set --status-dir "
                     "or DT_STATUS_DIR to a writable folder",
-                    dir, strerror(errno));
+                    dir, why);
   if ((size_t)snprintf(f->path, sizeof f->path, "%s/%s.rank%d.json", dir, s->job, rank) >=
       sizeof f->path)
     return DT_ERROR(DT_ERR_INVALID_ARG, "status folder path too long: %s", dir);

@@ -164,9 +164,14 @@ dt_status dt_observer_start(dt_observer *o, const dt_observe_run *run) {
                               .total_steps = run->total_steps};
   char dir[4096];
   dt_job_status_dir(o->cfg.status_dir, dir, sizeof dir);
-  /* top is a convenience: a folder it cannot use must not stop training */
-  if (dt_job_status_open(dir, o->rank, &o->status, &o->status_file) != DT_OK)
+  /* top is a convenience: a folder it cannot use must not stop training,
+   * but it is said (once, on the log) */
+  if (dt_job_status_open(dir, o->rank, &o->status, &o->status_file) != DT_OK) {
+    if (o->log)
+      fprintf(o->log, "dtrain train: warning: %s (dtrain top will not show this run)\n",
+              dt_last_error());
     dt_clear_error();
+  }
   return DT_OK;
 }
 
@@ -237,6 +242,9 @@ static void write_status(dt_observer *o, double now, bool force) {
   o->status.mem_mib =
       dt_memory_stats_get(o->dev, &ms) == DT_OK ? (double)ms.allocated / DT_MIB : 0.0;
   if (dt_job_status_write(&o->status_file, &o->status) != DT_OK) {
+    if (o->log)
+      fprintf(o->log, "dtrain train: warning: %s (dtrain top will not show this run)\n",
+              dt_last_error());
     dt_clear_error();
     dt_job_status_remove(&o->status_file); /* stop trying */
   }

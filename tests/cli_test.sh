@@ -288,6 +288,9 @@ expect 1 out "^    PROBLEM: environment variable DT_COMM_BACKEND: invalid value 
   "doctor flags a bad DT_COMM_BACKEND"
 expect 1 out "^verdict: NOT READY: .*valid DT_\* values" "doctor's verdict names it"
 one_verdict "doctor: one verdict with a problem"
+DT_TEST_REAL_CUDA=perhaps run doctor --data-dir "$tmp/tiny"
+expect 0 out "^    PROBLEM \(for the tests that read it\): environment variable DT_TEST_REAL_CUDA: invalid value 'perhaps'" \
+  "doctor flags a bad value of a variable only tests read (without failing the verdict)"
 run doctor --data-dir "$tmp/empty"
 expect 1 out "^verdict: NOT READY: .*the fashion-mnist data set under .*empty" \
   "doctor: the default job's data set is missing"

@@ -118,6 +118,13 @@ run report
 expect 2 err "which run\?" "report without a run"
 
 # ---- dtrain top ----------------------------------------------------------------
+# A status folder that cannot be one: training goes on, saying so once.
+touch "$tmp/a-file"
+for bad in /proc/nope "$tmp/a-file"; do
+  DT_STATUS_DIR=$bad run train --model mlp --max-steps 1 --log-interval 0 --threads 1
+  expect 0 out "^dtrain train: warning: cannot use the status folder $bad \(for dtrain top\): .*dtrain top will not show this run" \
+    "DT_STATUS_DIR=$bad is named on the log (it was accepted silently)"
+done
 run top --once --status-dir "$tmp/empty-status"
 if [ "${DT_TEST_HAS_GPU:-0}" = 1 ]; then
   expect 0 out "^GPUs: [0-9]+" "top lists the GPUs"
