@@ -63,6 +63,7 @@
 
 /* ---- the trainer ---- */
 #include "train/mfu.h"
+#include "train/run_lock.h"
 #include "train/sample.h"
 #include "train/train_checkpoint.h"
 #include "train/train_lm.h"

@@ -285,7 +285,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
           "--device cuda gives each rank its own GPU (its local rank among\n"
           "CUDA_VISIBLE_DEVICES) and the gradients go over NCCL (--comm-backend).\n"
           "Every run has a run directory (--run-dir) with its configuration, log and\n"
-          "checkpoints; --resume continues one. SIGTERM or SIGUSR1 on any rank: the ranks\n"
+          "checkpoints, which it holds alone while it runs (another run on it is refused);\n"
+          "--resume continues one. SIGTERM or SIGUSR1 on any rank: the ranks\n"
           "stop after the current optimizer step, save a checkpoint and exit 75.\n"
           "Exit status: 0 on success, 1 when the run fails (dtrain: error: ...), 2 for a\n"
           "bad command line, 75 after a stop requested by a signal.",

@@ -15,6 +15,7 @@
 
 #include "core/checkpoint.h"
 #include "dist/agree.h"
+#include "train/run_lock.h"
 #include "train/train_checkpoint_internal.h"
 #include "train/train_loop.h"
 
@@ -51,6 +52,7 @@ struct dt_train_ckpt {
   save_job *job;      /* in flight or finished, not yet collected */
   int64_t saved_step; /* the newest step saved (or resumed from), -1 = none */
   char last_saved[4096];
+  dt_train_run_lock *lock; /* rank 0's: this run owns run_dir */
 };
 
 /* ---- the log: caller's stream and train.log ---- */
@@ -100,6 +102,16 @@ static void log_msg(dt_train_ckpt *ck, FILE *log, const char *fmt, ...) {
 /* ---- saving ---- */
 /* Rank 0 writes the weights, the trainer state and the manifest. */
 static bool writes(const dt_train_ckpt *ck) { return ck->run.rank == 0; }
+
+/* The job's communicator when it has several ranks, else NULL. */
+static dt_comm *job_comm(const dt_train_ckpt *ck) {
+  return ck->run.world > 1 ? ck->run.comm : NULL;
+}
+
+/* Under ZeRO with DDP every rank writes its optimizer shards. */
+static bool every_rank_writes(const dt_train_ckpt *ck) {
+  return job_comm(ck) && dt_optim_is_sharded(ck->run.opts[0]);
+}
 
 /* Size and CRC32 of a file another rank wrote. */
 static dt_status file_entry(const char *dir, dt_ckpt_file_entry *e) {
@@ -402,7 +414,7 @@ static dt_status snapshot_checkpoint(const dt_train_ckpt *ck, const dt_train_pos
 /* The snapshot (on this thread), then the files on this rank's writer
  * thread: rank 0 always, the others under ZeRO with DDP (their shards). */
 static dt_status start_save(dt_train_ckpt *ck, const dt_train_position *pos, bool sharded) {
-  bool shards = sharded && ck->run.comm && ck->run.world > 1;
+  bool shards = sharded && job_comm(ck);
   if (!writes(ck) && !shards)
     return DT_OK;
   save_job *j = calloc(1, sizeof *j);
@@ -477,7 +489,7 @@ static dt_status save_checkpoint(dt_train_ckpt *ck, const dt_train_position *pos
   bool sharded = dt_optim_is_sharded(ck->run.opts[0]);
   double t0 = now_ms();
   dt_status st = collect_writer(ck);
-  if (sharded && ck->run.comm && ck->run.world > 1) {
+  if (sharded && job_comm(ck)) {
     if (st == DT_OK)
       st = clear_own_files(ck, pos->step);
     /* Every rank knows the others' earlier shards were written and this
@@ -541,22 +553,15 @@ void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log) {
   }
   if (ck->file_log)
     fclose(ck->file_log);
+  dt_train_run_lock_release(ck->lock);
   free(ck);
 }
 
-/* rank 0's text of `len` bytes to every rank (DDP). */
-static dt_status broadcast_text(const dt_train_ckpt *ck, char *text, size_t len) {
-  if (!ck->run.comm || ck->run.world <= 1)
-    return DT_OK;
-  int64_t shape = (int64_t)len;
-  dt_tensor *t = NULL;
-  DT_CHECK(dt_tensor_from_host(text, &shape, 1, DT_DTYPE_U8, ck->run.dev, &t));
-  dt_status st = dt_comm_broadcast_sync(ck->run.comm, t, 0);
-  if (st == DT_OK)
-    st = dt_tensor_to_host(t, text, len);
-  dt_tensor_release(t);
-  text[len - 1] = '\0';
-  return st;
+dt_train_run_lock *dt_train_ckpt_take_lock(dt_train_ckpt *ck) {
+  dt_train_run_lock *lock = ck ? ck->lock : NULL;
+  if (ck)
+    ck->lock = NULL;
+  return lock;
 }
 
 #define DEFAULT_RUNS "runs"
@@ -608,7 +613,7 @@ static dt_status choose_run_dir(dt_train_ckpt *ck) {
   /* A failure on rank 0 ends the job (the others wait here). */
   DT_CHECK(st);
   if (!c->run_dir)
-    DT_CHECK(broadcast_text(ck, name, sizeof name));
+    DT_CHECK(dt_train_broadcast_text(job_comm(ck), ck->run.dev, name, sizeof name));
   snprintf(ck->run_dir, sizeof ck->run_dir, "%s", name);
   snprintf(ck->ckpt_dir, sizeof ck->ckpt_dir, "%s/checkpoints", name);
   return DT_OK;
@@ -683,6 +688,13 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   ck->run = *run;
   ck->saved_step = -1;
   dt_status st = choose_run_dir(ck);
+  /* The run owns its directory before it writes there: a second run, or a
+   * resume while this one lives, is refused on every rank. (A default
+   * directory is new, claimed by mkdir; one that `run_dir` names may be
+   * anyone's.) */
+  if (st == DT_OK)
+    st = dt_train_run_lock_acquire_job(ck->run_dir, job_comm(ck), run->dev, run->rank,
+                                       every_rank_writes(ck), &ck->lock);
   if (st == DT_OK && run->rank == 0) {
     st = dt_ckpt_make_dirs(ck->ckpt_dir);
     if (st == DT_OK)
@@ -692,6 +704,8 @@ dt_status dt_train_ckpt_open(const dt_train_ckpt_run *run, FILE **log, dt_train_
   }
   if (st == DT_OK)
     log_msg(ck, *log, "dtrain train: run directory %s\n", ck->run_dir);
+  if (st == DT_OK && dt_train_run_lock_note(ck->lock)[0])
+    log_msg(ck, *log, "dtrain train: note: %s\n", dt_train_run_lock_note(ck->lock));
   char old[1][64];
   int n_old = 0;
   if (st == DT_OK && c->resume == DT_TRAIN_RESUME_NONE && run->rank == 0 &&

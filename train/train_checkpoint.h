@@ -57,6 +57,7 @@
 #include "core/optim.h"
 #include "core/status.h"
 #include "dist/comm.h"
+#include "train/run_lock.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,8 +95,10 @@ typedef struct dt_train_position {
 
 typedef struct dt_train_ckpt dt_train_ckpt;
 
-/* Sets up the run directory (rank 0 creates it, writes config.json and
- * opens train.log, which *log then also writes to) and resumes when asked:
+/* Sets up the run directory (rank 0 creates it, takes its lock for the
+ * job: another live run's directory is DT_ERR_STATE naming its pid and
+ * host on every rank; then writes config.json and opens train.log, which
+ * *log then also writes to) and resumes when asked:
  * loads the weights and optimizer state into every replica and sets *pos
  * (else *pos is the start). Collective under DDP. NULL cfg->run_dir and
  * !cfg->run_dir_default: no run directory, no checkpoints (*out NULL). */
@@ -119,8 +122,15 @@ const char *dt_train_ckpt_run_dir(const dt_train_ckpt *ck);
 /* The last checkpoint saved (a directory), "" = none. */
 const char *dt_train_ckpt_last_saved(const dt_train_ckpt *ck);
 
-/* Waits for the writer, closes train.log; *log (from open) goes back to the
- * caller's stream. NULL is a no-op. */
+/* The run directory's lock (train/run_lock.h; rank 0's, NULL on the
+ * others), handed to the caller, who releases it after the run's last
+ * write there (the hooks' metrics file); else dt_train_ckpt_close
+ * releases it. */
+dt_train_run_lock *dt_train_ckpt_take_lock(dt_train_ckpt *ck);
+
+/* Waits for the writer, closes train.log, releases the run directory's
+ * lock unless taken; *log (from open) goes back to the caller's stream.
+ * NULL is a no-op. */
 void dt_train_ckpt_close(dt_train_ckpt *ck, FILE **log);
 
 /* A checkpoint to read: `path` itself when it holds a manifest, else the

@@ -473,10 +473,12 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
 done:;
   if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
     dt_comm_abort(s.comm, "the training run failed");
+  dt_train_run_lock *lock = dt_train_ckpt_take_lock(s.ck); /* to the hooks' last write */
   dt_train_ckpt_close(s.ck, &log);
   bool started = s.started;
   dt_train_state_destroy(&s); /* the loader's thread stops before the hooks' files close */
   if (started && cfg->hooks.finish)
     st = cfg->hooks.finish(cfg->hooks.user, st);
+  dt_train_run_lock_release(lock);
   return st;
 }

@@ -110,6 +110,10 @@ dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options
  * process, dp's replicas): a no-op. */
 dt_status dt_train_sum_over_ranks(dt_comm *comm, dt_device dev, double *vals, int n);
 
+/* Rank 0's `len` bytes of `text` to every rank of `comm` (the last byte
+ * becomes NUL: a string). Collective; NULL comm: a no-op. */
+dt_status dt_train_broadcast_text(dt_comm *comm, dt_device dev, char *text, size_t len);
+
 /* `precision` (DT_PRECISION_DEVICE_DEFAULT: tf32 on CUDA, fp32 on the CPU)
  * for a rank on dev: step->autocast, and for fp16 step->scaler = scaler
  * (initialised with PyTorch's defaults; rank overflow_rank's gradients get

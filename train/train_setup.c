@@ -148,3 +148,17 @@ dt_status dt_train_sum_over_ranks(dt_comm *comm, dt_device dev, double *vals, in
     vals[i] = buf[i];
   return DT_OK;
 }
+
+dt_status dt_train_broadcast_text(dt_comm *comm, dt_device dev, char *text, size_t len) {
+  if (!comm)
+    return DT_OK;
+  int64_t shape = (int64_t)len;
+  dt_tensor *t = NULL;
+  DT_CHECK(dt_tensor_from_host(text, &shape, 1, DT_DTYPE_U8, dev, &t));
+  dt_status st = dt_comm_broadcast_sync(comm, t, 0);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(t, text, len);
+  dt_tensor_release(t);
+  text[len - 1] = '\0';
+  return st;
+}
