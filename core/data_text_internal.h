@@ -27,12 +27,12 @@ extern const int dt_unicode_num_ranges;
 
 /* ---- the tokenizer's tables ---- */
 
-/* Open-addressing map from a pair of token ids to its merge. */
+/* Open-addressing map from a pair of token ids to the token they make
+ * (their bytes joined) and its rank. */
 typedef struct dt_bpe_pair {
   uint64_t key; /* (a << 32) | b, UINT64_MAX = empty */
   int32_t rank;
   int32_t merged;
-  int32_t shared; /* another pair has the same rank (Encoder.js's "a,b" keys) */
 } dt_bpe_pair;
 
 /* Open-addressing map from a token's bytes to its id. */
@@ -57,10 +57,10 @@ struct dt_bpe {
   int32_t byte_token[256];  /* the token of each single byte */
   dt_bpe_vocab_slot *vocab; /* vocab_mask + 1 slots */
   uint64_t vocab_mask;
+  int32_t *tok_rank;  /* the first merge line that makes each token; -1 none */
   dt_bpe_pair *pairs; /* pair_mask + 1 slots */
   uint64_t pair_mask;
   int32_t num_merges;
-  int32_t num_js_pairs; /* pairs added for js_pair_keys */
 
   dt_bpe_cache_slot *cache; /* cache_mask + 1 slots */
   uint64_t cache_mask;
