@@ -414,7 +414,7 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
   dt_bytes file = {0};
   json_entries entries = {0};
   dt_status st;
-  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
+  DT_CHECK_GOTO(dt_text_read_file(path, DT_TEXT_PIPE_LIMIT_MB, &file), st, done);
   DT_CHECK_GOTO(parse_encoder_json(path, &file, &entries), st, done);
   st = build_vocab(bpe, path, &entries);
 done:
@@ -483,7 +483,7 @@ static dt_status add_split_pairs(dt_bpe *bpe) {
 static dt_status load_merges(dt_bpe *bpe, const char *path) {
   dt_bytes file = {0}, ta = {0}, tb = {0};
   dt_status st;
-  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
+  DT_CHECK_GOTO(dt_text_read_file(path, DT_TEXT_PIPE_LIMIT_MB, &file), st, done);
   const uint8_t *s = file.data;
   size_t n = (size_t)file.len;
   int64_t lines = 0;

@@ -75,8 +75,18 @@ struct dt_bpe {
   struct dt_bpe_heap_entry *heap;
 };
 
-/* Appends a whole file (DT_ERR_IO naming it on failure). */
-dt_status dt_text_read_file(const char *path, dt_bytes *out);
+/* Appends a whole file (DT_ERR_IO naming it on failure): a regular file,
+ * or a pipe (this process's /dev/stdin or /dev/fd/N, also a named FIFO the
+ * shell opened for it with < FIFO), read to its end but refused past
+ * pipe_limit_mb MiB. Anything else is refused at once, naming the file and
+ * what it is: a named FIFO given by its name (opening it would wait for a
+ * writer that may never come), a device (/dev/zero never ends, a terminal
+ * waits), a socket, a folder. */
+dt_status dt_text_read_file(const char *path, int pipe_limit_mb, dt_bytes *out);
+/* dt_text_read_file's refusals alone, before any reading. */
+dt_status dt_text_check_input(const char *path);
+/* The limit for files that are not documents (the tokenizer's). */
+#define DT_TEXT_PIPE_LIMIT_MB 1024
 
 uint64_t dt_bpe_hash_bytes(const uint8_t *p, size_t n);
 /* The id of a token by its bytes, or -1. */

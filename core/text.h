@@ -122,7 +122,11 @@ int dt_brown_is_file_name(const char *name);
 
 /* ---- corpora to token streams ----
  * Inputs are files and directories (a directory stands for its regular
- * files, by name; hidden files skipped). Each file is one document: its
+ * files, by name; hidden files skipped), or a pipe this process holds
+ * (/dev/stdin in `cmd | dtrain tokenize --in /dev/stdin`, /dev/fd/N), read
+ * to its end up to pipe_limit_mb; anything else (a named FIFO by its name,
+ * a device such as /dev/zero, a socket) is refused with DT_ERR_IO naming it
+ * and what it is. Each file is one document: its
  * tokens are preceded by the end-of-text token, as llm.c's scripts do.
  * A directory that holds Brown's tagged files (ca01...) or any input under
  * `brown` is read as the Brown corpus: only the tagged files, detagged.
@@ -134,8 +138,9 @@ int dt_brown_is_file_name(const char *name);
 typedef struct dt_corpus_config {
   double val_fraction; /* in [0, 1) */
   int brown;           /* 1: every input is Brown's tagged text */
+  int pipe_limit_mb;   /* the most MiB one document may take from a pipe */
 } dt_corpus_config;
-#define DT_CORPUS_CONFIG_DEFAULT ((dt_corpus_config){0.1, 0})
+#define DT_CORPUS_CONFIG_DEFAULT ((dt_corpus_config){0.1, 0, 1024})
 
 typedef struct dt_corpus_stats {
   int64_t train_files, val_files;
