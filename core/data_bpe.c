@@ -1,9 +1,14 @@
-/* GPT-2's byte-level BPE: the pre-tokeniser, the merges, encode and decode.
+/* GPT-2's byte-level BPE: the pre-tokeniser, the merges, encode and decode,
+ * as tiktoken's gpt2 encoding does them (OpenAI's Rust tiktoken; the tests
+ * compare with npm tiktoken@1.0.22, token for token).
  *
  * Pre-tokenisation implements the behaviour of GPT-2's regex
  *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- * as JavaScript's /u engine runs it in Encoder.js (the reference), at each
- * position the first alternative that matches:
+ * as tiktoken's engine (fancy_regex over Rust's regex) runs it, with its
+ * classes: \s is Unicode White_Space (U+0085 and U+2028 are spaces, U+FEFF
+ * and U+180E are not), letters and numbers as its Unicode tables have them
+ * (core/data_unicode_tables.c, probed from tiktoken). At each position the
+ * first alternative that matches:
  *   1. an ASCII apostrophe followed by s, t, m, d, re, ve or ll;
  *   2. an optional ASCII space, then a maximal run of letters, of digits, or
  *      of "others" (neither \s nor letter nor number: one class each);
@@ -12,14 +17,13 @@
  *      piece, e.g. " word"), else the single character.
  * Every character is in exactly one class, so pieces cover the text.
  *
- * Merging: a piece's bytes start as single-byte tokens in a linked list;
- * candidate pairs sit in a heap ordered by (rank, position); stale entries
- * are skipped when popped. Popping lowest rank first, leftmost first, gives
- * Encoder.js's result (lowest-rank pair, all its occurrences left to right)
- * because a merge only creates pairs that rank after it, which loading
- * checked. The one exception, ranks that Encoder.js's "a,b" keys give to
- * two pairs, is handled as Encoder.js does: the pair occurring last wins
- * and all of its occurrences merge (merge_rank_as_js).
+ * Merging, tiktoken's rules: a piece that is itself a ranked token is that
+ * token. Otherwise its bytes start as single-byte tokens in a linked list,
+ * and the adjacent pair whose joined bytes are the lowest-ranked token
+ * merges, the leftmost on a tie, one at a time, until no pair joins into a
+ * token (the pair map holds every such split, data_bpe_load.c). Candidate
+ * pairs sit in a heap ordered by (rank, position); stale entries are
+ * skipped when popped.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -150,8 +154,8 @@ typedef struct merge_state {
   int64_t heap_len;
 } merge_state;
 
-/* The heap holds at most the n - 1 first pairs, two per merge and one
- * per shared-rank pop (each merges a pair): < 4n entries. */
+/* The heap holds at most the n - 1 first pairs and two per merge (n - 1 at
+ * most): < 3n entries. */
 static void heap_push(merge_state *m, heap_entry e) {
   int64_t i = m->heap_len++;
   while (i > 0) {
@@ -209,37 +213,19 @@ static void merge_at(merge_state *m, int32_t i, int32_t merged) {
   push_pair(m, i);
 }
 
-/* A rank two pairs share: Encoder.js picks the pair that occurs last in the
- * piece and merges all of its occurrences, left to right. */
-static void merge_rank_as_js(merge_state *m, heap_entry e) {
-  int32_t ka = -1, kb = -1, merged = -1;
-  for (int32_t i = 0; i >= 0 && m->next[i] >= 0; i = m->next[i]) {
-    const dt_bpe_pair *p = dt_bpe_pair_find(m->bpe, m->sym[i], m->sym[m->next[i]]);
-    if (p && p->rank == e.rank) {
-      ka = m->sym[i];
-      kb = m->sym[m->next[i]];
-      merged = p->merged;
-    }
-  }
-  heap_push(m, e); /* if it is the other pair, it is merged later */
-  for (int32_t i = 0; i >= 0 && m->next[i] >= 0; i = m->next[i])
-    if (m->sym[i] == ka && m->sym[m->next[i]] == kb)
-      merge_at(m, i, merged);
-}
-
 static dt_status reserve_scratch(dt_bpe *bpe, int64_t n) {
   if (n <= bpe->scratch_cap)
     return DT_OK;
   int64_t cap = bpe->scratch_cap ? bpe->scratch_cap : 256;
   while (cap < n)
     cap *= 2;
-  /* One block: the heap (4 entries a symbol), then sym, next and prev. */
-  heap_entry *heap = realloc(bpe->heap, (size_t)cap * (4 * sizeof *heap + 3 * sizeof(int32_t)));
+  /* One block: the heap (3 entries a symbol), then sym, next and prev. */
+  heap_entry *heap = realloc(bpe->heap, (size_t)cap * (3 * sizeof *heap + 3 * sizeof(int32_t)));
   if (!heap)
     return DT_ERROR(DT_ERR_OOM, "cannot allocate merge scratch for a piece of %lld bytes",
                     (long long)n);
   bpe->heap = heap;
-  bpe->sym = (int32_t *)(heap + 4 * cap);
+  bpe->sym = (int32_t *)(heap + 3 * cap);
   bpe->next = bpe->sym + cap;
   bpe->prev = bpe->next + cap;
   bpe->scratch_cap = cap;
@@ -250,6 +236,9 @@ static dt_status reserve_scratch(dt_bpe *bpe, int64_t n) {
 static dt_status merge_piece(dt_bpe *bpe, const uint8_t *s, int64_t n, dt_tokens *out) {
   if (n == 1)
     return dt_tokens_append(out, &bpe->byte_token[s[0]], 1);
+  int32_t whole = dt_bpe_vocab_find(bpe, s, (size_t)n);
+  if (whole >= 0 && bpe->tok_rank[whole] >= 0)
+    return dt_tokens_append(out, &whole, 1);
   if (n > INT32_MAX / 3)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "one piece of %lld bytes (a run without spaces): at "
@@ -268,11 +257,7 @@ static dt_status merge_piece(dt_bpe *bpe, const uint8_t *s, int64_t n, dt_tokens
     heap_entry e = heap_pop(&m);
     if (!entry_current(&m, &e))
       continue;
-    const dt_bpe_pair *p = dt_bpe_pair_find(bpe, e.a, e.b);
-    if (p->shared)
-      merge_rank_as_js(&m, e);
-    else
-      merge_at(&m, e.pos, p->merged);
+    merge_at(&m, e.pos, dt_bpe_pair_find(bpe, e.a, e.b)->merged);
   }
   int64_t count = 0;
   for (int32_t i = 0; i >= 0; i = m.next[i])

@@ -1,6 +1,11 @@
 /* Loading GPT-2's tokenizer files: encoder.json (token string -> id) and
  * vocab.bpe (the merges, by rank), into the tables of data_text_internal.h.
  *
+ * The pair map is tiktoken's view of the merges: a token's rank is the line
+ * of the merge that makes it, and every split of a ranked token into two
+ * ranked tokens (not only the split its merge line names) is a pair that
+ * merges into it at that rank.
+ *
  * Both files write tokens in GPT-2's byte alphabet: every byte is one
  * printable character (bytes_to_unicode in OpenAI's encoder.py): the
  * printable Latin-1 bytes ! to ~, ¡ to ¬ and ® to ÿ stand for themselves,
@@ -409,7 +414,7 @@ static dt_status load_vocab(dt_bpe *bpe, const char *path) {
   dt_bytes file = {0};
   json_entries entries = {0};
   dt_status st;
-  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
+  DT_CHECK_GOTO(dt_text_read_file(path, DT_TEXT_PIPE_LIMIT_MB, &file), st, done);
   DT_CHECK_GOTO(parse_encoder_json(path, &file, &entries), st, done);
   st = build_vocab(bpe, path, &entries);
 done:
@@ -436,63 +441,60 @@ static int is_space(uint8_t c) {
   return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* Encoder.js's rank of every pair whose "a,b" key equals this merge's key
- * (a comma inside a or b lets another split give the same key). */
-static dt_status add_js_pairs(dt_bpe *bpe, int32_t a, int32_t b, int32_t rank, dt_bytes *key) {
-  const uint8_t *pa = bpe->tok_bytes + bpe->tok_off[a], *pb = bpe->tok_bytes + bpe->tok_off[b];
-  size_t la = (size_t)(bpe->tok_off[a + 1] - bpe->tok_off[a]);
-  size_t lb = (size_t)(bpe->tok_off[b + 1] - bpe->tok_off[b]);
-  if (!memchr(pa, ',', la) && !memchr(pb, ',', lb))
-    return DT_OK;
-  key->len = 0;
-  uint8_t comma = ',';
-  DT_CHECK(dt_bytes_append(key, pa, (int64_t)la));
-  DT_CHECK(dt_bytes_append(key, &comma, 1));
-  DT_CHECK(dt_bytes_append(key, pb, (int64_t)lb));
-  DT_CHECK(dt_bytes_append(key, pa, (int64_t)la)); /* scratch for c + d after the key */
-  DT_CHECK(dt_bytes_append(key, pb, (int64_t)lb));
-  size_t klen = la + 1 + lb;
-  uint8_t *joined = key->data + klen;
-  for (size_t i = 1; i + 1 < klen; i++) {
-    if (key->data[i] != ',' || i == la)
+/* Whether token t has a rank: a byte, or made by a merge. */
+static int has_rank(const dt_bpe *bpe, int32_t t) {
+  return bpe->tok_rank[t] >= 0 || bpe->tok_off[t + 1] - bpe->tok_off[t] == 1;
+}
+
+/* Every split of every ranked token into two ranked tokens -> the pair map
+ * (the listed merges are among them). */
+static dt_status add_split_pairs(dt_bpe *bpe) {
+  int64_t splits = 0;
+  for (int32_t t = 0; t < bpe->vocab_size; t++)
+    if (bpe->tok_rank[t] >= 0)
+      splits += bpe->tok_off[t + 1] - bpe->tok_off[t] - 1;
+  bpe->pair_mask = round_pow2((uint64_t)(splits + 16) * 2) - 1;
+  bpe->pairs = malloc((bpe->pair_mask + 1) * sizeof *bpe->pairs);
+  if (!bpe->pairs)
+    return DT_ERROR(DT_ERR_OOM, "cannot allocate %lld token pairs", (long long)splits);
+  for (uint64_t k = 0; k <= bpe->pair_mask; k++)
+    bpe->pairs[k].key = UINT64_MAX;
+  for (int32_t t = 0; t < bpe->vocab_size; t++) {
+    if (bpe->tok_rank[t] < 0)
       continue;
-    int32_t c = dt_bpe_vocab_find(bpe, key->data, i);
-    int32_t d = dt_bpe_vocab_find(bpe, key->data + i + 1, klen - i - 1);
-    memcpy(joined, key->data, i);
-    memcpy(joined + i, key->data + i + 1, klen - i - 1);
-    int32_t m = dt_bpe_vocab_find(bpe, joined, klen - 1);
-    if (c < 0 || d < 0 || m < 0)
-      continue; /* Encoder.js would produce an unknown token: not reproduced */
-    int fresh;
-    dt_bpe_pair *p = pair_insert(bpe, c, d, &fresh);
-    if (fresh)
-      bpe->num_js_pairs++;
-    p->rank = rank; /* the later merge with this key wins, as in Encoder.js */
-    p->merged = m;
+    const uint8_t *p = bpe->tok_bytes + bpe->tok_off[t];
+    size_t len = (size_t)(bpe->tok_off[t + 1] - bpe->tok_off[t]);
+    for (size_t k = 1; k < len; k++) {
+      int32_t a = dt_bpe_vocab_find(bpe, p, k), b = dt_bpe_vocab_find(bpe, p + k, len - k);
+      if (a < 0 || b < 0 || !has_rank(bpe, a) || !has_rank(bpe, b))
+        continue;
+      int fresh;
+      dt_bpe_pair *pair = pair_insert(bpe, a, b, &fresh);
+      pair->rank = bpe->tok_rank[t];
+      pair->merged = t;
+    }
   }
   return DT_OK;
 }
 
-/* vocab.bpe -> the pair map. Line 0 (the version) and everything after the
- * last newline are skipped, as encoder.py and Encoder.js do. */
+/* vocab.bpe -> the tokens' ranks and the pair map. Line 0 (the version)
+ * and everything after the last newline are skipped, as encoder.py and
+ * tiktoken do. */
 static dt_status load_merges(dt_bpe *bpe, const char *path) {
-  dt_bytes file = {0}, ta = {0}, tb = {0}, key = {0};
-  int32_t *merge_a = NULL, *merge_b = NULL, *made_at = NULL, *rank_count = NULL;
+  dt_bytes file = {0}, ta = {0}, tb = {0};
   dt_status st;
-  DT_CHECK_GOTO(dt_text_read_file(path, &file), st, done);
+  DT_CHECK_GOTO(dt_text_read_file(path, DT_TEXT_PIPE_LIMIT_MB, &file), st, done);
   const uint8_t *s = file.data;
   size_t n = (size_t)file.len;
-  int64_t lines = 0, commas = 0; /* each comma can add one pair for js_pair_keys */
-  for (size_t i = 0; i < n; i++) {
+  int64_t lines = 0;
+  for (size_t i = 0; i < n; i++)
     lines += s[i] == '\n';
-    commas += s[i] == ',';
-  }
   int64_t max_merges = lines > 0 ? lines - 1 : 0;
-  bpe->pair_mask = round_pow2((uint64_t)(max_merges + commas + 16) * 2) - 1;
+  /* First the listed merges alone, to check them. */
+  bpe->pair_mask = round_pow2((uint64_t)(max_merges + 16) * 2) - 1;
   bpe->pairs = malloc((bpe->pair_mask + 1) * sizeof *bpe->pairs);
-  merge_a = malloc((size_t)(max_merges + 1) * sizeof *merge_a);
-  merge_b = malloc((size_t)(max_merges + 1) * sizeof *merge_b);
-  if (!bpe->pairs || !merge_a || !merge_b) {
+  bpe->tok_rank = malloc((size_t)bpe->vocab_size * sizeof *bpe->tok_rank);
+  if (!bpe->pairs || !bpe->tok_rank) {
     st = DT_ERROR(DT_ERR_OOM, "cannot allocate %lld merges", (long long)max_merges);
     goto done;
   }
@@ -562,40 +564,26 @@ static dt_status load_merges(dt_bpe *bpe, const char *path) {
     }
     p->rank = rank;
     p->merged = m;
-    merge_a[rank] = a;
-    merge_b[rank] = b;
     rank++;
     i = line_end + 1;
   }
   bpe->num_merges = rank;
-  if (bpe->cfg.js_pair_keys)
-    for (int32_t r = 0; r < rank; r++)
-      DT_CHECK_GOTO(add_js_pairs(bpe, merge_a[r], merge_b[r], r, &key), st, done);
 
-  /* The merge order the encoder relies on (every pair holding a token
-   * ranks after the merge that makes the token), and ranks shared by two
-   * pairs (only through Encoder.js's keys). */
-  made_at = malloc((size_t)bpe->vocab_size * sizeof *made_at);
-  rank_count = calloc((size_t)(rank + 1), sizeof *rank_count);
-  if (!made_at || !rank_count) {
-    st = DT_ERROR(DT_ERR_OOM, "cannot allocate the merge checks");
-    goto done;
-  }
+  /* A token's rank: the first merge that makes it. Every merge must come
+   * after those that make its tokens (a file property; the encoder itself
+   * would take any order). */
+  int32_t *made_at = bpe->tok_rank;
   for (int32_t t = 0; t < bpe->vocab_size; t++)
     made_at[t] = -1;
   for (uint64_t k = 0; k <= bpe->pair_mask; k++) {
     dt_bpe_pair *p = &bpe->pairs[k];
-    if (p->key == UINT64_MAX)
-      continue;
-    if (made_at[p->merged] < 0 || p->rank < made_at[p->merged])
+    if (p->key != UINT64_MAX && (made_at[p->merged] < 0 || p->rank < made_at[p->merged]))
       made_at[p->merged] = p->rank;
-    rank_count[p->rank]++;
   }
   for (uint64_t k = 0; k <= bpe->pair_mask; k++) {
     dt_bpe_pair *p = &bpe->pairs[k];
     if (p->key == UINT64_MAX)
       continue;
-    p->shared = rank_count[p->rank] > 1;
     int32_t a = (int32_t)(p->key >> 32), b = (int32_t)(p->key & 0xFFFFFFFFu);
     if (made_at[a] >= p->rank || made_at[b] >= p->rank) {
       st = DT_ERROR(DT_ERR_FORMAT,
@@ -605,16 +593,13 @@ static dt_status load_merges(dt_bpe *bpe, const char *path) {
       goto done;
     }
   }
-  st = DT_OK;
+  free(bpe->pairs);
+  bpe->pairs = NULL;
+  st = add_split_pairs(bpe);
 done:
-  free(merge_a);
-  free(merge_b);
-  free(made_at);
-  free(rank_count);
   dt_bytes_free(&file);
   dt_bytes_free(&ta);
   dt_bytes_free(&tb);
-  dt_bytes_free(&key);
   return st;
 }
 
@@ -671,6 +656,7 @@ void dt_bpe_destroy(dt_bpe *bpe) {
   free(bpe->tok_off);
   free(bpe->vocab);
   free(bpe->pairs);
+  free(bpe->tok_rank);
   free(bpe->cache);
   dt_bytes_free(&bpe->cache_keys);
   dt_tokens_free(&bpe->cache_ids);

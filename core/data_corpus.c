@@ -102,11 +102,11 @@ static dt_status add_folder(file_list *l, const char *dir, int brown) {
 }
 
 /* Appends one document: the end-of-text token, then the file's tokens. */
-static dt_status tokenize_file(dt_bpe *bpe, const corpus_file *f, dt_bytes *raw, dt_bytes *text,
-                               dt_tokens *out, int64_t *text_bytes) {
+static dt_status tokenize_file(dt_bpe *bpe, const corpus_file *f, int pipe_limit_mb, dt_bytes *raw,
+                               dt_bytes *text, dt_tokens *out, int64_t *text_bytes) {
   raw->len = 0;
   text->len = 0;
-  DT_CHECK(dt_text_read_file(f->path, raw));
+  DT_CHECK(dt_text_read_file(f->path, pipe_limit_mb, raw));
   const dt_bytes *doc = raw;
   if (f->brown) {
     DT_CHECK(dt_brown_detag(raw->data, (size_t)raw->len, text));
@@ -131,6 +131,8 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
   if (!(c.val_fraction >= 0 && c.val_fraction < 1))
     return DT_ERROR(DT_ERR_INVALID_ARG, "validation fraction %g: must be in [0, 1)",
                     c.val_fraction);
+  if (c.pipe_limit_mb < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "pipe limit %d MiB: must be at least 1", c.pipe_limit_mb);
   if (c.val_fraction > 0 && !val)
     return DT_ERROR(DT_ERR_INVALID_ARG, "val is NULL with a validation fraction of %g",
                     c.val_fraction);
@@ -145,7 +147,7 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
                     strerror(errno));
     else if (S_ISDIR(sb.st_mode))
       st = add_folder(&files, inputs[i], c.brown);
-    else
+    else if ((st = dt_text_check_input(inputs[i])) == DT_OK)
       st = file_list_add(&files, NULL, inputs[i], c.brown);
   }
   if (st != DT_OK)
@@ -154,7 +156,7 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
   if (files.len == 1 && c.val_fraction > 0) {
     /* One document: its last ceil(f * n) tokens are the validation part. */
     dt_tokens all = {0};
-    st = tokenize_file(bpe, &files.v[0], &raw, &text, &all, &s.text_bytes);
+    st = tokenize_file(bpe, &files.v[0], c.pipe_limit_mb, &raw, &text, &all, &s.text_bytes);
     int64_t nval = (int64_t)ceil(c.val_fraction * (double)all.len);
     if (st == DT_OK)
       st = dt_tokens_append(train, all.data, all.len - nval);
@@ -167,7 +169,8 @@ dt_status dt_corpus_tokenize(dt_bpe *bpe, const char *const *inputs, int num_inp
   for (int64_t i = 0; i < files.len && st == DT_OK; i++) {
     int to_val =
         floor_eps((double)(i + 1) * c.val_fraction) > floor_eps((double)i * c.val_fraction);
-    st = tokenize_file(bpe, &files.v[i], &raw, &text, to_val ? val : train, &s.text_bytes);
+    st = tokenize_file(bpe, &files.v[i], c.pipe_limit_mb, &raw, &text, to_val ? val : train,
+                       &s.text_bytes);
     if (st != DT_OK)
       st = dt_error_wrap(st, "tokenizing %s", files.v[i].path);
     *(to_val ? &s.val_files : &s.train_files) += 1;

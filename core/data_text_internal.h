@@ -27,12 +27,12 @@ extern const int dt_unicode_num_ranges;
 
 /* ---- the tokenizer's tables ---- */
 
-/* Open-addressing map from a pair of token ids to its merge. */
+/* Open-addressing map from a pair of token ids to the token they make
+ * (their bytes joined) and its rank. */
 typedef struct dt_bpe_pair {
   uint64_t key; /* (a << 32) | b, UINT64_MAX = empty */
   int32_t rank;
   int32_t merged;
-  int32_t shared; /* another pair has the same rank (Encoder.js's "a,b" keys) */
 } dt_bpe_pair;
 
 /* Open-addressing map from a token's bytes to its id. */
@@ -57,10 +57,10 @@ struct dt_bpe {
   int32_t byte_token[256];  /* the token of each single byte */
   dt_bpe_vocab_slot *vocab; /* vocab_mask + 1 slots */
   uint64_t vocab_mask;
+  int32_t *tok_rank;  /* the first merge line that makes each token; -1 none */
   dt_bpe_pair *pairs; /* pair_mask + 1 slots */
   uint64_t pair_mask;
   int32_t num_merges;
-  int32_t num_js_pairs; /* pairs added for js_pair_keys */
 
   dt_bpe_cache_slot *cache; /* cache_mask + 1 slots */
   uint64_t cache_mask;
@@ -75,8 +75,18 @@ struct dt_bpe {
   struct dt_bpe_heap_entry *heap;
 };
 
-/* Appends a whole file (DT_ERR_IO naming it on failure). */
-dt_status dt_text_read_file(const char *path, dt_bytes *out);
+/* Appends a whole file (DT_ERR_IO naming it on failure): a regular file,
+ * or a pipe (this process's /dev/stdin or /dev/fd/N, also a named FIFO the
+ * shell opened for it with < FIFO), read to its end but refused past
+ * pipe_limit_mb MiB. Anything else is refused at once, naming the file and
+ * what it is: a named FIFO given by its name (opening it would wait for a
+ * writer that may never come), a device (/dev/zero never ends, a terminal
+ * waits), a socket, a folder. */
+dt_status dt_text_read_file(const char *path, int pipe_limit_mb, dt_bytes *out);
+/* dt_text_read_file's refusals alone, before any reading. */
+dt_status dt_text_check_input(const char *path);
+/* The limit for files that are not documents (the tokenizer's). */
+#define DT_TEXT_PIPE_LIMIT_MB 1024
 
 uint64_t dt_bpe_hash_bytes(const uint8_t *p, size_t n);
 /* The id of a token by its bytes, or -1. */

@@ -50,33 +50,30 @@ dt_status dt_bytes_append(dt_bytes *b, const void *data, int64_t n);
 void dt_bytes_free(dt_bytes *b);
 
 /* ---- GPT-2 byte-level BPE ----
- * Encoding is OpenAI's GPT-2 encoder as the npm package gpt-3-encoder@1.1.4
- * (Encoder.js) runs it, which the tests check token for token:
+ * Encoding is tiktoken's gpt2 encoding (OpenAI's tokenizer, which llm.c's
+ * data scripts use; the tests check it token for token against the npm
+ * package tiktoken@1.0.22), with encode_ordinary's rules:
  *  - pre-tokenisation: the regex 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
- *    ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ with JavaScript's \s and Unicode classes
- *    (core/data_unicode_tables.c, generated from node). Bytes that are not
- *    valid UTF-8 (stray continuation bytes, overlong forms, surrogates) count
- *    one by one as "other" characters, as U+FFFD would, so any byte string
- *    encodes and decode(encode(x)) == x;
- *  - each piece's bytes map to single-byte tokens, merged by rank (lowest
- *    first, all occurrences of the chosen pair left to right);
+ *    ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ with tiktoken's \s (Unicode
+ *    White_Space) and Unicode classes (core/data_unicode_tables.c, probed
+ *    from tiktoken). Bytes that are not valid UTF-8 (stray continuation
+ *    bytes, overlong forms, surrogates) count one by one as "other"
+ *    characters, as U+FFFD would, so any byte string encodes and
+ *    decode(encode(x)) == x;
+ *  - a piece that is a token is that token; otherwise its bytes start as
+ *    single-byte tokens and the adjacent pair that joins into the
+ *    lowest-ranked token merges (leftmost first), until none does. A
+ *    token's rank is the vocab.bpe line that makes it;
  *  - no special tokens in the text: "<|endoftext|>" in the input is
  *    ordinary text (like encode_ordinary); use dt_bpe_eot for the id. */
 typedef struct dt_bpe dt_bpe;
 
 typedef struct dt_bpe_config {
-  /* Encoder.js keys its merge table by the string "a,b", so a pair whose
-   * tokens contain commas can take the rank of another merge with the same
-   * key (11 such pairs in GPT-2's vocab.bpe, e.g. '",' + '"' takes the
-   * rank of '"' + ',"'; both give '","'). 1 (default): reproduce that, as
-   * the reference does; 0: merges exactly as listed (OpenAI's encoder.py,
-   * tiktoken). */
-  int js_pair_keys;
   /* Pieces of up to 64 bytes are cached (piece -> ids); the cache is
    * emptied when it holds this many entries. 0 = no cache. */
   int cache_entries;
 } dt_bpe_config;
-#define DT_BPE_CONFIG_DEFAULT ((dt_bpe_config){1, 1 << 17})
+#define DT_BPE_CONFIG_DEFAULT ((dt_bpe_config){1 << 17})
 
 /* Loads the vocabulary (encoder.json: one flat JSON object, token string ->
  * id, ids dense in [0, n)) and the merges (vocab.bpe: a version line, then
@@ -125,7 +122,11 @@ int dt_brown_is_file_name(const char *name);
 
 /* ---- corpora to token streams ----
  * Inputs are files and directories (a directory stands for its regular
- * files, by name; hidden files skipped). Each file is one document: its
+ * files, by name; hidden files skipped), or a pipe this process holds
+ * (/dev/stdin in `cmd | dtrain tokenize --in /dev/stdin`, /dev/fd/N), read
+ * to its end up to pipe_limit_mb; anything else (a named FIFO by its name,
+ * a device such as /dev/zero, a socket) is refused with DT_ERR_IO naming it
+ * and what it is. Each file is one document: its
  * tokens are preceded by the end-of-text token, as llm.c's scripts do.
  * A directory that holds Brown's tagged files (ca01...) or any input under
  * `brown` is read as the Brown corpus: only the tagged files, detagged.
@@ -137,8 +138,9 @@ int dt_brown_is_file_name(const char *name);
 typedef struct dt_corpus_config {
   double val_fraction; /* in [0, 1) */
   int brown;           /* 1: every input is Brown's tagged text */
+  int pipe_limit_mb;   /* the most MiB one document may take from a pipe */
 } dt_corpus_config;
-#define DT_CORPUS_CONFIG_DEFAULT ((dt_corpus_config){0.1, 0})
+#define DT_CORPUS_CONFIG_DEFAULT ((dt_corpus_config){0.1, 0, 1024})
 
 typedef struct dt_corpus_stats {
   int64_t train_files, val_files;

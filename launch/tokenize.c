@@ -68,6 +68,10 @@ int dt_cli_tokenize(int argc, char **argv, FILE *err) {
                    "--data-dir into brown/train.bin and val.bin if they are missing"),
       DT_STRING_FLAG("vocab", &vocab_dir, "DIR", "GPT-2's encoder.json and vocab.bpe",
                      .default_text = "gpt2 of --data-dir"),
+      DT_INT_FLAG("pipe-limit-mb", &cfg.pipe_limit_mb, "MB",
+                  "the most MiB one document may take from a pipe (--in /dev/stdin); more, or "
+                  "a pipe that never ends, is an error",
+                  .min = 1, .max = 1 << 20),
       dt_cli_flag_data_dir(&data_dir),
   };
   dt_flag_set set = {
@@ -81,7 +85,9 @@ int dt_cli_tokenize(int argc, char **argv, FILE *err) {
           "file is one document, preceded by <|endoftext|>. Files go to validation by\n"
           "position, every 1/F-th (F = 0.1: the 10th, 20th, ...); a single file is split by\n"
           "tokens (its last fraction F). A folder stands for its files, by name; a folder of\n"
-          "Brown corpus files (ca01 ... cr09) is detagged into readable text.",
+          "Brown corpus files (ca01 ... cr09) is detagged into readable text. A pipe is read\n"
+          "to its end: cmd | dtrain tokenize --in /dev/stdin ...; named FIFOs (give them as\n"
+          "< FIFO with --in /dev/stdin), devices and sockets are refused.",
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
@@ -131,8 +137,12 @@ int dt_cli_tokenize(int argc, char **argv, FILE *err) {
          cfg.val_fraction > 0 ? val_path : "");
   rc = 0;
 fail:
-  if (rc != 0)
+  if (rc != 0) {
+    char msg[DT_ERROR_MAX];
+    dt_flags_name_fields(&set, dt_last_error(), msg, sizeof msg);
+    dt_error_replace_message(msg);
     dt_cli_print_error(err, NULL);
+  }
   dt_tokens_free(&train);
   dt_tokens_free(&val);
   dt_bpe_destroy(bpe);

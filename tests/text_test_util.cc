@@ -68,18 +68,26 @@ std::string ReadFile(const std::string &path) {
   return ss.str();
 }
 
-bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &texts,
-                     bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error) {
+bool ReferenceEncode(const std::string &tiktoken_dir, const std::vector<std::string> &texts,
+                     bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error,
+                     const std::string &vocab_dir) {
   std::string root = RepoRoot();
   std::string script = root + "/tests/gpt2_reference_encode.js";
   std::string tmp = MakeTempDir("reference");
-  std::vector<std::string> files;
+  std::vector<std::string> files;  // relative to tmp: a short command line
   for (size_t i = 0; i < texts.size(); i++) {
-    files.push_back(tmp + "/in" + std::to_string(i) + ".txt");
-    WriteFile(files.back(), texts[i]);
+    files.push_back("in" + std::to_string(i) + ".txt");
+    WriteFile(tmp + "/" + files.back(), texts[i]);
   }
   std::string result = tmp + "/ids.bin";
-  std::string cmd = "node '" + script + "' '" + gpt2_dir + "' '" + result + "'";
+  auto absolute = [](const std::string &p) {
+    char real[PATH_MAX];
+    return realpath(p.c_str(), real) ? std::string(real) : p;
+  };
+  std::string cmd =
+      "cd '" + tmp + "' && node '" + script + "' '" + absolute(tiktoken_dir) + "' '" + result + "'";
+  if (!vocab_dir.empty())
+    cmd += " --vocab '" + absolute(vocab_dir) + "'";
   if (pieces)
     cmd += " --pieces";
   for (const std::string &f : files)
@@ -88,7 +96,8 @@ bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string>
   int rc = std::system(cmd.c_str());
   if (rc != 0) {
     *error = "node failed (exit " + std::to_string(rc) + "): " + ReadFile(tmp + "/node.err") +
-             " (is node installed? apt-get install nodejs)";
+             " (is node installed? apt-get install nodejs; is tiktoken in " + tiktoken_dir +
+             "? run tools/setup.sh)";
     return false;
   }
   std::string bin = ReadFile(result);

@@ -1,5 +1,5 @@
 // Helpers of the text-data suites: where the fetched data lives, the
-// reference encoder (gpt-3-encoder's Encoder.js under node), temporary
+// reference encoder (tiktoken's gpt2 encoding under node), temporary
 // files, and the Brown corpus's unigram baseline (the loss a language model
 // must beat; the training suites reuse it).
 #ifndef DT_TESTS_TEXT_TEST_UTIL_H
@@ -26,11 +26,14 @@ void WriteFile(const std::string &path, const std::string &bytes);
 std::string ReadFile(const std::string &path);
 
 // Runs tests/gpt2_reference_encode.js with node over `texts` (each written
-// to a file of its own) using the Encoder.js in `gpt2_dir`; per text the ids
-// (or, with pieces, one value: the number of pre-tokenisation pieces).
+// to a file of its own) using the npm package tiktoken in `tiktoken_dir`:
+// its gpt2 encoding, or with `vocab_dir`, an encoding made from that
+// folder's encoder.json and vocab.bpe as tiktoken makes one. Per text the
+// ids (or, with pieces, one value: the number of pre-tokenisation pieces).
 // Returns false, with the reason in *error, when node or the script fails.
-bool ReferenceEncode(const std::string &gpt2_dir, const std::vector<std::string> &texts,
-                     bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error);
+bool ReferenceEncode(const std::string &tiktoken_dir, const std::vector<std::string> &texts,
+                     bool pieces, std::vector<std::vector<uint32_t>> *out, std::string *error,
+                     const std::string &vocab_dir = "");
 
 // The Brown corpus tokenized as dtrain does it (data_dir/brown/raw, every
 // 10th file for validation), and the validation set's cross-entropy under

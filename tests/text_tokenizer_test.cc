@@ -1,7 +1,7 @@
 // The GPT-2 tokenizer (core/text.h): loading and its errors, encode/decode
 // round trips on any bytes, the pre-tokeniser's cover, the Brown detagging
-// rules and the corpus split. Equality with the reference JS encoder is in
-// text_reference_test.
+// rules and the corpus split. Equality with the reference, tiktoken's gpt2
+// encoding, is in text_reference_test.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -67,7 +67,9 @@ TEST_F(Gpt2, LoadsTheVocabularyAndMerges) {
   EXPECT_EQ(dt_bpe_token_bytes(bpe_, 50257, &p, &n), DT_ERR_INVALID_ARG);
 }
 
-// Values from gpt-3-encoder's Encoder.js.
+// Values from tiktoken's gpt2 encoding; the last two are where
+// gpt-3-encoder (a JavaScript port) differs: it takes U+0085 for "other" and
+// U+FEFF for a space.
 TEST_F(Gpt2, KnownEncodings) {
   EXPECT_EQ(Encode("Hello world"), (std::vector<int32_t>{15496, 995}));
   EXPECT_EQ(Encode(" the"), (std::vector<int32_t>{262}));
@@ -76,6 +78,8 @@ TEST_F(Gpt2, KnownEncodings) {
   EXPECT_EQ(Encode("<|endoftext|>"), (std::vector<int32_t>{27, 91, 437, 1659, 5239, 91, 29}));
   EXPECT_EQ(Encode("\xc3\xa9t\xc3\xa9 \xf0\x9f\x91\x8d"),
             (std::vector<int32_t>{25125, 2634, 50169, 235}));
+  EXPECT_EQ(Encode("Hello \xc2\x85world"), (std::vector<int32_t>{15496, 220, 126, 227, 6894}));
+  EXPECT_EQ(Encode("a \xef\xbb\xbf b"), (std::vector<int32_t>{64, 27332, 119, 123, 275}));
   EXPECT_TRUE(Encode("").empty());
 }
 
@@ -218,14 +222,12 @@ class SmallVocab : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = dtt::MakeTempDir("vocab"); }
   // Loads (encoder, merges); returns the status; the tokenizer in bpe_.
-  dt_status Load(const std::string &encoder, const std::string &merges, int js_keys = 1) {
+  dt_status Load(const std::string &encoder, const std::string &merges) {
     dtt::WriteFile(dir_ + "/encoder.json", encoder);
     dtt::WriteFile(dir_ + "/vocab.bpe", merges);
     dt_bpe_destroy(bpe_);
     bpe_ = nullptr;
-    dt_bpe_config c = DT_BPE_CONFIG_DEFAULT;
-    c.js_pair_keys = js_keys;
-    return dt_bpe_load_dir(dir_.c_str(), &c, &bpe_);
+    return dt_bpe_load_dir(dir_.c_str(), nullptr, &bpe_);
   }
   void ExpectFormat(const std::string &encoder, const std::string &merges, const std::string &file,
                     const std::string &detail) {
@@ -249,7 +251,7 @@ TEST_F(SmallVocab, LoadsAndMerges) {
   EXPECT_EQ(t.data[0], 257);
   EXPECT_EQ(t.data[1], 256);
   dt_tokens_free(&t);
-  // A last line without a newline is not a merge (encoder.py, Encoder.js).
+  // A last line without a newline is not a merge (encoder.py, tiktoken).
   ASSERT_DT_OK(Load(EncoderJson({"ab", "abc"}), "#version: 0.2\na b\nab c"));
   ASSERT_DT_OK(dt_bpe_encode(bpe_, "abc", 3, &t));
   EXPECT_EQ(t.len, 2);
@@ -304,28 +306,33 @@ TEST_F(SmallVocab, MergeErrorsNameTheFileLineAndOffset) {
                "line 3 (byte offset 7): the merge repeats line 2");
   ExpectFormat(e, "#v\nab c\na b\n", "vocab.bpe", "the merge on line 2 uses a token made by");
   ExpectFormat(e, "#v\na \xff\n", "vocab.bpe", "invalid UTF-8");
-  EXPECT_EQ(Load(e, "#v\na b\n", 1), DT_OK);
+  EXPECT_EQ(Load(e, "#v\na b\n"), DT_OK);
   std::string missing = dir_ + "/nothing";
   dt_bpe *b = nullptr;
   EXPECT_EQ(dt_bpe_load_dir(missing.c_str(), nullptr, &b), DT_ERR_IO);
   EXPECT_NE(std::string(dt_last_error()).find("tools/setup.sh"), std::string::npos);
 }
 
-// Encoder.js keys its ranks by the string "a,b": ['",' '"'] then shares the
-// rank of '"' + ',"' (same key '",,"'). text_reference_test checks this
-// against Encoder.js itself on the same files.
-TEST_F(SmallVocab, JsPairKeys) {
-  std::vector<std::string> extra = {"\",", ",\"", "\",\""};
-  std::string merges = "#v\n\" ,\n, \"\n\" ,\"\n";
-  ASSERT_DT_OK(Load(EncoderJson(extra), merges, 1));
-  dt_tokens t = {};
-  ASSERT_DT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
-  EXPECT_EQ(std::vector<int32_t>(t.data, t.data + t.len), (std::vector<int32_t>{258}));
-  t.len = 0;
-  ASSERT_DT_OK(Load(EncoderJson(extra), merges, 0));
-  ASSERT_DT_OK(dt_bpe_encode(bpe_, "\",\"", 3, &t));
-  EXPECT_EQ(std::vector<int32_t>(t.data, t.data + t.len), (std::vector<int32_t>{256, '"'}));
-  dt_tokens_free(&t);
+// tiktoken's rules: the adjacent pair whose concatenation is the
+// lowest-ranked token merges, listed as a merge or not (a + bc -> abc,
+// where only ab + c is listed); a piece that is a whole token is that
+// token (stuv, which merging t + u first cannot reach: s tu v). A merge
+// list applied as encoder.py does would give [a, bc] and [s, tu, v].
+// text_reference_test checks these against tiktoken itself.
+TEST_F(SmallVocab, TiktokenMergeRules) {
+  ASSERT_DT_OK(Load(EncoderJson({"bc", "ab", "abc", "tu", "st", "uv", "stuv"}),
+                    "#v\nb c\na b\nab c\nt u\ns t\nu v\nst uv\n"));
+  auto encode = [&](const std::string &s) {
+    dt_tokens t = {};
+    EXPECT_EQ(dt_bpe_encode(bpe_, s.data(), s.size(), &t), DT_OK) << dt_last_error();
+    std::vector<int32_t> v(t.data, t.data + t.len);
+    dt_tokens_free(&t);
+    return v;
+  };
+  EXPECT_EQ(encode("abc"), (std::vector<int32_t>{258}));
+  EXPECT_EQ(encode("stuv"), (std::vector<int32_t>{262}));
+  EXPECT_EQ(encode("stuvw"), (std::vector<int32_t>{'s', 259, 'v', 'w'}));
+  EXPECT_EQ(encode("xabc"), (std::vector<int32_t>{'x', 258}));
 }
 
 // ---- the Brown corpus ----

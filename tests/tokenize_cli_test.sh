@@ -73,6 +73,57 @@ fi
 run tokenize --in "$tmp/extra.txt" --out "$tmp/one" --vocab "$data/gpt2" --val-fraction 0
 expect 0 out "wrote $tmp/one/train.bin$" "no validation shard at fraction 0"
 
+# Inputs that are not files: a pipe of this process is read to its end (up
+# to --pipe-limit-mb); a named FIFO given by name, a device or a socket is
+# refused at once, naming it and what it is. Each run is bounded in time
+# (timeout: before this, a FIFO and /dev/zero hung) and in memory (ulimit -v:
+# /dev/zero or an endless pipe read on into all of it).
+bounded() { # bounded SECONDS ARGS...: run_within, under 4 GiB of address space
+  (
+    ulimit -v 4194304
+    run_within "$@"
+    exit "$rc"
+  )
+  rc=$?
+}
+mkfifo "$tmp/fifo"
+bounded 20 tokenize --in "$tmp/fifo" --out "$tmp/fifo_out" --vocab "$data/gpt2"
+expect 1 err "$tmp/fifo is a named pipe \(FIFO\): opening it waits, for ever, for a writer" \
+  "a named FIFO is refused at once"
+bounded 20 tokenize --in "$tmp/extra.txt" /dev/zero --out "$tmp/zero_out" --vocab "$data/gpt2"
+expect 1 err "/dev/zero is a character device, not a regular file" "/dev/zero is refused"
+checks=$((checks + 1))
+if [ ! -e "$tmp/zero_out" ]; then
+  echo "ok: nothing written for a refused input"
+else
+  fail "$tmp/zero_out was written"
+fi
+# shellcheck disable=SC2030,SC2031 # rc is set in the subshell's parent
+(
+  ulimit -v 4194304
+  yes | timeout 60 "$dtrain" tokenize --in /dev/stdin --out "$tmp/yes_out" --vocab "$data/gpt2" \
+    --pipe-limit-mb 1 >"$out" 2>"$err"
+  exit "${PIPESTATUS[1]}"
+)
+rc=$?
+expect 1 err "/dev/stdin: more than 1 MiB came through the pipe and it has not ended.*--pipe-limit-mb" \
+  "an endless pipe stops at --pipe-limit-mb"
+run tokenize --in /dev/stdin --out "$tmp/o" --pipe-limit-mb 0
+expect 2 err "--pipe-limit-mb" "--pipe-limit-mb 0"
+printf 'Hello world' | "$dtrain" tokenize --in /dev/stdin --out "$tmp/piped" --vocab "$data/gpt2" \
+  --val-fraction 0 >"$out" 2>"$err"
+rc=$?
+expect 0 out "1 files \(1 train, 0 val\).* 3 train" "a pipe: <|endoftext|> Hello world"
+# A named FIFO the shell opens for it (< FIFO), its writer already gone; and
+# a process substitution (/dev/fd/N) next to a file.
+(printf 'Hello world' >"$tmp/fifo") &
+bounded 20 tokenize --in /dev/stdin --out "$tmp/fifo_in" --vocab "$data/gpt2" --val-fraction 0 \
+  <"$tmp/fifo"
+expect 0 out "1 files \(1 train, 0 val\).* 3 train" "a FIFO as /dev/stdin"
+bounded 20 tokenize --in <(printf 'Hello world') "$tmp/extra.txt" --out "$tmp/subst" \
+  --vocab "$data/gpt2" --val-fraction 0
+expect 0 out "2 files \(2 train, 0 val\)" "a process substitution and a file"
+
 # --brown alone: data/brown/raw -> data/brown/{train,val}.bin, once.
 mkdir -p "$tmp/data/brown/raw"
 ln -s "$data/gpt2" "$tmp/data/gpt2"

