@@ -1,12 +1,11 @@
-/* Helpers the zoo's model builders share (models/builder.h). */
-#include "models/builder.h"
-
+/* Helpers the zoo's model builders share (models/builder_internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "models/builder_internal.h"
 
 dt_status dt_models_create_module(const dt_module_vtable *vt, void *impl, dt_module **out) {
   if (!impl)

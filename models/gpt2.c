@@ -7,7 +7,7 @@
 
 #include "core/nn.h"
 #include "core/ops.h"
-#include "models/builder.h"
+#include "models/builder_internal.h"
 #include "models/models.h"
 
 #define GPT2_VOCAB 50257

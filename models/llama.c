@@ -9,7 +9,7 @@
 
 #include "core/nn.h"
 #include "core/ops.h"
-#include "models/builder.h"
+#include "models/builder_internal.h"
 #include "models/models.h"
 
 /* GPT-2's tokens and rows (a multiple of 128), as the GPT-2 models */

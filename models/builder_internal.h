@@ -1,8 +1,8 @@
 /* Helpers the zoo's model builders share (models/gpt2.c, models/llama.c):
  * modules over an impl struct, children attached by name, and the
  * initialisation of every parameter. Not part of the public API. */
-#ifndef DT_MODELS_BUILDER_H
-#define DT_MODELS_BUILDER_H
+#ifndef DT_MODELS_BUILDER_INTERNAL_H
+#define DT_MODELS_BUILDER_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
