@@ -7,6 +7,7 @@
  * (dt_cpu_rows). */
 #include <omp.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "core/cpu_internal.h"
 #include "core/half.h"
@@ -45,6 +46,13 @@ const float *dt_cpu_f32_span(const void *x, dt_dtype dtype, int64_t off, int64_t
     return (const float *)x + off;
   (void)dt_half_to_f32(dtype, (const uint16_t *)x + off, buf, n);
   return buf;
+}
+
+void dt_cpu_store_span(void *y, dt_dtype dtype, int64_t off, int64_t n, const float *v) {
+  if (dt_dtype_is_half(dtype))
+    (void)dt_half_from_f32(dtype, v, (uint16_t *)y + off, n);
+  else
+    memcpy((float *)y + off, v, (size_t)n * sizeof(float));
 }
 
 dt_status dt_cpu_rows(const char *op, int64_t rows, int64_t cols, int nin, const void *const *in,

@@ -84,6 +84,9 @@ dt_status dt_cpu_rows(const char *op, int64_t rows, int64_t cols, int nin, const
 /* x[off, off + n) as f32: in place when dtype is f32, else widened into
  * buf (n floats), which is returned. */
 const float *dt_cpu_f32_span(const void *x, dt_dtype dtype, int64_t off, int64_t n, float *buf);
+/* y[off, off + n) of `dtype` = v (n floats): copied when dtype is f32,
+ * else rounded once to 16 bits. */
+void dt_cpu_store_span(void *y, dt_dtype dtype, int64_t off, int64_t n, const float *v);
 
 /* The f16/bf16 variants of axpby, unary_forward and unary_backward (the
  * f32 kernels call them for a 16-bit ex->dtype). */

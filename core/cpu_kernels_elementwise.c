@@ -1,6 +1,6 @@
 /* CPU elementwise kernels (core/ops_elementwise.c and the tensor layer):
  * binary ops with broadcasting, fill, axpby, unary ops (and their 16-bit
- * variants), casts and strided copies. */
+ * variants), SwiGLU, casts and strided copies. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +220,54 @@ dt_status dt_cpu_unary_backward(const dt_exec *ex, dt_unary_op op, int64_t n, co
       return DT_OK;
   }
   return DT_ERROR(DT_ERR_INVALID_ARG, "unary_backward: unknown op %d", (int)op);
+}
+
+/* ---- SwiGLU: x (rows, 2f) = [a | b], a chunk of a row's halves at a time
+ * (16-bit: widened on the stack, each result rounded once) ---- */
+
+#define GLU_CHUNK 256
+
+static float sigmoid_f32(float a) { return 1.0f / (1.0f + expf(-a)); }
+
+// x (rows, 2f) -> y (rows, f) = silu(a) * b
+dt_status dt_cpu_swiglu_forward(const dt_exec *ex, const float *x, float *y, int64_t rows,
+                                int64_t f) {
+  const dt_dtype dt = ex->dtype;
+  DT_CPU_PARALLEL_FOR(r, rows, rows * f, DT_CPU_PAR_MIN / 4) {
+    float wa[GLU_CHUNK], wb[GLU_CHUNK], out[GLU_CHUNK];
+    for (int64_t j0 = 0; j0 < f; j0 += GLU_CHUNK) {
+      const int64_t len = MIN(GLU_CHUNK, f - j0);
+      const float *a = dt_cpu_f32_span(x, dt, r * 2 * f + j0, len, wa);
+      const float *b = dt_cpu_f32_span(x, dt, r * 2 * f + f + j0, len, wb);
+      for (int64_t k = 0; k < len; k++)
+        out[k] = a[k] * sigmoid_f32(a[k]) * b[k];
+      dt_cpu_store_span(y, dt, r * f + j0, len, out);
+    }
+  }
+  return DT_OK;
+}
+
+// x (rows, 2f), dy (rows, f) -> dx (rows, 2f) = [dy * b * silu'(a) | dy * silu(a)]
+dt_status dt_cpu_swiglu_backward(const dt_exec *ex, const float *x, const float *dy, float *dx,
+                                 int64_t rows, int64_t f) {
+  const dt_dtype dt = ex->dtype;
+  DT_CPU_PARALLEL_FOR(r, rows, rows * f, DT_CPU_PAR_MIN / 4) {
+    float wa[GLU_CHUNK], wb[GLU_CHUNK], wg[GLU_CHUNK], da[GLU_CHUNK], db[GLU_CHUNK];
+    for (int64_t j0 = 0; j0 < f; j0 += GLU_CHUNK) {
+      const int64_t len = MIN(GLU_CHUNK, f - j0);
+      const float *a = dt_cpu_f32_span(x, dt, r * 2 * f + j0, len, wa);
+      const float *b = dt_cpu_f32_span(x, dt, r * 2 * f + f + j0, len, wb);
+      const float *g = dt_cpu_f32_span(dy, dt, r * f + j0, len, wg);
+      for (int64_t k = 0; k < len; k++) {
+        const float s = sigmoid_f32(a[k]);
+        da[k] = g[k] * b[k] * s * (1.0f + a[k] * (1.0f - s));
+        db[k] = g[k] * a[k] * s;
+      }
+      dt_cpu_store_span(dx, dt, r * 2 * f + j0, len, da);
+      dt_cpu_store_span(dx, dt, r * 2 * f + f + j0, len, db);
+    }
+  }
+  return DT_OK;
 }
 
 /* ---- the 16-bit variants of the f32 kernels (their dispatch calls these

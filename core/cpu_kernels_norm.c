@@ -1,4 +1,4 @@
-/* CPU kernels for batch and layer normalisation. Statistics are two-pass in
+/* CPU kernels for batch, layer and RMS normalisation. Statistics are two-pass in
  * double; per-channel sums are formed from per-(channel, sample) partials
  * combined in a fixed order, so results do not depend on the thread count. */
 #include <math.h>
@@ -186,11 +186,14 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
  * read a block of rows at a time into f32 (dt_cpu_rows); the statistics,
  * the sum, y and every gradient are f32. */
 
+/* rms: RMS norm, the same arithmetic with the mean taken as 0 (no
+ * centring, no beta) */
 typedef struct ln_forward_ctx {
   const float *gamma, *beta;
   float *sum, *y, *mean, *rstd;
   int64_t cols;
   float eps;
+  bool rms;
 } ln_forward_ctx;
 
 /* Layer norm of rows [r0, r0 + n) of x (in[0], f32), or of sum = x +
@@ -213,7 +216,7 @@ static void layer_norm_rows(const void *ctx, const float *const *in, int64_t r0,
       xr = sr;
     }
     double s = 0.0;
-    for (int64_t j = 0; j < cols; j++)
+    for (int64_t j = 0; j < cols && !c->rms; j++)
       s += xr[j];
     double m = s / (double)cols, v = 0.0;
     for (int64_t j = 0; j < cols; j++) {
@@ -238,7 +241,7 @@ static void layer_norm_rows(const void *ctx, const float *const *in, int64_t r0,
 dt_status dt_cpu_layer_norm_forward(const dt_exec *ex, const float *x, const float *gamma,
                                     const float *beta, float *y, float *mean, float *rstd,
                                     int64_t rows, int64_t cols, float eps) {
-  const ln_forward_ctx c = {gamma, beta, NULL, y, mean, rstd, cols, eps};
+  const ln_forward_ctx c = {gamma, beta, NULL, y, mean, rstd, cols, eps, false};
   return dt_cpu_rows("layer_norm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
                      DT_CPU_PAR_MIN / 4, layer_norm_rows, &c);
 }
@@ -249,12 +252,21 @@ dt_status dt_cpu_residual_layer_norm_forward(const dt_exec *ex, const float *x,
                                              const float *gamma, const float *beta, float *sum,
                                              float *y, float *mean, float *rstd, int64_t rows,
                                              int64_t cols, float eps) {
-  const ln_forward_ctx c = {gamma, beta, sum, y, mean, rstd, cols, eps};
+  const ln_forward_ctx c = {gamma, beta, sum, y, mean, rstd, cols, eps, false};
   return dt_cpu_rows("residual_layer_norm_forward", rows, cols, 2, (const void *[]){x, residual},
                      (const dt_dtype[]){ex->dtype, residual_dtype}, DT_CPU_PAR_MIN / 4,
                      layer_norm_rows, &c);
 }
 
+// x (rows, cols), weight (cols) -> y (rows, cols), rstd (rows): layer norm's rows without the mean
+dt_status dt_cpu_rms_norm_forward(const dt_exec *ex, const float *x, const float *weight, float *y,
+                                  float *rstd, int64_t rows, int64_t cols, float eps) {
+  const ln_forward_ctx c = {weight, NULL, NULL, y, NULL, rstd, cols, eps, true};
+  return dt_cpu_rows("rms_norm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
+                     DT_CPU_PAR_MIN / 4, layer_norm_rows, &c);
+}
+
+/* mean NULL: RMS norm (the mean 0, and no mean(g) term) */
 typedef struct ln_backward_ctx {
   const float *gamma, *mean, *rstd;
   float *dx;
@@ -262,7 +274,8 @@ typedef struct ln_backward_ctx {
 } ln_backward_ctx;
 
 /* dx of rows [r0, r0 + n) from x (in[0]) and dy (in[1]), f32:
- * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma */
+ * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma
+ * (RMS norm: dx = rstd * (g - xhat * mean(g * xhat))) */
 static void layer_norm_backward_dx_rows(const void *ctx, const float *const *in, int64_t r0,
                                         int64_t n) {
   const ln_backward_ctx *c = ctx;
@@ -272,14 +285,14 @@ static void layer_norm_backward_dx_rows(const void *ctx, const float *const *in,
     const int64_t r = r0 + i;
     const float *xr = in[0] + i * cols, *gr = in[1] + i * cols;
     float *dr = c->dx + r * cols;
-    float m = c->mean[r], rs = c->rstd[r];
+    float m = c->mean ? c->mean[r] : 0.0f, rs = c->rstd[r];
     double sg = 0.0, sgx = 0.0;
     for (int64_t j = 0; j < cols; j++) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
       sg += g;
       sgx += (double)g * ((xr[j] - m) * rs);
     }
-    float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+    float mg = c->mean ? (float)(sg / (double)cols) : 0.0f, mgx = (float)(sgx / (double)cols);
     for (int64_t j = 0; j < cols; j++) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
       dr[j] = rs * (g - mg - (xr[j] - m) * rs * mgx);
@@ -289,16 +302,16 @@ static void layer_norm_backward_dx_rows(const void *ctx, const float *const *in,
 
 #define LN_COL_BLOCK 256
 
-// x (rows, cols) of ex->dtype, dy (rows, cols), mean/rstd (rows) -> dx (rows, cols) overwritten;
-// dgamma, dbeta (cols) accumulated (+=)
-dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const float *gamma,
-                                     const float *mean, const float *rstd, const float *dy,
-                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
-                                     int64_t cols) {
+// x (rows, cols) of ex->dtype, dy (rows, cols), mean (NULL: RMS norm)/rstd (rows) -> dx (rows,
+// cols) overwritten; dgamma, dbeta (cols) accumulated (+=)
+static dt_status norm_backward(const char *op, const dt_exec *ex, const float *x,
+                               const float *gamma, const float *mean, const float *rstd,
+                               const float *dy, float *dx, float *dgamma, float *dbeta,
+                               int64_t rows, int64_t cols) {
   const dt_dtype xdt = ex->dtype;
   if (dx) {
     const ln_backward_ctx c = {gamma, mean, rstd, dx, cols};
-    DT_CHECK(dt_cpu_rows("layer_norm_backward", rows, cols, 2, (const void *[]){x, dy},
+    DT_CHECK(dt_cpu_rows(op, rows, cols, 2, (const void *[]){x, dy},
                          (const dt_dtype[]){xdt, DT_DTYPE_F32}, DT_CPU_PAR_MIN / 4,
                          layer_norm_backward_dx_rows, &c));
   }
@@ -317,7 +330,7 @@ dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const fl
       ag[j] = ab[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
       const float *xr = dt_cpu_f32_span(x, xdt, r * cols + j0, len, xw), *gr = dy + r * cols + j0;
-      float m = mean[r], rs = rstd[r];
+      float m = mean ? mean[r] : 0.0f, rs = rstd[r];
       for (int64_t j = 0; j < len; j++) {
         ag[j] += (double)gr[j] * ((xr[j] - m) * rs);
         ab[j] += gr[j];
@@ -331,4 +344,19 @@ dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const fl
     }
   }
   return DT_OK;
+}
+
+dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const float *gamma,
+                                     const float *mean, const float *rstd, const float *dy,
+                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
+                                     int64_t cols) {
+  return norm_backward("layer_norm_backward", ex, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
+                       cols);
+}
+
+dt_status dt_cpu_rms_norm_backward(const dt_exec *ex, const float *x, const float *weight,
+                                   const float *rstd, const float *dy, float *dx, float *dweight,
+                                   int64_t rows, int64_t cols) {
+  return norm_backward("rms_norm_backward", ex, x, weight, NULL, rstd, dy, dx, dweight, NULL, rows,
+                       cols);
 }

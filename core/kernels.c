@@ -1,6 +1,7 @@
 /* The kernel dispatch generated from core/op_table.def: the execution
  * context, the argument checks every backend relies on (written once,
  * here), and one dt_kernel_<name>() per kernel. */
+#include <math.h>
 #include <stdio.h>
 
 #include "core/backend.h"
@@ -236,6 +237,21 @@ static dt_status dt_kcheck_attention(const char *op, int64_t b, int64_t t, int64
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: bad geometry (batch %lld, positions %lld, heads %lld, head size %lld)", op,
                     (long long)b, (long long)t, (long long)h, (long long)hd);
+  return DT_OK;
+}
+
+/* RoPE geometry: n sequences of t positions, rows of c columns that hold
+ * heads of hd (even) columns, the first n_rot of them rotated; theta > 0. */
+static dt_status dt_kcheck_rope(int64_t n, int64_t t, int64_t c, int64_t hd, int64_t n_rot,
+                                float theta) {
+  if (n < 0 || t < 0 || hd < 2 || hd % 2 != 0 || c % hd != 0 || n_rot < 0 || n_rot * hd > c)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "rope: bad geometry (sequences %lld, positions %lld, row %lld, head size "
+                    "%lld, rotated heads %lld): the head size must be even and divide the row",
+                    (long long)n, (long long)t, (long long)c, (long long)hd, (long long)n_rot);
+  if (!(theta > 0.0f) || isinf(theta))
+    return DT_ERROR(DT_ERR_INVALID_ARG, "rope: theta %g must be a positive finite number",
+                    (double)theta);
   return DT_OK;
 }
 

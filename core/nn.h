@@ -27,6 +27,9 @@ dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride
  * defaults: eps 1e-5, momentum 0.1. */
 dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module **out);
 dt_status dt_nn_layer_norm(int features, float eps, dt_module **out);
+/* RMSNorm (torch.nn.RMSNorm, Llama's): parameter weight (features), no
+ * bias; eps > 0. */
+dt_status dt_nn_rms_norm(int features, float eps, dt_module **out);
 dt_status dt_nn_embedding(int num_embeddings, int dim, dt_generator *gen, dt_module **out);
 dt_status dt_nn_relu(dt_module **out);
 dt_status dt_nn_gelu(dt_module **out);

@@ -1,4 +1,4 @@
-/* BatchNorm2d and LayerNorm: weight 1, bias 0 (PyTorch's defaults). */
+/* BatchNorm2d, LayerNorm and RMSNorm: weight 1, bias 0 (PyTorch's defaults). */
 #include <stdlib.h>
 
 #include "core/nn.h"
@@ -93,27 +93,45 @@ static dt_status layer_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   return dt_op_layer_norm(x, w, b, impl->eps, y);
 }
 
-static const dt_module_vtable layer_norm_vtable = {"LayerNorm", layer_norm_forward, free};
+static dt_status rms_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+  layer_norm_impl *impl = dt_module_impl(m);
+  dt_tensor *w = NULL, *b = NULL;
+  DT_CHECK(dt_nn_weight_bias(m, 0, &w, &b));
+  return dt_op_rms_norm(x, w, impl->eps, y);
+}
 
-dt_status dt_nn_layer_norm(int features, float eps, dt_module **out) {
+static const dt_module_vtable layer_norm_vtable = {"LayerNorm", layer_norm_forward, free};
+static const dt_module_vtable rms_norm_vtable = {"RMSNorm", rms_norm_forward, free};
+
+/* A norm over the last dimension: weight 1 (and bias 0). */
+static dt_status last_dim_norm(const dt_module_vtable *vt, int features, float eps, int has_bias,
+                               dt_module **out) {
   if (features <= 0 || !(eps > 0.0f) || out == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "LayerNorm(%d, eps %g): features must be positive and eps > 0 (PyTorch: "
+                    "%s(%d, eps %g): features must be positive and eps > 0 (PyTorch: "
                     "1e-5)",
-                    features, (double)eps);
+                    vt->type_name, features, (double)eps);
   layer_norm_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
     *impl = (layer_norm_impl){features, eps};
   dt_module *m = NULL;
-  DT_CHECK(dt_nn_create(&layer_norm_vtable, impl, &m));
+  DT_CHECK(dt_nn_create(vt, impl, &m));
   int64_t c = features;
   dt_tensor *t = NULL;
   dt_status st = dt_nn_constant(&c, 1, 1.0f, &t);
   if (st == DT_OK)
     st = dt_nn_add_parameter(m, "weight", t);
-  if (st == DT_OK)
+  if (st == DT_OK && has_bias)
     st = dt_nn_constant(&c, 1, 0.0f, &t);
-  if (st == DT_OK)
+  if (st == DT_OK && has_bias)
     st = dt_nn_add_parameter(m, "bias", t);
   return dt_nn_finish_create(m, st, out);
+}
+
+dt_status dt_nn_layer_norm(int features, float eps, dt_module **out) {
+  return last_dim_norm(&layer_norm_vtable, features, eps, 1, out);
+}
+
+dt_status dt_nn_rms_norm(int features, float eps, dt_module **out) {
+  return last_dim_norm(&rms_norm_vtable, features, eps, 0, out);
 }

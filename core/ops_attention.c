@@ -1,6 +1,7 @@
 /* Causal multi-head self-attention: the fused kernels (flash-attention
  * style), or the heads' batched GEMMs with two row kernels between them
- * (DT_ATTENTION; below). */
+ * (DT_ATTENTION; below); and grouped-query attention's repeat_kv (at the
+ * end). */
 #include <math.h>
 
 #include "core/env.h"
@@ -304,5 +305,101 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, lse, qc);
+  return st;
+}
+
+/* ---- grouped-query attention: the key and value heads repeated ----
+ *
+ * The attention kernels stay as they are (one key/value head per query
+ * head); dt_op_repeat_kv builds their input as Hugging Face's repeat_kv
+ * does. Its cost is the repeated (B, T, 2 H hd) copy the attention keeps
+ * for its backward; a kernel that reads a key/value head once for its
+ * group is the later step if that memory matters. */
+
+/* copy of a (rows, width) block whose rows are src_w and dst_w elements
+ * apart, elements of esize bytes */
+static dt_status copy_rows(const dt_exec *ex, void *dst, int64_t dst_w, const void *src,
+                           int64_t src_w, int64_t rows, int64_t width, size_t esize) {
+  const int64_t shape[2] = {rows, width}, ds[2] = {dst_w, 1}, ss[2] = {src_w, 1};
+  return dt_kernel_copy_strided(ex, dst, ds, src, ss, shape, 2, esize);
+}
+
+typedef struct repeat_kv_saved {
+  int64_t rows, h, hkv, hd;
+} repeat_kv_saved;
+
+/* dqkv (rows, (h + 2 hkv) hd) f32: the q columns of g as they are, each
+ * key/value head the sum of its repeats' gradients (reduce_sum over the
+ * group of an f32 copy of g's k and v columns). */
+static dt_status repeat_kv_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  const repeat_kv_saved *s = DT_NODE_PARAMS(node, repeat_kv_saved);
+  const int64_t rows = s->rows, qw = s->h * s->hd, kvw = 2 * s->hkv * s->hd, win = qw + kvw,
+                wout = 3 * qw, group = s->h / s->hkv;
+  const int64_t dshape[2] = {rows, win}, kv_n = rows * 2 * qw, red_n = rows * kvw;
+  dt_tensor *g32 = NULL, *dx = NULL, *kv = NULL, *red = NULL;
+  dt_status st = dt_ops_widen(g, &g32);
+  if (st == DT_OK)
+    st = dt_tensor_empty(dshape, 2, DT_DTYPE_F32, dt_tensor_device(g), &dx);
+  if (st == DT_OK)
+    st = dt_tensor_empty(&kv_n, 1, DT_DTYPE_F32, dt_tensor_device(g), &kv);
+  if (st == DT_OK)
+    st = dt_tensor_empty(&red_n, 1, DT_DTYPE_F32, dt_tensor_device(g), &red);
+  const dt_exec ex = dt_tensor_exec(dx ? dx : g);
+  if (st == DT_OK && rows > 0)
+    st = copy_rows(&ex, DT_F32(dx), win, DT_F32(g32), wout, rows, qw, sizeof(float));
+  if (st == DT_OK && rows > 0)
+    st = copy_rows(&ex, DT_F32(kv), 2 * qw, DT_F32(g32) + qw, wout, rows, 2 * qw, sizeof(float));
+  if (st == DT_OK && rows > 0) /* (rows * 2 * hkv, group, hd) -> (rows * 2 * hkv, hd) */
+    st = dt_kernel_reduce_sum(&ex, DT_F32(kv), DT_F32(red), rows * 2 * s->hkv, group, s->hd, 1.0f);
+  if (st == DT_OK && rows > 0)
+    st = copy_rows(&ex, DT_F32(dx) + qw, win, DT_F32(red), kvw, rows, kvw, sizeof(float));
+  DT_RELEASE_TENSORS(red, kv, g32);
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
+}
+
+dt_status dt_op_repeat_kv(dt_tensor *qkv, int n_head, int n_kv_head, dt_tensor **out) {
+  static const char *op = "dt_op_repeat_kv";
+  DT_CHECK(dt_ops_check_float_unary(op, qkv, out));
+  if (n_head < 1 || n_kv_head < 1 || n_head % n_kv_head != 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: n_kv_head %d does not divide n_head %d: each key/value head serves "
+                    "n_head / n_kv_head query heads",
+                    op, n_kv_head, n_head);
+  const int64_t heads = (int64_t)n_head + 2 * (int64_t)n_kv_head, *s = dt_tensor_shape(qkv);
+  const int nd = dt_tensor_ndim(qkv);
+  char buf[128];
+  if (nd != 3 || s[2] == 0 || s[2] % heads != 0)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: qkv %s: expected (B, T, (n_head + 2 n_kv_head) head_dim) = (B, T, %lld "
+                    "head_dim): q, k and v side by side on the last axis",
+                    op, dt_shape_format(s, nd, buf, sizeof buf), (long long)heads);
+  if (n_kv_head == n_head) {
+    *out = dt_tensor_retain(qkv);
+    return DT_OK;
+  }
+  const int64_t rows = s[0] * s[1], h = n_head, hkv = n_kv_head, hd = s[2] / heads, group = h / hkv,
+                qw = h * hd, win = s[2], wout = 3 * qw;
+  const int64_t oshape[3] = {s[0], s[1], wout};
+  dt_tensor *x = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK(dt_ops_contiguous(qkv, &x));
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 3, dt_tensor_dtype(x), dt_tensor_device(x), &y), st, fail);
+  const size_t es = dt_dtype_size(dt_tensor_dtype(x));
+  const dt_exec ex = dt_tensor_exec(x);
+  char *yd = dt_tensor_data(y);
+  const char *xd = dt_tensor_data(x);
+  if (rows > 0) { /* q as it is; k and v: (rows, 2, hkv, group, hd) read with stride 0 on group */
+    const int64_t shape[5] = {rows, 2, hkv, group, hd}, ds[5] = {wout, qw, group * hd, hd, 1},
+                  ss[5] = {win, hkv * hd, hd, 0, 1};
+    DT_CHECK_GOTO(copy_rows(&ex, yd, wout, xd, win, rows, qw, es), st, fail);
+    DT_CHECK_GOTO(dt_kernel_copy_strided(&ex, yd + qw * es, ds, xd + qw * es, ss, shape, 5, es), st,
+                  fail);
+  }
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, repeat_kv_backward, &qkv, 1, y, &node), st, fail);
+  DT_OPS_SAVE_PARAMS(node, repeat_kv_saved, {rows, h, hkv, hd});
+  st = dt_ops_take(&y, out);
+fail:
+  DT_RELEASE_TENSORS(y, x);
   return st;
 }

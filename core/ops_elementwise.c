@@ -1,5 +1,5 @@
 /* Elementwise ops: add/sub/mul with NumPy broadcasting, scale, and the
- * unary activations relu/gelu/tanh. */
+ * unary activations relu/gelu/tanh, and SwiGLU. */
 #include <string.h>
 
 #include "core/ops_internal.h"
@@ -265,4 +265,50 @@ dt_status dt_op_gelu(dt_tensor *x, dt_tensor **out) {
 
 dt_status dt_op_tanh(dt_tensor *x, dt_tensor **out) {
   return unary_op("dt_op_tanh", DT_UNARY_TANH, x, out);
+}
+
+/* ---- SwiGLU ---- */
+
+/* saved[0] = x (contiguous, (rows, 2f)) */
+static dt_status swiglu_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0];
+  dt_tensor *dx = NULL; /* x's dtype, which g has too (16-bit: f32 math in the kernel) */
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x),
+                           dt_tensor_device(x), &dx));
+  const int64_t f = dt_tensor_dim(x, -1) / 2, rows = dt_tensor_numel(g) / (f > 0 ? f : 1);
+  dt_status st = DT_OK;
+  if (rows * f > 0)
+    st = dt_kernel_swiglu_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(g), DT_F32(dx), rows, f);
+  return dt_ops_grad_result(st, dx, &grad_in[0]);
+}
+
+dt_status dt_op_swiglu(dt_tensor *a, dt_tensor **out) {
+  static const char *op = "dt_op_swiglu";
+  DT_CHECK(dt_ops_check_float_unary(op, a, out));
+  const int nd = dt_tensor_ndim(a);
+  char buf[128];
+  if (nd < 1 || dt_tensor_shape(a)[nd - 1] % 2 != 0)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: x %s: expected (..., 2F) with the gate and up projections side by side "
+                    "on the last axis (an even width)",
+                    op, dt_shape_format(dt_tensor_shape(a), nd, buf, sizeof buf));
+  int64_t shape[DT_MAX_DIMS];
+  memcpy(shape, dt_tensor_shape(a), (size_t)nd * sizeof(int64_t));
+  const int64_t f = shape[nd - 1] / 2, rows = dt_shape_numel(shape, nd - 1);
+  shape[nd - 1] = f;
+  dt_tensor *x = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_status st;
+  DT_CHECK(dt_ops_contiguous(a, &x));
+  /* y in x's dtype: a 16-bit activation stays 16-bit (f32 math) */
+  DT_CHECK_GOTO(dt_tensor_empty(shape, nd, dt_tensor_dtype(x), dt_tensor_device(x), &y), st, fail);
+  if (rows * f > 0)
+    DT_CHECK_GOTO(dt_kernel_swiglu_forward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(y), rows, f), st,
+                  fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, swiglu_backward, &a, 1, y, &node), st, fail);
+  dt_ops_save_for_backward(node, &x, 1);
+  st = dt_ops_take(&y, out);
+fail:
+  DT_RELEASE_TENSORS(y, x);
+  return st;
 }

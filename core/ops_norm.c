@@ -1,4 +1,5 @@
-/* Normalisation: batch_norm2d (NCHW or NC) and layer_norm (last dim). */
+/* Normalisation: batch_norm2d (NCHW or NC), layer_norm and rms_norm (last
+ * dim). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,11 +239,11 @@ fail:
 
 /* ---- layer norm ---- */
 
-/* saved: 0 x (rows, cols; f32 or 16-bit), 1 gamma (or ones), 2 mean (rows),
- * 3 rstd (rows) */
+/* saved: 0 x (rows, cols; f32 or 16-bit), 1 gamma (or ones), 2 mean (rows;
+ * NULL for RMS norm), 3 rstd (rows) */
 typedef struct layer_norm_saved {
   int64_t rows, cols;
-  bool has_gamma, has_beta;
+  bool has_gamma, has_beta, rms;
 } layer_norm_saved;
 
 static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
@@ -260,7 +261,12 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
   /* x may be 16-bit (the kernel reads it as it is); dx is f32, which the
    * engine rounds to x's dtype */
-  if (rows * cols > 0)
+  if (rows * cols > 0 && s->rms)
+    DT_CHECK_GOTO(
+        dt_kernel_rms_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma), DT_F32(rstd),
+                                    DT_F32(gy), DT_F32(dx), DT_F32(dgamma), rows, cols),
+        st, fail);
+  else if (rows * cols > 0)
     DT_CHECK_GOTO(dt_kernel_layer_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
                                                 DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
                                                 DT_F32(dgamma), DT_F32(dbeta), rows, cols),
@@ -283,12 +289,14 @@ static dt_status residual_add_backward(dt_node *node, dt_tensor *g, dt_tensor **
 
 /* layer_norm(x), or with a residual sum = x + residual and layer_norm(sum)
  * in one kernel: a node for the sum (x, residual) and one for the norm
- * (sum, gamma, beta), which is layer_norm's. x and residual may be 16-bit
+ * (sum, gamma, beta), which is layer_norm's; rms: rms_norm(x) with the
+ * weight `gamma` (no residual, no beta). x and residual may be 16-bit
  * (autocast's f32 ops): the kernels read them as they are and compute in
  * f32, sum and y are f32, and the 16-bit x is what the backward keeps (no
  * widened copy); gamma and beta are f32. */
 static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
-                               dt_tensor *beta, float eps, dt_tensor **sum_out, dt_tensor **out) {
+                               dt_tensor *beta, float eps, bool rms, dt_tensor **sum_out,
+                               dt_tensor **out) {
   if (!x || !out || (residual && !sum_out))
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *ins[4] = {x, residual, gamma, beta};
@@ -309,7 +317,7 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
         dt_shape_format(dt_tensor_shape(residual), dt_tensor_ndim(residual), br, sizeof br));
   int64_t cols = dt_tensor_shape(x)[nd - 1];
   int64_t rows = dt_shape_numel(dt_tensor_shape(x), nd - 1);
-  DT_CHECK(check_vec(op, "gamma", gamma, cols));
+  DT_CHECK(check_vec(op, rms ? "weight" : "gamma", gamma, cols));
   DT_CHECK(check_vec(op, "beta", beta, cols));
 
   dt_device dev = dt_tensor_device(x);
@@ -325,10 +333,15 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   }
   DT_CHECK_GOTO(affine_params(gamma, beta, cols, dev, &gc, &bc), st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
+  if (!rms)
+    DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
-  if (rows * cols > 0 && residual)
+  if (rows * cols > 0 && rms)
+    DT_CHECK_GOTO(dt_kernel_rms_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(y), DT_F32(rstd),
+                                             rows, cols, eps),
+                  st, fail);
+  else if (rows * cols > 0 && residual)
     DT_CHECK_GOTO(dt_kernel_residual_layer_norm_forward(
                       &ex, DT_F32(xc), DT_F32(rc), dt_tensor_dtype(rc), DT_F32(gc), DT_F32(bc),
                       DT_F32(sum), DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
@@ -344,7 +357,7 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
   DT_CHECK_GOTO(dt_ops_maybe_record(op, layer_norm_backward, norm_ins, 3, y, &node), st, fail);
   dt_tensor *saved[4] = {residual ? sum : xc, gc, mean, rstd};
   dt_ops_save_for_backward(node, saved, 4);
-  DT_OPS_SAVE_PARAMS(node, layer_norm_saved, {rows, cols, gamma != NULL, beta != NULL});
+  DT_OPS_SAVE_PARAMS(node, layer_norm_saved, {rows, cols, gamma != NULL, beta != NULL, rms});
   if (residual)
     dt_ops_take(&sum, sum_out);
   st = dt_ops_take(&y, out);
@@ -355,7 +368,11 @@ fail:
 
 dt_status dt_op_layer_norm(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
                            dt_tensor **out) {
-  return layer_norm_op("dt_op_layer_norm", x, NULL, gamma, beta, eps, NULL, out);
+  return layer_norm_op("dt_op_layer_norm", x, NULL, gamma, beta, eps, false, NULL, out);
+}
+
+dt_status dt_op_rms_norm(dt_tensor *x, dt_tensor *weight, float eps, dt_tensor **out) {
+  return layer_norm_op("dt_op_rms_norm", x, NULL, weight, NULL, eps, true, NULL, out);
 }
 
 dt_status dt_op_residual_layer_norm(dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
@@ -363,6 +380,6 @@ dt_status dt_op_residual_layer_norm(dt_tensor *x, dt_tensor *residual, dt_tensor
                                     dt_tensor **norm_out) {
   if (!residual)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dt_op_residual_layer_norm: NULL argument");
-  return layer_norm_op("dt_op_residual_layer_norm", x, residual, gamma, beta, eps, sum_out,
+  return layer_norm_op("dt_op_residual_layer_norm", x, residual, gamma, beta, eps, false, sum_out,
                        norm_out);
 }

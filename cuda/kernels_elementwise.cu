@@ -1,5 +1,5 @@
 /* CUDA elementwise kernels (core/ops_elementwise.c and the tensor
- * layer): casts, strided copies, fill, binary and unary ops, axpby.
+ * layer): casts, strided copies, fill, binary and unary ops, axpby, SwiGLU.
  * Semantics follow the CPU reference (core/cpu_kernels_elementwise.c). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -270,4 +270,47 @@ extern "C" dt_status dt_cuda_unary_backward(const dt_exec *ex, dt_unary_op op, i
   DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
                            dt_launch_flat(ex, n, unary_backward_kernel<T>, (int)op, n, (const T *)x,
                                           (const T *)dy, (T *)dx));
+}
+
+/* ---- SwiGLU: x (rows, 2f) = [a | b] ---- */
+
+// y (rows, f) = silu(a) * b
+template <typename T>
+static __global__ void swiglu_forward_kernel(const T *x, T *y, int64_t rows, int64_t f) {
+  DT_GRID_STRIDE(i, rows * f) {
+    const int64_t r = i / f, j = i - r * f;
+    const float a = dt_load_f32(x, r * 2 * f + j), b = dt_load_f32(x, r * 2 * f + f + j);
+    dt_store_f32(y, i, a * (1.0f / (1.0f + expf(-a))) * b);
+  }
+}
+
+// dx (rows, 2f) = [dy * b * silu'(a) | dy * silu(a)] from x (rows, 2f), dy (rows, f)
+template <typename T>
+static __global__ void swiglu_backward_kernel(const T *x, const T *dy, T *dx, int64_t rows,
+                                              int64_t f) {
+  DT_GRID_STRIDE(i, rows * f) {
+    const int64_t r = i / f, j = i - r * f, ia = r * 2 * f + j, ib = ia + f;
+    const float a = dt_load_f32(x, ia), b = dt_load_f32(x, ib), g = dt_load_f32(dy, i);
+    const float s = 1.0f / (1.0f + expf(-a));
+    dt_store_f32(dx, ia, g * b * s * (1.0f + a * (1.0f - s)));
+    dt_store_f32(dx, ib, g * a * s);
+  }
+}
+
+extern "C" dt_status dt_cuda_swiglu_forward(const dt_exec *ex, const float *x, float *y,
+                                            int64_t rows, int64_t f) {
+  if (rows * f <= 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(
+      ex->dtype, T,
+      dt_launch_flat(ex, rows * f, swiglu_forward_kernel<T>, (const T *)x, (T *)y, rows, f));
+}
+
+extern "C" dt_status dt_cuda_swiglu_backward(const dt_exec *ex, const float *x, const float *dy,
+                                             float *dx, int64_t rows, int64_t f) {
+  if (rows * f <= 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           dt_launch_flat(ex, rows * f, swiglu_backward_kernel<T>, (const T *)x,
+                                          (const T *)dy, (T *)dx, rows, f));
 }

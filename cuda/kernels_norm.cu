@@ -1,25 +1,26 @@
 /* CUDA kernels of the norm family (core/ops_norm.c): layer norm (and the
- * fused residual + layer norm), one block per row; batch norm is cuDNN's
+ * fused residual + layer norm) and RMS norm, one block per row; batch norm is cuDNN's
  * (cuda/dnn.c), with its eval-mode statistics here. Semantics follow the
  * CPU reference (core/cpu_kernels_norm.c). */
 #include <math.h>
 
 #include "cuda/kernels_common.cuh"
 
-/* ---- layer norm ---- */
+/* ---- layer norm, RMS norm ---- */
 /* x holds TX (the kernel's ex->dtype), the residual TR; the statistics,
- * the sum, y and every gradient are f32 (op_table.def). */
+ * the sum, y and every gradient are f32 (op_table.def). RMS norm is layer
+ * norm's arithmetic with the mean 0 (rms; mean NULL in the backward). */
 
 // the layer norm of one row xr (cols) of T, by the block -> yr, mean[r], rstd[r]
 template <typename T>
 static __device__ __forceinline__ void layer_norm_row(const T *xr, const float *gamma,
                                                       const float *beta, float *yr, float *mean,
                                                       float *rstd, int64_t r, int64_t cols,
-                                                      float eps, double *shd) {
+                                                      float eps, bool rms, double *shd) {
   double s = 0.0;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+  for (int64_t j = threadIdx.x; j < cols && !rms; j += blockDim.x)
     s += dt_load_f32(xr, j);
-  double m = dt_block_sum(s, shd) / (double)cols;
+  double m = rms ? 0.0 : dt_block_sum(s, shd) / (double)cols;
   double v = 0.0;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     double d = dt_load_f32(xr, j) - m;
@@ -43,7 +44,7 @@ template <typename TX, typename TR>
 static __global__ void layer_norm_forward_kernel(const TX *x, const TR *residual,
                                                  const float *gamma, const float *beta, float *sum,
                                                  float *y, float *mean, float *rstd, int64_t rows,
-                                                 int64_t cols, float eps) {
+                                                 int64_t cols, float eps, bool rms) {
   __shared__ double shd[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TX *xr = x + r * cols;
@@ -53,9 +54,9 @@ static __global__ void layer_norm_forward_kernel(const TX *x, const TR *residual
       float *sr = sum + r * cols;
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
         sr[j] = dt_load_f32(xr, j) + dt_load_f32(rr, j);
-      layer_norm_row(sr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
+      layer_norm_row(sr, gamma, beta, yr, mean, rstd, r, cols, eps, rms, shd);
     } else {
-      layer_norm_row(xr, gamma, beta, yr, mean, rstd, r, cols, eps, shd);
+      layer_norm_row(xr, gamma, beta, yr, mean, rstd, r, cols, eps, rms, shd);
     }
   }
 }
@@ -65,11 +66,11 @@ template <typename TX>
 static dt_status layer_norm_launch(const dt_exec *ex, const TX *x, const void *residual,
                                    dt_dtype residual_dtype, const float *gamma, const float *beta,
                                    float *sum, float *y, float *mean, float *rstd, int64_t rows,
-                                   int64_t cols, float eps) {
+                                   int64_t cols, float eps, bool rms) {
   DT_CUDA_STORAGE_DISPATCH(
       residual_dtype, TR,
       dt_launch_rows(ex, rows, cols, layer_norm_forward_kernel<TX, TR>, x, (const TR *)residual,
-                     gamma, beta, sum, y, mean, rstd, rows, cols, eps));
+                     gamma, beta, sum, y, mean, rstd, rows, cols, eps, rms));
 }
 
 extern "C" dt_status dt_cuda_layer_norm_forward(const dt_exec *ex, const float *x,
@@ -81,7 +82,17 @@ extern "C" dt_status dt_cuda_layer_norm_forward(const dt_exec *ex, const float *
   /* no residual: TR float, the instantiation the f32 residual shares */
   DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
                            layer_norm_launch(ex, (const TX *)x, NULL, DT_DTYPE_F32, gamma, beta,
-                                             NULL, y, mean, rstd, rows, cols, eps));
+                                             NULL, y, mean, rstd, rows, cols, eps, false));
+}
+
+extern "C" dt_status dt_cuda_rms_norm_forward(const dt_exec *ex, const float *x,
+                                              const float *weight, float *y, float *rstd,
+                                              int64_t rows, int64_t cols, float eps) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
+                           layer_norm_launch(ex, (const TX *)x, NULL, DT_DTYPE_F32, weight, NULL,
+                                             NULL, y, NULL, rstd, rows, cols, eps, true));
 }
 
 extern "C" dt_status dt_cuda_residual_layer_norm_forward(
@@ -92,11 +103,11 @@ extern "C" dt_status dt_cuda_residual_layer_norm_forward(
     return DT_OK;
   DT_CUDA_STORAGE_DISPATCH(ex->dtype, TX,
                            layer_norm_launch(ex, (const TX *)x, residual, residual_dtype, gamma,
-                                             beta, sum, y, mean, rstd, rows, cols, eps));
+                                             beta, sum, y, mean, rstd, rows, cols, eps, false));
 }
 
-// x (rows, cols) of T, dy (rows, cols), mean/rstd (rows), gamma (cols) -> dx (rows, cols)
-// overwritten
+// x (rows, cols) of T, dy (rows, cols), mean (NULL: RMS norm)/rstd (rows), gamma (cols) -> dx
+// (rows, cols) overwritten
 template <typename T>
 static __global__ void layer_norm_backward_dx_kernel(const T *x, const float *gamma,
                                                      const float *mean, const float *rstd,
@@ -107,7 +118,7 @@ static __global__ void layer_norm_backward_dx_kernel(const T *x, const float *ga
     const T *xr = x + r * cols;
     const float *gr = dy + r * cols;
     float *dr = dx + r * cols;
-    float m = mean[r], rs = rstd[r];
+    float m = mean ? mean[r] : 0.0f, rs = rstd[r];
     double sg = 0.0, sgx = 0.0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
@@ -116,7 +127,7 @@ static __global__ void layer_norm_backward_dx_kernel(const T *x, const float *ga
     }
     sg = dt_block_sum(sg, shd);
     sgx = dt_block_sum(sgx, shd);
-    float mg = (float)(sg / (double)cols), mgx = (float)(sgx / (double)cols);
+    float mg = mean ? (float)(sg / (double)cols) : 0.0f, mgx = (float)(sgx / (double)cols);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       float g = gr[j] * (gamma ? gamma[j] : 1.0f);
       dr[j] = rs * (g - mg - (dt_load_f32(xr, j) - m) * rs * mgx);
@@ -139,7 +150,7 @@ static __global__ void layer_norm_backward_param_partial_kernel(const T *x, cons
   double ag = 0.0, ab = 0.0;
   for (int64_t r = r0; r < r1; r++) {
     float g = dy[r * cols + j];
-    ag += (double)g * ((dt_load_f32(x, r * cols + j) - mean[r]) * rstd[r]);
+    ag += (double)g * ((dt_load_f32(x, r * cols + j) - (mean ? mean[r] : 0.0f)) * rstd[r]);
     ab += g;
   }
   part[(split * 2) * cols + j] = ag;
@@ -207,6 +218,17 @@ extern "C" dt_status dt_cuda_layer_norm_backward(const dt_exec *ex, const float 
   DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
                            layer_norm_backward_as(ex, (const T *)x, gamma, mean, rstd, dy, dx,
                                                   dgamma, dbeta, rows, cols));
+}
+
+extern "C" dt_status dt_cuda_rms_norm_backward(const dt_exec *ex, const float *x,
+                                               const float *weight, const float *rstd,
+                                               const float *dy, float *dx, float *dweight,
+                                               int64_t rows, int64_t cols) {
+  if (rows == 0)
+    return DT_OK;
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           layer_norm_backward_as(ex, (const T *)x, weight, NULL, rstd, dy, dx,
+                                                  dweight, NULL, rows, cols));
 }
 
 /* ---- batchnorm eval statistics (for cuda/dnn.c) ---- */

@@ -59,7 +59,7 @@ const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
                                  "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "
-                                 "gpt2-* are GPT-2 language models)",
+                                 "gpt2-* and llama-* are GPT-2 and Llama language models)",
                                  dt_cli_model_choices());
 }
 
@@ -230,7 +230,8 @@ bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err
             command, ctx, model, (long long)task->max_context);
   else
     fprintf(err,
-            "dtrain %s: --ctx %d: model %s takes no sequence (--ctx is for the gpt2-* models)\n",
+            "dtrain %s: --ctx %d: model %s takes no sequence (--ctx is for the gpt2-* and llama-* "
+            "models)\n",
             command, ctx, model);
   return false;
 }
@@ -245,7 +246,7 @@ bool dt_cli_check_text_flags(const char *command, const dt_task *task, int argc,
     if (dt_cli_peek_flag(argc, argv, text_flags[i])) {
       fprintf(err,
               "dtrain %s: --%s: model %s does not generate text (--%s is for the gpt2-* "
-              "models)\n",
+              "and llama-* models)\n",
               command, text_flags[i], task->name, text_flags[i]);
       return false;
     }

@@ -58,7 +58,7 @@ static dt_status ckpt_model_open(const char *path, const char *device, bool need
   if (needs_text && (!m->task.tokenizer || m->task.max_context <= 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "checkpoint %s holds model %s, which does not generate text: dtrain sample "
-                    "takes the checkpoint of a language model (gpt2-tiny, gpt2, ...)",
+                    "takes the checkpoint of a language model (gpt2-tiny, llama-tiny, ...)",
                     m->dir, m->model);
   dt_device asked;
   DT_CHECK(dt_cli_device(device, &asked));

@@ -87,6 +87,45 @@ int64_t dt_gpt2_parameter_count(const dt_gpt2_config *cfg);
  * backward: x 3) over the full T x T square, not halved for the mask. */
 double dt_gpt2_flops_per_token(const dt_gpt2_config *cfg, int64_t T);
 
+/* The Llama family (Hugging Face's LlamaForCausalLM): token embedding,
+ * n_layer blocks of x + o_proj(attention(rope(q, k), v)) and x +
+ * down_proj(silu(gate_proj(x)) * up_proj(x)), each after an RMS norm,
+ * grouped-query attention (n_kv_head key and value heads), no biases, a
+ * final RMS norm and the head (the embedding when tied). Parameters named
+ * as Hugging Face's without its "model." prefix (GPT-2's are named as
+ * Hugging Face's without "transformer."): embed_tokens.weight,
+ * layers.<i>.input_layernorm.weight, layers.<i>.self_attn.{q,k,v,o}_proj.
+ * weight, layers.<i>.post_attention_layernorm.weight,
+ * layers.<i>.mlp.{gate,up,down}_proj.weight, norm.weight and, untied,
+ * lm_head.weight. */
+typedef struct dt_llama_config {
+  int n_layer;
+  int n_head;
+  int n_kv_head;    /* divides n_head */
+  int n_embd;       /* C = n_head * head size (even) */
+  int ffn;          /* the MLP's width */
+  int block_size;   /* the longest context */
+  int vocab;        /* real tokens: 50257 */
+  int padded_vocab; /* rows of embed_tokens, >= vocab: 50304 */
+  float rope_theta;
+  float norm_eps;
+  int tied; /* the head is embed_tokens.weight */
+} dt_llama_config;
+
+/* The named configurations of models/llama_sizes.def (llama-tiny,
+ * llama-135m, llama-1b); DT_ERR_INVALID_ARG naming the known ones. */
+dt_status dt_llama_config_named(const char *name, dt_llama_config *out);
+
+/* Initialisation as Hugging Face's: every weight N(0, 0.02^2), the norms'
+ * weights 1. tokens (B, T) i32/i64, 1 <= T <= block_size -> logits (B, T,
+ * padded_vocab). */
+dt_status dt_model_llama(const dt_llama_config *cfg, uint64_t seed, dt_module **out);
+
+int64_t dt_llama_parameter_count(const dt_llama_config *cfg);
+
+/* Training FLOPs per token at context T: 6 N + 12 L T C, as GPT-2's. */
+double dt_llama_flops_per_token(const dt_llama_config *cfg, int64_t T);
+
 /* Builds the model of task `name` (models/tasks.h) with its default
  * configuration:
  *   "mlp"   MLP 784-512-512-10

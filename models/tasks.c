@@ -177,7 +177,24 @@ static double gpt2_flops_per_sample(const dt_task *task) {
   return (double)cfg.block_size * dt_gpt2_flops_per_token(&cfg, cfg.block_size);
 }
 
-/* GPT-2's tokens, in llm.c's shards. */
+/* A Llama of the task's size at the task's context, and its training
+ * FLOPs per sample. */
+static dt_status build_llama(const dt_task *task, uint64_t seed, dt_module **out) {
+  dt_llama_config c;
+  DT_CHECK(dt_llama_config_named(task->name, &c));
+  c.block_size = (int)task->input_shape[0];
+  return dt_model_llama(&c, seed, out);
+}
+
+static double llama_flops_per_sample(const dt_task *task) {
+  dt_llama_config c;
+  const int64_t T = task->input_shape[0];
+  return dt_llama_config_named(task->name, &c) == DT_OK
+             ? (double)T * dt_llama_flops_per_token(&c, T)
+             : 0.0;
+}
+
+/* GPT-2's tokens, in llm.c's shards (the Llama models read them too). */
 static const dt_task_data text_data[] = {
     {"brown", DT_GPT2_VOCAB, 0.0f, 1.0f, open_brown},
 };
@@ -210,14 +227,15 @@ static const dt_task_defaults lm_defaults = {
   .metric_name = "accuracy", .metric = dt_task_metric_accuracy, .eval_split = "test",          \
   .result = DT_TASK_RESULT_METRIC
 
-/* GPT-2 language models over GPT-2's tokens: context `ctx` (--ctx shortens
- * it), next-token targets, the validation loss as the result. */
-#define GPT2_LANGUAGE_MODEL(ctx)                                                           \
-  .build = build_gpt2, .input_ndim = 1, .input_shape = {ctx}, .input_dtype = DT_DTYPE_I32, \
-  .input_range = DT_GPT2_VOCAB, .num_classes = DT_GPT2_VOCAB, .sequence_targets = true,    \
-  .max_context = ctx, .data = text_data, .n_data = 1, .loss = dt_task_loss_next_token,     \
-  .eval_split = "val", .result = DT_TASK_RESULT_LOSS, .defaults = &lm_defaults,            \
-  .flops_per_sample = gpt2_flops_per_sample, .tokenizer = "gpt2"
+/* Language models over GPT-2's tokens (GPT-2's and the Llama family's,
+ * built by `build`, `flops` their FLOPs per sample): context `ctx` (--ctx
+ * shortens it), next-token targets, the validation loss as the result. */
+#define LANGUAGE_MODEL(build_fn, flops, ctx)                                             \
+  .build = build_fn, .input_ndim = 1, .input_shape = {ctx}, .input_dtype = DT_DTYPE_I32, \
+  .input_range = DT_GPT2_VOCAB, .num_classes = DT_GPT2_VOCAB, .sequence_targets = true,  \
+  .max_context = ctx, .data = text_data, .n_data = 1, .loss = dt_task_loss_next_token,   \
+  .eval_split = "val", .result = DT_TASK_RESULT_LOSS, .defaults = &lm_defaults,          \
+  .flops_per_sample = flops, .tokenizer = "gpt2"
 
 static const dt_task tasks[] = {
     {.name = "mlp",
@@ -233,9 +251,17 @@ static const dt_task tasks[] = {
   {.name = name_,                                                                        \
    .summary = "GPT-2 " parameters ": " #n_layer " layers, " #n_head " heads, C " #n_embd \
               ", context " #context,                                                     \
-   GPT2_LANGUAGE_MODEL(context)},
+   LANGUAGE_MODEL(build_gpt2, gpt2_flops_per_sample, context)},
 #include "models/gpt2_sizes.def"
 #undef DT_GPT2_SIZE
+/* One task per Llama size (models/llama_sizes.def). */
+#define DT_LLAMA_SIZE(name_, n_layer, n_head, n_kv_head, n_embd, ffn, context, theta, parameters) \
+  {.name = name_,                                                                                 \
+   .summary = "Llama " parameters ": " #n_layer " layers, " #n_head " heads (" #n_kv_head         \
+              " KV), C " #n_embd ", FFN " #ffn ", context " #context,                             \
+   LANGUAGE_MODEL(build_llama, llama_flops_per_sample, context)},
+#include "models/llama_sizes.def"
+#undef DT_LLAMA_SIZE
 };
 #define NUM_TASKS ((int)(sizeof tasks / sizeof tasks[0]))
 

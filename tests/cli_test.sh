@@ -131,11 +131,11 @@ expect 2 err "invalid value 'linear' for --schedule: expected one of constant, c
   "schedule choices"
 # Every name or enum flag: exit 2, the flag and the accepted values.
 run train --model resnet18
-expect 2 err "^dtrain train: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl$" \
+expect 2 err "^dtrain train: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b$" \
   "unknown model"
 expect_plain "unknown model"
 run bench --model resnet18
-expect 2 err "^dtrain bench: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl$" \
+expect 2 err "^dtrain bench: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b$" \
   "bench: unknown model"
 run train --data cifar10
 expect 2 err "invalid value 'cifar10' for --data: expected one of fashion-mnist, mnist" \

@@ -14,6 +14,7 @@
 #define DT_TESTS_OP_TABLE_H
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -101,6 +102,18 @@ const std::vector<OpCase> &OpCases();
 // Appends the rows of attention and the language-model ops
 // (tests/op_table_cases_lm.cc).
 void AddLanguageModelCases(std::vector<OpCase> *table);
+// Appends the rows of the Llama-family ops: RMS norm, RoPE, SwiGLU and
+// grouped-query attention's repeat_kv (tests/op_table_cases_llama.cc).
+void AddLlamaCases(std::vector<OpCase> *table);
+
+// *out (an op's output) checked against `reference` (its definition in
+// other ops or on the host, computed without recording): |got - want| <=
+// atol + rtol * |want| everywhere (NaN matches NaN), else an error naming
+// the element (and *out released). What the row's gradient and parity
+// checks see is the op's own output (tests/op_table_cases_lm.cc).
+dt_status CheckedAgainst(dt_status st, dt_tensor **out,
+                         const std::function<dt_status(dt_tensor **)> &reference, double atol,
+                         double rtol, const char *what);
 
 void PrintTo(const OpCase *c, std::ostream *os);
 

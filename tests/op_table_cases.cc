@@ -485,6 +485,7 @@ std::vector<OpCase> Build() {
 
   // attention and the language-model ops (tests/op_table_cases_lm.cc)
   AddLanguageModelCases(&t);
+  AddLlamaCases(&t);
 
   // cross-entropy over 1000 classes with ignored rows, and bad targets
   for (dt_dtype td : {DT_DTYPE_I32, DT_DTYPE_I64}) {

@@ -15,20 +15,7 @@
 #include "tests/op_table.h"
 
 namespace optable {
-namespace {
 
-using dtt::OpFn;
-using V = std::vector<dt_tensor *>;
-constexpr dt_dtype F32 = DT_DTYPE_F32;
-constexpr Acc kReduction = Acc::kReduction, kNormalisation = Acc::kNormalisation;
-
-dt_tensor *Opt(const V &x, size_t i) { return i < x.size() ? x[i] : nullptr; }
-
-// *out (an op's output) checked against `reference` (its definition in
-// other ops, computed without recording): |got - want| <= atol + rtol *
-// |want| everywhere (NaN matches NaN), else an error naming the element
-// (and *out released). What the row's gradient and parity checks see is
-// the op's own output.
 dt_status CheckedAgainst(dt_status st, dt_tensor **out,
                          const std::function<dt_status(dt_tensor **)> &reference, double atol,
                          double rtol, const char *what) {
@@ -55,6 +42,15 @@ dt_status CheckedAgainst(dt_status st, dt_tensor **out,
   }
   return st;
 }
+
+namespace {
+
+using dtt::OpFn;
+using V = std::vector<dt_tensor *>;
+constexpr dt_dtype F32 = DT_DTYPE_F32;
+constexpr Acc kReduction = Acc::kReduction, kNormalisation = Acc::kNormalisation;
+
+dt_tensor *Opt(const V &x, size_t i) { return i < x.size() ? x[i] : nullptr; }
 
 // Intermediate tensors of a reference computation, released at the end (a
 // deque: the slots handed out stay put).

@@ -235,9 +235,10 @@ static dt_status check_task(const dt_train_config *c) {
                     "invalid value '%d' for `ctx`: model %s's context is 1 to %lld", c->ctx,
                     t->name, (long long)t->max_context);
   if (t->max_context <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "`ctx` %d: model %s takes no sequence (`ctx` is for the gpt2-* models)", c->ctx,
-                    t->name);
+    return DT_ERROR(
+        DT_ERR_INVALID_ARG,
+        "`ctx` %d: model %s takes no sequence (`ctx` is for the gpt2-* and llama-* models)", c->ctx,
+        t->name);
   return DT_OK;
 }
 

@@ -104,7 +104,8 @@ std::vector<dt_task> small_tasks() {
   std::vector<dt_task> tasks;
   for (int i = 0; i < dt_task_count(); i++) {
     const dt_task *t = dt_task_at(i);
-    if (t->max_context > 0 && std::string(t->name) != "gpt2-tiny")
+    if (t->max_context > 0 && std::string(t->name) != "gpt2-tiny" &&
+        std::string(t->name) != "llama-tiny")
       continue;
     dt_task small = *t;
     if (t->max_context == 0 || dt_task_with_context(t, 8, &small) == DT_OK)
