@@ -652,15 +652,12 @@ dt_status dt_bpe_load_dir(const char *dir, const dt_bpe_config *cfg, dt_bpe **ou
 void dt_bpe_destroy(dt_bpe *bpe) {
   if (!bpe)
     return;
-  free(bpe->tok_bytes);
-  free(bpe->tok_off);
-  free(bpe->vocab);
-  free(bpe->pairs);
-  free(bpe->tok_rank);
-  free(bpe->cache);
+  void *owned[] = {bpe->tok_bytes, bpe->tok_off, bpe->vocab, bpe->pairs,
+                   bpe->tok_rank,  bpe->cache,   bpe->heap /* and the symbols after it */};
+  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+    free(owned[i]);
   dt_bytes_free(&bpe->cache_keys);
   dt_tokens_free(&bpe->cache_ids);
-  free(bpe->heap); /* and the symbols after it */
   free(bpe);
 }
 
