@@ -59,14 +59,16 @@ dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w
 
 /* " in PHASE" (this rank's phase, when it named one) into phase, and into
  * behind who keeps collective w waiting: the ranks of this host that did
- * not arrive (the group's progress table). */
+ * not arrive (the group's progress table), "" when not known. */
 static void describe_stall(const dt_comm *c, const dt_work *w, char *phase, size_t phase_cap,
                            char *behind, size_t behind_cap) {
   char name[128];
   dt_pg_phase(c->pg, name, sizeof name);
   snprintf(phase, phase_cap, "%s%s", name[0] ? " in " : "", name);
   behind[0] = '\0';
-  if (c->pg != NULL && !w->device_stuck) /* a stuck device is this rank's own */
+  /* Only the collectives the table holds compare; a stuck device is this
+   * rank's own. */
+  if (c->publishes && !w->device_stuck)
     dt_pg_describe_behind(c->pg, 0, w->seq, behind, behind_cap);
 }
 

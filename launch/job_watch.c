@@ -14,6 +14,10 @@
 #include <unistd.h>
 
 #define MAX_WATCHED 1024
+/* The least time the others get after a rank's exit: when a rank fails,
+ * mpirun ends the rest itself (SIGTERM, which a training rank only notes,
+ * then SIGKILL a moment later) and must not be taken for a hang. */
+#define MIN_END_TIMEOUT_S 5.0
 
 /* A process mpirun started on this host. */
 typedef struct watched {
@@ -181,6 +185,8 @@ int dt_job_run_watched(const char *path, char **argv, double end_timeout_s, int 
   static watch w; /* 16 KiB: not on the stack */
   memset(&w, 0, sizeof w);
   w.mpirun = pid;
+  if (end_timeout_s < MIN_END_TIMEOUT_S)
+    end_timeout_s = MIN_END_TIMEOUT_S;
   int ended = 0;
   while (!reap_within(pid, 0.1, status)) {
     scan(&w);

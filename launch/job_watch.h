@@ -4,7 +4,9 @@
  * waits for it for ever. Only the launcher outlives them all, so it
  * watches the ranks mpirun started on this host (mpirun's children): once
  * one of them has exited, the others must follow within the job's
- * --comm-timeout. One still there then is named with its state, killed,
+ * --comm-timeout (5 s at least: after a rank's error exit mpirun itself
+ * takes a moment to end the rest). One still there then is named with its
+ * state, killed,
  * and the job ends with the watchdog's exit status 70, as a stuck
  * collective would. (Ranks on other hosts are orted's children there, not
  * visible from here: their peers' deadlines cover them up to MPI_Finalize.)

@@ -6,7 +6,7 @@
  *
  * runs, in a child it waits for (launch/job_watch.h: it forwards the
  * signals sent to the launcher, and ends a job whose rank is still there
- * --comm-timeout seconds after another rank exited, exit 70),
+ * --comm-timeout seconds, 5 at least, after another rank exited, exit 70),
  *
  *   mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C
  *          -x DT_NUM_THREADS=C [-x DT_*]... [-x CUDA_VISIBLE_DEVICES]
