@@ -9,6 +9,7 @@
 
 #include "core/env.h"
 #include "dist/comm_state_internal.h"
+#include "dist/process_group_internal.h"
 
 double dt_comm_now(void) {
   struct timespec ts;
@@ -72,6 +73,8 @@ void dt_comm_destroy(dt_comm *c) {
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
   }
+  if (c->publishes)
+    c->pg->progress_claimed = 0;
   int broken = __atomic_load_n(&c->broken, __ATOMIC_ACQUIRE);
   dt_comm_staging_free(&c->staging, broken);
   c->be->destroy(c->impl, broken);
@@ -79,6 +82,22 @@ void dt_comm_destroy(dt_comm *c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
+}
+
+void dt_comm_attach_pg(dt_comm *c, dt_pg *pg) {
+  c->pg = pg;
+  c->publishes = !pg->progress_claimed;
+  pg->progress_claimed = 1;
+}
+
+void dt_comm_note_entered(dt_comm *c, uint64_t seq) {
+  if (c->publishes)
+    dt_pg_note_collective(c->pg, seq, 0);
+}
+
+void dt_comm_note_completed(dt_comm *c, uint64_t seq) {
+  if (c->publishes)
+    dt_pg_note_collective(c->pg, 0, seq);
 }
 
 void dt_comm_abort(dt_comm *c, const char *why) {
@@ -258,6 +277,7 @@ static dt_status submit(dt_comm *c, dt_coll_kind kind, dt_reduce_op op, dt_tenso
     pthread_mutex_unlock(&c->mu);
     w->on_stream = 1;
     w->started_s = w->submitted_s;
+    dt_comm_note_entered(c, w->seq);
     __atomic_store_n(&c->enqueue_seq, w->seq, __ATOMIC_RELEASE);
     __atomic_store_n(&c->enqueue_since_us, (int64_t)(dt_comm_now() * 1e6) | 1, __ATOMIC_RELEASE);
     st = c->be->enqueue(c->impl, w);

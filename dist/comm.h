@@ -75,8 +75,14 @@
  * Watchdog: each collective has a deadline (cfg.timeout_s from the moment it
  * starts on the communication thread). Past it the rank prints
  *   dtrain: rank R: collective #SEQ (allreduce, bucket B, N bytes, peers P)
- *   did not complete within T s; aborting the job
- * to stderr and, with cfg.abort_on_timeout, ends the whole job (MPI_Abort;
+ *   in PHASE did not complete within T s: rank Q (pid N, stopped, last in
+ *   PHASE', its last completed collective #SEQ') did not arrive; aborting
+ *   the job
+ * (PHASE: what the rank named with dt_pg_set_phase; for mpi and nccl
+ * communicators the ranks of this host that did not arrive, or those that
+ * did but are stopped or gone, from the process group's progress table:
+ * process_group_internal.h) to stderr and, with cfg.abort_on_timeout, ends
+ * the whole job (MPI_Abort;
  * abort() for the local backend). Without it the work fails with
  * DT_ERR_TIMEOUT and the communicator is broken: every later collective
  * fails at once (nobody hangs). The job's exit status after a watchdog abort

@@ -203,6 +203,12 @@ void dt_comm_staging_free(dt_comm_staging *s, int broken);
 dt_status dt_comm_create_with_backend(const dt_comm_backend *be, void *impl, int rank, int size,
                                       const char *peers, const dt_comm_config *cfg, dt_comm **out);
 
+/* The communicator spans every rank of `pg` (mpi, nccl): its watchdog
+ * names its own phase and the ranks of this host that did not arrive,
+ * from pg's progress table, which the first such communicator alive
+ * publishes its collectives to. */
+void dt_comm_attach_pg(dt_comm *c, dt_pg *pg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -488,7 +488,9 @@ dt_status dt_comm_create_mpi(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out
     snprintf(peers, sizeof peers, "rank 0 only");
   else
     snprintf(peers, sizeof peers, "ranks 0-%d", pg->world - 1);
-  return dt_comm_create_with_backend(&mpi_backend, m, pg->rank, pg->world, peers, cfg, out);
+  DT_CHECK(dt_comm_create_with_backend(&mpi_backend, m, pg->rank, pg->world, peers, cfg, out));
+  dt_comm_attach_pg(*out, pg);
+  return DT_OK;
 }
 
 dt_status dt_comm_create_for_pg(dt_pg *pg, const dt_comm_config *cfg, dt_comm **out) {

@@ -543,7 +543,9 @@ dt_status dt_comm_create_nccl(dt_pg *pg, dt_device dev, const dt_comm_config *cf
   }
   char peers[96];
   snprintf(peers, sizeof peers, pg->world == 1 ? "rank 0 only" : "ranks 0-%d", pg->world - 1);
-  return dt_comm_create_with_backend(&nccl_backend, nc, pg->rank, pg->world, peers, cfg, out);
+  DT_CHECK(dt_comm_create_with_backend(&nccl_backend, nc, pg->rank, pg->world, peers, cfg, out));
+  dt_comm_attach_pg(*out, pg);
+  return DT_OK;
 }
 
 /* ---- a clique of one process's GPUs (data-parallel mode) ---- */

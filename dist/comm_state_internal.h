@@ -45,6 +45,10 @@ struct dt_comm {
   int broken;           /* atomic */
   char broken_why[256];
   dt_comm_staging staging; /* host copies of device tensors (host backends) */
+  /* The group every rank of which this communicator spans (mpi, nccl),
+   * else NULL; `publishes`: its collectives go into pg's progress table. */
+  dt_pg *pg;
+  int publishes;
 };
 
 /* A condition variable timed on CLOCK_MONOTONIC (dt_comm_now's clock). */
@@ -59,6 +63,11 @@ struct timespec dt_comm_abs_monotonic(double t);
 void dt_comm_work_complete(dt_work *w, dt_status st, const char *msg);
 /* "collective #seq (kind, bucket b, n bytes, peers ...)" into buf. */
 void dt_comm_describe_work(const dt_work *w, char *buf, size_t cap);
+
+/* Publishes collective `seq` as begun (entered) or completed in the
+ * group's progress table, when this communicator is the one that does. */
+void dt_comm_note_entered(dt_comm *c, uint64_t seq);
+void dt_comm_note_completed(dt_comm *c, uint64_t seq);
 
 /* ---- threads (comm_thread.c) ---- */
 

@@ -16,6 +16,7 @@
 #endif
 
 #include "dist/comm_state_internal.h"
+#include "dist/process_group_internal.h"
 
 void dt_comm_init_monotonic_cond(pthread_cond_t *cv) {
   pthread_condattr_t attr;
@@ -56,11 +57,27 @@ dt_status dt_comm_event_wait(const dt_backend_ops *ops, dt_event *ev, dt_work *w
   }
 }
 
+/* " in PHASE" (this rank's phase, when it named one) into phase, and into
+ * behind who keeps collective w waiting: the ranks of this host that did
+ * not arrive (the group's progress table), "" when not known. */
+static void describe_stall(const dt_comm *c, const dt_work *w, char *phase, size_t phase_cap,
+                           char *behind, size_t behind_cap) {
+  char name[128];
+  dt_pg_phase(c->pg, name, sizeof name);
+  snprintf(phase, phase_cap, "%s%s", name[0] ? " in " : "", name);
+  behind[0] = '\0';
+  /* Only the collectives the table holds compare; a stuck device is this
+   * rank's own. */
+  if (c->publishes && !w->device_stuck)
+    dt_pg_describe_behind(c->pg, 0, w->seq, behind, behind_cap);
+}
+
 static void run_one(dt_comm *c, dt_work *w) {
   char what[256];
   pthread_mutex_lock(&w->mu); /* dt_work_times may read it meanwhile */
   w->started_s = dt_comm_now();
   pthread_mutex_unlock(&w->mu);
+  dt_comm_note_entered(c, w->seq);
   if (__atomic_load_n(&c->broken, __ATOMIC_ACQUIRE)) {
     dt_comm_describe_work(w, what, sizeof what);
     dt_status st =
@@ -92,8 +109,10 @@ static void run_one(dt_comm *c, dt_work *w) {
                               "nvidia-smi, rerun with CUDA_LAUNCH_BLOCKING=1)"
                             : "a peer is stuck, dead or submitting collectives in a different "
                               "order";
-    fprintf(stderr, "dtrain: rank %d: %s %s within %g s; %s\n", c->rank, what, late,
-            c->cfg.timeout_s,
+    char phase[160], behind[1024] = "";
+    describe_stall(c, w, phase, sizeof phase, behind, sizeof behind);
+    fprintf(stderr, "dtrain: rank %d: %s%s %s within %g s%s%s; %s\n", c->rank, what, phase, late,
+            c->cfg.timeout_s, behind[0] ? ": " : "", behind,
             c->cfg.abort_on_timeout ? "aborting the job" : "failing it (abort_on_timeout off)");
     fflush(stderr);
     if (c->cfg.abort_on_timeout)
@@ -102,8 +121,9 @@ static void run_one(dt_comm *c, dt_work *w) {
              (unsigned long long)w->seq, c->cfg.timeout_s);
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
     st = DT_ERROR(DT_ERR_TIMEOUT,
-                  "rank %d: %s %s within %g s: %s (raise --comm-timeout if it is only slow)",
-                  c->rank, what, late, c->cfg.timeout_s, cause);
+                  "rank %d: %s%s %s within %g s: %s%s%s (raise --comm-timeout if it is only slow)",
+                  c->rank, what, phase, late, c->cfg.timeout_s, cause, behind[0] ? "; " : "",
+                  behind);
   } else if (st != DT_OK && w->peer_lost && c->cfg.abort_on_timeout) {
     /* A peer's process is gone: no later collective can complete. End the
      * job with a status the launcher's --max-restarts restarts on. */
@@ -120,6 +140,8 @@ static void run_one(dt_comm *c, dt_work *w) {
              (unsigned long long)w->seq, dt_last_error());
     __atomic_store_n(&c->broken, 1, __ATOMIC_RELEASE);
   }
+  if (st == DT_OK)
+    dt_comm_note_completed(c, w->seq);
   dt_comm_work_complete(w, st, st == DT_OK ? "" : dt_last_error());
 }
 
@@ -210,14 +232,17 @@ void dt_comm_abort_transport(dt_comm *c) {
  * the transport failed: name the collective, abort the transport and,
  * with abort_on_timeout, the job. */
 static void stream_failure(dt_comm *c, dt_work *w, dt_status st) {
-  char what[256], why[768];
+  char what[256], why[768], phase[160], behind[1024];
   dt_comm_describe_work(w, what, sizeof what);
+  describe_stall(c, w, phase, sizeof phase, behind, sizeof behind);
   if (st == DT_ERR_TIMEOUT)
-    snprintf(why, sizeof why, "did not complete within %g s on the device", c->cfg.timeout_s);
+    snprintf(why, sizeof why, "did not complete within %g s on the device%s%s", c->cfg.timeout_s,
+             behind[0] ? ": " : "", behind);
   else
     snprintf(why, sizeof why, "failed: %s", dt_last_error());
-  fprintf(stderr, "dtrain: rank %d: %s %s; aborting the %s communicator%s\n", c->rank, what, why,
-          c->be->name, c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
+  fprintf(stderr, "dtrain: rank %d: %s%s %s; aborting the %s communicator%s\n", c->rank, what,
+          phase, why, c->be->name,
+          c->cfg.abort_on_timeout ? " and the job" : " (abort_on_timeout off)");
   fflush(stderr);
   dt_comm_abort_transport(c); /* an enqueue wedged past the deadline: the job ends below */
   if (c->cfg.abort_on_timeout)
@@ -293,6 +318,7 @@ static void *watchdog_main(void *arg) {
       if (c->head == NULL)
         c->tail = NULL;
       pthread_mutex_unlock(&c->mu);
+      dt_comm_note_completed(c, w->seq);
       dt_comm_work_complete(w, DT_OK, "");
       dt_work_release(w);
       continue;

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ struct dt_guard {
   char what[160];
   double timeout_s;
   struct timespec deadline; /* CLOCK_MONOTONIC */
+  uint64_t step;            /* the guarded step's number in the progress table, 0 none */
+  int exit_only;            /* past the deadline: _exit, not MPI_Abort (MPI_Finalize) */
 };
 
 static void *watch(void *arg) {
@@ -48,19 +51,24 @@ static void *watch(void *arg) {
   }
   if (who[0] == '?' && g->pg && g->pg->uses_mpi && mpi_up)
     snprintf(who, sizeof who, "%d", g->pg->rank);
-  fprintf(stderr,
-          "dtrain: error: rank %s: %s did not complete within %g s: a peer rank stopped, died "
-          "or never reached it (see the other ranks' output); aborting the job\n",
-          who, g->what, g->timeout_s);
+  char behind[1024] = "a peer rank stopped, died or never reached it (see the other ranks' output)";
+  if (g->step > 0)
+    dt_pg_describe_behind(g->pg, g->step, 0, behind, sizeof behind);
+  fprintf(stderr, "dtrain: error: rank %s: %s did not complete within %g s: %s; aborting the job\n",
+          who, g->what, g->timeout_s, behind);
   fflush(stderr);
   fflush(stdout);
-  if (mpi_up && !finalized)
+  /* In MPI_Finalize, MPI_Abort reaches nobody: the non-zero exit makes
+   * mpirun end the others. */
+  if (mpi_up && !finalized && !g->exit_only)
     MPI_Abort(MPI_COMM_WORLD, DT_EXIT_DEADLINE);
   _exit(DT_EXIT_DEADLINE);
 }
 
-dt_status dt_guard_begin(const dt_pg *pg, const char *what, double timeout_s, dt_guard **out) {
+static dt_status begin(const dt_pg *pg, const char *what, double timeout_s, int exit_only,
+                       dt_guard **out) {
   *out = NULL;
+  uint64_t step = dt_pg_note_guard(pg); /* counted on every rank, armed or not */
   if (!(timeout_s > 0))
     return DT_OK;
   dt_guard *g = calloc(1, sizeof *g);
@@ -68,6 +76,8 @@ dt_status dt_guard_begin(const dt_pg *pg, const char *what, double timeout_s, dt
     return DT_ERROR(DT_ERR_OOM, "arming a deadline for %s: out of host memory", what);
   g->pg = pg;
   g->timeout_s = timeout_s;
+  g->step = step;
+  g->exit_only = exit_only;
   snprintf(g->what, sizeof g->what, "%s", what);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -93,6 +103,15 @@ dt_status dt_guard_begin(const dt_pg *pg, const char *what, double timeout_s, dt
   }
   *out = g;
   return DT_OK;
+}
+
+dt_status dt_guard_begin(const dt_pg *pg, const char *what, double timeout_s, dt_guard **out) {
+  return begin(pg, what, timeout_s, 0, out);
+}
+
+dt_status dt_guard_begin_finalize(const dt_pg *pg, const char *what, double timeout_s,
+                                  dt_guard **out) {
+  return begin(pg, what, timeout_s, 1, out);
 }
 
 void dt_guard_end(dt_guard *g) {

@@ -89,6 +89,8 @@ static dt_status init_mpi_steps(dt_pg *pg) {
       MPI_Comm_split_type(pg->world_comm, MPI_COMM_TYPE_SHARED, pg->rank, MPI_INFO_NULL, &node));
   int rc1 = MPI_Comm_rank(node, &pg->local_rank);
   int rc2 = MPI_Comm_size(node, &pg->local_size);
+  if (rc1 == MPI_SUCCESS && rc2 == MPI_SUCCESS && pg->world > 1)
+    dt_pg_table_open(pg, node);
   MPI_Comm_free(&node);
   DT_MPI_CHECK(rc1);
   DT_MPI_CHECK(rc2);
@@ -147,7 +149,9 @@ void dt_pg_destroy(dt_pg *pg) {
    * its teardown after the last collective would keep mpirun waiting for
    * ever once the others had exited. So the ranks meet first, under the
    * start-up deadline: a rank that does not arrive ends the job, named. */
-  if (pg->ready && pg->uses_mpi && pg->world > 1 && pg->world_comm != MPI_COMM_NULL) {
+  int several = pg->ready && pg->uses_mpi && pg->world > 1 && pg->world_comm != MPI_COMM_NULL;
+  if (several) {
+    dt_pg_set_phase(pg, "the end of the job (the barrier before MPI_Finalize)");
     dt_guard *g = NULL;
     if (dt_guard_begin(pg, "the end of the job (a barrier of every rank before MPI_Finalize)",
                        pg->timeout_s, &g) == DT_OK) {
@@ -156,15 +160,29 @@ void dt_pg_destroy(dt_pg *pg) {
     } else {
       dt_clear_error();
     }
+    dt_pg_set_phase(pg, "the end of the job (past the barrier, before MPI_Finalize)");
   }
   if (pg->world_comm != MPI_COMM_NULL)
     MPI_Comm_free(&pg->world_comm);
-  if (pg->initialized_mpi) {
-    int finalized = 0;
+  int finalized = 0;
+  if (pg->initialized_mpi)
     MPI_Finalized(&finalized);
-    if (!finalized)
-      MPI_Finalize();
+  if (pg->initialized_mpi && !finalized) {
+    /* Open MPI's MPI_Finalize waits for every rank (a fence through
+     * mpirun): one stopped after the barrier would hold this rank in it
+     * for ever. Past the deadline this rank exits 70, naming it, and
+     * mpirun ends the job. */
+    dt_guard *g = NULL;
+    if (several) {
+      dt_pg_set_phase(pg, "the end of the job (MPI_Finalize)");
+      if (dt_guard_begin_finalize(pg, "the end of the job (MPI_Finalize, every rank)",
+                                  pg->timeout_s, &g) != DT_OK)
+        dt_clear_error();
+    }
+    MPI_Finalize();
+    dt_guard_end(g);
   }
+  dt_pg_table_close(pg);
   pthread_mutex_destroy(&pg->mpi_lock);
   free(pg);
 }

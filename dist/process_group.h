@@ -67,8 +67,9 @@ dt_status dt_pg_create(const dt_pg_config *cfg, dt_pg **out);
 /* Frees the group; finalises MPI when dt_pg_create initialised it. Every
  * communicator made from the group must be destroyed first. NULL is a no-op.
  * Collective over an MPI group of several ranks: they meet in a barrier
- * before MPI_Finalize, under the start-up deadline (a rank that never
- * arrives ends the job, exit 70, naming the step). */
+ * before MPI_Finalize, and MPI_Finalize (which waits for every rank under
+ * Open MPI) runs under a deadline too, both the start-up one: a rank that
+ * never arrives ends the job, exit 70, naming the step and the rank. */
 void dt_pg_destroy(dt_pg *pg);
 
 int dt_pg_rank(const dt_pg *pg);
@@ -81,6 +82,13 @@ int dt_pg_uses_mpi(const dt_pg *pg);
 int dt_pg_mpi_thread_level(const dt_pg *pg);
 /* "rank 1/4 (local 1/2) on node-a via Open MPI mpirun" into buf. */
 char *dt_pg_describe(const dt_pg *pg, char *buf, unsigned long cap);
+
+/* Names what this rank is doing now, for the deadlines' messages ("the
+ * final evaluation"; at most 95 bytes are kept): a rank whose collective
+ * or guarded step passes its deadline names its own phase, and the ranks
+ * of its host that did not arrive with theirs (process_group_internal.h's
+ * progress table). NULL pg: a no-op. */
+void dt_pg_set_phase(dt_pg *pg, const char *phase);
 
 /* Ends every process of the job (MPI_Abort; abort() without MPI). For the
  * watchdog and for launch/ on fatal errors. */

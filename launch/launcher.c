@@ -16,6 +16,7 @@
 #include "dist/comm.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/job_watch.h"
 
 #define MAX_EXPORTS 64
 
@@ -267,31 +268,29 @@ static const char *command_flag(int n, char **args, const char *flag) {
   return NULL;
 }
 
-/* mpirun in a child, again after each restartable failure (at most
- * max_restarts times), resuming from the newest complete checkpoint. */
+/* The exit status of `status` (waitpid's): its code, or 128 + its signal. */
+static int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* mpirun in a child under the end-of-job watch (launch/job_watch.h),
+ * again after each restartable failure (at most max_restarts times),
+ * resuming from the newest complete checkpoint. */
 static int run_with_restarts(const char *mpirun, char **mpi_argv, int k, int max_restarts,
-                             bool has_resume) {
+                             bool has_resume, double end_timeout_s) {
   for (int restart = 0;; restart++) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "dtrain: error: cannot start mpirun: %s\n", strerror(errno));
-      return 1;
-    }
-    if (pid == 0) {
-      execv(mpirun, mpi_argv);
-      fprintf(stderr, "dtrain: error: could not run %s: %s\n", mpirun, strerror(errno));
-      _exit(127);
-    }
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    if (dt_job_run_watched(mpirun, mpi_argv, end_timeout_s, &status) != 0)
+      return 1;
     char why[160];
     bool again = restartable(status, why, sizeof why);
+    if (max_restarts == 0)
+      return exit_code(status);
     if (!again || restart >= max_restarts) {
       if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
         fprintf(stderr, "dtrain launch: %s%s\n", why,
                 again ? "; no restarts left (--max-restarts)" : ": not restarting");
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code(status);
     }
     fprintf(stderr,
             "dtrain launch: restart %d of %d: %s; the whole job starts again from the newest "
@@ -304,6 +303,14 @@ static int run_with_restarts(const char *mpirun, char **mpi_argv, int k, int max
       has_resume = true;
     }
   }
+}
+
+/* The command's --comm-timeout (the ranks' deadline), else the default. */
+static double command_timeout(int n, char **args) {
+  const char *v = command_flag(n, args, "--comm-timeout");
+  char *end = NULL;
+  double t = v ? strtod(v, &end) : 0.0;
+  return v && end != v && *end == '\0' && t > 0 && t < 1e9 ? t : DT_COMM_CONFIG_DEFAULT.timeout_s;
 }
 
 int dt_cli_launch(int argc, char **argv, FILE *err) {
@@ -504,14 +511,9 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
     free(mpi_argv);
     return 0;
   }
-  if (max_restarts > 0) {
-    int rc = run_with_restarts(mpirun, mpi_argv, k, max_restarts,
-                               command_flag(args.nrest, args.rest, "--resume") != NULL);
-    free(mpi_argv);
-    return rc;
-  }
-  execv(mpirun, mpi_argv);
-  fprintf(stderr, "dtrain: error: could not run %s: %s\n", mpirun, strerror(errno));
+  int rc = run_with_restarts(mpirun, mpi_argv, k, max_restarts,
+                             command_flag(args.nrest, args.rest, "--resume") != NULL,
+                             command_timeout(args.nrest, args.rest));
   free(mpi_argv);
-  return 1;
+  return rc;
 }

@@ -4,7 +4,9 @@
  *   dtrain launch [-n N] [--hosts h1,h2 | --hostfile F] [--threads C]
  *                 [--mpirun-arg ARG]... [--dry-run] -- train ...
  *
- * execs
+ * runs, in a child it waits for (launch/job_watch.h: it forwards the
+ * signals sent to the launcher, and ends a job whose rank is still there
+ * --comm-timeout seconds, 5 at least, after another rank exited, exit 70),
  *
  *   mpirun -np N --bind-to none --map-by slot -x OMP_NUM_THREADS=C
  *          -x DT_NUM_THREADS=C [-x DT_*]... [-x CUDA_VISIBLE_DEVICES]
@@ -36,9 +38,10 @@ extern "C" {
 #endif
 
 /* argv holds the arguments after "launch"; command-line errors go to
- * `err`. Returns an exit status only when it does not exec mpirun (bad
- * command line: 2; mpirun missing or a bad DT_* variable: 1; --dry-run:
- * 0). */
+ * `err`. Returns the exit status: mpirun's (128 + N when a signal ended
+ * it), 70 when the end-of-job watch ended the job, 2 for a bad command
+ * line, 1 when mpirun is missing or a DT_* variable is bad, 0 after
+ * --dry-run. */
 int dt_cli_launch(int argc, char **argv, FILE *err);
 
 /* The mpirun dtrain launch runs: DT_MPIRUN when set (NULL unless it is an

@@ -399,6 +399,13 @@ static dt_status hooks_start(const dt_train_config *c, train_state *s, FILE *log
   return s->hooks->start(s->hooks->user, &run);
 }
 
+/* Names this rank's phase for the deadlines' messages (dist/process_group.h). */
+static void set_phase(const dt_train_config *c, const char *fmt, int epoch) {
+  char text[96];
+  snprintf(text, sizeof text, fmt, epoch);
+  dt_pg_set_phase(c->pg, text);
+}
+
 dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
   dt_status st;
   train_state s;
@@ -408,6 +415,7 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   double start = now_seconds();
 
   DT_CHECK(dt_train_config_validate(cfg));
+  set_phase(cfg, "the start of the run", 0);
   DT_CHECK_GOTO(dt_train_state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */
   DT_CHECK_GOTO(dt_train_state_open_checkpoints(cfg, &s, &log), st, done);
@@ -429,9 +437,15 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     int64_t batches = s.batches_per_epoch;
     if (steps_left < (s.batches_per_epoch - first + cfg->accum - 1) / cfg->accum)
       batches = first + steps_left * cfg->accum;
+    set_phase(cfg, "training (epoch %d)", epoch);
     DT_CHECK_GOTO(train_epoch(cfg, &s, epoch, first, batches, log, &r.train_loss), st, done);
     if (s.stopped)
       break;
+    set_phase(cfg,
+              epoch == cfg->epochs || run_steps(&s) >= s.total_steps
+                  ? "the final evaluation (epoch %d)"
+                  : "the evaluation after epoch %d",
+              epoch);
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
     /* The epoch's last optimizer step is seen by no training loss: a step
      * that made the parameters non-finite shows up here. */
@@ -452,13 +466,16 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "epoch %d train_loss=%.4f %s_loss=%.4f%s time=%.1fs\n", epoch, r.train_loss,
              split, r.test_loss, metric, now_seconds() - t0);
   }
-  if (r.epochs == 0 && !s.stopped) /* resumed from the run's last step */
+  if (r.epochs == 0 && !s.stopped) { /* resumed from the run's last step */
+    set_phase(cfg, "the final evaluation", 0);
     DT_CHECK_GOTO(evaluate(cfg, &s, &r.test_loss, &r.test_accuracy), st, done);
+  }
   if (!s.stopped)
     DT_CHECK_GOTO(dt_train_log_sample(log, cfg, s.task, s.model, s.dev, 0), st, done);
   r.optimizer_steps = dt_optim_step_count(s.opt);
   r.schedule_steps = s.schedule.total_steps;
   r.final_lr = dt_optim_lr(s.opt);
+  set_phase(cfg, "the last checkpoint", 0);
   DT_CHECK_GOTO(dt_train_ckpt_finish(s.ck, &s.pos), st, done);
   r.stop_code = s.stop_code;
   r.last_step = s.pos.step;
@@ -470,6 +487,7 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
     log_line(log, cfg, "%s=%.4f\n", dt_train_result_name(s.task, name, sizeof name), r.result);
   if (out)
     *out = r;
+  set_phase(cfg, "the end of the run", 0);
 done:;
   if (st != DT_OK) /* peers may be dead or stuck: do not wait for them (ncclCommAbort) */
     dt_comm_abort(s.comm, "the training run failed");

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Failure handling across processes: nobody hangs.
 #  1. A rank that stops calling collectives: the others' watchdog (3 s)
-#     prints which collective is stuck and aborts the job.
+#     prints which collective is stuck and the rank that did not arrive
+#     (its pid, state and last completed collective), and aborts the job.
 #  1b. A rank stopped (SIGSTOP) after the last collective: the others, at
-#     the barrier before MPI_Finalize, name the step and end the job (exit 70).
+#     the barrier before MPI_Finalize, name the step and the stopped rank and
+#     end the job (exit 70).
+#  1c. A rank stopped as it enters MPI_Finalize (past that barrier): the
+#     others, whose MPI_Finalize waits for it, name the step and the rank and
+#     end the job (exit 70) instead of waiting for ever.
 #  2. A rank killed with SIGKILL: mpirun ends the job (the watchdog is set
 #     to 120 s so that it is mpirun, not the watchdog, that ends it).
 #  3. A rank killed in the middle of a large all-reduce on the shared-memory
@@ -41,7 +46,7 @@ lacks() { ! grep -q -- "$1" "$log"; }
 job "stuck rank" 3 "$tool" stuck 3
 check "the job should have been aborted by the watchdog with exit 70 (got $rc; 124 = hung)" \
   [ "$rc" -eq 70 ]
-check "no watchdog message" grep -Eq "dtrain: rank [01]: collective #2 \(allreduce, 4096 bytes, peers ranks 0-2\) did not complete within 3 s; aborting the job" "$log"
+check "no watchdog message naming the rank that did not arrive" grep -Eq "dtrain: rank [01]: collective #2 \(allreduce, 4096 bytes, peers ranks 0-2\) did not complete within 3 s: rank 2 \(pid [0-9]+, running, its last completed collective #1\) did not arrive; aborting the job" "$log"
 check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
 
 job "rank late for the communicator" 2 "$tool" late 3
@@ -53,7 +58,13 @@ check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
 job "rank stopped after the last collective" 2 "$tool" stop-at-end 3
 check "the job should have been ended by the end-of-job deadline with exit 70 (got $rc; 124 = hung)" \
   [ "$rc" -eq 70 ]
-check "no message naming the step rank 0 waited for" grep -Eq "dtrain: error: rank 0: the end of the job \(a barrier of every rank before MPI_Finalize\) did not complete within 3 s" "$log"
+check "no message naming the step rank 0 waited for and the stopped rank" grep -Eq "dtrain: error: rank 0: the end of the job \(a barrier of every rank before MPI_Finalize\) did not complete within 3 s: rank 1 \(pid [0-9]+, stopped, .*\) did not arrive" "$log"
+check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
+
+job "rank stopped entering MPI_Finalize" 2 "$tool" stop-in-finalize 3
+check "the job should have been ended by MPI_Finalize's deadline with exit 70 (got $rc; 124 = hung)" \
+  [ "$rc" -eq 70 ]
+check "no message naming MPI_Finalize and the stopped rank" grep -Eq "dtrain: error: rank 0: the end of the job \(MPI_Finalize, every rank\) did not complete within 3 s: every rank on this host arrived, but rank 1 \(pid [0-9]+, stopped, last in the end of the job \(MPI_Finalize\), .*\) cannot finish it" "$log"
 check "took ${elapsed}s, expected about 3s" [ "$elapsed" -le 30 ]
 
 job "killed rank" 3 "$tool" kill

@@ -23,7 +23,15 @@
  *                                   barrier, must name it and end the job
  *                                   (else they exit and mpirun waits for
  *                                   ever on the stopped rank)
+ *   dist_fault_tool stop-in-finalize TIMEOUT  the last rank stops as it
+ *                                   enters MPI_Finalize (this program's
+ *                                   MPI_Finalize, MPI's profiling
+ *                                   interface, wraps the library's): Open
+ *                                   MPI's MPI_Finalize waits for every
+ *                                   rank, so the others, in theirs, must
+ *                                   name it and end the job
  */
+#include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +41,14 @@
 
 #include "dist/comm.h"
 #include "dist/process_group.h"
+
+static int stop_in_finalize; /* this rank stops as it enters MPI_Finalize */
+
+int MPI_Finalize(void) {
+  if (stop_in_finalize)
+    raise(SIGSTOP);
+  return PMPI_Finalize();
+}
 
 static int fail(const char *what) {
   fprintf(stderr, "dist_fault_tool: %s: %s\n", what, dt_last_error());
@@ -80,18 +96,23 @@ static int die_mid_collective(dt_comm *comm, int victim, int shared, double time
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || (strcmp(argv[1], "stuck") != 0 && strcmp(argv[1], "kill") != 0 &&
-                   strcmp(argv[1], "late") != 0 && strcmp(argv[1], "die") != 0 &&
-                   strcmp(argv[1], "die-shared") != 0 && strcmp(argv[1], "stop-at-end") != 0)) {
+  static const char *const modes[] = {
+      "stuck", "kill", "late", "die", "die-shared", "stop-at-end", "stop-in-finalize"};
+  int known = 0;
+  for (size_t i = 0; argc >= 2 && i < sizeof modes / sizeof modes[0]; i++)
+    known = known || strcmp(argv[1], modes[i]) == 0;
+  if (!known) {
     fprintf(stderr,
             "usage: dist_fault_tool stuck TIMEOUT_S | kill | late TIMEOUT_S | die "
-            "TIMEOUT_S | die-shared TIMEOUT_S | stop-at-end TIMEOUT_S\n");
+            "TIMEOUT_S | die-shared TIMEOUT_S | stop-at-end TIMEOUT_S | stop-in-finalize "
+            "TIMEOUT_S\n");
     return 2;
   }
   int stuck = strcmp(argv[1], "stuck") == 0, late = strcmp(argv[1], "late") == 0;
   int shared = strcmp(argv[1], "die-shared") == 0;
   int die = strcmp(argv[1], "die") == 0 || shared;
-  int stop_at_end = strcmp(argv[1], "stop-at-end") == 0;
+  int at_finalize = strcmp(argv[1], "stop-in-finalize") == 0;
+  int stop_at_end = strcmp(argv[1], "stop-at-end") == 0 || at_finalize;
   dt_pg *pg = NULL;
   dt_pg_config pc = DT_PG_CONFIG_DEFAULT;
   pc.mode = DT_PG_MPI;
@@ -120,7 +141,9 @@ int main(int argc, char **argv) {
   if (stop_at_end) {
     dt_tensor_release(t);
     dt_comm_destroy(comm);
-    if (rank == last)
+    if (rank == last && at_finalize)
+      stop_in_finalize = 1; /* past the barrier too */
+    else if (rank == last)
       raise(SIGSTOP); /* the others are past every collective */
     dt_pg_destroy(pg);
     printf("rank %d: left the job without noticing the stopped rank\n", rank);

@@ -4,7 +4,10 @@
 # rank, a bad flag or a drifted setting on one rank, or other data behind the
 # same flags. Every job must end within --comm-timeout + 10 s, non-zero, with
 # a message naming the rank and the cause, and leave no process behind.
+# Issue 32's trials at the end of the job (below): SIGSTOP or SIGKILL of a
+# rank as a run ends, named by its pid.
 #   SOAK_TRIALS (default 8; the note quotes 20) and SOAK_SEED choose the runs;
+#   SOAK_END_TRIALS (default 20) those at the end of the job (below);
 #   SOAK_DTRAIN another binary (a sanitizer build: any report fails a trial).
 set -uo pipefail
 
@@ -37,6 +40,19 @@ rank_pid() { # rank_pid TRIAL_DIR RANK
   done
 }
 
+# A trial's end: a sanitizer's report in LOG is a problem, and so is a
+# process of the trial (its --data-dir DIR) still there (then killed).
+after_trial() { # after_trial DIR LOG
+  grep -q "Sanitizer" "$2" && problems+=("a sanitizer report")
+  sleep 0.5
+  local left
+  left=$(pgrep -f -- "--data-dir $1( |/|$)" || true)
+  if [ -n "$left" ]; then
+    problems+=("processes left behind: $left")
+    kill -9 $left 2>/dev/null
+  fi
+}
+
 for ((t = 1; t <= trials; t++)); do
   np=$((2 + RANDOM % 2))
   fault=${faults[RANDOM % ${#faults[@]}]}
@@ -47,7 +63,8 @@ for ((t = 1; t <= trials; t++)); do
   ln -sfn "$data_dir/fashion-mnist" "$dir/fashion-mnist"
   # Long enough (about 5 s on 2 cores) that the faults, at most 2.5 s in,
   # land before the end: a SIGSTOP in a rank's exit handlers, after MPI_Finalize
-  # and its peers' exit, is seen by no rank (mpirun waits; see the note).
+  # and its peers' exit, is seen by no rank (plain mpirun waits; the trials at
+  # the end of the job below run under dtrain launch, which watches for it).
   common=(train --model lenet --epochs 3 --max-steps 1000 --log-interval 0 --comm-timeout "$timeout_s"
     --run-dir "$dir/run")
   # One app context per rank, so that one of them can differ.
@@ -107,7 +124,6 @@ for ((t = 1; t <= trials; t++)); do
   # a run the fault missed may take as long as training takes.)
   [ "$finished_clean" = 0 ] && [ "$elapsed" -gt $(((timeout_s + 10) * 1000 + 5000)) ] &&
     problems+=("took ${elapsed} ms: hung")
-  grep -q "Sanitizer" "$dir/err" && problems+=("a sanitizer report")
   if [ "$rc" != 0 ]; then
     case $fault in
       kill9) want="rank $victim .*(signal 9|Killed)|process rank $victim .*signal 9|rank [0-9]+: .*(did not complete|peer)" ;;
@@ -126,12 +142,7 @@ for ((t = 1; t <= trials; t++)); do
       grep -Eq -- "$want" "$dir/err" || problems+=("no message naming the rank and cause (/$want/)")
     fi
   fi
-  sleep 0.5
-  left=$(pgrep -f -- "--data-dir $dir( |/|$)" || true)
-  if [ -n "$left" ]; then
-    problems+=("processes left behind: $left")
-    kill -9 $left 2>/dev/null
-  fi
+  after_trial "$dir" "$dir/err"
   what="trial $t: $np ranks, $fault on rank $victim at ${delay_ms} ms: exit $rc after ${elapsed} ms"
   [ "$finished_clean" = 1 ] && what+=" (finished before the fault)"
   if [ ${#problems[@]} -eq 0 ]; then
@@ -142,5 +153,85 @@ for ((t = 1; t <= trials; t++)); do
     sed 's/^/  err: /' "$dir/err" | grep -v "^  err: *$" | head -20
   fi
 done
-echo "soak_test: $trials trials, $failures failed"
-[ "$failures" = 0 ]
+
+# ---- the end of the job (issue 32) ----
+# `dtrain launch -n 2` of the cheapest run (MLP, 10 steps), rank 0 or 1
+# stopped (SIGSTOP; one trial in four SIGKILL) 0-40 ms after rank 0 printed
+# one of the run's last lines: the last step's progress line (the final
+# evaluation comes next), the evaluation's line (the last checkpoint's),
+# the checkpoint's (its agreement, the result) or the result (the end of
+# the run, the barrier before MPI_Finalize, MPI_Finalize, the exit). Each
+# job must end within --comm-timeout + 10 s of the signal, non-zero, with a
+# message naming the rank that was signalled (its pid), and leave nothing
+# behind. SOAK_END_TRIALS (default 20).
+end_trials=${SOAK_END_TRIALS:-20}
+end_timeout=3
+triggers=("^epoch 1 step 10/10 " "^epoch 1 train_loss=" "checkpoint .* saved" "^test_accuracy=")
+trigger_names=("the last step's line" "the evaluation's line" "the checkpoint's line" "the result line")
+end_failures=0
+for ((t = 1; t <= end_trials; t++)); do
+  k=$((RANDOM % ${#triggers[@]}))
+  sig=STOP
+  ((RANDOM % 4 == 0)) && sig=KILL # (not in a subshell: SOAK_SEED must choose it)
+  victim=$((RANDOM % 2))
+  delay_ms=$((RANDOM % 41))
+  dir="$tmp/end$t"
+  mkdir -p "$dir"
+  ln -sfn "$data_dir/fashion-mnist" "$dir/fashion-mnist"
+  mkfifo "$dir/lines"
+  timeout -k 5 $((end_timeout + 40)) "$dtrain" launch -n 2 --threads 1 -- train --model mlp \
+    --max-steps 10 --log-interval 10 --comm-timeout "$end_timeout" --data-dir "$dir" \
+    --run-dir "$dir/run" >"$dir/lines" 2>&1 &
+  job=$!
+  pid="" fired=0 signalled=0 start=0
+  # Rank 0's lines as they come (the launcher's stdout and stderr): the
+  # victim's pid is known before the trigger, which signals it at once.
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >>"$dir/log"
+    [ "$fired" = 1 ] && continue
+    [ -n "$pid" ] || pid=$(rank_pid "$dir" "$victim")
+    [[ $line =~ ${triggers[k]} ]] || continue
+    fired=1
+    sleep "$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
+    # (a rank already exited, or a zombie, is not signalled)
+    if [ -n "$pid" ] && [ "$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)" != Z ] &&
+      kill -s "$sig" "$pid" 2>/dev/null; then
+      signalled=1
+    fi
+    start=$(date +%s%N)
+  done <"$dir/lines"
+  wait "$job"
+  rc=$?
+  elapsed=$((($(date +%s%N) - ${start:-0}) / 1000000))
+  problems=() want=""
+  if [ "$fired" = 0 ]; then
+    problems+=("${trigger_names[k]} never came")
+  elif [ "$signalled" = 0 ] || { [ "$rc" = 0 ] && grep -q "^test_accuracy=" "$dir/log"; }; then
+    # The rank had exited (or was exiting) before the signal: nothing to see.
+    [ "$rc" = 0 ] || problems+=("exit $rc although the rank had exited before the signal")
+  else
+    [ "$rc" = 0 ] && problems+=("exit 0 despite the SIG$sig")
+    [ "$rc" = 124 ] || [ "$rc" = 137 -a "$sig" = STOP ] && problems+=("hung (killed by timeout)")
+    [ "$elapsed" -gt $(((end_timeout + 10) * 1000)) ] &&
+      problems+=("took ${elapsed} ms after the signal, more than --comm-timeout + 10 s")
+    if [ "$sig" = STOP ]; then
+      want="rank $victim \\(pid $pid, stopped"
+    else
+      want="process rank $victim .*signal 9|rank $victim's process died|rank $victim \\(pid $pid, gone"
+    fi
+    grep -Eq -- "$want" "$dir/log" || problems+=("no message naming rank $victim (/$want/)")
+  fi
+  after_trial "$dir" "$dir/log"
+  what="end trial $t: SIG$sig to rank $victim ${delay_ms} ms after ${trigger_names[k]}: exit $rc"
+  [ "$signalled" = 1 ] && what+=" ${elapsed} ms after the signal" || what+=" (the rank had exited)"
+  if [ ${#problems[@]} -eq 0 ]; then
+    echo "ok: $what"
+    [ "$signalled" = 1 ] && grep -Em1 -- "$want" "$dir/log" | cut -c1-400 | sed 's/^/  /'
+  else
+    end_failures=$((end_failures + 1))
+    echo "FAIL: $what: ${problems[*]}"
+    grep -v "^ *$" "$dir/log" | grep -v "^dtrain launch: mpirun" | tail -12 | sed 's/^/  log: /'
+  fi
+done
+echo "soak_test: $trials trials, $failures failed; $end_trials end-of-job trials, $end_failures failed"
+[ "$failures" = 0 ] && [ "$end_failures" = 0 ]
