@@ -187,6 +187,11 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   printf("devices:\n");
   printf("  cpu:0          ok, %d threads (DT_NUM_THREADS or --threads to change)\n",
          dt_cpu_num_threads());
+  const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+  printf(
+      "  openmp waits   OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s (dtrain sets a short spin unless "
+      "either is given)\n",
+      policy ? policy : "unset", spin ? spin : "unset");
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
   if (dt_memory_stats_get((dt_device){DT_DEVICE_CPU, 0}, &ms) == DT_OK)
