@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,13 @@
 static pthread_once_t cpu_env_once = PTHREAD_ONCE_INIT;
 static atomic_int cpu_num_threads = 1;
 static atomic_size_t cpu_memory_limit = 0;
+/* Without DT_CPU_MEMORY_LIMIT: the default cap (core/cpu.h), on the live
+ * tensors of all CPU devices together, from the figures read at start-up;
+ * re-derived when the thread count (OpenBLAS's buffers) changes. */
+static atomic_bool cpu_limit_is_default = false;
+static dt_host_memory cpu_host;
+static int cpu_blas_buffers_mapped; /* OpenBLAS's pool at start-up */
+static char cpu_limit_source[192] = "no cap";
 /* The allocator's block cache (see "memory" below); DT_CPU_ALLOC_CACHE=0
  * turns it off so that ASan / valgrind see every free. Off by default under
  * AddressSanitizer. */
@@ -46,13 +54,48 @@ static int cpu_cores_available(void) {
   return n > 0 ? (int)n : 1;
 }
 
+static void cpu_set_default_limit(int threads) {
+  dt_host_memory_cap cap =
+      dt_host_memory_default_cap(&cpu_host, dt_host_blas_reserve(threads, cpu_blas_buffers_mapped));
+  atomic_store(&cpu_memory_limit, cap.bytes);
+  dt_host_memory_cap_describe(&cap, cpu_limit_source, sizeof cpu_limit_source);
+}
+
+/* Under an address-space limit, OpenBLAS retries a buffer it cannot map
+ * for ever: run no more threads than its buffers fit. */
 static void cpu_apply_threads(int n) {
+  static int warned_for; /* say it once per count asked for */
+  int fit = dt_host_blas_threads_fitting(&cpu_host, n, cpu_blas_buffers_mapped);
+  if (fit < n && warned_for != n) {
+    warned_for = n;
+    char room[32];
+    fprintf(stderr,
+            "dtrain: the address-space limit (ulimit -v / -d) leaves %s: room for OpenBLAS's "
+            "buffers (%zu MiB per thread, twice) of %d thread%s, not %d: using %d\n",
+            dt_format_bytes(dt_host_address_room(&cpu_host), room, sizeof room),
+            DT_HOST_BLAS_BUFFER_BYTES >> 20, fit, fit == 1 ? "" : "s", n, fit);
+  }
+  n = fit;
+  if (atomic_load(&cpu_limit_is_default))
+    cpu_set_default_limit(n);
   atomic_store(&cpu_num_threads, n);
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
 
 static void cpu_read_env(void) {
+  dt_host_memory_read(&cpu_host);
+  cpu_blas_buffers_mapped = openblas_get_num_threads();
+  size_t limit = 0;
+  if (!dt_env_is_set(DT_ENV_CPU_MEMORY_LIMIT)) {
+    atomic_store(&cpu_limit_is_default, true);
+  } else if (dt_env_bytes(DT_ENV_CPU_MEMORY_LIMIT, &limit) == DT_OK) {
+    atomic_store(&cpu_memory_limit, limit);
+    snprintf(cpu_limit_source, sizeof cpu_limit_source, "DT_CPU_MEMORY_LIMIT");
+  } else {
+    snprintf(cpu_limit_env_error, sizeof cpu_limit_env_error, "%s", dt_last_error());
+  }
+
   int64_t threads = cpu_cores_available();
   if (dt_env_int(DT_ENV_NUM_THREADS, &threads) != DT_OK)
     fprintf(stderr, "dtrain: %s; using %lld (the cores available to this process)\n",
@@ -62,12 +105,6 @@ static void cpu_read_env(void) {
   bool cache = atomic_load(&cpu_cache_enabled);
   if (dt_env_is_set(DT_ENV_CPU_ALLOC_CACHE) && dt_env_bool(DT_ENV_CPU_ALLOC_CACHE, &cache) == DT_OK)
     atomic_store(&cpu_cache_enabled, cache);
-
-  size_t limit = 0;
-  if (dt_env_bytes(DT_ENV_CPU_MEMORY_LIMIT, &limit) == DT_OK)
-    atomic_store(&cpu_memory_limit, limit);
-  else
-    snprintf(cpu_limit_env_error, sizeof cpu_limit_env_error, "%s", dt_last_error());
 }
 
 static void cpu_init(void) { pthread_once(&cpu_env_once, cpu_read_env); }
@@ -90,8 +127,16 @@ int dt_cpu_num_threads(void) { return dt_cpu_threads(); }
 
 void dt_cpu_set_memory_limit(size_t bytes) {
   cpu_init();
+  atomic_store(&cpu_limit_is_default, false);
   atomic_store(&cpu_memory_limit, bytes);
+  snprintf(cpu_limit_source, sizeof cpu_limit_source, "%s",
+           bytes ? "set by the program" : "no cap");
   cpu_limit_env_error[0] = '\0'; /* an explicit setting overrides a bad env value */
+}
+
+const char *dt_cpu_memory_limit_source(void) {
+  cpu_init();
+  return cpu_limit_source;
 }
 
 /* ---- memory ----
@@ -127,6 +172,7 @@ typedef struct cpu_free_block {
 
 static pthread_mutex_t cpu_mem_lock = PTHREAD_MUTEX_INITIALIZER;
 static cpu_mem_stats cpu_mem[DT_CPU_MAX_DEVICES];
+static size_t cpu_allocated_all; /* the sum of the devices' allocated */
 static cpu_free_block *cpu_free_lists[DT_CPU_MAX_DEVICES][CPU_NUM_CLASSES];
 
 /* Size class of a request: the rounded block size, and its class index
@@ -178,19 +224,24 @@ static dt_status cpu_check_device(const char *what, dt_device dev) {
 /* The out-of-memory text, in PyTorch's spirit: what was asked, where, what
  * is held, the cap, and what to do. */
 static void cpu_oom_message(char *buf, size_t cap_len, dt_device dev, size_t bytes,
-                            size_t allocated, size_t limit, const char *why) {
-  char req[32], al[32], cap[32];
+                            size_t allocated, size_t limit, bool whole, const char *why) {
+  char req[32], al[32], cap[32], held[48];
   dt_format_bytes(bytes, req, sizeof req);
   dt_format_bytes(allocated, al, sizeof al);
   if (limit)
     dt_format_bytes(limit, cap, sizeof cap);
   else
     snprintf(cap, sizeof cap, "none");
+  if (whole)
+    snprintf(held, sizeof held, "the CPU devices have");
+  else
+    snprintf(held, sizeof held, "cpu:%d has", dev.index);
   snprintf(buf, cap_len,
-           "CPU out of memory: tried to allocate %s (%zu bytes) on cpu:%d (%s); cpu:%d has %s "
-           "allocated, cap %s (DT_CPU_MEMORY_LIMIT): reduce the batch size / use gradient "
-           "accumulation (--accum), or raise DT_CPU_MEMORY_LIMIT",
-           req, bytes, dev.index, why, dev.index, al, cap);
+           "CPU out of memory: tried to allocate %s (%zu bytes) on cpu:%d (%s); %s %s allocated, "
+           "cap %s (%s%s): reduce the batch size / use gradient accumulation (--accum), or raise "
+           "DT_CPU_MEMORY_LIMIT",
+           req, bytes, dev.index, why, held, al, cap, cpu_limit_source,
+           whole ? "; DT_CPU_MEMORY_LIMIT sets another" : "");
 }
 
 static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
@@ -208,15 +259,17 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
 
   /* Reserve first so that concurrent allocations cannot both pass the cap. */
   pthread_mutex_lock(&cpu_mem_lock);
-  size_t allocated = st->allocated;
+  bool whole = atomic_load(&cpu_limit_is_default); /* the default caps all devices together */
+  size_t allocated = whole ? cpu_allocated_all : st->allocated;
   if (limit && (bytes > limit || allocated > limit - bytes)) {
     st->num_ooms++;
     pthread_mutex_unlock(&cpu_mem_lock);
-    char msg[512];
-    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, "over the cap");
+    char msg[768];
+    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, whole, "over the cap");
     return DT_ERROR(DT_ERR_OOM, "%s", msg);
   }
   st->allocated += bytes;
+  cpu_allocated_all += bytes;
   void *p = NULL;
   if (cls >= 0 && cpu_free_lists[dev.index][cls]) {
     cpu_free_block *b = cpu_free_lists[dev.index][cls];
@@ -244,12 +297,13 @@ static dt_status cpu_alloc(dt_device dev, size_t bytes, void **out) {
   pthread_mutex_lock(&cpu_mem_lock);
   if (!p) {
     st->allocated -= bytes;
+    cpu_allocated_all -= bytes;
     st->reserved -= size;
     st->num_ooms++;
     allocated = st->allocated;
     pthread_mutex_unlock(&cpu_mem_lock);
-    char msg[512];
-    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, "malloc failed");
+    char msg[768];
+    cpu_oom_message(msg, sizeof msg, dev, bytes, allocated, limit, false, "malloc failed");
     return DT_ERROR(DT_ERR_OOM, "%s", msg);
   }
   if (st->allocated > st->peak)
@@ -272,7 +326,9 @@ static void cpu_free(dt_device dev, void *ptr, size_t bytes) {
   int keep = cls >= 0 && atomic_load_explicit(&cpu_cache_enabled, memory_order_relaxed);
   pthread_mutex_lock(&cpu_mem_lock);
   cpu_mem_stats *st = &cpu_mem[dev.index];
-  st->allocated = st->allocated >= bytes ? st->allocated - bytes : 0;
+  size_t freed = st->allocated >= bytes ? bytes : st->allocated;
+  st->allocated -= freed;
+  cpu_allocated_all -= freed;
   if (keep && st->cached + size <= CPU_CACHE_MAX_BYTES) {
     cpu_free_block *b = ptr;
     b->next = cpu_free_lists[dev.index][cls];

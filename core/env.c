@@ -15,8 +15,8 @@ static const dt_env_info env_table[DT_ENV_COUNT] = {
   {"DT_" #id, DT_ENV_TYPE_INT, (lo), (hi), NULL, (def), (unset), (group), (doc)},
 #define DT_ENV_BOOL(id, def, unset, group, doc) \
   {"DT_" #id, DT_ENV_TYPE_BOOL, 0, 0, NULL, (def), (unset), (group), (doc)},
-#define DT_ENV_BYTES(id, def, unset, group, doc) \
-  {"DT_" #id, DT_ENV_TYPE_BYTES, 0, 0, NULL, (def), (unset), (group), (doc)},
+#define DT_ENV_BYTES(id, lo, def, unset, group, doc) \
+  {"DT_" #id, DT_ENV_TYPE_BYTES, (lo), 0, NULL, (def), (unset), (group), (doc)},
 #define DT_ENV_CHOICE(id, choices, def, unset, group, doc) \
   {"DT_" #id, DT_ENV_TYPE_CHOICE, 0, 0, (choices), (def), (unset), (group), (doc)},
 #define DT_ENV_STRING(id, def, unset, group, doc) \
@@ -63,7 +63,11 @@ const char *dt_env_accepted(dt_env_param p, char *buf, size_t cap) {
       break;
     case DT_ENV_TYPE_BOOL: snprintf(buf, cap, "1 or 0 (true/false, on/off, yes/no)"); break;
     case DT_ENV_TYPE_BYTES:
-      snprintf(buf, cap, "a byte count such as 1048576, 64K, 512M or 2G");
+      if (e->min > 0)
+        snprintf(buf, cap, "a byte count of at least %lld, such as 1048576, 64K, 512M or 2G",
+                 (long long)e->min);
+      else
+        snprintf(buf, cap, "a byte count such as 1048576, 64K, 512M or 2G");
       break;
     case DT_ENV_TYPE_CHOICE:
       dt_format_choices(e->choices, list, sizeof list);
@@ -132,8 +136,11 @@ static bool parse_bool_param(const dt_env_info *e, const char *s, void *out) {
   return dt_parse_bool(s, (bool *)out);
 }
 static bool parse_bytes_param(const dt_env_info *e, const char *s, void *out) {
-  (void)e;
-  return parse_bytes(s, (size_t *)out);
+  size_t v = 0;
+  if (!parse_bytes(s, &v) || (e->min > 0 && v < (size_t)e->min))
+    return false;
+  *(size_t *)out = v;
+  return true;
 }
 static bool parse_choice_param(const dt_env_info *e, const char *s, void *out) {
   int i = dt_choice_index(e->choices, s);

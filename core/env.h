@@ -54,7 +54,7 @@ typedef enum dt_env_type {
 typedef struct dt_env_info {
   const char *name; /* "DT_NUM_THREADS" */
   dt_env_type type;
-  int64_t min, max;          /* INT: accepted range */
+  int64_t min, max;          /* INT: accepted range; BYTES: min, the least */
   const char *choices;       /* CHOICE: "auto|mpi|nccl" */
   const char *default_value; /* as it would be set; NULL = computed by the caller */
   const char *unset;         /* with default_value NULL: what the default is */

@@ -187,11 +187,17 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
   printf("devices:\n");
   printf("  cpu:0          ok, %d threads (DT_NUM_THREADS or --threads to change)\n",
          dt_cpu_num_threads());
+  const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+  printf(
+      "  openmp waits   OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s (dtrain sets a short spin unless "
+      "either is given)\n",
+      policy ? policy : "unset", spin ? spin : "unset");
   dt_memory_stats ms;
   memset(&ms, 0, sizeof ms);
-  if (dt_memory_stats_get((dt_device){DT_DEVICE_CPU, 0}, &ms) == DT_OK && ms.limit > 0)
-    printf("  cpu memory cap %s (DT_CPU_MEMORY_LIMIT)\n",
-           dt_format_bytes(ms.limit, buf, sizeof buf));
+  if (dt_memory_stats_get((dt_device){DT_DEVICE_CPU, 0}, &ms) == DT_OK)
+    printf("  cpu memory cap %s (%s)\n",
+           ms.limit ? dt_format_bytes(ms.limit, buf, sizeof buf) : "none",
+           dt_cpu_memory_limit_source());
   dt_clear_error();
   const dt_backend_ops *ops = NULL;
   dt_device gpu = {DT_DEVICE_CUDA, 0};

@@ -11,7 +11,6 @@
  * rank is left waiting in a collective. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -395,11 +394,7 @@ static int launcher_env_rank(void) {
 static void share_cores(const dt_pg *pg) {
   if (dt_pg_local_size(pg) <= 1 || dt_env_is_set(DT_ENV_NUM_THREADS))
     return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  int per_rank = cores / dt_pg_local_size(pg);
-  dt_cpu_set_num_threads(per_rank > 0 ? per_rank : 1);
+  dt_cpu_set_num_threads(dt_threads_for(dt_threads_cores(), dt_pg_local_size(pg)));
 }
 
 /* The end of every command: what it wrote to stdout must have reached it

@@ -277,6 +277,15 @@ if [ "${DT_TEST_HAS_GPU:-0}" != 1 ]; then
   expect 0 out "GPUs +none visible" "doctor says there is no GPU"
   expect 0 out "^verdict: .*GPU training: [0-9]+ problem" "the verdict mentions GPU training"
 fi
+# OpenMP's waits: a short spin unless the user chose (issue 32, defect 7).
+env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY "$dtrain" doctor --data-dir "$tmp/tiny" >"$out" 2>"$err"
+rc=$?
+expect 0 out "^  openmp waits +OMP_WAIT_POLICY=unset GOMP_SPINCOUNT=1000 " \
+  "doctor: dtrain started libgomp with a short spin"
+env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active "$dtrain" doctor --data-dir "$tmp/tiny" >"$out" 2>"$err"
+rc=$?
+expect 0 out "^  openmp waits +OMP_WAIT_POLICY=active GOMP_SPINCOUNT=unset " \
+  "doctor: the user's OMP_WAIT_POLICY stands"
 env -u NCCL_DEBUG DT_COMM_BACKEND=mpi DT_NUM_THREADS=1 CUDA_VISIBLE_DEVICES=0,1 \
   "$dtrain" doctor --data-dir "$tmp/tiny" >"$out" 2>"$err"
 rc=$?

@@ -158,6 +158,28 @@ TEST(EnvBytes, ByteCounts) {
   EXPECT_NE(msg.find("512M"), std::string::npos) << msg;
 }
 
+TEST(EnvBytes, ZeroIsNotACap) {
+  // 0 was accepted and meant "no cap"; unset gives the default cap instead.
+  for (const char *zero : {"0", "0K", "0G"}) {
+    ScopedEnv env("DT_CPU_MEMORY_LIMIT", zero);
+    size_t v = 9;
+    EXPECT_EQ(DT_ERR_INVALID_ARG, dt_env_bytes(DT_ENV_CPU_MEMORY_LIMIT, &v)) << zero;
+    EXPECT_EQ(v, 9u);
+    std::string msg = dt_last_error();
+    EXPECT_NE(msg.find("DT_CPU_MEMORY_LIMIT: invalid value '" + std::string(zero) + "'"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("a byte count of at least 1"), std::string::npos) << msg;
+    EXPECT_EQ(DT_ERR_INVALID_ARG, dt_env_check(DT_ENV_CPU_MEMORY_LIMIT));
+  }
+  ScopedEnv env("DT_CUDA_MEMORY_LIMIT", "0");
+  size_t v = 0;
+  EXPECT_EQ(DT_ERR_INVALID_ARG, dt_env_bytes(DT_ENV_CUDA_MEMORY_LIMIT, &v));
+  setenv("DT_CUDA_MEMORY_LIMIT", "1", 1);
+  EXPECT_EQ(DT_OK, dt_env_bytes(DT_ENV_CUDA_MEMORY_LIMIT, &v));
+  EXPECT_EQ(v, 1u);
+}
+
 TEST(EnvChoice, IndexAndAgreementWithTheCommunicatorNames) {
   const char *choices = dt_env_info_of(DT_ENV_COMM_BACKEND)->choices;
   EXPECT_STREQ(choices, "auto|mpi|nccl");
@@ -223,7 +245,8 @@ TEST(EnvAccepted, Texts) {
   EXPECT_STREQ(dt_env_accepted(DT_ENV_NUM_THREADS, buf, sizeof buf), "an integer in 1..4096");
   EXPECT_STREQ(dt_env_accepted(DT_ENV_COMM_BACKEND, buf, sizeof buf), "one of auto, mpi, nccl");
   EXPECT_STREQ(dt_env_default_text(DT_ENV_COMM_BACKEND), "auto");
-  EXPECT_STREQ(dt_env_default_text(DT_ENV_CPU_MEMORY_LIMIT), "no cap");
+  EXPECT_STREQ(dt_env_default_text(DT_ENV_CPU_MEMORY_LIMIT),
+               "what the process may use, less headroom");
 }
 
 }  // namespace

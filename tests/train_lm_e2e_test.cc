@@ -55,10 +55,10 @@ TEST(TrainLm, Gpt2TinyOnBrownBeatsTheUnigramBaselineByOneNat) {
   std::printf("unigram baseline: %.4f nats (%lld training, %lld validation tokens)\n",
               base.unigram_nats, (long long)base.train_tokens, (long long)base.val_tokens);
 
-  /* The test runs alone (tag "exclusive"), so it takes every core
-   * explicitly: the automatic choice counts the cores free at start-up and
-   * once saw 1.7 of 2 free (Bazel still finishing), took 1 thread and ran
-   * 786 s of the 900 s limit instead of about 520 s. */
+  /* The test runs alone (tag "exclusive") and takes every core
+   * explicitly: an earlier automatic choice counted the cores free at
+   * start-up and once saw 1.7 of 2 free (Bazel still finishing), took 1
+   * thread and ran 786 s of the 900 s limit instead of about 520 s. */
   unsigned cores = std::thread::hardware_concurrency();
   std::string threads = " --threads " + std::to_string(cores > 0 ? cores : 2);
   int rc = 0;

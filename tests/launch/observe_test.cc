@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -125,22 +126,29 @@ TEST(Progress, Eta) {
   EXPECT_STREQ(buf, "?");
 }
 
-TEST(Threads, FreeCoresToThreads) {
-  EXPECT_EQ(dt_threads_for_free_cores(2.0, 2), 2);  // idle
-  EXPECT_EQ(dt_threads_for_free_cores(1.8, 2), 2);  // a little noise
-  EXPECT_EQ(dt_threads_for_free_cores(1.0, 2), 1);  // two busy processes beside us
-  EXPECT_EQ(dt_threads_for_free_cores(1.4, 2), 1);
-  EXPECT_EQ(dt_threads_for_free_cores(0.1, 2), 1);  // never 0
-  EXPECT_EQ(dt_threads_for_free_cores(5.5, 8), 5);
-  EXPECT_EQ(dt_threads_for_free_cores(7.9, 8), 8);
+TEST(Threads, EveryCoreByDefault) {
+  // No measurement of the load: the only rank on its host gets every core,
+  // always (the waits yield instead, see dt_threads_spincount).
+  for (int cores = 1; cores <= 256; cores++)
+    EXPECT_EQ(dt_threads_for(cores, 1), cores) << cores;
+  EXPECT_EQ(dt_threads_for(2, 0), 2);  // no launcher
+  // Ranks of one host share its cores, at least one thread each.
+  EXPECT_EQ(dt_threads_for(2, 2), 1);
+  EXPECT_EQ(dt_threads_for(8, 3), 2);
+  EXPECT_EQ(dt_threads_for(2, 4), 1);
 }
 
-TEST(Threads, ProbeMeasuresAShareOfTheCores) {
-  int cores = dt_threads_cores();
-  ASSERT_GE(cores, 1);
-  double free = dt_threads_free_cores(cores, 20);
-  EXPECT_GT(free, 0.0);
-  EXPECT_LE(free, cores + 1e-9);
+TEST(Threads, ShortSpinUnlessTheUserChose) {
+  EXPECT_STREQ(dt_threads_spincount(nullptr, nullptr), DT_THREADS_SPINCOUNT);
+  EXPECT_STREQ(dt_threads_spincount("", ""), DT_THREADS_SPINCOUNT);  // empty = unset
+  EXPECT_EQ(dt_threads_spincount("active", nullptr), nullptr);
+  EXPECT_EQ(dt_threads_spincount("passive", nullptr), nullptr);
+  EXPECT_EQ(dt_threads_spincount(nullptr, "300000"), nullptr);
+  // Well below libgomp's 300000 iterations, above 0 (passive: a sleep at
+  // every barrier).
+  long spin = strtol(DT_THREADS_SPINCOUNT, nullptr, 10);
+  EXPECT_GT(spin, 0);
+  EXPECT_LT(spin, 300000);
 }
 
 TEST(Report, Errors) {
