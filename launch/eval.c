@@ -19,14 +19,6 @@
 #include "train/train_checkpoint.h"
 #include "train/train_loop.h"
 
-/* A checkpoint's model, loaded. */
-typedef struct ckpt_model {
-  char dir[4400], model[64], data[64], step[32];
-  dt_task task; /* at the checkpoint's context */
-  dt_device dev;
-  dt_module *module;
-} ckpt_model;
-
 /* The checkpoint's context: config.ctx (0, or missing in a checkpoint of
  * an earlier dtrain: the model's own). */
 static dt_status checkpoint_task(const char *dir, const char *model, dt_task *out) {
@@ -42,11 +34,8 @@ static dt_status checkpoint_task(const char *dir, const char *model, dt_task *ou
   return t > 0 && task->max_context > 0 ? dt_task_with_context(task, t, out) : DT_OK;
 }
 
-/* Finds the checkpoint of `path`, builds its model on `device` and loads
- * its weights; `needs_text`: the model must generate text (else an error
- * naming the model). ckpt_model_close frees it, also after a failure. */
-static dt_status ckpt_model_open(const char *path, const char *device, bool needs_text,
-                                 ckpt_model *m) {
+dt_status dt_cli_ckpt_model_open(const char *path, const char *device, const char *text_command,
+                                 dt_cli_ckpt_model *m) {
   memset(m, 0, sizeof *m);
   DT_CHECK(dt_train_ckpt_resolve(path, stderr, m->dir, sizeof m->dir));
   if (!m->dir[0])
@@ -55,11 +44,11 @@ static dt_status ckpt_model_open(const char *path, const char *device, bool need
   DT_CHECK(dt_train_ckpt_meta(m->dir, "config.data", m->data, sizeof m->data));
   DT_CHECK(dt_train_ckpt_meta(m->dir, "step", m->step, sizeof m->step));
   DT_CHECK(checkpoint_task(m->dir, m->model, &m->task));
-  if (needs_text && (!m->task.tokenizer || m->task.max_context <= 0))
+  if (text_command && (!m->task.tokenizer || m->task.max_context <= 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "checkpoint %s holds model %s, which does not generate text: dtrain sample "
+                    "checkpoint %s holds model %s, which does not generate text: dtrain %s "
                     "takes the checkpoint of a language model (gpt2-tiny, llama-tiny, ...)",
-                    m->dir, m->model);
+                    m->dir, m->model, text_command);
   dt_device asked;
   DT_CHECK(dt_cli_device(device, &asked));
   DT_CHECK(dt_train_rank_device(asked, NULL, &m->dev));
@@ -70,19 +59,19 @@ static dt_status ckpt_model_open(const char *path, const char *device, bool need
   return dt_safetensors_load_module(weights, m->module);
 }
 
-static void ckpt_model_close(ckpt_model *m) {
+void dt_cli_ckpt_model_close(dt_cli_ckpt_model *m) {
   dt_module_destroy(m->module);
   m->module = NULL;
 }
 
 static dt_status evaluate_checkpoint(const char *path, const char *data_dir, const char *device,
                                      int batch) {
-  ckpt_model m;
+  dt_cli_ckpt_model m;
   const dt_task_data *td = NULL;
   dt_dataset *test = NULL;
   double loss = 0, metric = 0;
   char folder[4200];
-  dt_status st = ckpt_model_open(path, device, false, &m);
+  dt_status st = dt_cli_ckpt_model_open(path, device, NULL, &m);
   const dt_task *task = &m.task;
   if (st == DT_OK)
     st = dt_task_find_data(task, m.data, &td);
@@ -99,21 +88,11 @@ static dt_status evaluate_checkpoint(const char *path, const char *data_dir, con
     printf("\n");
   }
   dt_dataset_destroy(test);
-  ckpt_model_close(&m);
+  dt_cli_ckpt_model_close(&m);
   return st;
 }
 
-typedef struct eval_args {
-  const char *checkpoint, *data_dir, *device;
-  int batch;
-  dt_sample_config sample;
-} eval_args;
-
-/* The command line of eval or sample: --checkpoint, the command's `own`
- * flags (targets in *a), --data-dir, --device, --threads; then the
- * environment, and `work`'s status as the exit status (1 with the
- * message printed; 2 for a bad command line). */
-static int checkpoint_command(dt_flag_set *set, eval_args *a, const dt_flag *own, int n_own,
+int dt_cli_checkpoint_command(dt_flag_set *set, dt_cli_ckpt_args *a, const dt_flag *own, int n_own,
                               int argc, char **argv, FILE *err, dt_status (*work)(void *)) {
   int threads = 0, n = 0;
   dt_flag flags[16];
@@ -128,10 +107,12 @@ static int checkpoint_command(dt_flag_set *set, eval_args *a, const dt_flag *own
   set->flags = flags;
   set->nflags = n;
   DT_FLAGS_PARSE_OR_RETURN(set, argc, argv, err, NULL);
-  if (!a->checkpoint) {
-    fprintf(err, "dtrain %s: --checkpoint PATH is required\n", set->command);
-    return 2;
-  }
+  for (int i = 0; i <= a->required && i < n; i++) /* --checkpoint, then own[0, required) */
+    if (!*(const char **)flags[i].target) {
+      fprintf(err, "dtrain %s: --%s %s is required\n", set->command, flags[i].name,
+              flags[i].metavar);
+      return 2;
+    }
   if (dt_cli_check_env() != DT_OK)
     return 1;
   if (threads > 0)
@@ -144,12 +125,12 @@ static int checkpoint_command(dt_flag_set *set, eval_args *a, const dt_flag *own
 }
 
 static dt_status eval_work(void *arg) {
-  eval_args *a = arg;
+  dt_cli_ckpt_args *a = arg;
   return evaluate_checkpoint(a->checkpoint, a->data_dir, a->device, a->batch);
 }
 
 int dt_cli_eval(int argc, char **argv, FILE *err) {
-  eval_args a = {NULL, "data", "cpu", 1000, DT_SAMPLE_CONFIG_DEFAULT};
+  dt_cli_ckpt_args a = {NULL, "data", "cpu", 1000, DT_SAMPLE_CONFIG_DEFAULT};
   dt_env_string(DT_ENV_DATA_DIR, &a.data_dir);
   dt_flag own[] = {
       DT_INT_FLAG("eval-batch", &a.batch, "N", "batch size of the evaluation", .min = 1),
@@ -162,7 +143,7 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
           "and prints test_loss=... test_accuracy=.... Exit status: 0, 1 when it fails\n"
           "(a damaged checkpoint is named by file and section), 2 for a bad command line.",
   };
-  return checkpoint_command(&set, &a, own, 1, argc, argv, err, eval_work);
+  return dt_cli_checkpoint_command(&set, &a, own, 1, argc, argv, err, eval_work);
 }
 
 /* dtrain sample's text to stdout as each token is drawn: a long sample
@@ -177,9 +158,9 @@ static dt_status emit_stdout(void *ctx, const char *bytes, size_t n) {
 }
 
 static dt_status sample_work(void *arg) {
-  eval_args *a = arg;
-  ckpt_model m;
-  dt_status st = ckpt_model_open(a->checkpoint, a->device, true, &m);
+  dt_cli_ckpt_args *a = arg;
+  dt_cli_ckpt_model m;
+  dt_status st = dt_cli_ckpt_model_open(a->checkpoint, a->device, "sample", &m);
   if (st == DT_OK) {
     fprintf(stderr,
             "dtrain sample: checkpoint %s (model %s, context %lld, optimizer step %s): %d "
@@ -192,12 +173,12 @@ static dt_status sample_work(void *arg) {
   }
   if (st == DT_OK)
     st = emit_stdout(NULL, "\n", 1);
-  ckpt_model_close(&m);
+  dt_cli_ckpt_model_close(&m);
   return st;
 }
 
 int dt_cli_sample(int argc, char **argv, FILE *err) {
-  eval_args a = {NULL, "data", "cpu", 1, DT_SAMPLE_CONFIG_DEFAULT};
+  dt_cli_ckpt_args a = {NULL, "data", "cpu", 1, DT_SAMPLE_CONFIG_DEFAULT};
   dt_env_string(DT_ENV_DATA_DIR, &a.data_dir);
   dt_flag own[] = {DT_CLI_SAMPLE_FLAGS(&a.sample)};
   dt_flag_set set = {
@@ -212,6 +193,6 @@ int dt_cli_sample(int argc, char **argv, FILE *err) {
           "checkpoint, one of a model that is not a language model), 2 for a bad\n"
           "command line.",
   };
-  return checkpoint_command(&set, &a, own, (int)(sizeof own / sizeof own[0]), argc, argv, err,
-                            sample_work);
+  return dt_cli_checkpoint_command(&set, &a, own, (int)(sizeof own / sizeof own[0]), argc, argv,
+                                   err, sample_work);
 }

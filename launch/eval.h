@@ -6,6 +6,11 @@
 
 #include <stdio.h>
 
+#include "core/module.h"
+#include "launch/flags.h"
+#include "models/tasks.h"
+#include "train/sample.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,6 +30,42 @@ int dt_cli_eval(int argc, char **argv, FILE *err);
  * 2 for a bad command line (an empty --prompt, which has no tokens,
  * included: without --prompt the text starts from <|endoftext|>). */
 int dt_cli_sample(int argc, char **argv, FILE *err);
+
+/* ---- for the commands over a checkpoint (launch/export.c) ---- */
+
+/* A checkpoint's model, loaded. */
+typedef struct dt_cli_ckpt_model {
+  char dir[4400], model[64], data[64], step[32];
+  dt_task task; /* at the checkpoint's context */
+  dt_device dev;
+  dt_module *module;
+} dt_cli_ckpt_model;
+
+/* Finds the checkpoint of `path` (a checkpoint or run directory), builds
+ * its model on `device` and loads its weights; text_command non-NULL: the
+ * model must generate text (else an error naming the model and "dtrain
+ * <text_command>"). dt_cli_ckpt_model_close frees it, also after a
+ * failure. */
+dt_status dt_cli_ckpt_model_open(const char *path, const char *device, const char *text_command,
+                                 dt_cli_ckpt_model *m);
+void dt_cli_ckpt_model_close(dt_cli_ckpt_model *m);
+
+/* The targets of a checkpoint command's flags. */
+typedef struct dt_cli_ckpt_args {
+  const char *checkpoint, *data_dir, *device;
+  int batch;
+  dt_sample_config sample;
+  const char *format, *out; /* dtrain export */
+  int required;             /* the first `required` own flags (strings) must be given */
+} dt_cli_ckpt_args;
+
+/* The command line of a command over a checkpoint: --checkpoint, the
+ * command's `own` flags (targets in *a; at most 12), --data-dir, --device,
+ * --threads; --checkpoint and own[0, a->required) missing are a bad
+ * command line; then the environment, and `work`'s status as the exit status
+ * (1 with the message printed; 2 for a bad command line). */
+int dt_cli_checkpoint_command(dt_flag_set *set, dt_cli_ckpt_args *a, const dt_flag *own, int n_own,
+                              int argc, char **argv, FILE *err, dt_status (*work)(void *));
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,7 @@
 #include "launch/cli.h"
 #include "launch/doctor.h"
 #include "launch/eval.h"
+#include "launch/export.h"
 #include "launch/flags.h"
 #include "launch/launcher.h"
 #include "launch/observe.h"
@@ -81,6 +82,8 @@ static const command commands[] = {
     {"eval", "test metrics of a checkpoint: dtrain eval --checkpoint PATH", NULL, dt_cli_eval},
     {"sample", "text from a language model's checkpoint: dtrain sample --checkpoint PATH", NULL,
      dt_cli_sample},
+    {"export", "a language model's checkpoint for other tools: dtrain export --format hf", NULL,
+     dt_cli_export},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", NULL,
      dt_cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
