@@ -74,7 +74,7 @@ for np in 1 2; do
   expect_cmd "gpt2-tiny on $np rank(s): --recompute ends with the same parameters and moments, bitwise" \
     same_bits "$(ck "$d/full" $steps)" "$(ck "$d/recompute" $steps)"
 done
-launch 1 train --model mlp --recompute --max-steps 1
+launch 1 bench --model mlp --recompute --steps 1 --warmup 0
 expect 1 err "\`recompute\` on task mlp: recomputation is per transformer block: a GPT-2 or Llama model" \
   "--recompute of a model without transformer blocks is refused, naming it"
 
