@@ -17,6 +17,12 @@ void dt_no_grad_end(void) {
   no_grad_depth--;
 }
 int dt_grad_enabled(void) { return no_grad_depth == 0; }
+int dt_grad_mode_force_on(void) {
+  int saved = no_grad_depth;
+  no_grad_depth = 0;
+  return saved;
+}
+void dt_grad_mode_restore(int saved) { no_grad_depth = saved; }
 unsigned long dt_backward_pass_count(void) { return backward_passes; }
 
 int dt_autograd_should_record(dt_tensor *const *inputs, int n) {
@@ -289,7 +295,7 @@ static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
     n->grad_dest[j] = NULL;
     n->grad_part_rows[j] = 0;
     if (!n->needs_grad[j] || d == NULL || in->grad_fn != NULL || !in->requires_grad ||
-        d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
+        in->sum_as_node || d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
         dt_tensor_numel(d) != dt_tensor_numel(in) ||
         !dt_device_equal(d->storage->device, in->storage->device) || shares_storage(g, d->storage))
       continue;

@@ -84,6 +84,12 @@ float *dt_node_grad_dest(const dt_node *node, int i);
 int64_t dt_node_grad_rows_per_part(const dt_node *node, int i);
 void dt_node_grad_rows_ready(const dt_node *node, int i, int64_t row0, int64_t nrows);
 
+/* Turns grad mode on whatever the nesting of dt_no_grad_begin, and back:
+ * a backward (which runs under no-grad) that re-runs a forward to record
+ * it (core/nn_recompute.c). _on returns what _restore takes. */
+int dt_grad_mode_force_on(void);
+void dt_grad_mode_restore(int saved);
+
 /* 1 if grad mode is on and any of the inputs requires grad. */
 int dt_autograd_should_record(dt_tensor *const *inputs, int n);
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/nn_internal.h"
 #include "core/tensor_internal.h"
 
 typedef struct named_tensor {
@@ -40,6 +41,7 @@ struct dt_module {
   void *impl;
   dt_module *parent; /* NULL for a root */
   int training;
+  int recompute; /* dt_module_set_recompute */
 
   named_tensor *params;
   int n_params, cap_params;
@@ -505,10 +507,20 @@ static dt_status apply_replacement(dt_status st, dt_tensor *repl, dt_tensor **t)
   return DT_OK;
 }
 
+void dt_module_set_recompute(dt_module *m, int on) { m->recompute = on ? 1 : 0; }
+int dt_module_recompute(const dt_module *m) { return m->recompute; }
+
 dt_status dt_module_call(dt_module *m, dt_tensor *input, dt_tensor **output) {
   if (m == NULL || input == NULL || output == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "calling a module: module, input or output pointer is NULL");
+  *output = NULL;
+  if (m->recompute && dt_grad_enabled())
+    return dt_nn_recompute_call(m, input, output);
+  return dt_module_call_recorded(m, input, output);
+}
+
+dt_status dt_module_call_recorded(dt_module *m, dt_tensor *input, dt_tensor **output) {
   *output = NULL;
   dt_status st = DT_OK;
   dt_tensor *x = dt_tensor_retain(input); /* released at the end, whatever replaces it */

@@ -79,6 +79,21 @@ int64_t dt_module_parameter_count(const dt_module *m);
 void dt_module_train(dt_module *m, int training);
 int dt_module_is_training(const dt_module *m);
 
+/* Activation recomputation (checkpointing, PyTorch's non-reentrant
+ * torch.utils.checkpoint) of one module, off by default. When on,
+ * dt_module_call of m in grad mode runs m (hooks and forward) without
+ * recording on the tape, and keeps only its input: the activations inside m
+ * are freed as the forward goes. The output's backward re-runs m from that
+ * input, recording, with the autocast dtype and the states of the Dropout
+ * generators below m that the forward had (so the same masks), and
+ * backpropagates through the re-run into m's parameters and its input. The
+ * gradients equal those without recomputation bit for bit; m's parameters
+ * get theirs (and their grad-ready hooks fire) during that inner pass. m's
+ * forward must not return its input itself. Outside grad mode the flag does
+ * nothing. */
+void dt_module_set_recompute(dt_module *m, int on);
+int dt_module_recompute(const dt_module *m);
+
 /* Moves every parameter and buffer to `dev` (recursively). The tensor
  * handles stay the same (their storage is replaced), so pointers obtained
  * earlier remain valid; requires_grad is kept, existing gradients are

@@ -37,6 +37,17 @@ dt_status dt_nn_param(dt_module *m, const char *name, dt_tensor **out);
 /* Fetches "weight" and, when has_bias, "bias" (*bias = NULL otherwise). */
 dt_status dt_nn_weight_bias(dt_module *m, int has_bias, dt_tensor **weight, dt_tensor **bias);
 
+/* dt_module_call without the recompute dispatch: pre-hooks, forward,
+ * hooks, recorded on the tape as grad mode says. */
+dt_status dt_module_call_recorded(dt_module *m, dt_tensor *input, dt_tensor **output);
+
+/* dt_module_call of a module with recompute on, in grad mode
+ * (core/nn_recompute.c). */
+dt_status dt_nn_recompute_call(dt_module *m, dt_tensor *input, dt_tensor **output);
+
+/* The generator of a Dropout module (dt_nn_dropout), NULL for any other. */
+dt_generator *dt_nn_dropout_generator(dt_module *m);
+
 #ifdef __cplusplus
 }
 #endif

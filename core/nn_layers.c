@@ -1,6 +1,7 @@
 /* Parameter-free modules (ReLU, GELU, Tanh, Flatten, MaxPool2d, AvgPool2d,
  * Dropout) and Embedding. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/nn.h"
 #include "core/nn_internal.h"
@@ -92,6 +93,12 @@ static dt_status dropout_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
 }
 
 static const dt_module_vtable dropout_vtable = {"Dropout", dropout_forward, free};
+
+dt_generator *dt_nn_dropout_generator(dt_module *m) {
+  if (strcmp(dt_module_type_name(m), dropout_vtable.type_name) != 0)
+    return NULL;
+  return &((dropout_impl *)dt_module_impl(m))->gen;
+}
 
 dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out) {
   if (!(p >= 0.0f && p < 1.0f) || out == NULL)

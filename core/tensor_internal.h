@@ -46,6 +46,10 @@ struct dt_tensor {
   dt_grad_hook *hooks; /* grad-ready hooks (leaves) */
   int n_hooks, cap_hooks;
   int pending_grads; /* engine scratch: edges still to contribute */
+  /* A leaf standing in for a non-leaf (the input of a recomputed module,
+   * core/nn_recompute.c): its gradient is summed as a non-leaf's is, never
+   * added into in place by a backward (dt_node_grad_dest). */
+  int sum_as_node;
   /* The rows-ready hook (leaves; dt_tensor_set_grad_rows_hook): NULL = none. */
   dt_grad_rows_ready_fn rows_fn;
   void *rows_user;

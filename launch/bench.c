@@ -209,7 +209,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
-  DT_CHECK(task->build(task, cfg->seed, &model));
+  DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
     dt_train_comm_options co = {DT_COMM_BACKEND_AUTO, cfg->comm_timeout, cfg->first_bucket_mb,
@@ -331,6 +331,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
+      dt_cli_flag_recompute(&cfg.recompute),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
                        &cfg.split_bucket_mb, &cfg.bucket_update, &cfg.zero, &cfg.grad_compress),
@@ -385,13 +386,13 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   char dev[32];
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
-      "device %s precision %s threads %d%s\n",
+      "device %s precision %s threads %d%s%s\n",
       cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev),
       cfg.precision                     ? cfg.precision
       : r.device.type == DT_DEVICE_CUDA ? "tf32"
                                         : "fp32",
-      dt_cpu_num_threads(), dt_threads_note());
+      dt_cpu_num_threads(), dt_threads_note(), cfg.recompute ? " recompute" : "");
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "

@@ -59,16 +59,18 @@ typedef struct dt_bench_config {
   bool stochastic_rounding;  /* of the 16-bit working copy of the weights (bf16, fp16) */
   float split_bucket_mb;     /* DDP: split the last bucket's parameters above this (0 = off) */
   const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
+  bool recompute;            /* each transformer block's activations recomputed in backward */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
  * no process group; DDP: comm backend from the environment, timeout 300 s,
  * buckets 128 KiB then 25 MiB, zero stage 0; the task's context; the
  * device's default precision; no gradient compression, rounding to nearest;
- * no split buckets, the update per bucket (--bucket-update each). */
-#define DT_BENCH_CONFIG_DEFAULT                                                       \
-  ((dt_bench_config){"mlp", "sgd", "cpu",  128, 100, 10,   0,      0,     NULL, NULL, \
-                     300.0, 25.0f, 0.125f, 0,   0,   NULL, "none", false, 0.0f, "each"})
+ * no split buckets, the update per bucket (--bucket-update each); no
+ * recomputation. */
+#define DT_BENCH_CONFIG_DEFAULT                                                                 \
+  ((dt_bench_config){"mlp", "sgd",  "cpu", 128, 100,  10,     0,     0,    NULL,   NULL, 300.0, \
+                     25.0f, 0.125f, 0,     0,   NULL, "none", false, 0.0f, "each", false})
 
 #define DT_BENCH_MAX_BUCKETS 32
 

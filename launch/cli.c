@@ -172,6 +172,13 @@ dt_flag dt_cli_flag_stochastic_rounding(bool *target) {
                                "weights stochastically (seeded by --seed), not to nearest");
 }
 
+dt_flag dt_cli_flag_recompute(bool *target) {
+  return (dt_flag)DT_BOOL_FLAG("recompute", target,
+                               "GPT-2 and Llama: recompute each transformer block's activations "
+                               "in backward instead of keeping them (less memory, the same "
+                               "gradients, one more forward of the blocks)");
+}
+
 bool dt_cli_check_precision(const char *command, const char *precision, bool stochastic,
                             const char *device, const char *devices, FILE *err) {
   bool half = precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"));

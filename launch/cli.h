@@ -50,6 +50,8 @@ bool dt_cli_check_ctx(const char *command, const char *model, int ctx, FILE *err
 dt_flag dt_cli_flag_precision(const char **target);
 /* --stochastic-rounding: of the 16-bit working copy of the weights (llm.c's) */
 dt_flag dt_cli_flag_stochastic_rounding(bool *target);
+/* --recompute: activation recomputation per transformer block (train, bench). */
+dt_flag dt_cli_flag_recompute(bool *target);
 /* After parsing: --precision `precision` (NULL: the default) suits the
  * device(s) (`device`, and dp's `devices` list when not NULL): tf32 needs
  * CUDA; and --stochastic-rounding (`stochastic`) needs bf16 or fp16.

@@ -203,6 +203,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLOAT_FLAG("clip", &cfg.clip, "NORM", "clip the global gradient norm, 0 = off"),
       dt_cli_flag_precision(&precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
+      dt_cli_flag_recompute(&cfg.recompute),
       DT_STRING_FLAG("debug-overflow", &debug_overflow, "R:S",
                      "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
                      "step S (0-based)",

@@ -107,3 +107,18 @@ dt_status dt_models_check_tokens(const char *family, const dt_tensor *idx, int64
                   "%s takes token ids (B, T) with 1 <= T <= %lld (its context), got %s", family,
                   (long long)context, dt_tensor_describe(idx, d, sizeof d));
 }
+
+dt_status dt_model_set_recompute(dt_module *model, int on) {
+  const char *type = model != NULL ? dt_module_type_name(model) : "(none)";
+  const char *blocks_name = !strcmp(type, "GPT2")               ? "h"
+                            : !strcmp(type, "LlamaForCausalLM") ? "layers"
+                                                                : NULL;
+  dt_module *blocks = blocks_name != NULL ? dt_module_child(model, blocks_name) : NULL;
+  if (blocks == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "recomputation is per transformer block: a GPT-2 or Llama model, not a %s",
+                    type);
+  for (int i = 0; i < dt_module_num_children(blocks); i++)
+    dt_module_set_recompute(dt_module_child_at(blocks, i), on);
+  return DT_OK;
+}

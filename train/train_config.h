@@ -100,6 +100,10 @@ typedef struct dt_train_config {
   /* bf16/fp16: round the optimizer's 16-bit working copy of the weights
    * stochastically (seeded by `seed`) instead of to nearest. */
   bool stochastic_rounding;
+  /* Recompute each transformer block's activations in backward instead of
+   * keeping them (GPT-2 and Llama tasks; models/models.h): less memory,
+   * the same gradients bit for bit, one more forward of the blocks. */
+  bool recompute;
   uint64_t seed;            /* model initialisation and data order */
   int threads;              /* CPU threads, 0 = the backend's current count */
   const char *threads_note; /* after the thread count in the header ("" = none) */

@@ -128,6 +128,11 @@ dt_status dt_train_precision_setup(dt_precision precision, int overflow_rank, in
  * (DT_ERR_INVALID_ARG otherwise). */
 dt_status dt_train_rounding_setup(bool stochastic, uint64_t seed, dt_step_config *step);
 
+/* The task's model from `seed`; with `recompute`, each transformer
+ * block's activations recomputed in backward (dt_model_set_recompute: a
+ * GPT-2 or Llama task, DT_ERR_INVALID_ARG naming `recompute` otherwise). */
+dt_status dt_train_build_model(const dt_task *task, uint64_t seed, bool recompute, dt_module **out);
+
 /* An optimizer: sgd (lr, momentum, weight_decay, nesterov) or adamw (lr,
  * weight_decay, beta2; beta1 and eps PyTorch's). */
 typedef struct dt_optimizer_spec {

@@ -7,6 +7,7 @@
 #include "core/amp.h"
 #include "cuda/cuda.h"
 #include "dist/agree.h"
+#include "models/models.h"
 #include "train/train_loop.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -83,6 +84,18 @@ dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *are
   dt_status st = o->decay_matrices_only ? dt_optim_decay_matrices_only(*out) : DT_OK;
   if (st != DT_OK) {
     dt_optim_destroy(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+dt_status dt_train_build_model(const dt_task *task, uint64_t seed, bool recompute,
+                               dt_module **out) {
+  DT_CHECK(task->build(task, seed, out));
+  dt_status st = recompute ? dt_model_set_recompute(*out, 1) : DT_OK;
+  if (st != DT_OK) {
+    dt_error_wrap(st, "`recompute` on task %s", task->name);
+    dt_module_destroy(*out);
     *out = NULL;
   }
   return st;

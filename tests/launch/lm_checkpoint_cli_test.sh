@@ -6,6 +6,9 @@
 #     and --ctx 16, every parameter and AdamW moment bitwise equal (the files
 #     byte for byte and the tensors by the independent numpy reader), one
 #     process and DDP over 2 ranks;
+#   - --recompute (activation recomputation per block) ends the same run
+#     with the same parameters and AdamW moments bit for bit, on 1 and 2
+#     ranks; a model without transformer blocks is refused;
 #   - the checkpoint records --ctx and --precision: a resume with another
 #     is refused naming both;
 #   - dtrain report of the run plots val_loss where a task has no metric;
@@ -66,7 +69,14 @@ for np in 1 2; do
     "gpt2-tiny on $np rank(s): resumed at step $((steps / 2))"
   expect_cmd "gpt2-tiny on $np rank(s), --accum 2: N = N/2 + resume + N/2, bitwise" \
     same_bits "$(ck "$d/full" $steps)" "$(ck "$d/resumed" $steps)"
+  launch "$np" "${lm[@]}" --batch $((4 / np)) --recompute --run-dir "$d/recompute"
+  expect 0 out "^val_loss=" "gpt2-tiny on $np rank(s) with --recompute"
+  expect_cmd "gpt2-tiny on $np rank(s): --recompute ends with the same parameters and moments, bitwise" \
+    same_bits "$(ck "$d/full" $steps)" "$(ck "$d/recompute" $steps)"
 done
+launch 1 bench --model mlp --recompute --steps 1 --warmup 0
+expect 1 err "\`recompute\` on task mlp: recomputation is per transformer block: a GPT-2 or Llama model" \
+  "--recompute of a model without transformer blocks is refused, naming it"
 
 # ---- --ctx is part of the checkpoint ----
 full="$tmp/exact-1/full"
