@@ -9,6 +9,9 @@
 #     whole vocabulary, at every position, are within 2e-3 of dtrain's
 #     (lm_logits_tool; measured ~1.5e-4 for GPT-2, whose ggml GELU goes
 #     through an f16 table, ~1e-5 for Llama);
+#   - llama.cpp's greedy continuation of each prompt (4 tokens, to the
+#     context) is `dtrain sample --temperature 0`'s, up to a near-tie (top
+#     two log-probabilities within 2e-3);
 #   - --dtype f16 and bf16 files load and agree within 5e-2;
 #   - errors: an unknown --dtype (exit 2), --dtype with --format hf, an --out
 #     that is a folder, an --out in a missing folder.
@@ -41,6 +44,12 @@ for model in gpt2-tiny llama-tiny; do
     --warmup 0 --log-interval 0 --run-dir "$tmp/$model"
   expect 0 out "checkpoint .* saved" "$model: 3 steps and a checkpoint"
   check "$model: dtrain's logits" "$logits_tool" "$tmp/$model" "$tmp/tokens" "$tmp/$model.f32"
+  mkdir -p "$tmp/$model-greedy"
+  for i in "${!prompts[@]}"; do
+    run sample --checkpoint "$tmp/$model" --prompt "${prompts[$i]}" --temperature 0 --sample-len 4
+    [ "$rc" = 0 ] || not_ok "$model: dtrain sample of prompt $i exited $rc"
+    cp "$out" "$tmp/$model-greedy/sample$i"
+  done
   for dtype in f32 f16 bf16; do
     tol=5e-2
     [ "$dtype" = f32 ] && tol=2e-3
@@ -51,6 +60,9 @@ for model in gpt2-tiny llama-tiny; do
       node "$script" check "$src/node-llama-cpp" "$tmp/$model-$dtype.gguf" \
       "$tmp/prompts/train.bin" 16 "$tmp/$model.f32" 50304 "$tol" "${prompts[@]}"
   done
+  expect_cmd "$model: llama.cpp's greedy continuations are dtrain sample --temperature 0's" \
+    node "$script" greedy "$src/node-llama-cpp" "$tmp/$model-f32.gguf" 16 4 \
+    "$tmp/$model-greedy" "${prompts[@]}"
 done
 
 # ---- errors ----

@@ -10,6 +10,12 @@
 //     the log-softmax of dtrain's logits (LOGITS: f32, prompts x CTX x
 //     PADDED, of which the 50257 real tokens count); prints one line per
 //     check, "ok" or "not ok", and exits 1 on a failure.
+//   node gguf_llama_cpp.mjs greedy PACKAGE_DIR MODEL.gguf CTX N SAMPLES PROMPT...
+//     llama.cpp's greedy continuation of each PROMPT by N tokens (the token
+//     of largest probability, teacher-forced) is the one `dtrain sample
+//     --temperature 0 --sample-len N` printed (SAMPLES/sampleI: the prompt,
+//     then the continuation), up to the first step whose top two
+//     log-probabilities are within 2e-3 (a near-tie either may break).
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -40,7 +46,10 @@ if (mode === "prep") {
   process.exit(0);
 }
 
-const [pkg, model, trainBin, ctx, logitsFile, padded, tol, ...texts] = args;
+const greedy = mode === "greedy";
+const [pkg, model, ...rest] = args;
+const [trainBin, ctx, logitsFile, padded, tol, ...texts] = greedy ? [null, rest[0], null, 0, 0,
+  ...rest.slice(3)] : rest;
 const T = Number(ctx), V = Number(padded), TOL = Number(tol);
 const { getLlama } = await import(
   pathToFileURL(path.join(pkg, "node_modules/node-llama-cpp/dist/index.js")).href);
@@ -50,10 +59,38 @@ const context = await lm.createContext({
   contextSize: T, sequences: 1, threads: 2, flashAttention: false,
   experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
 });
+const sequence = context.getSequence();
+if (greedy) {
+  const n = Number(rest[1]), samples = rest[2];
+  let failures = 0, compared = 0;
+  for (let i = 0; i < texts.length; i++) {
+    const tokens = Array.from(lm.tokenize(texts[i], false)), start = tokens.length;
+    let tie = "";
+    while (tokens.length < start + n) {
+      await sequence.clearHistory();
+      const out = await sequence.controlledEvaluate(tokens.map((t, k) =>
+        k === tokens.length - 1 ? [t, { generateNext: { probabilities: true } }] : t));
+      const [[top, p1], [, p2]] = out[tokens.length - 1].next.probabilities.entries();
+      if (Math.log(p1) - Math.log(p2) <= 2e-3) {
+        tie = ` (then a near-tie)`;
+        break;
+      }
+      tokens.push(top);
+    }
+    const theirs = texts[i] + lm.detokenize(tokens.slice(start));
+    const ours = fs.readFileSync(path.join(samples, `sample${i}`), "utf8");
+    const ok = ours.startsWith(theirs);
+    compared += tokens.length - start;
+    if (!ok) failures++;
+    console.log(`${ok ? "ok" : "not ok"} - prompt ${i}: llama.cpp's greedy ` +
+      `${JSON.stringify(theirs)}${tie} begins dtrain's ${JSON.stringify(ours)}`);
+  }
+  console.log(`${failures} failed; ${compared} greedy tokens compared`);
+  process.exit(failures ? 1 : 0);
+}
 const prompts = promptsOf(trainBin);
 const lbuf = fs.readFileSync(logitsFile);
 const logits = new Float32Array(lbuf.buffer, lbuf.byteOffset, lbuf.length / 4);
-const sequence = context.getSequence();
 let failures = 0, overall = 0;
 const report = (ok, what) => {
   console.log(`${ok ? "ok" : "not ok"} - ${path.basename(model)}: ${what}`);
