@@ -209,7 +209,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
   dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
-  DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, &model));
+  DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, NULL, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
     dt_train_comm_options co = {DT_COMM_BACKEND_AUTO, cfg->comm_timeout, cfg->first_bucket_mb,

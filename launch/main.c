@@ -257,6 +257,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_STRING_FLAG("resume", &resume, "auto|PATH",
                      "continue from a checkpoint: auto = the newest complete one in --run-dir "
                      "(none: start from scratch), or a checkpoint directory"),
+      DT_STRING_FLAG("init", &cfg.init_path, "DIR",
+                     "fine-tune: start from the weights of a Hugging Face-layout folder "
+                     "(dtrain export --format hf) of the same --model; not with --resume"),
       DT_STRING_FLAG("metrics", &obs->metrics_path, "FILE",
                      "JSON Lines: one record per log interval and per evaluation (rank 0 "
                      "writes it)",

@@ -241,3 +241,174 @@ dt_status dt_hf_export(const dt_task *task, const dt_module *model, const char *
     st = copy_file(tokenizer_dir, "vocab.bpe", dir, "merges.txt");
   return st;
 }
+
+/* ---- import ---- */
+
+/* One entry of a safetensors header. */
+typedef struct st_entry {
+  char name[160];
+  char dtype[16];
+  int ndim;
+  int64_t shape[4];
+  uint64_t begin, end;
+  bool used;
+} st_entry;
+
+/* The header's entries (the __metadata__ skipped), at most cap. */
+static dt_status parse_header(const char *path, const char *h, size_t len, st_entry *es, int cap,
+                              int *n) {
+  *n = 0;
+  const char *end = h + len;
+  const char *p = memchr(h, '{', len);
+  while (p && p < end) {
+    const char *q = memchr(p, '"', (size_t)(end - p));
+    if (!q)
+      break;
+    const char *qe = memchr(q + 1, '"', (size_t)(end - q - 1));
+    const char *obj = qe ? memchr(qe, '{', (size_t)(end - qe)) : NULL;
+    const char *close = obj ? memchr(obj, '}', (size_t)(end - obj)) : NULL;
+    if (!close)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s: a malformed safetensors header", path);
+    p = close + 1;
+    if ((size_t)(qe - q - 1) == 12 && !memcmp(q + 1, "__metadata__", 12))
+      continue;
+    if (*n == cap)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s: more than %d tensors", path, cap);
+    st_entry *e = &es[(*n)++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%.*s", (int)(qe - q - 1), q + 1);
+    char body[512];
+    snprintf(body, sizeof body, "%.*s", (int)(close - obj), obj);
+    const char *d = strstr(body, "\"dtype\""), *s = strstr(body, "\"shape\""),
+               *o = strstr(body, "\"data_offsets\"");
+    unsigned long long b = 0, f = 0;
+    if (!d || !s || !o || sscanf(d, "\"dtype\" : \"%15[^\"]\"", e->dtype) != 1 ||
+        sscanf(o, "\"data_offsets\" : [ %llu , %llu ]", &b, &f) != 2)
+      return DT_ERROR(DT_ERR_INVALID_ARG, "%s: tensor %s: a malformed header entry", path, e->name);
+    e->begin = b;
+    e->end = f;
+    for (s = strchr(s, '[') + 1; e->ndim < 4;) {
+      char *next = NULL;
+      const long long v = strtoll(s, &next, 10);
+      if (next == s)
+        break;
+      e->shape[e->ndim++] = v;
+      s = next + strspn(next, " ,");
+    }
+  }
+  return DT_OK;
+}
+
+static st_entry *find_entry(st_entry *es, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(es[i].name, name))
+      return &es[i];
+  return NULL;
+}
+
+static void shape_text(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t len = (size_t)snprintf(buf, cap, "(");
+  for (int i = 0; i < ndim && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (len < cap)
+    snprintf(buf + len, cap - len, ")");
+}
+
+/* Parameter `name` (t) of the model from the file's entry: checked, the
+ * Conv1D weights transposed back, the first `vocab` rows of a token table. */
+static dt_status load_parameter(const char *path, const char *task, const char *name, dt_tensor *t,
+                                bool gpt2, int vocab, st_entry *es, int n,
+                                const unsigned char *data, size_t size) {
+  hf_tensor want;
+  DT_CHECK(hf_tensor_of(name, t, gpt2, vocab, &want));
+  float *host = want.data; /* the model's values, HF's layout */
+  st_entry *e = find_entry(es, n, want.name);
+  if (!e && strchr(want.name, '.') && strncmp(want.name, "lm_head", 7))
+    e = find_entry(es, n, strchr(want.name, '.') + 1); /* no transformer./model. prefix */
+  dt_status st = DT_OK;
+  char a[64], b[64];
+  shape_text(want.shape, want.ndim, a, sizeof a);
+  if (!e) {
+    st = DT_ERROR(DT_ERR_INVALID_ARG, "%s: no tensor %s %s, which model %s has", path, want.name, a,
+                  task);
+    goto done;
+  }
+  e->used = true;
+  shape_text(e->shape, e->ndim, b, sizeof b);
+  if (e->ndim != want.ndim || e->shape[0] != want.shape[0] ||
+      (want.ndim == 2 && e->shape[1] != want.shape[1])) {
+    st = DT_ERROR(DT_ERR_INVALID_ARG, "%s: tensor %s is %s, model %s's is %s", path, e->name, b,
+                  task, a);
+    goto done;
+  }
+  const size_t bytes = hf_tensor_bytes(&want);
+  if (strcmp(e->dtype, "F32") || e->end - e->begin != bytes || e->end > size) {
+    st = DT_ERROR(DT_ERR_INVALID_ARG,
+                  "%s: tensor %s: dtype %s, bytes [%llu, %llu) of %zu: expected F32, %zu bytes",
+                  path, e->name, e->dtype, (unsigned long long)e->begin, (unsigned long long)e->end,
+                  size, bytes);
+    goto done;
+  }
+  const float *src = (const float *)(const void *)(data + e->begin);
+  const int64_t rows = want.shape[0], cols = want.ndim == 2 ? want.shape[1] : 1;
+  if (gpt2 && want.ndim == 2 && is_conv1d(name)) { /* (in, out) back to (out, in) */
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++)
+        host[c * rows + r] = src[r * cols + c];
+  } else {
+    memcpy(host, src, bytes); /* host holds every row: the padding past vocab stays the model's */
+  }
+  int64_t shape[2];
+  for (int i = 0; i < dt_tensor_ndim(t); i++)
+    shape[i] = dt_tensor_dim(t, i);
+  dt_tensor *tmp = NULL;
+  DT_CHECK_GOTO(
+      dt_tensor_from_host(host, shape, dt_tensor_ndim(t), DT_DTYPE_F32, dt_tensor_device(t), &tmp),
+      st, done);
+  st = dt_tensor_copy_(t, tmp);
+  dt_tensor_release(tmp);
+done:
+  free(host);
+  return st;
+}
+
+dt_status dt_hf_import(const dt_task *task, dt_module *model, const char *dir) {
+  if (!task || !model || !dir)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "init: task, model and folder must not be NULL");
+  char json[2048], path[4200];
+  bool gpt2 = false;
+  int vocab = 0;
+  DT_CHECK(model_json(task, json, sizeof json, &gpt2, &vocab));
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  void *file = NULL;
+  size_t size = 0;
+  DT_CHECK(dt_ckpt_read_file(path, &file, &size));
+  uint64_t hlen = 0;
+  if (size >= 8)
+    memcpy(&hlen, file, 8);
+  const int cap = 4096;
+  st_entry *es = malloc((size_t)cap * sizeof *es);
+  dt_status st = DT_OK;
+  int n = 0;
+  if (!es)
+    st = DT_ERROR(DT_ERR_OOM, "init: %d header entries", cap);
+  else if (size < 8 || hlen > size - 8)
+    st = DT_ERROR(DT_ERR_INVALID_ARG, "%s: not a safetensors file (%zu bytes)", path, size);
+  else
+    st = parse_header(path, (const char *)file + 8, (size_t)hlen, es, cap, &n);
+  const unsigned char *data = (const unsigned char *)file + 8 + hlen;
+  const size_t dsize = size >= 8 + hlen ? size - 8 - hlen : 0;
+  const int np = dt_module_num_parameters(model);
+  for (int i = 0; i < np && st == DT_OK; i++) {
+    const char *name = NULL;
+    dt_tensor *t = dt_module_parameter_at(model, i, &name);
+    st = load_parameter(path, task->name, name, t, gpt2, vocab, es, n, data, dsize);
+  }
+  for (int i = 0; i < n && st == DT_OK; i++)
+    if (!es[i].used)
+      st = DT_ERROR(DT_ERR_INVALID_ARG, "%s: tensor %s, which model %s does not have", path,
+                    es[i].name, task->name);
+  free(es);
+  free(file);
+  return st;
+}

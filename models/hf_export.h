@@ -34,6 +34,15 @@ extern "C" {
 dt_status dt_hf_export(const dt_task *task, const dt_module *model, const char *tokenizer_dir,
                        const char *dir);
 
+/* The inverse, for fine-tuning: dir/model.safetensors (as dt_hf_export
+ * writes it; F32 tensors, names with or without the transformer./model.
+ * prefix) loaded into `model`, freshly built by `task`: the Conv1D weights
+ * transposed back, the token tables' rows past the file's vocabulary (the
+ * padding) left as the model initialised them. DT_ERR_INVALID_ARG naming
+ * the tensor that is missing, extra (another size or architecture), of
+ * another shape or dtype; DT_ERR_IO naming the file. */
+dt_status dt_hf_import(const dt_task *task, dt_module *model, const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

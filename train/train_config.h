@@ -139,6 +139,11 @@ typedef struct dt_train_config {
   int keep;             /* newest complete checkpoints kept, 0 = all */
   dt_train_resume resume;
   const char *resume_path; /* DT_TRAIN_RESUME_PATH: a checkpoint directory */
+  /* Fine-tuning: a Hugging Face-layout folder (models/hf_export.h) of the
+   * task's language model, loaded by every rank into the model it builds,
+   * before the optimizer's first step. NULL = the task's initialisation.
+   * Not with `resume`, which has its own weights. */
+  const char *init_path;
 
   /* Language models, evaluations during training (train/train_lm.c). */
   int ctx;                  /* a sequence task's context T, 0 = the task's own */

@@ -7,6 +7,7 @@
 #include "core/amp.h"
 #include "cuda/cuda.h"
 #include "dist/agree.h"
+#include "models/hf_export.h"
 #include "models/models.h"
 #include "train/train_loop.h"
 
@@ -90,11 +91,14 @@ dt_status dt_train_optimizer_create(void *spec, int replica, dt_param_arena *are
 }
 
 dt_status dt_train_build_model(const dt_task *task, uint64_t seed, bool recompute,
-                               dt_module **out) {
+                               const char *init_path, dt_module **out) {
   DT_CHECK(task->build(task, seed, out));
   dt_status st = recompute ? dt_model_set_recompute(*out, 1) : DT_OK;
-  if (st != DT_OK) {
+  if (st != DT_OK)
     dt_error_wrap(st, "`recompute` on task %s", task->name);
+  if (st == DT_OK && init_path && (st = dt_hf_import(task, *out, init_path)) != DT_OK)
+    dt_error_wrap(st, "`init_path` %s", init_path);
+  if (st != DT_OK) {
     dt_module_destroy(*out);
     *out = NULL;
   }

@@ -142,7 +142,7 @@ static dt_status agreement_text(const dt_train_config *c, const train_state *s, 
 static dt_status build_replica(const dt_train_config *c, train_state *s) {
   dt_module *model = NULL;
   dt_optimizer_spec os = optimizer_spec(c);
-  DT_CHECK(dt_train_build_model(s->task, c->seed, c->recompute, &model));
+  DT_CHECK(dt_train_build_model(s->task, c->seed, c->recompute, c->init_path, &model));
   DT_CHECK(
       dt_replica_create(model, s->dev, 0, dt_train_optimizer_create, &os, &s->step, &s->replica));
   if (s->world > 1) {
@@ -163,13 +163,14 @@ typedef struct model_source {
   const dt_task *task;
   uint64_t seed;
   bool recompute;
+  const char *init_path;
 } model_source;
 
 /* Runs on the replica's thread (dist/dp.c has set its CPU thread count). */
 static dt_status build_dp_model(void *user, int replica, dt_module **out) {
   (void)replica;
   const model_source *src = user;
-  return dt_train_build_model(src->task, src->seed, src->recompute, out);
+  return dt_train_build_model(src->task, src->seed, src->recompute, src->init_path, out);
 }
 
 /* Data-parallel mode: one replica per device of --devices (dist/dp.h). */
@@ -187,7 +188,7 @@ static dt_status build_dp(const dt_train_config *c, train_state *s) {
   cfg.ddp = dt_train_ddp_config(&co);
   cfg.step = s->step;
   /* The builders only read their arguments, during the call. */
-  model_source src = {s->task, c->seed, c->recompute};
+  model_source src = {s->task, c->seed, c->recompute, c->init_path};
   dt_optimizer_spec os = optimizer_spec(c);
   DT_CHECK(
       dt_dp_create(devs, n, build_dp_model, &src, dt_train_optimizer_create, &os, &cfg, &s->dp));
