@@ -256,11 +256,13 @@ dt_status dt_train_config_validate(const dt_train_config *c) {
                     "`run_dir` DIR");
   if (c->resume == DT_TRAIN_RESUME_PATH && (!c->resume_path || !c->resume_path[0]))
     return DT_ERROR(DT_ERR_INVALID_ARG, "`resume` from a path needs `resume_path`");
-  if (c->init_path && c->resume != DT_TRAIN_RESUME_NONE)
+  /* resume auto with init_path: the run directory's newest checkpoint
+   * when there is one (a restart under --max-restarts), else init_path */
+  if (c->init_path && c->resume == DT_TRAIN_RESUME_PATH)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "`init_path` %s and `resume`: a resumed run has its own weights, give one "
+                    "`init_path` %s and `resume` %s: a resumed run has its own weights, give one "
                     "of them",
-                    c->init_path);
+                    c->init_path, c->resume_path ? c->resume_path : "");
   if (!c->run_dir && !c->run_dir_default && c->resume != DT_TRAIN_RESUME_NONE)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`resume` needs a run directory: give it with `run_dir` DIR");

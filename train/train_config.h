@@ -142,7 +142,8 @@ typedef struct dt_train_config {
   /* Fine-tuning: a Hugging Face-layout folder (models/hf_export.h) of the
    * task's language model, loaded by every rank into the model it builds,
    * before the optimizer's first step. NULL = the task's initialisation.
-   * Not with `resume`, which has its own weights. */
+   * Not with `resume` from a path, which has its own weights; with
+   * `resume` auto, a checkpoint of the run directory wins when there is one. */
   const char *init_path;
 
   /* Language models, evaluations during training (train/train_lm.c). */

@@ -11,7 +11,8 @@
 #   - the tokenizer files (vocab.json, merges.txt) and configs are there;
 #   - train --init: each export loaded back and exported again is the same
 #     file; refused naming the tensor: another architecture, another
-#     context (shape), a missing and an extra tensor; --init with --resume;
+#     context (shape), a missing and an extra tensor; --init with --resume
+#     PATH (--resume auto, as --max-restarts adds, is accepted);
 #   - errors: an unknown --format, no --out, an
 #     --out that is a file, the checkpoint of a model that is not a
 #     language model, a missing checkpoint.
@@ -84,8 +85,12 @@ expect 1 err "tensor transformer.h.4.ln_1.weight, which model gpt2-tiny does not
   "--init with an extra tensor (another n_layer): refused naming it"
 init --model gpt2-tiny --init "$tmp/nothing-hf"
 expect 1 err "nothing-hf/model.safetensors" "--init of a missing folder: refused naming the file"
-init --model gpt2-tiny --init "$tmp/gpt2-tiny-hf" --resume auto
-expect 2 err "init.*resume" "--init with --resume: refused"
+init --model gpt2-tiny --init "$tmp/gpt2-tiny-hf" --resume "$tmp/gpt2-tiny-init"
+expect 2 err "init.*resume" "--init with --resume PATH: refused"
+# --resume auto (as --max-restarts adds): the newest checkpoint if any, else --init
+run train --model gpt2-tiny --ctx 16 --max-steps 1 --batch 4 --warmup 0 --log-interval 0 \
+  --init "$tmp/gpt2-tiny-hf" --resume auto --run-dir "$tmp/init-auto"
+expect 0 out "checkpoint .* saved" "--init with --resume auto and no checkpoint yet: starts from --init"
 ck="$tmp/gpt2-tiny"
 run export --checkpoint "$ck" --format onnx --out "$tmp/x"
 expect 2 err "onnx.*--format: expected one of hf, gguf" "an unknown --format: exit 2 naming it"
