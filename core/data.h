@@ -63,6 +63,10 @@ typedef struct dt_dataset_vtable {
   /* dt_dataset_create_with_layout: writes sample i's input and target in
    * the layout's dtypes and shapes (contiguous). */
   dt_status (*get_sample)(void *impl, int64_t i, void *input, void *target);
+  /* Optional: sample i as it is in epoch `epoch` (a random augmentation
+   * drawn from the epoch and the index); the loader calls it when set,
+   * get_sample (or get) at epoch 0 elsewhere. */
+  dt_status (*get_sample_at)(void *impl, int64_t i, int64_t epoch, void *input, void *target);
 } dt_dataset_vtable;
 
 /* The dataset takes ownership of impl (on failure too: vt->destroy runs).
@@ -110,6 +114,12 @@ int dt_dataset_num_classes(const dt_dataset *d);
 dt_status dt_dataset_get(const dt_dataset *d, int64_t i, float *input, int32_t *label);
 /* Any layout: input and target buffers of the layout's sizes. */
 dt_status dt_dataset_get_sample(const dt_dataset *d, int64_t i, void *input, void *target);
+/* The same in epoch `epoch` (vt->get_sample_at; without it, the epoch
+ * changes nothing). */
+dt_status dt_dataset_get_sample_at(const dt_dataset *d, int64_t i, int64_t epoch, void *input,
+                                   void *target);
+/* The impl of a data set made with the vtable `vt`; NULL for another. */
+void *dt_dataset_impl_of(const dt_dataset *d, const dt_dataset_vtable *vt);
 
 /* An image classification set from an idx image file (N, H, W) and label
  * file (N): samples are (1, H, W) f32 in [0,1] normalised by (x-mean)/std
@@ -162,19 +172,24 @@ typedef struct dt_loader_config {
   int drop_last;    /* drop a final partial batch */
   int prefetch;     /* batches prepared ahead by the worker (>= 1) */
   dt_device device; /* where batches land */
+  int workers;      /* threads filling batches, each a whole batch at a time (1 .. 64) */
 } dt_loader_config;
-#define DT_LOADER_CONFIG_DEFAULT ((dt_loader_config){64, 0, 2, {DT_DEVICE_CPU, 0}})
+#define DT_LOADER_CONFIG_DEFAULT ((dt_loader_config){64, 0, 2, {DT_DEVICE_CPU, 0}, 1})
 
 typedef struct dt_loader dt_loader;
 /* The loader borrows dataset and sampler (they must outlive it, and the
  * sampler must not be changed while an epoch runs). batch_size >= 1,
- * prefetch in [1, 64]; the device must exist. Host memory: prefetch
- * batches of batch_size samples (inputs and targets). Destroying mid-epoch
- * stops the worker. */
+ * prefetch in [1, 64], workers in [1, 64]; the device must exist. Host
+ * memory: max(prefetch, workers) batches of batch_size samples (inputs and
+ * targets), page-locked where the device's backend offers it (CUDA). The
+ * workers take batches in order, each filling a whole batch, and the
+ * batches come out in order: the same batches for any number of workers
+ * (samples come from dt_dataset_get_sample_at with the epoch). Destroying
+ * mid-epoch stops the workers. */
 dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
                            dt_loader **out);
 void dt_loader_destroy(dt_loader *l);
-/* Starts an epoch (calls dt_sampler_set_epoch); a worker thread begins
+/* Starts an epoch (calls dt_sampler_set_epoch); the worker threads begin
  * preparing batches. */
 dt_status dt_loader_start_epoch(dt_loader *l, int64_t epoch);
 /* The same, starting at batch `first_batch` of the epoch (0..batches): a

@@ -118,12 +118,23 @@ int64_t dt_dataset_input_numel(const dt_dataset *d) { return d->numel; }
 int dt_dataset_num_classes(const dt_dataset *d) { return d->num_classes; }
 
 dt_status dt_dataset_get_sample(const dt_dataset *d, int64_t i, void *input, void *target) {
+  return dt_dataset_get_sample_at(d, i, 0, input, target);
+}
+
+void *dt_dataset_impl_of(const dt_dataset *d, const dt_dataset_vtable *vt) {
+  return d && d->vt == vt ? d->impl : NULL;
+}
+
+dt_status dt_dataset_get_sample_at(const dt_dataset *d, int64_t i, int64_t epoch, void *input,
+                                   void *target) {
   if (!d || !input || !target)
     return DT_ERROR(DT_ERR_INVALID_ARG, "dataset, input and target must not be NULL");
   int64_t n = d->vt->length(d->impl);
   if (i < 0 || i >= n)
     return DT_ERROR(DT_ERR_INVALID_ARG, "sample index %lld out of range for a dataset of %lld",
                     (long long)i, (long long)n);
+  if (d->vt->get_sample_at)
+    return d->vt->get_sample_at(d->impl, i, epoch, input, target);
   if (d->vt->get_sample)
     return d->vt->get_sample(d->impl, i, input, target);
   return d->vt->get(d->impl, i, input, target);

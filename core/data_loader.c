@@ -1,16 +1,20 @@
 /* The background loader.
  *
- * One worker thread per epoch fills a ring of `prefetch` host batch buffers
- * (gathering samples with dt_dataset_get_sample, in the dataset's sample
- * layout: images and labels, token windows, ...) while the caller trains; the
- * caller's dt_loader_next takes the oldest filled slot, copies it to the
- * device with dt_tensor_from_host and hands the slot back.
+ * `workers` threads per epoch fill a ring of max(prefetch, workers) host
+ * batch buffers (gathering samples with dt_dataset_get_sample_at, in the
+ * dataset's sample layout: images and labels, token windows, ...) while
+ * the caller trains; the caller's dt_loader_next takes the oldest batch
+ * once its slot is ready, copies it to the device and hands the slot back.
  *
- *   worker:   wait for a free slot -> fill slot b % ring -> produced++
- *   consumer: wait for produced > consumed -> copy slot -> consumed++
+ *   worker:   wait for a free slot -> claim batch b = claimed++ -> fill slot
+ *             b % ring -> mark it ready
+ *   consumer: wait for slot taken % ring to be ready -> copy slot ->
+ *             unmark it, consumed++
  *
- * The worker writes slot b only while b - consumed < ring, so it never
- * touches the slot being copied.
+ * A worker claims batch b only while b - consumed < ring, so no two workers
+ * share a slot and none touches the slot being copied; batches finish in
+ * any order but are handed out in order, so the result does not depend on
+ * the number of workers.
  *
  * On a device whose backend offers page-locked host memory (CUDA), the slots
  * are allocated there and dt_loader_next copies a batch asynchronously on
@@ -55,6 +59,7 @@ typedef struct batch_slot {
   uint8_t *inputs;  /* (batch_size, input) host, in the layout's dtype */
   uint8_t *labels;  /* (batch_size, target) host */
   int64_t count;    /* samples in this batch */
+  int ready;        /* filled and not yet handed back (guarded by mu) */
   dt_status status;
   char error[LOADER_ERROR_MAX]; /* the worker's message when status != DT_OK */
 } batch_slot;
@@ -68,18 +73,20 @@ struct dt_loader {
   batch_slot *ring;
 
   pthread_mutex_t mu;
-  pthread_cond_t filled; /* worker -> consumer: produced advanced */
+  pthread_cond_t filled; /* worker -> consumer: a slot became ready */
   pthread_cond_t freed;  /* consumer -> worker: consumed advanced, or stop */
   int64_t num_batches;   /* this epoch, from first_batch on */
   int64_t first_batch;   /* batches of the epoch skipped (a resumed run) */
-  int64_t produced;      /* slots published this epoch (guarded by mu) */
-  int64_t consumed;      /* slots handed back this epoch (guarded by mu) */
-  int64_t taken;         /* slots the consumer has read (>= consumed) */
+  int64_t epoch;
+  int64_t claimed;  /* batches workers have taken on this epoch (guarded by mu) */
+  int failed;       /* a worker failed: the others claim nothing more (mu) */
+  int64_t consumed; /* slots handed back this epoch (guarded by mu) */
+  int64_t taken;    /* slots the consumer has read (>= consumed) */
   const dt_backend_ops *be;
-  int async_copy;     /* pinned slots + copy stream (see the top) */
-  atomic_int stop;    /* ask the worker to quit (checked per sample) */
-  int worker_running; /* a thread exists and must be joined */
-  pthread_t worker;
+  int async_copy;      /* pinned slots + copy stream (see the top) */
+  atomic_int stop;     /* ask the workers to quit (checked per sample) */
+  int workers_running; /* threads that exist and must be joined */
+  pthread_t *workers;  /* cfg.workers */
   int epoch_started;
 
   /* async path: the device buffers of full batches (see the top) */
@@ -129,9 +136,9 @@ static void fill_slot(dt_loader *l, int64_t b, batch_slot *slot) {
   for (int64_t k = 0; k < count; k++) {
     if (atomic_load(&l->stop))
       return;
-    dt_status st =
-        dt_dataset_get_sample(l->dataset, idx[first + k], slot->inputs + (size_t)k * l->input_bytes,
-                              slot->labels + (size_t)k * l->target_bytes);
+    dt_status st = dt_dataset_get_sample_at(l->dataset, idx[first + k], l->epoch,
+                                            slot->inputs + (size_t)k * l->input_bytes,
+                                            slot->labels + (size_t)k * l->target_bytes);
     if (st != DT_OK) {
       slot->status = st;
       snprintf(slot->error, sizeof slot->error, "sample %lld (batch %lld): %s",
@@ -141,14 +148,29 @@ static void fill_slot(dt_loader *l, int64_t b, batch_slot *slot) {
   }
 }
 
+/* Hands slot's batch to the consumer (and a failure stops the claims). */
+static void publish_slot(dt_loader *l, batch_slot *slot) {
+  pthread_mutex_lock(&l->mu);
+  slot->ready = 1;
+  if (slot->status != DT_OK)
+    l->failed = 1;
+  pthread_cond_broadcast(&l->filled);
+  pthread_mutex_unlock(&l->mu);
+}
+
 static void *worker_main(void *arg) {
   dt_loader *l = arg;
-  for (int64_t b = 0; b < l->num_batches; b++) {
+  for (;;) {
     pthread_mutex_lock(&l->mu);
-    while (!atomic_load(&l->stop) && l->produced - l->consumed >= l->ring_size)
+    while (!atomic_load(&l->stop) && !l->failed && l->claimed < l->num_batches &&
+           l->claimed - l->consumed >= l->ring_size)
       pthread_cond_wait(&l->freed, &l->mu);
+    int done = atomic_load(&l->stop) || l->failed || l->claimed >= l->num_batches;
+    int64_t b = l->claimed;
+    if (!done)
+      l->claimed++;
     pthread_mutex_unlock(&l->mu);
-    if (atomic_load(&l->stop))
+    if (done)
       return NULL;
 
     batch_slot *slot = &l->ring[b % l->ring_size];
@@ -159,10 +181,7 @@ static void *worker_main(void *arg) {
         slot->status = st;
         snprintf(slot->error, sizeof slot->error, "waiting for the upload of batch %lld: %s",
                  (long long)(b - l->ring_size), dt_last_error());
-        pthread_mutex_lock(&l->mu);
-        l->produced++;
-        pthread_cond_signal(&l->filled);
-        pthread_mutex_unlock(&l->mu);
+        publish_slot(l, slot);
         return NULL;
       }
     }
@@ -171,26 +190,20 @@ static void *worker_main(void *arg) {
     dt_trace_end(DT_TRACE_LANE_LOADER, "load batch", span);
     if (atomic_load(&l->stop))
       return NULL;
-
-    pthread_mutex_lock(&l->mu);
-    l->produced++;
-    pthread_cond_signal(&l->filled);
-    pthread_mutex_unlock(&l->mu);
-    if (slot->status != DT_OK)
-      return NULL; /* the consumer reports it; nothing after it is produced */
+    publish_slot(l, slot); /* after a failure the consumer reports it; nothing more is claimed */
   }
-  return NULL;
 }
 
 static void stop_worker(dt_loader *l) {
-  if (!l->worker_running)
+  if (!l->workers_running)
     return;
   pthread_mutex_lock(&l->mu);
   atomic_store(&l->stop, 1);
   pthread_cond_broadcast(&l->freed);
   pthread_mutex_unlock(&l->mu);
-  pthread_join(l->worker, NULL);
-  l->worker_running = 0;
+  for (int i = 0; i < l->workers_running; i++)
+    pthread_join(l->workers[i], NULL);
+  l->workers_running = 0;
 }
 
 dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_config *cfg,
@@ -203,6 +216,8 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
     return DT_ERROR(DT_ERR_INVALID_ARG, "batch_size %d: must be >= 1", c.batch_size);
   if (c.prefetch < 1 || c.prefetch > 64)
     return DT_ERROR(DT_ERR_INVALID_ARG, "prefetch %d: must be in [1, 64] batches", c.prefetch);
+  if (c.workers < 1 || c.workers > 64)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "workers %d: must be in [1, 64] threads", c.workers);
   const dt_backend_ops *be = NULL;
   DT_CHECK(dt_backend_get(c.device, &be));
 
@@ -219,14 +234,15 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
     l->target_bytes *= (size_t)lay->target_shape[i];
   l->be = be;
   l->async_copy = be->host_alloc != NULL && be->host_free != NULL;
-  l->ring_size = c.prefetch;
+  l->ring_size = c.prefetch > c.workers ? c.prefetch : c.workers;
   l->num_batches = batches_for(dt_sampler_length(s), c.batch_size, c.drop_last);
   atomic_init(&l->stop, 0);
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->filled, NULL);
   pthread_cond_init(&l->freed, NULL);
   l->ring = calloc((size_t)l->ring_size, sizeof *l->ring);
-  if (!l->ring) {
+  l->workers = calloc((size_t)c.workers, sizeof *l->workers);
+  if (!l->ring || !l->workers) {
     dt_loader_destroy(l);
     return DT_ERROR(DT_ERR_OOM, "cannot allocate the loader ring");
   }
@@ -251,9 +267,9 @@ dt_status dt_loader_create(const dt_dataset *d, dt_sampler *s, const dt_loader_c
     if (!l->ring[i].inputs || !l->ring[i].labels) {
       dt_loader_destroy(l);
       return DT_ERROR(DT_ERR_OOM,
-                      "cannot allocate %d host batch buffers of %zu bytes: lower batch_size "
-                      "or prefetch",
-                      c.prefetch, input_bytes);
+                      "cannot allocate %d host batch buffers of %zu bytes: lower batch_size, "
+                      "prefetch or workers",
+                      l->ring_size, input_bytes);
     }
   }
   *out = l;
@@ -275,6 +291,7 @@ void dt_loader_destroy(dt_loader *l) {
     }
     free(l->ring);
   }
+  free(l->workers);
   for (int i = 0; i < DEVICE_RING; i++) { /* the copies into them are done (above) */
     dt_storage_release(l->dev_ring[i].inputs);
     dt_storage_release(l->dev_ring[i].labels);
@@ -305,15 +322,22 @@ dt_status dt_loader_start_epoch_at(dt_loader *l, int64_t epoch, int64_t first_ba
                     (long long)first_batch, (long long)all);
   l->first_batch = first_batch;
   l->num_batches = all - first_batch;
-  l->produced = 0;
+  l->epoch = epoch;
+  l->claimed = 0;
+  l->failed = 0;
   l->consumed = 0;
   l->taken = 0;
+  for (int i = 0; i < l->ring_size; i++)
+    l->ring[i].ready = 0;
   atomic_store(&l->stop, 0);
-  if (l->num_batches > 0) {
-    int rc = pthread_create(&l->worker, NULL, worker_main, l);
-    if (rc != 0)
-      return DT_ERROR(DT_ERR_INTERNAL, "cannot start the loader worker thread: %s", strerror(rc));
-    l->worker_running = 1;
+  for (int i = 0; i < l->cfg.workers && i < l->num_batches; i++) {
+    int rc = pthread_create(&l->workers[i], NULL, worker_main, l);
+    if (rc != 0) {
+      stop_worker(l);
+      return DT_ERROR(DT_ERR_INTERNAL, "cannot start loader worker thread %d of %d: %s", i + 1,
+                      l->cfg.workers, strerror(rc));
+    }
+    l->workers_running = i + 1;
   }
   l->epoch_started = 1;
   return DT_OK;
@@ -328,8 +352,9 @@ static void release_taken_slots(dt_loader *l) {
     batch_slot *slot = &l->ring[l->consumed % l->ring_size];
     slot->copy_pending = l->async_copy;
     pthread_mutex_lock(&l->mu);
+    slot->ready = 0;
     l->consumed++;
-    pthread_cond_signal(&l->freed);
+    pthread_cond_broadcast(&l->freed);
     pthread_mutex_unlock(&l->mu);
   }
 }
@@ -454,12 +479,12 @@ dt_status dt_loader_next(dt_loader *l, dt_tensor **inputs, dt_tensor **labels) {
     return DT_OK;
   }
 
+  batch_slot *slot = &l->ring[l->taken % l->ring_size];
   pthread_mutex_lock(&l->mu);
-  while (l->produced <= l->taken)
+  while (!slot->ready)
     pthread_cond_wait(&l->filled, &l->mu);
   pthread_mutex_unlock(&l->mu);
 
-  batch_slot *slot = &l->ring[l->taken % l->ring_size];
   if (slot->status != DT_OK) /* sticky: the worker stopped at this batch */
     return DT_ERROR(slot->status, "data loader worker failed on %s", slot->error);
 

@@ -109,6 +109,14 @@ CORE_LIBRARIES = {
         "external": ["@system_libs//:zlib"],
         "attrs": {"linkopts": ["-lpthread"]},
     },
+    # image folders: PNG and JPEG decoding and writing, augmentation, the
+    # ImageFolder data set (image.h)
+    "image": {
+        "files": ["image*"],
+        "hdrs": ["image.h"],
+        "deps": ["data", "status"],
+        "external": ["@system_libs//:png", "@system_libs//:jpeg"],
+    },
     # checkpoint files: CRC32, atomic writes, safetensors, the trainer-state
     # file, the manifest (checkpoint.h)
     "checkpoint": {

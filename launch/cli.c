@@ -2,7 +2,9 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/backend.h"
 #include "core/env.h"
@@ -65,6 +67,50 @@ dt_flag dt_cli_flag_model(const char **target) {
 
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help) {
   return (dt_flag)DT_CHOICE_FLAG("optimizer", target, "NAME", help, "sgd|adamw");
+}
+
+bool dt_cli_check_data(const char *value, char *why, size_t cap) {
+  struct stat sb;
+  if (dt_flags_is_choice(value, dt_cli_data_choices()) ||
+      (stat(value, &sb) == 0 && S_ISDIR(sb.st_mode)))
+    return true;
+  snprintf(why, cap, "expected %s, or an image folder (a folder holding train/ and val/)",
+           dt_cli_data_choices());
+  return false;
+}
+
+/* Up to 3 comma-separated numbers; returns how many (0: a bad one). */
+static int channel_values(const char *value, float out[3]) {
+  const char *p = value;
+  int n = 0;
+  for (; n < 3; n++) {
+    char *end = NULL;
+    out[n] = strtof(p, &end);
+    if (end == p || !(out[n] == out[n]))
+      return 0;
+    p = end;
+    if (*p == '\0')
+      return n + 1;
+    if (*p++ != ',')
+      return 0;
+  }
+  return 0;
+}
+
+bool dt_cli_check_channel_values(const char *value, char *why, size_t cap) {
+  float v[3];
+  int n = channel_values(value, v);
+  if (n == 1 || n == 3)
+    return true;
+  snprintf(why, cap, "expected one number or three (R,G,B), comma-separated");
+  return false;
+}
+
+void dt_cli_parse_channel_values(const char *value, float out[3]) {
+  float v[3] = {0};
+  int n = channel_values(value, v);
+  for (int k = 0; k < 3; k++)
+    out[k] = n == 1 ? v[0] : v[k];
 }
 
 dt_flag dt_cli_flag_data_dir(const char **target) {

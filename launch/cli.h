@@ -26,6 +26,13 @@ const char *dt_cli_model_choices(void);
 /* "fashion-mnist|mnist|brown": every data set of the task table, for
  * train's --data (which of them a model takes is checked at the start). */
 const char *dt_cli_data_choices(void);
+/* train's --data: one of dt_cli_data_choices(), or an existing folder (an
+ * image folder: DIR/train/<class>/, DIR/val/<class>/). */
+bool dt_cli_check_data(const char *value, char *why, size_t cap);
+/* Per-channel values "V" (every channel) or "R,G,B" into out[3]: --image-mean,
+ * --image-std (a check function and the parse). */
+bool dt_cli_check_channel_values(const char *value, char *why, size_t cap);
+void dt_cli_parse_channel_values(const char *value, float out[3]);
 
 /* The value of `--name V` / `--name=V` in argv before any `--` (the last
  * one given), or NULL: what train needs before it parses (--model decides

@@ -29,6 +29,7 @@
 #include "launch/eval.h"
 #include "launch/export.h"
 #include "launch/flags.h"
+#include "launch/images.h"
 #include "launch/launcher.h"
 #include "launch/observe.h"
 #include "launch/report.h"
@@ -90,6 +91,8 @@ static const command commands[] = {
      dt_cli_doctor},
     {"tokenize", "text to GPT-2 token shards in llm.c's format (train.bin, val.bin)", NULL,
      dt_cli_tokenize},
+    {"images", "an idx data set as an image folder: dtrain images --from mnist --out DIR", NULL,
+     dt_cli_images},
     {"report", "an HTML page of a run's metrics file: loss, throughput, memory, comm", NULL,
      dt_cli_report},
     {"top", "live view of this machine's GPUs and the ranks of running dtrain jobs", NULL,
@@ -174,13 +177,34 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_observe_config obs_cfg = DT_OBSERVE_CONFIG_DEFAULT;
   dt_observe_config *obs = &obs_cfg;
   const char *trace_steps = "1:50";
+  const char *image_mean = NULL, *image_std = NULL;
+  bool skip_bad = false;
   dt_flag flags[] = {
       dt_cli_flag_model(&model),
-      DT_CHOICE_FLAG("data", &data, "NAME",
+      DT_STRING_FLAG("data", &data, "NAME|DIR",
                      "data set, a folder of that name under --data-dir (the model's first by "
-                     "default)",
-                     dt_cli_data_choices()),
+                     "default); or an image folder DIR holding train/<class>/ and val/<class>/ "
+                     "(PNG, JPEG)",
+                     .check = dt_cli_check_data),
       dt_cli_flag_data_dir(&cfg.data_dir),
+      DT_INT_FLAG("channels", &cfg.image.channels, "C",
+                  "image folders: 1 (grey) or 3 (RGB), 0 = the model's input", .min = 0, .max = 3),
+      DT_INT_FLAG("image-size", &cfg.image.size, "PX",
+                  "image folders: the samples' height and width, 0 = the model's input", .min = 0,
+                  .max = 4096),
+      DT_STRING_FLAG("image-mean", &image_mean, "M|R,G,B",
+                     "image folders: the normalisation's mean per channel (of [0,1] values)",
+                     .check = dt_cli_check_channel_values,
+                     .default_text = "ImageNet's for RGB, the model's data set's for grey"),
+      DT_STRING_FLAG("image-std", &image_std, "S|R,G,B",
+                     "image folders: the normalisation's std per channel",
+                     .check = dt_cli_check_channel_values,
+                     .default_text = "ImageNet's for RGB, the model's data set's for grey"),
+      DT_BOOL_FLAG("skip-bad-images", &skip_bad,
+                   "image folders: replace an undecodable image by the next good one (counted "
+                   "in the log and the metrics) instead of failing"),
+      DT_INT_FLAG("workers", &cfg.workers, "N", "loader threads decoding batches ahead", .min = 1,
+                  .max = 64),
       DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
       DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
                   .min = 1),
@@ -302,6 +326,19 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   /* The flags' strings as the trainer's typed configuration (the parser
    * accepted each name and value already). */
   bool ok = dt_task_find(model, &cfg.task) == DT_OK;
+  if (data && !dt_flags_is_choice(data, dt_cli_data_choices())) {
+    cfg.image_folder = data; /* a folder (the flag's check) */
+    data = NULL;
+  }
+  if (!image_mean != !image_std) {
+    fprintf(err, "dtrain train: --image-mean and --image-std go together: give both\n");
+    return 2;
+  }
+  if (image_mean)
+    dt_cli_parse_channel_values(image_mean, cfg.image.mean);
+  if (image_std)
+    dt_cli_parse_channel_values(image_std, cfg.image.std);
+  cfg.image.skip_bad_images = skip_bad;
   ok = ok && (!data || dt_task_find_data(cfg.task, data, &cfg.data) == DT_OK);
   ok = ok && dt_cli_device(device, &cfg.device) == DT_OK;
   ok = ok && (!devices || dt_cli_parse_devices(devices, cfg.devices, DT_TRAIN_MAX_DEVICES,

@@ -1,7 +1,7 @@
 """Finds the system libraries dtrain links (Debian packages, see tools/setup.sh).
 
 Yields @system_libs with cc_library targets :openblas, :mpi, :gtest,
-:gtest_main, :zlib and :cjson. Paths come from the machine, never from the source
+:gtest_main, :zlib, :cjson, :png and :jpeg. Paths come from the machine, never from the source
 tree, so that the same WORKSPACE builds on any Debian-like machine.
 """
 
@@ -67,6 +67,16 @@ cc_library(
 cc_library(
     name = "cjson",
     linkopts = ["-lcjson"],
+)
+
+cc_library(
+    name = "png",
+    linkopts = ["-lpng16", "-lz"],
+)
+
+cc_library(
+    name = "jpeg",
+    linkopts = ["-ljpeg"],
 )
 
 cc_library(

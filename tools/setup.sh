@@ -12,7 +12,8 @@
 #
 # Debian packages: Bazel 4.2.3 (bazel-bootstrap) with its offline stand-in
 # rule repositories, GoogleTest, Open MPI, OpenBLAS (OpenMP build), zlib, cJSON
-# (the metrics, trace and status files), the
+# (the metrics, trace and status files), libpng and libjpeg-turbo (image
+# folders), the
 # Fashion-MNIST data set, and Slurm (slurmd, slurmctld, slurm-client; the
 # daemons are not started: tests/slurm/ runs its own throw-away cluster with
 # AuthType=auth/none, so no munge) plus iproute2/util-linux for its network
@@ -61,7 +62,7 @@ die() {
 }
 
 packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev libopenmpi-dev
-  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev
+  openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev libpng-dev libjpeg62-turbo-dev
   dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy
   pkgconf clang-format-14)
 [ "$bench" = 1 ] && packages+=(python3-torch)

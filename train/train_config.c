@@ -53,6 +53,8 @@ dt_train_config dt_train_config_default(void) {
     dt_clear_error(); /* a build without the zoo's LeNet: the caller names a task */
   return (dt_train_config){.task = lenet,
                            .data_dir = "data",
+                           .image = {.skip_bad_images = 0, .augment = -1},
+                           .workers = 1,
                            .device = DT_CPU,
                            .optimizer = DT_TRAIN_SGD,
                            .schedule = DT_LR_DECAY_COSINE,
@@ -242,10 +244,27 @@ static dt_status check_task(const dt_train_config *c) {
   return DT_OK;
 }
 
+/* An image folder feeds a model of (C, H, H) f32 images. */
+static dt_status check_image_folder(const dt_train_config *c) {
+  if (c->workers < 1 || c->workers > 64)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`workers` %d: expected 1 to 64 loader threads",
+                    c->workers);
+  if (!c->image_folder)
+    return DT_OK;
+  const dt_task *t = c->task;
+  if (t->input_dtype != DT_DTYPE_F32 || t->input_ndim != 3 ||
+      t->input_shape[1] != t->input_shape[2])
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`image_folder` %s: model %s does not take square images (C, H, H)",
+                    c->image_folder, t->name);
+  return DT_OK;
+}
+
 dt_status dt_train_config_validate(const dt_train_config *c) {
   if (!c)
     return DT_ERROR(DT_ERR_INVALID_ARG, "no configuration (start from dt_train_config_default())");
   DT_CHECK(check_task(c));
+  DT_CHECK(check_image_folder(c));
   DT_CHECK(check_choices(c));
   DT_CHECK(check_ranges(c));
   DT_CHECK(check_mode(c));

@@ -20,6 +20,7 @@
 
 #include "core/amp.h"
 #include "core/device.h"
+#include "core/image.h"
 #include "core/optim.h"
 #include "core/status.h"
 #include "dist/comm.h"
@@ -75,6 +76,15 @@ typedef struct dt_train_config {
   /* The folder holding the data set's folder (data->name); NULL: the data
    * set's open() gets a NULL folder (a data set in memory). */
   const char *data_dir;
+  /* An image folder (core/image.h): image_folder/train and image_folder/val
+   * (evaluated as the task's eval split) instead of `data`; NULL = `data`.
+   * `image` says how it is read: channels and size 0 = the task's input
+   * (channels, size, size); the std 0 = the defaults (ImageNet's mean and
+   * std for 3 channels, the task's first data set's for 1); its seed is
+   * `seed`. */
+  const char *image_folder;
+  dt_image_folder_config image;
+  int workers;      /* loader threads decoding ahead (1) */
   dt_device device; /* DDP: this rank's; index DT_TRAIN_RANK_DEVICE for cuda = its own GPU */
   dt_train_optimizer optimizer;
   dt_lr_decay schedule; /* after the warm-up */

@@ -22,6 +22,10 @@ const char *dt_train_ckpt_model_name(const dt_train_ckpt_run *r) { return r->cfg
 
 const char *dt_train_ckpt_data_name(const dt_train_ckpt_run *r) {
   const dt_train_config *c = r->cfg;
+  if (c->image_folder) { /* its last component: the run directory's name has no slashes */
+    const char *slash = strrchr(c->image_folder, '/');
+    return slash ? (slash[1] ? slash + 1 : "images") : c->image_folder;
+  }
   return c->data ? c->data->name : c->task->data[0].name;
 }
 

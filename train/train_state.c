@@ -259,18 +259,57 @@ static dt_status plan_steps(const dt_train_config *c, train_state *s) {
   return DT_OK;
 }
 
+/* The image folder's splits train and val in the task's input shape
+ * unless `image` says otherwise. */
+static dt_status image_folder_open(const dt_train_config *c, train_state *s) {
+  dt_image_folder_config ic = c->image;
+  const dt_task *t = s->task;
+  if (ic.channels == 0)
+    ic.channels = (int)t->input_shape[0];
+  if (ic.size == 0)
+    ic.size = (int)t->input_shape[1];
+  if (!(ic.std[0] > 0.0f)) { /* no normalisation given: ImageNet's, or the grey data set's */
+    dt_image_folder_config rgb = DT_IMAGE_FOLDER_CONFIG_DEFAULT;
+    for (int k = 0; k < 3; k++) {
+      ic.mean[k] = ic.channels == 3 || t->n_data < 1 ? rgb.mean[k] : t->data[0].mean;
+      ic.std[k] = ic.channels == 3 || t->n_data < 1 ? rgb.std[k] : t->data[0].std;
+    }
+  }
+  ic.seed = c->seed;
+  DT_CHECK(dt_dataset_image_folder(c->image_folder, "train", &ic, &s->train_set));
+  DT_CHECK(dt_dataset_image_folder(c->image_folder, "val", &ic, &s->test_set));
+  int n_train = dt_dataset_num_classes(s->train_set), n_val = dt_dataset_num_classes(s->test_set);
+  for (int k = 0; k < n_train || k < n_val; k++) {
+    const char *a = dt_image_folder_class_name(s->train_set, k);
+    const char *b = dt_image_folder_class_name(s->test_set, k);
+    if (!a || !b || strcmp(a, b) != 0)
+      return DT_ERROR(DT_ERR_FORMAT,
+                      "image folder %s: class %d is %s in train/ but %s in val/: both splits "
+                      "need the same class folders",
+                      c->image_folder, k, a ? a : "(none)", b ? b : "(none)");
+  }
+  if (n_train > t->num_classes)
+    return DT_ERROR(DT_ERR_SHAPE, "image folder %s has %d classes, but model %s has %d outputs",
+                    c->image_folder, n_train, t->name, t->num_classes);
+  s->folder_data.num_classes = n_train;
+  return DT_OK;
+}
+
 /* The task's data set from its folder, checked against the task's input;
  * this rank's shuffled shard; the background loader. */
 static dt_status data_create(const dt_train_config *c, train_state *s) {
   char folder[4096];
   const char *where = NULL; /* no data_dir: a data set of the caller's own (in memory) */
-  if (c->data_dir) {
-    DT_CHECK(data_folder(c, s->data->name, folder, sizeof folder));
-    where = folder;
+  if (c->image_folder) {
+    DT_CHECK(image_folder_open(c, s));
+  } else {
+    if (c->data_dir) {
+      DT_CHECK(data_folder(c, s->data->name, folder, sizeof folder));
+      where = folder;
+    }
+    DT_CHECK(s->data->open(s->task, s->data, where, "train", &s->train_set));
+    DT_CHECK(s->data->open(s->task, s->data, where, s->task->eval_split, &s->test_set));
   }
-
-  DT_CHECK(s->data->open(s->task, s->data, where, "train", &s->train_set));
-  DT_CHECK(s->data->open(s->task, s->data, where, s->task->eval_split, &s->test_set));
   DT_CHECK(check_task_input(c, s));
 
   dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -283,6 +322,7 @@ static dt_status data_create(const dt_train_config *c, train_state *s) {
   dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
   lc.batch_size = c->batch;
   lc.drop_last = 0;
+  lc.workers = c->workers;
   /* dp over GPUs: batches stay in host memory and each replica copies its
    * slice to its own GPU (none of them gathers or scatters for the rest). */
   lc.device = is_dp_mode(c) && s->dev.type != DT_DEVICE_CPU ? DT_CPU : s->dev;
@@ -319,6 +359,10 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s) {
     DT_CHECK(dt_task_with_context(c->task, c->ctx, &s->task_ctx));
   s->task = &s->task_ctx;
   s->data = c->data ? c->data : &s->task->data[0];
+  if (c->image_folder) {
+    s->folder_data = (dt_task_data){.name = c->image_folder};
+    s->data = &s->folder_data;
+  }
   DT_CHECK(data_create(c, s));
   DT_CHECK(plan_steps(c, s));
   s->step = DT_STEP_CONFIG_DEFAULT;

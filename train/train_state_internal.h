@@ -18,6 +18,7 @@ typedef struct train_state {
   const dt_task *task; /* &task_ctx */
   dt_task task_ctx;    /* the table's, at the run's context (--ctx) */
   const dt_task_data *data;
+  dt_task_data folder_data; /* `data` for an image folder: its path and classes */
   dt_device dev;
   dt_dataset *train_set;
   dt_dataset *test_set;

@@ -1,0 +1,140 @@
+/* Images: PNG (libpng) and JPEG (libjpeg-turbo) files, the ImageFolder
+ * data set (torchvision's layout) and its augmentation.
+ *
+ *   dt_image_folder_config cfg = DT_IMAGE_FOLDER_CONFIG_DEFAULT;
+ *   cfg.channels = 1;                       // grey sets; 3 (RGB) by default
+ *   cfg.size = 28;                          // the samples' height and width
+ *   dt_dataset *train;
+ *   DT_CHECK(dt_dataset_image_folder("pics", "train", &cfg, &train));
+ *
+ * A folder holds one subfolder per class, split by split: pics/train/<class>/
+ * and pics/val/<class>/. Classes are the subfolders' names sorted bytewise
+ * (torchvision sorts them so: class i is the i-th); the files of a class are
+ * sorted by name; only .png, .jpg and .jpeg (any case) are read, other files
+ * are ignored, except the other image extensions torchvision reads (.bmp,
+ * .gif, .pgm, .ppm, .tif, .tiff, .webp), which are refused as unsupported.
+ * The content decides the decoder (a PNG named .jpg decodes as PNG).
+ *
+ * Samples are f32 (channels, size, size) with one i32 class id. Training
+ * ("train"): RandomResizedCrop (area scale 0.08-1, aspect ratio 3/4-4/3,
+ * torchvision's ten tries, then its centre fallback) and a horizontal flip
+ * with probability 1/2; any other split: the shorter side resized to
+ * floor(size / 0.875), then the centre size x size. Resizing is bilinear
+ * with PIL's antialiasing (the filter widened by the downscale factor).
+ * Then (x/255 - mean[c]) / std[c]. The random draws are a function of
+ * (seed, epoch, sample index) only (dt_dataset_get_sample_at): neither the
+ * number of loader workers, nor the rank, nor the position in an epoch
+ * changes a sample, so a resumed run and a run on W ranks see the same
+ * images as an uninterrupted single process.
+ */
+#ifndef DT_CORE_IMAGE_H
+#define DT_CORE_IMAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/data.h"
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PIL's Image.MAX_IMAGE_PIXELS: larger images are refused from their header,
+ * before any pixel memory is allocated (a decompression bomb). */
+#define DT_IMAGE_MAX_PIXELS_DEFAULT 89478485
+
+/* A decoded image: height x width x channels bytes, row-major, interleaved. */
+typedef struct dt_image {
+  int height, width, channels;
+  uint8_t *pixels; /* owned; free with dt_image_free */
+} dt_image;
+
+/* Decodes the PNG or JPEG file `path` (decided by its first bytes) into
+ * `channels` 1 (grey, PIL's L: 0.299 R + 0.587 G + 0.114 B) or 3 (RGB):
+ * palette, grey, 16-bit and alpha images are converted (alpha dropped, as
+ * PIL's convert("RGB")). Errors, each naming the file: DT_ERR_IO (cannot
+ * open or read), DT_ERR_FORMAT (not a PNG or JPEG, truncated or corrupt
+ * data), DT_ERR_UNSUPPORTED (CMYK JPEG; an image above max_pixels, refused
+ * from its header; max_pixels 0 = DT_IMAGE_MAX_PIXELS_DEFAULT). On failure
+ * *out is zeroed. */
+dt_status dt_image_read(const char *path, int channels, int64_t max_pixels, dt_image *out);
+void dt_image_free(dt_image *img);
+
+/* Writes `img` (1 or 3 channels) as PNG, or as JPEG of `quality` (1-100),
+ * atomically: a temporary file in the same folder, flushed, then renamed
+ * over `path`. Errors name the file. */
+dt_status dt_image_write_png(const char *path, const dt_image *img);
+dt_status dt_image_write_jpeg(const char *path, const dt_image *img, int quality);
+
+/* ---- augmentation ---- */
+
+/* A crop box: top row, left column, height, width. */
+typedef struct dt_image_box {
+  int top, left, height, width;
+} dt_image_box;
+
+/* torchvision's RandomResizedCrop.get_params for an image of h x w: up to
+ * ten draws of an area fraction in [scale_min, scale_max] and a log-uniform
+ * aspect ratio in [ratio_min, ratio_max] (w = round(sqrt(area * ratio)),
+ * h = round(sqrt(area / ratio)), halves to even as Python's round); the
+ * first that fits is placed uniformly; none fits: the centre crop of the
+ * ratio nearest the image's. Draws come from dt_rng_uniform(key, 0, 1, ...). */
+dt_image_box dt_image_random_resized_crop_box(int h, int w, double scale_min, double scale_max,
+                                              double ratio_min, double ratio_max, uint64_t key);
+
+/* The evaluation geometry: the size the shorter side is resized to
+ * (floor(size / 0.875)), the resized image's height and width (the longer
+ * side int(resize * long / short), as torchvision's Resize), and the centre
+ * crop box in the resized image (top = round((rh - size) / 2)). */
+void dt_image_eval_geometry(int h, int w, int size, int *resized_h, int *resized_w,
+                            dt_image_box *crop);
+
+/* Resizes the box `box` of `img` to out_h x out_w (bilinear, antialiased
+ * when shrinking, as PIL), optionally mirrored left-right, into `out`
+ * (out_h x out_w x img->channels floats in [0, 255], row-major, channels
+ * interleaved). `scratch` holds box->height x out_w x channels floats. */
+void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int out_w, int flip,
+                         float *scratch, float *out);
+
+/* ---- the ImageFolder data set ---- */
+
+typedef struct dt_image_folder_config {
+  int channels;          /* 1 (grey) or 3 (RGB) */
+  int size;              /* samples are size x size (>= 1) */
+  float mean[3], std[3]; /* per channel, on [0, 1] values */
+  int skip_bad_images;   /* 0: a bad file fails the sample; 1: see below */
+  int64_t max_pixels;    /* 0 = DT_IMAGE_MAX_PIXELS_DEFAULT */
+  uint64_t seed;         /* of the augmentation (with the epoch and the index) */
+  int augment;           /* -1: by split (train augments), 0: never, 1: always */
+} dt_image_folder_config;
+/* RGB, 224 px, ImageNet's mean and std, bad images fail, seed 0. */
+#define DT_IMAGE_FOLDER_CONFIG_DEFAULT \
+  ((dt_image_folder_config){           \
+      3, 224, {0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}, 0, 0, 0, -1})
+
+/* The split `split` ("train", "val") of the image folder `root`. The
+ * folder is listed here (no file is decoded): errors name the folder or
+ * file: DT_ERR_IO (root/split missing or unreadable), DT_ERR_FORMAT (no
+ * class folder, an empty class folder: no .png/.jpg/.jpeg in it),
+ * DT_ERR_INVALID_ARG (config out of range). A file that cannot be decoded
+ * (dt_image_read's errors) fails its sample, naming the file; with
+ * skip_bad_images the sample is replaced by the next good file in index
+ * order (wrapping around), the same replacement for every worker count and
+ * epoch, and each bad file is counted once (dt_image_folder_bad_count). */
+dt_status dt_dataset_image_folder(const char *root, const char *split,
+                                  const dt_image_folder_config *cfg, dt_dataset **out);
+
+/* The class names of an image folder data set, in class-id order (NULL
+ * past the last or for another kind of data set). */
+const char *dt_image_folder_class_name(const dt_dataset *d, int cls);
+/* The distinct bad files met so far (skip_bad_images), 0 for another kind
+ * of data set. */
+int64_t dt_image_folder_bad_count(const dt_dataset *d);
+/* The file of sample i (NULL out of range or another kind of data set). */
+const char *dt_image_folder_file(const dt_dataset *d, int64_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

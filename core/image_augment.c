@@ -1,0 +1,151 @@
+/* The augmentation's geometry (torchvision's RandomResizedCrop and the
+ * evaluation's Resize + CenterCrop) and PIL's antialiased bilinear resize
+ * (core/image.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/image.h"
+#include "core/rng.h"
+
+#define CROP_TRIES 10
+
+/* Python's round(): halves to even (the default rounding mode). */
+static int round_half_even(double x) { return (int)nearbyint(x); }
+
+dt_image_box dt_image_random_resized_crop_box(int h, int w, double scale_min, double scale_max,
+                                              double ratio_min, double ratio_max, uint64_t key) {
+  double area = (double)h * (double)w;
+  double log_lo = log(ratio_min), log_hi = log(ratio_max);
+  uint64_t draw = 0;
+  for (int t = 0; t < CROP_TRIES; t++) {
+    double target = area * (scale_min + (scale_max - scale_min) * dt_rng_uniform(key, draw++));
+    double aspect = exp(log_lo + (log_hi - log_lo) * dt_rng_uniform(key, draw++));
+    int cw = round_half_even(sqrt(target * aspect));
+    int ch = round_half_even(sqrt(target / aspect));
+    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+      int top = (int)(dt_rng_uniform(key, 2 * CROP_TRIES) * (float)(h - ch + 1));
+      int left = (int)(dt_rng_uniform(key, 2 * CROP_TRIES + 1) * (float)(w - cw + 1));
+      if (top > h - ch) /* a uniform draw of 1 - 2^-24 times a large range */
+        top = h - ch;
+      if (left > w - cw)
+        left = w - cw;
+      return (dt_image_box){top, left, ch, cw};
+    }
+  }
+  double in_ratio = (double)w / (double)h;
+  int cw = w, ch = h;
+  if (in_ratio < ratio_min)
+    ch = round_half_even(cw / ratio_min);
+  else if (in_ratio > ratio_max)
+    cw = round_half_even(ch * ratio_max);
+  return (dt_image_box){(h - ch) / 2, (w - cw) / 2, ch, cw};
+}
+
+void dt_image_eval_geometry(int h, int w, int size, int *resized_h, int *resized_w,
+                            dt_image_box *crop) {
+  int resize = (int)((double)size / 0.875);
+  int rh = resize, rw = resize;
+  if (h < w)
+    rw = (int)((int64_t)resize * w / h);
+  else if (w < h)
+    rh = (int)((int64_t)resize * h / w);
+  *resized_h = rh;
+  *resized_w = rw;
+  crop->height = size < rh ? size : rh;
+  crop->width = size < rw ? size : rw;
+  crop->top = round_half_even((rh - size) / 2.0);
+  crop->left = round_half_even((rw - size) / 2.0);
+}
+
+/* PIL's precompute_coeffs for the bilinear filter: output i of `out` reads
+ * inputs first[i] .. first[i] + count[i] - 1 of `in` with `weights`
+ * (max_taps per output), the filter's support widened by in/out when
+ * shrinking. */
+typedef struct taps {
+  int *first, *count;
+  float *weights;
+  int max_taps;
+} taps;
+
+static int taps_make(int in, int out, taps *t) {
+  double scale = (double)in / out, ss = scale > 1.0 ? scale : 1.0, support = ss;
+  t->max_taps = (int)ceil(support) * 2 + 1;
+  t->first = malloc((size_t)out * sizeof *t->first);
+  t->count = malloc((size_t)out * sizeof *t->count);
+  t->weights = malloc((size_t)out * (size_t)t->max_taps * sizeof *t->weights);
+  if (!t->first || !t->count || !t->weights)
+    return 0;
+  for (int i = 0; i < out; i++) {
+    double center = (i + 0.5) * scale;
+    int lo = (int)(center - support + 0.5), hi = (int)(center + support + 0.5);
+    if (lo < 0)
+      lo = 0;
+    if (hi > in)
+      hi = in;
+    if (hi - lo > t->max_taps)
+      hi = lo + t->max_taps;
+    float *wt = t->weights + (size_t)i * (size_t)t->max_taps;
+    double sum = 0.0;
+    for (int k = lo; k < hi; k++) {
+      double x = fabs((k - center + 0.5) / ss);
+      double v = x < 1.0 ? 1.0 - x : 0.0;
+      wt[k - lo] = (float)v;
+      sum += v;
+    }
+    for (int k = 0; k < hi - lo && sum > 0.0; k++)
+      wt[k] = (float)(wt[k] / sum);
+    t->first[i] = lo;
+    t->count[i] = hi - lo;
+  }
+  return 1;
+}
+
+static void taps_free(taps *t) {
+  free(t->first);
+  free(t->count);
+  free(t->weights);
+}
+
+void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int out_w, int flip,
+                         float *scratch, float *out) {
+  const int C = img->channels;
+  taps th = {0}, tv = {0};
+  if (!taps_make(box.width, out_w, &th) || !taps_make(box.height, out_h, &tv)) {
+    taps_free(&th);
+    taps_free(&tv);
+    for (size_t i = 0; i < (size_t)out_h * (size_t)out_w * (size_t)C; i++)
+      out[i] = 0.0f; /* no memory for a few hundred floats: a black sample, never garbage */
+    return;
+  }
+  /* horizontal: box rows (box.height, box.width, C) -> scratch (box.height, out_w, C) */
+  for (int y = 0; y < box.height; y++) {
+    const uint8_t *row = img->pixels + ((size_t)(box.top + y) * img->width + box.left) * C;
+    float *dst = scratch + (size_t)y * out_w * C;
+    for (int x = 0; x < out_w; x++) {
+      const float *wt = th.weights + (size_t)x * th.max_taps;
+      const uint8_t *src = row + (size_t)th.first[x] * C;
+      int ox = flip ? out_w - 1 - x : x;
+      for (int c = 0; c < C; c++) {
+        float acc = 0.0f;
+        for (int k = 0; k < th.count[x]; k++)
+          acc += wt[k] * (float)src[k * C + c];
+        dst[ox * C + c] = acc;
+      }
+    }
+  }
+  /* vertical: scratch -> out (out_h, out_w, C) */
+  const size_t row_len = (size_t)out_w * C;
+  for (int y = 0; y < out_h; y++) {
+    const float *wt = tv.weights + (size_t)y * tv.max_taps;
+    float *dst = out + (size_t)y * row_len;
+    for (size_t i = 0; i < row_len; i++)
+      dst[i] = 0.0f;
+    for (int k = 0; k < tv.count[y]; k++) {
+      const float *src = scratch + (size_t)(tv.first[y] + k) * row_len;
+      for (size_t i = 0; i < row_len; i++)
+        dst[i] += wt[k] * src[i];
+    }
+  }
+  taps_free(&th);
+  taps_free(&tv);
+}
