@@ -69,13 +69,18 @@ dt_flag dt_cli_flag_optimizer(const char **target, const char *help) {
   return (dt_flag)DT_CHOICE_FLAG("optimizer", target, "NAME", help, "sgd|adamw");
 }
 
+const char *dt_cli_data_names(void) {
+  static char names[256];
+  return names[0] ? names : dt_flags_format_choices(dt_cli_data_choices(), names, sizeof names);
+}
+
 bool dt_cli_check_data(const char *value, char *why, size_t cap) {
   struct stat sb;
   if (dt_flags_is_choice(value, dt_cli_data_choices()) ||
       (stat(value, &sb) == 0 && S_ISDIR(sb.st_mode)))
     return true;
-  snprintf(why, cap, "expected %s, or an image folder (a folder holding train/ and val/)",
-           dt_cli_data_choices());
+  snprintf(why, cap, "expected one of %s, or an image folder (a folder holding train/ and val/)",
+           dt_cli_data_names());
   return false;
 }
 

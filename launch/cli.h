@@ -26,6 +26,8 @@ const char *dt_cli_model_choices(void);
 /* "fashion-mnist|mnist|brown": every data set of the task table, for
  * train's --data (which of them a model takes is checked at the start). */
 const char *dt_cli_data_choices(void);
+/* The same names joined by ", " (for messages). */
+const char *dt_cli_data_names(void);
 /* train's --data: one of dt_cli_data_choices(), or an existing folder (an
  * image folder: DIR/train/<class>/, DIR/val/<class>/). */
 bool dt_cli_check_data(const char *value, char *why, size_t cap);

@@ -178,14 +178,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_observe_config *obs = &obs_cfg;
   const char *trace_steps = "1:50";
   const char *image_mean = NULL, *image_std = NULL;
+  char data_help[512];
+  snprintf(data_help, sizeof data_help,
+           "data set, a folder of that name under --data-dir (the model's first by default); "
+           "one of %s; or an image folder DIR holding train/<class>/ and val/<class>/ (PNG, JPEG)",
+           dt_cli_data_names());
   bool skip_bad = false;
   dt_flag flags[] = {
       dt_cli_flag_model(&model),
-      DT_STRING_FLAG("data", &data, "NAME|DIR",
-                     "data set, a folder of that name under --data-dir (the model's first by "
-                     "default); or an image folder DIR holding train/<class>/ and val/<class>/ "
-                     "(PNG, JPEG)",
-                     .check = dt_cli_check_data),
+      DT_STRING_FLAG("data", &data, "NAME|DIR", data_help, .check = dt_cli_check_data),
       dt_cli_flag_data_dir(&cfg.data_dir),
       DT_INT_FLAG("channels", &cfg.image.channels, "C",
                   "image folders: 1 (grey) or 3 (RGB), 0 = the model's input", .min = 0, .max = 3),

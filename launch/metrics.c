@@ -185,6 +185,8 @@ static void fill_eval(cJSON *o, const void *rec) {
               {"train_loss", r->train_loss}, {loss_key, r->test_loss});
   if (r->metric_name)
     ADD_NUMBERS(o, {metric_key, r->test_metric});
+  if (r->bad_images >= 0)
+    cJSON_AddNumberToObject(o, "bad_images", (double)r->bad_images);
 }
 
 dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {

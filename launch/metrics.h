@@ -92,6 +92,7 @@ typedef struct dt_metrics_eval {
   double train_loss; /* NAN (null) mid-epoch */
   double test_loss, test_metric;
   const char *metric_name; /* "accuracy" -> "test_accuracy"; NULL = the task has no metric */
+  int64_t bad_images;      /* image folders skipping bad files: how many so far; < 0 = none */
 } dt_metrics_eval;
 dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r);
 

@@ -422,7 +422,8 @@ dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev) {
                        ev->train_loss,
                        ev->test_loss,
                        ev->test_metric,
-                       o->run.metric_name};
+                       o->run.metric_name,
+                       ev->bad_images};
   return dt_metrics_write_eval(o->metrics, &r);
 }
 

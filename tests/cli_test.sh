@@ -61,7 +61,7 @@ for flag in model data data-dir epochs batch accum lr optimizer momentum nestero
   expect 0 out "--$flag" "dtrain train --help lists --$flag"
 done
 expect 0 flat "--batch N +micro-batch size .*\(default: 64\)" "train --help shows defaults"
-expect 0 flat "--data NAME .*one of fashion-mnist, mnist" "train --help lists the data sets"
+expect 0 flat "--data NAME\|DIR .*one of fashion-mnist, mnist" "train --help lists the data sets"
 expect 0 flat "--model NAME .*one of mlp, lenet" "train --help lists the models"
 expect 0 flat "--optimizer NAME .*one of sgd, adamw" "train --help lists the optimizers"
 expect 0 flat "--mode MODE .*one of ddp, dp" "train --help lists the modes"
@@ -73,7 +73,7 @@ flatten
 expect 0 flat "--optimizer NAME .*\(default: adamw\)" "gpt2-tiny's help shows its optimizer"
 expect 0 flat "--beta2 B .*\(default: 0\.95\)" "gpt2-tiny's help shows beta2 0.95"
 expect 0 flat "--clip NORM .*\(default: 1\)" "gpt2-tiny's help shows clipping at 1"
-expect 0 flat "--data NAME .*\(default: brown\)" "gpt2-tiny trains on brown by default"
+expect 0 flat "--data NAME\|DIR .*\(default: brown\)" "gpt2-tiny trains on brown by default"
 for flag in ctx val-every val-batches sample-every sample-len temperature top-k prompt; do
   expect 0 out "--$flag" "dtrain train --help lists --$flag"
 done

@@ -26,7 +26,7 @@ done)
 [ -z "$flags" ] || bad "flag names in train/'s strings:"$'\n'"$flags"
 
 # The text and path members a configuration may hold as strings.
-allowed="data_dir threads_note log_prefix agreed_config run_dir resume_path init_path"
+allowed="data_dir threads_note log_prefix agreed_config run_dir resume_path init_path image_folder"
 members=$(awk '/^typedef struct dt_train_config \{/,/^\} dt_train_config;/' train/train_config.h |
   sed -n 's/^[[:space:]]*const char \*\([a-z_]*\);.*/\1/p')
 [ -n "$members" ] || bad "no string members found in dt_train_config: is train/train_config.h there?"

@@ -82,6 +82,10 @@ typedef struct dt_train_eval {
   const char *split; /* "test", "val" */
   double train_loss; /* the epoch's mean, NAN = none (mid-epoch) */
   double test_loss, test_metric;
+  /* Image folders read with `skip_bad_images`: the distinct bad files met
+   * so far (train and eval splits, summed over the ranks); -1 = not
+   * counted (no such run). */
+  int64_t bad_images;
 } dt_train_eval;
 
 typedef struct dt_train_hooks {

@@ -144,6 +144,20 @@ static int64_t run_steps(const train_state *s) {
   return dt_optim_step_count(s->opt) + (s->step.scaler ? s->step.scaler->skipped_steps : 0);
 }
 
+/* Image folders with skip_bad_images: the bad files both splits met, over
+ * the ranks (a collective: every rank calls it at the same point); -1
+ * for other runs. */
+static dt_status count_bad_images(const dt_train_config *c, const train_state *s, int64_t *out) {
+  *out = -1;
+  if (!c->image_folder || !c->image.skip_bad_images)
+    return DT_OK;
+  double n =
+      (double)(dt_image_folder_bad_count(s->train_set) + dt_image_folder_bad_count(s->test_set));
+  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, &n, 1));
+  *out = (int64_t)n;
+  return DT_OK;
+}
+
 /* After optimizer step `step` (not the run's last, which the evaluation
  * and the samples at the end cover): the evaluation on the first
  * --val-batches of the eval split every --val-every steps, a sample every
@@ -157,7 +171,8 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
   if (c->val_every > 0 && step % c->val_every == 0) {
     double loss = 0.0, metric = 0.0;
     DT_CHECK(evaluate_first(c, s, (int64_t)c->val_batches * c->eval_batch, &loss, &metric));
-    dt_train_eval ev = {0, s->task->eval_split, NAN, loss, metric};
+    dt_train_eval ev = {0, s->task->eval_split, NAN, loss, metric, -1};
+    DT_CHECK(count_bad_images(c, s, &ev.bad_images));
     if (s->hooks->eval_end)
       DT_CHECK(s->hooks->eval_end(s->hooks->user, &ev));
     char name[64];
@@ -457,12 +472,16 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
       goto done;
     }
     r.epochs = epoch;
-    dt_train_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy};
+    dt_train_eval ev = {epoch, split, r.train_loss, r.test_loss, r.test_accuracy, -1};
+    DT_CHECK_GOTO(count_bad_images(cfg, &s, &ev.bad_images), st, done);
     if (s.hooks->eval_end)
       DT_CHECK_GOTO(s.hooks->eval_end(s.hooks->user, &ev), st, done);
-    char metric[64] = "";
+    char metric[96] = "";
     if (s.task->metric)
       snprintf(metric, sizeof metric, " %s_%s=%.4f", split, s.task->metric_name, r.test_accuracy);
+    if (ev.bad_images >= 0)
+      snprintf(metric + strlen(metric), sizeof metric - strlen(metric), " bad_images=%lld",
+               (long long)ev.bad_images);
     log_line(log, cfg, "epoch %d train_loss=%.4f %s_loss=%.4f%s time=%.1fs\n", epoch, r.train_loss,
              split, r.test_loss, metric, now_seconds() - t0);
   }

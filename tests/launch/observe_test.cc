@@ -81,7 +81,7 @@ TEST(Metrics, RecordsAreJsonWithNullsForMissingValues) {
   r.loss_scale = 65536.0;
   r.skipped_steps = 2;
   ASSERT_EQ(dt_metrics_write_step(m, &r), DT_OK);
-  dt_metrics_eval ev = {5, 1, 1.5, "test", 0.7, 0.6, 0.8, "accuracy"};
+  dt_metrics_eval ev = {5, 1, 1.5, "test", 0.7, 0.6, 0.8, "accuracy", -1};
   ASSERT_EQ(dt_metrics_write_eval(m, &ev), DT_OK);
   ASSERT_EQ(dt_metrics_close(m), DT_OK);
 

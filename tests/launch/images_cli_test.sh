@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Image folders through the binary (issue 28):
+#   - dtrain images: usage errors, Fashion-MNIST written as a PNG folder
+#     (--per-class keeps it small), the class folders in label order, a
+#     second run keeping every file, an interrupted tree finished, JPEG;
+#   - dtrain train --model lenet --data DIR learns from the folder;
+#   - a run with --workers 1 saving half way, resumed with --workers 3 from
+#     that checkpoint (mid-epoch), ends with the same weights bit for bit;
+#   - a corrupt image: exit 1 naming it; with --skip-bad-images the run
+#     finishes and the log and metrics.jsonl count it; a folder that is no
+#     image folder, and one whose splits differ, are errors naming it.
+set -uo pipefail
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
+unshare_test_files
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+export DT_DATA_DIR="$data_dir"
+cd "$tmp" || exit 1
+
+# ---- dtrain images ----
+run images --out "$tmp/x"
+expect 2 err "give --from fashion-mnist\|mnist and --out DIR" "images without --from"
+run images --from cifar --out "$tmp/x"
+expect 2 err "invalid value 'cifar' for --from" "images --from an unknown set"
+run images --from mnist --out "$tmp/x" --format gif
+expect 2 err "invalid value 'gif' for --format" "images --format gif"
+run images --from fashion-mnist --out "$tmp/x" --data-dir "$tmp/nowhere"
+expect 1 err "$tmp/nowhere/fashion-mnist/train-images-idx3-ubyte\(.gz\) not found" \
+  "images from a missing data dir names the file"
+
+f="$tmp/fm"
+run images --from fashion-mnist --out "$f" --per-class 60
+expect 0 out "1200 written, 0 already there" "60 images per class, train and val"
+n=$(find "$f/train" -name '*.png' | wc -l)
+[ "$n" = 600 ] && ok "600 training PNGs" || not_ok "600 training PNGs (found $n)"
+classes=$(ls "$f/val" | tr '\n' ' ')
+[ "$classes" = "0_tshirt_top 1_trouser 2_pullover 3_dress 4_coat 5_sandal 6_shirt 7_sneaker 8_bag 9_ankle_boot " ] &&
+  ok "class folders sort in label order" || not_ok "class folders: $classes"
+# The PNG signature, then IHDR: width 28, height 28, depth 8, colour type 0 (grey).
+head=$(od -An -tx1 -N26 "$f/train/1_trouser/$(ls "$f/train/1_trouser" | head -1)" | tr -d ' \n')
+[ "$head" = 89504e470d0a1a0a0000000d494844520000001c0000001c0800 ] &&
+  ok "28x28 grey PNGs" || not_ok "28x28 grey PNGs (header $head)"
+run images --from fashion-mnist --out "$f" --per-class 60
+expect 0 out "0 written, 1200 already there" "a second run keeps every file"
+rm "$f"/val/3_dress/*.png
+run images --from fashion-mnist --out "$f" --per-class 60
+expect 0 out "60 written, 1140 already there" "an unfinished tree is finished"
+run images --from mnist --out "$tmp/mj" --per-class 2 --format jpeg
+expect 0 out "40 written" "mnist as JPEG"
+ls "$tmp/mj/train/7/"*.jpg >/dev/null 2>&1 && ok "JPEG files" || not_ok "JPEG files"
+
+# ---- training from the folder ----
+common=(train --model lenet --data "$f" --batch 32 --log-interval 0 --threads 1)
+run_within 300 "${common[@]}" --epochs 8 --workers 2 --run-dir "$tmp/r-learn"
+expect 0 out "data $f \(600 train, 600 test\)" "lenet reads the image folder"
+acc=$(sed -n 's/^test_accuracy=//p' "$out")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.45) }' &&
+  ok "lenet learns from 600 PNGs (test_accuracy $acc >= 0.45; 0.1 is chance)" ||
+  not_ok "lenet learns from 600 PNGs (test_accuracy ${acc:-none})"
+
+# 2 epochs of 19 steps; the checkpoint at step 12 falls inside epoch 1.
+run_within 300 "${common[@]}" --epochs 2 --workers 1 --save-every 12 --run-dir "$tmp/r-full"
+expect 0 out "^test_accuracy=" "2 epochs, --workers 1, saving every 12 steps"
+run_within 300 "${common[@]}" --epochs 2 --workers 3 --run-dir "$tmp/r-res" \
+  --resume "$tmp/r-full/checkpoints/step_00000012"
+expect 0 out "resumed from .*step_00000012" "resumed mid-epoch with --workers 3"
+check "resumed with 3 workers = uninterrupted with 1, bitwise" \
+  cmp "$tmp/r-full/checkpoints/step_00000038/model.safetensors" \
+  "$tmp/r-res/checkpoints/step_00000038/model.safetensors"
+
+# ---- bad images ----
+cp -r "$f" "$tmp/bad"
+victim=$(ls "$tmp/bad/train/4_coat/"*.png | head -3 | tail -1)
+head -c 100 "$victim" >"$victim.cut" && mv "$victim.cut" "$victim"
+run_within 120 "${common[@]}" --data "$tmp/bad" --epochs 1 --run-dir "$tmp/r-bad1"
+expect 1 err "corrupt or truncated PNG $victim" "a truncated PNG fails the run naming it"
+run_within 120 "${common[@]}" --data "$tmp/bad" --epochs 1 --skip-bad-images --run-dir "$tmp/r-bad2"
+expect 0 out "epoch 1 .*bad_images=1" "--skip-bad-images: the run ends, the log counts 1"
+grep -q '"bad_images":1' "$tmp/r-bad2/metrics.jsonl" &&
+  ok "metrics.jsonl counts the bad image" || not_ok "metrics.jsonl has no bad_images 1"
+mkdir "$tmp/bad/val/4_coat_extra"
+cp "$victim" "$tmp/bad/val/4_coat_extra/"
+run_within 60 "${common[@]}" --data "$tmp/bad" --epochs 1 --skip-bad-images --run-dir "$tmp/r-bad3"
+expect 1 err "class 5 is 5_sandal in train/ but 4_coat_extra in val/" "splits of other classes"
+mkdir -p "$tmp/plain/stuff"
+run_within 60 "${common[@]}" --data "$tmp/plain" --epochs 1 --run-dir "$tmp/r-bad4"
+expect 1 err "cannot read image folder $tmp/plain/train" "a folder without train/"
+run_within 60 "${common[@]}" --data "$tmp/nothere" --epochs 1
+expect 2 err "invalid value '$tmp/nothere' for --data: expected .*or an image folder" \
+  "--data neither a data set nor a folder"
+run_within 60 train --model lenet --data "$f" --image-mean 0.5
+expect 2 err "--image-mean and --image-std go together" "--image-mean alone"
+
+echo "$test_name: $checks checks, $failures failures"
+[ "$failures" = 0 ]
