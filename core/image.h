@@ -79,7 +79,8 @@ typedef struct dt_image_box {
  * aspect ratio in [ratio_min, ratio_max] (w = round(sqrt(area * ratio)),
  * h = round(sqrt(area / ratio)), halves to even as Python's round); the
  * first that fits is placed uniformly; none fits: the centre crop of the
- * ratio nearest the image's. Draws come from dt_rng_uniform(key, 0, 1, ...). */
+ * ratio nearest the image's. The draws are dt_rng_uniform(key, 0 .. 19)
+ * for the tries and (key, 20), (key, 21) for the position. */
 dt_image_box dt_image_random_resized_crop_box(int h, int w, double scale_min, double scale_max,
                                               double ratio_min, double ratio_max, uint64_t key);
 
@@ -93,7 +94,8 @@ void dt_image_eval_geometry(int h, int w, int size, int *resized_h, int *resized
 /* Resizes the box `box` of `img` to out_h x out_w (bilinear, antialiased
  * when shrinking, as PIL), optionally mirrored left-right, into `out`
  * (out_h x out_w x img->channels floats in [0, 255], row-major, channels
- * interleaved). `scratch` holds box->height x out_w x channels floats. */
+ * interleaved). `scratch` holds box->height x out_w x channels floats.
+ * 1 to 4 channels (another count, or no memory for the filter taps: zeros). */
 void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int out_w, int flip,
                          float *scratch, float *out);
 

@@ -106,11 +106,29 @@ static void taps_free(taps *t) {
   free(t->weights);
 }
 
+/* One row through the horizontal taps; inlined with C a constant (1, 3)
+ * so that the channel loops unroll. */
+static inline __attribute__((always_inline)) void horizontal_row(const uint8_t *row, const taps *th,
+                                                                 int out_w, int flip, const int C,
+                                                                 float *dst) {
+  for (int x = 0; x < out_w; x++) {
+    const float *wt = th->weights + (size_t)x * th->max_taps;
+    const uint8_t *src = row + (size_t)th->first[x] * C;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k = 0; k < th->count[x]; k++)
+      for (int c = 0; c < C; c++)
+        acc[c] += wt[k] * (float)src[k * C + c];
+    float *o = dst + (size_t)(flip ? out_w - 1 - x : x) * C;
+    for (int c = 0; c < C; c++)
+      o[c] = acc[c];
+  }
+}
+
 void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int out_w, int flip,
                          float *scratch, float *out) {
   const int C = img->channels;
   taps th = {0}, tv = {0};
-  if (!taps_make(box.width, out_w, &th) || !taps_make(box.height, out_h, &tv)) {
+  if (C < 1 || C > 4 || !taps_make(box.width, out_w, &th) || !taps_make(box.height, out_h, &tv)) {
     taps_free(&th);
     taps_free(&tv);
     for (size_t i = 0; i < (size_t)out_h * (size_t)out_w * (size_t)C; i++)
@@ -121,29 +139,25 @@ void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int o
   for (int y = 0; y < box.height; y++) {
     const uint8_t *row = img->pixels + ((size_t)(box.top + y) * img->width + box.left) * C;
     float *dst = scratch + (size_t)y * out_w * C;
-    for (int x = 0; x < out_w; x++) {
-      const float *wt = th.weights + (size_t)x * th.max_taps;
-      const uint8_t *src = row + (size_t)th.first[x] * C;
-      int ox = flip ? out_w - 1 - x : x;
-      for (int c = 0; c < C; c++) {
-        float acc = 0.0f;
-        for (int k = 0; k < th.count[x]; k++)
-          acc += wt[k] * (float)src[k * C + c];
-        dst[ox * C + c] = acc;
-      }
-    }
+    if (C == 1)
+      horizontal_row(row, &th, out_w, flip, 1, dst);
+    else if (C == 3)
+      horizontal_row(row, &th, out_w, flip, 3, dst);
+    else
+      horizontal_row(row, &th, out_w, flip, C, dst);
   }
   /* vertical: scratch -> out (out_h, out_w, C) */
   const size_t row_len = (size_t)out_w * C;
   for (int y = 0; y < out_h; y++) {
     const float *wt = tv.weights + (size_t)y * tv.max_taps;
-    float *dst = out + (size_t)y * row_len;
+    float *restrict dst = out + (size_t)y * row_len;
     for (size_t i = 0; i < row_len; i++)
       dst[i] = 0.0f;
     for (int k = 0; k < tv.count[y]; k++) {
-      const float *src = scratch + (size_t)(tv.first[y] + k) * row_len;
+      const float *restrict src = scratch + (size_t)(tv.first[y] + k) * row_len;
+      const float w = wt[k];
       for (size_t i = 0; i < row_len; i++)
-        dst[i] += wt[k] * src[i];
+        dst[i] += w * src[i];
     }
   }
   taps_free(&th);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,9 @@
 #include "core/rng.h"
 
 #define PATH_CAP 4096
+/* The flip's draw of a sample's key: after the crop's 22 (ten tries of two,
+ * then the position; dt_image_random_resized_crop_box). */
+#define FLIP_DRAW 22
 
 enum { FILE_UNKNOWN = 0, FILE_GOOD, FILE_BAD };
 
@@ -170,6 +174,35 @@ static dt_status decode_file(const image_folder *f, int64_t j, dt_image *img) {
   return dt_image_read(path, f->cfg.channels, f->cfg.max_pixels, img);
 }
 
+/* The resize buffer of the calling loader worker, kept from sample to
+ * sample and freed (free, the key's destructor) when the thread ends: a
+ * fresh half-megabyte malloc per sample costs page faults. */
+typedef struct worker_buf {
+  size_t cap; /* floats in data */
+  float data[];
+} worker_buf;
+
+static pthread_key_t worker_buf_key;
+static pthread_once_t worker_buf_once = PTHREAD_ONCE_INIT;
+
+static void worker_buf_key_create(void) { pthread_key_create(&worker_buf_key, free); }
+
+/* n floats for the calling thread; NULL when there is no memory. */
+static float *worker_floats(size_t n) {
+  pthread_once(&worker_buf_once, worker_buf_key_create);
+  worker_buf *b = pthread_getspecific(worker_buf_key);
+  if (b && b->cap >= n)
+    return b->data;
+  worker_buf *grown = malloc(sizeof *grown + n * sizeof(float));
+  if (!grown || pthread_setspecific(worker_buf_key, grown) != 0) {
+    free(grown);
+    return NULL; /* b stays registered, freed with the thread */
+  }
+  free(b);
+  grown->cap = n;
+  return grown->data;
+}
+
 /* File j's image, augmented with the draws of `key`, normalised into
  * input (channels, size, size). */
 static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, float *input) {
@@ -181,21 +214,21 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
   if (f->augment) {
     box = dt_image_random_resized_crop_box(img.height, img.width, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0,
                                            key);
-    flip = dt_rng_uniform(key, 2 * 10 + 2) < 0.5f;
+    flip = dt_rng_uniform(key, FLIP_DRAW) < 0.5f;
   } else {
     dt_image_eval_geometry(img.height, img.width, S, &rh, &rw, &box);
   }
   /* The evaluation resizes the whole image to rh x rw, then takes the box. */
   dt_image_box src = f->augment ? box : (dt_image_box){0, 0, img.height, img.width};
   size_t scratch_n = (size_t)src.height * (size_t)rw * C, out_n = (size_t)rh * (size_t)rw * C;
-  float *scratch = malloc(scratch_n * sizeof *scratch), *hwc = malloc(out_n * sizeof *hwc);
-  if (!scratch || !hwc) {
-    free(scratch);
-    free(hwc);
+  float *scratch = worker_floats(scratch_n + out_n);
+  if (!scratch) {
+    dt_status st = DT_ERROR(DT_ERR_OOM, "no memory to resize image %s (%dx%d)", f->paths[j],
+                            img.width, img.height);
     dt_image_free(&img);
-    return DT_ERROR(DT_ERR_OOM, "no memory to resize image %s (%dx%d)", f->paths[j], img.width,
-                    img.height);
+    return st;
   }
+  float *hwc = scratch + scratch_n;
   dt_image_resize_box(&img, src, rh, rw, flip, scratch, hwc);
   int top = f->augment ? 0 : box.top, left = f->augment ? 0 : box.left;
   for (int c = 0; c < C; c++) {
@@ -205,8 +238,6 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
       for (int x = 0; x < S; x++)
         plane[y * S + x] = hwc[((size_t)(top + y) * rw + left + x) * C + c] * scale - shift;
   }
-  free(scratch);
-  free(hwc);
   dt_image_free(&img);
   return DT_OK;
 }

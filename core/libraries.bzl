@@ -116,6 +116,8 @@ CORE_LIBRARIES = {
         "hdrs": ["image.h"],
         "deps": ["data", "status"],
         "external": ["@system_libs//:png", "@system_libs//:jpeg"],
+        # The resize's loops vectorise at -O3 (the loader's hot path).
+        "attrs": {"copts": ["-O3"]},
     },
     # checkpoint files: CRC32, atomic writes, safetensors, the trainer-state
     # file, the manifest (checkpoint.h)

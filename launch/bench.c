@@ -304,6 +304,8 @@ cleanup:
 }
 
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
+  if (dt_cli_bench_wants_loader(argc, argv))
+    return dt_cli_bench_loader(argc, argv, err);
   dt_bench_config cfg = DT_BENCH_CONFIG_DEFAULT;
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
@@ -360,7 +362,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
           "  buckets: update_ms=... #0 ...KiB ...ms hidden=...% #1 ... (per step)\n"
           "the optimizer's update per bucket inside the wait (--bucket-update each; part\n"
           "of backward_ms) and each bucket's all-reduce time and hidden share, in launch\n"
-          "order.",
+          "order. bench --loader --data DIR times the image-folder loader instead (see\n"
+          "dtrain bench --loader --help).",
       .epilogue = "example: dtrain launch -n 2 --threads 1 -- bench --model mlp --batch 128",
       DT_FLAG_TABLE(flags),
   };

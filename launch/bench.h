@@ -124,6 +124,11 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out);
  * caller to print; 2 on bad flags). */
 int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err);
 
+/* `bench --loader`: whether argv asks for it (before any `--`), and the
+ * loader benchmark itself (launch/bench_loader.c; same exit statuses). */
+bool dt_cli_bench_wants_loader(int argc, char **argv);
+int dt_cli_bench_loader(int argc, char **argv, FILE *err);
+
 #ifdef __cplusplus
 }
 #endif

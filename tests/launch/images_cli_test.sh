@@ -3,6 +3,7 @@
 #   - dtrain images: usage errors, Fashion-MNIST written as a PNG folder
 #     (--per-class keeps it small), the class folders in label order, a
 #     second run keeping every file, an interrupted tree finished, JPEG;
+#   - dtrain bench --loader runs over the folder;
 #   - dtrain train --model lenet --data DIR learns from the folder;
 #   - a run with --workers 1 saving half way, resumed with --workers 3 from
 #     that checkpoint (mid-epoch), ends with the same weights bit for bit;
@@ -48,6 +49,15 @@ expect 0 out "60 written, 1140 already there" "an unfinished tree is finished"
 run images --from mnist --out "$tmp/mj" --per-class 2 --format jpeg
 expect 0 out "40 written" "mnist as JPEG"
 ls "$tmp/mj/train/7/"*.jpg >/dev/null 2>&1 && ok "JPEG files" || not_ok "JPEG files"
+
+# ---- the loader benchmark (its figure is not checked: speed is not a test) ----
+run_within 120 bench --loader --data "$f" --workers 2 --image-size 28 --channels 1 --batches 4
+expect 0 out "^loader: images_per_s=[0-9.]+ workers=2 batch=64 size=28 channels=1 images=256 " \
+  "bench --loader reports images per second"
+run_within 60 bench --loader --data "$tmp/nowhere"
+expect 1 err "cannot read image folder $tmp/nowhere/train" "bench --loader on a missing folder"
+run_within 60 bench --loader
+expect 2 err "--loader needs --data DIR" "bench --loader without --data"
 
 # ---- training from the folder ----
 common=(train --model lenet --data "$f" --batch 32 --log-interval 0 --threads 1)
