@@ -124,7 +124,7 @@ struct DigitsLoader {
   dt_dataset *d = nullptr;
   dt_sampler *s = nullptr;
   dt_loader *l = nullptr;
-  DigitsLoader(int64_t n, int batch, int prefetch) : digits{n} {
+  DigitsLoader(int64_t n, int batch, int prefetch, int workers = 1) : digits{n} {
     int64_t shape[] = {2};
     EXPECT_EQ(dt_dataset_create(&kDigitsVt, &digits, shape, 1, 5, &d), DT_OK);
     dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
@@ -133,6 +133,7 @@ struct DigitsLoader {
     dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
     lc.batch_size = batch;
     lc.prefetch = prefetch;
+    lc.workers = workers;
     lc.device = {DT_DEVICE_CUDA, 0};
     EXPECT_EQ(dt_loader_create(d, s, &lc, &l), DT_OK) << dt_last_error();
   }
@@ -210,6 +211,37 @@ TEST(LoaderAsync, PinnedSlotsCopyStreamAndEvents) {
   dl.reset();
   EXPECT_EQ(dtt::StandInPinned().frees, dtt::StandInPinned().allocs);
   EXPECT_EQ(dtt::StandInPinned().live, 0);
+}
+
+// Several workers share the ring (max(prefetch, workers) pinned slots):
+// every copy still goes through the copy stream without the caller
+// waiting, no copy overwrites a buffer in use, and the batches are those
+// of one worker, in the same order.
+TEST(LoaderAsync, WorkersShareThePinnedRing) {
+  std::vector<std::vector<float>> batches[2];
+  for (int run = 0; run < 2; run++) {
+    StartTrace();
+    int workers = run == 0 ? 1 : 4;
+    auto dl = std::make_unique<DigitsLoader>(37, 3, 2, workers);
+    ASSERT_NE(dl->l, nullptr);
+    EXPECT_EQ(dtt::StandInPinned().allocs, 2 * std::max(2, workers));
+    for (int epoch = 0; epoch < 2; epoch++) {
+      ASSERT_EQ(dt_loader_start_epoch(dl->l, epoch), DT_OK);
+      trace.copies_on_copy_stream = trace.waits_on_compute = 0;
+      auto next = [&dl](dt_tensor **x, dt_tensor **y) { return dt_loader_next(dl->l, x, y); };
+      int n = DrainOnDevice(next, [&](dt_tensor *x, dt_tensor *) {
+        std::vector<float> xv(dt_tensor_numel(x));
+        ASSERT_EQ(dt_tensor_to_host(x, xv.data(), xv.size() * 4), DT_OK);
+        batches[run].push_back(xv);
+        UseOnCompute(x);
+      });
+      EXPECT_EQ(n, 13);
+    }
+    EXPECT_EQ(trace.unsafe_copies, 0);
+    dl.reset();
+    EXPECT_EQ(dtt::StandInPinned().live, 0);
+  }
+  EXPECT_EQ(batches[1], batches[0]);
 }
 
 // A caller that keeps its batches (or a view of them): the loader never
