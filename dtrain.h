@@ -44,6 +44,7 @@
 /* ---- core: data sets, samplers, loaders, text; checkpoints ---- */
 #include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/image.h"
 #include "core/text.h"
 
 /* ---- the CUDA backend's own calls (they refuse cleanly without CUDA) ---- */
