@@ -111,6 +111,18 @@ bool dt_cli_check_channel_values(const char *value, char *why, size_t cap) {
   return false;
 }
 
+bool dt_cli_check_channel_std(const char *value, char *why, size_t cap) {
+  float v[3];
+  int n = channel_values(value, v);
+  for (int k = 0; k < n; k++)
+    if (!(v[k] > 0.0f))
+      n = 0;
+  if (n == 1 || n == 3)
+    return true;
+  snprintf(why, cap, "expected one number or three (R,G,B), comma-separated, each > 0");
+  return false;
+}
+
 void dt_cli_parse_channel_values(const char *value, float out[3]) {
   float v[3] = {0};
   int n = channel_values(value, v);

@@ -34,6 +34,7 @@ bool dt_cli_check_data(const char *value, char *why, size_t cap);
 /* Per-channel values "V" (every channel) or "R,G,B" into out[3]: --image-mean,
  * --image-std (a check function and the parse). */
 bool dt_cli_check_channel_values(const char *value, char *why, size_t cap);
+bool dt_cli_check_channel_std(const char *value, char *why, size_t cap); /* each > 0 */
 void dt_cli_parse_channel_values(const char *value, float out[3]);
 
 /* The value of `--name V` / `--name=V` in argv before any `--` (the last

@@ -199,7 +199,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      .default_text = "ImageNet's for RGB, the model's data set's for grey"),
       DT_STRING_FLAG("image-std", &image_std, "S|R,G,B",
                      "image folders: the normalisation's std per channel",
-                     .check = dt_cli_check_channel_values,
+                     .check = dt_cli_check_channel_std,
                      .default_text = "ImageNet's for RGB, the model's data set's for grey"),
       DT_BOOL_FLAG("skip-bad-images", &skip_bad,
                    "image folders: replace an undecodable image by the next good one (counted "

@@ -249,8 +249,22 @@ static dt_status check_image_folder(const dt_train_config *c) {
   if (c->workers < 1 || c->workers > 64)
     return DT_ERROR(DT_ERR_INVALID_ARG, "`workers` %d: expected 1 to 64 loader threads",
                     c->workers);
+  const dt_image_folder_config *im = &c->image;
+  bool set = im->channels || im->size || im->skip_bad_images || im->std[0] != 0.0f;
   if (!c->image_folder)
-    return DT_OK;
+    return set ? DT_ERROR(DT_ERR_INVALID_ARG,
+                          "`channels`, `image_size`, `image_std` and `skip_bad_images` are for "
+                          "image folders: the data set must be a folder holding train/ and val/")
+               : DT_OK;
+  if (im->channels != 0 && im->channels != 1 && im->channels != 3)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`channels` %d: expected 1 (grey), 3 (RGB) or 0 (the "
+                    "model's input)",
+                    im->channels);
+  for (int k = 0; k < 3 && set; k++)
+    if (im->std[0] != 0.0f && !(im->std[k] > 0.0f))
+      return DT_ERROR(DT_ERR_INVALID_ARG, "`image_std` %g of channel %d: must be > 0",
+                      (double)im->std[k], k);
   const dt_task *t = c->task;
   if (t->input_dtype != DT_DTYPE_F32 || t->input_ndim != 3 ||
       t->input_shape[1] != t->input_shape[2])

@@ -100,6 +100,12 @@ expect 2 err "invalid value '$tmp/nothere' for --data: expected .*or an image fo
   "--data neither a data set nor a folder"
 run_within 60 train --model lenet --data "$f" --image-mean 0.5
 expect 2 err "--image-mean and --image-std go together" "--image-mean alone"
+run_within 60 train --model lenet --data "$f" --image-mean 0 --image-std 0
+expect 2 err "invalid value '0' for --image-std: .*each > 0" "--image-std 0 is refused"
+run_within 60 train --model lenet --data "$f" --channels 2
+expect 2 err "--channels 2: expected 1 \(grey\), 3 \(RGB\)" "--channels 2 is refused"
+run_within 60 train --model lenet --channels 1 --skip-bad-images
+expect 2 err "--channels, --image-size, .* are for image folders" "image flags without a folder"
 
 echo "$test_name: $checks checks, $failures failures"
 [ "$failures" = 0 ]
