@@ -133,6 +133,10 @@ const char *dt_image_folder_class_name(const dt_dataset *d, int cls);
 /* The distinct bad files met so far (skip_bad_images), 0 for another kind
  * of data set. */
 int64_t dt_image_folder_bad_count(const dt_dataset *d);
+/* mask[i] = 1 for each file i of the first n known to be bad, else 0;
+ * returns how many are (0, mask zeroed, for another kind of data set).
+ * Summed over ranks, the masks count each bad file once. */
+int64_t dt_image_folder_bad_mask(const dt_dataset *d, float *mask, int64_t n);
 /* The file of sample i (NULL out of range or another kind of data set). */
 const char *dt_image_folder_file(const dt_dataset *d, int64_t i);
 

@@ -329,6 +329,16 @@ int64_t dt_image_folder_bad_count(const dt_dataset *d) {
   return f ? (int64_t)atomic_load(&f->bad) : 0;
 }
 
+int64_t dt_image_folder_bad_mask(const dt_dataset *d, float *mask, int64_t n) {
+  image_folder *f = dt_dataset_impl_of(d, &folder_vtable);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    mask[i] = f && i < f->n && atomic_load(&f->state[i]) == FILE_BAD ? 1.0f : 0.0f;
+    bad += mask[i] > 0.0f;
+  }
+  return bad;
+}
+
 const char *dt_image_folder_file(const dt_dataset *d, int64_t i) {
   image_folder *f = dt_dataset_impl_of(d, &folder_vtable);
   return f && i >= 0 && i < f->n ? f->paths[i] : NULL;

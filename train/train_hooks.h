@@ -83,8 +83,8 @@ typedef struct dt_train_eval {
   double train_loss; /* the epoch's mean, NAN = none (mid-epoch) */
   double test_loss, test_metric;
   /* Image folders read with `skip_bad_images`: the distinct bad files met
-   * so far (train and eval splits, summed over the ranks); -1 = not
-   * counted (no such run). */
+   * so far (train and eval splits, on any rank); -1 = not counted (no
+   * such run). */
   int64_t bad_images;
 } dt_train_eval;
 

@@ -144,18 +144,37 @@ static int64_t run_steps(const train_state *s) {
   return dt_optim_step_count(s->opt) + (s->step.scaler ? s->step.scaler->skipped_steps : 0);
 }
 
-/* Image folders with skip_bad_images: the bad files both splits met, over
- * the ranks (a collective: every rank calls it at the same point); -1
- * for other runs. */
+/* Image folders with skip_bad_images: the distinct bad files both splits
+ * met on any rank (a file two ranks met counts once: the ranks' masks of
+ * bad files are summed, a collective every rank calls at the same point);
+ * -1 for other runs. */
 static dt_status count_bad_images(const dt_train_config *c, const train_state *s, int64_t *out) {
   *out = -1;
   if (!c->image_folder || !c->image.skip_bad_images)
     return DT_OK;
-  double n =
-      (double)(dt_image_folder_bad_count(s->train_set) + dt_image_folder_bad_count(s->test_set));
-  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, &n, 1));
-  *out = (int64_t)n;
-  return DT_OK;
+  int64_t nt = dt_dataset_length(s->train_set), n = nt + dt_dataset_length(s->test_set);
+  float *mask = malloc((size_t)n * sizeof *mask);
+  if (!mask)
+    return DT_ERROR(DT_ERR_OOM, "no host memory for the bad-image marks of %lld files",
+                    (long long)n);
+  int64_t bad = dt_image_folder_bad_mask(s->train_set, mask, nt) +
+                dt_image_folder_bad_mask(s->test_set, mask + nt, n - nt);
+  dt_status st = DT_OK;
+  if (s->comm) {
+    dt_tensor *t = NULL;
+    st = dt_tensor_from_host(mask, &n, 1, DT_DTYPE_F32, s->dev, &t);
+    if (st == DT_OK)
+      st = dt_comm_allreduce_sync(s->comm, t, DT_REDUCE_SUM);
+    if (st == DT_OK)
+      st = dt_tensor_to_host(t, mask, (size_t)n * sizeof *mask);
+    dt_tensor_release(t);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++)
+      bad += mask[i] > 0.0f;
+  }
+  free(mask);
+  *out = bad;
+  return st;
 }
 
 /* After optimizer step `step` (not the run's last, which the evaluation

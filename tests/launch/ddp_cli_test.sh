@@ -9,6 +9,7 @@
 #     bit for bit; fp16 and dp mode train;
 #   - launch -- bench: the DDP figures (ddp: and comm: lines);
 #   - --mode dp --devices cpu:0,cpu:1 trains in one process;
+#   - an image folder on 2 ranks x 16 gives one process x 32's losses;
 #   - clear errors: bad --devices, a failing rank (prefixed "rank R:", the job
 #     ends), launch without -n / --, mpirun missing.
 set -uo pipefail
@@ -240,6 +241,28 @@ expect 0 out "ddp world 2 .*over mpi, comm timeout" "--comm-backend mpi on CPU r
 run launch -n 2 -- train --model mlp --max-steps 1 --comm-backend nccl
 expect 1 err "dtrain: error: rank [01]: .*communication backend nccl .*device cpu" \
   "--comm-backend nccl on CPU ranks"
+
+# ---- an image folder (issue 28): 2 ranks x 16 = 1 process x 32 ------------
+# The augmentation's draws depend on (seed, epoch, sample index) only, not on
+# the rank or the number of workers, so DDP reads the images one process
+# would: the same losses and accuracy. --skip-bad-images' count is summed
+# over the ranks.
+run images --from fashion-mnist --out "$tmp/fm-png" --per-class 20
+expect 0 out "400 written" "a PNG folder of 200 + 200 images"
+head -c 60 "$tmp/fm-png/train/3_dress/$(ls "$tmp/fm-png/train/3_dress" | sed -n 4p)" >"$tmp/cut.png"
+mv "$tmp/cut.png" "$tmp/fm-png/train/3_dress/$(ls "$tmp/fm-png/train/3_dress" | sed -n 4p)"
+folder=(train --model lenet --data "$tmp/fm-png" --epochs 2 --log-interval 0 --workers 2
+  --skip-bad-images)
+run launch -n 2 --threads 1 -- "${folder[@]}" --batch 16 --run-dir "$tmp/img-ddp"
+expect 0 out "^epoch 2 .*bad_images=1" "image folder on 2 ranks: one bad image, counted once"
+grep '^epoch' "$out" | sed 's/ time=.*//' >"$tmp/img-ddp.txt"
+"$timeout_bin" 300 "$dtrain" "${folder[@]}" --threads 1 --batch 32 --run-dir "$tmp/img-one" \
+  >"$out" 2>"$err"
+rc=$?
+expect 0 out "^epoch 2 .*bad_images=1" "image folder in one process"
+grep '^epoch' "$out" | sed 's/ time=.*//' >"$tmp/img-one.txt"
+check "image folder: 2 ranks x 16 = 1 process x 32 (losses, accuracy)" \
+  diff "$tmp/img-ddp.txt" "$tmp/img-one.txt"
 
 PATH=/nonexistent DT_MPIRUN= run launch -n 2 -- train
 expect 1 err "dtrain: error: dtrain launch needs Open MPI's mpirun, which is not on PATH" \
