@@ -16,13 +16,13 @@ static dt_status keep_rows(dt_tensor **t, int64_t keep) {
 dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const dt_dataset *data,
                                   int batch, dt_device dev, int rank, int world, double *loss_sum,
                                   double *metric_sum, int64_t *count) {
-  return dt_train_evaluate_first(task, model, data, 0, batch, dev, rank, world, loss_sum,
+  return dt_train_evaluate_first(task, model, data, 0, batch, 1, dev, rank, world, loss_sum,
                                  metric_sum, count);
 }
 
 dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const dt_dataset *data,
-                                  int64_t first, int batch, dt_device dev, int rank, int world,
-                                  double *loss_sum, double *metric_sum, int64_t *count) {
+                                  int64_t first, int batch, int workers, dt_device dev, int rank,
+                                  int world, double *loss_sum, double *metric_sum, int64_t *count) {
   dt_status st = DT_OK;
   dt_sampler *sampler = NULL;
   dt_loader *loader = NULL;
@@ -49,6 +49,7 @@ dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const d
   /* A batch larger than the shard would only allocate padding. */
   lc.batch_size = real > 0 && batch > real ? (int)real : batch;
   lc.device = dev;
+  lc.workers = workers;
   DT_CHECK(dt_sampler_create(len, &sc, &sampler));
   st = dt_loader_create(data, sampler, &lc, &loader);
   if (st != DT_OK) {

@@ -341,8 +341,8 @@ static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_
     s->hooks->eval_begin(s->hooks->user);
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
-  DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, s->dev,
-                                   s->rank, s->world, &sums[0], &sums[1], &count));
+  DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, c->workers,
+                                   s->dev, s->rank, s->world, &sums[0], &sums[1], &count));
   sums[2] = (double)count;
   DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, sums, 3));
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0.0;

@@ -192,10 +192,10 @@ dt_status dt_train_evaluate_shard(const dt_task *task, dt_module *model, const d
                                   double *metric_sum, int64_t *count);
 /* The same over the first `first` samples of `data` only (all when
  * `first` is 0 or beyond its end): the fixed validation batches of
- * --val-batches. */
+ * --val-batches; `workers` loader threads (>= 1) prepare the batches. */
 dt_status dt_train_evaluate_first(const dt_task *task, dt_module *model, const dt_dataset *data,
-                                  int64_t first, int batch, dt_device dev, int rank, int world,
-                                  double *loss_sum, double *metric_sum, int64_t *count);
+                                  int64_t first, int batch, int workers, dt_device dev, int rank,
+                                  int world, double *loss_sum, double *metric_sum, int64_t *count);
 
 #ifdef __cplusplus
 }
