@@ -204,8 +204,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_BOOL_FLAG("skip-bad-images", &skip_bad,
                    "image folders: replace an undecodable image by the next good one (counted "
                    "in the log and the metrics) instead of failing"),
-      DT_INT_FLAG("workers", &cfg.workers, "N", "loader threads decoding batches ahead", .min = 1,
-                  .max = 64),
+      DT_INT_FLAG("workers", &cfg.workers, "N",
+                  "loader threads preparing batches ahead (the batches are the same for any N)",
+                  .min = 1, .max = 64, .per_rank = true),
       DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
       DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
                   .min = 1),
