@@ -110,6 +110,12 @@ static dt_status list_dir(const char *dir, int want_dirs, char ***names, int64_t
   closedir(d);
   if (st == DT_OK && *n > 1)
     qsort(*names, (size_t)*n, sizeof **names, cmp_names);
+  if (st != DT_OK) { /* nothing half-listed reaches the caller */
+    while (*n > 0)
+      free((*names)[--*n]);
+    free(*names);
+    *names = NULL;
+  }
   return st;
 }
 
