@@ -130,11 +130,8 @@ struct DigitsLoader {
     dt_sampler_config sc = DT_SAMPLER_CONFIG_DEFAULT;
     sc.seed = 3;
     EXPECT_EQ(dt_sampler_create(n, &sc, &s), DT_OK);
-    dt_loader_config lc = DT_LOADER_CONFIG_DEFAULT;
-    lc.batch_size = batch;
-    lc.prefetch = prefetch;
-    lc.workers = workers;
-    lc.device = {DT_DEVICE_CUDA, 0};
+    // batch_size, drop_last, prefetch, device, workers
+    dt_loader_config lc = {batch, 0, prefetch, {DT_DEVICE_CUDA, 0}, workers};
     EXPECT_EQ(dt_loader_create(d, s, &lc, &l), DT_OK) << dt_last_error();
   }
   ~DigitsLoader() {
