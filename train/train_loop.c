@@ -393,9 +393,10 @@ static dt_status hooks_start(const dt_train_config *c, train_state *s, FILE *log
   s->started = true;
   if (!s->hooks->start)
     return DT_OK;
-  char dev[32], devs[DT_TRAIN_MAX_DEVICES * 12];
-  dt_device_format(s->dev, dev, sizeof dev);
-  dt_train_devices_text(c->devices, s->dp ? c->n_devices : 0, devs, sizeof devs);
+  if (s->dp)
+    dt_train_devices_text(c->devices, c->n_devices, s->device_text, sizeof s->device_text);
+  else
+    dt_device_format(s->dev, s->device_text, sizeof s->device_text);
   const dt_task *t = s->task;
   int64_t tokens = t->input_dtype == DT_DTYPE_I32 || t->input_dtype == DT_DTYPE_I64;
   for (int i = 0; tokens && i < t->input_ndim; i++)
@@ -403,7 +404,7 @@ static dt_status hooks_start(const dt_train_config *c, train_state *s, FILE *log
   dt_train_run_info run = {
       .model = t->name,
       .data = s->data->name,
-      .device_name = s->dp ? devs : dev,
+      .device_name = s->device_text,
       .comm_name = s->comm ? dt_train_comm_description(s) : "none",
       .metric_name = t->metric ? t->metric_name : NULL,
       .dev = s->dev,

@@ -20,6 +20,7 @@ typedef struct train_state {
   const dt_task_data *data;
   dt_task_data folder_data; /* `data` for an image folder: its path and classes */
   dt_device dev;
+  char device_text[DT_TRAIN_MAX_DEVICES * 12]; /* the hooks' device_name: valid until finish */
   dt_dataset *train_set;
   dt_dataset *test_set;
   dt_sampler *sampler;
