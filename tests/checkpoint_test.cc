@@ -39,6 +39,24 @@ void WriteAll(const std::string &path, const std::vector<unsigned char> &b) {
   f.write(reinterpret_cast<const char *>(b.data()), (std::streamsize)b.size());
 }
 
+// a's and b's parameters (or buffers) hold the same bytes.
+void ExpectSameTensors(dt_module *a, dt_module *b, bool buffers) {
+  int n = buffers ? dt_module_num_buffers(a) : dt_module_num_parameters(a);
+  ASSERT_EQ(n, buffers ? dt_module_num_buffers(b) : dt_module_num_parameters(b));
+  for (int i = 0; i < n; i++) {
+    const char *name = nullptr;
+    dt_tensor *ta =
+        buffers ? dt_module_buffer_at(a, i, &name) : dt_module_parameter_at(a, i, &name);
+    dt_tensor *tb =
+        buffers ? dt_module_buffer_at(b, i, nullptr) : dt_module_parameter_at(b, i, nullptr);
+    size_t bytes = dt_tensor_numel(ta) * dt_dtype_size(dt_tensor_dtype(ta));
+    std::vector<unsigned char> va(bytes), vb(bytes);
+    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), bytes), DT_OK);
+    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), bytes), DT_OK);
+    EXPECT_EQ(va, vb) << name;
+  }
+}
+
 // A trainer-state file with sections "meta" and "optimizer".
 void WriteState(const std::string &dir) {
   dt_state_writer *w = nullptr;
@@ -155,15 +173,7 @@ TEST(Checkpoint, SafetensorsRoundTripAndMismatch) {
             DT_OK);
   std::string path = dir + "/model.safetensors";
   ASSERT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_OK) << dt_last_error();
-  for (int i = 0; i < dt_module_num_parameters(a); i++) {
-    const char *name = nullptr;
-    dt_tensor *ta = dt_module_parameter_at(a, i, &name);
-    dt_tensor *tb = dt_module_parameter_at(b, i, &name);
-    std::vector<float> va(dt_tensor_numel(ta)), vb(va.size());
-    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), va.size() * 4), DT_OK);
-    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), vb.size() * 4), DT_OK);
-    EXPECT_EQ(va, vb) << name;
-  }
+  ExpectSameTensors(a, b, false);
   // The header is standard: u64 length, then JSON naming dotted parameters.
   auto bytes = ReadAll(path);
   uint64_t n = 0;
@@ -219,16 +229,7 @@ TEST(Checkpoint, SafetensorsHoldsBatchNormBuffers) {
       << dt_last_error();
   std::string path = dir + "/model.safetensors";
   ASSERT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_OK) << dt_last_error();
-  for (int i = 0; i < dt_module_num_buffers(a); i++) {
-    const char *name = nullptr;
-    dt_tensor *ta = dt_module_buffer_at(a, i, &name);
-    dt_tensor *tb = dt_module_buffer_at(b, i, &name);
-    size_t bytes = dt_tensor_numel(ta) * dt_dtype_size(dt_tensor_dtype(ta));
-    std::vector<unsigned char> va(bytes), vb(bytes);
-    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), bytes), DT_OK);
-    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), bytes), DT_OK);
-    EXPECT_EQ(va, vb) << name;
-  }
+  ExpectSameTensors(a, b, true);
   int64_t count = 0;
   ASSERT_EQ(dt_tensor_to_host(dt_module_buffer(b, "num_batches_tracked"), &count, 8), DT_OK);
   EXPECT_EQ(count, 2);
