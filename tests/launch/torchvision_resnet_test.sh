@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 28: dtrain's ResNets are torchvision's. resnet18, resnet50 and
+# resnet18-small (the 3x3 stride-1 stem, no max-pool) train 2 steps on 64
+# Fashion-MNIST images (so that every BatchNorm's running statistics and
+# num_batches_tracked have moved); torchvision's own models (Debian's
+# python3-torchvision, tools/setup.sh --torchvision) load the checkpoint's
+# model.safetensors with load_state_dict(strict=True) (every parameter and
+# buffer, the same names and shapes) and, in evaluation mode, reproduce
+# dtrain's logits on 8 test images (ckpt_logits_tool) within 1e-4.
+set -uo pipefail
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
+numpy_reader
+logits_tool=$(find_built tests/launch/ckpt_logits_tool) || exit 1
+script=$(find_source tests/launch/torchvision_resnet.py) || exit 1
+src=$(find_data_dir fashion-mnist) || exit 1
+"$py" -c "import torchvision" 2>/dev/null ||
+  { echo "FAIL: python3-torchvision is missing (tools/setup.sh --torchvision)"; exit 1; }
+
+# The first 64 training and 32 test images, as idx files.
+small="$tmp/data/fashion-mnist"
+mkdir -p "$small"
+"$py" - "$src/fashion-mnist" "$small" <<'PY' || exit 1
+import gzip, os, sys
+src, dst = sys.argv[1:]
+for kind, n in (("train", 64), ("t10k", 32)):
+    for what in ("images-idx3", "labels-idx1"):
+        name = f"{kind}-{what}-ubyte"
+        path = os.path.join(src, name)
+        raw = gzip.open(path + ".gz").read() if os.path.exists(path + ".gz") else open(path, "rb").read()
+        nd = raw[3]
+        per = 1
+        for i in range(1, nd):
+            per *= int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big")
+        head = raw[:4] + n.to_bytes(4, "big") + raw[8:4 + 4 * nd]
+        open(os.path.join(dst, name), "wb").write(head + raw[4 + 4 * nd:4 + 4 * nd + n * per])
+PY
+
+for model in resnet18 resnet50 resnet18-small; do
+  run train --model "$model" --max-steps 2 --batch 16 --lr 0.001 --min-lr 0 --log-interval 0 \
+    --eval-batch 32 --data-dir "$tmp/data" --run-dir "$tmp/$model"
+  expect 0 out "^test_accuracy=0\.[0-9]{4}$" "$model: 2 steps and an evaluation"
+  ckpt="$tmp/$model/checkpoints/step_00000002"
+  check "$model: dtrain's logits in evaluation mode" \
+    "$logits_tool" "$ckpt" "$tmp/data" 8 "$tmp/$model.logits" "$model" "$tmp/$model.inputs"
+  expect_cmd "$model: torchvision loads model.safetensors strictly and gives the same logits" \
+    "$py" "$script" "$ckpt" "$model" 2 "$tmp/$model.inputs" "$tmp/$model.logits"
+done
+
+echo "$test_name: $checks checks, $failures failed"
+[ "$failures" = 0 ]
