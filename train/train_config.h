@@ -104,6 +104,10 @@ typedef struct dt_train_config {
    * keeping them (GPT-2 and Llama tasks; models/models.h): less memory,
    * the same gradients bit for bit, one more forward of the blocks. */
   bool recompute;
+  /* ResNets (the task's residual_bn): the last BatchNorm of each residual
+   * block starts at weight 0, so each block starts as the identity
+   * (torchvision's zero_init_residual; Goyal et al. 2017). */
+  bool zero_init_residual;
   uint64_t seed;            /* model initialisation and data order */
   int threads;              /* CPU threads, 0 = the backend's current count */
   const char *threads_note; /* after the thread count in the header ("" = none) */

@@ -317,6 +317,7 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s) {
   s->task_ctx = *c->task;
   if (c->ctx > 0)
     DT_CHECK(dt_task_with_context(c->task, c->ctx, &s->task_ctx));
+  s->task_ctx.zero_init_residual = c->zero_init_residual;
   s->task = &s->task_ctx;
   s->data = c->data ? c->data : &s->task->data[0];
   DT_CHECK(data_create(c, s));
