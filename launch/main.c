@@ -205,6 +205,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_recompute(&cfg.recompute),
       dt_cli_flag_zero_init_residual(&cfg.zero_init_residual),
+      dt_cli_flag_sync_bn(&cfg.sync_bn),
       DT_STRING_FLAG("debug-overflow", &debug_overflow, "R:S",
                      "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
                      "step S (0-based)",

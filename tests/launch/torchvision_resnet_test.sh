@@ -18,32 +18,15 @@ src=$(find_data_dir fashion-mnist) || exit 1
 "$py" -c "import torchvision" 2>/dev/null ||
   { echo "FAIL: python3-torchvision is missing (tools/setup.sh --torchvision)"; exit 1; }
 
-# The first 64 training and 32 test images, as idx files.
-small="$tmp/data/fashion-mnist"
-mkdir -p "$small"
-"$py" - "$src/fashion-mnist" "$small" <<'PY' || exit 1
-import gzip, os, sys
-src, dst = sys.argv[1:]
-for kind, n in (("train", 64), ("t10k", 32)):
-    for what in ("images-idx3", "labels-idx1"):
-        name = f"{kind}-{what}-ubyte"
-        path = os.path.join(src, name)
-        raw = gzip.open(path + ".gz").read() if os.path.exists(path + ".gz") else open(path, "rb").read()
-        nd = raw[3]
-        per = 1
-        for i in range(1, nd):
-            per *= int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big")
-        head = raw[:4] + n.to_bytes(4, "big") + raw[8:4 + 4 * nd]
-        open(os.path.join(dst, name), "wb").write(head + raw[4 + 4 * nd:4 + 4 * nd + n * per])
-PY
+small_image_data "$src" 64 32
 
 for model in resnet18 resnet50 resnet18-small; do
   run train --model "$model" --max-steps 2 --batch 16 --lr 0.001 --min-lr 0 --log-interval 0 \
-    --eval-batch 32 --data-dir "$tmp/data" --run-dir "$tmp/$model"
+    --eval-batch 32 --data-dir "$data" --run-dir "$tmp/$model"
   expect 0 out "^test_accuracy=0\.[0-9]{4}$" "$model: 2 steps and an evaluation"
   ckpt="$tmp/$model/checkpoints/step_00000002"
   check "$model: dtrain's logits in evaluation mode" \
-    "$logits_tool" "$ckpt" "$tmp/data" 8 "$tmp/$model.logits" "$model" "$tmp/$model.inputs"
+    "$logits_tool" "$ckpt" "$data" 8 "$tmp/$model.logits" "$model" "$tmp/$model.inputs"
   expect_cmd "$model: torchvision loads model.safetensors strictly and gives the same logits" \
     "$py" "$script" "$ckpt" "$model" 2 "$tmp/$model.inputs" "$tmp/$model.logits"
 done
@@ -52,7 +35,7 @@ done
 # (a step at lr 0 keeps it there), the others at 1; models without such
 # blocks refuse it.
 run train --model resnet50 --zero-init-residual --max-steps 1 --batch 16 --lr 0 --min-lr 0 \
-  --log-interval 0 --eval-batch 32 --data-dir "$tmp/data" --run-dir "$tmp/zero"
+  --log-interval 0 --eval-batch 32 --data-dir "$data" --run-dir "$tmp/zero"
 expect 0 out "^test_accuracy=" "resnet50 --zero-init-residual: a step at lr 0"
 expect_cmd "--zero-init-residual: bn3 weights 0, bn1/bn2/downsample.1 weights 1" "$py" - \
   "$(dirname "$script")" "$tmp/zero/checkpoints/step_00000001/model.safetensors" <<'PY'
