@@ -181,19 +181,6 @@ dt_flag dt_cli_flag_recompute(bool *target) {
                                "gradients, one more forward of the blocks)");
 }
 
-dt_flag dt_cli_flag_zero_init_residual(bool *target) {
-  return (dt_flag)DT_BOOL_FLAG("zero-init-residual", target,
-                               "resnet*: the last BatchNorm of each residual block starts at "
-                               "weight 0 (torchvision's zero_init_residual)");
-}
-
-dt_flag dt_cli_flag_sync_bn(bool *target) {
-  return (dt_flag)DT_BOOL_FLAG("sync-bn", target,
-                               "resnet*: BatchNorm statistics over every DDP rank's micro-batch "
-                               "(PyTorch's SyncBatchNorm); one process: nothing to do; not with "
-                               "--mode dp");
-}
-
 bool dt_cli_check_precision(const char *command, const char *precision, bool stochastic,
                             const char *device, const char *devices, FILE *err) {
   bool half = precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"));
