@@ -12,7 +12,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 cd "$root" || exit 1
 
-if ! tools/setup.sh --quiet --chromium; then
+if ! tools/setup.sh --quiet --chromium --torchvision; then
   echo "test.sh: tools/setup.sh failed, no tests were run"
   echo "0 passed, 1 failed"
   exit 1

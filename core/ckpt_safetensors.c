@@ -1,8 +1,9 @@
 /* safetensors (huggingface/safetensors): u64 LE header length N, N bytes of
  * JSON {"__metadata__": {...}, "<name>": {"dtype": "F32", "shape": [...],
  * "data_offsets": [begin, end]}, ...} padded with spaces to a multiple of 8,
- * then the data (offsets relative to its start). dtrain writes f32 only and
- * puts each tensor's CRC32 in the metadata ("crc32.<name>"). */
+ * then the data (offsets relative to its start). dtrain writes f32 tensors
+ * and i64 buffers (BatchNorm's num_batches_tracked, as PyTorch) and puts
+ * each tensor's CRC32 in the metadata ("crc32.<name>"). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,9 @@ typedef struct snap_tensor {
   int ndim;
   int64_t shape[DT_MAX_DIMS];
   int64_t numel;
-  float *data;
+  size_t bytes;
+  const char *dtype; /* safetensors' name: "F32", "I64" */
+  void *data;
 } snap_tensor;
 
 struct dt_tensor_snapshot {
@@ -36,18 +39,25 @@ void dt_tensor_snapshot_destroy(dt_tensor_snapshot *s) {
   free(s);
 }
 
+/* safetensors' name of the dtypes a checkpoint holds, NULL for others. */
+static const char *safetensors_dtype(dt_dtype d) {
+  return d == DT_DTYPE_F32 ? "F32" : d == DT_DTYPE_I64 ? "I64" : NULL;
+}
+
 static dt_status snapshot_one(snap_tensor *e, const char *name, const dt_tensor *t) {
-  if (dt_tensor_dtype(t) != DT_DTYPE_F32)
-    return DT_ERROR(DT_ERR_DTYPE, "tensor %s is %s: checkpoints hold f32 tensors", name,
+  e->dtype = safetensors_dtype(dt_tensor_dtype(t));
+  if (e->dtype == NULL)
+    return DT_ERROR(DT_ERR_DTYPE, "tensor %s is %s: checkpoints hold f32 and i64 tensors", name,
                     dt_dtype_name(dt_tensor_dtype(t)));
   e->ndim = dt_tensor_ndim(t);
   memcpy(e->shape, dt_tensor_shape(t), (size_t)e->ndim * sizeof(int64_t));
   e->numel = dt_tensor_numel(t);
+  e->bytes = (size_t)e->numel * dt_dtype_size(dt_tensor_dtype(t));
   e->name = strdup(name);
-  e->data = malloc((size_t)(e->numel > 0 ? e->numel : 1) * sizeof(float));
+  e->data = malloc(e->bytes > 0 ? e->bytes : 1);
   if (!e->name || !e->data)
     return DT_ERROR(DT_ERR_OOM, "snapshot of %s: out of host memory", name);
-  return dt_tensor_to_host(t, e->data, (size_t)e->numel * sizeof(float));
+  return dt_tensor_to_host(t, e->data, e->bytes);
 }
 
 dt_status dt_tensor_snapshot_of_module(const dt_module *m, dt_tensor_snapshot **out) {
@@ -113,16 +123,15 @@ dt_status dt_tensor_snapshot_write_safetensors(const dt_tensor_snapshot *s, cons
   strbuf h = {0};
   sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\",\"writer\":\"dtrain\"");
   for (int i = 0; i < s->n; i++)
-    sb_printf(&h, ",\"crc32.%s\":\"%08x\"", s->t[i].name,
-              dt_crc32(0, s->t[i].data, (size_t)s->t[i].numel * sizeof(float)));
+    sb_printf(&h, ",\"crc32.%s\":\"%08x\"", s->t[i].name, dt_crc32(0, s->t[i].data, s->t[i].bytes));
   sb_printf(&h, "}");
   uint64_t off = 0;
   for (int i = 0; i < s->n; i++) {
     const snap_tensor *e = &s->t[i];
-    sb_printf(&h, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", e->name);
+    sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", e->name, e->dtype);
     for (int d = 0; d < e->ndim; d++)
       sb_printf(&h, "%s%lld", d ? "," : "", (long long)e->shape[d]);
-    uint64_t bytes = (uint64_t)e->numel * sizeof(float);
+    uint64_t bytes = e->bytes;
     sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
               (unsigned long long)(off + bytes));
     off += bytes;
@@ -146,7 +155,7 @@ dt_status dt_tensor_snapshot_write_safetensors(const dt_tensor_snapshot *s, cons
   chunks[0] = (dt_ckpt_chunk){len8, 8};
   chunks[1] = (dt_ckpt_chunk){h.p, h.len};
   for (int i = 0; i < s->n; i++)
-    chunks[2 + i] = (dt_ckpt_chunk){s->t[i].data, (size_t)s->t[i].numel * sizeof(float)};
+    chunks[2 + i] = (dt_ckpt_chunk){s->t[i].data, s->t[i].bytes};
   dt_status st = dt_ckpt_write_file(dir, name, chunks, n_chunks, crc, size);
   free(chunks);
   free(h.p);
@@ -280,9 +289,10 @@ static dt_status parse_header(const char *text, size_t n, const char *what, st_h
 
 static dt_status load_tensor(const char *path, const st_entry *e, const char *data,
                              uint64_t data_size, dt_tensor *t) {
-  if (strcmp(e->dtype, "F32") != 0)
-    return DT_ERROR(DT_ERR_DTYPE, "%s: tensor %s: dtype %s, the model's is F32", path, e->name,
-                    e->dtype);
+  const char *want_dtype = safetensors_dtype(dt_tensor_dtype(t));
+  if (want_dtype == NULL || strcmp(e->dtype, want_dtype) != 0)
+    return DT_ERROR(DT_ERR_DTYPE, "%s: tensor %s: dtype %s, the model's is %s", path, e->name,
+                    e->dtype, want_dtype ? want_dtype : dt_dtype_name(dt_tensor_dtype(t)));
   int same = e->ndim == dt_tensor_ndim(t);
   for (int d = 0; same && d < e->ndim; d++)
     same = e->shape[d] == dt_tensor_shape(t)[d];
@@ -299,7 +309,7 @@ static dt_status load_tensor(const char *path, const st_entry *e, const char *da
                     "another model",
                     path, e->name, have, want);
   }
-  uint64_t bytes = (uint64_t)dt_tensor_numel(t) * sizeof(float);
+  uint64_t bytes = (uint64_t)dt_tensor_numel(t) * dt_dtype_size(dt_tensor_dtype(t));
   if (e->begin < 0 || e->end < e->begin || (uint64_t)(e->end - e->begin) != bytes ||
       (uint64_t)e->end > data_size)
     return DT_ERROR(DT_ERR_FORMAT,

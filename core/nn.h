@@ -11,6 +11,7 @@
 #define DT_CORE_NN_H
 
 #include "core/module.h"
+#include "core/ops.h"
 #include "core/rng.h"
 
 #ifdef __cplusplus
@@ -26,6 +27,12 @@ dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride
  * running ones in training mode, running statistics in eval mode. PyTorch
  * defaults: eps 1e-5, momentum 0.1. */
 dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module **out);
+/* SyncBatchNorm (PyTorch's convert_sync_batchnorm): every BatchNorm2d at or
+ * below m takes its training-mode statistics over all the processes of
+ * `across` (copied; its user must outlive the modules' backward passes),
+ * dt_op_sync_batch_norm2d; eval mode still uses the running statistics.
+ * across NULL turns it off. Returns the number of BatchNorm2d modules. */
+int dt_nn_batch_norm_set_sync(dt_module *m, const dt_sum_across *across);
 dt_status dt_nn_layer_norm(int features, float eps, dt_module **out);
 /* RMSNorm (torch.nn.RMSNorm, Llama's): parameter weight (features), no
  * bias; eps > 0. */

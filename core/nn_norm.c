@@ -1,4 +1,5 @@
 /* BatchNorm2d, LayerNorm and RMSNorm: weight 1, bias 0 (PyTorch's defaults). */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "core/nn.h"
@@ -8,6 +9,8 @@
 typedef struct batch_norm_impl {
   int channels;
   float eps, momentum;
+  bool synced; /* training statistics over every process of `across` */
+  dt_sum_across across;
 } batch_norm_impl;
 
 typedef struct layer_norm_impl {
@@ -41,7 +44,11 @@ static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   if (mean == NULL || var == NULL || count == NULL)
     return DT_ERROR(DT_ERR_STATE, "BatchNorm2d is missing one of its running-stat buffers");
   int training = dt_module_is_training(m);
-  DT_CHECK(dt_op_batch_norm2d(x, w, b, mean, var, training, impl->momentum, impl->eps, y));
+  if (training && impl->synced)
+    DT_CHECK(
+        dt_op_sync_batch_norm2d(x, w, b, mean, var, impl->momentum, impl->eps, &impl->across, y));
+  else
+    DT_CHECK(dt_op_batch_norm2d(x, w, b, mean, var, training, impl->momentum, impl->eps, y));
   if (training) {
     dt_status st = increment_counter(count);
     if (st != DT_OK) {
@@ -79,10 +86,25 @@ dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module 
                     channels, (double)eps, (double)momentum);
   batch_norm_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
-    *impl = (batch_norm_impl){channels, eps, momentum};
+    *impl = (batch_norm_impl){channels, eps, momentum, false, {NULL, NULL}};
   dt_module *m = NULL;
   DT_CHECK(dt_nn_create(&batch_norm_vtable, impl, &m));
   return dt_nn_finish_create(m, batch_norm_init(m, channels), out);
+}
+
+int dt_nn_batch_norm_set_sync(dt_module *m, const dt_sum_across *across) {
+  int count = 0;
+  if (m == NULL)
+    return 0;
+  if (dt_module_type_name(m) == batch_norm_vtable.type_name) {
+    batch_norm_impl *impl = dt_module_impl(m);
+    impl->synced = across != NULL && across->sum != NULL;
+    impl->across = impl->synced ? *across : (dt_sum_across){NULL, NULL};
+    count++;
+  }
+  for (int i = 0; i < dt_module_num_children(m); i++)
+    count += dt_nn_batch_norm_set_sync(dt_module_child_at(m, i), across);
+  return count;
 }
 
 /* x (..., features) -> same shape */

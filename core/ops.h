@@ -28,6 +28,15 @@ typedef enum dt_reduction {
   DT_REDUCTION_NONE,
 } dt_reduction;
 
+/* Sums t (f32, contiguous, on the op's device) in place over every process
+ * taking part: an allreduce (SUM) of the process group, for SyncBatchNorm
+ * (dt_op_sync_batch_norm2d). `user` must outlive the backward passes of
+ * the ops given it. */
+typedef struct dt_sum_across {
+  dt_status (*sum)(dt_tensor *t, void *user);
+  void *user;
+} dt_sum_across;
+
 /* The differentiable ops, with their shapes and semantics: one DT_OP entry
  * each in core/op_table.def (next to the kernels they run). */
 #define DT_OP(name, params) dt_status name params;

@@ -76,6 +76,45 @@ typedef struct batch_norm2d_saved {
   float eps;
 } batch_norm2d_saved;
 
+/* out (n, c, hw) = a (n, c, hw) <op> v (c), v broadcast over n and hw;
+ * out may be a (n = hw = 1: element by element). */
+static dt_status per_channel(const dt_exec *ex, dt_binary_op op, dt_tensor *a, dt_tensor *v,
+                             dt_tensor *out, int64_t n, int64_t c, int64_t hw) {
+  dt_binary_args args;
+  memset(&args, 0, sizeof args);
+  args.op = op;
+  args.ndim = 3;
+  args.shape[0] = n;
+  args.shape[1] = c;
+  args.shape[2] = hw;
+  args.a_strides[0] = c * hw;
+  args.a_strides[1] = hw;
+  args.a_strides[2] = 1;
+  args.b_strides[1] = 1;
+  return dt_kernel_binary(ex, &args, DT_F32(a), DT_F32(v), DT_F32(out));
+}
+
+/* This process's gradients of a batch norm in training: *dx (n, c, hw;
+ * the training formula over this batch), *dgamma = sum dy (x - mean)
+ * invstd and *dbeta = sum dy (c), from the saved mean and invstd. */
+static dt_status local_grads(const dt_exec *ex, dt_tensor *x, dt_tensor *gy, dt_tensor *gamma,
+                             dt_tensor *mean, dt_tensor *invstd, int64_t n, int64_t c, int64_t hw,
+                             float eps, dt_tensor **dx, dt_tensor **dgamma, dt_tensor **dbeta) {
+  dt_device dev = dt_tensor_device(gy);
+  DT_CHECK(dt_ops_empty_like(x, dev, dx));
+  DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dgamma));
+  DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dbeta));
+  if (n * hw > 0 && c > 0)
+    return dt_kernel_batch_norm2d_backward(ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
+                                           DT_F32(invstd), DT_F32(*dx), DT_F32(*dgamma),
+                                           DT_F32(*dbeta), n, c, hw, eps);
+  if (c > 0) { /* no samples: the parameter gradients are zero */
+    DT_CHECK(dt_kernel_fill(ex, DT_F32(*dgamma), 0.0f, c));
+    DT_CHECK(dt_kernel_fill(ex, DT_F32(*dbeta), 0.0f, c));
+  }
+  return DT_OK;
+}
+
 static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
   dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
             *invstd = node->saved[3];
@@ -86,43 +125,17 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
   dt_status st;
-  DT_CHECK(dt_ops_empty_like(x, dev, &dx));
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
-  /* dgamma = sum dy * (x - mean) * invstd and dbeta = sum dy in both modes;
-   * dx is the training formula, replaced below in eval mode. */
-  if (n * hw > 0 && c > 0)
-    DT_CHECK_GOTO(dt_kernel_batch_norm2d_backward(&ex, DT_F32(x), DT_F32(gy), DT_F32(gamma),
-                                                  DT_F32(mean), DT_F32(invstd), DT_F32(dx),
-                                                  DT_F32(dgamma), DT_F32(dbeta), n, c, hw, s->eps),
-                  st, fail);
-  else if (c > 0) { /* no samples: the parameter gradients are zero */
-    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dgamma), 0.0f, c), st, fail);
-    DT_CHECK_GOTO(dt_kernel_fill(&ex, DT_F32(dbeta), 0.0f, c), st, fail);
-  }
+  /* dgamma and dbeta are the same in both modes; dx is the training
+   * formula, replaced below in eval mode. */
+  DT_CHECK_GOTO(
+      local_grads(&ex, x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
+      fail);
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
      * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */
     DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), st, fail);
-    dt_binary_args args;
-    memset(&args, 0, sizeof args);
-    args.op = DT_BINARY_MUL;
-    args.ndim = 1;
-    args.shape[0] = c;
-    args.a_strides[0] = args.b_strides[0] = 1;
-    DT_CHECK_GOTO(dt_kernel_binary(&ex, &args, DT_F32(gamma), DT_F32(invstd), DT_F32(scale)), st,
-                  fail);
-    args.ndim = 3;
-    args.shape[0] = n;
-    args.shape[1] = c;
-    args.shape[2] = hw;
-    args.a_strides[0] = c * hw;
-    args.a_strides[1] = hw;
-    args.a_strides[2] = 1;
-    args.b_strides[0] = 0;
-    args.b_strides[1] = 1;
-    args.b_strides[2] = 0;
-    DT_CHECK_GOTO(dt_kernel_binary(&ex, &args, DT_F32(gy), DT_F32(scale), DT_F32(dx)), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gamma, invstd, scale, 1, c, 1), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gy, scale, dx, n, c, hw), st, fail);
   }
   dt_tensor_release(scale);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
@@ -161,6 +174,49 @@ static dt_status running_stats_snapshot(dt_tensor *rm, dt_tensor *rv, float eps,
   return st;
 }
 
+/* The checks of a batch norm's arguments all = {x, gamma, beta,
+ * running_mean, running_var}; x (n, c, hw). uses_batch_stats: running
+ * stats may be NULL; check_count: more than one value per channel here. */
+static dt_status check_batch_norm(const char *op, dt_tensor *const *all, bool uses_batch_stats,
+                                  bool check_count, int64_t *n_out, int64_t *c_out,
+                                  int64_t *hw_out) {
+  dt_tensor *x = all[0], *gamma = all[1], *beta = all[2], *running_mean = all[3],
+            *running_var = all[4];
+  DT_CHECK(dt_ops_check_inputs(op, all, 5));
+  int nd = dt_tensor_ndim(x);
+  const int64_t *s = dt_tensor_shape(x);
+  char b[128];
+  if (nd != 4 && nd != 2)
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s: expected (N, C, H, W) or (N, C)", op,
+                    dt_shape_format(s, nd, b, sizeof b));
+  int64_t n = s[0], c = s[1], hw = nd == 4 ? s[2] * s[3] : 1;
+  *n_out = n;
+  *c_out = c;
+  *hw_out = hw;
+  DT_CHECK(check_vec(op, "gamma", gamma, c));
+  DT_CHECK(check_vec(op, "beta", beta, c));
+  DT_CHECK(check_vec(op, "running_mean", running_mean, c));
+  DT_CHECK(check_vec(op, "running_var", running_var, c));
+  if ((running_mean == NULL) != (running_var == NULL))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: running_mean and running_var must both be given or both be NULL", op);
+  if (!uses_batch_stats && running_mean == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: eval mode needs running_mean and running_var (or use training mode)", op);
+  if ((running_mean && !dt_tensor_is_contiguous(running_mean)) ||
+      (running_var && !dt_tensor_is_contiguous(running_var)))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "%s: running_mean / running_var are updated in place and must be "
+                    "contiguous",
+                    op);
+  if (check_count && n * hw <= 1 && c > 0)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: input %s: training mode needs more than one value per channel to "
+                    "estimate the variance: use a larger batch or eval mode",
+                    op, dt_shape_format(s, nd, b, sizeof b));
+  return DT_OK;
+}
+
 dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                              dt_tensor *running_mean, dt_tensor *running_var, bool training,
                              float momentum, float eps, dt_tensor **out) {
@@ -172,35 +228,10 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
                     dt_op_batch_norm2d(x32, gamma, beta, running_mean, running_var, training,
                                        momentum, eps, out));
-  DT_CHECK(dt_ops_check_inputs(op, all, 5));
+  int64_t n = 0, c = 0, hw = 0;
+  DT_CHECK(check_batch_norm(op, all, training, training, &n, &c, &hw));
   int nd = dt_tensor_ndim(x);
   const int64_t *s = dt_tensor_shape(x);
-  char b[128];
-  if (nd != 4 && nd != 2)
-    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s: expected (N, C, H, W) or (N, C)", op,
-                    dt_shape_format(s, nd, b, sizeof b));
-  int64_t n = s[0], c = s[1], hw = nd == 4 ? s[2] * s[3] : 1;
-  DT_CHECK(check_vec(op, "gamma", gamma, c));
-  DT_CHECK(check_vec(op, "beta", beta, c));
-  DT_CHECK(check_vec(op, "running_mean", running_mean, c));
-  DT_CHECK(check_vec(op, "running_var", running_var, c));
-  if ((running_mean == NULL) != (running_var == NULL))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: running_mean and running_var must both be given or both be NULL", op);
-  if (!training && running_mean == NULL)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: eval mode needs running_mean and running_var (or use training mode)", op);
-  if ((running_mean && !dt_tensor_is_contiguous(running_mean)) ||
-      (running_var && !dt_tensor_is_contiguous(running_var)))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "%s: running_mean / running_var are updated in place and must be "
-                    "contiguous",
-                    op);
-  if (training && n * hw <= 1 && c > 0)
-    return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: input %s: training mode needs more than one value per channel to "
-                    "estimate the variance: use a larger batch or eval mode",
-                    op, dt_shape_format(s, nd, b, sizeof b));
 
   dt_device dev = dt_tensor_device(x);
   dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *invstd = NULL, *rm = NULL,
@@ -234,6 +265,239 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, invstd, mean, rv, rm, bc, gc, xc);
+  return st;
+}
+
+/* ---- synchronised batch norm (PyTorch's SyncBatchNorm) ---- */
+
+/* saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd: the
+ * statistics over every process's batch */
+typedef struct sync_batch_norm_saved {
+  int64_t n, c, hw;
+  bool has_gamma, has_beta;
+  float eps;
+  double count; /* values per channel over every process */
+  dt_sum_across across;
+} sync_batch_norm_saved;
+
+/* A (c) f32 tensor on dev from c doubles. */
+static dt_status channel_tensor(const double *v, int64_t c, dt_device dev, dt_tensor **out) {
+  float *f = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
+  if (!f)
+    return DT_ERROR(DT_ERR_OOM, "sync_batch_norm2d: no host memory for %lld values", (long long)c);
+  for (int64_t i = 0; i < c; i++)
+    f[i] = (float)v[i];
+  dt_status st = dt_tensor_from_host(f, &c, 1, DT_DTYPE_F32, dev, out);
+  free(f);
+  return st;
+}
+
+/* v (k doubles) = the f32 tensor t (k values). */
+static dt_status read_doubles(dt_tensor *t, int64_t k, double *v) {
+  float *f = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1));
+  dt_status st =
+      f ? dt_tensor_to_host(t, f, sizeof(float) * (size_t)k)
+        : DT_ERROR(DT_ERR_OOM, "sync_batch_norm2d: no host memory for %lld values", (long long)k);
+  for (int64_t i = 0; st == DT_OK && i < k; i++)
+    v[i] = f[i];
+  free(f);
+  return st;
+}
+
+/* v (k values on the host) summed over the processes of `across`, through
+ * an f32 tensor on dev. */
+static dt_status sum_across(const dt_sum_across *across, double *v, int64_t k, dt_device dev) {
+  dt_tensor *t = NULL;
+  DT_CHECK(channel_tensor(v, k, dev, &t));
+  dt_status st = across->sum(t, across->user);
+  if (st != DT_OK)
+    dt_error_wrap(st, "sync_batch_norm2d: summing %lld statistics across processes", (long long)k);
+  else
+    st = read_doubles(t, k, v);
+  dt_tensor_release(t);
+  return st;
+}
+
+/* The per-channel sums of x (n, c, hw) into v (c), summed on the device. */
+static dt_status channel_sums(dt_tensor *x, int64_t c, double *v) {
+  static const int dims4[3] = {0, 2, 3}, dims2[1] = {0};
+  bool four = dt_tensor_ndim(x) == 4;
+  dt_tensor *sum = NULL;
+  dt_no_grad_begin();
+  dt_status st = dt_op_sum(x, four ? dims4 : dims2, four ? 3 : 1, false, &sum);
+  dt_no_grad_end();
+  if (st == DT_OK)
+    st = read_doubles(sum, c, v);
+  dt_tensor_release(sum);
+  return st;
+}
+
+/* The squared deviations of x from mean (c), per channel, into v (c). */
+static dt_status channel_squares(dt_tensor *x, dt_tensor *mean, int64_t n, int64_t c, int64_t hw,
+                                 double *v) {
+  dt_tensor *d = NULL;
+  dt_status st = dt_ops_empty_like(x, dt_tensor_device(x), &d);
+  const dt_exec ex = dt_tensor_exec(x);
+  if (st == DT_OK)
+    st = per_channel(&ex, DT_BINARY_SUB, x, mean, d, n, c, hw);
+  if (st == DT_OK)
+    st = per_channel(&ex, DT_BINARY_MUL, d, d, d, 1, n * c * hw, 1); /* d * d */
+  if (st == DT_OK)
+    st = channel_sums(d, c, v);
+  dt_tensor_release(d);
+  return st;
+}
+
+/* running = (1 - momentum) running + momentum * batch, on the host. */
+static dt_status update_running(dt_tensor *running, const double *batch, int64_t c,
+                                float momentum) {
+  float *f = malloc(sizeof(float) * (size_t)(c > 0 ? c : 1));
+  if (f == NULL)
+    return DT_ERROR(DT_ERR_OOM, "sync_batch_norm2d: no host memory for %lld statistics",
+                    (long long)c);
+  dt_tensor *t = NULL;
+  dt_status st = dt_tensor_to_host(running, f, sizeof(float) * (size_t)c);
+  for (int64_t i = 0; st == DT_OK && i < c; i++)
+    f[i] = (float)((1.0 - momentum) * f[i] + momentum * batch[i]);
+  if (st == DT_OK &&
+      (st = dt_tensor_from_host(f, &c, 1, DT_DTYPE_F32, dt_tensor_device(running), &t)) == DT_OK)
+    st = dt_tensor_copy_(running, t);
+  dt_tensor_release(t);
+  free(f);
+  return st;
+}
+
+static dt_status sync_batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in) {
+  dt_tensor *x = node->saved[0], *gamma = node->saved[1], *mean = node->saved[2],
+            *invstd = node->saved[3];
+  const sync_batch_norm_saved *s = DT_NODE_PARAMS(node, sync_batch_norm_saved);
+  int64_t n = s->n, c = s->c, hw = s->hw;
+  dt_device dev = dt_tensor_device(gy);
+  const dt_exec ex = dt_tensor_exec(gy);
+  dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *tmp = NULL, *coef[3] = {NULL};
+  double *h = calloc((size_t)(5 * c + 1), sizeof(double));
+  float *f = malloc(sizeof(float) * (size_t)(3 * c + 1));
+  dt_status st = h && f ? DT_OK : DT_ERROR(DT_ERR_OOM, "sync_batch_norm2d: no host memory");
+  DT_CHECK_GOTO(st, st, fail);
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &tmp), st, fail);
+  /* this process's sum dy (dbeta) and sum dy (x - mean) invstd (dgamma):
+   * the parameters' gradients, which DDP averages as any other */
+  DT_CHECK_GOTO(
+      local_grads(&ex, x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
+      fail);
+  DT_CHECK_GOTO(dt_tensor_to_host(dbeta, f, sizeof(float) * (size_t)c), st, fail);
+  DT_CHECK_GOTO(dt_tensor_to_host(dgamma, f + c, sizeof(float) * (size_t)c), st, fail);
+  DT_CHECK_GOTO(dt_tensor_to_host(invstd, f + 2 * c, sizeof(float) * (size_t)c), st, fail);
+  for (int64_t i = 0; i < c; i++) {
+    h[i] = f[i];
+    h[c + i] = f[2 * c + i] != 0.0f ? (double)f[c + i] / f[2 * c + i] : 0.0;
+  }
+  /* the sums over every process: dx = gamma invstd (dy - mean(dy) - (x -
+   * mean) invstd^2 mean(dy (x - mean))), as dy A + (x - mean) B + C per
+   * channel */
+  DT_CHECK_GOTO(sum_across(&s->across, h, 2 * c, dev), st, fail);
+  DT_CHECK_GOTO(dt_tensor_to_host(gamma, f, sizeof(float) * (size_t)c), st, fail);
+  for (int64_t i = 0; i < c; i++) {
+    double is = f[2 * c + i], a = f[i] * is;
+    double b = -a * is * is * h[c + i] / s->count;
+    h[2 * c + i] = a;
+    h[3 * c + i] = b;
+    h[4 * c + i] = -a * h[i] / s->count;
+  }
+  for (int k = 0; k < 3; k++)
+    DT_CHECK_GOTO(channel_tensor(h + (2 + k) * c, c, dev, &coef[k]), st, fail);
+  if (n * c * hw > 0) {
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gy, coef[0], dx, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_SUB, x, mean, tmp, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, tmp, coef[1], tmp, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_ADD, dx, tmp, dx, 1, n * c * hw, 1), st, fail);
+    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_ADD, dx, coef[2], dx, n, c, hw), st, fail);
+  }
+  hand_out_grads(node, s->has_gamma, s->has_beta, dx, dgamma, dbeta, grad_in);
+  dx = dgamma = dbeta = NULL;
+fail:
+  DT_RELEASE_TENSORS(coef[2], coef[1], coef[0], tmp, dbeta, dgamma, dx);
+  free(f);
+  free(h);
+  return st;
+}
+
+dt_status dt_op_sync_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                  dt_tensor *running_mean, dt_tensor *running_var, float momentum,
+                                  float eps, const dt_sum_across *across, dt_tensor **out) {
+  static const char *op = "dt_op_sync_batch_norm2d";
+  if (!x || !out || !across || !across->sum)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x, out and across->sum are needed)",
+                    op);
+  /* 16-bit x: as batch_norm2d, in f32 */
+  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
+                    dt_op_sync_batch_norm2d(x32, gamma, beta, running_mean, running_var, momentum,
+                                            eps, across, out));
+  /* running stats may be NULL; the count is checked over every process */
+  int64_t n = 0, c = 0, hw = 0;
+  DT_CHECK(check_batch_norm(op, (dt_tensor *[5]){x, gamma, beta, running_mean, running_var}, true,
+                            false, &n, &c, &hw));
+  dt_device dev = dt_tensor_device(x);
+  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *var = NULL,
+            *invstd = NULL;
+  dt_node *node = NULL;
+  double *h = calloc((size_t)(2 * c + 1), sizeof(double)), count = 0.0;
+  dt_status st = h ? DT_OK : DT_ERROR(DT_ERR_OOM, "%s: no host memory", op);
+  DT_CHECK_GOTO(st, st, fail);
+  DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  DT_CHECK_GOTO(affine_params(gamma, beta, c, dev, &gc, &bc), st, fail);
+  /* pass 1: the sums and the count over every process -> the mean */
+  if (n * hw > 0)
+    DT_CHECK_GOTO(channel_sums(xc, c, h), st, fail);
+  h[c] = (double)(n * hw);
+  DT_CHECK_GOTO(sum_across(across, h, c + 1, dev), st, fail);
+  count = h[c];
+  if (count <= 1.0 && c > 0) {
+    st = DT_ERROR(DT_ERR_SHAPE,
+                  "%s: %g values per channel over every process: training needs more than one "
+                  "to estimate the variance",
+                  op, count);
+    goto fail;
+  }
+  for (int64_t i = 0; i < c; i++)
+    h[i] /= count;
+  DT_CHECK_GOTO(channel_tensor(h, c, dev, &mean), st, fail);
+  /* pass 2: the squared deviations -> the (biased) variance */
+  if (n * hw > 0)
+    DT_CHECK_GOTO(channel_squares(xc, mean, n, c, hw, h + c), st, fail);
+  DT_CHECK_GOTO(sum_across(across, h + c, c, dev), st, fail);
+  for (int64_t i = 0; i < c; i++)
+    h[c + i] /= count;
+  DT_CHECK_GOTO(channel_tensor(h + c, c, dev, &var), st, fail);
+  /* y from those statistics: the kernel's eval mode with them as the
+   * running ones (it saves mean and 1 / sqrt(var + eps)) */
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &y), st,
+                fail);
+  DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
+  if (n * c * hw > 0)
+    DT_CHECK_GOTO(
+        dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_F32(gc),
+                                       DT_F32(bc), DT_F32(mean), DT_F32(var), NULL, DT_F32(invstd),
+                                       n, c, hw, false, momentum, eps),
+        st, fail);
+  else if (c > 0)
+    DT_CHECK_GOTO(dt_kernel_fill(DT_TENSOR_EXEC(x), DT_F32(invstd), 1.0f, c), st, fail);
+  if (running_mean) { /* the unbiased variance, as PyTorch */
+    DT_CHECK_GOTO(update_running(running_mean, h, c, momentum), st, fail);
+    for (int64_t i = 0; i < c; i++)
+      h[c + i] *= count / (count - 1.0);
+    DT_CHECK_GOTO(update_running(running_var, h + c, c, momentum), st, fail);
+  }
+  dt_tensor *ins[3] = {x, gamma, beta};
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, sync_batch_norm_backward, ins, 3, y, &node), st, fail);
+  dt_tensor *saved[4] = {xc, gc, mean, invstd};
+  dt_ops_save_for_backward(node, saved, 4);
+  DT_OPS_SAVE_PARAMS(node, sync_batch_norm_saved,
+                     {n, c, hw, gamma != NULL, beta != NULL, eps, count, *across});
+  st = dt_ops_take(&y, out);
+fail:
+  DT_RELEASE_TENSORS(invstd, var, mean, y, bc, gc, xc);
+  free(h);
   return st;
 }
 

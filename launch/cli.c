@@ -61,7 +61,9 @@ const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
                                  "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "
-                                 "gpt2-* and llama-* are GPT-2 and Llama language models)",
+                                 "gpt2-* and llama-* are GPT-2 and Llama language models, "
+                                 "resnet* torchvision's ResNets, -small with the 3x3 stride-1 "
+                                 "stem and no max-pool for 28-64 px images)",
                                  dt_cli_model_choices());
 }
 

@@ -48,7 +48,7 @@ static bool in_range(const dt_flag *f, double v) {
 /* Stores `text` into flag f; on failure writes why into `why`. */
 static bool set_value(dt_flag *f, const char *text, char *why, size_t cap) {
   char *end = NULL;
-  char expected[160];
+  char expected[384];
   switch (f->type) {
     case DT_FLAG_INT: {
       errno = 0;

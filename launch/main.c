@@ -230,6 +230,12 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_precision(&precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_recompute(&cfg.recompute),
+      DT_BOOL_FLAG("zero-init-residual", &cfg.zero_init_residual,
+                   "resnet*: the last BatchNorm of each residual block starts at weight 0 "
+                   "(torchvision's zero_init_residual)"),
+      DT_BOOL_FLAG("sync-bn", &cfg.sync_bn,
+                   "resnet*: BatchNorm statistics over every DDP rank's micro-batch (PyTorch's "
+                   "SyncBatchNorm); one process: nothing to do; not with --mode dp"),
       DT_STRING_FLAG("debug-overflow", &debug_overflow, "R:S",
                      "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
                      "step S (0-based)",

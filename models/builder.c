@@ -45,11 +45,13 @@ dt_status dt_models_init_normal(dt_module *model, uint64_t seed, dt_models_std_f
     const char *name = NULL;
     dt_tensor *p = dt_module_parameter_at(model, i, &name);
     int64_t n = dt_tensor_numel(p);
+    float fill = 0.0f, std = std_of(name, ctx, &fill);
+    if (std < 0.0f)
+      continue; /* kept as the builder drew it */
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
     if (!v)
       return DT_ERROR(DT_ERR_OOM, "no host memory to initialise %s (%lld floats)", name,
                       (long long)n);
-    float fill = 0.0f, std = std_of(name, ctx, &fill);
     for (int64_t j = 0; j < n; j++)
       v[j] = std > 0.0f ? std * dt_generator_normal(&gen) : fill;
     dt_tensor *host = NULL;

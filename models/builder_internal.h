@@ -35,7 +35,7 @@ dt_status dt_models_find_config(const char *family, const char *name, const void
 
 /* Every parameter of model, in registration order, from one generator
  * seeded with `seed`: std_of(name, ctx, &fill) > 0 draws N(0, std^2), 0
- * sets every element to fill. */
+ * sets every element to fill, < 0 keeps the parameter as it is. */
 typedef float (*dt_models_std_fn)(const char *name, const void *ctx, float *fill);
 dt_status dt_models_init_normal(dt_module *model, uint64_t seed, dt_models_std_fn std_of,
                                 const void *ctx);

@@ -35,6 +35,41 @@ dt_status dt_model_mlp(const int *sizes, int n_sizes, uint64_t seed, dt_module *
  * 61,706 parameters for 10 classes. */
 dt_status dt_model_lenet5(int num_classes, uint64_t seed, dt_module **out);
 
+/* ResNet (He et al. 2016) in torchvision's layout (torchvision.models.
+ * resnet18/34/50, v1.5: a Bottleneck's stride on its 3x3 convolution), so
+ * weights map one to one with load_state_dict(strict=True):
+ *   conv1.weight, bn1.{weight,bias,running_mean,running_var,
+ *   num_batches_tracked}, layer<s>.<i>.conv<j>.weight, layer<s>.<i>.bn<j>.*,
+ *   layer<s>.<i>.downsample.{0.weight,1.*} (the first block of a stage that
+ *   changes the shape), fc.{weight,bias}
+ * (BatchNorm's running statistics are buffers). The stem is conv1 7x7
+ * stride 2, BatchNorm, ReLU and a 3x3 stride-2 max-pool; with small_stem,
+ * a 3x3 stride-1 convolution and no max-pool (for 28-64 px images; the
+ * names stay). Four stages of 64, 128, 256, 512 planes (x4 for the
+ * Bottleneck), stride 2 from the second, then the mean over H and W
+ * (AdaptiveAvgPool2d(1)) and fc. Initialisation as torchvision's:
+ * convolutions N(0, 2 / (out_channels k^2)) (kaiming_normal_, fan_out,
+ * relu), BatchNorm weight 1 bias 0, fc nn.Linear's default;
+ * zero_init_residual sets the last BatchNorm weight of each block to 0. */
+typedef struct dt_resnet_config {
+  int bottleneck;  /* 0: BasicBlock (resnet18, 34), 1: Bottleneck (resnet50) */
+  int blocks[4];   /* blocks per stage: {2,2,2,2}, {3,4,6,3} */
+  int in_channels; /* 3 for RGB, 1 for grey */
+  int num_classes;
+  int small_stem;
+  int zero_init_residual;
+} dt_resnet_config;
+
+/* images (N, in_channels, H, W) -> logits (N, num_classes); another
+ * number of channels is DT_ERR_SHAPE. */
+dt_status dt_model_resnet(const dt_resnet_config *cfg, uint64_t seed, dt_module **out);
+/* 11,689,512 for resnet18, 25,557,032 for resnet50 (3 channels, 1000
+ * classes, torchvision's counts). */
+int64_t dt_resnet_parameter_count(const dt_resnet_config *cfg);
+/* resnet18, resnet34 or resnet50, 3 input channels and 1000 classes as
+ * torchvision's; DT_ERR_INVALID_ARG naming the known ones. */
+dt_status dt_resnet_config_named(const char *name, dt_resnet_config *out);
+
 /* GPT-2 (Radford et al. 2019; the layout of HF's GPT2LMHeadModel and
  * llm.c): token and learned positional embeddings, n_layer pre-LN blocks
  *   x = x + attn.c_proj(causal_attention(attn.c_attn(ln_1(x))))

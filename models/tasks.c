@@ -157,6 +157,24 @@ static dt_status build_lenet(const dt_task *task, uint64_t seed, dt_module **out
   return dt_model_lenet5(10, seed, out);
 }
 
+/* A ResNet of the task's name (its "-small" suffix: the small-image stem)
+ * for the task's input channels and classes. */
+static dt_status build_resnet(const dt_task *task, uint64_t seed, dt_module **out) {
+  char name[16];
+  size_t len = strcspn(task->name, "-");
+  if (len >= sizeof name)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "model %s: not a ResNet", task->name);
+  memcpy(name, task->name, len);
+  name[len] = '\0';
+  dt_resnet_config c;
+  DT_CHECK(dt_resnet_config_named(name, &c));
+  c.in_channels = (int)task->input_shape[0];
+  c.num_classes = task->num_classes;
+  c.small_stem = task->small_stem;
+  c.zero_init_residual = task->zero_init_residual;
+  return dt_model_resnet(&c, seed, out);
+}
+
 /* The task's GPT-2 configuration, its context the task's. */
 static dt_status gpt2_config(const dt_task *task, dt_gpt2_config *cfg) {
   DT_CHECK(dt_gpt2_config_named(task->name, cfg));
@@ -262,6 +280,20 @@ static const dt_task tasks[] = {
    LANGUAGE_MODEL(build_llama, llama_flops_per_sample, context)},
 #include "models/llama_sizes.def"
 #undef DT_LLAMA_SIZE
+/* ResNets (torchvision's layout) on the same images; -small: the 3x3
+ * stride-1 stem without max-pool, for images of 28 to 64 px. */
+#define RESNET(name_, summary_, small)                                              \
+  {                                                                                 \
+    .name = name_, .summary = summary_, .build = build_resnet, .small_stem = small, \
+    .residual_bn = true, IMAGE28_CLASSIFICATION                                     \
+  }
+    RESNET("resnet18", "ResNet-18 (torchvision's layout)", false),
+    RESNET("resnet34", "ResNet-34 (torchvision's layout)", false),
+    RESNET("resnet50", "ResNet-50 (torchvision's layout)", false),
+    RESNET("resnet18-small", "ResNet-18, small-image stem (3x3 conv, no max-pool)", true),
+    RESNET("resnet34-small", "ResNet-34, small-image stem (3x3 conv, no max-pool)", true),
+    RESNET("resnet50-small", "ResNet-50, small-image stem (3x3 conv, no max-pool)", true),
+#undef RESNET
 };
 #define NUM_TASKS ((int)(sizeof tasks / sizeof tasks[0]))
 

@@ -116,6 +116,13 @@ struct dt_task {
   /* The tokenizer the inputs are ids of ("gpt2": data_dir/gpt2's BPE): the
    * model generates text from a prompt. NULL = not text. */
   const char *tokenizer;
+  /* ResNets: the small-image stem (the -small models, from the table) and
+   * torchvision's zero_init_residual (false in the table; the trainer sets
+   * it on its copy). residual_bn: the model's blocks end in a BatchNorm,
+   * so zero_init_residual applies. */
+  bool small_stem;
+  bool zero_init_residual;
+  bool residual_bn;
 };
 
 /* The registered tasks, in table order. */

@@ -90,6 +90,29 @@ small_brown_data() {
   export DT_DATA_DIR="$data"
 }
 
+# small_image_data SRC TRAIN TEST: $data, a data folder whose fashion-mnist
+# holds the first TRAIN training and TEST test images of SRC's (idx files),
+# for short runs of the image models. Sets py (numpy_reader).
+small_image_data() {
+  numpy_reader
+  data="$tmp/small-images"
+  mkdir -p "$data/fashion-mnist"
+  "$py" - "$1/fashion-mnist" "$data/fashion-mnist" "$2" "$3" <<'PY' || return 1
+import gzip, os, sys
+src, dst, n_train, n_test = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for kind, n in (("train", n_train), ("t10k", n_test)):
+    for what in ("images-idx3", "labels-idx1"):
+        name = f"{kind}-{what}-ubyte"
+        path = os.path.join(src, name)
+        raw = gzip.open(path + ".gz").read() if os.path.exists(path + ".gz") else open(path, "rb").read()
+        nd, per = raw[3], 1
+        for i in range(1, nd):
+            per *= int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big")
+        head = raw[:4] + n.to_bytes(4, "big") + raw[8:4 + 4 * nd]
+        open(os.path.join(dst, name), "wb").write(head + raw[4 + 4 * nd:4 + 4 * nd + n * per])
+PY
+}
+
 # Ranks under mpirun must not share Bazel's per-test output files.
 unshare_test_files() {
   unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+#include "core/nn.h"
 #include "core/tensor.h"
 #include "models/models.h"
 
@@ -35,6 +37,24 @@ std::vector<unsigned char> ReadAll(const std::string &path) {
 void WriteAll(const std::string &path, const std::vector<unsigned char> &b) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char *>(b.data()), (std::streamsize)b.size());
+}
+
+// a's and b's parameters (or buffers) hold the same bytes.
+void ExpectSameTensors(dt_module *a, dt_module *b, bool buffers) {
+  int n = buffers ? dt_module_num_buffers(a) : dt_module_num_parameters(a);
+  ASSERT_EQ(n, buffers ? dt_module_num_buffers(b) : dt_module_num_parameters(b));
+  for (int i = 0; i < n; i++) {
+    const char *name = nullptr;
+    dt_tensor *ta =
+        buffers ? dt_module_buffer_at(a, i, &name) : dt_module_parameter_at(a, i, &name);
+    dt_tensor *tb =
+        buffers ? dt_module_buffer_at(b, i, nullptr) : dt_module_parameter_at(b, i, nullptr);
+    size_t bytes = dt_tensor_numel(ta) * dt_dtype_size(dt_tensor_dtype(ta));
+    std::vector<unsigned char> va(bytes), vb(bytes);
+    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), bytes), DT_OK);
+    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), bytes), DT_OK);
+    EXPECT_EQ(va, vb) << name;
+  }
 }
 
 // A trainer-state file with sections "meta" and "optimizer".
@@ -153,15 +173,7 @@ TEST(Checkpoint, SafetensorsRoundTripAndMismatch) {
             DT_OK);
   std::string path = dir + "/model.safetensors";
   ASSERT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_OK) << dt_last_error();
-  for (int i = 0; i < dt_module_num_parameters(a); i++) {
-    const char *name = nullptr;
-    dt_tensor *ta = dt_module_parameter_at(a, i, &name);
-    dt_tensor *tb = dt_module_parameter_at(b, i, &name);
-    std::vector<float> va(dt_tensor_numel(ta)), vb(va.size());
-    ASSERT_EQ(dt_tensor_to_host(ta, va.data(), va.size() * 4), DT_OK);
-    ASSERT_EQ(dt_tensor_to_host(tb, vb.data(), vb.size() * 4), DT_OK);
-    EXPECT_EQ(va, vb) << name;
-  }
+  ExpectSameTensors(a, b, false);
   // The header is standard: u64 length, then JSON naming dotted parameters.
   auto bytes = ReadAll(path);
   uint64_t n = 0;
@@ -193,6 +205,41 @@ TEST(Checkpoint, SafetensorsRoundTripAndMismatch) {
   dt_module_destroy(a);
   dt_module_destroy(b);
   dt_module_destroy(lenet);
+}
+
+// BatchNorm's buffers (running_mean/var f32, num_batches_tracked i64 of
+// rank 0, as PyTorch's state_dict) round-trip through model.safetensors.
+TEST(Checkpoint, SafetensorsHoldsBatchNormBuffers) {
+  std::string dir = TempDir();
+  dt_module *a = nullptr, *b = nullptr;
+  ASSERT_EQ(dt_nn_batch_norm2d(3, 1e-5f, 0.1f, &a), DT_OK);
+  ASSERT_EQ(dt_nn_batch_norm2d(3, 1e-5f, 0.1f, &b), DT_OK);
+  std::vector<float> x(2 * 3 * 4);
+  for (size_t i = 0; i < x.size(); i++)
+    x[i] = 0.25f * (float)(i * i % 7) - 0.5f;
+  const int64_t shape[4] = {2, 3, 2, 2};
+  dt_tensor *in = nullptr, *out = nullptr;
+  ASSERT_EQ(dt_tensor_from_host(x.data(), shape, 4, DT_DTYPE_F32, DT_CPU, &in), DT_OK);
+  for (int step = 0; step < 2; step++) {  // two training forwards: running stats move
+    ASSERT_EQ(dt_module_call(a, in, &out), DT_OK) << dt_last_error();
+    dt_tensor_release(out);
+  }
+  ASSERT_EQ(dt_safetensors_save_module(a, dir.c_str(), "model.safetensors", nullptr, nullptr),
+            DT_OK)
+      << dt_last_error();
+  std::string path = dir + "/model.safetensors";
+  ASSERT_EQ(dt_safetensors_load_module(path.c_str(), b), DT_OK) << dt_last_error();
+  ExpectSameTensors(a, b, true);
+  int64_t count = 0;
+  ASSERT_EQ(dt_tensor_to_host(dt_module_buffer(b, "num_batches_tracked"), &count, 8), DT_OK);
+  EXPECT_EQ(count, 2);
+  auto bytes = ReadAll(path);
+  std::string header(bytes.begin() + 8, bytes.end());
+  EXPECT_NE(header.find("\"num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[]"),
+            std::string::npos);
+  dt_tensor_release(in);
+  dt_module_destroy(a);
+  dt_module_destroy(b);
 }
 
 TEST(Checkpoint, ManifestMakesACheckpointExist) {

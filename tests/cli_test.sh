@@ -130,12 +130,12 @@ run train --schedule linear
 expect 2 err "invalid value 'linear' for --schedule: expected one of constant, cosine, step" \
   "schedule choices"
 # Every name or enum flag: exit 2, the flag and the accepted values.
-run train --model resnet18
-expect 2 err "^dtrain train: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b$" \
+run train --model resnet101
+expect 2 err "^dtrain train: invalid value 'resnet101' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b, resnet18, resnet34, resnet50, resnet18-small, resnet34-small, resnet50-small$" \
   "unknown model"
 expect_plain "unknown model"
-run bench --model resnet18
-expect 2 err "^dtrain bench: invalid value 'resnet18' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b$" \
+run bench --model resnet101
+expect 2 err "^dtrain bench: invalid value 'resnet101' for --model: expected one of mlp, lenet, gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-135m, llama-1b, resnet18, resnet34, resnet50, resnet18-small, resnet34-small, resnet50-small$" \
   "bench: unknown model"
 run train --data cifar10
 expect 2 err "invalid value 'cifar10' for --data: expected one of fashion-mnist, mnist" \

@@ -147,4 +147,96 @@ TEST(Models, MlpInputOfWrongSizeIsAShapeError) {
   dt_module_destroy(m);
 }
 
+// torchvision's resnet18/34/50 (3 channels, 1000 classes): its parameter
+// counts, its names, BatchNorm buffers, the Kaiming (fan_out) init and
+// zero_init_residual.
+TEST(Models, ResNetLayoutAsTorchvision) {
+  struct {
+    const char *name;
+    int64_t params;
+    int batch_norms;
+    const char *downsample, *last_bn;
+  } cases[] = {{"resnet18", 11689512, 20, "layer2.0.downsample.1.running_var", "bn2"},
+               {"resnet34", 21797672, 36, "layer4.0.downsample.0.weight", "bn2"},
+               {"resnet50", 25557032, 53, "layer1.0.downsample.0.weight", "bn3"}};
+  for (const auto &c : cases) {
+    dt_resnet_config cfg;
+    ASSERT_DT_OK(dt_resnet_config_named(c.name, &cfg));
+    EXPECT_EQ(dt_resnet_parameter_count(&cfg), c.params) << c.name;
+    if (cfg.blocks[1] == 4 && !cfg.bottleneck)
+      continue;  // resnet34: resnet18's blocks, more of them; its 22M draws would slow the test
+    cfg.zero_init_residual = 1;
+    dt_module *m = nullptr;
+    ASSERT_DT_OK(dt_model_resnet(&cfg, 0, &m));
+    EXPECT_EQ(dt_module_parameter_count(m), c.params) << c.name;
+    EXPECT_EQ(dt_module_num_buffers(m), 3 * c.batch_norms) << c.name;
+    bool has_downsample = false;
+    for (int i = 0; i < dt_module_num_buffers(m); i++) {
+      const char *name = nullptr;
+      dt_module_buffer_at(m, i, &name);
+      has_downsample |= std::string(name) == c.downsample;
+    }
+    for (int i = 0; i < dt_module_num_parameters(m); i++) {
+      const char *name = nullptr;
+      dt_tensor *p = dt_module_parameter_at(m, i, &name);
+      std::string n = name;
+      has_downsample |= n == c.downsample;
+      std::vector<float> v = ToVector(p);
+      if (dt_tensor_ndim(p) == 4) {  // kaiming_normal_, fan_out: std sqrt(2 / (out k k))
+        const int64_t *sh = dt_tensor_shape(p);
+        double want = std::sqrt(2.0 / (double)(sh[0] * sh[2] * sh[3])), ss = 0;
+        for (float x : v)
+          ss += (double)x * x;
+        EXPECT_NEAR(std::sqrt(ss / (double)v.size()), want, 0.1 * want) << c.name << " " << n;
+      } else if (n.find(".bn") != std::string::npos ||
+                 n.find("downsample.1") != std::string::npos) {
+        bool last = n.find(std::string(".") + c.last_bn + ".weight") != std::string::npos;
+        float want = n.find(".bias") != std::string::npos || last ? 0.0f : 1.0f;
+        for (float x : v)
+          ASSERT_EQ(x, want) << c.name << " " << n;
+      }
+    }
+    EXPECT_TRUE(has_downsample) << c.name << " lacks " << c.downsample;
+    dt_module_destroy(m);
+  }
+  dt_resnet_config bad;
+  ASSERT_DT_OK(dt_resnet_config_named("resnet18", &bad));
+  bad.in_channels = 0;
+  dt_module *m = nullptr;
+  EXPECT_EQ(dt_model_resnet(&bad, 0, &m), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_resnet_config_named("resnet101", &bad), DT_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(dt_last_error()).find("resnet18, resnet34, resnet50"), std::string::npos)
+      << dt_last_error();
+}
+
+// The task's ResNet for 28x28 grey images trains (every parameter gets a
+// gradient); the small stem keeps 8x8 images to the last stage; another
+// channel count is a shape error naming ResNet.
+TEST(Models, ResNetTrainsOnGreyImages) {
+  dt_module *m = nullptr;
+  ASSERT_DT_OK(dt_model_create("resnet18", 1, &m));
+  EXPECT_EQ(dt_module_parameter_count(m), 11689512 - 2 * 64 * 49 - 512 * 990 - 990);
+  check_train_step(m, 6);
+  dt_module_destroy(m);
+  ASSERT_DT_OK(dt_model_create("resnet18-small", 1, &m));
+  EXPECT_EQ(dt_tensor_dim(dt_module_parameter_at(m, 0, nullptr), 3), 3);
+  int64_t shape[4] = {2, 1, 8, 8};
+  dt_tensor *x = nullptr, *y = nullptr;
+  ASSERT_DT_OK(dt_tensor_zeros(shape, 4, DT_DTYPE_F32, DT_CPU, &x));
+  ASSERT_DT_OK(dt_module_call(m, x, &y));
+  EXPECT_EQ(dt_tensor_dim(y, 1), 10);
+  dt_tensor_release(y);
+  dt_tensor_release(x);
+  shape[1] = 3;
+  ASSERT_DT_OK(dt_tensor_zeros(shape, 4, DT_DTYPE_F32, DT_CPU, &x));
+  y = nullptr;
+  EXPECT_EQ(dt_module_call(m, x, &y), DT_ERR_SHAPE);
+  EXPECT_EQ(y, nullptr);
+  EXPECT_NE(std::string(dt_last_error()).find("ResNet takes images (N, 1, H, W)"),
+            std::string::npos)
+      << dt_last_error();
+  dt_tensor_release(x);
+  dt_module_destroy(m);
+}
+
 }  // namespace

@@ -118,6 +118,33 @@ OpFn BatchNorm(int training) {
   };
 }
 
+// SyncBatchNorm's sum across processes: `copies` processes with this one's
+// batch (1: this process alone; 2: the sums doubled, as two processes with
+// equal batches, whose statistics are this batch's).
+dt_status SumOverCopies(dt_tensor *t, void *user) {
+  const int copies = *static_cast<const int *>(user);
+  std::vector<float> v((size_t)dt_tensor_numel(t));
+  DT_CHECK(dt_tensor_to_host(t, v.data(), v.size() * sizeof(float)));
+  for (float &f : v)
+    f *= (float)copies;
+  dt_tensor *host = nullptr;
+  int64_t n = (int64_t)v.size();
+  DT_CHECK(dt_tensor_from_host(v.data(), &n, 1, DT_DTYPE_F32, dt_tensor_device(t), &host));
+  dt_status st = dt_tensor_copy_(t, host);
+  dt_tensor_release(host);
+  return st;
+}
+
+// inputs: x[, gamma, beta[, running_mean, running_var]]
+OpFn SyncBatchNorm(int copies) {
+  static const int kCopies[3] = {0, 1, 2};
+  const dt_sum_across across = {SumOverCopies, const_cast<int *>(&kCopies[copies])};
+  return [across](const V &x, dt_tensor **out) {
+    return dt_op_sync_batch_norm2d(x[0], Opt(x, 1), Opt(x, 2), Opt(x, 3), Opt(x, 4), 0.1f, 1e-5f,
+                                   &across, out);
+  };
+}
+
 // inputs: x[, gamma, beta]
 OpFn LayerNorm() {
   return [](const V &x, dt_tensor **out) {
@@ -353,6 +380,10 @@ std::vector<OpCase> Build() {
        {X({0, 3, 2, 2}), X({3}).Range(0.5f, 1.5f), X({3}), X({3}).Const(),
         X({3}).Range(0.5f, 1.5f).Const()},
        BatchNorm(0), kNormalisation, kParityOnly},
+      {"sync_batch_norm2d", "train_8x16x7x7", F32,
+       {X({8, 16, 7, 7}).Range(-2, 3), X({16}).Range(0.5f, 1.5f), X({16}), X({16}).Const(),
+        X({16}).Range(0.5f, 2).Const()},
+       SyncBatchNorm(2), kNormalisation, kParityOnly},
       {"layer_norm", "300x768", F32,
        {X({300, 768}).Range(-3, 3), X({768}).Range(0.5f, 1.5f), X({768})}, LayerNorm(),
        kNormalisation, kParityOnly},
@@ -567,6 +598,20 @@ std::vector<OpCase> Build() {
          {X(s).Range(-2, 2)},
          BatchNorm(1),
          kNormalisation});
+    for (int copies : {1, 2})
+      add({"sync_batch_norm2d",
+           (copies == 1 ? "one_process_" : "two_equal_processes_") + ShapeName(s),
+           F32,
+           {X(s).Range(-2, 2), X({c}).Range(0.5f, 1.5f), X({c}), X({c}).Const(),
+            X({c}).Range(0.5f, 1.5f).Const()},
+           SyncBatchNorm(copies),
+           kNormalisation});
+    add({"sync_batch_norm2d",
+         "plain_" + ShapeName(s),
+         F32,
+         {X(s).Range(-2, 2)},
+         SyncBatchNorm(2),
+         kNormalisation});
   }
   for (const Shape &s : {Shape{3, 5}, Shape{2, 3, 4}}) {
     int64_t d = s.back();
@@ -697,6 +742,8 @@ std::vector<OpCase> Build() {
   // kernels' block and thread paths.
   for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
     const Shape bn = {3, 2, 4, 4};
+    const std::vector<Input> bn_half = {X(bn).Range(-2, 2).Half(), X({2}).Range(0.5f, 1.5f), X({2}),
+                                        X({2}).Const(), X({2}).Range(0.5f, 1.5f).Const()};
     std::vector<OpCase> rows = {
         {"matmul",
          "half_inputs",
@@ -799,13 +846,8 @@ std::vector<OpCase> Build() {
          {X({4, 5}).Half(), X({4, 5}).Half()},
          Mse(DT_REDUCTION_MEAN),
          kReduction},
-        {"batch_norm2d",
-         "half_train",
-         d,
-         {X(bn).Range(-2, 2).Half(), X({2}).Range(0.5f, 1.5f), X({2}), X({2}).Const(),
-          X({2}).Range(0.5f, 1.5f).Const()},
-         BatchNorm(1),
-         kNormalisation},
+        {"batch_norm2d", "half_train", d, bn_half, BatchNorm(1), kNormalisation},
+        {"sync_batch_norm2d", "half_train", d, bn_half, SyncBatchNorm(2), kNormalisation},
         {"layer_norm",
          "half",
          d,

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The `dtrain bench` benchmark in PyTorch, as a peer to measure against.
 
-Same models (MLP 784-512-512-10, LeNet-5, GPT-2), same synthetic batch
+Same models (MLP 784-512-512-10, LeNet-5, torchvision's ResNets, GPT-2), same synthetic batch
 (random N(0,1) inputs of shape (B,1,28,28), random labels in [0,10); for
 GPT-2 random token ids of shape (B,T) and their shifted targets), same step
 (zero_grad, forward, cross-entropy, backward, optimizer), warm-up excluded,
@@ -132,7 +132,21 @@ def build_model(name, nn):
             nn.Linear(400, 120), nn.ReLU(),
             nn.Linear(120, 84), nn.ReLU(),
             nn.Linear(84, 10))
-    raise SystemExit("bench_torch: unknown model '%s' (expected mlp, lenet or gpt2-*)" % name)
+    if name.split("-")[0] in RESNETS:
+        # torchvision's, for dtrain's 1-channel 28x28 task input (models/resnet.c)
+        import torchvision
+        small = name.endswith("-small")
+        model = getattr(torchvision.models, name.split("-")[0])(num_classes=10)
+        model.conv1 = nn.Conv2d(1, 64, 3 if small else 7, 1 if small else 2, 1 if small else 3,
+                                bias=False)
+        if small:
+            model.maxpool = nn.Identity()
+        return model
+    raise SystemExit("bench_torch: unknown model '%s' (expected mlp, lenet, resnet* or gpt2-*)"
+                     % name)
+
+
+RESNETS = ("resnet18", "resnet34", "resnet50")
 
 
 GPT2_CONFIGS = {  # name: (layers, heads, width, context)
@@ -215,7 +229,7 @@ def build_gpt2(torch, nn, name, ctx):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + sorted(GPT2_CONFIGS))
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + [r + s for r in RESNETS for s in ("", "-small")] + sorted(GPT2_CONFIGS))
     p.add_argument("--ctx", type=int, default=0,
                    help="GPT-2: sequence length T, 0 = the model's context")
     p.add_argument("--batch", type=int, default=128)

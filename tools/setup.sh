@@ -2,10 +2,13 @@
 # Installs what dtrain needs to build, test and train; idempotent and fast
 # (well under a second) when everything is already present.
 #
-#   tools/setup.sh [--bench] [--chromium] [--quiet]
+#   tools/setup.sh [--bench] [--torchvision] [--chromium] [--quiet]
 #
-#   --bench    also install Debian's python3-torch (the PyTorch peer that
-#              tools/bench_compare.sh measures against)
+#   --bench    also install Debian's python3-torch and python3-torchvision
+#              (the PyTorch peer that tools/bench_compare.sh measures against)
+#   --torchvision also install Debian's python3-torchvision (and python3-torch):
+#              torchvision_resnet_test loads dtrain's ResNets into
+#              torchvision's models; ./test.sh passes this
 #   --chromium also install Debian's chromium-headless-shell (the report test
 #              renders `dtrain report`'s page in it; ./test.sh passes this)
 #   --quiet   print nothing when there is nothing to do
@@ -37,19 +40,21 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bench=0
+torchvision=0
 chromium=0
 quiet=0
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
+    --torchvision) torchvision=1 ;;
     --chromium) chromium=1 ;;
     --quiet | -q) quiet=1 ;;
     -h | --help)
-      sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "setup: unknown option '$arg' (expected --bench, --chromium, --quiet)" >&2
+      echo "setup: unknown option '$arg' (expected --bench, --torchvision, --chromium, --quiet)" >&2
       exit 2
       ;;
   esac
@@ -65,7 +70,8 @@ packages=(bazel-bootstrap bazel-bootstrap-source bazel-platforms libgtest-dev li
   openmpi-bin libopenblas0-openmp libopenblas-openmp-dev zlib1g-dev libcjson-dev libpng-dev libjpeg62-turbo-dev
   dataset-fashion-mnist slurmd slurmctld slurm-client iproute2 util-linux python3-numpy
   pkgconf clang-format-14)
-[ "$bench" = 1 ] && packages+=(python3-torch)
+[ "$bench" = 1 ] && packages+=(python3-torch python3-torchvision)
+[ "$torchvision" = 1 ] && packages+=(python3-torch python3-torchvision)
 [ "$chromium" = 1 ] && packages+=(chromium-headless-shell)
 
 fmnist_src=/usr/share/datasets/fashion-mnist

@@ -230,6 +230,14 @@ static dt_status check_task(const dt_train_config *c) {
   if (c->data && !c->data->open)
     return DT_ERROR(DT_ERR_INVALID_ARG, "data set '%s' has no open function",
                     c->data->name ? c->data->name : "(unnamed)");
+  if (c->zero_init_residual && !t->residual_bn)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`zero_init_residual`: model %s has no residual blocks ending in a BatchNorm "
+                    "(it is for the resnet* models)",
+                    t->name);
+  if (c->sync_bn && !t->residual_bn)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`sync_bn`: model %s has no BatchNorm (it is for the resnet* models)", t->name);
   if (c->ctx == 0)
     return DT_OK;
   if (t->max_context > 0 && c->ctx > t->max_context)

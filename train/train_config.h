@@ -114,6 +114,15 @@ typedef struct dt_train_config {
    * keeping them (GPT-2 and Llama tasks; models/models.h): less memory,
    * the same gradients bit for bit, one more forward of the blocks. */
   bool recompute;
+  /* ResNets (the task's residual_bn): the last BatchNorm of each residual
+   * block starts at weight 0, so each block starts as the identity
+   * (torchvision's zero_init_residual; Goyal et al. 2017). */
+  bool zero_init_residual;
+  /* SyncBatchNorm: BatchNorm's training statistics over every DDP rank's
+   * micro-batch (the process group's allreduce, forward and backward), as
+   * PyTorch's SyncBatchNorm; models with BatchNorm (the resnet* tasks).
+   * One process: nothing to synchronise (a no-op); `mode` dp: refused. */
+  bool sync_bn;
   uint64_t seed;            /* model initialisation and data order */
   int threads;              /* CPU threads, 0 = the backend's current count */
   const char *threads_note; /* after the thread count in the header ("" = none) */

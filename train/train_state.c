@@ -8,6 +8,8 @@
 
 #include "core/backend.h"
 #include "core/cpu.h"
+#include "core/nn.h"
+#include "dist/comm.h"
 #include "dist/dp.h"
 #include "train/train_state_internal.h"
 
@@ -137,6 +139,17 @@ static dt_status agreement_text(const dt_train_config *c, const train_state *s, 
   return DT_OK;
 }
 
+/* SyncBatchNorm's sum across the ranks (dt_sum_across): a blocking
+ * allreduce on the DDP communicator, in the same order on every rank (the
+ * BatchNorms' order in forward and backward). */
+static dt_status sum_over_ranks(dt_tensor *t, void *comm) {
+  dt_work *w = NULL;
+  DT_CHECK(dt_comm_allreduce(comm, t, DT_REDUCE_SUM, NULL, &w));
+  dt_status st = dt_work_wait(w, 0);
+  dt_work_release(w);
+  return st;
+}
+
 /* One process (world 1) or one DDP rank: the replica, connected to the
  * other ranks. */
 static dt_status build_replica(const dt_train_config *c, train_state *s) {
@@ -156,6 +169,10 @@ static dt_status build_replica(const dt_train_config *c, train_state *s) {
   s->opt = dt_replica_optimizer(s->replica);
   s->comm = dt_replica_comm(s->replica);
   s->ddp = dt_replica_ddp(s->replica);
+  if (c->sync_bn && s->world > 1) {
+    const dt_sum_across across = {sum_over_ranks, s->comm};
+    dt_nn_batch_norm_set_sync(s->model, &across);
+  }
   return DT_OK;
 }
 
@@ -357,6 +374,7 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s) {
   s->task_ctx = *c->task;
   if (c->ctx > 0)
     DT_CHECK(dt_task_with_context(c->task, c->ctx, &s->task_ctx));
+  s->task_ctx.zero_init_residual = c->zero_init_residual;
   s->task = &s->task_ctx;
   s->data = c->data ? c->data : &s->task->data[0];
   if (c->image_folder) {
@@ -374,6 +392,10 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s) {
                                     s->dev, s->rank, &s->step, &s->scaler));
   s->precision = dt_precision_resolve(c->precision, s->dev.type);
   DT_CHECK(dt_train_rounding_setup(c->stochastic_rounding, c->seed, &s->step));
+  if (c->sync_bn && is_dp_mode(c))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "`sync_bn` with `mode` dp: SyncBatchNorm synchronises DDP ranks; use DDP "
+                    "(one process per device)");
   if (s->step.scaler && is_dp_mode(c))
     return DT_ERROR(DT_ERR_UNSUPPORTED,
                     "`precision` fp16 with `mode` dp: the replicas would share one GradScaler; "

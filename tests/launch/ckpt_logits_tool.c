@@ -1,7 +1,9 @@
-/* For safetensors_numpy_test: the MLP of a checkpoint (model.safetensors)
- * on the first N test images of Fashion-MNIST, its logits written as raw
- * little-endian f32 (N x 10) to OUT.
- *   ckpt_logits_tool CKPT_DIR DATA_DIR N OUT */
+/* For safetensors_numpy_test and torchvision_resnet_test: the model of a
+ * checkpoint (model.safetensors; MODEL, default mlp) in evaluation mode on
+ * the first N test images of Fashion-MNIST, its logits written as raw
+ * little-endian f32 (N x classes) to OUT, and with INPUTS the images as the
+ * model took them (N x 1 x 28 x 28 f32, normalised).
+ *   ckpt_logits_tool CKPT_DIR DATA_DIR N OUT [MODEL [INPUTS]] */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,21 +17,30 @@ static int fail(const char *what) {
   return 1;
 }
 
+static int write_floats(const char *path, const float *v, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(v, sizeof(float), n, f) != n || fclose(f))
+    return fprintf(stderr, "ckpt_logits_tool: writing %s failed\n", path), 1;
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: ckpt_logits_tool CKPT_DIR DATA_DIR N OUT\n");
+  if (argc < 5 || argc > 7) {
+    fprintf(stderr, "usage: ckpt_logits_tool CKPT_DIR DATA_DIR N OUT [MODEL [INPUTS]]\n");
     return 2;
   }
   int n = atoi(argv[3]);
+  const char *model = argc > 5 ? argv[5] : "mlp";
   const dt_task *task = NULL;
   const dt_task_data *data = NULL;
   dt_module *m = NULL;
   dt_dataset *test = NULL;
   char path[4096];
-  if (dt_task_find("mlp", &task) != DT_OK || dt_task_find_data(task, "fashion-mnist", &data))
-    return fail("the mlp task");
+  if (dt_task_find(model, &task) != DT_OK || dt_task_find_data(task, "fashion-mnist", &data))
+    return fail(model);
   if (task->build(task, 0, &m) != DT_OK)
-    return fail("building the MLP");
+    return fail("building the model");
+  const int classes = task->num_classes;
   snprintf(path, sizeof path, "%s/model.safetensors", argv[1]);
   if (dt_safetensors_load_module(path, m) != DT_OK)
     return fail("loading the weights");
@@ -51,12 +62,12 @@ int main(int argc, char **argv) {
   dt_no_grad_end();
   if (st != DT_OK)
     return fail("the forward");
-  float *logits = malloc((size_t)n * 10 * sizeof(float));
-  if (dt_tensor_to_host(out, logits, (size_t)n * 10 * sizeof(float)) != DT_OK)
+  float *logits = malloc((size_t)n * classes * sizeof(float));
+  if (dt_tensor_to_host(out, logits, (size_t)n * classes * sizeof(float)) != DT_OK)
     return fail("the logits");
-  FILE *f = fopen(argv[4], "wb");
-  if (!f || fwrite(logits, sizeof(float), (size_t)n * 10, f) != (size_t)n * 10 || fclose(f))
-    return fprintf(stderr, "ckpt_logits_tool: writing %s failed\n", argv[4]), 1;
+  if (write_floats(argv[4], logits, (size_t)n * classes) ||
+      (argc > 6 && write_floats(argv[6], x, (size_t)n * 784)))
+    return 1;
   dt_tensor_release(out);
   dt_tensor_release(in);
   dt_dataset_destroy(test);

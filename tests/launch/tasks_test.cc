@@ -86,7 +86,7 @@ TEST_F(Tasks, TheTableIsWellFormed) {
     }
   }
   const dt_task *none = nullptr;
-  EXPECT_EQ(dt_task_find("resnet18", &none), DT_ERR_INVALID_ARG);
+  EXPECT_EQ(dt_task_find("resnet101", &none), DT_ERR_INVALID_ARG);
   char names[256];
   EXPECT_NE(std::string(dt_last_error()).find(dt_task_names(", ", names, sizeof names)),
             std::string::npos)
@@ -99,13 +99,16 @@ TEST_F(Tasks, TheTableIsWellFormed) {
 }
 
 // The tasks small enough to build in a unit test, at a context short enough
-// for a fast step (the language models' --ctx).
+// for a fast step (the language models' --ctx); of the ResNets, resnet18
+// (models_test covers the others' layouts).
 std::vector<dt_task> small_tasks() {
   std::vector<dt_task> tasks;
   for (int i = 0; i < dt_task_count(); i++) {
     const dt_task *t = dt_task_at(i);
     if (t->max_context > 0 && std::string(t->name) != "gpt2-tiny" &&
         std::string(t->name) != "llama-tiny")
+      continue;
+    if (t->residual_bn && std::string(t->name) != "resnet18")
       continue;
     dt_task small = *t;
     if (t->max_context == 0 || dt_task_with_context(t, 8, &small) == DT_OK)
