@@ -238,50 +238,50 @@ static bool interval_due(const dt_train_config *c, const train_state *s, int64_t
 }
 
 /* Where an accumulation group began: what its redo after an out-of-memory
- * error (`max_memory`) goes back to. */
+ * error (`max_memory`) goes back to. A progress record inside the group
+ * has been shown, but its sums are taken back too: the redo records them
+ * again, and the epoch's mean counts every micro-batch once. */
 typedef struct oom_mark {
   int64_t batch;       /* the group's first micro-batch in the epoch */
   dt_tensor *loss_sum; /* a reference to the loss sum then (NULL = none) */
-  double host_loss_sum;
+  double host_loss_sum, epoch_loss;
   int64_t done_batches, interval_batches, interval_samples;
-  bool logged; /* a progress record took the sums since: they stay */
 } oom_mark;
+
+/* The sums and counts of train_epoch that a redo goes back on. */
+typedef struct epoch_sums {
+  dt_tensor **loss_sum;
+  double *host_loss_sum, *epoch_loss;
+  int64_t *done_batches, *interval_batches, *interval_samples;
+} epoch_sums;
 
 static void oom_mark_clear(oom_mark *m) {
   dt_tensor_release(m->loss_sum);
   m->loss_sum = NULL;
 }
 
-static void oom_mark_set(oom_mark *m, int64_t batch, dt_tensor *loss_sum, double host_loss_sum,
-                         int64_t done, int64_t interval_batches, int64_t interval_samples) {
+static void oom_mark_set(oom_mark *m, int64_t batch, const epoch_sums *e) {
   oom_mark_clear(m);
+  dt_tensor *sum = *e->loss_sum;
   *m = (oom_mark){batch,
-                  loss_sum ? dt_tensor_retain(loss_sum) : NULL,
-                  host_loss_sum,
-                  done,
-                  interval_batches,
-                  interval_samples,
-                  false};
+                  sum ? dt_tensor_retain(sum) : NULL,
+                  *e->host_loss_sum,
+                  *e->epoch_loss,
+                  *e->done_batches,
+                  *e->interval_batches,
+                  *e->interval_samples};
 }
 
-static void oom_mark_logged(oom_mark *m) {
-  oom_mark_clear(m);
-  m->logged = true;
-}
-
-/* Back to the mark: the abandoned micro-batches' losses and counts go
- * (those a progress record took stay in the epoch's). */
-static void oom_mark_restore(oom_mark *m, dt_tensor **loss_sum, double *host_loss_sum,
-                             int64_t *done, int64_t *interval_batches, int64_t *interval_samples) {
-  *done = m->done_batches;
-  if (m->logged)
-    return;
-  dt_tensor_release(*loss_sum);
-  *loss_sum = m->loss_sum;
+/* Back to the mark: the abandoned micro-batches' losses and counts go. */
+static void oom_mark_restore(oom_mark *m, const epoch_sums *e) {
+  dt_tensor_release(*e->loss_sum);
+  *e->loss_sum = m->loss_sum;
   m->loss_sum = NULL;
-  *host_loss_sum = m->host_loss_sum;
-  *interval_batches = m->interval_batches;
-  *interval_samples = m->interval_samples;
+  *e->host_loss_sum = m->host_loss_sum;
+  *e->epoch_loss = m->epoch_loss;
+  *e->done_batches = m->done_batches;
+  *e->interval_batches = m->interval_batches;
+  *e->interval_samples = m->interval_samples;
 }
 
 /* The ranks agreed on an out-of-memory error in the group at `m`: the
@@ -311,6 +311,8 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   int64_t interval_batches = 0, interval_samples = 0, done_batches = 0;
   int group = 1;
   oom_mark mark = {0};
+  epoch_sums sums = {&loss_sum,     &host_loss_sum,    &epoch_loss,
+                     &done_batches, &interval_batches, &interval_samples};
   bool oom = false; /* this rank ran out of memory in the group (max_memory) */
 
   DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
@@ -325,8 +327,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
       if (c->max_memory_mib > 0)
-        oom_mark_set(&mark, b, loss_sum, host_loss_sum, done_batches, interval_batches,
-                     interval_samples);
+        oom_mark_set(&mark, b, &sums);
       if (s->hooks->step_begin)
         s->hooks->step_begin(s->hooks->user, b, group);
     }
@@ -355,8 +356,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       DT_CHECK_GOTO(dt_train_oom_agree(c, s, &oom), st, fail);
       if (oom) { /* the step again from its start, in smaller pieces */
         DT_CHECK_GOTO(recover(c, s, log, epoch, &mark), st, fail);
-        oom_mark_restore(&mark, &loss_sum, &host_loss_sum, &done_batches, &interval_batches,
-                         &interval_samples);
+        oom_mark_restore(&mark, &sums);
         b = mark.batch - 1;
         oom = false;
         DT_CHECK_GOTO(dt_loader_start_epoch_at(s->loader, epoch - 1, mark.batch), st, fail);
@@ -382,7 +382,6 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
-      oom_mark_logged(&mark);
       epoch_loss += sum;
       DT_CHECK_GOTO(check_diverged(s, sum / (double)interval_batches, epoch, b + 1), st, fail);
       if (log_now) {
@@ -395,6 +394,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       }
       interval_batches = interval_samples = 0;
     }
+  }
+  if (oom) { /* the loader ended inside the group: no step to redo it in */
+    st = DT_ERROR(DT_ERR_OOM, "%s (the data loader ended inside the step)", s->oom_error);
+    goto fail;
   }
   /* A loader that ended early (fewer batches than announced) leaves a
    * partial accumulation group: finish it and step on it too. */
