@@ -378,7 +378,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       s->hooks->micro_batch_end(s->hooks->user, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = interval_due(c, s, b + 1);
+    bool log_now = interval_due(c, s, b + 1) && !oom; /* not of a group to be redone */
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);

@@ -40,16 +40,24 @@ ck() { echo "$tmp/$1/checkpoints/step_0000000$2"; }
 
 # ---- one rank: the OOM at step 3 ---------------------------------------------
 DT_TEST_MAX_MEMORY_FROM_STEP=2 run train "${mlp[@]}" --batch 512 --accum 2 --max-steps 4 \
-  --max-memory 12 --run-dir "$tmp/oom1" --log-interval 2
+  --max-memory 12 --run-dir "$tmp/oom1" --log-interval 5
 expect 0 out "^out of memory in optimizer step 3 \(.*CPU out of memory.*\): redoing the step with micro-batch 256 and accum 4" \
   "1 rank: the OOM in step 3 is logged with the new micro-batch"
 grep -q '"type":"oom","step":2,"epoch":1,"batch":4,.*"micro_batch":256,"accum":4,"retries":1' \
   "$tmp/oom1/metrics.jsonl"
 check_status $? "1 rank: the metrics file records the recovery"
-expect_cmd "1 rank: every record of the metrics file has its documented keys" \
-  "$obs_check" metrics "$tmp/oom1/metrics.jsonl" --world 1
+# --log-interval 5: a record is due after micro-batch 5, inside the step
+# that runs out of memory (micro-batches 5 and 6): it comes once, after the
+# redo, with a loss (not one of the abandoned attempt, with nothing summed)
+[ "$(grep -c '"type":"train","step":2,"epoch":1,"batch":5,' "$tmp/oom1/metrics.jsonl")" = 1 ] &&
+  ! grep -q '"type":"train".*"loss":0,' "$tmp/oom1/metrics.jsonl"
+check_status $? "1 rank: no progress record of the abandoned attempt, one of the redone step"
+train_loss() { sed -n 's/^epoch 1 train_loss=\([0-9.]*\) .*/\1/p' "$out"; }
+oom_loss=$(train_loss)
 run train "${mlp[@]}" --batch 256 --accum 4 --max-steps 4 --run-dir "$tmp/half1"
 expect 0 out "^test_accuracy=" "1 rank: micro-batch 256, accum 4 from the start"
+[ -n "$oom_loss" ] && [ "$(train_loss)" = "$oom_loss" ]
+check_status $? "1 rank: the epoch's train_loss counts each micro-batch once ($oom_loss, $(train_loss))"
 expect_cmd "1 rank: the recovered run's parameters within 1e-6 of the halved run's" \
   same "$(ck oom1 4)" "$(ck half1 4)" 1e-6
 
@@ -78,9 +86,13 @@ two=(launch -n 2 --threads 1 -- train "${mlp[@]}" --max-steps 4)
 run "${two[@]}" --batch 256 --accum 4 --run-dir "$tmp/half2"
 expect 0 out "^test_accuracy=" "2 ranks: micro-batch 256, accum 4 from the start"
 DT_TEST_MAX_MEMORY_FROM_STEP=2 run "${two[@]}" --batch 512 --accum 2 --max-memory 10 \
-  --run-dir "$tmp/oom2"
+  --run-dir "$tmp/oom2" --log-interval 2
 expect 0 out "^out of memory in optimizer step 3 .*micro-batch 256 and accum 4" \
   "2 ranks: the OOM in step 3 is recovered from"
+expect_cmd "2 ranks: every record of the metrics file has its documented keys" \
+  "$obs_check" metrics "$tmp/oom2/metrics.jsonl" --world 2 --ddp
+grep -q '"type":"oom","step":2,' "$tmp/oom2/metrics.jsonl"
+check_status $? "2 ranks: the metrics file records the recovery"
 expect_cmd "2 ranks: the recovered run's parameters within 1e-6 of the halved run's" \
   same "$(ck oom2 4)" "$(ck half2 4)" 1e-6
 DT_TEST_MAX_MEMORY_FROM_STEP=2 DT_TEST_MAX_MEMORY_RANK=1 run "${two[@]}" --batch 512 \
