@@ -108,6 +108,23 @@ expect 0 out "^out of memory in optimizer step 3 .*micro-batch 256 and accum 4" 
   "2 ranks, ZeRO 1: the OOM is recovered from"
 expect_cmd "2 ranks, ZeRO 1: within 1e-6 of the halved run" \
   same "$(ck oom2z 4)" "$(ck half2z 4)" 1e-6
+# ZeRO 2 keeps the whole gradient while the step reduces it: the error
+# comes in the last micro-batch's backward, after a progress record of the
+# step's first (--log-interval 1), and it takes four halvings. Each redo's
+# record of micro-batch 5 shows the same loss (the abandoned attempts'
+# losses are not summed into the next record), to rounding.
+run "${two[@]}" --zero 2 --batch 256 --accum 4 --run-dir "$tmp/half2z2"
+DT_TEST_MAX_MEMORY_FROM_STEP=2 run "${two[@]}" --zero 2 --batch 512 --accum 2 --max-memory 12 \
+  --run-dir "$tmp/oom2z2" --log-interval 1
+expect 0 out "^out of memory in optimizer step 3 .*micro-batch 32 and accum 32" \
+  "2 ranks, ZeRO 2: the OOM is recovered from"
+expect_cmd "2 ranks, ZeRO 2: within 1e-6 of the run with micro-batch 256" \
+  same "$(ck oom2z2 4)" "$(ck half2z2 4)" 1e-6
+grep '"type":"train","step":2,"epoch":1,"batch":5,' "$tmp/oom2z2/metrics.jsonl" |
+  sed 's/.*"loss":\([0-9.e-]*\),.*/\1/' >"$tmp/losses5"
+awk 'NR == 1 { lo = hi = $1 } { if ($1 < lo) lo = $1; if ($1 > hi) hi = $1 }
+     END { exit !(NR == 5 && hi - lo < 1e-5) }' "$tmp/losses5"
+check_status $? "2 ranks, ZeRO 2: every redo records micro-batch 5's loss alike ($(tr '\n' ' ' <"$tmp/losses5"))"
 dp=(train "${mlp[@]}" --threads 2 --mode dp --devices cpu:0,cpu:1 --max-steps 4)
 run "${dp[@]}" --batch 256 --accum 4 --run-dir "$tmp/halfdp"
 DT_TEST_MAX_MEMORY_FROM_STEP=2 run "${dp[@]}" --batch 512 --accum 2 --max-memory 11 \
