@@ -100,12 +100,12 @@ dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epo
     breakdown(s, held, sizeof held);
     return DT_ERROR(DT_ERR_OOM,
                     "out of memory at optimizer step %lld even with a micro-batch of %lld (of "
-                    "`batch` %d, after %d halvings): %s; %s. The model's state does not leave "
+                    "`batch` %d, after %d halving%s): %s; %s. The model's state does not leave "
                     "room for one sample: shard the optimizer state and gradients (`zero` 1 or 2 "
                     "under DDP), recompute activations (`recompute`), train in 16-bit "
                     "(`precision` bf16), or raise `max_memory`",
-                    (long long)steps + 1, (long long)piece, c->batch, s->oom_retries, s->oom_error,
-                    held);
+                    (long long)steps + 1, (long long)piece, c->batch, s->oom_retries,
+                    s->oom_retries == 1 ? "" : "s", s->oom_error, held);
   }
   s->split = s->split > 1 ? 2 * s->split : 2;
   s->oom_retries++;
