@@ -487,6 +487,13 @@ void dt_block_pool_set_limit(dt_block_pool *p, size_t limit) {
   pthread_mutex_unlock(&p->lock);
 }
 
+void dt_block_pool_set_limit_from(dt_block_pool *p, size_t limit, const char *source) {
+  pthread_mutex_lock(&p->lock);
+  p->cfg.limit = limit;
+  copy_name(p->limit_env, sizeof p->limit_env, source, "the memory limit");
+  pthread_mutex_unlock(&p->lock);
+}
+
 void dt_block_pool_get_info(dt_block_pool *p, dt_block_pool_info *out) {
   pthread_mutex_lock(&p->lock);
   out->segments = p->segments;

@@ -101,6 +101,9 @@ int dt_block_pool_empty_cache(dt_block_pool *p);
 void dt_block_pool_stats(dt_block_pool *p, dt_memory_stats *out);
 void dt_block_pool_reset_peak(dt_block_pool *p);
 void dt_block_pool_set_limit(dt_block_pool *p, size_t limit);
+/* The same, and what the out-of-memory message names as the cap's source
+ * (cfg.limit_env's place). */
+void dt_block_pool_set_limit_from(dt_block_pool *p, size_t limit, const char *source);
 void dt_block_pool_get_info(dt_block_pool *p, dt_block_pool_info *out);
 
 #ifdef __cplusplus

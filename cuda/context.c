@@ -452,7 +452,7 @@ dt_status dt_cuda_exec_begin(const dt_exec *ex, dt_cuda_ctx **ctx, cudaStream_t 
 dt_status dt_cuda_set_memory_limit(int index, size_t bytes) {
   dt_cuda_ctx *c = NULL;
   DT_CHECK(dt_cuda_ctx_get((dt_device){DT_DEVICE_CUDA, index}, &c));
-  dt_block_pool_set_limit(c->pool, bytes);
+  dt_block_pool_set_limit_from(c->pool, bytes, "the program (--max-memory)");
   return DT_OK;
 }
 

@@ -17,6 +17,7 @@ typedef enum dp_task {
   DP_TASK_CONNECT, /* DDP reducer (collective over the replicas) */
   DP_TASK_FWD_BWD,
   DP_TASK_UPDATE,
+  DP_TASK_ZERO_GRAD,
   DP_TASK_EXIT,
 } dp_task;
 
@@ -114,6 +115,7 @@ static dt_status worker_run(dp_worker *w, dp_task task) {
     case DP_TASK_CONNECT: return worker_connect(w);
     case DP_TASK_FWD_BWD: return worker_forward_backward(w);
     case DP_TASK_UPDATE: return dt_step_update(dt_replica_step(w->replica));
+    case DP_TASK_ZERO_GRAD: return dt_optim_zero_grad(dt_replica_optimizer(w->replica));
     case DP_TASK_NONE:
     case DP_TASK_EXIT: return DT_OK;
   }
@@ -344,6 +346,8 @@ dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *target
 }
 
 dt_status dt_dp_optimizer_step(dt_dp *dp) { return run_all(dp, DP_TASK_UPDATE, "optimizer step"); }
+
+dt_status dt_dp_zero_grad(dt_dp *dp) { return run_all(dp, DP_TASK_ZERO_GRAD, "zero_grad"); }
 
 dt_status dt_dp_step(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets, double *loss) {
   DT_CHECK(dt_dp_forward_backward(dp, inputs, targets, 1.0f, true, loss));

@@ -101,6 +101,9 @@ dt_status dt_dp_forward_backward(dt_dp *dp, dt_tensor *inputs, dt_tensor *target
 /* dt_step_update on every replica: clipping, learning rate, optimizer step,
  * zero_grad (cfg.step). */
 dt_status dt_dp_optimizer_step(dt_dp *dp);
+/* Drops every replica's gradients without a step (dt_optim_zero_grad): a
+ * step abandoned after an out-of-memory error, to be redone. */
+dt_status dt_dp_zero_grad(dt_dp *dp);
 /* dt_dp_forward_backward(scale 1, sync) + dt_dp_optimizer_step. */
 dt_status dt_dp_step(dt_dp *dp, dt_tensor *inputs, dt_tensor *targets, double *loss);
 

@@ -195,6 +195,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   timer.dev = dev;
   if (cfg->threads > 0)
     dt_cpu_set_num_threads(cfg->threads);
+  DT_CHECK(dt_train_cap_device_memory(dev, cfg->max_memory_mib));
 
   DT_CHECK(dt_task_find(cfg->model, &found));
   ctx_task = *found;
@@ -334,6 +335,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_recompute(&cfg.recompute),
+      dt_cli_flag_max_memory(&cfg.max_memory_mib),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
                        &cfg.split_bucket_mb, &cfg.bucket_update, &cfg.zero, &cfg.grad_compress),

@@ -60,6 +60,7 @@ typedef struct dt_bench_config {
   float split_bucket_mb;     /* DDP: split the last bucket's parameters above this (0 = off) */
   const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
   bool recompute;            /* each transformer block's activations recomputed in backward */
+  int max_memory_mib; /* the device's memory cap in MiB (dt_train_cap_device_memory), 0 = none */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,

@@ -244,6 +244,16 @@ dt_flag dt_cli_flag_recompute(bool *target) {
                                "gradients, one more forward of the blocks)");
 }
 
+dt_flag dt_cli_flag_max_memory(int *target) {
+  return (dt_flag)DT_INT_FLAG(
+      "max-memory", target, "MIB",
+      "cap the memory the run's tensors may take on its device, in MiB: the CPU allocator's cap, "
+      "or what the CUDA caching allocator may reserve. train: an out-of-memory error inside a "
+      "step is then recovered from by halving the micro-batch and doubling --accum (the same "
+      "global batch and data order)",
+      .min = 1, .default_text = "none (the device's default cap)");
+}
+
 bool dt_cli_check_precision(const char *command, const char *precision, bool stochastic,
                             const char *device, const char *devices, FILE *err) {
   bool half = precision && (!strcmp(precision, "bf16") || !strcmp(precision, "fp16"));

@@ -198,6 +198,9 @@ int dt_cli_doctor(int argc, char **argv, FILE *err) {
     printf("  cpu memory cap %s (%s)\n",
            ms.limit ? dt_format_bytes(ms.limit, buf, sizeof buf) : "none",
            dt_cpu_memory_limit_source());
+  printf(
+      "                 a run's own: train and bench --max-memory MIB (the CPU's, or a GPU's "
+      "caching allocator); train then recovers from an out-of-memory error in a step\n");
   dt_clear_error();
   const dt_backend_ops *ops = NULL;
   dt_device gpu = {DT_DEVICE_CUDA, 0};

@@ -236,6 +236,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_BOOL_FLAG("sync-bn", &cfg.sync_bn,
                    "resnet*: BatchNorm statistics over every DDP rank's micro-batch (PyTorch's "
                    "SyncBatchNorm); one process: nothing to do; not with --mode dp"),
+      dt_cli_flag_max_memory(&cfg.max_memory_mib),
       DT_STRING_FLAG("debug-overflow", &debug_overflow, "R:S",
                      "fp16, testing the GradScaler: rank R's gradients get an Inf at optimizer "
                      "step S (0-based)",
@@ -386,6 +387,13 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   }
   if (dt_cli_check_env() != DT_OK)
     return 1;
+  if (cfg.max_memory_mib > 0) { /* tests: an out-of-memory error mid-run */
+    int64_t from = 0, rank = -1;
+    if (dt_env_int(DT_ENV_TEST_MAX_MEMORY_FROM_STEP, &from) == DT_OK)
+      cfg.max_memory_from_step = from;
+    if (dt_env_int(DT_ENV_TEST_MAX_MEMORY_RANK, &rank) == DT_OK)
+      cfg.max_memory_rank = (int)rank;
+  }
   if (dt_comm_backend_parse(comm_backend, &cfg.comm_backend) != DT_OK) { /* checked: the flag's */
     fprintf(err, "dtrain train: %s\n", dt_last_error());                 /* choices, the env's */
     return 2;

@@ -192,3 +192,15 @@ static void fill_eval(cJSON *o, const void *rec) {
 dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r) {
   return write_new_record(m, "eval", fill_eval, r);
 }
+
+static void fill_oom(cJSON *o, const void *rec) {
+  const dt_metrics_oom *r = rec;
+  ADD_NUMBERS(o, {"step", (double)r->step}, {"epoch", r->epoch}, {"batch", (double)r->batch},
+              {"time", r->time_s}, {"micro_batch", r->micro_batch}, {"accum", r->accum},
+              {"retries", r->retries});
+  cJSON_AddStringToObject(o, "error", r->error ? r->error : "");
+}
+
+dt_status dt_metrics_write_oom(dt_metrics *m, const dt_metrics_oom *r) {
+  return write_new_record(m, "oom", fill_oom, r);
+}

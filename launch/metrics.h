@@ -13,6 +13,10 @@
  *   {"type":"eval", "step", "epoch", "time", "split", "train_loss" (null
  *    mid-epoch), "<split>_loss", "<split>_<metric>" (e.g. test_accuracy;
  *    only for tasks with a metric)}
+ *   {"type":"oom", "step", "epoch", "batch", "time", "micro_batch", "accum",
+ *    "retries", "error"}: an out-of-memory error inside optimizer step
+ *    step + 1 (under --max-memory), recovered from: the step is redone from
+ *    micro-batch `batch` of the epoch with the new micro_batch and accum
  *
  * step: optimizer steps done; batch: micro-batches done in the epoch; time:
  * seconds since the run began; loss: mean micro-batch loss over the
@@ -95,6 +99,14 @@ typedef struct dt_metrics_eval {
   int64_t bad_images;      /* image folders skipping bad files: how many so far; < 0 = none */
 } dt_metrics_eval;
 dt_status dt_metrics_write_eval(dt_metrics *m, const dt_metrics_eval *r);
+
+typedef struct dt_metrics_oom {
+  int64_t step, batch;
+  int epoch, micro_batch, accum, retries;
+  double time_s;
+  const char *error;
+} dt_metrics_oom;
+dt_status dt_metrics_write_oom(dt_metrics *m, const dt_metrics_oom *r);
 
 #ifdef __cplusplus
 }

@@ -427,6 +427,19 @@ dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev) {
   return dt_metrics_write_eval(o->metrics, &r);
 }
 
+dt_status dt_observer_oom(dt_observer *o, const dt_train_oom *ev) {
+  dt_progress_clear(&o->progress);
+  dt_metrics_oom r = {ev->step,
+                      ev->batch,
+                      ev->epoch,
+                      ev->micro_batch,
+                      ev->accum,
+                      ev->retries,
+                      dt_trace_now() - o->start_s,
+                      ev->error};
+  return dt_metrics_write_oom(o->metrics, &r);
+}
+
 dt_status dt_observer_destroy(dt_observer *o, dt_status st) {
   if (!o)
     return st;
@@ -488,6 +501,10 @@ static dt_status hook_eval_end(void *user, const dt_train_eval *ev) {
   return dt_observer_eval_end(((dt_observe_hooks *)user)->observer, ev);
 }
 
+static dt_status hook_oom(void *user, const dt_train_oom *ev) {
+  return dt_observer_oom(((dt_observe_hooks *)user)->observer, ev);
+}
+
 static int hook_should_stop(void *user) { return ((dt_observe_hooks *)user)->should_stop(); }
 
 static dt_status hook_finish(void *user, dt_status st) {
@@ -512,6 +529,7 @@ void dt_observe_hooks_init(dt_observe_hooks *h, const dt_observe_config *cfg,
                           .interval = hook_interval,
                           .eval_begin = hook_eval_begin,
                           .eval_end = hook_eval_end,
+                          .oom = hook_oom,
                           .should_stop = should_stop ? hook_should_stop : NULL,
                           .finish = hook_finish};
 }

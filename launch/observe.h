@@ -87,6 +87,8 @@ dt_status dt_observer_interval(dt_observer *o, const dt_observe_interval *iv);
 
 void dt_observer_eval_begin(dt_observer *o);
 dt_status dt_observer_eval_end(dt_observer *o, const dt_observe_eval *ev);
+/* An out-of-memory recovery: the metrics file's "oom" record. */
+dt_status dt_observer_oom(dt_observer *o, const dt_train_oom *ev);
 
 /* Closes everything; returns `st`, or when st is DT_OK the first error of
  * closing the files. NULL: st. */

@@ -435,6 +435,8 @@ TEST_F(CudaAllocatorGpu, CapOomAndRecovery) {
   std::string msg = dt_last_error();
   EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--accum"), std::string::npos) << msg;
+  // the cap's source: dt_cuda_set_memory_limit (dtrain's --max-memory), not the variable
+  EXPECT_NE(msg.find("from the program (--max-memory)"), std::string::npos) << msg;
   ops->free(kGpu, a, 48 * MiB);
   ASSERT_EQ(DT_OK, dt_empty_cache(kGpu));
   EXPECT_EQ(DT_OK, ops->alloc(kGpu, 32 * MiB, &b)) << dt_last_error();

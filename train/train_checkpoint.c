@@ -290,12 +290,13 @@ static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos
   size_t n = (size_t)snprintf(
       buf, cap,
       "format dtrain-trainer-state\nstep %lld\nepoch %lld\nbatch_in_epoch %lld\n"
-      "sample_in_epoch %lld\nworld %d\nper_rank_batch %d\nfirst_loss %a\nlr %a\n"
-      "rng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s",
+      "sample_in_epoch %lld\nworld %d\nper_rank_batch %d\nmicro_batch_split %d\nfirst_loss %a\n"
+      "lr %a\nrng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s",
       (long long)pos->step, (long long)pos->epoch, (long long)pos->batch,
       (long long)(pos->batch * dt_train_ckpt_global_batch(r)), r->world, r->cfg->batch,
-      pos->first_loss, (double)dt_optim_lr(r->opts[0]), (unsigned long long)r->cfg->seed,
-      (long long)pos->epoch, (unsigned long long)r->cfg->seed, config);
+      pos->split > 1 ? pos->split : 1, pos->first_loss, (double)dt_optim_lr(r->opts[0]),
+      (unsigned long long)r->cfg->seed, (long long)pos->epoch, (unsigned long long)r->cfg->seed,
+      config);
   if (n >= cap)
     return DT_ERROR(DT_ERR_INTERNAL, "trainer-state meta text too long");
   return DT_OK;

@@ -91,6 +91,10 @@ typedef struct dt_train_position {
   int64_t epoch;
   int64_t batch;
   double first_loss;
+  /* Out-of-memory recovery (train/train_oom.c): each micro-batch of `batch`
+   * samples runs as pieces of batch / split (rounded up); 1 = whole. The
+   * position counts micro-batches of `batch` whatever the split. */
+  int split;
 } dt_train_position;
 
 typedef struct dt_train_ckpt dt_train_ckpt;

@@ -66,6 +66,7 @@ dt_train_config dt_train_config_default(void) {
                            .accum = 1,
                            .precision = DT_PRECISION_DEVICE_DEFAULT,
                            .debug_overflow_rank = -1,
+                           .max_memory_rank = -1,
                            .threads_note = "",
                            .log_interval = 100,
                            .eval_batch = 1000,
@@ -154,6 +155,11 @@ static dt_status check_ranges(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`warmup`, `step_size`, `log_interval`, `max_steps`, `threads`, `ctx`, "
                     "`val_every`, `val_batches`, `save_every` and `keep` must be >= 0");
+  if (c->max_memory_mib < 0 || c->max_memory_from_step < 0 || c->max_memory_rank < -1)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`max_memory` (%d MiB) must be >= 1, or 0 for none (and the step it applies "
+                    "from, %lld, >= 0)",
+                    c->max_memory_mib, (long long)c->max_memory_from_step);
   if (c->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "`threads` %d: at most %d CPU threads (0 = all cores)",
                     c->threads, DT_CPU_MAX_THREADS);

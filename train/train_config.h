@@ -123,6 +123,20 @@ typedef struct dt_train_config {
    * PyTorch's SyncBatchNorm; models with BatchNorm (the resnet* tasks).
    * One process: nothing to synchronise (a no-op); `mode` dp: refused. */
   bool sync_bn;
+  /* A cap in MiB on the memory of the device (each of dp's devices) the
+   * run's tensors may take: the CPU allocator's, or what the CUDA caching
+   * allocator may reserve; 0 = none beyond the device's default. With a
+   * cap, an out-of-memory error inside a step is recovered from: every
+   * rank agrees, the step's gradients are dropped and the step is redone
+   * from its start with each micro-batch run as two halves (half the
+   * micro-batch, twice the accumulation: the same global batch and data
+   * order), down to a micro-batch of 1 (train/train_oom.c). */
+  int max_memory_mib;
+  /* Testing the recovery: the cap applies only after this many optimizer
+   * steps of the run (0 = from the start), and only on rank
+   * max_memory_rank (-1 = every rank; the others still recover). */
+  int64_t max_memory_from_step;
+  int max_memory_rank;
   uint64_t seed;            /* model initialisation and data order */
   int threads;              /* CPU threads, 0 = the backend's current count */
   const char *threads_note; /* after the thread count in the header ("" = none) */

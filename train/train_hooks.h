@@ -88,6 +88,18 @@ typedef struct dt_train_eval {
   int64_t bad_images;
 } dt_train_eval;
 
+/* An out-of-memory error inside a step, recovered from (train/train_oom.c):
+ * the step after `step` optimizer steps is redone from its start. */
+typedef struct dt_train_oom {
+  int64_t step;      /* optimizer steps done */
+  int epoch;         /* 1-based */
+  int64_t batch;     /* the redone step's first micro-batch (of `batch` samples) in the epoch */
+  int micro_batch;   /* the new micro-batch, per rank */
+  int accum;         /* the new micro-batches per optimizer step */
+  int retries;       /* out-of-memory recoveries in the run so far, this one included */
+  const char *error; /* the out-of-memory message (this rank's, or that another rank had one) */
+} dt_train_oom;
+
 typedef struct dt_train_hooks {
   void *user;
   dt_status (*start)(void *user, const dt_train_run_info *run);
@@ -107,6 +119,8 @@ typedef struct dt_train_hooks {
   /* A checkpoint of optimizer step `step` is complete on disk at `dir`
    * (rank 0, which writes them). */
   dt_status (*checkpoint_saved)(void *user, const char *dir, int64_t step);
+  /* After an out-of-memory recovery, before the step is redone. */
+  dt_status (*oom)(void *user, const dt_train_oom *ev);
   /* Asked after every optimizer step: nonzero requests a stop (the value
    * comes back in dt_train_result.stop_code). The ranks agree: a stop on
    * any rank stops all, after a checkpoint when there is a run directory. */

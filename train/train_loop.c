@@ -75,11 +75,12 @@ static dt_status check_diverged(const train_state *s, double mean_loss, int epoc
                   what, epoch, (long long)batch);
 }
 
-/* One micro-batch through the training step, its loss scaled by
- * 1/group; sync ends the accumulation group (the gradients are reduced). */
-static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int group, bool sync,
-                             dt_tensor **loss_sum, double *host_loss_sum) {
-  float scale = 1.0f / (float)group;
+/* One piece of a micro-batch through the training step, its loss scaled by
+ * `scale` (its share of the step's samples); its loss, weighted by
+ * `weight` (its share of the micro-batch's), joins the sums. sync ends the
+ * accumulation group (the gradients are reduced). */
+static dt_status piece_step(train_state *s, dt_tensor *x, dt_tensor *y, float scale, double weight,
+                            bool sync, dt_tensor **loss_sum, double *host_loss_sum) {
   if (s->dp) {
     if (dt_tensor_dim(x, 0) < s->n_replicas)
       return DT_ERROR(DT_ERR_INVALID_ARG,
@@ -89,12 +90,50 @@ static dt_status micro_batch(train_state *s, dt_tensor *x, dt_tensor *y, int gro
                       (long long)dt_tensor_dim(x, 0), s->n_replicas);
     double loss = 0.0;
     DT_CHECK(dt_dp_forward_backward(s->dp, x, y, scale, sync, &loss));
-    *host_loss_sum += loss;
+    *host_loss_sum += weight * loss;
     return DT_OK;
   }
-  dt_tensor *loss = NULL;
+  dt_tensor *loss = NULL, *weighted = NULL;
   DT_CHECK(dt_step_forward_backward(dt_replica_step(s->replica), x, y, scale, sync, &loss));
-  return accumulate_loss(loss, loss_sum);
+  if (weight == 1.0)
+    return accumulate_loss(loss, loss_sum);
+  dt_no_grad_begin();
+  dt_status st = dt_op_scale(loss, (float)weight, &weighted);
+  dt_no_grad_end();
+  dt_tensor_release(loss);
+  return st == DT_OK ? accumulate_loss(weighted, loss_sum) : st;
+}
+
+/* One micro-batch through the training step, its loss scaled by 1/group;
+ * sync ends the accumulation group. After an out-of-memory recovery it
+ * runs as consecutive pieces (train/train_oom.c), each scaled by its share
+ * of the group's samples; the last carries the sync, and runs under DDP
+ * even after a piece failed, so that the peers are not left waiting for
+ * this rank's buckets. */
+static dt_status micro_batch(const dt_train_config *c, train_state *s, dt_tensor *x, dt_tensor *y,
+                             int group, bool sync, dt_tensor **loss_sum, double *host_loss_sum) {
+  int64_t n = dt_tensor_dim(x, 0), m = dt_train_piece_size(c, s);
+  if (m >= n)
+    return piece_step(s, x, y, 1.0f / (float)group, 1.0, sync, loss_sum, host_loss_sum);
+  dt_status first = DT_OK, st = DT_OK;
+  for (int64_t lo = 0; lo < n; lo += m) {
+    int64_t hi = lo + m < n ? lo + m : n;
+    bool last = hi == n;
+    if (first != DT_OK && !(last && sync && s->comm))
+      continue;
+    dt_tensor *xs = NULL, *ys = NULL;
+    st = dt_tensor_slice(x, lo, hi, &xs);
+    if (st == DT_OK)
+      st = dt_tensor_slice(y, lo, hi, &ys);
+    if (st == DT_OK)
+      st = piece_step(s, xs, ys, (float)(hi - lo) / ((float)n * (float)group),
+                      (double)(hi - lo) / (double)n, sync && last, loss_sum, host_loss_sum);
+    dt_tensor_release(xs);
+    dt_tensor_release(ys);
+    if (first == DT_OK)
+      first = st;
+  }
+  return st != DT_OK ? st : first;
 }
 
 /* Clipping sees the reduced gradients (the group's last micro-batch
@@ -232,6 +271,67 @@ static bool interval_due(const dt_train_config *c, const train_state *s, int64_t
   return c->log_interval > 0 && batch % c->log_interval == 0;
 }
 
+/* Where an accumulation group began: what its redo after an out-of-memory
+ * error (`max_memory`) goes back to. A progress record inside the group
+ * has been shown, but its sums are taken back too: the redo records them
+ * again, and the epoch's mean counts every micro-batch once. */
+typedef struct oom_mark {
+  int64_t batch;       /* the group's first micro-batch in the epoch */
+  dt_tensor *loss_sum; /* a reference to the loss sum then (NULL = none) */
+  double host_loss_sum, epoch_loss;
+  int64_t done_batches, interval_batches, interval_samples;
+} oom_mark;
+
+/* The sums and counts of train_epoch that a redo goes back on. */
+typedef struct epoch_sums {
+  dt_tensor **loss_sum;
+  double *host_loss_sum, *epoch_loss;
+  int64_t *done_batches, *interval_batches, *interval_samples;
+} epoch_sums;
+
+static void oom_mark_clear(oom_mark *m) {
+  dt_tensor_release(m->loss_sum);
+  m->loss_sum = NULL;
+}
+
+static void oom_mark_set(oom_mark *m, int64_t batch, const epoch_sums *e) {
+  oom_mark_clear(m);
+  dt_tensor *sum = *e->loss_sum;
+  *m = (oom_mark){batch,
+                  sum ? dt_tensor_retain(sum) : NULL,
+                  *e->host_loss_sum,
+                  *e->epoch_loss,
+                  *e->done_batches,
+                  *e->interval_batches,
+                  *e->interval_samples};
+}
+
+/* Back to the mark: the abandoned micro-batches' losses and counts go. */
+static void oom_mark_restore(oom_mark *m, const epoch_sums *e) {
+  dt_tensor_release(*e->loss_sum);
+  *e->loss_sum = m->loss_sum;
+  m->loss_sum = NULL;
+  *e->host_loss_sum = m->host_loss_sum;
+  *e->epoch_loss = m->epoch_loss;
+  *e->done_batches = m->done_batches;
+  *e->interval_batches = m->interval_batches;
+  *e->interval_samples = m->interval_samples;
+}
+
+/* The ranks agreed on an out-of-memory error in the group at `m`: the
+ * step is redone in smaller pieces (train/train_oom.c), logged and told to
+ * the hooks. */
+static dt_status recover(const dt_train_config *c, train_state *s, FILE *log, int epoch,
+                         const oom_mark *m) {
+  dt_train_oom ev;
+  DT_CHECK(dt_train_oom_recover(c, s, epoch, m->batch, run_steps(s), &ev));
+  log_line(log, c,
+           "out of memory in optimizer step %lld (%s): redoing the step with micro-batch %d "
+           "and accum %d (the same global batch and data order)\n",
+           (long long)ev.step + 1, ev.error, ev.micro_batch, ev.accum);
+  return s->hooks->oom ? s->hooks->oom(s->hooks->user, &ev) : DT_OK;
+}
+
 /* One epoch over the training set (this rank's shard), or its first
  * `batches` micro-batches when the run's last optimizer step comes first;
  * *mean_loss = mean micro-batch loss over all ranks. samples/s in the
@@ -244,6 +344,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
   double epoch_loss = 0.0, interval_start = now_seconds();
   int64_t interval_batches = 0, interval_samples = 0, done_batches = 0;
   int group = 1;
+  oom_mark mark = {0};
+  epoch_sums sums = {&loss_sum,     &host_loss_sum,    &epoch_loss,
+                     &done_batches, &interval_batches, &interval_samples};
+  bool oom = false; /* this rank ran out of memory in the group (max_memory) */
 
   DT_CHECK(dt_loader_start_epoch_at(s->loader, epoch - 1, first));
   if (s->hooks->epoch_begin)
@@ -256,14 +360,24 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     if (pos == 0) {
       int64_t left = batches - b;
       group = (int)(left < c->accum ? left : c->accum);
+      if (c->max_memory_mib > 0)
+        oom_mark_set(&mark, b, &sums);
       if (s->hooks->step_begin)
         s->hooks->step_begin(s->hooks->user, b, group);
     }
     bool sync = (pos == group - 1);
     int64_t samples = dt_tensor_dim(x, 0);
     interval_samples += samples;
-    DT_CHECK_GOTO(micro_batch(s, x, y, group, sync, &loss_sum, &host_loss_sum), st, fail);
-    if (s->first_loss == 0.0 && epoch == 1 && b == 0) { /* one sync in the run */
+    /* After this rank's out-of-memory error the group's other micro-batches
+     * are skipped, but for DDP's last one (its buckets' peers wait). */
+    if (!oom || (sync && s->comm)) {
+      st = micro_batch(c, s, x, y, group, sync, &loss_sum, &host_loss_sum);
+      oom = oom || dt_train_oom_caught(c, s, st);
+      if (st != DT_OK && !oom)
+        goto fail;
+      st = DT_OK;
+    }
+    if (s->first_loss == 0.0 && epoch == 1 && b == 0 && !oom) { /* one sync in the run */
       double first = host_loss_sum;
       if (loss_sum)
         DT_CHECK_GOTO(dt_tensor_item(loss_sum, 0, &first), st, fail);
@@ -273,8 +387,19 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
     dt_tensor_release(y);
     x = y = NULL;
     if (sync) {
+      DT_CHECK_GOTO(dt_train_oom_agree(c, s, &oom), st, fail);
+      if (oom) { /* the step again from its start, in smaller pieces */
+        DT_CHECK_GOTO(recover(c, s, log, epoch, &mark), st, fail);
+        oom_mark_restore(&mark, &sums);
+        b = mark.batch - 1;
+        oom = false;
+        DT_CHECK_GOTO(dt_loader_start_epoch_at(s->loader, epoch - 1, mark.batch), st, fail);
+        continue;
+      }
+      oom_mark_clear(&mark);
       DT_CHECK_GOTO(optimizer_step(s), st, fail);
-      s->pos = (dt_train_position){run_steps(s), epoch - 1, b + 1, s->first_loss};
+      s->pos = (dt_train_position){run_steps(s), epoch - 1, b + 1, s->first_loss, s->split};
+      DT_CHECK_GOTO(dt_train_oom_cap(c, s, run_steps(s)), st, fail);
       DT_CHECK_GOTO(agree_stop(s), st, fail);
       DT_CHECK_GOTO(dt_train_ckpt_after_step(s->ck, &s->pos, s->stopped), st, fail);
       double aside = 0.0;
@@ -287,7 +412,7 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       s->hooks->micro_batch_end(s->hooks->user, b + 1, samples);
 
     bool last = (b + 1 == batches) || s->stopped;
-    bool log_now = interval_due(c, s, b + 1);
+    bool log_now = interval_due(c, s, b + 1) && !oom; /* not of a group to be redone */
     if (log_now || last) {
       double sum;
       DT_CHECK_GOTO(take_loss_sum(&loss_sum, &host_loss_sum, &sum), st, fail);
@@ -303,6 +428,10 @@ static dt_status train_epoch(const dt_train_config *c, train_state *s, int epoch
       }
       interval_batches = interval_samples = 0;
     }
+  }
+  if (oom) { /* the loader ended inside the group: no step to redo it in */
+    st = DT_ERROR(DT_ERR_OOM, "%s (the data loader ended inside the step)", s->oom_error);
+    goto fail;
   }
   /* A loader that ended early (fewer batches than announced) leaves a
    * partial accumulation group: finish it and step on it too. */
@@ -330,6 +459,7 @@ fail:
   dt_tensor_release(x);
   dt_tensor_release(y);
   dt_tensor_release(loss_sum);
+  oom_mark_clear(&mark);
   return st;
 }
 
@@ -454,6 +584,15 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   DT_CHECK_GOTO(dt_train_state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */
   DT_CHECK_GOTO(dt_train_state_open_checkpoints(cfg, &s, &log), st, done);
+  s.split = s.pos.split > 1 ? s.pos.split : 1; /* a resumed run's pieces */
+  if (s.split > 1 && !cfg->quiet) {
+    int64_t piece = dt_train_piece_size(cfg, &s);
+    log_line(log, cfg,
+             "dtrain train: micro-batch %lld and accum %lld, as the checkpoint's run had after "
+             "running out of memory\n",
+             (long long)piece, (long long)(cfg->accum * ((cfg->batch + piece - 1) / piece)));
+  }
+  DT_CHECK_GOTO(dt_train_oom_cap(cfg, &s, run_steps(&s)), st, done);
   if (!cfg->quiet) {
     log_header(log, cfg, &s);
     dt_train_log_flops(log, cfg->log_prefix ? cfg->log_prefix : "", s.task, s.dev, s.precision,

@@ -110,6 +110,11 @@ dt_status dt_train_connect(dt_replica *r, dt_pg *pg, const dt_train_comm_options
  * process, dp's replicas): a no-op. */
 dt_status dt_train_sum_over_ranks(dt_comm *comm, dt_device dev, double *vals, int n);
 
+/* Caps what the tensors of dev may take at mib_cap MiB (0: a no-op): the
+ * CPU allocator's cap (core/cpu.h), or what cuda:N's caching allocator may
+ * reserve (cuda/cuda.h). `max_memory`; also for dtrain bench. */
+dt_status dt_train_cap_device_memory(dt_device dev, int mib_cap);
+
 /* Rank 0's `len` bytes of `text` to every rank of `comm` (the last byte
  * becomes NUL: a string). Collective; NULL comm: a no-op. */
 dt_status dt_train_broadcast_text(dt_comm *comm, dt_device dev, char *text, size_t len);

@@ -337,7 +337,7 @@ dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_tra
   const char *meta = m.text, *path = m.path, *what = m.what;
   size_t n = m.size;
   char config[4096], first_loss[64];
-  long long step = 0, epoch = 0, batch = 0;
+  long long step = 0, epoch = 0, batch = 0, split = 1;
   dt_train_ckpt_config_lines(r, config, sizeof config);
   dt_status st = compare_config(path, meta, n, config, r);
   if (st == DT_OK)
@@ -348,6 +348,13 @@ dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_tra
     st = meta_int(meta, n, "batch_in_epoch", what, &batch);
   if (st == DT_OK)
     st = dt_state_meta_get(meta, n, "first_loss", what, first_loss, sizeof first_loss);
+  /* Absent from the checkpoints of before the out-of-memory recovery: 1. */
+  if (st == DT_OK && memmem(meta, n, "\nmicro_batch_split ", 19))
+    st = meta_int(meta, n, "micro_batch_split", what, &split);
+  if (st == DT_OK && (split < 1 || split > 2LL * r->cfg->batch))
+    st = DT_ERROR(DT_ERR_FORMAT,
+                  "%s: micro_batch_split %lld does not fit a micro-batch of %d samples (1 to %d)",
+                  what, split, r->cfg->batch, 2 * r->cfg->batch);
   if (st == DT_OK && (step < 0 || epoch < 0 || batch < 0 || batch > r->batches_per_epoch))
     st = DT_ERROR(DT_ERR_FORMAT,
                   "%s: position step %lld epoch %lld batch %lld does not fit an epoch of %lld "
@@ -372,5 +379,6 @@ dt_status dt_train_ckpt_load(const dt_train_ckpt_run *r, const char *dir, dt_tra
   pos->epoch = epoch;
   pos->batch = batch;
   pos->first_loss = strtod(first_loss, NULL);
+  pos->split = (int)split;
   return DT_OK;
 }

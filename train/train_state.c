@@ -70,7 +70,9 @@ static dt_train_comm_options comm_options(const dt_train_config *c) {
                               c->bucket_cap_mb, c->allow_unused};
   co.zero_stage = c->zero;
   co.split_bucket_mb = c->split_bucket_mb;
-  co.update_per_bucket = c->update_per_bucket;
+  /* Under `max_memory` the update waits for the ranks' agreement that no
+   * rank ran out of memory in the step (train/train_oom.c): not per bucket. */
+  co.update_per_bucket = c->update_per_bucket && c->max_memory_mib <= 0;
   co.grad_compress = c->grad_compress;
   return co;
 }

@@ -51,6 +51,11 @@ typedef struct train_state {
   const dt_train_hooks *hooks; /* the configuration's */
   bool started;                /* hooks->start was called: finish is due */
   dt_mfu_cache mfu;            /* the CPU roof, measured once per run */
+  /* `max_memory` and the out-of-memory recovery (train/train_oom.c). */
+  bool capped;          /* the cap is in force */
+  int split;            /* each micro-batch runs as pieces of batch / split (rounded up) */
+  int oom_retries;      /* recoveries so far */
+  char oom_error[1024]; /* the last out-of-memory message */
 } train_state;
 
 /* The device, the task at its context, the data (this rank's shard and the
@@ -63,6 +68,25 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s);
 dt_status dt_train_state_open_checkpoints(const dt_train_config *c, train_state *s, FILE **log);
 /* Releases everything state_create made (the loader's thread stops). */
 void dt_train_state_destroy(train_state *s);
+/* The samples of each piece a micro-batch runs as (OOM recovery's split). */
+int64_t dt_train_piece_size(const dt_train_config *c, const train_state *s);
+/* Puts `max_memory` in force on the run's device(s) once the run has taken
+ * `max_memory_from_step` optimizer steps (`steps`); a no-op otherwise. */
+dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps);
+/* Whether st (an error of a step's micro-batch) is an out-of-memory error
+ * the run recovers from (with `max_memory`); keeps its message. */
+bool dt_train_oom_caught(const dt_train_config *c, train_state *s, dt_status st);
+/* At the end of an accumulation group: whether any rank had an
+ * out-of-memory error in it (*oom, this rank's in, the ranks' out). */
+dt_status dt_train_oom_agree(const dt_train_config *c, train_state *s, bool *oom);
+/* After an agreed out-of-memory error: drops the group's gradients and
+ * the cached memory, halves the micro-batch (doubles the split) and fills
+ * *ev; the caller redoes the step from `first_batch`. DT_ERR_OOM with the
+ * memory's breakdown and the levers when the micro-batch is already the
+ * smallest. */
+dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epoch,
+                               int64_t first_batch, int64_t steps, dt_train_oom *ev);
+
 /* "nccl", "mpi", or "mpi (host-staged)" for device tensors over mpi. */
 const char *dt_train_comm_description(const train_state *s);
 

@@ -170,6 +170,12 @@ static int check_metrics(const char *path, int argc, char **argv) {
       need(o, split_loss, true, line);
       if (metric)
         need(o, split_metric, true, line);
+    } else if (!strcmp(t, "oom")) { /* an out-of-memory recovery (--max-memory) */
+      static const char *const oom_keys[] = {"step",        "epoch", "batch",  "time",
+                                             "micro_batch", "accum", "retries"};
+      for (size_t k = 0; k < sizeof oom_keys / sizeof *oom_keys; k++)
+        need(o, oom_keys[k], true, line);
+      need(o, "error", false, line);
     } else {
       fail("line %2$ld: unknown type '%1$s'", t, line);
     }
