@@ -244,6 +244,11 @@ static dt_status check_task(const dt_train_config *c) {
   if (c->sync_bn && !t->residual_bn)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`sync_bn`: model %s has no BatchNorm (it is for the resnet* models)", t->name);
+  if (c->sync_bn && c->max_memory_mib > 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`sync_bn` with `max_memory`: a rank that runs out of memory mid-step would "
+                    "leave its peers waiting in SyncBatchNorm's collectives; the recovery needs "
+                    "ranks whose forward passes are independent");
   if (c->ctx == 0)
     return DT_OK;
   if (t->max_context > 0 && c->ctx > t->max_context)

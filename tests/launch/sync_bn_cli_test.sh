@@ -45,6 +45,9 @@ expect 1 err "^dtrain: error: --sync-bn with --mode dp: SyncBatchNorm synchronis
   "--sync-bn with --mode dp: refused"
 run train --model mlp --sync-bn --max-steps 1 --run-dir "$tmp/mlp"
 expect 2 err "^dtrain train: --sync-bn: model mlp has no BatchNorm" "--sync-bn on the MLP: refused"
+run train "${common[@]}" --batch 16 --sync-bn --max-memory 4000 --run-dir "$tmp/cap"
+expect 2 err "^dtrain train: --sync-bn with --max-memory: a rank that runs out of memory" \
+  "--sync-bn with --max-memory (the out-of-memory recovery): refused"
 
 echo "$test_name: $checks checks, $failures failed"
 [ "$failures" = 0 ]
