@@ -9,7 +9,6 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/memory.h"
-#include "core/rng.h"
 #include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
@@ -19,61 +18,13 @@
 #include "launch/threads.h"
 #include "models/tasks.h"
 #include "train/mfu.h"
+#include "train/plan.h"
 #include "train/train_loop.h"
 
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A synthetic batch of the task's input: inputs (batch, input_shape...) of
- * its dtype, N(0,1) for float inputs, ids in [0, input_range) for integer
- * ones; targets (batch) i32 class ids in [0, num_classes), or (batch, T)
- * for sequence targets. */
-static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_device dev,
-                            dt_tensor **x, dt_tensor **y) {
-  dt_status st = DT_OK;
-  int64_t xshape[DT_TASK_MAX_DIMS + 1] = {batch};
-  size_t n = (size_t)batch;
-  for (int i = 0; i < task->input_ndim; i++) {
-    xshape[i + 1] = task->input_shape[i];
-    n *= (size_t)task->input_shape[i];
-  }
-  const int64_t yshape[2] = {batch, task->sequence_targets ? task->input_shape[0] : 1};
-  int yndim = task->sequence_targets ? 2 : 1;
-  size_t ny = (size_t)yshape[0] * (size_t)yshape[1];
-  bool ints = task->input_dtype == DT_DTYPE_I32 || task->input_dtype == DT_DTYPE_I64;
-  if (task->input_dtype != DT_DTYPE_F32 && !(ints && task->input_range > 0))
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "bench: model %s takes %s inputs: synthetic batches are f32, or i32/i64 ids "
-                    "with an input_range",
-                    task->name, dt_dtype_name(task->input_dtype));
-  void *xs = malloc(n * (task->input_dtype == DT_DTYPE_I64 ? sizeof(int64_t) : sizeof(float)));
-  int32_t *ys = malloc(ny * sizeof *ys);
-  if (!xs || !ys) {
-    st = DT_ERROR(DT_ERR_OOM, "no host memory for a synthetic batch of %d", batch);
-    goto done;
-  }
-  dt_generator gen;
-  dt_generator_init(&gen, seed ^ 0x5eedULL);
-  for (size_t i = 0; i < n; i++) {
-    if (task->input_dtype == DT_DTYPE_F32)
-      ((float *)xs)[i] = dt_generator_normal(&gen);
-    else if (task->input_dtype == DT_DTYPE_I32)
-      ((int32_t *)xs)[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->input_range);
-    else
-      ((int64_t *)xs)[i] = (int64_t)dt_generator_below(&gen, (uint64_t)task->input_range);
-  }
-  for (size_t i = 0; i < ny; i++)
-    ys[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->num_classes);
-  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, task->input_ndim + 1, task->input_dtype, dev, x),
-                st, done);
-  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, yndim, DT_DTYPE_I32, dev, y), st, done);
-done:
-  free(ys);
-  free(xs);
-  return st;
 }
 
 typedef struct phase_times {
@@ -143,21 +94,6 @@ static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times
   return st;
 }
 
-/* sgd (lr 0.01, momentum 0.9) or adamw: the task's AdamW settings when it
- * has training defaults (a language model's: beta2, weight decay on the
- * matrices only), PyTorch's otherwise. */
-static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) {
-  dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
-  const dt_task_defaults *td = task->defaults;
-  bool adamw = name && !strcmp(name, "adamw");
-  if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
-    return (dt_optimizer_spec){
-        DT_TRAIN_ADAMW, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
-  if (adamw)
-    return (dt_optimizer_spec){DT_TRAIN_ADAMW, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
-  return (dt_optimizer_spec){DT_TRAIN_SGD, 0.01f, 0.9f, 0.0f, false, d.beta2, false};
-}
-
 /* --precision as the trainer's value (NULL: the device's default). */
 static dt_status bench_precision(const char *name, dt_precision *out) {
   *out = DT_PRECISION_DEVICE_DEFAULT;
@@ -208,7 +144,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_grad_scaler scaler; /* fp16 */
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
-  dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
+  dt_optimizer_spec os = dt_train_bench_optimizer(task, cfg->optimizer);
   DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, NULL, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
@@ -225,7 +161,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   }
   dt_comm *comm = dt_replica_comm(rep);
   /* Each rank its own batch, as in data-parallel training. */
-  DT_CHECK_GOTO(make_batch(task, cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), st, cleanup);
+  DT_CHECK_GOTO(
+      dt_train_synthetic_batch(task, cfg->batch, 0, cfg->seed + (uint64_t)rank, dev, &x, &y), st,
+      cleanup);
 
   phase_times warm, timed;
   memset(&warm, 0, sizeof warm);
@@ -308,7 +246,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   /* A model with training defaults (a language model) is timed as train
-   * runs it: its optimizer (with its settings, bench_optimizer) and batch;
+   * runs it: its optimizer (with its settings, dt_train_bench_optimizer) and batch;
    * the flags override them. An unknown name is the parser's. */
   const dt_task *task = NULL;
   const char *model = dt_cli_peek_flag(argc, argv, "model");

@@ -31,6 +31,7 @@
 #include "launch/flags.h"
 #include "launch/launcher.h"
 #include "launch/observe.h"
+#include "launch/plan.h"
 #include "launch/report.h"
 #include "launch/threads.h"
 #include "launch/tokenize.h"
@@ -84,6 +85,8 @@ static const command commands[] = {
      dt_cli_sample},
     {"export", "a language model's checkpoint for other tools: dtrain export --format hf", NULL,
      dt_cli_export},
+    {"plan", "memory per rank, the batch that fits and the step time on cpu, a100, h100, h200",
+     NULL, dt_cli_plan},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", NULL,
      dt_cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
