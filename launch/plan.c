@@ -159,8 +159,8 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
                      "cpu (this machine: the allocator's cap, the measured roof), a100, h100 or "
                      "h200 (data-sheet figures; the flags below override them)",
                      .check = check_plan_device),
-      DT_INT_FLAG("batch", &batch, "N", "micro-batch per rank, 0 = the largest that fits",
-                  .min = 0),
+      DT_INT_FLAG("batch", &batch, "N", "micro-batch per rank, 0 = the largest that fits", .min = 0,
+                  .field = "micro_batch"),
       DT_DOUBLE_FLAG("global-batch", &global_batch_d, "G",
                      "samples per optimizer step over all ranks (micro-batch x accumulation x "
                      "ranks), 0 = one micro-batch per rank",
@@ -168,7 +168,8 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
       dt_cli_flag_precision(&precision),
       dt_cli_flag_zero(&zero),
       dt_cli_flag_ctx(&ctx),
-      DT_INT_FLAG("gpus", &gpus, "N", "devices (ranks) per node", .min = 1, .max = 1024),
+      DT_INT_FLAG("gpus", &gpus, "N", "devices (ranks) per node", .min = 1, .max = 1024,
+                  .field = "gpus_per_node"),
       DT_INT_FLAG("nodes", &nodes, "N", "nodes", .min = 1, .max = 1024),
       dt_cli_flag_optimizer(&optimizer,
                             "optimizer (its state): sgd or adamw (a language "
@@ -252,11 +253,15 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   c.adamw = optimizer && !strcmp(optimizer, "adamw");
   c.recompute = recompute;
   dt_optimizer_spec spec = dt_train_bench_optimizer(c.task, c.adamw ? "adamw" : "sgd");
-  dt_plan_probe_result probe;
-  DT_CHECK_GOTO(dt_plan_probe(c.task, prec, recompute, &spec, &probe), st, fail);
+  /* the settings first (on an empty probe), then the model's minutes */
+  dt_plan_probe_result probe = {.units_per_sample = 1.0};
   dt_plan_result r;
+  if (dt_plan_compute(&c, &probe, &r) == DT_OK)
+    DT_CHECK_GOTO(dt_plan_probe(c.task, prec, recompute, &spec, &probe), st, fail);
   if (dt_plan_compute(&c, &probe, &r) != DT_OK) {
-    fprintf(err, "dtrain plan: %s\n", dt_last_error());
+    char msg[1024];
+    dt_flags_name_fields(&set, dt_last_error(), msg, sizeof msg);
+    fprintf(err, "dtrain plan: %s\n", msg);
     return 2;
   }
   const char *pname = precision ? precision : c.device.cpu ? "fp32" : "tf32";

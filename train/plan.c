@@ -166,7 +166,8 @@ static dt_status probe_phase_ended(void *user, dt_step_phase ended) {
   return dt_memory_reset_peak(p->dev);
 }
 
-/* One step at `batch` x `ctx`; *resident: allocated before its batch. */
+/* One step at `batch` x `ctx`; *resident: allocated before its batch
+ * (the peaks of its phases in *peaks, through the step's phase hook). */
 static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
                             probe_peaks *peaks, double *resident) {
   dt_memory_stats ms;
@@ -218,11 +219,12 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
    * kernels take the paths of real batches. */
   int b1 = task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
   double units = task->sequence_targets ? (double)ctx * b1 : (double)b1;
-  double resident = 0.0, fb1 = 0.0, up1 = 0.0;
-  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &peaks, NULL), st, done); /* optimizer state */
+  /* A first step allocates what stays from then on (the optimizer's state,
+   * the working copy); then the two measured ones. */
+  double resident = 0.0;
+  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &peaks, NULL), st, done);
   DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &peaks, &resident), st, done);
-  fb1 = peaks.fb;
-  up1 = peaks.update;
+  double fb1 = peaks.fb, up1 = peaks.update;
   DT_CHECK_GOTO(probe_step(task, rep, 2 * b1, ctx, &peaks, NULL), st, done);
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_replica_memory rm = dt_replica_memory_use(rep);
@@ -253,7 +255,10 @@ static double peak_of(const dt_plan_device *d, dt_precision p) {
 static double total_at(const dt_plan_config *cfg, const dt_plan_probe_result *p, dt_plan_memory *m,
                        int b) {
   double act = p->act_fixed + p->act_per_unit * p->units_per_sample * b;
-  m->activations = act > p->update_peak ? act : p->update_peak;
+  double update = p->update_peak;
+  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1)
+    update += 4.0 * (double)p->parameters; /* the all-gather's full f32 parameters */
+  m->activations = act > update ? act : update;
   m->overhead = cfg->device.alloc_overhead * (m->activations + m->workspace);
   m->total = m->weights + m->copies + m->gradients + m->optimizer + m->activations + m->workspace +
              m->comm + m->overhead;
@@ -284,15 +289,19 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   memset(out, 0, sizeof *out);
   const dt_plan_device *d = &cfg->device;
   if (cfg->zero < 0 || cfg->zero > 2)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "zero stage %d: expected 0, 1 or 2", cfg->zero);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`zero` %d: expected 0, 1 or 2", cfg->zero);
   if (cfg->gpus_per_node < 1 || cfg->nodes < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "gpus (%d) and nodes (%d) must be >= 1", cfg->gpus_per_node,
-                    cfg->nodes);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`gpus_per_node` (%d) and `nodes` (%d) must be >= 1",
+                    cfg->gpus_per_node, cfg->nodes);
   int ranks = cfg->gpus_per_node * cfg->nodes;
   out->ranks = ranks;
   dt_plan_memory *m = &out->memory;
   m->weights = 4.0 * (double)p->parameters;
   m->gradients = p->gradients / (cfg->zero >= 2 ? ranks : 1);
+  if (ranks > 1 && cfg->zero == 1) /* the full buckets and this rank's reduce-scattered shard */
+    m->gradients = p->gradients * (1.0 + 1.0 / ranks);
+  if (ranks > 1 && cfg->zero == 0 && d->cpu)
+    m->gradients = 0; /* the MPI reducer's host buckets, outside the CPU allocator */
   m->optimizer = p->optimizer_state / (cfg->zero >= 1 ? ranks : 1);
   m->copies = p->resident - m->weights - p->gradients - p->optimizer_state;
   if (m->copies < 0)
@@ -316,14 +325,15 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   int micro = cfg->micro_batch;
   if (cfg->global_batch > 0) {
     if (cfg->global_batch % ranks != 0)
-      return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "global batch %lld: not a multiple of the %d ranks (gpus x nodes)",
-                      (long long)cfg->global_batch, ranks);
+      return DT_ERROR(
+          DT_ERR_INVALID_ARG,
+          "`global_batch` %lld: not a multiple of the %d ranks (devices per node x nodes)",
+          (long long)cfg->global_batch, ranks);
     int64_t per_rank = cfg->global_batch / ranks;
     if (micro > 0 && per_rank % micro != 0)
       return DT_ERROR(DT_ERR_INVALID_ARG,
-                      "global batch %lld: %lld samples per rank is not a multiple of the "
-                      "micro-batch %d",
+                      "`global_batch` %lld: %lld samples per rank is not a multiple of the "
+                      "`micro_batch` %d",
                       (long long)cfg->global_batch, (long long)per_rank, micro);
     if (micro <= 0)
       micro = largest_divisor_at_most(per_rank, fit > 0 ? fit : 1);
