@@ -116,8 +116,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   phase_timer timer;
   memset(&timer, 0, sizeof timer);
 
-  if (cfg->batch < 1 || cfg->steps < 1 || cfg->warmup < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batch (%d) and steps (%d) must be >= 1, warmup (%d) >= 0",
+  if (cfg->batch < 0 || cfg->steps < 1 || cfg->warmup < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batch (%d) must be >= 0 (0 = auto), steps (%d) >= 1, warmup (%d) >= 0",
                     cfg->batch, cfg->steps, cfg->warmup);
   if (cfg->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
@@ -145,6 +146,18 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
   dt_optimizer_spec os = dt_train_bench_optimizer(task, cfg->optimizer);
+  int batch = cfg->batch;
+  if (batch == 0) { /* auto: the plan's rule, a trial step */
+    dt_plan_auto_config a = {task, dev, precision, cfg->recompute, os, cfg->zero, world, 0, 0};
+    dt_plan_auto pa;
+    DT_CHECK(dt_plan_auto_batch(&a, &pa));
+    batch = pa.micro_batch;
+    r.auto_rule = pa.rule_batch;
+    r.auto_halvings = pa.halvings;
+    r.auto_per_sample_mib = pa.per_sample / DT_MIB;
+    r.auto_free_mib = (pa.memory - pa.fixed) / DT_MIB;
+  }
+  r.batch = batch;
   DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, NULL, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
@@ -161,9 +174,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   }
   dt_comm *comm = dt_replica_comm(rep);
   /* Each rank its own batch, as in data-parallel training. */
-  DT_CHECK_GOTO(
-      dt_train_synthetic_batch(task, cfg->batch, 0, cfg->seed + (uint64_t)rank, dev, &x, &y), st,
-      cleanup);
+  DT_CHECK_GOTO(dt_train_synthetic_batch(task, batch, 0, cfg->seed + (uint64_t)rank, dev, &x, &y),
+                st, cleanup);
 
   phase_times warm, timed;
   memset(&warm, 0, sizeof warm);
@@ -191,7 +203,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.gradient_mem_mib = (double)rm.gradients / DT_MIB;
   r.in_flight_mib = (double)rm.gradients_in_flight / DT_MIB;
   r.steps_per_s = cfg->steps / r.seconds;
-  r.samples_per_s = r.steps_per_s * cfg->batch * world;
+  r.samples_per_s = r.steps_per_s * batch * world;
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
   dt_mfu mfu;
@@ -256,9 +268,14 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     cfg.batch = task->defaults->batch;
   }
   dt_clear_error();
+  bool batch_auto = dt_cli_take_batch_auto(argc, argv);
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
+      DT_INT_FLAG("batch", &cfg.batch, "N",
+                  "batch size (per rank under a launcher), or auto: the seed's rule with the "
+                  "plan's memory per sample (no data set: memory only), confirmed by a trial "
+                  "step",
+                  .min = 0),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
@@ -303,7 +320,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+  if (!dt_cli_check_batch("bench", cfg.batch, batch_auto, err) ||
+      !dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
       !dt_cli_check_precision("bench", cfg.precision, cfg.stochastic_rounding, cfg.device, NULL,
                               err))
     return 2;
@@ -325,17 +343,22 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
       "device %s precision %s threads %d%s%s\n",
-      cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
+      cfg.model, (long long)r.parameters, r.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev),
       cfg.precision                     ? cfg.precision
       : r.device.type == DT_DEVICE_CUDA ? "tf32"
                                         : "fp32",
       dt_cpu_num_threads(), dt_threads_note(), cfg.recompute ? " recompute" : "");
+  if (cfg.batch == 0)
+    printf(
+        "batch auto: %d (the seed's rule min(%.1f MiB free / %.3f MiB per sample x 0.9) = %d; "
+        "%d trial step(s) out of memory, halved)\n",
+        r.batch, r.auto_free_mib, r.auto_per_sample_mib, r.auto_rule, r.auto_halvings);
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
         "over %s, zero %d, grad-compress %s\n",
-        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
+        r.world, r.batch, r.world * r.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
         cfg.grad_compress);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);

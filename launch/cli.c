@@ -56,6 +56,28 @@ const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
   return value;
 }
 
+bool dt_cli_take_batch_auto(int argc, char **argv) {
+  bool found = false;
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    if (!strcmp(argv[i], "--batch") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) {
+      argv[i + 1] = (char *)"0";
+      found = true;
+    } else if (!strcmp(argv[i], "--batch=auto")) {
+      argv[i] = (char *)"--batch=0";
+      found = true;
+    }
+  }
+  return found;
+}
+
+bool dt_cli_check_batch(const char *command, int batch, bool batch_auto, FILE *err) {
+  if (batch >= 1 || batch_auto)
+    return true;
+  fprintf(err, "dtrain %s: invalid value '%d' for --batch: expected an integer >= 1 or auto\n",
+          command, batch);
+  return false;
+}
+
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
                                  "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "

@@ -32,6 +32,13 @@ const char *dt_cli_data_choices(void);
  * the defaults the other flags start from). */
 const char *dt_cli_peek_flag(int argc, char **argv, const char *name);
 
+/* `--batch auto` (or --batch=auto) before a `--`: rewritten in place to
+ * --batch 0, the parsers' "auto" (train and bench); true when found. */
+bool dt_cli_take_batch_auto(int argc, char **argv);
+/* After parsing: a --batch of 0 that was not `auto` is a bad command line
+ * (false, the message on err). */
+bool dt_cli_check_batch(const char *command, int batch, bool batch_auto, FILE *err);
+
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help);

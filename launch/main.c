@@ -177,6 +177,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_observe_config obs_cfg = DT_OBSERVE_CONFIG_DEFAULT;
   dt_observe_config *obs = &obs_cfg;
   const char *trace_steps = "1:50";
+  bool batch_auto = dt_cli_take_batch_auto(argc, argv);
+  int global_batch = 0;
   dt_flag flags[] = {
       dt_cli_flag_model(&model),
       DT_CHOICE_FLAG("data", &data, "NAME",
@@ -185,8 +187,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      dt_cli_data_choices()),
       dt_cli_flag_data_dir(&cfg.data_dir),
       DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
-      DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
-                  .min = 1),
+      DT_INT_FLAG("batch", &cfg.batch, "N",
+                  "micro-batch size (per rank under a launcher), or auto: the seed's rule "
+                  "min(free memory / the plan's memory per sample x 0.9, samples / 10), "
+                  "confirmed by a trial step (halved while it runs out of memory)",
+                  .min = 0),
+      DT_INT_FLAG("global-batch", &global_batch, "G",
+                  "with --batch auto: samples per optimizer step over all ranks; the "
+                  "accumulation is G / (ranks x micro-batch)",
+                  .min = 0),
       DT_INT_FLAG("accum", &cfg.accum, "K", "micro-batches per optimizer step (loss scaled by 1/K)",
                   .min = 1),
       DT_FLOAT_FLAG("lr", &cfg.lr, "LR", "peak learning rate"),
@@ -319,8 +328,11 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     fprintf(err, "dtrain train: %s\n", dt_last_error());
     return 2;
   }
-  if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err))
+  if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err) ||
+      !dt_cli_check_batch("train", cfg.batch, batch_auto, err))
     return 2;
+  cfg.batch_auto = batch_auto;
+  cfg.global_batch = global_batch;
   cfg.optimizer = !strcmp(optimizer, "adamw") ? DT_TRAIN_ADAMW : DT_TRAIN_SGD;
   cfg.schedule = !strcmp(schedule, "step")       ? DT_LR_DECAY_STEP
                  : !strcmp(schedule, "constant") ? DT_LR_DECAY_CONSTANT

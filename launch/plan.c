@@ -65,8 +65,9 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
 }
 
 /* The scaling table: 1, 2, 4, 8 GPUs on one node, then 8 per node up to
- * 1024, at the plan's global batch (while the ranks divide it; beyond,
- * one micro-batch per rank, marked *). */
+ * 1024, at the plan's global batch (the micro-batch the largest that fits
+ * and divides a rank's share; while the ranks divide it; beyond, a
+ * micro-batch of 1 per rank, marked *). */
 static void print_scaling(const dt_plan_config *c0, const dt_plan_probe_result *probe,
                           const dt_plan_result *r0) {
   printf("\nscaling (global batch %lld; 8 GPUs per node):\n", (long long)r0->global_batch);
@@ -77,8 +78,10 @@ static void print_scaling(const dt_plan_config *c0, const dt_plan_probe_result *
     dt_plan_config c = *c0;
     c.gpus_per_node = g < 8 ? g : 8;
     c.nodes = g < 8 ? 1 : g / 8;
-    c.micro_batch = r0->micro_batch;
-    bool weak = r0->global_batch % (g * (int64_t)r0->micro_batch) != 0;
+    bool weak = r0->global_batch % g != 0;
+    c.micro_batch = weak ? 1 : c0->micro_batch;
+    if (!weak && c.micro_batch > 0 && (r0->global_batch / g) % c.micro_batch != 0)
+      c.micro_batch = 0; /* the largest that fits and divides the rank's share */
     c.global_batch = weak ? 0 : r0->global_batch;
     dt_plan_result r;
     if (dt_plan_compute(&c, probe, &r) != DT_OK)
@@ -99,9 +102,9 @@ static void print_text(const dt_plan_config *c, const dt_plan_result *r, const c
          c->task->summary, c->nodes, c->gpus_per_node, c->device.name, precision, c->zero,
          c->recompute ? ", recompute" : "");
   printf(
-      "device: %.0f MiB, %.1f TFLOP/s at %s, %.0f GB/s memory, %.0f GB/s NVLink, "
+      "device: %.0f MiB, %.3g TFLOP/s at %s, %.0f GB/s memory, %.0f GB/s NVLink, "
       "%.0f GB/s network (%s)\n",
-      mib(c->device.memory), r->peak_flops / 1e9, precision, c->device.mem_bw / 1e9,
+      mib(c->device.memory), r->peak_flops / 1e12, precision, c->device.mem_bw / 1e9,
       c->device.nvlink_bw / 1e9, c->device.net_bw / 1e9, c->device.source);
   printf(
       "memory per rank at micro-batch %d: %.1f MiB (weights %.1f, copies %.1f, gradients "

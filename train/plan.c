@@ -166,18 +166,25 @@ static dt_status probe_phase_ended(void *user, dt_step_phase ended) {
   return dt_memory_reset_peak(p->dev);
 }
 
-/* One step at `batch` x `ctx`; *resident: allocated before its batch
- * (the peaks of its phases in *peaks, through the step's phase hook). */
-static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
-                            probe_peaks *peaks, double *resident) {
-  dt_memory_stats ms;
-  DT_CHECK(dt_memory_stats_get(DT_CPU, &ms));
-  if (resident)
-    *resident = (double)ms.allocated;
+dt_status dt_plan_replica_create(const dt_task *task, dt_device dev, dt_precision precision,
+                                 bool recompute, const dt_optimizer_spec *spec,
+                                 dt_step_phase_fn on_phase, void *on_phase_user,
+                                 dt_grad_scaler *scaler, dt_replica **out) {
+  dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
+  sc.loss = task->loss;
+  sc.clip = task->defaults ? task->defaults->clip : 0.0f;
+  sc.on_phase = on_phase;
+  sc.on_phase_user = on_phase_user;
+  DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, 0, &sc, scaler));
+  dt_module *model = NULL;
+  DT_CHECK(dt_train_build_model(task, 1, recompute, NULL, &model));
+  return dt_replica_create(model, dev, 0, dt_train_optimizer_create, (void *)spec, &sc, out);
+}
+
+dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx) {
   dt_tensor *x = NULL, *y = NULL;
-  dt_status st = dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, DT_CPU, &x, &y);
-  if (st == DT_OK)
-    st = dt_memory_reset_peak(DT_CPU);
+  dt_status st =
+      dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, dt_replica_device(rep), &x, &y);
   if (st == DT_OK)
     st = dt_step_forward_backward(dt_replica_step(rep), x, y, 1.0f, true, NULL);
   if (st == DT_OK)
@@ -187,26 +194,29 @@ static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batc
   return st;
 }
 
+/* One step at `batch` x `ctx`; *resident: allocated before it (the peaks
+ * of its phases in *peaks, through the step's phase hook). */
+static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
+                            double *resident) {
+  dt_memory_stats ms;
+  DT_CHECK(dt_memory_stats_get(DT_CPU, &ms));
+  if (resident)
+    *resident = (double)ms.allocated;
+  DT_CHECK(dt_memory_reset_peak(DT_CPU));
+  return dt_plan_step(task, rep, batch, ctx);
+}
+
 dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recompute,
                         const dt_optimizer_spec *spec, dt_plan_probe_result *out) {
   memset(out, 0, sizeof *out);
   if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
     precision = DT_PRECISION_FP32; /* the same storage as on the GPU */
   probe_peaks peaks = {DT_CPU, 0.0, 0.0};
-  dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
-  sc.loss = task->loss;
-  sc.clip = task->defaults ? task->defaults->clip : 0.0f;
-  sc.on_phase = probe_phase_ended;
-  sc.on_phase_user = &peaks;
   dt_grad_scaler scaler;
-  DT_CHECK(dt_train_precision_setup(precision, -1, 0, DT_CPU, 0, &sc, &scaler));
-  dt_module *model = NULL;
   dt_replica *rep = NULL;
-  DT_CHECK(dt_train_build_model(task, 1, recompute, NULL, &model));
-  dt_status st =
-      dt_replica_create(model, DT_CPU, 0, dt_train_optimizer_create, (void *)spec, &sc, &rep);
-  if (st != DT_OK)
-    return st;
+  DT_CHECK(dt_plan_replica_create(task, DT_CPU, precision, recompute, spec, probe_phase_ended,
+                                  &peaks, &scaler, &rep));
+  dt_status st = DT_OK;
   int64_t ctx = 0;
   out->units_per_sample = 1.0;
   if (task->sequence_targets) {
@@ -222,10 +232,10 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   /* A first step allocates what stays from then on (the optimizer's state,
    * the working copy); then the two measured ones. */
   double resident = 0.0;
-  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &peaks, NULL), st, done);
-  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &peaks, &resident), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, NULL), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &resident), st, done);
   double fb1 = peaks.fb, up1 = peaks.update;
-  DT_CHECK_GOTO(probe_step(task, rep, 2 * b1, ctx, &peaks, NULL), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, 2 * b1, ctx, NULL), st, done);
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_replica_memory rm = dt_replica_memory_use(rep);
   out->resident = resident;

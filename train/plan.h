@@ -25,9 +25,12 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/amp.h"
 #include "core/status.h"
+#include "core/step.h"
+#include "dist/replica.h"
 #include "models/tasks.h"
 #include "train/mfu.h"
 #include "train/train_loop.h"
@@ -137,6 +140,55 @@ typedef struct dt_plan_result {
  * naming the setting. */
 dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result *probe,
                           dt_plan_result *out);
+
+/* `batch auto`: the micro-batch from the seed's rule with the plan's
+ * memory per sample against the memory of the run's device (the CPU
+ * allocator's cap, a GPU's capacity), confirmed by a trial training step
+ * on that device at that micro-batch (halved while it runs out of memory);
+ * with a global batch, the largest micro-batch that divides a rank's
+ * share and the accumulation that makes it up. */
+typedef struct dt_plan_auto_config {
+  const dt_task *task; /* with its context */
+  dt_device device;    /* this rank's */
+  dt_precision precision;
+  bool recompute;
+  dt_optimizer_spec optimizer;
+  int zero, ranks;
+  int64_t data_samples; /* the training set's size, 0 = unknown */
+  int64_t global_batch; /* samples per optimizer step over the ranks, 0 = accumulation 1 */
+} dt_plan_auto_config;
+
+typedef struct dt_plan_auto {
+  int micro_batch, accumulation;
+  int rule_batch; /* the seed's rule, before the trial */
+  int halvings;   /* trial steps that ran out of memory */
+  double memory;  /* bytes the device offers */
+  double fixed;   /* bytes at micro-batch 0 */
+  double per_sample;
+} dt_plan_auto;
+
+/* Errors: a global batch the ranks do not divide (DT_ERR_INVALID_ARG
+ * naming `global_batch`); micro-batch 1 out of memory (DT_ERR_OOM with the
+ * plan's breakdown and the levers); the probe's and the trial's. */
+dt_status dt_plan_auto_batch(const dt_plan_auto_config *a, dt_plan_auto *out);
+
+/* The trainer's `batch_auto` (train/train_config.h): dt_plan_auto_batch
+ * over the run's task, data set (its training split's size), device,
+ * precision, optimizer, ZeRO stage and ranks; sets c->batch (and c->accum
+ * from c->global_batch) and logs one line to `log` (NULL = none). */
+dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log);
+
+/* A replica of the task's model (seed 1) on `dev` with bench's and
+ * train's step (the task's loss and clipping, `precision` through
+ * dt_train_precision_setup with *scaler, the phase hook on_phase, NULL =
+ * none) and the optimizer `spec` (borrowed for the replica's life). */
+dt_status dt_plan_replica_create(const dt_task *task, dt_device dev, dt_precision precision,
+                                 bool recompute, const dt_optimizer_spec *spec,
+                                 dt_step_phase_fn on_phase, void *on_phase_user,
+                                 dt_grad_scaler *scaler, dt_replica **out);
+/* One training step of `rep` on a synthetic batch (`ctx` positions for a
+ * sequence task, 0 = the task's). */
+dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx);
 
 /* A synthetic batch of the task's input: f32 N(0,1) or ids in [0,
  * input_range), and class (or next-token) targets, `ctx` positions for a
