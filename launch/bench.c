@@ -145,7 +145,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_grad_scaler scaler; /* fp16 */
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
-  dt_optimizer_spec os = dt_train_bench_optimizer(task, cfg->optimizer);
+  dt_optimizer_spec os =
+      dt_train_bench_optimizer(task, cfg->optimizer && !strcmp(cfg->optimizer, "adamw"));
   int batch = cfg->batch;
   if (batch == 0) { /* auto: the plan's rule, a trial step */
     dt_plan_auto_config a = {task, dev, precision, cfg->recompute, os, cfg->zero, world, 0, 0};
@@ -268,14 +269,15 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     cfg.batch = task->defaults->batch;
   }
   dt_clear_error();
-  bool batch_auto = dt_cli_take_batch_auto(argc, argv);
+  bool batch_auto = false;
+  argc = dt_cli_take_batch_auto(argc, argv, &batch_auto);
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
       DT_INT_FLAG("batch", &cfg.batch, "N",
                   "batch size (per rank under a launcher), or auto: the seed's rule with the "
                   "plan's memory per sample (no data set: memory only), confirmed by a trial "
                   "step",
-                  .min = 0),
+                  .min = 1),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
@@ -320,8 +322,9 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
-  if (!dt_cli_check_batch("bench", cfg.batch, batch_auto, err) ||
-      !dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
+  if (batch_auto)
+    cfg.batch = 0;
+  if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
       !dt_cli_check_precision("bench", cfg.precision, cfg.stochastic_rounding, cfg.device, NULL,
                               err))
     return 2;

@@ -56,26 +56,20 @@ const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
   return value;
 }
 
-bool dt_cli_take_batch_auto(int argc, char **argv) {
-  bool found = false;
+int dt_cli_take_batch_auto(int argc, char **argv, bool *found) {
+  *found = false;
   for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
-    if (!strcmp(argv[i], "--batch") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) {
-      argv[i + 1] = (char *)"0";
-      found = true;
-    } else if (!strcmp(argv[i], "--batch=auto")) {
-      argv[i] = (char *)"--batch=0";
-      found = true;
-    }
+    int n = !strcmp(argv[i], "--batch=auto")                                              ? 1
+            : !strcmp(argv[i], "--batch") && i + 1 < argc && !strcmp(argv[i + 1], "auto") ? 2
+                                                                                          : 0;
+    if (n == 0)
+      continue;
+    *found = true;
+    memmove(&argv[i], &argv[i + n], (size_t)(argc - i - n) * sizeof *argv);
+    argc -= n;
+    i--;
   }
-  return found;
-}
-
-bool dt_cli_check_batch(const char *command, int batch, bool batch_auto, FILE *err) {
-  if (batch >= 1 || batch_auto)
-    return true;
-  fprintf(err, "dtrain %s: invalid value '%d' for --batch: expected an integer >= 1 or auto\n",
-          command, batch);
-  return false;
+  return argc;
 }
 
 dt_flag dt_cli_flag_model(const char **target) {

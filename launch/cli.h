@@ -32,12 +32,10 @@ const char *dt_cli_data_choices(void);
  * the defaults the other flags start from). */
 const char *dt_cli_peek_flag(int argc, char **argv, const char *name);
 
-/* `--batch auto` (or --batch=auto) before a `--`: rewritten in place to
- * --batch 0, the parsers' "auto" (train and bench); true when found. */
-bool dt_cli_take_batch_auto(int argc, char **argv);
-/* After parsing: a --batch of 0 that was not `auto` is a bad command line
- * (false, the message on err). */
-bool dt_cli_check_batch(const char *command, int batch, bool batch_auto, FILE *err);
+/* `--batch auto` (or --batch=auto) before a `--` taken out of argv
+ * (train and bench: the parser sees the rest); returns the new argc, *found
+ * whether it was there. */
+int dt_cli_take_batch_auto(int argc, char **argv, bool *found);
 
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);

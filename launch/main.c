@@ -177,7 +177,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   dt_observe_config obs_cfg = DT_OBSERVE_CONFIG_DEFAULT;
   dt_observe_config *obs = &obs_cfg;
   const char *trace_steps = "1:50";
-  bool batch_auto = dt_cli_take_batch_auto(argc, argv);
+  bool batch_auto = false;
+  argc = dt_cli_take_batch_auto(argc, argv, &batch_auto);
   int global_batch = 0;
   dt_flag flags[] = {
       dt_cli_flag_model(&model),
@@ -191,7 +192,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                   "micro-batch size (per rank under a launcher), or auto: the seed's rule "
                   "min(free memory / the plan's memory per sample x 0.9, samples / 10), "
                   "confirmed by a trial step (halved while it runs out of memory)",
-                  .min = 0),
+                  .min = 1),
       DT_INT_FLAG("global-batch", &global_batch, "G",
                   "with --batch auto: samples per optimizer step over all ranks; the "
                   "accumulation is G / (ranks x micro-batch)",
@@ -328,8 +329,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     fprintf(err, "dtrain train: %s\n", dt_last_error());
     return 2;
   }
-  if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err) ||
-      !dt_cli_check_batch("train", cfg.batch, batch_auto, err))
+  if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err))
     return 2;
   cfg.batch_auto = batch_auto;
   cfg.global_batch = global_batch;

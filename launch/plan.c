@@ -134,10 +134,12 @@ static void print_text(const dt_plan_config *c, const dt_plan_result *r, const c
         r->micro_batch, mib(m->total), mib(c->device.memory));
 }
 
+/* --device's names, in dt_plan_device_kind's order. */
+static const char *const device_names[] = {"cpu", "a100", "h100", "h200"};
+
 static bool check_plan_device(const char *value, char *why, size_t cap) {
-  static const char *known[] = {"cpu", "a100", "h100", "h200"};
-  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-    if (!strcmp(value, known[i]))
+  for (size_t i = 0; i < sizeof device_names / sizeof device_names[0]; i++)
+    if (!strcmp(value, device_names[i]))
       return true;
   snprintf(why, cap, "expected cpu, a100, h100 or h200 (or set the figures with the flags)");
   return false;
@@ -245,7 +247,11 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
     DT_CHECK_GOTO(dt_task_with_context(task, ctx, &ctx_task), st, fail);
   c.task = &ctx_task;
   c.precision = prec;
-  DT_CHECK_GOTO(dt_plan_device_find(device, &roof, &c.device), st, fail);
+  dt_plan_device_kind kind = DT_PLAN_DEVICE_CPU;
+  for (int i = 0; i < (int)(sizeof device_names / sizeof device_names[0]); i++)
+    if (!strcmp(device, device_names[i]))
+      kind = (dt_plan_device_kind)i;
+  DT_CHECK_GOTO(dt_plan_device_get(kind, &roof, &c.device), st, fail);
   apply_device_flags(&df, &c.device);
   c.zero = zero;
   c.gpus_per_node = gpus;
@@ -255,7 +261,7 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   c.data_samples = data_samples;
   c.adamw = optimizer && !strcmp(optimizer, "adamw");
   c.recompute = recompute;
-  dt_optimizer_spec spec = dt_train_bench_optimizer(c.task, c.adamw ? "adamw" : "sgd");
+  dt_optimizer_spec spec = dt_train_bench_optimizer(c.task, c.adamw);
   /* the settings first (on an empty probe), then the model's minutes */
   dt_plan_probe_result probe = {.units_per_sample = 1.0};
   dt_plan_result r;

@@ -57,10 +57,9 @@ done:
   return st;
 }
 
-dt_optimizer_spec dt_train_bench_optimizer(const dt_task *task, const char *name) {
+dt_optimizer_spec dt_train_bench_optimizer(const dt_task *task, bool adamw) {
   dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
   const dt_task_defaults *td = task->defaults;
-  bool adamw = name && !strcmp(name, "adamw");
   if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
     return (dt_optimizer_spec){
         DT_TRAIN_ADAMW, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
@@ -118,16 +117,14 @@ static dt_status measure_copy_bandwidth(double *out) {
   return DT_OK;
 }
 
-dt_status dt_plan_device_find(const char *name, dt_mfu_cache *roof, dt_plan_device *out) {
+dt_status dt_plan_device_get(dt_plan_device_kind kind, dt_mfu_cache *roof, dt_plan_device *out) {
   memset(out, 0, sizeof *out);
-  for (int i = 0; name && i < NUM_GPU_DEVICES; i++)
-    if (!strcmp(name, gpu_devices[i].name)) {
-      *out = gpu_devices[i];
-      return DT_OK;
-    }
-  if (!name || strcmp(name, "cpu") != 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "device '%s': expected cpu, a100, h100 or h200",
-                    name ? name : "(none)");
+  if (kind > DT_PLAN_DEVICE_CPU && kind <= NUM_GPU_DEVICES) {
+    *out = gpu_devices[kind - 1];
+    return DT_OK;
+  }
+  if (kind != DT_PLAN_DEVICE_CPU)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`device` %d: expected cpu, a100, h100 or h200", (int)kind);
   snprintf(out->name, sizeof out->name, "cpu");
   out->cpu = true;
   dt_memory_stats ms;

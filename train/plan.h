@@ -15,7 +15,7 @@
  *   dt_plan_probe_result probe;
  *   DT_CHECK(dt_plan_probe(task, precision, false, &spec, &probe));
  *   dt_plan_config cfg = DT_PLAN_CONFIG_DEFAULT;
- *   DT_CHECK(dt_plan_device_find("h100", NULL, &cfg.device));
+ *   DT_CHECK(dt_plan_device_get(DT_PLAN_DEVICE_H100, NULL, &cfg.device));
  *   cfg.task = task; cfg.precision = precision; cfg.micro_batch = 16;
  *   dt_plan_result plan;
  *   DT_CHECK(dt_plan_compute(&cfg, &probe, &plan));
@@ -59,11 +59,17 @@ typedef struct dt_plan_device {
   const char *source;            /* where the figures come from */
 } dt_plan_device;
 
-/* "cpu" (this machine: the CPU allocator's cap, the sgemm roof of
+typedef enum dt_plan_device_kind {
+  DT_PLAN_DEVICE_CPU = 0, /* this machine */
+  DT_PLAN_DEVICE_A100,    /* the rows of the table in plan.c, in this order */
+  DT_PLAN_DEVICE_H100,
+  DT_PLAN_DEVICE_H200,
+} dt_plan_device_kind;
+
+/* cpu (this machine: the CPU allocator's cap, the sgemm roof of
  * train/mfu.h kept in *roof (NULL = measured anew) and a measured copy
- * bandwidth), "a100", "h100", "h200" (data-sheet figures, docs/plan.md).
- * An unknown name: DT_ERR_INVALID_ARG listing the known ones. */
-dt_status dt_plan_device_find(const char *name, dt_mfu_cache *roof, dt_plan_device *out);
+ * bandwidth), a100, h100, h200 (data-sheet figures, docs/plan.md). */
+dt_status dt_plan_device_get(dt_plan_device_kind kind, dt_mfu_cache *roof, dt_plan_device *out);
 
 /* What dt_plan_probe measured, in bytes, for one rank without peers. */
 typedef struct dt_plan_probe_result {
@@ -196,10 +202,10 @@ dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, in
 dt_status dt_train_synthetic_batch(const dt_task *task, int batch, int64_t ctx, uint64_t seed,
                                    dt_device dev, dt_tensor **x, dt_tensor **y);
 
-/* The optimizer bench and the plan use: `name` "adamw" (the task's AdamW
- * settings when it has training defaults, PyTorch's otherwise) or sgd
- * (lr 0.01, momentum 0.9). */
-dt_optimizer_spec dt_train_bench_optimizer(const dt_task *task, const char *name);
+/* The optimizer bench and the plan use: adamw (the task's AdamW settings
+ * when it has training defaults, PyTorch's otherwise) or sgd (lr 0.01,
+ * momentum 0.9). */
+dt_optimizer_spec dt_train_bench_optimizer(const dt_task *task, bool adamw);
 
 #ifdef __cplusplus
 }

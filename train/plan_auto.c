@@ -115,7 +115,7 @@ dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log) {
     DT_CHECK(dt_task_with_context(c->task, c->ctx, &task));
   dt_plan_auto_config a = {.task = &task, .precision = c->precision, .recompute = c->recompute};
   DT_CHECK(dt_train_rank_device(c->device, c->pg, &a.device));
-  a.optimizer = dt_train_bench_optimizer(&task, c->optimizer == DT_TRAIN_ADAMW ? "adamw" : "sgd");
+  a.optimizer = dt_train_bench_optimizer(&task, c->optimizer == DT_TRAIN_ADAMW);
   a.optimizer.momentum = c->momentum;
   a.zero = c->zero;
   a.ranks = c->pg ? dt_pg_world_size(c->pg) : 1;

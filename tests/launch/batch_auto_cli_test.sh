@@ -58,12 +58,12 @@ DT_CPU_MEMORY_LIMIT=100M run_within 300 bench --model gpt2-tiny --batch auto --s
 expect 1 err "batch auto: model gpt2-tiny does not fit at micro-batch 1 .*ZeRO stage 1 or 2, recomputation" \
   "bench --batch auto: a model that cannot fit, with the levers"
 run train --model mlp --batch 0
-expect 2 err "invalid value '0' for --batch: expected an integer >= 1 or auto" "train --batch 0"
+expect 2 err "invalid value '0' for --batch: expected a positive integer" "train --batch 0"
 run bench --model mlp --batch 0
 expect 2 err "invalid value '0' for --batch" "bench --batch 0"
 run train --model mlp --global-batch 64
 expect 2 err -- "--global-batch 64: needs --batch auto" "train --global-batch without --batch auto"
-run train --model mlp --batch auto --accum 2 --global-batch 64
+run train --model mlp --batch=auto --accum 2 --global-batch 64
 expect 2 err -- "--global-batch 64: .*no --accum" "train --global-batch with --accum"
 
 echo "$test_name: $checks checks, $failures failed"
