@@ -72,7 +72,7 @@ static void print_scaling(const dt_plan_config *c0, const dt_plan_probe_result *
                           const dt_plan_result *r0) {
   printf("\nscaling (global batch %lld; 8 GPUs per node):\n", (long long)r0->global_batch);
   printf("%6s %6s %6s %6s %10s %10s %14s %7s %11s\n", "gpus", "nodes", "micro", "accum", "step_ms",
-         "comm_ms", c0->task->sequence_targets ? "tokens/s" : "samples/s", "mfu", "efficiency");
+         "exposed_ms", c0->task->sequence_targets ? "tokens/s" : "samples/s", "mfu", "efficiency");
   double base = 0.0;
   for (int g = 1; g <= 1024; g *= 2) {
     dt_plan_config c = *c0;

@@ -157,19 +157,22 @@ static dt_status build_lenet(const dt_task *task, uint64_t seed, dt_module **out
   return dt_model_lenet5(10, seed, out);
 }
 
-/* Training FLOPs per sample of the image models, 6 per multiply-add of
- * their GEMMs and convolutions (2 forward, 4 backward), as for the
- * language models; the plan's roofline reads them (their MFU is not
- * reported: the CPU roof it needs costs a second of every run). MLP: 784x512 + 512x512 + 512x10.
- * LeNet-5: conv1 28x28 outputs x 6 x 25, conv2 10x10 x 16 x 150, then 400x120 + 120x84 + 84x10. */
+/* Training FLOPs per sample of the image models: per multiply-add of
+ * their GEMMs and convolutions 2 forward and 4 backward (input and weight
+ * gradients), 2 for the first layer's backward (its input, the image,
+ * needs no gradient). The plan's roofline reads them (their MFU is not
+ * reported: the CPU roof it needs costs a second of every run). MLP:
+ * 784x512, then 512x512 + 512x10. LeNet-5: conv1 28x28 outputs x 6 x 25,
+ * then conv2 10x10 x 16 x 150 and 400x120 + 120x84 + 84x10. */
 static double mlp_flops_per_sample(const dt_task *task) {
   (void)task;
-  return 6.0 * (784.0 * 512 + 512.0 * 512 + 512.0 * 10);
+  return 4.0 * 784 * 512 + 6.0 * (512.0 * 512 + 512.0 * 10);
 }
 
 static double lenet_flops_per_sample(const dt_task *task) {
   (void)task;
-  return 6.0 * (28.0 * 28 * 6 * 25 + 10.0 * 10 * 16 * 150 + 400.0 * 120 + 120.0 * 84 + 84.0 * 10);
+  return 4.0 * 28 * 28 * 6 * 25 +
+         6.0 * (10.0 * 10 * 16 * 150 + 400.0 * 120 + 120.0 * 84 + 84.0 * 10);
 }
 
 /* The task's GPT-2 configuration, its context the task's. */
