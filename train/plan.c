@@ -320,14 +320,15 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   out->fixed = total_at(cfg, p, m, 0);
   out->per_sample = p->act_per_unit * p->units_per_sample * (1.0 + d->alloc_overhead);
   int fit = 0;
-  for (int step = 1 << 20; step > 0; step >>= 1) /* the largest b with total_at(b) <= memory */
-    if (fit + step <= (1 << 21) && total_at(cfg, p, m, fit + step) <= d->memory)
+  /* the largest b (below 2^30) with total_at(b) <= memory */
+  for (int step = 1 << 29; step > 0; step >>= 1)
+    if (total_at(cfg, p, m, fit + step) <= d->memory)
       fit += step;
   out->max_micro_batch = fit;
   double rule = out->per_sample > 0 ? (d->memory - out->fixed) / out->per_sample * 0.9 : 0.0;
   if (cfg->data_samples > 0 && rule > (double)cfg->data_samples / 10)
     rule = (double)cfg->data_samples / 10;
-  out->rule_batch = rule >= 1 ? (rule > (1 << 21) ? (1 << 21) : (int)rule) : 0;
+  out->rule_batch = rule >= 1 ? (rule > (1 << 30) ? (1 << 30) : (int)rule) : 0;
 
   int micro = cfg->micro_batch;
   if (cfg->global_batch > 0) {
