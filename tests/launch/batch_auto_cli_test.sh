@@ -62,9 +62,9 @@ expect 2 err "invalid value '0' for --batch: expected a positive integer" "train
 run bench --model mlp --batch 0
 expect 2 err "invalid value '0' for --batch" "bench --batch 0"
 run train --model mlp --global-batch 64
-expect 2 err -- "--global-batch 64: needs --batch auto" "train --global-batch without --batch auto"
+expect 2 err "--global-batch 64: needs --batch auto" "train --global-batch without --batch auto"
 run train --model mlp --batch=auto --accum 2 --global-batch 64
-expect 2 err -- "--global-batch 64: .*no --accum" "train --global-batch with --accum"
+expect 2 err "--global-batch 64: .*no --accum" "train --global-batch with --accum"
 
 echo "$test_name: $checks checks, $failures failed"
 [ "$failures" = 0 ]

@@ -90,23 +90,23 @@ expect 0 out 'largest micro-batch that fits [0-9]+; the seed.s rule .* = [0-9]+'
 
 # ---- bad flags: exit 2 naming the flag ------------------------------------
 run plan --model mlp --device tpu
-expect 2 err -- '--device' "plan --device tpu"
+expect 2 err '--device' "plan --device tpu"
 run plan --model mlp --zero 3
-expect 2 err -- '--zero' "plan --zero 3"
+expect 2 err '--zero' "plan --zero 3"
 run plan --model mlp --gpus 0
-expect 2 err -- '--gpus' "plan --gpus 0"
+expect 2 err '--gpus' "plan --gpus 0"
 run plan --model mlp --gpus 4 --global-batch 10
-expect 2 err -- '--global-batch 10: not a multiple of the 4 ranks' "plan: a global batch the ranks do not divide"
+expect 2 err '--global-batch 10: not a multiple of the 4 ranks' "plan: a global batch the ranks do not divide"
 run plan --model mlp --gpus 2 --global-batch 64 --batch 3
-expect 2 err -- '--global-batch 64: .* --batch 3' "plan: a micro-batch that does not divide it"
+expect 2 err '--global-batch 64: .* --batch 3' "plan: a micro-batch that does not divide it"
 run plan --model mlp --global-batch 1.5
-expect 2 err -- '--global-batch' "plan --global-batch 1.5"
+expect 2 err '--global-batch' "plan --global-batch 1.5"
 run plan --model mlp --precision tf32
-expect 2 err -- '--precision tf32' "plan: tf32 on the cpu"
+expect 2 err '--precision tf32' "plan: tf32 on the cpu"
 run plan --model gpt2-tiny --ctx 100000
-expect 2 err -- '--ctx' "plan --ctx beyond the model's"
+expect 2 err '--ctx' "plan --ctx beyond the model's"
 run plan --model mlp --memory-gib -1
-expect 2 err -- '--memory-gib' "plan --memory-gib -1"
+expect 2 err '--memory-gib' "plan --memory-gib -1"
 
 echo "$test_name: $checks checks, $failures failed"
 [ "$failures" = 0 ]
