@@ -206,6 +206,11 @@ static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batc
 dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recompute,
                         const dt_optimizer_spec *spec, dt_plan_probe_result *out) {
   memset(out, 0, sizeof *out);
+  double traffic = 0.0; /* recompute: the activations the blocks write, kept or not */
+  if (recompute) {
+    DT_CHECK(dt_plan_probe(task, precision, false, spec, out));
+    traffic = out->act_per_unit;
+  }
   if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
     precision = DT_PRECISION_FP32; /* the same storage as on the GPU */
   probe_peaks peaks = {DT_CPU, 0.0, 0.0};
@@ -242,6 +247,7 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   if (out->act_per_unit < 0)
     out->act_per_unit = 0;
   out->act_fixed = fb1 - resident - out->act_per_unit * units;
+  out->traffic_per_unit = recompute ? traffic : out->act_per_unit;
   out->update_peak = up1 - resident;
 done:
   dt_replica_destroy(rep);
@@ -366,7 +372,8 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   double bw = d->mem_bw * d->memory_eff;
   out->compute_s =
       fps * micro * (cfg->recompute ? 4.0 / 3.0 : 1.0) / (out->peak_flops * d->matmul_eff);
-  out->memory_s = 4.0 * p->act_per_unit * p->units_per_sample * micro / bw;
+  out->memory_s =
+      (cfg->recompute ? 5.0 : 4.0) * p->traffic_per_unit * p->units_per_sample * micro / bw;
   double per_param = cfg->adamw ? 28.0 : 20.0; /* f32 p, g, state read; p, state written */
   if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16)
     per_param += 2.0; /* the working copy written */

@@ -79,6 +79,7 @@ typedef struct dt_plan_probe_result {
   double optimizer_state;  /* of which the optimizer's state */
   double act_fixed;        /* forward + backward peak above `resident`: fixed part */
   double act_per_unit;     /* and per sample (per token for a language model) */
+  double traffic_per_unit; /* the activations written per unit (recompute: those it drops too) */
   double update_peak;      /* the update's peak above `resident` */
   double units_per_sample; /* 1, or the context for a language model */
 } dt_plan_probe_result;

@@ -3,7 +3,8 @@
 #   - calibration: on the cpu device, plan's peak_memory_mib is within 10 %
 #     of bench's measured peak_mem (one warm-up step, then one timed) for
 #     MLP, LeNet-5, GPT-tiny and GPT-2 124M (a context of 16, micro-batch 1)
-#     at fp32 and bf16, and under ZeRO 0, 1 and 2 on 2 ranks (mpirun);
+#     at fp32 and bf16, GPT-tiny with --recompute, and under ZeRO 0, 1 and 2
+#     on 2 ranks (mpirun);
 #   - --json prints one object with peak_memory_mib, step_ms and the
 #     breakdown; micro-batch x accumulation x ranks is the global batch;
 #   - bad flags exit 2 naming the flag.
@@ -51,6 +52,7 @@ for precision in fp32 bf16; do
   calibrate 1 --model gpt2-tiny --batch 2 --precision "$precision"
 done
 calibrate 1 --model gpt2 --batch 1 --ctx 16 --precision bf16
+calibrate 1 --model gpt2-tiny --batch 4 --recompute
 for zero in 0 1 2; do
   calibrate 2 --model gpt2-tiny --batch 2 --zero "$zero"
 done
