@@ -9,7 +9,6 @@
 #include "core/backend.h"
 #include "core/cpu.h"
 #include "core/memory.h"
-#include "core/rng.h"
 #include "core/step.h"
 #include "dist/comm.h"
 #include "dist/ddp.h"
@@ -19,61 +18,13 @@
 #include "launch/threads.h"
 #include "models/tasks.h"
 #include "train/mfu.h"
+#include "train/plan.h"
 #include "train/train_loop.h"
 
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A synthetic batch of the task's input: inputs (batch, input_shape...) of
- * its dtype, N(0,1) for float inputs, ids in [0, input_range) for integer
- * ones; targets (batch) i32 class ids in [0, num_classes), or (batch, T)
- * for sequence targets. */
-static dt_status make_batch(const dt_task *task, int batch, uint64_t seed, dt_device dev,
-                            dt_tensor **x, dt_tensor **y) {
-  dt_status st = DT_OK;
-  int64_t xshape[DT_TASK_MAX_DIMS + 1] = {batch};
-  size_t n = (size_t)batch;
-  for (int i = 0; i < task->input_ndim; i++) {
-    xshape[i + 1] = task->input_shape[i];
-    n *= (size_t)task->input_shape[i];
-  }
-  const int64_t yshape[2] = {batch, task->sequence_targets ? task->input_shape[0] : 1};
-  int yndim = task->sequence_targets ? 2 : 1;
-  size_t ny = (size_t)yshape[0] * (size_t)yshape[1];
-  bool ints = task->input_dtype == DT_DTYPE_I32 || task->input_dtype == DT_DTYPE_I64;
-  if (task->input_dtype != DT_DTYPE_F32 && !(ints && task->input_range > 0))
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "bench: model %s takes %s inputs: synthetic batches are f32, or i32/i64 ids "
-                    "with an input_range",
-                    task->name, dt_dtype_name(task->input_dtype));
-  void *xs = malloc(n * (task->input_dtype == DT_DTYPE_I64 ? sizeof(int64_t) : sizeof(float)));
-  int32_t *ys = malloc(ny * sizeof *ys);
-  if (!xs || !ys) {
-    st = DT_ERROR(DT_ERR_OOM, "no host memory for a synthetic batch of %d", batch);
-    goto done;
-  }
-  dt_generator gen;
-  dt_generator_init(&gen, seed ^ 0x5eedULL);
-  for (size_t i = 0; i < n; i++) {
-    if (task->input_dtype == DT_DTYPE_F32)
-      ((float *)xs)[i] = dt_generator_normal(&gen);
-    else if (task->input_dtype == DT_DTYPE_I32)
-      ((int32_t *)xs)[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->input_range);
-    else
-      ((int64_t *)xs)[i] = (int64_t)dt_generator_below(&gen, (uint64_t)task->input_range);
-  }
-  for (size_t i = 0; i < ny; i++)
-    ys[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->num_classes);
-  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, task->input_ndim + 1, task->input_dtype, dev, x),
-                st, done);
-  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, yndim, DT_DTYPE_I32, dev, y), st, done);
-done:
-  free(ys);
-  free(xs);
-  return st;
 }
 
 typedef struct phase_times {
@@ -143,21 +94,6 @@ static dt_status timed_step(const dt_replica *r, phase_timer *timer, phase_times
   return st;
 }
 
-/* sgd (lr 0.01, momentum 0.9) or adamw: the task's AdamW settings when it
- * has training defaults (a language model's: beta2, weight decay on the
- * matrices only), PyTorch's otherwise. */
-static dt_optimizer_spec bench_optimizer(const dt_task *task, const char *name) {
-  dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
-  const dt_task_defaults *td = task->defaults;
-  bool adamw = name && !strcmp(name, "adamw");
-  if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
-    return (dt_optimizer_spec){
-        DT_TRAIN_ADAMW, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
-  if (adamw)
-    return (dt_optimizer_spec){DT_TRAIN_ADAMW, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
-  return (dt_optimizer_spec){DT_TRAIN_SGD, 0.01f, 0.9f, 0.0f, false, d.beta2, false};
-}
-
 /* --precision as the trainer's value (NULL: the device's default). */
 static dt_status bench_precision(const char *name, dt_precision *out) {
   *out = DT_PRECISION_DEVICE_DEFAULT;
@@ -180,8 +116,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   phase_timer timer;
   memset(&timer, 0, sizeof timer);
 
-  if (cfg->batch < 1 || cfg->steps < 1 || cfg->warmup < 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "batch (%d) and steps (%d) must be >= 1, warmup (%d) >= 0",
+  if (cfg->batch < 0 || cfg->steps < 1 || cfg->warmup < 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batch (%d) must be >= 0 (0 = auto), steps (%d) >= 1, warmup (%d) >= 0",
                     cfg->batch, cfg->steps, cfg->warmup);
   if (cfg->threads > DT_CPU_MAX_THREADS)
     return DT_ERROR(DT_ERR_INVALID_ARG, "threads %d: at most %d CPU threads (0 = all cores)",
@@ -209,7 +146,20 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   dt_grad_scaler scaler; /* fp16 */
   DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, rank, &sc, &scaler));
   DT_CHECK(dt_train_rounding_setup(cfg->stochastic_rounding, cfg->seed, &sc));
-  dt_optimizer_spec os = bench_optimizer(task, cfg->optimizer);
+  dt_optimizer_spec os =
+      dt_train_bench_optimizer(task, cfg->optimizer && !strcmp(cfg->optimizer, "adamw"));
+  int batch = cfg->batch;
+  if (batch == 0) { /* auto: the plan's rule, a trial step */
+    dt_plan_auto_config a = {task, dev, precision, cfg->recompute, os, cfg->zero, world, 0, 0};
+    dt_plan_auto pa;
+    DT_CHECK(dt_plan_auto_batch(&a, &pa));
+    batch = pa.micro_batch;
+    r.auto_rule = pa.rule_batch;
+    r.auto_halvings = pa.halvings;
+    r.auto_per_sample_mib = pa.per_sample / DT_MIB;
+    r.auto_free_mib = (pa.memory - pa.fixed) / DT_MIB;
+  }
+  r.batch = batch;
   DT_CHECK(dt_train_build_model(task, cfg->seed, cfg->recompute, NULL, &model));
   DT_CHECK(dt_replica_create(model, dev, 0, dt_train_optimizer_create, &os, &sc, &rep));
   if (world > 1) {
@@ -226,7 +176,8 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   }
   dt_comm *comm = dt_replica_comm(rep);
   /* Each rank its own batch, as in data-parallel training. */
-  DT_CHECK_GOTO(make_batch(task, cfg->batch, cfg->seed + (uint64_t)rank, dev, &x, &y), st, cleanup);
+  DT_CHECK_GOTO(dt_train_synthetic_batch(task, batch, 0, cfg->seed + (uint64_t)rank, dev, &x, &y),
+                st, cleanup);
 
   phase_times warm, timed;
   memset(&warm, 0, sizeof warm);
@@ -254,7 +205,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   r.gradient_mem_mib = (double)rm.gradients / DT_MIB;
   r.in_flight_mib = (double)rm.gradients_in_flight / DT_MIB;
   r.steps_per_s = cfg->steps / r.seconds;
-  r.samples_per_s = r.steps_per_s * cfg->batch * world;
+  r.samples_per_s = r.steps_per_s * batch * world;
   if (task->max_context > 0)
     r.tokens_per_s = r.samples_per_s * (double)task->input_shape[0];
   dt_mfu mfu;
@@ -311,7 +262,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   const char *default_backend = dt_cli_comm_backend_default();
   const char *comm_backend = default_backend; /* cfg gets it only when given */
   /* A model with training defaults (a language model) is timed as train
-   * runs it: its optimizer (with its settings, bench_optimizer) and batch;
+   * runs it: its optimizer (with its settings, dt_train_bench_optimizer) and batch;
    * the flags override them. An unknown name is the parser's. */
   const dt_task *task = NULL;
   const char *model = dt_cli_peek_flag(argc, argv, "model");
@@ -321,9 +272,15 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     cfg.batch = task->defaults->batch;
   }
   dt_clear_error();
+  bool batch_auto = false;
+  argc = dt_cli_take_batch_auto(argc, argv, &batch_auto);
   dt_flag flags[] = {
       dt_cli_flag_model(&cfg.model),
-      DT_INT_FLAG("batch", &cfg.batch, "N", "batch size (per rank under a launcher)", .min = 1),
+      DT_INT_FLAG("batch", &cfg.batch, "N",
+                  "batch size (per rank under a launcher), or auto: the seed's rule with the "
+                  "plan's memory per sample (no data set: memory only), confirmed by a trial "
+                  "step",
+                  .min = 1),
       DT_INT_FLAG("steps", &cfg.steps, "N", "timed training steps", .min = 1),
       DT_INT_FLAG("warmup", &cfg.warmup, "N", "untimed warm-up steps"),
       dt_cli_flag_optimizer(&cfg.optimizer,
@@ -370,6 +327,8 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_FLAG_TABLE(flags),
   };
   DT_FLAGS_PARSE_OR_RETURN(&set, argc, argv, err, NULL);
+  if (batch_auto)
+    cfg.batch = 0;
   if (!dt_cli_check_ctx("bench", cfg.model, cfg.ctx, err) ||
       !dt_cli_check_precision("bench", cfg.precision, cfg.stochastic_rounding, cfg.device, NULL,
                               err))
@@ -392,17 +351,22 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
   printf(
       "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
       "device %s precision %s threads %d%s%s\n",
-      cfg.model, (long long)r.parameters, cfg.batch, cfg.steps, cfg.warmup, cfg.optimizer,
+      cfg.model, (long long)r.parameters, r.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev),
       cfg.precision                     ? cfg.precision
       : r.device.type == DT_DEVICE_CUDA ? "tf32"
                                         : "fp32",
       dt_cpu_num_threads(), dt_threads_note(), cfg.recompute ? " recompute" : "");
+  if (cfg.batch == 0)
+    printf(
+        "batch auto: %d (the seed's rule min(%.1f MiB free / %.3f MiB per sample x 0.9) = %d; "
+        "%d trial step(s) out of memory, halved)\n",
+        r.batch, r.auto_free_mib, r.auto_per_sample_mib, r.auto_rule, r.auto_halvings);
   if (r.world > 1)
     printf(
         "ddp: world %d, per-rank batch %d, global batch %d, %d buckets (%.2f MiB of gradients) "
         "over %s, zero %d, grad-compress %s\n",
-        r.world, cfg.batch, r.world * cfg.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
+        r.world, r.batch, r.world * r.batch, r.buckets, r.grad_mib, r.comm, cfg.zero,
         cfg.grad_compress);
   printf("steps_per_s=%.2f samples_per_s=%.1f ms_per_step=%.3f", r.steps_per_s, r.samples_per_s,
          r.ms_per_step);

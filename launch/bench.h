@@ -38,10 +38,10 @@ typedef struct dt_bench_config {
   const char *model;     /* a task (models/tasks.h): "mlp", "lenet" */
   const char *optimizer; /* "sgd" (lr 0.01, momentum 0.9) or "adamw" (lr 1e-3) */
   const char *device;    /* "cpu", "cuda:0", "cuda" (the rank's GPU: dt_train_rank_device) */
-  int batch;
-  int steps;   /* timed steps */
-  int warmup;  /* untimed steps before */
-  int threads; /* CPU threads, 0 = default */
+  int batch;             /* per rank; 0 = auto (train/plan.h, dt_plan_auto_batch) */
+  int steps;             /* timed steps */
+  int warmup;            /* untimed steps before */
+  int threads;           /* CPU threads, 0 = default */
   uint64_t seed;
   /* Distributed (world > 1): DDP over the communicator that
    * dt_comm_create_for_device picks for the device (mpi; nccl or
@@ -77,6 +77,9 @@ typedef struct dt_bench_config {
 
 typedef struct dt_bench_result {
   dt_device device; /* the device rank 0 ran on */
+  int batch;        /* per rank: the config's, or auto's (train/plan.h, dt_plan_auto_batch) */
+  int auto_rule, auto_halvings;
+  double auto_per_sample_mib, auto_free_mib;
   int64_t parameters;
   double seconds; /* timed steps only */
   double steps_per_s;

@@ -58,6 +58,22 @@ const char *dt_cli_peek_flag(int argc, char **argv, const char *name) {
   return value;
 }
 
+int dt_cli_take_batch_auto(int argc, char **argv, bool *found) {
+  *found = false;
+  for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+    int n = !strcmp(argv[i], "--batch=auto")                                              ? 1
+            : !strcmp(argv[i], "--batch") && i + 1 < argc && !strcmp(argv[i + 1], "auto") ? 2
+                                                                                          : 0;
+    if (n == 0)
+      continue;
+    *found = true;
+    memmove(&argv[i], &argv[i + n], (size_t)(argc - i - n) * sizeof *argv);
+    argc -= n;
+    i--;
+  }
+  return argc;
+}
+
 dt_flag dt_cli_flag_model(const char **target) {
   return (dt_flag)DT_CHOICE_FLAG("model", target, "NAME",
                                  "the network to train (mlp is 784-512-512-10, lenet is LeNet-5, "

@@ -42,6 +42,11 @@ void dt_cli_parse_channel_values(const char *value, float out[3]);
  * the defaults the other flags start from). */
 const char *dt_cli_peek_flag(int argc, char **argv, const char *name);
 
+/* `--batch auto` (or --batch=auto) before a `--` taken out of argv
+ * (train and bench: the parser sees the rest); returns the new argc, *found
+ * whether it was there. */
+int dt_cli_take_batch_auto(int argc, char **argv, bool *found);
+
 /* Shared flags: each returns the table row for a target. */
 dt_flag dt_cli_flag_model(const char **target);
 dt_flag dt_cli_flag_optimizer(const char **target, const char *help);

@@ -32,6 +32,7 @@
 #include "launch/images.h"
 #include "launch/launcher.h"
 #include "launch/observe.h"
+#include "launch/plan.h"
 #include "launch/report.h"
 #include "launch/threads.h"
 #include "launch/tokenize.h"
@@ -85,6 +86,8 @@ static const command commands[] = {
      dt_cli_sample},
     {"export", "a language model's checkpoint for other tools: dtrain export --format hf", NULL,
      dt_cli_export},
+    {"plan", "memory per rank, the batch that fits and the step time on cpu, a100, h100, h200",
+     NULL, dt_cli_plan},
     {"launch", "run train or bench on N ranks with mpirun: dtrain launch -n 2 -- train", NULL,
      dt_cli_launch},
     {"doctor", "check this machine for the default job and GPU training: one verdict line", NULL,
@@ -184,6 +187,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
            "one of %s; or an image folder DIR holding train/<class>/ and val/<class>/ (PNG, JPEG)",
            dt_cli_data_names());
   bool skip_bad = false;
+  bool batch_auto = false;
+  argc = dt_cli_take_batch_auto(argc, argv, &batch_auto);
+  int global_batch = 0;
   dt_flag flags[] = {
       dt_cli_flag_model(&model),
       DT_STRING_FLAG("data", &data, "NAME|DIR", data_help, .check = dt_cli_check_data),
@@ -208,8 +214,15 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                   "loader threads preparing batches ahead (the batches are the same for any N)",
                   .min = 1, .max = 64, .per_rank = true),
       DT_INT_FLAG("epochs", &cfg.epochs, "N", "passes over the training set", .min = 1),
-      DT_INT_FLAG("batch", &cfg.batch, "N", "micro-batch size (per rank under a launcher)",
+      DT_INT_FLAG("batch", &cfg.batch, "N",
+                  "micro-batch size (per rank under a launcher), or auto: the seed's rule "
+                  "min(free memory / the plan's memory per sample x 0.9, samples / 10), "
+                  "confirmed by a trial step (halved while it runs out of memory)",
                   .min = 1),
+      DT_INT_FLAG("global-batch", &global_batch, "G",
+                  "with --batch auto: samples per optimizer step over all ranks; the "
+                  "accumulation is G / (ranks x micro-batch)",
+                  .min = 0),
       DT_INT_FLAG("accum", &cfg.accum, "K", "micro-batches per optimizer step (loss scaled by 1/K)",
                   .min = 1),
       DT_FLOAT_FLAG("lr", &cfg.lr, "LR", "peak learning rate"),
@@ -364,6 +377,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   }
   if (!dt_cli_check_text_flags("train", cfg.task, argc, argv, err))
     return 2;
+  cfg.batch_auto = batch_auto;
+  cfg.global_batch = global_batch;
   cfg.optimizer = !strcmp(optimizer, "adamw") ? DT_TRAIN_ADAMW : DT_TRAIN_SGD;
   cfg.schedule = !strcmp(schedule, "step")       ? DT_LR_DECAY_STEP
                  : !strcmp(schedule, "constant") ? DT_LR_DECAY_CONSTANT

@@ -175,6 +175,24 @@ static dt_status build_resnet(const dt_task *task, uint64_t seed, dt_module **ou
   return dt_model_resnet(&c, seed, out);
 }
 
+/* Training FLOPs per sample of the image models: per multiply-add of
+ * their GEMMs and convolutions 2 forward and 4 backward (input and weight
+ * gradients), 2 for the first layer's backward (its input, the image,
+ * needs no gradient). The plan's roofline reads them (their MFU is not
+ * reported: the CPU roof it needs costs a second of every run). MLP:
+ * 784x512, then 512x512 + 512x10. LeNet-5: conv1 28x28 outputs x 6 x 25,
+ * then conv2 10x10 x 16 x 150 and 400x120 + 120x84 + 84x10. */
+static double mlp_flops_per_sample(const dt_task *task) {
+  (void)task;
+  return 4.0 * 784 * 512 + 6.0 * (512.0 * 512 + 512.0 * 10);
+}
+
+static double lenet_flops_per_sample(const dt_task *task) {
+  (void)task;
+  return 4.0 * 28 * 28 * 6 * 25 +
+         6.0 * (10.0 * 10 * 16 * 150 + 400.0 * 120 + 120.0 * 84 + 84.0 * 10);
+}
+
 /* The task's GPT-2 configuration, its context the task's. */
 static dt_status gpt2_config(const dt_task *task, dt_gpt2_config *cfg) {
   DT_CHECK(dt_gpt2_config_named(task->name, cfg));
@@ -259,10 +277,12 @@ static const dt_task tasks[] = {
     {.name = "mlp",
      .summary = "MLP 784-512-512-10 on 28x28 grey images, 10 classes",
      .build = build_mlp,
+     .plan_flops_per_sample = mlp_flops_per_sample,
      IMAGE28_CLASSIFICATION},
     {.name = "lenet",
      .summary = "LeNet-5 on 28x28 grey images, 10 classes",
      .build = build_lenet,
+     .plan_flops_per_sample = lenet_flops_per_sample,
      IMAGE28_CLASSIFICATION},
 /* One task per GPT-2 size (models/gpt2_sizes.def). */
 #define DT_GPT2_SIZE(name_, n_layer, n_head, n_embd, context, parameters)                \

@@ -113,6 +113,9 @@ struct dt_task {
   /* Training FLOPs of one sample (forward + backward), for MFU; NULL =
    * not known. */
   double (*flops_per_sample)(const dt_task *task);
+  /* The same count where flops_per_sample is NULL (no MFU is reported),
+   * for dtrain plan's roofline (train/plan.h); NULL = not known. */
+  double (*plan_flops_per_sample)(const dt_task *task);
   /* The tokenizer the inputs are ids of ("gpt2": data_dir/gpt2's BPE): the
    * model generates text from a prompt. NULL = not text. */
   const char *tokenizer;

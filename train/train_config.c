@@ -145,7 +145,12 @@ static dt_status check_choices(const dt_train_config *c) {
 }
 
 static dt_status check_ranges(const dt_train_config *c) {
-  if (c->epochs < 1 || c->batch < 1 || c->accum < 1 || c->eval_batch < 1)
+  if (c->global_batch != 0 && (!c->batch_auto || c->accum != 1 || c->global_batch < 0))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`global_batch` %lld: needs `batch` auto (which sets the accumulation), a "
+                    "positive count and no `accum`",
+                    (long long)c->global_batch);
+  if (c->epochs < 1 || (c->batch < 1 && !c->batch_auto) || c->accum < 1 || c->eval_batch < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`epochs` (%d), `batch` (%d), `accum` (%d) and `eval_batch` (%d) must be >= 1",
                     c->epochs, c->batch, c->accum, c->eval_batch);

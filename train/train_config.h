@@ -90,6 +90,11 @@ typedef struct dt_train_config {
   dt_lr_decay schedule; /* after the warm-up */
   int epochs;
   int batch; /* micro-batch size (per rank) */
+  /* The micro-batch from the plan (train/plan.h, dt_plan_auto_batch):
+   * `batch` is then 0; with global_batch > 0 the accumulation is
+   * global_batch / (ranks x micro-batch) (`accum` stays 1). */
+  bool batch_auto;
+  int64_t global_batch;
   float lr;
   float momentum; /* SGD */
   float weight_decay;

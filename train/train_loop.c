@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "core/step.h"
 #include "dist/dp.h"
+#include "train/plan.h"
 #include "train/train_checkpoint.h"
 #include "train/train_lm.h"
 #include "train/train_state_internal.h"
@@ -571,7 +572,7 @@ static void set_phase(const dt_train_config *c, const char *fmt, int epoch) {
   dt_pg_set_phase(c->pg, text);
 }
 
-dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *out) {
+dt_status dt_train_run(const dt_train_config *given, FILE *log, dt_train_result *out) {
   dt_status st;
   train_state s;
   dt_train_result r;
@@ -579,7 +580,11 @@ dt_status dt_train_run(const dt_train_config *cfg, FILE *log, dt_train_result *o
   memset(&r, 0, sizeof r);
   double start = now_seconds();
 
-  DT_CHECK(dt_train_config_validate(cfg));
+  DT_CHECK(dt_train_config_validate(given));
+  dt_train_config resolved = *given; /* batch auto: the micro-batch and accumulation */
+  const dt_train_config *cfg = &resolved;
+  if (given->batch_auto)
+    DT_CHECK(dt_train_resolve_batch_auto(&resolved, log));
   set_phase(cfg, "the start of the run", 0);
   DT_CHECK_GOTO(dt_train_state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# --batch auto (issue 29) on bench and train under a CPU memory cap
+# (DT_CPU_MEMORY_LIMIT): the micro-batch is the seed's rule
+# min(free / the plan's memory per sample x 0.9, samples / 10), logged,
+# and it fits the cap (bench's measured peak below it); --global-batch
+# sets the accumulation (train); a model that cannot fit, and the flags'
+# misuses, are clear errors.
+set -uo pipefail
+
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+data_dir=$(find_data_dir fashion-mnist) || exit 1
+
+# ---- bench: memory only (a synthetic batch has no data set) ----------------
+DT_CPU_MEMORY_LIMIT=300M run_within 300 bench --model gpt2-tiny --batch auto --steps 1 --warmup 1 \
+  --threads 1
+expect 0 out "^batch auto: [0-9]+ \(the seed's rule min\(" "bench --batch auto: logged"
+batch=$(grep -oE '^batch auto: [0-9]+' "$out" | grep -oE '[0-9]+$')
+rule=$(grep -oE "per sample x 0.9\) = [0-9]+" "$out" | grep -oE '[0-9]+$')
+peak=$(grep -oE 'peak_mem=[0-9.]+' "$out" | cut -d= -f2)
+# 300 MiB: 110.4 MiB of weights, gradients and AdamW state and 27 MiB per
+# sample of 64 tokens leave room for about 6; the rule's 0.9 a few less.
+if [ -n "$batch" ] && [ "$batch" = "$rule" ] && [ "$batch" -ge 4 ] &&
+  awk -v p="$peak" 'BEGIN { exit !(p > 0 && p <= 300) }'; then
+  ok "bench --batch auto: micro-batch $batch (the rule's) peaks at $peak MiB under the 300 MiB cap"
+else
+  not_ok "bench --batch auto: micro-batch '$batch', rule '$rule', peak '$peak' MiB (cap 300)"
+fi
+DT_CPU_MEMORY_LIMIT=400M run_within 300 bench --model gpt2-tiny --batch auto --steps 1 --warmup 0 \
+  --threads 1
+more=$(grep -oE '^batch auto: [0-9]+' "$out" | grep -oE '[0-9]+$')
+if [ -n "$more" ] && [ -n "$batch" ] && [ "$more" -gt "$batch" ]; then
+  ok "bench --batch auto: a larger cap, a larger micro-batch ($batch -> $more)"
+else
+  not_ok "bench --batch auto: micro-batch '$more' under 400 MiB, '$batch' under 300 MiB"
+fi
+
+# ---- train: the data set's tenth, and the accumulation ---------------------
+DT_CPU_MEMORY_LIMIT=1G run_within 300 train --model mlp --data-dir "$data_dir" --batch auto \
+  --max-steps 1 --threads 1 --run-dir "$tmp/run1"
+expect 0 out "batch auto: micro-batch 6000 \(the seed's rule min\(.*, 60000 samples / 10\) = 6000" \
+  "train --batch auto: the data set's tenth when memory allows more"
+expect 0 out "epochs 1 batch 6000 \(global 6000\) accum 1" "train --batch auto: the run takes it"
+DT_CPU_MEMORY_LIMIT=64M run_within 300 train --model mlp --data-dir "$data_dir" --batch auto \
+  --global-batch 6000 --max-steps 1 --threads 1 --run-dir "$tmp/run2"
+expect 0 out "batch auto: micro-batch ([0-9]+) .*accumulation ([0-9]+), global batch 6000" \
+  "train --batch auto --global-batch 6000 under 64 MiB: micro-batch x accumulation"
+micro=$(grep -oE 'batch auto: micro-batch [0-9]+' "$out" | grep -oE '[0-9]+$')
+accum=$(grep -oE 'accumulation [0-9]+' "$out" | grep -oE '[0-9]+$')
+if [ -n "$micro" ] && [ -n "$accum" ] && [ "$accum" -gt 1 ] && [ $((micro * accum)) = 6000 ]; then
+  ok "train: micro-batch $micro x accumulation $accum = 6000 under the 64 MiB cap"
+else
+  not_ok "train: micro-batch '$micro' x accumulation '$accum' (expected 6000, accumulation > 1)"
+fi
+
+# ---- errors ------------------------------------------------------------------
+DT_CPU_MEMORY_LIMIT=100M run_within 300 bench --model gpt2-tiny --batch auto --steps 1 --threads 1
+expect 1 err "batch auto: model gpt2-tiny does not fit at micro-batch 1 .*ZeRO stage 1 or 2, recomputation" \
+  "bench --batch auto: a model that cannot fit, with the levers"
+run train --model mlp --batch 0
+expect 2 err "invalid value '0' for --batch: expected a positive integer" "train --batch 0"
+run bench --model mlp --batch 0
+expect 2 err "invalid value '0' for --batch" "bench --batch 0"
+run train --model mlp --global-batch 64
+expect 2 err "--global-batch 64: needs --batch auto" "train --global-batch without --batch auto"
+run train --model mlp --batch=auto --accum 2 --global-batch 64
+expect 2 err "--global-batch 64: .*no --accum" "train --global-batch with --accum"
+
+echo "$test_name: $checks checks, $failures failed"
+[ "$failures" = 0 ]

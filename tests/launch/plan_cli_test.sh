@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# dtrain plan (issue 29) through the binary:
+#   - calibration: on the cpu device, plan's peak_memory_mib is within 10 %
+#     of bench's measured peak_mem (one warm-up step, then one timed) for
+#     MLP, LeNet-5, GPT-tiny and GPT-2 124M (a context of 16, micro-batch 1)
+#     at fp32 and bf16, GPT-tiny with --recompute, and under ZeRO 0, 1 and 2
+#     on 2 ranks (mpirun);
+#   - --json prints one object with peak_memory_mib, step_ms and the
+#     breakdown; micro-batch x accumulation x ranks is the global batch;
+#   - bad flags exit 2 naming the flag.
+# Step times are not checked here (speed belongs to bench): docs/plan.md.
+set -uo pipefail
+
+# shellcheck source=tests/check_lib.sh
+. "$(dirname "$(readlink -f "$0")")/../check_lib.sh"
+
+# field JSON_FILE KEY: a number of plan's JSON object.
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+
+# calibrate WORLD ARGS...: bench (under `dtrain launch -n WORLD` when 2)
+# and plan with the same ARGS (plan with --gpus WORLD); the peaks within 10 %.
+calibrate() {
+  local world=$1
+  shift
+  local bench=("$dtrain" bench --steps 1 --warmup 1 --threads 1 "$@")
+  [ "$world" = 1 ] || bench=("$dtrain" launch -n "$world" --threads 1 -- bench --steps 1 --warmup 1 "$@")
+  if ! timeout 300 "${bench[@]}" >"$out" 2>"$err"; then
+    fail "bench $*: exit status $?"
+    return
+  fi
+  local measured
+  measured=$(grep -oE 'peak_mem=[0-9.]+' "$out" | head -1 | cut -d= -f2)
+  run_within 300 plan --json --threads 1 --gpus "$world" "$@"
+  cp "$out" "$tmp/plan.json"
+  if [ "$rc" != 0 ] || [ -z "$measured" ]; then
+    fail "plan $*: exit status $rc, bench's peak '${measured}'"
+    return
+  fi
+  local planned
+  planned=$(field "$tmp/plan.json" peak_memory_mib)
+  if awk -v p="$planned" -v m="$measured" 'BEGIN { d = (p - m) / m; exit !(d <= 0.10 && d >= -0.10) }'; then
+    ok "plan $* on $world rank(s): peak ${planned} MiB, bench ${measured} MiB"
+  else
+    not_ok "plan $* on $world rank(s): peak ${planned} MiB, bench measured ${measured} MiB (over 10 %)"
+  fi
+}
+
+# ---- calibration against bench's measured peak ----------------------------
+for precision in fp32 bf16; do
+  calibrate 1 --model mlp --batch 64 --precision "$precision"
+  calibrate 1 --model lenet --batch 256 --precision "$precision"
+  calibrate 1 --model gpt2-tiny --batch 2 --precision "$precision"
+done
+calibrate 1 --model gpt2 --batch 1 --ctx 16 --precision bf16
+calibrate 1 --model gpt2-tiny --batch 4 --recompute
+for zero in 0 1 2; do
+  calibrate 2 --model gpt2-tiny --batch 2 --zero "$zero"
+done
+calibrate 2 --model mlp --batch 32 --zero 2
+
+# ---- the JSON object and the batch arithmetic -----------------------------
+run_within 120 plan --model gpt2-tiny --device h100 --gpus 8 --nodes 2 --precision bf16 \
+  --global-batch 512 --zero 1 --json --threads 1
+cp "$out" "$tmp/h100.json"
+expect 0 out '^\{.*"peak_memory_mib": [0-9.]+.*"step_ms": [0-9.]+.*\}$' "plan --json: one object"
+check "plan --json: the object's fields and the global batch" python3 - "$tmp/h100.json" <<'EOF'
+import json, sys
+text = open(sys.argv[1]).read()
+assert text.count("\n") == 1, "more than one line"
+d = json.loads(text)
+for k in ("peak_memory_mib", "step_ms", "micro_batch", "accumulation", "ranks", "global_batch",
+          "max_micro_batch", "rule_batch", "mfu", "tokens_per_s", "comm_ms"):
+    assert k in d, k
+assert d["ranks"] == 16 and d["global_batch"] == 512, d
+assert d["micro_batch"] * d["accumulation"] * d["ranks"] == 512, d
+m = d["memory_mib"]
+parts = ("weights", "copies", "gradients", "optimizer", "activations", "workspace", "comm", "overhead")
+assert abs(sum(m[k] for k in parts) - d["peak_memory_mib"]) < 0.5, (m, d["peak_memory_mib"])
+assert m["workspace"] > 0 and m["overhead"] > 0, m  # a GPU's
+assert d["step_ms"] > 0 and d["comm_ms"] > 0 and 0 < d["mfu"] < 1, d
+EOF
+# ZeRO 1 shards the optimizer state over the 16 ranks: 1/16 of ZeRO 0's.
+run_within 120 plan --model gpt2-tiny --device h100 --gpus 8 --nodes 2 --precision bf16 --json \
+  --threads 1
+check "plan: --zero 1 holds 1/16 of the optimizer state" python3 -c '
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert abs(a["memory_mib"]["optimizer"] * 16 / b["memory_mib"]["optimizer"] - 1) < 0.03, (a, b)' \
+  "$tmp/h100.json" "$out"
+run_within 120 plan --model mlp --device a100 --threads 1
+expect 0 out 'largest micro-batch that fits [0-9]+; the seed.s rule .* = [0-9]+' "plan: the text"
+
+# ---- bad flags: exit 2 naming the flag ------------------------------------
+run plan --model mlp --device tpu
+expect 2 err '--device' "plan --device tpu"
+run plan --model mlp --zero 3
+expect 2 err '--zero' "plan --zero 3"
+run plan --model mlp --gpus 0
+expect 2 err '--gpus' "plan --gpus 0"
+run plan --model mlp --gpus 4 --global-batch 10
+expect 2 err '--global-batch 10: not a multiple of the 4 ranks' "plan: a global batch the ranks do not divide"
+run plan --model mlp --gpus 2 --global-batch 64 --batch 3
+expect 2 err '--global-batch 64: .* --batch 3' "plan: a micro-batch that does not divide it"
+run plan --model mlp --global-batch 1.5
+expect 2 err '--global-batch' "plan --global-batch 1.5"
+run plan --model mlp --precision tf32
+expect 2 err '--precision tf32' "plan: tf32 on the cpu"
+run plan --model gpt2-tiny --ctx 100000
+expect 2 err '--ctx' "plan --ctx beyond the model's"
+run plan --model mlp --memory-gib -1
+expect 2 err '--memory-gib' "plan --memory-gib -1"
+
+echo "$test_name: $checks checks, $failures failed"
+[ "$failures" = 0 ]

@@ -1,0 +1,395 @@
+/* The memory and speed plan (train/plan.h; the assumptions: docs/plan.md). */
+#include "train/plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/cpu.h"
+#include "core/memory.h"
+#include "core/rng.h"
+#include "dist/replica.h"
+
+dt_status dt_train_synthetic_batch(const dt_task *task, int batch, int64_t ctx, uint64_t seed,
+                                   dt_device dev, dt_tensor **x, dt_tensor **y) {
+  dt_status st = DT_OK;
+  int64_t xshape[DT_TASK_MAX_DIMS + 1] = {batch};
+  size_t n = (size_t)batch;
+  for (int i = 0; i < task->input_ndim; i++) {
+    xshape[i + 1] = i == 0 && ctx > 0 && task->sequence_targets ? ctx : task->input_shape[i];
+    n *= (size_t)xshape[i + 1];
+  }
+  const int64_t yshape[2] = {batch, task->sequence_targets ? xshape[1] : 1};
+  int yndim = task->sequence_targets ? 2 : 1;
+  size_t ny = (size_t)yshape[0] * (size_t)yshape[1];
+  bool ints = task->input_dtype == DT_DTYPE_I32 || task->input_dtype == DT_DTYPE_I64;
+  if (task->input_dtype != DT_DTYPE_F32 && !(ints && task->input_range > 0))
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "bench: model %s takes %s inputs: synthetic batches are f32, or i32/i64 ids "
+                    "with an input_range",
+                    task->name, dt_dtype_name(task->input_dtype));
+  void *xs = malloc(n * (task->input_dtype == DT_DTYPE_I64 ? sizeof(int64_t) : sizeof(float)));
+  int32_t *ys = malloc(ny * sizeof *ys);
+  if (!xs || !ys) {
+    st = DT_ERROR(DT_ERR_OOM, "no host memory for a synthetic batch of %d", batch);
+    goto done;
+  }
+  dt_generator gen;
+  dt_generator_init(&gen, seed ^ 0x5eedULL);
+  for (size_t i = 0; i < n; i++) {
+    if (task->input_dtype == DT_DTYPE_F32)
+      ((float *)xs)[i] = dt_generator_normal(&gen);
+    else if (task->input_dtype == DT_DTYPE_I32)
+      ((int32_t *)xs)[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->input_range);
+    else
+      ((int64_t *)xs)[i] = (int64_t)dt_generator_below(&gen, (uint64_t)task->input_range);
+  }
+  for (size_t i = 0; i < ny; i++)
+    ys[i] = (int32_t)dt_generator_below(&gen, (uint64_t)task->num_classes);
+  DT_CHECK_GOTO(dt_tensor_from_host(xs, xshape, task->input_ndim + 1, task->input_dtype, dev, x),
+                st, done);
+  DT_CHECK_GOTO(dt_tensor_from_host(ys, yshape, yndim, DT_DTYPE_I32, dev, y), st, done);
+done:
+  free(ys);
+  free(xs);
+  return st;
+}
+
+dt_optimizer_spec dt_train_bench_optimizer(const dt_task *task, bool adamw) {
+  dt_adamw_config d = DT_ADAMW_CONFIG_DEFAULT;
+  const dt_task_defaults *td = task->defaults;
+  if (adamw && td && td->optimizer == DT_TASK_OPTIMIZER_ADAMW)
+    return (dt_optimizer_spec){
+        DT_TRAIN_ADAMW, td->lr, 0.0f, td->weight_decay, false, td->beta2, td->decay_matrices_only};
+  if (adamw)
+    return (dt_optimizer_spec){DT_TRAIN_ADAMW, d.lr, 0.0f, d.weight_decay, false, d.beta2, false};
+  return (dt_optimizer_spec){DT_TRAIN_SGD, 0.01f, 0.9f, 0.0f, false, d.beta2, false};
+}
+
+/* ---- devices ---- */
+
+#define TFLOPS 1e12
+#define GBPS 1e9
+
+/* Data-sheet figures (docs/plan.md cites them): SXM parts, memory as
+ * cudaMemGetInfo reports it, NVLink's bandwidth per direction, one
+ * InfiniBand NIC per GPU (A100: HDR 200 Gb/s, H100/H200: NDR 400 Gb/s). */
+static const dt_plan_device gpu_devices[] = {
+    {"a100", false, 81920.0 * DT_MIB, 19.5 * TFLOPS, 156.0 * TFLOPS, 312.0 * TFLOPS, 2039.0 * GBPS,
+     300.0 * GBPS, 25.0 * GBPS, 8e-6, 0.7, 0.8, 32.0 * DT_MIB, 0.05, "A100 SXM4 80GB data sheet"},
+    {"h100", false, 81559.0 * DT_MIB, 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 3350.0 * GBPS,
+     450.0 * GBPS, 50.0 * GBPS, 8e-6, 0.7, 0.8, 32.0 * DT_MIB, 0.05, "H100 SXM5 80GB data sheet"},
+    {"h200", false, 143771.0 * DT_MIB, 66.9 * TFLOPS, 494.7 * TFLOPS, 989.4 * TFLOPS, 4800.0 * GBPS,
+     450.0 * GBPS, 50.0 * GBPS, 8e-6, 0.7, 0.8, 32.0 * DT_MIB, 0.05, "H200 SXM 141GB data sheet"},
+};
+#define NUM_GPU_DEVICES ((int)(sizeof gpu_devices / sizeof gpu_devices[0]))
+
+static double seconds_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Bytes/s of a 64 MiB memcpy (read + write), the best of a few. */
+static dt_status measure_copy_bandwidth(double *out) {
+  size_t n = 64 * DT_MIB;
+  char *a = malloc(n), *b = malloc(n);
+  if (!a || !b) {
+    free(a);
+    free(b);
+    return DT_ERROR(DT_ERR_OOM, "no host memory for the bandwidth probe (2 x 64 MiB)");
+  }
+  memset(a, 1, n);
+  memset(b, 2, n);
+  double best = 0.0;
+  for (int r = 0; r < 5; r++) {
+    double t0 = seconds_now();
+    memcpy(r % 2 ? a : b, r % 2 ? b : a, n);
+    double t = seconds_now() - t0;
+    if (t > 0 && 2.0 * (double)n / t > best)
+      best = 2.0 * (double)n / t;
+  }
+  free(a);
+  free(b);
+  *out = best > 0 ? best : 1e9;
+  return DT_OK;
+}
+
+dt_status dt_plan_device_get(dt_plan_device_kind kind, dt_mfu_cache *roof, dt_plan_device *out) {
+  memset(out, 0, sizeof *out);
+  if (kind > DT_PLAN_DEVICE_CPU && kind <= NUM_GPU_DEVICES) {
+    *out = gpu_devices[kind - 1];
+    return DT_OK;
+  }
+  if (kind != DT_PLAN_DEVICE_CPU)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`device` %d: expected cpu, a100, h100 or h200", (int)kind);
+  snprintf(out->name, sizeof out->name, "cpu");
+  out->cpu = true;
+  dt_memory_stats ms;
+  DT_CHECK(dt_memory_stats_get(DT_CPU, &ms));
+  out->memory = (double)(ms.limit ? ms.limit : ms.capacity);
+  dt_peak_flops peak;
+  DT_CHECK(dt_mfu_peak(DT_CPU, DT_PRECISION_FP32, roof, &peak));
+  out->f32_flops = out->tf32_flops = out->bf16_flops = peak.flops;
+  DT_CHECK(measure_copy_bandwidth(&out->mem_bw));
+  /* ranks of one machine reduce through shared memory */
+  out->nvlink_bw = out->net_bw = out->mem_bw / 2;
+  out->latency = 20e-6;
+  out->matmul_eff = 1.0; /* the roof is what this CPU's sgemm reached */
+  out->memory_eff = 1.0;
+  out->source = "this machine: the CPU allocator's cap, the measured sgemm roof and memcpy";
+  return DT_OK;
+}
+
+/* ---- the probe ---- */
+
+typedef struct probe_peaks {
+  dt_device dev;
+  double fb, update; /* absolute peaks of the phases */
+} probe_peaks;
+
+static dt_status probe_phase_ended(void *user, dt_step_phase ended) {
+  probe_peaks *p = user;
+  if (ended == DT_STEP_PHASE_FORWARD)
+    return DT_OK;
+  dt_memory_stats ms;
+  DT_CHECK(dt_memory_stats_get(p->dev, &ms));
+  if (ended == DT_STEP_PHASE_BACKWARD)
+    p->fb = (double)ms.peak_allocated;
+  else
+    p->update = (double)ms.peak_allocated;
+  return dt_memory_reset_peak(p->dev);
+}
+
+dt_status dt_plan_replica_create(const dt_task *task, dt_device dev, dt_precision precision,
+                                 bool recompute, const dt_optimizer_spec *spec,
+                                 dt_step_phase_fn on_phase, void *on_phase_user,
+                                 dt_grad_scaler *scaler, dt_replica **out) {
+  dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
+  sc.loss = task->loss;
+  sc.clip = task->defaults ? task->defaults->clip : 0.0f;
+  sc.on_phase = on_phase;
+  sc.on_phase_user = on_phase_user;
+  DT_CHECK(dt_train_precision_setup(precision, -1, 0, dev, 0, &sc, scaler));
+  dt_module *model = NULL;
+  DT_CHECK(dt_train_build_model(task, 1, recompute, NULL, &model));
+  return dt_replica_create(model, dev, 0, dt_train_optimizer_create, (void *)spec, &sc, out);
+}
+
+dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx) {
+  dt_tensor *x = NULL, *y = NULL;
+  dt_status st =
+      dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, dt_replica_device(rep), &x, &y);
+  if (st == DT_OK)
+    st = dt_step_forward_backward(dt_replica_step(rep), x, y, 1.0f, true, NULL);
+  if (st == DT_OK)
+    st = dt_step_update(dt_replica_step(rep));
+  dt_tensor_release(y);
+  dt_tensor_release(x);
+  return st;
+}
+
+/* One step at `batch` x `ctx`; *resident: allocated before it (the peaks
+ * of its phases in *peaks, through the step's phase hook). */
+static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
+                            double *resident) {
+  dt_memory_stats ms;
+  DT_CHECK(dt_memory_stats_get(DT_CPU, &ms));
+  if (resident)
+    *resident = (double)ms.allocated;
+  DT_CHECK(dt_memory_reset_peak(DT_CPU));
+  return dt_plan_step(task, rep, batch, ctx);
+}
+
+dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recompute,
+                        const dt_optimizer_spec *spec, dt_plan_probe_result *out) {
+  memset(out, 0, sizeof *out);
+  double traffic = 0.0; /* recompute: the activations the blocks write, kept or not */
+  if (recompute) {
+    DT_CHECK(dt_plan_probe(task, precision, false, spec, out));
+    traffic = out->act_per_unit;
+  }
+  if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
+    precision = DT_PRECISION_FP32; /* the same storage as on the GPU */
+  probe_peaks peaks = {DT_CPU, 0.0, 0.0};
+  dt_grad_scaler scaler;
+  dt_replica *rep = NULL;
+  DT_CHECK(dt_plan_replica_create(task, DT_CPU, precision, recompute, spec, probe_phase_ended,
+                                  &peaks, &scaler, &rep));
+  dt_status st = DT_OK;
+  int64_t ctx = 0;
+  out->units_per_sample = 1.0;
+  if (task->sequence_targets) {
+    int64_t T = task->input_shape[0];
+    ctx = T < DT_PLAN_PROBE_CTX ? T : DT_PLAN_PROBE_CTX;
+    out->units_per_sample = (double)T;
+  }
+  /* Language models at micro-batch 1 and 2 (per token: their context is
+   * cut); others at DT_PLAN_PROBE_BATCH and twice that, where their
+   * kernels take the paths of real batches. */
+  int b1 = task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
+  double units = task->sequence_targets ? (double)ctx * b1 : (double)b1;
+  /* A first step allocates what stays from then on (the optimizer's state,
+   * the working copy); then the two measured ones. */
+  double resident = 0.0;
+  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, NULL), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &resident), st, done);
+  double fb1 = peaks.fb, up1 = peaks.update;
+  DT_CHECK_GOTO(probe_step(task, rep, 2 * b1, ctx, NULL), st, done);
+  out->parameters = dt_module_parameter_count(dt_replica_model(rep));
+  dt_replica_memory rm = dt_replica_memory_use(rep);
+  out->resident = resident;
+  out->gradients = (double)rm.gradients;
+  out->optimizer_state = (double)rm.optimizer_state;
+  out->act_per_unit = (peaks.fb - fb1) / units;
+  if (out->act_per_unit < 0)
+    out->act_per_unit = 0;
+  out->act_fixed = fb1 - resident - out->act_per_unit * units;
+  out->traffic_per_unit = recompute ? traffic : out->act_per_unit;
+  out->update_peak = up1 - resident;
+done:
+  dt_replica_destroy(rep);
+  return st;
+}
+
+/* ---- the plan ---- */
+
+static double peak_of(const dt_plan_device *d, dt_precision p) {
+  if (p == DT_PRECISION_BF16 || p == DT_PRECISION_FP16)
+    return d->bf16_flops;
+  if (p == DT_PRECISION_FP32)
+    return d->f32_flops;
+  return d->tf32_flops; /* tf32, and a GPU's default */
+}
+
+/* Per-rank memory at micro-batch b (the static parts already in *m). */
+static double total_at(const dt_plan_config *cfg, const dt_plan_probe_result *p, dt_plan_memory *m,
+                       int b) {
+  double act = p->act_fixed + p->act_per_unit * p->units_per_sample * b;
+  double update = p->update_peak;
+  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1)
+    update += 4.0 * (double)p->parameters; /* the all-gather's full f32 parameters */
+  m->activations = act > update ? act : update;
+  m->overhead = cfg->device.alloc_overhead * (m->activations + m->workspace);
+  m->total = m->weights + m->copies + m->gradients + m->optimizer + m->activations + m->workspace +
+             m->comm + m->overhead;
+  return m->total;
+}
+
+static int largest_divisor_at_most(int64_t n, int64_t cap) {
+  for (int64_t d = cap < n ? cap : n; d > 1; d--)
+    if (n % d == 0)
+      return (int)d;
+  return 1;
+}
+
+/* Ring all-reduce (or reduce-scatter + all-gather: the same bytes) of
+ * `bytes` over `ranks` in `buckets` collectives: the bandwidth term of a
+ * ring and the latency of a tree (NCCL picks trees at scale). */
+static double allreduce_s(const dt_plan_device *d, int ranks, int nodes, double bytes,
+                          int buckets) {
+  if (ranks < 2)
+    return 0.0;
+  double bw = nodes > 1 ? d->net_bw : d->nvlink_bw;
+  return 2.0 * (ranks - 1) / ranks * bytes / bw +
+         buckets * 2.0 * ceil(log2((double)ranks)) * d->latency;
+}
+
+dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result *p,
+                          dt_plan_result *out) {
+  memset(out, 0, sizeof *out);
+  const dt_plan_device *d = &cfg->device;
+  if (cfg->zero < 0 || cfg->zero > 2)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`zero` %d: expected 0, 1 or 2", cfg->zero);
+  if (cfg->gpus_per_node < 1 || cfg->nodes < 1)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`gpus_per_node` (%d) and `nodes` (%d) must be >= 1",
+                    cfg->gpus_per_node, cfg->nodes);
+  int ranks = cfg->gpus_per_node * cfg->nodes;
+  out->ranks = ranks;
+  dt_plan_memory *m = &out->memory;
+  m->weights = 4.0 * (double)p->parameters;
+  m->gradients = p->gradients / (cfg->zero >= 2 ? ranks : 1);
+  if (ranks > 1 && cfg->zero == 1) /* the full buckets and this rank's reduce-scattered shard */
+    m->gradients = p->gradients * (1.0 + 1.0 / ranks);
+  if (ranks > 1 && cfg->zero == 0 && d->cpu)
+    m->gradients = 0; /* the MPI reducer's host buckets, outside the CPU allocator */
+  m->optimizer = p->optimizer_state / (cfg->zero >= 1 ? ranks : 1);
+  m->copies = p->resident - m->weights - p->gradients - p->optimizer_state;
+  if (m->copies < 0)
+    m->copies = 0;
+  m->workspace = d->workspace;
+  double bucket = (double)cfg->bucket_cap_mb * DT_MIB;
+  if (cfg->zero >= 2 && ranks > 1) /* a bucket filling and one in flight */
+    m->comm = p->gradients < 2 * bucket ? p->gradients : 2 * bucket;
+  out->fixed = total_at(cfg, p, m, 0);
+  out->per_sample = p->act_per_unit * p->units_per_sample * (1.0 + d->alloc_overhead);
+  int fit = 0;
+  /* the largest b (below 2^30) with total_at(b) <= memory */
+  for (int step = 1 << 29; step > 0; step >>= 1)
+    if (total_at(cfg, p, m, fit + step) <= d->memory)
+      fit += step;
+  out->max_micro_batch = fit;
+  double rule = out->per_sample > 0 ? (d->memory - out->fixed) / out->per_sample * 0.9 : 0.0;
+  if (cfg->data_samples > 0 && rule > (double)cfg->data_samples / 10)
+    rule = (double)cfg->data_samples / 10;
+  out->rule_batch = rule >= 1 ? (rule > (1 << 30) ? (1 << 30) : (int)rule) : 0;
+
+  int micro = cfg->micro_batch;
+  if (cfg->global_batch > 0) {
+    if (cfg->global_batch % ranks != 0)
+      return DT_ERROR(
+          DT_ERR_INVALID_ARG,
+          "`global_batch` %lld: not a multiple of the %d ranks (devices per node x nodes)",
+          (long long)cfg->global_batch, ranks);
+    int64_t per_rank = cfg->global_batch / ranks;
+    if (micro > 0 && per_rank % micro != 0)
+      return DT_ERROR(DT_ERR_INVALID_ARG,
+                      "`global_batch` %lld: %lld samples per rank is not a multiple of the "
+                      "`micro_batch` %d",
+                      (long long)cfg->global_batch, (long long)per_rank, micro);
+    if (micro <= 0)
+      micro = largest_divisor_at_most(per_rank, fit > 0 ? fit : 1);
+    out->accumulation = (int)(per_rank / micro);
+  } else {
+    if (micro <= 0)
+      micro = fit > 0 ? fit : 1;
+    out->accumulation = 1;
+  }
+  out->micro_batch = micro;
+  out->global_batch = (int64_t)micro * out->accumulation * ranks;
+  total_at(cfg, p, m, micro);
+
+  /* The roofline: the GEMMs' FLOPs at the peak, the activations' traffic
+   * (written in forward, read in backward, their gradients written and
+   * read: 4 passes) at the bandwidth, summed over the micro-batches. */
+  const dt_task *t = cfg->task;
+  double fps = t->flops_per_sample        ? t->flops_per_sample(t)
+               : t->plan_flops_per_sample ? t->plan_flops_per_sample(t)
+                                          : 0.0;
+  out->peak_flops = peak_of(d, cfg->precision);
+  double bw = d->mem_bw * d->memory_eff;
+  out->compute_s =
+      fps * micro * (cfg->recompute ? 4.0 / 3.0 : 1.0) / (out->peak_flops * d->matmul_eff);
+  out->memory_s =
+      (cfg->recompute ? 5.0 : 4.0) * p->traffic_per_unit * p->units_per_sample * micro / bw;
+  double per_param = cfg->adamw ? 28.0 : 20.0; /* f32 p, g, state read; p, state written */
+  if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16)
+    per_param += 2.0; /* the working copy written */
+  out->optimizer_s = per_param * (double)p->parameters / (cfg->zero >= 1 ? ranks : 1) / bw;
+  double grad_bytes = 4.0 * (double)p->parameters;
+  int buckets = (int)ceil(grad_bytes / bucket);
+  out->comm_s = allreduce_s(d, ranks, cfg->nodes, grad_bytes, buckets < 1 ? 1 : buckets);
+  double backward = 2.0 / 3.0 * (out->compute_s + out->memory_s);
+  double last_bucket = buckets > 0 ? out->comm_s / buckets : out->comm_s;
+  out->comm_exposed_s = out->comm_s - backward > last_bucket ? out->comm_s - backward : last_bucket;
+  out->step_s =
+      out->accumulation * (out->compute_s + out->memory_s) + out->optimizer_s + out->comm_exposed_s;
+  out->flops_per_step = fps * (double)out->global_batch;
+  out->samples_per_s = (double)out->global_batch / out->step_s;
+  if (cfg->task->sequence_targets)
+    out->tokens_per_s = out->samples_per_s * p->units_per_sample;
+  out->mfu = fps > 0 ? out->flops_per_step / out->step_s / (ranks * out->peak_flops) : 0.0;
+  return DT_OK;
+}
