@@ -66,6 +66,13 @@ dt_status dt_model_resnet(const dt_resnet_config *cfg, uint64_t seed, dt_module 
 /* 11,689,512 for resnet18, 25,557,032 for resnet50 (3 channels, 1000
  * classes, torchvision's counts). */
 int64_t dt_resnet_parameter_count(const dt_resnet_config *cfg);
+/* Multiply-adds of one forward pass over an image of in_channels x height
+ * x width: every convolution (the downsamples' too) and fc; BatchNorm,
+ * ReLU, pooling and the residual adds count none (the convention of
+ * torchvision's published figures: 1.814 G for resnet18 at 224x224x3,
+ * 3.664 G resnet34, 4.089 G resnet50). *stem (may be NULL): conv1's share. */
+double dt_resnet_forward_macs(const dt_resnet_config *cfg, int64_t height, int64_t width,
+                              double *stem);
 /* resnet18, resnet34 or resnet50, 3 input channels and 1000 classes as
  * torchvision's; DT_ERR_INVALID_ARG naming the known ones. */
 dt_status dt_resnet_config_named(const char *name, dt_resnet_config *out);

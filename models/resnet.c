@@ -266,6 +266,40 @@ dt_status dt_model_resnet(const dt_resnet_config *cfg, uint64_t seed, dt_module 
                          out);
 }
 
+/* A convolution's output side: kernel k, stride s, padding k / 2. */
+static int64_t conv_side(int64_t in, int k, int s) { return (in + 2 * (k / 2) - k) / s + 1; }
+
+double dt_resnet_forward_macs(const dt_resnet_config *cfg, int64_t height, int64_t width,
+                              double *stem) {
+  /* walked as the builder lays the model out */
+  int k = cfg->small_stem ? 3 : 7, s = cfg->small_stem ? 1 : 2;
+  int64_t h = conv_side(height, k, s), w = conv_side(width, k, s);
+  double macs = (double)(h * w) * 64 * cfg->in_channels * k * k;
+  if (stem)
+    *stem = macs;
+  if (!cfg->small_stem) { /* max-pool 3x3, stride 2, padding 1 */
+    h = conv_side(h, 3, 2);
+    w = conv_side(w, 3, 2);
+  }
+  int expansion = cfg->bottleneck ? 4 : 1, in = 64;
+  for (int g = 0; g < 4; g++) {
+    double p = 64 << g, o = p * expansion;
+    for (int i = 0; i < cfg->blocks[g]; i++) {
+      int stride = i == 0 && g > 0 ? 2 : 1;
+      double hw_in = (double)(h * w);
+      h = conv_side(h, 3, stride);
+      w = conv_side(w, 3, stride);
+      double hw = (double)(h * w);
+      macs += cfg->bottleneck ? hw_in * in * p + hw * 9 * p * p + hw * p * o
+                              : hw * 9 * in * p + hw * 9 * p * p;
+      if (stride != 1 || in != o)
+        macs += hw * in * o; /* downsample: 1x1 with the stride */
+      in = (int)o;
+    }
+  }
+  return macs + (double)in * cfg->num_classes;
+}
+
 int64_t dt_resnet_parameter_count(const dt_resnet_config *cfg) {
   /* counted from the layout, as the builder makes it */
   int64_t n = (int64_t)64 * cfg->in_channels * (cfg->small_stem ? 9 : 49) + 2 * 64;

@@ -157,21 +157,26 @@ static dt_status build_lenet(const dt_task *task, uint64_t seed, dt_module **out
   return dt_model_lenet5(10, seed, out);
 }
 
-/* A ResNet of the task's name (its "-small" suffix: the small-image stem)
- * for the task's input channels and classes. */
-static dt_status build_resnet(const dt_task *task, uint64_t seed, dt_module **out) {
+/* The ResNet of the task's name (its "-small" suffix: the small-image
+ * stem) for the task's input channels and classes. */
+static dt_status resnet_config(const dt_task *task, dt_resnet_config *c) {
   char name[16];
   size_t len = strcspn(task->name, "-");
   if (len >= sizeof name)
     return DT_ERROR(DT_ERR_INVALID_ARG, "model %s: not a ResNet", task->name);
   memcpy(name, task->name, len);
   name[len] = '\0';
+  DT_CHECK(dt_resnet_config_named(name, c));
+  c->in_channels = (int)task->input_shape[0];
+  c->num_classes = task->num_classes;
+  c->small_stem = task->small_stem;
+  c->zero_init_residual = task->zero_init_residual;
+  return DT_OK;
+}
+
+static dt_status build_resnet(const dt_task *task, uint64_t seed, dt_module **out) {
   dt_resnet_config c;
-  DT_CHECK(dt_resnet_config_named(name, &c));
-  c.in_channels = (int)task->input_shape[0];
-  c.num_classes = task->num_classes;
-  c.small_stem = task->small_stem;
-  c.zero_init_residual = task->zero_init_residual;
+  DT_CHECK(resnet_config(task, &c));
   return dt_model_resnet(&c, seed, out);
 }
 
@@ -181,7 +186,8 @@ static dt_status build_resnet(const dt_task *task, uint64_t seed, dt_module **ou
  * needs no gradient). The plan's roofline reads them (their MFU is not
  * reported: the CPU roof it needs costs a second of every run). MLP:
  * 784x512, then 512x512 + 512x10. LeNet-5: conv1 28x28 outputs x 6 x 25,
- * then conv2 10x10 x 16 x 150 and 400x120 + 120x84 + 84x10. */
+ * then conv2 10x10 x 16 x 150 and 400x120 + 120x84 + 84x10. ResNets:
+ * dt_resnet_forward_macs at the task's image size, conv1 the first layer. */
 static double mlp_flops_per_sample(const dt_task *task) {
   (void)task;
   return 4.0 * 784 * 512 + 6.0 * (512.0 * 512 + 512.0 * 10);
@@ -191,6 +197,15 @@ static double lenet_flops_per_sample(const dt_task *task) {
   (void)task;
   return 4.0 * 28 * 28 * 6 * 25 +
          6.0 * (10.0 * 10 * 16 * 150 + 400.0 * 120 + 120.0 * 84 + 84.0 * 10);
+}
+
+static double resnet_flops_per_sample(const dt_task *task) {
+  dt_resnet_config c;
+  double stem = 0.0;
+  if (resnet_config(task, &c) != DT_OK)
+    return 0.0;
+  double macs = dt_resnet_forward_macs(&c, task->input_shape[1], task->input_shape[2], &stem);
+  return 6.0 * macs - 2.0 * stem;
 }
 
 /* The task's GPT-2 configuration, its context the task's. */
@@ -302,10 +317,11 @@ static const dt_task tasks[] = {
 #undef DT_LLAMA_SIZE
 /* ResNets (torchvision's layout) on the same images; -small: the 3x3
  * stride-1 stem without max-pool, for images of 28 to 64 px. */
-#define RESNET(name_, summary_, small)                                              \
-  {                                                                                 \
-    .name = name_, .summary = summary_, .build = build_resnet, .small_stem = small, \
-    .residual_bn = true, IMAGE28_CLASSIFICATION                                     \
+#define RESNET(name_, summary_, small)                                                          \
+  {                                                                                             \
+    .name = name_, .summary = summary_, .build = build_resnet,                                  \
+    .plan_flops_per_sample = resnet_flops_per_sample, .small_stem = small, .residual_bn = true, \
+    IMAGE28_CLASSIFICATION                                                                      \
   }
     RESNET("resnet18", "ResNet-18 (torchvision's layout)", false),
     RESNET("resnet34", "ResNet-34 (torchvision's layout)", false),

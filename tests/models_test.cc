@@ -209,6 +209,39 @@ TEST(Models, ResNetLayoutAsTorchvision) {
       << dt_last_error();
 }
 
+// Forward multiply-adds at 224x224x3, 1000 classes, as torchvision's
+// published figures (its docs' "GFLOPS", counted by fvcore: one
+// multiply-add is one, convolutions and fc only): 1.814, 3.664 and 4.089 G.
+// Within 0.5 %; conv1's share is 118 M (7x7, 112x112 outputs, 64 x 3).
+TEST(Models, ResNetForwardMacsAsTorchvision) {
+  struct {
+    const char *name;
+    double gmacs;
+  } cases[] = {{"resnet18", 1.814}, {"resnet34", 3.664}, {"resnet50", 4.089}};
+  for (const auto &c : cases) {
+    dt_resnet_config cfg;
+    ASSERT_DT_OK(dt_resnet_config_named(c.name, &cfg));
+    double stem = 0.0;
+    double macs = dt_resnet_forward_macs(&cfg, 224, 224, &stem);
+    EXPECT_NEAR(macs / 1e9, c.gmacs, 0.005 * c.gmacs) << c.name;
+    EXPECT_DOUBLE_EQ(stem, 112.0 * 112 * 64 * 3 * 49) << c.name;
+  }
+  // The small stem on 28x28 grey images, 10 classes: 3x3 stride 1, no
+  // max-pool, so 28x28 through layer1 and 4x4 at layer4 (by hand).
+  dt_resnet_config small;
+  ASSERT_DT_OK(dt_resnet_config_named("resnet18", &small));
+  small.in_channels = 1;
+  small.num_classes = 10;
+  small.small_stem = 1;
+  double stem = 0.0;
+  double want = 784.0 * 64 * 9 + 4 * 784.0 * 64 * 64 * 9 +
+                196.0 * (128 * 64 * 9 + 3 * 128 * 128 * 9 + 64 * 128) +
+                49.0 * (256 * 128 * 9 + 3 * 256 * 256 * 9 + 128 * 256) +
+                16.0 * (512 * 256 * 9 + 3 * 512 * 512 * 9 + 256 * 512) + 512 * 10;
+  EXPECT_DOUBLE_EQ(dt_resnet_forward_macs(&small, 28, 28, &stem), want);
+  EXPECT_DOUBLE_EQ(stem, 784.0 * 64 * 9);
+}
+
 // The task's ResNet for 28x28 grey images trains (every parameter gets a
 // gradient); the small stem keeps 8x8 images to the last stage; another
 // channel count is a shape error naming ResNet.

@@ -17,6 +17,7 @@
 #include "launch/bench.h"
 #include "models/models.h"
 #include "tests/dt_assert.h"
+#include "train/plan.h"
 
 namespace {
 
@@ -96,6 +97,52 @@ TEST_F(Tasks, TheTableIsWellFormed) {
   EXPECT_EQ(dt_task_find_data(first, "imagenet", &data), DT_ERR_INVALID_ARG);
   EXPECT_NE(std::string(dt_last_error()).find(first->data[0].name), std::string::npos)
       << dt_last_error();
+}
+
+// Every task counts its training FLOPs (for MFU, or for the plan alone),
+// so that `dtrain plan` never predicts a compute time of 0; a ResNet's at
+// the task's image size: 6 per forward multiply-add, 4 for conv1's (its
+// input needs no gradient).
+TEST_F(Tasks, EveryTaskCountsItsFlops) {
+  for (int i = 0; i < dt_task_count(); i++) {
+    const dt_task *t = dt_task_at(i);
+    double (*count)(const dt_task *) =
+        t->flops_per_sample ? t->flops_per_sample : t->plan_flops_per_sample;
+    ASSERT_NE(count, nullptr) << t->name << " has no FLOP count";
+    EXPECT_GT(count(t), 0.0) << t->name;
+  }
+  const dt_task *table = nullptr;
+  ASSERT_DT_OK(dt_task_find("resnet50", &table));
+  dt_task imagenet = *table;  // 224x224 RGB, 1000 classes, as --image-size 224 --channels 3
+  imagenet.input_shape[0] = 3;
+  imagenet.input_shape[1] = imagenet.input_shape[2] = 224;
+  imagenet.num_classes = 1000;
+  const double stem = 112.0 * 112 * 64 * 3 * 49;
+  EXPECT_NEAR(imagenet.plan_flops_per_sample(&imagenet), 6 * 4.089e9 - 2 * stem, 0.005 * 24.3e9);
+  dt_resnet_config cfg;
+  ASSERT_DT_OK(dt_resnet_config_named("resnet50", &cfg));
+  EXPECT_DOUBLE_EQ(imagenet.plan_flops_per_sample(&imagenet),
+                   6 * dt_resnet_forward_macs(&cfg, 224, 224, nullptr) - 2 * stem);
+
+  // dtrain plan --model resnet18-small --device h100 --batch 32: the
+  // compute term is the task's FLOPs at the bf16 peak (the probe's
+  // measurements do not enter it).
+  ASSERT_DT_OK(dt_task_find("resnet18-small", &table));
+  dt_plan_config pc = DT_PLAN_CONFIG_DEFAULT;
+  ASSERT_DT_OK(dt_plan_device_get(DT_PLAN_DEVICE_H100, nullptr, &pc.device));
+  pc.task = table;
+  pc.precision = DT_PRECISION_BF16;
+  pc.micro_batch = 32;
+  dt_plan_probe_result probe = {};
+  probe.units_per_sample = 1.0;
+  dt_plan_result plan;
+  ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
+  double fps = table->plan_flops_per_sample(table);
+  EXPECT_NEAR(fps, 6 * 455800832.0 - 2 * 784.0 * 64 * 9, 1.0);
+  EXPECT_GT(plan.compute_s, 0.0);
+  EXPECT_DOUBLE_EQ(plan.compute_s, fps * 32 / (plan.peak_flops * pc.device.matmul_eff));
+  EXPECT_DOUBLE_EQ(plan.flops_per_step, fps * 32);
+  EXPECT_GT(plan.mfu, 0.0);
 }
 
 // The tasks small enough to build in a unit test, at a context short enough
