@@ -147,7 +147,7 @@ static bool check_plan_device(const char *value, char *why, size_t cap) {
 
 int dt_cli_plan(int argc, char **argv, FILE *err) {
   const char *model = "mlp", *device = "cpu", *precision = NULL, *optimizer = NULL;
-  int batch = 0, zero = 0, ctx = 0, gpus = 1, nodes = 1, threads = 0;
+  int batch = 0, zero = 0, ctx = 0, image_size = 0, channels = 0, gpus = 1, nodes = 1, threads = 0;
   int64_t global_batch = 0, data_samples = 0;
   double global_batch_d = 0, data_samples_d = 0;
   bool recompute = false, json = false, scaling = false;
@@ -173,6 +173,11 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
       dt_cli_flag_precision(&precision),
       dt_cli_flag_zero(&zero),
       dt_cli_flag_ctx(&ctx),
+      DT_INT_FLAG("image-size", &image_size, "PX",
+                  "image models: the images' height and width, 0 = the model's input", .min = 0,
+                  .max = 4096),
+      DT_INT_FLAG("channels", &channels, "C",
+                  "image models: 1 (grey) or 3 (RGB), 0 = the model's input", .min = 0, .max = 3),
       DT_INT_FLAG("gpus", &gpus, "N", "devices (ranks) per node", .min = 1, .max = 1024,
                   .field = "gpus_per_node"),
       DT_INT_FLAG("nodes", &nodes, "N", "nodes", .min = 1, .max = 1024),
@@ -245,6 +250,21 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   ctx_task = *task;
   if (ctx > 0)
     DT_CHECK_GOTO(dt_task_with_context(task, ctx, &ctx_task), st, fail);
+  if (channels == 2) {
+    fprintf(err, "dtrain plan: --channels 2: expected 1 (grey) or 3 (RGB)\n");
+    return 2;
+  }
+  if (image_size || channels) {
+    if (ctx_task.input_ndim != 3 || ctx_task.input_dtype != DT_DTYPE_F32) {
+      fprintf(err, "dtrain plan: --%s: model %s takes no images\n",
+              image_size ? "image-size" : "channels", ctx_task.name);
+      return 2;
+    }
+    if (image_size)
+      ctx_task.input_shape[1] = ctx_task.input_shape[2] = image_size;
+    if (channels)
+      ctx_task.input_shape[0] = channels;
+  }
   c.task = &ctx_task;
   c.precision = prec;
   dt_plan_device_kind kind = DT_PLAN_DEVICE_CPU;

@@ -7,6 +7,7 @@
 #     on 2 ranks (mpirun);
 #   - --json prints one object with peak_memory_mib, step_ms and the
 #     breakdown; micro-batch x accumulation x ranks is the global batch;
+#   - a ResNet at --image-size: compute from the task's FLOPs at that size;
 #   - bad flags exit 2 naming the flag.
 # Step times are not checked here (speed belongs to bench): docs/plan.md.
 set -uo pipefail
@@ -89,6 +90,21 @@ assert abs(a["memory_mib"]["optimizer"] * 16 / b["memory_mib"]["optimizer"] - 1)
   "$tmp/h100.json" "$out"
 run_within 120 plan --model mlp --device a100 --threads 1
 expect 0 out 'largest micro-batch that fits [0-9]+; the seed.s rule .* = [0-9]+' "plan: the text"
+# A ResNet at another image size (--image-size, --channels): the compute
+# term is the task's FLOPs at that size (3x32x32, 10 classes: 6 per forward
+# multiply-add, 4 for conv1's) at 0.7 of the bf16 peak; the probe runs there.
+run_within 120 plan --model resnet18-small --device h100 --batch 32 --precision bf16 \
+  --image-size 32 --channels 3 --json --threads 1
+check "plan: resnet18-small at 32 px, RGB: compute from the task's FLOPs" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+macs = 32 * 32 * (64 * 3 * 9 + 4 * 64 * 64 * 9) + 16 * 16 * (128 * 64 * 9 + 3 * 128 * 128 * 9 + 64 * 128) \
+    + 8 * 8 * (256 * 128 * 9 + 3 * 256 * 256 * 9 + 128 * 256) \
+    + 4 * 4 * (512 * 256 * 9 + 3 * 512 * 512 * 9 + 256 * 512) + 512 * 10
+fps = 6 * macs - 2 * 32 * 32 * 64 * 3 * 9
+want = fps * 32 / (d["peak_tflops"] * 1e12 * 0.7) * 1e3
+assert abs(d["compute_ms"] / want - 1) < 0.01, (d["compute_ms"], want)
+assert d["step_ms"] > d["compute_ms"] > 0, d' "$out"
 
 # ---- bad flags: exit 2 naming the flag ------------------------------------
 run plan --model mlp --device tpu
@@ -107,6 +123,10 @@ run plan --model mlp --precision tf32
 expect 2 err '--precision tf32' "plan: tf32 on the cpu"
 run plan --model gpt2-tiny --ctx 100000
 expect 2 err '--ctx' "plan --ctx beyond the model's"
+run plan --model gpt2-tiny --image-size 64
+expect 2 err '--image-size: model gpt2-tiny takes no images' "plan --image-size for a language model"
+run plan --model resnet18 --channels 2
+expect 2 err '--channels 2' "plan --channels 2"
 run plan --model mlp --memory-gib -1
 expect 2 err '--memory-gib' "plan --memory-gib -1"
 
