@@ -321,7 +321,7 @@ static const dt_task tasks[] = {
   {                                                                                             \
     .name = name_, .summary = summary_, .build = build_resnet,                                  \
     .plan_flops_per_sample = resnet_flops_per_sample, .small_stem = small, .residual_bn = true, \
-    IMAGE28_CLASSIFICATION                                                                      \
+    .any_image_size = true, IMAGE28_CLASSIFICATION                                              \
   }
     RESNET("resnet18", "ResNet-18 (torchvision's layout)", false),
     RESNET("resnet34", "ResNet-34 (torchvision's layout)", false),

@@ -126,6 +126,10 @@ struct dt_task {
   bool small_stem;
   bool zero_init_residual;
   bool residual_bn;
+  /* The model takes images of any channel count and size, and any number
+   * of classes (adaptive pooling before its head: the ResNets): an image
+   * folder sets input_shape and num_classes on the trainer's copy. */
+  bool any_image_size;
 };
 
 /* The registered tasks, in table order. */

@@ -295,6 +295,10 @@ static dt_status image_folder_open(const dt_train_config *c, train_state *s) {
     }
   }
   ic.seed = c->seed;
+  if (t->any_image_size) { /* the model is built for the folder's images */
+    s->task_ctx.input_shape[0] = ic.channels;
+    s->task_ctx.input_shape[1] = s->task_ctx.input_shape[2] = ic.size;
+  }
   DT_CHECK(dt_dataset_image_folder(c->image_folder, "train", &ic, &s->train_set));
   DT_CHECK(dt_dataset_image_folder(c->image_folder, "val", &ic, &s->test_set));
   int n_train = dt_dataset_num_classes(s->train_set), n_val = dt_dataset_num_classes(s->test_set);
@@ -307,6 +311,8 @@ static dt_status image_folder_open(const dt_train_config *c, train_state *s) {
                       "need the same class folders",
                       c->image_folder, k, a ? a : "(none)", b ? b : "(none)");
   }
+  if (t->any_image_size)
+    s->task_ctx.num_classes = n_train;
   if (n_train > t->num_classes)
     return DT_ERROR(DT_ERR_SHAPE, "image folder %s has %d classes, but model %s has %d outputs",
                     c->image_folder, n_train, t->name, t->num_classes);

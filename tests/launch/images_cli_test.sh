@@ -50,6 +50,20 @@ run images --from mnist --out "$tmp/mj" --per-class 2 --format jpeg
 expect 0 out "40 written" "mnist as JPEG"
 ls "$tmp/mj/train/7/"*.jpg >/dev/null 2>&1 && ok "JPEG files" || not_ok "JPEG files"
 
+# A ResNet takes the folder's channels, size and classes (adaptive pooling
+# before its head): 3-channel 16 px images of the 10 MNIST classes.
+run_within 120 train --model resnet18-small --data "$tmp/mj" --image-size 16 --channels 3 \
+  --batch 4 --max-steps 1 --threads 1 --run-dir "$tmp/r-resnet"
+expect 0 out "^test_accuracy=" "resnet18-small trains on 3-channel 16 px folder images"
+check "its conv1 takes 3 channels, its fc 10 classes" python3 - \
+  "$tmp/r-resnet/checkpoints/step_00000001/model.safetensors" <<'EOF2'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+head = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+assert head["conv1.weight"]["shape"] == [64, 3, 3, 3], head["conv1.weight"]
+assert head["fc.weight"]["shape"] == [10, 512], head["fc.weight"]
+EOF2
+
 # ---- the loader benchmark (its figure is not checked: speed is not a test) ----
 run_within 120 bench --loader --data "$f" --workers 2 --image-size 28 --channels 1 --batches 4
 expect 0 out "^loader: images_per_s=[0-9.]+ workers=2 batch=64 size=28 channels=1 images=256 " \
