@@ -303,9 +303,10 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_STRING_FLAG("resume", &resume, "auto|PATH",
                      "continue from a checkpoint: auto = the newest complete one in --run-dir "
                      "(none: start from scratch), or a checkpoint directory"),
-      DT_STRING_FLAG("init", &cfg.init_path, "DIR",
+      DT_STRING_FLAG("init", &cfg.init_path, "PATH",
                      "fine-tune: start from the weights of a Hugging Face-layout folder "
-                     "(dtrain export --format hf) of the same --model; not with --resume"),
+                     "(dtrain export --format hf) or a GGUF file (--format gguf; f32, f16 or "
+                     "bf16) of the same --model; not with --resume"),
       DT_STRING_FLAG("metrics", &obs->metrics_path, "FILE",
                      "JSON Lines: one record per log interval and per evaluation (rank 0 "
                      "writes it)",

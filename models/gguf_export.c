@@ -87,7 +87,7 @@ static const char *const block_names[][2] = {
     {"mlp.down_proj.", "ffn_down."},
 };
 
-static dt_status gguf_name(const char *name, char *out, size_t cap) {
+dt_status dt_gguf_tensor_name(const char *name, char *out, size_t cap) {
   for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++)
     if (!strcmp(name, top_names[i][0])) {
       snprintf(out, cap, "%s", top_names[i][1]);
@@ -109,10 +109,7 @@ static dt_status gguf_name(const char *name, char *out, size_t cap) {
   return DT_ERROR(DT_ERR_INTERNAL, "export: parameter %s has no GGUF name", name);
 }
 
-/* Rows of each head of `rows` rows from rotate_half's order (first halves,
- * then second halves) to interleaved pairs, as Hugging Face's convert script
- * permutes q and k. */
-static dt_status permute_heads(float *w, int64_t rows, int64_t cols, int heads) {
+dt_status dt_gguf_permute_heads(float *w, int64_t rows, int64_t cols, int heads, bool back) {
   const int64_t hd = rows / heads, half = hd / 2;
   float *tmp = malloc((size_t)(hd * cols) * sizeof(float));
   if (!tmp)
@@ -122,8 +119,8 @@ static dt_status permute_heads(float *w, int64_t rows, int64_t cols, int heads) 
     memcpy(tmp, head, (size_t)(hd * cols) * sizeof(float));
     for (int64_t j = 0; j < half; j++)
       for (int s = 0; s < 2; s++)
-        memcpy(head + (2 * j + s) * cols, tmp + (s * half + j) * cols,
-               (size_t)cols * sizeof(float));
+        memcpy(head + (back ? s * half + j : 2 * j + s) * cols,
+               tmp + (back ? 2 * j + s : s * half + j) * cols, (size_t)cols * sizeof(float));
   }
   free(tmp);
   return DT_OK;
@@ -138,7 +135,7 @@ typedef struct gguf_model {
 /* dtrain's parameter `name` (t) as the GGUF tensor *e */
 static dt_status gguf_tensor_of(const char *name, const dt_tensor *t, const gguf_model *m,
                                 gguf_tensor *e) {
-  DT_CHECK(gguf_name(name, e->name, sizeof e->name));
+  DT_CHECK(dt_gguf_tensor_name(name, e->name, sizeof e->name));
   const int ndim = dt_tensor_ndim(t);
   if (ndim < 1 || ndim > 2)
     return DT_ERROR(DT_ERR_INTERNAL, "export: parameter %s has %d dims", name, ndim);
@@ -154,7 +151,8 @@ static dt_status gguf_tensor_of(const char *name, const dt_tensor *t, const gguf
     rows = m->vocab; /* the padding rows are the trailing ones */
   const char *tail = strrchr(e->name, '.') - 6;
   if (!m->gpt2 && ndim == 2 && (!strncmp(tail, "attn_q", 6) || !strncmp(tail, "attn_k", 6)))
-    DT_CHECK(permute_heads(data, rows, cols, tail[5] == 'q' ? m->n_head : m->n_kv_head));
+    DT_CHECK(
+        dt_gguf_permute_heads(data, rows, cols, tail[5] == 'q' ? m->n_head : m->n_kv_head, false));
   e->ndim = (uint32_t)ndim;
   e->ne[0] = (uint64_t)(ndim == 2 ? cols : rows);
   e->ne[1] = (uint64_t)rows;

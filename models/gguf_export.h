@@ -16,6 +16,10 @@
 #ifndef DT_MODELS_GGUF_EXPORT_H
 #define DT_MODELS_GGUF_EXPORT_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #include "core/module.h"
 #include "core/status.h"
 #include "models/tasks.h"
@@ -31,6 +35,27 @@ extern "C" {
  * (naming it), DT_ERR_IO naming the file that cannot be read or written. */
 dt_status dt_gguf_export(const dt_task *task, const dt_module *model, const char *tokenizer_dir,
                          const char *dtype, const char *path);
+
+/* The inverse, for fine-tuning (models/gguf_import.c): the GGUF file
+ * `path` (as dt_gguf_export writes it; general.architecture the task's,
+ * tensors f32, f16 or bf16) loaded into `model`, freshly built by `task`:
+ * converted to f32, Llama's q and k rows permuted back to rotate_half's
+ * order, the token tables' rows past the file's vocabulary (the padding)
+ * left as the model initialised them. DT_ERR_INVALID_ARG naming the file
+ * and the architecture, or the tensor that is missing, extra, of another
+ * shape or type; DT_ERR_IO naming the file. */
+dt_status dt_gguf_import(const dt_task *task, dt_module *model, const char *path);
+
+/* Shared by the export and the import: dtrain's parameter `name`
+ * (transformers' naming) as llama.cpp's tensor name (token_embd.weight,
+ * blk.N.attn_q.weight, ...); DT_ERR_INTERNAL for a name it does not know. */
+dt_status dt_gguf_tensor_name(const char *name, char *out, size_t cap);
+
+/* The rows (each of `cols` floats) of each of the `heads` heads of w from
+ * rotate_half's order (first halves, then second halves) to interleaved
+ * pairs, as Hugging Face's convert script permutes q and k; back: the
+ * inverse. */
+dt_status dt_gguf_permute_heads(float *w, int64_t rows, int64_t cols, int heads, bool back);
 
 #ifdef __cplusplus
 }

@@ -113,6 +113,42 @@ for kind, n in (("train", n_train), ("t10k", n_test)):
 PY
 }
 
+# llama_cpp_prompts SCRIPT CTX: the five prompts of the llama.cpp tests in
+# ${prompts[@]}, tokenized by dtrain (each after <|endoftext|>) as
+# $tmp/prompts/train.bin and padded to CTX as $tmp/tokens (lm_logits_tool's
+# input) by SCRIPT (tests/launch/gguf_llama_cpp.mjs).
+llama_cpp_prompts() {
+  local i files=()
+  prompts=("The quick brown fox jumps over the lazy dog." "Hello, world! It's 2024."
+    "  leading spaces and	tabs" "Numbers: 3.14159 and 1,000,000" "The jury said it did find that")
+  for i in "${!prompts[@]}"; do
+    printf '%s' "${prompts[$i]}" >"$tmp/prompt$i"
+    files+=("$tmp/prompt$i")
+  done
+  run tokenize --in "${files[@]}" --val-fraction 0 --out "$tmp/prompts"
+  expect 0 out "wrote" "the prompts tokenized by dtrain"
+  check "the prompts' tokens, padded to the context" node "$1" prep "$tmp/prompts/train.bin" "$2" \
+    "$tmp/tokens"
+}
+
+# greedy_samples CKPT N: `dtrain sample --temperature 0 --sample-len N` of
+# CKPT for each of ${prompts[@]} as CKPT-greedy/sampleI (llama.cpp's greedy
+# check in gguf_llama_cpp.mjs reads them).
+greedy_samples() {
+  local i
+  mkdir -p "$1-greedy"
+  for i in "${!prompts[@]}"; do
+    run sample --checkpoint "$1" --prompt "${prompts[$i]}" --temperature 0 --sample-len "$2"
+    [ "$rc" = 0 ] || not_ok "$1: dtrain sample of prompt $i exited $rc"
+    cp "$out" "$1-greedy/sample$i"
+  done
+}
+
+# within A B TOL: A and B are numbers at most TOL apart.
+within() {
+  [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(a - b <= t && b - a <= t) }'
+}
+
 # Ranks under mpirun must not share Bazel's per-test output files.
 unshare_test_files() {
   unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dtrain bench beside the same benchmark in PyTorch (tools/bench_torch.py),
 # alternating the two for several rounds so that both see the same machine
-# load, for MLP batch 128, LeNet-5 batch 64 and GPT-2 tiny batch 16 context
+# load, for MLP batch 128, LeNet-5 batch 64, GPT-2 tiny and Llama tiny batch 16 context
 # 64 (AdamW, the LM's step). Prints the median steps/s of each and the ratio
 # dtrain / PyTorch. Then weak scaling on 2 ranks of 1 thread each, MLP batch
 # 128 and LeNet-5 batch 64 per rank: `dtrain launch -n 1` and `-n 2` beside
@@ -36,8 +36,8 @@ while [ $# -gt 0 ]; do
 done
 
 case "$only" in
-  "" | mlp | lenet | gpt2-tiny | scaling) ;;
-  *) echo "bench_compare: --only $only: expected mlp, lenet, gpt2-tiny or scaling" >&2; exit 2 ;;
+  "" | mlp | lenet | gpt2-tiny | llama-tiny | scaling) ;;
+  *) echo "bench_compare: --only $only: expected mlp, lenet, gpt2-tiny, llama-tiny or scaling" >&2; exit 2 ;;
 esac
 
 python=/usr/bin/python3
@@ -56,7 +56,8 @@ steps_per_s() { sed -n 's/^steps_per_s=\([0-9.]*\) .*/\1/p'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 [ "$only" = scaling ] || printf '%-16s %14s %14s %16s\n' "benchmark" "dtrain step/s" "torch step/s" "dtrain/torch"
-for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2"; do
+for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2" \
+  "llama-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2"; do
   read -r model batch n extra <<<"$config"
   [ -z "$only" ] || [ "$only" = "$model" ] || continue
   ours=()
@@ -75,7 +76,7 @@ for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 
   printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
 done
 if [ "$only" != scaling ]; then
-  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2), $threads threads, medians;"
+  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2 and Llama), $threads threads, medians;"
   echo " OpenBLAS, whose GEMMs both run on: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
 fi
 

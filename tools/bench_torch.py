@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """The `dtrain bench` benchmark in PyTorch, as a peer to measure against.
 
-Same models (MLP 784-512-512-10, LeNet-5, torchvision's ResNets, GPT-2), same synthetic batch
+Same models (MLP 784-512-512-10, LeNet-5, torchvision's ResNets, GPT-2, Llama), same synthetic batch
 (random N(0,1) inputs of shape (B,1,28,28), random labels in [0,10); for
-GPT-2 random token ids of shape (B,T) and their shifted targets), same step
+GPT-2 and Llama random token ids of shape (B,T) and their shifted targets), same step
 (zero_grad, forward, cross-entropy, backward, optimizer), warm-up excluded,
 and the same output line:
 
@@ -142,7 +142,7 @@ def build_model(name, nn):
         if small:
             model.maxpool = nn.Identity()
         return model
-    raise SystemExit("bench_torch: unknown model '%s' (expected mlp, lenet, resnet* or gpt2-*)"
+    raise SystemExit("bench_torch: unknown model '%s' (expected mlp, lenet, resnet*, gpt2-* or llama-*)"
                      % name)
 
 
@@ -160,13 +160,22 @@ GPT2_VOCAB = 50304  # 50257 padded to a multiple of 128
 GPT2_TOKENS = 50257
 
 
+def causal_attention(F, q, k, v, mask, t):
+    """softmax(QK^T / sqrt(head size), causal) V over (B, heads, T, head size)."""
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    if sdpa is not None:
+        return sdpa(q, k, v, is_causal=True)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+    att = att.masked_fill(~mask[:, :, :t, :t], float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
 def build_gpt2(torch, nn, name, ctx):
     """dtrain's GPT-2 (models/gpt2.c) in PyTorch."""
     layers, heads, width, max_ctx = GPT2_CONFIGS[name]
     if ctx > max_ctx:
         raise SystemExit("bench_torch: --ctx %d exceeds %s's context %d" % (ctx, name, max_ctx))
     F = nn.functional
-    sdpa = getattr(F, "scaled_dot_product_attention", None)
 
     class Attention(nn.Module):
         def __init__(self):
@@ -180,12 +189,7 @@ def build_gpt2(torch, nn, name, ctx):
             b, t, c = x.shape
             q, k, v = self.c_attn(x).split(width, dim=2)
             q, k, v = [z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v)]
-            if sdpa is not None:
-                y = sdpa(q, k, v, is_causal=True)
-            else:
-                att = (q @ k.transpose(-2, -1)) * (1.0 / (c // heads) ** 0.5)
-                att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
-                y = F.softmax(att, dim=-1) @ v
+            y = causal_attention(F, q, k, v, self.mask, t)
             return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
     class Block(nn.Module):
@@ -227,9 +231,95 @@ def build_gpt2(torch, nn, name, ctx):
     return GPT()
 
 
+LLAMA_CONFIGS = {  # name: (layers, heads, kv heads, width, ffn, context, rope theta)
+    "llama-tiny": (4, 4, 2, 128, 384, 64, 10000.0),
+    "llama-135m": (30, 9, 3, 576, 1536, 2048, 100000.0),
+    "llama-1b": (16, 32, 8, 2048, 8192, 2048, 500000.0),
+}
+
+
+def build_llama(torch, nn, name, ctx):
+    """dtrain's Llama (models/llama.c, HF's LlamaForCausalLM) in PyTorch: RMS
+    norm, rotate_half RoPE, grouped-query attention (each KV head repeated
+    for its n_head / n_kv_head query heads), SwiGLU MLP, no biases, the head
+    tied to the embedding, N(0, 0.02) initialisation."""
+    layers, heads, kv_heads, width, ffn, max_ctx, theta = LLAMA_CONFIGS[name]
+    if ctx > max_ctx:
+        raise SystemExit("bench_torch: --ctx %d exceeds %s's context %d" % (ctx, name, max_ctx))
+    F = nn.functional
+    hd = width // heads
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+    ang = torch.outer(torch.arange(ctx).float(), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(width))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+
+    def rope(x, t):
+        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+        return x * cos[:t].to(x.device) + torch.cat([-x2, x1], -1) * sin[:t].to(x.device)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(width, width, bias=False)
+            self.k_proj = nn.Linear(width, kv_heads * hd, bias=False)
+            self.v_proj = nn.Linear(width, kv_heads * hd, bias=False)
+            self.o_proj = nn.Linear(width, width, bias=False)
+            mask = torch.tril(torch.ones(ctx, ctx, dtype=torch.bool))
+            self.register_buffer("mask", mask.view(1, 1, ctx, ctx), persistent=False)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q = rope(self.q_proj(x).view(b, t, heads, hd).transpose(1, 2), t)
+            k = rope(self.k_proj(x).view(b, t, kv_heads, hd).transpose(1, 2), t)
+            v = self.v_proj(x).view(b, t, kv_heads, hd).transpose(1, 2)
+            k, v = [z.repeat_interleave(heads // kv_heads, dim=1) for z in (k, v)]
+            y = causal_attention(F, q, k, v, self.mask, t)
+            return self.o_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = RMSNorm()
+            self.self_attn = Attention()
+            self.post_attention_layernorm = RMSNorm()
+            self.gate_proj = nn.Linear(width, ffn, bias=False)
+            self.up_proj = nn.Linear(width, ffn, bias=False)
+            self.down_proj = nn.Linear(ffn, width, bias=False)
+
+        def forward(self, x):
+            x = x + self.self_attn(self.input_layernorm(x))
+            h = self.post_attention_layernorm(x)
+            return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(GPT2_VOCAB, width)
+            self.layers = nn.ModuleList([Block() for _ in range(layers)])
+            self.norm = RMSNorm()
+            for p in self.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, idx):
+            x = self.embed_tokens(idx)
+            for block in self.layers:
+                x = block(x)
+            return self.norm(x) @ self.embed_tokens.weight[:GPT2_TOKENS].t()
+
+    return Llama()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + [r + s for r in RESNETS for s in ("", "-small")] + sorted(GPT2_CONFIGS))
+    p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + [r + s for r in RESNETS for s in ("", "-small")] + sorted(GPT2_CONFIGS) + sorted(LLAMA_CONFIGS))
     p.add_argument("--ctx", type=int, default=0,
                    help="GPT-2: sequence length T, 0 = the model's context")
     p.add_argument("--batch", type=int, default=128)
@@ -295,10 +385,13 @@ def main():
         def sync():
             pass
     torch.manual_seed(args.seed + max(args.rank, 0))
-    gpt = args.model in GPT2_CONFIGS
-    ctx = (args.ctx or GPT2_CONFIGS[args.model][3]) if gpt else 0
+    llama = args.model in LLAMA_CONFIGS
+    gpt = args.model in GPT2_CONFIGS or llama
+    ctx = (args.ctx or (LLAMA_CONFIGS[args.model][5] if llama else GPT2_CONFIGS[args.model][3])
+           if gpt else 0)
     if gpt:
-        model = build_gpt2(torch, nn, args.model, ctx).to(device)
+        build = build_llama if llama else build_gpt2
+        model = build(torch, nn, args.model, ctx).to(device)
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

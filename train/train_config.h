@@ -177,11 +177,11 @@ typedef struct dt_train_config {
   int keep;             /* newest complete checkpoints kept, 0 = all */
   dt_train_resume resume;
   const char *resume_path; /* DT_TRAIN_RESUME_PATH: a checkpoint directory */
-  /* Fine-tuning: a Hugging Face-layout folder (models/hf_export.h) of the
-   * task's language model, loaded by every rank into the model it builds,
-   * before the optimizer's first step. NULL = the task's initialisation.
-   * Not with `resume` from a path, which has its own weights; with
-   * `resume` auto, a checkpoint of the run directory wins when there is one. */
+  /* Fine-tuning: a Hugging Face-layout folder (models/hf_export.h) or a
+   * GGUF file (models/gguf_export.h) of the task's language model, loaded by every rank into the
+   * model it builds, before the optimizer's first step. NULL = the task's initialisation. Not with
+   * `resume` from a path, which has its own weights; with `resume` auto, a checkpoint of the run
+   * directory wins when there is one. */
   const char *init_path;
 
   /* Language models, evaluations during training (train/train_lm.c). */

@@ -137,7 +137,8 @@ dt_status dt_train_rounding_setup(bool stochastic, uint64_t seed, dt_step_config
  * block's activations recomputed in backward (dt_model_set_recompute: a
  * GPT-2 or Llama task, DT_ERR_INVALID_ARG naming `recompute` otherwise);
  * with `init_path`, the weights of that Hugging Face-layout folder
- * (dt_hf_import: errors name `init_path` and the tensor at fault). */
+ * (dt_hf_import) or GGUF file (dt_gguf_import): errors name `init_path`
+ * and the tensor at fault. */
 dt_status dt_train_build_model(const dt_task *task, uint64_t seed, bool recompute,
                                const char *init_path, dt_module **out);
 

@@ -3,10 +3,12 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/amp.h"
 #include "cuda/cuda.h"
 #include "dist/agree.h"
+#include "models/gguf_export.h"
 #include "models/hf_export.h"
 #include "models/models.h"
 #include "train/train_loop.h"
@@ -96,7 +98,11 @@ dt_status dt_train_build_model(const dt_task *task, uint64_t seed, bool recomput
   dt_status st = recompute ? dt_model_set_recompute(*out, 1) : DT_OK;
   if (st != DT_OK)
     dt_error_wrap(st, "`recompute` on task %s", task->name);
-  if (st == DT_OK && init_path && (st = dt_hf_import(task, *out, init_path)) != DT_OK)
+  struct stat sb; /* a file is a GGUF export, a folder the Hugging Face layout */
+  const bool gguf = init_path && stat(init_path, &sb) == 0 && S_ISREG(sb.st_mode);
+  if (st == DT_OK && init_path &&
+      (st = gguf ? dt_gguf_import(task, *out, init_path) : dt_hf_import(task, *out, init_path)) !=
+          DT_OK)
     dt_error_wrap(st, "`init_path` %s", init_path);
   if (st != DT_OK) {
     dt_module_destroy(*out);

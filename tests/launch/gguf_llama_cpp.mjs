@@ -16,6 +16,14 @@
 //     --temperature 0 --sample-len N` printed (SAMPLES/sampleI: the prompt,
 //     then the continuation), up to the first step whose top two
 //     log-probabilities are within 2e-3 (a near-tie either may break).
+//   node gguf_llama_cpp.mjs slice SHARD WINDOWS CTX OUT
+//     the first WINDOWS x CTX + 1 tokens of SHARD (llm.c's format) as the
+//     shard OUT: the windows `dtrain eval` takes from it are SHARD's first
+//   node gguf_llama_cpp.mjs ppl PACKAGE_DIR MODEL.gguf SHARD CTX
+//     llama.cpp's loss on SHARD as `dtrain eval` computes it: the windows
+//     tokens [k*CTX, k*CTX + CTX) each from an empty context (non-
+//     overlapping), every position scored on the next token, the mean of
+//     -log p; prints "llama.cpp loss=X.XXXXXX ppl=Y over N windows".
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -46,10 +54,26 @@ if (mode === "prep") {
   process.exit(0);
 }
 
+function shardTokens(file) {
+  const buf = fs.readFileSync(file);
+  const n = buf.readInt32LE(8);
+  return { header: buf.subarray(0, 1024), tokens: new Uint16Array(buf.buffer, buf.byteOffset + 1024, n) };
+}
+
+if (mode === "slice") {
+  const [shard, windows, ctx, out] = args;
+  const { header, tokens } = shardTokens(shard);
+  const n = Number(windows) * Number(ctx) + 1;
+  if (n > tokens.length) throw new Error(`${shard} holds ${tokens.length} tokens, not ${n}`);
+  const h = Buffer.from(header);
+  h.writeInt32LE(n, 8);
+  fs.writeFileSync(out, Buffer.concat([h, Buffer.from(tokens.slice(0, n).buffer)]));
+  process.exit(0);
+}
 const greedy = mode === "greedy";
 const [pkg, model, ...rest] = args;
 const [trainBin, ctx, logitsFile, padded, tol, ...texts] = greedy ? [null, rest[0], null, 0, 0,
-  ...rest.slice(3)] : rest;
+  ...rest.slice(3)] : mode === "ppl" ? [rest[0], rest[1]] : rest;
 const T = Number(ctx), V = Number(padded), TOL = Number(tol);
 const { getLlama } = await import(
   pathToFileURL(path.join(pkg, "node_modules/node-llama-cpp/dist/index.js")).href);
@@ -60,6 +84,21 @@ const context = await lm.createContext({
   experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
 });
 const sequence = context.getSequence();
+if (mode === "ppl") {
+  const tokens = shardTokens(trainBin).tokens, windows = Math.floor((tokens.length - 1) / T);
+  let nll = 0;
+  for (let k = 0; k < windows; k++) {
+    const x = Array.from(tokens.subarray(k * T, k * T + T));
+    await sequence.clearHistory();
+    const out = await sequence.controlledEvaluate(
+      x.map((t) => [t, { generateNext: { probabilities: true } }]));
+    for (let pos = 0; pos < T; pos++)
+      nll -= Math.log(out[pos].next.probabilities.get(tokens[k * T + pos + 1]));
+  }
+  const loss = nll / (windows * T);
+  console.log(`llama.cpp loss=${loss.toFixed(6)} ppl=${Math.exp(loss).toFixed(4)} over ${windows} windows`);
+  process.exit(0);
+}
 if (greedy) {
   const n = Number(rest[1]), samples = rest[2];
   let failures = 0, compared = 0;
