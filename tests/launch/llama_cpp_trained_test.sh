@@ -27,12 +27,20 @@ command -v node >/dev/null || { echo "$test_name: node is missing (tools/setup.s
 threads=$(nproc)
 
 # The whole training shard; as validation, its first 8 windows of 64 tokens
+# (the shards made here from brown/raw: a fresh machine has only the raw
+# corpus, and train_lm_e2e_test may be writing data/brown's at this time).
+full="$tmp/full"
+mkdir -p "$full/brown"
+ln -sfn "$src/gpt2" "$full/gpt2"
+ln -sfn "$src/brown/raw" "$full/brown/raw"
+run tokenize --brown --data-dir "$full"
+expect 0 out "train.bin and val.bin are ready" "the Brown shards from the raw corpus"
 data="$tmp/data"
 mkdir -p "$data/brown"
 ln -sfn "$src/gpt2" "$data/gpt2"
-ln -sfn "$src/brown/train.bin" "$data/brown/train.bin"
+ln -sfn "$full/brown/train.bin" "$data/brown/train.bin"
 check "the first 8 x 64 + 1 validation tokens" \
-  node "$script" slice "$src/brown/val.bin" 8 64 "$data/brown/val.bin"
+  node "$script" slice "$full/brown/val.bin" 8 64 "$data/brown/val.bin"
 export DT_DATA_DIR="$data"
 llama_cpp_prompts "$script" 64
 
