@@ -708,10 +708,12 @@ dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, con
     memset(dw, 0, (size_t)w_sz * sizeof(float));
     dw = NULL;
   }
-  if (direct_runs(g, nt))
-    return direct_backward(g, x, w, dy, dx, dw, nt);
+  /* small outputs: the batched GEMMs before the direct kernels, whose
+   * backward ran slower there (resnet18-small's 256-channel 7x7 layers) */
   if (batched_runs(g))
     return batched_backward(g, x, w, dy, dx, dw, nt);
+  if (direct_runs(g, nt))
+    return direct_backward(g, x, w, dy, dx, dw, nt);
 
   /* Each team (a thread with a contiguous run of images, or the one
    * sequential run) accumulates dw transposed, (ckk, oc), in its own
