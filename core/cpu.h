@@ -28,6 +28,11 @@ const dt_backend_ops *dt_cpu_backend(void);
  * "Cooperlake, chosen by OpenBLAS for this CPU"; names an OPENBLAS_CORETYPE
  * that forces AVX2 kernels on a CPU with AVX-512. Static text. */
 const char *dt_cpu_blas_kernels(void);
+/* Once: without OPENBLAS_CORETYPE, when OpenBLAS fell back to a kernel set
+ * without AVX2 or AVX-512 on a CPU with AVX-512 (a CPU model newer than the
+ * library), has it use SkylakeX's set. The CPU backend calls it before its
+ * first GEMM. */
+void dt_cpu_blas_choose_kernels(void);
 /* Stride-1 convolutions of small images run on the backend's own AVX-512
  * kernels where the CPU has them (core/cpu_conv_direct.h); 0 sends them to
  * the im2col + sgemm path instead. Returns the previous setting (default

@@ -84,6 +84,7 @@ static void cpu_apply_threads(int n) {
 }
 
 static void cpu_read_env(void) {
+  dt_cpu_blas_choose_kernels();
   dt_host_memory_read(&cpu_host);
   cpu_blas_buffers_mapped = openblas_get_num_threads();
   size_t limit = 0;

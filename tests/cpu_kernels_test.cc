@@ -23,6 +23,42 @@ using namespace dtk;  // the kernel-test helpers (tests/cpu_kernels_test_util.h)
 
 /* ---------------------------------------------------------------- gemm */
 
+/* Without OPENBLAS_CORETYPE, a CPU with AVX-512 gets GEMM kernels with at
+ * least AVX2: OpenBLAS 0.3.21 fell back to its SSE3 "Prescott" set on CPU
+ * models newer than it (Emerald Rapids), a third of the speed. */
+TEST(CpuBlas, AnAvx512CpuGetsVectorGemmKernels) {
+  const char *forced = getenv("OPENBLAS_CORETYPE");
+  if (forced && *forced)
+    GTEST_SKIP() << "OPENBLAS_CORETYPE=" << forced << " chooses the kernels";
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512cd") ||
+      !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512dq") ||
+      !__builtin_cpu_supports("avx512vl"))
+    GTEST_SKIP() << "the CPU has no AVX-512";
+  (void)dt_cpu_num_threads(); /* the backend's start-up, before its first GEMM */
+  std::string kernels = dt_cpu_blas_kernels();
+  bool vector = false;
+  for (const char *set : {"SkylakeX", "Cooperlake", "SapphireRapids", "Haswell", "Zen"})
+    vector |= kernels.rfind(set, 0) == 0;
+  EXPECT_TRUE(vector) << "BLAS kernels: " << kernels;
+  /* and the GEMMs still compute on the set chosen */
+  std::vector<float> a(64 * 64), b(64 * 64), c(64 * 64, -1.0f);
+  for (int i = 0; i < 64 * 64; i++) {
+    a[i] = (float)(i % 7) - 3.0f;
+    b[i] = (float)(i % 5) - 2.0f;
+  }
+  ASSERT_EQ(DT_OK, dt_kernel_gemm(cpu_exec(), 0, 0, 64, 64, 64, 1.0f, a.data(), 64, 0, b.data(), 64,
+                                  0, 0.0f, c.data(), 64, 0, 1))
+      << dt_last_error();
+  for (int i = 0; i < 64; i += 9)
+    for (int j = 0; j < 64; j += 7) {
+      double ref = 0.0;
+      for (int k = 0; k < 64; k++)
+        ref += (double)a[i * 64 + k] * b[k * 64 + j];
+      EXPECT_EQ(c[i * 64 + j], (float)ref) << i << "," << j;
+    }
+}
+
 TEST(CpuGemm, AllTransposesAlphaBetaAndLeadingDims) {
   const int m = 5, n = 7, k = 4, pad = 3;
   for (int ta = 0; ta < 2; ta++)
