@@ -53,7 +53,8 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       "\"overhead\": %.1f}, \"per_sample_mib\": %.3f, "
       "\"step_ms\": %.3f, \"compute_ms\": %.3f, \"memory_ms\": %.3f, \"optimizer_ms\": %.3f, "
       "\"comm_ms\": %.3f, \"comm_exposed_ms\": %.3f, \"samples_per_s\": %.1f, "
-      "\"tokens_per_s\": %.0f, \"mfu\": %.4f, \"peak_tflops\": %.2f}\n",
+      "\"tokens_per_s\": %.0f, \"mfu\": %.4f, \"peak_tflops\": %.2f, \"peak_source\": \"%s\", "
+      "\"act_bw_gbs\": %.1f}\n",
       model, c->device.name, precision, c->zero,
       c->task->sequence_targets ? (long long)c->task->input_shape[0] : 0LL, c->gpus_per_node,
       c->nodes, r->ranks, r->micro_batch, r->accumulation, (long long)r->global_batch,
@@ -61,7 +62,9 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       mib(c->device.memory), mib(m->weights), mib(m->copies), mib(m->gradients), mib(m->optimizer),
       mib(m->activations), mib(m->workspace), mib(m->comm), mib(m->overhead), mib(r->per_sample),
       1e3 * r->step_s, 1e3 * r->compute_s, 1e3 * r->memory_s, 1e3 * r->optimizer_s, 1e3 * r->comm_s,
-      1e3 * r->comm_exposed_s, r->samples_per_s, r->tokens_per_s, r->mfu, r->peak_flops / 1e12);
+      1e3 * r->comm_exposed_s, r->samples_per_s, r->tokens_per_s, r->mfu, r->peak_flops / 1e12,
+      c->device.cpu ? c->device.peak_source : c->device.source,
+      (c->device.act_bw > 0 ? c->device.act_bw : c->device.mem_bw) / 1e9);
 }
 
 /* The scaling table: 1, 2, 4, 8 GPUs on one node, then 8 per node up to
@@ -285,8 +288,11 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   /* the settings first (on an empty probe), then the model's minutes */
   dt_plan_probe_result probe = {.units_per_sample = 1.0};
   dt_plan_result r;
-  if (dt_plan_compute(&c, &probe, &r) == DT_OK)
+  if (dt_plan_compute(&c, &probe, &r) == DT_OK) {
     DT_CHECK_GOTO(dt_plan_probe(c.task, prec, recompute, &spec, &probe), st, fail);
+    if (dt_plan_compute(&c, &probe, &r) == DT_OK)
+      DT_CHECK_GOTO(dt_plan_cpu_shapes(&c, &probe, &r, &roof), st, fail);
+  }
   if (dt_plan_compute(&c, &probe, &r) != DT_OK) {
     char msg[1024];
     dt_flags_name_fields(&set, dt_last_error(), msg, sizeof msg);

@@ -92,24 +92,28 @@ static double seconds_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Bytes/s of a 64 MiB memcpy (read + write), the best of a few. */
-static dt_status measure_copy_bandwidth(double *out) {
-  size_t n = 64 * DT_MIB;
+/* Bytes/s (read + write) of memcpy between two buffers of `n` bytes, the
+ * best of a few passes of at least 64 MiB each: a small n stays in the
+ * caches and measures them. */
+static dt_status measure_copy_bandwidth(size_t n, double *out) {
+  n = n < 4096 ? 4096 : n;
   char *a = malloc(n), *b = malloc(n);
   if (!a || !b) {
     free(a);
     free(b);
-    return DT_ERROR(DT_ERR_OOM, "no host memory for the bandwidth probe (2 x 64 MiB)");
+    return DT_ERROR(DT_ERR_OOM, "no host memory for the bandwidth probe (2 x %zu bytes)", n);
   }
   memset(a, 1, n);
   memset(b, 2, n);
+  size_t reps = (64 * DT_MIB + n - 1) / n;
   double best = 0.0;
   for (int r = 0; r < 5; r++) {
     double t0 = seconds_now();
-    memcpy(r % 2 ? a : b, r % 2 ? b : a, n);
+    for (size_t i = 0; i < reps; i++)
+      memcpy(i % 2 ? a : b, i % 2 ? b : a, n);
     double t = seconds_now() - t0;
-    if (t > 0 && 2.0 * (double)n / t > best)
-      best = 2.0 * (double)n / t;
+    if (t > 0 && 2.0 * (double)(n * reps) / t > best)
+      best = 2.0 * (double)(n * reps) / t;
   }
   free(a);
   free(b);
@@ -133,13 +137,32 @@ dt_status dt_plan_device_get(dt_plan_device_kind kind, dt_mfu_cache *roof, dt_pl
   dt_peak_flops peak;
   DT_CHECK(dt_mfu_peak(DT_CPU, DT_PRECISION_FP32, roof, &peak));
   out->f32_flops = out->tf32_flops = out->bf16_flops = peak.flops;
-  DT_CHECK(measure_copy_bandwidth(&out->mem_bw));
+  snprintf(out->peak_source, sizeof out->peak_source, "%s", peak.source);
+  DT_CHECK(measure_copy_bandwidth(64 * DT_MIB, &out->mem_bw));
   /* ranks of one machine reduce through shared memory */
   out->nvlink_bw = out->net_bw = out->mem_bw / 2;
   out->latency = 20e-6;
   out->matmul_eff = 1.0; /* the roof is what this CPU's sgemm reached */
   out->memory_eff = 1.0;
   out->source = "this machine: the CPU allocator's cap, the measured sgemm roof and memcpy";
+  return DT_OK;
+}
+
+dt_status dt_plan_cpu_shapes(dt_plan_config *cfg, const dt_plan_probe_result *p,
+                             const dt_plan_result *r, dt_mfu_cache *roof) {
+  dt_plan_device *d = &cfg->device;
+  if (!d->cpu || r->micro_batch < 1)
+    return DT_OK;
+  double units = p->units_per_sample * r->micro_batch;
+  if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16) {
+    dt_peak_flops half;
+    DT_CHECK(dt_mfu_cpu_half_roof(cfg->precision, units > 1024 ? 1024 : (int)units, roof, &half));
+    d->bf16_flops = half.flops;
+    snprintf(d->peak_source, sizeof d->peak_source, "%s", half.source);
+  }
+  double bytes = p->traffic_per_unit * units;
+  if (bytes > 0)
+    DT_CHECK(measure_copy_bandwidth(bytes < 64 * DT_MIB ? (size_t)bytes : 64 * DT_MIB, &d->act_bw));
   return DT_OK;
 }
 
@@ -370,10 +393,11 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
                                           : 0.0;
   out->peak_flops = peak_of(d, cfg->precision);
   double bw = d->mem_bw * d->memory_eff;
+  double act_bw = (d->act_bw > 0 ? d->act_bw : d->mem_bw) * d->memory_eff;
   out->compute_s =
       fps * micro * (cfg->recompute ? 4.0 / 3.0 : 1.0) / (out->peak_flops * d->matmul_eff);
   out->memory_s =
-      (cfg->recompute ? 5.0 : 4.0) * p->traffic_per_unit * p->units_per_sample * micro / bw;
+      (cfg->recompute ? 5.0 : 4.0) * p->traffic_per_unit * p->units_per_sample * micro / act_bw;
   double per_param = cfg->adamw ? 28.0 : 20.0; /* f32 p, g, state read; p, state written */
   if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16)
     per_param += 2.0; /* the working copy written */

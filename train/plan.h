@@ -57,6 +57,8 @@ typedef struct dt_plan_device {
   double workspace;              /* bytes: library workspaces (cuBLAS) */
   double alloc_overhead;         /* fraction of the activations: the caching allocator's rounding */
   const char *source;            /* where the figures come from */
+  double act_bw;                 /* bytes/s of the activations' traffic, 0 = mem_bw */
+  char peak_source[96];          /* the CPU's roof: which (train/mfu.h's dt_peak_flops) */
 } dt_plan_device;
 
 typedef enum dt_plan_device_kind {
@@ -147,6 +149,16 @@ typedef struct dt_plan_result {
  * naming the setting. */
 dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result *probe,
                           dt_plan_result *out);
+
+/* The CPU's figures that depend on the plan's shapes, set in
+ * cfg->device after a first dt_plan_compute (r) on the probe p (then
+ * compute again): under bf16/fp16 the 16-bit roof of train/mfu.h
+ * (dt_mfu_cpu_half_roof, kept in *roof) at the micro-batch's rows (its
+ * tokens or samples), and act_bw, the copy bandwidth at the size of the
+ * micro-batch's activations (at most 64 MiB): traffic that fits the caches
+ * moves at their speed. Nothing for a GPU. */
+dt_status dt_plan_cpu_shapes(dt_plan_config *cfg, const dt_plan_probe_result *p,
+                             const dt_plan_result *r, dt_mfu_cache *roof);
 
 /* `batch auto`: the micro-batch from the seed's rule with the plan's
  * memory per sample against the memory of the run's device (the CPU

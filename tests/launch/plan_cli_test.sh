@@ -106,6 +106,25 @@ want = fps * 32 / (d["peak_tflops"] * 1e12 * 0.7) * 1e3
 assert abs(d["compute_ms"] / want - 1) < 0.01, (d["compute_ms"], want)
 assert d["step_ms"] > d["compute_ms"] > 0, d' "$out"
 
+# ---- the CPU's roofs at the plan's shapes -------------------------------
+# bf16 on the CPU (no 16-bit FMA) runs at the measured roof of the
+# backend's 16-bit linear at the micro-batch's rows (2 x 64 tokens), not at
+# the f32 sgemm's; the activations' traffic at the copy bandwidth of their
+# size (act_bw_gbs).
+run_within 300 plan --model gpt2-tiny --device cpu --batch 2 --ctx 64 --precision bf16 --json \
+  --threads 1
+check "plan --device cpu --precision bf16: the 16-bit linear's roof at 128 rows" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["peak_source"].startswith("cpu bf16 linear 128x768^2"), d["peak_source"]
+assert d["peak_tflops"] > 0 and d["act_bw_gbs"] > 0, d' "$out"
+run_within 300 plan --model mlp --device cpu --batch 64 --json --threads 1
+check "plan --device cpu at fp32: the sgemm roof" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["peak_source"].startswith("cpu sgemm"), d["peak_source"]
+assert d["act_bw_gbs"] > 0, d' "$out"
+
 # ---- bad flags: exit 2 naming the flag ------------------------------------
 run plan --model mlp --device tpu
 expect 2 err '--device' "plan --device tpu"

@@ -143,6 +143,16 @@ TEST_F(Tasks, EveryTaskCountsItsFlops) {
   EXPECT_DOUBLE_EQ(plan.compute_s, fps * 32 / (plan.peak_flops * pc.device.matmul_eff));
   EXPECT_DOUBLE_EQ(plan.flops_per_step, fps * 32);
   EXPECT_GT(plan.mfu, 0.0);
+
+  // The activations' traffic (4 passes) at act_bw when set (the CPU's copy
+  // bandwidth at their size), else at the memory bandwidth.
+  probe.traffic_per_unit = 1e6;
+  ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
+  const dt_plan_device &d = pc.device;
+  EXPECT_DOUBLE_EQ(plan.memory_s, 4 * 1e6 * 32 / (d.mem_bw * d.memory_eff));
+  pc.device.act_bw = 4 * d.mem_bw;
+  ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
+  EXPECT_DOUBLE_EQ(plan.memory_s, 4 * 1e6 * 32 / (pc.device.act_bw * d.memory_eff));
 }
 
 // The tasks small enough to build in a unit test, at a context short enough
