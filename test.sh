@@ -50,6 +50,7 @@ count_xml() {
 
 passed=0
 failed=0
+failing=() # "label|pkg/name" of each target with a failed case
 skipped=0
 for label in $targets; do
   pkg=${label#//}
@@ -85,6 +86,7 @@ for label in $targets; do
   case "$status" in
     FAILED* | TIMEOUT*) [ "$f" -gt 0 ] || f=1 ;;
   esac
+  [ "$f" -gt 0 ] && failing+=("$label|$pkg/$name")
   p=$((t - f - s))
   [ "$p" -ge 0 ] || p=0
   passed=$((passed + p))
@@ -98,6 +100,20 @@ if [ "$bazel_rc" != 0 ] && [ "$failed" = 0 ]; then
   echo "test.sh: bazel test failed (exit $bazel_rc)"
   failed=1
 fi
+
+# What failed, once more just above the summary (a CI log may keep only
+# its end): each failing case's message from the XML, then the end of the
+# target's log.
+for entry in "${failing[@]}"; do
+  label=${entry%%|*}
+  dir="bazel-testlogs/${entry#*|}"
+  echo "test.sh: FAILED $label"
+  grep -o '<testcase name="[^"]*"\|<failure message="[^"]*"' "$dir/test.xml" 2>/dev/null |
+    grep -B1 '<failure' | grep -v '^--$' | sed -e 's/^<testcase name=/  case /' \
+    -e 's/^<failure message=/    failure: /' | head -20
+  echo "  end of $dir/test.log:"
+  tail -15 "$dir/test.log" 2>/dev/null | cut -c1-300 | sed 's/^/  | /'
+done
 
 line="$passed passed, $failed failed"
 [ "$skipped" -gt 0 ] && line="$line, $skipped skipped"

@@ -443,7 +443,10 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
     fprintf(log,
             "%sdtrain train: stopped by %s after optimizer step %lld; checkpoint %s saved; "
             "continue with --resume auto (and the same --run-dir)\n",
-            prefix, result.stop_code == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
+            prefix,
+            result.stop_code == SIGUSR1   ? "SIGUSR1"
+            : result.stop_code == SIGTERM ? "SIGTERM"
+                                          : "a stop signal on another rank",
             (long long)result.last_step, result.last_checkpoint);
     fflush(log);
   }

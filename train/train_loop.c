@@ -249,17 +249,19 @@ static dt_status after_step(const dt_train_config *c, train_state *s, FILE *log,
 }
 
 /* Whether any rank's should_stop asks for a stop (one all-reduce under
- * DDP; every rank has the hook or none does). This rank's answer is the
- * stop code, -1 where only another rank asked. */
+ * DDP; every rank has the hook or none does). The stop code is this rank's
+ * own answer; a rank that was not asked (a signal that reached its peers
+ * first) takes its askers' code when they agree on one, else -1. */
 static dt_status agree_stop(train_state *s) {
   if (!s->hooks->should_stop)
     return DT_OK;
   int code = s->hooks->should_stop(s->hooks->user);
-  double any = code != 0;
-  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, &any, 1));
-  if (any > 0) {
+  double v[2] = {code != 0, code};
+  DT_CHECK(dt_train_sum_over_ranks(s->comm, s->dev, v, 2));
+  if (v[0] > 0) {
     s->stopped = true;
-    s->stop_code = code != 0 ? code : -1;
+    long askers = lround(v[0]), sum = lround(v[1]);
+    s->stop_code = code != 0 ? code : sum % askers == 0 && sum != 0 ? (int)(sum / askers) : -1;
   }
   return DT_OK;
 }

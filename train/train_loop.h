@@ -170,8 +170,9 @@ typedef struct dt_train_result {
   double result;  /* the value of the last line, <eval_split>_<metric or loss>= (test_accuracy=,
                      val_loss=) */
   double seconds; /* wall time of the whole run */
-  /* should_stop's nonzero answer that stopped the run after saving (the
-   * largest over the ranks), 0 = ran to the end. */
+  /* should_stop's nonzero answer that stopped the run after saving: this
+   * rank's own, else the one the ranks that asked agree on, else -1; 0 =
+   * ran to the end. */
   int stop_code;
   char last_checkpoint[4096]; /* the last checkpoint saved, "" = none */
 } dt_train_result;

@@ -44,7 +44,7 @@ typedef struct train_state {
   dt_train_ckpt *ck;           /* run directory and checkpoints, NULL = none */
   dt_train_position pos;       /* after the last optimizer step (or the resumed one) */
   bool stopped;                /* a stop was requested (should_stop): saved, ending */
-  int stop_code;               /* should_stop's answer (the largest over the ranks) */
+  int stop_code;               /* should_stop's answer (see dt_train_result) */
   dt_step_stats stats;         /* the gradient norm for the metrics */
   dt_grad_scaler scaler;       /* --precision fp16: the step's (step.scaler) */
   dt_precision precision;      /* the run's (the device's default resolved): the MFU's peak */

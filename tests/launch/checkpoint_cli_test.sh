@@ -4,7 +4,8 @@
 #     optimizer moment bitwise equal (the files compared byte for byte, and
 #     the tensors by an independent numpy reader) for MLP and LeNet with
 #     --accum 2, one process and DDP over 2 ranks;
-#   - a stop by SIGUSR1 (one process) and SIGTERM to one rank (2 ranks) at a
+#   - a stop by SIGTERM (one process) and SIGUSR1 to one rank (2 ranks: rank 0,
+#     which was not signalled, still names SIGUSR1) at a
 #     random moment: exit 75, then --resume auto reaches the same bits;
 #   - a 2-rank checkpoint resumed on 1 and on 3 ranks (same global batch)
 #     matches the uninterrupted 2-rank run within f32 tolerance;
@@ -119,8 +120,8 @@ signal_stop() { # signal_stop NP SIGNAL VICTIM_RANK STEPS
   check "$np rank(s): stopped by SIG$sig and resumed = uninterrupted, bitwise" \
     same_bits "$(ck "$d/ref" "$steps")" "$(ck "$d/run" "$steps")"
 }
-signal_stop 1 USR1 0 1500
-signal_stop 2 TERM 1 900
+signal_stop 1 TERM 0 1500
+signal_stop 2 USR1 1 900
 
 # ---- dtrain launch --max-restarts: a rank killed, the job restarted ----
 d="$tmp/restart"
