@@ -101,19 +101,49 @@ void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int o
 
 /* ---- the ImageFolder data set ---- */
 
+/* The augmentation recipe: the training transform and the evaluation
+ * geometry that goes with it.
+ *   RESIZED_CROP (torchvision's ImageNet recipe): RandomResizedCrop and a
+ *     horizontal flip; evaluation resizes the shorter side to size / 0.875
+ *     and takes the centre crop (dt_image_eval_geometry).
+ *   PAD_CROP (the CIFAR recipe): the image resized to size x size, shifted
+ *     by up to pad = (size + 4) / 8 pixels each way with zeros (black) let
+ *     in (RandomCrop with padding) and flipped; evaluation: the image
+ *     resized to size x size.
+ *   FLIP: resized to size x size and flipped; evaluation: resized.
+ *   NONE: resized to size x size in training and evaluation. */
+typedef enum dt_image_augment {
+  DT_IMAGE_AUGMENT_RESIZED_CROP = 0,
+  DT_IMAGE_AUGMENT_PAD_CROP,
+  DT_IMAGE_AUGMENT_FLIP,
+  DT_IMAGE_AUGMENT_NONE,
+} dt_image_augment;
+/* "resized-crop", "pad-crop", "flip", "none"; parse: DT_ERR_INVALID_ARG. */
+const char *dt_image_augment_name(dt_image_augment a);
+dt_status dt_image_augment_parse(const char *name, dt_image_augment *out);
+#define DT_IMAGE_AUGMENT_CHOICES "resized-crop|pad-crop|flip|none"
+
 typedef struct dt_image_folder_config {
-  int channels;          /* 1 (grey) or 3 (RGB) */
-  int size;              /* samples are size x size (>= 1) */
-  float mean[3], std[3]; /* per channel, on [0, 1] values */
-  int skip_bad_images;   /* 0: a bad file fails the sample; 1: see below */
-  int64_t max_pixels;    /* 0 = DT_IMAGE_MAX_PIXELS_DEFAULT */
-  uint64_t seed;         /* of the augmentation (with the epoch and the index) */
-  int augment;           /* -1: by split (train augments), 0: never, 1: always */
+  int channels;            /* 1 (grey) or 3 (RGB) */
+  int size;                /* samples are size x size (>= 1) */
+  float mean[3], std[3];   /* per channel, on [0, 1] values */
+  int skip_bad_images;     /* 0: a bad file fails the sample; 1: see below */
+  int64_t max_pixels;      /* 0 = DT_IMAGE_MAX_PIXELS_DEFAULT */
+  uint64_t seed;           /* of the augmentation (with the epoch and the index) */
+  int augment;             /* -1: by split (train augments), 0: never, 1: always */
+  dt_image_augment recipe; /* what augmenting does, and the evaluation geometry */
 } dt_image_folder_config;
 /* RGB, 224 px, ImageNet's mean and std, bad images fail, seed 0. */
-#define DT_IMAGE_FOLDER_CONFIG_DEFAULT \
-  ((dt_image_folder_config){           \
-      3, 224, {0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}, 0, 0, 0, -1})
+#define DT_IMAGE_FOLDER_CONFIG_DEFAULT                \
+  ((dt_image_folder_config){3,                        \
+                            224,                      \
+                            {0.485f, 0.456f, 0.406f}, \
+                            {0.229f, 0.224f, 0.225f}, \
+                            0,                        \
+                            0,                        \
+                            0,                        \
+                            -1,                       \
+                            DT_IMAGE_AUGMENT_RESIZED_CROP})
 
 /* The split `split` ("train", "val") of the image folder `root`. The
  * folder is listed here (no file is decoded): errors name the folder or

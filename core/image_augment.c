@@ -3,6 +3,7 @@
  * (core/image.h). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/image.h"
 #include "core/rng.h"
@@ -162,4 +163,22 @@ void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int o
   }
   taps_free(&th);
   taps_free(&tv);
+}
+
+static const char *const augment_names[] = {"resized-crop", "pad-crop", "flip", "none"};
+
+const char *dt_image_augment_name(dt_image_augment a) {
+  return (unsigned)a <= DT_IMAGE_AUGMENT_NONE ? augment_names[a] : "?";
+}
+
+dt_status dt_image_augment_parse(const char *name, dt_image_augment *out) {
+  if (!out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "out is NULL");
+  for (int a = 0; a <= DT_IMAGE_AUGMENT_NONE; a++)
+    if (name && strcmp(name, augment_names[a]) == 0) {
+      *out = (dt_image_augment)a;
+      return DT_OK;
+    }
+  return DT_ERROR(DT_ERR_INVALID_ARG, "augmentation '%s': expected one of %s",
+                  name ? name : "(null)", DT_IMAGE_AUGMENT_CHOICES);
 }

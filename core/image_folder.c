@@ -18,6 +18,8 @@
 /* The flip's draw of a sample's key: after the crop's 22 (ten tries of two,
  * then the position; dt_image_random_resized_crop_box). */
 #define FLIP_DRAW 22
+/* PAD_CROP's shift draws: (key, 20) down, (key, 21) across. */
+#define PAD_DRAW 20
 
 enum { FILE_UNKNOWN = 0, FILE_GOOD, FILE_BAD };
 
@@ -215,17 +217,27 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
   dt_image img;
   DT_CHECK(decode_file(f, j, &img));
   const int S = f->cfg.size, C = img.channels;
-  dt_image_box box;
-  int rh = S, rw = S, flip = 0;
-  if (f->augment) {
-    box = dt_image_random_resized_crop_box(img.height, img.width, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0,
+  const dt_image_augment recipe = f->cfg.recipe;
+  const dt_image_box whole = {0, 0, img.height, img.width};
+  /* src (a box of the image) is resized to rh x rw; the sample is the
+   * S x S window at (top, left) of that, shifted by (dy, dx) with zeros
+   * outside (PAD_CROP). */
+  dt_image_box src = whole;
+  int rh = S, rw = S, flip = 0, top = 0, left = 0, dy = 0, dx = 0;
+  if (recipe == DT_IMAGE_AUGMENT_RESIZED_CROP && f->augment) {
+    src = dt_image_random_resized_crop_box(img.height, img.width, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0,
                                            key);
-    flip = dt_rng_uniform(key, FLIP_DRAW) < 0.5f;
-  } else {
+  } else if (recipe == DT_IMAGE_AUGMENT_RESIZED_CROP) {
+    dt_image_box box;
     dt_image_eval_geometry(img.height, img.width, S, &rh, &rw, &box);
+    top = box.top, left = box.left;
+  } else if (recipe == DT_IMAGE_AUGMENT_PAD_CROP && f->augment) {
+    int pad = (S + 4) / 8, span = 2 * pad + 1;
+    dy = (int)(dt_rng_uniform(key, PAD_DRAW) * span) % span - pad;
+    dx = (int)(dt_rng_uniform(key, PAD_DRAW + 1) * span) % span - pad;
   }
-  /* The evaluation resizes the whole image to rh x rw, then takes the box. */
-  dt_image_box src = f->augment ? box : (dt_image_box){0, 0, img.height, img.width};
+  if (f->augment && recipe != DT_IMAGE_AUGMENT_NONE)
+    flip = dt_rng_uniform(key, FLIP_DRAW) < 0.5f;
   size_t scratch_n = (size_t)src.height * (size_t)rw * C, out_n = (size_t)rh * (size_t)rw * C;
   float *scratch = worker_floats(scratch_n + out_n);
   if (!scratch) {
@@ -236,13 +248,16 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
   }
   float *hwc = scratch + scratch_n;
   dt_image_resize_box(&img, src, rh, rw, flip, scratch, hwc);
-  int top = f->augment ? 0 : box.top, left = f->augment ? 0 : box.left;
   for (int c = 0; c < C; c++) {
     float scale = 1.0f / (255.0f * f->cfg.std[c]), shift = f->cfg.mean[c] / f->cfg.std[c];
     float *plane = input + (size_t)c * S * S;
     for (int y = 0; y < S; y++)
-      for (int x = 0; x < S; x++)
-        plane[y * S + x] = hwc[((size_t)(top + y) * rw + left + x) * C + c] * scale - shift;
+      for (int x = 0; x < S; x++) {
+        int sy = top + y + dy, sx = left + x + dx;
+        float v =
+            sy >= 0 && sy < rh && sx >= 0 && sx < rw ? hwc[((size_t)sy * rw + sx) * C + c] : 0.0f;
+        plane[y * S + x] = v * scale - shift;
+      }
   }
   dt_image_free(&img);
   return DT_OK;
@@ -292,6 +307,8 @@ static dt_status check_config(const dt_image_folder_config *c) {
     if (!(c->std[k] > 0.0f))
       return DT_ERROR(DT_ERR_INVALID_ARG, "`image_std` of channel %d is %g: must be > 0", k,
                       (double)c->std[k]);
+  if ((unsigned)c->recipe > DT_IMAGE_AUGMENT_NONE)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "augmentation recipe %d: unknown", (int)c->recipe);
   if (c->max_pixels < 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "`max_pixels` %lld: must be >= 0 (0 = PIL's limit)",
                     (long long)c->max_pixels);

@@ -187,6 +187,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
            "one of %s; or an image folder DIR holding train/<class>/ and val/<class>/ (PNG, JPEG)",
            dt_cli_data_names());
   bool skip_bad = false;
+  const char *augment = NULL;
   bool batch_auto = false;
   argc = dt_cli_take_batch_auto(argc, argv, &batch_auto);
   int global_batch = 0;
@@ -207,6 +208,12 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
                      "image folders: the normalisation's std per channel",
                      .check = dt_cli_check_channel_std,
                      .default_text = "ImageNet's for RGB, the model's data set's for grey"),
+      DT_CHOICE_FLAG("augment", &augment, "RECIPE",
+                     "image folders: the training augmentation and its evaluation geometry: "
+                     "resized-crop (RandomResizedCrop + flip; evaluation resizes to size/0.875 "
+                     "and crops the centre), pad-crop (shifts of up to size/8 px with black "
+                     "let in, + flip; evaluation resizes to size), flip, none",
+                     DT_IMAGE_AUGMENT_CHOICES, .default_text = "resized-crop"),
       DT_BOOL_FLAG("skip-bad-images", &skip_bad,
                    "image folders: replace an undecodable image by the next good one (counted "
                    "in the log and the metrics) instead of failing"),
@@ -362,6 +369,8 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   if (image_std)
     dt_cli_parse_channel_values(image_std, cfg.image.std);
   cfg.image.skip_bad_images = skip_bad;
+  if (augment)
+    dt_image_augment_parse(augment, &cfg.image.recipe);
   ok = ok && (!data || dt_task_find_data(cfg.task, data, &cfg.data) == DT_OK);
   ok = ok && dt_cli_device(device, &cfg.device) == DT_OK;
   ok = ok && (!devices || dt_cli_parse_devices(devices, cfg.devices, DT_TRAIN_MAX_DEVICES,

@@ -492,6 +492,89 @@ TEST(ImageFolder, LoaderSameForAnyWorkersAndOnResume) {
   dt_dataset_destroy(d);
 }
 
+// The recipes other than resized-crop on square 8 x 8 images of value
+// 10 y + x + 1 (never 0): none is the image, flip the image or its mirror,
+// pad-crop a shift of up to (8 + 4) / 8 = 1 pixel each way with zeros let
+// in, then maybe mirrored; their evaluation is the image itself.
+TEST(ImageFolder, AugmentRecipesByHand) {
+  const int S = 8;
+  std::string root = TempDir();
+  for (const char *split : {"train", "val"}) {
+    MkDir(root + "/" + split);
+    MkDir(root + "/" + split + "/c0");
+    dt_image g = Grey(S, S, [](int y, int x) { return (uint8_t)(10 * y + x + 1); });
+    EXPECT_EQ(dt_image_write_png((root + "/" + split + "/c0/0.png").c_str(), &g), DT_OK);
+    dt_image_free(&g);
+  }
+  // out == the image shifted by (dy, dx), mirrored first when flip.
+  auto shifted = [&](const std::vector<float> &out, int dy, int dx, bool flip) {
+    for (int y = 0; y < S; y++)
+      for (int x = 0; x < S; x++) {
+        int sy = y + dy, sx = x + dx;
+        float want = 0.0f;
+        if (sy >= 0 && sy < S && sx >= 0 && sx < S)
+          want = (10.0f * sy + (flip ? S - 1 - sx : sx) + 1) / 255.0f;
+        if (std::fabs(out[y * S + x] - want) > 1e-6f)
+          return false;
+      }
+    return true;
+  };
+  dt_image_augment parsed;
+  for (int r = 0; r <= DT_IMAGE_AUGMENT_NONE; r++) {
+    ASSERT_DT_OK(dt_image_augment_parse(dt_image_augment_name((dt_image_augment)r), &parsed));
+    EXPECT_EQ(parsed, r);
+  }
+  EXPECT_EQ(dt_image_augment_parse("cutout", &parsed), DT_ERR_INVALID_ARG);
+  EXPECT_NE(strstr(dt_last_error(), "resized-crop|pad-crop|flip|none"), nullptr);
+  for (dt_image_augment r :
+       {DT_IMAGE_AUGMENT_PAD_CROP, DT_IMAGE_AUGMENT_FLIP, DT_IMAGE_AUGMENT_NONE}) {
+    dt_image_folder_config cfg = GreyConfig(S);
+    cfg.recipe = r;
+    std::vector<float> out(S * S);
+    int32_t label;
+    dt_dataset *d = nullptr;
+    ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d));
+    ASSERT_DT_OK(dt_dataset_get_sample_at(d, 0, 3, out.data(), &label));
+    EXPECT_TRUE(shifted(out, 0, 0, false)) << "evaluation of " << dt_image_augment_name(r);
+    dt_dataset_destroy(d);
+    ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "train", &cfg, &d));
+    int seen[3][3][2] = {};  // (dy + 1, dx + 1, flip) met over the epochs
+    for (int epoch = 0; epoch < 200; epoch++) {
+      ASSERT_DT_OK(dt_dataset_get_sample_at(d, 0, epoch, out.data(), &label));
+      int found = 0;
+      for (int dy = -1; dy <= 1; dy++)
+        for (int dx = -1; dx <= 1; dx++)
+          for (int flip = 0; flip < 2; flip++)
+            if (shifted(out, dy, dx, flip)) {
+              seen[dy + 1][dx + 1][flip]++;
+              found = 1;
+            }
+      ASSERT_TRUE(found) << dt_image_augment_name(r) << " epoch " << epoch;
+    }
+    int shifts = 0, flips = seen[1][1][1];
+    for (int dy = 0; dy < 3; dy++)
+      for (int dx = 0; dx < 3; dx++)
+        shifts += (dy != 1 || dx != 1) && (seen[dy][dx][0] || seen[dy][dx][1]);
+    if (r == DT_IMAGE_AUGMENT_PAD_CROP) {
+      EXPECT_EQ(shifts, 8) << "every shift of up to one pixel is drawn";
+      for (int dy = 0; dy < 3; dy++)
+        for (int dx = 0; dx < 3; dx++)
+          flips += (dy != 1 || dx != 1) ? seen[dy][dx][1] : 0;
+    } else {
+      EXPECT_EQ(shifts, 0);
+    }
+    if (r == DT_IMAGE_AUGMENT_NONE)
+      EXPECT_EQ(flips, 0);
+    else
+      EXPECT_GT(flips, 40) << dt_image_augment_name(r) << " mirrors about half the draws";
+    dt_dataset_destroy(d);
+  }
+  dt_image_folder_config bad = GreyConfig(S);
+  bad.recipe = (dt_image_augment)7;
+  dt_dataset *d = nullptr;
+  EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "train", &bad, &d), DT_ERR_INVALID_ARG);
+}
+
 TEST(ImageFolder, LoaderReportsTheBadFile) {
   std::string root = MakeFolder(2, 4);
   WriteBytes(root + "/train/class1/002.png", {'n', 'o', 'p', 'e'});

@@ -274,10 +274,12 @@ static dt_status check_image_folder(const dt_train_config *c) {
     return DT_ERROR(DT_ERR_INVALID_ARG, "`workers` %d: expected 1 to 64 loader threads",
                     c->workers);
   const dt_image_folder_config *im = &c->image;
-  bool set = im->channels || im->size || im->skip_bad_images || im->std[0] != 0.0f;
+  bool set = im->channels || im->size || im->skip_bad_images || im->std[0] != 0.0f ||
+             im->recipe != DT_IMAGE_AUGMENT_RESIZED_CROP;
   if (!c->image_folder)
     return set ? DT_ERROR(DT_ERR_INVALID_ARG,
-                          "`channels`, `image_size`, `image_std` and `skip_bad_images` are for "
+                          "`channels`, `image_size`, `image_std`, `augment` and "
+                          "`skip_bad_images` are for "
                           "image folders: the data set must be a folder holding train/ and val/")
                : DT_OK;
   if (im->channels != 0 && im->channels != 1 && im->channels != 3)

@@ -120,6 +120,16 @@ run_within 60 train --model lenet --data "$f" --channels 2
 expect 2 err "--channels 2: expected 1 \(grey\), 3 \(RGB\)" "--channels 2 is refused"
 run_within 60 train --model lenet --channels 1 --skip-bad-images
 expect 2 err "--channels, --image-size, .* are for image folders" "image flags without a folder"
+run_within 60 train --model lenet --augment flip
+expect 2 err "--augment and --skip-bad-images are for image folders" "--augment without a folder"
+run_within 60 train --model lenet --data "$f" --augment cutout
+expect 2 err "invalid value 'cutout' for --augment: expected one of resized-crop, pad-crop, flip" \
+  "--augment cutout is refused"
+for recipe in pad-crop flip none; do
+  run_within 60 train --model lenet --data "$f" --augment $recipe --batch 8 --max-steps 2 \
+    --threads 1 --run-dir "$tmp/r-aug-$recipe"
+  expect 0 out "^test_accuracy=" "--augment $recipe trains"
+done
 
 echo "$test_name: $checks checks, $failures failures"
 [ "$failures" = 0 ]
