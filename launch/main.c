@@ -412,6 +412,9 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
   }
   if (dt_cli_check_env() != DT_OK)
     return 1;
+  int64_t overshoot = 1; /* tests: --batch auto's trials run out of memory */
+  if (cfg.batch_auto && dt_env_int(DT_ENV_TEST_BATCH_AUTO_OVERSHOOT, &overshoot) == DT_OK)
+    cfg.batch_auto_overshoot = (int)overshoot;
   if (cfg.max_memory_mib > 0) { /* tests: an out-of-memory error mid-run */
     int64_t from = 0, rank = -1;
     if (dt_env_int(DT_ENV_TEST_MAX_MEMORY_FROM_STEP, &from) == DT_OK)

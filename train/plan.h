@@ -175,6 +175,7 @@ typedef struct dt_plan_auto_config {
   int zero, ranks;
   int64_t data_samples; /* the training set's size, 0 = unknown */
   int64_t global_batch; /* samples per optimizer step over the ranks, 0 = accumulation 1 */
+  int overshoot;        /* tests: the first trial is this multiple of the rule (0, 1: the rule) */
 } dt_plan_auto_config;
 
 typedef struct dt_plan_auto {

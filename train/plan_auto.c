@@ -65,7 +65,7 @@ dt_status dt_plan_auto_batch(const dt_plan_auto_config *a, dt_plan_auto *out) {
   out->per_sample = r.per_sample;
   out->rule_batch = r.rule_batch;
   int64_t per_rank = a->global_batch / ranks;
-  int64_t micro = r.rule_batch > 0 ? r.rule_batch : 1;
+  int64_t micro = (r.rule_batch > 0 ? r.rule_batch : 1) * (a->overshoot > 1 ? a->overshoot : 1);
   if (per_rank > 0)
     micro = largest_divisor_at_most(per_rank, micro);
   for (;;) {
@@ -120,6 +120,7 @@ dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log) {
   a.zero = c->zero;
   a.ranks = c->pg ? dt_pg_world_size(c->pg) : 1;
   a.global_batch = c->global_batch;
+  a.overshoot = c->batch_auto_overshoot;
   DT_CHECK(train_split_size(c, &task, &a.data_samples));
   dt_plan_auto r;
   DT_CHECK(dt_plan_auto_batch(&a, &r));

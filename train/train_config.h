@@ -95,6 +95,7 @@ typedef struct dt_train_config {
    * global_batch / (ranks x micro-batch) (`accum` stays 1). */
   bool batch_auto;
   int64_t global_batch;
+  int batch_auto_overshoot; /* tests: batch_auto's first trial is this multiple of the rule */
   float lr;
   float momentum; /* SGD */
   float weight_decay;

@@ -53,6 +53,25 @@ else
   not_ok "train: micro-batch '$micro' x accumulation '$accum' (expected 6000, accumulation > 1)"
 fi
 
+# ---- the trial steps: a micro-batch that runs out of memory is halved --------
+# DT_TEST_BATCH_AUTO_OVERSHOOT=16 tries 16 x the rule's micro-batch first (a
+# plan that underestimated): the trials halve it until a step fits.
+DT_TEST_BATCH_AUTO_OVERSHOOT=16 DT_CPU_MEMORY_LIMIT=64M run_within 300 train --model mlp \
+  --data-dir "$data_dir" --batch auto --global-batch 6000 --max-steps 2 --threads 1 \
+  --run-dir "$tmp/run3"
+expect 0 out "batch auto: micro-batch [0-9]+ \(.* = [0-9]+; [1-9][0-9]* trial step\(s\) out of memory, halved\), accumulation [0-9]+, global batch 6000" \
+  "train --batch auto: trial steps out of memory halve the micro-batch"
+micro3=$(grep -oE 'batch auto: micro-batch [0-9]+' "$out" | grep -oE '[0-9]+$')
+rule3=$(grep -oE '\) = [0-9]+; ' "$out" | grep -oE '[0-9]+')
+halved=$(grep -oE '[0-9]+ trial step' "$out" | grep -oE '^[0-9]+')
+if [ -n "$micro3" ] && [ -n "$rule3" ] && [ "$micro3" -lt $((rule3 * 16)) ] &&
+  [ "${halved:-0}" -ge 1 ] && [ $((6000 % micro3)) = 0 ]; then
+  ok "train: the first trial (16 x the rule $rule3, at most 6000) ran out of memory: $halved halving(s) to $micro3"
+else
+  not_ok "train: micro-batch '$micro3', rule '$rule3', halvings '$halved'"
+fi
+expect 0 out "^test_accuracy=" "train: the run goes on at the halved micro-batch"
+
 # ---- errors ------------------------------------------------------------------
 DT_CPU_MEMORY_LIMIT=100M run_within 300 bench --model gpt2-tiny --batch auto --steps 1 --threads 1
 expect 1 err "batch auto: model gpt2-tiny does not fit at micro-batch 1 .*ZeRO stage 1 or 2, recomputation" \
