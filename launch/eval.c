@@ -34,6 +34,62 @@ static dt_status checkpoint_task(const char *dir, const char *model, dt_task *ou
   return t > 0 && task->max_context > 0 ? dt_task_with_context(task, t, out) : DT_OK;
 }
 
+/* Meta key `key` of the checkpoint as an integer in [lo, hi]. */
+static dt_status meta_int_in(const char *dir, const char *key, long lo, long hi, long *out) {
+  char v[64], *end = NULL;
+  DT_CHECK(dt_train_ckpt_meta(dir, key, v, sizeof v));
+  *out = strtol(v, &end, 10);
+  if (end == v || *end || *out < lo || *out > hi)
+    return DT_ERROR(DT_ERR_FORMAT, "%s/trainer_state.bin: meta '%s' is '%s', expected %ld to %ld",
+                    dir, key, v, lo, hi);
+  return DT_OK;
+}
+
+/* Meta key `key` as three numbers "a,b,c" (an image folder's mean, std). */
+static dt_status meta_triple(const char *dir, const char *key, float out[3]) {
+  char v[128];
+  DT_CHECK(dt_train_ckpt_meta(dir, key, v, sizeof v));
+  char tail;
+  if (sscanf(v, "%f,%f,%f%c", &out[0], &out[1], &out[2], &tail) != 3)
+    return DT_ERROR(DT_ERR_FORMAT,
+                    "%s/trainer_state.bin: meta '%s' is '%s', expected three numbers a,b,c", dir,
+                    key, v);
+  return DT_OK;
+}
+
+/* A checkpoint of a run on an image folder (meta image.*, written since
+ * the folder's settings were kept): the folder, its evaluation config, and
+ * the model's input and classes (a ResNet is built for the folder). */
+static dt_status checkpoint_image(dt_cli_ckpt_model *m) {
+  if (dt_train_ckpt_meta(m->dir, "image.folder", m->image_folder, sizeof m->image_folder) !=
+      DT_OK) {
+    dt_clear_error();
+    m->image_folder[0] = '\0';
+    return DT_OK;
+  }
+  dt_image_folder_config ic = DT_IMAGE_FOLDER_CONFIG_DEFAULT;
+  long channels, size, classes;
+  char augment[32];
+  DT_CHECK(meta_int_in(m->dir, "image.channels", 1, 3, &channels));
+  DT_CHECK(meta_int_in(m->dir, "image.size", 1, 4096, &size));
+  DT_CHECK(meta_int_in(m->dir, "image.classes", 1, 1L << 30, &classes));
+  DT_CHECK(meta_triple(m->dir, "image.mean", ic.mean));
+  DT_CHECK(meta_triple(m->dir, "image.std", ic.std));
+  DT_CHECK(dt_train_ckpt_meta(m->dir, "image.augment", augment, sizeof augment));
+  DT_CHECK(dt_image_augment_parse(augment, &ic.recipe));
+  ic.channels = (int)channels;
+  ic.size = (int)size;
+  ic.augment = 0; /* evaluation */
+  m->image = ic;
+  m->image_classes = (int)classes;
+  if (m->task.any_image_size) {
+    m->task.input_shape[0] = channels;
+    m->task.input_shape[1] = m->task.input_shape[2] = size;
+    m->task.num_classes = (int)classes;
+  }
+  return DT_OK;
+}
+
 dt_status dt_cli_ckpt_model_open(const char *path, const char *device, const char *text_command,
                                  dt_cli_ckpt_model *m) {
   memset(m, 0, sizeof *m);
@@ -44,6 +100,7 @@ dt_status dt_cli_ckpt_model_open(const char *path, const char *device, const cha
   DT_CHECK(dt_train_ckpt_meta(m->dir, "config.data", m->data, sizeof m->data));
   DT_CHECK(dt_train_ckpt_meta(m->dir, "step", m->step, sizeof m->step));
   DT_CHECK(checkpoint_task(m->dir, m->model, &m->task));
+  DT_CHECK(checkpoint_image(m));
   if (text_command && (!m->task.tokenizer || m->task.max_context <= 0))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "checkpoint %s holds model %s, which does not generate text: dtrain %s "
@@ -64,25 +121,47 @@ void dt_cli_ckpt_model_close(dt_cli_ckpt_model *m) {
   m->module = NULL;
 }
 
-static dt_status evaluate_checkpoint(const char *path, const char *data_dir, const char *device,
-                                     int batch) {
+/* The val/ split of the image folder `folder`, which must hold the
+ * checkpoint's classes. */
+static dt_status open_image_val(const dt_cli_ckpt_model *m, const char *folder, dt_dataset **out) {
+  DT_CHECK(dt_dataset_image_folder(folder, "val", &m->image, out));
+  int k = dt_dataset_num_classes(*out);
+  if (k != m->image_classes)
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "image folder %s/val has %d classes, the checkpoint %s was trained on %d: "
+                    "evaluate it on a folder of the same classes",
+                    folder, k, m->dir, m->image_classes);
+  return DT_OK;
+}
+
+static dt_status evaluate_checkpoint(const dt_cli_ckpt_args *a) {
   dt_cli_ckpt_model m;
   const dt_task_data *td = NULL;
   dt_dataset *test = NULL;
   double loss = 0, metric = 0;
   char folder[4200];
-  dt_status st = dt_cli_ckpt_model_open(path, device, NULL, &m);
+  dt_status st = dt_cli_ckpt_model_open(a->checkpoint, a->device, NULL, &m);
   const dt_task *task = &m.task;
-  if (st == DT_OK)
+  const char *data = m.data;
+  if (st == DT_OK && a->data && !m.image_folder[0])
+    st = DT_ERROR(DT_ERR_INVALID_ARG,
+                  "--data %s: the checkpoint %s records no image folder (its data: %s): --data "
+                  "is for checkpoints of runs on an image folder, which record it",
+                  a->data, m.dir, m.data);
+  if (st == DT_OK && m.image_folder[0]) {
+    data = a->data ? a->data : m.image_folder;
+    st = open_image_val(&m, data, &test);
+  } else if (st == DT_OK) {
     st = dt_task_find_data(task, m.data, &td);
-  snprintf(folder, sizeof folder, "%s/%s", data_dir, m.data);
+    snprintf(folder, sizeof folder, "%s/%s", a->data_dir, m.data);
+    if (st == DT_OK)
+      st = td->open(task, td, folder, task->eval_split, &test);
+  }
   if (st == DT_OK)
-    st = td->open(task, td, folder, task->eval_split, &test);
-  if (st == DT_OK)
-    st = dt_train_evaluate(task, m.module, test, batch, m.dev, &loss, &metric);
+    st = dt_train_evaluate(task, m.module, test, a->batch, m.dev, &loss, &metric);
   if (st == DT_OK) {
     printf("dtrain eval: checkpoint %s (model %s, data %s, optimizer step %s)\n%s_loss=%.4f", m.dir,
-           m.model, m.data, m.step, task->eval_split, loss);
+           m.model, data, m.step, task->eval_split, loss);
     if (task->metric)
       printf(" %s_%s=%.4f", task->eval_split, task->metric_name, metric);
     printf("\n");
@@ -126,7 +205,7 @@ int dt_cli_checkpoint_command(dt_flag_set *set, dt_cli_ckpt_args *a, const dt_fl
 
 static dt_status eval_work(void *arg) {
   dt_cli_ckpt_args *a = arg;
-  return evaluate_checkpoint(a->checkpoint, a->data_dir, a->device, a->batch);
+  return evaluate_checkpoint(a);
 }
 
 int dt_cli_eval(int argc, char **argv, FILE *err) {
@@ -134,6 +213,9 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
   dt_env_string(DT_ENV_DATA_DIR, &a.data_dir);
   dt_flag own[] = {
       DT_INT_FLAG("eval-batch", &a.batch, "N", "batch size of the evaluation", .min = 1),
+      DT_STRING_FLAG("data", &a.data, "DIR",
+                     "a checkpoint trained on an image folder: evaluate on DIR/val instead of "
+                     "the folder it was trained on (the same classes)"),
   };
   dt_flag_set set = {
       .command = "eval",
@@ -143,7 +225,7 @@ int dt_cli_eval(int argc, char **argv, FILE *err) {
           "and prints test_loss=... test_accuracy=.... Exit status: 0, 1 when it fails\n"
           "(a damaged checkpoint is named by file and section), 2 for a bad command line.",
   };
-  return dt_cli_checkpoint_command(&set, &a, own, 1, argc, argv, err, eval_work);
+  return dt_cli_checkpoint_command(&set, &a, own, 2, argc, argv, err, eval_work);
 }
 
 /* dtrain sample's text to stdout as each token is drawn: a long sample

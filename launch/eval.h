@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 
+#include "core/image.h"
 #include "core/module.h"
 #include "launch/flags.h"
 #include "models/tasks.h"
@@ -36,7 +37,12 @@ int dt_cli_sample(int argc, char **argv, FILE *err);
 /* A checkpoint's model, loaded. */
 typedef struct dt_cli_ckpt_model {
   char dir[4400], model[64], data[64], step[32];
-  dt_task task; /* at the checkpoint's context */
+  dt_task task; /* at the checkpoint's context (an image folder's: its images and classes) */
+  /* A checkpoint of a run on an image folder: the folder (absolute), its
+   * config (evaluation: no augmentation) and classes; "" = none. */
+  char image_folder[4096];
+  dt_image_folder_config image;
+  int image_classes;
   dt_device dev;
   dt_module *module;
 } dt_cli_ckpt_model;
@@ -58,6 +64,7 @@ typedef struct dt_cli_ckpt_args {
   const char *format, *out; /* dtrain export */
   int required;             /* the first `required` own flags (strings) must be given */
   const char *dtype;        /* dtrain export --format gguf: f32, f16, bf16 */
+  const char *data;         /* dtrain eval: an image folder in place of the checkpoint's */
 } dt_cli_ckpt_args;
 
 /* The command line of a command over a checkpoint: --checkpoint, the

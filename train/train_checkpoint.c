@@ -285,18 +285,29 @@ static dt_status collect_writer(dt_train_ckpt *ck) {
 static dt_status meta_text(const dt_train_ckpt *ck, const dt_train_position *pos, char *buf,
                            size_t cap) {
   const dt_train_ckpt_run *r = &ck->run;
-  char config[4096];
+  char config[4096], image[4600] = "";
   dt_train_ckpt_config_lines(r, config, sizeof config);
+  if (r->image) { /* not compared on resume: what `dtrain eval` rebuilds the model and data from */
+    const dt_image_folder_config *im = r->image;
+    char path[4096];
+    const char *folder = realpath(r->cfg->image_folder, path) ? path : r->cfg->image_folder;
+    snprintf(image, sizeof image,
+             "image.folder %s\nimage.channels %d\nimage.size %d\nimage.classes %d\n"
+             "image.mean %.9g,%.9g,%.9g\nimage.std %.9g,%.9g,%.9g\nimage.augment %s\n",
+             folder, im->channels, im->size, r->image_classes, (double)im->mean[0],
+             (double)im->mean[1], (double)im->mean[2], (double)im->std[0], (double)im->std[1],
+             (double)im->std[2], dt_image_augment_name(im->recipe));
+  }
   size_t n = (size_t)snprintf(
       buf, cap,
       "format dtrain-trainer-state\nstep %lld\nepoch %lld\nbatch_in_epoch %lld\n"
       "sample_in_epoch %lld\nworld %d\nper_rank_batch %d\nmicro_batch_split %d\nfirst_loss %a\n"
-      "lr %a\nrng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s",
+      "lr %a\nrng.sampler.seed %llu\nrng.sampler.epoch %lld\nrng.model_init.seed %llu\n%s%s",
       (long long)pos->step, (long long)pos->epoch, (long long)pos->batch,
       (long long)(pos->batch * dt_train_ckpt_global_batch(r)), r->world, r->cfg->batch,
       pos->split > 1 ? pos->split : 1, pos->first_loss, (double)dt_optim_lr(r->opts[0]),
       (unsigned long long)r->cfg->seed, (long long)pos->epoch, (unsigned long long)r->cfg->seed,
-      config);
+      image, config);
   if (n >= cap)
     return DT_ERROR(DT_ERR_INTERNAL, "trainer-state meta text too long");
   return DT_OK;
@@ -387,7 +398,7 @@ static dt_status add_scaler_section(const dt_train_ckpt *ck, dt_state_writer *w)
  * optimizer sections, into j. */
 static dt_status snapshot_checkpoint(const dt_train_ckpt *ck, const dt_train_position *p,
                                      bool sharded, save_job *j) {
-  char meta[8192];
+  char meta[16384];
   DT_CHECK(meta_text(ck, p, meta, sizeof meta));
   DT_CHECK(dt_tensor_snapshot_of_module(ck->run.models[0], &j->weights));
   DT_CHECK(dt_state_writer_create(&j->state));

@@ -53,6 +53,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/image.h"
 #include "core/module.h"
 #include "core/optim.h"
 #include "core/status.h"
@@ -82,6 +83,10 @@ typedef struct dt_train_ckpt_run {
    * own step count (skipped steps leave it behind the run's step) and
    * restored on resume; NULL = none. */
   dt_grad_scaler *scaler;
+  /* An image folder's config with its defaults resolved, and its classes
+   * (NULL, 0: no image folder): kept in the meta for `dtrain eval`. */
+  const dt_image_folder_config *image;
+  int image_classes;
 } dt_train_ckpt_run;
 
 /* Where a run stands: after `step` optimizer steps, `batch` micro-batches of

@@ -313,6 +313,7 @@ static dt_status image_folder_open(const dt_train_config *c, train_state *s) {
   }
   if (t->any_image_size)
     s->task_ctx.num_classes = n_train;
+  s->image_cfg = ic;
   if (n_train > t->num_classes)
     return DT_ERROR(DT_ERR_SHAPE, "image folder %s has %d classes, but model %s has %d outputs",
                     c->image_folder, n_train, t->name, t->num_classes);
@@ -422,7 +423,9 @@ dt_status dt_train_state_open_checkpoints(const dt_train_config *c, train_state 
                            .batches_per_epoch = s->batches_per_epoch,
                            .schedule = &s->schedule,
                            .context = s->task->max_context > 0 ? s->task->input_shape[0] : 0,
-                           .scaler = s->step.scaler};
+                           .scaler = s->step.scaler,
+                           .image = c->image_folder ? &s->image_cfg : NULL,
+                           .image_classes = s->folder_data.num_classes};
   run.n_replicas = s->dp ? s->n_replicas : 1;
   for (int i = 0; i < run.n_replicas; i++) {
     dt_replica *r = s->dp ? dt_dp_replica(s->dp, i) : s->replica;

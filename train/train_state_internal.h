@@ -18,7 +18,8 @@ typedef struct train_state {
   const dt_task *task; /* &task_ctx */
   dt_task task_ctx;    /* the table's, at the run's context (--ctx) */
   const dt_task_data *data;
-  dt_task_data folder_data; /* `data` for an image folder: its path and classes */
+  dt_task_data folder_data;         /* `data` for an image folder: its path and classes */
+  dt_image_folder_config image_cfg; /* an image folder's, defaults resolved */
   dt_device dev;
   char device_text[DT_TRAIN_MAX_DEVICES * 12]; /* the hooks' device_name: valid until finish */
   dt_dataset *train_set;

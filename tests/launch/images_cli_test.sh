@@ -4,7 +4,8 @@
 #     (--per-class keeps it small), the class folders in label order, a
 #     second run keeping every file, an interrupted tree finished, JPEG;
 #   - dtrain bench --loader runs over the folder;
-#   - dtrain train --model lenet --data DIR learns from the folder;
+#   - dtrain train --model lenet --data DIR learns from the folder; --augment;
+#   - dtrain eval of a folder's checkpoint (the folder and settings it records);
 #   - a run with --workers 1 saving half way, resumed with --workers 3 from
 #     that checkpoint (mid-epoch), ends with the same weights bit for bit;
 #   - a corrupt image: exit 1 naming it; with --skip-bad-images the run
@@ -130,6 +131,30 @@ for recipe in pad-crop flip none; do
     --threads 1 --run-dir "$tmp/r-aug-$recipe"
   expect 0 out "^test_accuracy=" "--augment $recipe trains"
 done
+
+# ---- dtrain eval of an image folder's checkpoint ----
+# The checkpoint keeps the folder and its settings: eval rebuilds the
+# ResNet for 16 px images and the folder's classes and gets the run's last
+# line; --data evaluates on a copy; a folder of other classes is refused.
+run_within 120 train --model resnet18-small --data "$f" --image-size 16 --augment pad-crop \
+  --batch 8 --max-steps 2 --threads 1 --run-dir "$tmp/r-eval"
+final=$(grep -E "^epoch 1 .*test_loss=" "$out" | grep -oE "test_loss=[0-9.]+ test_accuracy=[0-9.]+")
+run_within 120 eval --checkpoint "$tmp/r-eval" --threads 1
+expect 0 out "^$final\$" "eval of an image folder's checkpoint: the run's own $final"
+expect 0 out "data $f, optimizer step 2" "eval names the folder"
+cp -r "$f" "$tmp/fm-copy"
+run_within 120 eval --checkpoint "$tmp/r-eval" --data "$tmp/fm-copy" --threads 1
+expect 0 out "^$final\$" "eval --data: the same figures on a copy of the folder"
+rm -r "$tmp/fm-copy/val/9_ankle_boot"
+run_within 60 eval --checkpoint "$tmp/r-eval" --data "$tmp/fm-copy" --threads 1
+expect 1 err "image folder $tmp/fm-copy/val has 9 classes, the checkpoint .* was trained on 10" \
+  "eval --data: a folder of other classes is refused"
+run_within 60 eval --checkpoint "$tmp/r-aug-none" --threads 1
+expect 0 out "^test_loss=.* test_accuracy=" "eval of lenet's checkpoint of the folder"
+run_within 60 train --model mlp --batch 8 --max-steps 1 --threads 1 --run-dir "$tmp/r-idx"
+run_within 60 eval --checkpoint "$tmp/r-idx" --data "$tmp/fm-copy" --threads 1
+expect 1 err "records no image folder \(its data: fashion-mnist\)" \
+  "eval --data with a checkpoint of an idx data set is refused"
 
 echo "$test_name: $checks checks, $failures failures"
 [ "$failures" = 0 ]
