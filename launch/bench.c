@@ -138,6 +138,7 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   ctx_task = *found;
   if (cfg->ctx > 0)
     DT_CHECK(dt_task_with_context(found, cfg->ctx, &ctx_task));
+  DT_CHECK(dt_cli_task_image_shape(&ctx_task, cfg->image_size, cfg->channels));
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task->loss;
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
@@ -200,6 +201,9 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (dt_memory_stats_get(dev, &ms) == DT_OK)
     r.peak_mib = (double)ms.peak_allocated / DT_MIB;
   r.parameters = dt_module_parameter_count(dt_replica_model(rep));
+  if (task->input_ndim == 3)
+    for (int k = 0; k < 3; k++)
+      r.input_shape[k] = (int)task->input_shape[k];
   dt_replica_memory rm = dt_replica_memory_use(rep);
   r.optimizer_state_mib = (double)rm.optimizer_state / DT_MIB;
   r.gradient_mem_mib = (double)rm.gradients / DT_MIB;
@@ -287,6 +291,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
                             "optimizer (sgd: lr 0.01, momentum 0.9; adamw: lr 1e-3, or a language "
                             "model's AdamW settings)"),
       dt_cli_flag_ctx(&cfg.ctx),
+      DT_CLI_IMAGE_SHAPE_FLAGS(&cfg.image_size, &cfg.channels),
       dt_cli_flag_threads(&cfg.threads),
       dt_cli_flag_device(&cfg.device),
       dt_cli_flag_precision(&cfg.precision),
@@ -347,11 +352,14 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
     return 1; /* the caller prints dt_last_error() with the rank */
   if (rank != 0)
     return 0;
-  char dev[32];
+  char dev[32], images[48] = "";
+  if (cfg.image_size || cfg.channels)
+    snprintf(images, sizeof images, " images %dx%d px, %d channel(s)", r.input_shape[1],
+             r.input_shape[2], r.input_shape[0]);
   printf(
-      "dtrain bench: model %s (%lld parameters) batch %d steps %d warmup %d optimizer %s "
+      "dtrain bench: model %s (%lld parameters)%s batch %d steps %d warmup %d optimizer %s "
       "device %s precision %s threads %d%s%s\n",
-      cfg.model, (long long)r.parameters, r.batch, cfg.steps, cfg.warmup, cfg.optimizer,
+      cfg.model, (long long)r.parameters, images, r.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev),
       cfg.precision                     ? cfg.precision
       : r.device.type == DT_DEVICE_CUDA ? "tf32"

@@ -61,6 +61,7 @@ typedef struct dt_bench_config {
   const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
   bool recompute;            /* each transformer block's activations recomputed in backward */
   int max_memory_mib; /* the device's memory cap in MiB (dt_train_cap_device_memory), 0 = none */
+  int image_size, channels; /* the ResNets: the synthetic images' size, channels (0: the model's) */
 } dt_bench_config;
 
 /* mlp, sgd, cpu, batch 128, 100 steps, 10 warm-up, default threads, seed 0,
@@ -81,7 +82,8 @@ typedef struct dt_bench_result {
   int auto_rule, auto_halvings;
   double auto_per_sample_mib, auto_free_mib;
   int64_t parameters;
-  double seconds; /* timed steps only */
+  int input_shape[3]; /* an image model's (channels, height, width), else zeros */
+  double seconds;     /* timed steps only */
   double steps_per_s;
   double samples_per_s;
   double ms_per_step;

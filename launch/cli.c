@@ -308,6 +308,24 @@ dt_flag dt_cli_flag_threads(int *target) {
                               .max = DT_CPU_MAX_THREADS, .per_rank = true);
 }
 
+dt_status dt_cli_task_image_shape(dt_task *task, int image_size, int channels) {
+  if (!image_size && !channels)
+    return DT_OK;
+  const char *flag = image_size ? "image-size" : "channels";
+  if (!task->any_image_size)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--%s: model %s does not take images of another size or channel count "
+                    "(the resnet* models do)",
+                    flag, task->name);
+  if (channels != 0 && channels != 1 && channels != 3)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "--channels %d: expected 1 (grey) or 3 (RGB)", channels);
+  if (image_size)
+    task->input_shape[1] = task->input_shape[2] = image_size;
+  if (channels)
+    task->input_shape[0] = channels;
+  return DT_OK;
+}
+
 dt_flag dt_cli_flag_ctx(int *target) {
   return (dt_flag)DT_INT_FLAG("ctx", target, "T",
                               "language models: context length (at most the model's), 0 = the "

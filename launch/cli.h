@@ -56,6 +56,16 @@ dt_flag dt_cli_flag_device(const char **target);
 dt_flag dt_cli_flag_threads(int *target);
 /* --ctx T: a language model's context (0 = the model's own). */
 dt_flag dt_cli_flag_ctx(int *target);
+/* --image-size PX and --channels C for the image models (plan, bench). */
+#define DT_CLI_IMAGE_SHAPE_FLAGS(size_, channels_)                                           \
+  DT_INT_FLAG("image-size", (size_), "PX",                                                   \
+              "image models: the images' height and width, 0 = the model's input", .min = 0, \
+              .max = 4096),                                                                  \
+      DT_INT_FLAG("channels", (channels_), "C",                                              \
+                  "image models: 1 (grey) or 3 (RGB), 0 = the model's input", .min = 0, .max = 3)
+/* The task at --image-size and --channels (0: its own): only a model built
+ * for any image size (the ResNets) takes them; errors name the flag. */
+dt_status dt_cli_task_image_shape(dt_task *task, int image_size, int channels);
 /* After parsing: --ctx `ctx` fits model `model` (a sequence task, T at
  * most its context); otherwise prints "dtrain <command>: invalid value ..."
  * to err and returns false (exit 2). An unknown model is left to the run. */

@@ -176,11 +176,7 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
       dt_cli_flag_precision(&precision),
       dt_cli_flag_zero(&zero),
       dt_cli_flag_ctx(&ctx),
-      DT_INT_FLAG("image-size", &image_size, "PX",
-                  "image models: the images' height and width, 0 = the model's input", .min = 0,
-                  .max = 4096),
-      DT_INT_FLAG("channels", &channels, "C",
-                  "image models: 1 (grey) or 3 (RGB), 0 = the model's input", .min = 0, .max = 3),
+      DT_CLI_IMAGE_SHAPE_FLAGS(&image_size, &channels),
       DT_INT_FLAG("gpus", &gpus, "N", "devices (ranks) per node", .min = 1, .max = 1024,
                   .field = "gpus_per_node"),
       DT_INT_FLAG("nodes", &nodes, "N", "nodes", .min = 1, .max = 1024),
@@ -253,20 +249,9 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   ctx_task = *task;
   if (ctx > 0)
     DT_CHECK_GOTO(dt_task_with_context(task, ctx, &ctx_task), st, fail);
-  if (channels == 2) {
-    fprintf(err, "dtrain plan: --channels 2: expected 1 (grey) or 3 (RGB)\n");
+  if (dt_cli_task_image_shape(&ctx_task, image_size, channels) != DT_OK) {
+    fprintf(err, "dtrain plan: %s\n", dt_last_error());
     return 2;
-  }
-  if (image_size || channels) {
-    if (ctx_task.input_ndim != 3 || ctx_task.input_dtype != DT_DTYPE_F32) {
-      fprintf(err, "dtrain plan: --%s: model %s takes no images\n",
-              image_size ? "image-size" : "channels", ctx_task.name);
-      return 2;
-    }
-    if (image_size)
-      ctx_task.input_shape[1] = ctx_task.input_shape[2] = image_size;
-    if (channels)
-      ctx_task.input_shape[0] = channels;
   }
   c.task = &ctx_task;
   c.precision = prec;

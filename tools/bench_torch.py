@@ -117,7 +117,7 @@ def spawn_ranks(world):
     return 0
 
 
-def build_model(name, nn):
+def build_model(name, nn, channels=1):
     if name == "mlp":
         return nn.Sequential(
             nn.Flatten(),
@@ -133,11 +133,12 @@ def build_model(name, nn):
             nn.Linear(120, 84), nn.ReLU(),
             nn.Linear(84, 10))
     if name.split("-")[0] in RESNETS:
-        # torchvision's, for dtrain's 1-channel 28x28 task input (models/resnet.c)
+        # torchvision's, for dtrain's task input (models/resnet.c): 1-channel
+        # 28x28 unless --channels and --image-size say otherwise
         import torchvision
         small = name.endswith("-small")
         model = getattr(torchvision.models, name.split("-")[0])(num_classes=10)
-        model.conv1 = nn.Conv2d(1, 64, 3 if small else 7, 1 if small else 2, 1 if small else 3,
+        model.conv1 = nn.Conv2d(channels, 64, 3 if small else 7, 1 if small else 2, 1 if small else 3,
                                 bias=False)
         if small:
             model.maxpool = nn.Identity()
@@ -329,6 +330,10 @@ def main():
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads; 0 = the cores available to this process")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=0,
+                   help="resnet*: the images' height and width, 0 = 28 (as dtrain bench)")
+    p.add_argument("--channels", type=int, default=0, choices=(0, 1, 3),
+                   help="resnet*: 1 (grey) or 3 (RGB), 0 = 1 (as dtrain bench)")
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N (as dtrain bench --device)")
     p.add_argument("--tf32", type=int, default=1, choices=[0, 1],
@@ -404,13 +409,16 @@ def main():
         tokens = torch.randint(0, 50257, (args.batch, ctx + 1))
         x, y = tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
     else:
-        model = build_model(args.model, nn).to(device)
+        if (args.image_size or args.channels) and args.model.split("-")[0] not in RESNETS:
+            raise SystemExit("bench_torch: --image-size and --channels are for the resnet* models")
+        channels, size = args.channels or 1, args.image_size or 28
+        model = build_model(args.model, nn, channels).to(device)
         if args.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         loss_fn = nn.CrossEntropyLoss()
-        x = torch.randn(args.batch, 1, 28, 28).to(device)
+        x = torch.randn(args.batch, channels, size, size).to(device)
         y = torch.randint(0, 10, (args.batch,)).to(device)
     model.train()
     if ddp:

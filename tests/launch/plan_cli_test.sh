@@ -143,9 +143,18 @@ expect 2 err '--precision tf32' "plan: tf32 on the cpu"
 run plan --model gpt2-tiny --ctx 100000
 expect 2 err '--ctx' "plan --ctx beyond the model's"
 run plan --model gpt2-tiny --image-size 64
-expect 2 err '--image-size: model gpt2-tiny takes no images' "plan --image-size for a language model"
+expect 2 err '--image-size: model gpt2-tiny does not take images of another size' \
+  "plan --image-size for a language model"
 run plan --model resnet18 --channels 2
 expect 2 err '--channels 2' "plan --channels 2"
+# bench takes the same image shape: the header names it, peak memory grows
+run_within 120 bench --model resnet18 --image-size 32 --channels 3 --batch 2 --steps 1 --warmup 0 \
+  --threads 1
+expect 0 out "model resnet18 \(11181642 parameters\) images 32x32 px, 3 channel\(s\) batch 2" \
+  "bench --image-size 32 --channels 3: the header names the images"
+run bench --model lenet --image-size 32 --steps 1
+expect 1 err "--image-size: model lenet does not take images of another size" \
+  "bench --image-size for LeNet (built for 28 px)"
 run plan --model mlp --memory-gib -1
 expect 2 err '--memory-gib' "plan --memory-gib -1"
 
