@@ -2,7 +2,9 @@
 # dtrain bench beside the same benchmark in PyTorch (tools/bench_torch.py),
 # alternating the two for several rounds so that both see the same machine
 # load, for MLP batch 128, LeNet-5 batch 64, GPT-2 tiny and Llama tiny batch 16 context
-# 64 (AdamW, the LM's step). Prints the median steps/s of each and the ratio
+# 64, ResNet-18 batch 16 on 64 px RGB images and ResNet-18 (small stem) batch
+# 64 on 28 px grey ones
+# (the language models: AdamW, the LM's step). Prints the median steps/s of each and the ratio
 # dtrain / PyTorch. Then weak scaling on 2 ranks of 1 thread each, MLP batch
 # 128 and LeNet-5 batch 64 per rank: `dtrain launch -n 1` and `-n 2` beside
 # PyTorch on 1 process and PyTorch DDP (gloo) on 2 (bench_torch.py --world 2),
@@ -36,8 +38,8 @@ while [ $# -gt 0 ]; do
 done
 
 case "$only" in
-  "" | mlp | lenet | gpt2-tiny | llama-tiny | scaling) ;;
-  *) echo "bench_compare: --only $only: expected mlp, lenet, gpt2-tiny, llama-tiny or scaling" >&2; exit 2 ;;
+  "" | mlp | lenet | gpt2-tiny | llama-tiny | resnet18 | resnet18-small | scaling) ;;
+  *) echo "bench_compare: --only $only: expected mlp, lenet, gpt2-tiny, llama-tiny, resnet18, resnet18-small or scaling" >&2; exit 2 ;;
 esac
 
 python=/usr/bin/python3
@@ -57,7 +59,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 [ "$only" = scaling ] || printf '%-16s %14s %14s %16s\n' "benchmark" "dtrain step/s" "torch step/s" "dtrain/torch"
 for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2" \
-  "llama-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2"; do
+  "llama-tiny 16 $gpt_steps --ctx 64 --optimizer adamw --warmup 2" \
+  "resnet18 16 $gpt_steps --image-size 64 --channels 3 --warmup 2" \
+  "resnet18-small 64 $gpt_steps --warmup 2"; do
   read -r model batch n extra <<<"$config"
   [ -z "$only" ] || [ "$only" = "$model" ] || continue
   ours=()
@@ -76,7 +80,7 @@ for config in "mlp 128 $steps" "lenet 64 $steps" "gpt2-tiny 16 $gpt_steps --ctx 
   printf '%-16s %14.3f %14.3f %16s\n' "$model batch $batch" "$a" "$b" "${ratio}x"
 done
 if [ "$only" != scaling ]; then
-  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2 and Llama), $threads threads, medians;"
+  echo "($rounds alternating rounds of $steps steps each ($gpt_steps for GPT-2, Llama and the ResNets), $threads threads, medians;"
   echo " OpenBLAS, whose GEMMs both run on: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
 fi
 

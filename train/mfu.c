@@ -115,6 +115,8 @@ static dt_status cpu_peak(dt_mfu_cache *cache, bool again, dt_peak_flops *out) {
 
 #define HALF_ROOF_WIDTH 768 /* GPT-2's model width */
 
+static bool is_half(dt_precision p) { return p == DT_PRECISION_BF16 || p == DT_PRECISION_FP16; }
+
 /* One 16-bit linear forward and backward (x and w leaves of `dtype`). */
 static dt_status half_linear_step(dt_tensor *x, dt_tensor *w, dt_tensor *dy) {
   dt_tensor *y = NULL;
@@ -124,9 +126,9 @@ static dt_status half_linear_step(dt_tensor *x, dt_tensor *w, dt_tensor *dy) {
   return st;
 }
 
-static dt_status measure_cpu_half_roof(dt_precision precision, int rows, int threads,
-                                       double *flops) {
-  dt_dtype dtype = dt_precision_autocast_dtype(precision);
+static dt_status measure_cpu_linear_roof(dt_precision precision, int rows, int threads,
+                                         double *flops) {
+  dt_dtype dtype = is_half(precision) ? dt_precision_autocast_dtype(precision) : DT_DTYPE_F32;
   const int64_t xs[2] = {rows, HALF_ROOF_WIDTH}, ws[2] = {HALF_ROOF_WIDTH, HALF_ROOF_WIDTH};
   dt_tensor *x32 = NULL, *w32 = NULL, *x = NULL, *w = NULL, *dy = NULL;
   dt_status st = DT_OK;
@@ -138,19 +140,20 @@ static dt_status measure_cpu_half_roof(dt_precision precision, int rows, int thr
   DT_CHECK_GOTO(dt_tensor_set_requires_grad(w, 1), st, done);
   DT_CHECK_GOTO(dt_tensor_to_dtype(x32, dtype, &dy), st, done);
   double wall[ROOF_RUNS + 1], cpu[ROOF_RUNS + 1];
-  dt_dtype prev = dt_autocast_begin(dtype);
+  dt_dtype prev = is_half(precision) ? dt_autocast_begin(dtype) : DT_DTYPE_F32;
   for (int r = 0; st == DT_OK && r <= ROOF_RUNS; r++) {
     double w0 = seconds(CLOCK_MONOTONIC), c0 = seconds(CLOCK_PROCESS_CPUTIME_ID);
     st = half_linear_step(x, w, dy);
     cpu[r] = seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
     wall[r] = seconds(CLOCK_MONOTONIC) - w0;
   }
-  dt_autocast_end(prev);
+  if (is_half(precision))
+    dt_autocast_end(prev);
   DT_CHECK_GOTO(st, st, done);
   *flops = dt_mfu_roof_of_runs(6.0 * rows * (double)HALF_ROOF_WIDTH * HALF_ROOF_WIDTH, wall + 1,
                                cpu + 1, ROOF_RUNS, threads);
   if (!(*flops > 0))
-    st = DT_ERROR(DT_ERR_INTERNAL, "the 16-bit linear roof took no measurable time");
+    st = DT_ERROR(DT_ERR_INTERNAL, "the linear roof took no measurable time");
 done:
   dt_tensor *all[] = {dy, w, x, w32, x32};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -158,11 +161,13 @@ done:
   return st;
 }
 
-dt_status dt_mfu_cpu_half_roof(dt_precision precision, int rows, dt_mfu_cache *cache,
-                               dt_peak_flops *out) {
+dt_status dt_mfu_cpu_linear_roof(dt_precision precision, int rows, dt_mfu_cache *cache,
+                                 dt_peak_flops *out) {
   memset(out, 0, sizeof *out);
-  if (precision != DT_PRECISION_BF16 && precision != DT_PRECISION_FP16)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "`precision` %s: the 16-bit roof is for bf16 or fp16",
+  if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
+    precision = DT_PRECISION_FP32; /* the CPU has no TF32 */
+  if (!is_half(precision) && precision != DT_PRECISION_FP32)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "`precision` %s: the linear roof is for fp32, bf16 or fp16",
                     dt_precision_name(precision));
   rows = rows < 16 ? 16 : rows > 1024 ? 1024 : rows;
   dt_mfu_cache none = {0};
@@ -170,7 +175,7 @@ dt_status dt_mfu_cpu_half_roof(dt_precision precision, int rows, dt_mfu_cache *c
   int threads = dt_cpu_num_threads();
   if (c->half_roof <= 0.0 || c->half_threads != threads || c->half_rows != rows ||
       c->half_precision != precision) {
-    DT_CHECK(measure_cpu_half_roof(precision, rows, threads, &c->half_roof));
+    DT_CHECK(measure_cpu_linear_roof(precision, rows, threads, &c->half_roof));
     c->half_threads = threads;
     c->half_rows = rows;
     c->half_precision = precision;

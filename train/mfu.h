@@ -38,7 +38,7 @@ extern "C" {
 typedef struct dt_mfu_cache {
   double roof; /* FLOP/s, 0 = not measured */
   int threads; /* the thread count it was measured at */
-  /* the 16-bit roof (dt_mfu_cpu_half_roof), 0 = not measured; its key */
+  /* the linear roof (dt_mfu_cpu_linear_roof), 0 = not measured; its key */
   double half_roof;
   int half_threads, half_rows;
   dt_precision half_precision;
@@ -64,17 +64,19 @@ typedef struct dt_mfu {
   dt_peak_flops peak;
 } dt_mfu;
 
-/* The CPU's roof for a run at bf16 or fp16 (`precision`), which has no
- * 16-bit FMA: the FLOP/s of the backend's 16-bit linear, the path autocast
- * takes (16-bit x and working copy of the weight, widened into the f32
- * sgemm, the result rounded to 16 bits), forward and backward (dx and dw:
- * 6 FLOPs per multiply-add), at `rows` rows (the GEMMs' rows of the run:
- * tokens or samples of a micro-batch, clamped to [16, 1024]) of a
- * 768 x 768 weight, the best of a few after a warm-up (as the sgemm roof),
- * kept in *cache per precision, rows and thread count (NULL = measured
- * anew). Another precision: DT_ERR_INVALID_ARG naming it. */
-dt_status dt_mfu_cpu_half_roof(dt_precision precision, int rows, dt_mfu_cache *cache,
-                               dt_peak_flops *out);
+/* The CPU's roof at the GEMM shapes of a run: the FLOP/s of the backend's
+ * linear forward and backward (dx and dw: 6 FLOPs per multiply-add) at
+ * `rows` rows (the GEMMs' rows of the run: tokens or samples of a
+ * micro-batch, clamped to [16, 1024]) of a 768 x 768 weight, the best of a
+ * few after a warm-up (as the sgemm roof). At bf16 or fp16, which the CPU
+ * has no FMA for, it is the path autocast takes (16-bit x and working copy
+ * of the weight, widened into the f32 sgemm, the result rounded to 16
+ * bits); at fp32 (tf32 and the default count as fp32) the f32 linear,
+ * whose small-row GEMMs reach less than the 1024^3 roof. Kept in *cache per
+ * precision, rows and thread count (NULL = measured anew). Another
+ * precision: DT_ERR_INVALID_ARG naming it. */
+dt_status dt_mfu_cpu_linear_roof(dt_precision precision, int rows, dt_mfu_cache *cache,
+                                 dt_peak_flops *out);
 
 /* The MFU of `achieved` FLOP/s per device on devices like `dev` at
  * `precision`: the peak from dt_mfu_peak; a CPU roof that `achieved` exceeds is measured again

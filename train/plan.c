@@ -154,11 +154,17 @@ dt_status dt_plan_cpu_shapes(dt_plan_config *cfg, const dt_plan_probe_result *p,
   if (!d->cpu || r->micro_batch < 1)
     return DT_OK;
   double units = p->units_per_sample * r->micro_batch;
-  if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16) {
-    dt_peak_flops half;
-    DT_CHECK(dt_mfu_cpu_half_roof(cfg->precision, units > 1024 ? 1024 : (int)units, roof, &half));
-    d->bf16_flops = half.flops;
-    snprintf(d->peak_source, sizeof d->peak_source, "%s", half.source);
+  bool half = cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16;
+  /* 16-bit: always (no 16-bit FMA); f32: a language model's GEMMs, whose
+   * rows are the micro-batch's tokens (64 for GPT-2 at batch 1 x 64). */
+  if (half || cfg->task->sequence_targets) {
+    dt_peak_flops lin;
+    DT_CHECK(dt_mfu_cpu_linear_roof(cfg->precision, units > 1024 ? 1024 : (int)units, roof, &lin));
+    if (half)
+      d->bf16_flops = lin.flops;
+    else
+      d->f32_flops = d->tf32_flops = lin.flops;
+    snprintf(d->peak_source, sizeof d->peak_source, "%s", lin.source);
   }
   double bytes = p->traffic_per_unit * units;
   if (bytes > 0)

@@ -152,9 +152,9 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
 
 /* The CPU's figures that depend on the plan's shapes, set in
  * cfg->device after a first dt_plan_compute (r) on the probe p (then
- * compute again): under bf16/fp16 the 16-bit roof of train/mfu.h
- * (dt_mfu_cpu_half_roof, kept in *roof) at the micro-batch's rows (its
- * tokens or samples), and act_bw, the copy bandwidth at the size of the
+ * compute again): under bf16/fp16, and for a language model at fp32, the
+ * linear roof of train/mfu.h (dt_mfu_cpu_linear_roof, kept in *roof) at
+ * the micro-batch's rows (its tokens or samples), and act_bw, the copy bandwidth at the size of the
  * micro-batch's activations (at most 64 MiB): traffic that fits the caches
  * moves at their speed. Nothing for a GPU. */
 dt_status dt_plan_cpu_shapes(dt_plan_config *cfg, const dt_plan_probe_result *p,
