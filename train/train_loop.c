@@ -472,6 +472,11 @@ static dt_status evaluate_first(const dt_train_config *c, train_state *s, int64_
                                 double *loss, double *metric) {
   if (s->hooks->eval_begin)
     s->hooks->eval_begin(s->hooks->user);
+  /* Every rank evaluates with rank 0's buffers (BatchNorm's running
+   * statistics), which its checkpoints hold: each rank's last forward moved
+   * its own since DDP's broadcast at that forward's start. */
+  if (s->ddp)
+    DT_CHECK(dt_ddp_broadcast_buffers(s->ddp));
   double sums[3] = {0, 0, 0};
   int64_t count = 0;
   DT_CHECK(dt_train_evaluate_first(s->task, s->model, s->test_set, first, c->eval_batch, c->workers,

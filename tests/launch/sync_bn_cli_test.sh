@@ -6,7 +6,8 @@
 # within 1e-4 of each tensor's largest value; measured 5.8e-6); without
 # --sync-bn (each rank's own statistics) they do not. --sync-bn on one
 # process changes nothing; with --mode dp and on a model without BatchNorm
-# it is refused. (More steps, or resnet50 and the -small stem, amplify the
+# it is refused. The 2-rank run's own evaluation equals dtrain eval of its
+# checkpoint (rank 0's running statistics on every rank). (More steps, or resnet50 and the -small stem, amplify the
 # float rounding until the runs part by 1e-3 to 1e-2 — at step 2 already
 # with OpenBLAS's SkylakeX kernels (3.3e-3; 2.2e-5 with Prescott's), while
 # one process's batch 8 with the two kernel sets agrees within 2e-4: tests/
@@ -41,6 +42,13 @@ if "$py" "$numpy_tool" compare "$(ck "$tmp/one")" "$(ck "$tmp/local")" --rtol 1e
 else
   echo "ok: without --sync-bn (per-rank statistics) they differ: $(head -1 "$tmp/cmp")"
 fi
+# The run's own evaluation is its checkpoint's: every rank evaluates with
+# rank 0's running statistics (broadcast before the evaluation), which the
+# checkpoint holds; each rank's last forward had moved its own.
+final=$(grep -oE "^epoch 1 .*(test_loss=[0-9.]+ test_accuracy=[0-9.]+)" "$out" |
+  grep -oE "test_loss=[0-9.]+ test_accuracy=[0-9.]+")
+run eval --checkpoint "$tmp/local" --data-dir "$data" --eval-batch 32 --threads 1
+expect 0 out "^$final\$" "2 ranks without --sync-bn: dtrain eval of the checkpoint gives the run's $final"
 
 run train --mode dp --devices cpu:0,cpu:1 "${common[@]}" --batch 16 --sync-bn --run-dir "$tmp/dp"
 expect 1 err "^dtrain: error: --sync-bn with --mode dp: SyncBatchNorm synchronises DDP ranks" \
