@@ -205,6 +205,32 @@ TEST(ImageCodec, BadFilesAreErrorsNamingTheFile) {
   ExpectBad(dir + "/missing.png", DT_ERR_IO, "cannot open");
 }
 
+// libjpeg warns about harmless oddities PIL decodes silently: one 0x00 byte
+// between the APP0 and DQT segments ("Corrupt JPEG data: 1 extraneous bytes
+// before marker 0xdb") decodes to the clean file's pixels; the warnings
+// after which libjpeg fills with grey (a premature end) stay errors.
+TEST(ImageCodec, HarmlessJpegWarningIgnoredGreyFillAnError) {
+  std::string dir = TempDir();
+  dt_image g = Grey(24, 24, [](int y, int x) { return (uint8_t)(9 * x + 3 * y); });
+  ASSERT_DT_OK(dt_image_write_jpeg((dir + "/ok.jpg").c_str(), &g, 90));
+  dt_image_free(&g);
+  std::vector<uint8_t> jpg = ReadBytes(dir + "/ok.jpg");
+  ASSERT_GT(jpg.size(), 30u);
+  ASSERT_EQ(jpg[2], 0xff);
+  ASSERT_EQ(jpg[3], 0xe0);  // APP0 (JFIF) first
+  size_t app0_end = 4 + ((size_t)jpg[4] << 8 | jpg[5]);
+  ASSERT_EQ(jpg[app0_end], 0xff);
+  ASSERT_EQ(jpg[app0_end + 1], 0xdb);  // then DQT
+  std::vector<uint8_t> extra = jpg;
+  extra.insert(extra.begin() + (long)app0_end, 0x00);
+  WriteBytes(dir + "/extra.jpg", extra);
+  std::vector<uint8_t> clean = Decode(dir + "/ok.jpg", 3);
+  ASSERT_EQ(clean.size(), 24u * 24 * 3);
+  EXPECT_EQ(Decode(dir + "/extra.jpg", 3), clean);
+  WriteBytes(dir + "/cut.jpg", std::vector<uint8_t>(jpg.begin(), jpg.end() - 40));
+  ExpectBad(dir + "/cut.jpg", DT_ERR_FORMAT, "Premature end of JPEG file");
+}
+
 long MaxRssKiB() {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
