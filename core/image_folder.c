@@ -154,11 +154,15 @@ static dt_status list_folder(image_folder *f, const char *dir) {
     int64_t count = 0;
     snprintf(path, sizeof path, "%s/%s", dir, classes[c]);
     dt_status st = list_dir(path, 0, &files, &count);
-    if (st == DT_OK && count == 0)
+    int64_t readable = 0; /* the others (.gif, .bmp, ...) are listed to be refused */
+    for (int64_t k = 0; st == DT_OK && k < count; k++)
+      readable += has_extension(files[k], read_exts);
+    if (st == DT_OK && readable == 0)
       st = DT_ERROR(DT_ERR_FORMAT,
-                    "class folder %s holds no image (.png, .jpg or .jpeg): every class needs at "
-                    "least one; remove the folder or add its images",
-                    path);
+                    "class folder %s holds no image (.png, .jpg or .jpeg; files of other image "
+                    "formats: %lld): every class needs at least one; remove the folder or add "
+                    "its images",
+                    path, (long long)count);
     if (st == DT_OK)
       st = append_class(f, files, count, c);
     if (st != DT_OK) {

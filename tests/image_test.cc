@@ -416,6 +416,28 @@ TEST(ImageFolder, FolderErrorsNameTheFolder) {
   EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d), DT_ERR_INVALID_ARG);
 }
 
+// A class folder whose only images are of formats not read (.gif, .bmp)
+// holds no image: the listing's error naming it, not a class of bad files.
+TEST(ImageFolder, ClassOfUnsupportedImagesOnlyHoldsNoImage) {
+  std::string root = MakeFolder(2, 2);
+  MkDir(root + "/val/class2");
+  WriteBytes(root + "/val/class2/a.gif", {'G', 'I', 'F', '8', '9', 'a'});
+  WriteBytes(root + "/val/class2/b.BMP", {'B', 'M', 0, 0});
+  dt_image_folder_config cfg = GreyConfig(8);
+  dt_dataset *d = nullptr;
+  EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d), DT_ERR_FORMAT);
+  EXPECT_NE(strstr(dt_last_error(), (root + "/val/class2").c_str()), nullptr) << dt_last_error();
+  EXPECT_NE(strstr(dt_last_error(), "holds no image"), nullptr) << dt_last_error();
+  EXPECT_EQ(d, nullptr);
+  // One readable image beside them: a class, its .gif a bad file.
+  dt_image g = Grey(4, 4, [](int, int) { return 1; });
+  ASSERT_DT_OK(dt_image_write_png((root + "/val/class2/c.png").c_str(), &g));
+  dt_image_free(&g);
+  ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d));
+  EXPECT_EQ(dt_dataset_length(d), 7);
+  dt_dataset_destroy(d);
+}
+
 TEST(ImageFolder, BadImageFailsOrIsReplacedAndCounted) {
   std::string root = MakeFolder(2, 3);
   // class0/001.png truncated; class1/002.bmp: an unsupported format.
