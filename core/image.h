@@ -87,15 +87,27 @@ dt_image_box dt_image_random_resized_crop_box(int h, int w, double scale_min, do
 /* The evaluation geometry: the size the shorter side is resized to
  * (floor(size / 0.875)), the resized image's height and width (the longer
  * side int(resize * long / short), as torchvision's Resize), and the centre
- * crop box in the resized image (top = round((rh - size) / 2)). */
-void dt_image_eval_geometry(int h, int w, int size, int *resized_h, int *resized_w,
-                            dt_image_box *crop);
+ * crop box in the resized image (top = round((rh - size) / 2)). Computed in
+ * 64 bits; returns 1, or 0 (outputs zeroed) when a resized side would be
+ * over INT_MAX pixels (a 1 x 8,400,000 image at size 224) or h, w < 1. */
+int dt_image_eval_geometry(int h, int w, int size, int *resized_h, int *resized_w,
+                           dt_image_box *crop);
 
 /* Resizes the box `box` of `img` to out_h x out_w (bilinear, antialiased
- * when shrinking, as PIL), optionally mirrored left-right, into `out`
- * (out_h x out_w x img->channels floats in [0, 255], row-major, channels
- * interleaved). `scratch` holds box->height x out_w x channels floats.
- * 1 to 4 channels (another count, or no memory for the filter taps: zeros). */
+ * when shrinking, as PIL), optionally mirrored left-right, and writes the
+ * window `win` of the result (in the mirrored image's coordinates, inside
+ * out_h x out_w) into `out` (win.height x win.width x img->channels floats
+ * in [0, 255], row-major, channels interleaved): bit for bit the window of
+ * the whole resize, computed from the box rows it reads, a row at a time,
+ * so that neither the resized image nor the box resized across is ever in
+ * memory. `scratch` holds win.width x channels floats. Returns 1, or 0 (out
+ * untouched) for 0 or over 4 channels, a window outside the output or no
+ * memory for the filter taps (a few floats per box pixel across, and down). */
+int dt_image_resize_window(const dt_image *img, dt_image_box box, int out_h, int out_w,
+                           dt_image_box win, int flip, float *scratch, float *out);
+
+/* dt_image_resize_window of the whole out_h x out_w (zeros where it
+ * returns 0): `scratch` holds out_w x channels floats. */
 void dt_image_resize_box(const dt_image *img, dt_image_box box, int out_h, int out_w, int flip,
                          float *scratch, float *out);
 
@@ -150,7 +162,9 @@ typedef struct dt_image_folder_config {
  * file: DT_ERR_IO (root/split missing or unreadable), DT_ERR_FORMAT (no
  * class folder, an empty class folder: no .png/.jpg/.jpeg in it),
  * DT_ERR_INVALID_ARG (config out of range). A file that cannot be decoded
- * (dt_image_read's errors) fails its sample, naming the file; with
+ * (dt_image_read's errors), or whose evaluation resize (RESIZED_CROP, not
+ * augmenting) would be over INT_MAX pixels a side (DT_ERR_UNSUPPORTED: a
+ * 1 x 8,400,000 image at size 224), fails its sample, naming the file; with
  * skip_bad_images the sample is replaced by the next good file in index
  * order (wrapping around), the same replacement for every worker count and
  * epoch, and each bad file is counted once (dt_image_folder_bad_count). */

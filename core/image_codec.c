@@ -19,6 +19,8 @@
 
 /* jpeglib.h needs size_t and FILE declared before it. */
 #include <jpeglib.h>
+/* after jpeglib.h: the warning codes (JWRN_*) */
+#include <jerror.h>
 #include <png.h>
 
 #include "core/image.h"
@@ -175,12 +177,30 @@ static void jpeg_on_error(j_common_ptr cinfo) {
   longjmp(c->jmp, 1);
 }
 
-/* Corrupt-data warnings (premature end of data, bad Huffman codes) make
- * libjpeg fill the rest with grey: a truncated file would decode silently,
- * so they count as errors. */
+/* The corrupt-data warnings after which libjpeg fills the rest with grey
+ * (premature end of the file or of a data segment, a bad Huffman or
+ * arithmetic code, a lost restart marker): a truncated file would decode
+ * silently, so they count as errors. The other warnings (extraneous bytes
+ * before a marker, an unknown JFIF revision, ...) leave the pixels whole,
+ * and PIL decodes through them: so do we. */
+static int jpeg_warning_fills_grey(int code) {
+  switch (code) {
+    case JWRN_JPEG_EOF:
+    case JWRN_HIT_MARKER:
+    case JWRN_MUST_RESYNC:
+    case JWRN_HUFF_BAD_CODE:
+#if JPEG_LIB_VERSION >= 70 || defined(C_ARITH_CODING_SUPPORTED) || \
+    defined(D_ARITH_CODING_SUPPORTED) /* jerror.h's condition for it */
+    case JWRN_ARITH_BAD_CODE:
+#endif
+      return 1;
+    default: return 0;
+  }
+}
+
 static void jpeg_on_message(j_common_ptr cinfo, int level) {
   jpeg_ctx *c = (jpeg_ctx *)cinfo->err;
-  if (level < 0) {
+  if (level < 0 && jpeg_warning_fills_grey(c->mgr.msg_code)) {
     c->mgr.format_message(cinfo, c->msg);
     longjmp(c->jmp, 1);
   }

@@ -154,11 +154,15 @@ static dt_status list_folder(image_folder *f, const char *dir) {
     int64_t count = 0;
     snprintf(path, sizeof path, "%s/%s", dir, classes[c]);
     dt_status st = list_dir(path, 0, &files, &count);
-    if (st == DT_OK && count == 0)
+    int64_t readable = 0; /* the others (.gif, .bmp, ...) are listed to be refused */
+    for (int64_t k = 0; st == DT_OK && k < count; k++)
+      readable += has_extension(files[k], read_exts);
+    if (st == DT_OK && readable == 0)
       st = DT_ERROR(DT_ERR_FORMAT,
-                    "class folder %s holds no image (.png, .jpg or .jpeg): every class needs at "
-                    "least one; remove the folder or add its images",
-                    path);
+                    "class folder %s holds no image (.png, .jpg or .jpeg; files of other image "
+                    "formats: %lld): every class needs at least one; remove the folder or add "
+                    "its images",
+                    path, (long long)count);
     if (st == DT_OK)
       st = append_class(f, files, count, c);
     if (st != DT_OK) {
@@ -184,7 +188,9 @@ static dt_status decode_file(const image_folder *f, int64_t j, dt_image *img) {
 
 /* The resize buffer of the calling loader worker, kept from sample to
  * sample and freed (free, the key's destructor) when the thread ends: a
- * fresh half-megabyte malloc per sample costs page faults. */
+ * fresh half-megabyte malloc per sample costs page faults. It holds a
+ * sample and one row, (size + 1) x size x channels floats whatever the
+ * image, so keeping the largest asked for costs nothing more. */
 typedef struct worker_buf {
   size_t cap; /* floats in data */
   float data[];
@@ -219,18 +225,21 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
   const int S = f->cfg.size, C = img.channels;
   const dt_image_augment recipe = f->cfg.recipe;
   const dt_image_box whole = {0, 0, img.height, img.width};
-  /* src (a box of the image) is resized to rh x rw; the sample is the
-   * S x S window at (top, left) of that, shifted by (dy, dx) with zeros
-   * outside (PAD_CROP). */
-  dt_image_box src = whole;
-  int rh = S, rw = S, flip = 0, top = 0, left = 0, dy = 0, dx = 0;
+  /* src (a box of the image) is resized to rh x rw; the sample is its
+   * S x S window `win`, shifted by (dy, dx) with zeros outside (PAD_CROP). */
+  dt_image_box src = whole, win = {0, 0, S, S};
+  int rh = S, rw = S, flip = 0, dy = 0, dx = 0;
   if (recipe == DT_IMAGE_AUGMENT_RESIZED_CROP && f->augment) {
     src = dt_image_random_resized_crop_box(img.height, img.width, 0.08, 1.0, 3.0 / 4.0, 4.0 / 3.0,
                                            key);
-  } else if (recipe == DT_IMAGE_AUGMENT_RESIZED_CROP) {
-    dt_image_box box;
-    dt_image_eval_geometry(img.height, img.width, S, &rh, &rw, &box);
-    top = box.top, left = box.left;
+  } else if (recipe == DT_IMAGE_AUGMENT_RESIZED_CROP &&
+             !dt_image_eval_geometry(img.height, img.width, S, &rh, &rw, &win)) {
+    dt_status st = DT_ERROR(DT_ERR_UNSUPPORTED,
+                            "image %s is %dx%d: too extreme an aspect ratio for the evaluation's "
+                            "resize (the shorter side to %d px makes the longer over 2^31 - 1)",
+                            f->paths[j], img.width, img.height, (int)(S / 0.875));
+    dt_image_free(&img);
+    return st;
   } else if (recipe == DT_IMAGE_AUGMENT_PAD_CROP && f->augment) {
     int pad = (S + 4) / 8, span = 2 * pad + 1;
     dy = (int)(dt_rng_uniform(key, PAD_DRAW) * span) % span - pad;
@@ -238,24 +247,26 @@ static dt_status load_sample(const image_folder *f, int64_t j, uint64_t key, flo
   }
   if (f->augment && recipe != DT_IMAGE_AUGMENT_NONE)
     flip = dt_rng_uniform(key, FLIP_DRAW) < 0.5f;
-  size_t scratch_n = (size_t)src.height * (size_t)rw * C, out_n = (size_t)rh * (size_t)rw * C;
-  float *scratch = worker_floats(scratch_n + out_n);
-  if (!scratch) {
+  /* Only the window is resized (never the whole rh x rw: 73 x 4,781,500
+   * for a 1 x 65500 image at size 64), from one box row at a time. */
+  size_t row_n = (size_t)win.width * C, win_n = (size_t)win.height * row_n;
+  float *scratch = worker_floats(row_n + win_n);
+  if (!scratch || !dt_image_resize_window(&img, src, rh, rw, win, flip, scratch, scratch + row_n)) {
     dt_status st = DT_ERROR(DT_ERR_OOM, "no memory to resize image %s (%dx%d)", f->paths[j],
                             img.width, img.height);
     dt_image_free(&img);
     return st;
   }
-  float *hwc = scratch + scratch_n;
-  dt_image_resize_box(&img, src, rh, rw, flip, scratch, hwc);
+  const float *hwc = scratch + row_n;
   for (int c = 0; c < C; c++) {
     float scale = 1.0f / (255.0f * f->cfg.std[c]), shift = f->cfg.mean[c] / f->cfg.std[c];
     float *plane = input + (size_t)c * S * S;
     for (int y = 0; y < S; y++)
       for (int x = 0; x < S; x++) {
-        int sy = top + y + dy, sx = left + x + dx;
-        float v =
-            sy >= 0 && sy < rh && sx >= 0 && sx < rw ? hwc[((size_t)sy * rw + sx) * C + c] : 0.0f;
+        int wy = y + dy, wx = x + dx;
+        float v = wy >= 0 && wy < win.height && wx >= 0 && wx < win.width
+                      ? hwc[((size_t)wy * win.width + wx) * C + c]
+                      : 0.0f;
         plane[y * S + x] = v * scale - shift;
       }
   }

@@ -1,9 +1,12 @@
 // Image folders (core/image.h): PNG and JPEG decoding and its conversions,
 // every bad-image case (truncated, corrupt, not an image, unsupported, an
-// empty class folder, a decompression bomb) as an error naming the file or,
-// with skip_bad_images, a deterministic replacement that is counted; the
-// augmentation's geometry against hand computations; the loader's batches
-// the same for any number of workers and on resume.
+// empty class folder, a decompression bomb, an aspect ratio past what the
+// evaluation's resize can hold) as an error naming the file or, with
+// skip_bad_images, a deterministic replacement that is counted; harmless
+// JPEG warnings decoded through; the augmentation's geometry against hand
+// computations, a resize's window the whole resize's, extreme aspect ratios
+// in bounded memory; the loader's batches the same for any number of
+// workers and on resume.
 #include "core/image.h"
 
 #include <gtest/gtest.h>
@@ -64,6 +67,7 @@ void WritePngRaw(const std::string &path, int w, int h, int color, int depth,
   ASSERT_NE(f, nullptr);
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png_create_info_struct(png);
+  png_set_user_limits(png, 0x7fffffff, 0x7fffffff);  // 1 x 8,400,000 too
   png_init_io(png, f);
   png_set_IHDR(png, info, w, h, depth, color, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
@@ -205,6 +209,32 @@ TEST(ImageCodec, BadFilesAreErrorsNamingTheFile) {
   ExpectBad(dir + "/missing.png", DT_ERR_IO, "cannot open");
 }
 
+// libjpeg warns about harmless oddities PIL decodes silently: one 0x00 byte
+// between the APP0 and DQT segments ("Corrupt JPEG data: 1 extraneous bytes
+// before marker 0xdb") decodes to the clean file's pixels; the warnings
+// after which libjpeg fills with grey (a premature end) stay errors.
+TEST(ImageCodec, HarmlessJpegWarningIgnoredGreyFillAnError) {
+  std::string dir = TempDir();
+  dt_image g = Grey(24, 24, [](int y, int x) { return (uint8_t)(9 * x + 3 * y); });
+  ASSERT_DT_OK(dt_image_write_jpeg((dir + "/ok.jpg").c_str(), &g, 90));
+  dt_image_free(&g);
+  std::vector<uint8_t> jpg = ReadBytes(dir + "/ok.jpg");
+  ASSERT_GT(jpg.size(), 30u);
+  ASSERT_EQ(jpg[2], 0xff);
+  ASSERT_EQ(jpg[3], 0xe0);  // APP0 (JFIF) first
+  size_t app0_end = 4 + ((size_t)jpg[4] << 8 | jpg[5]);
+  ASSERT_EQ(jpg[app0_end], 0xff);
+  ASSERT_EQ(jpg[app0_end + 1], 0xdb);  // then DQT
+  std::vector<uint8_t> extra = jpg;
+  extra.insert(extra.begin() + (long)app0_end, 0x00);
+  WriteBytes(dir + "/extra.jpg", extra);
+  std::vector<uint8_t> clean = Decode(dir + "/ok.jpg", 3);
+  ASSERT_EQ(clean.size(), 24u * 24 * 3);
+  EXPECT_EQ(Decode(dir + "/extra.jpg", 3), clean);
+  WriteBytes(dir + "/cut.jpg", std::vector<uint8_t>(jpg.begin(), jpg.end() - 40));
+  ExpectBad(dir + "/cut.jpg", DT_ERR_FORMAT, "Premature end of JPEG file");
+}
+
 long MaxRssKiB() {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -318,6 +348,62 @@ TEST(ImageGeometry, ResizeOfARampByHand) {
   dt_image_free(&img);
 }
 
+// 64-bit geometry: a 1 x 65500 image at 224 resizes to 256 x 16,768,000
+// (its centre at left round(16,767,776 / 2)); at 1 x 8,400,000 the width,
+// 2,150,400,000, is over INT_MAX: refused, never a negative width.
+TEST(ImageGeometry, EvalGeometryOfExtremeAspectRatios) {
+  int rh, rw;
+  dt_image_box b;
+  EXPECT_EQ(dt_image_eval_geometry(1, 65500, 224, &rh, &rw, &b), 1);
+  EXPECT_EQ(rh, 256);
+  EXPECT_EQ(rw, 16768000);
+  EXPECT_EQ(b.top, 16);
+  EXPECT_EQ(b.left, 8383888);
+  EXPECT_EQ(b.width, 224);
+  EXPECT_EQ(dt_image_eval_geometry(65500, 1, 224, &rh, &rw, &b), 1);
+  EXPECT_EQ(rh, 16768000);
+  EXPECT_EQ(dt_image_eval_geometry(1, 8400000, 224, &rh, &rw, &b), 0);
+  EXPECT_EQ(rw, 0);
+  EXPECT_EQ(dt_image_eval_geometry(8400000, 1, 224, &rh, &rw, &b), 0);
+  EXPECT_EQ(rh, 0);
+}
+
+// A window of the resize is the window of the whole resize, bit for bit:
+// shrinking and enlarging, grey and RGB, mirrored or not.
+TEST(ImageGeometry, ResizeWindowIsTheWholeResizeCropped) {
+  for (int C : {1, 3}) {
+    dt_image img{37, 53, C, (uint8_t *)malloc(37 * 53 * C)};
+    for (int i = 0; i < 37 * 53 * C; i++)
+      img.pixels[i] = (uint8_t)((i * 7919) % 251);
+    dt_image_box box{3, 5, 31, 44};
+    for (int out_h : {9, 31, 70})
+      for (int out_w : {12, 44, 101})
+        for (int flip = 0; flip < 2; flip++) {
+          std::vector<float> scratch((size_t)out_w * C), whole((size_t)out_h * out_w * C);
+          dt_image_resize_box(&img, box, out_h, out_w, flip, scratch.data(), whole.data());
+          for (dt_image_box win :
+               {dt_image_box{0, 0, out_h, out_w}, dt_image_box{2, 3, 5, 7},
+                dt_image_box{out_h - 4, out_w - 6, 4, 6}, dt_image_box{out_h / 2, 0, 1, out_w}}) {
+            std::vector<float> part((size_t)win.height * win.width * C, -1.0f);
+            ASSERT_EQ(dt_image_resize_window(&img, box, out_h, out_w, win, flip, scratch.data(),
+                                             part.data()),
+                      1);
+            for (int y = 0; y < win.height; y++)
+              ASSERT_EQ(0, memcmp(&part[(size_t)y * win.width * C],
+                                  &whole[((size_t)(win.top + y) * out_w + win.left) * C],
+                                  (size_t)win.width * C * sizeof(float)))
+                  << C << " channels, " << out_h << "x" << out_w << " flip " << flip
+                  << ", window row " << y;
+          }
+        }
+    std::vector<float> scratch(8 * C), out(64 * C);
+    EXPECT_EQ(dt_image_resize_window(&img, box, 8, 8, dt_image_box{4, 0, 5, 8}, 0, scratch.data(),
+                                     out.data()),
+              0);  // a window past the output
+    dt_image_free(&img);
+  }
+}
+
 // ---- the data set ----
 
 // root/<split>/<class>/<n>.png: class c's images are filled with 20 c + n.
@@ -388,6 +474,28 @@ TEST(ImageFolder, FolderErrorsNameTheFolder) {
   EXPECT_NE(strstr(dt_last_error(), "no class folders"), nullptr) << dt_last_error();
   cfg.channels = 2;
   EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d), DT_ERR_INVALID_ARG);
+}
+
+// A class folder whose only images are of formats not read (.gif, .bmp)
+// holds no image: the listing's error naming it, not a class of bad files.
+TEST(ImageFolder, ClassOfUnsupportedImagesOnlyHoldsNoImage) {
+  std::string root = MakeFolder(2, 2);
+  MkDir(root + "/val/class2");
+  WriteBytes(root + "/val/class2/a.gif", {'G', 'I', 'F', '8', '9', 'a'});
+  WriteBytes(root + "/val/class2/b.BMP", {'B', 'M', 0, 0});
+  dt_image_folder_config cfg = GreyConfig(8);
+  dt_dataset *d = nullptr;
+  EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d), DT_ERR_FORMAT);
+  EXPECT_NE(strstr(dt_last_error(), (root + "/val/class2").c_str()), nullptr) << dt_last_error();
+  EXPECT_NE(strstr(dt_last_error(), "holds no image"), nullptr) << dt_last_error();
+  EXPECT_EQ(d, nullptr);
+  // One readable image beside them: a class, its .gif a bad file.
+  dt_image g = Grey(4, 4, [](int, int) { return 1; });
+  ASSERT_DT_OK(dt_image_write_png((root + "/val/class2/c.png").c_str(), &g));
+  dt_image_free(&g);
+  ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d));
+  EXPECT_EQ(dt_dataset_length(d), 7);
+  dt_dataset_destroy(d);
 }
 
 TEST(ImageFolder, BadImageFailsOrIsReplacedAndCounted) {
@@ -573,6 +681,91 @@ TEST(ImageFolder, AugmentRecipesByHand) {
   bad.recipe = (dt_image_augment)7;
   dt_dataset *d = nullptr;
   EXPECT_EQ(dt_dataset_image_folder(root.c_str(), "train", &bad, &d), DT_ERR_INVALID_ARG);
+}
+
+// A grey PNG of w x h whose row y is row_value(y, x), written a row at a
+// time (a tall image is never whole in memory).
+void WriteGreyPng(const std::string &path, int w, int h,
+                  const std::function<uint8_t(int, int)> &v) {
+  WritePngRaw(path, w, h, PNG_COLOR_TYPE_GRAY, 8, [&](int y, std::vector<uint8_t> &r) {
+    r.resize((size_t)w);
+    for (int x = 0; x < w; x++)
+      r[(size_t)x] = v(y, x);
+  });
+}
+
+// Images of extreme aspect ratio, 1 x 65500 and 500,000 x 1 grey ramps
+// (well under max_pixels): every recipe, training and evaluation, loads
+// them without taking memory in proportion to the resized image (the
+// evaluation's resized-crop resizes the 1 x 65500 one to 73 x 4,781,500
+// before cutting its centre 64 x 64; the others resized 500,000 rows to
+// 64 columns before shrinking them) and the evaluation's centre is the
+// ramp's middle. A 1 x 8,400,000 one, whose evaluation resize is wider
+// than 2^31 - 1 pixels at 224 px, is a bad file naming it (skipped with
+// skip_bad_images), never an allocation failure that ends the run.
+TEST(ImageFolder, ExtremeAspectRatiosInBoundedMemoryOrBad) {
+  std::string root = TempDir();
+  for (const char *split : {"train", "val"}) {
+    std::string d = root + "/" + split + "/c0";
+    MkDir(root + "/" + split);
+    MkDir(d);
+    WriteGreyPng(d + "/tall.png", 1, 500000, [](int y, int) { return (uint8_t)(y / 1954); });
+    WriteGreyPng(d + "/wide.png", 65500, 1, [](int, int x) { return (uint8_t)(x * 256 / 65500); });
+  }
+  const int S = 64;
+  std::vector<float> x(3 * S * S);
+  int32_t label;
+  long before = MaxRssKiB();
+  for (int r = 0; r <= DT_IMAGE_AUGMENT_NONE; r++)
+    for (const char *split : {"train", "val"}) {
+      dt_image_folder_config cfg = DT_IMAGE_FOLDER_CONFIG_DEFAULT;  // RGB
+      cfg.size = S;
+      cfg.recipe = (dt_image_augment)r;
+      for (int c = 0; c < 3; c++)
+        cfg.mean[c] = 0.0f, cfg.std[c] = 1.0f;
+      dt_dataset *d = nullptr;
+      ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), split, &cfg, &d));
+      for (int64_t i = 0; i < 2; i++) {
+        std::string what = std::string(split) + " " + dt_image_folder_file(d, i) + " " +
+                           dt_image_augment_name((dt_image_augment)r);
+        ASSERT_EQ(dt_dataset_get_sample_at(d, i, 1, x.data(), &label), DT_OK)
+            << what << ": " << dt_last_error();
+        for (float v : x)
+          ASSERT_TRUE(v >= 0.0f && v <= 1.0f + 1e-6f) << what << ": " << v;
+        if (r == DT_IMAGE_AUGMENT_RESIZED_CROP && strcmp(split, "val") == 0) {
+          for (float v : x)  // the centre of a ramp from 0 to 255
+            ASSERT_NEAR(v * 255.0f, 127.5f, 1.0f) << what;
+        }
+      }
+      dt_dataset_destroy(d);
+    }
+  EXPECT_LT(MaxRssKiB() - before, 100 * 1024) << "KiB grown loading them";
+
+  std::string bad = root + "/val/c0/wider.png";
+  WriteGreyPng(bad, 8400000, 1, [](int, int) { return 7; });
+  dt_image_folder_config cfg = GreyConfig(224);
+  dt_dataset *d = nullptr;
+  ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d));
+  ASSERT_STREQ(dt_image_folder_file(d, 2), bad.c_str());
+  x.resize(224 * 224);
+  EXPECT_EQ(dt_dataset_get_sample_at(d, 2, 0, x.data(), &label), DT_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(dt_last_error(), bad.c_str()), nullptr) << dt_last_error();
+  EXPECT_NE(strstr(dt_last_error(), "aspect ratio"), nullptr) << dt_last_error();
+  dt_dataset_destroy(d);
+  cfg.skip_bad_images = 1;
+  ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "val", &cfg, &d));
+  ASSERT_DT_OK(dt_dataset_get_sample_at(d, 2, 0, x.data(), &label));  // file 0 instead
+  EXPECT_EQ(dt_image_folder_bad_count(d), 1);
+  dt_dataset_destroy(d);
+  // Training crops it (its centre 1 x 1, the nearest ratio): no refusal.
+  std::string train_bad = root + "/train/c0/wider.png";
+  ASSERT_EQ(rename(bad.c_str(), train_bad.c_str()), 0);
+  cfg.skip_bad_images = 0;
+  ASSERT_DT_OK(dt_dataset_image_folder(root.c_str(), "train", &cfg, &d));
+  ASSERT_DT_OK(dt_dataset_get_sample_at(d, 2, 0, x.data(), &label));
+  for (float v : x)
+    ASSERT_NEAR(v * 255.0f, 7.0f, 1e-3f);
+  dt_dataset_destroy(d);
 }
 
 TEST(ImageFolder, LoaderReportsTheBadFile) {
