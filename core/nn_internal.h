@@ -47,6 +47,9 @@ dt_status dt_nn_recompute_call(dt_module *m, dt_tensor *input, dt_tensor **outpu
 
 /* The generator of a Dropout module (dt_nn_dropout), NULL for any other. */
 dt_generator *dt_nn_dropout_generator(dt_module *m);
+/* Nonzero while this thread re-runs a recomputed module in backward
+ * (core/nn_recompute.c): BatchNorm leaves its running statistics alone. */
+int dt_nn_recomputing(void);
 
 #ifdef __cplusplus
 }

@@ -44,12 +44,18 @@ static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   if (mean == NULL || var == NULL || count == NULL)
     return DT_ERROR(DT_ERR_STATE, "BatchNorm2d is missing one of its running-stat buffers");
   int training = dt_module_is_training(m);
+  /* A recomputation's re-run (core/nn_recompute.c) normalises with the
+   * batch's statistics again, bit for bit, but must not move the running
+   * ones a second time. */
+  int rerun = training && dt_nn_recomputing();
+  dt_tensor *run_mean = rerun ? NULL : mean, *run_var = rerun ? NULL : var;
   if (training && impl->synced)
-    DT_CHECK(
-        dt_op_sync_batch_norm2d(x, w, b, mean, var, impl->momentum, impl->eps, &impl->across, y));
+    DT_CHECK(dt_op_sync_batch_norm2d(x, w, b, run_mean, run_var, impl->momentum, impl->eps,
+                                     &impl->across, y));
   else
-    DT_CHECK(dt_op_batch_norm2d(x, w, b, mean, var, training, impl->momentum, impl->eps, y));
-  if (training) {
+    DT_CHECK(
+        dt_op_batch_norm2d(x, w, b, run_mean, run_var, training, impl->momentum, impl->eps, y));
+  if (training && !rerun) {
     dt_status st = increment_counter(count);
     if (st != DT_OK) {
       dt_tensor_release(*y);

@@ -11,6 +11,11 @@
 #include "core/nn_internal.h"
 #include "core/tensor_internal.h"
 
+/* The depth of recomputation re-runs on this thread (dt_nn_recomputing). */
+static _Thread_local int rerun_depth;
+
+int dt_nn_recomputing(void) { return rerun_depth > 0; }
+
 typedef struct recompute_ctx {
   dt_module *m; /* borrowed: the module outlives its graphs */
   dt_dtype autocast;
@@ -79,7 +84,9 @@ static dt_status recompute_backward(dt_node *node, dt_tensor *grad_out, dt_tenso
   swap_gens(c); /* the forward's draws again */
   dt_dtype prev = dt_autocast_begin(c->autocast);
   int mode = dt_grad_mode_force_on();
+  rerun_depth++;
   dt_status st = dt_module_call_recorded(c->m, x, &y);
+  rerun_depth--;
   dt_grad_mode_restore(mode);
   dt_autocast_end(prev);
   swap_gens(c); /* back to where the forward left them */

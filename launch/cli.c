@@ -255,9 +255,9 @@ dt_flag dt_cli_flag_stochastic_rounding(bool *target) {
 
 dt_flag dt_cli_flag_recompute(bool *target) {
   return (dt_flag)DT_BOOL_FLAG("recompute", target,
-                               "GPT-2 and Llama: recompute each transformer block's activations "
-                               "in backward instead of keeping them (less memory, the same "
-                               "gradients, one more forward of the blocks)");
+                               "GPT-2, Llama and ResNets: recompute each transformer or residual "
+                               "block's activations in backward instead of keeping them (less "
+                               "memory, the same gradients, one more forward of the blocks)");
 }
 
 dt_flag dt_cli_flag_max_memory(int *target) {

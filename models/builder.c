@@ -110,15 +110,30 @@ dt_status dt_models_check_tokens(const char *family, const dt_tensor *idx, int64
                   (long long)context, dt_tensor_describe(idx, d, sizeof d));
 }
 
+/* A ResNet's residual blocks (layer1.0, layer1.1, ... layer4.*). */
+static void set_resnet_recompute(dt_module *model, int on) {
+  static const char *stages[4] = {"layer1", "layer2", "layer3", "layer4"};
+  for (int s = 0; s < 4; s++) {
+    dt_module *stage = dt_module_child(model, stages[s]);
+    for (int i = 0; stage != NULL && i < dt_module_num_children(stage); i++)
+      dt_module_set_recompute(dt_module_child_at(stage, i), on);
+  }
+}
+
 dt_status dt_model_set_recompute(dt_module *model, int on) {
   const char *type = model != NULL ? dt_module_type_name(model) : "(none)";
+  if (!strcmp(type, "ResNet")) {
+    set_resnet_recompute(model, on);
+    return DT_OK;
+  }
   const char *blocks_name = !strcmp(type, "GPT2")               ? "h"
                             : !strcmp(type, "LlamaForCausalLM") ? "layers"
                                                                 : NULL;
   dt_module *blocks = blocks_name != NULL ? dt_module_child(model, blocks_name) : NULL;
   if (blocks == NULL)
     return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "recomputation is per transformer block: a GPT-2 or Llama model, not a %s",
+                    "recomputation is per transformer or residual block: a GPT-2, Llama or ResNet "
+                    "model, not a %s",
                     type);
   for (int i = 0; i < dt_module_num_children(blocks); i++)
     dt_module_set_recompute(dt_module_child_at(blocks, i), on);

@@ -168,10 +168,12 @@ int64_t dt_llama_parameter_count(const dt_llama_config *cfg);
 /* Training FLOPs per token at context T: 6 N + 12 L T C, as GPT-2's. */
 double dt_llama_flops_per_token(const dt_llama_config *cfg, int64_t T);
 
-/* Activation recomputation per transformer block (dt_module_set_recompute
- * on each of h.<i> of a GPT-2, layers.<i> of a Llama): a block's
- * activations are recomputed in backward instead of kept, for the same
- * gradients bit for bit. Any other model is DT_ERR_INVALID_ARG. */
+/* Activation recomputation per transformer or residual block
+ * (dt_module_set_recompute on each of h.<i> of a GPT-2, layers.<i> of a
+ * Llama, layer<s>.<i> of a ResNet): a block's activations are recomputed
+ * in backward instead of kept, for the same gradients bit for bit; a
+ * ResNet's BatchNorm running statistics move once per forward, as without
+ * (the re-run leaves them alone). Any other model is DT_ERR_INVALID_ARG. */
 dt_status dt_model_set_recompute(dt_module *model, int on);
 
 /* Builds the model of task `name` (models/tasks.h) with its default

@@ -80,7 +80,7 @@ for np in 1 2; do
     same_bits "$(ck "$d/full" $steps)" "$(ck "$d/recompute" $steps)"
 done
 launch 1 bench --model mlp --recompute --steps 1 --warmup 0
-expect 1 err "\`recompute\` on task mlp: recomputation is per transformer block: a GPT-2 or Llama model" \
+expect 1 err "\`recompute\` on task mlp: recomputation is per transformer or residual block: a GPT-2, Llama or ResNet model" \
   "--recompute of a model without transformer blocks is refused, naming it"
 
 # ---- llama-tiny under DDP (issue 31): 2 ranks x batch 2 match 1 x batch 4 ----
