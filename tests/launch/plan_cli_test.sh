@@ -3,8 +3,9 @@
 #   - calibration: on the cpu device, plan's peak_memory_mib is within 10 %
 #     of bench's measured peak_mem (one warm-up step, then one timed) for
 #     MLP, LeNet-5, GPT-tiny and GPT-2 124M (a context of 16, micro-batch 1)
-#     at fp32 and bf16, GPT-tiny with --recompute, and under ZeRO 0, 1 and 2
-#     on 2 ranks (mpirun);
+#     at fp32 and bf16, GPT-tiny with --recompute, ResNet-18 (small stem,
+#     16 px; ImageNet stem, 32 px RGB, bf16; with --recompute), and under
+#     ZeRO 0, 1 and 2 on 2 ranks (mpirun);
 #   - --json prints one object with peak_memory_mib, step_ms and the
 #     breakdown; micro-batch x accumulation x ranks is the global batch;
 #   - a ResNet at --image-size: compute from the task's FLOPs at that size;
@@ -54,6 +55,11 @@ for precision in fp32 bf16; do
 done
 calibrate 1 --model gpt2 --batch 1 --ctx 16 --precision bf16
 calibrate 1 --model gpt2-tiny --batch 4 --recompute
+# ResNets: the small stem at 16 px grey, and the ImageNet stem at 32 px RGB
+# with recomputation of its residual blocks
+calibrate 1 --model resnet18-small --batch 24 --image-size 16
+calibrate 1 --model resnet18 --batch 24 --image-size 32 --channels 3 --precision bf16
+calibrate 1 --model resnet18-small --batch 24 --image-size 16 --recompute
 for zero in 0 1 2; do
   calibrate 2 --model gpt2-tiny --batch 2 --zero "$zero"
 done
