@@ -39,7 +39,8 @@
 #   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP,
 #   training on cuda:0 (LeNet-5 in fp32 and bf16, MLP), traces/metrics and
 #   `dtrain top --once`, `dtrain bench` beside tools/bench_torch.py (fp32
-#   and bf16 rows; GPT-2 124M at T=1024 too: tokens/s and MFU). A step whose subcommand, flag or model this build lacks is
+#   and bf16 rows; GPT-2 124M at T=1024 too: tokens/s and MFU; ResNet-50 at
+#   224 px RGB, batch 32, fp32 and bf16, beside torchvision's). A step whose subcommand, flag or model this build lacks is
 #   "skipped: <command> not available in this build"; a suite whose cases
 #   all skipped is "skipped", never "ok". The whole run has a deadline
 #   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
@@ -586,7 +587,9 @@ PYEOF
     for config in "mlp 128 300 20 fp32" "lenet 64 300 20 fp32" "lenet 64 300 20 bf16" \
       "gpt2-tiny 16 100 10 fp32 --ctx 64 --optimizer adamw" \
       "gpt2-tiny 16 100 10 bf16 --ctx 64 --optimizer adamw" \
-      "gpt2 4 20 3 fp32 --ctx 1024 --optimizer adamw"; do
+      "gpt2 4 20 3 fp32 --ctx 1024 --optimizer adamw" \
+      "resnet50 32 30 5 fp32 --image-size 224 --channels 3" \
+      "resnet50 32 30 5 bf16 --image-size 224 --channels 3"; do
       read -r model batch n warm prec extra <<<"$config"
       tag=$model
       if [ "$prec" = bf16 ]; then
