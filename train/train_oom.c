@@ -93,23 +93,33 @@ dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epo
       DT_CHECK(dt_empty_cache(c->devices[i]));
   else
     DT_CHECK(dt_empty_cache(s->dev));
+  /* The pieces after the halving: dp splits each across its replicas, so
+   * none (the last, batch % piece, included) may have fewer samples than
+   * there are replicas; one process's pieces must shrink. */
   int64_t piece = dt_train_piece_size(c, s);
-  int64_t least = s->dp ? s->n_replicas : 1; /* dp splits each piece across its replicas */
-  if (piece <= least) {
-    char held[512];
+  int split = s->split > 1 ? 2 * s->split : 2;
+  int64_t next = ((int64_t)c->batch + split - 1) / split, rest = c->batch % next;
+  int64_t least = s->dp ? s->n_replicas : 1;
+  if (next >= piece || next < least || (rest != 0 && rest < least)) {
+    char held[512], replicas[160] = "";
     breakdown(s, held, sizeof held);
+    if (s->dp)
+      snprintf(replicas, sizeof replicas,
+               "; `mode` dp splits each piece across its %d replicas: halving it again would "
+               "leave a piece of %lld samples",
+               s->n_replicas, (long long)(next < least || rest == 0 ? next : rest));
     return DT_ERROR(DT_ERR_OOM,
                     "out of memory at optimizer step %lld even with a micro-batch of %lld (of "
-                    "`batch` %d, after %d halving%s): %s; %s. The model's state does not leave "
+                    "`batch` %d, after %d halving%s%s): %s; %s. The model's state does not leave "
                     "room for one sample: shard the optimizer state and gradients (`zero` 1 or 2 "
                     "under DDP), recompute activations (`recompute`), train in 16-bit "
                     "(`precision` bf16), or raise `max_memory`",
                     (long long)steps + 1, (long long)piece, c->batch, s->oom_retries,
-                    s->oom_retries == 1 ? "" : "s", s->oom_error, held);
+                    s->oom_retries == 1 ? "" : "s", replicas, s->oom_error, held);
   }
-  s->split = s->split > 1 ? 2 * s->split : 2;
+  s->split = split;
   s->oom_retries++;
-  piece = dt_train_piece_size(c, s);
+  piece = next;
   int pieces = (int)((c->batch + piece - 1) / piece);
   *ev = (dt_train_oom){steps,          epoch,       first_batch, (int)piece, c->accum * pieces,
                        s->oom_retries, s->oom_error};

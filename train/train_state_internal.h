@@ -84,7 +84,8 @@ dt_status dt_train_oom_agree(const dt_train_config *c, train_state *s, bool *oom
  * the cached memory, halves the micro-batch (doubles the split) and fills
  * *ev; the caller redoes the step from `first_batch`. DT_ERR_OOM with the
  * memory's breakdown and the levers when the micro-batch is already the
- * smallest. */
+ * smallest, or (dp) when a piece, the last included, would have fewer
+ * samples than the replicas. */
 dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epoch,
                                int64_t first_batch, int64_t steps, dt_train_oom *ev);
 
