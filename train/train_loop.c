@@ -589,8 +589,10 @@ dt_status dt_train_run(const dt_train_config *given, FILE *log, dt_train_result 
   DT_CHECK(dt_train_config_validate(given));
   dt_train_config resolved = *given; /* batch auto: the micro-batch and accumulation */
   const dt_train_config *cfg = &resolved;
-  if (given->batch_auto)
+  if (given->batch_auto) { /* under the run's cap */
+    DT_CHECK(dt_train_oom_cap_before_start(given));
     DT_CHECK(dt_train_resolve_batch_auto(&resolved, log));
+  }
   set_phase(cfg, "the start of the run", 0);
   DT_CHECK_GOTO(dt_train_state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */

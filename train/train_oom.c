@@ -34,17 +34,34 @@ int64_t dt_train_piece_size(const dt_train_config *c, const train_state *s) {
   return ((int64_t)c->batch + split - 1) / split;
 }
 
-dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps) {
-  if (c->max_memory_mib <= 0 || s->capped || steps < c->max_memory_from_step ||
-      (c->max_memory_rank >= 0 && c->max_memory_rank != s->rank))
-    return DT_OK;
-  if (s->dp)
+/* Whether `max_memory` is in force on `rank` after `steps` optimizer steps. */
+static bool cap_due(const dt_train_config *c, int rank, int64_t steps) {
+  return c->max_memory_mib > 0 && steps >= c->max_memory_from_step &&
+         (c->max_memory_rank < 0 || c->max_memory_rank == rank);
+}
+
+/* `max_memory` on dev, and under dp on every replica's device. */
+static dt_status cap_devices(const dt_train_config *c, dt_device dev) {
+  if (c->mode == DT_TRAIN_MODE_DP)
     for (int i = 0; i < c->n_devices; i++)
       DT_CHECK(dt_train_cap_device_memory(c->devices[i], c->max_memory_mib));
-  else
-    DT_CHECK(dt_train_cap_device_memory(s->dev, c->max_memory_mib));
+  return dt_train_cap_device_memory(dev, c->max_memory_mib);
+}
+
+dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps) {
+  if (s->capped || !cap_due(c, s->rank, steps))
+    return DT_OK;
+  DT_CHECK(cap_devices(c, s->dev));
   s->capped = true;
   return DT_OK;
+}
+
+dt_status dt_train_oom_cap_before_start(const dt_train_config *c) {
+  dt_device dev;
+  if (!cap_due(c, c->pg ? dt_pg_rank(c->pg) : 0, 0))
+    return DT_OK;
+  DT_CHECK(dt_train_rank_device(c->device, c->pg, &dev));
+  return cap_devices(c, dev);
 }
 
 bool dt_train_oom_caught(const dt_train_config *c, train_state *s, dt_status st) {
