@@ -117,14 +117,17 @@ static dt_status parse(gguf_reader *r, gguf_file *f) {
       align = get_uint(r, 4);
     } else if (!skip_value(r, type)) {
       return DT_ERROR(DT_ERR_INVALID_ARG, "%s: key %.*s has the unknown type %u", f->path,
-                      (int)klen, k, type);
+                      (int)(klen < 64 ? klen : 64), k, type);
     }
   }
-  if (r->short_read || f->n > r->size / 24 || align == 0)
+  /* Each tensor info takes at least 24 bytes of what follows (an empty
+   * name, no dims), and sizeof(gguf_entry) in memory. */
+  if (r->short_read || f->n > (r->size - r->at) / 24 || align == 0)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: a truncated or malformed GGUF header", f->path);
   f->es = calloc((size_t)(f->n ? f->n : 1), sizeof *f->es);
   if (!f->es)
-    return DT_ERROR(DT_ERR_OOM, "init: %llu tensor infos", (unsigned long long)f->n);
+    return DT_ERROR(DT_ERR_OOM, "%s: no memory for %llu tensor infos", f->path,
+                    (unsigned long long)f->n);
   for (uint64_t i = 0; i < f->n && !r->short_read; i++) {
     gguf_entry *e = &f->es[i];
     const char *s;
@@ -194,7 +197,8 @@ static dt_status load_parameter(gguf_file *f, const char *task, const char *name
                     f->path, e->name, n * width, (unsigned long long)e->offset, f->data_size);
   float *host = malloc((size_t)(all_rows * cols) * sizeof(float));
   if (!host)
-    return DT_ERROR(DT_ERR_OOM, "init: %lld floats for %s", (long long)(all_rows * cols), name);
+    return DT_ERROR(DT_ERR_OOM, "%s: no memory for %lld floats of %s", f->path,
+                    (long long)(all_rows * cols), name);
   dt_status st = dt_tensor_to_host(t, host, (size_t)(all_rows * cols) * sizeof(float));
   const unsigned char *src = f->data + e->offset;
   for (size_t i = 0; i < n && st == DT_OK; i++) { /* the padding rows past n stay the model's */

@@ -193,9 +193,14 @@ typedef struct dt_plan_auto {
 dt_status dt_plan_auto_batch(const dt_plan_auto_config *a, dt_plan_auto *out);
 
 /* The trainer's `batch_auto` (train/train_config.h): dt_plan_auto_batch
- * over the run's task, data set (its training split's size), device,
- * precision, optimizer, ZeRO stage and ranks; sets c->batch (and c->accum
- * from c->global_batch) and logs one line to `log` (NULL = none). */
+ * over the run's task, data set (its training split's size), device
+ * (as capped: dt_train_run puts a `max_memory` in force from the start
+ * before), precision, optimizer, ZeRO stage and ranks; sets c->batch (and
+ * c->accum from c->global_batch) and logs one line to `log` (NULL = none).
+ * Under DDP every rank takes the smallest of the ranks' micro-batches
+ * (their memory may differ); collective over a host communicator of
+ * c->pg, and a rank whose plan failed fails every rank
+ * (DT_ERR_DIST_MISMATCH on the others). */
 dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log);
 
 /* A replica of the task's model (seed 1) on `dev` with bench's and

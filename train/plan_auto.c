@@ -1,8 +1,10 @@
 /* `batch auto` (train/plan.h): the seed's rule, then a trial step. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/memory.h"
+#include "dist/comm.h"
 #include "dist/replica.h"
 #include "train/plan.h"
 
@@ -109,6 +111,43 @@ static dt_status train_split_size(const dt_train_config *c, const dt_task *task,
   return DT_OK;
 }
 
+/* The smallest of the ranks' micro-batches into *micro (0: this rank's
+ * plan failed; *least 0: a rank's did), over a host communicator of the
+ * process group; the ranks may see different memory. Collective. */
+static dt_status least_over_ranks(const dt_train_config *c, int64_t micro, int64_t *least) {
+  int world = c->pg ? dt_pg_world_size(c->pg) : 1;
+  *least = micro;
+  if (world < 2)
+    return DT_OK;
+  dt_comm_config cc = DT_COMM_CONFIG_DEFAULT;
+  if (c->comm_timeout > 0)
+    cc.timeout_s = c->comm_timeout;
+  DT_CHECK(dt_comm_config_from_env(&cc));
+  dt_comm *comm = NULL;
+  DT_CHECK(dt_comm_create_for_pg(c->pg, &cc, &comm));
+  float mine = (float)micro, *all = calloc((size_t)world, sizeof *all);
+  int64_t one = 1, n = world;
+  dt_tensor *in = NULL, *out = NULL;
+  const dt_device cpu = {DT_DEVICE_CPU, 0};
+  dt_status st = all ? DT_OK : DT_ERROR(DT_ERR_OOM, "batch auto: %d ranks' micro-batches", world);
+  if (st == DT_OK)
+    st = dt_tensor_from_host(&mine, &one, 1, DT_DTYPE_F32, cpu, &in);
+  if (st == DT_OK)
+    st = dt_tensor_from_host(all, &n, 1, DT_DTYPE_F32, cpu, &out);
+  if (st == DT_OK)
+    st = dt_comm_allgather_sync(comm, in, out);
+  if (st == DT_OK)
+    st = dt_tensor_to_host(out, all, (size_t)world * sizeof *all);
+  for (int i = 0; i < world && st == DT_OK; i++)
+    if ((int64_t)all[i] < *least)
+      *least = (int64_t)all[i];
+  dt_tensor_release(in);
+  dt_tensor_release(out);
+  free(all);
+  dt_comm_destroy(comm);
+  return st;
+}
+
 dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log) {
   dt_task task = *c->task;
   if (c->ctx > 0)
@@ -122,8 +161,24 @@ dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log) {
   a.global_batch = c->global_batch;
   a.overshoot = c->batch_auto_overshoot;
   DT_CHECK(train_split_size(c, &task, &a.data_samples));
+  /* Every rank takes the smallest micro-batch (a divisor of the per-rank
+   * batch, as each rank's is); a rank whose plan failed fails them all. */
   dt_plan_auto r;
-  DT_CHECK(dt_plan_auto_batch(&a, &r));
+  dt_status st = dt_plan_auto_batch(&a, &r);
+  char why[DT_ERROR_MAX];
+  snprintf(why, sizeof why, "%s", st == DT_OK ? "" : dt_last_error());
+  int64_t least = 0;
+  DT_CHECK(least_over_ranks(c, st == DT_OK ? r.micro_batch : 0, &least));
+  if (st != DT_OK)
+    return DT_ERROR(st, "%s", why);
+  if (least < 1)
+    return DT_ERROR(DT_ERR_DIST_MISMATCH,
+                    "batch auto: another rank found no micro-batch that fits (its message names "
+                    "the rank)");
+  bool smaller = least < r.micro_batch;
+  r.micro_batch = (int)least;
+  if (a.global_batch > 0)
+    r.accumulation = (int)(a.global_batch / a.ranks / least);
   c->batch = r.micro_batch;
   c->accum = r.accumulation;
   c->batch_auto = false;
@@ -131,10 +186,11 @@ dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log) {
     fprintf(log,
             "%sdtrain train: batch auto: micro-batch %d (the seed's rule min(%.1f MiB free / "
             "%.3f MiB per sample x 0.9, %lld samples / 10) = %d; %d trial step(s) out of memory, "
-            "halved), accumulation %d, global batch %lld\n",
+            "halved%s), accumulation %d, global batch %lld\n",
             c->log_prefix ? c->log_prefix : "", r.micro_batch, (r.memory - r.fixed) / DT_MIB,
             r.per_sample / DT_MIB, (long long)a.data_samples, r.rule_batch, r.halvings,
-            r.accumulation, (long long)r.micro_batch * r.accumulation * a.ranks);
+            smaller ? "; another rank's, the smallest" : "", r.accumulation,
+            (long long)r.micro_batch * r.accumulation * a.ranks);
     fflush(log);
   }
   return DT_OK;

@@ -92,7 +92,9 @@ typedef struct dt_train_config {
   int batch; /* micro-batch size (per rank) */
   /* The micro-batch from the plan (train/plan.h, dt_plan_auto_batch):
    * `batch` is then 0; with global_batch > 0 the accumulation is
-   * global_batch / (ranks x micro-batch) (`accum` stays 1). */
+   * global_batch / (ranks x micro-batch) (`accum` stays 1). The plan
+   * sees `max_memory` when it is in force from the start; under DDP the
+   * ranks take the smallest of their micro-batches. */
   bool batch_auto;
   int64_t global_batch;
   int batch_auto_overshoot; /* tests: batch_auto's first trial is this multiple of the rule */

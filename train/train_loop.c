@@ -108,7 +108,9 @@ static dt_status piece_step(train_state *s, dt_tensor *x, dt_tensor *y, float sc
 /* One micro-batch through the training step, its loss scaled by 1/group;
  * sync ends the accumulation group. After an out-of-memory recovery it
  * runs as consecutive pieces (train/train_oom.c), each scaled by its share
- * of the group's samples; the last carries the sync, and runs under DDP
+ * of the group's samples (under dp a leftover smaller than the replicas
+ * joins the piece before it: an epoch's last micro-batch may be smaller
+ * than `batch`); the last carries the sync, and runs under DDP
  * even after a piece failed, so that the peers are not left waiting for
  * this rank's buckets. */
 static dt_status micro_batch(const dt_train_config *c, train_state *s, dt_tensor *x, dt_tensor *y,
@@ -117,8 +119,10 @@ static dt_status micro_batch(const dt_train_config *c, train_state *s, dt_tensor
   if (m >= n)
     return piece_step(s, x, y, 1.0f / (float)group, 1.0, sync, loss_sum, host_loss_sum);
   dt_status first = DT_OK, st = DT_OK;
-  for (int64_t lo = 0; lo < n; lo += m) {
-    int64_t hi = lo + m < n ? lo + m : n;
+  for (int64_t lo = 0, hi; lo < n; lo = hi) {
+    hi = lo + m < n ? lo + m : n;
+    if (s->dp && n - hi < s->n_replicas) /* too few left to split: they join this piece */
+      hi = n;
     bool last = hi == n;
     if (first != DT_OK && !(last && sync && s->comm))
       continue;
@@ -590,8 +594,10 @@ dt_status dt_train_run(const dt_train_config *given, FILE *log, dt_train_result 
   DT_CHECK(dt_train_config_validate(given));
   dt_train_config resolved = *given; /* batch auto: the micro-batch and accumulation */
   const dt_train_config *cfg = &resolved;
-  if (given->batch_auto)
+  if (given->batch_auto) { /* under the run's cap */
+    DT_CHECK(dt_train_oom_cap_before_start(given));
     DT_CHECK(dt_train_resolve_batch_auto(&resolved, log));
+  }
   set_phase(cfg, "the start of the run", 0);
   DT_CHECK_GOTO(dt_train_state_create(cfg, &s), st, done);
   FILE *console = log; /* before train.log joins it */

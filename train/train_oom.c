@@ -34,17 +34,34 @@ int64_t dt_train_piece_size(const dt_train_config *c, const train_state *s) {
   return ((int64_t)c->batch + split - 1) / split;
 }
 
-dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps) {
-  if (c->max_memory_mib <= 0 || s->capped || steps < c->max_memory_from_step ||
-      (c->max_memory_rank >= 0 && c->max_memory_rank != s->rank))
-    return DT_OK;
-  if (s->dp)
+/* Whether `max_memory` is in force on `rank` after `steps` optimizer steps. */
+static bool cap_due(const dt_train_config *c, int rank, int64_t steps) {
+  return c->max_memory_mib > 0 && steps >= c->max_memory_from_step &&
+         (c->max_memory_rank < 0 || c->max_memory_rank == rank);
+}
+
+/* `max_memory` on dev, and under dp on every replica's device. */
+static dt_status cap_devices(const dt_train_config *c, dt_device dev) {
+  if (c->mode == DT_TRAIN_MODE_DP)
     for (int i = 0; i < c->n_devices; i++)
       DT_CHECK(dt_train_cap_device_memory(c->devices[i], c->max_memory_mib));
-  else
-    DT_CHECK(dt_train_cap_device_memory(s->dev, c->max_memory_mib));
+  return dt_train_cap_device_memory(dev, c->max_memory_mib);
+}
+
+dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps) {
+  if (s->capped || !cap_due(c, s->rank, steps))
+    return DT_OK;
+  DT_CHECK(cap_devices(c, s->dev));
   s->capped = true;
   return DT_OK;
+}
+
+dt_status dt_train_oom_cap_before_start(const dt_train_config *c) {
+  dt_device dev;
+  if (!cap_due(c, c->pg ? dt_pg_rank(c->pg) : 0, 0))
+    return DT_OK;
+  DT_CHECK(dt_train_rank_device(c->device, c->pg, &dev));
+  return cap_devices(c, dev);
 }
 
 bool dt_train_oom_caught(const dt_train_config *c, train_state *s, dt_status st) {
@@ -93,23 +110,33 @@ dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epo
       DT_CHECK(dt_empty_cache(c->devices[i]));
   else
     DT_CHECK(dt_empty_cache(s->dev));
+  /* The pieces after the halving: dp splits each across its replicas, so
+   * none (the last, batch % piece, included) may have fewer samples than
+   * there are replicas; one process's pieces must shrink. */
   int64_t piece = dt_train_piece_size(c, s);
-  int64_t least = s->dp ? s->n_replicas : 1; /* dp splits each piece across its replicas */
-  if (piece <= least) {
-    char held[512];
+  int split = s->split > 1 ? 2 * s->split : 2;
+  int64_t next = ((int64_t)c->batch + split - 1) / split, rest = c->batch % next;
+  int64_t least = s->dp ? s->n_replicas : 1;
+  if (next >= piece || next < least || (rest != 0 && rest < least)) {
+    char held[512], replicas[160] = "";
     breakdown(s, held, sizeof held);
+    if (s->dp)
+      snprintf(replicas, sizeof replicas,
+               "; `mode` dp splits each piece across its %d replicas: halving it again would "
+               "leave a piece of %lld samples",
+               s->n_replicas, (long long)(next < least || rest == 0 ? next : rest));
     return DT_ERROR(DT_ERR_OOM,
                     "out of memory at optimizer step %lld even with a micro-batch of %lld (of "
-                    "`batch` %d, after %d halving%s): %s; %s. The model's state does not leave "
+                    "`batch` %d, after %d halving%s%s): %s; %s. The model's state does not leave "
                     "room for one sample: shard the optimizer state and gradients (`zero` 1 or 2 "
                     "under DDP), recompute activations (`recompute`), train in 16-bit "
                     "(`precision` bf16), or raise `max_memory`",
                     (long long)steps + 1, (long long)piece, c->batch, s->oom_retries,
-                    s->oom_retries == 1 ? "" : "s", s->oom_error, held);
+                    s->oom_retries == 1 ? "" : "s", replicas, s->oom_error, held);
   }
-  s->split = s->split > 1 ? 2 * s->split : 2;
+  s->split = split;
   s->oom_retries++;
-  piece = dt_train_piece_size(c, s);
+  piece = next;
   int pieces = (int)((c->batch + piece - 1) / piece);
   *ev = (dt_train_oom){steps,          epoch,       first_batch, (int)piece, c->accum * pieces,
                        s->oom_retries, s->oom_error};

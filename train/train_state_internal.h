@@ -74,6 +74,10 @@ int64_t dt_train_piece_size(const dt_train_config *c, const train_state *s);
 /* Puts `max_memory` in force on the run's device(s) once the run has taken
  * `max_memory_from_step` optimizer steps (`steps`); a no-op otherwise. */
 dt_status dt_train_oom_cap(const dt_train_config *c, train_state *s, int64_t steps);
+/* The same before the run's state exists, for `batch` auto's plan and
+ * trial step: `max_memory` on this rank's device(s) when it is in force
+ * from the start (`max_memory_from_step` 0). */
+dt_status dt_train_oom_cap_before_start(const dt_train_config *c);
 /* Whether st (an error of a step's micro-batch) is an out-of-memory error
  * the run recovers from (with `max_memory`); keeps its message. */
 bool dt_train_oom_caught(const dt_train_config *c, train_state *s, dt_status st);
@@ -84,7 +88,8 @@ dt_status dt_train_oom_agree(const dt_train_config *c, train_state *s, bool *oom
  * the cached memory, halves the micro-batch (doubles the split) and fills
  * *ev; the caller redoes the step from `first_batch`. DT_ERR_OOM with the
  * memory's breakdown and the levers when the micro-batch is already the
- * smallest. */
+ * smallest, or (dp) when a piece, the last included, would have fewer
+ * samples than the replicas. */
 dt_status dt_train_oom_recover(const dt_train_config *c, train_state *s, int epoch,
                                int64_t first_batch, int64_t steps, dt_train_oom *ev);
 

@@ -3,8 +3,10 @@
 # (DT_CPU_MEMORY_LIMIT): the micro-batch is the seed's rule
 # min(free / the plan's memory per sample x 0.9, samples / 10), logged,
 # and it fits the cap (bench's measured peak below it); --global-batch
-# sets the accumulation (train); a model that cannot fit, and the flags'
-# misuses, are clear errors.
+# sets the accumulation (train); --max-memory caps what train's plan sees
+# as it caps bench's; ranks whose plans differ take the smallest
+# micro-batch; a model that cannot fit, and the flags' misuses, are clear
+# errors.
 set -uo pipefail
 
 # shellcheck source=tests/check_lib.sh
@@ -52,6 +54,32 @@ if [ -n "$micro" ] && [ -n "$accum" ] && [ "$accum" -gt 1 ] && [ $((micro * accu
 else
   not_ok "train: micro-batch '$micro' x accumulation '$accum' (expected 6000, accumulation > 1)"
 fi
+# --max-memory 64 (no DT_CPU_MEMORY_LIMIT) is the cap the plan and its
+# trial step see: the free memory bench --max-memory 64 sees, the
+# micro-batch and accumulation of the run under DT_CPU_MEMORY_LIMIT=64M.
+free_mib() { grep -oE 'min\([0-9.]+ MiB free' "$out" | grep -oE '[0-9.]+'; }
+run_within 300 bench --model mlp --batch auto --max-memory 64 --steps 1 --warmup 0 --threads 1
+bench_free=$(free_mib)
+run_within 300 train --model mlp --data-dir "$data_dir" --batch auto --global-batch 6000 \
+  --max-memory 64 --max-steps 1 --threads 1 --run-dir "$tmp/run4"
+expect 0 out "batch auto: micro-batch $micro \(.*\), accumulation $accum, global batch 6000" \
+  "train --batch auto --max-memory 64: micro-batch $micro x accumulation $accum, as under DT_CPU_MEMORY_LIMIT=64M"
+train_free=$(free_mib)
+if [ -n "$bench_free" ] && [ "$train_free" = "$bench_free" ]; then
+  ok "train and bench --batch auto --max-memory 64: $train_free MiB free"
+else
+  not_ok "train --batch auto --max-memory 64: '$train_free' MiB free, bench's '$bench_free'"
+fi
+# Two ranks, only rank 1 under --max-memory 64 (DT_TEST_MAX_MEMORY_RANK):
+# rank 1's plan takes micro-batch 3000, rank 0's the data set's tenth;
+# every rank takes the smaller (different micro-batches were refused as
+# "ranks were started with different settings").
+DT_TEST_MAX_MEMORY_RANK=1 run_within 300 launch -n 2 --threads 1 -- train --model mlp \
+  --data-dir "$data_dir" --batch auto --global-batch 12000 --max-memory 64 --max-steps 1 \
+  --run-dir "$tmp/run5"
+expect 0 out "batch auto: micro-batch $micro \(.*; another rank's, the smallest\), accumulation $accum, global batch 12000" \
+  "2 ranks, rank 1 alone under --max-memory 64: both take rank 1's micro-batch $micro"
+expect 0 out "^test_accuracy=" "2 ranks: the run goes on with it"
 
 # ---- the trial steps: a micro-batch that runs out of memory is halved --------
 # DT_TEST_BATCH_AUTO_OVERSHOOT=16 tries 16 x the rule's micro-batch first (a

@@ -19,7 +19,9 @@
 #   - --init refusals naming the file and the tensor: another architecture,
 #     another context (a mis-shaped tensor), a missing and an extra tensor
 #     (gguf_edit.py rewrites the header), a file that is not GGUF, a
-#     truncated one;
+#     truncated one, one claiming more tensor infos than it has bytes for
+#     (refused before their table is allocated: under an address-space
+#     limit that the table would not fit);
 #   - errors: an unknown --dtype (exit 2), --dtype with --format hf, an --out
 #     that is a folder, an --out in a missing folder.
 set -uo pipefail
@@ -107,6 +109,45 @@ for bad in "cut.gguf: no tensor blk.3.ffn_up.bias \[512\], which model gpt2-tiny
 done
 refused "$tmp/prompts/train.bin" "train.bin: not a GGUF file" \
   "--init of a file that is not GGUF: refused naming it" --model gpt2-tiny --ctx 16
+# A header claiming as many tensor infos as the file has bytes / 24, which
+# its long padding string leaves no room for (each takes 24 bytes at least,
+# 152 in memory): refused naming the file before their table is allocated.
+# A file of 128 MiB (a hole) claims 5.6 million, a table of 810 MiB: under
+# an address-space limit 384 MiB above what a 4 KiB such file needs
+# (bisected), the refusal comes all the same.
+many_infos() { # many_infos FILE SIZE
+  "$py" - "$@" <<'PY'
+import struct, sys
+path, size = sys.argv[1], int(sys.argv[2])
+def text(b): return struct.pack("<Q", len(b)) + b
+kv = text(b"general.architecture") + struct.pack("<I", 8) + text(b"gpt2") + text(b"pad")
+head = b"GGUF" + struct.pack("<IQQ", 3, size // 24, 2) + kv + struct.pack("<IQ", 8, 0)
+pad = size - len(head)
+with open(path, "wb") as f:
+    f.write(head[:-8] + struct.pack("<Q", pad))
+    f.truncate(size)
+PY
+}
+many_infos "$tmp/many-small.gguf" 4096 && many_infos "$tmp/many.gguf" $((128 << 20))
+check_status $? "GGUF headers claiming a tensor info per 24 bytes of the file"
+refused "$tmp/many-small.gguf" "many-small.gguf: a truncated or malformed GGUF header" \
+  "--init GGUF claiming more tensor infos than its bytes hold: refused naming the file" \
+  --model gpt2-tiny --ctx 16
+init_under() { # init_under KIB FILE: train --init FILE under ulimit -v KIB
+  (ulimit -v "$1" && exec timeout 120 "$dtrain" train --model gpt2-tiny --ctx 16 --threads 1 \
+    --max-steps 1 --batch 4 --warmup 0 --log-interval 0 --run-dir "$tmp/bad" --init "$2") \
+    >"$out" 2>"$err"
+  rc=$?
+}
+lo=$((128 << 10)) hi=$((16 << 20)) # KiB
+while [ $((hi - lo)) -gt $((8 << 10)) ]; do
+  mid=$(((lo + hi) / 2))
+  init_under "$mid" "$tmp/many-small.gguf"
+  if [ "$rc" = 1 ] && grep -q "many-small.gguf: a truncated" "$err"; then hi=$mid; else lo=$mid; fi
+done
+init_under $((hi + (512 << 10))) "$tmp/many.gguf"
+expect 1 err "many.gguf: a truncated or malformed GGUF header" \
+  "--init GGUF of 128 MiB claiming 5.6 million tensor infos: refused under ulimit -v $(((hi >> 10) + 512)) MiB (a 4 KiB one needs $((hi >> 10)))"
 ck="$tmp/gpt2-tiny"
 run export --checkpoint "$ck" --format gguf --dtype f64 --out "$tmp/x.gguf"
 expect 2 err "f64.*--dtype: expected one of f32, f16, bf16" "an unknown --dtype: exit 2 naming it"

@@ -8,12 +8,15 @@
 #     with micro-batch 256 and twice the accumulation from the start (steps 1
 #     and 2 summed each micro-batch's gradient in one piece: not bitwise);
 #     on 1 rank, on 2 ranks (DDP, ZeRO 1, one rank alone out of memory:
-#     DT_TEST_MAX_MEMORY_RANK) and in --mode dp;
+#     DT_TEST_MAX_MEMORY_RANK) and in --mode dp (with 4 replicas: an
+#     epoch's last micro-batch whose last piece is smaller than the
+#     replicas runs that piece with the one before);
 #   - an OOM in the first step: bitwise equal to the halved run;
 #   - a checkpoint keeps the halved micro-batch: a resume goes on with it,
 #     and ends bitwise where the uninterrupted run ended;
 #   - when even micro-batch 1 does not fit: an error with the breakdown and
-#     the levers (--zero, --recompute, --precision);
+#     the levers (--zero, --recompute, --precision); in --mode dp when a
+#     piece would have fewer samples than the replicas;
 #   - bad --max-memory values are refused (exit 2) naming the flag; --help
 #     and doctor mention it; bench takes it.
 # The caps (MiB) fit the MLP 784-512-512-10 under SGD with momentum on the
@@ -133,6 +136,19 @@ expect 0 out "^out of memory in optimizer step 3 .*micro-batch 256 and accum 4" 
   "--mode dp: the OOM is recovered from"
 expect_cmd "--mode dp: within 1e-6 of the halved run" \
   same "$(ck oomdp 4)" "$(ck halfdp 4)" 1e-6
+# 4 replicas, 4610 training images: micro-batch 1024 runs out of memory
+# in step 3 and is halved to 512; the epoch's last micro-batch, 514, runs
+# as 512 and 2 samples, too few to split across 4 replicas: they join the
+# piece before (one of 514), within 1e-6 of a run without the cap.
+small_image_data "$src" 4610 500
+dp4=(train "${mlp[@]}" --threads 4 --mode dp --devices cpu:0,cpu:1,cpu:2,cpu:3 --batch 1024)
+DT_DATA_DIR="$data" run "${dp4[@]}" --run-dir "$tmp/dp4"
+DT_DATA_DIR="$data" DT_TEST_MAX_MEMORY_FROM_STEP=2 run "${dp4[@]}" --max-memory 12 \
+  --run-dir "$tmp/oomdp4"
+expect 0 out "^out of memory in optimizer step 3 .*micro-batch 512 and accum 2" \
+  "--mode dp, 4 replicas: the OOM is recovered from, the epoch's last 514 samples run in one piece"
+expect_cmd "--mode dp, 4 replicas: within 1e-6 of the run without the cap" \
+  same "$(ck oomdp4 5)" "$(ck dp4 5)" 1e-6
 
 # ---- even micro-batch 1 does not fit ----------------------------------------
 small_brown_data "$src"
@@ -142,6 +158,20 @@ expect 1 out "^out of memory in optimizer step 2 .*micro-batch 1 and accum 2" \
   "GPT-tiny: the first OOM halves the micro-batch to 1"
 expect 1 err "out of memory at optimizer step 2 even with a micro-batch of 1 .*parameters [0-9.]+ MiB, gradients [0-9.]+ MiB, optimizer state [0-9.]+ MiB.*--zero 1 or 2.*--recompute.*--precision bf16.*--max-memory" \
   "micro-batch 1 does not fit either: the breakdown and the levers"
+# --mode dp, 4 replicas of GPT-tiny (110 MiB each between steps, 6 MiB
+# more per sample): a piece smaller than the replicas cannot be split, so
+# the recovery stops with the out-of-memory error where halving would make
+# one: micro-batch 7 (4 and 3), and 10 after its halving to 5 (3, 3, 3, 1).
+gdp=(train --model gpt2-tiny --ctx 16 --threads 4 --warmup 0 --log-interval 0 --sample-len 0
+  --mode dp --devices cpu:0,cpu:1,cpu:2,cpu:3 --max-steps 2 --max-memory 122)
+DT_TEST_MAX_MEMORY_FROM_STEP=1 run "${gdp[@]}" --batch 7 --run-dir "$tmp/gdp7"
+expect 1 err "out of memory at optimizer step 2 even with a micro-batch of 7 \(of --batch 7, after 0 halvings; --mode dp splits each piece across its 4 replicas: halving it again would leave a piece of 3 samples\): .*--recompute" \
+  "--mode dp, 4 replicas, micro-batch 7 out of memory: no piece of 3 (the error says why)"
+DT_TEST_MAX_MEMORY_FROM_STEP=1 run "${gdp[@]}" --batch 10 --run-dir "$tmp/gdp10"
+expect 1 out "^out of memory in optimizer step 2 .*micro-batch 5 and accum 2" \
+  "--mode dp, 4 replicas, micro-batch 10 out of memory: halved to 5"
+expect 1 err "out of memory at optimizer step 2 even with a micro-batch of 5 \(of --batch 10, after 1 halving; .*a piece of 3 samples\)" \
+  "--mode dp, 4 replicas: micro-batch 5 out of memory too: no pieces of 3"
 
 # ---- the flag --------------------------------------------------------------
 for v in 0 -3 abc 1.5 99999999999; do
