@@ -54,7 +54,7 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       "\"step_ms\": %.3f, \"compute_ms\": %.3f, \"memory_ms\": %.3f, \"optimizer_ms\": %.3f, "
       "\"comm_ms\": %.3f, \"comm_exposed_ms\": %.3f, \"samples_per_s\": %.1f, "
       "\"tokens_per_s\": %.0f, \"mfu\": %.4f, \"peak_tflops\": %.2f, \"peak_source\": \"%s\", "
-      "\"act_bw_gbs\": %.1f}\n",
+      "\"act_bw_gbs\": %.1f, \"matmul_eff\": %.3f}\n",
       model, c->device.name, precision, c->zero,
       c->task->sequence_targets ? (long long)c->task->input_shape[0] : 0LL, c->gpus_per_node,
       c->nodes, r->ranks, r->micro_batch, r->accumulation, (long long)r->global_batch,
@@ -64,7 +64,7 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       1e3 * r->step_s, 1e3 * r->compute_s, 1e3 * r->memory_s, 1e3 * r->optimizer_s, 1e3 * r->comm_s,
       1e3 * r->comm_exposed_s, r->samples_per_s, r->tokens_per_s, r->mfu, r->peak_flops / 1e12,
       c->device.cpu ? c->device.peak_source : c->device.source,
-      (c->device.act_bw > 0 ? c->device.act_bw : c->device.mem_bw) / 1e9);
+      (c->device.act_bw > 0 ? c->device.act_bw : c->device.mem_bw) / 1e9, r->matmul_eff);
 }
 
 /* The scaling table: 1, 2, 4, 8 GPUs on one node, then 8 per node up to
@@ -125,6 +125,11 @@ static void print_text(const dt_plan_config *c, const dt_plan_result *r, const c
       "comm %.2f, exposed %.2f)\n",
       1e3 * r->step_s, 1e3 * r->compute_s, 1e3 * r->memory_s, 1e3 * r->optimizer_s, 1e3 * r->comm_s,
       1e3 * r->comm_exposed_s);
+  if (c->device.cpu)
+    printf(
+        "calibration: the model's probe steps on this CPU reach %.0f %% of the roof (traffic "
+        "included); the optimizer's time is the probe's update\n",
+        100.0 * r->matmul_eff);
   printf("throughput: samples_per_s=%.1f", r->samples_per_s);
   if (r->tokens_per_s > 0)
     printf(" tokens_per_s=%.0f", r->tokens_per_s);

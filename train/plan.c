@@ -177,6 +177,8 @@ dt_status dt_plan_cpu_shapes(dt_plan_config *cfg, const dt_plan_probe_result *p,
 typedef struct probe_peaks {
   dt_device dev;
   double fb, update; /* absolute peaks of the phases */
+  double fb_end;     /* when the last backward ended (seconds_now) */
+  double update_end; /* and the last update */
 } probe_peaks;
 
 static dt_status probe_phase_ended(void *user, dt_step_phase ended) {
@@ -185,10 +187,13 @@ static dt_status probe_phase_ended(void *user, dt_step_phase ended) {
     return DT_OK;
   dt_memory_stats ms;
   DT_CHECK(dt_memory_stats_get(p->dev, &ms));
-  if (ended == DT_STEP_PHASE_BACKWARD)
+  if (ended == DT_STEP_PHASE_BACKWARD) {
     p->fb = (double)ms.peak_allocated;
-  else
+    p->fb_end = seconds_now();
+  } else {
     p->update = (double)ms.peak_allocated;
+    p->update_end = seconds_now();
+  }
   return dt_memory_reset_peak(p->dev);
 }
 
@@ -220,16 +225,46 @@ dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, in
   return st;
 }
 
+/* FLOPs per sample of `task` at the probe's context `ctx` (0: the task's
+ * own shape), 0 where the task has no count. */
+static double probe_flops(const dt_task *task, int64_t ctx) {
+  dt_task t = *task;
+  if (ctx > 0 && dt_task_with_context(task, ctx, &t) != DT_OK) {
+    dt_clear_error();
+    return 0.0;
+  }
+  return t.flops_per_sample        ? t.flops_per_sample(&t)
+         : t.plan_flops_per_sample ? t.plan_flops_per_sample(&t)
+                                   : 0.0;
+}
+
 /* One step at `batch` x `ctx`; *resident: allocated before it (the peaks
  * of its phases in *peaks, through the step's phase hook). */
-static dt_status probe_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
-                            double *resident) {
+static dt_status probe_step(const dt_task *task, const dt_replica *rep, const probe_peaks *peaks,
+                            int batch, int64_t ctx, double *resident, double *fb_seconds,
+                            double *update_seconds) {
   dt_memory_stats ms;
   DT_CHECK(dt_memory_stats_get(DT_CPU, &ms));
   if (resident)
     *resident = (double)ms.allocated;
   DT_CHECK(dt_memory_reset_peak(DT_CPU));
-  return dt_plan_step(task, rep, batch, ctx);
+  dt_tensor *x = NULL, *y = NULL;
+  double t0 = 0.0;
+  dt_status st =
+      dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, dt_replica_device(rep), &x, &y);
+  if (st == DT_OK) { /* timed from here: drawing the batch is not the model's work */
+    t0 = seconds_now();
+    st = dt_step_forward_backward(dt_replica_step(rep), x, y, 1.0f, true, NULL);
+  }
+  if (st == DT_OK)
+    st = dt_step_update(dt_replica_step(rep));
+  if (st == DT_OK && fb_seconds) { /* to the backward's end, then the update (the phase hook's) */
+    *fb_seconds = peaks->fb_end - t0;
+    *update_seconds = peaks->update_end - peaks->fb_end;
+  }
+  dt_tensor_release(y);
+  dt_tensor_release(x);
+  return st;
 }
 
 dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recompute,
@@ -262,17 +297,28 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   double units = task->sequence_targets ? (double)ctx * b1 : (double)b1;
   /* A first step allocates what stays from then on (the optimizer's state,
    * the working copy); then the two measured ones. */
-  double resident = 0.0;
-  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, NULL), st, done);
-  DT_CHECK_GOTO(probe_step(task, rep, b1, ctx, &resident), st, done);
+  double resident = 0.0, t[4], u[4];
+  DT_CHECK_GOTO(probe_step(task, rep, &peaks, b1, ctx, NULL, NULL, NULL), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, &peaks, b1, ctx, &resident, &t[0], &u[0]), st, done);
   double fb1 = peaks.fb, up1 = peaks.update;
-  DT_CHECK_GOTO(probe_step(task, rep, 2 * b1, ctx, NULL), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, &peaks, 2 * b1, ctx, NULL, &t[1], &u[1]), st, done);
+  double fb2 = peaks.fb;
+  /* each size once more, for the timing (the faster of the two) */
+  DT_CHECK_GOTO(probe_step(task, rep, &peaks, b1, ctx, NULL, &t[2], &u[2]), st, done);
+  DT_CHECK_GOTO(probe_step(task, rep, &peaks, 2 * b1, ctx, NULL, &t[3], &u[3]), st, done);
+  out->update_seconds = u[0];
+  for (int k = 0; k < 4; k++)
+    out->update_seconds = u[k] < out->update_seconds ? u[k] : out->update_seconds;
+  for (int k = 0; k < 2; k++) {
+    out->fb_seconds[k] = t[k] < t[k + 2] ? t[k] : t[k + 2];
+    out->fb_flops[k] = probe_flops(task, ctx) * b1 * (k + 1);
+  }
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_replica_memory rm = dt_replica_memory_use(rep);
   out->resident = resident;
   out->gradients = (double)rm.gradients;
   out->optimizer_state = (double)rm.optimizer_state;
-  out->act_per_unit = (peaks.fb - fb1) / units;
+  out->act_per_unit = (fb2 - fb1) / units;
   if (out->act_per_unit < 0)
     out->act_per_unit = 0;
   out->act_fixed = fb1 - resident - out->act_per_unit * units;
@@ -400,14 +446,36 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   out->peak_flops = peak_of(d, cfg->precision);
   double bw = d->mem_bw * d->memory_eff;
   double act_bw = (d->act_bw > 0 ? d->act_bw : d->mem_bw) * d->memory_eff;
-  out->compute_s =
-      fps * micro * (cfg->recompute ? 4.0 / 3.0 : 1.0) / (out->peak_flops * d->matmul_eff);
+  double rc = cfg->recompute ? 4.0 / 3.0 : 1.0;
+  out->matmul_eff = d->matmul_eff;
   out->memory_s =
       (cfg->recompute ? 5.0 : 4.0) * p->traffic_per_unit * p->units_per_sample * micro / act_bw;
+  double fixed_s = 0.0; /* per micro-batch, whatever its size (the CPU's calibration) */
+  const double *ps = p->fb_seconds, *pf = p->fb_flops;
+  if (d->cpu && ps[0] > 0 && ps[1] > 0 && pf[0] > 0 && pf[1] > pf[0] && out->peak_flops > 0) {
+    /* This CPU: the model's own probe steps (forward + backward at the
+     * probe's two micro-batches, at this precision and thread count) give
+     * the rate its kernels reach on each further FLOP (traffic included)
+     * and the time a micro-batch takes whatever its size; a slope that
+     * noise made flat: the rate of the larger step alone. */
+    double rate = (pf[1] - pf[0]) / (ps[1] - ps[0]);
+    if (ps[1] > ps[0] && rate <= pf[1] / ps[1] * 4)
+      fixed_s = ps[0] - pf[0] / rate;
+    else
+      rate = pf[1] / ps[1];
+    if (fixed_s < 0)
+      fixed_s = 0, rate = pf[1] / ps[1];
+    out->matmul_eff = rate / out->peak_flops; /* recomputation's re-run included */
+    out->memory_s = 0.0;
+    rc = 1.0;
+  }
+  out->compute_s = fixed_s + fps * micro * rc / (out->peak_flops * out->matmul_eff);
   double per_param = cfg->adamw ? 28.0 : 20.0; /* f32 p, g, state read; p, state written */
   if (cfg->precision == DT_PRECISION_BF16 || cfg->precision == DT_PRECISION_FP16)
     per_param += 2.0; /* the working copy written */
   out->optimizer_s = per_param * (double)p->parameters / (cfg->zero >= 1 ? ranks : 1) / bw;
+  if (d->cpu && p->update_seconds > 0) /* this CPU: the probe's own update, sharded by ZeRO */
+    out->optimizer_s = p->update_seconds / (cfg->zero >= 1 ? ranks : 1);
   double grad_bytes = 4.0 * (double)p->parameters;
   int buckets = (int)ceil(grad_bytes / bucket);
   out->comm_s = allreduce_s(d, ranks, cfg->nodes, grad_bytes, buckets < 1 ? 1 : buckets);

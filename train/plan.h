@@ -84,6 +84,12 @@ typedef struct dt_plan_probe_result {
   double traffic_per_unit; /* the activations written per unit (recompute: those it drops too) */
   double update_peak;      /* the update's peak above `resident` */
   double units_per_sample; /* 1, or the context for a language model */
+  /* The probe's forward + backward at its two micro-batches: the wall
+   * seconds on this thread count (the faster of two steps each) and the
+   * FLOPs (the task's count at the probe's context; 0 = no count), which
+   * calibrate the CPU's compute (dt_plan_compute). */
+  double fb_seconds[2], fb_flops[2];
+  double update_seconds; /* the fastest of the probe's updates (the optimizer step) */
 } dt_plan_probe_result;
 
 /* Measures `task` (its context as set, dt_task_with_context) at
@@ -134,8 +140,11 @@ typedef struct dt_plan_result {
   int64_t global_batch;
   double flops_per_step; /* training FLOPs of one optimizer step, all ranks */
   double peak_flops;     /* per device at the precision */
-  double compute_s;      /* GEMMs of one micro-batch at the peak */
-  double memory_s;       /* activation traffic of one micro-batch at the bandwidth */
+  double matmul_eff;     /* the fraction of the peak compute_s assumes: the device's, or on
+                            the CPU the one the model's probe step reached (traffic in it) */
+  double compute_s;      /* the FLOPs of one micro-batch at peak x matmul_eff */
+  double memory_s;       /* activation traffic of one micro-batch at the bandwidth (the CPU's
+                            calibrated compute holds it: 0 there) */
   double optimizer_s;    /* the update's traffic */
   double comm_s;         /* gradient collectives of one step */
   double comm_exposed_s; /* the part of them backward does not hide */
