@@ -85,7 +85,7 @@ typedef struct dt_plan_probe_result {
   double update_peak;      /* the update's peak above `resident` */
   double units_per_sample; /* 1, or the context for a language model */
   /* The probe's forward + backward at its two micro-batches: the wall
-   * seconds on this thread count (the faster of two steps each) and the
+   * seconds on this thread count (the fastest of 2 to 9 steps each) and the
    * FLOPs (the task's count at the probe's context; 0 = no count), which
    * calibrate the CPU's compute (dt_plan_compute). */
   double fb_seconds[2], fb_flops[2];
