@@ -6,6 +6,10 @@
 # on the tarball: without a GPU the suites skip, dtrain doctor reports, and
 # summary.md holds a row per suite.
 set -euo pipefail
+# The suites the bundle runs are GoogleTest binaries: Bazel's XML and
+# premature-exit files are this test's, not theirs (each suite overwrote
+# the XML, so ./test.sh counted whichever wrote last: 1 case or 664).
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE TEST_SHARD_STATUS_FILE GTEST_OUTPUT
 
 ws="${TEST_SRCDIR:?}/${TEST_WORKSPACE:?}"
 script="$ws/tools/gpu_check.sh"
