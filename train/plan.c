@@ -212,10 +212,15 @@ dt_status dt_plan_replica_create(const dt_task *task, dt_device dev, dt_precisio
   return dt_replica_create(model, dev, 0, dt_train_optimizer_create, (void *)spec, &sc, out);
 }
 
-dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx) {
+/* One step on a synthetic batch; *t0 (may be NULL): when the forward
+ * began (seconds_now; drawing the batch is not the model's work). */
+static dt_status plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx,
+                           double *t0) {
   dt_tensor *x = NULL, *y = NULL;
   dt_status st =
       dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, dt_replica_device(rep), &x, &y);
+  if (st == DT_OK && t0)
+    *t0 = seconds_now();
   if (st == DT_OK)
     st = dt_step_forward_backward(dt_replica_step(rep), x, y, 1.0f, true, NULL);
   if (st == DT_OK)
@@ -225,17 +230,25 @@ dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, in
   return st;
 }
 
-/* FLOPs per sample of `task` at the probe's context `ctx` (0: the task's
- * own shape), 0 where the task has no count. */
+dt_status dt_plan_step(const dt_task *task, const dt_replica *rep, int batch, int64_t ctx) {
+  return plan_step(task, rep, batch, ctx, NULL);
+}
+
+/* Training FLOPs per sample of `t`, 0 where the task has no count. */
+static double task_flops(const dt_task *t) {
+  return t->flops_per_sample        ? t->flops_per_sample(t)
+         : t->plan_flops_per_sample ? t->plan_flops_per_sample(t)
+                                    : 0.0;
+}
+
+/* task_flops at the probe's context `ctx` (0: the task's own shape). */
 static double probe_flops(const dt_task *task, int64_t ctx) {
   dt_task t = *task;
   if (ctx > 0 && dt_task_with_context(task, ctx, &t) != DT_OK) {
     dt_clear_error();
     return 0.0;
   }
-  return t.flops_per_sample        ? t.flops_per_sample(&t)
-         : t.plan_flops_per_sample ? t.plan_flops_per_sample(&t)
-                                   : 0.0;
+  return task_flops(&t);
 }
 
 /* One step at `batch` x `ctx`; *resident: allocated before it (the peaks
@@ -248,23 +261,13 @@ static dt_status probe_step(const dt_task *task, const dt_replica *rep, const pr
   if (resident)
     *resident = (double)ms.allocated;
   DT_CHECK(dt_memory_reset_peak(DT_CPU));
-  dt_tensor *x = NULL, *y = NULL;
   double t0 = 0.0;
-  dt_status st =
-      dt_train_synthetic_batch(task, batch, ctx, (uint64_t)batch, dt_replica_device(rep), &x, &y);
-  if (st == DT_OK) { /* timed from here: drawing the batch is not the model's work */
-    t0 = seconds_now();
-    st = dt_step_forward_backward(dt_replica_step(rep), x, y, 1.0f, true, NULL);
-  }
-  if (st == DT_OK)
-    st = dt_step_update(dt_replica_step(rep));
-  if (st == DT_OK && fb_seconds) { /* to the backward's end, then the update (the phase hook's) */
+  DT_CHECK(plan_step(task, rep, batch, ctx, &t0));
+  if (fb_seconds) { /* to the backward's end, then the update (the phase hook's) */
     *fb_seconds = peaks->fb_end - t0;
     *update_seconds = peaks->update_end - peaks->fb_end;
   }
-  dt_tensor_release(y);
-  dt_tensor_release(x);
-  return st;
+  return DT_OK;
 }
 
 dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recompute,
@@ -317,9 +320,10 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
       out->update_seconds = u[k + 2] < out->update_seconds ? u[k + 2] : out->update_seconds;
     }
   }
+  double per_sample = probe_flops(task, ctx);
   for (int k = 0; k < 2; k++) {
     out->fb_seconds[k] = t[k];
-    out->fb_flops[k] = probe_flops(task, ctx) * b1 * (k + 1);
+    out->fb_flops[k] = per_sample * b1 * (k + 1);
   }
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_replica_memory rm = dt_replica_memory_use(rep);
@@ -448,9 +452,7 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
    * (written in forward, read in backward, their gradients written and
    * read: 4 passes) at the bandwidth, summed over the micro-batches. */
   const dt_task *t = cfg->task;
-  double fps = t->flops_per_sample        ? t->flops_per_sample(t)
-               : t->plan_flops_per_sample ? t->plan_flops_per_sample(t)
-                                          : 0.0;
+  double fps = task_flops(t);
   out->peak_flops = peak_of(d, cfg->precision);
   double bw = d->mem_bw * d->memory_eff;
   double act_bw = (d->act_bw > 0 ? d->act_bw : d->mem_bw) * d->memory_eff;
