@@ -51,6 +51,7 @@ count_xml() {
 passed=0
 failed=0
 failing=() # "label|pkg/name" of each target with a failed case
+flaky=()   # the same for targets that passed only on a later attempt
 skipped=0
 for label in $targets; do
   pkg=${label#//}
@@ -87,6 +88,7 @@ for label in $targets; do
     FAILED* | TIMEOUT*) [ "$f" -gt 0 ] || f=1 ;;
   esac
   [ "$f" -gt 0 ] && failing+=("$label|$pkg/$name")
+  case "$status" in FLAKY*) flaky+=("$label|$pkg/$name") ;; esac
   p=$((t - f - s))
   [ "$p" -ge 0 ] || p=0
   passed=$((passed + p))
@@ -111,8 +113,22 @@ for entry in "${failing[@]}"; do
   grep -o '<testcase name="[^"]*"\|<failure message="[^"]*"' "$dir/test.xml" 2>/dev/null |
     grep -B1 '<failure' | grep -v '^--$' | sed -e 's/^<testcase name=/  case /' \
     -e 's/^<failure message=/    failure: /' | head -20
+  # A shell test's failed checks are its "FAIL:" lines.
+  grep -a -A2 '^FAIL:' "$dir/test.log" 2>/dev/null | head -12 | cut -c1-300 | sed 's/^/  | /'
   echo "  end of $dir/test.log:"
   tail -15 "$dir/test.log" 2>/dev/null | cut -c1-300 | sed 's/^/  | /'
+done
+
+# A test that passed only on a later attempt (flaky = True) counts as
+# passed, and what failed in its earlier attempts is shown.
+for entry in "${flaky[@]}"; do
+  label=${entry%%|*}
+  echo "test.sh: FLAKY $label (passed on a later attempt); the failed attempts' FAIL lines:"
+  for a in "bazel-testlogs/${entry#*|}"/test_attempts/attempt_*.log; do
+    [ -f "$a" ] || continue
+    echo "  $a:"
+    grep -a -A2 '^FAIL:' "$a" | head -12 | cut -c1-300 | sed 's/^/  | /'
+  done
 done
 
 line="$passed passed, $failed failed"

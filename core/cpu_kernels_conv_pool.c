@@ -154,28 +154,38 @@ static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
     max_pool_2x2_plane(g, xp, yp, ap);
     return 0;
   }
+  /* Row by row: each window row's maximum (the first NaN, else the first
+   * largest), then the rows' in order. That is the first NaN, else the
+   * first largest, in the window's scan order, without a branch on the
+   * data (the branchy scan took 3 % of a ResNet-18 step). */
+  enum { CHUNK = 128 };
+  float best[CHUNK];
+  int32_t at[CHUNK];
+  const int32_t w = g->w;
   for (int oy = 0; oy < g->oh; oy++) {
     int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
     y0 = MAX(y0, 0);
-    for (int ox = 0; ox < g->ow; ox++) {
-      int x0 = ox * g->sw - g->pw, x1 = MIN(x0 + g->kw, g->w);
-      x0 = MAX(x0, 0);
-      float best = -INFINITY;
-      int32_t at = y0 * g->w + x0;
-      for (int iy = y0; iy < y1; iy++)
-        for (int ix = x0; ix < x1; ix++) {
-          float v = xp[iy * g->w + ix];
-          if (v > best || v != v) { /* NaN wins, as PyTorch */
-            best = v;
-            at = iy * g->w + ix;
-            if (v != v)
-              goto done;
-          }
+    for (int c0 = 0; c0 < g->ow; c0 += CHUNK) {
+      int c1 = MIN(c0 + CHUNK, g->ow);
+      for (int ox = c0; ox < c1; ox++) {
+        best[ox - c0] = -INFINITY;
+        at[ox - c0] = y0 * w + MAX(ox * g->sw - g->pw, 0);
+      }
+      for (int iy = y0; iy < y1; iy++) {
+        const float *row = xp + (int64_t)iy * w;
+        for (int ox = c0; ox < c1; ox++) {
+          int x0 = ox * g->sw - g->pw, x1 = MIN(x0 + g->kw, w);
+          x0 = MAX(x0, 0);
+          float hb = -INFINITY;
+          int32_t ha = iy * w + x0;
+          for (int ix = x0; ix < x1; ix++)
+            max_update(row[ix], iy * w + ix, &hb, &ha);
+          max_update(hb, ha, &best[ox - c0], &at[ox - c0]);
         }
-    done:
-      yp[oy * g->ow + ox] = best;
+      }
+      memcpy(yp + (int64_t)oy * g->ow + c0, best, (size_t)(c1 - c0) * sizeof(float));
       if (ap)
-        ap[oy * g->ow + ox] = at;
+        memcpy(ap + (int64_t)oy * g->ow + c0, at, (size_t)(c1 - c0) * sizeof(int32_t));
     }
   }
   return 0;

@@ -1,6 +1,7 @@
 /* CPU kernels for batch, layer and RMS normalisation. Statistics are two-pass in
- * double; per-channel sums are formed from per-(channel, sample) partials
- * combined in a fixed order, so results do not depend on the thread count. */
+ * double (a batch-norm plane through 8 running sums); per-channel sums are formed from
+ * per-(channel, sample) partials combined in a fixed order, so results do not depend on the thread
+ * count. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,67 @@ static double *bn_partials(const char *op, int64_t count) {
     DT_ERROR(DT_ERR_OOM, "%s: scratch of %lld doubles: malloc failed: free host memory", op,
              (long long)count * 2);
   return p;
+}
+
+/* A plane's sums in double through 8 running sums (element i into sum
+ * i % 8, added pairwise at the end): a fixed order, so the results do not
+ * depend on the machine or the thread count, and independent additions
+ * that vectorise where one running sum waited on each add's latency (a
+ * ResNet-18 step spent 5 % in these loops). The AVX-512 clone is chosen
+ * at load time; every clone adds in the same order. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BN_CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define BN_CLONES
+#endif
+#define BN_LANES 8
+
+static double lanes_total(const double *v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+/* sum of x[i] (m 0) or of (x[i] - m)^2 (squares) */
+BN_CLONES static double bn_plane_sum(const float *x, int64_t n, double m, int squares) {
+  double acc[BN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + BN_LANES <= n; i += BN_LANES) {
+    if (squares) {
+#pragma omp simd
+      for (int j = 0; j < BN_LANES; j++) {
+        double d = (double)x[i + j] - m;
+        acc[j] += d * d;
+      }
+    } else {
+#pragma omp simd
+      for (int j = 0; j < BN_LANES; j++)
+        acc[j] += x[i + j];
+    }
+  }
+  for (int j = 0; i < n; i++, j++) {
+    double d = (double)x[i] - m;
+    acc[j] += squares ? d * d : (double)x[i];
+  }
+  return lanes_total(acc);
+}
+
+/* *s = sum of g[i], *sx = sum of g[i] (x[i] - m) */
+BN_CLONES static void bn_plane_grad_sums(const float *g, const float *x, int64_t n, double m,
+                                         double *s, double *sx) {
+  double a[BN_LANES] = {0}, b[BN_LANES] = {0};
+  int64_t i = 0;
+  for (; i + BN_LANES <= n; i += BN_LANES) {
+#pragma omp simd
+    for (int j = 0; j < BN_LANES; j++) {
+      a[j] += g[i + j];
+      b[j] += g[i + j] * ((double)x[i + j] - m);
+    }
+  }
+  for (int j = 0; i < n; i++, j++) {
+    a[j] += g[i];
+    b[j] += g[i] * ((double)x[i] - m);
+  }
+  *s = lanes_total(a);
+  *sx = lanes_total(b);
 }
 
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
@@ -44,11 +106,7 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
     /* pass 1: sums per (sample, channel) -> mean */
 #pragma omp parallel for if (par) num_threads(nt) schedule(static)
     for (int64_t task = 0; task < n * c; task++) {
-      const float *xp = x + task * hw;
-      double s = 0.0;
-      for (int64_t i = 0; i < hw; i++)
-        s += xp[i];
-      part[task] = s;
+      part[task] = bn_plane_sum(x + task * hw, hw, 0.0, 0);
     }
     double *mean = part + n * c; /* reuses the second half: (c) means, then (c) vars */
     for (int64_t ci = 0; ci < c; ci++) {
@@ -60,13 +118,7 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
     /* pass 2: squared deviations */
 #pragma omp parallel for if (par) num_threads(nt) schedule(static)
     for (int64_t task = 0; task < n * c; task++) {
-      const float *xp = x + task * hw;
-      double m = mean[task % c], s = 0.0;
-      for (int64_t i = 0; i < hw; i++) {
-        double dlt = xp[i] - m;
-        s += dlt * dlt;
-      }
-      part[task] = s;
+      part[task] = bn_plane_sum(x + task * hw, hw, mean[task % c], 1);
     }
     for (int64_t ci = 0; ci < c; ci++) {
       double s = 0.0;
@@ -131,14 +183,8 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
   double *part_dy = part, *part_dyx = part + n * c;
 #pragma omp parallel for if (par) num_threads(nt) schedule(static)
   for (int64_t task = 0; task < n * c; task++) {
-    const float *xp = x + task * hw, *gp = dy + task * hw;
-    double m = save_mean[task % c], s = 0.0, sx = 0.0;
-    for (int64_t i = 0; i < hw; i++) {
-      s += gp[i];
-      sx += gp[i] * ((double)xp[i] - m);
-    }
-    part_dy[task] = s;
-    part_dyx[task] = sx;
+    bn_plane_grad_sums(dy + task * hw, x + task * hw, hw, save_mean[task % c], &part_dy[task],
+                       &part_dyx[task]);
   }
   float *k_dy = malloc((size_t)(c > 0 ? c : 1) * 3 * sizeof(float));
   if (!k_dy) {

@@ -3,6 +3,7 @@
 // softmax, optimizer and memory kernels are in cpu_kernels_test.cc).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -220,50 +221,58 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
   }
 }
 
-// The 2x2 stride-2 window has its own branch-free loop: same winner as the
-// general scan (first maximum; the first NaN wins), odd sizes drop the last
-// row and column, and argmax may be NULL.
-TEST_P(ThreadCounts, MaxPool2x2TiesNanAndOddSizes) {
-  dt_conv2d_geom g = geom(2, 3, 7, 9, 0, 2, 2, 2, 2, 0, 0);
-  size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
-  Vec x = randn(nx, 33);
-  for (size_t i = 0; i < nx; i++)  // many ties
-    x[i] = std::round(x[i] * 2.0f) / 2.0f;
-  x[0] = x[1] = x[9] = x[10] = -INFINITY;  // a window of -inf: index of its first entry
-  x[2 * 9 + 3] = NAN;                      // window (1, 1): NaN in the second slot...
-  x[3 * 9 + 3] = NAN;                      // ...and another NaN after it
-  x[63 + 4] = NAN;                         // NaN in the first slot of a window
-  x[63 + 9 + 7] = INFINITY;
-  Vec y(ny), y2(ny);
-  std::vector<int32_t> am(ny);
-  ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()));
-  ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y2.data(), nullptr));
-  for (int p = 0; p < g.n * g.c; p++)
-    for (int oy = 0; oy < g.oh; oy++)
-      for (int ox = 0; ox < g.ow; ox++) {
-        float best = -INFINITY;
-        int at = (2 * oy) * g.w + 2 * ox;
-        for (int ki = 0; ki < 2 && !std::isnan(best); ki++)
-          for (int kj = 0; kj < 2; kj++) {
-            int i = (2 * oy + ki) * g.w + 2 * ox + kj;
-            float v = x[(size_t)p * g.h * g.w + i];
-            if (v > best || std::isnan(v)) {
-              best = v, at = i;
-              if (std::isnan(v))
-                break;
+// The 2x2 stride-2 window has its own branch-free loop, other windows a
+// row-by-row one: both pick the general scan's winner (the first maximum in
+// scan order; the first NaN wins), odd sizes drop the last row and column,
+// and argmax may be NULL. The 3x3 stride-2 padded window is ResNet's stem
+// pool; 301 columns give rows of 151 outputs, more than one chunk.
+TEST_P(ThreadCounts, MaxPoolTiesNanAndOddSizes) {
+  for (dt_conv2d_geom g :
+       {geom(2, 3, 7, 9, 0, 2, 2, 2, 2, 0, 0), geom(2, 2, 7, 301, 0, 3, 3, 2, 2, 1, 1)}) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;
+    Vec x = randn(nx, 33);
+    for (size_t i = 0; i < nx; i++)  // many ties
+      x[i] = std::round(x[i] * 2.0f) / 2.0f;
+    x[0] = x[1] = x[g.w] = x[g.w + 1] = -INFINITY;  // a window of -inf: its first entry
+    if (g.kh == 3)
+      x[2] = x[g.w + 2] = -INFINITY;
+    x[2 * g.w + 3] = NAN;  // window (1, 1): NaN in the second slot...
+    x[3 * g.w + 3] = NAN;  // ...and another NaN after it
+    x[g.h * g.w + 4] = NAN;
+    x[g.h * g.w + g.w + 7] = INFINITY;
+    Vec y(ny), y2(ny);
+    std::vector<int32_t> am(ny);
+    ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y.data(), am.data()));
+    ASSERT_EQ(DT_OK, dt_kernel_max_pool2d_forward(cpu_exec(), &g, x.data(), y2.data(), nullptr));
+    for (int p = 0; p < g.n * g.c; p++)
+      for (int oy = 0; oy < g.oh; oy++)
+        for (int ox = 0; ox < g.ow; ox++) {
+          int y0 = std::max(oy * g.sh - g.ph, 0), x0 = std::max(ox * g.sw - g.pw, 0);
+          int y1 = std::min(oy * g.sh - g.ph + g.kh, g.h),
+              x1 = std::min(ox * g.sw - g.pw + g.kw, g.w);
+          float best = -INFINITY;
+          int at = y0 * g.w + x0;
+          for (int iy = y0; iy < y1 && !std::isnan(best); iy++)
+            for (int ix = x0; ix < x1; ix++) {
+              int i = iy * g.w + ix;
+              float v = x[(size_t)p * g.h * g.w + i];
+              if (v > best || std::isnan(v)) {
+                best = v, at = i;
+                if (std::isnan(v))
+                  break;
+              }
             }
+          size_t o = ((size_t)p * g.oh + oy) * g.ow + ox;
+          if (std::isnan(best)) {
+            ASSERT_TRUE(std::isnan(y[o]) && std::isnan(y2[o])) << o;
+          } else {
+            ASSERT_EQ(y[o], best) << o;
+            ASSERT_EQ(y2[o], best) << o;
           }
-        size_t o = ((size_t)p * g.oh + oy) * g.ow + ox;
-        if (std::isnan(best)) {
-          ASSERT_TRUE(std::isnan(y[o]) && std::isnan(y2[o])) << o;
-        } else {
-          ASSERT_EQ(y[o], best) << o;
-          ASSERT_EQ(y2[o], best) << o;
+          ASSERT_EQ(am[o], at) << o;
         }
-        ASSERT_EQ(am[o], at) << o;
-      }
-  EXPECT_EQ(am[0], 0);              // the -inf window
-  EXPECT_EQ(am[4 + 1], 2 * 9 + 3);  // the first NaN, not the later one
+    EXPECT_EQ(am[0], 0);  // the -inf window
+  }
 }
 
 TEST(CpuPool, AvgPoolCountsPaddingInDivisor) {
