@@ -35,8 +35,9 @@ const char *dt_cpu_blas_kernels(void);
 void dt_cpu_blas_choose_kernels(void);
 /* Stride-1 convolutions of small images run on the backend's own AVX-512
  * kernels where the CPU has them (core/cpu_conv_direct.h); 0 sends them to
- * the im2col + sgemm path instead. Returns the previous setting (default
- * 1). For tests and benchmarks: call it while no kernel runs. */
+ * the im2col + sgemm path instead, and the small-plane im2col/col2im
+ * (core/cpu_conv_table.h) to their scalar loops. Returns the previous
+ * setting (default 1). For tests and benchmarks: call it while no kernel runs. */
 int dt_cpu_set_conv_direct(int enabled);
 /* 1 when a convolution of geometry g qualifies for those kernels on this
  * CPU (they run it when the batch has at least one image per thread). */

@@ -31,6 +31,10 @@ extern "C" {
  * CPU has AVX-512F, and they are not switched off. */
 int dt_cpu_conv_direct_usable(const dt_conv2d_geom *g);
 
+/* The setting of dt_cpu_set_conv_direct (core/cpu.h): 0 also keeps the
+ * small-plane table kernels (core/cpu_conv_table.h) scalar. */
+int dt_cpu_conv_simd_enabled(void);
+
 /* Floats of per-image scratch the kernels below need (offsets included). */
 size_t dt_cpu_conv_direct_scratch_floats(const dt_conv2d_geom *g);
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/cpu_conv_direct.h"
+#include "core/cpu_conv_table.h"
 #include "core/cpu_internal.h"
 #include "core/half.h"
 
@@ -109,62 +110,6 @@ static void col2im(const dt_conv2d_geom *g, const float *col, int64_t ld, float 
           }
         }
       }
-  }
-}
-
-/* ---- im2col / col2im of small planes through an index table ----
- *
- * For the few output pixels of ResNet's deep layers (2x2 to 8x8) the
- * loops above spend their time on per-row set-up (a memset, the valid
- * columns) for runs of 2 to 8 floats. Here one table gives, for each
- * (tap, output pixel), the input's offset in the plane or -1 (padding),
- * and each channel is one pass over it. */
-
-#define TABLE_MAX 4096 /* kh*kw*oh*ow entries */
-
-static int table_fits(const dt_conv2d_geom *g) {
-  return (int64_t)g->kh * g->kw * g->oh * g->ow <= TABLE_MAX;
-}
-
-// tab (kh*kw, oh*ow): the input offset iy*w + ix each entry reads, or -1
-static void tap_table(const dt_conv2d_geom *g, int32_t *tab) {
-  int ohw = g->oh * g->ow;
-  for (int t = 0; t < g->kh * g->kw; t++)
-    for (int p = 0; p < ohw; p++) {
-      int iy = p / g->ow * g->sh - g->ph + t / g->kw, ix = p % g->ow * g->sw - g->pw + t % g->kw;
-      tab[t * ohw + p] = iy >= 0 && iy < g->h && ix >= 0 && ix < g->w ? iy * g->w + ix : -1;
-    }
-}
-
-// x (c,h,w) -> col (c*kh*kw, oh*ow), rows ld floats apart, through tab
-static void table_im2col(const dt_conv2d_geom *g, const int32_t *tab, const float *x, float *col,
-                         int64_t ld) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  for (int ci = 0; ci < g->c; ci++) {
-    const float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      float *dst = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p++)
-        dst[p] = tt[p] >= 0 ? plane[tt[p]] : 0.0f;
-    }
-  }
-}
-
-// col (c*kh*kw, oh*ow), rows ld floats apart -> x (c,h,w) overwritten with the sums
-static void table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const float *col, int64_t ld,
-                         float *x) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  memset(x, 0, (size_t)g->c * g->h * g->w * sizeof(float));
-  for (int ci = 0; ci < g->c; ci++) {
-    float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      const float *src = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p++)
-        if (tt[p] >= 0)
-          plane[tt[p]] += src[p];
-    }
   }
 }
 
@@ -593,34 +538,12 @@ static int batched_runs(const dt_conv2d_geom *g) {
   return g->n > 1 && !is_pointwise(g) && (int64_t)g->oh * g->ow <= BATCH_MAX_OHW;
 }
 
-/* C (M, N) = alpha op(A) op(B) + beta C, row-major, with the M rows split
- * among nt threads, each a single-threaded sgemm: OpenBLAS's own threading
- * splits N, which is short here (64 columns for ResNet-18's 512-channel
- * layers at batch 16), and ran at about one thread's speed on two. */
-static void rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt) {
-  int parts = MIN(nt, (M + 15) / 16);
-  if (parts <= 1) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-#pragma omp parallel for num_threads(parts) schedule(static)
-  for (int t = 0; t < parts; t++) {
-    int m0 = (int)((int64_t)M * t / parts) / 16 * 16;
-    int m1 = t + 1 == parts ? M : (int)((int64_t)M * (t + 1) / parts) / 16 * 16;
-    const float *a = ta == CblasNoTrans ? A + (int64_t)m0 * lda : A + m0;
-    if (m1 > m0)
-      cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, 1.0f, a, lda, B, ldb, beta,
-                  C + (int64_t)m0 * ldc, ldc);
-  }
-}
-
 typedef struct batched_run {
   int64_t ohw, ckk, in_sz, out_sz;
   int nb;           /* images per run, at least 1 */
   float *col, *mat; /* (ckk, nb*ohw) and (oc, nb*ohw), the calling thread's scratch */
   int has_tab;      /* tab holds tap_table's entries (table_fits) */
-  int32_t tab[TABLE_MAX];
+  int32_t tab[DT_CONV_TABLE_MAX];
 } batched_run;
 
 static dt_status batched_setup(const dt_conv2d_geom *g, const char *op, batched_run *b) {
@@ -635,9 +558,9 @@ static dt_status batched_setup(const dt_conv2d_geom *g, const char *op, batched_
   if (!b->col)
     return scratch_oom(op, nb * per);
   b->mat = b->col + b->ckk * b->nb * b->ohw;
-  b->has_tab = table_fits(g);
+  b->has_tab = dt_cpu_conv_table_fits(g);
   if (b->has_tab)
-    tap_table(g, b->tab);
+    dt_cpu_conv_tap_table(g, b->tab);
   return DT_OK;
 }
 
@@ -648,7 +571,7 @@ static void batched_im2col(const dt_conv2d_geom *g, const batched_run *b, const 
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
   for (int i = 0; i < m; i++) {
     if (tab)
-      table_im2col(g, tab, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw);
+      dt_cpu_conv_table_im2col(g, tab, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw);
     else
       im2col(g, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw, 0);
   }
@@ -666,8 +589,8 @@ static dt_status batched_forward(const dt_conv2d_geom *g, const float *x, const 
     int64_t ld = m * ohw;
     batched_im2col(g, &b, x, i0, m, nt);
     /* mat (oc, m*ohw) = w (oc, ckk) @ col (ckk, m*ohw) */
-    rows_sgemm(CblasNoTrans, CblasNoTrans, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk, b.col,
-               (int)ld, 0.0f, b.mat, (int)ld, nt);
+    dt_cpu_rows_sgemm(CblasNoTrans, CblasNoTrans, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk, b.col,
+                      (int)ld, 0.0f, b.mat, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
     for (int i = 0; i < m; i++)
       for (int o = 0; o < g->oc; o++) {
@@ -701,17 +624,17 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
     if (dw) {
       batched_im2col(g, &b, x, i0, m, nt);
       /* dw (oc, ckk) (+)= dy (oc, m*ohw) @ col^T (m*ohw, ckk) */
-      rows_sgemm(CblasNoTrans, CblasTrans, g->oc, (int)ckk, (int)ld, b.mat, (int)ld, b.col, (int)ld,
-                 i0 == 0 ? 0.0f : 1.0f, dw, (int)ckk, nt);
+      dt_cpu_rows_sgemm(CblasNoTrans, CblasTrans, g->oc, (int)ckk, (int)ld, b.mat, (int)ld, b.col,
+                        (int)ld, i0 == 0 ? 0.0f : 1.0f, dw, (int)ckk, nt);
     }
     if (dx) {
       /* dcol (ckk, m*ohw) = w^T (ckk, oc) @ dy (oc, m*ohw), into the column buffer */
-      rows_sgemm(CblasTrans, CblasNoTrans, (int)ckk, (int)ld, g->oc, w, (int)ckk, b.mat, (int)ld,
-                 0.0f, b.col, (int)ld, nt);
+      dt_cpu_rows_sgemm(CblasTrans, CblasNoTrans, (int)ckk, (int)ld, g->oc, w, (int)ckk, b.mat,
+                        (int)ld, 0.0f, b.col, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
       for (int i = 0; i < m; i++) {
         if (b.has_tab)
-          table_col2im(g, b.tab, b.col + i * ohw, ld, dx + (i0 + i) * b.in_sz);
+          dt_cpu_conv_table_col2im(g, b.tab, b.col + i * ohw, ld, dx + (i0 + i) * b.in_sz);
         else
           col2im(g, b.col + i * ohw, ld, dx + (i0 + i) * b.in_sz, 0);
       }

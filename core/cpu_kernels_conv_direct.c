@@ -17,6 +17,10 @@ static atomic_int direct_enabled = 1;
 
 int dt_cpu_set_conv_direct(int enabled) { return atomic_exchange(&direct_enabled, enabled != 0); }
 
+int dt_cpu_conv_simd_enabled(void) {
+  return atomic_load_explicit(&direct_enabled, memory_order_relaxed);
+}
+
 /* ---- geometry ---- */
 
 typedef struct direct_geom {

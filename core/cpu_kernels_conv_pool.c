@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/cpu_conv_direct.h"
 #include "core/cpu_internal.h"
 #include "core/half.h"
 
@@ -145,6 +146,73 @@ static dt_status pool_backward_planes(const char *op, const dt_exec *ex, const d
   return pool_planes(op, ex, g, dy, (int64_t)g->oh * g->ow, dx, (int64_t)g->h * g->w, fn, ctx, bad);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* The general window on AVX-512: 16 outputs of a row at a time, each
+ * window row's maximum from one masked gather per column, then the rows'
+ * (the same updates as max_update, lane by lane, so the same winner). */
+__attribute__((target("avx512f"))) static void max_pool_plane_avx512(const dt_conv2d_geom *g,
+                                                                     const float *x, float *y,
+                                                                     int32_t *argmax) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  const __m512i zero = _mm512_setzero_si512(), w = _mm512_set1_epi32(g->w);
+  for (int oy = 0; oy < g->oh; oy++) {
+    int y0 = oy * g->sh - g->ph, y1 = MIN(y0 + g->kh, g->h);
+    y0 = MAX(y0, 0);
+    for (int c0 = 0; c0 < g->ow; c0 += 16) {
+      __mmask16 in = g->ow - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g->ow - c0)) - 1);
+      /* ix0: each lane's first window column, unclipped */
+      __m512i ix0 =
+          _mm512_sub_epi32(_mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(c0), lane),
+                                              _mm512_set1_epi32(g->sw)),
+                           _mm512_set1_epi32(g->pw));
+      __m512i first = _mm512_max_epi32(ix0, zero);
+      __m512 best = ninf;
+      __m512i at = _mm512_add_epi32(_mm512_set1_epi32(y0 * g->w), first);
+      for (int iy = y0; iy < y1; iy++) {
+        const float *row = x + (int64_t)iy * g->w;
+        __m512i base = _mm512_set1_epi32(iy * g->w);
+        __m512 hb = ninf;
+        __m512i ha = _mm512_add_epi32(base, first);
+        for (int kx = 0; kx < g->kw; kx++) {
+          __m512i ix = _mm512_add_epi32(ix0, _mm512_set1_epi32(kx));
+          __mmask16 ok =
+              _mm512_mask_cmpge_epi32_mask(in, ix, zero) & _mm512_cmplt_epi32_mask(ix, w);
+          __m512 v = _mm512_mask_i32gather_ps(ninf, ok, ix, row, 4);
+          __mmask16 take =
+              ok &
+              (_mm512_cmp_ps_mask(v, hb, _CMP_GT_OQ) |
+               (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(hb, hb, _CMP_ORD_Q)));
+          hb = _mm512_mask_blend_ps(take, hb, v);
+          ha = _mm512_mask_blend_epi32(take, ha, _mm512_add_epi32(base, ix));
+        }
+        __mmask16 take = in & (_mm512_cmp_ps_mask(hb, best, _CMP_GT_OQ) |
+                               (_mm512_cmp_ps_mask(hb, hb, _CMP_UNORD_Q) &
+                                _mm512_cmp_ps_mask(best, best, _CMP_ORD_Q)));
+        best = _mm512_mask_blend_ps(take, best, hb);
+        at = _mm512_mask_blend_epi32(take, at, ha);
+      }
+      _mm512_mask_storeu_ps(y + (int64_t)oy * g->ow + c0, in, best);
+      if (argmax)
+        _mm512_mask_storeu_epi32(argmax + (int64_t)oy * g->ow + c0, in, at);
+    }
+  }
+}
+
+static int pool_avx512(void) {
+  __builtin_cpu_init();
+  return dt_cpu_conv_simd_enabled() && __builtin_cpu_supports("avx512f");
+}
+#else
+static void max_pool_plane_avx512(const dt_conv2d_geom *g, const float *x, float *y,
+                                  int32_t *argmax) {
+  (void)g, (void)x, (void)y, (void)argmax;
+}
+static int pool_avx512(void) { return 0; }
+#endif
+
 // one plane: x (h,w) -> y (oh,ow); ctx: argmax (n,c,oh,ow) or NULL
 static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int64_t p,
                                   const float *xp, float *yp) {
@@ -152,6 +220,10 @@ static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
   int32_t *ap = argmax ? argmax + p * g->oh * g->ow : NULL;
   if (is_2x2_stride2(g)) {
     max_pool_2x2_plane(g, xp, yp, ap);
+    return 0;
+  }
+  if (pool_avx512()) {
+    max_pool_plane_avx512(g, xp, yp, ap);
     return 0;
   }
   /* Row by row: each window row's maximum (the first NaN, else the first

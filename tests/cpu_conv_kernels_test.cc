@@ -59,6 +59,12 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       // 21 and 34 columns, 7 input channels of 6 taps (dot tiles of 6)
       geom(3, 3, 12, 19, 13, 3, 4, 1, 1, 1, 2),
       geom(2, 7, 9, 33, 5, 2, 3, 1, 1, 0, 1),
+      // ResNet's deep layers (outputs of <= 64 pixels: a run of images per
+      // GEMM, im2col through the tap table): 2x2 (scalar table loops), 4x4
+      // (one gather of 16), 3x3 of stride 2 from 5x5
+      geom(3, 20, 2, 2, 6, 3, 3, 1, 1, 1, 1),
+      geom(2, 9, 4, 4, 5, 3, 3, 1, 1, 1, 1),
+      geom(4, 6, 5, 5, 7, 3, 3, 2, 2, 1, 1),
   };
 }
 
@@ -187,7 +193,7 @@ TEST(CpuConv, FiniteDifferenceAndBadGeometry) {
                                                    y.data(), nullptr));
 }
 
-TEST_P(ThreadCounts, MaxPoolForwardBackward) {
+TEST_P(ConvPaths, MaxPoolForwardBackward) {
   for (dt_conv2d_geom g :
        {geom(2, 3, 8, 8, 0, 2, 2, 2, 2, 0, 0), geom(1, 2, 7, 6, 0, 3, 3, 2, 2, 1, 1),
         geom(2, 1, 5, 5, 0, 3, 2, 1, 2, 1, 1)}) {
@@ -222,11 +228,12 @@ TEST_P(ThreadCounts, MaxPoolForwardBackward) {
 }
 
 // The 2x2 stride-2 window has its own branch-free loop, other windows a
-// row-by-row one: both pick the general scan's winner (the first maximum in
-// scan order; the first NaN wins), odd sizes drop the last row and column,
-// and argmax may be NULL. The 3x3 stride-2 padded window is ResNet's stem
-// pool; 301 columns give rows of 151 outputs, more than one chunk.
-TEST_P(ThreadCounts, MaxPoolTiesNanAndOddSizes) {
+// row-by-row one (scalar, or 16 outputs per step on AVX-512; the second
+// parameter switches the AVX-512 path off): each picks the general scan's winner (the first maximum
+// in scan order; the first NaN wins), odd sizes drop the last row and column, and argmax may be
+// NULL. The 3x3 stride-2 padded window is ResNet's stem pool; 301 columns give rows of 151 outputs,
+// more than one chunk.
+TEST_P(ConvPaths, MaxPoolTiesNanAndOddSizes) {
   for (dt_conv2d_geom g :
        {geom(2, 3, 7, 9, 0, 2, 2, 2, 2, 0, 0), geom(2, 2, 7, 301, 0, 3, 3, 2, 2, 1, 1)}) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, ny = (size_t)g.n * g.c * g.oh * g.ow;

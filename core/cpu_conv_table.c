@@ -1,0 +1,169 @@
+/* The CPU convolution's small-plane pieces (core/cpu_conv_table.h).
+ *
+ * For the few output pixels of ResNet's deep layers (2x2 to 8x8) per-row
+ * im2col loops spend their time on set-up (a memset, the valid columns)
+ * for runs of 2 to 8 floats. A table gives, for each (tap, output pixel),
+ * the input's offset in the plane or -1 (padding), and each channel is
+ * one pass over it: on AVX-512, 16 entries per masked gather; col2im
+ * gathers, adds and scatters one tap's entries at a time (within a tap
+ * every output pixel reads another input, so a vector has no two lanes
+ * on one address). The AVX-512 functions carry their target attribute
+ * and run only where the CPU has AVX-512F (and dt_cpu_set_conv_direct has
+ * not switched them off); the results are the scalar
+ * loops' bit for bit (copies, and the same additions in the same order). */
+#include "core/cpu_conv_table.h"
+
+#include <omp.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/cpu_conv_direct.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+int dt_cpu_conv_table_fits(const dt_conv2d_geom *g) {
+  return (int64_t)g->kh * g->kw * g->oh * g->ow <= DT_CONV_TABLE_MAX;
+}
+
+void dt_cpu_conv_tap_table(const dt_conv2d_geom *g, int32_t *tab) {
+  int ohw = g->oh * g->ow;
+  for (int t = 0; t < g->kh * g->kw; t++)
+    for (int p = 0; p < ohw; p++) {
+      int iy = p / g->ow * g->sh - g->ph + t / g->kw, ix = p % g->ow * g->sw - g->pw + t % g->kw;
+      tab[t * ohw + p] = iy >= 0 && iy < g->h && ix >= 0 && ix < g->w ? iy * g->w + ix : -1;
+    }
+}
+
+static void im2col_scalar(const dt_conv2d_geom *g, const int32_t *tab, const float *x, float *col,
+                          int64_t ld) {
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
+  for (int ci = 0; ci < g->c; ci++) {
+    const float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      float *dst = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      for (int p = 0; p < ohw; p++)
+        dst[p] = tt[p] >= 0 ? plane[tt[p]] : 0.0f;
+    }
+  }
+}
+
+static void col2im_scalar(const dt_conv2d_geom *g, const int32_t *tab, const float *col, int64_t ld,
+                          float *x) {
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
+  for (int ci = 0; ci < g->c; ci++) {
+    float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      const float *src = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      for (int p = 0; p < ohw; p++)
+        if (tt[p] >= 0)
+          plane[tt[p]] += src[p];
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TARGET_AVX512 __attribute__((target("avx512f")))
+
+static int has_avx512(void) {
+  __builtin_cpu_init();
+  return dt_cpu_conv_simd_enabled() && __builtin_cpu_supports("avx512f");
+}
+
+TARGET_AVX512 static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
+                                        float *col, int64_t ld) {
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
+  const __m512i none = _mm512_set1_epi32(-1);
+  for (int ci = 0; ci < g->c; ci++) {
+    const float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      float *dst = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      for (int p = 0; p < ohw; p += 16) {
+        __mmask16 in = ohw - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ohw - p)) - 1);
+        __m512i idx = _mm512_maskz_loadu_epi32(in, tt + p);
+        __mmask16 valid = _mm512_mask_cmpgt_epi32_mask(in, idx, none);
+        __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
+        _mm512_mask_storeu_ps(dst + p, in, v);
+      }
+    }
+  }
+}
+
+TARGET_AVX512 static void col2im_avx512(const dt_conv2d_geom *g, const int32_t *tab,
+                                        const float *col, int64_t ld, float *x) {
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
+  const __m512i none = _mm512_set1_epi32(-1);
+  for (int ci = 0; ci < g->c; ci++) {
+    float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      const float *src = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      for (int p = 0; p < ohw; p += 16) {
+        __mmask16 in = ohw - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ohw - p)) - 1);
+        __m512i idx = _mm512_maskz_loadu_epi32(in, tt + p);
+        __mmask16 valid = _mm512_mask_cmpgt_epi32_mask(in, idx, none);
+        __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, src + p));
+        _mm512_mask_i32scatter_ps(plane, valid, idx, v, 4);
+      }
+    }
+  }
+}
+#else
+static int has_avx512(void) { return 0; }
+static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *x, float *col,
+                          int64_t ld) {
+  im2col_scalar(g, tab, x, col, ld);
+}
+static void col2im_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *col, int64_t ld,
+                          float *x) {
+  col2im_scalar(g, tab, col, ld, x);
+}
+#endif
+
+/* A gather of 16 lanes pays off from 8 output pixels on (8x8 and 4x4:
+ * 15-20 % faster; 2x2, 4 lanes of 16: 5 % slower than the scalar loop). */
+static int gathers(const dt_conv2d_geom *g) { return g->oh * g->ow >= 8 && has_avx512(); }
+
+void dt_cpu_conv_table_im2col(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
+                              float *col, int64_t ld) {
+  if (gathers(g))
+    im2col_avx512(g, tab, x, col, ld);
+  else
+    im2col_scalar(g, tab, x, col, ld);
+}
+
+void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const float *col,
+                              int64_t ld, float *x) {
+  memset(x, 0, (size_t)g->c * g->h * g->w * sizeof(float));
+  if (gathers(g))
+    col2im_avx512(g, tab, col, ld, x);
+  else
+    col2im_scalar(g, tab, col, ld, x);
+}
+
+/* OpenBLAS's own threading splits N, which is short here (64 columns for
+ * ResNet-18's 512-channel layers at batch 16), and ran at about one
+ * thread's speed on two; OpenBLAS runs single-threaded inside a parallel
+ * region. */
+void dt_cpu_rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt) {
+  int parts = MIN(nt, (M + 15) / 16);
+  if (parts <= 1) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#pragma omp parallel for num_threads(parts) schedule(static)
+  for (int t = 0; t < parts; t++) {
+    int m0 = (int)((int64_t)M * t / parts) / 16 * 16;
+    int m1 = t + 1 == parts ? M : (int)((int64_t)M * (t + 1) / parts) / 16 * 16;
+    const float *a = ta == CblasNoTrans ? A + (int64_t)m0 * lda : A + m0;
+    if (m1 > m0)
+      cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, 1.0f, a, lda, B, ldb, beta,
+                  C + (int64_t)m0 * ldc, ldc);
+  }
+}

@@ -1,0 +1,44 @@
+/* Pieces of the CPU convolution's batched path (core/cpu_kernels_conv.c):
+ * im2col and col2im of small planes through a (tap, output pixel) ->
+ * input offset table, and a GEMM whose rows are split among threads.
+ * Private to the CPU backend. */
+#ifndef DT_CORE_CPU_CONV_TABLE_H
+#define DT_CORE_CPU_CONV_TABLE_H
+
+#include <cblas.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_CONV_TABLE_MAX 4096 /* kh*kw*oh*ow entries */
+
+/* 1 when g's table has at most DT_CONV_TABLE_MAX entries. */
+int dt_cpu_conv_table_fits(const dt_conv2d_geom *g);
+
+/* tab (kh*kw, oh*ow): the offset iy*w + ix in an input plane that each
+ * (tap, output pixel) reads, or -1 where it reads the padding. */
+void dt_cpu_conv_tap_table(const dt_conv2d_geom *g, int32_t *tab);
+
+/* x (c,h,w) -> col (c*kh*kw, oh*ow), rows ld floats apart. */
+void dt_cpu_conv_table_im2col(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
+                              float *col, int64_t ld);
+
+/* col (c*kh*kw, oh*ow), rows ld floats apart -> x (c,h,w) overwritten with
+ * the sum of the entries that read each input, added tap by tap (the
+ * order im2col's inverse adds in, so the sums are the same). */
+void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const float *col,
+                              int64_t ld, float *x);
+
+/* C (M, N) = op(A) op(B) + beta C, row-major, the M rows split among nt
+ * threads, each a single-threaded sgemm. */
+void dt_cpu_rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
