@@ -73,19 +73,29 @@ static int has_avx512(void) {
   return dt_cpu_conv_simd_enabled() && __builtin_cpu_supports("avx512f");
 }
 
+/* Entries p.. of a tap's row of the table (ohw long): *in the lanes
+ * inside the row, *valid those of them that read an input. */
+static inline __attribute__((always_inline)) TARGET_AVX512 __m512i table_entries(const int32_t *tt,
+                                                                                 int p, int ohw,
+                                                                                 __mmask16 *in,
+                                                                                 __mmask16 *valid) {
+  *in = ohw - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ohw - p)) - 1);
+  __m512i idx = _mm512_maskz_loadu_epi32(*in, tt + p);
+  *valid = _mm512_mask_cmpgt_epi32_mask(*in, idx, _mm512_set1_epi32(-1));
+  return idx;
+}
+
 TARGET_AVX512 static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
                                         float *col, int64_t ld) {
   int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  const __m512i none = _mm512_set1_epi32(-1);
   for (int ci = 0; ci < g->c; ci++) {
     const float *plane = x + (int64_t)ci * g->h * g->w;
     for (int t = 0; t < taps; t++) {
       float *dst = col + ((int64_t)ci * taps + t) * ld;
       const int32_t *tt = tab + t * ohw;
       for (int p = 0; p < ohw; p += 16) {
-        __mmask16 in = ohw - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ohw - p)) - 1);
-        __m512i idx = _mm512_maskz_loadu_epi32(in, tt + p);
-        __mmask16 valid = _mm512_mask_cmpgt_epi32_mask(in, idx, none);
+        __mmask16 in, valid;
+        __m512i idx = table_entries(tt, p, ohw, &in, &valid);
         __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
         _mm512_mask_storeu_ps(dst + p, in, v);
       }
@@ -96,16 +106,14 @@ TARGET_AVX512 static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *
 TARGET_AVX512 static void col2im_avx512(const dt_conv2d_geom *g, const int32_t *tab,
                                         const float *col, int64_t ld, float *x) {
   int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  const __m512i none = _mm512_set1_epi32(-1);
   for (int ci = 0; ci < g->c; ci++) {
     float *plane = x + (int64_t)ci * g->h * g->w;
     for (int t = 0; t < taps; t++) {
       const float *src = col + ((int64_t)ci * taps + t) * ld;
       const int32_t *tt = tab + t * ohw;
       for (int p = 0; p < ohw; p += 16) {
-        __mmask16 in = ohw - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ohw - p)) - 1);
-        __m512i idx = _mm512_maskz_loadu_epi32(in, tt + p);
-        __mmask16 valid = _mm512_mask_cmpgt_epi32_mask(in, idx, none);
+        __mmask16 in, valid;
+        __m512i idx = table_entries(tt, p, ohw, &in, &valid);
         __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, src + p));
         _mm512_mask_i32scatter_ps(plane, valid, idx, v, 4);
