@@ -1,6 +1,7 @@
-/* Pieces of the CPU convolution's batched path (core/cpu_kernels_conv.c):
- * im2col and col2im of small planes through a (tap, output pixel) ->
- * input offset table, and a GEMM whose rows are split among threads.
+/* Pieces of the CPU convolution (core/cpu_kernels_conv.c): for its batched
+ * path, im2col and col2im of small planes through a (tap, output pixel) ->
+ * input offset table, and a GEMM whose rows are split among threads; its
+ * 16-bit storage forms.
  * Private to the CPU backend. */
 #ifndef DT_CORE_CPU_CONV_TABLE_H
 #define DT_CORE_CPU_CONV_TABLE_H
@@ -37,6 +38,14 @@ void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const
  * threads, each a single-threaded sgemm. */
 void dt_cpu_rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt);
+
+/* conv2d_forward / conv2d_backward on 16-bit x, w, y, dy, dx, dw
+ * (cpu_kernels_conv_half.c): the f32 kernels on widened copies. */
+dt_status dt_cpu_conv2d_half_forward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,
+                                     const void *w, const float *bias, void *y, void *workspace);
+dt_status dt_cpu_conv2d_half_backward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,
+                                      const void *w, const void *dy, void *dx, void *dw, float *db,
+                                      void *workspace);
 
 #ifdef __cplusplus
 }

@@ -368,7 +368,7 @@ static int direct_backward_wins(const dt_conv2d_geom *g) {
  * images) sums its images' weight gradients in its own (oc, ckk) buffer;
  * the buffers are added in team order. */
 static dt_status direct_backward(const dt_conv2d_geom *g, const float *x, const float *w,
-                                 const float *dy, float *dx, float *dw, int nt) {
+                                 const float *dy, float *dx, float *dw, int dw_acc, int nt) {
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   int64_t w_sz = (int64_t)g->oc * g->c * g->kh * g->kw;
   size_t floats = dt_cpu_conv_direct_scratch_floats(g);
@@ -407,7 +407,7 @@ static dt_status direct_backward(const dt_conv2d_geom *g, const float *x, const 
       float v = acc[j];
       for (int t = 1; t < teams; t++)
         v += acc[(int64_t)t * w_sz + j];
-      dw[j] = v;
+      dw[j] = dw_acc ? dw[j] + v : v;
     }
   free(acc);
   free(wt);
@@ -447,77 +447,6 @@ static int conv_forward_image(const dt_conv2d_geom *g, const float *x, const flo
         yo[i] += b;
     }
   return 1;
-}
-
-/* ---- 16-bit storage (ex->dtype f16/bf16): the f32 kernels on widened
- * copies, each 16-bit result rounded once; bias and db stay f32 ---- */
-
-static int64_t conv_numel_x(const dt_conv2d_geom *g) { return (int64_t)g->n * g->c * g->h * g->w; }
-static int64_t conv_numel_w(const dt_conv2d_geom *g) {
-  return (int64_t)g->oc * g->c * g->kh * g->kw;
-}
-static int64_t conv_numel_y(const dt_conv2d_geom *g) {
-  return (int64_t)g->n * g->oc * g->oh * g->ow;
-}
-
-/* *out = a new f32 buffer of n elements (NULL when `want` is NULL), the
- * widened 16-bit `src` when src is not NULL. */
-static dt_status half_f32_buffer(dt_dtype dtype, const void *want, const void *src, int64_t n,
-                                 float **out) {
-  *out = NULL;
-  if (!want)
-    return DT_OK;
-  *out = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (!*out)
-    return DT_ERROR(DT_ERR_OOM, "conv2d: an f32 copy of %lld %s elements: malloc failed",
-                    (long long)n, dt_dtype_name(dtype));
-  return src ? dt_half_to_f32(dtype, (const uint16_t *)src, *out, n) : DT_OK;
-}
-
-static dt_status half_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,
-                                     const void *w, const float *bias, void *y, void *workspace) {
-  dt_exec ex32 = *ex;
-  ex32.dtype = DT_DTYPE_F32;
-  float *x32 = NULL, *w32 = NULL, *y32 = NULL;
-  dt_status st;
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, x, x, conv_numel_x(g), &x32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, w, w, conv_numel_w(g), &w32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, y, NULL, conv_numel_y(g), &y32), st, done);
-  DT_CHECK_GOTO(dt_cpu_conv2d_forward(&ex32, g, x32, w32, bias, y32, workspace), st, done);
-  st = dt_half_from_f32(ex->dtype, y32, (uint16_t *)y, conv_numel_y(g));
-done:
-  free(y32);
-  free(w32);
-  free(x32);
-  return st;
-}
-
-static dt_status half_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,
-                                      const void *w, const void *dy, void *dx, void *dw, float *db,
-                                      void *workspace) {
-  dt_exec ex32 = *ex;
-  ex32.dtype = DT_DTYPE_F32;
-  float *x32 = NULL, *w32 = NULL, *dy32 = NULL, *dx32 = NULL, *dw32 = NULL;
-  dt_status st;
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, x, x, conv_numel_x(g), &x32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, w, w, conv_numel_w(g), &w32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, dy, dy, conv_numel_y(g), &dy32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, dx, NULL, conv_numel_x(g), &dx32), st, done);
-  DT_CHECK_GOTO(half_f32_buffer(ex->dtype, dw, NULL, conv_numel_w(g), &dw32), st, done);
-  DT_CHECK_GOTO(dt_cpu_conv2d_backward(&ex32, g, x32, w32, dy32, dx32, dw32, db, workspace), st,
-                done);
-  if (dx)
-    DT_CHECK_GOTO(dt_half_from_f32(ex->dtype, dx32, (uint16_t *)dx, conv_numel_x(g)), st, done);
-  if (dw)
-    DT_CHECK_GOTO(dt_half_from_f32(ex->dtype, dw32, (uint16_t *)dw, conv_numel_w(g)), st, done);
-  st = DT_OK;
-done:
-  free(dw32);
-  free(dx32);
-  free(dy32);
-  free(w32);
-  free(x32);
-  return st;
 }
 
 /* ---- small outputs: a run of images in one GEMM ----
@@ -606,7 +535,7 @@ static dt_status batched_forward(const dt_conv2d_geom *g, const float *x, const 
 
 /* dw (oc, ckk) = the images' dy col^T summed; dx = col2im(w^T dy); either may be NULL. */
 static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const float *w,
-                                  const float *dy, float *dx, float *dw, int nt) {
+                                  const float *dy, float *dx, float *dw, int dw_acc, int nt) {
   batched_run b;
   dt_status st = batched_setup(g, "conv2d_backward", &b);
   if (st != DT_OK)
@@ -625,7 +554,7 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
       batched_im2col(g, &b, x, i0, m, nt);
       /* dw (oc, ckk) (+)= dy (oc, m*ohw) @ col^T (m*ohw, ckk) */
       dt_cpu_rows_sgemm(CblasNoTrans, CblasTrans, g->oc, (int)ckk, (int)ld, b.mat, (int)ld, b.col,
-                        (int)ld, i0 == 0 ? 0.0f : 1.0f, dw, (int)ckk, nt);
+                        (int)ld, i0 == 0 && !dw_acc ? 0.0f : 1.0f, dw, (int)ckk, nt);
     }
     if (dx) {
       /* dcol (ckk, m*ohw) = w^T (ckk, oc) @ dy (oc, m*ohw), into the column buffer */
@@ -647,7 +576,7 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
 dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                 const float *w, const float *bias, float *y, void *workspace) {
   if (dt_dtype_is_half(ex->dtype))
-    return half_conv2d_forward(ex, g, x, w, bias, y, workspace);
+    return dt_cpu_conv2d_half_forward(ex, g, x, w, bias, y, workspace);
   (void)workspace;
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   size_t col_floats = (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
@@ -715,13 +644,9 @@ static int conv_backward_image(const dt_conv2d_geom *g, const float *x, const fl
 }
 
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx (n,c,h,w), dw (oc,c,kh,kw), db (oc);
-// each may be NULL; all overwrite
-dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
-                                 const float *w, const float *dy, float *dx, float *dw, float *db,
-                                 void *workspace) {
-  if (dt_dtype_is_half(ex->dtype))
-    return half_conv2d_backward(ex, g, x, w, dy, dx, dw, db, workspace);
-  (void)workspace;
+// each may be NULL; all overwrite but dw with dw_acc (added to)
+static dt_status conv2d_backward_f32(const dt_conv2d_geom *g, const float *x, const float *w,
+                                     const float *dy, float *dx, float *dw, int dw_acc, float *db) {
   int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
   int64_t ohw = (int64_t)g->oh * g->ow, ckk = (int64_t)g->c * g->kh * g->kw, w_sz = g->oc * ckk;
   size_t col_floats = (size_t)ckk * ohw;
@@ -739,15 +664,16 @@ dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, con
   if (!dx && !dw)
     return DT_OK;
   if (dw && g->n == 0) {
-    memset(dw, 0, (size_t)w_sz * sizeof(float));
+    if (!dw_acc)
+      memset(dw, 0, (size_t)w_sz * sizeof(float));
     dw = NULL;
   }
   /* small outputs: the batched GEMMs before the direct kernels, whose
    * backward ran slower there (resnet18-small's 256-channel 7x7 layers) */
   if (batched_runs(g))
-    return batched_backward(g, x, w, dy, dx, dw, nt);
+    return batched_backward(g, x, w, dy, dx, dw, dw_acc, nt);
   if (direct_runs(g, nt) && direct_backward_wins(g))
-    return direct_backward(g, x, w, dy, dx, dw, nt);
+    return direct_backward(g, x, w, dy, dx, dw, dw_acc, nt);
 
   /* Each team (a thread with a contiguous run of images, or the one
    * sequential run) accumulates dw transposed, (ckk, oc), in its own
@@ -791,8 +717,23 @@ dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, con
         float v = dwt[r * g->oc + o];
         for (int t = 1; t < teams; t++)
           v += dwt[(int64_t)t * w_sz + r * g->oc + o];
-        dw[o * ckk + r] = v;
+        dw[o * ckk + r] = dw_acc ? dw[o * ckk + r] + v : v;
       }
   free(dwt);
   return failed ? scratch_oom("conv2d_backward", conv_scratch_floats(g)) : DT_OK;
+}
+
+dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                 const float *w, const float *dy, float *dx, float *dw, float *db,
+                                 void *workspace) {
+  if (dt_dtype_is_half(ex->dtype))
+    return dt_cpu_conv2d_half_backward(ex, g, x, w, dy, dx, dw, db, workspace);
+  return conv2d_backward_f32(g, x, w, dy, dx, dw, 0, db);
+}
+
+dt_status dt_cpu_conv2d_backward_acc(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                     const float *w, const float *dy, float *dx, float *dw,
+                                     float *db, void *workspace) {
+  (void)ex, (void)workspace;
+  return conv2d_backward_f32(g, x, w, dy, dx, dw, 1, db);
 }

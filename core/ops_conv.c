@@ -79,19 +79,27 @@ static dt_status conv2d_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_
   DT_CHECK_GOTO(dt_ops_cast(gy, dtype, &gc), st, fail);
   if (node->needs_grad[0])
     DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), 4, dtype, dev, &dx), st, fail);
-  if (node->needs_grad[1])
+  /* dw straight into the weight's .grad where the engine offers it (f32,
+   * on the CPU, whose kernel adds into it: docs/decisions.md, "Weight
+   * gradients go straight into the gradient arena") */
+  float *dw_dest = NULL;
+  if (node->needs_grad[1] && dtype == DT_DTYPE_F32 && dev.type == DT_DEVICE_CPU)
+    dw_dest = dt_node_grad_dest(node, 1);
+  if (node->needs_grad[1] && !dw_dest)
     DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(w), 4, dtype, dev, &dw), st, fail);
   if (has_bias && node->needs_grad[2]) {
     int64_t oc = g.oc;
     DT_CHECK_GOTO(dt_tensor_empty(&oc, 1, DT_DTYPE_F32, dev, &db), st, fail);
   }
   DT_CHECK_GOTO(alloc_workspace(dev, dtype, &g, &ws), st, fail);
-  DT_CHECK_GOTO(
-      dt_kernel_conv2d_backward(DT_TENSOR_EXEC(gc), &g, dt_tensor_data(x), dt_tensor_data(w),
-                                dt_tensor_data(gc), dx ? dt_tensor_data(dx) : NULL,
-                                dw ? dt_tensor_data(dw) : NULL, db ? DT_F32(db) : NULL,
-                                ws ? dt_tensor_data(ws) : NULL),
-      st, fail);
+  DT_CHECK_GOTO((dw_dest ? dt_kernel_conv2d_backward_acc : dt_kernel_conv2d_backward)(
+                    DT_TENSOR_EXEC(gc), &g, dt_tensor_data(x), dt_tensor_data(w),
+                    dt_tensor_data(gc), dx ? dt_tensor_data(dx) : NULL,
+                    dw_dest ? dw_dest
+                    : dw    ? dt_tensor_data(dw)
+                            : NULL,
+                    db ? DT_F32(db) : NULL, ws ? dt_tensor_data(ws) : NULL),
+                st, fail);
   st = DT_OK;
 fail:
   DT_RELEASE_TENSORS(gc, ws);

@@ -389,6 +389,16 @@ unlock:
   return conv_end(ctx, tmp, st);
 }
 
+/* Not on CUDA: dt_op_conv2d's backward takes conv2d_backward here (the op
+ * asks for the accumulating form only on the CPU). */
+dt_status dt_cuda_conv2d_backward_acc(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                      const float *w, const float *dy, float *dx, float *dw,
+                                      float *db, void *workspace) {
+  (void)ex, (void)g, (void)x, (void)w, (void)dy, (void)dx, (void)dw, (void)db, (void)workspace;
+  return DT_ERROR(DT_ERR_UNSUPPORTED,
+                  "conv2d_backward_acc: the CUDA backend overwrites dw (conv2d_backward)");
+}
+
 // x (n,c,h,w), w (oc,c,kh,kw), dy (n,oc,oh,ow) -> dx, dw, db (each NULL to skip; overwritten);
 // all but db (f32) of ex->dtype
 dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,

@@ -158,6 +158,21 @@ TEST_P(ConvPaths, Conv2dBackwardVsNaive) {
     ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
                                                dx2.data(), nullptr, nullptr, nullptr));
     expect_close(dx2, wdx, 1e-5, 1e-5, "conv2d dx only");
+    // conv2d_backward_acc adds dw into what dw holds (the weight's .grad),
+    // its other outputs as conv2d_backward's; with dw zeroed, the same bits
+    Vec prior = randn(nw, 26), dw3 = prior, dx3(nx, NAN), zero(nw, 0.0f);
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward_acc(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                                   dx3.data(), dw3.data(), nullptr, nullptr))
+        << dt_last_error();
+    std::vector<double> wacc(nw);
+    for (size_t i = 0; i < nw; i++)
+      wacc[i] = prior[i] + wdw[i];
+    expect_close(dw3, wacc, 1e-4, 1e-5, "conv2d_backward_acc dw");
+    expect_close(dx3, wdx, 1e-5, 1e-5, "conv2d_backward_acc dx");
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward_acc(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                                   nullptr, zero.data(), nullptr, nullptr));
+    EXPECT_EQ(0, memcmp(zero.data(), dw2.data(), nw * sizeof(float)))
+        << "conv2d_backward_acc into zeros != conv2d_backward";
   }
 }
 
