@@ -408,10 +408,26 @@ static dt_status cpu_copy(void *dst, dt_device dst_dev, const void *src, dt_devi
   return DT_OK;
 }
 
+/* Large buffers (zero_grad's whole gradient arena: 45 MB for ResNet-18)
+ * in one slice per thread: one core's stores did not reach the memory's
+ * bandwidth. */
+#define MEMSET_SLICE_MIN ((size_t)4 << 20)
+
 static dt_status cpu_memset_zero(dt_device dev, void *ptr, size_t bytes) {
   (void)dev;
-  if (bytes)
-    memset(ptr, 0, bytes);
+  int nt = dt_cpu_threads();
+  if (bytes < 2 * MEMSET_SLICE_MIN || nt <= 1) {
+    if (bytes)
+      memset(ptr, 0, bytes);
+    return DT_OK;
+  }
+  size_t parts = bytes / MEMSET_SLICE_MIN < (size_t)nt ? bytes / MEMSET_SLICE_MIN : (size_t)nt;
+#pragma omp parallel for num_threads((int)parts) schedule(static)
+  for (size_t t = 0; t < parts; t++) {
+    size_t lo = bytes * t / parts / 64 * 64,
+           hi = t + 1 == parts ? bytes : bytes * (t + 1) / parts / 64 * 64;
+    memset((char *)ptr + lo, 0, hi - lo);
+  }
   return DT_OK;
 }
 
