@@ -81,6 +81,63 @@ BN_CLONES static void bn_plane_grad_sums(const float *g, const float *x, int64_t
   *sx = lanes_total(b);
 }
 
+/* The per-channel sums of the (n, c) partials, in sample order. */
+static double channel_total(const double *part, int64_t n, int64_t c, int64_t ci) {
+  double s = 0.0;
+  for (int64_t ni = 0; ni < n; ni++)
+    s += part[ni * c + ci];
+  return s;
+}
+
+/* Each batch-norm kernel is one parallel region whose loops over the
+ * (sample, channel) planes are separated by the serial per-channel steps
+ * (omp single): one wake-up of the pool per call instead of one per loop
+ * (a ResNet-18 step calls them 40 times). The arithmetic is that of
+ * separate loops. */
+
+typedef struct bn_forward_args {
+  const float *x, *gamma, *beta;
+  float *y, *running_mean, *running_var, *save_mean, *save_invstd;
+  int64_t n, c, hw;
+  float momentum, eps;
+  double *part, *mean; /* training: (n*c) partials, (c) means */
+  float *scale, *shift;
+} bn_forward_args;
+
+/* Training: the batch statistics, scale and shift, the saved and running
+ * statistics; runs inside the region (the loops are shared). */
+static void bn_forward_stats(const bn_forward_args *a) {
+  const int64_t n = a->n, c = a->c, hw = a->hw, cnt = n * hw;
+  /* pass 1: sums per (sample, channel) -> mean */
+#pragma omp for schedule(static)
+  for (int64_t task = 0; task < n * c; task++)
+    a->part[task] = bn_plane_sum(a->x + task * hw, hw, 0.0, 0);
+#pragma omp single
+  for (int64_t ci = 0; ci < c; ci++)
+    a->mean[ci] = channel_total(a->part, n, c, ci) / (double)cnt;
+    /* pass 2: squared deviations */
+#pragma omp for schedule(static)
+  for (int64_t task = 0; task < n * c; task++)
+    a->part[task] = bn_plane_sum(a->x + task * hw, hw, a->mean[task % c], 1);
+#pragma omp single
+  for (int64_t ci = 0; ci < c; ci++) {
+    double var = channel_total(a->part, n, c, ci) / (double)cnt;
+    double invstd = 1.0 / sqrt(var + (double)a->eps), mean = a->mean[ci];
+    double g = a->gamma ? a->gamma[ci] : 1.0, b = a->beta ? a->beta[ci] : 0.0;
+    a->scale[ci] = (float)(g * invstd);
+    a->shift[ci] = (float)(b - mean * g * invstd);
+    if (a->save_mean)
+      a->save_mean[ci] = (float)mean;
+    if (a->save_invstd)
+      a->save_invstd[ci] = (float)invstd;
+    if (a->running_mean)
+      a->running_mean[ci] = (float)((1.0 - a->momentum) * a->running_mean[ci] + a->momentum * mean);
+    if (a->running_var)
+      a->running_var[ci] = (float)((1.0 - a->momentum) * a->running_var[ci] +
+                                   a->momentum * var * (double)cnt / (double)(cnt - 1));
+  }
+}
+
 // x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
 dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
                                       const float *gamma, const float *beta, float *running_mean,
@@ -88,64 +145,29 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
                                       int64_t n, int64_t c, int64_t hw, bool training,
                                       float momentum, float eps) {
   (void)ex;
-  int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
-  int par = total >= DT_CPU_PAR_MIN;
-  float *scale = malloc((size_t)(c > 0 ? c : 1) * 2 * sizeof(float));
-  if (!scale)
+  int par = n * c * hw >= DT_CPU_PAR_MIN;
+  bn_forward_args a = {x,         gamma,       beta, y,    running_mean, running_var,
+                       save_mean, save_invstd, n,    c,    hw,           momentum,
+                       eps,       NULL,        NULL, NULL, NULL};
+  a.scale = malloc((size_t)(c > 0 ? c : 1) * 2 * sizeof(float));
+  if (!a.scale)
     return DT_ERROR(DT_ERR_OOM, "batch_norm2d_forward: scratch of %lld floats: malloc failed",
                     (long long)c * 2);
-  float *shift = scale + c;
-
+  a.shift = a.scale + c;
   if (training) {
-    double *part = bn_partials("batch_norm2d_forward", n * c);
-    if (!part) {
-      free(scale);
+    a.part = bn_partials("batch_norm2d_forward", n * c);
+    if (!a.part) {
+      free(a.scale);
       return DT_ERR_OOM;
     }
-    /* pass 1: sums per (sample, channel) -> mean */
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-    for (int64_t task = 0; task < n * c; task++) {
-      part[task] = bn_plane_sum(x + task * hw, hw, 0.0, 0);
-    }
-    double *mean = part + n * c; /* reuses the second half: (c) means, then (c) vars */
-    for (int64_t ci = 0; ci < c; ci++) {
-      double s = 0.0;
-      for (int64_t ni = 0; ni < n; ni++)
-        s += part[ni * c + ci];
-      mean[ci] = s / (double)cnt;
-    }
-    /* pass 2: squared deviations */
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-    for (int64_t task = 0; task < n * c; task++) {
-      part[task] = bn_plane_sum(x + task * hw, hw, mean[task % c], 1);
-    }
-    for (int64_t ci = 0; ci < c; ci++) {
-      double s = 0.0;
-      for (int64_t ni = 0; ni < n; ni++)
-        s += part[ni * c + ci];
-      double var = s / (double)cnt;
-      double invstd = 1.0 / sqrt(var + (double)eps);
-      double g = gamma ? gamma[ci] : 1.0, b = beta ? beta[ci] : 0.0;
-      scale[ci] = (float)(g * invstd);
-      shift[ci] = (float)(b - mean[ci] * g * invstd);
-      if (save_mean)
-        save_mean[ci] = (float)mean[ci];
-      if (save_invstd)
-        save_invstd[ci] = (float)invstd;
-      if (running_mean)
-        running_mean[ci] = (float)((1.0 - momentum) * running_mean[ci] + momentum * mean[ci]);
-      if (running_var)
-        running_var[ci] = (float)((1.0 - momentum) * running_var[ci] +
-                                  momentum * var * (double)cnt / (double)(cnt - 1));
-    }
-    free(part);
+    a.mean = a.part + n * c; /* the second half */
   } else {
     for (int64_t ci = 0; ci < c; ci++) {
       double invstd = 1.0 / sqrt((double)running_var[ci] + (double)eps);
       double g = gamma ? gamma[ci] : 1.0, b = beta ? beta[ci] : 0.0;
-      scale[ci] = (float)(g * invstd);
-      shift[ci] = (float)(b - running_mean[ci] * g * invstd);
+      a.scale[ci] = (float)(g * invstd);
+      a.shift[ci] = (float)(b - running_mean[ci] * g * invstd);
       /* So that a backward through eval mode can use the running stats. */
       if (save_mean)
         save_mean[ci] = running_mean[ci];
@@ -153,16 +175,21 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
         save_invstd[ci] = (float)invstd;
     }
   }
-
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < n * c; task++) {
-    const float *xp = x + task * hw;
-    float *yp = y + task * hw;
-    float a = scale[task % c], b = shift[task % c];
-    for (int64_t i = 0; i < hw; i++)
-      yp[i] = xp[i] * a + b;
+#pragma omp parallel if (par) num_threads(nt)
+  {
+    if (training)
+      bn_forward_stats(&a);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < n * c; task++) {
+      const float *xp = x + task * hw;
+      float *yp = y + task * hw;
+      float sc = a.scale[task % c], sh = a.shift[task % c];
+      for (int64_t i = 0; i < hw; i++)
+        yp[i] = xp[i] * sc + sh;
+    }
   }
-  free(scale);
+  free(a.part);
+  free(a.scale);
   return DT_OK;
 }
 
@@ -181,11 +208,6 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
   if (!part)
     return DT_ERR_OOM;
   double *part_dy = part, *part_dyx = part + n * c;
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < n * c; task++) {
-    bn_plane_grad_sums(dy + task * hw, x + task * hw, hw, save_mean[task % c], &part_dy[task],
-                       &part_dyx[task]);
-  }
   float *k_dy = malloc((size_t)(c > 0 ? c : 1) * 3 * sizeof(float));
   if (!k_dy) {
     free(part);
@@ -193,35 +215,39 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
                     (long long)c * 3);
   }
   float *k_x = k_dy + c, *k_mul = k_dy + 2 * c;
-  for (int64_t ci = 0; ci < c; ci++) {
-    double s = 0.0, sx = 0.0;
-    for (int64_t ni = 0; ni < n; ni++) {
-      s += part_dy[ni * c + ci];
-      sx += part_dyx[ni * c + ci];
+#pragma omp parallel if (par) num_threads(nt)
+  {
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < n * c; task++)
+      bn_plane_grad_sums(dy + task * hw, x + task * hw, hw, save_mean[task % c], &part_dy[task],
+                         &part_dyx[task]);
+#pragma omp single
+    for (int64_t ci = 0; ci < c; ci++) {
+      double s = channel_total(part_dy, n, c, ci), sx = channel_total(part_dyx, n, c, ci);
+      double invstd = save_invstd[ci], g = gamma ? gamma[ci] : 1.0;
+      if (dgamma)
+        dgamma[ci] = (float)(sx * invstd);
+      if (dbeta)
+        dbeta[ci] = (float)s;
+      /* dx = g*invstd * (dy - s/cnt - (x-mean) * invstd^2 * sx/cnt) */
+      double inv_cnt = cnt > 0 ? 1.0 / (double)cnt : 0.0;
+      k_mul[ci] = (float)(g * invstd);
+      k_dy[ci] = (float)(s * inv_cnt);
+      k_x[ci] = (float)(sx * inv_cnt * invstd * invstd);
     }
-    double invstd = save_invstd[ci], g = gamma ? gamma[ci] : 1.0;
-    if (dgamma)
-      dgamma[ci] = (float)(sx * invstd);
-    if (dbeta)
-      dbeta[ci] = (float)s;
-    /* dx = g*invstd * (dy - s/cnt - (x-mean) * invstd^2 * sx/cnt) */
-    double inv_cnt = cnt > 0 ? 1.0 / (double)cnt : 0.0;
-    k_mul[ci] = (float)(g * invstd);
-    k_dy[ci] = (float)(s * inv_cnt);
-    k_x[ci] = (float)(sx * inv_cnt * invstd * invstd);
+    if (dx) {
+#pragma omp for schedule(static)
+      for (int64_t task = 0; task < n * c; task++) {
+        int64_t ci = task % c;
+        const float *xp = x + task * hw, *gp = dy + task * hw;
+        float *dp = dx + task * hw;
+        float m = save_mean[ci], mul = k_mul[ci], kd = k_dy[ci], kx = k_x[ci];
+        for (int64_t i = 0; i < hw; i++)
+          dp[i] = mul * (gp[i] - kd - (xp[i] - m) * kx);
+      }
+    }
   }
   free(part);
-  if (dx) {
-#pragma omp parallel for if (par) num_threads(nt) schedule(static)
-    for (int64_t task = 0; task < n * c; task++) {
-      int64_t ci = task % c;
-      const float *xp = x + task * hw, *gp = dy + task * hw;
-      float *dp = dx + task * hw;
-      float m = save_mean[ci], mul = k_mul[ci], kd = k_dy[ci], kx = k_x[ci];
-      for (int64_t i = 0; i < hw; i++)
-        dp[i] = mul * (gp[i] - kd - (xp[i] - m) * kx);
-    }
-  }
   free(k_dy);
   return DT_OK;
 }
