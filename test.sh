@@ -103,6 +103,12 @@ if [ "$bazel_rc" != 0 ] && [ "$failed" = 0 ]; then
   failed=1
 fi
 
+# fail_lines LOG: a shell test's failed checks (its "FAIL:" lines and the
+# two that follow, stdout and stderr), shortened and indented.
+fail_lines() {
+  grep -a -A2 '^FAIL:' "$1" 2>/dev/null | head -12 | cut -c1-300 | sed 's/^/  | /'
+}
+
 # What failed, once more just above the summary (a CI log may keep only
 # its end): each failing case's message from the XML, then the end of the
 # target's log.
@@ -114,7 +120,7 @@ for entry in "${failing[@]}"; do
     grep -B1 '<failure' | grep -v '^--$' | sed -e 's/^<testcase name=/  case /' \
     -e 's/^<failure message=/    failure: /' | head -20
   # A shell test's failed checks are its "FAIL:" lines.
-  grep -a -A2 '^FAIL:' "$dir/test.log" 2>/dev/null | head -12 | cut -c1-300 | sed 's/^/  | /'
+  fail_lines "$dir/test.log"
   echo "  end of $dir/test.log:"
   tail -15 "$dir/test.log" 2>/dev/null | cut -c1-300 | sed 's/^/  | /'
 done
@@ -127,7 +133,7 @@ for entry in "${flaky[@]}"; do
   for a in "bazel-testlogs/${entry#*|}"/test_attempts/attempt_*.log; do
     [ -f "$a" ] || continue
     echo "  $a:"
-    grep -a -A2 '^FAIL:' "$a" | head -12 | cut -c1-300 | sed 's/^/  | /'
+    fail_lines "$a"
   done
 done
 

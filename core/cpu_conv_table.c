@@ -34,35 +34,6 @@ void dt_cpu_conv_tap_table(const dt_conv2d_geom *g, int32_t *tab) {
     }
 }
 
-static void im2col_scalar(const dt_conv2d_geom *g, const int32_t *tab, const float *x, float *col,
-                          int64_t ld) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  for (int ci = 0; ci < g->c; ci++) {
-    const float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      float *dst = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p++)
-        dst[p] = tt[p] >= 0 ? plane[tt[p]] : 0.0f;
-    }
-  }
-}
-
-static void col2im_scalar(const dt_conv2d_geom *g, const int32_t *tab, const float *col, int64_t ld,
-                          float *x) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  for (int ci = 0; ci < g->c; ci++) {
-    float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      const float *src = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p++)
-        if (tt[p] >= 0)
-          plane[tt[p]] += src[p];
-    }
-  }
-}
-
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -85,51 +56,34 @@ static inline __attribute__((always_inline)) TARGET_AVX512 __m512i table_entries
   return idx;
 }
 
-TARGET_AVX512 static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
-                                        float *col, int64_t ld) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  for (int ci = 0; ci < g->c; ci++) {
-    const float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      float *dst = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p += 16) {
-        __mmask16 in, valid;
-        __m512i idx = table_entries(tt, p, ohw, &in, &valid);
-        __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
-        _mm512_mask_storeu_ps(dst + p, in, v);
-      }
-    }
+/* One tap's row: dst[p] = plane[tt[p]] (0 for -1). */
+TARGET_AVX512 static void gather_row(const int32_t *tt, int ohw, const float *plane, float *dst) {
+  for (int p = 0; p < ohw; p += 16) {
+    __mmask16 in, valid;
+    __m512i idx = table_entries(tt, p, ohw, &in, &valid);
+    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
+    _mm512_mask_storeu_ps(dst + p, in, v);
   }
 }
 
-TARGET_AVX512 static void col2im_avx512(const dt_conv2d_geom *g, const int32_t *tab,
-                                        const float *col, int64_t ld, float *x) {
-  int taps = g->kh * g->kw, ohw = g->oh * g->ow;
-  for (int ci = 0; ci < g->c; ci++) {
-    float *plane = x + (int64_t)ci * g->h * g->w;
-    for (int t = 0; t < taps; t++) {
-      const float *src = col + ((int64_t)ci * taps + t) * ld;
-      const int32_t *tt = tab + t * ohw;
-      for (int p = 0; p < ohw; p += 16) {
-        __mmask16 in, valid;
-        __m512i idx = table_entries(tt, p, ohw, &in, &valid);
-        __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, src + p));
-        _mm512_mask_i32scatter_ps(plane, valid, idx, v, 4);
-      }
-    }
+/* One tap's row: plane[tt[p]] += src[p] where tt[p] is not -1. */
+TARGET_AVX512 static void scatter_add_row(const int32_t *tt, int ohw, const float *src,
+                                          float *plane) {
+  for (int p = 0; p < ohw; p += 16) {
+    __mmask16 in, valid;
+    __m512i idx = table_entries(tt, p, ohw, &in, &valid);
+    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid, idx, plane, 4);
+    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, src + p));
+    _mm512_mask_i32scatter_ps(plane, valid, idx, v, 4);
   }
 }
 #else
 static int has_avx512(void) { return 0; }
-static void im2col_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *x, float *col,
-                          int64_t ld) {
-  im2col_scalar(g, tab, x, col, ld);
+static void gather_row(const int32_t *tt, int ohw, const float *plane, float *dst) {
+  (void)tt, (void)ohw, (void)plane, (void)dst;
 }
-static void col2im_avx512(const dt_conv2d_geom *g, const int32_t *tab, const float *col, int64_t ld,
-                          float *x) {
-  col2im_scalar(g, tab, col, ld, x);
+static void scatter_add_row(const int32_t *tt, int ohw, const float *src, float *plane) {
+  (void)tt, (void)ohw, (void)src, (void)plane;
 }
 #endif
 
@@ -139,19 +93,40 @@ static int gathers(const dt_conv2d_geom *g) { return g->oh * g->ow >= 8 && has_a
 
 void dt_cpu_conv_table_im2col(const dt_conv2d_geom *g, const int32_t *tab, const float *x,
                               float *col, int64_t ld) {
-  if (gathers(g))
-    im2col_avx512(g, tab, x, col, ld);
-  else
-    im2col_scalar(g, tab, x, col, ld);
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow, simd = gathers(g);
+  for (int ci = 0; ci < g->c; ci++) {
+    const float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      float *dst = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      if (simd) {
+        gather_row(tt, ohw, plane, dst);
+        continue;
+      }
+      for (int p = 0; p < ohw; p++)
+        dst[p] = tt[p] >= 0 ? plane[tt[p]] : 0.0f;
+    }
+  }
 }
 
 void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const float *col,
                               int64_t ld, float *x) {
+  int taps = g->kh * g->kw, ohw = g->oh * g->ow, simd = gathers(g);
   memset(x, 0, (size_t)g->c * g->h * g->w * sizeof(float));
-  if (gathers(g))
-    col2im_avx512(g, tab, col, ld, x);
-  else
-    col2im_scalar(g, tab, col, ld, x);
+  for (int ci = 0; ci < g->c; ci++) {
+    float *plane = x + (int64_t)ci * g->h * g->w;
+    for (int t = 0; t < taps; t++) {
+      const float *src = col + ((int64_t)ci * taps + t) * ld;
+      const int32_t *tt = tab + t * ohw;
+      if (simd) {
+        scatter_add_row(tt, ohw, src, plane);
+        continue;
+      }
+      for (int p = 0; p < ohw; p++)
+        if (tt[p] >= 0)
+          plane[tt[p]] += src[p];
+    }
+  }
 }
 
 /* OpenBLAS's own threading splits N, which is short here (64 columns for

@@ -496,11 +496,10 @@ static dt_status batched_setup(const dt_conv2d_geom *g, const char *op, batched_
 // images i0 .. i0+m-1 of x -> col (ckk, m*ohw), image i in columns i*ohw..
 static void batched_im2col(const dt_conv2d_geom *g, const batched_run *b, const float *x, int i0,
                            int m, int nt) {
-  const int32_t *tab = b->has_tab ? b->tab : NULL;
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
   for (int i = 0; i < m; i++) {
-    if (tab)
-      dt_cpu_conv_table_im2col(g, tab, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw);
+    if (b->has_tab)
+      dt_cpu_conv_table_im2col(g, b->tab, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw);
     else
       im2col(g, x + (i0 + i) * b->in_sz, b->col + i * b->ohw, m * b->ohw, 0);
   }

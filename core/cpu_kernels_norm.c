@@ -147,9 +147,19 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
   (void)ex;
   int nt = dt_cpu_threads();
   int par = n * c * hw >= DT_CPU_PAR_MIN;
-  bn_forward_args a = {x,         gamma,       beta, y,    running_mean, running_var,
-                       save_mean, save_invstd, n,    c,    hw,           momentum,
-                       eps,       NULL,        NULL, NULL, NULL};
+  bn_forward_args a = {.x = x,
+                       .gamma = gamma,
+                       .beta = beta,
+                       .y = y,
+                       .running_mean = running_mean,
+                       .running_var = running_var,
+                       .save_mean = save_mean,
+                       .save_invstd = save_invstd,
+                       .n = n,
+                       .c = c,
+                       .hw = hw,
+                       .momentum = momentum,
+                       .eps = eps};
   a.scale = malloc((size_t)(c > 0 ? c : 1) * 2 * sizeof(float));
   if (!a.scale)
     return DT_ERROR(DT_ERR_OOM, "batch_norm2d_forward: scratch of %lld floats: malloc failed",
