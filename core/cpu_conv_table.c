@@ -132,21 +132,33 @@ void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const
 /* OpenBLAS's own threading splits N, which is short here (64 columns for
  * ResNet-18's 512-channel layers at batch 16), and ran at about one
  * thread's speed on two; OpenBLAS runs single-threaded inside a parallel
- * region. */
-void dt_cpu_rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt) {
-  int parts = MIN(nt, (M + 15) / 16);
+ * region. Each part packs the whole of the operand it does not split, so
+ * the split is along the longer of M and N: rows split, every thread
+ * packed all of B, which for the 128-channel 8x8 layers (M 128, N 1024)
+ * is eight times A (1.72 against 1.42 ms forward, 3.48 against 3.19 ms
+ * backward, where the weight gradient's N is c*kh*kw). Every entry of C
+ * is one thread's, over the whole of K. */
+void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
+                        int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt) {
+  int by_cols = N > M, len = by_cols ? N : M;
+  int parts = MIN(nt, (len + 15) / 16);
   if (parts <= 1) {
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     return;
   }
 #pragma omp parallel for num_threads(parts) schedule(static)
   for (int t = 0; t < parts; t++) {
-    int m0 = (int)((int64_t)M * t / parts) / 16 * 16;
-    int m1 = t + 1 == parts ? M : (int)((int64_t)M * (t + 1) / parts) / 16 * 16;
-    const float *a = ta == CblasNoTrans ? A + (int64_t)m0 * lda : A + m0;
-    if (m1 > m0)
-      cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, N, K, 1.0f, a, lda, B, ldb, beta,
-                  C + (int64_t)m0 * ldc, ldc);
+    int i0 = (int)((int64_t)len * t / parts) / 16 * 16;
+    int i1 = t + 1 == parts ? len : (int)((int64_t)len * (t + 1) / parts) / 16 * 16;
+    if (i1 <= i0)
+      continue;
+    if (by_cols) {
+      const float *b = tb == CblasNoTrans ? B + i0 : B + (int64_t)i0 * ldb;
+      cblas_sgemm(CblasRowMajor, ta, tb, M, i1 - i0, K, 1.0f, A, lda, b, ldb, beta, C + i0, ldc);
+    } else {
+      const float *a = ta == CblasNoTrans ? A + (int64_t)i0 * lda : A + i0;
+      cblas_sgemm(CblasRowMajor, ta, tb, i1 - i0, N, K, 1.0f, a, lda, B, ldb, beta,
+                  C + (int64_t)i0 * ldc, ldc);
+    }
   }
 }

@@ -1,6 +1,6 @@
 /* Pieces of the CPU convolution (core/cpu_kernels_conv.c): for its batched
  * path, im2col and col2im of small planes through a (tap, output pixel) ->
- * input offset table, and a GEMM whose rows are split among threads; its
+ * input offset table, and a GEMM split among threads; its
  * 16-bit storage forms.
  * Private to the CPU backend. */
 #ifndef DT_CORE_CPU_CONV_TABLE_H
@@ -34,10 +34,10 @@ void dt_cpu_conv_table_im2col(const dt_conv2d_geom *g, const int32_t *tab, const
 void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const float *col,
                               int64_t ld, float *x);
 
-/* C (M, N) = op(A) op(B) + beta C, row-major, the M rows split among nt
- * threads, each a single-threaded sgemm. */
-void dt_cpu_rows_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt);
+/* C (M, N) = op(A) op(B) + beta C, row-major, the longer of M (rows) and
+ * N (columns) split among nt threads, each a single-threaded sgemm. */
+void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
+                        int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt);
 
 /* conv2d_forward / conv2d_backward on 16-bit x, w, y, dy, dx, dw
  * (cpu_kernels_conv_half.c): the f32 kernels on widened copies. */

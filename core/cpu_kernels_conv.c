@@ -7,8 +7,8 @@
  * between calls, so conv2d_workspace is 0 and the workspace argument is
  * unused on the CPU. The paths, in the order they are tried:
  *   - outputs of at most 64 pixels (ResNet's deep layers): a run of images
- *     in one GEMM per product, the rows split among the threads, im2col
- *     through an index table (batched_*);
+ *     in one GEMM per product, split among the threads along its longer
+ *     side, im2col through an index table (batched_*);
  *   - stride 1 on small images where the CPU has AVX-512: the direct
  *     kernels of cpu_kernels_conv_direct.c (forward; the backward only for
  *     shallow products, LeNet's and a stem's);
@@ -517,8 +517,8 @@ static dt_status batched_forward(const dt_conv2d_geom *g, const float *x, const 
     int64_t ld = m * ohw;
     batched_im2col(g, &b, x, i0, m, nt);
     /* mat (oc, m*ohw) = w (oc, ckk) @ col (ckk, m*ohw) */
-    dt_cpu_rows_sgemm(CblasNoTrans, CblasNoTrans, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk, b.col,
-                      (int)ld, 0.0f, b.mat, (int)ld, nt);
+    dt_cpu_split_sgemm(CblasNoTrans, CblasNoTrans, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk, b.col,
+                       (int)ld, 0.0f, b.mat, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
     for (int i = 0; i < m; i++)
       for (int o = 0; o < g->oc; o++) {
@@ -552,13 +552,13 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
     if (dw) {
       batched_im2col(g, &b, x, i0, m, nt);
       /* dw (oc, ckk) (+)= dy (oc, m*ohw) @ col^T (m*ohw, ckk) */
-      dt_cpu_rows_sgemm(CblasNoTrans, CblasTrans, g->oc, (int)ckk, (int)ld, b.mat, (int)ld, b.col,
-                        (int)ld, i0 == 0 && !dw_acc ? 0.0f : 1.0f, dw, (int)ckk, nt);
+      dt_cpu_split_sgemm(CblasNoTrans, CblasTrans, g->oc, (int)ckk, (int)ld, b.mat, (int)ld, b.col,
+                         (int)ld, i0 == 0 && !dw_acc ? 0.0f : 1.0f, dw, (int)ckk, nt);
     }
     if (dx) {
       /* dcol (ckk, m*ohw) = w^T (ckk, oc) @ dy (oc, m*ohw), into the column buffer */
-      dt_cpu_rows_sgemm(CblasTrans, CblasNoTrans, (int)ckk, (int)ld, g->oc, w, (int)ckk, b.mat,
-                        (int)ld, 0.0f, b.col, (int)ld, nt);
+      dt_cpu_split_sgemm(CblasTrans, CblasNoTrans, (int)ckk, (int)ld, g->oc, w, (int)ckk, b.mat,
+                         (int)ld, 0.0f, b.col, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
       for (int i = 0; i < m; i++) {
         if (b.has_tab)
