@@ -372,17 +372,20 @@ static int largest_divisor_at_most(int64_t n, int64_t cap) {
   return 1;
 }
 
-/* Ring all-reduce (or reduce-scatter + all-gather: the same bytes) of
- * `bytes` over `ranks` in `buckets` collectives: the bandwidth term of a
- * ring and the latency of a tree (NCCL picks trees at scale). */
-static double allreduce_s(const dt_plan_device *d, int ranks, int nodes, double bytes,
+/* One ring pass (a reduce-scatter, or an all-gather) of `bytes` over
+ * `ranks` in `buckets` collectives: (R - 1)/R of the bytes at the link's
+ * bandwidth, and the latency of a tree per bucket (NCCL picks trees at
+ * scale). An all-reduce is two passes. */
+static double ring_pass_s(const dt_plan_device *d, int ranks, int nodes, double bytes,
                           int buckets) {
   if (ranks < 2)
     return 0.0;
   double bw = nodes > 1 ? d->net_bw : d->nvlink_bw;
-  return 2.0 * (ranks - 1) / ranks * bytes / bw +
-         buckets * 2.0 * ceil(log2((double)ranks)) * d->latency;
+  return (double)(ranks - 1) / ranks * bytes / bw +
+         buckets * ceil(log2((double)ranks)) * d->latency;
 }
+
+static double at_least(double v, double floor) { return v > floor ? v : floor; }
 
 dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result *p,
                           dt_plan_result *out) {
@@ -488,10 +491,23 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
     out->optimizer_s = p->update_seconds / (cfg->zero >= 1 ? ranks : 1);
   double grad_bytes = 4.0 * (double)p->parameters;
   int buckets = (int)ceil(grad_bytes / bucket);
-  out->comm_s = allreduce_s(d, ranks, cfg->nodes, grad_bytes, buckets < 1 ? 1 : buckets);
+  buckets = buckets < 1 ? 1 : buckets;
+  /* The gradients' pass(es) overlap the last micro-batch's backward, all
+   * but the last bucket's share. ZeRO >= 1 reduce-scatters them instead
+   * (one pass) and all-gathers the updated f32 parameters (the other):
+   * each bucket's gather starts once its segment is updated, so only the
+   * update of the later segments hides it, and the step waits for all. */
+  double pass = ring_pass_s(d, ranks, cfg->nodes, grad_bytes, buckets);
   double backward = 2.0 / 3.0 * (out->compute_s + out->memory_s);
-  double last_bucket = buckets > 0 ? out->comm_s / buckets : out->comm_s;
-  out->comm_exposed_s = out->comm_s - backward > last_bucket ? out->comm_s - backward : last_bucket;
+  if (cfg->zero >= 1 && ranks > 1) {
+    double hidden = out->optimizer_s * (buckets - 1) / buckets;
+    out->comm_s = 2.0 * pass;
+    out->comm_exposed_s =
+        at_least(pass - backward, pass / buckets) + at_least(pass - hidden, pass / buckets);
+  } else {
+    out->comm_s = 2.0 * pass;
+    out->comm_exposed_s = at_least(out->comm_s - backward, out->comm_s / buckets);
+  }
   out->step_s =
       out->accumulation * (out->compute_s + out->memory_s) + out->optimizer_s + out->comm_exposed_s;
   out->flops_per_step = fps * (double)out->global_batch;

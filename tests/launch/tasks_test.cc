@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -153,6 +154,31 @@ TEST_F(Tasks, EveryTaskCountsItsFlops) {
   pc.device.act_bw = 4 * d.mem_bw;
   ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
   EXPECT_DOUBLE_EQ(plan.memory_s, 4 * 1e6 * 32 / (pc.device.act_bw * d.memory_eff));
+
+  // Communication, 4 x 8 GPUs, 100 M parameters (16 buckets of 25 MiB): a
+  // ring pass is 31/32 of the bytes at the network's bandwidth plus the
+  // tree's latency per bucket. ZeRO 0 all-reduces (two passes) behind the
+  // backward; ZeRO 1 reduce-scatters (one pass, behind the backward) and
+  // all-gathers the updated parameters, which only the later segments'
+  // update hides.
+  pc.gpus_per_node = 8, pc.nodes = 4;
+  probe.parameters = 100e6;
+  probe.optimizer_state = 8.0 * probe.parameters;
+  double bytes = 4.0 * probe.parameters, buckets = ceil(bytes / (25.0 * DT_MIB));
+  ASSERT_EQ(16, buckets);
+  double pass = 31.0 / 32 * bytes / d.net_bw + buckets * 5 * d.latency;
+  ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
+  double backward = 2.0 / 3.0 * (plan.compute_s + plan.memory_s);
+  EXPECT_NEAR(plan.comm_s, 2 * pass, 1e-12);
+  EXPECT_NEAR(plan.comm_exposed_s, std::max(2 * pass - backward, 2 * pass / buckets), 1e-12);
+  pc.zero = 1;
+  ASSERT_DT_OK(dt_plan_compute(&pc, &probe, &plan));
+  double hidden = plan.optimizer_s * (buckets - 1) / buckets;
+  EXPECT_NEAR(plan.comm_s, 2 * pass, 1e-12);
+  EXPECT_NEAR(plan.comm_exposed_s,
+              std::max(pass - backward, pass / buckets) + std::max(pass - hidden, pass / buckets),
+              1e-12);
+  EXPECT_GT(plan.comm_exposed_s, pass * 0.9) << "the all-gather waits after the update";
 }
 
 // The tasks small enough to build in a unit test, at a context short enough
