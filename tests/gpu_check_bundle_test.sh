@@ -71,7 +71,28 @@ for b in "$tmp"/unpacked/gpu_bundle/bin/*; do
   done
 done
 
-# run, here: no GPU, so the suites skip and training/bench are left out.
+# The plan: one line per step, NAME CAP_SECONDS, in order: the parity
+# suites, then GPT-2 124M bf16 with both attention paths (the measurement
+# that sets auto's default), then the rest; the caps add up to at most
+# 450 s (the lease may be one call of 480 s); --extended adds more.
+"$script" --plan >"$tmp/plan.txt" || fail "--plan failed"
+cat "$tmp/plan.txt"
+grep -vqE '^[a-z0-9_-]+ [1-9][0-9]*$' "$tmp/plan.txt" && fail "--plan printed a line that is not NAME CAP_SECONDS"
+caps=$(awk '{ s += $2 } END { print s }' "$tmp/plan.txt")
+[ "$caps" -le 450 ] || fail "the plan's caps add up to $caps s (> 450)"
+[ "$(head -3 "$tmp/plan.txt" | awk '{ print $1 }' | tr '\n' ' ')" = \
+  "op_table_test op_table_attention_gemm_test cuda_backend_test " ] || fail "the parity suites do not come first"
+[ "$(sed -n '4,5p' "$tmp/plan.txt" | awk '{ print $1 }' | tr '\n' ' ')" = \
+  "bench_gpt2_bf16 bench_gpt2_bf16_flash " ] || fail "GPT-2 bf16 with both attention paths does not come next"
+[ "$(grep -c 'gpt2_step_vs_cpu' "$tmp/plan.txt")" = 0 ] ||
+  fail "the CPU's GPT-2 124M step at T=1024 would run twice (cuda_train_step_test has it)"
+"$script" --plan --extended >"$tmp/plan_ext.txt"
+[ "$(head -n "$(wc -l <"$tmp/plan.txt")" "$tmp/plan_ext.txt")" = "$(cat "$tmp/plan.txt")" ] &&
+  [ "$(wc -l <"$tmp/plan_ext.txt")" -gt "$(wc -l <"$tmp/plan.txt")" ] ||
+  fail "--extended does not add steps after the plan's"
+echo "plan: $(wc -l <"$tmp/plan.txt") steps, caps $caps s"
+
+# run, here: no GPU, so the suites skip and the steps that need one are not run.
 out="$tmp/results"
 PYTHON=/bin/false "$script" run "$tarball" "$out" --deadline 300 >"$tmp/run.log" 2>&1 ||
   { cat "$tmp/run.log"; fail "run failed"; }
@@ -96,8 +117,18 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     grep -q "^| $s | ok | [1-9][0-9]* | 0 | [1-9][0-9]* |" "$out/summary.md" ||
       fail "summary row for $s: $(grep "^| $s " "$out/summary.md")"
   done
-  grep -q 'training, launch, bench | not run .* no GPU' "$out/summary.md" || fail "no-GPU note"
+  for s in bench_gpt2_bf16 bench_gpt2_bf16_flash zero_vs_ddp bench_dtrain_resnet50_bf16; do
+    grep -q "^| $s | not run | - | - | - | 0 | no GPU |" "$out/summary.md" ||
+      fail "summary row for $s is not 'not run: no GPU': $(grep "^| $s " "$out/summary.md")"
+  done
 fi
+# Every step of the plan has its row, in the plan's order; a suite this
+# bundle lacks says so.
+plan_rows=$(sed -n 's/^| \([a-z0-9_-]*\)\( (2 ranks)\)\{0,1\} | .*/\1/p' "$out/summary.md" | grep -v '^step$')
+[ "$plan_rows" = "$(awk '{ print $1 }' "$tmp/plan.txt")" ] ||
+  fail "the summary's rows are not the plan's steps in order: $(echo $plan_rows)"
+grep -q '^| op_table_attention_gemm_test | skipped | .* not available in this build |' "$out/summary.md" ||
+  fail "a suite missing from the bundle: $(grep '^| op_table_attention_gemm_test ' "$out/summary.md")"
 
 # The comparing steps a GPU run makes (gpt2-step, zero), on a stand-in
 # dtrain that prints what the real one does: within tolerance they pass,

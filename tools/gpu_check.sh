@@ -3,7 +3,8 @@
 # ../shared/recipes/gpu-check.md).
 #
 #   tools/gpu_check.sh bundle [TARBALL]            on the development machine
-#   tools/gpu_check.sh run [TARBALL] [OUT] [--deadline S]   on the GPU machine
+#   tools/gpu_check.sh run [TARBALL] [OUT] [--deadline S] [--extended]   on the GPU machine
+#   tools/gpu_check.sh --plan [--extended]         the steps of a run: NAME CAP_SECONDS
 #   tools/gpu_check.sh size [CARRIED...]           what travels to the GPU machine
 #   tools/gpu_check.sh pack [--no-data] TARBALL EXE...   bundle's packing step
 #   tools/gpu_check.sh list TARBALL                what a bundle holds
@@ -28,26 +29,27 @@
 #   summary.md and logs.tar.xz (every step's log, nvidia-smi, dtrain doctor).
 #   The summary opens with the machine's facts (GPU, driver, CUDA runtime,
 #   cuDNN and NCCL loaded vs built against, glibc) and has a row per step,
-#   most valuable first: the parity suites (ops with every dtype, the
-#   backend: cuBLASLt, cuDNN in 16 bits), GPT-2 124M in bf16 at T=1024
-#   (tokens/s and MFU against issue 12's 550K tokens/s bar, beside PyTorch
-#   under bf16 autocast), the training-step parity, a GPT-2
-#   124M training step at T=1024 against the CPU (`gpu_check.sh gpt2-step`),
-#   the other CUDA suites (the loader's copy/compute timeline, the
-#   allocator's OOM retry beside a busy stream, ...), the distributed ones (2
-#   ranks under the bundled mpirun, with dtrain launch's MCA settings),
-#   `dtrain launch -n 2 -- train --device cuda`, ZeRO 1/2 against DDP,
-#   training on cuda:0 (LeNet-5 in fp32 and bf16, MLP), traces/metrics and
-#   `dtrain top --once`, `dtrain bench` beside tools/bench_torch.py (fp32
-#   and bf16 rows; GPT-2 124M at T=1024 too: tokens/s and MFU; ResNet-50 at
-#   224 px RGB, batch 32, fp32 and bf16, beside torchvision's). A step whose subcommand, flag or model this build lacks is
+#   in the plan's order (`--plan`; plan_steps below), most valuable first:
+#   the parity suites (ops with every dtype, the attention rows on the GEMM
+#   path, the backend: cuBLASLt, cuDNN in 16 bits), GPT-2 124M in bf16 at
+#   T=1024 with both attention paths (the heads' GEMMs, auto's path, and
+#   the fused flash kernels; tokens/s and MFU against the goal of the GPU's
+#   kind: llm.c's ~468K on an H100, 550K on an H200) and PyTorch under bf16
+#   autocast beside them, the training-step parity (with the CPU's GPT-2
+#   124M step at T=1024, once), the allocator and loader suites, NCCL and
+#   the host-staged backend (2 ranks under the bundled mpirun, with dtrain
+#   launch's MCA settings), ZeRO 1/2 against DDP, LeNet-5 in bf16 on
+#   cuda:0, ResNet-50 bf16 at 224 px beside torchvision's. Each step runs
+#   within its cap, and the caps add up to at most 450 s; --extended adds
+#   fp32 training, launch, traces and the other bench rows beyond that.
+#   A step whose subcommand, flag or model this build lacks is
 #   "skipped: <command> not available in this build"; a suite whose cases
 #   all skipped is "skipped", never "ok". The whole run has a deadline
 #   (default 480 s, --deadline or GPU_CHECK_DEADLINE): each step gets what is
 #   left (`timeout -k`), and the summary and the log tarball are rewritten
 #   after every step (temporary name, then rename), so a run killed at any
 #   moment leaves a complete summary of what ran. Without a GPU the suites
-#   skip and training, launch and bench are left out (said so). Exit
+#   skip and the steps that need one are "not run: no GPU". Exit
 #   status: 0 when no step failed.
 set -uo pipefail
 
@@ -261,10 +263,10 @@ write_summary() {
       cat "$logs/extra_lines.txt"
       echo '```'
     fi
-    if [ -f "$logs/extra.md" ]; then
-      echo
-      cat "$logs/extra.md"
-    fi
+    local part
+    for part in gpt2.md bench_table.md extra.md; do
+      if [ -f "$logs/$part" ]; then cat "$logs/$part"; fi
+    done
   } >"$tmp" && mv -f "$tmp" "$out/summary.md"
   tar -C "$logs" -cJf "$out/.logs.tar.xz.tmp" . 2>/dev/null && mv -f "$out/.logs.tar.xz.tmp" "$out/logs.tar.xz"
 }
@@ -293,7 +295,6 @@ skipped_row() {
 # deadline (at most LIMIT s; `timeout -k 5`), its output in logs/NAME.log,
 # and adds a summary row. KIND gtest counts the cases (a suite whose cases
 # all skipped is "skipped", never "ok"); KIND plain only looks at the exit.
-step_rc=0
 step() {
   local name=$1 limit=$2 kind=$3
   shift 3
@@ -302,7 +303,6 @@ step() {
   if [ "$left" -lt 10 ]; then
     summary_rows+=("$name|not run|-|-|-|0|the deadline was reached")
     failed=$((failed + 1))
-    step_rc=124
     write_summary running
     return 0
   fi
@@ -331,15 +331,286 @@ step() {
   unset 'summary_rows[${#summary_rows[@]}-1]'
   summary_rows+=("$name|$result|$pass|$fail|$skip|$((SECONDS - t0))|${note//|//}")
   write_summary running
-  step_rc=$rc
   say "$name: $result ($pass passed, $fail failed, $skip skipped, $((SECONDS - t0)) s)"
   return 0
 }
 
+# ---- the plan: the steps of a run in order, NAME CAP_SECONDS ----
+#
+# Most valuable first: the parity suites, then GPT-2 124M in bf16 at T=1024
+# with both attention paths (auto's default is chosen by that measurement)
+# and PyTorch beside it, then the rest. A lease may be a single call of a
+# few minutes: the caps add up to at most 450 s against the 480 s default
+# deadline, so no step is cut by it. The CPU's GPT-2 124M step at T=1024
+# runs once (in cuda_train_step_test; `gpt2-step` repeats it with TF32 off
+# and is left to --extended). --extended adds the steps beyond that budget
+# (fp32 training, launch, traces, the other bench rows) for a longer
+# lease; give --deadline to match.
+plan_steps() {
+  cat <<'PLAN'
+op_table_test 45
+op_table_attention_gemm_test 30
+cuda_backend_test 45
+bench_gpt2_bf16 45
+bench_gpt2_bf16_flash 30
+bench_torch_gpt2_bf16 40
+cuda_train_step_test 60
+cuda_allocator_test 10
+cuda_loader_test 15
+dist_nccl_test 20
+dist_gpu_staged 20
+zero_vs_ddp 30
+train_lenet_cuda_bf16 20
+bench_dtrain_resnet50_bf16 20
+bench_torch_resnet50_bf16 20
+PLAN
+  [ "${1:-0}" = 1 ] || return 0
+  cat <<'PLAN'
+cuda_stub_test 20
+gpt2_step_vs_cpu 200
+launch_2_ranks_cuda 120
+train_lenet_cuda 120
+train_mlp_cuda 120
+observe_cuda 120
+top_once 60
+bench_dtrain_mlp 120
+bench_torch_mlp 180
+bench_dtrain_lenet 120
+bench_torch_lenet 180
+bench_dtrain_lenet_bf16 120
+bench_torch_lenet_bf16 180
+bench_dtrain_gpt2-tiny 120
+bench_torch_gpt2-tiny 180
+bench_dtrain_gpt2-tiny_bf16 120
+bench_torch_gpt2-tiny_bf16 180
+bench_dtrain_gpt2 120
+bench_torch_gpt2 180
+bench_dtrain_resnet50 120
+bench_torch_resnet50 180
+PLAN
+}
+
+# The GPU's kind from nvidia-smi's name (h100, h200, or other).
+gpu_kind_of() {
+  case "$1" in
+    *H200*) echo h200 ;;
+    *H100*) echo h100 ;;
+    *) echo other ;;
+  esac
+}
+
+# GPT-2 124M bf16 tokens/s goals per GPU kind: llm.c's ~468K on an H100,
+# issue 12's 550K on an H200.
+gpt2_goal() {
+  case "$1" in
+    h100) echo 468000 ;;
+    *) echo 550000 ;;
+  esac
+}
+
+# Bench configurations: model batch steps warmup precision [flags...].
+bench_config() {
+  case "$1" in
+    resnet50_bf16) echo "resnet50 32 30 5 bf16 --image-size 224 --channels 3" ;;
+    resnet50) echo "resnet50 32 30 5 fp32 --image-size 224 --channels 3" ;;
+    mlp) echo "mlp 128 300 20 fp32" ;;
+    lenet) echo "lenet 64 300 20 fp32" ;;
+    lenet_bf16) echo "lenet 64 300 20 bf16" ;;
+    gpt2-tiny) echo "gpt2-tiny 16 100 10 fp32 --ctx 64 --optimizer adamw" ;;
+    gpt2-tiny_bf16) echo "gpt2-tiny 16 100 10 bf16 --ctx 64 --optimizer adamw" ;;
+    gpt2) echo "gpt2 4 20 3 fp32 --ctx 1024 --optimizer adamw" ;;
+  esac
+}
+
+# run_step NAME CAP (inside run): one step of the plan, with its
+# preconditions (a suite in the bundle, a GPU, mpirun, data, the build's
+# flags); what cannot run gets a row saying why.
+run_step() {
+  local name=$1 cap=$2 exe
+  local needs_gpu=1
+  case "$name" in *_test | dist_gpu_staged) needs_gpu=0 ;; esac
+  if [ "$needs_gpu" = 1 ] && { [ "$gpu" != 1 ] || [ ! -x "$dtrain" ]; }; then
+    summary_rows+=("$name|not run|-|-|-|0|no GPU")
+    write_summary running
+    return 0
+  fi
+  case "$name" in
+    op_table_attention_gemm_test)
+      # the attention rows on the GEMM path, every dtype (its Bazel env)
+      exe="$b/bin/$name"
+      [ -x "$exe" ] || { skipped_row "$name" "$name"; return 0; }
+      step "$name" "$cap" gtest env DT_ATTENTION=gemm GTEST_FILTER='*causal_attention*' "$exe" ;;
+    dist_gpu_staged)
+      exe="$b/bin/$name"
+      [ -x "$exe" ] || { skipped_row "$name" "$name"; return 0; }
+      if [ -z "$mpirun" ]; then
+        summary_rows+=("$name (2 ranks)|not run|-|-|-|0|no mpirun on this machine")
+        write_summary running
+        return 0
+      fi
+      step "$name" "$cap" gtest "$mpirun" "${mpi_args[@]}" -np 2 "$exe" ;;
+    *_test)
+      exe="$b/bin/$name"
+      [ -x "$exe" ] || { skipped_row "$name" "$name"; return 0; }
+      step "$name" "$cap" gtest "$exe"
+      case "$name" in
+        cuda_backend_test) grep -h '^gemm counts: ' "$logs/$name.log" >>"$logs/extra_lines.txt" 2>/dev/null ;;
+        cuda_loader_test | cuda_allocator_test)
+          grep -h '^loader timeline: \|^allocator: ' "$logs/$name.log" >>"$logs/extra_lines.txt" 2>/dev/null ;;
+      esac ;;
+    bench_gpt2_bf16)
+      cli_has bench gpt2 --ctx --precision || { skipped_row "$name" "dtrain bench --model gpt2 --precision"; return 0; }
+      step "$name" "$cap" plain bash "$self" gpt2-bf16 "$dtrain" "$gpt2_batch"
+      gpt2_batch=$(sed -n 's/^gpt2-bf16: batch \([0-9]*\).*/\1/p' "$logs/$name.log" | tail -1)
+      gpt2_batch=${gpt2_batch:-${GPU_CHECK_GPT2_BATCH:-16}}
+      gpt2_section ;;
+    bench_gpt2_bf16_flash)
+      cli_has bench gpt2 --ctx --precision || { skipped_row "$name" "dtrain bench --model gpt2 --precision"; return 0; }
+      # the fused tensor-core flash kernels (DT_ATTENTION=fused) against the
+      # heads' GEMMs (auto's path) of the step before, at the same batch
+      step "$name" "$cap" plain env DT_ATTENTION=fused "$dtrain" bench --model gpt2 --ctx 1024 \
+        --batch "$gpt2_batch" --steps 5 --warmup 2 --optimizer adamw --precision bf16 --device cuda:0
+      gpt2_section ;;
+    bench_torch_gpt2_bf16)
+      step "$name" "$cap" plain env LD_LIBRARY_PATH="$orig_ld" "$python" "$b/bench_torch.py" \
+        --model gpt2 --ctx 1024 --batch "$gpt2_batch" --steps 10 --warmup 3 --optimizer adamw \
+        --precision bf16 --device cuda
+      gpt2_section ;;
+    gpt2_step_vs_cpu)
+      cli_has bench gpt2 --ctx || { skipped_row "$name" "dtrain bench --model gpt2 --ctx"; return 0; }
+      step "$name" "$cap" plain env DT_CUDA_TF32=0 bash "$self" gpt2-step "$dtrain"
+      grep -h '^gpt2 step:' "$logs/$name.log" >>"$logs/extra_lines.txt" 2>/dev/null ;;
+    zero_vs_ddp)
+      # ZeRO stages 1 and 2 against plain DDP, 2 ranks: over NCCL with a GPU
+      # per rank, else over the host-staged backend (NCCL refuses two ranks
+      # on one GPU)
+      cli_has train --zero || { skipped_row "$name" "dtrain train --zero"; return 0; }
+      if [ -z "$mpirun" ] || [ ! -d "$b/data/fashion-mnist" ]; then
+        summary_rows+=("$name|not run|-|-|-|0|no mpirun or no data/fashion-mnist in the bundle")
+        write_summary running
+        return 0
+      fi
+      local ngpu zero_backend=mpi
+      ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+      [ "${ngpu:-0}" -ge 2 ] && zero_backend=nccl
+      step "$name" "$cap" plain env DT_MPIRUN="$mpirun" bash "$self" zero "$dtrain" "$b/data" \
+        "$zero_backend"
+      grep -h '^zero ' "$logs/$name.log" >>"$logs/extra_lines.txt" 2>/dev/null ;;
+    launch_2_ranks_cuda)
+      if [ -z "$mpirun" ] || [ ! -d "$b/data/fashion-mnist" ]; then
+        summary_rows+=("$name|not run|-|-|-|0|no mpirun or no data/fashion-mnist in the bundle")
+        write_summary running
+        return 0
+      fi
+      step "$name" "$cap" plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
+        --mpirun-arg --oversubscribe -- train --model mlp --device cuda --max-steps 200 \
+        --log-interval 100 --data-dir "$b/data" ;;
+    train_* | observe_cuda)
+      if [ ! -d "$b/data/fashion-mnist" ]; then
+        summary_rows+=("$name|not run|-|-|-|0|the bundle has no data/fashion-mnist")
+        write_summary running
+        return 0
+      fi
+      local args=(--data fashion-mnist --data-dir "$b/data" --device cuda:0)
+      case "$name" in
+        train_lenet_cuda) step "$name" "$cap" plain "$dtrain" train --model lenet "${args[@]}" --epochs 1 ;;
+        train_lenet_cuda_bf16)
+          # LeNet-5 in bf16 (cuDNN's 16-bit convolutions)
+          cli_has train --precision || { skipped_row "$name" "dtrain train --precision"; return 0; }
+          step "$name" "$cap" plain "$dtrain" train --model lenet "${args[@]}" --epochs 1 --precision bf16 ;;
+        train_mlp_cuda) step "$name" "$cap" plain "$dtrain" train --model mlp "${args[@]}" --epochs 1 --max-steps 400 ;;
+        observe_cuda)
+          # the trace's gpu lane (CUDA timing events), the metrics
+          step "$name" "$cap" plain "$dtrain" train --model lenet "${args[@]}" --max-steps 40 \
+            --log-interval 10 --metrics "$logs/observe_metrics.jsonl" \
+            --trace "$logs/observe_trace-{rank}.json" --trace-steps 5:10
+          {
+            echo
+            echo "## traces and metrics on cuda:0"
+            echo
+            echo '```'
+            echo "trace spans per lane (cat): $(grep -o '"cat":"[a-z-]*"' "$logs"/observe_trace-0.json 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')"
+            echo "metrics records: $(wc -l <"$logs/observe_metrics.jsonl" 2>/dev/null)"
+            echo '```'
+          } >>"$logs/extra.md" ;;
+      esac
+      grep -H 'test_accuracy=' "$logs/$name.log" 2>/dev/null | sed 's|.*/||' >>"$logs/extra_lines.txt" ;;
+    top_once) step "$name" "$cap" plain "$dtrain" top --once ;;
+    bench_dtrain_* | bench_torch_*)
+      local tag=${name#bench_*_} model batch n warm prec extra
+      read -r model batch n warm prec extra <<<"$(bench_config "$tag")"
+      [ -n "$model" ] || { skipped_row "$name" "a bench configuration for $tag"; return 0; }
+      if [ "$prec" = bf16 ]; then
+        cli_has bench --precision || { skipped_row "$name" "dtrain bench --precision"; return 0; }
+        extra="$extra --precision bf16"
+      fi
+      if [ "${name#bench_dtrain_}" != "$name" ]; then
+        # shellcheck disable=SC2086 # $extra is a list of flags
+        step "$name" "$cap" plain "$dtrain" bench --model "$model" --batch "$batch" --steps "$n" \
+          --warmup "$warm" --device cuda:0 $extra
+      else
+        # shellcheck disable=SC2086
+        step "$name" "$cap" plain env LD_LIBRARY_PATH="$orig_ld" "$python" "$b/bench_torch.py" \
+          --model "$model" --batch "$batch" --steps "$n" --warmup "$warm" --device cuda $extra
+        bench_row "$tag" "$model" "$batch" "$prec"
+      fi ;;
+    *) summary_rows+=("$name|not run|-|-|-|0|no such step in this script") ;;
+  esac
+  return 0
+}
+
+# bench_row TAG MODEL BATCH PRECISION (inside run): the dtrain / PyTorch
+# row of the throughput table, from the two bench logs.
+bench_row() {
+  local ours theirs ratio
+  ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$1.log" 2>/dev/null)
+  theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$1.log" 2>/dev/null)
+  ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
+  [ -f "$logs/bench_table.md" ] || {
+    echo
+    echo '## throughput on the same GPU (steps/s, warm-up excluded; fp32 rows with TF32 on for both, bf16 rows autocast on both)'
+    echo
+    echo '| model | precision | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
+    echo '|---|---|---|---|---|'
+  } >"$logs/bench_table.md"
+  echo "| $2 batch $3 | $4 | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/bench_table.md"
+  write_summary running
+}
+
+# gpt2_section (inside run): GPT-2 124M bf16 at T=1024, both attention
+# paths and PyTorch, against the goal of this GPU's kind; rewritten after
+# each of its steps.
+gpt2_section() {
+  local gemm flash theirs mfu goal verdict
+  gemm=$(last_value "$logs/bench_gpt2_bf16.log" tokens_per_s)
+  flash=$(last_value "$logs/bench_gpt2_bf16_flash.log" tokens_per_s)
+  theirs=$(last_value "$logs/bench_torch_gpt2_bf16.log" tokens_per_s)
+  mfu=$(grep -o 'mfu=[0-9.]*%' "$logs/bench_gpt2_bf16.log" 2>/dev/null | tail -1 | cut -d= -f2)
+  goal=$(gpt2_goal "$gpu_kind")
+  verdict=$(awk -v a="${gemm:-0}" -v f="${flash:-0}" -v g="$goal" 'BEGIN {
+    if (f > a) a = f
+    if (a <= 0) print "no figure (see the step logs)";
+    else printf "%s: %.0f tokens/s (the faster path) is %.0f%% of %d\n", (a >= g ? "met" : "NOT met"), a, 100 * a / g, g }')
+  {
+    echo
+    echo "## GPT-2 124M in bf16, T=1024, batch $gpt2_batch, cuda:0 (goal on this GPU ($gpu_kind): >= $goal tokens/s; H100: llm.c's ~468K, H200: 550K)"
+    echo
+    echo '```'
+    echo "dtrain, attention as the heads' GEMMs (DT_ATTENTION=auto): tokens_per_s=${gemm:-n/a} mfu=${mfu:-n/a}"
+    echo "dtrain, fused flash kernels (DT_ATTENTION=fused):       tokens_per_s=${flash:-n/a}"
+    echo "PyTorch (bf16 autocast, the same model and step):       tokens_per_s=${theirs:-n/a}"
+    echo "goal: $verdict"
+    grep -h '^flops:\|^breakdown:' "$logs/bench_gpt2_bf16.log" 2>/dev/null | sed 's/^/dtrain /'
+    echo '```'
+  } >"$logs/gpt2.md"
+  write_summary running
+}
+
 run() {
-  local tarball="" deadline_s=${GPU_CHECK_DEADLINE:-480} pos=()
+  local tarball="" deadline_s=${GPU_CHECK_DEADLINE:-480} pos=() extended=0
   while [ $# -gt 0 ]; do
     case "$1" in
+      --extended) extended=1; shift ;;
       --deadline) deadline_s=${2:?--deadline needs seconds}; shift 2 ;;
       --deadline=*) deadline_s=${1#*=}; shift ;;
       *) pos+=("$1"); shift ;;
@@ -455,190 +726,13 @@ PYEOF
   fi
   [ "$(id -u)" = 0 ] && mpi_args+=(--allow-run-as-root)
 
-  # ---- 1. backend parity (every op per dtype, cuBLASLt, cuDNN in 16 bits) ----
-  local exe name
-  local first_suites=" op_table_test op_table_attention_gemm_test cuda_backend_test cuda_train_step_test "
-  for name in op_table_test op_table_attention_gemm_test cuda_backend_test; do
-    exe="$b/bin/$name"
-    [ -x "$exe" ] || continue
-    if [ "$name" = op_table_attention_gemm_test ]; then
-      # the attention rows on the GEMM path, every dtype (its Bazel env)
-      step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest env DT_ATTENTION=gemm \
-        GTEST_FILTER='*causal_attention*' "$exe"
-    else
-      step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
-    fi
-  done
-  grep -h '^gemm counts: ' "$logs/cuda_backend_test.log" >>"$logs/extra_lines.txt" 2>/dev/null
-  # ---- 1a. GPT-2 124M in bf16 at T=1024 beside PyTorch (issue 12's figure) ----
-  if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
-    if cli_has bench gpt2 --ctx --precision; then
-      gpt2_bf16_bench
-    else
-      skipped_row bench_gpt2_bf16 "dtrain bench --model gpt2 --precision"
-    fi
-  fi
-  # ---- 1b. the training step's parity ----
-  exe="$b/bin/cuda_train_step_test"
-  [ -x "$exe" ] && step cuda_train_step_test "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
-  # ---- 1c. a GPT-2 124M training step (T=1024) against the CPU reference ----
-  if [ "$gpu" = 1 ] && [ -x "$dtrain" ]; then
-    if cli_has bench gpt2 --ctx; then
-      step gpt2_step_vs_cpu 200 plain env DT_CUDA_TF32=0 bash "$self" gpt2-step "$dtrain"
-      grep -h '^gpt2 step:' "$logs/gpt2_step_vs_cpu.log" >>"$logs/extra_lines.txt" 2>/dev/null
-    else
-      skipped_row gpt2_step_vs_cpu "dtrain bench --model gpt2 --ctx"
-    fi
-  fi
-
-  # ---- 1d. the other CUDA suites: the loader's timeline, the allocator, ... ----
-  for exe in "$b"/bin/*_test; do
-    name=$(basename "$exe")
-    case "$first_suites" in *" $name "*) continue ;; esac
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$exe"
-  done
-  grep -h '^loader timeline: \|^allocator: ' "$logs"/cuda_*_test.log >>"$logs/extra_lines.txt" 2>/dev/null
-
-  # ---- 2. NCCL and DDP: the distributed suites under mpirun, 2 ranks ----
-  for exe in "$b"/bin/dist_*; do
-    [ -x "$exe" ] || continue
-    name=$(basename "$exe")
-    case "$name" in *_test) continue ;; esac # single-process suites ran above
-    if [ -z "$mpirun" ]; then
-      summary_rows+=("$name (2 ranks)|not run|-|-|-|0|no mpirun on this machine")
-      write_summary running
-      continue
-    fi
-    step "$name" "${GPU_CHECK_SUITE_TIMEOUT:-150}" gtest "$mpirun" "${mpi_args[@]}" -np 2 "$exe"
-  done
-  if [ -x "$dtrain" ] && [ "$gpu" = 1 ] && [ -n "$mpirun" ] && [ -d "$b/data/fashion-mnist" ]; then
-    DT_MPIRUN="$mpirun" timeout -k 2 60 "$dtrain" launch --dry-run -- train --device cuda \
-      >"$logs/launch_dry_run.log" 2>&1
-    step launch_2_ranks_cuda 120 plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
-      --mpirun-arg --oversubscribe -- train --model mlp --device cuda --max-steps 200 \
-      --log-interval 100 --data-dir "$b/data"
-    # ZeRO stages 1 and 2 against plain DDP, 2 ranks on the GPU(s): over NCCL
-    # with a GPU per rank, else over the host-staged backend (NCCL refuses
-    # two ranks on one GPU); the NCCL ZeRO cases of dist_nccl_test ran above.
-    if cli_has train --zero; then
-      local ngpu zero_backend=mpi
-      ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-      [ "${ngpu:-0}" -ge 2 ] && zero_backend=nccl
-      step "zero_vs_ddp_$zero_backend" 150 plain env DT_MPIRUN="$mpirun" bash "$self" zero \
-        "$dtrain" "$b/data" "$zero_backend"
-      grep -h '^zero ' "$logs/zero_vs_ddp_$zero_backend.log" >>"$logs/extra_lines.txt" 2>/dev/null
-    else
-      skipped_row zero_vs_ddp "dtrain train --zero"
-    fi
-  fi
-
-  # ---- 3. training on cuda:0 ----
-  if [ -x "$dtrain" ] && [ "$gpu" = 1 ]; then
-    if [ -d "$b/data/fashion-mnist" ]; then
-      step train_lenet_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
-        --data fashion-mnist --data-dir "$b/data" --epochs 1
-      # issue 12: LeNet-5 in bf16 (cuDNN's 16-bit convolutions), within 0.01 of the above
-      if cli_has train --precision; then
-        step train_lenet_cuda_bf16 120 plain "$dtrain" train --model lenet --device cuda:0 \
-          --data fashion-mnist --data-dir "$b/data" --epochs 1 --precision bf16
-      fi
-      step train_mlp_cuda 120 plain "$dtrain" train --model mlp --device cuda:0 \
-        --data fashion-mnist --data-dir "$b/data" --epochs 1 --max-steps 400
-      # issue 15 on a GPU: the trace's gpu lane (CUDA timing events), the
-      # metrics, NVML in dtrain top
-      step observe_cuda 120 plain "$dtrain" train --model lenet --device cuda:0 \
-        --data fashion-mnist --data-dir "$b/data" --max-steps 40 --log-interval 10 \
-        --metrics "$logs/observe_metrics.jsonl" --trace "$logs/observe_trace-{rank}.json" \
-        --trace-steps 5:10
-      step top_once 60 plain "$dtrain" top --once
-      {
-        echo "## issue 15 on cuda:0"
-        echo
-        echo '```'
-        echo "trace spans per lane (cat): $(grep -o '"cat":"[a-z-]*"' "$logs"/observe_trace-0.json 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ')"
-        echo "metrics records: $(wc -l <"$logs/observe_metrics.jsonl" 2>/dev/null)"
-        grep -m2 '^GPUs\|^  gpu' "$logs/top_once.log" 2>/dev/null
-        echo '```'
-      } >>"$logs/extra.md"
-      {
-        echo "## training on cuda:0"
-        echo
-        echo '```'
-        grep -H 'test_accuracy=' "$logs"/train_*_cuda*.log 2>/dev/null | sed 's|.*/||' 
-        echo '```'
-      } >>"$logs/extra.md"
-    else
-      summary_rows+=("training|not run|-|-|-|0|the bundle has no data/fashion-mnist")
-    fi
-
-    # ---- 4. throughput beside PyTorch on the same GPU ----
-    local config model batch n warm prec extra tag ours theirs ratio
-    {
-      echo
-      echo '## throughput on the same GPU (steps/s, warm-up excluded; fp32 rows with TF32 on for both, bf16 rows autocast on both)'
-      echo
-      echo '| model | precision | dtrain cuda:0 | PyTorch cuda | dtrain / PyTorch |'
-      echo '|---|---|---|---|---|'
-    } >>"$logs/extra.md"
-    # GPT-2: the LM's step (AdamW, clipping) at its context; 124M at T 1024
-    # (its bf16 row ran in 1a). bf16 rows only where this build has --precision.
-    local has_precision=0
-    cli_has bench --precision && has_precision=1
-    for config in "mlp 128 300 20 fp32" "lenet 64 300 20 fp32" "lenet 64 300 20 bf16" \
-      "gpt2-tiny 16 100 10 fp32 --ctx 64 --optimizer adamw" \
-      "gpt2-tiny 16 100 10 bf16 --ctx 64 --optimizer adamw" \
-      "gpt2 4 20 3 fp32 --ctx 1024 --optimizer adamw" \
-      "resnet50 32 30 5 fp32 --image-size 224 --channels 3" \
-      "resnet50 32 30 5 bf16 --image-size 224 --channels 3"; do
-      read -r model batch n warm prec extra <<<"$config"
-      tag=$model
-      if [ "$prec" = bf16 ]; then
-        [ "$has_precision" = 1 ] || continue
-        tag="${model}_bf16"
-        extra="$extra --precision bf16"
-      fi
-      # shellcheck disable=SC2086 # $extra is a list of flags
-      step "bench_dtrain_$tag" 120 plain "$dtrain" bench --model "$model" --batch "$batch" \
-        --steps "$n" --warmup "$warm" --device cuda:0 $extra
-      # shellcheck disable=SC2086
-      step "bench_torch_$tag" 180 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
-        "$b/bench_torch.py" --model "$model" --batch "$batch" --steps "$n" --warmup "$warm" \
-        --device cuda $extra
-      ours=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_$tag.log" 2>/dev/null)
-      theirs=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_torch_$tag.log" 2>/dev/null)
-      ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')
-      echo "| $model batch $batch | $prec | ${ours:-n/a} | ${theirs:-n/a} | $ratio |" >>"$logs/extra.md"
-    done
-    {
-      echo
-      echo '## GPT-2 on cuda:0: tokens/s and MFU (6 N + 12 L T C over the table peak, train/mfu.h)'
-      echo
-      echo '```'
-      grep -h 'tokens_per_s=\|^flops:' "$logs"/bench_dtrain_gpt2*.log 2>/dev/null
-      echo '```'
-    } >>"$logs/extra.md"
-    # the bf16 row of 1a (DT_ATTENTION auto: the GEMM path) against the
-    # fused attention kernels (the tensor-core flash kernels for GPT-2's
-    # head size 64), to choose auto's default by measurement
-    if cli_has bench gpt2 --ctx --precision; then
-      step bench_gpt2_bf16_fused_attention 120 plain env DT_ATTENTION=fused "$dtrain" bench \
-        --model gpt2 --ctx 1024 --batch "${gpt2_batch:-${GPU_CHECK_GPT2_BATCH:-16}}" --steps 5 --warmup 2 \
-        --optimizer adamw --precision bf16 --device cuda:0
-      {
-        echo
-        echo '## GPT-2 124M bf16, T=1024: the attention as GEMMs (1a, the default) against the fused tensor-core kernels (DT_ATTENTION=fused)'
-        echo
-        echo '```'
-        echo "gemm:  $(grep -h 'tokens_per_s=' "$logs"/bench_gpt2_bf16.log \
-          "$logs"/bench_gpt2_bf16_batch*.log 2>/dev/null | tail -1)"
-        echo "fused: $(grep -h 'tokens_per_s=' "$logs/bench_gpt2_bf16_fused_attention.log" 2>/dev/null | tail -1)"
-        echo '```'
-      } >>"$logs/extra.md"
-    fi
-  else
-    summary_rows+=("training, launch, bench|not run|-|-|-|0|no GPU")
-  fi
-
+  # ---- the steps, in the plan's order, each within its cap ----
+  gpu_kind=$(gpu_kind_of "$q")
+  gpt2_batch=${GPU_CHECK_GPT2_BATCH:-16}
+  local name cap
+  while read -r name cap; do
+    run_step "$name" "$cap"
+  done < <(plan_steps "$extended")
   trap - TERM INT
   write_summary "finished, $failed failing step(s)"
   rm -rf "$work"
@@ -664,46 +758,6 @@ size() {
   [ "$total" -lt "$limit" ] || die "over 64 MiB: what travels must shrink"
 }
 
-# gpt2_bf16_bench (inside run): GPT-2 124M at T=1024 in bf16 on cuda:0,
-# the LM's training step (AdamW, clipping), batch GPU_CHECK_GPT2_BATCH
-# (16, the task's default; halved once if that runs out of memory), beside
-# the same model in PyTorch under bf16 autocast; tokens/s and MFU (against
-# the dense bf16 peak) against issue 12's bar, into the summary.
-gpt2_bf16_bench() {
-  local gb=${GPU_CHECK_GPT2_BATCH:-16} log ours mfu theirs verdict
-  step bench_gpt2_bf16 150 plain "$dtrain" bench --model gpt2 --ctx 1024 --batch "$gb" \
-    --steps 10 --warmup 3 --optimizer adamw --precision bf16 --device cuda:0
-  log="$logs/bench_gpt2_bf16.log"
-  if [ "$step_rc" != 0 ] && grep -qi 'out of memory\|DT_ERR_OOM\|OOM' "$log" 2>/dev/null; then
-    gb=$((gb / 2))
-    step "bench_gpt2_bf16_batch$gb" 150 plain "$dtrain" bench --model gpt2 --ctx 1024 \
-      --batch "$gb" --steps 10 --warmup 3 --optimizer adamw --precision bf16 --device cuda:0
-    log="$logs/bench_gpt2_bf16_batch$gb.log"
-  fi
-  step bench_torch_gpt2_bf16 150 plain env LD_LIBRARY_PATH="$orig_ld" "$python" \
-    "$b/bench_torch.py" --model gpt2 --ctx 1024 --batch "$gb" --steps 10 --warmup 3 \
-    --optimizer adamw --precision bf16 --device cuda
-  gpt2_batch=$gb # the fused-attention comparison at the end uses the same batch
-  ours=$(last_value "$log" tokens_per_s)
-  mfu=$(grep -o 'mfu=[0-9.]*%' "$log" 2>/dev/null | tail -1 | cut -d= -f2)
-  theirs=$(last_value "$logs/bench_torch_gpt2_bf16.log" tokens_per_s)
-  verdict=$(awk -v a="${ours:-0}" 'BEGIN {
-    if (a <= 0) print "no figure (see the step logs)";
-    else printf "%s: %.0f tokens/s is %.0f%% of 550000\n", (a >= 550000 ? "met" : "NOT met"), a, 100 * a / 550000 }')
-  {
-    echo
-    echo "## GPT-2 124M in bf16, T=1024, batch $gb, cuda:0 (issue 12: the bar is >= 550K tokens/s on one H200)"
-    echo
-    echo '```'
-    echo "dtrain:  tokens_per_s=${ours:-n/a} mfu=${mfu:-n/a} (against the dense bf16 peak)"
-    echo "PyTorch: tokens_per_s=${theirs:-n/a} (bf16 autocast, the same model and step)"
-    echo "bar: $verdict"
-    grep -h '^flops:\|^breakdown:' "$log" 2>/dev/null | sed 's/^/dtrain /'
-    echo '```'
-  } >>"$logs/extra.md"
-  write_summary running
-}
-
 # ---- steps that compare two runs (run calls them as `gpu_check.sh MODE`) ----
 
 # The value of KEY=... on the last line of $1 that has it.
@@ -715,6 +769,28 @@ within() {
     if (a == "" || b == "") exit 1
     d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; if (m < 1) m = 1
     exit !(d <= t * m) }'
+}
+
+# gpt2-bf16 DTRAIN BATCH: GPT-2 124M at T=1024 in bf16 on cuda:0, the LM's
+# training step (AdamW, clipping), at BATCH, halved once if that runs out
+# of memory; says which batch it ran ("gpt2-bf16: batch N").
+gpt2_bf16() {
+  local dtrain=$1 batch=$2 log
+  log=$(mktemp)
+  "$dtrain" bench --model gpt2 --ctx 1024 --batch "$batch" --steps 10 --warmup 3 \
+    --optimizer adamw --precision bf16 --device cuda:0 >"$log" 2>&1
+  local rc=$?
+  cat "$log"
+  if [ "$rc" != 0 ] && grep -qi 'out of memory\|DT_ERR_OOM\|OOM' "$log"; then
+    batch=$((batch / 2))
+    echo "gpt2-bf16: out of memory: batch halved to $batch"
+    "$dtrain" bench --model gpt2 --ctx 1024 --batch "$batch" --steps 10 --warmup 3 \
+      --optimizer adamw --precision bf16 --device cuda:0
+    rc=$?
+  fi
+  rm -f "$log"
+  echo "gpt2-bf16: batch $batch"
+  return "$rc"
 }
 
 # gpt2-step DTRAIN: two GPT-2 124M training steps (AdamW) at T=1024 on one
@@ -760,7 +836,11 @@ zero_equivalence() {
 }
 
 case "$mode" in
+  --plan)
+    shift
+    [ "${1:-}" = --extended ] && plan_steps 1 || plan_steps 0 ;;
   gpt2-step) shift; gpt2_step "$@" ;;
+  gpt2-bf16) shift; gpt2_bf16 "$@" ;;
   zero) shift; zero_equivalence "$@" ;;
   bundle) shift; bundle "$@" ;;
   pack) shift; pack "$@" ;;
@@ -768,5 +848,5 @@ case "$mode" in
   run) shift; run "$@" ;;
   size) shift; size "$@" ;;
   -h | --help | "") sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-  *) die "unknown mode '$mode' (bundle, run, size, pack or list; see --help)" ;;
+  *) die "unknown mode '$mode' (bundle, run, --plan, size, pack or list; see --help)" ;;
 esac
