@@ -377,8 +377,11 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
   half_gemm g =
       half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
   g.bias = bias;
+  /* cuBLASLt's bias epilogue reads the bias 16 bytes at a time: a bias at
+   * a lesser alignment (a 16-bit linear's bias in the packed working copy,
+   * LeNet's fc1.b and fc2.b at 8 bytes) takes the fallback below */
   int usable = 0;
-  if (bias)
+  if (bias && alignment_of(bias) >= 16)
     DT_CHECK(lt_usable(ctx, &g, &usable));
   if (!bias || usable)
     return half_gemm_run(ctx, stream, &g);

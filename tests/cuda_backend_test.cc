@@ -10,6 +10,7 @@
 // checks the harness and the calls it makes before a GPU ever runs them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -194,14 +195,18 @@ TEST_F(CudaBackend, HalfGemmThroughCublasLtMatchesTheCpu) {
 // The 16-bit linear forward (cuBLASLt's bias epilogue) against the CPU's
 // (an f32 accumulator per slice of rows): with and without a bias, a
 // GPT-2-like shape, odd sizes, and rows x outputs above the CPU's slicing
-// threshold (2^20), so the CPU slices while the GPU makes one call.
+// threshold (2^20), so the CPU slices while the GPU makes one call. The
+// bias at 256, 8 and 2 bytes of alignment: after the first update a
+// 16-bit linear reads its bias from the packed working copy (LeNet's fc1.b
+// and fc2.b at 8 bytes), and cuBLASLt's bias epilogue needs 16.
 TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
   struct Shape {
     int m, n, k;
   };
   for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
     for (Shape sh : {Shape{64, 2304, 768}, Shape{7, 5, 3}, Shape{1100, 1000, 33}})
-      for (bool with_bias : {true, false}) {
+      for (int bias_at : {-1, 0, 4, 1}) {  // no bias, then the bias's offset in elements
+        bool with_bias = bias_at >= 0;
         std::vector<uint16_t> x = Half(Rand((size_t)sh.m * sh.k, 41), t),
                               w = Half(Rand((size_t)sh.n * sh.k, 42, -0.2f, 0.2f), t),
                               b = Half(Rand(sh.n, 43), t);
@@ -211,14 +216,16 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
         OK(dt_kernel_linear_forward(
             &cex, sh.m, sh.n, sh.k, (const float *)x.data(), (const float *)w.data(),
             with_bias ? (const float *)b.data() : nullptr, (float *)want.data()));
-        uint16_t *dx = Up(x), *dw = Up(w), *dbias = Up(b);
+        std::vector<uint16_t> placed(b);
+        placed.insert(placed.begin(), (size_t)std::max(bias_at, 0), 0);
+        uint16_t *dx = Up(x), *dw = Up(w), *dbias = Up(placed) + std::max(bias_at, 0);
         auto *dy = static_cast<uint16_t *>(Alloc(want.size() * 2));
         OK(dt_kernel_linear_forward(&hex, sh.m, sh.n, sh.k, (const float *)dx, (const float *)dw,
                                     with_bias ? (const float *)dbias : nullptr, (float *)dy));
         const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
         EXPECT_TRUE(Close(Widen(Down(dy, want.size()), t), Widen(want, t), ulp, 1e-3))
-            << dt_dtype_name(t) << " " << sh.m << "x" << sh.n << "x" << sh.k << " bias "
-            << with_bias;
+            << dt_dtype_name(t) << " " << sh.m << "x" << sh.n << "x" << sh.k << " bias at "
+            << bias_at;
       }
   dt_exec f32 = gex_;
   float z = 0.0f;
