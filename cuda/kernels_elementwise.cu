@@ -86,18 +86,32 @@ extern "C" dt_status dt_cuda_cast(const dt_exec *ex, const void *in, dt_dtype sr
 
 /* ---- strided iteration ---- */
 
-/* Offsets of flat index i in operands 0..2 (first `nops` computed). */
-static __device__ __forceinline__ void plan_offsets(const dt_strided_plan &p, int64_t i, int nops,
-                                                    int64_t *o) {
+/* Offsets of flat index i in operands 0..2 (first `nops` computed), the
+ * index split per dimension in the integer type I. */
+template <typename I>
+static __device__ __forceinline__ void plan_offsets_in(const dt_strided_plan &p, I i, int nops,
+                                                       int64_t *o) {
   o[0] = o[1] = o[2] = 0;
   for (int d = p.ndim - 1; d >= 0; d--) {
-    int64_t sz = p.shape[d];
-    int64_t q = d ? i / sz : 0;
-    int64_t idx = d ? i - q * sz : i;
+    I sz = (I)p.shape[d];
+    I q = d ? i / sz : 0;
+    I idx = d ? i - q * sz : i;
     for (int k = 0; k < nops; k++)
-      o[k] += idx * p.s[k][d];
+      o[k] += (int64_t)idx * p.s[k][d];
     i = q;
   }
+}
+
+/* A 64-bit division is a long software sequence on the GPU, one per
+ * dimension per element (the attention's 5-D permutes): tensors under
+ * 2^32 elements, nearly all, split the index in 32 bits. The test is on
+ * the kernel's argument, the same for every thread. */
+static __device__ __forceinline__ void plan_offsets(const dt_strided_plan &p, int64_t i, int nops,
+                                                    int64_t *o) {
+  if (p.numel <= (int64_t)UINT32_MAX)
+    plan_offsets_in<uint32_t>(p, (uint32_t)i, nops, o);
+  else
+    plan_offsets_in<int64_t>(p, i, nops, o);
 }
 
 // src (shape, strides s[1]) -> dst (shape, strides s[0]), elements of T
