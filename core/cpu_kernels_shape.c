@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "core/cpu_internal.h"
+#include "core/half.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
@@ -68,10 +69,41 @@ static dt_status sum_long_run(const float *x, int64_t n, int squares, double *ou
   return DT_OK;
 }
 
-// x (outer, r, inner) -> y (outer, inner) = scale * sum_r x
+static dt_status reduce_sum_f32(const float *x, float *y, int64_t outer, int64_t r, int64_t inner,
+                                float scale);
+
+/* 16-bit x: widened a slab of whole (r, inner) planes at a time (at most
+ * 2^20 floats when a plane fits), each slab reduced as f32 */
+static dt_status reduce_sum_half(dt_dtype t, const uint16_t *x, float *y, int64_t outer, int64_t r,
+                                 int64_t inner, float scale) {
+  int64_t plane = r * inner,
+          per = plane > 0 && plane < ((int64_t)1 << 20) ? ((int64_t)1 << 20) / plane : 1;
+  int64_t rows = MIN(per, outer);
+  float *buf = malloc((size_t)(rows * plane > 0 ? rows * plane : 1) * sizeof(float));
+  if (!buf)
+    return DT_ERROR(DT_ERR_OOM, "reduce_sum: widening %lld elements: malloc failed",
+                    (long long)(rows * plane));
+  dt_status st = DT_OK;
+  for (int64_t o = 0; o < outer && st == DT_OK; o += rows) {
+    int64_t n = MIN(rows, outer - o);
+    st = dt_half_to_f32(t, x + o * plane, buf, n * plane);
+    if (st == DT_OK)
+      st = reduce_sum_f32(buf, y + o * inner, n, r, inner, scale);
+  }
+  free(buf);
+  return st;
+}
+
+// x (outer, r, inner) of ex->dtype -> y (outer, inner) f32 = scale * sum_r x
 dt_status dt_cpu_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer, int64_t r,
                             int64_t inner, float scale) {
-  (void)ex;
+  if (dt_dtype_is_half(ex->dtype) && outer > 0 && inner > 0)
+    return reduce_sum_half(ex->dtype, (const uint16_t *)x, y, outer, r, inner, scale);
+  return reduce_sum_f32(x, y, outer, r, inner, scale);
+}
+
+static dt_status reduce_sum_f32(const float *x, float *y, int64_t outer, int64_t r, int64_t inner,
+                                float scale) {
   if (outer == 0 || inner == 0)
     return DT_OK;
   int nt = dt_cpu_threads();

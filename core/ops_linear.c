@@ -201,20 +201,17 @@ done:
   return st;
 }
 
-/* db (out) = sum over rows of g (rows, out), in f32, as a new tensor. */
+/* db (out) = sum over rows of g (rows, out), in f32, as a new tensor. A
+ * 16-bit g is reduced as it is (reduce_sum widens it as it reads): no f32
+ * copy of it (for GPT-2's c_fc, 100 MB of bf16 that were 200 MB of f32). */
 static dt_status bias_grad(dt_tensor *gc, int64_t rows, int64_t outf, dt_tensor **db) {
-  dt_tensor *g32 = NULL;
-  dt_status st = DT_OK;
   DT_CHECK(dt_tensor_empty(&outf, 1, DT_DTYPE_F32, dt_tensor_device(gc), db));
-  if (rows == 0) {
-    st = dt_kernel_fill(DT_TENSOR_EXEC(*db), DT_F32(*db), 0.0f, outf);
-  } else if (outf > 0) {
-    st = dt_ops_widen(gc, &g32);
-    if (st == DT_OK)
-      st = dt_kernel_reduce_sum(DT_TENSOR_EXEC(g32), DT_F32(g32), DT_F32(*db), 1, rows, outf, 1.0f);
-  }
-  dt_tensor_release(g32);
-  return st;
+  if (rows == 0)
+    return dt_kernel_fill(DT_TENSOR_EXEC(*db), DT_F32(*db), 0.0f, outf);
+  if (outf == 0)
+    return DT_OK;
+  return dt_kernel_reduce_sum(DT_TENSOR_EXEC(gc), (const float *)dt_tensor_data(gc), DT_F32(*db), 1,
+                              rows, outf, 1.0f);
 }
 
 static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t part,

@@ -6,24 +6,26 @@
 
 /* ---- reductions ---- */
 
-// x (outer, r) -> y (outer) = scale * sum_r x; one block per row
-static __global__ void reduce_rows_kernel(const float *x, float *y, int64_t outer, int64_t r,
+// x (outer, r) of T -> y (outer) = scale * sum_r x; one block per row
+template <typename T>
+static __global__ void reduce_rows_kernel(const T *x, float *y, int64_t outer, int64_t r,
                                           float scale) {
   __shared__ double sh[32];
   for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
-    const float *row = x + o * r;
+    const T *row = x + o * r;
     double acc = 0.0;
     for (int64_t k = threadIdx.x; k < r; k += blockDim.x)
-      acc += row[k];
+      acc += dt_load_f32(row, k);
     acc = dt_block_sum(acc, sh);
     if (threadIdx.x == 0)
       y[o] = (float)(acc * scale);
   }
 }
 
-// x (outer, r, inner) -> part (outer, splits, inner): sums of r-chunks;
+// x (outer, r, inner) of T -> part (outer, splits, inner): sums of r-chunks;
 // grid (inner/32, splits, min(outer, 65535)), grid-stride over outer in z
-static __global__ void reduce_cols_partial_kernel(const float *x, double *part, int64_t outer,
+template <typename T>
+static __global__ void reduce_cols_partial_kernel(const T *x, double *part, int64_t outer,
                                                   int64_t r, int64_t inner, int64_t chunk) {
   int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t split = blockIdx.y;
@@ -31,10 +33,10 @@ static __global__ void reduce_cols_partial_kernel(const float *x, double *part, 
     return;
   int64_t k0 = split * chunk, k1 = k0 + chunk < r ? k0 + chunk : r;
   for (int64_t o = blockIdx.z; o < outer; o += gridDim.z) {
-    const float *base = x + o * r * inner + i;
+    const T *base = x + o * r * inner + i;
     double acc = 0.0;
     for (int64_t k = k0; k < k1; k++)
-      acc += base[k * inner];
+      acc += dt_load_f32(base, k * inner);
     part[(o * gridDim.y + split) * inner + i] = acc;
   }
 }
@@ -51,11 +53,11 @@ static __global__ void reduce_cols_final_kernel(const double *part, float *y, in
   }
 }
 
-extern "C" dt_status dt_cuda_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer,
-                                        int64_t r, int64_t inner, float scale) {
-  if (outer == 0 || inner == 0)
-    return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
+/* x of T, y f32: the 16-bit x (a 16-bit linear's bias gradient) is read
+ * as it is, widened per element, with no f32 copy of it */
+template <typename T>
+static dt_status reduce_sum_of(dt_cuda_ctx *ctx, cudaStream_t stream, const T *x, float *y,
+                               int64_t outer, int64_t r, int64_t inner, float scale) {
   if (inner == 1) {
     unsigned grid = (unsigned)(outer < 65536 ? outer : 65536);
     reduce_rows_kernel<<<grid, DT_THREADS, 0, stream>>>(x, y, outer, r, scale);
@@ -82,6 +84,18 @@ extern "C" dt_status dt_cuda_reduce_sum(const dt_exec *ex, const float *x, float
   dt_cuda_scratch_free(ctx, part); /* stream-ordered: reused only after these kernels */
   DT_CUDA_CHECK(e);
   return DT_OK;
+}
+
+extern "C" dt_status dt_cuda_reduce_sum(const dt_exec *ex, const float *x, float *y, int64_t outer,
+                                        int64_t r, int64_t inner, float scale) {
+  if (outer == 0 || inner == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  if (ex->dtype == DT_DTYPE_F16)
+    return reduce_sum_of(ctx, stream, (const __half *)x, y, outer, r, inner, scale);
+  if (ex->dtype == DT_DTYPE_BF16)
+    return reduce_sum_of(ctx, stream, (const __nv_bfloat16 *)x, y, outer, r, inner, scale);
+  return reduce_sum_of(ctx, stream, x, y, outer, r, inner, scale);
 }
 
 // y (outer, inner) -> x (outer, r, inner) = scale * y

@@ -307,6 +307,23 @@ TEST_P(ThreadCounts, ReduceSumBroadcastAxisSumSquares) {
         for (int64_t i = 0; i < cs.inner; i++)
           want[o * cs.inner + i] += 0.5 * x[(o * cs.r + k) * cs.inner + i];
     expect_close(y, want, 1e-6, 1e-6, "reduce_sum");
+    // a 16-bit x (a 16-bit linear's bias gradient) is widened as it is
+    // read: the f32 result of its widened values, bit for bit
+    for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16}) {
+      std::vector<uint16_t> xh(nx);
+      Vec xw(nx), yh(y.size(), -1.0f), yw(y.size(), -2.0f);
+      ASSERT_EQ(DT_OK, dt_half_from_f32(t, x.data(), xh.data(), (int64_t)nx));
+      ASSERT_EQ(DT_OK, dt_half_to_f32(t, xh.data(), xw.data(), (int64_t)nx));
+      dt_exec hex = *cpu_exec();
+      hex.dtype = t;
+      ASSERT_EQ(DT_OK, dt_kernel_reduce_sum(&hex, (const float *)xh.data(), yh.data(), cs.outer,
+                                            cs.r, cs.inner, 0.5f));
+      ASSERT_EQ(DT_OK, dt_kernel_reduce_sum(cpu_exec(), xw.data(), yw.data(), cs.outer, cs.r,
+                                            cs.inner, 0.5f));
+      EXPECT_EQ(0, memcmp(yh.data(), yw.data(), y.size() * sizeof(float)))
+          << "reduce_sum of " << dt_dtype_name(t) << " x, " << cs.outer << "x" << cs.r << "x"
+          << cs.inner;
+    }
 
     Vec back(nx);
     ASSERT_EQ(DT_OK, dt_kernel_broadcast_axis(cpu_exec(), y.data(), back.data(), cs.outer, cs.r,

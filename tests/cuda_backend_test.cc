@@ -282,6 +282,30 @@ TEST_F(CudaBackend, HalfAttentionKernelsMatchTheCpu) {
 // gemm_rounded (16-bit A, B and C, one rounding of the f32 accumulator;
 // the linear's dx of a 16-bit input): every transpose, a C wider than n
 // (ldc > n), k = 0 (C = 0), against the CPU's.
+// reduce_sum of a 16-bit x (a 16-bit linear's bias gradient, with no f32
+// copy of it) into f32: rows (inner 1), columns (GPT-2's c_fc bias: 3072
+// columns over 4096 rows), and a middle axis.
+TEST_F(CudaBackend, HalfReduceSumMatchesTheCpu) {
+  struct Shape {
+    int64_t outer, r, inner;
+  };
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Shape sh : {Shape{1, 4096, 3072}, Shape{37, 513, 1}, Shape{3, 70, 45}}) {
+      size_t nx = (size_t)(sh.outer * sh.r * sh.inner), ny = (size_t)(sh.outer * sh.inner);
+      std::vector<uint16_t> x = Half(Rand(nx, 51), t);
+      Vec want(ny);
+      dt_exec cex = cex_, hex = gex_;
+      cex.dtype = hex.dtype = t;
+      OK(dt_kernel_reduce_sum(&cex, (const float *)x.data(), want.data(), sh.outer, sh.r, sh.inner,
+                              0.5f));
+      uint16_t *dx = Up(x);
+      float *dy = Zeros(ny);
+      OK(dt_kernel_reduce_sum(&hex, (const float *)dx, dy, sh.outer, sh.r, sh.inner, 0.5f));
+      EXPECT_TRUE(Close(Down(dy, ny), want, 1e-5, 1e-5))
+          << dt_dtype_name(t) << " " << sh.outer << "x" << sh.r << "x" << sh.inner;
+    }
+}
+
 TEST_F(CudaBackend, HalfGemmRoundedMatchesTheCpu) {
   struct Shape {
     int m, n, k;
