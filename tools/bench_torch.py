@@ -20,6 +20,13 @@ mask, softmax, PV) as in nanoGPT without flash attention, because Debian's
 PyTorch (1.13) has no scaled_dot_product_attention; on PyTorch >= 2.0 that
 fused kernel is used instead.
 
+With --data DIR (the ResNets) the batches come from the image folder
+DIR/train instead of one synthetic batch: torchvision's ImageFolder and a
+DataLoader of --workers processes (RandomResizedCrop to --image-size and a
+flip, normalised; pinned memory and non-blocking copies on CUDA), the peer
+of `dtrain train --data DIR --workers N`; the wait for each batch counts in
+the step (in optimizer_ms).
+
 With --world N (N > 1) it runs PyTorch DDP, the peer of `dtrain launch -n N
 -- bench`: N processes on this machine (this script again, one per rank),
 torch.distributed with the gloo backend on localhost, the model wrapped in
@@ -318,6 +325,45 @@ def build_llama(torch, nn, name, ctx):
     return Llama()
 
 
+def folder_batches(torch, args, channels, size, device, on_cuda):
+    """Batches from the image folder args.data/train, as a practitioner's
+    loop gets them: ImageFolder, RandomResizedCrop(size) and a horizontal
+    flip, ImageNet's normalisation (grey: its mean), a DataLoader of
+    args.workers processes (pinned memory on CUDA, shuffled, whole batches),
+    each batch copied to the device without blocking; cycles the epochs."""
+    try:
+        from torchvision import datasets, transforms
+    except ImportError:
+        raise SystemExit("bench_torch: --data needs torchvision (tools/setup.sh --bench installs "
+                         "Debian's python3-torchvision)")
+    root = os.path.join(args.data, "train")
+    if not os.path.isdir(root):
+        raise SystemExit("bench_torch: --data %s: no train/ folder" % args.data)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    tf = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+    if channels == 1:
+        tf.insert(0, transforms.Grayscale(1))
+        mean, std = [sum(mean) / 3], [sum(std) / 3]
+    tf += [transforms.ToTensor(), transforms.Normalize(mean, std)]
+    folder = datasets.ImageFolder(root, transform=transforms.Compose(tf))
+    loader = torch.utils.data.DataLoader(folder, batch_size=args.batch, shuffle=True,
+                                         num_workers=args.workers, pin_memory=on_cuda,
+                                         drop_last=True,
+                                         persistent_workers=args.workers > 0)
+    if len(loader) == 0:
+        raise SystemExit("bench_torch: --data %s: fewer images than one batch" % args.data)
+    state = {"it": iter(loader)}
+
+    def next_batch():
+        try:
+            xb, yb = next(state["it"])
+        except StopIteration:
+            state["it"] = iter(loader)
+            xb, yb = next(state["it"])
+        return xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+    return next_batch
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="mlp", choices=["mlp", "lenet"] + [r + s for r in RESNETS for s in ("", "-small")] + sorted(GPT2_CONFIGS) + sorted(LLAMA_CONFIGS))
@@ -334,6 +380,13 @@ def main():
                    help="resnet*: the images' height and width, 0 = 28 (as dtrain bench)")
     p.add_argument("--channels", type=int, default=0, choices=(0, 1, 3),
                    help="resnet*: 1 (grey) or 3 (RGB), 0 = 1 (as dtrain bench)")
+    p.add_argument("--data", default="",
+                   help="resnet*: train from this image folder (DIR/train/<class>/...: "
+                        "torchvision's ImageFolder + DataLoader, RandomResizedCrop and flip, "
+                        "pinned memory and non-blocking copies on CUDA) instead of one "
+                        "synthetic batch")
+    p.add_argument("--workers", type=int, default=4,
+                   help="--data: the DataLoader's worker processes")
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N (as dtrain bench --device)")
     p.add_argument("--tf32", type=int, default=1, choices=[0, 1],
@@ -420,6 +473,13 @@ def main():
         loss_fn = nn.CrossEntropyLoss()
         x = torch.randn(args.batch, channels, size, size).to(device)
         y = torch.randint(0, 10, (args.batch,)).to(device)
+    if args.data:
+        if gpt or args.model.split("-")[0] not in RESNETS:
+            raise SystemExit("bench_torch: --data is for the resnet* models")
+        next_batch = folder_batches(torch, args, channels, size, device, on_cuda)
+    else:
+        def next_batch():
+            return x, y
     model.train()
     if ddp:
         # Every rank starts from rank 0's weights, as DDP broadcasts them;
@@ -441,7 +501,7 @@ def main():
         else:
             scaler = torch.cuda.amp.GradScaler(enabled=on_cuda)
 
-    def forward_loss():
+    def forward_loss(x, y):
         if half is None:
             return loss_fn(model(x), y)
         with torch.autocast(device_type="cuda" if on_cuda else "cpu", dtype=half):
@@ -451,9 +511,10 @@ def main():
     # that each phase's time is its GPU time.
     def step():
         t0 = time.perf_counter()
+        xb, yb = next_batch()  # --data: the loader's wait and the copy, in optimizer_ms
         opt.zero_grad(set_to_none=False)
         t1 = time.perf_counter()
-        loss = forward_loss()
+        loss = forward_loss(xb, yb)
         sync()
         t2 = time.perf_counter()
         (scaler.scale(loss) if scaler else loss).backward()
@@ -501,6 +562,8 @@ def main():
     if ddp:
         print("ddp: world %d, per-rank batch %d, global batch %d, gloo"
               % (args.world, args.batch, args.world * args.batch))
+    if args.data:
+        where += " data %s workers %d" % (args.data, args.workers)
     print("torch bench: model %s (%d parameters) batch %d%s steps %d warmup %d optimizer %s "
           "%s torch %s" % (args.model, params, args.batch, " ctx %d" % ctx if gpt else "",
                            args.steps, args.warmup, "adamw" if gpt else args.optimizer, where,

@@ -41,7 +41,9 @@
 #   launch's MCA settings), ZeRO 1/2 against DDP, LeNet-5 in bf16 on
 #   cuda:0, ResNet-50 bf16 at 224 px beside torchvision's. Each step runs
 #   within its cap, and the caps add up to at most 450 s; --extended adds
-#   fp32 training, launch, traces and the other bench rows beyond that.
+#   fp32 training, launch, traces, the other bench rows and ResNet-50 bf16
+#   fed from a PNG folder (dtrain's loader against torchvision's
+#   ImageFolder + DataLoader) beyond that.
 #   A step whose subcommand, flag or model this build lacks is
 #   "skipped: <command> not available in this build"; a suite whose cases
 #   all skipped is "skipped", never "ok". The whole run has a deadline
@@ -344,8 +346,8 @@ step() {
 # deadline, so no step is cut by it. The CPU's GPT-2 124M step at T=1024
 # runs once (in cuda_train_step_test; `gpt2-step` repeats it with TF32 off
 # and is left to --extended). --extended adds the steps beyond that budget
-# (fp32 training, launch, traces, the other bench rows) for a longer
-# lease; give --deadline to match.
+# (fp32 training, launch, traces, the other bench rows, ResNet-50 from a
+# PNG folder) for a longer lease; give --deadline to match.
 plan_steps() {
   cat <<'PLAN'
 op_table_test 45
@@ -387,6 +389,8 @@ bench_dtrain_gpt2 120
 bench_torch_gpt2 180
 bench_dtrain_resnet50 120
 bench_torch_resnet50 180
+train_resnet50_bf16_folder 180
+torch_resnet50_bf16_folder 180
 PLAN
 }
 
@@ -505,6 +509,33 @@ run_step() {
       step "$name" "$cap" plain env DT_MPIRUN="$mpirun" "$dtrain" launch -n 2 \
         --mpirun-arg --oversubscribe -- train --model mlp --device cuda --max-steps 200 \
         --log-interval 100 --data-dir "$b/data" ;;
+    train_resnet50_bf16_folder | torch_resnet50_bf16_folder)
+      # ResNet-50 bf16 at 224 px fed from a PNG folder (Fashion-MNIST written
+      # out by dtrain images), so the loader and the host-to-device copies
+      # show beside the synthetic rows: dtrain's --workers and copy stream
+      # against torchvision's ImageFolder + DataLoader
+      if [ ! -d "$b/data/fashion-mnist" ]; then
+        summary_rows+=("$name|not run|-|-|-|0|the bundle has no data/fashion-mnist")
+        write_summary running
+        return 0
+      fi
+      local png="$work/fm_png"
+      [ -d "$png/train" ] || timeout -k 2 60 "$dtrain" images --from fashion-mnist \
+        --data-dir "$b/data" --out "$png" >"$logs/images.log" 2>&1 ||
+        { skipped_row "$name" "dtrain images --from fashion-mnist"; return 0; }
+      local folder_args=(--model resnet50 --data "$png" --image-size 224 --channels 3 --workers 8
+        --batch 32 --precision bf16)
+      if [ "$name" = train_resnet50_bf16_folder ]; then
+        step "$name" "$cap" plain "$dtrain" train "${folder_args[@]}" --device cuda:0 \
+          --max-steps 60 --log-interval 20
+      else
+        step "$name" "$cap" plain env LD_LIBRARY_PATH="$orig_ld" "$python" "$b/bench_torch.py" \
+          "${folder_args[@]}" --steps 40 --warmup 10 --device cuda
+        echo "resnet50 bf16 from a PNG folder, 8 workers: dtrain samples/s" \
+          "$(grep -o 'samples/s [0-9.]*' "$logs/train_resnet50_bf16_folder.log" 2>/dev/null |
+            tail -1 | cut -d' ' -f2) (the last 20 steps), PyTorch" \
+          "$(last_value "$logs/$name.log" samples_per_s)" >>"$logs/extra_lines.txt"
+      fi ;;
     train_* | observe_cuda)
       if [ ! -d "$b/data/fashion-mnist" ]; then
         summary_rows+=("$name|not run|-|-|-|0|the bundle has no data/fashion-mnist")
