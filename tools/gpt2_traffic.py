@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Bytes moved and FLOPs of every kernel of one GPT-2 124M training step in
+bf16 on the CUDA path, as dtrain runs it today (issue 30's "before" table)
+or with the kernels issue 30 asks for (--after), from the op shapes.
+
+    tools/gpt2_traffic.py [--batch 16] [--ctx 1024] [--after] [--markdown]
+
+Each row is one kernel launch kind with its count per step: bytes read +
+written in global memory (every operand once: no cache reuse between
+kernels, none lost inside a GEMM) and FLOPs (2 per multiply-add). The
+dtypes and buffers follow the code (docs/mixed-precision.md; the
+attention's GEMM path of core/ops_attention.c, DT_ATTENTION=auto's choice
+on a GPU; the bias gradient after stop 31, straight from the 16-bit
+gradient). The "unavoidable" line is the issue's floor: weights read in
+forward and backward (bf16), the f32 gradients written, AdamW's update of
+f32 master weights, two moments and the bf16 working copy, and the
+activations a step must keep, each written once and read once in bf16
+(with attention that never writes the T x T square). The prediction per
+GPU runs each kernel at the larger of its FLOPs at the dense bf16 peak
+and its bytes at the memory bandwidth, each derated (GEMMs 70 % of the
+peak, memory 80 % of the bandwidth), summed: no overlap between kernels,
+no launch gaps.
+
+--after: LayerNorm writes 16-bit y (no cast kernels before the linears);
+GELU in c_fc's GELU_AUX epilogue and its backward in the DGELU epilogue of
+mlp.c_proj's dx; flash attention (16-bit qkv, out and dqkv; no T x T
+square; the causal half of its FLOPs); the classifier reads the logits
+twice (an online max and sum, then the gradient); the wte gradient in
+one GEMM; 16-bit gradients for 16-bit inputs throughout. The optimizer
+and the bias gradients are already as the issue asks.
+"""
+import argparse
+
+GPUS = {  # dense bf16 FLOP/s, HBM bytes/s (data sheets)
+    "h100": (989e12, 3.35e12),
+    "h200": (989e12, 4.8e12),
+}
+GEMM_EFF, MEM_EFF = 0.70, 0.80
+
+
+def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
+    """(name, count, bytes, flops, note) rows of one step; after: the design
+    issue 30 asks for (see the module's doc)."""
+    N, hs = B * T, C // H
+    NC, TT = N * C, B * H * T * T  # activations (B, T, C); the attention's square
+    bf, f32 = 2, 4
+    rows = []
+
+    def k(name, count, read, write, flops=0.0, note=""):
+        rows.append((name, count, read + write, flops, note))
+
+    # ---- forward, once ----
+    k("embedding: wte rows + wpe, add (f32)", 1, f32 * NC + f32 * T * C + f32 * NC, f32 * NC)
+    # ---- forward, per layer ----
+    if not after:
+        k("ln_1: layer_norm_forward (f32 x -> f32 y)", L, f32 * NC, f32 * NC)
+        k("cast ln_1 y f32 -> bf16 (c_attn's input)", L, f32 * NC, bf * NC)
+        k("c_attn: linear_forward (bias epilogue)", L, bf * NC + bf * 3 * C * C, bf * 3 * NC,
+          2.0 * N * C * 3 * C)
+        k("attention: qkv to heads (copy_strided, bf16)", L, bf * 3 * NC, bf * 3 * NC)
+        k("attention: S = q k^T (f32 scores, the whole square)", L, bf * 2 * NC, f32 * TT,
+          2.0 * TT * hs)
+        k("attention: P = exp(S - lse) (attention_probs)", L, f32 * TT, bf * TT + f32 * B * H * T)
+        k("attention: O = P v (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
+        k("attention: O to rows (copy_strided, f32)", L, f32 * NC, f32 * NC)
+        k("attention: y f32 -> bf16 (the result under autocast)", L, f32 * NC, bf * NC)
+        k("attn.c_proj: linear_forward", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+        k("ln_2: residual_layer_norm_forward (bf16 a + f32 x -> f32 sum, f32 y)", L,
+          bf * NC + f32 * NC, 2 * f32 * NC)
+        k("cast ln_2 y f32 -> bf16 (c_fc's input)", L, f32 * NC, bf * NC)
+        k("c_fc: linear_forward", L, bf * NC + bf * 4 * C * C, bf * 4 * NC, 2.0 * N * C * 4 * C)
+        k("gelu (bf16)", L, bf * 4 * NC, bf * 4 * NC)
+        k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
+        k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
+    else:
+        k("ln_1: layer_norm_forward (f32 x -> bf16 y)", L, f32 * NC, bf * NC)
+        k("c_attn: linear_forward (bias epilogue)", L, bf * NC + bf * 3 * C * C, bf * 3 * NC,
+          2.0 * N * C * 3 * C)
+        k("attention: flash forward (bf16 qkv -> bf16 out, lse)", L, bf * 3 * NC,
+          bf * NC + f32 * B * H * T, 2.0 * TT * hs)
+        k("attn.c_proj: linear_forward", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+        k("ln_2: residual_layer_norm_forward (bf16 a + f32 x -> f32 sum, bf16 y)", L,
+          bf * NC + f32 * NC, f32 * NC + bf * NC)
+        k("c_fc + gelu: linear_forward, GELU_AUX epilogue (pre-activation kept)", L,
+          bf * NC + bf * 4 * C * C, 2 * bf * 4 * NC, 2.0 * N * C * 4 * C)
+        k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
+        k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
+    if not after:
+        # ---- forward and loss, once ----
+        k("ln_f: layer_norm_forward", 1, f32 * NC, f32 * NC)
+        k("cast ln_f y -> bf16", 1, f32 * NC, bf * NC)
+        k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
+          2.0 * N * C * Vp)
+        k("classifier_loss_forward (logits read 3x: max, sum, gradient in place)", 1,
+          3 * bf * N * Vp, bf * N * Vp, note="double reductions")
+        # ---- backward, once ----
+        k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
+        k("lm_head dx: gemm, f32 dz", 1, bf * N * Vp + bf * Vp * C, f32 * NC, 2.0 * N * Vp * C)
+        k("lm_head dW: 8 k-slices accumulating into the f32 wte gradient", 1,
+          bf * N * Vp + bf * NC + 8 * f32 * Vp * C, 8 * f32 * Vp * C, 2.0 * N * Vp * C)
+        k("ln_f backward", 1, 2 * f32 * NC, f32 * NC)
+        # ---- backward, per layer ----
+        k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
+        k("mlp.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * 4 * C * C, bf * 4 * NC,
+          2.0 * N * C * 4 * C)
+        k("mlp.c_proj dW: gemm, += f32 grad", L, bf * NC + bf * 4 * NC + f32 * 4 * C * C,
+          f32 * 4 * C * C, 2.0 * N * C * 4 * C)
+        k("mlp.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        k("gelu backward (bf16)", L, 2 * bf * 4 * NC, bf * 4 * NC)
+        k("c_fc dx: gemm, f32 (its input was the f32 ln_2 y)", L, bf * 4 * NC + bf * 4 * C * C,
+          f32 * NC, 2.0 * N * 4 * C * C)
+        k("c_fc dW: gemm, += f32 grad", L, bf * 4 * NC + bf * NC + f32 * 4 * C * C,
+          f32 * 4 * C * C, 2.0 * N * 4 * C * C)
+        k("c_fc db: reduce_sum of the bf16 g", L, bf * 4 * NC, f32 * 4 * C)
+        k("ln_2 backward (layer_norm_backward of the f32 sum)", L, 2 * f32 * NC, f32 * NC)
+        k("the sum's gradient: add (its own + ln_2's)", L, 2 * f32 * NC, f32 * NC)
+        k("a's gradient f32 -> bf16", L, f32 * NC, bf * NC)
+        k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+        k("attn.c_proj dW: gemm, += f32 grad", L, 2 * bf * NC + f32 * C * C, f32 * C * C,
+          2.0 * N * C * C)
+        k("attn.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        k("attention bwd: dO to heads (copy_strided, bf16)", L, bf * NC, bf * NC)
+        k("attention bwd: S = q k^T again (f32 square)", L, bf * 2 * NC, f32 * TT, 2.0 * TT * hs)
+        k("attention bwd: P from lse (attention_probs)", L, f32 * TT + f32 * B * H * T, bf * TT)
+        k("attention bwd: dV = P^T dO (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
+        k("attention bwd: dP = dO v^T (f32, over S)", L, 2 * bf * NC, f32 * TT, 2.0 * TT * hs)
+        k("attention bwd: dS (attention_dscores, over P)", L, bf * TT + f32 * TT, bf * TT)
+        k("attention bwd: dQ = dS k (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
+        k("attention bwd: dK = dS^T q (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
+        k("attention bwd: dqkv to rows (copy_strided, f32)", L, f32 * 3 * NC, f32 * 3 * NC)
+        k("dqkv f32 -> bf16 (the gradient of the bf16 qkv)", L, f32 * 3 * NC, bf * 3 * NC)
+        k("c_attn dx: gemm, f32 (its input was the f32 ln_1 y)", L, bf * 3 * NC + bf * 3 * C * C,
+          f32 * NC, 2.0 * N * 3 * C * C)
+        k("c_attn dW: gemm, += f32 grad", L, bf * 3 * NC + bf * NC + f32 * 3 * C * C,
+          f32 * 3 * C * C, 2.0 * N * 3 * C * C)
+        k("c_attn db: reduce_sum of the bf16 g", L, bf * 3 * NC, f32 * 3 * C)
+        k("ln_1 backward", L, 2 * f32 * NC, f32 * NC)
+        k("the block input's gradient: add (residual + ln_1's)", L, 2 * f32 * NC, f32 * NC)
+    else:
+        # ---- forward and loss, once ----
+        k("ln_f: layer_norm_forward (bf16 y)", 1, f32 * NC, bf * NC)
+        k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
+          2.0 * N * C * Vp)
+        k("classifier_loss_forward (logits read twice: online max and sum, gradient)", 1,
+          2 * bf * N * Vp, bf * N * Vp, note="f32 reductions")
+        # ---- backward, once ----
+        k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
+        k("lm_head dx: gemm_rounded, bf16 dz", 1, bf * N * Vp + bf * Vp * C, bf * NC,
+          2.0 * N * Vp * C)
+        k("lm_head dW: one gemm, += the f32 wte gradient", 1,
+          bf * N * Vp + bf * NC + f32 * Vp * C, f32 * Vp * C, 2.0 * N * Vp * C)
+        k("ln_f backward (bf16 dy)", 1, f32 * NC + bf * NC, f32 * NC)
+        # ---- backward, per layer ----
+        k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
+        k("mlp.c_proj dx: gemm_rounded -> bf16, DGELU epilogue (gelu's backward)", L,
+          bf * NC + bf * 4 * C * C + bf * 4 * NC, bf * 4 * NC, 2.0 * N * C * 4 * C)
+        k("mlp.c_proj dW: gemm, += f32 grad", L, bf * NC + bf * 4 * NC + f32 * 4 * C * C,
+          f32 * 4 * C * C, 2.0 * N * C * 4 * C)
+        k("mlp.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        k("c_fc dx: gemm_rounded -> bf16 (its input, ln_2 y, is bf16)", L,
+          bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
+        k("c_fc dW: gemm, += f32 grad", L, bf * 4 * NC + bf * NC + f32 * 4 * C * C,
+          f32 * 4 * C * C, 2.0 * N * 4 * C * C)
+        k("c_fc db: reduce_sum of the bf16 g", L, bf * 4 * NC, f32 * 4 * C)
+        k("ln_2 backward (bf16 dy) with the sum's own gradient added", L,
+          f32 * NC + bf * NC + f32 * NC, f32 * NC + bf * NC)
+        k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+        k("attn.c_proj dW: gemm, += f32 grad", L, 2 * bf * NC + f32 * C * C, f32 * C * C,
+          2.0 * N * C * C)
+        k("attn.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        k("attention: flash backward (bf16 qkv, out, dout, lse -> bf16 dqkv)", L,
+          bf * 3 * NC + 2 * bf * NC + f32 * B * H * T, bf * 3 * NC, 5.0 * TT * hs)
+        k("c_attn dx: gemm_rounded -> bf16", L, bf * 3 * NC + bf * 3 * C * C, bf * NC,
+          2.0 * N * 3 * C * C)
+        k("c_attn dW: gemm, += f32 grad", L, bf * 3 * NC + bf * NC + f32 * 3 * C * C,
+          f32 * 3 * C * C, 2.0 * N * 3 * C * C)
+        k("c_attn db: reduce_sum of the bf16 g", L, bf * 3 * NC, f32 * 3 * C)
+        k("ln_1 backward (bf16 dy) with the residual's gradient added", L,
+          f32 * NC + bf * NC + f32 * NC, f32 * NC)
+    # ---- embedding backward, optimizer, once ----
+    params = Vp * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C
+    k("embedding backward: wte rows += g, wpe += sum over the batch", 1, 2 * f32 * NC,
+      f32 * NC + f32 * T * C)
+    k("zero_grad (f32 gradients)", 1, 0, f32 * params)
+    k("clip: gradient norm (sum of squares) and scale", 1, 2 * f32 * params, f32 * params)
+    k("AdamW: f32 p, g, m, v read; p, m, v and the bf16 working copy written", 1,
+      4 * f32 * params, 3 * f32 * params + bf * params)
+    return rows, params
+
+
+def unavoidable(B, T, params, C=768, L=12, Vp=50304):
+    """The floor: weights (bf16) read in forward and twice in backward (dx, dW
+    reads x and g, not w: once), f32 gradients written once, AdamW (f32 p,
+    g, m, v read; p, m, v and the bf16 copy written), and per layer the
+    activations kept for the backward written once and read once in bf16
+    (ln_1 y, qkv, the attention's output, ln_2's sum and y, c_fc's output,
+    gelu's: 1 + 3 + 1 + 2 + 4 + 4 = 15 (B, T, C)), plus the logits'
+    gradient written and read once."""
+    N = B * T
+    weights = 2 * 2 * params
+    grads = 4 * params
+    adamw = 30 * params
+    acts = L * 15 * N * C * 2 * 2
+    logits = 2 * 2 * N * Vp
+    return weights + grads + adamw + acts + logits
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--after", action="store_true",
+                   help="the kernels issue 30 asks for instead of today's")
+    p.add_argument("--markdown", action="store_true", help="the table as Markdown")
+    a = p.parse_args()
+    rows, params = kernels(a.batch, a.ctx, a.after)
+    floor = unavoidable(a.batch, a.ctx, params)
+    if a.markdown:
+        print("| kernel | per step | GB per launch | GB per step | GFLOP per step | H100 ms |")
+        print("|---|---|---|---|---|---|")
+    peak, bw = GPUS["h100"]
+    for name, count, b, f, note in rows:
+        ms = count * max(f / (peak * GEMM_EFF), b / (bw * MEM_EFF)) * 1e3
+        cells = (name + (" (" + note + ")" if note else ""), count, b / 1e9, count * b / 1e9,
+                 count * f / 1e9, ms)
+        if a.markdown:
+            print("| %s | %d | %.3f | %.2f | %.1f | %.2f |" % cells)
+        else:
+            print("%-86s x%-3d %8.3f GB %8.2f GB %9.1f GFLOP %7.2f ms" % cells)
+    tokens = a.batch * a.ctx
+    print()
+    print("parameters %d; the floor %.1f GB a step" % (params, floor / 1e9))
+    for which in (False, True):
+        rs, _ = kernels(a.batch, a.ctx, which)
+        tot_b = sum(c * b for _, c, b, _, _ in rs)
+        tot_f = sum(c * f for _, c, _, f, _ in rs)
+        line = "%s: %.1f GB moved (%.2fx the floor), %.2f TFLOP;" % (
+            "after" if which else "today", tot_b / 1e9, tot_b / floor, tot_f / 1e12)
+        for gpu, (peak, bw) in GPUS.items():
+            step = sum(c * max(f / (peak * GEMM_EFF), b / (bw * MEM_EFF)) for _, c, b, f, _ in rs)
+            mem = sum(c * b / (bw * MEM_EFF) for _, c, b, f, _ in rs
+                      if b / (bw * MEM_EFF) >= f / (peak * GEMM_EFF))
+            line += " %s %.1f ms (%.1f ms memory-bound), %.0fK tokens/s;" % (
+                gpu, step * 1e3, mem * 1e3, tokens / step / 1e3)
+        print(line.rstrip(";"))
+
+
+if __name__ == "__main__":
+    main()
