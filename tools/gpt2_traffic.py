@@ -85,20 +85,27 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
           bf * NC + bf * 4 * C * C, 2 * bf * 4 * NC, 2.0 * N * C * 4 * C)
         k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
         k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
+    # ---- forward and loss, once ----
+    k("ln_f: layer_norm_forward (%s y)" % ("bf16" if after else "f32"), 1, f32 * NC,
+      (bf if after else f32) * NC)
     if not after:
-        # ---- forward and loss, once ----
-        k("ln_f: layer_norm_forward", 1, f32 * NC, f32 * NC)
         k("cast ln_f y -> bf16", 1, f32 * NC, bf * NC)
-        k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
-          2.0 * N * C * Vp)
-        k("classifier_loss_forward (logits read 3x: max, sum, gradient in place)", 1,
-          3 * bf * N * Vp, bf * N * Vp, note="double reductions")
-        # ---- backward, once ----
-        k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
-        k("lm_head dx: gemm, f32 dz", 1, bf * N * Vp + bf * Vp * C, f32 * NC, 2.0 * N * Vp * C)
-        k("lm_head dW: 8 k-slices accumulating into the f32 wte gradient", 1,
-          bf * N * Vp + bf * NC + 8 * f32 * Vp * C, 8 * f32 * Vp * C, 2.0 * N * Vp * C)
-        k("ln_f backward", 1, 2 * f32 * NC, f32 * NC)
+    k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
+      2.0 * N * C * Vp)
+    k("classifier_loss_forward (logits read %s, the gradient written in place)"
+      % ("twice: an online max and sum" if after else "3x: max, sum"), 1,
+      (2 if after else 3) * bf * N * Vp, bf * N * Vp,
+      note="f32 reductions" if after else "double reductions")
+    # ---- backward, once ----
+    k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
+    k("lm_head dx: %s" % ("gemm_rounded, bf16 dz" if after else "gemm, f32 dz"), 1,
+      bf * N * Vp + bf * Vp * C, (bf if after else f32) * NC, 2.0 * N * Vp * C)
+    passes = 1 if after else 8  # today: 8 k-slices, each adding into the f32 gradient
+    k("lm_head dW: %d gemm(s) accumulating into the f32 wte gradient" % passes, 1,
+      bf * N * Vp + bf * NC + passes * f32 * Vp * C, passes * f32 * Vp * C, 2.0 * N * Vp * C)
+    k("ln_f backward (%s dy)" % ("bf16" if after else "f32"), 1,
+      f32 * NC + (bf if after else f32) * NC, f32 * NC)
+    if not after:
         # ---- backward, per layer ----
         k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
         k("mlp.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * 4 * C * C, bf * 4 * NC,
@@ -137,19 +144,6 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("ln_1 backward", L, 2 * f32 * NC, f32 * NC)
         k("the block input's gradient: add (residual + ln_1's)", L, 2 * f32 * NC, f32 * NC)
     else:
-        # ---- forward and loss, once ----
-        k("ln_f: layer_norm_forward (bf16 y)", 1, f32 * NC, bf * NC)
-        k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
-          2.0 * N * C * Vp)
-        k("classifier_loss_forward (logits read twice: online max and sum, gradient)", 1,
-          2 * bf * N * Vp, bf * N * Vp, note="f32 reductions")
-        # ---- backward, once ----
-        k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
-        k("lm_head dx: gemm_rounded, bf16 dz", 1, bf * N * Vp + bf * Vp * C, bf * NC,
-          2.0 * N * Vp * C)
-        k("lm_head dW: one gemm, += the f32 wte gradient", 1,
-          bf * N * Vp + bf * NC + f32 * Vp * C, f32 * Vp * C, 2.0 * N * Vp * C)
-        k("ln_f backward (bf16 dy)", 1, f32 * NC + bf * NC, f32 * NC)
         # ---- backward, per layer ----
         k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
         k("mlp.c_proj dx: gemm_rounded -> bf16, DGELU epilogue (gelu's backward)", L,
