@@ -10,8 +10,8 @@ written in global memory (every operand once: no cache reuse between
 kernels, none lost inside a GEMM) and FLOPs (2 per multiply-add). The
 dtypes and buffers follow the code (docs/mixed-precision.md; the
 attention's GEMM path of core/ops_attention.c, DT_ATTENTION=auto's choice
-on a GPU; the bias gradient after stop 31, straight from the 16-bit
-gradient). The "unavoidable" line is the issue's floor: weights read in
+on a GPU; the bias gradients and the LM head's weight gradient as stop
+31 left them: from the 16-bit gradient, one GEMM). The "unavoidable" line is the issue's floor: weights read in
 forward and backward (bf16), the f32 gradients written, AdamW's update of
 f32 master weights, two moments and the bf16 working copy, and the
 activations a step must keep, each written once and read once in bf16
@@ -25,9 +25,9 @@ no launch gaps.
 GELU in c_fc's GELU_AUX epilogue and its backward in the DGELU epilogue of
 mlp.c_proj's dx; flash attention (16-bit qkv, out and dqkv; no T x T
 square; the causal half of its FLOPs); the classifier reads the logits
-twice (an online max and sum, then the gradient); the wte gradient in
-one GEMM; 16-bit gradients for 16-bit inputs throughout. The optimizer
-and the bias gradients are already as the issue asks.
+twice (an online max and sum, then the gradient); 16-bit gradients for
+16-bit inputs throughout. The optimizer, the bias gradients and the wte
+gradient (one GEMM) are already as the issue asks.
 """
 import argparse
 
@@ -100,9 +100,8 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
     k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
     k("lm_head dx: %s" % ("gemm_rounded, bf16 dz" if after else "gemm, f32 dz"), 1,
       bf * N * Vp + bf * Vp * C, (bf if after else f32) * NC, 2.0 * N * Vp * C)
-    passes = 1 if after else 8  # today: 8 k-slices, each adding into the f32 gradient
-    k("lm_head dW: %d gemm(s) accumulating into the f32 wte gradient" % passes, 1,
-      bf * N * Vp + bf * NC + passes * f32 * Vp * C, passes * f32 * Vp * C, 2.0 * N * Vp * C)
+    k("lm_head dW: one gemm accumulating into the f32 wte gradient", 1,
+      bf * N * Vp + bf * NC + f32 * Vp * C, f32 * Vp * C, 2.0 * N * Vp * C)
     k("ln_f backward (%s dy)" % ("bf16" if after else "f32"), 1,
       f32 * NC + (bf if after else f32) * NC, f32 * NC)
     if not after:
