@@ -84,6 +84,60 @@ extern "C" dt_status dt_cuda_cross_entropy_backward(const dt_exec *ex, const flo
 
 /* ---- fused classifier (LM-head loss) ---- */
 
+/* Adds v to a running (m, s): m the largest value so far, s the sum of
+ * exp(value - m); one exp per value (the sum rescaled when v is a new
+ * maximum). A NaN v makes s NaN, as the two-pass form's sum does. */
+static __device__ __forceinline__ void online_add(float &m, float &s, float v) {
+  if (v > m) {
+    s = (m == -INFINITY ? 0.0f : s * expf(m - v)) + 1.0f;
+    m = v;
+  } else {
+    s += expf(v - m);
+  }
+}
+
+/* Merges (m2, s2) into (m, s). */
+static __device__ __forceinline__ void online_merge(float &m, float &s, float m2, float s2) {
+  float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) { /* both empty (or every value -inf) */
+    s += s2;
+    return;
+  }
+  s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mn));
+  m = mn;
+}
+
+/* The block's max of row x[0..n) and the sum of exp(x - max) in one read
+ * of the row, in f32 (the classifier's 16-bit logits are the largest
+ * tensor of a language model's step: two reads in all, this and the
+ * gradient's, instead of three; f32 where the two-pass form summed in
+ * double); every thread gets both. shm, shs: 32 floats each of shared
+ * memory. */
+template <typename T>
+static __device__ float block_row_online_max_sumexp(const T *x, int64_t n, float *shm, float *shs,
+                                                    float *sumexp) {
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    online_add(m, s, dt_load_f32(x, j));
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads(); /* shm, shs may still be read from the previous row */
+  if (lane == 0)
+    shm[warp] = m, shs[warp] = s;
+  __syncthreads();
+  m = lane < nwarps ? shm[lane] : -INFINITY;
+  s = lane < nwarps ? shs[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    online_merge(m, s, m2, s2);
+  }
+  *sumexp = s;
+  return m;
+}
+
 // logits (n,vp), target (n) -> loss_rows (n), dlogits (n,vp) or NULL (may be logits itself);
 // report: first bad row, kept rows. T: the storage type of logits and dlogits (f32 math).
 template <typename T>
@@ -91,8 +145,7 @@ static __global__ void classifier_forward_kernel(const T *logits, const void *ta
                                                  int64_t n, int64_t vp, int64_t classes,
                                                  int64_t ignore_index, float *loss_rows, T *dlogits,
                                                  float dlogits_scale, dt_cuda_index_slot *rep) {
-  __shared__ float shf[32];
-  __shared__ double shd[32];
+  __shared__ float shm[32], shs[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const T *xr = logits + i * vp;
     T *dr = dlogits ? dlogits + i * vp : NULL;
@@ -109,13 +162,13 @@ static __global__ void classifier_forward_kernel(const T *logits, const void *ta
     }
     /* read before the barriers of the row's max and sum: dr may overwrite it below */
     float xt = threadIdx.x == 0 ? dt_load_f32(xr, t) : 0.0f;
-    double s;
-    float mx = dt_block_row_max_sumexp(xr, classes, shf, shd, &s);
+    float s;
+    float mx = block_row_online_max_sumexp(xr, classes, shm, shs, &s);
     if (threadIdx.x == 0) {
-      loss_rows[i] = (float)((double)mx + log(s) - (double)xt);
+      loss_rows[i] = mx + logf(s) - xt;
       atomicAdd(&rep->kept, 1ull);
     }
-    float inv = (float)(1.0 / s);
+    float inv = 1.0f / s;
     for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
       dt_store_f32(dr, j,
                    j < classes ? (expf(dt_load_f32(xr, j) - mx) * inv - (j == t ? 1.0f : 0.0f)) *
@@ -143,7 +196,8 @@ extern "C" dt_status dt_cuda_classifier_loss_forward(const dt_exec *ex, const fl
                                                      float *count) {
   DT_CUDA_EXEC(ex, ctx, stream);
   int i32 = target_dtype == DT_DTYPE_I32;
-  /* cross_entropy_forward's threads: with classes == vp the loss is its bit for bit */
+  /* cross_entropy_forward's threads per row; the row's max and sum in one
+   * f32 pass (cross_entropy's are two, the sum in double) */
   if (n > 0) {
     void (*launch)(dim3, int, cudaStream_t, const void *, const void *, int, int64_t, int64_t,
                    int64_t, int64_t, float *, void *, float, dt_cuda_index_slot *) =

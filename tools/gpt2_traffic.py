@@ -10,8 +10,9 @@ written in global memory (every operand once: no cache reuse between
 kernels, none lost inside a GEMM) and FLOPs (2 per multiply-add). The
 dtypes and buffers follow the code (docs/mixed-precision.md; the
 attention's GEMM path of core/ops_attention.c, DT_ATTENTION=auto's choice
-on a GPU; the bias gradients and the LM head's weight gradient as stop
-31 left them: from the 16-bit gradient, one GEMM). The "unavoidable" line is the issue's floor: weights read in
+on a GPU; the bias gradients, the LM head's weight gradient and the
+classifier as stop 31 left them: from the 16-bit gradient, one GEMM, two
+reads of the logits). The "unavoidable" line is the issue's floor: weights read in
 forward and backward (bf16), the f32 gradients written, AdamW's update of
 f32 master weights, two moments and the bf16 working copy, and the
 activations a step must keep, each written once and read once in bf16
@@ -24,10 +25,10 @@ no launch gaps.
 --after: LayerNorm writes 16-bit y (no cast kernels before the linears);
 GELU in c_fc's GELU_AUX epilogue and its backward in the DGELU epilogue of
 mlp.c_proj's dx; flash attention (16-bit qkv, out and dqkv; no T x T
-square; the causal half of its FLOPs); the classifier reads the logits
-twice (an online max and sum, then the gradient); 16-bit gradients for
-16-bit inputs throughout. The optimizer, the bias gradients and the wte
-gradient (one GEMM) are already as the issue asks.
+square; the causal half of its FLOPs); 16-bit gradients for 16-bit
+inputs throughout. The optimizer, the bias gradients, the wte gradient
+(one GEMM) and the classifier (two reads of the logits, f32 reductions)
+are already as the issue asks.
 """
 import argparse
 
@@ -92,10 +93,8 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("cast ln_f y -> bf16", 1, f32 * NC, bf * NC)
     k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
       2.0 * N * C * Vp)
-    k("classifier_loss_forward (logits read %s, the gradient written in place)"
-      % ("twice: an online max and sum" if after else "3x: max, sum"), 1,
-      (2 if after else 3) * bf * N * Vp, bf * N * Vp,
-      note="f32 reductions" if after else "double reductions")
+    k("classifier_loss_forward (logits read twice: an online f32 max and sum, then the"
+      " gradient written in place)", 1, 2 * bf * N * Vp, bf * N * Vp)
     # ---- backward, once ----
     k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
     k("lm_head dx: %s" % ("gemm_rounded, bf16 dz" if after else "gemm, f32 dz"), 1,
