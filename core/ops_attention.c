@@ -178,9 +178,13 @@ static dt_status gemm_attention_forward(dt_tensor *qc, float *y, float *lse, int
   return st;
 }
 
-/* dqkv (b, t, 3c) f32 from qc (the GEMMs' dtype), lse and g (b, t, c). */
-static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_tensor *g, float *dqkv,
-                                         int64_t b, int64_t t, int64_t h, int64_t hd) {
+/* dqkv (b, t, 3c) from qc (the GEMMs' dtype), lse and g (b, t, c): f32,
+ * or of qc's 16-bit dtype (the gradient of a 16-bit qkv), rounded once on
+ * the heads' f32 buffer before the copy into rows, which then moves half
+ * the bytes (the same bits as the f32 rows rounded). */
+static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_tensor *g,
+                                         dt_tensor *dqkv, int64_t b, int64_t t, int64_t h,
+                                         int64_t hd) {
   gemm_att a;
   dt_tensor *gc = NULL, *dout = NULL, *dheads = NULL;
   dt_status st = gemm_att_init(qc, b, t, h, hd, &a);
@@ -212,8 +216,16 @@ static dt_status gemm_attention_backward(dt_tensor *qc, const float *lse, dt_ten
     if (st == DT_OK) /* dK = dS^T q / sqrt(hd) */
       st = heads_gemm(&a, 1, 0, t, hd, t, a.scale, p, t, tt, q, hd, a.blk, dk, hd, a.blk, n);
   }
-  if (st == DT_OK)
-    st = permute_qkv(&a.ex32, DT_F32(dheads), dqkv, b, t, h, hd, sizeof(float), 0);
+  dt_dtype dt = dt_tensor_dtype(dqkv);
+  if (st == DT_OK && dt == DT_DTYPE_F32) {
+    st = permute_qkv(&a.ex32, DT_F32(dheads), DT_F32(dqkv), b, t, h, hd, sizeof(float), 0);
+  } else if (st == DT_OK) { /* rounded in place of the heads' copy (no longer needed) */
+    st = dt_kernel_cast(&a.ex32, DT_F32(dheads), DT_DTYPE_F32, dt_tensor_data(a.heads), dt,
+                        3 * a.bh * a.blk);
+    if (st == DT_OK)
+      st = permute_qkv(&a.ex, dt_tensor_data(a.heads), dt_tensor_data(dqkv), b, t, h, hd,
+                       dt_dtype_size(dt), 0);
+  }
   DT_RELEASE_TENSORS(dheads, dout, gc);
   gemm_att_release(&a);
   return st;
@@ -232,9 +244,14 @@ static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tenso
   int64_t b = s->b, t = s->t, h = s->heads, hd = s->hd;
   dt_tensor *dqkv = NULL, *g32 = NULL, *y32 = NULL;
   if (s->gemms) {
-    dt_status st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
+    /* a 16-bit input's gradient in its own dtype (qkv under autocast, the
+     * c_attn linear's 16-bit output), an f32 input's in f32 */
+    dt_dtype gdt = dt_tensor_dtype(node->inputs[0]) == dt_tensor_dtype(qkv) ? dt_tensor_dtype(qkv)
+                                                                            : DT_DTYPE_F32;
+    dt_status st = dt_tensor_empty(dt_tensor_shape(qkv), dt_tensor_ndim(qkv), gdt,
+                                   dt_tensor_device(qkv), &dqkv);
     if (st == DT_OK && b * t > 0)
-      st = gemm_attention_backward(qkv, DT_F32(lse), g, DT_F32(dqkv), b, t, h, hd);
+      st = gemm_attention_backward(qkv, DT_F32(lse), g, dqkv, b, t, h, hd);
     return dt_ops_grad_result(st, dqkv, &grad_in[0]);
   }
   /* 16-bit qkv under autocast: the kernels read it and compute in f32 */

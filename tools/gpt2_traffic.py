@@ -10,9 +10,9 @@ written in global memory (every operand once: no cache reuse between
 kernels, none lost inside a GEMM) and FLOPs (2 per multiply-add). The
 dtypes and buffers follow the code (docs/mixed-precision.md; the
 attention's GEMM path of core/ops_attention.c, DT_ATTENTION=auto's choice
-on a GPU; the bias gradients, the LM head's weight gradient and the
-classifier as stop 31 left them: from the 16-bit gradient, one GEMM, two
-reads of the logits). The "unavoidable" line is the issue's floor: weights read in
+on a GPU; the bias gradients, the LM head's weight gradient, the
+classifier and dqkv as stop 31 left them: from the 16-bit gradient, one
+GEMM, two reads of the logits, rounded before the copy into rows). The "unavoidable" line is the issue's floor: weights read in
 forward and backward (bf16), the f32 gradients written, AdamW's update of
 f32 master weights, two moments and the bf16 working copy, and the
 activations a step must keep, each written once and read once in bf16
@@ -132,8 +132,9 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("attention bwd: dS (attention_dscores, over P)", L, bf * TT + f32 * TT, bf * TT)
         k("attention bwd: dQ = dS k (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
         k("attention bwd: dK = dS^T q (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
-        k("attention bwd: dqkv to rows (copy_strided, f32)", L, f32 * 3 * NC, f32 * 3 * NC)
-        k("dqkv f32 -> bf16 (the gradient of the bf16 qkv)", L, f32 * 3 * NC, bf * 3 * NC)
+        k("attention bwd: the heads' f32 dq, dk, dv rounded to bf16", L, f32 * 3 * NC,
+          bf * 3 * NC)
+        k("attention bwd: dqkv to rows (copy_strided, bf16)", L, bf * 3 * NC, bf * 3 * NC)
         k("c_attn dx: gemm, f32 (its input was the f32 ln_1 y)", L, bf * 3 * NC + bf * 3 * C * C,
           f32 * NC, 2.0 * N * 3 * C * C)
         k("c_attn dW: gemm, += f32 grad", L, bf * 3 * NC + bf * NC + f32 * 3 * C * C,
