@@ -50,6 +50,13 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
     def k(name, count, read, write, flops=0.0, note=""):
         rows.append((name, count, read + write, flops, note))
 
+    def weight_grads(name, fin, fout):
+        """A linear's weight gradient (fout, fin) added into its f32 .grad by
+        one GEMM of the bf16 g and x, and its bias's, reduced from g."""
+        k(name + " dW: gemm, += f32 grad", L, bf * N * fout + bf * N * fin + f32 * fin * fout,
+          f32 * fin * fout, 2.0 * N * fin * fout)
+        k(name + " db: reduce_sum of the bf16 g", L, bf * N * fout, f32 * fout)
+
     # ---- forward, once ----
     k("embedding: wte rows + wpe, add (f32)", 1, f32 * NC + f32 * T * C + f32 * NC, f32 * NC)
     # ---- forward, per layer ----
@@ -108,22 +115,16 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
         k("mlp.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * 4 * C * C, bf * 4 * NC,
           2.0 * N * C * 4 * C)
-        k("mlp.c_proj dW: gemm, += f32 grad", L, bf * NC + bf * 4 * NC + f32 * 4 * C * C,
-          f32 * 4 * C * C, 2.0 * N * C * 4 * C)
-        k("mlp.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        weight_grads("mlp.c_proj", 4 * C, C)
         k("gelu backward (bf16)", L, 2 * bf * 4 * NC, bf * 4 * NC)
         k("c_fc dx: gemm, f32 (its input was the f32 ln_2 y)", L, bf * 4 * NC + bf * 4 * C * C,
           f32 * NC, 2.0 * N * 4 * C * C)
-        k("c_fc dW: gemm, += f32 grad", L, bf * 4 * NC + bf * NC + f32 * 4 * C * C,
-          f32 * 4 * C * C, 2.0 * N * 4 * C * C)
-        k("c_fc db: reduce_sum of the bf16 g", L, bf * 4 * NC, f32 * 4 * C)
+        weight_grads("c_fc", C, 4 * C)
         k("ln_2 backward (layer_norm_backward of the f32 sum)", L, 2 * f32 * NC, f32 * NC)
         k("the sum's gradient: add (its own + ln_2's)", L, 2 * f32 * NC, f32 * NC)
         k("a's gradient f32 -> bf16", L, f32 * NC, bf * NC)
         k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        k("attn.c_proj dW: gemm, += f32 grad", L, 2 * bf * NC + f32 * C * C, f32 * C * C,
-          2.0 * N * C * C)
-        k("attn.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        weight_grads("attn.c_proj", C, C)
         k("attention bwd: dO to heads (copy_strided, bf16)", L, bf * NC, bf * NC)
         k("attention bwd: S = q k^T again (f32 square)", L, bf * 2 * NC, f32 * TT, 2.0 * TT * hs)
         k("attention bwd: P from lse (attention_probs)", L, f32 * TT + f32 * B * H * T, bf * TT)
@@ -137,9 +138,7 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("attention bwd: dqkv to rows (copy_strided, bf16)", L, bf * 3 * NC, bf * 3 * NC)
         k("c_attn dx: gemm, f32 (its input was the f32 ln_1 y)", L, bf * 3 * NC + bf * 3 * C * C,
           f32 * NC, 2.0 * N * 3 * C * C)
-        k("c_attn dW: gemm, += f32 grad", L, bf * 3 * NC + bf * NC + f32 * 3 * C * C,
-          f32 * 3 * C * C, 2.0 * N * 3 * C * C)
-        k("c_attn db: reduce_sum of the bf16 g", L, bf * 3 * NC, f32 * 3 * C)
+        weight_grads("c_attn", C, 3 * C)
         k("ln_1 backward", L, 2 * f32 * NC, f32 * NC)
         k("the block input's gradient: add (residual + ln_1's)", L, 2 * f32 * NC, f32 * NC)
     else:
@@ -147,27 +146,19 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
         k("mlp.c_proj dx: gemm_rounded -> bf16, DGELU epilogue (gelu's backward)", L,
           bf * NC + bf * 4 * C * C + bf * 4 * NC, bf * 4 * NC, 2.0 * N * C * 4 * C)
-        k("mlp.c_proj dW: gemm, += f32 grad", L, bf * NC + bf * 4 * NC + f32 * 4 * C * C,
-          f32 * 4 * C * C, 2.0 * N * C * 4 * C)
-        k("mlp.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        weight_grads("mlp.c_proj", 4 * C, C)
         k("c_fc dx: gemm_rounded -> bf16 (its input, ln_2 y, is bf16)", L,
           bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
-        k("c_fc dW: gemm, += f32 grad", L, bf * 4 * NC + bf * NC + f32 * 4 * C * C,
-          f32 * 4 * C * C, 2.0 * N * 4 * C * C)
-        k("c_fc db: reduce_sum of the bf16 g", L, bf * 4 * NC, f32 * 4 * C)
+        weight_grads("c_fc", C, 4 * C)
         k("ln_2 backward (bf16 dy) with the sum's own gradient added", L,
           f32 * NC + bf * NC + f32 * NC, f32 * NC + bf * NC)
         k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        k("attn.c_proj dW: gemm, += f32 grad", L, 2 * bf * NC + f32 * C * C, f32 * C * C,
-          2.0 * N * C * C)
-        k("attn.c_proj db: reduce_sum of the bf16 g", L, bf * NC, f32 * C)
+        weight_grads("attn.c_proj", C, C)
         k("attention: flash backward (bf16 qkv, out, dout, lse -> bf16 dqkv)", L,
           bf * 3 * NC + 2 * bf * NC + f32 * B * H * T, bf * 3 * NC, 5.0 * TT * hs)
         k("c_attn dx: gemm_rounded -> bf16", L, bf * 3 * NC + bf * 3 * C * C, bf * NC,
           2.0 * N * 3 * C * C)
-        k("c_attn dW: gemm, += f32 grad", L, bf * 3 * NC + bf * NC + f32 * 3 * C * C,
-          f32 * 3 * C * C, 2.0 * N * 3 * C * C)
-        k("c_attn db: reduce_sum of the bf16 g", L, bf * 3 * NC, f32 * 3 * C)
+        weight_grads("c_attn", C, 3 * C)
         k("ln_1 backward (bf16 dy) with the residual's gradient added", L,
           f32 * NC + bf * NC + f32 * NC, f32 * NC)
     # ---- embedding backward, optimizer, once ----
