@@ -10,7 +10,9 @@
 #     rank's (batch 4) validation loss (within 1e-3), parameters and AdamW
 #     moments (within 5e-2 of each tensor's largest value: Adam's
 #     m/sqrt(v) turns tiny differences of near-zero gradients into whole
-#     steps; measured 1.7e-2, and 1e-5 on the logits);
+#     steps; measured 1.7e-2, and 1e-5 on the logits); under --zero 1
+#     and 2 the parameters are DDP's byte for byte, in fp32 and bf16, and
+#     bf16 on 2 ranks ends with 1 rank's validation loss (within 1e-3);
 #   - --recompute (activation recomputation per block) ends the same run
 #     with the same parameters and AdamW moments bit for bit, on 1 and 2
 #     ranks; a model without transformer blocks is refused;
@@ -94,6 +96,28 @@ within "${llama_val[1]}" "${llama_val[2]}" 1e-3
 check_status $? "llama-tiny: val_loss on 2 ranks (${llama_val[2]}) is 1 rank's (${llama_val[1]}) within 1e-3"
 expect_cmd "llama-tiny: 2 ranks end with 1 rank's parameters and moments (within 5e-2 relative: Adam)" \
   "$py" "$numpy_tool" compare "$(ck "$tmp/llama-1" 8)" "$(ck "$tmp/llama-2" 8)" --rtol 5e-2
+
+# ZeRO 1 and 2 shard the same sums: the parameters are DDP's byte for byte;
+# bf16 autocast the same on 1 rank, 2 ranks and 2 ranks under ZeRO 2.
+llama8=(train --model llama-tiny --ctx 16 --max-steps 8 --lr 0.01 --warmup 0 --log-interval 0
+  --sample-len 0 --threads 1)
+for z in 1 2; do
+  launch 2 "${llama8[@]}" --batch 2 --zero "$z" --run-dir "$tmp/llama-zero$z"
+  expect 0 out "^val_loss=${llama_val[2]}$" "llama-tiny on 2 ranks, --zero $z: DDP's val_loss"
+  expect_cmd "llama-tiny on 2 ranks: --zero $z ends with DDP's parameters byte for byte" \
+    cmp "$(ck "$tmp/llama-2" 8)/model.safetensors" "$(ck "$tmp/llama-zero$z" 8)/model.safetensors"
+done
+for run in "1 4 0" "2 2 0" "2 2 2"; do
+  read -r np b z <<<"$run"
+  launch "$np" "${llama8[@]}" --batch "$b" --precision bf16 --zero "$z" \
+    --run-dir "$tmp/llama-bf16-$np-$z"
+  expect 0 out "^val_loss=" "llama-tiny in bf16 on $np rank(s), --zero $z"
+  llama_bf16[np * 10 + z]=$(sed -n 's/^val_loss=//p' "$out")
+done
+within "${llama_bf16[10]}" "${llama_bf16[20]}" 1e-3
+check_status $? "llama-tiny in bf16: val_loss on 2 ranks (${llama_bf16[20]}) is 1 rank's (${llama_bf16[10]}) within 1e-3"
+expect_cmd "llama-tiny in bf16 on 2 ranks: --zero 2 ends with DDP's parameters byte for byte" \
+  cmp "$(ck "$tmp/llama-bf16-2-0" 8)/model.safetensors" "$(ck "$tmp/llama-bf16-2-2" 8)/model.safetensors"
 
 # ---- --ctx is part of the checkpoint ----
 full="$tmp/exact-1/full"
