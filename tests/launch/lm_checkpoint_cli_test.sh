@@ -10,7 +10,8 @@
 #     rank's (batch 4) validation loss (within 1e-3), parameters and AdamW
 #     moments (within 5e-2 of each tensor's largest value: Adam's
 #     m/sqrt(v) turns tiny differences of near-zero gradients into whole
-#     steps; measured 1.7e-2, and 1e-5 on the logits); under --zero 1
+#     steps; measured 1.7e-2 in stop 27, 4.04e-2 on stop 32's code and
+#     machine, and 1e-5 on the logits); under --zero 1
 #     and 2 the parameters are DDP's byte for byte, in fp32 and bf16, and
 #     bf16 on 2 ranks ends with 1 rank's validation loss (within 1e-3);
 #   - --recompute (activation recomputation per block) ends the same run
