@@ -42,6 +42,14 @@ int dt_cpu_set_conv_direct(int enabled);
 /* 1 when a convolution of geometry g qualifies for those kernels on this
  * CPU (they run it when the batch has at least one image per thread). */
 int dt_cpu_conv_direct_eligible(const dt_conv2d_geom *g);
+/* 3x3 stride-1 convolutions of the shapes where it is faster run as
+ * Winograd F(2x2, 3x3) (core/cpu_conv_winograd.h); 0 sends them to the
+ * other paths. Returns the previous setting (default DT_CONV_WINOGRAD's,
+ * on). For tests and benchmarks: call it while no kernel runs. */
+int dt_cpu_set_conv_winograd(int enabled);
+/* 1 when a convolution of geometry g runs as Winograd with this process's
+ * kernel thread count and setting. */
+int dt_cpu_conv_winograd_eligible(const dt_conv2d_geom *g);
 /* Overrides DT_CPU_MEMORY_LIMIT for CPU devices (0 = no cap). For tests. */
 void dt_cpu_set_memory_limit(size_t bytes);
 /* Where the CPU allocator's cap comes from, for `dtrain doctor` and the

@@ -71,24 +71,39 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       geom(6, 5, 6, 6, 4, 3, 3, 1, 1, 1, 1),
       geom(2, 3, 2, 2, 40, 3, 3, 1, 1, 1, 1),
       // runs of 7 and 3 images: a run's operands are capped at 2^20 floats
+      // (Winograd's where it is on: 640 tiles)
       geom(10, 256, 8, 8, 16, 3, 3, 1, 1, 1, 1),
+      // Winograd F(2x2, 3x3) (3x3 stride 1, even outputs of >= 4x4, >= 128
+      // tiles a thread at 1-3 threads): square; padding 0 and 2; a
+      // rectangle; 4 chunks of 12, 12, 12 and 4 images (2^19 floats of V
+      // and M each), shared unevenly by 2 and 3 threads
+      geom(6, 16, 16, 16, 20, 3, 3, 1, 1, 1, 1),
+      geom(12, 17, 18, 10, 16, 3, 3, 1, 1, 0, 0),
+      geom(8, 16, 12, 12, 18, 3, 3, 1, 1, 2, 2),
+      geom(7, 16, 12, 20, 16, 3, 3, 1, 1, 1, 1),
+      geom(40, 96, 8, 8, 64, 3, 3, 1, 1, 1, 1),
   };
 }
 
-// The conv tests run with the direct AVX-512 kernels allowed (where the
-// CPU has them) and with every convolution on the im2col + sgemm path.
+// The conv tests run with every path allowed (1: the direct AVX-512
+// kernels where the CPU has them, Winograd where it is faster), with the
+// direct kernels but not Winograd (2), and with every convolution on the
+// im2col + sgemm path (0).
 class ConvPaths : public ::testing::TestWithParam<std::tuple<int, int>> {
  protected:
   void SetUp() override {
     saved_threads_ = dt_cpu_num_threads();
     dt_cpu_set_num_threads(std::get<0>(GetParam()));
-    saved_direct_ = dt_cpu_set_conv_direct(std::get<1>(GetParam()));
+    int path = std::get<1>(GetParam());
+    saved_direct_ = dt_cpu_set_conv_direct(path != 0);
+    saved_winograd_ = dt_cpu_set_conv_winograd(path == 1);
   }
   void TearDown() override {
+    dt_cpu_set_conv_winograd(saved_winograd_);
     dt_cpu_set_conv_direct(saved_direct_);
     dt_cpu_set_num_threads(saved_threads_);
   }
-  int saved_threads_ = 1, saved_direct_ = 1;
+  int saved_threads_ = 1, saved_direct_ = 1, saved_winograd_ = 1;
 };
 
 TEST(CpuConv, DirectKernelsTakeLeNetWhereTheCpuHasAvx512) {
@@ -107,6 +122,27 @@ TEST(CpuConv, DirectKernelsTakeLeNetWhereTheCpuHasAvx512) {
   dt_cpu_set_conv_direct(saved);
   if (!avx512)
     GTEST_SKIP() << "this CPU has no AVX-512F: every convolution takes the im2col path";
+}
+
+TEST(CpuConv, WinogradTakesResNetsEvenLayersOfEnoughTiles) {
+  int saved_threads = dt_cpu_num_threads();
+  dt_cpu_set_num_threads(2);
+  int saved = dt_cpu_set_conv_winograd(1);
+  auto wg = [](dt_conv2d_geom g) { return dt_cpu_conv_winograd_eligible(&g); };
+  // ResNet-18 at 64 px, batch 16: layer1 (16x16) and layer2 (8x8, 256 tiles)
+  EXPECT_TRUE(wg(geom(16, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1)));
+  EXPECT_TRUE(wg(geom(16, 128, 8, 8, 128, 3, 3, 1, 1, 1, 1)));
+  // layer3 (4x4: 64 tiles, 32 a thread), odd outputs, stride 2, 5x5, 1x1, few channels
+  EXPECT_FALSE(wg(geom(16, 256, 4, 4, 256, 3, 3, 1, 1, 1, 1)));
+  EXPECT_FALSE(wg(geom(64, 256, 5, 5, 256, 3, 3, 1, 1, 1, 1)));
+  EXPECT_FALSE(wg(geom(64, 64, 16, 16, 128, 3, 3, 2, 2, 1, 1)));
+  EXPECT_FALSE(wg(geom(64, 64, 16, 16, 64, 5, 5, 1, 1, 2, 2)));
+  EXPECT_FALSE(wg(geom(64, 64, 16, 16, 64, 1, 1, 1, 1, 0, 0)));
+  EXPECT_FALSE(wg(geom(64, 3, 16, 16, 64, 3, 3, 1, 1, 1, 1)));
+  dt_cpu_set_conv_winograd(0);
+  EXPECT_FALSE(wg(geom(16, 64, 16, 16, 64, 3, 3, 1, 1, 1, 1)));
+  dt_cpu_set_conv_winograd(saved);
+  dt_cpu_set_num_threads(saved_threads);
 }
 
 TEST_P(ConvPaths, Conv2dForwardVsDirect) {
@@ -456,6 +492,7 @@ TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, ThreadCounts, ::testing::Values(1, 2, 3));
 INSTANTIATE_TEST_SUITE_P(ThreadsAndPaths, ConvPaths,
-                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 0)));
+                         ::testing::Combine(::testing::Values(1, 2, 3),
+                                            ::testing::Values(1, 2, 0)));
 
 }  // namespace

@@ -1,0 +1,533 @@
+/* Winograd F(2x2, 3x3) convolution (core/cpu_conv_winograd.h).
+ *
+ * Layout. Tiles are numbered p = image * T + ty * tw + tx within a chunk of
+ * images (T = th * tw tiles an image). The transformed inputs are
+ * V[e][c][p], the filters U[e][o][c], the products M[e][o][p]: each of the
+ * 16 planes e is a row-major matrix, so the 16 products of a chunk are
+ * plain sgemm calls. A chunk is a run of whole images whose V and M stay
+ * within WG_CHUNK_FLOATS, so that the transforms' writes are still in the
+ * caches when the GEMMs read them; the chunks go to the threads in turn,
+ * each thread running single-threaded sgemms on its own buffers.
+ *
+ * The transforms run along a row of tiles (tx), vectorised: a tile's patch
+ * starts two columns after its neighbour's, so the loads are stride-2
+ * runs of the zero-padded input plane, and the stores of V are contiguous.
+ *
+ * The weight gradient is summed per thread over its chunks, then over the
+ * threads in order: the result depends on the thread count by rounding,
+ * as the im2col path's does. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/cpu_conv_winograd.h"
+#include "core/cpu_internal.h"
+#include "core/env.h"
+
+#define WG_E 16
+#define WG_CHUNK_FLOATS (1 << 19) /* V and M of one chunk: 2 MB */
+#define WG_MIN_TILES 128          /* per thread */
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* -1: not read yet; then DT_CONV_WINOGRAD's setting (default 1) or the
+ * last dt_cpu_set_conv_winograd. */
+static atomic_int wg_enabled = -1;
+
+int dt_cpu_set_conv_winograd(int enabled) {
+  int prev = atomic_exchange(&wg_enabled, enabled != 0);
+  if (prev < 0) {
+    bool on = true;
+    if (dt_env_is_set(DT_ENV_CONV_WINOGRAD))
+      (void)dt_env_bool(DT_ENV_CONV_WINOGRAD, &on);
+    prev = on;
+  }
+  return prev;
+}
+
+static int wg_on(void) {
+  int v = atomic_load(&wg_enabled);
+  if (v < 0) {
+    bool on = true;
+    if (dt_env_is_set(DT_ENV_CONV_WINOGRAD))
+      (void)dt_env_bool(DT_ENV_CONV_WINOGRAD, &on);
+    int expect = -1;
+    atomic_compare_exchange_strong(&wg_enabled, &expect, on ? 1 : 0);
+    v = atomic_load(&wg_enabled);
+  }
+  return v;
+}
+
+int dt_cpu_conv_winograd_runs(const dt_conv2d_geom *g) {
+  if (g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->n < 1)
+    return 0;
+  if (g->c < 16 || g->oc < 16 || g->oh < 4 || g->ow < 4 || (g->oh & 1) || (g->ow & 1))
+    return 0;
+  /* enough tiles a thread that the GEMMs amortise packing U */
+  int64_t tiles = (int64_t)g->n * (g->oh / 2) * (g->ow / 2);
+  if (tiles < (int64_t)WG_MIN_TILES * dt_cpu_threads())
+    return 0;
+  return wg_on();
+}
+
+int dt_cpu_conv_winograd_eligible(const dt_conv2d_geom *g) { return dt_cpu_conv_winograd_runs(g); }
+
+/* ---- geometry of a call ---- */
+
+typedef struct wg_plan {
+  int th, tw, T;  /* tiles of an image: rows, columns, total */
+  int hp, wp;     /* the zero-padded input plane: 2 th + 2 by 2 tw + 2 */
+  int ipc, pc;    /* images and tiles of a chunk */
+  int chunks, nt; /* chunks of the batch; threads that run them */
+  size_t thread_floats;
+} wg_plan;
+
+static void plan_of(const dt_conv2d_geom *g, int nt, int backward, wg_plan *pl) {
+  pl->th = (g->oh + 1) / 2;
+  pl->tw = (g->ow + 1) / 2;
+  pl->T = pl->th * pl->tw;
+  pl->hp = 2 * pl->th + 2;
+  pl->wp = 2 * pl->tw + 2;
+  int per_tile = WG_E * (g->c + g->oc);
+  int ipc = MAX(1, WG_CHUNK_FLOATS / per_tile / pl->T);
+  int per_thread = (g->n + nt - 1) / nt; /* every thread a chunk where it can */
+  pl->ipc = MIN(ipc, per_thread);
+  pl->pc = pl->ipc * pl->T;
+  pl->chunks = (g->n + pl->ipc - 1) / pl->ipc;
+  pl->nt = MIN(nt, pl->chunks);
+  size_t f = (size_t)WG_E * (g->c + g->oc) * pl->pc; /* V (or dV) and M (or dM) */
+  f += (size_t)pl->hp * pl->wp;                      /* a padded plane */
+  f += (size_t)WG_E * pl->tw + 4 * (size_t)pl->tw;   /* a row of tiles */
+  if (backward)
+    f += (size_t)WG_E * g->oc * g->c; /* the thread's dU */
+  pl->thread_floats = (f + 15) / 16 * 16;
+}
+
+/* ---- transforms ----
+ *
+ * A plane is held as four sub-planes by the parity of its (zero-padded)
+ * rows and columns, each (th + 1) x (tw + 1): sub-plane ab holds padded
+ * row 2 r + a, column 2 m + b at r * S + m (S = tw + 1). The 4x4 patch of
+ * tile (ty, tx) is then rows (ty, a = 0), (ty, 1), (ty + 1, 0), (ty + 1, 1)
+ * and columns (tx, b = 0), (tx, 1), (tx + 1, 0), (tx + 1, 1): unit-stride
+ * runs along a row of tiles, which the loops below read as vectors. */
+
+#define WG_CLONES __attribute__((target_clones("avx512f", "default")))
+
+/* Row k / 4 of a transform, t (4 values) times B: planes k .. k + 3 of
+ * tile tx. Written out (no arrays, no loops) so that the tile loops
+ * vectorise. */
+#define WG_BT_ROW(o, k, t0, t1, t2, t3)                   \
+  do {                                                    \
+    float t0_ = (t0), t1_ = (t1), t2_ = (t2), t3_ = (t3); \
+    (o)[((k) + 0) * ld_e + tx] = t0_ - t2_;               \
+    (o)[((k) + 1) * ld_e + tx] = t1_ + t2_;               \
+    (o)[((k) + 2) * ld_e + tx] = t2_ - t1_;               \
+    (o)[((k) + 3) * ld_e + tx] = t1_ - t3_;               \
+  } while (0)
+/* Row k / 4 of A dY A^T from q (2 values) times A^T */
+#define WG_A_ROW(o, k, q0, q1)              \
+  do {                                      \
+    float q0_ = (q0), q1_ = (q1);           \
+    (o)[((k) + 0) * ld_e + tx] = q0_;       \
+    (o)[((k) + 1) * ld_e + tx] = q0_ + q1_; \
+    (o)[((k) + 2) * ld_e + tx] = q0_ - q1_; \
+    (o)[((k) + 3) * ld_e + tx] = -q1_;      \
+  } while (0)
+
+typedef struct wg_sub {
+  float *p[2][2]; /* [row parity][column parity] */
+  int S;
+} wg_sub;
+
+static wg_sub sub_planes(const wg_plan *pl, float *base) {
+  wg_sub q;
+  int64_t n = (int64_t)(pl->th + 1) * (pl->tw + 1);
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      q.p[a][b] = base + (2 * a + b) * n;
+  q.S = pl->tw + 1;
+  return q;
+}
+
+/* the sub-planes of x (h, w) placed at row ph, column pw, zeros around */
+static void split_plane(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, wg_sub *q) {
+  memset(q->p[0][0], 0, (size_t)pl->hp * pl->wp * sizeof(float));
+  for (int iy = 0; iy < g->h; iy++) {
+    int r = iy + g->ph;
+    float *e = q->p[r & 1][0] + (int64_t)(r >> 1) * q->S,
+          *o = q->p[r & 1][1] + (int64_t)(r >> 1) * q->S;
+    const float *xr = x + (int64_t)iy * g->w;
+    for (int ix = 0; ix < g->w; ix++) {
+      int s = ix + g->pw;
+      (s & 1 ? o : e)[s >> 1] = xr[ix];
+    }
+  }
+}
+
+/* V[e][p0 + tile] = (B^T d B)[e] for the tiles of one channel (planes e
+ * ld_e apart), B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
+WG_CLONES static void input_tiles(const wg_plan *pl, const wg_sub *q, float *v, int64_t ld_e) {
+  int tw = pl->tw, S = q->S;
+  for (int ty = 0; ty < pl->th; ty++) {
+    /* padded rows 2 ty .. 2 ty + 3, even (e) and odd (o) columns */
+    const float *e0 = q->p[0][0] + ty * S, *o0 = q->p[0][1] + ty * S;
+    const float *e1 = q->p[1][0] + ty * S, *o1 = q->p[1][1] + ty * S;
+    const float *e2 = e0 + S, *o2 = o0 + S, *e3 = e1 + S, *o3 = o1 + S;
+    float *o = v + (int64_t)ty * tw;
+#pragma omp simd
+    for (int tx = 0; tx < tw; tx++) {
+      /* the patch's columns: e[tx], o[tx], e[tx + 1], o[tx + 1] */
+      float a0 = e0[tx], a1 = o0[tx], a2 = e0[tx + 1], a3 = o0[tx + 1];
+      float b0 = e1[tx], b1 = o1[tx], b2 = e1[tx + 1], b3 = o1[tx + 1];
+      float c0 = e2[tx], c1 = o2[tx], c2 = e2[tx + 1], c3 = o2[tx + 1];
+      float d0 = e3[tx], d1 = o3[tx], d2 = e3[tx + 1], d3 = o3[tx + 1];
+      WG_BT_ROW(o, 0, a0 - c0, a1 - c1, a2 - c2, a3 - c3);
+      WG_BT_ROW(o, 4, b0 + c0, b1 + c1, b2 + c2, b3 + c3);
+      WG_BT_ROW(o, 8, c0 - b0, c1 - b1, c2 - b2, c3 - b3);
+      WG_BT_ROW(o, 12, b0 - d0, b1 - d1, b2 - d2, b3 - d3);
+    }
+  }
+}
+
+/* V of images [i0, i0 + ni): V[e] is (c, pc) */
+static void input_transform(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, int i0,
+                            int ni, float *V, float *plane) {
+  int64_t in_sz = (int64_t)g->c * g->h * g->w, ld_e = (int64_t)g->c * pl->pc;
+  wg_sub q = sub_planes(pl, plane);
+  for (int i = 0; i < ni; i++)
+    for (int c = 0; c < g->c; c++) {
+      split_plane(g, pl, x + (i0 + i) * in_sz + (int64_t)c * g->h * g->w, &q);
+      input_tiles(pl, &q, V + (int64_t)c * pl->pc + (int64_t)i * pl->T, ld_e);
+    }
+}
+
+/* U[e][o][c] = (G g G^T)[e], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+static void filter_transform(const dt_conv2d_geom *g, const float *w, float *U, int nt) {
+  int64_t ld_e = (int64_t)g->oc * g->c;
+#pragma omp parallel for if (nt > 1 && ld_e >= 4096) num_threads(nt) schedule(static)
+  for (int o = 0; o < g->oc; o++)
+    for (int c = 0; c < g->c; c++) {
+      const float *f = w + ((int64_t)o * g->c + c) * 9;
+      float t[4][3];
+      for (int q = 0; q < 3; q++) {
+        t[0][q] = f[q];
+        t[1][q] = 0.5f * (f[q] + f[3 + q] + f[6 + q]);
+        t[2][q] = 0.5f * (f[q] - f[3 + q] + f[6 + q]);
+        t[3][q] = f[6 + q];
+      }
+      float *u = U + (int64_t)o * g->c + c;
+      for (int i = 0; i < 4; i++) {
+        u[(4 * i + 0) * ld_e] = t[i][0];
+        u[(4 * i + 1) * ld_e] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        u[(4 * i + 2) * ld_e] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        u[(4 * i + 3) * ld_e] = t[i][2];
+      }
+    }
+}
+
+/* y (oh, ow) of output channel o of one image from M[e][o][tiles] (planes
+ * ld_e apart): A^T M A, A^T = [1 1 1 0; 0 1 -1 -1], plus bias. `rows`
+ * holds 4 tw floats: the tile row's outputs by row and column parity. */
+WG_CLONES static void output_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *m,
+                                   int64_t ld_e, float bias, float *y, float *rows) {
+  int tw = pl->tw, ow = g->ow;
+  float *y00 = rows, *y01 = rows + tw, *y10 = rows + 2 * tw, *y11 = rows + 3 * tw;
+  for (int ty = 0; ty < pl->th; ty++) {
+    const float *m0 = m + (int64_t)ty * tw, *m1 = m0 + 4 * ld_e, *m2 = m1 + 4 * ld_e;
+    const float *m3 = m2 + 4 * ld_e;
+#pragma omp simd
+    for (int tx = 0; tx < tw; tx++) {
+      /* A^T down the columns: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 */
+      float s00 = m0[tx] + m1[tx] + m2[tx], s10 = m1[tx] - m2[tx] - m3[tx];
+      float s01 = m0[ld_e + tx] + m1[ld_e + tx] + m2[ld_e + tx];
+      float s11 = m1[ld_e + tx] - m2[ld_e + tx] - m3[ld_e + tx];
+      float s02 = m0[2 * ld_e + tx] + m1[2 * ld_e + tx] + m2[2 * ld_e + tx];
+      float s12 = m1[2 * ld_e + tx] - m2[2 * ld_e + tx] - m3[2 * ld_e + tx];
+      float s03 = m0[3 * ld_e + tx] + m1[3 * ld_e + tx] + m2[3 * ld_e + tx];
+      float s13 = m1[3 * ld_e + tx] - m2[3 * ld_e + tx] - m3[3 * ld_e + tx];
+      y00[tx] = s00 + s01 + s02 + bias;
+      y01[tx] = s01 - s02 - s03 + bias;
+      y10[tx] = s10 + s11 + s12 + bias;
+      y11[tx] = s11 - s12 - s13 + bias;
+    }
+    int oy = 2 * ty;
+    float *r0 = y + (int64_t)oy * ow;
+    for (int ox = 0; ox < ow; ox++)
+      r0[ox] = (ox & 1 ? y01 : y00)[ox >> 1];
+    if (oy + 1 < g->oh) {
+      float *r1 = r0 + ow;
+      for (int ox = 0; ox < ow; ox++)
+        r1[ox] = (ox & 1 ? y11 : y10)[ox >> 1];
+    }
+  }
+}
+
+/* dM[e][o][tiles] = (A dY A^T)[e] for output channel o of one image, dy
+ * (oh, ow); dy outside the outputs (odd oh or ow) is zero. `rows` holds
+ * 4 tw floats. */
+WG_CLONES static void grad_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *dy,
+                                 float *dm, int64_t ld_e, float *rows) {
+  int tw = pl->tw, ow = g->ow;
+  float *a0 = rows, *a1 = rows + tw, *b0 = rows + 2 * tw, *b1 = rows + 3 * tw;
+  for (int ty = 0; ty < pl->th; ty++) {
+    int oy = 2 * ty;
+    memset(rows, 0, (size_t)4 * tw * sizeof(float));
+    const float *r0 = dy + (int64_t)oy * ow;
+    for (int ox = 0; ox < ow; ox++)
+      (ox & 1 ? a1 : a0)[ox >> 1] = r0[ox];
+    if (oy + 1 < g->oh)
+      for (int ox = 0; ox < ow; ox++)
+        (ox & 1 ? b1 : b0)[ox >> 1] = r0[ow + ox];
+    float *o = dm + (int64_t)ty * tw;
+#pragma omp simd
+    for (int tx = 0; tx < tw; tx++) {
+      /* A down the columns: dy0, dy0 + dy1, dy0 - dy1, -dy1; then across */
+      float p0 = a0[tx], p1 = a1[tx], s0 = a0[tx] + b0[tx], s1 = a1[tx] + b1[tx];
+      float d0 = a0[tx] - b0[tx], d1 = a1[tx] - b1[tx], n0 = -b0[tx], n1 = -b1[tx];
+      WG_A_ROW(o, 0, p0, p1);
+      WG_A_ROW(o, 4, s0, s1);
+      WG_A_ROW(o, 8, d0, d1);
+      WG_A_ROW(o, 12, n0, n1);
+    }
+  }
+}
+
+/* dx (h, w) of one input channel of one image from dV[e][c][tiles]: the
+ * overlap-add of B dV B^T over the patches (B = the transpose of B^T)
+ * into the sub-planes, then the padding dropped. `tmp` holds 16 tw
+ * floats. */
+WG_CLONES static void dinput_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *dv,
+                                   int64_t ld_e, wg_sub *q, float *tmp, float *dx) {
+  int tw = pl->tw, S = q->S;
+  memset(q->p[0][0], 0, (size_t)pl->hp * pl->wp * sizeof(float));
+  for (int ty = 0; ty < pl->th; ty++) {
+    const float *v0 = dv + (int64_t)ty * tw, *v1 = v0 + 4 * ld_e, *v2 = v1 + 4 * ld_e;
+    const float *v3 = v2 + 4 * ld_e;
+#pragma omp simd
+    for (int tx = 0; tx < tw; tx++) {
+      /* B down the columns: row 0 = v0, 1 = v1 - v2 + v3, 2 = v1 + v2 - v0,
+       * 3 = -v3 (vk the plane row k, column j at j * ld_e); then across */
+#define WG_B_COL(j, t0, t1, t2, t3)                                     \
+  float t0 = v0[(j)*ld_e + tx], t3 = -v3[(j)*ld_e + tx];                \
+  float t1 = v1[(j)*ld_e + tx] - v2[(j)*ld_e + tx] + v3[(j)*ld_e + tx]; \
+  float t2 = v1[(j)*ld_e + tx] + v2[(j)*ld_e + tx] - v0[(j)*ld_e + tx]
+      WG_B_COL(0, r00, r10, r20, r30);
+      WG_B_COL(1, r01, r11, r21, r31);
+      WG_B_COL(2, r02, r12, r22, r32);
+      WG_B_COL(3, r03, r13, r23, r33);
+#undef WG_B_COL
+#define WG_B_ROW(i, c0, c1, c2, c3)            \
+  tmp[(4 * (i) + 0) * tw + tx] = c0;           \
+  tmp[(4 * (i) + 1) * tw + tx] = c1 - c2 + c3; \
+  tmp[(4 * (i) + 2) * tw + tx] = c1 + c2 - c0; \
+  tmp[(4 * (i) + 3) * tw + tx] = -c3
+      WG_B_ROW(0, r00, r01, r02, r03);
+      WG_B_ROW(1, r10, r11, r12, r13);
+      WG_B_ROW(2, r20, r21, r22, r23);
+      WG_B_ROW(3, r30, r31, r32, r33);
+#undef WG_B_ROW
+    }
+    /* patch row i lands on sub-plane row ty + i / 2 of parity i & 1; its
+     * columns 0, 1 at tx, 2, 3 at tx + 1: each loop adds without overlap */
+    for (int i = 0; i < 4; i++) {
+      int64_t off = (int64_t)(ty + (i >> 1)) * S;
+      float *e = q->p[i & 1][0] + off, *o = q->p[i & 1][1] + off;
+      const float *c = tmp + (int64_t)4 * i * tw;
+#pragma omp simd
+      for (int tx = 0; tx < tw; tx++) {
+        e[tx] += c[tx];
+        o[tx] += c[tw + tx];
+      }
+#pragma omp simd
+      for (int tx = 0; tx < tw; tx++) {
+        e[tx + 1] += c[2 * tw + tx];
+        o[tx + 1] += c[3 * tw + tx];
+      }
+    }
+  }
+  for (int iy = 0; iy < g->h; iy++) {
+    int r = iy + g->ph;
+    const float *e = q->p[r & 1][0] + (int64_t)(r >> 1) * S;
+    const float *o = q->p[r & 1][1] + (int64_t)(r >> 1) * S;
+    float *dr = dx + (int64_t)iy * g->w;
+    for (int ix = 0; ix < g->w; ix++) {
+      int s = ix + g->pw;
+      dr[ix] = (s & 1 ? o : e)[s >> 1];
+    }
+  }
+}
+
+/* dw (oc, c, 3, 3) (+)= (G^T dU G) */
+static void filter_grad(const dt_conv2d_geom *g, const float *dU, float *dw, int acc, int nt) {
+  int64_t ld_e = (int64_t)g->oc * g->c;
+#pragma omp parallel for if (nt > 1 && ld_e >= 4096) num_threads(nt) schedule(static)
+  for (int o = 0; o < g->oc; o++)
+    for (int c = 0; c < g->c; c++) {
+      const float *u = dU + (int64_t)o * g->c + c;
+      float t[3][4]; /* G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1] down the columns */
+      for (int q = 0; q < 4; q++) {
+        float a = u[(0 + q) * ld_e], b = u[(4 + q) * ld_e];
+        float cc = u[(8 + q) * ld_e], d = u[(12 + q) * ld_e];
+        t[0][q] = a + 0.5f * (b + cc);
+        t[1][q] = 0.5f * (b - cc);
+        t[2][q] = 0.5f * (b + cc) + d;
+      }
+      float *f = dw + ((int64_t)o * g->c + c) * 9;
+      for (int i = 0; i < 3; i++) {
+        float r0 = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
+        float r1 = 0.5f * (t[i][1] - t[i][2]);
+        float r2 = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
+        if (acc) {
+          f[3 * i] += r0, f[3 * i + 1] += r1, f[3 * i + 2] += r2;
+        } else {
+          f[3 * i] = r0, f[3 * i + 1] = r1, f[3 * i + 2] = r2;
+        }
+      }
+    }
+}
+
+/* ---- the calls ---- */
+
+typedef struct wg_thread {
+  float *V, *M, *plane, *tmp, *rows, *dU;
+} wg_thread;
+
+static wg_thread thread_bufs(const dt_conv2d_geom *g, const wg_plan *pl, float *base, int t,
+                             int backward) {
+  wg_thread b;
+  float *p = base + (size_t)t * pl->thread_floats;
+  b.V = p, p += (size_t)WG_E * g->c * pl->pc;
+  b.M = p, p += (size_t)WG_E * g->oc * pl->pc;
+  b.plane = p, p += (size_t)pl->hp * pl->wp;
+  b.tmp = p, p += (size_t)WG_E * pl->tw;
+  b.rows = p, p += (size_t)4 * pl->tw;
+  b.dU = backward ? p : NULL;
+  return b;
+}
+
+/* A call's plan and buffers: U, then each thread's (thread_bufs). */
+typedef struct wg_call {
+  wg_plan pl;
+  dt_cpu_scratch *s;
+  float *U, *base;
+} wg_call;
+
+/* w: transformed into U when not NULL */
+static dt_status acquire(const char *op, const dt_conv2d_geom *g, const float *w, int nt,
+                         int backward, wg_call *c) {
+  plan_of(g, nt, backward, &c->pl);
+  size_t u_floats = ((size_t)WG_E * g->oc * g->c + 15) / 16 * 16;
+  size_t floats = u_floats + (size_t)c->pl.nt * c->pl.thread_floats;
+  void *data = NULL;
+  if (dt_cpu_scratch_acquire(floats * sizeof(float), &c->s, &data) != DT_OK)
+    return DT_ERROR(DT_ERR_OOM, "%s: Winograd buffers of %zu bytes: malloc failed", op,
+                    floats * sizeof(float));
+  c->U = data;
+  c->base = c->U + u_floats;
+  if (w)
+    filter_transform(g, w, c->U, nt);
+  return DT_OK;
+}
+
+static void forward_chunk(const dt_conv2d_geom *g, const wg_plan *pl, const float *x,
+                          const float *U, const float *bias, float *y, int chunk, wg_thread *b) {
+  int i0 = chunk * pl->ipc, ni = MIN(pl->ipc, g->n - i0), np = ni * pl->T;
+  int64_t out_sz = (int64_t)g->oc * g->oh * g->ow;
+  int64_t v_e = (int64_t)g->c * pl->pc, m_e = (int64_t)g->oc * pl->pc;
+  input_transform(g, pl, x, i0, ni, b->V, b->plane);
+  for (int e = 0; e < WG_E; e++)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->oc, np, g->c, 1.0f,
+                U + (int64_t)e * g->oc * g->c, g->c, b->V + e * v_e, pl->pc, 0.0f, b->M + e * m_e,
+                pl->pc);
+  for (int i = 0; i < ni; i++)
+    for (int o = 0; o < g->oc; o++)
+      output_tiles(g, pl, b->M + (int64_t)o * pl->pc + (int64_t)i * pl->T, m_e,
+                   bias ? bias[o] : 0.0f, y + (i0 + i) * out_sz + (int64_t)o * g->oh * g->ow,
+                   b->rows);
+}
+
+dt_status dt_cpu_conv_winograd_forward(const dt_conv2d_geom *g, const float *x, const float *w,
+                                       const float *bias, float *y, int nt) {
+  wg_call c;
+  dt_status st = acquire("conv2d_forward", g, w, nt, 0, &c);
+  if (st != DT_OK)
+    return st;
+    /* one thread: a team of one, outside any parallel region, so that sgemm
+     * may use OpenBLAS's threads (a single chunk) */
+#pragma omp parallel num_threads(c.pl.nt) if (c.pl.nt > 1)
+  {
+    int t = omp_get_thread_num(), nth = omp_get_num_threads();
+    wg_thread b = thread_bufs(g, &c.pl, c.base, t, 0);
+    for (int ch = t; ch < c.pl.chunks; ch += nth)
+      forward_chunk(g, &c.pl, x, c.U, bias, y, ch, &b);
+  }
+  dt_cpu_scratch_release(c.s);
+  return DT_OK;
+}
+
+/* One chunk of the backward: dU (+)= dM V^T (beta 0 on the thread's first
+ * chunk), dx of the chunk's images. */
+static void backward_chunk(const dt_conv2d_geom *g, const wg_plan *pl, const float *x,
+                           const float *U, const float *dy, float *dx, int want_dw, int chunk,
+                           int first, wg_thread *b) {
+  int i0 = chunk * pl->ipc, ni = MIN(pl->ipc, g->n - i0), np = ni * pl->T;
+  int64_t in_sz = (int64_t)g->c * g->h * g->w, out_sz = (int64_t)g->oc * g->oh * g->ow;
+  int64_t v_e = (int64_t)g->c * pl->pc, m_e = (int64_t)g->oc * pl->pc;
+  int64_t u_e = (int64_t)g->oc * g->c;
+  for (int i = 0; i < ni; i++)
+    for (int o = 0; o < g->oc; o++)
+      grad_tiles(g, pl, dy + (i0 + i) * out_sz + (int64_t)o * g->oh * g->ow,
+                 b->M + (int64_t)o * pl->pc + (int64_t)i * pl->T, m_e, b->rows);
+  if (want_dw) {
+    input_transform(g, pl, x, i0, ni, b->V, b->plane);
+    for (int e = 0; e < WG_E; e++)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->oc, g->c, np, 1.0f, b->M + e * m_e,
+                  pl->pc, b->V + e * v_e, pl->pc, first ? 0.0f : 1.0f, b->dU + e * u_e, g->c);
+  }
+  if (dx) {
+    for (int e = 0; e < WG_E; e++) /* dV over V */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->c, np, g->oc, 1.0f, U + e * u_e, g->c,
+                  b->M + e * m_e, pl->pc, 0.0f, b->V + e * v_e, pl->pc);
+    wg_sub q = sub_planes(pl, b->plane);
+    for (int i = 0; i < ni; i++)
+      for (int c = 0; c < g->c; c++)
+        dinput_tiles(g, pl, b->V + (int64_t)c * pl->pc + (int64_t)i * pl->T, v_e, &q, b->tmp,
+                     dx + (i0 + i) * in_sz + (int64_t)c * g->h * g->w);
+  }
+}
+
+dt_status dt_cpu_conv_winograd_backward(const dt_conv2d_geom *g, const float *x, const float *w,
+                                        const float *dy, float *dx, float *dw, int dw_acc, int nt) {
+  wg_call c;
+  dt_status st = acquire("conv2d_backward", g, dx ? w : NULL, nt, 1, &c);
+  if (st != DT_OK)
+    return st;
+  int64_t u_floats = (int64_t)WG_E * g->oc * g->c;
+#pragma omp parallel num_threads(c.pl.nt) if (c.pl.nt > 1)
+  {
+    int t = omp_get_thread_num(), nth = omp_get_num_threads();
+    wg_thread b = thread_bufs(g, &c.pl, c.base, t, 1);
+    for (int ch = t; ch < c.pl.chunks; ch += nth)
+      backward_chunk(g, &c.pl, x, c.U, dy, dx, dw != NULL, ch, ch == t, &b);
+    if (dw && nth > 1) {
+#pragma omp barrier
+      /* the threads' dU summed in thread order, each thread a slice */
+      int64_t lo = u_floats * t / nth, hi = u_floats * (t + 1) / nth;
+      float *d0 = thread_bufs(g, &c.pl, c.base, 0, 1).dU;
+      for (int k = 1; k < nth; k++) {
+        const float *dk = thread_bufs(g, &c.pl, c.base, k, 1).dU;
+#pragma omp simd
+        for (int64_t j = lo; j < hi; j++)
+          d0[j] += dk[j];
+      }
+    }
+  }
+  if (dw)
+    filter_grad(g, thread_bufs(g, &c.pl, c.base, 0, 1).dU, dw, dw_acc, nt);
+  dt_cpu_scratch_release(c.s);
+  return DT_OK;
+}
