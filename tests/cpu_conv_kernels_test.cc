@@ -145,6 +145,42 @@ TEST(CpuConv, WinogradTakesResNetsEvenLayersOfEnoughTiles) {
   dt_cpu_set_num_threads(saved_threads);
 }
 
+// The small planes' im2col and col2im (2x2 to 8x8 outputs of a run of
+// images): the AVX-512 permutes (planes of <= 32 floats) and gathers copy
+// and add exactly what the scalar loops do, so every result is the same
+// bit for bit with them switched off.
+TEST(CpuConv, SmallPlaneTablesMatchTheScalarLoopsBitForBit) {
+  int saved_wg = dt_cpu_set_conv_winograd(0);
+  const dt_conv2d_geom geoms[] = {
+      geom(3, 20, 2, 2, 6, 3, 3, 1, 1, 1, 1), geom(4, 9, 3, 3, 5, 3, 3, 1, 1, 1, 1),
+      geom(2, 9, 4, 4, 5, 3, 3, 1, 1, 1, 1),  geom(3, 7, 5, 5, 6, 3, 3, 1, 1, 1, 1),
+      geom(4, 6, 5, 5, 7, 3, 3, 2, 2, 1, 1),  geom(2, 5, 8, 4, 3, 3, 3, 1, 1, 1, 1),
+      geom(3, 4, 8, 8, 5, 3, 3, 1, 1, 1, 1),  geom(2, 3, 6, 5, 4, 5, 5, 1, 1, 2, 2),
+  };
+  for (const dt_conv2d_geom &g : geoms) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
+    size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
+    Vec x = randn(nx, 30), w = randn(nw, 31), dy = randn(ny, 32);
+    Vec y[2], dx[2], dw[2];
+    for (int simd = 0; simd < 2; simd++) {
+      int saved = dt_cpu_set_conv_direct(simd);
+      y[simd].assign(ny, NAN), dx[simd].assign(nx, NAN), dw[simd].assign(nw, NAN);
+      EXPECT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, x.data(), w.data(), nullptr,
+                                                y[simd].data(), nullptr));
+      EXPECT_EQ(DT_OK,
+                dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                          dx[simd].data(), dw[simd].data(), nullptr, nullptr));
+      dt_cpu_set_conv_direct(saved);
+    }
+    std::string shape = std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
+                        std::to_string(g.w) + " stride " + std::to_string(g.sh);
+    EXPECT_EQ(0, memcmp(y[0].data(), y[1].data(), ny * sizeof(float))) << "y, " << shape;
+    EXPECT_EQ(0, memcmp(dx[0].data(), dx[1].data(), nx * sizeof(float))) << "dx, " << shape;
+    EXPECT_EQ(0, memcmp(dw[0].data(), dw[1].data(), nw * sizeof(float))) << "dw, " << shape;
+  }
+  dt_cpu_set_conv_winograd(saved_wg);
+}
+
 TEST_P(ConvPaths, Conv2dForwardVsDirect) {
   for (const dt_conv2d_geom &g : conv_geoms()) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
