@@ -100,7 +100,7 @@ static void plan_of(const dt_conv2d_geom *g, int nt, int backward, wg_plan *pl) 
   pl->nt = MIN(nt, pl->chunks);
   size_t f = (size_t)WG_E * (g->c + g->oc) * pl->pc; /* V (or dV) and M (or dM) */
   f += (size_t)pl->hp * pl->wp;                      /* a padded plane */
-  f += (size_t)WG_E * pl->tw + 4 * (size_t)pl->tw;   /* a row of tiles */
+  f += (size_t)(WG_E + 4) * pl->T;                   /* an image's tiles, by element */
   if (backward)
     f += (size_t)WG_E * g->oc * g->c; /* the thread's dU */
   pl->thread_floats = (f + 15) / 16 * 16;
@@ -234,34 +234,35 @@ static void filter_transform(const dt_conv2d_geom *g, const float *w, float *U, 
  * holds 4 tw floats: the tile row's outputs by row and column parity. */
 WG_CLONES static void output_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *m,
                                    int64_t ld_e, float bias, float *y, float *rows) {
-  int tw = pl->tw, ow = g->ow;
-  float *y00 = rows, *y01 = rows + tw, *y10 = rows + 2 * tw, *y11 = rows + 3 * tw;
-  for (int ty = 0; ty < pl->th; ty++) {
-    const float *m0 = m + (int64_t)ty * tw, *m1 = m0 + 4 * ld_e, *m2 = m1 + 4 * ld_e;
-    const float *m3 = m2 + 4 * ld_e;
+  int T = pl->T, tw = pl->tw, ow = g->ow;
+  float *y00 = rows, *y01 = rows + T, *y10 = rows + 2 * T, *y11 = rows + 3 * T;
+  const float *m0 = m, *m1 = m0 + 4 * ld_e, *m2 = m1 + 4 * ld_e, *m3 = m2 + 4 * ld_e;
+  /* all the image's tiles in one loop (a row of 4-10 tiles fills a
+   * fraction of a vector), the outputs by row and column parity */
 #pragma omp simd
-    for (int tx = 0; tx < tw; tx++) {
-      /* A^T down the columns: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 */
-      float s00 = m0[tx] + m1[tx] + m2[tx], s10 = m1[tx] - m2[tx] - m3[tx];
-      float s01 = m0[ld_e + tx] + m1[ld_e + tx] + m2[ld_e + tx];
-      float s11 = m1[ld_e + tx] - m2[ld_e + tx] - m3[ld_e + tx];
-      float s02 = m0[2 * ld_e + tx] + m1[2 * ld_e + tx] + m2[2 * ld_e + tx];
-      float s12 = m1[2 * ld_e + tx] - m2[2 * ld_e + tx] - m3[2 * ld_e + tx];
-      float s03 = m0[3 * ld_e + tx] + m1[3 * ld_e + tx] + m2[3 * ld_e + tx];
-      float s13 = m1[3 * ld_e + tx] - m2[3 * ld_e + tx] - m3[3 * ld_e + tx];
-      y00[tx] = s00 + s01 + s02 + bias;
-      y01[tx] = s01 - s02 - s03 + bias;
-      y10[tx] = s10 + s11 + s12 + bias;
-      y11[tx] = s11 - s12 - s13 + bias;
-    }
-    int oy = 2 * ty;
+  for (int p = 0; p < T; p++) {
+    /* A^T down the columns: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 */
+    float s00 = m0[p] + m1[p] + m2[p], s10 = m1[p] - m2[p] - m3[p];
+    float s01 = m0[ld_e + p] + m1[ld_e + p] + m2[ld_e + p];
+    float s11 = m1[ld_e + p] - m2[ld_e + p] - m3[ld_e + p];
+    float s02 = m0[2 * ld_e + p] + m1[2 * ld_e + p] + m2[2 * ld_e + p];
+    float s12 = m1[2 * ld_e + p] - m2[2 * ld_e + p] - m3[2 * ld_e + p];
+    float s03 = m0[3 * ld_e + p] + m1[3 * ld_e + p] + m2[3 * ld_e + p];
+    float s13 = m1[3 * ld_e + p] - m2[3 * ld_e + p] - m3[3 * ld_e + p];
+    y00[p] = s00 + s01 + s02 + bias;
+    y01[p] = s01 - s02 - s03 + bias;
+    y10[p] = s10 + s11 + s12 + bias;
+    y11[p] = s11 - s12 - s13 + bias;
+  }
+  for (int ty = 0; ty < pl->th; ty++) {
+    int oy = 2 * ty, o = ty * tw;
     float *r0 = y + (int64_t)oy * ow;
     for (int ox = 0; ox < ow; ox++)
-      r0[ox] = (ox & 1 ? y01 : y00)[ox >> 1];
+      r0[ox] = (ox & 1 ? y01 : y00)[o + (ox >> 1)];
     if (oy + 1 < g->oh) {
       float *r1 = r0 + ow;
       for (int ox = 0; ox < ow; ox++)
-        r1[ox] = (ox & 1 ? y11 : y10)[ox >> 1];
+        r1[ox] = (ox & 1 ? y11 : y10)[o + (ox >> 1)];
     }
   }
 }
@@ -271,28 +272,25 @@ WG_CLONES static void output_tiles(const dt_conv2d_geom *g, const wg_plan *pl, c
  * 4 tw floats. */
 WG_CLONES static void grad_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *dy,
                                  float *dm, int64_t ld_e, float *rows) {
-  int tw = pl->tw, ow = g->ow;
-  float *a0 = rows, *a1 = rows + tw, *b0 = rows + 2 * tw, *b1 = rows + 3 * tw;
-  for (int ty = 0; ty < pl->th; ty++) {
-    int oy = 2 * ty;
-    memset(rows, 0, (size_t)4 * tw * sizeof(float));
-    const float *r0 = dy + (int64_t)oy * ow;
+  int T = pl->T, tw = pl->tw, ow = g->ow;
+  float *a0 = rows, *a1 = rows + T, *b0 = rows + 2 * T, *b1 = rows + 3 * T;
+  /* each tile's 2x2 of dy by row and column parity (0 outside the outputs) */
+  memset(rows, 0, (size_t)4 * T * sizeof(float));
+  for (int oy = 0; oy < g->oh; oy++) {
+    const float *r = dy + (int64_t)oy * ow;
+    float *e = (oy & 1 ? b0 : a0) + (oy >> 1) * tw, *o = (oy & 1 ? b1 : a1) + (oy >> 1) * tw;
     for (int ox = 0; ox < ow; ox++)
-      (ox & 1 ? a1 : a0)[ox >> 1] = r0[ox];
-    if (oy + 1 < g->oh)
-      for (int ox = 0; ox < ow; ox++)
-        (ox & 1 ? b1 : b0)[ox >> 1] = r0[ow + ox];
-    float *o = dm + (int64_t)ty * tw;
+      (ox & 1 ? o : e)[ox >> 1] = r[ox];
+  }
 #pragma omp simd
-    for (int tx = 0; tx < tw; tx++) {
-      /* A down the columns: dy0, dy0 + dy1, dy0 - dy1, -dy1; then across */
-      float p0 = a0[tx], p1 = a1[tx], s0 = a0[tx] + b0[tx], s1 = a1[tx] + b1[tx];
-      float d0 = a0[tx] - b0[tx], d1 = a1[tx] - b1[tx], n0 = -b0[tx], n1 = -b1[tx];
-      WG_A_ROW(o, 0, p0, p1);
-      WG_A_ROW(o, 4, s0, s1);
-      WG_A_ROW(o, 8, d0, d1);
-      WG_A_ROW(o, 12, n0, n1);
-    }
+  for (int tx = 0; tx < T; tx++) { /* every tile of the image (the macros' tx) */
+    /* A down the columns: dy0, dy0 + dy1, dy0 - dy1, -dy1; then across */
+    float p0 = a0[tx], p1 = a1[tx], s0 = a0[tx] + b0[tx], s1 = a1[tx] + b1[tx];
+    float d0 = a0[tx] - b0[tx], d1 = a1[tx] - b1[tx], n0 = -b0[tx], n1 = -b1[tx];
+    WG_A_ROW(dm, 0, p0, p1);
+    WG_A_ROW(dm, 4, s0, s1);
+    WG_A_ROW(dm, 8, d0, d1);
+    WG_A_ROW(dm, 12, n0, n1);
   }
 }
 
@@ -302,50 +300,50 @@ WG_CLONES static void grad_tiles(const dt_conv2d_geom *g, const wg_plan *pl, con
  * floats. */
 WG_CLONES static void dinput_tiles(const dt_conv2d_geom *g, const wg_plan *pl, const float *dv,
                                    int64_t ld_e, wg_sub *q, float *tmp, float *dx) {
-  int tw = pl->tw, S = q->S;
+  int T = pl->T, tw = pl->tw, S = q->S;
   memset(q->p[0][0], 0, (size_t)pl->hp * pl->wp * sizeof(float));
-  for (int ty = 0; ty < pl->th; ty++) {
-    const float *v0 = dv + (int64_t)ty * tw, *v1 = v0 + 4 * ld_e, *v2 = v1 + 4 * ld_e;
-    const float *v3 = v2 + 4 * ld_e;
+  const float *v0 = dv, *v1 = v0 + 4 * ld_e, *v2 = v1 + 4 * ld_e, *v3 = v2 + 4 * ld_e;
+  /* every tile's B dV B^T into tmp (16 planes of T), then the rows */
 #pragma omp simd
-    for (int tx = 0; tx < tw; tx++) {
-      /* B down the columns: row 0 = v0, 1 = v1 - v2 + v3, 2 = v1 + v2 - v0,
-       * 3 = -v3 (vk the plane row k, column j at j * ld_e); then across */
+  for (int tx = 0; tx < T; tx++) { /* every tile of the image (the macros' tx) */
+    /* B down the columns: row 0 = v0, 1 = v1 - v2 + v3, 2 = v1 + v2 - v0,
+     * 3 = -v3 (vk the plane row k, column j at j * ld_e); then across */
 #define WG_B_COL(j, t0, t1, t2, t3)                                     \
   float t0 = v0[(j)*ld_e + tx], t3 = -v3[(j)*ld_e + tx];                \
   float t1 = v1[(j)*ld_e + tx] - v2[(j)*ld_e + tx] + v3[(j)*ld_e + tx]; \
   float t2 = v1[(j)*ld_e + tx] + v2[(j)*ld_e + tx] - v0[(j)*ld_e + tx]
-      WG_B_COL(0, r00, r10, r20, r30);
-      WG_B_COL(1, r01, r11, r21, r31);
-      WG_B_COL(2, r02, r12, r22, r32);
-      WG_B_COL(3, r03, r13, r23, r33);
+    WG_B_COL(0, r00, r10, r20, r30);
+    WG_B_COL(1, r01, r11, r21, r31);
+    WG_B_COL(2, r02, r12, r22, r32);
+    WG_B_COL(3, r03, r13, r23, r33);
 #undef WG_B_COL
-#define WG_B_ROW(i, c0, c1, c2, c3)            \
-  tmp[(4 * (i) + 0) * tw + tx] = c0;           \
-  tmp[(4 * (i) + 1) * tw + tx] = c1 - c2 + c3; \
-  tmp[(4 * (i) + 2) * tw + tx] = c1 + c2 - c0; \
-  tmp[(4 * (i) + 3) * tw + tx] = -c3
-      WG_B_ROW(0, r00, r01, r02, r03);
-      WG_B_ROW(1, r10, r11, r12, r13);
-      WG_B_ROW(2, r20, r21, r22, r23);
-      WG_B_ROW(3, r30, r31, r32, r33);
+#define WG_B_ROW(i, c0, c1, c2, c3)           \
+  tmp[(4 * (i) + 0) * T + tx] = c0;           \
+  tmp[(4 * (i) + 1) * T + tx] = c1 - c2 + c3; \
+  tmp[(4 * (i) + 2) * T + tx] = c1 + c2 - c0; \
+  tmp[(4 * (i) + 3) * T + tx] = -c3
+    WG_B_ROW(0, r00, r01, r02, r03);
+    WG_B_ROW(1, r10, r11, r12, r13);
+    WG_B_ROW(2, r20, r21, r22, r23);
+    WG_B_ROW(3, r30, r31, r32, r33);
 #undef WG_B_ROW
-    }
+  }
+  for (int ty = 0; ty < pl->th; ty++) {
     /* patch row i lands on sub-plane row ty + i / 2 of parity i & 1; its
      * columns 0, 1 at tx, 2, 3 at tx + 1: each loop adds without overlap */
     for (int i = 0; i < 4; i++) {
       int64_t off = (int64_t)(ty + (i >> 1)) * S;
       float *e = q->p[i & 1][0] + off, *o = q->p[i & 1][1] + off;
-      const float *c = tmp + (int64_t)4 * i * tw;
+      const float *c = tmp + (int64_t)4 * i * T + (int64_t)ty * tw;
 #pragma omp simd
       for (int tx = 0; tx < tw; tx++) {
         e[tx] += c[tx];
-        o[tx] += c[tw + tx];
+        o[tx] += c[T + tx];
       }
 #pragma omp simd
       for (int tx = 0; tx < tw; tx++) {
-        e[tx + 1] += c[2 * tw + tx];
-        o[tx + 1] += c[3 * tw + tx];
+        e[tx + 1] += c[2 * T + tx];
+        o[tx + 1] += c[3 * T + tx];
       }
     }
   }
@@ -403,8 +401,8 @@ static wg_thread thread_bufs(const dt_conv2d_geom *g, const wg_plan *pl, float *
   b.V = p, p += (size_t)WG_E * g->c * pl->pc;
   b.M = p, p += (size_t)WG_E * g->oc * pl->pc;
   b.plane = p, p += (size_t)pl->hp * pl->wp;
-  b.tmp = p, p += (size_t)WG_E * pl->tw;
-  b.rows = p, p += (size_t)4 * pl->tw;
+  b.tmp = p, p += (size_t)WG_E * pl->T;
+  b.rows = p, p += (size_t)4 * pl->T;
   b.dU = backward ? p : NULL;
   return b;
 }
