@@ -17,16 +17,16 @@
 #define DT_CORE_CPU_CONV_WINOGRAD_H
 
 #include "core/backend.h"
+#include "core/cpu.h"
 #include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* 1 when g is a 3x3 stride-1 convolution whose shape the Winograd path
- * runs faster than the others (measured, docs/decisions.md "Winograd") and
- * the path is switched on (dt_cpu_set_conv_winograd, DT_CONV_WINOGRAD). */
-int dt_cpu_conv_winograd_runs(const dt_conv2d_geom *g);
+/* Whether g runs here: dt_cpu_conv_winograd_eligible (core/cpu.h), 3x3
+ * stride-1 shapes where it measured faster (docs/decisions.md, "Winograd")
+ * and the path switched on (dt_cpu_set_conv_winograd, DT_CONV_WINOGRAD). */
 
 /* x (n,c,h,w), w (oc,c,3,3), bias (oc) or NULL -> y (n,oc,oh,ow), on nt
  * threads. */

@@ -593,7 +593,7 @@ dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, cons
   int failed = 0;
   /* small outputs (ResNet's 8x8 and smaller): one GEMM over a run of
    * images beats the direct kernels' short wide rows */
-  if (dt_cpu_conv_winograd_runs(g))
+  if (dt_cpu_conv_winograd_eligible(g))
     return dt_cpu_conv_winograd_forward(g, x, w, bias, y, nt);
   if (batched_runs(g))
     return batched_forward(g, x, w, bias, y, nt);
@@ -680,7 +680,7 @@ static dt_status conv2d_backward_f32(const dt_conv2d_geom *g, const float *x, co
   }
   /* small outputs: the batched GEMMs before the direct kernels, whose
    * backward ran slower there (resnet18-small's 256-channel 7x7 layers) */
-  if (dt_cpu_conv_winograd_runs(g))
+  if (dt_cpu_conv_winograd_eligible(g))
     return dt_cpu_conv_winograd_backward(g, x, w, dy, dx, dw, dw_acc, nt);
   if (batched_runs(g))
     return batched_backward(g, x, w, dy, dx, dw, dw_acc, nt);

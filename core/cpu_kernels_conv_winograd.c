@@ -9,9 +9,9 @@
  * caches when the GEMMs read them; the chunks go to the threads in turn,
  * each thread running single-threaded sgemms on its own buffers.
  *
- * The transforms run along a row of tiles (tx), vectorised: a tile's patch
- * starts two columns after its neighbour's, so the loads are stride-2
- * runs of the zero-padded input plane, and the stores of V are contiguous.
+ * The transforms are vectorised along the tiles: the input's over a row
+ * of tiles, reading the zero-padded plane split by row and column parity
+ * (unit-stride runs, below), the others over all of an image's tiles.
  *
  * The weight gradient is summed per thread over its chunks, then over the
  * threads in order: the result depends on the thread count by rounding,
@@ -37,17 +37,6 @@
  * last dt_cpu_set_conv_winograd. */
 static atomic_int wg_enabled = -1;
 
-int dt_cpu_set_conv_winograd(int enabled) {
-  int prev = atomic_exchange(&wg_enabled, enabled != 0);
-  if (prev < 0) {
-    bool on = true;
-    if (dt_env_is_set(DT_ENV_CONV_WINOGRAD))
-      (void)dt_env_bool(DT_ENV_CONV_WINOGRAD, &on);
-    prev = on;
-  }
-  return prev;
-}
-
 static int wg_on(void) {
   int v = atomic_load(&wg_enabled);
   if (v < 0) {
@@ -61,7 +50,13 @@ static int wg_on(void) {
   return v;
 }
 
-int dt_cpu_conv_winograd_runs(const dt_conv2d_geom *g) {
+int dt_cpu_set_conv_winograd(int enabled) {
+  int prev = wg_on(); /* DT_CONV_WINOGRAD's, if nothing set it yet */
+  atomic_store(&wg_enabled, enabled != 0);
+  return prev;
+}
+
+int dt_cpu_conv_winograd_eligible(const dt_conv2d_geom *g) {
   if (g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->n < 1)
     return 0;
   if (g->c < 16 || g->oc < 16 || g->oh < 4 || g->ow < 4 || (g->oh & 1) || (g->ow & 1))
@@ -72,8 +67,6 @@ int dt_cpu_conv_winograd_runs(const dt_conv2d_geom *g) {
     return 0;
   return wg_on();
 }
-
-int dt_cpu_conv_winograd_eligible(const dt_conv2d_geom *g) { return dt_cpu_conv_winograd_runs(g); }
 
 /* ---- geometry of a call ---- */
 
