@@ -156,6 +156,24 @@ void dt_tensor_clear_grad_rows_hook(dt_tensor *leaf) {
   leaf->rows_per_part = 0;
 }
 
+dt_status dt_tensor_set_grad_dest_hook(dt_tensor *leaf, dt_grad_dest_fn fn, void *user) {
+  if (leaf->grad_fn != NULL || !leaf->requires_grad || fn == NULL)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "grad-destination hooks attach to leaf tensors that require grad, with a "
+                    "function");
+  if (leaf->dest_fn != NULL)
+    return DT_ERROR(DT_ERR_STATE,
+                    "the tensor has a grad-destination hook already (one per tensor)");
+  leaf->dest_fn = fn;
+  leaf->dest_user = user;
+  return DT_OK;
+}
+
+void dt_tensor_clear_grad_dest_hook(dt_tensor *leaf) {
+  leaf->dest_fn = NULL;
+  leaf->dest_user = NULL;
+}
+
 int64_t dt_node_grad_rows_per_part(const dt_node *node, int i) {
   return i >= 0 && i < node->n_inputs ? node->grad_part_rows[i] : 0;
 }
@@ -285,17 +303,42 @@ static int shares_storage(const dt_tensor *t, const dt_storage *s) {
   return t != NULL && t->storage == s;
 }
 
+/* A leaf without .grad whose grad-destination hook hands one out: it
+ * becomes the leaf's .grad (checked: f32, contiguous, the leaf's numel). */
+static dt_status grad_from_dest_hook(dt_tensor *in) {
+  dt_tensor *d = NULL;
+  DT_CHECK(in->dest_fn(in, in->dest_user, &d));
+  if (d == NULL)
+    return DT_OK;
+  if (d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
+      dt_tensor_numel(d) != dt_tensor_numel(in) ||
+      !dt_device_equal(d->storage->device, in->storage->device)) {
+    dt_tensor_release(d);
+    return DT_ERROR(DT_ERR_INTERNAL,
+                    "a grad-destination hook returned a tensor that is not a contiguous f32 "
+                    "tensor of its leaf's size and device");
+  }
+  in->grad = d;
+  return DT_OK;
+}
+
 /* Offers each leaf input's .grad to the backward as its destination
  * (dt_node_grad_dest) where writing into it in place is safe: f32,
  * contiguous, the leaf's size, on its device, and no storage shared with
- * the incoming gradient, an input or a saved tensor. */
-static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
+ * the incoming gradient, an input or a saved tensor. A leaf without one
+ * asks its grad-destination hook first. */
+static dt_status offer_grad_dests(dt_node *n, const dt_tensor *g) {
   for (int j = 0; j < n->n_inputs; j++) {
-    dt_tensor *in = n->inputs[j], *d = in ? in->grad : NULL;
+    dt_tensor *in = n->inputs[j];
     n->grad_dest[j] = NULL;
     n->grad_part_rows[j] = 0;
-    if (!n->needs_grad[j] || d == NULL || in->grad_fn != NULL || !in->requires_grad ||
-        in->sum_as_node || d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
+    if (!n->needs_grad[j] || in == NULL || in->grad_fn != NULL || !in->requires_grad ||
+        in->sum_as_node)
+      continue;
+    if (in->grad == NULL && in->dest_fn != NULL)
+      DT_CHECK(grad_from_dest_hook(in));
+    dt_tensor *d = in->grad;
+    if (d == NULL || d->dtype != DT_DTYPE_F32 || !dt_tensor_is_contiguous(d) ||
         dt_tensor_numel(d) != dt_tensor_numel(in) ||
         !dt_device_equal(d->storage->device, in->storage->device) || shares_storage(g, d->storage))
       continue;
@@ -314,6 +357,7 @@ static void offer_grad_dests(dt_node *n, const dt_tensor *g) {
     if (in->rows_fn != NULL && in->pending_grads == 1 && edges == 1 && in->ndim >= 1)
       n->grad_part_rows[j] = in->rows_per_part;
   }
+  return DT_OK;
 }
 
 static dt_status collect_nodes(dt_node *root, node_list *out) {
@@ -435,8 +479,9 @@ dt_status dt_backward(dt_tensor *loss, dt_tensor *grad_output) {
       st = dt_tensor_contiguous_copy(g, &gc);
       dt_tensor_release(g);
       if (st == DT_OK) {
-        offer_grad_dests(n, gc);
-        st = n->backward(n, gc, grad_in);
+        st = offer_grad_dests(n, gc);
+        if (st == DT_OK)
+          st = n->backward(n, gc, grad_in);
         memset(n->grad_dest, 0, sizeof n->grad_dest);
         memset(n->grad_part_rows, 0, sizeof n->grad_part_rows);
         if (st != DT_OK)

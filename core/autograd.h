@@ -56,6 +56,20 @@ dt_status dt_tensor_set_grad_rows_hook(dt_tensor *leaf, int64_t rows_per_part,
                                        dt_grad_rows_ready_fn fn, void *user);
 void dt_tensor_clear_grad_rows_hook(dt_tensor *leaf);
 
+/* Grad-destination hook: where a leaf's gradient of a pass is written.
+ * When a backward is about to compute the gradient of a leaf that has no
+ * .grad, it asks the hook; *grad = a zeroed, contiguous f32 tensor of the
+ * leaf's numel (a view into a larger buffer, say), which becomes the
+ * leaf's .grad (the hook's reference moves into it) and which the op adds
+ * into in place, as into any .grad; or NULL: the engine makes one as
+ * before. ZeRO stage 2 hands out slices of its reduce-scatter buckets, so
+ * a gradient is written once, where it is reduced from. One per leaf
+ * (DT_ERR_STATE for a second); the leaf must require grad. An error from
+ * the hook fails the backward. */
+typedef dt_status (*dt_grad_dest_fn)(dt_tensor *leaf, void *user, dt_tensor **grad);
+dt_status dt_tensor_set_grad_dest_hook(dt_tensor *leaf, dt_grad_dest_fn fn, void *user);
+void dt_tensor_clear_grad_dest_hook(dt_tensor *leaf);
+
 /* Sequence number of the last backward pass completed on this thread; used
  * by tests to tie hook firings to passes. */
 unsigned long dt_backward_pass_count(void);

@@ -54,6 +54,9 @@ struct dt_tensor {
   dt_grad_rows_ready_fn rows_fn;
   void *rows_user;
   int64_t rows_per_part;
+  /* The grad-destination hook (leaves; dt_tensor_set_grad_dest_hook). */
+  dt_grad_dest_fn dest_fn;
+  void *dest_user;
   /* A parameter's 16-bit working copy (core/optim.h): a view of the
    * optimizer's flat 16-bit buffer, which the LOW ops use under autocast
    * instead of rounding the tensor, while *half_fresh (the optimizer's

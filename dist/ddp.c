@@ -373,6 +373,10 @@ static dt_status install_hooks(dt_ddp *d) {
           p, pa->part_rows > 0 ? pa->part_rows : dt_tensor_dim(p, 0), on_grad_rows, pa));
       pa->rows_hook = true;
     }
+    if (d->cfg.zero_stage == 2 && pa->bucket == pa->bucket_end) {
+      DT_CHECK(dt_tensor_set_grad_dest_hook(p, dt_zero_grad_dest, pa));
+      pa->dest_hook = true;
+    }
   }
   return dt_module_register_forward_pre_hook(d->model, pre_forward, d, &d->pre_hook);
 }
@@ -518,6 +522,8 @@ void dt_ddp_destroy(dt_ddp *d) {
       dt_tensor_remove_grad_ready_hook(dt_param_arena_param(d->arena, i, NULL), d->params[i].hook);
     if (d->params[i].rows_hook)
       dt_tensor_clear_grad_rows_hook(dt_param_arena_param(d->arena, i, NULL));
+    if (d->params[i].dest_hook)
+      dt_tensor_clear_grad_dest_hook(dt_param_arena_param(d->arena, i, NULL));
   }
   dt_zero_destroy(d);
   for (int b = 0; d->buckets && b < d->n_buckets; b++) {

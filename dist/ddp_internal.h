@@ -61,6 +61,7 @@ typedef struct ddp_param {
   int unit0, n_units;
   int64_t part_rows;
   bool rows_hook; /* its rows-ready hook is set */
+  bool dest_hook; /* its grad-destination hook is set (ZeRO stage 2) */
 } ddp_param;
 
 struct dt_ddp {
@@ -135,6 +136,10 @@ dt_status dt_zero_bucket_io(dt_ddp *d, int b, dt_tensor **in, dt_tensor **out);
 /* Stage 2: copies parameter pa's gradient into its buckets' buffers and
  * frees it (no gradient: nothing to copy, the buffers start at zero). */
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa);
+/* Stage 2's grad-destination hook (core/autograd.h): a parameter within one
+ * bucket gets its slice of the bucket's buffer as .grad, so its backward
+ * writes the gradient there and dt_zero_take_gradient copies nothing. */
+dt_status dt_zero_grad_dest(dt_tensor *leaf, void *user, dt_tensor **grad);
 /* Stage 2, end of a pass: the bucket buffers are freed. */
 void dt_zero_end_pass(dt_ddp *d);
 void dt_zero_destroy(dt_ddp *d);

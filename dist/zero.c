@@ -219,12 +219,41 @@ static dt_status bucket_buffer(dt_ddp *d, int b) {
   return DT_OK;
 }
 
+/* Where parameter pa's gradient lies in its bucket's buffer; NULL when it
+ * spans buckets or the buffer is not allocated. */
+static float *slot_in_bucket(const dt_ddp *d, const ddp_param *pa) {
+  const ddp_bucket *bk = &d->buckets[pa->bucket];
+  if (pa->bucket != pa->bucket_end || bk->rs_in == NULL)
+    return NULL;
+  return (float *)dt_tensor_data(bk->rs_in) +
+         (dt_param_arena_offset(d->arena, pa->index) - bk->offset);
+}
+
+dt_status dt_zero_grad_dest(dt_tensor *leaf, void *user, dt_tensor **grad) {
+  ddp_param *pa = user;
+  dt_ddp *d = pa->d;
+  *grad = NULL;
+  /* accumulating micro-batches keep .grad until the synchronised pass */
+  if (d->no_sync || pa->ready_this_pass || pa->bucket != pa->bucket_end)
+    return DT_OK;
+  const ddp_bucket *bk = &d->buckets[pa->bucket];
+  DT_CHECK(bucket_buffer(d, pa->bucket));
+  int64_t shape[DT_MAX_DIMS];
+  int nd = dt_tensor_ndim(leaf);
+  for (int k = 0; k < nd; k++)
+    shape[k] = dt_tensor_dim(leaf, k);
+  return dt_tensor_view_flat(bk->rs_in, dt_param_arena_offset(d->arena, pa->index) - bk->offset,
+                             shape, nd, grad);
+}
+
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa) {
   dt_tensor *p = dt_param_arena_param(d->arena, pa->index, NULL);
   dt_tensor *g = dt_tensor_grad(p);
   int64_t lo = dt_param_arena_offset(d->arena, pa->index), n = dt_tensor_numel(p);
   dt_status st = DT_OK;
-  for (int b = pa->bucket; b <= pa->bucket_end && st == DT_OK; b++) {
+  /* written in place (dt_zero_grad_dest): nothing to copy */
+  bool in_place = g != NULL && slot_in_bucket(d, pa) == (float *)dt_tensor_data(g);
+  for (int b = pa->bucket; b <= pa->bucket_end && st == DT_OK && !in_place; b++) {
     const ddp_bucket *bk = &d->buckets[b];
     st = bucket_buffer(d, b);
     int64_t from = lo > bk->offset ? lo : bk->offset;

@@ -951,8 +951,32 @@ void RecordReady(dt_tensor *leaf, void *user) {
   (void)leaf;
 }
 
-// loss = sum(linear(x1, w, b) * c1) [+ sum(linear(x2, w, nullptr) * c2)]
-// over three passes, the gradients accumulating: with rows-ready hooks
+// loss = sum(linear(x1, w, b) * c1) [+ sum(linear(x2, w, nullptr) * c2)],
+// then its backward: the backward's status (an op's failure: its status).
+dt_status linear_loss_backward(dt_tensor *x1, dt_tensor *x2, dt_tensor *c1, dt_tensor *c2,
+                               dt_tensor *w, dt_tensor *b, bool shared) {
+  dt_tensor *y1 = nullptr, *yc1 = nullptr, *y2 = nullptr, *yc2 = nullptr, *s = nullptr,
+            *loss = nullptr;
+  dt_status st = dt_op_linear(x1, w, b, &y1);
+  if (st == DT_OK)
+    st = dt_op_mul(y1, c1, &yc1);
+  if (st == DT_OK && shared) {
+    st = dt_op_linear(x2, w, nullptr, &y2);
+    if (st == DT_OK)
+      st = dt_op_mul(y2, c2, &yc2);
+    if (st == DT_OK)
+      st = dt_op_add(yc1, yc2, &s);
+  }
+  if (st == DT_OK)
+    st = dt_op_sum(shared ? s : yc1, nullptr, 0, 0, &loss);
+  if (st == DT_OK)
+    st = dt_backward(loss, nullptr);
+  for (dt_tensor *t : {y1, yc1, y2, yc2, s, loss})
+    dt_tensor_release(t);
+  return st;
+}
+
+// linear_loss_backward over three passes, the gradients accumulating: with rows-ready hooks
 // (w in blocks of `part` rows, b whole) the gradients are bit for bit those
 // without, and the hooks see, on the last contributor only, the bias, then
 // w's blocks from the last to the first, each with its final values.
@@ -977,19 +1001,7 @@ void check_rows_hooks(bool shared, int64_t part) {
         ASSERT_DT_OK(dt_tensor_add_grad_ready_hook(b, RecordReady, &bl, nullptr));
       }
       events.clear();
-      dt_tensor *y1 = nullptr, *yc1 = nullptr, *y2 = nullptr, *yc2 = nullptr, *s = nullptr,
-                *loss = nullptr;
-      ASSERT_DT_OK(dt_op_linear(x1, w, b, &y1));
-      ASSERT_DT_OK(dt_op_mul(y1, c1, &yc1));
-      if (shared) {
-        ASSERT_DT_OK(dt_op_linear(x2, w, nullptr, &y2));
-        ASSERT_DT_OK(dt_op_mul(y2, c2, &yc2));
-        ASSERT_DT_OK(dt_op_add(yc1, yc2, &s));
-      }
-      ASSERT_DT_OK(dt_op_sum(shared ? s : yc1, nullptr, 0, 0, &loss));
-      ASSERT_DT_OK(dt_backward(loss, nullptr));
-      for (dt_tensor *t : {y1, yc1, y2, yc2, s, loss})
-        dt_tensor_release(t);
+      ASSERT_DT_OK(linear_loss_backward(x1, x2, c1, c2, w, b, shared));
       if (!hooked || pass == 0)
         continue;
       V gw = ToVector(dt_tensor_grad(w)), gb = ToVector(dt_tensor_grad(b));
@@ -1023,6 +1035,79 @@ TEST(OpsAutograd, RowsHooksReportLinearGradientsInBlocksLastToFirst) {
   for (bool shared : {false, true})
     for (int64_t part : {32, 100})
       check_rows_hooks(shared, part);
+}
+
+// A grad-destination hook handing out slices of one buffer: the gradients
+// of w and b (w in one or two linears) are written there, bit for bit those
+// of the engine's own .grad; a hook that declines changes nothing; a hook's
+// error fails the backward.
+struct DestLog {
+  dt_tensor *buf;
+  int64_t offset;
+  int calls;
+  dt_status fail;
+};
+dt_status HandOutSlice(dt_tensor *leaf, void *user, dt_tensor **grad) {
+  DestLog *l = static_cast<DestLog *>(user);
+  l->calls++;
+  *grad = nullptr;
+  if (l->fail != DT_OK)
+    return DT_ERROR(l->fail, "the hook refused");
+  if (l->buf == nullptr)
+    return DT_OK;
+  int64_t n = dt_tensor_numel(leaf);
+  return dt_tensor_view_flat(l->buf, l->offset, &n, 1, grad);
+}
+
+TEST(OpsAutograd, GradDestHookWritesTheGradientWhereItSays) {
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "w in two linears" : "one linear");
+    Tensors ts;
+    dt_tensor *x1 = ts.add(RandomTensor({24, 40}, 41)), *x2 = ts.add(RandomTensor({24, 40}, 42));
+    dt_tensor *c1 = ts.add(RandomTensor({24, 100}, 43)), *c2 = ts.add(RandomTensor({24, 100}, 44));
+    int64_t total = 100 * 40 + 100 + 7;
+    dt_tensor *buf = nullptr;
+    ASSERT_DT_OK(dt_tensor_zeros(&total, 1, DT_DTYPE_F32, DT_CPU, &buf));
+    ts.add(buf);
+    V grads[3][2];
+    for (int mode = 0; mode < 4; mode++) {  // none, slices, declining, failing
+      dt_tensor *w = ts.add(RandomTensor({100, 40}, 45, true));
+      dt_tensor *b = ts.add(RandomTensor({100}, 46, true));
+      DestLog wl = {mode == 1 ? buf : nullptr, 3, 0, mode == 3 ? DT_ERR_OOM : DT_OK};
+      DestLog bl = {mode == 1 ? buf : nullptr, 3 + 4000, 0, DT_OK};
+      if (mode > 0) {
+        ASSERT_DT_OK(dt_tensor_set_grad_dest_hook(w, HandOutSlice, &wl));
+        ASSERT_DT_OK(dt_tensor_set_grad_dest_hook(b, HandOutSlice, &bl));
+        EXPECT_EQ(dt_tensor_set_grad_dest_hook(b, HandOutSlice, &bl), DT_ERR_STATE);
+      }
+      dt_status st = linear_loss_backward(x1, x2, c1, c2, w, b, shared);
+      if (mode == 3) {
+        EXPECT_EQ(st, DT_ERR_OOM) << "the hook's error did not fail the backward";
+        dt_clear_error();
+        continue;
+      }
+      ASSERT_DT_OK(st);
+      if (mode > 0)
+        EXPECT_EQ(wl.calls, 1) << "the hook is asked once, while the leaf has no .grad";
+      if (mode == 1) {
+        const float *base = static_cast<const float *>(dt_tensor_data(buf));
+        EXPECT_EQ(dt_tensor_data(dt_tensor_grad(w)), base + 3) << "w's gradient is elsewhere";
+        EXPECT_EQ(dt_tensor_data(dt_tensor_grad(b)), base + 4003) << "b's gradient is elsewhere";
+        V all = ToVector(buf);
+        EXPECT_EQ(all[0], 0.0f);
+        EXPECT_EQ(all[total - 1], 0.0f) << "written outside the slices";
+      }
+      grads[mode][0] = ToVector(dt_tensor_grad(w));
+      grads[mode][1] = ToVector(dt_tensor_grad(b));
+      dt_tensor_clear_grad_dest_hook(w);
+      dt_tensor_clear_grad_dest_hook(b);
+    }
+    for (int mode = 1; mode < 3; mode++) {
+      EXPECT_EQ(grads[mode][0], grads[0][0]) << "w's gradient differs, mode " << mode;
+      EXPECT_EQ(grads[mode][1], grads[0][1]) << "b's gradient differs, mode " << mode;
+    }
+    ASSERT_DT_OK(dt_tensor_fill_(buf, 0.0f));
+  }
 }
 
 }  // namespace
