@@ -215,6 +215,12 @@ dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
  * must outlive every step. A no-op with zero_stage 0. */
 dt_status dt_ddp_shard_optimizer(dt_ddp *d, dt_optimizer *opt);
 int dt_ddp_zero_stage(const dt_ddp *d);
+/* Stage 2 on `world` ranks with these bucket caps: the elements of the
+ * largest parameter of `arena` that a bucket boundary cuts (its gradient
+ * is made whole, then copied into its buckets; a parameter within one
+ * bucket is written into it in place). 0 when none is cut. */
+int64_t dt_zero_largest_split_param(const dt_param_arena *arena, int world,
+                                    size_t first_bucket_bytes, size_t bucket_bytes);
 /* Bytes of gradient memory the reducer and the arena keep on this rank:
  * stage 0 the flat gradient buffer; stage 1 the padded flat buffer and
  * the shard's reduced gradients; stage 2 the shard's gradients only. */

@@ -71,6 +71,26 @@ static dt_status view(dt_tensor *t, int64_t offset, int64_t numel, dt_tensor **o
   return dt_tensor_view_flat(t, offset, &numel, 1, out);
 }
 
+int64_t dt_zero_largest_split_param(const dt_param_arena *arena, int world,
+                                    size_t first_bucket_bytes, size_t bucket_bytes) {
+  int64_t numel = dt_param_arena_numel(arena), w = world > 0 ? world : 1;
+  int64_t first_cap = cap_elements(first_bucket_bytes), cap = cap_elements(bucket_bytes);
+  int64_t n = plan_buckets(numel, w, first_cap, cap, NULL);
+  int64_t *lo = calloc((size_t)n, sizeof *lo), largest = 0;
+  if (lo == NULL)
+    return 0;
+  plan_buckets(numel, w, first_cap, cap, lo);
+  for (int i = 0; i < dt_param_arena_count(arena); i++) {
+    int64_t a = dt_param_arena_offset(arena, i);
+    int64_t len = dt_tensor_numel(dt_param_arena_param(arena, i, NULL));
+    for (int64_t b = 0; b < n; b++)
+      if (lo[b] > a && lo[b] < a + len && len > largest)
+        largest = len;
+  }
+  free(lo);
+  return largest;
+}
+
 /* Which buckets each parameter overlaps, and each bucket's parameters. */
 static void assign_params(dt_ddp *d) {
   int64_t numel = dt_param_arena_numel(d->arena);

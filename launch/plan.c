@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/plan_load.h"
 #include "launch/threads.h"
 #include "models/tasks.h"
 #include "train/plan.h"
@@ -158,7 +159,7 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   int batch = 0, zero = 0, ctx = 0, image_size = 0, channels = 0, gpus = 1, nodes = 1, threads = 0;
   int64_t global_batch = 0, data_samples = 0;
   double global_batch_d = 0, data_samples_d = 0;
-  bool recompute = false, json = false, scaling = false;
+  bool recompute = false, json = false, scaling = false, probe_load = false;
   device_flags df = {0};
   const dt_task *task = NULL;
   if (dt_cli_peek_flag(argc, argv, "model") &&
@@ -203,6 +204,9 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
       DT_BOOL_FLAG("scaling", &scaling, "also the scaling table, 1 to 1024 GPUs (8 per node)"),
       DT_BOOL_FLAG("json", &json, "one JSON object (peak_memory_mib, step_ms, the breakdown)"),
       dt_cli_flag_threads(&threads),
+      DT_BOOL_FLAG("probe-load", &probe_load,
+                   "run the probe's steps until stdin ends (what a plan for several ranks per "
+                   "node on cpu starts for the other ranks while it measures; docs/plan.md)"),
   };
   dt_flag_set set = {
       .command = "plan",
@@ -260,6 +264,13 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   }
   c.task = &ctx_task;
   c.precision = prec;
+  if (probe_load) {
+    dt_optimizer_spec ls =
+        dt_train_bench_optimizer(c.task, optimizer && !strcmp(optimizer, "adamw"));
+    DT_CHECK_GOTO(dt_plan_probe_load(c.task, prec, recompute, &ls, dt_cli_plan_load_go_on, NULL),
+                  st, fail);
+    return 0;
+  }
   dt_plan_device_kind kind = DT_PLAN_DEVICE_CPU;
   for (int i = 0; i < (int)(sizeof device_names / sizeof device_names[0]); i++)
     if (!strcmp(device, device_names[i]))
@@ -279,7 +290,14 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   dt_plan_probe_result probe = {.units_per_sample = 1.0};
   dt_plan_result r;
   if (dt_plan_compute(&c, &probe, &r) == DT_OK) {
-    DT_CHECK_GOTO(dt_plan_probe(c.task, prec, recompute, &spec, &probe), st, fail);
+    /* on cpu, the probe measures with the node's other ranks running */
+    dt_cli_plan_load load = {0};
+    if (c.device.cpu && gpus > 1 && dt_cli_plan_load_start(gpus - 1, argc, argv, &load, err) != 0)
+      return 1;
+    st = dt_plan_probe(c.task, prec, recompute, &spec, &probe);
+    dt_cli_plan_load_stop(&load);
+    if (st != DT_OK)
+      goto fail;
     if (dt_plan_compute(&c, &probe, &r) == DT_OK)
       DT_CHECK_GOTO(dt_plan_cpu_shapes(&c, &probe, &r, &roof), st, fail);
   }

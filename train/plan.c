@@ -326,6 +326,9 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
     out->fb_flops[k] = per_sample * b1 * (k + 1);
   }
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
+  dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
+  out->split_grad = 4.0 * (double)dt_zero_largest_split_param(
+                              dt_replica_arena(rep), 1, dc.first_bucket_bytes, dc.bucket_bytes);
   dt_replica_memory rm = dt_replica_memory_use(rep);
   out->resident = resident;
   out->gradients = (double)rm.gradients;
@@ -337,6 +340,27 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   out->traffic_per_unit = recompute ? traffic : out->act_per_unit;
   out->update_peak = up1 - resident;
 done:
+  dt_replica_destroy(rep);
+  return st;
+}
+
+/* The probe's steps as load, until go_on says stop (see plan.h). */
+dt_status dt_plan_probe_load(const dt_task *task, dt_precision precision, bool recompute,
+                             const dt_optimizer_spec *spec, bool (*go_on)(void *user, int steps),
+                             void *user) {
+  if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
+    precision = DT_PRECISION_FP32;
+  dt_grad_scaler scaler;
+  dt_replica *rep = NULL;
+  DT_CHECK(
+      dt_plan_replica_create(task, DT_CPU, precision, recompute, spec, NULL, NULL, &scaler, &rep));
+  int64_t ctx = 0;
+  if (task->sequence_targets)
+    ctx = task->input_shape[0] < DT_PLAN_PROBE_CTX ? task->input_shape[0] : DT_PLAN_PROBE_CTX;
+  int b1 = task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
+  dt_status st = DT_OK;
+  for (int steps = 0; st == DT_OK && go_on(user, steps); steps++)
+    st = plan_step(task, rep, steps % 2 ? 2 * b1 : b1, ctx, NULL);
   dt_replica_destroy(rep);
   return st;
 }
@@ -358,6 +382,15 @@ static double total_at(const dt_plan_config *cfg, const dt_plan_probe_result *p,
   double update = p->update_peak;
   if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1)
     update += 4.0 * (double)p->parameters; /* the all-gather's full f32 parameters */
+  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1) {
+    /* ZeRO 2 (m->comm: the buckets and a cut gradient, freed before the
+     * update): the cut gradient lives through the backward, beside the
+     * activations at their peak; the buckets fill as the activations are
+     * freed (the backward's peak: the larger of the two) */
+    double buckets = m->comm - p->split_grad;
+    act = act > buckets ? act - buckets : 0.0;
+    update -= m->comm;
+  }
   m->activations = act > update ? act : update;
   m->overhead = cfg->device.alloc_overhead * (m->activations + m->workspace);
   m->total = m->weights + m->copies + m->gradients + m->optimizer + m->activations + m->workspace +
@@ -375,12 +408,17 @@ static int largest_divisor_at_most(int64_t n, int64_t cap) {
 /* One ring pass (a reduce-scatter, or an all-gather) of `bytes` over
  * `ranks` in `buckets` collectives: (R - 1)/R of the bytes at the link's
  * bandwidth, and the latency of a tree per bucket (NCCL picks trees at
- * scale). An all-reduce is two passes. */
-static double ring_pass_s(const dt_plan_device *d, int ranks, int nodes, double bytes,
+ * scale). An all-reduce is two passes. On a CPU the "link" is the node's
+ * memory (half its memcpy bandwidth: each byte is written to a shared slot
+ * and read from it), and the ranks of a node pass their chunks through it
+ * at the same time: `per_node` ranks share it. */
+static double ring_pass_s(const dt_plan_device *d, int ranks, int nodes, int per_node, double bytes,
                           int buckets) {
   if (ranks < 2)
     return 0.0;
   double bw = nodes > 1 ? d->net_bw : d->nvlink_bw;
+  if (d->cpu)
+    bw /= per_node;
   return (double)(ranks - 1) / ranks * bytes / bw +
          buckets * ceil(log2((double)ranks)) * d->latency;
 }
@@ -411,8 +449,8 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
     m->copies = 0;
   m->workspace = d->workspace;
   double bucket = (double)cfg->bucket_cap_mb * DT_MIB;
-  if (cfg->zero >= 2 && ranks > 1) /* a bucket filling and one in flight */
-    m->comm = p->gradients < 2 * bucket ? p->gradients : 2 * bucket;
+  if (cfg->zero >= 2 && ranks > 1) /* a bucket filling and one in flight, a cut gradient */
+    m->comm = (p->gradients < 2 * bucket ? p->gradients : 2 * bucket) + p->split_grad;
   out->fixed = total_at(cfg, p, m, 0);
   out->per_sample = p->act_per_unit * p->units_per_sample * (1.0 + d->alloc_overhead);
   int fit = 0;
@@ -497,9 +535,14 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
    * (one pass) and all-gathers the updated f32 parameters (the other):
    * each bucket's gather starts once its segment is updated, so only the
    * update of the later segments hides it, and the step waits for all. */
-  double pass = ring_pass_s(d, ranks, cfg->nodes, grad_bytes, buckets);
+  double pass = ring_pass_s(d, ranks, cfg->nodes, cfg->gpus_per_node, grad_bytes, buckets);
   double backward = 2.0 / 3.0 * (out->compute_s + out->memory_s);
-  if (cfg->zero >= 1 && ranks > 1) {
+  if (d->cpu) {
+    /* a CPU has no copy engine: each rank's own cores copy and sum its
+     * collectives' chunks, time its backward and update do not get */
+    out->comm_s = 2.0 * pass;
+    out->comm_exposed_s = out->comm_s;
+  } else if (cfg->zero >= 1 && ranks > 1) {
     double hidden = out->optimizer_s * (buckets - 1) / buckets;
     out->comm_s = 2.0 * pass;
     out->comm_exposed_s =

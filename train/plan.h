@@ -90,6 +90,10 @@ typedef struct dt_plan_probe_result {
    * calibrate the CPU's compute (dt_plan_compute). */
   double fb_seconds[2], fb_flops[2];
   double update_seconds; /* the fastest of the probe's updates (the optimizer step) */
+  /* ZeRO 2 at DT_DDP_CONFIG_DEFAULT's bucket sizes: bytes of the largest
+   * parameter's gradient that a bucket boundary cuts (made whole before it
+   * is copied into the buckets; dt_zero_largest_split_param) */
+  double split_grad;
 } dt_plan_probe_result;
 
 /* Measures `task` (its context as set, dt_task_with_context) at
@@ -211,6 +215,14 @@ dt_status dt_plan_auto_batch(const dt_plan_auto_config *a, dt_plan_auto *out);
  * c->pg, and a rank whose plan failed fails every rank
  * (DT_ERR_DIST_MISMATCH on the others). */
 dt_status dt_train_resolve_batch_auto(dt_train_config *c, FILE *log);
+
+/* The load of the other ranks of a CPU node while the probe measures
+ * (dtrain plan starts this in a process per other rank): the probe's own
+ * steps (its micro-batches, alternating) on a replica of the task's model,
+ * for as long as go_on(user, steps done) says true. */
+dt_status dt_plan_probe_load(const dt_task *task, dt_precision precision, bool recompute,
+                             const dt_optimizer_spec *spec, bool (*go_on)(void *user, int steps),
+                             void *user);
 
 /* A replica of the task's model (seed 1) on `dev` with bench's and
  * train's step (the task's loss and clipping, `precision` through

@@ -131,6 +131,18 @@ d = json.load(open(sys.argv[1]))
 assert d["peak_source"].startswith("cpu sgemm"), d["peak_source"]
 assert d["act_bw_gbs"] > 0, d' "$out"
 
+# ---- the other ranks' load on cpu (launch/plan_load.h) ---------------------
+# a plan for 3 ranks a node starts 2 copies of the probe's steps and stops them
+run_within 300 plan --model mlp --device cpu --gpus 3 --batch 16 --threads 1 --json
+expect 0 out '"ranks": 3' "plan --gpus 3 on cpu: the probe measured beside 2 copies of its steps"
+check "plan --gpus 3: no copy of the probe's steps left running" bash -c \
+  '! pgrep -f -- "--gpus 3 --batch 16 --threads 1 --json [-]-probe-load"'
+# a copy runs until its stdin ends, having said "r" after its first step
+check "plan --probe-load: says ready, runs until stdin ends" bash -c '
+  exec 3< <(sleep 2)
+  timeout 60 "$1" plan --model mlp --threads 1 --probe-load <&3 >"$2"
+  [ "$?" = 0 ] && [ "$(cat "$2")" = r ]' _ "$dtrain" "$tmp/load.out"
+
 # ---- bad flags: exit 2 naming the flag ------------------------------------
 run plan --model mlp --device tpu
 expect 2 err '--device' "plan --device tpu"
