@@ -53,7 +53,8 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       "\"optimizer\": %.1f, \"activations\": %.1f, \"workspace\": %.1f, \"comm\": %.1f, "
       "\"overhead\": %.1f}, \"per_sample_mib\": %.3f, "
       "\"step_ms\": %.3f, \"compute_ms\": %.3f, \"memory_ms\": %.3f, \"optimizer_ms\": %.3f, "
-      "\"comm_ms\": %.3f, \"comm_exposed_ms\": %.3f, \"samples_per_s\": %.1f, "
+      "\"comm_ms\": %.3f, \"comm_exposed_ms\": %.3f, \"straggler_ms\": %.3f, "
+      "\"samples_per_s\": %.1f, "
       "\"tokens_per_s\": %.0f, \"mfu\": %.4f, \"peak_tflops\": %.2f, \"peak_source\": \"%s\", "
       "\"act_bw_gbs\": %.1f, \"matmul_eff\": %.3f}\n",
       model, c->device.name, precision, c->zero,
@@ -63,8 +64,8 @@ static void print_json(const dt_plan_config *c, const dt_plan_result *r, const c
       mib(c->device.memory), mib(m->weights), mib(m->copies), mib(m->gradients), mib(m->optimizer),
       mib(m->activations), mib(m->workspace), mib(m->comm), mib(m->overhead), mib(r->per_sample),
       1e3 * r->step_s, 1e3 * r->compute_s, 1e3 * r->memory_s, 1e3 * r->optimizer_s, 1e3 * r->comm_s,
-      1e3 * r->comm_exposed_s, r->samples_per_s, r->tokens_per_s, r->mfu, r->peak_flops / 1e12,
-      c->device.cpu ? c->device.peak_source : c->device.source,
+      1e3 * r->comm_exposed_s, 1e3 * r->straggler_s, r->samples_per_s, r->tokens_per_s, r->mfu,
+      r->peak_flops / 1e12, c->device.cpu ? c->device.peak_source : c->device.source,
       (c->device.act_bw > 0 ? c->device.act_bw : c->device.mem_bw) / 1e9, r->matmul_eff);
 }
 
@@ -99,8 +100,8 @@ static void print_scaling(const dt_plan_config *c0, const dt_plan_probe_result *
   }
 }
 
-static void print_text(const dt_plan_config *c, const dt_plan_result *r, const char *model,
-                       const char *precision) {
+static void print_text(const dt_plan_config *c, const dt_plan_probe_result *probe,
+                       const dt_plan_result *r, const char *model, const char *precision) {
   const dt_plan_memory *m = &r->memory;
   printf("dtrain plan: model %s (%s) on %d x %d %s, precision %s, zero %d%s\n", model,
          c->task->summary, c->nodes, c->gpus_per_node, c->device.name, precision, c->zero,
@@ -129,8 +130,9 @@ static void print_text(const dt_plan_config *c, const dt_plan_result *r, const c
   if (c->device.cpu)
     printf(
         "calibration: the model's probe steps on this CPU reach %.0f %% of the roof (traffic "
-        "included); the optimizer's time is the probe's update\n",
-        100.0 * r->matmul_eff);
+        "included); the optimizer's time is the probe's update; the steps vary by %.1f %% "
+        "(the wait for the slowest of %d ranks: %.2f ms)\n",
+        100.0 * r->matmul_eff, 100.0 * probe->step_cv, r->ranks, 1e3 * r->straggler_s);
   printf("throughput: samples_per_s=%.1f", r->samples_per_s);
   if (r->tokens_per_s > 0)
     printf(" tokens_per_s=%.0f", r->tokens_per_s);
@@ -312,7 +314,7 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
     print_json(&c, &r, model, pname);
     return 0;
   }
-  print_text(&c, &r, model, pname);
+  print_text(&c, &probe, &r, model, pname);
   if (scaling)
     print_scaling(&c, &probe, &r);
   return 0;

@@ -354,7 +354,8 @@ op_table_test 45
 op_table_attention_gemm_test 30
 cuda_backend_test 45
 bench_gpt2_bf16 45
-bench_gpt2_bf16_flash 30
+bench_gpt2_bf16_flash 20
+plan_gpt2_bf16 10
 bench_torch_gpt2_bf16 40
 cuda_train_step_test 60
 cuda_allocator_test 10
@@ -474,6 +475,14 @@ run_step() {
       # heads' GEMMs (auto's path) of the step before, at the same batch
       step "$name" "$cap" plain env DT_ATTENTION=fused "$dtrain" bench --model gpt2 --ctx 1024 \
         --batch "$gpt2_batch" --steps 5 --warmup 2 --optimizer adamw --precision bf16 --device cuda:0
+      gpt2_section ;;
+    plan_gpt2_bf16)
+      # issue 29: the plan's prediction for this GPU beside the measured step
+      # (its probe runs on this machine's CPU, at a context of 64)
+      cli_has plan --json || { skipped_row "$name" "dtrain plan --json"; return 0; }
+      [ "$gpu_kind" != other ] || { skipped_row "$name" "a plan device for this GPU (h100, h200)"; return 0; }
+      step "$name" "$cap" plain "$dtrain" plan --model gpt2 --device "$gpu_kind" --ctx 1024 \
+        --batch "$gpt2_batch" --precision bf16 --optimizer adamw --json
       gpt2_section ;;
     bench_torch_gpt2_bf16)
       step "$name" "$cap" plain env LD_LIBRARY_PATH="$orig_ld" "$python" "$b/bench_torch.py" \
@@ -612,7 +621,7 @@ bench_row() {
 # paths and PyTorch, against the goal of this GPU's kind; rewritten after
 # each of its steps.
 gpt2_section() {
-  local gemm flash theirs mfu goal verdict
+  local gemm flash theirs mfu goal verdict plan
   gemm=$(last_value "$logs/bench_gpt2_bf16.log" tokens_per_s)
   flash=$(last_value "$logs/bench_gpt2_bf16_flash.log" tokens_per_s)
   theirs=$(last_value "$logs/bench_torch_gpt2_bf16.log" tokens_per_s)
@@ -631,6 +640,8 @@ gpt2_section() {
     echo "dtrain, fused flash kernels (DT_ATTENTION=fused):       tokens_per_s=${flash:-n/a}"
     echo "PyTorch (bf16 autocast, the same model and step):       tokens_per_s=${theirs:-n/a}"
     echo "goal: $verdict"
+    plan=$(grep -o '"tokens_per_s": [0-9.]*' "$logs/plan_gpt2_bf16.log" 2>/dev/null | tail -1 | cut -d' ' -f2)
+    echo "dtrain plan's prediction for this GPU (docs/plan.md):    tokens_per_s=${plan:-n/a}"
     grep -h '^flops:\|^breakdown:' "$logs/bench_gpt2_bf16.log" 2>/dev/null | sed 's/^/dtrain /'
     echo '```'
   } >"$logs/gpt2.md"

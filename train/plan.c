@@ -241,6 +241,16 @@ static double task_flops(const dt_task *t) {
                                     : 0.0;
 }
 
+/* The median of v[0..n) (sorted in place). */
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double x = v[j];
+      v[j] = v[j - 1], v[j - 1] = x;
+    }
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* task_flops at the probe's context `ctx` (0: the task's own shape). */
 static double probe_flops(const dt_task *task, int64_t ctx) {
   dt_task t = *task;
@@ -306,25 +316,29 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   double fb1 = peaks.fb, up1 = peaks.update;
   DT_CHECK_GOTO(probe_step(task, rep, &peaks, 2 * b1, ctx, NULL, &t[1], &u[1]), st, done);
   double fb2 = peaks.fb;
-  /* each size again, for the timing (the fastest of each): once for a
-   * model whose steps take a tenth of a second, up to 8 times for a
-   * millisecond model, whose single steps the machine's noise swamps */
+  /* each size again, for the timing (the median of each, and the spread
+   * about it): twice for a model whose steps take a tenth of a second, up
+   * to 8 times for a millisecond model, whose single steps the machine's
+   * noise swamps */
   int again = (int)(0.1 / (t[0] + t[1] + 1e-9));
-  again = again < 1 ? 1 : again > 8 ? 8 : again;
-  out->update_seconds = u[0] < u[1] ? u[0] : u[1];
-  for (int r = 0; r < again; r++) {
-    DT_CHECK_GOTO(probe_step(task, rep, &peaks, b1, ctx, NULL, &t[2], &u[2]), st, done);
-    DT_CHECK_GOTO(probe_step(task, rep, &peaks, 2 * b1, ctx, NULL, &t[3], &u[3]), st, done);
-    for (int k = 0; k < 2; k++) {
-      t[k] = t[k + 2] < t[k] ? t[k + 2] : t[k];
-      out->update_seconds = u[k + 2] < out->update_seconds ? u[k + 2] : out->update_seconds;
-    }
+  again = again < 2 ? 2 : again > DT_PLAN_PROBE_AGAIN ? DT_PLAN_PROBE_AGAIN : again;
+  double ts[2][DT_PLAN_PROBE_AGAIN + 1], us[2 * DT_PLAN_PROBE_AGAIN + 2];
+  int n = 1, nu = 2;
+  ts[0][0] = t[0], ts[1][0] = t[1], us[0] = u[0], us[1] = u[1];
+  for (int r = 0; r < again; r++, n++) {
+    DT_CHECK_GOTO(probe_step(task, rep, &peaks, b1, ctx, NULL, &ts[0][n], &us[nu++]), st, done);
+    DT_CHECK_GOTO(probe_step(task, rep, &peaks, 2 * b1, ctx, NULL, &ts[1][n], &us[nu++]), st, done);
   }
-  double per_sample = probe_flops(task, ctx);
+  out->update_seconds = median(us, nu);
+  double per_sample = probe_flops(task, ctx), spread = 0.0;
   for (int k = 0; k < 2; k++) {
-    out->fb_seconds[k] = t[k];
+    out->fb_seconds[k] = median(ts[k], n);
     out->fb_flops[k] = per_sample * b1 * (k + 1);
+    for (int i = 0; i < n; i++)
+      spread += fabs(ts[k][i] - out->fb_seconds[k]) / out->fb_seconds[k];
   }
+  /* the mean absolute deviation over both sizes, as a normal's sigma */
+  out->step_cv = spread / (2 * n) * 1.2533141 /* sqrt(pi / 2) */;
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
   dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
   out->split_grad = 4.0 * (double)dt_zero_largest_split_param(
@@ -421,6 +435,17 @@ static double ring_pass_s(const dt_plan_device *d, int ranks, int nodes, int per
     bw /= per_node;
   return (double)(ranks - 1) / ranks * bytes / bw +
          buckets * ceil(log2((double)ranks)) * d->latency;
+}
+
+/* E[max of n standard normal draws]: exact to n = 16, then the
+ * extreme-value asymptote. */
+static double expected_max(int n) {
+  static const double e[17] = {0,     0,     0.564, 0.846, 1.029, 1.163, 1.267, 1.352, 1.424,
+                               1.485, 1.539, 1.586, 1.629, 1.668, 1.703, 1.736, 1.766};
+  if (n <= 16)
+    return e[n < 0 ? 0 : n];
+  double l = sqrt(2.0 * log((double)n));
+  return l - (log(log((double)n)) + log(4.0 * 3.14159265358979)) / (2.0 * l);
 }
 
 static double at_least(double v, double floor) { return v > floor ? v : floor; }
@@ -551,8 +576,10 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
     out->comm_s = 2.0 * pass;
     out->comm_exposed_s = at_least(out->comm_s - backward, out->comm_s / buckets);
   }
-  out->step_s =
-      out->accumulation * (out->compute_s + out->memory_s) + out->optimizer_s + out->comm_exposed_s;
+  if (d->cpu && ranks > 1) /* each micro-batch's backward ends in the ranks' collective */
+    out->straggler_s = out->accumulation * out->compute_s * p->step_cv * expected_max(ranks);
+  out->step_s = out->accumulation * (out->compute_s + out->memory_s) + out->optimizer_s +
+                out->comm_exposed_s + out->straggler_s;
   out->flops_per_step = fps * (double)out->global_batch;
   out->samples_per_s = (double)out->global_batch / out->step_s;
   if (cfg->task->sequence_targets)

@@ -41,6 +41,7 @@ extern "C" {
 
 #define DT_PLAN_PROBE_CTX 64   /* the longest context the probe runs */
 #define DT_PLAN_PROBE_BATCH 16 /* and its first micro-batch of a model without one */
+#define DT_PLAN_PROBE_AGAIN 8  /* the most timing steps of each probe size */
 
 /* A device kind and the links between devices of that kind. */
 typedef struct dt_plan_device {
@@ -85,11 +86,15 @@ typedef struct dt_plan_probe_result {
   double update_peak;      /* the update's peak above `resident` */
   double units_per_sample; /* 1, or the context for a language model */
   /* The probe's forward + backward at its two micro-batches: the wall
-   * seconds on this thread count (the fastest of 2 to 9 steps each) and the
+   * seconds on this thread count (the median of 3 to 9 steps each) and the
    * FLOPs (the task's count at the probe's context; 0 = no count), which
    * calibrate the CPU's compute (dt_plan_compute). */
   double fb_seconds[2], fb_flops[2];
-  double update_seconds; /* the fastest of the probe's updates (the optimizer step) */
+  double update_seconds; /* the median of the probe's updates (the optimizer step) */
+  /* the steps' spread about their median, relative (a normal's sigma from
+   * the mean absolute deviation): a synchronous step of R ranks waits for
+   * the slowest of R such draws (dt_plan_compute) */
+  double step_cv;
   /* ZeRO 2 at DT_DDP_CONFIG_DEFAULT's bucket sizes: bytes of the largest
    * parameter's gradient that a bucket boundary cuts (made whole before it
    * is copied into the buckets; dt_zero_largest_split_param) */
@@ -152,6 +157,8 @@ typedef struct dt_plan_result {
   double optimizer_s;    /* the update's traffic */
   double comm_s;         /* gradient collectives of one step */
   double comm_exposed_s; /* the part of them backward does not hide */
+  double straggler_s;    /* CPU, R > 1 ranks: the wait for the slowest rank's forward + backward
+                            (their spread, the probe's step_cv, as R normal draws) */
   double step_s;
   double samples_per_s, tokens_per_s, mfu;
 } dt_plan_result;
