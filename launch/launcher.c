@@ -87,7 +87,7 @@ static bool mca_set_by_user(const char *name, const dt_flag_list *extra) {
   return getenv(var) != NULL;
 }
 
-static int cores_available(void) {
+int dt_cli_cores_available(void) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
@@ -418,7 +418,7 @@ int dt_cli_launch(int argc, char **argv, FILE *err) {
   }
   self[len] = '\0';
 
-  int cores = cores_available();
+  int cores = dt_cli_cores_available();
   int per_rank = threads > 0 ? threads : (cores / np > 0 ? cores / np : 1);
   char np_text[16], omp[48], dtn[48];
   snprintf(np_text, sizeof np_text, "%d", np);

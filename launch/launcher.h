@@ -43,6 +43,8 @@ extern "C" {
  * line, 1 when mpirun is missing or a DT_* variable is bad, 0 after
  * --dry-run. */
 int dt_cli_launch(int argc, char **argv, FILE *err);
+/* The CPUs this process may use (its affinity mask; else the online ones). */
+int dt_cli_cores_available(void);
 
 /* The mpirun dtrain launch runs: DT_MPIRUN when set (NULL unless it is an
  * executable file), else the first executable `mpirun` on PATH (copied into

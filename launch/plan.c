@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "launch/cli.h"
 #include "launch/flags.h"
+#include "launch/launcher.h"
 #include "launch/plan_load.h"
 #include "launch/threads.h"
 #include "models/tasks.h"
@@ -294,7 +295,8 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   if (dt_plan_compute(&c, &probe, &r) == DT_OK) {
     /* on cpu, the probe measures with the node's other ranks running */
     dt_cli_plan_load load = {0};
-    if (c.device.cpu && gpus > 1 && dt_cli_plan_load_start(gpus - 1, argc, argv, &load, err) != 0)
+    int copies = dt_cli_plan_load_copies(gpus, dt_cpu_num_threads(), dt_cli_cores_available());
+    if (c.device.cpu && copies > 0 && dt_cli_plan_load_start(copies, argc, argv, &load, err) != 0)
       return 1;
     st = dt_plan_probe(c.task, prec, recompute, &spec, &probe);
     dt_cli_plan_load_stop(&load);

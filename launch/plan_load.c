@@ -78,6 +78,12 @@ static int start_copy(int argc, char **argv, dt_cli_plan_load *l, FILE *err) {
   return 0;
 }
 
+int dt_cli_plan_load_copies(int ranks, int threads, int cores) {
+  int fit = cores / (threads > 0 ? threads : 1) - 1;
+  int copies = ranks - 1 < fit ? ranks - 1 : fit;
+  return copies > 0 ? copies : 0;
+}
+
 int dt_cli_plan_load_start(int copies, int argc, char **argv, dt_cli_plan_load *l, FILE *err) {
   memset(l, 0, sizeof *l);
   if (copies > DT_CLI_PLAN_LOAD_MAX)

@@ -29,6 +29,12 @@ typedef struct dt_cli_plan_load {
   int ready_fd[DT_CLI_PLAN_LOAD_MAX]; /* its stdout: a byte once its first step is done */
 } dt_cli_plan_load;
 
+/* The copies for `ranks` ranks a node of `threads` threads each on a
+ * machine of `cores` CPUs: ranks - 1, but no more than the other ranks
+ * that have cores of their own (cores / threads - 1): ranks beyond the
+ * cores would oversubscribe them, which the probe does not reproduce (nor
+ * start that many replicas of a large model on a small machine). */
+int dt_cli_plan_load_copies(int ranks, int threads, int cores);
 /* Starts `copies` copies of `dtrain plan <argv> --probe-load` (argv: plan's
  * flags) and waits until each has run its first step. -1 (a message on
  * err, none left running) when one cannot start or ends before that. */
