@@ -85,6 +85,8 @@ parts = ("weights", "copies", "gradients", "optimizer", "activations", "workspac
 assert abs(sum(m[k] for k in parts) - d["peak_memory_mib"]) < 0.5, (m, d["peak_memory_mib"])
 assert m["workspace"] > 0 and m["overhead"] > 0, m  # a GPU's
 assert d["step_ms"] > 0 and d["comm_ms"] > 0 and 0 < d["mfu"] < 1, d
+assert d["straggler_ms"] == 0, d  # no spread measured on a GPU
+assert d["comm_exposed_ms"] < d["comm_ms"], d  # DDP hides part of it behind the backward
 EOF
 # ZeRO 1 shards the optimizer state over the 16 ranks: 1/16 of ZeRO 0's.
 run_within 120 plan --model gpt2-tiny --device h100 --gpus 8 --nodes 2 --precision bf16 --json \
@@ -130,6 +132,23 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["peak_source"].startswith("cpu sgemm"), d["peak_source"]
 assert d["act_bw_gbs"] > 0, d' "$out"
+
+# ---- the CPU's step on 2 ranks (docs/plan.md, stop 39) ----------------------
+# the collectives are all exposed (the rank's cores do them), the step waits
+# for the slowest rank, and the parts add up to the step
+run_within 300 plan --model lenet --device cpu --gpus 2 --batch 64 --threads 1 --json
+cp "$out" "$tmp/cpu2.json"
+run_within 300 plan --model lenet --device cpu --batch 64 --threads 1 --json
+check "plan on 2 cpu ranks: collectives exposed, a wait for the slowest, the step its parts" \
+  python3 - "$tmp/cpu2.json" "$out" <<'EOF'
+import json, sys
+two, one = (json.load(open(f)) for f in sys.argv[1:3])
+assert two["comm_ms"] > 0 and abs(two["comm_exposed_ms"] - two["comm_ms"]) < 1e-3, two
+assert two["straggler_ms"] > 0, two
+assert one["straggler_ms"] == 0 and one["comm_ms"] == 0, one
+parts = two["compute_ms"] + two["optimizer_ms"] + two["comm_exposed_ms"] + two["straggler_ms"]
+assert abs(parts - two["step_ms"]) < 0.01, (parts, two["step_ms"])
+EOF
 
 # ---- the other ranks' load on cpu (launch/plan_load.h) ---------------------
 # a plan for 3 ranks a node starts copies of the probe's steps (2, or one
