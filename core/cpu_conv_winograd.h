@@ -24,11 +24,12 @@
 extern "C" {
 #endif
 
-/* Whether g runs here: dt_cpu_conv_winograd_eligible (core/cpu.h), 3x3
- * stride-1 shapes where it measured faster (docs/decisions.md, "Winograd")
- * and the path switched on (dt_cpu_set_conv_winograd, DT_CONV_WINOGRAD). */
-
-/* x (n,c,h,w), w (oc,c,3,3), bias (oc) or NULL -> y (n,oc,oh,ow), on nt
+/* The callers take these for the shapes dt_cpu_conv_winograd_eligible
+ * (core/cpu.h) accepts: 3x3 stride-1 shapes where the path measured faster
+ * (docs/decisions.md, "Winograd"), with it switched on
+ * (dt_cpu_set_conv_winograd, DT_CONV_WINOGRAD).
+ *
+ * x (n,c,h,w), w (oc,c,3,3), bias (oc) or NULL -> y (n,oc,oh,ow), on nt
  * threads. */
 dt_status dt_cpu_conv_winograd_forward(const dt_conv2d_geom *g, const float *x, const float *w,
                                        const float *bias, float *y, int nt);

@@ -133,8 +133,9 @@ dt_status dt_zero_build_buckets(dt_ddp *d);
  * its buffer, allocated zeroed if no gradient arrived) and its output
  * (this rank's piece of the shard gradients). Borrowed. */
 dt_status dt_zero_bucket_io(dt_ddp *d, int b, dt_tensor **in, dt_tensor **out);
-/* Stage 2: copies parameter pa's gradient into its buckets' buffers and
- * frees it (no gradient: nothing to copy, the buffers start at zero). */
+/* Stage 2: copies parameter pa's gradient into its buckets' buffers (not
+ * when dt_zero_grad_dest had it written there) and frees it (no gradient:
+ * nothing to copy, the buffers start at zero). */
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa);
 /* Stage 2's grad-destination hook (core/autograd.h): a parameter within one
  * bucket gets its slice of the bucket's buffer as .grad, so its backward

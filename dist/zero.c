@@ -239,31 +239,26 @@ static dt_status bucket_buffer(dt_ddp *d, int b) {
   return DT_OK;
 }
 
-/* Where parameter pa's gradient lies in its bucket's buffer; NULL when it
- * spans buckets or the buffer is not allocated. */
-static float *slot_in_bucket(const dt_ddp *d, const ddp_param *pa) {
-  const ddp_bucket *bk = &d->buckets[pa->bucket];
-  if (pa->bucket != pa->bucket_end || bk->rs_in == NULL)
-    return NULL;
-  return (float *)dt_tensor_data(bk->rs_in) +
-         (dt_param_arena_offset(d->arena, pa->index) - bk->offset);
+/* Where parameter pa's gradient starts in its bucket's buffer (elements;
+ * pa within one bucket). */
+static int64_t offset_in_bucket(const dt_ddp *d, const ddp_param *pa) {
+  return dt_param_arena_offset(d->arena, pa->index) - d->buckets[pa->bucket].offset;
 }
 
 dt_status dt_zero_grad_dest(dt_tensor *leaf, void *user, dt_tensor **grad) {
-  ddp_param *pa = user;
+  ddp_param *pa = user; /* within one bucket: the hook is set on those only */
   dt_ddp *d = pa->d;
   *grad = NULL;
   /* accumulating micro-batches keep .grad until the synchronised pass */
-  if (d->no_sync || pa->ready_this_pass || pa->bucket != pa->bucket_end)
+  if (d->no_sync || pa->ready_this_pass)
     return DT_OK;
-  const ddp_bucket *bk = &d->buckets[pa->bucket];
   DT_CHECK(bucket_buffer(d, pa->bucket));
   int64_t shape[DT_MAX_DIMS];
   int nd = dt_tensor_ndim(leaf);
   for (int k = 0; k < nd; k++)
     shape[k] = dt_tensor_dim(leaf, k);
-  return dt_tensor_view_flat(bk->rs_in, dt_param_arena_offset(d->arena, pa->index) - bk->offset,
-                             shape, nd, grad);
+  return dt_tensor_view_flat(d->buckets[pa->bucket].rs_in, offset_in_bucket(d, pa), shape, nd,
+                             grad);
 }
 
 dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa) {
@@ -272,7 +267,9 @@ dt_status dt_zero_take_gradient(dt_ddp *d, const ddp_param *pa) {
   int64_t lo = dt_param_arena_offset(d->arena, pa->index), n = dt_tensor_numel(p);
   dt_status st = DT_OK;
   /* written in place (dt_zero_grad_dest): nothing to copy */
-  bool in_place = g != NULL && slot_in_bucket(d, pa) == (float *)dt_tensor_data(g);
+  const dt_tensor *rs_in = d->buckets[pa->bucket].rs_in;
+  bool in_place = g != NULL && pa->bucket == pa->bucket_end && rs_in != NULL &&
+                  (float *)dt_tensor_data(rs_in) + offset_in_bucket(d, pa) == dt_tensor_data(g);
   for (int b = pa->bucket; b <= pa->bucket_end && st == DT_OK && !in_place; b++) {
     const ddp_bucket *bk = &d->buckets[b];
     st = bucket_buffer(d, b);

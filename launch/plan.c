@@ -295,8 +295,10 @@ int dt_cli_plan(int argc, char **argv, FILE *err) {
   if (dt_plan_compute(&c, &probe, &r) == DT_OK) {
     /* on cpu, the probe measures with the node's other ranks running */
     dt_cli_plan_load load = {0};
-    int copies = dt_cli_plan_load_copies(gpus, dt_cpu_num_threads(), dt_cli_cores_available());
-    if (c.device.cpu && copies > 0 && dt_cli_plan_load_start(copies, argc, argv, &load, err) != 0)
+    int copies = c.device.cpu
+                     ? dt_cli_plan_load_copies(gpus, dt_cpu_num_threads(), dt_cli_cores_available())
+                     : 0;
+    if (copies > 0 && dt_cli_plan_load_start(copies, argc, argv, &load, err) != 0)
       return 1;
     st = dt_plan_probe(c.task, prec, recompute, &spec, &probe);
     dt_cli_plan_load_stop(&load);

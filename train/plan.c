@@ -261,6 +261,22 @@ static double probe_flops(const dt_task *task, int64_t ctx) {
   return task_flops(&t);
 }
 
+/* The probe's precision: the GPU's default and TF32 run as fp32 (the same
+ * storage as on the GPU). */
+static dt_precision probe_precision(dt_precision p) {
+  return p == DT_PRECISION_DEVICE_DEFAULT || p == DT_PRECISION_TF32 ? DT_PRECISION_FP32 : p;
+}
+
+/* The probe's first micro-batch, and *ctx its context (0: not a sequence
+ * task): language models at micro-batch 1 and 2 (per token: their context
+ * is cut to DT_PLAN_PROBE_CTX); others at DT_PLAN_PROBE_BATCH and twice
+ * that, where their kernels take the paths of real batches. */
+static int probe_sizes(const dt_task *task, int64_t *ctx) {
+  int64_t T = task->input_shape[0];
+  *ctx = !task->sequence_targets ? 0 : T < DT_PLAN_PROBE_CTX ? T : DT_PLAN_PROBE_CTX;
+  return task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
+}
+
 /* One step at `batch` x `ctx`; *resident: allocated before it (the peaks
  * of its phases in *peaks, through the step's phase hook). */
 static dt_status probe_step(const dt_task *task, const dt_replica *rep, const probe_peaks *peaks,
@@ -288,25 +304,16 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
     DT_CHECK(dt_plan_probe(task, precision, false, spec, out));
     traffic = out->act_per_unit;
   }
-  if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
-    precision = DT_PRECISION_FP32; /* the same storage as on the GPU */
+  precision = probe_precision(precision);
   probe_peaks peaks = {DT_CPU, 0.0, 0.0};
   dt_grad_scaler scaler;
   dt_replica *rep = NULL;
   DT_CHECK(dt_plan_replica_create(task, DT_CPU, precision, recompute, spec, probe_phase_ended,
                                   &peaks, &scaler, &rep));
   dt_status st = DT_OK;
-  int64_t ctx = 0;
-  out->units_per_sample = 1.0;
-  if (task->sequence_targets) {
-    int64_t T = task->input_shape[0];
-    ctx = T < DT_PLAN_PROBE_CTX ? T : DT_PLAN_PROBE_CTX;
-    out->units_per_sample = (double)T;
-  }
-  /* Language models at micro-batch 1 and 2 (per token: their context is
-   * cut); others at DT_PLAN_PROBE_BATCH and twice that, where their
-   * kernels take the paths of real batches. */
-  int b1 = task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
+  int64_t ctx;
+  int b1 = probe_sizes(task, &ctx);
+  out->units_per_sample = task->sequence_targets ? (double)task->input_shape[0] : 1.0;
   double units = task->sequence_targets ? (double)ctx * b1 : (double)b1;
   /* A first step allocates what stays from then on (the optimizer's state,
    * the working copy); then the two measured ones. */
@@ -362,16 +369,12 @@ done:
 dt_status dt_plan_probe_load(const dt_task *task, dt_precision precision, bool recompute,
                              const dt_optimizer_spec *spec, bool (*go_on)(void *user, int steps),
                              void *user) {
-  if (precision == DT_PRECISION_DEVICE_DEFAULT || precision == DT_PRECISION_TF32)
-    precision = DT_PRECISION_FP32;
   dt_grad_scaler scaler;
   dt_replica *rep = NULL;
-  DT_CHECK(
-      dt_plan_replica_create(task, DT_CPU, precision, recompute, spec, NULL, NULL, &scaler, &rep));
-  int64_t ctx = 0;
-  if (task->sequence_targets)
-    ctx = task->input_shape[0] < DT_PLAN_PROBE_CTX ? task->input_shape[0] : DT_PLAN_PROBE_CTX;
-  int b1 = task->sequence_targets ? 1 : DT_PLAN_PROBE_BATCH;
+  DT_CHECK(dt_plan_replica_create(task, DT_CPU, probe_precision(precision), recompute, spec, NULL,
+                                  NULL, &scaler, &rep));
+  int64_t ctx;
+  int b1 = probe_sizes(task, &ctx);
   dt_status st = DT_OK;
   for (int steps = 0; st == DT_OK && go_on(user, steps); steps++)
     st = plan_step(task, rep, steps % 2 ? 2 * b1 : b1, ctx, NULL);
@@ -394,16 +397,15 @@ static double total_at(const dt_plan_config *cfg, const dt_plan_probe_result *p,
                        int b) {
   double act = p->act_fixed + p->act_per_unit * p->units_per_sample * b;
   double update = p->update_peak;
-  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1)
-    update += 4.0 * (double)p->parameters; /* the all-gather's full f32 parameters */
   if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1) {
     /* ZeRO 2 (m->comm: the buckets and a cut gradient, freed before the
-     * update): the cut gradient lives through the backward, beside the
-     * activations at their peak; the buckets fill as the activations are
-     * freed (the backward's peak: the larger of the two) */
+     * update, which all-gathers the full f32 parameters): the cut gradient
+     * lives through the backward, beside the activations at their peak;
+     * the buckets fill as the activations are freed (the backward's peak:
+     * the larger of the two) */
     double buckets = m->comm - p->split_grad;
     act = act > buckets ? act - buckets : 0.0;
-    update -= m->comm;
+    update += 4.0 * (double)p->parameters - m->comm;
   }
   m->activations = act > update ? act : update;
   m->overhead = cfg->device.alloc_overhead * (m->activations + m->workspace);
