@@ -215,12 +215,25 @@ dt_grad_sync dt_ddp_grad_sync(dt_ddp *d);
  * must outlive every step. A no-op with zero_stage 0. */
 dt_status dt_ddp_shard_optimizer(dt_ddp *d, dt_optimizer *opt);
 int dt_ddp_zero_stage(const dt_ddp *d);
-/* Stage 2 on `world` ranks with these bucket caps: the elements of the
- * largest parameter of `arena` that a bucket boundary cuts (its gradient
- * is made whole, then copied into its buckets; a parameter within one
- * bucket is written into it in place). 0 when none is cut. */
-int64_t dt_zero_largest_split_param(const dt_param_arena *arena, int world,
-                                    size_t first_bucket_bytes, size_t bucket_bytes);
+/* Stages 1 and 2's buckets on `world` ranks with these bucket caps, for
+ * planning (train/plan.c): n_buckets buckets, bucket 0 at the end of the
+ * flat space (the first to fill in backward), padded[b] elements each;
+ * parameter i of `arena` overlaps buckets first[i] to last[i]. In stage 2
+ * a parameter within one bucket is written into its buffer in place; one
+ * a boundary cuts (first < last) is made whole, then copied into its
+ * buckets. A bucket's buffer is allocated when its first gradient arrives
+ * and freed once reduced; the oldest launched are waited for while the
+ * buffers would exceed DT_ZERO_BUFFERS_IN_FLIGHT of the largest bucket.
+ * Free with dt_zero_layout_free. */
+#define DT_ZERO_BUFFERS_IN_FLIGHT 2
+typedef struct dt_zero_layout {
+  int n_buckets, n_params;
+  int64_t *padded;
+  int *first, *last;
+} dt_zero_layout;
+dt_status dt_zero_layout_get(const dt_param_arena *arena, int world, size_t first_bucket_bytes,
+                             size_t bucket_bytes, dt_zero_layout *out);
+void dt_zero_layout_free(dt_zero_layout *l);
 /* Bytes of gradient memory the reducer and the arena keep on this rank:
  * stage 0 the flat gradient buffer; stage 1 the padded flat buffer and
  * the shard's reduced gradients; stage 2 the shard's gradients only. */

@@ -71,24 +71,55 @@ static dt_status view(dt_tensor *t, int64_t offset, int64_t numel, dt_tensor **o
   return dt_tensor_view_flat(t, offset, &numel, 1, out);
 }
 
-int64_t dt_zero_largest_split_param(const dt_param_arena *arena, int world,
-                                    size_t first_bucket_bytes, size_t bucket_bytes) {
+void dt_zero_layout_free(dt_zero_layout *l) {
+  free(l->padded);
+  free(l->first);
+  free(l->last);
+  memset(l, 0, sizeof *l);
+}
+
+dt_status dt_zero_layout_get(const dt_param_arena *arena, int world, size_t first_bucket_bytes,
+                             size_t bucket_bytes, dt_zero_layout *out) {
+  memset(out, 0, sizeof *out);
   int64_t numel = dt_param_arena_numel(arena), w = world > 0 ? world : 1;
   int64_t first_cap = cap_elements(first_bucket_bytes), cap = cap_elements(bucket_bytes);
   int64_t n = plan_buckets(numel, w, first_cap, cap, NULL);
-  int64_t *lo = calloc((size_t)n, sizeof *lo), largest = 0;
-  if (lo == NULL)
-    return 0;
-  plan_buckets(numel, w, first_cap, cap, lo);
-  for (int i = 0; i < dt_param_arena_count(arena); i++) {
+  if (n > INT_MAX / 2)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "ZeRO: %lld buckets of %zu bytes", (long long)n,
+                    bucket_bytes);
+  int np = dt_param_arena_count(arena);
+  int64_t *lo = calloc((size_t)n, sizeof *lo);
+  out->padded = calloc((size_t)n, sizeof *out->padded);
+  out->first = calloc((size_t)np + 1, sizeof *out->first);
+  out->last = calloc((size_t)np + 1, sizeof *out->last);
+  if (lo == NULL || out->padded == NULL || out->first == NULL || out->last == NULL) {
+    free(lo);
+    dt_zero_layout_free(out);
+    return DT_ERROR(DT_ERR_OOM, "ZeRO: out of host memory for a layout of %lld buckets",
+                    (long long)n);
+  }
+  out->n_buckets = (int)plan_buckets(numel, w, first_cap, cap, lo);
+  out->n_params = np;
+  for (int b = 0; b < out->n_buckets; b++) {
+    int64_t len = (b == 0 ? numel : lo[b - 1]) - lo[b];
+    out->padded[b] = (len + w - 1) / w * w;
+  }
+  for (int i = 0; i < np; i++) { /* as assign_params: an empty one in the bucket of its offset */
     int64_t a = dt_param_arena_offset(arena, i);
     int64_t len = dt_tensor_numel(dt_param_arena_param(arena, i, NULL));
-    for (int64_t b = 0; b < n; b++)
-      if (lo[b] > a && lo[b] < a + len && len > largest)
-        largest = len;
+    int64_t first = a < numel ? a : numel - 1, last = len > 0 ? a + len - 1 : first;
+    out->first[i] = out->n_buckets;
+    out->last[i] = -1;
+    for (int b = 0; b < out->n_buckets; b++) {
+      int64_t top = b == 0 ? numel : lo[b - 1];
+      if (last < lo[b] || first >= top)
+        continue;
+      out->first[i] = b < out->first[i] ? b : out->first[i];
+      out->last[i] = b > out->last[i] ? b : out->last[i];
+    }
   }
   free(lo);
-  return largest;
+  return DT_OK;
 }
 
 /* Which buckets each parameter overlaps, and each bucket's parameters. */
@@ -217,7 +248,7 @@ static void make_room(dt_ddp *d, size_t need) {
   int64_t largest = 0;
   for (int b = 0; b < d->n_buckets; b++)
     largest = d->buckets[b].padded > largest ? d->buckets[b].padded : largest;
-  size_t cap = 2 * (size_t)largest * sizeof(float);
+  size_t cap = DT_ZERO_BUFFERS_IN_FLIGHT * (size_t)largest * sizeof(float);
   for (int b = 0; b < d->n_buckets && d->buffer_bytes + need > cap; b++)
     if (d->buckets[b].work != NULL)
       free_bucket_buffer(d, b);

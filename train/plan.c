@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "core/rng.h"
 #include "dist/replica.h"
+#include "train/plan_internal.h"
 
 dt_status dt_train_synthetic_batch(const dt_task *task, int batch, int64_t ctx, uint64_t seed,
                                    dt_device dev, dt_tensor **x, dt_tensor **y) {
@@ -347,9 +348,7 @@ dt_status dt_plan_probe(const dt_task *task, dt_precision precision, bool recomp
   /* the mean absolute deviation over both sizes, as a normal's sigma */
   out->step_cv = spread / (2 * n) * 1.2533141 /* sqrt(pi / 2) */;
   out->parameters = dt_module_parameter_count(dt_replica_model(rep));
-  dt_ddp_config dc = DT_DDP_CONFIG_DEFAULT;
-  out->split_grad = 4.0 * (double)dt_zero_largest_split_param(
-                              dt_replica_arena(rep), 1, dc.first_bucket_bytes, dc.bucket_bytes);
+  DT_CHECK_GOTO(dt_plan_probe_zero2(task, rep, b1, ctx, units, &peaks.fb, out), st, done);
   dt_replica_memory rm = dt_replica_memory_use(rep);
   out->resident = resident;
   out->gradients = (double)rm.gradients;
@@ -394,24 +393,38 @@ static double peak_of(const dt_plan_device *d, dt_precision p) {
 
 /* Per-rank memory at micro-batch b (the static parts already in *m). */
 static double total_at(const dt_plan_config *cfg, const dt_plan_probe_result *p, dt_plan_memory *m,
-                       int b) {
+                       int b, int accum) {
   double act = p->act_fixed + p->act_per_unit * p->units_per_sample * b;
   double update = p->update_peak;
-  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1) {
-    /* ZeRO 2 (m->comm: the buckets and a cut gradient, freed before the
-     * update, which all-gathers the full f32 parameters): the cut gradient
-     * lives through the backward, beside the activations at their peak;
-     * the buckets fill as the activations are freed (the backward's peak:
-     * the larger of the two) */
-    double buckets = m->comm - p->split_grad;
-    act = act > buckets ? act - buckets : 0.0;
-    update += 4.0 * (double)p->parameters - m->comm;
+  int mode = accum > 1;
+  if (cfg->zero >= 2 && cfg->gpus_per_node * cfg->nodes > 1 && p->z2_lines[mode] > 0) {
+    /* ZeRO 2: the forward + backward's highest line (the gradient memory
+     * beside the activations then alive: m->comm); the buckets are freed
+     * before the update, which gathers the parameters in place */
+    double u = p->units_per_sample * b, best = -INFINITY;
+    for (int j = 0; j < p->z2_lines[mode]; j++) {
+      const dt_plan_z2_line *l = &p->z2[mode][j];
+      if (l->fixed + l->per_unit * u + l->comm > best) {
+        best = l->fixed + l->per_unit * u + l->comm;
+        act = l->fixed + l->per_unit * u;
+        m->comm = l->comm;
+      }
+    }
+    act = act > 0 ? act : 0.0;
+    if (update > act + m->comm)
+      m->comm = 0.0;
   }
   m->activations = act > update ? act : update;
   m->overhead = cfg->device.alloc_overhead * (m->activations + m->workspace);
   m->total = m->weights + m->copies + m->gradients + m->optimizer + m->activations + m->workspace +
              m->comm + m->overhead;
   return m->total;
+}
+
+/* The accumulation at micro-batch b: > 1 when the global batch needs more
+ * than one per rank (ZeRO 2 then keeps whole gradients between them). */
+static int accum_at(const dt_plan_config *cfg, int ranks, int b) {
+  return cfg->global_batch > 0 && cfg->global_batch / ranks > b ? 2 : 1;
 }
 
 static int largest_divisor_at_most(int64_t n, int64_t cap) {
@@ -476,14 +489,12 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
     m->copies = 0;
   m->workspace = d->workspace;
   double bucket = (double)cfg->bucket_cap_mb * DT_MIB;
-  if (cfg->zero >= 2 && ranks > 1) /* a bucket filling and one in flight, a cut gradient */
-    m->comm = (p->gradients < 2 * bucket ? p->gradients : 2 * bucket) + p->split_grad;
-  out->fixed = total_at(cfg, p, m, 0);
+  out->fixed = total_at(cfg, p, m, 0, 1);
   out->per_sample = p->act_per_unit * p->units_per_sample * (1.0 + d->alloc_overhead);
   int fit = 0;
   /* the largest b (below 2^30) with total_at(b) <= memory */
   for (int step = 1 << 29; step > 0; step >>= 1)
-    if (total_at(cfg, p, m, fit + step) <= d->memory)
+    if (total_at(cfg, p, m, fit + step, accum_at(cfg, ranks, fit + step)) <= d->memory)
       fit += step;
   out->max_micro_batch = fit;
   double rule = out->per_sample > 0 ? (d->memory - out->fixed) / out->per_sample * 0.9 : 0.0;
@@ -514,7 +525,7 @@ dt_status dt_plan_compute(const dt_plan_config *cfg, const dt_plan_probe_result 
   }
   out->micro_batch = micro;
   out->global_batch = (int64_t)micro * out->accumulation * ranks;
-  total_at(cfg, p, m, micro);
+  total_at(cfg, p, m, micro, out->accumulation);
 
   /* The roofline: the GEMMs' FLOPs at the peak, the activations' traffic
    * (written in forward, read in backward, their gradients written and

@@ -75,6 +75,11 @@ typedef enum dt_plan_device_kind {
 dt_status dt_plan_device_get(dt_plan_device_kind kind, dt_mfu_cache *roof, dt_plan_device *out);
 
 /* What dt_plan_probe measured, in bytes, for one rank without peers. */
+#define DT_PLAN_Z2_LINES 16
+typedef struct dt_plan_z2_line {
+  double fixed, per_unit, comm;
+} dt_plan_z2_line;
+
 typedef struct dt_plan_probe_result {
   int64_t parameters;
   double resident;         /* allocated between steps (weights, grads, optimizer state, copies) */
@@ -95,10 +100,14 @@ typedef struct dt_plan_probe_result {
    * the mean absolute deviation): a synchronous step of R ranks waits for
    * the slowest of R such draws (dt_plan_compute) */
   double step_cv;
-  /* ZeRO 2 at DT_DDP_CONFIG_DEFAULT's bucket sizes: bytes of the largest
-   * parameter's gradient that a bucket boundary cuts (made whole before it
-   * is copied into the buckets; dt_zero_largest_split_param) */
-  double split_grad;
+  /* ZeRO 2 (DT_DDP_CONFIG_DEFAULT's buckets), [0] one micro-batch a step,
+   * [1] accumulating: the forward + backward peak above `resident` at u
+   * units is the highest of the lines fixed + per_unit x u + comm, comm
+   * the gradient memory outside the shard at that moment (bucket buffers,
+   * gradients made whole: a cut parameter's, or all while accumulating;
+   * train/plan_zero2.c) */
+  dt_plan_z2_line z2[2][DT_PLAN_Z2_LINES];
+  int z2_lines[2];
 } dt_plan_probe_result;
 
 /* Measures `task` (its context as set, dt_task_with_context) at
