@@ -92,8 +92,9 @@ static void plan_of(const dt_conv2d_geom *g, int nt, int backward, wg_plan *pl) 
   pl->chunks = (g->n + pl->ipc - 1) / pl->ipc;
   pl->nt = MIN(nt, pl->chunks);
   size_t f = (size_t)WG_E * (g->c + g->oc) * pl->pc; /* V (or dV) and M (or dM) */
-  f += (size_t)pl->hp * pl->wp;                      /* a padded plane */
-  f += (size_t)(WG_E + 4) * pl->T;                   /* an image's tiles, by element */
+  /* a padded plane (the backward's sub-planes), or the shifted ones */
+  f += MAX((size_t)pl->hp * pl->wp, (size_t)8 * (pl->th + 1) * pl->tw);
+  f += (size_t)(WG_E + 4) * pl->T; /* an image's tiles, by element */
   if (backward)
     f += (size_t)WG_E * g->oc * g->c; /* the thread's dU */
   pl->thread_floats = (f + 15) / 16 * 16;
@@ -146,43 +147,50 @@ static wg_sub sub_planes(const wg_plan *pl, float *base) {
   return q;
 }
 
-/* the sub-planes of x (h, w) placed at row ph, column pw, zeros around */
-static void split_plane(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, wg_sub *q) {
-  memset(q->p[0][0], 0, (size_t)pl->hp * pl->wp * sizeof(float));
+/* The input plane for the forward transform, as eight shifted sub-planes
+ * of (th + 1) x tw at base + ((2 a + b) * 2 + s) * n (n = (th + 1) tw):
+ * [a][b][s][r tw + m] holds padded row 2 r + a, column 2 (m + s) + b.
+ * The 4x4 patch of tile p = ty tw + tx is then element p of the four
+ * column planes of rows (a = 0, 1) at p and at p + tw: one unit-stride
+ * run over all the image's tiles. */
+static void split_shifted(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, float *base) {
+  int tw = pl->tw;
+  int64_t n = (int64_t)(pl->th + 1) * tw;
+  memset(base, 0, (size_t)(8 * n) * sizeof(float));
   for (int iy = 0; iy < g->h; iy++) {
-    int r = iy + g->ph;
-    float *e = q->p[r & 1][0] + (int64_t)(r >> 1) * q->S,
-          *o = q->p[r & 1][1] + (int64_t)(r >> 1) * q->S;
+    int r = (iy + g->ph) >> 1, a = (iy + g->ph) & 1;
     const float *xr = x + (int64_t)iy * g->w;
-    for (int ix = 0; ix < g->w; ix++) {
-      int s = ix + g->pw;
-      (s & 1 ? o : e)[s >> 1] = xr[ix];
+    for (int k = 0; k < 4 && r <= pl->th; k++) { /* k = 2 b + s */
+      int off = 2 * (k & 1) + (k >> 1) - g->pw;  /* input column of m = 0 */
+      float *d = base + (int64_t)(4 * a + 2 * (k >> 1) + (k & 1)) * n + (int64_t)r * tw;
+      for (int m = off < 0 ? (1 - off) / 2 : 0; m < tw && 2 * m + off < g->w; m++)
+        d[m] = xr[2 * m + off];
     }
   }
 }
 
 /* V[e][p0 + tile] = (B^T d B)[e] for the tiles of one channel (planes e
- * ld_e apart), B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] */
-WG_CLONES static void input_tiles(const wg_plan *pl, const wg_sub *q, float *v, int64_t ld_e) {
-  int tw = pl->tw, S = q->S;
-  for (int ty = 0; ty < pl->th; ty++) {
-    /* padded rows 2 ty .. 2 ty + 3, even (e) and odd (o) columns */
-    const float *e0 = q->p[0][0] + ty * S, *o0 = q->p[0][1] + ty * S;
-    const float *e1 = q->p[1][0] + ty * S, *o1 = q->p[1][1] + ty * S;
-    const float *e2 = e0 + S, *o2 = o0 + S, *e3 = e1 + S, *o3 = o1 + S;
-    float *o = v + (int64_t)ty * tw;
+ * ld_e apart) from its shifted sub-planes, B^T = [1 0 -1 0; 0 1 1 0;
+ * 0 -1 1 0; 0 1 0 -1] */
+WG_CLONES static void input_tiles(const wg_plan *pl, const float *base, float *v, int64_t ld_e) {
+  int T = pl->T, tw = pl->tw;
+  int64_t n = (int64_t)(pl->th + 1) * tw;
+  /* rows of parity 0 and 1, columns 0 .. 3 of the patch */
+  const float *r0c0 = base, *r0c2 = base + n, *r0c1 = base + 2 * n, *r0c3 = base + 3 * n;
+  const float *r1c0 = base + 4 * n, *r1c2 = base + 5 * n, *r1c1 = base + 6 * n,
+              *r1c3 = base + 7 * n;
+  float *o = v;
 #pragma omp simd
-    for (int tx = 0; tx < tw; tx++) {
-      /* the patch's columns: e[tx], o[tx], e[tx + 1], o[tx + 1] */
-      float a0 = e0[tx], a1 = o0[tx], a2 = e0[tx + 1], a3 = o0[tx + 1];
-      float b0 = e1[tx], b1 = o1[tx], b2 = e1[tx + 1], b3 = o1[tx + 1];
-      float c0 = e2[tx], c1 = o2[tx], c2 = e2[tx + 1], c3 = o2[tx + 1];
-      float d0 = e3[tx], d1 = o3[tx], d2 = e3[tx + 1], d3 = o3[tx + 1];
-      WG_BT_ROW(o, 0, a0 - c0, a1 - c1, a2 - c2, a3 - c3);
-      WG_BT_ROW(o, 4, b0 + c0, b1 + c1, b2 + c2, b3 + c3);
-      WG_BT_ROW(o, 8, c0 - b0, c1 - b1, c2 - b2, c3 - b3);
-      WG_BT_ROW(o, 12, b0 - d0, b1 - d1, b2 - d2, b3 - d3);
-    }
+  for (int tx = 0; tx < T; tx++) { /* every tile of the image (the macros' tx) */
+    int u = tx + tw;               /* the patch's rows 2 and 3 */
+    float a0 = r0c0[tx], a1 = r0c1[tx], a2 = r0c2[tx], a3 = r0c3[tx];
+    float b0 = r1c0[tx], b1 = r1c1[tx], b2 = r1c2[tx], b3 = r1c3[tx];
+    float c0 = r0c0[u], c1 = r0c1[u], c2 = r0c2[u], c3 = r0c3[u];
+    float d0 = r1c0[u], d1 = r1c1[u], d2 = r1c2[u], d3 = r1c3[u];
+    WG_BT_ROW(o, 0, a0 - c0, a1 - c1, a2 - c2, a3 - c3);
+    WG_BT_ROW(o, 4, b0 + c0, b1 + c1, b2 + c2, b3 + c3);
+    WG_BT_ROW(o, 8, c0 - b0, c1 - b1, c2 - b2, c3 - b3);
+    WG_BT_ROW(o, 12, b0 - d0, b1 - d1, b2 - d2, b3 - d3);
   }
 }
 
@@ -190,36 +198,44 @@ WG_CLONES static void input_tiles(const wg_plan *pl, const wg_sub *q, float *v, 
 static void input_transform(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, int i0,
                             int ni, float *V, float *plane) {
   int64_t in_sz = (int64_t)g->c * g->h * g->w, ld_e = (int64_t)g->c * pl->pc;
-  wg_sub q = sub_planes(pl, plane);
   for (int i = 0; i < ni; i++)
     for (int c = 0; c < g->c; c++) {
-      split_plane(g, pl, x + (i0 + i) * in_sz + (int64_t)c * g->h * g->w, &q);
-      input_tiles(pl, &q, V + (int64_t)c * pl->pc + (int64_t)i * pl->T, ld_e);
+      split_shifted(g, pl, x + (i0 + i) * in_sz + (int64_t)c * g->h * g->w, plane);
+      input_tiles(pl, plane, V + (int64_t)c * pl->pc + (int64_t)i * pl->T, ld_e);
     }
 }
 
-/* U[e][o][c] = (G g G^T)[e], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+/* Row o of U: G g G^T of the c filters f (9 floats each), planes ld_e
+ * apart, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] */
+WG_CLONES static void filter_row(const float *f, int c, float *u, int64_t ld_e) {
+#pragma omp simd
+  for (int k = 0; k < c; k++) {
+    const float *q = f + (int64_t)k * 9;
+    /* G down the columns: rows t0 .. t3 of 3 */
+    float t00 = q[0], t01 = q[1], t02 = q[2];
+    float t10 = 0.5f * (q[0] + q[3] + q[6]), t11 = 0.5f * (q[1] + q[4] + q[7]),
+          t12 = 0.5f * (q[2] + q[5] + q[8]);
+    float t20 = 0.5f * (q[0] - q[3] + q[6]), t21 = 0.5f * (q[1] - q[4] + q[7]),
+          t22 = 0.5f * (q[2] - q[5] + q[8]);
+    float t30 = q[6], t31 = q[7], t32 = q[8];
+#define WG_G_ROW(i, a, b, cc)                              \
+  u[(4 * (i) + 0) * ld_e + k] = (a);                       \
+  u[(4 * (i) + 1) * ld_e + k] = 0.5f * ((a) + (b) + (cc)); \
+  u[(4 * (i) + 2) * ld_e + k] = 0.5f * ((a) - (b) + (cc)); \
+  u[(4 * (i) + 3) * ld_e + k] = (cc)
+    WG_G_ROW(0, t00, t01, t02);
+    WG_G_ROW(1, t10, t11, t12);
+    WG_G_ROW(2, t20, t21, t22);
+    WG_G_ROW(3, t30, t31, t32);
+#undef WG_G_ROW
+  }
+}
+
 static void filter_transform(const dt_conv2d_geom *g, const float *w, float *U, int nt) {
   int64_t ld_e = (int64_t)g->oc * g->c;
 #pragma omp parallel for if (nt > 1 && ld_e >= 4096) num_threads(nt) schedule(static)
   for (int o = 0; o < g->oc; o++)
-    for (int c = 0; c < g->c; c++) {
-      const float *f = w + ((int64_t)o * g->c + c) * 9;
-      float t[4][3];
-      for (int q = 0; q < 3; q++) {
-        t[0][q] = f[q];
-        t[1][q] = 0.5f * (f[q] + f[3 + q] + f[6 + q]);
-        t[2][q] = 0.5f * (f[q] - f[3 + q] + f[6 + q]);
-        t[3][q] = f[6 + q];
-      }
-      float *u = U + (int64_t)o * g->c + c;
-      for (int i = 0; i < 4; i++) {
-        u[(4 * i + 0) * ld_e] = t[i][0];
-        u[(4 * i + 1) * ld_e] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-        u[(4 * i + 2) * ld_e] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-        u[(4 * i + 3) * ld_e] = t[i][2];
-      }
-    }
+    filter_row(w + (int64_t)o * g->c * 9, g->c, U + (int64_t)o * g->c, ld_e);
 }
 
 /* y (oh, ow) of output channel o of one image from M[e][o][tiles] (planes
@@ -393,7 +409,7 @@ static wg_thread thread_bufs(const dt_conv2d_geom *g, const wg_plan *pl, float *
   float *p = base + (size_t)t * pl->thread_floats;
   b.V = p, p += (size_t)WG_E * g->c * pl->pc;
   b.M = p, p += (size_t)WG_E * g->oc * pl->pc;
-  b.plane = p, p += (size_t)pl->hp * pl->wp;
+  b.plane = p, p += MAX((size_t)pl->hp * pl->wp, (size_t)8 * (pl->th + 1) * pl->tw);
   b.tmp = p, p += (size_t)WG_E * pl->T;
   b.rows = p, p += (size_t)4 * pl->T;
   b.dU = backward ? p : NULL;
