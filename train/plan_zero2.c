@@ -22,8 +22,11 @@
  * the gradient memory beside them. Each interval is a line in the units of
  * the micro-batch (from the two sizes); the plan takes the highest at its
  * micro-batch, among the few kept (those highest at micro-batch 1, 2, 4,
- * ...). The layout is that of 2 ranks: more ranks move bucket boundaries by
- * fewer elements than there are ranks. */
+ * ...). With accumulation the passes before the synchronised one keep
+ * every gradient whole, and that pass copies each into its buckets at its
+ * hook: a second set of lines from the same trace. The layout is that of
+ * 2 ranks: more ranks move bucket boundaries by fewer elements than there
+ * are ranks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
