@@ -71,6 +71,25 @@ static dt_status view(dt_tensor *t, int64_t offset, int64_t numel, dt_tensor **o
   return dt_tensor_view_flat(t, offset, &numel, 1, out);
 }
 
+/* The buckets parameter i overlaps, *first to *last (bucket b holds
+ * [lo[b], lo[b - 1]), bucket 0 up to the end; none: *first > *last). An
+ * empty parameter counts towards the bucket holding its offset. */
+static void param_span(const dt_param_arena *arena, int i, int n_buckets, const int64_t *lo,
+                       int *first, int *last) {
+  int64_t numel = dt_param_arena_numel(arena), a = dt_param_arena_offset(arena, i);
+  int64_t len = dt_tensor_numel(dt_param_arena_param(arena, i, NULL));
+  int64_t e0 = a < numel ? a : numel - 1, e1 = len > 0 ? a + len - 1 : e0;
+  *first = n_buckets;
+  *last = -1;
+  for (int b = 0; b < n_buckets; b++) {
+    int64_t top = b == 0 ? numel : lo[b - 1];
+    if (e1 < lo[b] || e0 >= top)
+      continue;
+    *first = b < *first ? b : *first;
+    *last = b;
+  }
+}
+
 void dt_zero_layout_free(dt_zero_layout *l) {
   free(l->padded);
   free(l->first);
@@ -90,7 +109,7 @@ dt_status dt_zero_layout_get(const dt_param_arena *arena, int world, size_t firs
   int np = dt_param_arena_count(arena);
   int64_t *lo = calloc((size_t)n, sizeof *lo);
   out->padded = calloc((size_t)n, sizeof *out->padded);
-  out->first = calloc((size_t)np + 1, sizeof *out->first);
+  out->first = calloc((size_t)np + 1, sizeof *out->first); /* + 1: never calloc(0) */
   out->last = calloc((size_t)np + 1, sizeof *out->last);
   if (lo == NULL || out->padded == NULL || out->first == NULL || out->last == NULL) {
     free(lo);
@@ -104,46 +123,22 @@ dt_status dt_zero_layout_get(const dt_param_arena *arena, int world, size_t firs
     int64_t len = (b == 0 ? numel : lo[b - 1]) - lo[b];
     out->padded[b] = (len + w - 1) / w * w;
   }
-  for (int i = 0; i < np; i++) { /* as assign_params: an empty one in the bucket of its offset */
-    int64_t a = dt_param_arena_offset(arena, i);
-    int64_t len = dt_tensor_numel(dt_param_arena_param(arena, i, NULL));
-    int64_t first = a < numel ? a : numel - 1, last = len > 0 ? a + len - 1 : first;
-    out->first[i] = out->n_buckets;
-    out->last[i] = -1;
-    for (int b = 0; b < out->n_buckets; b++) {
-      int64_t top = b == 0 ? numel : lo[b - 1];
-      if (last < lo[b] || first >= top)
-        continue;
-      out->first[i] = b < out->first[i] ? b : out->first[i];
-      out->last[i] = b > out->last[i] ? b : out->last[i];
-    }
-  }
+  for (int i = 0; i < np; i++)
+    param_span(arena, i, out->n_buckets, lo, &out->first[i], &out->last[i]);
   free(lo);
   return DT_OK;
 }
 
-/* Which buckets each parameter overlaps, and each bucket's parameters. */
-static void assign_params(dt_ddp *d) {
-  int64_t numel = dt_param_arena_numel(d->arena);
+/* Which buckets each parameter overlaps, and each bucket's parameters
+ * (lo: the buckets' lower bounds). */
+static void assign_params(dt_ddp *d, const int64_t *lo) {
   for (int b = 0; b < d->n_buckets; b++) {
     d->buckets[b].first = d->n_params;
     d->buckets[b].last = -1;
   }
   for (int i = 0; i < d->n_params; i++) {
-    int64_t lo = dt_param_arena_offset(d->arena, i);
-    int64_t n = dt_tensor_numel(dt_param_arena_param(d->arena, i, NULL));
-    /* An empty parameter counts towards the bucket holding its offset. */
-    int64_t first = lo < numel ? lo : numel - 1, last = n > 0 ? lo + n - 1 : first;
     ddp_param *pa = &d->params[i];
-    pa->bucket = -1;
-    for (int b = 0; b < d->n_buckets; b++) {
-      const ddp_bucket *bk = &d->buckets[b];
-      if (last < bk->offset || first >= bk->offset + bk->numel)
-        continue;
-      if (pa->bucket < 0)
-        pa->bucket = b;
-      pa->bucket_end = b;
-    }
+    param_span(d->arena, i, d->n_buckets, lo, &pa->bucket, &pa->bucket_end);
     for (int b = pa->bucket; b <= pa->bucket_end; b++) {
       ddp_bucket *bk = &d->buckets[b];
       bk->n_params++;
@@ -207,9 +202,9 @@ dt_status dt_zero_build_buckets(dt_ddp *d) {
     top = lo[b];
     d->timings[b].bytes = (size_t)bk->padded * sizeof(float);
   }
+  assign_params(d, lo);
   free(lo);
   d->shard_numel = local;
-  assign_params(d);
   d->dev = dt_param_arena_device(d->arena);
   DT_CHECK(dt_backend_get(d->dev, &d->ops));
   d->compute = d->ops->stream(d->dev, DT_STREAM_COMPUTE);
