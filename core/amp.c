@@ -67,3 +67,9 @@ dt_dtype dt_autocast_dtype_for(const char *op) {
     return DT_DTYPE_F32;
   return autocast_dtype;
 }
+
+dt_dtype dt_autocast_norm_dtype_for(const char *op) {
+  if (autocast_dtype == DT_DTYPE_F32 || dt_autocast_policy_of(op) != DT_AUTOCAST_NORM)
+    return DT_DTYPE_F32;
+  return autocast_dtype;
+}

@@ -46,6 +46,9 @@ typedef enum dt_autocast_policy {
   DT_AUTOCAST_LOW,     /* 16-bit inputs, f32 accumulation, a 16-bit result */
   DT_AUTOCAST_PROMOTE, /* f32 math, the result in the inputs' dtype: 16-bit when all
                           are, f32 when any is (PyTorch's type promotion) */
+  DT_AUTOCAST_NORM,    /* inputs read as they are, f32 statistics and math, the result
+                          rounded once to the 16-bit dtype (the norms, whose result feeds
+                          a GEMM that would round it anyway) */
 } dt_autocast_policy;
 
 /* The policy of the op named `op` ("dt_op_linear"), from the table; an op
@@ -63,6 +66,9 @@ dt_dtype dt_autocast_dtype(void);
 /* The dtype op's float inputs are computed in on this thread now: the
  * autocast dtype for a DT_AUTOCAST_LOW op under autocast, else f32. */
 dt_dtype dt_autocast_dtype_for(const char *op);
+/* The dtype a DT_AUTOCAST_NORM op writes its result in on this thread: the
+ * autocast dtype under autocast, else (and for the other policies) f32. */
+dt_dtype dt_autocast_norm_dtype_for(const char *op);
 
 #ifdef __cplusplus
 }

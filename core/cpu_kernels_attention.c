@@ -155,39 +155,70 @@ static dt_status forward_task(const void *args, int64_t task, float *scratch) {
   return DT_OK;
 }
 
-/* A 16-bit qkv (b, t, 3*h*hd) (ex->dtype) widened into a new f32 buffer
- * (*wide, to free; NULL for an f32 qkv), to which *qkv then points: the CPU
- * stores 16-bit and computes in f32. */
-static dt_status f32_qkv(const dt_exec *ex, const float **qkv, int64_t b, int64_t t, int64_t h,
-                         int64_t hd, float **wide) {
+/* A new f32 buffer of n elements (to free) for a 16-bit `what`. */
+static dt_status f32_buffer(const dt_exec *ex, int64_t n, const char *what, float **wide) {
+  *wide = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (*wide == NULL)
+    return DT_ERROR(DT_ERR_OOM, "attention: %lld f32 elements for a %s %s", (long long)n,
+                    dt_dtype_name(ex->dtype), what);
+  return DT_OK;
+}
+
+/* n elements of a 16-bit tensor x (ex->dtype) widened into a new f32
+ * buffer (*wide, to free; NULL for f32 x), to which *x then points: the
+ * CPU stores 16-bit and computes in f32. */
+static dt_status f32_of(const dt_exec *ex, const float **x, int64_t n, const char *what,
+                        float **wide) {
   *wide = NULL;
   if (!dt_dtype_is_half(ex->dtype))
     return DT_OK;
-  int64_t n = b * t * 3 * h * hd;
-  *wide = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (*wide == NULL)
-    return DT_ERROR(DT_ERR_OOM, "attention: %lld f32 elements to widen a %s qkv", (long long)n,
-                    dt_dtype_name(ex->dtype));
-  dt_status st = dt_half_to_f32(ex->dtype, (const uint16_t *)*qkv, *wide, n);
+  DT_CHECK(f32_buffer(ex, n, what, wide));
+  dt_status st = dt_half_to_f32(ex->dtype, (const uint16_t *)*x, *wide, n);
   if (st != DT_OK) {
     free(*wide);
     *wide = NULL;
     return st;
   }
-  *qkv = *wide;
+  *x = *wide;
   return DT_OK;
 }
 
-// qkv (b, t, 3*h*hd) -> out (b, t, h*hd), lse (b, h, t)
+/* An f32 result of n elements for y of ex->dtype: y itself for f32, else a
+ * new buffer (*wide, to free) that f32_result_store rounds into y once. */
+static dt_status f32_result(const dt_exec *ex, float *y, int64_t n, const char *what, float **out,
+                            float **wide) {
+  *wide = NULL;
+  *out = y;
+  if (!dt_dtype_is_half(ex->dtype))
+    return DT_OK;
+  DT_CHECK(f32_buffer(ex, n, what, wide));
+  *out = *wide;
+  return DT_OK;
+}
+
+static dt_status f32_result_store(const dt_exec *ex, dt_status st, float *y, int64_t n,
+                                  float *wide) {
+  if (st == DT_OK && wide)
+    st = dt_half_from_f32(ex->dtype, wide, (uint16_t *)y, n);
+  free(wide);
+  return st;
+}
+
+// qkv (b, t, 3*h*hd) -> out (b, t, h*hd), lse (b, h, t); qkv and out of ex->dtype
 dt_status dt_cpu_causal_attention_forward(const dt_exec *ex, const float *qkv, float *out,
                                           float *lse, int64_t b, int64_t t, int64_t h, int64_t hd) {
-  float *wide = NULL;
-  DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
-  att_args a = {att_geom_of(t, h, hd), qkv, NULL, NULL, NULL, out, lse, NULL, 0};
-  a.qblocks = (t + ATT_QB - 1) / ATT_QB;
-  const size_t scratch = (size_t)(ATT_QB * ATT_KB + ATT_QB * hd + 2 * ATT_QB);
-  dt_status st = run_tasks("causal_attention_forward", &a, b * h * a.qblocks, scratch,
-                           b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
+  const int64_t nout = b * t * h * hd;
+  float *wide = NULL, *y = NULL, *ywide = NULL;
+  DT_CHECK(f32_of(ex, &qkv, 3 * nout, "qkv", &wide));
+  dt_status st = f32_result(ex, out, nout, "out", &y, &ywide);
+  if (st == DT_OK) {
+    att_args a = {att_geom_of(t, h, hd), qkv, NULL, NULL, NULL, y, lse, NULL, 0};
+    a.qblocks = (t + ATT_QB - 1) / ATT_QB;
+    const size_t scratch = (size_t)(ATT_QB * ATT_KB + ATT_QB * hd + 2 * ATT_QB);
+    st = run_tasks("causal_attention_forward", &a, b * h * a.qblocks, scratch,
+                   b * h * t * t * hd >= ATT_PAR_MIN, forward_task);
+  }
+  st = f32_result_store(ex, st, out, nout, ywide);
   free(wide);
   return st;
 }
@@ -241,18 +272,29 @@ static dt_status backward_task(const void *args, int64_t bh, float *scratch) {
   return DT_OK;
 }
 
-// qkv, out, lse, dout -> dqkv (b, t, 3*h*hd) overwritten
+// qkv, out, lse, dout -> dqkv (b, t, 3*h*hd) overwritten; all but lse of ex->dtype
 dt_status dt_cpu_causal_attention_backward(const dt_exec *ex, const float *qkv, const float *out,
                                            const float *lse, const float *dout, float *dqkv,
                                            int64_t b, int64_t t, int64_t h, int64_t hd) {
-  float *wide = NULL;
-  DT_CHECK(f32_qkv(ex, &qkv, b, t, h, hd, &wide));
-  att_args a = {att_geom_of(t, h, hd), qkv, out, lse, dout, NULL, NULL, dqkv, 0};
-  /* one task per (sequence, head): its dq, dk and dv columns are its own */
-  const size_t scratch = (size_t)(2 * ATT_QB * ATT_KB + t);
-  dt_status st = run_tasks("causal_attention_backward", &a, b * h, scratch,
-                           b * h * t * t * hd >= ATT_PAR_MIN, backward_task);
-  free(wide);
+  const int64_t nout = b * t * h * hd;
+  float *wide[3] = {NULL, NULL, NULL}, *dq = NULL, *dqwide = NULL;
+  dt_status st = f32_of(ex, &qkv, 3 * nout, "qkv", &wide[0]);
+  if (st == DT_OK)
+    st = f32_of(ex, &out, nout, "out", &wide[1]);
+  if (st == DT_OK)
+    st = f32_of(ex, &dout, nout, "dout", &wide[2]);
+  if (st == DT_OK)
+    st = f32_result(ex, dqkv, 3 * nout, "dqkv", &dq, &dqwide);
+  if (st == DT_OK) {
+    att_args a = {att_geom_of(t, h, hd), qkv, out, lse, dout, NULL, NULL, dq, 0};
+    /* one task per (sequence, head): its dq, dk and dv columns are its own */
+    const size_t scratch = (size_t)(2 * ATT_QB * ATT_KB + t);
+    st = run_tasks("causal_attention_backward", &a, b * h, scratch,
+                   b * h * t * t * hd >= ATT_PAR_MIN, backward_task);
+  }
+  st = f32_result_store(ex, st, dqkv, 3 * nout, dqwide);
+  for (int i = 0; i < 3; i++)
+    free(wide[i]);
   return st;
 }
 

@@ -265,18 +265,36 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
 /* ---- layer normalisation ---- */
 
 /* x (and residual) hold ex->dtype (and residual_dtype): f32, or 16-bit
- * read a block of rows at a time into f32 (dt_cpu_rows); the statistics,
- * the sum, y and every gradient are f32. */
+ * read a block of rows at a time into f32 (dt_cpu_rows); y holds y_dtype
+ * (f32, or 16-bit rounded once from the f32 result) and dy dy_dtype; the
+ * statistics, the sum and dx, dgamma, dbeta are f32. */
 
 /* rms: RMS norm, the same arithmetic with the mean taken as 0 (no
  * centring, no beta) */
 typedef struct ln_forward_ctx {
   const float *gamma, *beta;
-  float *sum, *y, *mean, *rstd;
+  float *sum;
+  void *y;
+  dt_dtype y_dtype;
+  float *mean, *rstd;
   int64_t cols;
   float eps;
   bool rms;
 } ln_forward_ctx;
+
+#define LN_COL_BLOCK 256
+
+/* yr[j0, j0 + len) = (xr - m) * rs * gamma + beta, the f32 values in v */
+static void layer_norm_y_span(const ln_forward_ctx *c, const float *xr, float mf, float rs,
+                              int64_t j0, int64_t len, float *v) {
+  const float *gamma = c->gamma, *beta = c->beta;
+  if (gamma && beta)
+    for (int64_t j = j0; j < j0 + len; j++)
+      v[j - j0] = (xr[j] - mf) * rs * gamma[j] + beta[j];
+  else
+    for (int64_t j = j0; j < j0 + len; j++)
+      v[j - j0] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+}
 
 /* Layer norm of rows [r0, r0 + n) of x (in[0], f32), or of sum = x +
  * residual (in[1]; written) when the context has a sum: the same
@@ -284,11 +302,9 @@ typedef struct ln_forward_ctx {
 static void layer_norm_rows(const void *ctx, const float *const *in, int64_t r0, int64_t n) {
   const ln_forward_ctx *c = ctx;
   const int64_t cols = c->cols;
-  const float *gamma = c->gamma, *beta = c->beta;
   for (int64_t i = 0; i < n; i++) {
     const int64_t r = r0 + i;
     const float *xr = in[0] + i * cols;
-    float *yr = c->y + r * cols;
     if (c->sum) {
       const float *rr = in[1] + i * cols;
       float *sr = c->sum + r * cols;
@@ -310,20 +326,24 @@ static void layer_norm_rows(const void *ctx, const float *const *in, int64_t r0,
       c->mean[r] = mf;
     if (c->rstd)
       c->rstd[r] = rs;
-    if (gamma && beta)
-      for (int64_t j = 0; j < cols; j++)
-        yr[j] = (xr[j] - mf) * rs * gamma[j] + beta[j];
-    else
-      for (int64_t j = 0; j < cols; j++)
-        yr[j] = (xr[j] - mf) * rs * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+    if (c->y_dtype == DT_DTYPE_F32) {
+      layer_norm_y_span(c, xr, mf, rs, 0, cols, (float *)c->y + r * cols);
+      continue;
+    }
+    float yw[LN_COL_BLOCK]; /* a 16-bit y: rounded a block of columns at a time */
+    for (int64_t j0 = 0; j0 < cols; j0 += LN_COL_BLOCK) {
+      int64_t len = MIN(LN_COL_BLOCK, cols - j0);
+      layer_norm_y_span(c, xr, mf, rs, j0, len, yw);
+      dt_cpu_store_span(c->y, c->y_dtype, r * cols + j0, len, yw);
+    }
   }
 }
 
 // x (rows, cols), gamma/beta (cols) -> y (rows, cols), mean (rows), rstd (rows)
 dt_status dt_cpu_layer_norm_forward(const dt_exec *ex, const float *x, const float *gamma,
-                                    const float *beta, float *y, float *mean, float *rstd,
-                                    int64_t rows, int64_t cols, float eps) {
-  const ln_forward_ctx c = {gamma, beta, NULL, y, mean, rstd, cols, eps, false};
+                                    const float *beta, float *y, dt_dtype y_dtype, float *mean,
+                                    float *rstd, int64_t rows, int64_t cols, float eps) {
+  const ln_forward_ctx c = {gamma, beta, NULL, y, y_dtype, mean, rstd, cols, eps, false};
   return dt_cpu_rows("layer_norm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
                      DT_CPU_PAR_MIN / 4, layer_norm_rows, &c);
 }
@@ -332,9 +352,9 @@ dt_status dt_cpu_layer_norm_forward(const dt_exec *ex, const float *x, const flo
 dt_status dt_cpu_residual_layer_norm_forward(const dt_exec *ex, const float *x,
                                              const float *residual, dt_dtype residual_dtype,
                                              const float *gamma, const float *beta, float *sum,
-                                             float *y, float *mean, float *rstd, int64_t rows,
-                                             int64_t cols, float eps) {
-  const ln_forward_ctx c = {gamma, beta, sum, y, mean, rstd, cols, eps, false};
+                                             float *y, dt_dtype y_dtype, float *mean, float *rstd,
+                                             int64_t rows, int64_t cols, float eps) {
+  const ln_forward_ctx c = {gamma, beta, sum, y, y_dtype, mean, rstd, cols, eps, false};
   return dt_cpu_rows("residual_layer_norm_forward", rows, cols, 2, (const void *[]){x, residual},
                      (const dt_dtype[]){ex->dtype, residual_dtype}, DT_CPU_PAR_MIN / 4,
                      layer_norm_rows, &c);
@@ -342,8 +362,9 @@ dt_status dt_cpu_residual_layer_norm_forward(const dt_exec *ex, const float *x,
 
 // x (rows, cols), weight (cols) -> y (rows, cols), rstd (rows): layer norm's rows without the mean
 dt_status dt_cpu_rms_norm_forward(const dt_exec *ex, const float *x, const float *weight, float *y,
-                                  float *rstd, int64_t rows, int64_t cols, float eps) {
-  const ln_forward_ctx c = {weight, NULL, NULL, y, NULL, rstd, cols, eps, true};
+                                  dt_dtype y_dtype, float *rstd, int64_t rows, int64_t cols,
+                                  float eps) {
+  const ln_forward_ctx c = {weight, NULL, NULL, y, y_dtype, NULL, rstd, cols, eps, true};
   return dt_cpu_rows("rms_norm_forward", rows, cols, 1, (const void *[]){x}, &ex->dtype,
                      DT_CPU_PAR_MIN / 4, layer_norm_rows, &c);
 }
@@ -382,36 +403,35 @@ static void layer_norm_backward_dx_rows(const void *ctx, const float *const *in,
   }
 }
 
-#define LN_COL_BLOCK 256
-
-// x (rows, cols) of ex->dtype, dy (rows, cols), mean (NULL: RMS norm)/rstd (rows) -> dx (rows,
-// cols) overwritten; dgamma, dbeta (cols) accumulated (+=)
+// x (rows, cols) of ex->dtype, dy (rows, cols) of dy_dtype, mean (NULL: RMS norm)/rstd (rows) ->
+// dx (rows, cols) overwritten; dgamma, dbeta (cols) accumulated (+=)
 static dt_status norm_backward(const char *op, const dt_exec *ex, const float *x,
                                const float *gamma, const float *mean, const float *rstd,
-                               const float *dy, float *dx, float *dgamma, float *dbeta,
-                               int64_t rows, int64_t cols) {
+                               const float *dy, dt_dtype dy_dtype, float *dx, float *dgamma,
+                               float *dbeta, int64_t rows, int64_t cols) {
   const dt_dtype xdt = ex->dtype;
   if (dx) {
     const ln_backward_ctx c = {gamma, mean, rstd, dx, cols};
     DT_CHECK(dt_cpu_rows(op, rows, cols, 2, (const void *[]){x, dy},
-                         (const dt_dtype[]){xdt, DT_DTYPE_F32}, DT_CPU_PAR_MIN / 4,
+                         (const dt_dtype[]){xdt, dy_dtype}, DT_CPU_PAR_MIN / 4,
                          layer_norm_backward_dx_rows, &c));
   }
   if (!dgamma && !dbeta)
     return DT_OK;
-  /* Column blocks down all rows: race-free, fixed order; a 16-bit x is
-   * widened a row's block at a time */
+  /* Column blocks down all rows: race-free, fixed order; a 16-bit x or dy
+   * is widened a row's block at a time */
   int64_t blocks = (cols + LN_COL_BLOCK - 1) / LN_COL_BLOCK;
   int par = rows * cols >= DT_CPU_PAR_MIN / 4;
 #pragma omp parallel for if (par && blocks > 1) num_threads(dt_cpu_threads()) schedule(static)
   for (int64_t b = 0; b < blocks; b++) {
     int64_t j0 = b * LN_COL_BLOCK, len = MIN(LN_COL_BLOCK, cols - j0);
     double ag[LN_COL_BLOCK], ab[LN_COL_BLOCK];
-    float xw[LN_COL_BLOCK];
+    float xw[LN_COL_BLOCK], gw[LN_COL_BLOCK];
     for (int64_t j = 0; j < len; j++)
       ag[j] = ab[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-      const float *xr = dt_cpu_f32_span(x, xdt, r * cols + j0, len, xw), *gr = dy + r * cols + j0;
+      const float *xr = dt_cpu_f32_span(x, xdt, r * cols + j0, len, xw),
+                  *gr = dt_cpu_f32_span(dy, dy_dtype, r * cols + j0, len, gw);
       float m = mean ? mean[r] : 0.0f, rs = rstd[r];
       for (int64_t j = 0; j < len; j++) {
         ag[j] += (double)gr[j] * ((xr[j] - m) * rs);
@@ -430,15 +450,15 @@ static dt_status norm_backward(const char *op, const dt_exec *ex, const float *x
 
 dt_status dt_cpu_layer_norm_backward(const dt_exec *ex, const float *x, const float *gamma,
                                      const float *mean, const float *rstd, const float *dy,
-                                     float *dx, float *dgamma, float *dbeta, int64_t rows,
-                                     int64_t cols) {
-  return norm_backward("layer_norm_backward", ex, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows,
-                       cols);
+                                     dt_dtype dy_dtype, float *dx, float *dgamma, float *dbeta,
+                                     int64_t rows, int64_t cols) {
+  return norm_backward("layer_norm_backward", ex, x, gamma, mean, rstd, dy, dy_dtype, dx, dgamma,
+                       dbeta, rows, cols);
 }
 
 dt_status dt_cpu_rms_norm_backward(const dt_exec *ex, const float *x, const float *weight,
-                                   const float *rstd, const float *dy, float *dx, float *dweight,
-                                   int64_t rows, int64_t cols) {
-  return norm_backward("rms_norm_backward", ex, x, weight, NULL, rstd, dy, dx, dweight, NULL, rows,
-                       cols);
+                                   const float *rstd, const float *dy, dt_dtype dy_dtype, float *dx,
+                                   float *dweight, int64_t rows, int64_t cols) {
+  return norm_backward("rms_norm_backward", ex, x, weight, NULL, rstd, dy, dy_dtype, dx, dweight,
+                       NULL, rows, cols);
 }

@@ -214,21 +214,28 @@ static dt_status dt_kcheck_batch_norm2d(int64_t n, int64_t c, int64_t hw, bool t
   return DT_OK;
 }
 
-static dt_status dt_kcheck_layer_norm(int64_t rows, int64_t cols) {
-  if (rows < 0 || cols <= 0)
-    return DT_ERROR(DT_ERR_INVALID_ARG, "layer_norm: bad size (rows %lld, cols %lld)",
-                    (long long)rows, (long long)cols);
+/* A float dtype of any width (f32, f16, bf16): the name for an error. */
+static dt_status dt_kcheck_float_width(const char *op, const char *what, dt_dtype d) {
+  if (d != DT_DTYPE_F32 && !dt_dtype_is_half(d))
+    return DT_ERROR(DT_ERR_DTYPE, "%s: %s dtype %s: expected f32, f16 or bf16", op, what,
+                    (unsigned)d < DT_DTYPE_COUNT ? dt_dtype_name(d) : "?");
   return DT_OK;
 }
 
+/* A norm's rows and its result's (or the result's gradient's) dtype. */
+static dt_status dt_kcheck_layer_norm(const char *op, dt_dtype y_dtype, int64_t rows,
+                                      int64_t cols) {
+  if (rows < 0 || cols <= 0)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: bad size (rows %lld, cols %lld)", op, (long long)rows,
+                    (long long)cols);
+  return dt_kcheck_float_width(op, "result", y_dtype);
+}
+
 /* The residual of the fused residual layer norm: a float of any width. */
-static dt_status dt_kcheck_residual_layer_norm(dt_dtype residual_dtype, int64_t rows,
-                                               int64_t cols) {
-  if (residual_dtype != DT_DTYPE_F32 && !dt_dtype_is_half(residual_dtype))
-    return DT_ERROR(
-        DT_ERR_DTYPE, "residual_layer_norm_forward: residual dtype %s: expected f32, f16 or bf16",
-        (unsigned)residual_dtype < DT_DTYPE_COUNT ? dt_dtype_name(residual_dtype) : "?");
-  return dt_kcheck_layer_norm(rows, cols);
+static dt_status dt_kcheck_residual_layer_norm(dt_dtype residual_dtype, dt_dtype y_dtype,
+                                               int64_t rows, int64_t cols) {
+  DT_CHECK(dt_kcheck_float_width("residual_layer_norm_forward", "residual", residual_dtype));
+  return dt_kcheck_layer_norm("residual_layer_norm_forward", y_dtype, rows, cols);
 }
 
 /* Attention geometry: b sequences of t positions, h heads of hd columns. */

@@ -242,7 +242,7 @@ static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tenso
   dt_tensor *qkv = node->saved[0], *y = node->saved[1], *lse = node->saved[2];
   const causal_attention_saved *s = DT_NODE_PARAMS(node, causal_attention_saved);
   int64_t b = s->b, t = s->t, h = s->heads, hd = s->hd;
-  dt_tensor *dqkv = NULL, *g32 = NULL, *y32 = NULL;
+  dt_tensor *dqkv = NULL, *gc = NULL;
   if (s->gemms) {
     /* a 16-bit input's gradient in its own dtype (qkv under autocast, the
      * c_attn linear's 16-bit output), an f32 input's in f32 */
@@ -254,16 +254,18 @@ static dt_status causal_attention_backward(dt_node *node, dt_tensor *g, dt_tenso
       st = gemm_attention_backward(qkv, DT_F32(lse), g, dqkv, b, t, h, hd);
     return dt_ops_grad_result(st, dqkv, &grad_in[0]);
   }
-  /* 16-bit qkv under autocast: the kernels read it and compute in f32 */
-  dt_status st = dt_ops_widen(y, &y32);
+  /* the kernels read qkv, out and dout in qkv's dtype (16-bit under
+   * autocast) and write dqkv in it, computing in f32; the engine widens
+   * dqkv for an f32 input that autocast rounded */
+  const dt_dtype dt = dt_tensor_dtype(qkv);
+  dt_status st = dt_ops_cast(g, dt, &gc);
   if (st == DT_OK)
-    st = dt_ops_round_to(g, dt_tensor_dtype(qkv), &g32);
-  if (st == DT_OK)
-    st = dt_ops_empty_like(qkv, dt_tensor_device(qkv), &dqkv);
+    st = dt_tensor_empty(dt_tensor_shape(qkv), dt_tensor_ndim(qkv), dt, dt_tensor_device(qkv),
+                         &dqkv);
   if (st == DT_OK && b * t > 0)
-    st = dt_kernel_causal_attention_backward(DT_TENSOR_EXEC(qkv), DT_F32(qkv), DT_F32(y32),
-                                             DT_F32(lse), DT_F32(g32), DT_F32(dqkv), b, t, h, hd);
-  DT_RELEASE_TENSORS(y32, g32);
+    st = dt_kernel_causal_attention_backward(DT_TENSOR_EXEC(qkv), DT_F32(qkv), DT_F32(y),
+                                             DT_F32(lse), DT_F32(gc), DT_F32(dqkv), b, t, h, hd);
+  dt_tensor_release(gc);
   return dt_ops_grad_result(st, dqkv, &grad_in[0]);
 }
 
@@ -295,12 +297,14 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
   /* under autocast qc is 16-bit (kept for the backward), which the kernels
    * read (the CPU widens it, CUDA reads 16-bit into f32 tiles) */
   DT_CHECK(dt_ops_autocast_input(op, qkv, &qc));
-  DT_CHECK_GOTO(dt_tensor_empty(oshape, 3, DT_DTYPE_F32, dev, &y), st, fail);
+  int gemms = 0;
+  DT_CHECK_GOTO(attention_uses_gemms(dev, dt_tensor_dtype(qc), &gemms), st, fail);
+  /* the fused kernels write y in qc's dtype, the GEMM path in f32 */
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, 3, gemms ? DT_DTYPE_F32 : dt_tensor_dtype(qc), dev, &y), st,
+                fail);
   const int record = dt_autograd_should_record(&qkv, 1);
   if (record)
     DT_CHECK_GOTO(dt_tensor_empty(lshape, 3, DT_DTYPE_F32, dev, &lse), st, fail);
-  int gemms = 0;
-  DT_CHECK_GOTO(attention_uses_gemms(dev, dt_tensor_dtype(qc), &gemms), st, fail);
   /* qkv (b, t, 3c) -> y (b, t, c), lse (b, h, t) */
   if (b * t > 0 && gemms)
     DT_CHECK_GOTO(gemm_attention_forward(qc, DT_F32(y), lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
@@ -309,8 +313,9 @@ dt_status dt_op_causal_attention(dt_tensor *qkv, int n_head, dt_tensor **out) {
     DT_CHECK_GOTO(dt_kernel_causal_attention_forward(DT_TENSOR_EXEC(qc), DT_F32(qc), DT_F32(y),
                                                      lse ? DT_F32(lse) : NULL, b, t, n_head, hd),
                   st, fail);
-  /* the result in qc's dtype: 16-bit under autocast */
-  DT_CHECK_GOTO(dt_ops_narrow_result(dt_tensor_dtype(qc), &y), st, fail);
+  /* the result in qc's dtype: 16-bit under autocast (the GEMM path's f32 y rounded) */
+  if (gemms)
+    DT_CHECK_GOTO(dt_ops_narrow_result(dt_tensor_dtype(qc), &y), st, fail);
   DT_CHECK_GOTO(dt_ops_maybe_record(op, causal_attention_backward, &qkv, 1, y, &node), st, fail);
   if (node) {
     DT_CHECK_GOTO(dt_ops_save_output(node, 1, y), st, fail);

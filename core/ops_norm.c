@@ -523,17 +523,18 @@ static dt_status layer_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   /* dgamma, dbeta are accumulated by the kernel */
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dgamma), st, fail);
   DT_CHECK_GOTO(dt_tensor_zeros(&cols, 1, DT_DTYPE_F32, dev, &dbeta), st, fail);
-  /* x may be 16-bit (the kernel reads it as it is); dx is f32, which the
-   * engine rounds to x's dtype */
+  /* x and gy may be 16-bit (the kernel reads them as they are); dx is f32,
+   * which the engine rounds to x's dtype */
+  const dt_dtype gdt = dt_tensor_dtype(gy);
   if (rows * cols > 0 && s->rms)
     DT_CHECK_GOTO(
         dt_kernel_rms_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma), DT_F32(rstd),
-                                    DT_F32(gy), DT_F32(dx), DT_F32(dgamma), rows, cols),
+                                    DT_F32(gy), gdt, DT_F32(dx), DT_F32(dgamma), rows, cols),
         st, fail);
   else if (rows * cols > 0)
-    DT_CHECK_GOTO(dt_kernel_layer_norm_backward(DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma),
-                                                DT_F32(mean), DT_F32(rstd), DT_F32(gy), DT_F32(dx),
-                                                DT_F32(dgamma), DT_F32(dbeta), rows, cols),
+    DT_CHECK_GOTO(dt_kernel_layer_norm_backward(
+                      DT_TENSOR_EXEC(x), DT_F32(x), DT_F32(gamma), DT_F32(mean), DT_F32(rstd),
+                      DT_F32(gy), gdt, DT_F32(dx), DT_F32(dgamma), DT_F32(dbeta), rows, cols),
                   st, fail);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
@@ -555,9 +556,10 @@ static dt_status residual_add_backward(dt_node *node, dt_tensor *g, dt_tensor **
  * in one kernel: a node for the sum (x, residual) and one for the norm
  * (sum, gamma, beta), which is layer_norm's; rms: rms_norm(x) with the
  * weight `gamma` (no residual, no beta). x and residual may be 16-bit
- * (autocast's f32 ops): the kernels read them as they are and compute in
- * f32, sum and y are f32, and the 16-bit x is what the backward keeps (no
- * widened copy); gamma and beta are f32. */
+ * (autocast's NORM ops): the kernels read them as they are and compute in
+ * f32, sum is f32, and the 16-bit x is what the backward keeps (no widened
+ * copy); y is f32, or under autocast the 16-bit dtype (rounded once from
+ * f32: the cast its GEMM would make); gamma and beta are f32. */
 static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual, dt_tensor *gamma,
                                dt_tensor *beta, float eps, bool rms, dt_tensor **sum_out,
                                dt_tensor **out) {
@@ -596,23 +598,24 @@ static dt_status layer_norm_op(const char *op, dt_tensor *x, dt_tensor *residual
     DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &sum), st, fail);
   }
   DT_CHECK_GOTO(affine_params(gamma, beta, cols, dev, &gc, &bc), st, fail);
-  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &y), st, fail);
+  const dt_dtype ydt = dt_autocast_norm_dtype_for(op);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), nd, ydt, dev, &y), st, fail);
   if (!rms)
     DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&rows, 1, DT_DTYPE_F32, dev, &rstd), st, fail);
   /* x (+ residual -> sum) (rows, cols) -> y (rows, cols), mean, rstd (rows) */
   if (rows * cols > 0 && rms)
-    DT_CHECK_GOTO(dt_kernel_rms_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(y), DT_F32(rstd),
-                                             rows, cols, eps),
+    DT_CHECK_GOTO(dt_kernel_rms_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(y), ydt,
+                                             DT_F32(rstd), rows, cols, eps),
                   st, fail);
   else if (rows * cols > 0 && residual)
     DT_CHECK_GOTO(dt_kernel_residual_layer_norm_forward(
                       &ex, DT_F32(xc), DT_F32(rc), dt_tensor_dtype(rc), DT_F32(gc), DT_F32(bc),
-                      DT_F32(sum), DT_F32(y), DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+                      DT_F32(sum), DT_F32(y), ydt, DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   else if (rows * cols > 0)
     DT_CHECK_GOTO(dt_kernel_layer_norm_forward(&ex, DT_F32(xc), DT_F32(gc), DT_F32(bc), DT_F32(y),
-                                               DT_F32(mean), DT_F32(rstd), rows, cols, eps),
+                                               ydt, DT_F32(mean), DT_F32(rstd), rows, cols, eps),
                   st, fail);
   if (residual)
     DT_CHECK_GOTO(dt_ops_maybe_record(op, residual_add_backward, ins, 2, sum, &node), st, fail);

@@ -15,9 +15,10 @@
  *             tiles), both recomputing P = exp(S - lse). Every gradient
  *             element is summed by one thread in a fixed order: no atomics,
  *             so the backward is deterministic.
- * qkv may be f16 or bf16 (ex->dtype, mixed precision): the kernels read it
- * into the f32 shared tiles, so softmax and accumulation stay f32 while the
- * largest input moves half the bytes (llm.c's bf16 attention).
+ * qkv, out, dout and dqkv may be f16 or bf16 (ex->dtype, mixed precision):
+ * the kernels read them into the f32 shared tiles and round out and dqkv
+ * once, so softmax and accumulation stay f32 while every tensor but lse
+ * moves half the bytes (llm.c's bf16 attention).
  * Shared tiles are (32, hd + 1) floats (the +1 keeps the lanes reading a
  * column of a row-major tile on distinct banks); above 48 KiB the kernels
  * opt in to the larger dynamic shared memory of the device.
@@ -91,23 +92,23 @@ static __device__ __forceinline__ void accumulate_tile(float (&acc)[ATT_ROWS][HP
   }
 }
 
-/* Row r0 + r (r < ATT_ROWS, below t) of dst (rows `stride` apart) =
- * acc[r] * mul[r] (mul NULL: acc[r]). */
-template <int HPL>
+/* Row r0 + r (r < ATT_ROWS, below t) of dst (rows `stride` apart, of T) =
+ * acc[r] * mul[r] (mul NULL: acc[r]), rounded once to T. */
+template <int HPL, typename T>
 static __device__ __forceinline__ void store_rows(const float (&acc)[ATT_ROWS][HPL],
-                                                  const float *mul, float *dst, int64_t stride,
+                                                  const float *mul, T *dst, int64_t stride,
                                                   int64_t r0, const att_dims &g) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < ATT_ROWS; r++) {
     if (r0 + r >= g.t)
       continue;
-    float *row = dst + (r0 + r) * stride;
+    T *row = dst + (r0 + r) * stride;
 #pragma unroll
     for (int e = 0; e < HPL; e++) {
       int d = lane + 32 * e;
       if (d < g.hd)
-        row[d] = mul ? acc[r][e] * mul[r] : acc[r][e];
+        dt_store_f32(row, d, mul ? acc[r][e] * mul[r] : acc[r][e]);
     }
   }
 }
@@ -117,10 +118,10 @@ static __device__ __forceinline__ int rows_below(int64_t r0, int64_t t) {
   return (int)(t - r0 < ATT_TILE ? t - r0 : ATT_TILE);
 }
 
-// qkv (b, t, 3c) of T -> out (b, t, c), lse (b, h, t) or NULL
+// qkv (b, t, 3c) of T -> out (b, t, c) of T, lse (b, h, t) or NULL
 template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_forward_kernel(const T *qkv, float *out, float *lse, att_dims g) {
+    attention_forward_kernel(const T *qkv, T *out, float *lse, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *sq = sm, *sk = sq + ATT_TILE * ld, *sv = sk + ATT_TILE * ld, *sp = sv + ATT_TILE * ld;
@@ -180,8 +181,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   store_rows<HPL>(acc, inv, out + bi * g.t * g.c + hi * hd, g.c, q0 + warp * ATT_ROWS, g);
 }
 
-// out, dout (b, t, c) -> dsum (b, h, t) = rowsum over each head's columns of dout * out
-static __global__ void attention_rowdot_kernel(const float *out, const float *dout, float *dsum,
+// out, dout (b, t, c) of T -> dsum (b, h, t) = rowsum over each head's columns of dout * out
+template <typename T>
+static __global__ void attention_rowdot_kernel(const T *out, const T *dout, float *dsum,
                                                att_dims g) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -191,7 +193,7 @@ static __global__ void attention_rowdot_kernel(const float *out, const float *do
     const int64_t off = (bi * g.t + i) * g.c + hi * g.hd;
     float s = 0.0f;
     for (int64_t d = lane; d < g.hd; d += 32)
-      s += dout[off + d] * out[off + d];
+      s += dt_load_f32(dout, off + d) * dt_load_f32(out, off + d);
     s = dt_warp_sum(s);
     if (lane == 0)
       dsum[w] = s;
@@ -201,8 +203,8 @@ static __global__ void attention_rowdot_kernel(const float *out, const float *do
 // dQ of one query tile: dq = scale * sum_j dS_ij k_j over the key tiles <= the diagonal
 template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_backward_dq_kernel(const T *qkv, const float *lse, const float *dsum,
-                                 const float *dout, float *dqkv, att_dims g) {
+    attention_backward_dq_kernel(const T *qkv, const float *lse, const float *dsum, const T *dout,
+                                 T *dqkv, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *sq = sm, *sdo = sq + ATT_TILE * ld, *sk = sdo + ATT_TILE * ld, *sv = sk + ATT_TILE * ld,
@@ -251,8 +253,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 // query tiles >= the diagonal
 template <typename T, int HPL>
 static __global__ void __launch_bounds__(ATT_THREADS)
-    attention_backward_dkv_kernel(const T *qkv, const float *lse, const float *dsum,
-                                  const float *dout, float *dqkv, att_dims g) {
+    attention_backward_dkv_kernel(const T *qkv, const float *lse, const float *dsum, const T *dout,
+                                  T *dqkv, att_dims g) {
   extern __shared__ float sm[];
   const int hd = (int)g.hd, ld = hd + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float *sk = sm, *sv = sk + ATT_TILE * ld, *sq = sv + ATT_TILE * ld, *sdo = sq + ATT_TILE * ld,
@@ -263,7 +265,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int64_t bh = blockIdx.x / g.tiles, bi = bh / g.h, hi = bh % g.h;
   const int64_t k0 = (int64_t)kt * ATT_TILE;
   const T *base = qkv + bi * g.t * g.row + hi * hd;
-  const float *gbase = dout + bi * g.t * g.c + hi * hd;
+  const T *gbase = dout + bi * g.t * g.c + hi * hd;
   load_tile(sk, base + g.c, g.row, k0, g);
   load_tile(sv, base + 2 * g.c, g.row, k0, g);
   float dk[ATT_ROWS][HPL], dv[ATT_ROWS][HPL];
@@ -300,7 +302,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     accumulate_tile<HPL>(dk, wds, sq, rows_below(q0, g.t), hd);
     __syncwarp();
   }
-  float *drow = dqkv + bi * g.t * g.row + hi * hd;
+  T *drow = dqkv + bi * g.t * g.row + hi * hd;
   store_rows<HPL>(dk, NULL, drow + g.c, g.row, k0 + warp * ATT_ROWS, g);
   store_rows<HPL>(dv, NULL, drow + 2 * g.c, g.row, k0 + warp * ATT_ROWS, g);
 }
@@ -321,6 +323,7 @@ static dt_status attention_dims(const char *op, int64_t b, int64_t t, int64_t h,
   g->b = b, g->t = t, g->h = h, g->hd = hd, g->c = h * hd, g->row = 3 * h * hd;
   g->tiles = (int)tiles;
   g->scale = (float)(1.0 / sqrt((double)hd));
+  g->vec = false; /* the tensor-core launch decides (kernels_attention_mma.cu) */
   return DT_OK;
 }
 
@@ -342,9 +345,9 @@ static dt_status attention_launch(void (*const *kernels)(Params...), const att_d
 }
 
 template <typename T>
-static dt_status attention_forward_as(const T *qkv, float *out, float *lse, const att_dims &g,
+static dt_status attention_forward_as(const T *qkv, T *out, float *lse, const att_dims &g,
                                       cudaStream_t stream) {
-  static void (*const kernels[4])(const T *, float *, float *, att_dims) = {
+  static void (*const kernels[4])(const T *, T *, float *, att_dims) = {
       attention_forward_kernel<T, 1>, attention_forward_kernel<T, 2>,
       attention_forward_kernel<T, 3>, attention_forward_kernel<T, 4>};
   return attention_launch(kernels, g, 3, ATT_TILE * 32, stream, qkv, out, lse, g);
@@ -361,21 +364,16 @@ extern "C" dt_status dt_cuda_causal_attention_forward(const dt_exec *ex, const f
   (void)ctx;
   if (ex->dtype != DT_DTYPE_F32 && dt_attention_mma_head(hd))
     return dt_attention_mma_forward(ex->dtype, qkv, out, lse, g, stream);
-  switch (ex->dtype) {
-    case DT_DTYPE_F16: return attention_forward_as((const __half *)qkv, out, lse, g, stream);
-    case DT_DTYPE_BF16:
-      return attention_forward_as((const __nv_bfloat16 *)qkv, out, lse, g, stream);
-    default: return attention_forward_as(qkv, out, lse, g, stream);
-  }
+  DT_CUDA_STORAGE_DISPATCH(ex->dtype, T,
+                           attention_forward_as((const T *)qkv, (T *)out, lse, g, stream));
 }
 
 /* dQ, then dK and dV, from the row sums dsum (b, h, t). */
 template <typename T>
 static dt_status attention_backward_as(const T *qkv, const float *lse, const float *dsum,
-                                       const float *dout, float *dqkv, const att_dims &g,
+                                       const T *dout, T *dqkv, const att_dims &g,
                                        cudaStream_t stream) {
-  typedef void (*bwd_kernel)(const T *, const float *, const float *, const float *, float *,
-                             att_dims);
+  typedef void (*bwd_kernel)(const T *, const float *, const float *, const T *, T *, att_dims);
   static const bwd_kernel dq[4] = {
       attention_backward_dq_kernel<T, 1>, attention_backward_dq_kernel<T, 2>,
       attention_backward_dq_kernel<T, 3>, attention_backward_dq_kernel<T, 4>};
@@ -386,6 +384,20 @@ static dt_status attention_backward_as(const T *qkv, const float *lse, const flo
       attention_launch(dq, g, 4, ATT_WARPS * ATT_ROWS * 32, stream, qkv, lse, dsum, dout, dqkv, g));
   return attention_launch(dkv, g, 4, 2 * ATT_TILE * 32 + 2 * ATT_TILE, stream, qkv, lse, dsum, dout,
                           dqkv, g);
+}
+
+/* dsum = rowsum(dout * out), then dQ, dK and dV: on the tensor cores for
+ * a 16-bit qkv whose head size they take, else on the f32 tiles. */
+template <typename T>
+static dt_status attention_backward_rows(dt_dtype dtype, const T *qkv, const T *out,
+                                         const float *lse, float *dsum, const T *dout, T *dqkv,
+                                         const att_dims &g, cudaStream_t stream) {
+  attention_rowdot_kernel<T>
+      <<<dt_grid_for(g.b * g.h * g.t * 32), DT_THREADS, 0, stream>>>(out, dout, dsum, g);
+  DT_CUDA_CHECK_LAUNCH();
+  if (dtype != DT_DTYPE_F32 && dt_attention_mma_head(g.hd))
+    return dt_attention_mma_backward(dtype, qkv, lse, dsum, dout, dqkv, g, stream);
+  return attention_backward_as(qkv, lse, dsum, dout, dqkv, g, stream);
 }
 
 extern "C" dt_status dt_cuda_causal_attention_backward(const dt_exec *ex, const float *qkv,
@@ -400,23 +412,18 @@ extern "C" dt_status dt_cuda_causal_attention_backward(const dt_exec *ex, const 
   float *dsum = NULL;
   DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(b * h * t) * sizeof(float), (void **)&dsum));
   dt_status st = DT_OK;
-  attention_rowdot_kernel<<<dt_grid_for(b * h * t * 32), DT_THREADS, 0, stream>>>(out, dout, dsum,
-                                                                                  g);
-  DT_CUDA_CHECK_GOTO(cudaGetLastError(), st, free_dsum);
-  if (ex->dtype != DT_DTYPE_F32 && dt_attention_mma_head(hd)) {
-    st = dt_attention_mma_backward(ex->dtype, qkv, lse, dsum, dout, dqkv, g, stream);
-    goto free_dsum;
-  }
-  switch (ex->dtype) {
+  switch (ex->dtype) { /* every pointer but lse holds ex->dtype's elements */
     case DT_DTYPE_F16:
-      st = attention_backward_as((const __half *)qkv, lse, dsum, dout, dqkv, g, stream);
+      st = attention_backward_rows(ex->dtype, (const __half *)qkv, (const __half *)out, lse, dsum,
+                                   (const __half *)dout, (__half *)dqkv, g, stream);
       break;
     case DT_DTYPE_BF16:
-      st = attention_backward_as((const __nv_bfloat16 *)qkv, lse, dsum, dout, dqkv, g, stream);
+      st = attention_backward_rows(ex->dtype, (const __nv_bfloat16 *)qkv,
+                                   (const __nv_bfloat16 *)out, lse, dsum,
+                                   (const __nv_bfloat16 *)dout, (__nv_bfloat16 *)dqkv, g, stream);
       break;
-    default: st = attention_backward_as(qkv, lse, dsum, dout, dqkv, g, stream); break;
+    default: st = attention_backward_rows(ex->dtype, qkv, out, lse, dsum, dout, dqkv, g, stream);
   }
-free_dsum:
   dt_cuda_scratch_free(ctx, dsum);
   return st;
 }

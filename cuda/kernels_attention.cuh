@@ -18,17 +18,19 @@ struct att_dims {
   int64_t b, t, h, hd, c, row; /* c = h * hd, row = 3c (qkv's row stride) */
   int tiles;                   /* ceil(t / ATT_TILE) */
   float scale;
+  bool vec; /* the tensor-core kernels: qkv's tiles copied 16 bytes at a time */
 };
 
 /* The tensor cores (WMMA) take a 16-bit qkv with these head sizes. */
 bool dt_attention_mma_head(int64_t hd);
 /* The forward and the backward's dQ, dK, dV passes on the tensor cores for
- * qkv of `dtype` (f16 or bf16) and a head size dt_attention_mma_head takes;
- * g as the f32 kernels' (its tiles are recomputed for 64-row blocks). */
-dt_status dt_attention_mma_forward(dt_dtype dtype, const void *qkv, float *out, float *lse,
+ * qkv, out, dout and dqkv of `dtype` (f16 or bf16) and a head size
+ * dt_attention_mma_head takes; g as the f32 kernels' (its tiles are
+ * recomputed for 64-row blocks). */
+dt_status dt_attention_mma_forward(dt_dtype dtype, const void *qkv, void *out, float *lse,
                                    const att_dims &g, cudaStream_t stream);
 dt_status dt_attention_mma_backward(dt_dtype dtype, const void *qkv, const float *lse,
-                                    const float *dsum, const float *dout, float *dqkv,
+                                    const float *dsum, const void *dout, void *dqkv,
                                     const att_dims &g, cudaStream_t stream);
 
 #endif

@@ -490,11 +490,11 @@ TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {
   Vec y(x.size()), mean(rows), rstd(rows);
   ASSERT_EQ(DT_OK,
             dt_kernel_layer_norm_forward(cpu_exec(), x.data(), gamma.data(), beta.data(), y.data(),
-                                         mean.data(), rstd.data(), rows, cols, eps));
+                                         DT_DTYPE_F32, mean.data(), rstd.data(), rows, cols, eps));
   Vec dy = randn(x.size(), 38), dx(x.size()), dg(cols, 1.0f), db(cols, 2.0f);
   ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(cpu_exec(), x.data(), gamma.data(), mean.data(),
-                                                 rstd.data(), dy.data(), dx.data(), dg.data(),
-                                                 db.data(), rows, cols));
+                                                 rstd.data(), dy.data(), DT_DTYPE_F32, dx.data(),
+                                                 dg.data(), db.data(), rows, cols));
   std::vector<double> wy(x.size()), wdx(x.size()), wdg(cols, 1.0), wdb(cols, 2.0);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = &x[r * cols], *gr = &dy[r * cols];

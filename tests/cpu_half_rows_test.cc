@@ -125,11 +125,12 @@ TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) 
       for (int affine = 0; affine < 2; affine++) {
         const float *g = affine ? gamma.data() : nullptr, *b = affine ? beta.data() : nullptr;
         LnOut want(s), got(s);
-        ASSERT_EQ(DT_OK,
-                  dt_kernel_layer_norm_forward(cpu_exec(), x.wide.data(), g, b, want.y.data(),
-                                               want.mean.data(), want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(cpu_exec(), x.wide.data(), g, b,
+                                                      want.y.data(), DT_DTYPE_F32, want.mean.data(),
+                                                      want.rstd.data(), r, c, eps));
         ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(ExecOf(d), x.data(), g, b, got.y.data(),
-                                                      got.mean.data(), got.rstd.data(), r, c, eps))
+                                                      DT_DTYPE_F32, got.mean.data(),
+                                                      got.rstd.data(), r, c, eps))
             << dt_last_error();
         ExpectSameLn(got, want, Case(d, s, affine ? "layer norm" : "plain layer norm"));
       }
@@ -151,30 +152,31 @@ TEST_P(ThreadCounts, HalfLayerNormsAreTheF32KernelsOfTheWidenedInputsBitForBit) 
         LnOut want(s), got(s);
         ASSERT_EQ(DT_OK, dt_kernel_residual_layer_norm_forward(
                              cpu_exec(), f.x_wide, f.res_wide, DT_DTYPE_F32, gamma.data(),
-                             beta.data(), want.sum.data(), want.y.data(), want.mean.data(),
-                             want.rstd.data(), r, c, eps));
+                             beta.data(), want.sum.data(), want.y.data(), DT_DTYPE_F32,
+                             want.mean.data(), want.rstd.data(), r, c, eps));
         ASSERT_EQ(DT_OK,
                   dt_kernel_residual_layer_norm_forward(
                       ExecOf(f.xd), f.x, f.res, f.rd, gamma.data(), beta.data(), got.sum.data(),
-                      got.y.data(), got.mean.data(), got.rstd.data(), r, c, eps))
+                      got.y.data(), DT_DTYPE_F32, got.mean.data(), got.rstd.data(), r, c, eps))
             << dt_last_error();
         ExpectSameLn(got, want, Case(d, s, f.what));
       }
       // backward from the forward's statistics; dgamma and dbeta accumulate
       LnOut fwd(s);
       ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(cpu_exec(), x.wide.data(), gamma.data(),
-                                                    beta.data(), fwd.y.data(), fwd.mean.data(),
-                                                    fwd.rstd.data(), r, c, eps));
+                                                    beta.data(), fwd.y.data(), DT_DTYPE_F32,
+                                                    fwd.mean.data(), fwd.rstd.data(), r, c, eps));
       Vec dy = randn((size_t)n, 48);
       Vec dx_want((size_t)n), dg_want((size_t)c, 1.0f), db_want((size_t)c, 2.0f);
       Vec dx_got((size_t)n, -1.0f), dg_got = dg_want, db_got = db_want;
       ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(cpu_exec(), x.wide.data(), gamma.data(),
                                                      fwd.mean.data(), fwd.rstd.data(), dy.data(),
-                                                     dx_want.data(), dg_want.data(), db_want.data(),
-                                                     r, c));
-      ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(
-                           ExecOf(d), x.data(), gamma.data(), fwd.mean.data(), fwd.rstd.data(),
-                           dy.data(), dx_got.data(), dg_got.data(), db_got.data(), r, c))
+                                                     DT_DTYPE_F32, dx_want.data(), dg_want.data(),
+                                                     db_want.data(), r, c));
+      ASSERT_EQ(DT_OK,
+                dt_kernel_layer_norm_backward(ExecOf(d), x.data(), gamma.data(), fwd.mean.data(),
+                                              fwd.rstd.data(), dy.data(), DT_DTYPE_F32,
+                                              dx_got.data(), dg_got.data(), db_got.data(), r, c))
           << dt_last_error();
       EXPECT_TRUE(SameBits(dx_got, dx_want, Case(d, s, "layer norm dx")));
       EXPECT_TRUE(SameBits(dg_got, dg_want, Case(d, s, "layer norm dgamma")));
@@ -199,6 +201,90 @@ std::vector<uint16_t> Rounded(dt_dtype dtype, const Vec &v) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << what << ": sizes differ";
   return ::testing::AssertionSuccess();
+}
+
+// The norms under autocast (core/autocast_policy.def's NORM): a 16-bit y
+// is the f32 kernel's y rounded once, the statistics and the residual sum
+// are unchanged; a 16-bit dy gives what the f32 kernel gives on the widened
+// dy, bit for bit. Layer norm (plain and fused residual, of f32 and 16-bit
+// x) and RMS norm.
+TEST_P(ThreadCounts, HalfNormResultsAreRoundedOnceAndHalfGradientsWidened) {
+  const float eps = 1e-5f;
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Shape &s : kShapes) {
+      const int64_t n = s.rows * s.cols, r = s.rows, c = s.cols;
+      Half x = MakeHalf(d, (size_t)n, 61, -3.0f, 3.0f), dy = MakeHalf(d, (size_t)n, 62, -1, 1);
+      Vec x32 = randn((size_t)n, 63, -3, 3), res32 = randn((size_t)n, 64);
+      Vec gamma = randn((size_t)c, 65, 0.5f, 1.5f), beta = randn((size_t)c, 66);
+      std::vector<uint16_t> y16((size_t)n, 0xffff);
+      float *y16p = reinterpret_cast<float *>(y16.data());
+      for (int half_x = 0; half_x < 2; half_x++) {
+        const dt_exec *ex = half_x ? ExecOf(d) : cpu_exec();
+        const float *xp = half_x ? x.data() : x32.data(), *xw = half_x ? x.wide.data() : x32.data();
+        const std::string xs = half_x ? " of 16-bit x" : " of f32 x";
+        LnOut want(s), got(s);
+        ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(cpu_exec(), xw, gamma.data(), beta.data(),
+                                                      want.y.data(), DT_DTYPE_F32, want.mean.data(),
+                                                      want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(ex, xp, gamma.data(), beta.data(), y16p, d,
+                                                      got.mean.data(), got.rstd.data(), r, c, eps))
+            << dt_last_error();
+        EXPECT_TRUE(SameCodes(y16, Rounded(d, want.y), Case(d, s, "layer norm y") + xs));
+        EXPECT_TRUE(SameBits(got.mean, want.mean, Case(d, s, "layer norm mean") + xs));
+        EXPECT_TRUE(SameBits(got.rstd, want.rstd, Case(d, s, "layer norm rstd") + xs));
+        // the fused residual (GPT-2's: an f32 residual stream)
+        ASSERT_EQ(DT_OK, dt_kernel_residual_layer_norm_forward(
+                             cpu_exec(), xw, res32.data(), DT_DTYPE_F32, gamma.data(), beta.data(),
+                             want.sum.data(), want.y.data(), DT_DTYPE_F32, want.mean.data(),
+                             want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_residual_layer_norm_forward(
+                             ex, xp, res32.data(), DT_DTYPE_F32, gamma.data(), beta.data(),
+                             got.sum.data(), y16p, d, got.mean.data(), got.rstd.data(), r, c, eps))
+            << dt_last_error();
+        EXPECT_TRUE(SameCodes(y16, Rounded(d, want.y), Case(d, s, "residual layer norm y") + xs));
+        EXPECT_TRUE(SameBits(got.sum, want.sum, Case(d, s, "residual layer norm sum") + xs));
+        // RMS norm
+        ASSERT_EQ(DT_OK, dt_kernel_rms_norm_forward(cpu_exec(), xw, gamma.data(), want.y.data(),
+                                                    DT_DTYPE_F32, want.rstd.data(), r, c, eps));
+        ASSERT_EQ(DT_OK, dt_kernel_rms_norm_forward(ex, xp, gamma.data(), y16p, d, got.rstd.data(),
+                                                    r, c, eps))
+            << dt_last_error();
+        EXPECT_TRUE(SameCodes(y16, Rounded(d, want.y), Case(d, s, "rms norm y") + xs));
+        EXPECT_TRUE(SameBits(got.rstd, want.rstd, Case(d, s, "rms norm rstd") + xs));
+      }
+      // the backward of a 16-bit dy: layer norm (dx, dgamma, dbeta accumulated), RMS norm
+      LnOut fwd(s);
+      ASSERT_EQ(DT_OK, dt_kernel_layer_norm_forward(cpu_exec(), x32.data(), gamma.data(),
+                                                    beta.data(), fwd.y.data(), DT_DTYPE_F32,
+                                                    fwd.mean.data(), fwd.rstd.data(), r, c, eps));
+      for (int rms = 0; rms < 2; rms++) {
+        const std::string what = rms ? "rms norm" : "layer norm";
+        Vec dx_want((size_t)n), dg_want((size_t)c, 1.0f), db_want((size_t)c, 2.0f);
+        Vec dx_got((size_t)n, -1.0f), dg_got = dg_want, db_got = db_want;
+        if (rms) {
+          ASSERT_EQ(DT_OK, dt_kernel_rms_norm_backward(
+                               cpu_exec(), x32.data(), gamma.data(), fwd.rstd.data(),
+                               dy.wide.data(), DT_DTYPE_F32, dx_want.data(), dg_want.data(), r, c));
+          ASSERT_EQ(DT_OK, dt_kernel_rms_norm_backward(cpu_exec(), x32.data(), gamma.data(),
+                                                       fwd.rstd.data(), dy.data(), d, dx_got.data(),
+                                                       dg_got.data(), r, c))
+              << dt_last_error();
+        } else {
+          ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(
+                               cpu_exec(), x32.data(), gamma.data(), fwd.mean.data(),
+                               fwd.rstd.data(), dy.wide.data(), DT_DTYPE_F32, dx_want.data(),
+                               dg_want.data(), db_want.data(), r, c));
+          ASSERT_EQ(DT_OK, dt_kernel_layer_norm_backward(cpu_exec(), x32.data(), gamma.data(),
+                                                         fwd.mean.data(), fwd.rstd.data(),
+                                                         dy.data(), d, dx_got.data(), dg_got.data(),
+                                                         db_got.data(), r, c))
+              << dt_last_error();
+        }
+        EXPECT_TRUE(SameBits(dx_got, dx_want, Case(d, s, "dx") + " of " + what));
+        EXPECT_TRUE(SameBits(dg_got, dg_want, Case(d, s, "dgamma") + " of " + what));
+        EXPECT_TRUE(SameBits(db_got, db_want, Case(d, s, "dbeta") + " of " + what));
+      }
+    }
 }
 
 // The pooling kernels of 16-bit x, y, dy, dx: each plane widened into
@@ -304,10 +390,16 @@ TEST(CpuHalfRows, HalfMaxPoolBackwardRefusesABadArgmax) {
 TEST(CpuHalfRows, ResidualOfAnIntegerDtypeIsRefused) {
   const int64_t r = 2, c = 3;
   Vec x = randn(6, 1), res = randn(6, 2), sum(6), y(6), mean(2), rstd(2);
-  EXPECT_EQ(DT_ERR_DTYPE, dt_kernel_residual_layer_norm_forward(
-                              cpu_exec(), x.data(), res.data(), DT_DTYPE_I32, nullptr, nullptr,
-                              sum.data(), y.data(), mean.data(), rstd.data(), r, c, 1e-5f));
+  EXPECT_EQ(DT_ERR_DTYPE,
+            dt_kernel_residual_layer_norm_forward(
+                cpu_exec(), x.data(), res.data(), DT_DTYPE_I32, nullptr, nullptr, sum.data(),
+                y.data(), DT_DTYPE_F32, mean.data(), rstd.data(), r, c, 1e-5f));
   EXPECT_NE(std::string(dt_last_error()).find("residual dtype i32"), std::string::npos)
+      << dt_last_error();
+  EXPECT_EQ(DT_ERR_DTYPE,
+            dt_kernel_layer_norm_forward(cpu_exec(), x.data(), nullptr, nullptr, y.data(),
+                                         DT_DTYPE_I32, mean.data(), rstd.data(), r, c, 1e-5f));
+  EXPECT_NE(std::string(dt_last_error()).find("result dtype i32"), std::string::npos)
       << dt_last_error();
 }
 

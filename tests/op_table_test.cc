@@ -367,8 +367,8 @@ TEST_P(Parity, MatchesCpu) {
 class Autocast : public ::testing::TestWithParam<const OpCase *> {};
 
 // The dtype of a 16-bit row's output under autocast, from the op's policy
-// (core/autocast_policy.def): the 16-bit dtype for a low-precision op and
-// for a PROMOTE op all of whose float inputs are 16-bit, else f32.
+// (core/autocast_policy.def): the 16-bit dtype for a low-precision op, a
+// norm, and a PROMOTE op all of whose float inputs are 16-bit, else f32.
 dt_dtype AutocastResultDtype(const OpCase &c) {
   dt_autocast_policy p = dt_autocast_policy_of(("dt_op_" + c.op).c_str());
   bool all_half = true;
@@ -376,6 +376,10 @@ dt_dtype AutocastResultDtype(const OpCase &c) {
     all_half = all_half && (in.fill == Fill::kIndex || in.half);
   if (p == DT_AUTOCAST_LOW || (p == DT_AUTOCAST_PROMOTE && all_half))
     return c.dtype;
+  // a norm's result is 16-bit; the residual layer norm's rows concatenate
+  // it with the f32 sum, which promotes
+  if (p == DT_AUTOCAST_NORM)
+    return c.op == "residual_layer_norm" ? DT_DTYPE_F32 : c.dtype;
   return DT_DTYPE_F32;
 }
 
@@ -464,7 +468,8 @@ TEST(OpTableCoverage, AutocastPolicyCoversEveryOp) {
     }
   }
   EXPECT_EQ(low, 4) << "GEMM (matmul, linear), convolution and attention";
-  EXPECT_EQ(dt_autocast_policy_of("dt_op_layer_norm"), DT_AUTOCAST_F32);
+  EXPECT_EQ(dt_autocast_policy_of("dt_op_layer_norm"), DT_AUTOCAST_NORM);
+  EXPECT_EQ(dt_autocast_policy_of("dt_op_softmax"), DT_AUTOCAST_F32);
 }
 
 // ---- the table covers the op table ----

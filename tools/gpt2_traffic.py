@@ -39,12 +39,28 @@ GPUS = {  # dense bf16 FLOP/s, HBM bytes/s (data sheets)
 GEMM_EFF, MEM_EFF = 0.70, 0.80
 
 
-def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
-    """(name, count, bytes, flops, note) rows of one step; after: the design
-    issue 30 asks for (see the module's doc)."""
+# Issue 30's list, one feature each: "ln16": the norms write 16-bit y
+# (no cast kernels before the linears; their dx GEMMs round to bf16 and
+# the norms' backward reads a 16-bit dy); "gelu": GELU in c_fc's GELU_AUX
+# epilogue, its backward in mlp.c_proj's DGELU epilogue; "flash": the flash
+# kernels (16-bit qkv, out and dqkv, no T x T square, the causal half of
+# the FLOPs); "lnadd": the norms' backward adds the residual's gradient
+# and writes the 16-bit sublayer gradient itself. LANDED: what the code
+# does today.
+FEATURES = ("ln16", "gelu", "flash", "lnadd")
+LANDED = ("ln16",)
+
+
+def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304, features=None):
+    """(name, count, bytes, flops, note) rows of one step: today's kernels
+    (LANDED), or with after every feature of issue 30's list (FEATURES),
+    or exactly `features`."""
+    on = set(features if features is not None else (FEATURES if after else LANDED))
+    ln16, gelu, flash, lnadd = (f in on for f in FEATURES)
     N, hs = B * T, C // H
     NC, TT = N * C, B * H * T * T  # activations (B, T, C); the attention's square
     bf, f32 = 2, 4
+    ydt, yb = ("bf16", bf) if ln16 else ("f32", f32)  # the norms' y
     rows = []
 
     def k(name, count, read, write, flops=0.0, note=""):
@@ -57,14 +73,25 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
           f32 * fin * fout, 2.0 * N * fin * fout)
         k(name + " db: reduce_sum of the bf16 g", L, bf * N * fout, f32 * fout)
 
+    def norm_input_dx(name, fin, count=L):
+        """The dx GEMM of a linear whose input is a norm's y: f32 dx for an
+        f32 y (the cast's backward folded in), else rounded to bf16."""
+        k("%s dx: %s" % (name, "gemm_rounded -> bf16 (its input, the norm's y, is bf16)"
+                         if ln16 else "gemm, f32 (its input was the norm's f32 y)"), count,
+          bf * N * fin + bf * fin * C, yb * NC, 2.0 * N * fin * C)
+
     # ---- forward, once ----
     k("embedding: wte rows + wpe, add (f32)", 1, f32 * NC + f32 * T * C + f32 * NC, f32 * NC)
     # ---- forward, per layer ----
-    if not after:
-        k("ln_1: layer_norm_forward (f32 x -> f32 y)", L, f32 * NC, f32 * NC)
+    k("ln_1: layer_norm_forward (f32 x -> %s y)" % ydt, L, f32 * NC, yb * NC)
+    if not ln16:
         k("cast ln_1 y f32 -> bf16 (c_attn's input)", L, f32 * NC, bf * NC)
-        k("c_attn: linear_forward (bias epilogue)", L, bf * NC + bf * 3 * C * C, bf * 3 * NC,
-          2.0 * N * C * 3 * C)
+    k("c_attn: linear_forward (bias epilogue)", L, bf * NC + bf * 3 * C * C, bf * 3 * NC,
+      2.0 * N * C * 3 * C)
+    if flash:
+        k("attention: flash forward (bf16 qkv -> bf16 out, lse)", L, bf * 3 * NC,
+          bf * NC + f32 * B * H * T, 2.0 * TT * hs)
+    else:
         k("attention: qkv to heads (copy_strided, bf16)", L, bf * 3 * NC, bf * 3 * NC)
         k("attention: S = q k^T (f32 scores, the whole square)", L, bf * 2 * NC, f32 * TT,
           2.0 * TT * hs)
@@ -72,31 +99,22 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("attention: O = P v (f32)", L, bf * TT + bf * NC, f32 * NC, 2.0 * TT * hs)
         k("attention: O to rows (copy_strided, f32)", L, f32 * NC, f32 * NC)
         k("attention: y f32 -> bf16 (the result under autocast)", L, f32 * NC, bf * NC)
-        k("attn.c_proj: linear_forward", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        k("ln_2: residual_layer_norm_forward (bf16 a + f32 x -> f32 sum, f32 y)", L,
-          bf * NC + f32 * NC, 2 * f32 * NC)
+    k("attn.c_proj: linear_forward", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+    k("ln_2: residual_layer_norm_forward (bf16 a + f32 x -> f32 sum, %s y)" % ydt, L,
+      bf * NC + f32 * NC, f32 * NC + yb * NC)
+    if not ln16:
         k("cast ln_2 y f32 -> bf16 (c_fc's input)", L, f32 * NC, bf * NC)
-        k("c_fc: linear_forward", L, bf * NC + bf * 4 * C * C, bf * 4 * NC, 2.0 * N * C * 4 * C)
-        k("gelu (bf16)", L, bf * 4 * NC, bf * 4 * NC)
-        k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
-        k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
-    else:
-        k("ln_1: layer_norm_forward (f32 x -> bf16 y)", L, f32 * NC, bf * NC)
-        k("c_attn: linear_forward (bias epilogue)", L, bf * NC + bf * 3 * C * C, bf * 3 * NC,
-          2.0 * N * C * 3 * C)
-        k("attention: flash forward (bf16 qkv -> bf16 out, lse)", L, bf * 3 * NC,
-          bf * NC + f32 * B * H * T, 2.0 * TT * hs)
-        k("attn.c_proj: linear_forward", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        k("ln_2: residual_layer_norm_forward (bf16 a + f32 x -> f32 sum, bf16 y)", L,
-          bf * NC + f32 * NC, f32 * NC + bf * NC)
+    if gelu:
         k("c_fc + gelu: linear_forward, GELU_AUX epilogue (pre-activation kept)", L,
           bf * NC + bf * 4 * C * C, 2 * bf * 4 * NC, 2.0 * N * C * 4 * C)
-        k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
-        k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
+    else:
+        k("c_fc: linear_forward", L, bf * NC + bf * 4 * C * C, bf * 4 * NC, 2.0 * N * C * 4 * C)
+        k("gelu (bf16)", L, bf * 4 * NC, bf * 4 * NC)
+    k("mlp.c_proj: linear_forward", L, bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
+    k("residual add (f32 x1 + bf16 f -> f32)", L, f32 * NC + bf * NC, f32 * NC)
     # ---- forward and loss, once ----
-    k("ln_f: layer_norm_forward (%s y)" % ("bf16" if after else "f32"), 1, f32 * NC,
-      (bf if after else f32) * NC)
-    if not after:
+    k("ln_f: layer_norm_forward (%s y)" % ydt, 1, f32 * NC, yb * NC)
+    if not ln16:
         k("cast ln_f y -> bf16", 1, f32 * NC, bf * NC)
     k("lm_head: linear_forward (bf16 logits)", 1, bf * NC + bf * Vp * C, bf * N * Vp,
       2.0 * N * C * Vp)
@@ -104,27 +122,37 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
       " gradient written in place)", 1, 2 * bf * N * Vp, bf * N * Vp)
     # ---- backward, once ----
     k("classifier_loss_backward (scale dlogits)", 1, bf * N * Vp, bf * N * Vp)
-    k("lm_head dx: %s" % ("gemm_rounded, bf16 dz" if after else "gemm, f32 dz"), 1,
-      bf * N * Vp + bf * Vp * C, (bf if after else f32) * NC, 2.0 * N * Vp * C)
+    norm_input_dx("lm_head", Vp, 1)
     k("lm_head dW: one gemm accumulating into the f32 wte gradient", 1,
       bf * N * Vp + bf * NC + f32 * Vp * C, f32 * Vp * C, 2.0 * N * Vp * C)
-    k("ln_f backward (%s dy)" % ("bf16" if after else "f32"), 1,
-      f32 * NC + (bf if after else f32) * NC, f32 * NC)
-    if not after:
-        # ---- backward, per layer ----
-        k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
+    k("ln_f backward (%s dy)" % ydt, 1, f32 * NC + yb * NC, f32 * NC)
+    # ---- backward, per layer ----
+    k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
+    if gelu:
+        k("mlp.c_proj dx: gemm_rounded -> bf16, DGELU epilogue (gelu's backward)", L,
+          bf * NC + bf * 4 * C * C + bf * 4 * NC, bf * 4 * NC, 2.0 * N * C * 4 * C)
+    else:
         k("mlp.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * 4 * C * C, bf * 4 * NC,
           2.0 * N * C * 4 * C)
-        weight_grads("mlp.c_proj", 4 * C, C)
+    weight_grads("mlp.c_proj", 4 * C, C)
+    if not gelu:
         k("gelu backward (bf16)", L, 2 * bf * 4 * NC, bf * 4 * NC)
-        k("c_fc dx: gemm, f32 (its input was the f32 ln_2 y)", L, bf * 4 * NC + bf * 4 * C * C,
-          f32 * NC, 2.0 * N * 4 * C * C)
-        weight_grads("c_fc", C, 4 * C)
-        k("ln_2 backward (layer_norm_backward of the f32 sum)", L, 2 * f32 * NC, f32 * NC)
+    norm_input_dx("c_fc", 4 * C)
+    weight_grads("c_fc", C, 4 * C)
+    if lnadd:
+        k("ln_2 backward (%s dy) with the sum's own gradient added" % ydt, L,
+          f32 * NC + yb * NC + f32 * NC, f32 * NC + bf * NC)
+    else:
+        k("ln_2 backward (layer_norm_backward of the f32 sum, %s dy)" % ydt, L,
+          f32 * NC + yb * NC, f32 * NC)
         k("the sum's gradient: add (its own + ln_2's)", L, 2 * f32 * NC, f32 * NC)
         k("a's gradient f32 -> bf16", L, f32 * NC, bf * NC)
-        k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        weight_grads("attn.c_proj", C, C)
+    k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
+    weight_grads("attn.c_proj", C, C)
+    if flash:
+        k("attention: flash backward (bf16 qkv, out, dout, lse -> bf16 dqkv)", L,
+          bf * 3 * NC + 2 * bf * NC + f32 * B * H * T, bf * 3 * NC, 5.0 * TT * hs)
+    else:
         k("attention bwd: dO to heads (copy_strided, bf16)", L, bf * NC, bf * NC)
         k("attention bwd: S = q k^T again (f32 square)", L, bf * 2 * NC, f32 * TT, 2.0 * TT * hs)
         k("attention bwd: P from lse (attention_probs)", L, f32 * TT + f32 * B * H * T, bf * TT)
@@ -136,31 +164,14 @@ def kernels(B, T, after=False, C=768, H=12, L=12, V=50257, Vp=50304):
         k("attention bwd: the heads' f32 dq, dk, dv rounded to bf16", L, f32 * 3 * NC,
           bf * 3 * NC)
         k("attention bwd: dqkv to rows (copy_strided, bf16)", L, bf * 3 * NC, bf * 3 * NC)
-        k("c_attn dx: gemm, f32 (its input was the f32 ln_1 y)", L, bf * 3 * NC + bf * 3 * C * C,
-          f32 * NC, 2.0 * N * 3 * C * C)
-        weight_grads("c_attn", C, 3 * C)
-        k("ln_1 backward", L, 2 * f32 * NC, f32 * NC)
-        k("the block input's gradient: add (residual + ln_1's)", L, 2 * f32 * NC, f32 * NC)
+    norm_input_dx("c_attn", 3 * C)
+    weight_grads("c_attn", C, 3 * C)
+    if lnadd:
+        k("ln_1 backward (%s dy) with the residual's gradient added" % ydt, L,
+          f32 * NC + yb * NC + f32 * NC, f32 * NC)
     else:
-        # ---- backward, per layer ----
-        k("residual add backward: g f32 -> bf16 for f", L, f32 * NC, bf * NC)
-        k("mlp.c_proj dx: gemm_rounded -> bf16, DGELU epilogue (gelu's backward)", L,
-          bf * NC + bf * 4 * C * C + bf * 4 * NC, bf * 4 * NC, 2.0 * N * C * 4 * C)
-        weight_grads("mlp.c_proj", 4 * C, C)
-        k("c_fc dx: gemm_rounded -> bf16 (its input, ln_2 y, is bf16)", L,
-          bf * 4 * NC + bf * 4 * C * C, bf * NC, 2.0 * N * 4 * C * C)
-        weight_grads("c_fc", C, 4 * C)
-        k("ln_2 backward (bf16 dy) with the sum's own gradient added", L,
-          f32 * NC + bf * NC + f32 * NC, f32 * NC + bf * NC)
-        k("attn.c_proj dx: gemm_rounded -> bf16", L, bf * NC + bf * C * C, bf * NC, 2.0 * N * C * C)
-        weight_grads("attn.c_proj", C, C)
-        k("attention: flash backward (bf16 qkv, out, dout, lse -> bf16 dqkv)", L,
-          bf * 3 * NC + 2 * bf * NC + f32 * B * H * T, bf * 3 * NC, 5.0 * TT * hs)
-        k("c_attn dx: gemm_rounded -> bf16", L, bf * 3 * NC + bf * 3 * C * C, bf * NC,
-          2.0 * N * 3 * C * C)
-        weight_grads("c_attn", C, 3 * C)
-        k("ln_1 backward (bf16 dy) with the residual's gradient added", L,
-          f32 * NC + bf * NC + f32 * NC, f32 * NC)
+        k("ln_1 backward (%s dy)" % ydt, L, f32 * NC + yb * NC, f32 * NC)
+        k("the block input's gradient: add (residual + ln_1's)", L, 2 * f32 * NC, f32 * NC)
     # ---- embedding backward, optimizer, once ----
     params = Vp * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C
     k("embedding backward: wte rows += g, wpe += sum over the batch", 1, 2 * f32 * NC,
