@@ -139,6 +139,54 @@ static dt_status dt_launch_rows(const dt_exec *ex, int64_t rows, int64_t cols,
   return DT_OK;
 }
 
+/* f(j, v) for the calling thread's share of the row x[0..n), v element j
+ * as f32: 16 bytes (8 16-bit or 4 f32 elements) a load when x is 16-byte
+ * aligned, the tail and an unaligned row an element at a time. Which
+ * thread sees which element differs between the two, so a reduction over
+ * f's calls adds in another order. */
+template <typename T, typename F>
+static __device__ __forceinline__ void dt_row_for_each(const T *x, int64_t n, F &&f) {
+  constexpr int V = 16 / (int)sizeof(T);
+  int64_t j0 = 0;
+  if (((uintptr_t)x & 15) == 0) {
+    const int64_t nv = n / V;
+    const uint4 *xv = reinterpret_cast<const uint4 *>(x);
+    for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+      const uint4 u = xv[v];
+      const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        f(v * V + k, dt_load_f32(e, k));
+    }
+    j0 = nv * V;
+  }
+  for (int64_t j = j0 + threadIdx.x; j < n; j += blockDim.x)
+    f(j, dt_load_f32(x, j));
+}
+
+/* y[j] = f(j, x[j]) (as f32, rounded once to T) over the calling thread's
+ * share of a row of n elements; y may be x. 16 bytes a load and a store
+ * when both are 16-byte aligned, else an element at a time. */
+template <typename T, typename F>
+static __device__ __forceinline__ void dt_row_map(const T *x, T *y, int64_t n, F &&f) {
+  constexpr int V = 16 / (int)sizeof(T);
+  int64_t j0 = 0;
+  if ((((uintptr_t)x | (uintptr_t)y) & 15) == 0) {
+    const int64_t nv = n / V;
+    for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+      uint4 u = reinterpret_cast<const uint4 *>(x)[v];
+      T *e = reinterpret_cast<T *>(&u);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        dt_store_f32(e, k, f(v * V + k, dt_load_f32(e, k)));
+      reinterpret_cast<uint4 *>(y)[v] = u;
+    }
+    j0 = nv * V;
+  }
+  for (int64_t j = j0 + threadIdx.x; j < n; j += blockDim.x)
+    dt_store_f32(y, j, f(j, dt_load_f32(x, j)));
+}
+
 /* The block's max of row x[0..n) and sum of exp(x - max) into *sumexp;
  * every thread gets both. shf and shd: 32 floats and 32 doubles of shared
  * memory. */
@@ -146,12 +194,10 @@ template <typename T>
 static __device__ __forceinline__ float dt_block_row_max_sumexp(const T *x, int64_t n, float *shf,
                                                                 double *shd, double *sumexp) {
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    mx = fmaxf(mx, dt_load_f32(x, j));
+  dt_row_for_each(x, n, [&](int64_t, float v) { mx = fmaxf(mx, v); });
   mx = dt_block_max(mx, shf);
   double s = 0.0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    s += expf(dt_load_f32(x, j) - mx);
+  dt_row_for_each(x, n, [&](int64_t, float v) { s += expf(v - mx); });
   *sumexp = dt_block_sum(s, shd);
   return mx;
 }

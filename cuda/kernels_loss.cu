@@ -117,8 +117,7 @@ template <typename T>
 static __device__ float block_row_online_max_sumexp(const T *x, int64_t n, float *shm, float *shs,
                                                     float *sumexp) {
   float m = -INFINITY, s = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    online_add(m, s, dt_load_f32(x, j));
+  dt_row_for_each(x, n, [&](int64_t, float v) { online_add(m, s, v); });
   for (int o = 16; o > 0; o >>= 1) {
     float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
     online_merge(m, s, m2, s2);
@@ -169,11 +168,10 @@ static __global__ void classifier_forward_kernel(const T *logits, const void *ta
       atomicAdd(&rep->kept, 1ull);
     }
     float inv = 1.0f / s;
-    for (int64_t j = threadIdx.x; dr && j < vp; j += blockDim.x)
-      dt_store_f32(dr, j,
-                   j < classes ? (expf(dt_load_f32(xr, j) - mx) * inv - (j == t ? 1.0f : 0.0f)) *
-                                     dlogits_scale
-                               : 0.0f);
+    if (dr) /* dr may be xr: each element is read before it is written, by one thread */
+      dt_row_map(xr, dr, vp, [&](int64_t j, float v) {
+        return j < classes ? (expf(v - mx) * inv - (j == t ? 1.0f : 0.0f)) * dlogits_scale : 0.0f;
+      });
   }
 }
 

@@ -20,14 +20,14 @@ static __device__ __forceinline__ void layer_norm_row(const T *xr, const float *
                                                       float *rstd, int64_t r, int64_t cols,
                                                       float eps, bool rms, double *shd) {
   double s = 0.0;
-  for (int64_t j = threadIdx.x; j < cols && !rms; j += blockDim.x)
-    s += dt_load_f32(xr, j);
+  if (!rms)
+    dt_row_for_each(xr, cols, [&](int64_t, float x) { s += x; });
   double m = rms ? 0.0 : dt_block_sum(s, shd) / (double)cols;
   double v = 0.0;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    double d = dt_load_f32(xr, j) - m;
+  dt_row_for_each(xr, cols, [&](int64_t, float x) {
+    double d = x - m;
     v += d * d;
-  }
+  });
   v = dt_block_sum(v, shd);
   float mf = (float)m, rs = (float)(1.0 / sqrt(v / (double)cols + (double)eps));
   if (threadIdx.x == 0) {
@@ -53,11 +53,12 @@ static __global__ void layer_norm_forward_kernel(const TX *x, const TR *residual
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const TX *xr = x + r * cols;
     TY *yr = y + r * cols;
-    if (residual) { /* each thread reads back only the sums it wrote */
+    if (residual) {
       const TR *rr = residual + r * cols;
       float *sr = sum + r * cols;
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
         sr[j] = dt_load_f32(xr, j) + dt_load_f32(rr, j);
+      __syncthreads(); /* the row's statistics read the sums 16 bytes at a time, across threads */
       layer_norm_row(sr, gamma, beta, yr, mean, rstd, r, cols, eps, rms, shd);
     } else {
       layer_norm_row(xr, gamma, beta, yr, mean, rstd, r, cols, eps, rms, shd);
