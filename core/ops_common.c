@@ -152,15 +152,6 @@ dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out) {
 
 dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out) { return dt_ops_cast(t, DT_DTYPE_F32, out); }
 
-dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out) {
-  dt_tensor *r = NULL;
-  *out = NULL;
-  DT_CHECK(dt_ops_cast(t, dtype, &r));
-  dt_status st = dt_ops_widen(r, out);
-  dt_tensor_release(r);
-  return st;
-}
-
 int dt_ops_is_half(const dt_tensor *t) { return t != NULL && dt_dtype_is_half(dt_tensor_dtype(t)); }
 
 dt_status dt_ops_f32_input(dt_tensor *x, dt_tensor **w) {

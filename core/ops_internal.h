@@ -98,9 +98,6 @@ dt_status dt_ops_autocast_input(const char *op, dt_tensor *t, dt_tensor **out);
  * reference to contiguous f32): low-precision ops whose kernels compute in
  * f32 widen their 16-bit inputs with it. */
 dt_status dt_ops_widen(dt_tensor *t, dt_tensor **out);
-/* t rounded to `dtype` and widened back: f32, contiguous (a gradient
- * entering a low-precision op's backward). */
-dt_status dt_ops_round_to(dt_tensor *t, dt_dtype dtype, dt_tensor **out);
 
 /* Mixed precision: ops of 16-bit inputs whose kernels compute in f32
  * (core/autocast_policy.def). 1 when t is f16 or bf16 (0 for NULL). */
