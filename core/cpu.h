@@ -47,6 +47,12 @@ int dt_cpu_conv_direct_eligible(const dt_conv2d_geom *g);
  * other paths. Returns the previous setting (default DT_CONV_WINOGRAD's,
  * on). For tests and benchmarks: call it while no kernel runs. */
 int dt_cpu_set_conv_winograd(int enabled);
+/* The batched convolution's products with a few columns (ResNet's deep
+ * layers at small batches) run on the backend's own unpacked AVX-512
+ * kernel where the CPU has it (core/cpu_skinny_gemm.c); 0 sends them to
+ * sgemm. Returns the previous setting (default 1). For tests and
+ * benchmarks: call it while no kernel runs. */
+int dt_cpu_set_gemm_skinny(int enabled);
 /* 1 when a convolution of geometry g runs as Winograd with this process's
  * kernel thread count and setting. */
 int dt_cpu_conv_winograd_eligible(const dt_conv2d_geom *g);

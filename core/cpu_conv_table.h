@@ -39,6 +39,20 @@ void dt_cpu_conv_table_col2im(const dt_conv2d_geom *g, const int32_t *tab, const
 void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float *A,
                         int lda, const float *B, int ldb, float beta, float *C, int ldc, int nt);
 
+/* The widest C that the convolution hands dt_cpu_skinny_sgemm: beyond it
+ * the sgemm's packing pays for itself. */
+#define DT_SKINNY_MAX_N 128
+
+/* C (M, N) = op(A) B + beta C, row-major, beta 0 or 1, without packing
+ * (core/cpu_skinny_gemm.c), for a short N or a shallow K: op(A) is A
+ * (M, K), lda floats a row, or with trans_a A^T where A is (K, M); B is
+ * (K, N). The rows are split among nt threads; every element is the same
+ * sum, in k order, whatever nt is. Returns 1 when done, 0 when the CPU
+ * has no AVX-512F (or dt_cpu_set_gemm_skinny switched it off) or beta is
+ * another value: the caller then runs a sgemm. */
+int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *C, int ldc, int nt);
+
 /* conv2d_forward / conv2d_backward on 16-bit x, w, y, dy, dx, dw
  * (cpu_kernels_conv_half.c): the f32 kernels on widened copies. */
 dt_status dt_cpu_conv2d_half_forward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,

@@ -70,6 +70,12 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       // weight gradient's 45 too), then rows (40 output channels)
       geom(6, 5, 6, 6, 4, 3, 3, 1, 1, 1, 1),
       geom(2, 3, 2, 2, 40, 3, 3, 1, 1, 1, 1),
+      // the unpacked products of a few columns (AVX-512): 64 columns, four
+      // whole vectors, a depth of 288 (two slices of 128 and one of 32),
+      // 13 rows (blocks of 6 and a last of 1); 100 columns (a block of 64
+      // and one of 36: three vectors, the last masked)
+      geom(16, 32, 2, 2, 13, 3, 3, 1, 1, 1, 1),
+      geom(25, 4, 2, 2, 9, 3, 3, 1, 1, 1, 1),
       // runs of 7 and 3 images: a run's operands are capped at 2^20 floats
       // (Winograd's where it is on: 640 tiles)
       geom(10, 256, 8, 8, 16, 3, 3, 1, 1, 1, 1),
@@ -86,9 +92,9 @@ std::vector<dt_conv2d_geom> conv_geoms() {
 }
 
 // The conv tests run with every path allowed (1: the direct AVX-512
-// kernels where the CPU has them, Winograd where it is faster), with the
-// direct kernels but not Winograd (2), and with every convolution on the
-// im2col + sgemm path (0).
+// kernels and the unpacked products of a few columns where the CPU has
+// them, Winograd where it is faster), with those but not Winograd (2), and
+// with every convolution on the im2col + sgemm path (0).
 class ConvPaths : public ::testing::TestWithParam<std::tuple<int, int>> {
  protected:
   void SetUp() override {
@@ -97,13 +103,15 @@ class ConvPaths : public ::testing::TestWithParam<std::tuple<int, int>> {
     int path = std::get<1>(GetParam());
     saved_direct_ = dt_cpu_set_conv_direct(path != 0);
     saved_winograd_ = dt_cpu_set_conv_winograd(path == 1);
+    saved_skinny_ = dt_cpu_set_gemm_skinny(path != 0);
   }
   void TearDown() override {
+    dt_cpu_set_gemm_skinny(saved_skinny_);
     dt_cpu_set_conv_winograd(saved_winograd_);
     dt_cpu_set_conv_direct(saved_direct_);
     dt_cpu_set_num_threads(saved_threads_);
   }
-  int saved_threads_ = 1, saved_direct_ = 1, saved_winograd_ = 1;
+  int saved_threads_ = 1, saved_direct_ = 1, saved_winograd_ = 1, saved_skinny_ = 1;
 };
 
 TEST(CpuConv, DirectKernelsTakeLeNetWhereTheCpuHasAvx512) {
@@ -151,6 +159,7 @@ TEST(CpuConv, WinogradTakesResNetsEvenLayersOfEnoughTiles) {
 // bit for bit with them switched off.
 TEST(CpuConv, SmallPlaneTablesMatchTheScalarLoopsBitForBit) {
   int saved_wg = dt_cpu_set_conv_winograd(0);
+  int saved_skinny = dt_cpu_set_gemm_skinny(0); /* sgemm's products on both sides */
   const dt_conv2d_geom geoms[] = {
       geom(3, 20, 2, 2, 6, 3, 3, 1, 1, 1, 1), geom(4, 9, 3, 3, 5, 3, 3, 1, 1, 1, 1),
       geom(2, 9, 4, 4, 5, 3, 3, 1, 1, 1, 1),  geom(3, 7, 5, 5, 6, 3, 3, 1, 1, 1, 1),
@@ -178,7 +187,36 @@ TEST(CpuConv, SmallPlaneTablesMatchTheScalarLoopsBitForBit) {
     EXPECT_EQ(0, memcmp(dx[0].data(), dx[1].data(), nx * sizeof(float))) << "dx, " << shape;
     EXPECT_EQ(0, memcmp(dw[0].data(), dw[1].data(), nw * sizeof(float))) << "dw, " << shape;
   }
+  dt_cpu_set_gemm_skinny(saved_skinny);
   dt_cpu_set_conv_winograd(saved_wg);
+}
+
+// The unpacked products split their rows among the threads and sum each
+// element over k in one order: y and dx are the same bits at 1, 2 and 3
+// threads (ResNet-18's 512-channel 2x2 layer at batch 16, and 100 columns).
+TEST(CpuConv, UnpackedProductsAreTheSameBitsAtEveryThreadCount) {
+  int saved_threads = dt_cpu_num_threads();
+  const dt_conv2d_geom geoms[] = {geom(16, 512, 2, 2, 512, 3, 3, 1, 1, 1, 1),
+                                  geom(25, 4, 2, 2, 9, 3, 3, 1, 1, 1, 1)};
+  for (const dt_conv2d_geom &g : geoms) {
+    size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
+    size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
+    Vec x = randn(nx, 40), w = randn(nw, 41), dy = randn(ny, 42);
+    Vec y[3], dx[3];
+    for (int t = 0; t < 3; t++) {
+      dt_cpu_set_num_threads(t + 1);
+      y[t].assign(ny, NAN), dx[t].assign(nx, NAN);
+      ASSERT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, x.data(), w.data(), nullptr,
+                                                y[t].data(), nullptr));
+      ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                                 dx[t].data(), nullptr, nullptr, nullptr));
+    }
+    for (int t = 1; t < 3; t++) {
+      EXPECT_EQ(0, memcmp(y[0].data(), y[t].data(), ny * sizeof(float))) << t + 1 << " threads";
+      EXPECT_EQ(0, memcmp(dx[0].data(), dx[t].data(), nx * sizeof(float))) << t + 1 << " threads";
+    }
+  }
+  dt_cpu_set_num_threads(saved_threads);
 }
 
 TEST_P(ConvPaths, Conv2dForwardVsDirect) {
