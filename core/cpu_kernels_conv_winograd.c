@@ -312,11 +312,63 @@ WG_CLONES static void filter_row(const float *f, int c, float *u, int64_t ld_e) 
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* filter_row 16 filters at a time: element j of each by one gather
+ * (the loop above compiles to scalar code), the same operations in the
+ * same order, so the same values. */
+__attribute__((target("avx512f"))) static void filter_row_avx512(const float *f, int c, float *u,
+                                                                 int64_t ld_e) {
+  const __m512i nine =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(9));
+  const __m512 half = _mm512_set1_ps(0.5f);
+  for (int k = 0; k < c; k += 16) {
+    __mmask16 in = (__mmask16)(c - k >= 16 ? 0xffff : (1u << (c - k)) - 1);
+    const float *q = f + (int64_t)k * 9;
+    __m512 v[9];
+    for (int j = 0; j < 9; j++)
+      v[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, nine, q + j, 4);
+    /* G down the columns: rows t0 .. t3 of 3 */
+    __m512 t[4][3];
+    for (int j = 0; j < 3; j++) {
+      t[0][j] = v[j];
+      t[1][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(v[j], v[3 + j]), v[6 + j]));
+      t[2][j] = _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(v[j], v[3 + j]), v[6 + j]));
+      t[3][j] = v[6 + j];
+    }
+    for (int i = 0; i < 4; i++) {
+      __m512 a = t[i][0], b = t[i][1], cc = t[i][2];
+      float *r = u + (int64_t)4 * i * ld_e + k;
+      _mm512_mask_storeu_ps(r, in, a);
+      _mm512_mask_storeu_ps(r + ld_e, in,
+                            _mm512_mul_ps(half, _mm512_add_ps(_mm512_add_ps(a, b), cc)));
+      _mm512_mask_storeu_ps(r + 2 * ld_e, in,
+                            _mm512_mul_ps(half, _mm512_add_ps(_mm512_sub_ps(a, b), cc)));
+      _mm512_mask_storeu_ps(r + 3 * ld_e, in, cc);
+    }
+  }
+}
+#endif
+
 static void filter_transform(const dt_conv2d_geom *g, const float *w, float *U, int nt) {
   int64_t ld_e = (int64_t)g->oc * g->c;
+  int simd = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  simd = __builtin_cpu_supports("avx512f");
+#endif
 #pragma omp parallel for if (nt > 1 && ld_e >= 4096) num_threads(nt) schedule(static)
-  for (int o = 0; o < g->oc; o++)
-    filter_row(w + (int64_t)o * g->c * 9, g->c, U + (int64_t)o * g->c, ld_e);
+  for (int o = 0; o < g->oc; o++) {
+    const float *f = w + (int64_t)o * g->c * 9;
+    float *u = U + (int64_t)o * g->c;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (simd) {
+      filter_row_avx512(f, g->c, u, ld_e);
+      continue;
+    }
+#endif
+    filter_row(f, g->c, u, ld_e);
+  }
 }
 
 /* y (oh, ow) of output channel o of one image from M[e][o][tiles] (planes
