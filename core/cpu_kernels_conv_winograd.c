@@ -76,7 +76,17 @@ typedef struct wg_plan {
   int ipc, pc;    /* images and tiles of a chunk */
   int chunks, nt; /* chunks of the batch; threads that run them */
   size_t thread_floats;
+  int rows16; /* AVX-512 and rows of at most 32 floats: the rows' parity splits by permutes */
 } wg_plan;
+
+static int wg_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
 
 static void plan_of(const dt_conv2d_geom *g, int nt, int backward, wg_plan *pl) {
   pl->th = (g->oh + 1) / 2;
@@ -98,6 +108,7 @@ static void plan_of(const dt_conv2d_geom *g, int nt, int backward, wg_plan *pl) 
   if (backward)
     f += (size_t)WG_E * g->oc * g->c; /* the thread's dU */
   pl->thread_floats = (f + 15) / 16 * 16;
+  pl->rows16 = wg_avx512() && g->w + g->pw <= 32 && g->ow <= 32 && pl->tw <= 16;
 }
 
 /* ---- transforms ----
@@ -226,19 +237,51 @@ __attribute__((target("avx512f"))) static void split_shifted_short(const dt_conv
   }
 }
 
-static int short_rows(const dt_conv2d_geom *g, const wg_plan *pl) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && g->w <= 32 && pl->tw <= 16;
+/* dst[j] = (j + s odd ? b : a)[(j + s) / 2] for j < n: two rows
+ * interleaved by parity, from an offset s; n + s <= 32, and a and b hold
+ * at least (n + s + 1) / 2 floats. */
+__attribute__((target("avx512f"))) static void interleave_row(const float *a, const float *b, int s,
+                                                              int n, float *dst) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i t0 = _mm512_add_epi32(iota, _mm512_set1_epi32(s));
+  __m512i t1 = _mm512_add_epi32(t0, _mm512_set1_epi32(16)), one = _mm512_set1_epi32(1);
+  __m512i i0 =
+      _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t0, one), 4), _mm512_srli_epi32(t0, 1));
+  __m512i i1 =
+      _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(t1, one), 4), _mm512_srli_epi32(t1, 1));
+  int cnt = (n + s + 1) / 2;
+  __mmask16 in = (__mmask16)(cnt >= 16 ? 0xffff : (1u << cnt) - 1);
+  __m512 va = _mm512_maskz_loadu_ps(in, a), vb = _mm512_maskz_loadu_ps(in, b);
+  _mm512_mask_storeu_ps(dst, (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1),
+                        _mm512_permutex2var_ps(va, i0, vb));
+  if (n > 16)
+    _mm512_mask_storeu_ps(dst + 16, (__mmask16)((1u << (n - 16)) - 1),
+                          _mm512_permutex2var_ps(va, i1, vb));
+}
+
+/* e[m] = r[2 m], o[m] = r[2 m + 1] for the n <= 32 floats of r. */
+__attribute__((target("avx512f"))) static void deinterleave_row(const float *r, int n, float *e,
+                                                                float *o) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  __m512 lo = _mm512_maskz_loadu_ps((__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1), r);
+  __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(n <= 16 ? 0 : (1u << (n - 16)) - 1), r + 16);
+  int ne = (n + 1) / 2, no = n / 2;
+  _mm512_mask_storeu_ps(e, (__mmask16)((1u << ne) - 1), _mm512_permutex2var_ps(lo, even, hi));
+  _mm512_mask_storeu_ps(
+      o, (__mmask16)((1u << no) - 1),
+      _mm512_permutex2var_ps(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi));
 }
 #else
+static void interleave_row(const float *a, const float *b, int s, int n, float *dst) {
+  (void)a, (void)b, (void)s, (void)n, (void)dst;
+}
+static void deinterleave_row(const float *r, int n, float *e, float *o) {
+  (void)r, (void)n, (void)e, (void)o;
+}
 static void split_shifted_short(const dt_conv2d_geom *g, const wg_plan *pl, const wg_short *sh,
                                 const float *x, float *base) {
   (void)sh;
   split_shifted(g, pl, x, base);
-}
-static int short_rows(const dt_conv2d_geom *g, const wg_plan *pl) {
-  (void)g, (void)pl;
-  return 0;
 }
 #endif
 
@@ -271,7 +314,7 @@ WG_CLONES static void input_tiles(const wg_plan *pl, const float *base, float *v
 static void input_transform(const dt_conv2d_geom *g, const wg_plan *pl, const float *x, int i0,
                             int ni, float *V, float *plane) {
   int64_t in_sz = (int64_t)g->c * g->h * g->w, ld_e = (int64_t)g->c * pl->pc;
-  int fast = short_rows(g, pl);
+  int fast = pl->rows16;
   wg_short sh;
   if (fast)
     short_lanes(g, pl, &sh);
@@ -399,6 +442,12 @@ WG_CLONES static void output_tiles(const dt_conv2d_geom *g, const wg_plan *pl, c
   for (int ty = 0; ty < pl->th; ty++) {
     int oy = 2 * ty, o = ty * tw;
     float *r0 = y + (int64_t)oy * ow;
+    if (pl->rows16) {
+      interleave_row(y00 + o, y01 + o, 0, ow, r0);
+      if (oy + 1 < g->oh)
+        interleave_row(y10 + o, y11 + o, 0, ow, r0 + ow);
+      continue;
+    }
     for (int ox = 0; ox < ow; ox++)
       r0[ox] = (ox & 1 ? y01 : y00)[o + (ox >> 1)];
     if (oy + 1 < g->oh) {
@@ -421,6 +470,10 @@ WG_CLONES static void grad_tiles(const dt_conv2d_geom *g, const wg_plan *pl, con
   for (int oy = 0; oy < g->oh; oy++) {
     const float *r = dy + (int64_t)oy * ow;
     float *e = (oy & 1 ? b0 : a0) + (oy >> 1) * tw, *o = (oy & 1 ? b1 : a1) + (oy >> 1) * tw;
+    if (pl->rows16) {
+      deinterleave_row(r, ow, e, o);
+      continue;
+    }
     for (int ox = 0; ox < ow; ox++)
       (ox & 1 ? o : e)[ox >> 1] = r[ox];
   }
@@ -494,6 +547,10 @@ WG_CLONES static void dinput_tiles(const dt_conv2d_geom *g, const wg_plan *pl, c
     const float *e = q->p[r & 1][0] + (int64_t)(r >> 1) * S;
     const float *o = q->p[r & 1][1] + (int64_t)(r >> 1) * S;
     float *dr = dx + (int64_t)iy * g->w;
+    if (pl->rows16) {
+      interleave_row(e, o, g->pw, g->w, dr);
+      continue;
+    }
     for (int ix = 0; ix < g->w; ix++) {
       int s = ix + g->pw;
       dr[ix] = (s & 1 ? o : e)[s >> 1];
