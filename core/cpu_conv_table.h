@@ -41,7 +41,7 @@ void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, in
 
 /* The widest C that the convolution hands dt_cpu_skinny_sgemm: beyond it
  * the sgemm's packing pays for itself. */
-#define DT_SKINNY_MAX_N 128
+#define DT_SKINNY_MAX_N 256
 
 /* C (M, N) = op(A) B + beta C, row-major, beta 0 or 1, without packing
  * (core/cpu_skinny_gemm.c), for a short N or a shallow K: op(A) is A

@@ -66,7 +66,8 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       geom(2, 9, 4, 4, 5, 3, 3, 1, 1, 1, 1),
       geom(4, 6, 5, 5, 7, 3, 3, 2, 2, 1, 1),
       // the batched GEMMs split along their longer side among the threads:
-      // columns (216 of them, cut at multiples of 16 inside an image; the
+      // columns (216 of them, cut at multiples of 16 inside an image, on
+      // path 0; the others' unpacked kernel takes 216 in four blocks; the
       // weight gradient's 45 too), then rows (40 output channels)
       geom(6, 5, 6, 6, 4, 3, 3, 1, 1, 1, 1),
       geom(2, 3, 2, 2, 40, 3, 3, 1, 1, 1, 1),
