@@ -194,6 +194,7 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
       const float *xp = x + task * hw;
       float *yp = y + task * hw;
       float sc = a.scale[task % c], sh = a.shift[task % c];
+#pragma omp simd /* -O2 alone leaves these loops scalar (the aliasing check) */
       for (int64_t i = 0; i < hw; i++)
         yp[i] = xp[i] * sc + sh;
     }
@@ -252,6 +253,7 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
         const float *xp = x + task * hw, *gp = dy + task * hw;
         float *dp = dx + task * hw;
         float m = save_mean[ci], mul = k_mul[ci], kd = k_dy[ci], kx = k_x[ci];
+#pragma omp simd
         for (int64_t i = 0; i < hw; i++)
           dp[i] = mul * (gp[i] - kd - (xp[i] - m) * kx);
       }
