@@ -53,6 +53,22 @@ void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, in
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
                         int ldb, float beta, float *C, int ldc, int nt);
 
+/* 1 when the CPU has AVX-512F and dt_cpu_set_gemm_skinny has not switched
+ * the unpacked kernels (this one and the small-plane ones below) off. */
+int dt_cpu_gemm_skinny_on(void);
+
+/* The small-plane convolution that skips the padding (core/cpu_conv_small.c):
+ * 1 when it takes g (the unpacked kernels on, at least 8 images, g's tap
+ * table and its inverse within DT_CONV_TABLE_MAX entries, at most 64 taps,
+ * and at least a fifth of the (tap, output pixel) pairs on the padding). */
+int dt_cpu_conv_small_usable(const dt_conv2d_geom *g);
+/* y (n, oc, oh, ow) = conv(x, w) (+ bias) for the whole batch. */
+dt_status dt_cpu_conv_small_forward(const dt_conv2d_geom *g, const float *x, const float *w,
+                                    const float *bias, float *y, int nt);
+/* dx (n, c, h, w) = the transposed convolution of dy with w, overwritten. */
+dt_status dt_cpu_conv_small_dx(const dt_conv2d_geom *g, const float *w, const float *dy, float *dx,
+                               int nt);
+
 /* conv2d_forward / conv2d_backward on 16-bit x, w, y, dy, dx, dw
  * (cpu_kernels_conv_half.c): the f32 kernels on widened copies. */
 dt_status dt_cpu_conv2d_half_forward(const dt_exec *ex, const dt_conv2d_geom *g, const void *x,

@@ -45,7 +45,7 @@ int dt_cpu_set_gemm_skinny(int enabled) { return atomic_exchange(&skinny_enabled
 #define TARGET_AVX512 __attribute__((target("avx512f")))
 #define UNROLL _Pragma("GCC unroll 8")
 
-static int has_avx512(void) {
+int dt_cpu_gemm_skinny_on(void) {
   __builtin_cpu_init();
   return atomic_load_explicit(&skinny_enabled, memory_order_relaxed) &&
          __builtin_cpu_supports("avx512f");
@@ -126,7 +126,7 @@ TARGET_AVX512 static void rows(int trans, int m0, int m1, int N, int K, const fl
 
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
                         int ldb, float beta, float *C, int ldc, int nt) {
-  if (M < 1 || N < 1 || K < 1 || (beta != 0.0f && beta != 1.0f) || !has_avx512())
+  if (M < 1 || N < 1 || K < 1 || (beta != 0.0f && beta != 1.0f) || !dt_cpu_gemm_skinny_on())
     return 0;
   int blocks = (M + MR - 1) / MR, parts = MIN(nt, blocks);
 #pragma omp parallel for if (parts > 1) num_threads(parts) schedule(static)
@@ -140,6 +140,7 @@ int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int ld
 }
 
 #else
+int dt_cpu_gemm_skinny_on(void) { return 0; }
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
                         int ldb, float beta, float *C, int ldc, int nt) {
   (void)beta, (void)trans_a, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb,

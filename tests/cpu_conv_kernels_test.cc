@@ -71,12 +71,22 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       // weight gradient's 45 too), then rows (40 output channels)
       geom(6, 5, 6, 6, 4, 3, 3, 1, 1, 1, 1),
       geom(2, 3, 2, 2, 40, 3, 3, 1, 1, 1, 1),
-      // the unpacked products of a few columns (AVX-512): 64 columns, four
-      // whole vectors, a depth of 288 (two slices of 128 and one of 32),
-      // 13 rows (blocks of 6 and a last of 1); 100 columns (a block of 64
-      // and one of 36: three vectors, the last masked)
-      geom(16, 32, 2, 2, 13, 3, 3, 1, 1, 1, 1),
-      geom(25, 4, 2, 2, 9, 3, 3, 1, 1, 1, 1),
+      // the unpacked products of a few columns (AVX-512), 1x1 of stride 2
+      // (no padding to skip): 64 columns, four whole vectors, a depth of
+      // 300 (slices of 128, 128 and 44), 13 rows (blocks of 6 and a last
+      // of 1); 100 columns (a block of 64 and one of 36: three vectors,
+      // the last masked)
+      geom(16, 300, 4, 4, 13, 1, 1, 2, 2, 0, 0),
+      geom(25, 4, 4, 4, 9, 1, 1, 2, 2, 0, 0),
+      // the small-plane kernels that skip the padding (AVX-512, 8 images
+      // or more, a fifth of the taps or more on the padding): 2x2 planes,
+      // one block of 16 images; 20 images (a block and 4), stride 2 from
+      // 4x4; 3x3 planes (pixel groups of 4, 4 and 1) of 5x5 taps; 40
+      // output channels (dx's slices of 16, 16 and 8)
+      geom(16, 12, 2, 2, 9, 3, 3, 1, 1, 1, 1),
+      geom(20, 7, 4, 4, 13, 3, 3, 2, 2, 1, 1),
+      geom(9, 5, 3, 3, 8, 5, 5, 1, 1, 2, 2),
+      geom(8, 3, 2, 2, 40, 3, 3, 1, 1, 1, 1),
       // runs of 7 and 3 images: a run's operands are capped at 2^20 floats
       // (Winograd's where it is on: 640 tiles)
       geom(10, 256, 8, 8, 16, 3, 3, 1, 1, 1, 1),
@@ -192,13 +202,16 @@ TEST(CpuConv, SmallPlaneTablesMatchTheScalarLoopsBitForBit) {
   dt_cpu_set_conv_winograd(saved_wg);
 }
 
-// The unpacked products split their rows among the threads and sum each
-// element over k in one order: y and dx are the same bits at 1, 2 and 3
-// threads (ResNet-18's 512-channel 2x2 layer at batch 16, and 100 columns).
+// The unpacked products and the small-plane kernels split their rows
+// among the threads and sum each element in one order: y and dx are the
+// same bits at 1, 2 and 3 threads (ResNet-18's 512-channel 2x2 layer at
+// batch 16 and 25 images of 2x2 on the small-plane kernels; 1x1 of stride
+// 2 on the unpacked products).
 TEST(CpuConv, UnpackedProductsAreTheSameBitsAtEveryThreadCount) {
   int saved_threads = dt_cpu_num_threads();
   const dt_conv2d_geom geoms[] = {geom(16, 512, 2, 2, 512, 3, 3, 1, 1, 1, 1),
-                                  geom(25, 4, 2, 2, 9, 3, 3, 1, 1, 1, 1)};
+                                  geom(25, 4, 2, 2, 9, 3, 3, 1, 1, 1, 1),
+                                  geom(16, 300, 4, 4, 13, 1, 1, 2, 2, 0, 0)};
   for (const dt_conv2d_geom &g : geoms) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
     size_t ny = (size_t)g.n * g.oc * g.oh * g.ow;
