@@ -6,13 +6,15 @@
  * writes those zeros into its columns and the GEMM multiplies them: 5/9 of
  * the products of ResNet-18's 512-channel layers at 64 px, 31% at 4x4.
  *
- * Here the batch is the vector: a block of 16 images is transposed into
- * (channel, pixel, image) order, so that one AVX-512 register holds one
- * pixel of one channel for the 16 images. A block of 6 output rows by 4
- * output pixels stays in 24 registers while the loop runs over the input
- * channels and, inside, the taps: for each tap only the pixels whose input
- * is inside the plane take a product (the tap table says which), each
- * weight broadcast to the 6 rows. The weights are read where they lie.
+ * Here the batch is the vector: the images are transposed, by blocks of
+ * 16, into (channel, block, pixel, image) order, so that one AVX-512
+ * register holds one pixel of one channel for 16 images. A block of 6
+ * output rows by 4 output pixels (of any image blocks) stays in 24
+ * registers while the loop runs over the input channels and, inside, the
+ * taps: for each tap only the pixels whose input is inside the plane take
+ * a product (the tap table says which), each weight broadcast to the 6
+ * rows. The weights are read where they lie, once for the whole batch
+ * (a block's rows stay in L2 across its pixels).
  *
  * The same loop gives dx, the transposed convolution: its rows are the
  * input channels, its pixels the input pixels, its loop the output
@@ -45,9 +47,10 @@ static void count_valid(const dt_conv2d_geom *g, const int32_t *tab, int64_t *va
   *valid = v, *all = n;
 }
 
-int dt_cpu_conv_small_usable(const dt_conv2d_geom *g) {
-  if (g->n < VB / 2 || g->kh * g->kw > 64 || !dt_cpu_conv_table_fits(g) ||
-      (int64_t)g->kh * g->kw * g->h * g->w > DT_CONV_TABLE_MAX || !dt_cpu_gemm_skinny_on())
+int dt_cpu_conv_small_usable(const dt_conv2d_geom *g, int dx) {
+  if ((dx && (g->sh != 1 || g->sw != 1)) || g->n < VB / 2 || g->kh * g->kw > 64 ||
+      !dt_cpu_conv_table_fits(g) || (int64_t)g->kh * g->kw * g->h * g->w > DT_CONV_TABLE_MAX ||
+      !dt_cpu_gemm_skinny_on())
     return 0;
   int32_t tab[DT_CONV_TABLE_MAX];
   int64_t valid, all;
@@ -134,39 +137,47 @@ static void pv_run(const pv_job *j, int kc, int nt) {
   }
 }
 
-/* t (ch, pos, 16) = images i0 .. i0 + m - 1 of x (n, ch, pos); lanes of
- * absent images 0. */
-TARGET_AVX512 static void to_vectors(const float *x, int64_t ch, int64_t pos, int i0, int m,
+/* t[c][b * pos + q][16] = image 16 b + lane of x (n, ch, pos) at (c, q),
+ * for the nb blocks of 16 images; lanes past n are 0. */
+TARGET_AVX512 static void to_vectors(const float *x, int n, int64_t ch, int64_t pos, int nb,
                                      float *t) {
   __m512i lane =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32((int)(ch * pos)));
-  __mmask16 in = (__mmask16)(m >= VB ? 0xffff : (1u << m) - 1);
-  const float *base = x + (int64_t)i0 * ch * pos;
-  for (int64_t e = 0; e < ch * pos; e++)
-    _mm512_storeu_ps(t + e * VB,
-                     _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, lane, base + e, 4));
+  for (int b = 0; b < nb; b++) {
+    int m = MIN(VB, n - b * VB);
+    __mmask16 in = (__mmask16)(m >= VB ? 0xffff : (1u << m) - 1);
+    const float *base = x + (int64_t)b * VB * ch * pos;
+    for (int64_t c = 0; c < ch; c++)
+      for (int64_t q = 0; q < pos; q++)
+        _mm512_storeu_ps(
+            t + ((c * nb + b) * pos + q) * VB,
+            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, lane, base + c * pos + q, 4));
+  }
 }
 
-/* Images i0 .. i0 + m - 1 of y (n, ch, pos) = t (ch, pos, 16) (+ bias[ch]). */
-static void from_vectors(const float *t, int64_t ch, int64_t pos, int i0, int m, const float *bias,
+/* y (n, ch, pos) = t[c][b * pos + q][16] (+ bias[c]), to_vectors' inverse. */
+static void from_vectors(const float *t, int n, int64_t ch, int64_t pos, int nb, const float *bias,
                          float *y, int nt) {
-#pragma omp parallel for if (nt > 1 && ch * pos >= 1024) num_threads(nt) schedule(static)
+#pragma omp parallel for if (nt > 1 && ch * pos * nb >= 1024) num_threads(nt) schedule(static)
   for (int64_t c = 0; c < ch; c++) {
-    float b = bias ? bias[c] : 0.0f;
-    for (int i = 0; i < m; i++) {
-      float *dst = y + ((int64_t)(i0 + i) * ch + c) * pos;
-      const float *src = t + c * pos * VB + i;
-      for (int64_t p = 0; p < pos; p++)
-        dst[p] = src[p * VB] + b;
+    float bc = bias ? bias[c] : 0.0f;
+    for (int i = 0; i < n; i++) {
+      float *dst = y + ((int64_t)i * ch + c) * pos;
+      const float *src = t + ((c * nb + i / VB) * pos) * VB + i % VB;
+      for (int64_t q = 0; q < pos; q++)
+        dst[q] = src[q * VB] + bc;
     }
   }
 }
 
+/* The blocks of 16 images side by side: pixel b * P + p of the job reads
+ * position b * pos + idx[t][p] of S. One pass over the weights for the
+ * whole batch. */
 static dt_status small_run(const char *op, const dt_conv2d_geom *g, const float *w, const float *in,
                            int64_t in_ch, int64_t in_pos, const float *bias, float *out,
                            int64_t out_ch, int64_t out_pos, int dx, int nt) {
-  int taps = g->kh * g->kw;
+  int taps = g->kh * g->kw, nb = (g->n + VB - 1) / VB;
   int32_t tab[DT_CONV_TABLE_MAX], idx[DT_CONV_TABLE_MAX];
   dt_cpu_conv_tap_table(g, tab);
   if (dx) { /* the inverse: for tap t and input pixel q, the output pixel reading it */
@@ -180,13 +191,21 @@ static dt_status small_run(const char *op, const dt_conv2d_geom *g, const float 
   } else {
     memcpy(idx, tab, sizeof(int32_t) * (size_t)taps * g->oh * g->ow);
   }
-  size_t floats = (size_t)(in_ch * in_pos + out_ch * out_pos) * VB;
+  int64_t P = nb * out_pos;
+  size_t floats = (size_t)(in_ch * in_pos + out_ch * out_pos) * nb * VB;
+  size_t bytes = floats * sizeof(float) + sizeof(int32_t) * (size_t)(taps * P);
   dt_cpu_scratch *s = NULL;
   void *data = NULL;
-  if (dt_cpu_scratch_acquire(floats * sizeof(float), &s, &data) != DT_OK)
-    return DT_ERROR(DT_ERR_OOM, "%s: image-vector buffers of %zu bytes: malloc failed", op,
-                    floats * sizeof(float));
-  float *sv = data, *ov = sv + in_ch * in_pos * VB;
+  if (dt_cpu_scratch_acquire(bytes, &s, &data) != DT_OK)
+    return DT_ERROR(DT_ERR_OOM, "%s: image-vector buffers of %zu bytes: malloc failed", op, bytes);
+  float *sv = data, *ov = sv + in_ch * in_pos * nb * VB;
+  int32_t *bidx = (int32_t *)(ov + out_ch * P * VB);
+  for (int t = 0; t < taps; t++)
+    for (int b = 0; b < nb; b++)
+      for (int64_t p = 0; p < out_pos; p++) {
+        int32_t v = idx[t * out_pos + p];
+        bidx[t * P + b * out_pos + p] = v < 0 ? -1 : (int32_t)(b * in_pos + v);
+      }
   int64_t ckk = (int64_t)g->c * taps;
   pv_job j = {.A = w,
               .rs = dx ? taps : ckk,
@@ -194,19 +213,16 @@ static dt_status small_run(const char *op, const dt_conv2d_geom *g, const float 
               .taps = taps,
               .K1 = (int)in_ch,
               .R = (int)out_ch,
-              .P = (int)out_pos,
+              .P = (int)P,
               .S = sv,
-              .sp = (int)in_pos,
-              .idx = idx,
+              .sp = (int)(nb * in_pos),
+              .idx = bidx,
               .out = ov};
-  for (int i0 = 0; i0 < g->n; i0 += VB) {
-    int m = MIN(VB, g->n - i0);
-    to_vectors(in, in_ch, in_pos, i0, m, sv);
-    /* dx reads w across its rows (output channels), 54 floats of each
-     * a block: in slices of 16 rows, 16 streams the prefetcher follows */
-    pv_run(&j, dx ? 16 : j.K1, nt);
-    from_vectors(ov, out_ch, out_pos, i0, m, bias, out, nt);
-  }
+  to_vectors(in, g->n, in_ch, in_pos, nb, sv);
+  /* dx reads w across its rows (output channels), 54 floats of each a
+   * block: in slices of 16 rows, 16 streams the prefetcher follows */
+  pv_run(&j, dx ? 16 : j.K1, nt);
+  from_vectors(ov, g->n, out_ch, out_pos, nb, bias, out, nt);
   dt_cpu_scratch_release(s);
   return DT_OK;
 }

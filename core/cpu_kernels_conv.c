@@ -600,7 +600,7 @@ dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, cons
    * images beats the direct kernels' short wide rows */
   if (dt_cpu_conv_winograd_eligible(g))
     return dt_cpu_conv_winograd_forward(g, x, w, bias, y, nt);
-  if (batched_runs(g) && dt_cpu_conv_small_usable(g))
+  if (batched_runs(g) && dt_cpu_conv_small_usable(g, 0))
     return dt_cpu_conv_small_forward(g, x, w, bias, y, nt);
   if (batched_runs(g))
     return batched_forward(g, x, w, bias, y, nt);
@@ -689,7 +689,7 @@ static dt_status conv2d_backward_f32(const dt_conv2d_geom *g, const float *x, co
    * backward ran slower there (resnet18-small's 256-channel 7x7 layers) */
   if (dt_cpu_conv_winograd_eligible(g))
     return dt_cpu_conv_winograd_backward(g, x, w, dy, dx, dw, dw_acc, nt);
-  if (batched_runs(g) && dx && dt_cpu_conv_small_usable(g)) { /* dw on the GEMMs */
+  if (batched_runs(g) && dx && dt_cpu_conv_small_usable(g, 1)) { /* dw on the GEMMs */
     dt_status st = dw ? batched_backward(g, x, w, dy, NULL, dw, dw_acc, nt) : DT_OK;
     return st != DT_OK ? st : dt_cpu_conv_small_dx(g, w, dy, dx, nt);
   }

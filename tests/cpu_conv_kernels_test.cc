@@ -81,8 +81,8 @@ std::vector<dt_conv2d_geom> conv_geoms() {
       // the small-plane kernels that skip the padding (AVX-512, 8 images
       // or more, a fifth of the taps or more on the padding): 2x2 planes,
       // one block of 16 images; 20 images (a block and 4), stride 2 from
-      // 4x4; 3x3 planes (pixel groups of 4, 4 and 1) of 5x5 taps; 40
-      // output channels (dx's slices of 16, 16 and 8)
+      // 4x4 (the forward: dx at stride 2 stays on the GEMMs); 3x3 planes (pixel groups of 4, 4 and
+      // 1) of 5x5 taps; 40 output channels (dx's slices of 16, 16 and 8)
       geom(16, 12, 2, 2, 9, 3, 3, 1, 1, 1, 1),
       geom(20, 7, 4, 4, 13, 3, 3, 2, 2, 1, 1),
       geom(9, 5, 3, 3, 8, 5, 5, 1, 1, 2, 2),
