@@ -13,8 +13,9 @@
  * registers while the loop runs over the input channels and, inside, the
  * taps: for each tap only the pixels whose input is inside the plane take
  * a product (the tap table says which), each weight broadcast to the 6
- * rows. The weights are read where they lie, once for the whole batch
- * (a block's rows stay in L2 across its pixels).
+ * rows. The weights are read where they lie, once for a run of image
+ * blocks whose vectors fit in 16 MB (all of ResNet-18's batch of 16; a
+ * block's rows stay in L2 across its pixels).
  *
  * The same loop gives dx, the transposed convolution: its rows are the
  * input channels, its pixels the input pixels, its loop the output
@@ -38,6 +39,8 @@
 #define PG 4  /* output pixels a block */
 #define VB 16 /* images a vector */
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define RUN_FLOATS ((int64_t)1 << 22) /* a run's vectors: 16 MB */
 
 /* Valid (tap, pixel) pairs of g's table, and all of them. */
 static void count_valid(const dt_conv2d_geom *g, const int32_t *tab, int64_t *valid, int64_t *all) {
@@ -51,6 +54,9 @@ int dt_cpu_conv_small_usable(const dt_conv2d_geom *g, int dx) {
   if ((dx && (g->sh != 1 || g->sw != 1)) || g->n < VB / 2 || g->kh * g->kw > 64 ||
       !dt_cpu_conv_table_fits(g) || (int64_t)g->kh * g->kw * g->h * g->w > DT_CONV_TABLE_MAX ||
       !dt_cpu_gemm_skinny_on())
+    return 0;
+  /* the gathers' 32-bit offsets (16 images of a plane set apart) */
+  if ((int64_t)VB * MAX(g->c, g->oc) * MAX(g->h * g->w, g->oh * g->ow) > INT32_MAX)
     return 0;
   int32_t tab[DT_CONV_TABLE_MAX];
   int64_t valid, all;
@@ -191,38 +197,45 @@ static dt_status small_run(const char *op, const dt_conv2d_geom *g, const float 
   } else {
     memcpy(idx, tab, sizeof(int32_t) * (size_t)taps * g->oh * g->ow);
   }
-  int64_t P = nb * out_pos;
-  size_t floats = (size_t)(in_ch * in_pos + out_ch * out_pos) * nb * VB;
-  size_t bytes = floats * sizeof(float) + sizeof(int32_t) * (size_t)(taps * P);
+  /* runs of whole blocks whose vectors fit in RUN_FLOATS (one run at
+   * ResNet-18's batch 16; an evaluation batch of thousands in several) */
+  int64_t per_block = (in_ch * in_pos + out_ch * out_pos) * VB;
+  int nbr = (int)MIN((int64_t)nb, MAX((int64_t)1, RUN_FLOATS / per_block));
+  size_t bytes = (sizeof(float) * (size_t)per_block + sizeof(int32_t) * (size_t)(taps * out_pos)) *
+                 (size_t)nbr;
   dt_cpu_scratch *s = NULL;
   void *data = NULL;
   if (dt_cpu_scratch_acquire(bytes, &s, &data) != DT_OK)
     return DT_ERROR(DT_ERR_OOM, "%s: image-vector buffers of %zu bytes: malloc failed", op, bytes);
-  float *sv = data, *ov = sv + in_ch * in_pos * nb * VB;
-  int32_t *bidx = (int32_t *)(ov + out_ch * P * VB);
-  for (int t = 0; t < taps; t++)
-    for (int b = 0; b < nb; b++)
-      for (int64_t p = 0; p < out_pos; p++) {
-        int32_t v = idx[t * out_pos + p];
-        bidx[t * P + b * out_pos + p] = v < 0 ? -1 : (int32_t)(b * in_pos + v);
-      }
+  float *sv = data, *ov = sv + in_ch * in_pos * nbr * VB;
+  int32_t *bidx = (int32_t *)(ov + out_ch * out_pos * nbr * VB);
   int64_t ckk = (int64_t)g->c * taps;
-  pv_job j = {.A = w,
-              .rs = dx ? taps : ckk,
-              .ks = dx ? ckk : taps,
-              .taps = taps,
-              .K1 = (int)in_ch,
-              .R = (int)out_ch,
-              .P = (int)P,
-              .S = sv,
-              .sp = (int)(nb * in_pos),
-              .idx = bidx,
-              .out = ov};
-  to_vectors(in, g->n, in_ch, in_pos, nb, sv);
-  /* dx reads w across its rows (output channels), 54 floats of each a
-   * block: in slices of 16 rows, 16 streams the prefetcher follows */
-  pv_run(&j, dx ? 16 : j.K1, nt);
-  from_vectors(ov, g->n, out_ch, out_pos, nb, bias, out, nt);
+  for (int b0 = 0; b0 < nb; b0 += nbr) {
+    int m = MIN(nbr, nb - b0), n = MIN(g->n - b0 * VB, m * VB);
+    int64_t P = m * out_pos;
+    for (int t = 0; t < taps; t++)
+      for (int b = 0; b < m; b++)
+        for (int64_t p = 0; p < out_pos; p++) {
+          int32_t v = idx[t * out_pos + p];
+          bidx[t * P + b * out_pos + p] = v < 0 ? -1 : (int32_t)(b * in_pos + v);
+        }
+    pv_job j = {.A = w,
+                .rs = dx ? taps : ckk,
+                .ks = dx ? ckk : taps,
+                .taps = taps,
+                .K1 = (int)in_ch,
+                .R = (int)out_ch,
+                .P = (int)P,
+                .S = sv,
+                .sp = (int)(m * in_pos),
+                .idx = bidx,
+                .out = ov};
+    to_vectors(in + (int64_t)b0 * VB * in_ch * in_pos, n, in_ch, in_pos, m, sv);
+    /* dx reads w across its rows (output channels), 54 floats of each a
+     * block: in slices of 16 rows, 16 streams the prefetcher follows */
+    pv_run(&j, dx ? 16 : j.K1, nt);
+    from_vectors(ov, n, out_ch, out_pos, m, bias, out + (int64_t)b0 * VB * out_ch * out_pos, nt);
+  }
   dt_cpu_scratch_release(s);
   return DT_OK;
 }

@@ -233,6 +233,40 @@ TEST(CpuConv, UnpackedProductsAreTheSameBitsAtEveryThreadCount) {
   dt_cpu_set_num_threads(saved_threads);
 }
 
+// A batch beyond one run of the small-plane kernels' buffers (16 MB of
+// vectors: 65,536 images of 8 channels at 2x2) runs in several; each
+// image's y and dx are the same bits as in a batch of its half.
+TEST(CpuConv, SmallPlaneRunsSplitALargeBatchByImage) {
+  const int n = 65600, half = n / 2;
+  dt_conv2d_geom g = geom(n, 8, 2, 2, 8, 3, 3, 1, 1, 1, 1),
+                 gh = geom(half, 8, 2, 2, 8, 3, 3, 1, 1, 1, 1);
+  size_t nx = (size_t)n * 8 * 4, nw = 8 * 8 * 9;
+  Vec x = randn(nx, 50), w = randn(nw, 51), dy = randn(nx, 52), y(nx, NAN), dx(nx, NAN);
+  Vec yh(nx, NAN), dxh(nx, NAN);
+  ASSERT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, x.data(), w.data(), nullptr, y.data(),
+                                            nullptr));
+  ASSERT_EQ(DT_OK, dt_kernel_conv2d_backward(cpu_exec(), &g, x.data(), w.data(), dy.data(),
+                                             dx.data(), nullptr, nullptr, nullptr));
+  for (int h = 0; h < 2; h++) {
+    size_t off = (size_t)h * nx / 2;
+    ASSERT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &gh, x.data() + off, w.data(), nullptr,
+                                              yh.data() + off, nullptr));
+    ASSERT_EQ(DT_OK,
+              dt_kernel_conv2d_backward(cpu_exec(), &gh, x.data() + off, w.data(), dy.data() + off,
+                                        dxh.data() + off, nullptr, nullptr, nullptr));
+  }
+  EXPECT_EQ(0, memcmp(y.data(), yh.data(), nx * sizeof(float)));
+  EXPECT_EQ(0, memcmp(dx.data(), dxh.data(), nx * sizeof(float)));
+  // and agree with the im2col path to rounding
+  int saved = dt_cpu_set_gemm_skinny(0);
+  Vec y0(nx, NAN);
+  ASSERT_EQ(DT_OK, dt_kernel_conv2d_forward(cpu_exec(), &g, x.data(), w.data(), nullptr, y0.data(),
+                                            nullptr));
+  dt_cpu_set_gemm_skinny(saved);
+  std::vector<double> want(y0.begin(), y0.end());
+  expect_close(y, want, 1e-5, 1e-5, "small-plane runs against im2col");
+}
+
 TEST_P(ConvPaths, Conv2dForwardVsDirect) {
   for (const dt_conv2d_geom &g : conv_geoms()) {
     size_t nx = (size_t)g.n * g.c * g.h * g.w, nw = (size_t)g.oc * g.c * g.kh * g.kw;
