@@ -49,9 +49,11 @@ int dt_cpu_conv_direct_eligible(const dt_conv2d_geom *g);
 int dt_cpu_set_conv_winograd(int enabled);
 /* The batched convolution's products with a few columns (ResNet's deep
  * layers at small batches) run on the backend's own unpacked AVX-512
- * kernel where the CPU has it (core/cpu_skinny_gemm.c); 0 sends them to
- * sgemm. Returns the previous setting (default 1). For tests and
- * benchmarks: call it while no kernel runs. */
+ * kernel where the CPU has it (core/cpu_skinny_gemm.c), and its small
+ * planes with many taps on the padding on kernels that skip them
+ * (core/cpu_conv_small.c); 0 sends both to im2col and sgemm. Returns the
+ * previous setting (default 1). For tests and benchmarks: call it while
+ * no kernel runs. */
 int dt_cpu_set_gemm_skinny(int enabled);
 /* 1 when a convolution of geometry g runs as Winograd with this process's
  * kernel thread count and setting. */
