@@ -26,10 +26,7 @@
  * Each output is a sum over the channels in order and, within a channel,
  * over the taps in order: the same at every thread count (the threads
  * split the rows). */
-#include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "core/cpu.h"
 #include "core/cpu_conv_table.h"
@@ -184,18 +181,18 @@ static dt_status small_run(const char *op, const dt_conv2d_geom *g, const float 
                            int64_t in_ch, int64_t in_pos, const float *bias, float *out,
                            int64_t out_ch, int64_t out_pos, int dx, int nt) {
   int taps = g->kh * g->kw, nb = (g->n + VB - 1) / VB;
-  int32_t tab[DT_CONV_TABLE_MAX], idx[DT_CONV_TABLE_MAX];
+  int32_t tab[DT_CONV_TABLE_MAX], inv[DT_CONV_TABLE_MAX];
   dt_cpu_conv_tap_table(g, tab);
+  const int32_t *idx = tab; /* forward: for tap t and output pixel p, the input pixel */
   if (dx) { /* the inverse: for tap t and input pixel q, the output pixel reading it */
     int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
     for (int64_t e = 0; e < taps * hw; e++)
-      idx[e] = -1;
+      inv[e] = -1;
     for (int t = 0; t < taps; t++)
       for (int64_t p = 0; p < ohw; p++)
         if (tab[t * ohw + p] >= 0)
-          idx[t * hw + tab[t * ohw + p]] = (int32_t)p;
-  } else {
-    memcpy(idx, tab, sizeof(int32_t) * (size_t)taps * g->oh * g->ow);
+          inv[t * hw + tab[t * ohw + p]] = (int32_t)p;
+    idx = inv;
   }
   /* runs of whole blocks whose vectors fit in RUN_FLOATS (one run at
    * ResNet-18's batch 16; an evaluation batch of thousands in several) */

@@ -43,15 +43,14 @@ void dt_cpu_split_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, in
  * the sgemm's packing pays for itself. */
 #define DT_SKINNY_MAX_N 256
 
-/* C (M, N) = op(A) B + beta C, row-major, beta 0 or 1, without packing
- * (core/cpu_skinny_gemm.c), for a short N or a shallow K: op(A) is A
- * (M, K), lda floats a row, or with trans_a A^T where A is (K, M); B is
- * (K, N). The rows are split among nt threads; every element is the same
- * sum, in k order, whatever nt is. Returns 1 when done, 0 when the CPU
- * has no AVX-512F (or dt_cpu_set_gemm_skinny switched it off) or beta is
- * another value: the caller then runs a sgemm. */
+/* C (M, N) = op(A) B, row-major, overwritten, without packing
+ * (core/cpu_skinny_gemm.c), for a short N: op(A) is A (M, K), lda floats
+ * a row, or with trans_a A^T where A is (K, M); B is (K, N). The rows are
+ * split among nt threads; every element is the same sum, in k order,
+ * whatever nt is. Returns 1 when done, 0 when the CPU has no AVX-512F (or
+ * dt_cpu_set_gemm_skinny switched it off): the caller then runs a sgemm. */
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *C, int ldc, int nt);
+                        int ldb, float *C, int ldc, int nt);
 
 /* 1 when the CPU has AVX-512F and dt_cpu_set_gemm_skinny has not switched
  * the unpacked kernels (this one and the small-plane ones below) off. */

@@ -528,7 +528,7 @@ static dt_status batched_forward(const dt_conv2d_geom *g, const float *x, const 
     /* mat (oc, m*ohw) = w (oc, ckk) @ col (ckk, m*ohw); a few columns
      * (ResNet's 2x2 and 4x4 layers at small batches) without packing w */
     if (ld > DT_SKINNY_MAX_N || !dt_cpu_skinny_sgemm(0, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk,
-                                                     b.col, (int)ld, 0.0f, b.mat, (int)ld, nt))
+                                                     b.col, (int)ld, b.mat, (int)ld, nt))
       dt_cpu_split_sgemm(CblasNoTrans, CblasNoTrans, g->oc, (int)ld, (int)b.ckk, w, (int)b.ckk,
                          b.col, (int)ld, 0.0f, b.mat, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)
@@ -570,7 +570,7 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
     if (dx) {
       /* dcol (ckk, m*ohw) = w^T (ckk, oc) @ dy (oc, m*ohw), into the column buffer */
       if (ld > DT_SKINNY_MAX_N || !dt_cpu_skinny_sgemm(1, (int)ckk, (int)ld, g->oc, w, (int)ckk,
-                                                       b.mat, (int)ld, 0.0f, b.col, (int)ld, nt))
+                                                       b.mat, (int)ld, b.col, (int)ld, nt))
         dt_cpu_split_sgemm(CblasTrans, CblasNoTrans, (int)ckk, (int)ld, g->oc, w, (int)ckk, b.mat,
                            (int)ld, 0.0f, b.col, (int)ld, nt);
 #pragma omp parallel for if (nt > 1) num_threads(nt) schedule(static)

@@ -395,11 +395,7 @@ __attribute__((target("avx512f"))) static void filter_row_avx512(const float *f,
 
 static void filter_transform(const dt_conv2d_geom *g, const float *w, float *U, int nt) {
   int64_t ld_e = (int64_t)g->oc * g->c;
-  int simd = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  simd = __builtin_cpu_supports("avx512f");
-#endif
+  int simd = wg_avx512();
 #pragma omp parallel for if (nt > 1 && ld_e >= 4096) num_threads(nt) schedule(static)
   for (int o = 0; o < g->oc; o++) {
     const float *f = w + (int64_t)o * g->c * 9;

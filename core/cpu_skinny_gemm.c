@@ -108,7 +108,7 @@ TARGET_AVX512 static void block_n(int trans, int nv, const float *A, int64_t lda
 
 /* Rows m0 .. m1 - 1 of C. */
 TARGET_AVX512 static void rows(int trans, int m0, int m1, int N, int K, const float *A, int lda,
-                               const float *B, int ldb, float *C, int ldc, int acc) {
+                               const float *B, int ldb, float *C, int ldc) {
   for (int k0 = 0; k0 < K; k0 += KC) {
     int kc = MIN(KC, K - k0);
     for (int n0 = 0; n0 < N; n0 += NR) {
@@ -118,15 +118,15 @@ TARGET_AVX512 static void rows(int trans, int m0, int m1, int N, int K, const fl
       for (int m = m0; m < m1; m += MR) {
         const float *a = trans ? A + (int64_t)k0 * lda + m : A + (int64_t)m * lda + k0;
         block_n(trans, nv, a, lda, b, ldb, C + (int64_t)m * ldc + n0, ldc, kc, MIN(MR, m1 - m),
-                last, acc || k0 > 0);
+                last, k0 > 0);
       }
     }
   }
 }
 
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *C, int ldc, int nt) {
-  if (M < 1 || N < 1 || K < 1 || (beta != 0.0f && beta != 1.0f) || !dt_cpu_gemm_skinny_on())
+                        int ldb, float *C, int ldc, int nt) {
+  if (M < 1 || N < 1 || K < 1 || !dt_cpu_gemm_skinny_on())
     return 0;
   int blocks = (M + MR - 1) / MR, parts = MIN(nt, blocks);
 #pragma omp parallel for if (parts > 1) num_threads(parts) schedule(static)
@@ -134,7 +134,7 @@ int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int ld
     int m0 = (int)((int64_t)blocks * t / parts) * MR;
     int m1 = MIN(M, (int)((int64_t)blocks * (t + 1) / parts) * MR);
     if (m0 < m1)
-      rows(trans_a, m0, m1, N, K, A, lda, B, ldb, C, ldc, beta != 0.0f);
+      rows(trans_a, m0, m1, N, K, A, lda, B, ldb, C, ldc);
   }
   return 1;
 }
@@ -142,9 +142,8 @@ int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int ld
 #else
 int dt_cpu_gemm_skinny_on(void) { return 0; }
 int dt_cpu_skinny_sgemm(int trans_a, int M, int N, int K, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *C, int ldc, int nt) {
-  (void)beta, (void)trans_a, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb,
-      (void)C;
+                        int ldb, float *C, int ldc, int nt) {
+  (void)trans_a, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
   (void)ldc, (void)nt;
   return 0;
 }
