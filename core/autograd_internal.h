@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#define DT_NODE_MAX_INPUTS 4
+#define DT_NODE_MAX_INPUTS 5
 #define DT_NODE_MAX_SAVED 6
 #define DT_NODE_PARAMS_BYTES 96
 

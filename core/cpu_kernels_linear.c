@@ -162,3 +162,19 @@ dt_status dt_cpu_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, int
   return gemm_rows_rounded(ex, "gemm_rounded", trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
                            NULL, c, ldc);
 }
+
+// x (m,k), w (n,k), bias (n) or NULL -> pre (m,n) as linear_forward, y (m,n) = gelu(pre), 16-bit:
+// the two kernels the unfused ops run, so the same values bit for bit
+dt_status dt_cpu_linear_gelu_forward(const dt_exec *ex, int m, int n, int k, const float *x,
+                                     const float *w, const float *bias, float *pre, float *y) {
+  DT_CHECK(dt_cpu_linear_forward(ex, m, n, k, x, w, bias, pre));
+  return dt_cpu_unary_forward(ex, DT_UNARY_GELU, (int64_t)m * n, pre, y);
+}
+
+// g (m,k) @ w (k,n) rounded to 16 bits (gemm_rounded), then dpre (m,n) = that * gelu'(pre) rounded
+// once more (unary_backward, in place): the unfused ops' values bit for bit
+dt_status dt_cpu_gemm_dgelu(const dt_exec *ex, int m, int n, int k, const float *g, const float *w,
+                            const float *pre, float *dpre) {
+  DT_CHECK(dt_cpu_gemm_rounded(ex, false, false, m, n, k, 1.0f, g, k, w, n, dpre, n));
+  return dt_cpu_unary_backward(ex, DT_UNARY_GELU, (int64_t)m * n, pre, dpre, dpre);
+}

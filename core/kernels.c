@@ -121,10 +121,10 @@ dt_status dt_kcheck_gemm(bool trans_a, bool trans_b, int m, int n, int k, int ld
   return DT_OK;
 }
 
-static dt_status dt_kcheck_linear(int m, int n, int k) {
+static dt_status dt_kcheck_linear(const char *name, int m, int n, int k) {
   if (m < 0 || n < 0 || k < 1)
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "linear_forward: sizes m=%d n=%d k=%d: m and n must be >= 0, k >= 1", m, n, k);
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: sizes m=%d n=%d k=%d: m and n must be >= 0, k >= 1",
+                    name, m, n, k);
   return DT_OK;
 }
 

@@ -507,6 +507,8 @@ static dt_status apply_replacement(dt_status st, dt_tensor *repl, dt_tensor **t)
   return DT_OK;
 }
 
+int dt_module_num_forward_hooks(const dt_module *m) { return m->n_pre_hooks + m->n_hooks; }
+
 void dt_module_set_recompute(dt_module *m, int on) { m->recompute = on ? 1 : 0; }
 int dt_module_recompute(const dt_module *m) { return m->recompute; }
 

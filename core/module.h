@@ -121,6 +121,10 @@ dt_status dt_module_register_forward_pre_hook(dt_module *m, dt_forward_pre_hook 
                                               dt_hook_handle *out);
 dt_status dt_module_register_forward_hook(dt_module *m, dt_forward_hook fn, void *user,
                                           dt_hook_handle *out);
+/* The forward pre-hooks and forward hooks registered on m (not its
+ * children): a model that calls a child's parameters through a fused op
+ * instead of dt_module_call (GPT-2's MLP) does so only when this is 0. */
+int dt_module_num_forward_hooks(const dt_module *m);
 /* Removes a pre- or forward hook by handle. DT_ERR_INVALID_ARG if unknown. */
 dt_status dt_module_remove_hook(dt_module *m, dt_hook_handle h);
 

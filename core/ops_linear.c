@@ -249,6 +249,67 @@ static dt_status linear_dx(dt_device dev, dt_dtype ab, const void *g, int64_t n,
       (float *)((char *)dt_tensor_data(dx) + (size_t)(r0 * in) * dt_dtype_size(ab)), (int)in);
 }
 
+/* Rows r0..r0+n of dx (rows, in) through the GELU whose output the linear
+ * read: (g (n, out) @ w (out, in)) * gelu'(pre (rows, in)), all of `ab`
+ * (16-bit; gemm_dgelu). */
+static dt_status linear_dgelu(dt_device dev, dt_dtype ab, const void *g, int64_t n, int64_t r0,
+                              int64_t in, int64_t outf, const void *w, const void *pre,
+                              dt_tensor *dx) {
+  dt_exec ex;
+  DT_CHECK(dt_exec_init(dev, ab, &ex));
+  const size_t off = (size_t)(r0 * in) * dt_dtype_size(ab);
+  return dt_kernel_gemm_dgelu(&ex, (int)n, (int)in, (int)outf, g, w,
+                              (const float *)((const char *)pre + off),
+                              (float *)((char *)dt_tensor_data(dx) + off));
+}
+
+/* A linear's input and weight gradients from its output's gradient g
+ * (rows, out) of `ab`, a slice of half_slice_rows at a time: dx (rows, in)
+ * = g @ w (NULL: none), or with `pre` given (the input was gelu(pre)) the
+ * gradient of pre, (g @ w) * gelu'(pre); dw (out, in) f32 = g^T x, added
+ * into dw when `accumulate` (NULL: none). */
+static dt_status linear_grads(dt_device dev, dt_dtype ab, const void *g, const void *x,
+                              const void *w, const void *pre, int64_t rows, int64_t in,
+                              int64_t outf, dt_tensor *dx, float *dw, int accumulate) {
+  const size_t esize = dt_dtype_size(ab);
+  const int64_t chunk = half_slice_rows(dev, ab, rows, outf);
+  int64_t r0 = 0;
+  do { /* once when rows is 0: dw = 0 */
+    int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    const void *gp = (const char *)g + (size_t)(r0 * outf) * esize;
+    /* dx (n, in) = g (n, out) @ w (out, in), rows r0.. */
+    if (dx && pre)
+      DT_CHECK(linear_dgelu(dev, ab, gp, n, r0, in, outf, w, pre, dx));
+    else if (dx)
+      DT_CHECK(linear_dx(dev, ab, gp, n, r0, in, outf, w, dx));
+    /* dw (out, in) (+)= g^T (out, n) @ x (n, in) */
+    if (dw)
+      DT_CHECK(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
+                    (const char *)x + (size_t)(r0 * in) * esize, in, 0,
+                    r0 > 0 || accumulate ? 1.0f : 0.0f, dw, in, 0, 1));
+    r0 += n;
+  } while (r0 < rows);
+  return DT_OK;
+}
+
+/* db (out) = the sum of g's rows, as a new tensor; where the engine offers
+ * input i's .grad with early reports (the DDP reducer's rows hook), added
+ * into it and reported at once instead (*db NULL then). */
+static dt_status linear_bias_grad(dt_node *node, int i, dt_tensor *gc, int64_t rows, int64_t outf,
+                                  dt_tensor **db) {
+  DT_CHECK(bias_grad(gc, rows, outf, db));
+  float *dest = dt_node_grad_dest(node, i);
+  if (dest == NULL || dt_node_grad_rows_per_part(node, i) <= 0)
+    return DT_OK;
+  /* what the engine would do with a returned db: .grad += db */
+  dt_status st = dt_kernel_axpby(DT_TENSOR_EXEC(*db), outf, 1.0f, DT_F32(*db), 1.0f, dest);
+  dt_tensor_release(*db);
+  *db = NULL;
+  if (st == DT_OK)
+    dt_node_grad_rows_ready(node, i, 0, outf);
+  return st;
+}
+
 /* saved: 0 x (rows, in) contiguous, 1 weight (out, in) contiguous, both of
  * the dtype the forward computed in (16-bit under autocast), which the
  * output and so its gradient g have too. Inputs: x, weight[, bias]. */
@@ -259,7 +320,6 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   int has_bias = s->has_bias;
   dt_device dev = dt_tensor_device(g);
   dt_dtype ab = dt_tensor_dtype(x);
-  size_t esize = dt_dtype_size(ab);
   dt_tensor *dx = NULL, *dw = NULL, *db = NULL, *gc = NULL;
   dt_status st = DT_OK;
   DT_CHECK(dt_ops_cast(g, ab, &gc)); /* g's dtype is ab already: a new reference */
@@ -279,21 +339,13 @@ static dt_status linear_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_i
   float *dw_dest = node->needs_grad[1] ? dt_node_grad_dest(node, 1) : NULL;
   if (node->needs_grad[1] && dw_dest == NULL)
     DT_CHECK_GOTO(dt_ops_empty_like(w, dev, &dw), st, fail);
-  int64_t r0 = 0;
-  do { /* once when rows is 0: dw = 0 */
-    int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-    const void *gp = (const char *)dt_tensor_data(gc) + (size_t)(r0 * outf) * esize;
-    /* dx (n, in) = g (n, out) @ w (out, in), rows r0.. */
-    if (dx)
-      DT_CHECK_GOTO(linear_dx(dev, ab, gp, n, r0, in, outf, dt_tensor_data(w), dx), st, fail);
-    /* dw (out, in) (+)= g^T (out, n) @ x (n, in) */
-    if (dw || dw_dest)
-      DT_CHECK_GOTO(gemm(dev, ab, 1, 0, outf, in, n, gp, outf, 0,
-                         (const char *)dt_tensor_data(x) + (size_t)(r0 * in) * esize, in, 0,
-                         r0 > 0 || dw_dest ? 1.0f : 0.0f, dw_dest ? dw_dest : DT_F32(dw), in, 0, 1),
-                    st, fail);
-    r0 += n;
-  } while (r0 < rows);
+  DT_CHECK_GOTO(linear_grads(dev, ab, dt_tensor_data(gc), dt_tensor_data(x), dt_tensor_data(w),
+                             NULL, rows, in, outf, dx,
+                             dw_dest ? dw_dest
+                             : dw    ? DT_F32(dw)
+                                     : NULL,
+                             dw_dest != NULL),
+                st, fail);
   if (has_bias && node->needs_grad[2])
     DT_CHECK_GOTO(bias_grad(gc, rows, outf, &db), st, fail);
   st = DT_OK;
@@ -318,18 +370,8 @@ static dt_status linear_backward_in_parts(dt_node *node, dt_tensor *gc, int64_t 
   dt_device dev = dt_tensor_device(gc);
   dt_tensor *dx = NULL, *db = NULL;
   dt_status st = DT_OK;
-  if (s->has_bias && node->needs_grad[2]) {
-    DT_CHECK_GOTO(bias_grad(gc, s->rows, s->out, &db), st, fail);
-    float *db_dest = dt_node_grad_dest(node, 2);
-    if (db_dest != NULL && dt_node_grad_rows_per_part(node, 2) > 0) {
-      /* what the engine would do with a returned db: .grad += db */
-      DT_CHECK_GOTO(dt_kernel_axpby(DT_TENSOR_EXEC(db), s->out, 1.0f, DT_F32(db), 1.0f, db_dest),
-                    st, fail);
-      dt_tensor_release(db);
-      db = NULL;
-      dt_node_grad_rows_ready(node, 2, 0, s->out);
-    }
-  }
+  if (s->has_bias && node->needs_grad[2])
+    DT_CHECK_GOTO(linear_bias_grad(node, 2, gc, s->rows, s->out, &db), st, fail);
   float *dw_dest = dt_node_grad_dest(node, 1);
   for (int64_t o0 = (s->out - 1) / part * part; o0 >= 0; o0 -= part) {
     int64_t n = s->out - o0 < part ? s->out - o0 : part;
@@ -398,5 +440,172 @@ dt_status dt_op_linear(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, dt_tens
   st = dt_ops_take(&y, out);
 fail:
   DT_RELEASE_TENSORS(y, bc, wc, xc);
+  return st;
+}
+
+/* ---- the GELU MLP ---- */
+
+typedef struct gelu_mlp_saved {
+  int64_t rows, in, hidden, out;
+  int i_b_fc, i_w_proj, i_b_proj; /* the node's input indices (NULL biases are dropped): -1 none */
+} gelu_mlp_saved;
+
+/* A weight's gradient: into its .grad where the engine offers it, else a
+ * new f32 tensor in *dw; NULL when it needs none. */
+static dt_status weight_grad_dest(dt_node *node, int i, dt_tensor *w, float **dest,
+                                  dt_tensor **dw) {
+  *dest = NULL;
+  if (!node->needs_grad[i])
+    return DT_OK;
+  *dest = dt_node_grad_dest(node, i);
+  if (*dest == NULL) {
+    DT_CHECK(dt_ops_empty_like(w, dt_tensor_device(w), dw));
+    *dest = DT_F32(*dw);
+  }
+  return DT_OK;
+}
+
+/* saved: 0 x (rows, in), 1 w_fc (hidden, in), 2 w_proj (out, hidden), 3
+ * pre (rows, hidden) = x w_fc^T + b_fc, 4 h = gelu(pre), all 16-bit
+ * (the fused node exists under 16-bit autocast only). Inputs: x, w_fc[,
+ * b_fc], w_proj[, b_proj]. */
+static dt_status gelu_mlp_backward(dt_node *node, dt_tensor *g, dt_tensor **grad_in) {
+  const gelu_mlp_saved *s = DT_NODE_PARAMS(node, gelu_mlp_saved);
+  dt_tensor *x = node->saved[0], *w1 = node->saved[1], *w2 = node->saved[2];
+  dt_tensor *pre = node->saved[3], *h = node->saved[4];
+  const int64_t rows = s->rows, hid = s->hidden;
+  dt_device dev = dt_tensor_device(g);
+  dt_dtype ab = dt_tensor_dtype(x);
+  /* in input order: x, w_fc, b_fc, w_proj, b_proj */
+  dt_tensor *grads[5] = {NULL, NULL, NULL, NULL, NULL}, *gc = NULL, *dpre = NULL;
+  float *dw1 = NULL, *dw2 = NULL;
+  dt_status st = DT_OK;
+  DT_CHECK(dt_ops_cast(g, ab, &gc)); /* g's dtype is ab already: a new reference */
+  /* the second projection: its bias and weight (the bias reported at once
+   * where the engine asks), and the gradient of pre through the GELU */
+  if (s->i_b_proj >= 0 && node->needs_grad[s->i_b_proj])
+    DT_CHECK_GOTO(linear_bias_grad(node, s->i_b_proj, gc, rows, s->out, &grads[4]), st, fail);
+  DT_CHECK_GOTO(weight_grad_dest(node, s->i_w_proj, w2, &dw2, &grads[3]), st, fail);
+  int first =
+      node->needs_grad[0] || node->needs_grad[1] || (s->i_b_fc >= 0 && node->needs_grad[s->i_b_fc]);
+  if (first) {
+    const int64_t shape[2] = {rows, hid};
+    DT_CHECK_GOTO(dt_tensor_empty(shape, 2, ab, dev, &dpre), st, fail);
+  }
+  DT_CHECK_GOTO(linear_grads(dev, ab, dt_tensor_data(gc), dt_tensor_data(h), dt_tensor_data(w2),
+                             dt_tensor_data(pre), rows, hid, s->out, dpre, dw2, grads[3] == NULL),
+                st, fail);
+  if (dw2 && grads[3] == NULL && dt_node_grad_rows_per_part(node, s->i_w_proj) > 0)
+    dt_node_grad_rows_ready(node, s->i_w_proj, 0, s->out);
+  /* the first projection, from dpre */
+  if (first) {
+    if (s->i_b_fc >= 0 && node->needs_grad[s->i_b_fc])
+      DT_CHECK_GOTO(linear_bias_grad(node, s->i_b_fc, dpre, rows, hid, &grads[2]), st, fail);
+    DT_CHECK_GOTO(weight_grad_dest(node, 1, w1, &dw1, &grads[1]), st, fail);
+    if (node->needs_grad[0])
+      DT_CHECK_GOTO(linear_dx_new(node, ab, dev, &grads[0]), st, fail);
+    DT_CHECK_GOTO(linear_grads(dev, ab, dt_tensor_data(dpre), dt_tensor_data(x), dt_tensor_data(w1),
+                               NULL, rows, s->in, hid, grads[0], dw1, grads[1] == NULL),
+                  st, fail);
+  }
+fail:
+  DT_RELEASE_TENSORS(dpre, gc);
+  /* the inputs the node has, in order */
+  dt_tensor *compact[5];
+  int n = 0;
+  for (int i = 0; i < 5; i++)
+    if ((i != 2 || s->i_b_fc >= 0) && (i != 4 || s->i_b_proj >= 0))
+      compact[n++] = grads[i];
+  return dt_ops_grads_result(st, compact, n, grad_in);
+}
+
+/* The three ops, recorded as such: f32, or a size of 0 somewhere. */
+static dt_status gelu_mlp_composed(dt_tensor *x, dt_tensor *w_fc, dt_tensor *b_fc,
+                                   dt_tensor *w_proj, dt_tensor *b_proj, dt_tensor **out) {
+  dt_tensor *pre = NULL, *h = NULL;
+  dt_status st = dt_op_linear(x, w_fc, b_fc, &pre);
+  if (st == DT_OK)
+    st = dt_op_gelu(pre, &h);
+  if (st == DT_OK)
+    st = dt_op_linear(h, w_proj, b_proj, out);
+  DT_RELEASE_TENSORS(h, pre);
+  return st;
+}
+
+static dt_status gelu_mlp_check(const char *op, dt_tensor *x, dt_tensor *w_fc, dt_tensor *b_fc,
+                                dt_tensor *w_proj, dt_tensor *b_proj) {
+  const int nx = dt_tensor_ndim(x);
+  const int64_t *sx = dt_tensor_shape(x), *s1 = dt_tensor_shape(w_fc),
+                *s2 = dt_tensor_shape(w_proj);
+  char bx[128], b1[128], b2[128];
+  if (nx < 1 || dt_tensor_ndim(w_fc) != 2 || dt_tensor_ndim(w_proj) != 2 || sx[nx - 1] != s1[1] ||
+      s2[1] != s1[0])
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "%s: x %s, w_fc %s and w_proj %s do not match: expected x (..., in), w_fc "
+                    "(hidden, in) and w_proj (out, hidden)",
+                    op, dt_shape_format(sx, nx, bx, sizeof bx),
+                    dt_shape_format(s1, 2, b1, sizeof b1), dt_shape_format(s2, 2, b2, sizeof b2));
+  if ((b_fc && (dt_tensor_ndim(b_fc) != 1 || dt_tensor_shape(b_fc)[0] != s1[0])) ||
+      (b_proj && (dt_tensor_ndim(b_proj) != 1 || dt_tensor_shape(b_proj)[0] != s2[0])))
+    return DT_ERROR(DT_ERR_SHAPE, "%s: expected b_fc (%lld) and b_proj (%lld) (or NULL)", op,
+                    (long long)s1[0], (long long)s2[0]);
+  return DT_OK;
+}
+
+dt_status dt_op_gelu_mlp(dt_tensor *x, dt_tensor *w_fc, dt_tensor *b_fc, dt_tensor *w_proj,
+                         dt_tensor *b_proj, dt_tensor **out) {
+  static const char *op = "dt_op_gelu_mlp";
+  if (!x || !w_fc || !w_proj || !out)
+    return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x, w_fc and w_proj are required)", op);
+  dt_tensor *ins[5] = {x, w_fc, b_fc, w_proj, b_proj};
+  DT_CHECK(dt_ops_check_float_inputs(op, ins, 5));
+  DT_CHECK(gelu_mlp_check(op, x, w_fc, b_fc, w_proj, b_proj));
+  const int nx = dt_tensor_ndim(x);
+  const int64_t in = dt_tensor_shape(w_fc)[1], hid = dt_tensor_shape(w_fc)[0];
+  const int64_t outf = dt_tensor_shape(w_proj)[0];
+  const int64_t rows = dt_shape_numel(dt_tensor_shape(x), nx - 1);
+  DT_CHECK(check_int_range(op, rows, hid > outf ? hid : outf, hid > in ? hid : in, 1));
+  if (!dt_dtype_is_half(dt_autocast_dtype_for(op)) || rows == 0 || in == 0 || hid == 0 || outf == 0)
+    return gelu_mlp_composed(x, w_fc, b_fc, w_proj, b_proj, out);
+
+  int64_t oshape[DT_MAX_DIMS];
+  memcpy(oshape, dt_tensor_shape(x), (size_t)nx * sizeof(int64_t));
+  oshape[nx - 1] = outf;
+  const int64_t hshape[2] = {rows, hid};
+  dt_device dev = dt_tensor_device(x);
+  dt_tensor *xc = NULL, *w1 = NULL, *b1 = NULL, *w2 = NULL, *b2 = NULL;
+  dt_tensor *pre = NULL, *h = NULL, *y = NULL;
+  dt_node *node = NULL;
+  dt_exec ex;
+  dt_status st;
+  /* 16-bit: the parameters' working copies, as dt_op_linear */
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, w_fc, &w1), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, b_fc, &b1), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, w_proj, &w2), st, fail);
+  DT_CHECK_GOTO(dt_ops_autocast_input(op, b_proj, &b2), st, fail);
+  const dt_dtype ab = dt_tensor_dtype(xc);
+  DT_CHECK_GOTO(dt_exec_init(dev, ab, &ex), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(hshape, 2, ab, dev, &pre), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(hshape, 2, ab, dev, &h), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(oshape, nx, ab, dev, &y), st, fail);
+  /* pre = x w_fc^T + b_fc, h = gelu(pre), y = h w_proj^T + b_proj */
+  DT_CHECK_GOTO(dt_kernel_linear_gelu_forward(&ex, (int)rows, (int)hid, (int)in, dt_tensor_data(xc),
+                                              dt_tensor_data(w1), b1 ? dt_tensor_data(b1) : NULL,
+                                              dt_tensor_data(pre), dt_tensor_data(h)),
+                st, fail);
+  DT_CHECK_GOTO(dt_kernel_linear_forward(&ex, (int)rows, (int)outf, (int)hid, dt_tensor_data(h),
+                                         dt_tensor_data(w2), b2 ? dt_tensor_data(b2) : NULL,
+                                         dt_tensor_data(y)),
+                st, fail);
+  DT_CHECK_GOTO(dt_ops_maybe_record(op, gelu_mlp_backward, ins, 5, y, &node), st, fail);
+  dt_tensor *saved[5] = {xc, w1, w2, pre, h};
+  dt_ops_save_for_backward(node, saved, 5);
+  const int i_b_fc = b_fc ? 2 : -1, i_w_proj = b_fc ? 3 : 2;
+  DT_OPS_SAVE_PARAMS(node, gelu_mlp_saved,
+                     {rows, in, hid, outf, i_b_fc, i_w_proj, b_proj ? i_w_proj + 1 : -1});
+  st = dt_ops_take(&y, out);
+fail:
+  DT_RELEASE_TENSORS(y, h, pre, b2, w2, b1, w1, xc);
   return st;
 }

@@ -6,9 +6,11 @@
  * f32 inputs go through cuBLAS (cublasSgemm*, TF32 per the setting). f16
  * and bf16 inputs go through cuBLASLt (cublasLtMatmul) with f32
  * accumulation (CUBLAS_COMPUTE_32F) and f32 alpha/beta, into an f32 or a
- * 16-bit output, optionally with the bias epilogue (the 16-bit linear
- * forward: the bias is added to the f32 accumulator before the one
- * rounding). Each distinct call -- types, transposes, sizes, leading
+ * 16-bit output, optionally with an epilogue: the bias (the 16-bit
+ * linear forward: the bias is added to the f32 accumulator before the one
+ * rounding), GELU with its input kept (GELU_AUX, GELU_AUX_BIAS: the MLP's
+ * first projection) and GELU's gradient (DGELU: the second projection's
+ * dx times gelu'(its kept input)). Each distinct call -- types, transposes, sizes, leading
  * dimensions, batch strides, epilogue and the alignment of the pointers,
  * which the heuristic's choice depends on -- gets a plan, made once per
  * device and cached: the matmul descriptor, the three layouts and the
@@ -42,13 +44,19 @@ static int cuda_type(dt_dtype t, cudaDataType_t *out) {
 
 /* ---- the cuBLASLt plans ---- */
 
+/* The epilogues a plan may have. */
+enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX, EPI_GELU_AUX_BIAS, EPI_DGELU };
+
+static int epi_has_bias(int epi) { return epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS; }
+static int epi_has_aux(int epi) { return epi >= EPI_GELU_AUX; }
+
 /* Everything the plan depends on; zeroed before it is filled, so that
  * memcmp compares it (padding included). */
 typedef struct lt_key {
   int trans_a, trans_b, m, n, k, lda, ldb, ldc, batch;
   int ab, c; /* dt_dtype of A and B, of C */
-  int bias;  /* 1: the bias epilogue (a bias of C's type, n elements) */
-  int align_a, align_b, align_c, align_bias; /* bytes, at most 256 */
+  int epi;   /* EPI_*: a bias of C's type (n elements), an aux matrix laid out as C */
+  int align_a, align_b, align_c, align_bias, align_aux; /* bytes, at most 256 */
   int64_t stride_a, stride_b, stride_c;
 } lt_key;
 
@@ -120,7 +128,8 @@ fail:
 }
 
 /* Builds the plan of k: descriptors, layouts, the heuristic's algorithm. */
-static dt_status plan_create(dt_cuda_ctx *ctx, const lt_key *k, const void *bias, lt_plan **out) {
+static dt_status plan_create(dt_cuda_ctx *ctx, const lt_key *k, const void *bias, const void *aux,
+                             lt_plan **out) {
   dt_status st = DT_OK;
   cublasLtMatmulPreference_t pref = NULL;
   lt_plan *p = calloc(1, sizeof *p);
@@ -137,12 +146,23 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const lt_key *k, const void *bias
          k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
   LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t,
          k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-  if (k->bias) {
-    /* the bias has one element per row of the column-major D (n x m) */
+  if (k->epi != EPI_NONE) {
+    static const cublasLtEpilogue_t epilogues[] = {
+        CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
+        CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
     LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, cublasLtEpilogue_t,
-           CUBLASLT_EPILOGUE_BIAS);
+           epilogues[k->epi]);
+  }
+  if (epi_has_bias(k->epi)) {
+    /* the bias has one element per row of the column-major D (n x m) */
     LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t, (int32_t)tc);
     LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, const void *, bias);
+  }
+  if (epi_has_aux(k->epi)) {
+    /* GELU's input, of D's type and layout (written by GELU_AUX, read by
+     * DGELU); the heuristic reads the pointer for its alignment */
+    LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, const void *, aux);
+    LT_SET(MatmulDesc, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t, (int64_t)k->ldc);
   }
   /* column-major: our B is (n x k), or (k x n) when transposed; our A is
    * (k x m), or (m x k); C is (n x m) */
@@ -186,7 +206,8 @@ fail:
 }
 
 /* The cached plan of k (made on first use); ctx->gemm_lock is held. */
-static dt_status plan_get(dt_cuda_ctx *ctx, const lt_key *k, const void *bias, lt_plan **out) {
+static dt_status plan_get(dt_cuda_ctx *ctx, const lt_key *k, const void *bias, const void *aux,
+                          lt_plan **out) {
   if (!ctx->gemm_cache) {
     ctx->gemm_cache = calloc(1, sizeof *ctx->gemm_cache);
     if (!ctx->gemm_cache)
@@ -208,7 +229,7 @@ static dt_status plan_get(dt_cuda_ctx *ctx, const lt_key *k, const void *bias, l
     c->plans = plans;
     c->cap = cap;
   }
-  DT_CHECK(plan_create(ctx, k, bias, out));
+  DT_CHECK(plan_create(ctx, k, bias, aux, out));
   c->plans[c->n++] = *out;
   return DT_OK;
 }
@@ -220,6 +241,8 @@ typedef struct half_gemm {
   int trans_a, trans_b, m, n, k, lda, ldb, ldc, batch;
   int64_t stride_a, stride_b, stride_c;
   const void *a, *b, *bias;
+  const void *aux; /* EPI_GELU_AUX*: written; EPI_DGELU: read */
+  int epi;
   void *c;
   float alpha, beta;
   dt_dtype ab, c_type;
@@ -267,10 +290,11 @@ static void key_of(const half_gemm *g, lt_key *k) {
   memset(k, 0, sizeof *k);
   k->trans_a = g->trans_a, k->trans_b = g->trans_b, k->m = g->m, k->n = g->n, k->k = g->k;
   k->lda = g->lda, k->ldb = g->ldb, k->ldc = g->ldc, k->batch = g->batch;
-  k->ab = (int)g->ab, k->c = (int)g->c_type, k->bias = g->bias != NULL;
+  k->ab = (int)g->ab, k->c = (int)g->c_type, k->epi = g->epi;
   k->align_a = alignment_of(g->a), k->align_b = alignment_of(g->b);
   k->align_c = alignment_of(g->c);
   k->align_bias = g->bias ? alignment_of(g->bias) : 0;
+  k->align_aux = g->aux ? alignment_of(g->aux) : 0;
   if (g->batch > 1)
     k->stride_a = g->stride_a, k->stride_b = g->stride_b, k->stride_c = g->stride_c;
 }
@@ -297,14 +321,19 @@ static dt_status half_gemm_run(dt_cuda_ctx *ctx, cudaStream_t stream, const half
   pthread_mutex_lock(&ctx->gemm_lock);
   lt_plan *p = NULL;
   if (try_lt)
-    DT_CHECK_GOTO(plan_get(ctx, &k, g->bias, &p), st, unlock);
+    DT_CHECK_GOTO(plan_get(ctx, &k, g->bias, g->aux, &p), st, unlock);
   if (p && p->usable) {
     if (p->ws > 0)
       DT_CHECK_GOTO(dt_block_pool_alloc(ctx->pool, p->ws, (uintptr_t)stream, &ws), st, unlock);
-    if (g->bias)
+    if (epi_has_bias(g->epi))
       DT_CUBLAS_CHECK_GOTO(
           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                          sizeof g->bias),
+          st, unlock);
+    if (epi_has_aux(g->epi))
+      DT_CUBLAS_CHECK_GOTO(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                         &g->aux, sizeof g->aux),
           st, unlock);
     DT_CUBLAS_CHECK_GOTO(
         cublasLtMatmul(ctx->cublaslt, p->desc, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta, g->c,
@@ -312,7 +341,7 @@ static dt_status half_gemm_run(dt_cuda_ctx *ctx, cudaStream_t stream, const half
         st, unlock);
     count(ctx, 1);
   } else {
-    DT_ASSERT(g->bias == NULL); /* the biased caller handles its own fallback */
+    DT_ASSERT(g->epi == EPI_NONE); /* a caller with an epilogue has its own fallback */
     DT_CUBLAS_CHECK_GOTO(cublasSetStream(ctx->cublas, stream), st, unlock);
     DT_CHECK_GOTO(gemm_ex_call(ctx, g), st, unlock);
     count(ctx, 0);
@@ -324,14 +353,14 @@ unlock:
   return st;
 }
 
-/* Whether the biased GEMM g has a cuBLASLt algorithm (its plan is made
- * and cached on the way). */
+/* Whether the GEMM g with an epilogue has a cuBLASLt algorithm (its plan
+ * is made and cached on the way). */
 static dt_status lt_usable(dt_cuda_ctx *ctx, const half_gemm *g, int *usable) {
   lt_key k;
   key_of(g, &k);
   lt_plan *p = NULL;
   pthread_mutex_lock(&ctx->gemm_lock);
-  dt_status st = plan_get(ctx, &k, g->bias, &p);
+  dt_status st = plan_get(ctx, &k, g->bias, g->aux, &p);
   pthread_mutex_unlock(&ctx->gemm_lock);
   *usable = st == DT_OK && p->usable;
   return st;
@@ -377,6 +406,7 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
   half_gemm g =
       half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
   g.bias = bias;
+  g.epi = bias ? EPI_BIAS : EPI_NONE;
   /* cuBLASLt's bias epilogue reads the bias 16 bytes at a time: a bias at
    * a lesser alignment (a 16-bit linear's bias in the packed working copy,
    * LeNet's fc1.b and fc2.b at 8 bytes) takes the fallback below */
@@ -390,6 +420,7 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
   DT_CHECK(dt_block_pool_alloc(ctx->pool, (size_t)m * (size_t)n * sizeof(float), (uintptr_t)stream,
                                (void **)&acc));
   g.bias = NULL;
+  g.epi = EPI_NONE;
   g.c = acc;
   g.c_type = DT_DTYPE_F32;
   dt_status st = half_gemm_run(ctx, stream, &g);
@@ -414,6 +445,57 @@ dt_status dt_cuda_gemm_rounded(const dt_exec *ex, bool trans_a, bool trans_b, in
   const half_gemm g = half_gemm_of(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
                                    ex->dtype, 0.0f, c, ldc, 0, ex->dtype, 1);
   return half_gemm_run(ctx, stream, &g);
+}
+
+/* Whether the GELU epilogues may be tried for g: cuBLASLt wants the aux
+ * matrix's leading dimension a multiple of 8 and reads the aux matrix and
+ * the bias 16 bytes at a time. Otherwise the caller's two kernels run. */
+static int gelu_epilogue_fits(const half_gemm *g) {
+  return g->ldc % 8 == 0 && alignment_of(g->aux) >= 16 && alignment_of(g->c) >= 16 &&
+         (g->bias == NULL || alignment_of(g->bias) >= 16);
+}
+
+// x (m,k), w (n,k), bias (n) or NULL -> pre = x w^T + bias and y = gelu(pre) (m,n), all of
+// ex->dtype: one GEMM with cuBLASLt's GELU_AUX(_BIAS) epilogue (GELU of the f32 sum, both
+// rounded once), else linear_forward into pre and the GELU kernel
+dt_status dt_cuda_linear_gelu_forward(const dt_exec *ex, int m, int n, int k, const float *x,
+                                      const float *w, const float *bias, float *pre, float *y) {
+  if (m == 0 || n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  half_gemm g =
+      half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
+  g.bias = bias;
+  g.aux = pre;
+  g.epi = bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX;
+  int usable = 0;
+  if (gelu_epilogue_fits(&g))
+    DT_CHECK(lt_usable(ctx, &g, &usable));
+  if (usable)
+    return half_gemm_run(ctx, stream, &g);
+  DT_CHECK(dt_cuda_linear_forward(ex, m, n, k, x, w, bias, pre));
+  return dt_cuda_unary_forward(ex, DT_UNARY_GELU, (int64_t)m * n, pre, y);
+}
+
+// g (m,k) @ w (k,n) -> dpre (m,n) = that * gelu'(pre (m,n)), all of ex->dtype: one GEMM with
+// cuBLASLt's DGELU epilogue (the f32 product, rounded once), else gemm_rounded and the GELU
+// gradient kernel in place
+dt_status dt_cuda_gemm_dgelu(const dt_exec *ex, int m, int n, int k, const float *g_rows,
+                             const float *w, const float *pre, float *dpre) {
+  if (m == 0 || n == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  half_gemm g = half_gemm_of(0, 0, m, n, k, 1.0f, g_rows, k, 0, w, n, 0, ex->dtype, 0.0f, dpre, n,
+                             0, ex->dtype, 1);
+  g.aux = pre;
+  g.epi = EPI_DGELU;
+  int usable = 0;
+  if (gelu_epilogue_fits(&g))
+    DT_CHECK(lt_usable(ctx, &g, &usable));
+  if (usable)
+    return half_gemm_run(ctx, stream, &g);
+  DT_CHECK(dt_cuda_gemm_rounded(ex, false, false, m, n, k, 1.0f, g_rows, k, w, n, dpre, n));
+  return dt_cuda_unary_backward(ex, DT_UNARY_GELU, (int64_t)m * n, pre, dpre, dpre);
 }
 
 // mixed precision: A, B (ab_type) -> C (c_type), f32 accumulation

@@ -60,9 +60,20 @@ typedef struct sublayer_impl {
   dt_module *in, *out; /* children */
 } sublayer_impl;
 
-/* x (B, T, C) -> (B, T, C) */
+/* Whether calling m is just its forward: no hooks, no recomputation. */
+static int plain_call(const dt_module *m) {
+  return dt_module_num_forward_hooks(m) == 0 && !dt_module_recompute(m);
+}
+
+/* x (B, T, C) -> (B, T, C). The MLP is one op (dt_op_gelu_mlp: under
+ * 16-bit autocast the GELU goes into the GEMMs' epilogues on a GPU) when
+ * its projections run no hooks of their own, else the three calls. */
 static dt_status sublayer_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
   sublayer_impl *l = dt_module_impl(m);
+  if (l->n_head == 0 && plain_call(l->in) && plain_call(l->out))
+    return dt_op_gelu_mlp(x, dt_module_parameter(l->in, "weight"),
+                          dt_module_parameter(l->in, "bias"), dt_module_parameter(l->out, "weight"),
+                          dt_module_parameter(l->out, "bias"), out);
   dt_tensor *h = NULL, *y = NULL;
   dt_status st = dt_module_call(l->in, x, &h);
   if (st == DT_OK)

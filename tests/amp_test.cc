@@ -817,3 +817,118 @@ TEST(AutocastOps, LinearGradientOfHalfInputIs16Bit) {
       dt_tensor_release(t);
   }
 }
+
+namespace gelu_mlp {
+
+// The elements of a float tensor of any dtype, widened.
+std::vector<float> Values(dt_tensor *t) {
+  dt_tensor *w = nullptr;
+  EXPECT_EQ(DT_OK, dt_tensor_to_dtype(t, DT_DTYPE_F32, &w)) << dt_last_error();
+  std::vector<float> v = dtt::ToVector(w);
+  dt_tensor_release(w);
+  return v;
+}
+
+struct Run {
+  std::vector<float> y;
+  std::vector<std::vector<float>> grads;  // x, w_fc, b_fc, w_proj, b_proj
+  dt_dtype x_grad_dtype = DT_DTYPE_F32;
+};
+
+// Two forward and backward passes (the second adds into the .grad the first
+// made: the engine's gradient destinations) of the MLP under autocast to
+// dt, fused (dt_op_gelu_mlp) or as dt_op_linear, dt_op_gelu, dt_op_linear;
+// the input x is 16-bit when half_x (a norm's result under autocast).
+Run RunMlp(dt_dtype dt, bool fused, bool half_x, bool b_fc, std::vector<int64_t> xs, int64_t hid,
+           int64_t out) {
+  const int64_t in = xs.back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < xs.size(); i++)
+    rows *= xs[i];
+  dt_tensor *x32 = dtt::RandomTensor(xs, 11, !half_x, -2, 2), *x = x32;
+  if (half_x) {
+    EXPECT_EQ(DT_OK, dt_tensor_to_dtype(x32, dt, &x)) << dt_last_error();
+    EXPECT_EQ(DT_OK, dt_tensor_set_requires_grad(x, 1)) << dt_last_error();
+  }
+  const float bound = 1.0f / std::sqrt((float)in);
+  dt_tensor *p[4] = {dtt::RandomTensor({hid, in}, 12, true, -bound, bound),
+                     b_fc ? dtt::RandomTensor({hid}, 13, true, -bound, bound) : nullptr,
+                     dtt::RandomTensor({out, hid}, 14, true, -0.1f, 0.1f),
+                     dtt::RandomTensor({out}, 15, true, -0.1f, 0.1f)};
+  dt_tensor *up32 = dtt::MakeTensor(dtt::UpstreamGradient((size_t)(rows * out), 16), {rows, out});
+  dt_tensor *up = nullptr;
+  EXPECT_EQ(DT_OK, dt_tensor_to_dtype(up32, dt, &up)) << dt_last_error();
+  Run r;
+  for (int pass = 0; pass < 2; pass++) {
+    dt_tensor *y = nullptr, *pre = nullptr, *h = nullptr, *y2 = nullptr;
+    dt_dtype prev = dt_autocast_begin(dt);
+    dt_status st = DT_OK;
+    if (fused) {
+      st = dt_op_gelu_mlp(x, p[0], p[1], p[2], p[3], &y);
+    } else {
+      st = dt_op_linear(x, p[0], p[1], &pre);
+      if (st == DT_OK)
+        st = dt_op_gelu(pre, &h);
+      if (st == DT_OK)
+        st = dt_op_linear(h, p[2], p[3], &y);
+    }
+    dt_autocast_end(prev);
+    EXPECT_EQ(DT_OK, st) << dt_last_error();
+    if (st == DT_OK) {
+      EXPECT_EQ(dt_tensor_dtype(y), dt);
+      EXPECT_EQ(DT_OK, dt_tensor_reshape(y, std::vector<int64_t>{rows, out}.data(), 2, &y2));
+      EXPECT_EQ(DT_OK, dt_backward(y2, up)) << dt_last_error();
+      r.y = Values(y);
+    }
+    for (dt_tensor *t : {y2, y, h, pre})
+      dt_tensor_release(t);
+  }
+  r.x_grad_dtype = dt_tensor_dtype(dt_tensor_grad(x));
+  r.grads.push_back(Values(dt_tensor_grad(x)));
+  for (dt_tensor *t : p)
+    r.grads.push_back(t ? Values(dt_tensor_grad(t)) : std::vector<float>());
+  for (dt_tensor *t : {p[0], p[1], p[2], p[3], up, up32})
+    dt_tensor_release(t);
+  if (x != x32)
+    dt_tensor_release(x);
+  dt_tensor_release(x32);
+  return r;
+}
+
+}  // namespace gelu_mlp
+
+// On the CPU the fused GELU MLP runs the unfused ops' kernels in the same
+// order and slices: its result and every gradient (twice accumulated) are
+// theirs bit for bit, f32 or 16-bit x, one GEMM or the slices of rows of
+// a large pre (hidden 512 x 2100 rows), with and without the first bias.
+TEST(AutocastOps, GeluMlpEqualsTheThreeOpsBitForBit) {
+  struct Case {
+    const char *name;
+    std::vector<int64_t> x;
+    int64_t hid, out;
+    bool half_x, b_fc;
+  };
+  const Case cases[] = {
+      {"2x5x16 -> 64 -> 16, f32 x", {2, 5, 16}, 64, 16, false, true},
+      {"7x16 -> 12 -> 8, 16-bit x", {7, 16}, 12, 8, true, true},
+      {"5x16 -> 24 -> 8, no first bias", {5, 16}, 24, 8, true, false},
+      {"2100x8 -> 512 -> 8 (slices)", {2100, 8}, 512, 8, true, true},
+  };
+  const char *names[] = {"x", "w_fc", "b_fc", "w_proj", "b_proj"};
+  for (dt_dtype dt : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(c.name) + " " + dt_dtype_name(dt));
+      gelu_mlp::Run a = gelu_mlp::RunMlp(dt, true, c.half_x, c.b_fc, c.x, c.hid, c.out);
+      gelu_mlp::Run b = gelu_mlp::RunMlp(dt, false, c.half_x, c.b_fc, c.x, c.hid, c.out);
+      ASSERT_FALSE(a.y.empty());
+      EXPECT_EQ(0, std::memcmp(a.y.data(), b.y.data(), a.y.size() * sizeof(float))) << "y";
+      EXPECT_EQ(a.x_grad_dtype, c.half_x ? dt : DT_DTYPE_F32);
+      EXPECT_EQ(a.x_grad_dtype, b.x_grad_dtype);
+      for (size_t i = 0; i < a.grads.size(); i++) {
+        ASSERT_EQ(a.grads[i].size(), b.grads[i].size()) << names[i];
+        EXPECT_EQ(
+            0, std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(float)))
+            << names[i];
+      }
+    }
+}

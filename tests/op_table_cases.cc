@@ -83,6 +83,18 @@ OpFn Linear() {
   return [](const V &x, dt_tensor **out) { return dt_op_linear(x[0], x[1], Opt(x, 2), out); };
 }
 
+// dt_op_gelu_mlp on x, w_fc[, b_fc], w_proj[, b_proj] (the inputs in that
+// order, without the biases the row leaves out).
+OpFn GeluMlp(bool b_fc, bool b_proj) {
+  return [b_fc, b_proj](const V &x, dt_tensor **out) {
+    size_t i = 2;
+    dt_tensor *bf = b_fc ? x[i++] : nullptr;
+    dt_tensor *wp = x[i++];
+    dt_tensor *bp = b_proj ? x[i] : nullptr;
+    return dt_op_gelu_mlp(x[0], x[1], bf, wp, bp, out);
+  };
+}
+
 OpFn Softmax(bool log) {
   return [log](const V &x, dt_tensor **out) {
     return log ? dt_op_log_softmax(x[0], -1, out) : dt_op_softmax(x[0], -1, out);
@@ -317,6 +329,11 @@ std::vector<OpCase> Build() {
        kReduction},
       {"linear", "37x64_to_29", F32, {X({37, 64}), X({29, 64}), X({29})}, Linear(), kReduction,
        kParityOnly},
+      // f32: the three ops (the fused node is 16-bit autocast's)
+      {"gelu_mlp", "", F32, {X({2, 3, 4}), X({6, 4}), X({6}), X({5, 6}), X({5})},
+       GeluMlp(true, true), kReduction},
+      {"gelu_mlp", "no_biases", F32, {X({4, 3}), X({5, 3}), X({2, 5})}, GeluMlp(false, false),
+       kReduction},
 
       // losses
       {"cross_entropy", "mean", F32, {X({4, 5}).Range(-2, 2), Ids({1, 0, 4, 2}, {4})},
@@ -726,6 +743,41 @@ std::vector<OpCase> Build() {
          {X({8195, 8}), X({130, 8}), X({130})},
          Linear(),
          kReduction});
+    // one node: linear_gelu_forward and gemm_dgelu (on CUDA cuBLASLt's
+    // GELU epilogues where the hidden width is a multiple of 8, else the
+    // fallback kernels); the biases' input positions shift when left out
+    add({"gelu_mlp",
+         "autocast_bias",
+         d,
+         {X({2, 6, 32}), X({64, 32}), X({64}), X({16, 64}), X({16})},
+         GeluMlp(true, true),
+         kReduction});
+    add({"gelu_mlp",
+         "autocast_hidden_12",
+         d,
+         {X({7, 16}), X({12, 16}), X({12}), X({8, 12}), X({8})},
+         GeluMlp(true, true),
+         kReduction});
+    add({"gelu_mlp",
+         "autocast_no_fc_bias",
+         d,
+         {X({5, 16}), X({24, 16}), X({8, 24}), X({8})},
+         GeluMlp(false, true),
+         kReduction});
+    add({"gelu_mlp",
+         "autocast_no_biases_frozen_proj",
+         d,
+         {X({5, 16}), X({24, 16}), X({8, 24}).Const()},
+         GeluMlp(false, false),
+         kReduction});
+    // pre and its gradient of over 2^20 elements: the CPU's slices of rows
+    add({"gelu_mlp",
+         "autocast_2100x8_hidden_512_sliced",
+         d,
+         {X({2100, 8}), X({512, 8}), X({512}), X({8, 512}), X({8})},
+         GeluMlp(true, true),
+         kReduction,
+         kParityOnly});
     add({"conv2d",
          "autocast_2x3x12x12_5x5_pad2",
          d,
@@ -752,6 +804,12 @@ std::vector<OpCase> Build() {
          Binary(dt_op_matmul),
          kReduction},
         {"linear", "half_x", d, {X({6, 32}).Half(), X({8, 32}), X({8})}, Linear(), kReduction},
+        {"gelu_mlp",
+         "half_x",
+         d,
+         {X({6, 32}).Half(), X({64, 32}), X({64}), X({8, 64}), X({8})},
+         GeluMlp(true, true),
+         kReduction},
         {"conv2d",
          "half_x",
          d,
