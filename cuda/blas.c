@@ -299,8 +299,10 @@ static void key_of(const half_gemm *g, lt_key *k) {
     k->stride_a = g->stride_a, k->stride_b = g->stride_b, k->stride_c = g->stride_c;
 }
 
-static void count(dt_cuda_ctx *ctx, int lt) {
+static void count(dt_cuda_ctx *ctx, int lt, int epi) {
   if (ctx->gemm_cache) {
+    if (epi_has_aux(epi))
+      ctx->gemm_cache->counts.gelu_calls++;
     if (lt)
       ctx->gemm_cache->counts.lt_calls++;
     else
@@ -339,12 +341,12 @@ static dt_status half_gemm_run(dt_cuda_ctx *ctx, cudaStream_t stream, const half
         cublasLtMatmul(ctx->cublaslt, p->desc, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta, g->c,
                        p->lc, g->c, p->lc, &p->algo, ws, p->ws, stream),
         st, unlock);
-    count(ctx, 1);
+    count(ctx, 1, g->epi);
   } else {
     DT_ASSERT(g->epi == EPI_NONE); /* a caller with an epilogue has its own fallback */
     DT_CUBLAS_CHECK_GOTO(cublasSetStream(ctx->cublas, stream), st, unlock);
     DT_CHECK_GOTO(gemm_ex_call(ctx, g), st, unlock);
-    count(ctx, 0);
+    count(ctx, 0, EPI_NONE);
   }
 unlock:
   pthread_mutex_unlock(&ctx->gemm_lock);

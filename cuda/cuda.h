@@ -151,10 +151,12 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
 
 /* How the 16-bit GEMMs of a device ran since it was first used: through
  * cuBLASLt, or through cublasGemmStridedBatchedEx where cuBLASLt's
- * heuristic had no algorithm (cuda/blas.c); plans = the cached cuBLASLt
- * plans. */
+ * heuristic had no algorithm (cuda/blas.c); gelu_calls = the cuBLASLt
+ * calls with a GELU epilogue (GELU_AUX, GELU_AUX_BIAS, DGELU: the MLP's
+ * fused kernels; their fallbacks are plain GEMMs and GELU kernels); plans
+ * = the cached cuBLASLt plans. */
 typedef struct dt_cuda_gemm_counts {
-  int64_t lt_calls, fallback_calls, plans;
+  int64_t lt_calls, fallback_calls, plans, gelu_calls;
 } dt_cuda_gemm_counts;
 dt_status dt_cuda_gemm_counts_get(dt_device dev, dt_cuda_gemm_counts *out);
 

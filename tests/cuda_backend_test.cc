@@ -232,6 +232,74 @@ TEST_F(CudaBackend, HalfLinearForwardWithBiasMatchesTheCpu) {
   EXPECT_EQ(dt_kernel_linear_forward(&f32, 1, 1, 1, &z, &z, nullptr, &z), DT_ERR_DTYPE);
 }
 
+// The GELU MLP's kernels (dt_op_gelu_mlp) against the CPU's: c_fc with
+// GELU (linear_gelu_forward: cuBLASLt's GELU_AUX(_BIAS) epilogue, the GELU
+// of the f32 sum) and c_proj's dx through GELU's gradient (gemm_dgelu: the
+// DGELU epilogue on the f32 product). The CPU takes GELU of the rounded pre
+// and rounds the product before the gradient: a rounding or two apart. A
+// GPT-2 124M layer's shapes (the epilogues: dt_cuda_gemm_counts'
+// gelu_calls), a hidden width of 12 (the aux leading dimension must be a
+// multiple of 8: the fallback kernels) and a bias at 8 bytes (the
+// fallback too).
+TEST_F(CudaBackend, HalfGeluEpiloguesMatchTheCpu) {
+  struct Shape {
+    int m, n, k;  // rows, hidden, in (the forward); rows, hidden, out (the dgelu)
+    int bias_at;  // the bias's offset in elements, -1 none
+  };
+  dt_cuda_gemm_counts before{}, after{};
+  if (!SelfCheck())
+    OK(dt_cuda_gemm_counts_get(dev_, &before));
+  int epilogue_calls = 0;
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Shape sh : {Shape{256, 3072, 768, 0}, Shape{64, 3072, 768, -1}, Shape{7, 12, 16, 0},
+                     Shape{64, 256, 64, 4}}) {
+      const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+      const size_t mn = (size_t)sh.m * sh.n;
+      std::vector<uint16_t> x = Half(Rand((size_t)sh.m * sh.k, 51, -2.0f, 2.0f), t),
+                            w = Half(Rand((size_t)sh.n * sh.k, 52, -0.1f, 0.1f), t),
+                            b = Half(Rand(sh.n, 53), t);
+      std::vector<uint16_t> pre(mn), y(mn);
+      dt_exec cex = cex_, hex = gex_;
+      cex.dtype = hex.dtype = t;
+      const bool with_bias = sh.bias_at >= 0;
+      OK(dt_kernel_linear_gelu_forward(
+          &cex, sh.m, sh.n, sh.k, (const float *)x.data(), (const float *)w.data(),
+          with_bias ? (const float *)b.data() : nullptr, (float *)pre.data(), (float *)y.data()));
+      std::vector<uint16_t> placed(b);
+      placed.insert(placed.begin(), (size_t)std::max(sh.bias_at, 0), 0);
+      uint16_t *dx = Up(x), *dw = Up(w), *dbias = Up(placed) + std::max(sh.bias_at, 0);
+      auto *dpre = static_cast<uint16_t *>(Alloc(mn * 2)),
+           *dy = static_cast<uint16_t *>(Alloc(mn * 2));
+      OK(dt_kernel_linear_gelu_forward(&hex, sh.m, sh.n, sh.k, (const float *)dx, (const float *)dw,
+                                       with_bias ? (const float *)dbias : nullptr, (float *)dpre,
+                                       (float *)dy));
+      const std::string what = std::string(dt_dtype_name(t)) + " " + std::to_string(sh.m) + "x" +
+                               std::to_string(sh.n) + "x" + std::to_string(sh.k);
+      EXPECT_TRUE(Close(Widen(Down(dpre, mn), t), Widen(pre, t), ulp, 1e-3)) << what << " pre";
+      EXPECT_TRUE(Close(Widen(Down(dy, mn), t), Widen(y, t), 2 * ulp, 2e-3)) << what << " y";
+      // dpre (m, n) = (g (m, k) @ w2 (k, n)) * gelu'(pre), k = the layer's outputs
+      std::vector<uint16_t> g = Half(Rand((size_t)sh.m * sh.k, 54), t),
+                            w2 = Half(Rand((size_t)sh.k * sh.n, 55, -0.1f, 0.1f), t), want(mn);
+      OK(dt_kernel_gemm_dgelu(&cex, sh.m, sh.n, sh.k, (const float *)g.data(),
+                              (const float *)w2.data(), (const float *)pre.data(),
+                              (float *)want.data()));
+      uint16_t *dg = Up(g), *dw2 = Up(w2), *dpre_cpu = Up(pre);
+      auto *dgrad = static_cast<uint16_t *>(Alloc(mn * 2));
+      OK(dt_kernel_gemm_dgelu(&hex, sh.m, sh.n, sh.k, (const float *)dg, (const float *)dw2,
+                              (const float *)dpre_cpu, (float *)dgrad));
+      EXPECT_TRUE(Close(Widen(Down(dgrad, mn), t), Widen(want, t), 2 * ulp, 2e-3))
+          << what << " dpre";
+      epilogue_calls += sh.n % 8 == 0 && sh.bias_at != 4 ? 2 : sh.n % 8 == 0 ? 1 : 0;
+    }
+  if (SelfCheck())
+    return;
+  OK(dt_cuda_gemm_counts_get(dev_, &after));
+  std::printf("GELU epilogues: %lld of the %d calls that may take them\n",
+              (long long)(after.gelu_calls - before.gelu_calls), epilogue_calls);
+  // the GPT-2 shapes at least (forward and dgelu, two dtypes, two shapes)
+  EXPECT_GE(after.gelu_calls - before.gelu_calls, 8);
+}
+
 // The fused attention kernels on a 16-bit qkv against the CPU's (f32 math
 // on the widened qkv): the tensor-core (WMMA) kernels for head sizes 16,
 // 32, 64 and 128, the f32 tiles for 48; T across the 64-row blocks and a
