@@ -138,13 +138,11 @@ static void bn_forward_stats(const bn_forward_args *a) {
   }
 }
 
-// x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
-                                      const float *gamma, const float *beta, float *running_mean,
-                                      float *running_var, float *save_mean, float *save_invstd,
-                                      int64_t n, int64_t c, int64_t hw, bool training,
-                                      float momentum, float eps) {
-  (void)ex;
+/* The f32 forward: x, y f32. */
+static dt_status bn_forward_f32(const float *x, float *y, const float *gamma, const float *beta,
+                                float *running_mean, float *running_var, float *save_mean,
+                                float *save_invstd, int64_t n, int64_t c, int64_t hw, bool training,
+                                float momentum, float eps) {
   int nt = dt_cpu_threads();
   int par = n * c * hw >= DT_CPU_PAR_MIN;
   bn_forward_args a = {.x = x,
@@ -204,13 +202,10 @@ dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *
   return DT_OK;
 }
 
-// x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma (c), dbeta (c) (overwrite)
-dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const float *dy,
-                                       const float *gamma, const float *save_mean,
-                                       const float *save_invstd, float *dx, float *dgamma,
-                                       float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
-  (void)ex;
-  (void)eps; /* the saved invstd already holds it */
+/* The f32 backward: x, dy, dx f32. */
+static dt_status bn_backward_f32(const float *x, const float *dy, const float *gamma,
+                                 const float *save_mean, const float *save_invstd, float *dx,
+                                 float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw) {
   int64_t cnt = n * hw, total = n * c * hw;
   int nt = dt_cpu_threads();
   int par = total >= DT_CPU_PAR_MIN;
@@ -262,6 +257,79 @@ dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const 
   free(part);
   free(k_dy);
   return DT_OK;
+}
+
+/* 16-bit operands of the batch norm: each widened into (or, for a result,
+ * computed in) an f32 buffer of `total` elements, or used in place when it
+ * is f32 already. A 16-bit result is rounded once from the f32 kernel's. */
+typedef struct bn_f32_view {
+  float *f32;  /* what the f32 kernel reads or writes */
+  float *heap; /* the buffer, when one was needed */
+} bn_f32_view;
+
+static dt_status bn_view(const char *op, const void *p, dt_dtype t, int64_t total, bool widen,
+                         bn_f32_view *v) {
+  v->heap = NULL;
+  v->f32 = (float *)p;
+  if (t == DT_DTYPE_F32 || p == NULL)
+    return DT_OK;
+  v->heap = malloc((size_t)(total > 0 ? total : 1) * sizeof(float));
+  if (!v->heap)
+    return DT_ERROR(DT_ERR_OOM, "%s: an f32 copy of %lld 16-bit values: malloc failed", op,
+                    (long long)total);
+  v->f32 = v->heap;
+  return widen ? dt_cpu_cast(NULL, p, t, v->heap, DT_DTYPE_F32, total) : DT_OK; /* threaded */
+}
+
+/* The result's f32 values rounded into its 16-bit buffer (none when f32). */
+static dt_status bn_view_done(dt_status st, bn_f32_view *v, void *out, dt_dtype t, int64_t total) {
+  if (st == DT_OK && v->heap && out)
+    st = dt_cpu_cast(NULL, v->heap, DT_DTYPE_F32, out, t, total);
+  free(v->heap);
+  v->heap = NULL;
+  return st;
+}
+
+// x (n,c,hw) of ex->dtype -> y (n,c,hw) of y_dtype; batch statistics (training) or running ones
+// (eval), in f32 on the widened x; a 16-bit y rounded once
+dt_status dt_cpu_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y, dt_dtype y_dtype,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var, float *save_mean, float *save_invstd,
+                                      int64_t n, int64_t c, int64_t hw, bool training,
+                                      float momentum, float eps) {
+  static const char *op = "batch_norm2d_forward";
+  const int64_t total = n * c * hw;
+  bn_f32_view vx, vy = {NULL, NULL};
+  DT_CHECK(bn_view(op, x, ex->dtype, total, true, &vx));
+  dt_status st = bn_view(op, y, y_dtype, total, false, &vy);
+  if (st == DT_OK)
+    st = bn_forward_f32(vx.f32, vy.f32, gamma, beta, running_mean, running_var, save_mean,
+                        save_invstd, n, c, hw, training, momentum, eps);
+  st = bn_view_done(st, &vy, y, y_dtype, total);
+  return bn_view_done(st, &vx, NULL, ex->dtype, total);
+}
+
+// x (n,c,hw) of ex->dtype, dy of dy_dtype, saved mean/invstd (c) -> dx (n,c,hw) of ex->dtype,
+// dgamma (c), dbeta (c) (overwrite); f32 on the widened x and dy, a 16-bit dx rounded once
+dt_status dt_cpu_batch_norm2d_backward(const dt_exec *ex, const float *x, const float *dy,
+                                       dt_dtype dy_dtype, const float *gamma,
+                                       const float *save_mean, const float *save_invstd, float *dx,
+                                       float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                       int64_t hw, float eps) {
+  static const char *op = "batch_norm2d_backward";
+  (void)eps; /* the saved invstd already holds it */
+  const int64_t total = n * c * hw;
+  bn_f32_view vx, vdy = {NULL, NULL}, vdx = {NULL, NULL};
+  DT_CHECK(bn_view(op, x, ex->dtype, total, true, &vx));
+  dt_status st = bn_view(op, dy, dy_dtype, total, true, &vdy);
+  if (st == DT_OK)
+    st = bn_view(op, dx, ex->dtype, total, false, &vdx);
+  if (st == DT_OK)
+    st = bn_backward_f32(vx.f32, vdy.f32, gamma, save_mean, save_invstd, vdx.f32, dgamma, dbeta, n,
+                         c, hw);
+  st = bn_view_done(st, &vdx, dx, ex->dtype, total);
+  st = bn_view_done(st, &vdy, NULL, dy_dtype, total);
+  return bn_view_done(st, &vx, NULL, ex->dtype, total);
 }
 
 /* ---- layer normalisation ---- */

@@ -195,9 +195,13 @@ static dt_status dt_kcheck_geom(const char *op, const dt_conv2d_geom *g, bool co
   return DT_OK;
 }
 
-static dt_status dt_kcheck_batch_norm2d(int64_t n, int64_t c, int64_t hw, bool training,
-                                        float momentum, float eps, const float *running_mean,
-                                        const float *running_var) {
+static dt_status dt_kcheck_float_width(const char *op, const char *what, dt_dtype d);
+
+/* y_dtype: the result's (forward) or its gradient's (backward) dtype. */
+static dt_status dt_kcheck_batch_norm2d(const char *op, dt_dtype y_dtype, int64_t n, int64_t c,
+                                        int64_t hw, bool training, float momentum, float eps,
+                                        const float *running_mean, const float *running_var) {
+  DT_CHECK(dt_kcheck_float_width(op, "result (or its gradient)", y_dtype));
   DT_CHECK(dt_kcheck_sizes("batch_norm2d", n, c, hw));
   if (training && n * hw <= 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,

@@ -68,8 +68,9 @@ static void hand_out_grads(dt_node *node, int has_gamma, int has_beta, dt_tensor
 
 /* ---- batch norm ---- */
 
-/* saved: 0 x (contiguous), 1 gamma (or ones), 2 mean, 3 invstd (the batch
- * statistics in training; a snapshot of the running ones in eval). */
+/* saved: 0 x (contiguous; f32 or 16-bit, as the op received it), 1 gamma
+ * (or ones), 2 mean, 3 invstd (the batch statistics in training; a
+ * snapshot of the running ones in eval). */
 typedef struct batch_norm2d_saved {
   int64_t n, c, hw;
   bool training, has_gamma, has_beta;
@@ -95,22 +96,25 @@ static dt_status per_channel(const dt_exec *ex, dt_binary_op op, dt_tensor *a, d
 }
 
 /* This process's gradients of a batch norm in training: *dx (n, c, hw;
- * the training formula over this batch), *dgamma = sum dy (x - mean)
- * invstd and *dbeta = sum dy (c), from the saved mean and invstd. */
-static dt_status local_grads(const dt_exec *ex, dt_tensor *x, dt_tensor *gy, dt_tensor *gamma,
-                             dt_tensor *mean, dt_tensor *invstd, int64_t n, int64_t c, int64_t hw,
-                             float eps, dt_tensor **dx, dt_tensor **dgamma, dt_tensor **dbeta) {
+ * the training formula over this batch, of x's dtype), *dgamma = sum dy
+ * (x - mean) invstd and *dbeta = sum dy (c), from the saved mean and
+ * invstd. x and gy may be 16-bit (the kernel reads them as they are). */
+static dt_status local_grads(dt_tensor *x, dt_tensor *gy, dt_tensor *gamma, dt_tensor *mean,
+                             dt_tensor *invstd, int64_t n, int64_t c, int64_t hw, float eps,
+                             dt_tensor **dx, dt_tensor **dgamma, dt_tensor **dbeta) {
   dt_device dev = dt_tensor_device(gy);
-  DT_CHECK(dt_ops_empty_like(x, dev, dx));
+  const dt_exec ex = dt_tensor_exec(x), *ex32 = DT_TENSOR_EXEC(mean);
+  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x), dev, dx));
   DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dgamma));
   DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dbeta));
   if (n * hw > 0 && c > 0)
-    return dt_kernel_batch_norm2d_backward(ex, DT_F32(x), DT_F32(gy), DT_F32(gamma), DT_F32(mean),
-                                           DT_F32(invstd), DT_F32(*dx), DT_F32(*dgamma),
+    return dt_kernel_batch_norm2d_backward(&ex, dt_tensor_data(x), dt_tensor_data(gy),
+                                           dt_tensor_dtype(gy), DT_F32(gamma), DT_F32(mean),
+                                           DT_F32(invstd), dt_tensor_data(*dx), DT_F32(*dgamma),
                                            DT_F32(*dbeta), n, c, hw, eps);
   if (c > 0) { /* no samples: the parameter gradients are zero */
-    DT_CHECK(dt_kernel_fill(ex, DT_F32(*dgamma), 0.0f, c));
-    DT_CHECK(dt_kernel_fill(ex, DT_F32(*dbeta), 0.0f, c));
+    DT_CHECK(dt_kernel_fill(ex32, DT_F32(*dgamma), 0.0f, c));
+    DT_CHECK(dt_kernel_fill(ex32, DT_F32(*dbeta), 0.0f, c));
   }
   return DT_OK;
 }
@@ -122,26 +126,30 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   int64_t n = s->n, c = s->c, hw = s->hw;
   int training = s->training, has_gamma = s->has_gamma, has_beta = s->has_beta;
   dt_device dev = dt_tensor_device(gy);
-  const dt_exec ex = dt_tensor_exec(gy);
-  dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL;
+  const dt_exec *ex32 = DT_TENSOR_EXEC(mean);
+  dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL, *gy32 = NULL;
   dt_status st;
   /* dgamma and dbeta are the same in both modes; dx is the training
    * formula, replaced below in eval mode. */
-  DT_CHECK_GOTO(
-      local_grads(&ex, x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
-      fail);
+  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
+                fail);
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
-     * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd */
+     * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd, in f32 (the
+     * engine rounds it to a 16-bit x's dtype) */
+    dt_tensor_release(dx);
+    dx = NULL;
+    DT_CHECK_GOTO(dt_ops_widen(gy, &gy32), st, fail);
+    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
     DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gamma, invstd, scale, 1, c, 1), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gy, scale, dx, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(ex32, DT_BINARY_MUL, gamma, invstd, scale, 1, c, 1), st, fail);
+    DT_CHECK_GOTO(per_channel(ex32, DT_BINARY_MUL, gy32, scale, dx, n, c, hw), st, fail);
   }
-  dt_tensor_release(scale);
+  DT_RELEASE_TENSORS(gy32, scale);
   hand_out_grads(node, has_gamma, has_beta, dx, dgamma, dbeta, grad_in);
   return DT_OK;
 fail:
-  DT_RELEASE_TENSORS(scale, dbeta, dgamma, dx);
+  DT_RELEASE_TENSORS(gy32, scale, dbeta, dgamma, dx);
   return st;
 }
 
@@ -182,7 +190,8 @@ static dt_status check_batch_norm(const char *op, dt_tensor *const *all, bool us
                                   int64_t *hw_out) {
   dt_tensor *x = all[0], *gamma = all[1], *beta = all[2], *running_mean = all[3],
             *running_var = all[4];
-  DT_CHECK(dt_ops_check_inputs(op, all, 5));
+  DT_CHECK(dt_ops_check_float_inputs(op, all, 5)); /* the same device, x 16-bit or f32 */
+  DT_CHECK(dt_ops_check_inputs(op, all + 1, 4));   /* the per-channel vectors f32 */
   int nd = dt_tensor_ndim(x);
   const int64_t *s = dt_tensor_shape(x);
   char b[128];
@@ -224,10 +233,10 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   if (!x || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument", op);
   dt_tensor *all[5] = {x, gamma, beta, running_mean, running_var};
-  /* 16-bit x: normalised in f32, an f32 result (autocast's fp32 ops) */
-  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
-                    dt_op_batch_norm2d(x32, gamma, beta, running_mean, running_var, training,
-                                       momentum, eps, out));
+  /* autocast's NORM policy: x read as it is (a 16-bit x is what the
+   * backward keeps), the statistics in f32, y f32 or under autocast the
+   * 16-bit dtype, rounded once */
+  const dt_dtype ydt = dt_autocast_norm_dtype_for(op);
   int64_t n = 0, c = 0, hw = 0;
   DT_CHECK(check_batch_norm(op, all, training, training, &n, &c, &hw));
   int nd = dt_tensor_ndim(x);
@@ -241,14 +250,15 @@ dt_status dt_op_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
   DT_CHECK_GOTO(affine_params(gamma, beta, c, dev, &gc, &bc), st, fail);
   DT_CHECK_GOTO(running_stats(running_mean, running_var, c, dev, &rm, &rv), st, fail);
-  DT_CHECK_GOTO(dt_tensor_empty(s, nd, DT_DTYPE_F32, dev, &y), st, fail);
+  DT_CHECK_GOTO(dt_tensor_empty(s, nd, ydt, dev, &y), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &mean), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   /* x (n, c, hw) -> y; batch stats -> mean, invstd (training) */
   if (n * c * hw > 0)
-    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(
-                      DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_F32(gc), DT_F32(bc), DT_F32(rm),
-                      DT_F32(rv), DT_F32(mean), DT_F32(invstd), n, c, hw, training, momentum, eps),
+    DT_CHECK_GOTO(dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(xc), dt_tensor_data(xc),
+                                                 dt_tensor_data(y), ydt, DT_F32(gc), DT_F32(bc),
+                                                 DT_F32(rm), DT_F32(rv), DT_F32(mean),
+                                                 DT_F32(invstd), n, c, hw, training, momentum, eps),
                   st, fail);
   dt_tensor *ins[3] = {x, gamma, beta};
   DT_CHECK_GOTO(dt_ops_maybe_record(op, batch_norm_backward, ins, 3, y, &node), st, fail);
@@ -382,9 +392,8 @@ static dt_status sync_batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tenso
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &tmp), st, fail);
   /* this process's sum dy (dbeta) and sum dy (x - mean) invstd (dgamma):
    * the parameters' gradients, which DDP averages as any other */
-  DT_CHECK_GOTO(
-      local_grads(&ex, x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
-      fail);
+  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
+                fail);
   DT_CHECK_GOTO(dt_tensor_to_host(dbeta, f, sizeof(float) * (size_t)c), st, fail);
   DT_CHECK_GOTO(dt_tensor_to_host(dgamma, f + c, sizeof(float) * (size_t)c), st, fail);
   DT_CHECK_GOTO(dt_tensor_to_host(invstd, f + 2 * c, sizeof(float) * (size_t)c), st, fail);
@@ -476,9 +485,9 @@ dt_status dt_op_sync_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *bet
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   if (n * c * hw > 0)
     DT_CHECK_GOTO(
-        dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_F32(gc),
-                                       DT_F32(bc), DT_F32(mean), DT_F32(var), NULL, DT_F32(invstd),
-                                       n, c, hw, false, momentum, eps),
+        dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_DTYPE_F32,
+                                       DT_F32(gc), DT_F32(bc), DT_F32(mean), DT_F32(var), NULL,
+                                       DT_F32(invstd), n, c, hw, false, momentum, eps),
         st, fail);
   else if (c > 0)
     DT_CHECK_GOTO(dt_kernel_fill(DT_TENSOR_EXEC(x), DT_F32(invstd), 1.0f, c), st, fail);

@@ -447,7 +447,15 @@ unlock:
   return conv_end(ctx, tmp, st);
 }
 
-/* ---- batch normalisation ---- */
+/* ---- batch normalisation ----
+ *
+ * x, y, dy and dx of one dtype (f32, or 16-bit with autocast's NORM
+ * policy: a convolution's 16-bit output normalised into a 16-bit result)
+ * go to cuDNN as they are, with f32 per-channel vectors (cuDNN's mixed
+ * batch norm: f32 statistics, the 16-bit values read and written once).
+ * Mixed dtypes (an f32 x with a 16-bit y), or a 16-bit batch norm cuDNN
+ * answers NOT_SUPPORTED or BAD_PARAM to, run the f32 path on f32 copies
+ * (cast kernels) in scratch memory, rounding the result once. */
 
 /* Descriptors of x viewed as (n, c, hw, 1) and of the per-channel vectors. */
 typedef struct bn_desc {
@@ -461,7 +469,7 @@ static void bn_desc_destroy(bn_desc *d) {
     cudnnDestroyTensorDescriptor(d->bn);
 }
 
-static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
+static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, dt_dtype t, bn_desc *d) {
   memset(d, 0, sizeof *d);
   if (n > INT32_MAX || c > INT32_MAX || hw > INT32_MAX)
     return DT_ERROR(DT_ERR_UNSUPPORTED, "batch_norm2d: size (n %lld, c %lld, hw %lld) over 2^31",
@@ -470,9 +478,10 @@ static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, bn_desc *d) {
   dt_status st = DT_OK;
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), st, fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)n,
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, cudnn_type(t), (int)n,
                                                  (int)c, (int)hw, 1),
                       st, fail);
+  /* f32 for a 16-bit x too */
   DT_CUDNN_CHECK_GOTO(cudnnDeriveBNTensorDescriptor(d->bn, d->x, CUDNN_BATCHNORM_SPATIAL), st,
                       fail);
   return DT_OK;
@@ -486,35 +495,61 @@ fail:
 static dt_status bn_scratch(dt_cuda_ctx *ctx, const dt_exec *ex, int64_t c, int count, int ones,
                             float **out) {
   DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)(c * count) * sizeof(float), (void **)out));
+  dt_exec e32 = *ex;
+  e32.dtype = DT_DTYPE_F32;
   dt_status st = DT_OK;
   if (ones)
-    st = dt_cuda_fill(ex, *out, 1.0f, c * ones);
+    st = dt_cuda_fill(&e32, *out, 1.0f, c * ones);
   if (st == DT_OK && count > ones)
-    st = dt_cuda_fill(ex, *out + c * ones, 0.0f, c * (count - ones));
+    st = dt_cuda_fill(&e32, *out + c * ones, 0.0f, c * (count - ones));
   if (st != DT_OK)
     dt_cuda_scratch_free(ctx, *out);
   return st;
 }
 
-// x (n,c,hw) -> y (n,c,hw); batch statistics (training) or running ones (eval)
-dt_status dt_cuda_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
-                                       const float *gamma, const float *beta, float *running_mean,
-                                       float *running_var, float *save_mean, float *save_invstd,
-                                       int64_t n, int64_t c, int64_t hw, bool training,
-                                       float momentum, float eps) {
-  if (training && (!running_mean) != (!running_var))
-    return DT_ERROR(DT_ERR_INVALID_ARG,
-                    "batch_norm2d_forward: pass both running_mean and running_var, or neither");
-  if (eps < CUDNN_BN_MIN_EPSILON)
-    return DT_ERROR(DT_ERR_UNSUPPORTED,
-                    "batch_norm2d_forward: eps %g is below cuDNN's minimum %g: use eps >= %g",
-                    (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
-  if (n * c * hw == 0)
+/* cuDNN has no kernel for this batch norm (a 16-bit one): the f32 path. */
+static int bn_declined(cudnnStatus_t e) {
+  return (e >= CUDNN_STATUS_BAD_PARAM && e < CUDNN_STATUS_BAD_PARAM + 1000) ||
+         (e >= CUDNN_STATUS_NOT_SUPPORTED && e < CUDNN_STATUS_NOT_SUPPORTED + 1000);
+}
+
+/* An f32 stand-in for a 16-bit operand of `total` elements: p itself when
+ * it is f32, else scratch (holding p widened when `widen`). */
+static dt_status bn_f32(dt_cuda_ctx *ctx, const dt_exec *ex, const void *p, dt_dtype t,
+                        int64_t total, int widen, float **out) {
+  *out = (float *)p;
+  if (t == DT_DTYPE_F32 || p == NULL)
     return DT_OK;
-  DT_CUDA_EXEC(ex, ctx, stream);
-  DT_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, stream));
+  DT_CHECK(dt_cuda_scratch_alloc(ctx, (size_t)total * sizeof(float), (void **)out));
+  dt_status st = widen ? dt_cuda_cast(ex, p, t, *out, DT_DTYPE_F32, total) : DT_OK;
+  if (st != DT_OK) {
+    dt_cuda_scratch_free(ctx, *out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* Gives back a stand-in, rounding it into `dst` (of t) first when given. */
+static dt_status bn_f32_done(dt_cuda_ctx *ctx, const dt_exec *ex, dt_status st, float *f32,
+                             const void *orig, void *dst, dt_dtype t, int64_t total) {
+  if (f32 == NULL || f32 == orig)
+    return st;
+  if (st == DT_OK && dst)
+    st = dt_cuda_cast(ex, f32, DT_DTYPE_F32, dst, t, total);
+  dt_cuda_scratch_free(ctx, f32);
+  return st;
+}
+
+/* The batch norm forward through cuDNN, x and y of `t`; *declined when
+ * cuDNN has no kernel for it (nothing was written then). */
+static dt_status bn_forward_cudnn(dt_cuda_ctx *ctx, const dt_exec *ex, dt_dtype t, const void *x,
+                                  void *y, const float *gamma, const float *beta,
+                                  float *running_mean, float *running_var, float *save_mean,
+                                  float *save_invstd, int64_t n, int64_t c, int64_t hw,
+                                  bool training, float momentum, float eps, int *declined) {
+  *declined = 0;
   bn_desc d;
-  DT_CHECK(bn_desc_create(n, c, hw, &d));
+  DT_CHECK(bn_desc_create(n, c, hw, t, &d));
   /* scratch: [ones (gamma)] [zeros (beta)] [save_mean] [save_invstd] */
   float *tmp = NULL;
   dt_status st = bn_scratch(ctx, ex, c, 4, 1, &tmp);
@@ -525,32 +560,111 @@ dt_status dt_cuda_batch_norm2d_forward(const dt_exec *ex, const float *x, float 
   const float *g = gamma ? gamma : tmp;
   const float *b = beta ? beta : tmp + c;
   const float one = 1.0f, zero = 0.0f;
-  if (training) {
-    float *sm = save_mean ? save_mean : tmp + 2 * c;
-    float *si = save_invstd ? save_invstd : tmp + 3 * c;
-    DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardTraining(
-                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
-                            g, b, (double)momentum, running_mean, running_var, (double)eps, sm, si),
-                        st, done);
-  } else {
-    DT_CUDNN_CHECK_GOTO(cudnnBatchNormalizationForwardInference(
-                            ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn,
-                            g, b, running_mean, running_var, (double)eps),
-                        st, done);
-    /* As the CPU: a backward through eval mode uses the running stats. */
+  cudnnStatus_t e;
+  if (training)
+    e = cudnnBatchNormalizationForwardTraining(
+        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, d.x, x, d.x, y, d.bn, g, b,
+        (double)momentum, running_mean, running_var, (double)eps,
+        save_mean ? save_mean : tmp + 2 * c, save_invstd ? save_invstd : tmp + 3 * c);
+  else
+    e = cudnnBatchNormalizationForwardInference(ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                d.x, x, d.x, y, d.bn, g, b, running_mean,
+                                                running_var, (double)eps);
+  if (t != DT_DTYPE_F32 && bn_declined(e))
+    *declined = 1;
+  else if (e != CUDNN_STATUS_SUCCESS)
+    st = dt_cudnn_fail(e,
+                       training ? "cudnnBatchNormalizationForwardTraining"
+                                : "cudnnBatchNormalizationForwardInference",
+                       __func__, __FILE__, __LINE__);
+  else if (!training) /* as the CPU: a backward through eval mode uses the running stats */
     st = dt_cuda_bn_eval_stats(ctx, running_mean, running_var, save_mean, save_invstd, c, eps);
-  }
-done:
   dt_cuda_scratch_free(ctx, tmp);
   bn_desc_destroy(&d);
   return st;
 }
 
-// x, dy (n,c,hw), saved mean/invstd (c) -> dx (n,c,hw), dgamma, dbeta (c), overwritten
+// x (n,c,hw) of ex->dtype -> y (n,c,hw) of y_dtype; batch statistics (training) or running ones
+// (eval)
+dt_status dt_cuda_batch_norm2d_forward(const dt_exec *ex, const float *x, float *y,
+                                       dt_dtype y_dtype, const float *gamma, const float *beta,
+                                       float *running_mean, float *running_var, float *save_mean,
+                                       float *save_invstd, int64_t n, int64_t c, int64_t hw,
+                                       bool training, float momentum, float eps) {
+  if (training && (!running_mean) != (!running_var))
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "batch_norm2d_forward: pass both running_mean and running_var, or neither");
+  if (eps < CUDNN_BN_MIN_EPSILON)
+    return DT_ERROR(DT_ERR_UNSUPPORTED,
+                    "batch_norm2d_forward: eps %g is below cuDNN's minimum %g: use eps >= %g",
+                    (double)eps, CUDNN_BN_MIN_EPSILON, CUDNN_BN_MIN_EPSILON);
+  const int64_t total = n * c * hw;
+  if (total == 0)
+    return DT_OK;
+  DT_CUDA_EXEC(ex, ctx, stream);
+  DT_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, stream));
+  int declined = 1;
+  if (ex->dtype == y_dtype)
+    DT_CHECK(bn_forward_cudnn(ctx, ex, y_dtype, x, y, gamma, beta, running_mean, running_var,
+                              save_mean, save_invstd, n, c, hw, training, momentum, eps,
+                              &declined));
+  if (!declined)
+    return DT_OK;
+  /* f32 copies of a 16-bit x and y */
+  float *x32 = NULL, *y32 = NULL;
+  DT_CHECK(bn_f32(ctx, ex, x, ex->dtype, total, 1, &x32));
+  dt_status st = bn_f32(ctx, ex, y, y_dtype, total, 0, &y32);
+  if (st == DT_OK)
+    st = bn_forward_cudnn(ctx, ex, DT_DTYPE_F32, x32, y32, gamma, beta, running_mean, running_var,
+                          save_mean, save_invstd, n, c, hw, training, momentum, eps, &declined);
+  st = bn_f32_done(ctx, ex, st, y32, y, y, y_dtype, total);
+  return bn_f32_done(ctx, ex, st, x32, x, NULL, ex->dtype, total);
+}
+
+/* The training backward through cuDNN, x, dy and dx of `t`; *declined as
+ * bn_forward_cudnn's. */
+static dt_status bn_backward_cudnn(dt_cuda_ctx *ctx, const dt_exec *ex, dt_dtype t, const void *x,
+                                   const void *dy, const float *gamma, const float *save_mean,
+                                   const float *save_invstd, void *dx, float *dgamma, float *dbeta,
+                                   int64_t n, int64_t c, int64_t hw, float eps, int *declined) {
+  *declined = 0;
+  bn_desc d;
+  DT_CHECK(bn_desc_create(n, c, hw, t, &d));
+  /* scratch: [ones (gamma)] [dgamma] [dbeta]; dx scratch separately */
+  float *tmp = NULL;
+  void *dx_tmp = NULL;
+  dt_status st = bn_scratch(ctx, ex, c, 3, 1, &tmp);
+  if (st != DT_OK) {
+    bn_desc_destroy(&d);
+    return st;
+  }
+  if (!dx)
+    st = dt_cuda_scratch_alloc(ctx, (size_t)(n * c * hw) * dt_dtype_size(t), &dx_tmp);
+  if (st == DT_OK) {
+    const float one = 1.0f, zero = 0.0f;
+    cudnnStatus_t e = cudnnBatchNormalizationBackward(
+        ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x, d.x, dy, d.x,
+        dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp, dgamma ? dgamma : tmp + c,
+        dbeta ? dbeta : tmp + 2 * c, (double)eps, save_mean, save_invstd);
+    if (t != DT_DTYPE_F32 && bn_declined(e))
+      *declined = 1;
+    else if (e != CUDNN_STATUS_SUCCESS)
+      st = dt_cudnn_fail(e, "cudnnBatchNormalizationBackward", __func__, __FILE__, __LINE__);
+  }
+  if (dx_tmp)
+    dt_cuda_scratch_free(ctx, dx_tmp);
+  dt_cuda_scratch_free(ctx, tmp);
+  bn_desc_destroy(&d);
+  return st;
+}
+
+// x (n,c,hw) of ex->dtype, dy of dy_dtype, saved mean/invstd (c) -> dx (n,c,hw) of ex->dtype,
+// dgamma, dbeta (c), overwritten
 dt_status dt_cuda_batch_norm2d_backward(const dt_exec *ex, const float *x, const float *dy,
-                                        const float *gamma, const float *save_mean,
-                                        const float *save_invstd, float *dx, float *dgamma,
-                                        float *dbeta, int64_t n, int64_t c, int64_t hw, float eps) {
+                                        dt_dtype dy_dtype, const float *gamma,
+                                        const float *save_mean, const float *save_invstd, float *dx,
+                                        float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                        int64_t hw, float eps) {
   if (eps < CUDNN_BN_MIN_EPSILON)
     return DT_ERROR(DT_ERR_UNSUPPORTED,
                     "batch_norm2d_backward: eps %g is below cuDNN's minimum %g: use eps >= %g",
@@ -561,7 +675,8 @@ dt_status dt_cuda_batch_norm2d_backward(const dt_exec *ex, const float *x, const
   if (c == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
-  if (n * hw == 0) {
+  const int64_t total = n * c * hw;
+  if (total == 0) {
     if (dgamma)
       DT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, (size_t)c * sizeof(float), stream));
     if (dbeta)
@@ -569,31 +684,22 @@ dt_status dt_cuda_batch_norm2d_backward(const dt_exec *ex, const float *x, const
     return DT_OK;
   }
   DT_CUDNN_CHECK(cudnnSetStream(ctx->cudnn, stream));
-  bn_desc d;
-  DT_CHECK(bn_desc_create(n, c, hw, &d));
-  /* scratch: [ones (gamma)] [dgamma] [dbeta]; dx scratch separately */
-  float *tmp = NULL, *dx_tmp = NULL;
-  dt_status st = bn_scratch(ctx, ex, c, 3, 1, &tmp);
-  if (st != DT_OK) {
-    bn_desc_destroy(&d);
-    return st;
-  }
-  if (!dx) {
-    st = dt_cuda_scratch_alloc(ctx, (size_t)(n * c * hw) * sizeof(float), (void **)&dx_tmp);
-    if (st != DT_OK)
-      goto done;
-  }
-  const float one = 1.0f, zero = 0.0f;
-  DT_CUDNN_CHECK_GOTO(
-      cudnnBatchNormalizationBackward(
-          ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, d.x, x, d.x, dy, d.x,
-          dx ? dx : dx_tmp, d.bn, gamma ? gamma : tmp, dgamma ? dgamma : tmp + c,
-          dbeta ? dbeta : tmp + 2 * c, (double)eps, save_mean, save_invstd),
-      st, done);
-done:
-  if (dx_tmp)
-    dt_cuda_scratch_free(ctx, dx_tmp);
-  dt_cuda_scratch_free(ctx, tmp);
-  bn_desc_destroy(&d);
-  return st;
+  int declined = 1;
+  if (ex->dtype == dy_dtype)
+    DT_CHECK(bn_backward_cudnn(ctx, ex, dy_dtype, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                               dbeta, n, c, hw, eps, &declined));
+  if (!declined)
+    return DT_OK;
+  /* f32 copies of a 16-bit x, dy and dx */
+  float *x32 = NULL, *dy32 = NULL, *dx32 = NULL;
+  DT_CHECK(bn_f32(ctx, ex, x, ex->dtype, total, 1, &x32));
+  dt_status st = bn_f32(ctx, ex, dy, dy_dtype, total, 1, &dy32);
+  if (st == DT_OK)
+    st = bn_f32(ctx, ex, dx, ex->dtype, total, 0, &dx32);
+  if (st == DT_OK)
+    st = bn_backward_cudnn(ctx, ex, DT_DTYPE_F32, x32, dy32, gamma, save_mean, save_invstd, dx32,
+                           dgamma, dbeta, n, c, hw, eps, &declined);
+  st = bn_f32_done(ctx, ex, st, dx32, dx, dx, ex->dtype, total);
+  st = bn_f32_done(ctx, ex, st, dy32, dy, NULL, dy_dtype, total);
+  return bn_f32_done(ctx, ex, st, x32, x, NULL, ex->dtype, total);
 }

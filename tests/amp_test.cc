@@ -667,6 +667,11 @@ TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
       {"layer_norm",
        {{rows, true}, {d, false}, {d, false}},
        [](auto &x, dt_tensor **o) { return dt_op_layer_norm(x[0], x[1], x[2], 1e-5f, o); }},
+      {"batch_norm2d (training)",
+       {{{4, 6, 5, 5}, true}, {{6}, false}, {{6}, false}},
+       [](auto &x, dt_tensor **o) {
+         return dt_op_batch_norm2d(x[0], x[1], x[2], nullptr, nullptr, true, 0.1f, 1e-5f, o);
+       }},
       {"residual_layer_norm 16-bit x",
        {{rows, true}, {rows, false}, {d, false}, {d, false}},
        dtt::ResidualLayerNormBoth},

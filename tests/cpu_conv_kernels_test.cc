@@ -499,9 +499,9 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
   Vec rm = {0.5f, 0.0f, -1.0f}, rv = {1.0f, 2.0f, 0.5f}, rm0 = rm, rv0 = rv;
   Vec y(x.size()), mean(c), invstd(c);
   const float mom = 0.1f, eps = 1e-5f;
-  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
-                                                  beta.data(), rm.data(), rv.data(), mean.data(),
-                                                  invstd.data(), n, c, hw, 1, mom, eps))
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(
+                       cpu_exec(), x.data(), y.data(), DT_DTYPE_F32, gamma.data(), beta.data(),
+                       rm.data(), rv.data(), mean.data(), invstd.data(), n, c, hw, 1, mom, eps))
       << dt_last_error();
   std::vector<double> wy(x.size()), mu(c), var(c);
   for (int64_t ci = 0; ci < c; ci++) {
@@ -530,9 +530,9 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // backward vs the closed form in double
   Vec dy = randn(x.size(), 34), dx(x.size()), dg(c, NAN), dbt(c, NAN);
-  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_backward(cpu_exec(), x.data(), dy.data(), gamma.data(),
-                                                   mean.data(), invstd.data(), dx.data(), dg.data(),
-                                                   dbt.data(), n, c, hw, eps));
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_backward(
+                       cpu_exec(), x.data(), dy.data(), DT_DTYPE_F32, gamma.data(), mean.data(),
+                       invstd.data(), dx.data(), dg.data(), dbt.data(), n, c, hw, eps));
   std::vector<double> wdx(x.size()), wdg(c), wdb(c);
   for (int64_t ci = 0; ci < c; ci++) {
     double is = 1 / std::sqrt(var[ci] + eps), sdy = 0, sdyx = 0;
@@ -556,17 +556,17 @@ TEST_P(ThreadCounts, BatchNormTrainingStatsRunningAndBackward) {
 
   // eval mode uses the running statistics and leaves them alone
   Vec rm1 = rm, rv1 = rv;
-  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
-                                                  beta.data(), rm.data(), rv.data(), mean.data(),
-                                                  invstd.data(), n, c, hw, 0, mom, eps));
+  ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(
+                       cpu_exec(), x.data(), y.data(), DT_DTYPE_F32, gamma.data(), beta.data(),
+                       rm.data(), rv.data(), mean.data(), invstd.data(), n, c, hw, 0, mom, eps));
   EXPECT_EQ(rm, rm1);
   EXPECT_EQ(rv, rv1);
   EXPECT_NEAR(y[0], (x[0] - rm[0]) / std::sqrt(rv[0] + eps) * gamma[0] + beta[0], 1e-5);
   // one value per channel cannot be normalised in training
   EXPECT_EQ(DT_ERR_INVALID_ARG,
-            dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), gamma.data(),
-                                           beta.data(), rm.data(), rv.data(), mean.data(),
-                                           invstd.data(), 1, c, 1, 1, mom, eps));
+            dt_kernel_batch_norm2d_forward(cpu_exec(), x.data(), y.data(), DT_DTYPE_F32,
+                                           gamma.data(), beta.data(), rm.data(), rv.data(),
+                                           mean.data(), invstd.data(), 1, c, 1, 1, mom, eps));
 }
 
 TEST_P(ThreadCounts, LayerNormForwardBackwardAccumulates) {

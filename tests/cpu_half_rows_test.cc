@@ -287,6 +287,85 @@ TEST_P(ThreadCounts, HalfNormResultsAreRoundedOnceAndHalfGradientsWidened) {
     }
 }
 
+// The batch norm of a 16-bit x and/or y (autocast's NORM policy, ResNet's
+// convolutions' 16-bit outputs): y is the f32 kernel's y on the widened x
+// rounded once; the statistics (saved and running) are the f32 kernel's bit
+// for bit; a 16-bit dy gives the f32 kernel's dgamma and dbeta on the
+// widened dy, and dx of x's dtype is its dx rounded once. Training and
+// eval; planes of 1, 7x7 and 16x16.
+TEST_P(ThreadCounts, HalfBatchNormIsTheF32KernelRoundedOnce) {
+  const float eps = 1e-5f, mom = 0.1f;
+  struct Geom {
+    int64_t n, c, hw;
+  };
+  for (dt_dtype d : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Geom g : {Geom{6, 5, 1}, Geom{4, 3, 49}, Geom{3, 8, 256}}) {
+      const int64_t total = g.n * g.c * g.hw, c = g.c;
+      const std::string geo = " " + std::to_string(g.n) + "x" + std::to_string(c) + "x" +
+                              std::to_string(g.hw) + " " + dt_dtype_name(d);
+      Half x = MakeHalf(d, (size_t)total, 71, -3.0f, 3.0f),
+           dy = MakeHalf(d, (size_t)total, 72, -1, 1);
+      Vec x32 = randn((size_t)total, 73, -3, 3);
+      Vec gamma = randn((size_t)c, 74, 0.5f, 1.5f), beta = randn((size_t)c, 75);
+      for (int training = 0; training < 2; training++)
+        for (int half_x = 0; half_x < 2; half_x++)
+          for (int half_y = 0; half_y < 2; half_y++) {
+            const std::string what = geo + (training ? " train" : " eval") +
+                                     (half_x ? ", 16-bit x" : ", f32 x") +
+                                     (half_y ? ", 16-bit y" : ", f32 y");
+            const dt_exec *ex = half_x ? ExecOf(d) : cpu_exec();
+            const float *xp = half_x ? x.data() : x32.data(),
+                        *xw = half_x ? x.wide.data() : x32.data();
+            Vec rm_w = randn((size_t)c, 76), rv_w = randn((size_t)c, 77, 0.5f, 2.0f);
+            Vec rm_g = rm_w, rv_g = rv_w, sm_w((size_t)c), si_w((size_t)c), sm_g((size_t)c),
+                si_g((size_t)c), y_w((size_t)total);
+            std::vector<uint16_t> y16((size_t)total, 0xffff);
+            Vec y32((size_t)total, -7.0f);
+            ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(
+                                 cpu_exec(), xw, y_w.data(), DT_DTYPE_F32, gamma.data(),
+                                 beta.data(), rm_w.data(), rv_w.data(), sm_w.data(), si_w.data(),
+                                 g.n, c, g.hw, training, mom, eps));
+            float *yp = half_y ? reinterpret_cast<float *>(y16.data()) : y32.data();
+            ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_forward(ex, xp, yp, half_y ? d : DT_DTYPE_F32,
+                                                            gamma.data(), beta.data(), rm_g.data(),
+                                                            rv_g.data(), sm_g.data(), si_g.data(),
+                                                            g.n, c, g.hw, training, mom, eps))
+                << dt_last_error();
+            if (half_y)
+              EXPECT_TRUE(SameCodes(y16, Rounded(d, y_w), "y" + what));
+            else
+              EXPECT_TRUE(SameBits(y32, y_w, "y" + what));
+            EXPECT_TRUE(SameBits(sm_g, sm_w, "saved mean" + what));
+            EXPECT_TRUE(SameBits(si_g, si_w, "saved invstd" + what));
+            EXPECT_TRUE(SameBits(rm_g, rm_w, "running mean" + what));
+            EXPECT_TRUE(SameBits(rv_g, rv_w, "running var" + what));
+            if (!training)
+              continue;
+            // the backward: dy 16-bit when y was
+            Vec dx_w((size_t)total), dg_w((size_t)c), db_w((size_t)c), dg_g((size_t)c, NAN),
+                db_g((size_t)c, NAN), dx32((size_t)total, NAN);
+            std::vector<uint16_t> dx16((size_t)total, 0xffff);
+            const float *dyw = half_y ? dy.wide.data() : x32.data();
+            ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_backward(cpu_exec(), xw, dyw, DT_DTYPE_F32,
+                                                             gamma.data(), sm_w.data(), si_w.data(),
+                                                             dx_w.data(), dg_w.data(), db_w.data(),
+                                                             g.n, c, g.hw, eps));
+            float *dxp = half_x ? reinterpret_cast<float *>(dx16.data()) : dx32.data();
+            ASSERT_EQ(DT_OK, dt_kernel_batch_norm2d_backward(
+                                 ex, xp, half_y ? dy.data() : x32.data(), half_y ? d : DT_DTYPE_F32,
+                                 gamma.data(), sm_w.data(), si_w.data(), dxp, dg_g.data(),
+                                 db_g.data(), g.n, c, g.hw, eps))
+                << dt_last_error();
+            if (half_x)
+              EXPECT_TRUE(SameCodes(dx16, Rounded(d, dx_w), "dx" + what));
+            else
+              EXPECT_TRUE(SameBits(dx32, dx_w, "dx" + what));
+            EXPECT_TRUE(SameBits(dg_g, dg_w, "dgamma" + what));
+            EXPECT_TRUE(SameBits(db_g, db_w, "dbeta" + what));
+          }
+    }
+}
+
 // The pooling kernels of 16-bit x, y, dy, dx: each plane widened into
 // scratch, the f32 body, one rounding. LeNet's 2x2 windows (with enough
 // planes for the threads), overlapping padded windows (the backward sums

@@ -778,6 +778,27 @@ std::vector<OpCase> Build() {
          GeluMlp(true, true),
          kReduction,
          kParityOnly});
+    // autocast's NORM policy: f32 x, a 16-bit y rounded once (CUDA: the f32
+    // path on f32 copies, as x and y differ); the large rows span many
+    // blocks of a plane
+    const std::vector<Input> bn = {X({4, 6, 5, 5}).Range(-2, 2), X({6}).Range(0.5f, 1.5f), X({6}),
+                                   X({6}).Const(), X({6}).Range(0.5f, 1.5f).Const()};
+    add({"batch_norm2d", "autocast_train", d, bn, BatchNorm(1), kNormalisation});
+    add({"batch_norm2d", "autocast_eval", d, bn, BatchNorm(0), kNormalisation});
+    add({"batch_norm2d",
+         "autocast_plain",
+         d,
+         {X({3, 4, 3, 3}).Range(-2, 2)},
+         BatchNorm(1),
+         kNormalisation});
+    add({"batch_norm2d",
+         "autocast_train_16x64x16x16",
+         d,
+         {X({16, 64, 16, 16}).Range(-2, 3), X({64}).Range(0.5f, 1.5f), X({64}), X({64}).Const(),
+          X({64}).Range(0.5f, 2).Const()},
+         BatchNorm(1),
+         kNormalisation,
+         kParityOnly});
     add({"conv2d",
          "autocast_2x3x12x12_5x5_pad2",
          d,
@@ -905,6 +926,7 @@ std::vector<OpCase> Build() {
          Mse(DT_REDUCTION_MEAN),
          kReduction},
         {"batch_norm2d", "half_train", d, bn_half, BatchNorm(1), kNormalisation},
+        {"batch_norm2d", "half_eval", d, bn_half, BatchNorm(0), kNormalisation},
         {"sync_batch_norm2d", "half_train", d, bn_half, SyncBatchNorm(2), kNormalisation},
         {"layer_norm",
          "half",
