@@ -160,6 +160,15 @@ typedef struct dt_cuda_gemm_counts {
 } dt_cuda_gemm_counts;
 dt_status dt_cuda_gemm_counts_get(dt_device dev, dt_cuda_gemm_counts *out);
 
+/* How the 16-bit batch norms of a device ran since it was first used
+ * (cuda/dnn.c): through cuDNN on the 16-bit tensors, or on f32 copies
+ * (an f32 x with a 16-bit y, or cuDNN declined the 16-bit call: then
+ * `declined` counts it too). Forward and backward calls alike. */
+typedef struct dt_cuda_bn_counts {
+  int64_t half_cudnn, f32_copies, declined;
+} dt_cuda_bn_counts;
+dt_status dt_cuda_bn_counts_get(dt_device dev, dt_cuda_bn_counts *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "cuda/block_pool.h"
+#include "cuda/cuda.h"
 #include "cuda/cuda_check.h"
 
 #ifdef __cplusplus
@@ -94,6 +95,7 @@ typedef struct dt_cuda_ctx {
   dt_cuda_index_check index_check;
   dt_cuda_conv_cache *conv_cache;
   pthread_mutex_t conv_lock;
+  dt_cuda_bn_counts bn_counts; /* dnn.c; updated on the training thread */
   /* Recorded on the compute stream before a copy on another stream writes
    * device memory: blocks are cached per compute stream (allocator.c), so
    * a block handed to such a copy may still be in use by queued compute

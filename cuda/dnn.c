@@ -513,6 +513,29 @@ static int bn_declined(cudnnStatus_t e) {
          (e >= CUDNN_STATUS_NOT_SUPPORTED && e < CUDNN_STATUS_NOT_SUPPORTED + 1000);
 }
 
+/* Counts a batch norm with a 16-bit operand (x of t, y or dy of t2) in
+ * ctx->bn_counts; returns whether cuDNN ran it (nothing left to do). */
+static int bn_count(dt_cuda_ctx *ctx, dt_dtype t, dt_dtype t2, int declined) {
+  dt_cuda_bn_counts *k = &ctx->bn_counts;
+  if (t == DT_DTYPE_F32 && t2 == DT_DTYPE_F32)
+    return !declined;
+  if (!declined)
+    k->half_cudnn++;
+  else
+    k->f32_copies++;
+  if (declined && t == t2)
+    k->declined++;
+  return !declined;
+}
+
+dt_status dt_cuda_bn_counts_get(dt_device dev, dt_cuda_bn_counts *out) {
+  memset(out, 0, sizeof *out);
+  dt_cuda_ctx *ctx = NULL;
+  DT_CHECK(dt_cuda_ctx_get(dev, &ctx));
+  *out = ctx->bn_counts;
+  return DT_OK;
+}
+
 /* An f32 stand-in for a 16-bit operand of `total` elements: p itself when
  * it is f32, else scratch (holding p widened when `widen`). */
 static dt_status bn_f32(dt_cuda_ctx *ctx, const dt_exec *ex, const void *p, dt_dtype t,
@@ -608,7 +631,7 @@ dt_status dt_cuda_batch_norm2d_forward(const dt_exec *ex, const float *x, float 
     DT_CHECK(bn_forward_cudnn(ctx, ex, y_dtype, x, y, gamma, beta, running_mean, running_var,
                               save_mean, save_invstd, n, c, hw, training, momentum, eps,
                               &declined));
-  if (!declined)
+  if (bn_count(ctx, ex->dtype, y_dtype, declined))
     return DT_OK;
   /* f32 copies of a 16-bit x and y */
   float *x32 = NULL, *y32 = NULL;
@@ -688,7 +711,7 @@ dt_status dt_cuda_batch_norm2d_backward(const dt_exec *ex, const float *x, const
   if (ex->dtype == dy_dtype)
     DT_CHECK(bn_backward_cudnn(ctx, ex, dy_dtype, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
                                dbeta, n, c, hw, eps, &declined));
-  if (!declined)
+  if (bn_count(ctx, ex->dtype, dy_dtype, declined))
     return DT_OK;
   /* f32 copies of a 16-bit x, dy and dx */
   float *x32 = NULL, *dy32 = NULL, *dx32 = NULL;

@@ -135,6 +135,12 @@ dt_status dt_cuda_gemm_ex(dt_device dev, int trans_a, int trans_b, int m, int n,
   return DT_ERROR(DT_ERR_UNSUPPORTED, "gemm_ex: " NOT_BUILT);
 }
 
+dt_status dt_cuda_bn_counts_get(dt_device dev, dt_cuda_bn_counts *out) {
+  (void)dev;
+  memset(out, 0, sizeof *out);
+  return DT_ERROR(DT_ERR_UNSUPPORTED, "batch norm counts: " NOT_BUILT);
+}
+
 dt_status dt_cuda_gemm_counts_get(dt_device dev, dt_cuda_gemm_counts *out) {
   (void)dev;
   memset(out, 0, sizeof *out);

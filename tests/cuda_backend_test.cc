@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -298,6 +299,94 @@ TEST_F(CudaBackend, HalfGeluEpiloguesMatchTheCpu) {
               (long long)(after.gelu_calls - before.gelu_calls), epilogue_calls);
   // the GPT-2 shapes at least (forward and dgelu, two dtypes, two shapes)
   EXPECT_GE(after.gelu_calls - before.gelu_calls, 8);
+}
+
+// The batch norm of 16-bit tensors (autocast's NORM policy: a ResNet's
+// convolution output normalised into a 16-bit y) against the CPU's (the f32
+// kernel on widened copies, rounded once): training forward (y, the saved
+// and running statistics) and backward (dx of x's dtype, dgamma, dbeta), a
+// ResNet-50 stage-1 plane and a small odd one; then an f32 x with a 16-bit
+// y, which runs on f32 copies. Prints whether cuDNN took the 16-bit calls
+// (dt_cuda_bn_counts): cuDNN 9 documents half, not bfloat16, for the
+// legacy batch norm, and a declined call takes the f32 copies.
+TEST_F(CudaBackend, HalfBatchNormMatchesTheCpu) {
+  struct Geom {
+    int64_t n, c, hw;
+  };
+  dt_cuda_bn_counts before{}, after{};
+  if (!SelfCheck())
+    OK(dt_cuda_bn_counts_get(dev_, &before));
+  const float eps = 1e-5f, mom = 0.1f;
+  for (dt_dtype t : {DT_DTYPE_BF16, DT_DTYPE_F16})
+    for (Geom g : {Geom{8, 64, 56 * 56}, Geom{4, 3, 49}})
+      for (int half_x = 0; half_x < 2; half_x++) {
+        const size_t total = (size_t)(g.n * g.c * g.hw), c = (size_t)g.c;
+        const double ulp = t == DT_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+        const std::string what = std::string(dt_dtype_name(t)) + (half_x ? " x" : " f32 x") + " " +
+                                 std::to_string(g.n) + "x" + std::to_string(g.c) + "x" +
+                                 std::to_string(g.hw);
+        Vec x32 = Rand(total, 81, -2.0f, 3.0f), gamma = Rand(c, 82, 0.5f, 1.5f), beta = Rand(c, 83);
+        std::vector<uint16_t> x16 = Half(x32, t), dy16 = Half(Rand(total, 84), t);
+        const void *xh = half_x ? (const void *)x16.data() : (const void *)x32.data();
+        dt_exec cex = cex_, hex = gex_;
+        cex.dtype = hex.dtype = half_x ? t : DT_DTYPE_F32;
+        Vec rm(c, 0.0f), rv(c, 1.0f), sm(c), si(c);
+        std::vector<uint16_t> y(total);
+        OK(dt_kernel_batch_norm2d_forward(&cex, (const float *)xh, (float *)y.data(), t,
+                                          gamma.data(), beta.data(), rm.data(), rv.data(),
+                                          sm.data(), si.data(), g.n, g.c, g.hw, true, mom, eps));
+        const size_t xbytes = total * (half_x ? 2 : 4);
+        auto *dx_in = static_cast<char *>(Alloc(xbytes));
+        OK(gpu_->copy(dx_in, dev_, xh, DT_CPU, xbytes, nullptr));
+        float *dgam = Up(gamma), *dbet = Up(beta), *drm = Up(Vec(c, 0.0f)), *drv = Up(Vec(c, 1.0f));
+        float *dsm = Zeros(c), *dsi = Zeros(c);
+        auto *dy_out = static_cast<uint16_t *>(Alloc(total * 2));
+        OK(dt_kernel_batch_norm2d_forward(&hex, (const float *)dx_in, (float *)dy_out, t, dgam,
+                                          dbet, drm, drv, dsm, dsi, g.n, g.c, g.hw, true, mom,
+                                          eps));
+        EXPECT_TRUE(Close(Widen(Down(dy_out, total), t), Widen(y, t), ulp, 1e-3)) << what << " y";
+        EXPECT_TRUE(Close(Down(dsm, c), sm, 1e-4, 1e-5)) << what << " saved mean";
+        EXPECT_TRUE(Close(Down(dsi, c), si, 1e-4, 1e-5)) << what << " saved invstd";
+        EXPECT_TRUE(Close(Down(drm, c), rm, 1e-4, 1e-5)) << what << " running mean";
+        EXPECT_TRUE(Close(Down(drv, c), rv, 1e-4, 1e-5)) << what << " running var";
+        // the backward: dy 16-bit (y's), dx of x's dtype
+        std::vector<char> dx(xbytes);
+        Vec dg(c), db(c);
+        OK(dt_kernel_batch_norm2d_backward(&cex, (const float *)xh, (const float *)dy16.data(), t,
+                                           gamma.data(), sm.data(), si.data(), (float *)dx.data(),
+                                           dg.data(), db.data(), g.n, g.c, g.hw, eps));
+        uint16_t *ddy = Up(dy16);
+        auto *ddx = static_cast<char *>(Alloc(xbytes));
+        float *ddg = Zeros(c), *ddb = Zeros(c);
+        OK(dt_kernel_batch_norm2d_backward(&hex, (const float *)dx_in, (const float *)ddy, t, dgam,
+                                           dsm, dsi, (float *)ddx, ddg, ddb, g.n, g.c, g.hw, eps));
+        std::vector<char> got(xbytes);
+        OK(gpu_->copy(got.data(), dev_, ddx, DT_CPU, xbytes, nullptr));
+        if (half_x) {
+          std::vector<uint16_t> a(total), b(total);
+          std::memcpy(a.data(), got.data(), xbytes);
+          std::memcpy(b.data(), dx.data(), xbytes);
+          EXPECT_TRUE(Close(Widen(a, t), Widen(b, t), 2 * ulp, 2e-3)) << what << " dx";
+        } else {
+          Vec a(total), b(total);
+          std::memcpy(a.data(), got.data(), xbytes);
+          std::memcpy(b.data(), dx.data(), xbytes);
+          EXPECT_TRUE(Close(a, b, 1e-3, 1e-4)) << what << " dx";
+        }
+        EXPECT_TRUE(Close(Down(ddg, c), dg, 2e-3, 2e-3)) << what << " dgamma";
+        EXPECT_TRUE(Close(Down(ddb, c), db, 2e-3, 2e-3)) << what << " dbeta";
+      }
+  if (SelfCheck())
+    return;
+  OK(dt_cuda_bn_counts_get(dev_, &after));
+  std::printf(
+      "16-bit batch norm calls: %lld through cuDNN on 16-bit tensors, %lld on f32 copies "
+      "(%lld of them declined by cuDNN)\n",
+      (long long)(after.half_cudnn - before.half_cudnn),
+      (long long)(after.f32_copies - before.f32_copies),
+      (long long)(after.declined - before.declined));
+  // every call counted: 2 dtypes x 2 shapes x 2 x dtypes, forward and backward
+  EXPECT_EQ(after.half_cudnn + after.f32_copies - before.half_cudnn - before.f32_copies, 16);
 }
 
 // The fused attention kernels on a 16-bit qkv against the CPU's (f32 math
