@@ -383,17 +383,25 @@ static dt_status sync_batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tenso
   const sync_batch_norm_saved *s = DT_NODE_PARAMS(node, sync_batch_norm_saved);
   int64_t n = s->n, c = s->c, hw = s->hw;
   dt_device dev = dt_tensor_device(gy);
-  const dt_exec ex = dt_tensor_exec(gy);
+  const dt_exec *ex = DT_TENSOR_EXEC(mean); /* f32: the formula below */
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *tmp = NULL, *coef[3] = {NULL};
+  dt_tensor *x32 = NULL, *gy32 = NULL;
   double *h = calloc((size_t)(5 * c + 1), sizeof(double));
   float *f = malloc(sizeof(float) * (size_t)(3 * c + 1));
   dt_status st = h && f ? DT_OK : DT_ERROR(DT_ERR_OOM, "sync_batch_norm2d: no host memory");
   DT_CHECK_GOTO(st, st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &tmp), st, fail);
   /* this process's sum dy (dbeta) and sum dy (x - mean) invstd (dgamma):
-   * the parameters' gradients, which DDP averages as any other */
+   * the parameters' gradients, which DDP averages as any other; the local
+   * dx is replaced below by the formula over every process, in f32 (the
+   * engine rounds it to a 16-bit x's dtype) */
   DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
                 fail);
+  dt_tensor_release(dx);
+  dx = NULL;
+  DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
+  DT_CHECK_GOTO(dt_ops_widen(x, &x32), st, fail);
+  DT_CHECK_GOTO(dt_ops_widen(gy, &gy32), st, fail);
   DT_CHECK_GOTO(dt_tensor_to_host(dbeta, f, sizeof(float) * (size_t)c), st, fail);
   DT_CHECK_GOTO(dt_tensor_to_host(dgamma, f + c, sizeof(float) * (size_t)c), st, fail);
   DT_CHECK_GOTO(dt_tensor_to_host(invstd, f + 2 * c, sizeof(float) * (size_t)c), st, fail);
@@ -416,16 +424,16 @@ static dt_status sync_batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tenso
   for (int k = 0; k < 3; k++)
     DT_CHECK_GOTO(channel_tensor(h + (2 + k) * c, c, dev, &coef[k]), st, fail);
   if (n * c * hw > 0) {
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, gy, coef[0], dx, n, c, hw), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_SUB, x, mean, tmp, n, c, hw), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_MUL, tmp, coef[1], tmp, n, c, hw), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_ADD, dx, tmp, dx, 1, n * c * hw, 1), st, fail);
-    DT_CHECK_GOTO(per_channel(&ex, DT_BINARY_ADD, dx, coef[2], dx, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(ex, DT_BINARY_MUL, gy32, coef[0], dx, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(ex, DT_BINARY_SUB, x32, mean, tmp, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(ex, DT_BINARY_MUL, tmp, coef[1], tmp, n, c, hw), st, fail);
+    DT_CHECK_GOTO(per_channel(ex, DT_BINARY_ADD, dx, tmp, dx, 1, n * c * hw, 1), st, fail);
+    DT_CHECK_GOTO(per_channel(ex, DT_BINARY_ADD, dx, coef[2], dx, n, c, hw), st, fail);
   }
   hand_out_grads(node, s->has_gamma, s->has_beta, dx, dgamma, dbeta, grad_in);
   dx = dgamma = dbeta = NULL;
 fail:
-  DT_RELEASE_TENSORS(coef[2], coef[1], coef[0], tmp, dbeta, dgamma, dx);
+  DT_RELEASE_TENSORS(gy32, x32, coef[2], coef[1], coef[0], tmp, dbeta, dgamma, dx);
   free(f);
   free(h);
   return st;
@@ -438,26 +446,31 @@ dt_status dt_op_sync_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *bet
   if (!x || !out || !across || !across->sum)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x, out and across->sum are needed)",
                     op);
-  /* 16-bit x: as batch_norm2d, in f32 */
-  DT_OPS_RUN_IN_F32(x, DT_DTYPE_F32, x32, out,
-                    dt_op_sync_batch_norm2d(x32, gamma, beta, running_mean, running_var, momentum,
-                                            eps, across, out));
+  /* as batch_norm2d (NORM): a 16-bit x read as it is (its f32 copy only
+   * for the statistics' passes), y f32 or under autocast 16-bit */
+  const dt_dtype ydt = dt_autocast_norm_dtype_for(op);
   /* running stats may be NULL; the count is checked over every process */
   int64_t n = 0, c = 0, hw = 0;
   DT_CHECK(check_batch_norm(op, (dt_tensor *[5]){x, gamma, beta, running_mean, running_var}, true,
                             false, &n, &c, &hw));
   dt_device dev = dt_tensor_device(x);
-  dt_tensor *xc = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *var = NULL,
+  dt_tensor *xc = NULL, *x32 = NULL, *gc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *var = NULL,
             *invstd = NULL;
   dt_node *node = NULL;
   double *h = calloc((size_t)(2 * c + 1), sizeof(double)), count = 0.0;
   dt_status st = h ? DT_OK : DT_ERROR(DT_ERR_OOM, "%s: no host memory", op);
   DT_CHECK_GOTO(st, st, fail);
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
+  {
+    dt_no_grad_begin(); /* the statistics' copy: not on the tape */
+    st = dt_ops_widen(xc, &x32);
+    dt_no_grad_end();
+    DT_CHECK_GOTO(st, st, fail);
+  }
   DT_CHECK_GOTO(affine_params(gamma, beta, c, dev, &gc, &bc), st, fail);
   /* pass 1: the sums and the count over every process -> the mean */
   if (n * hw > 0)
-    DT_CHECK_GOTO(channel_sums(xc, c, h), st, fail);
+    DT_CHECK_GOTO(channel_sums(x32, c, h), st, fail);
   h[c] = (double)(n * hw);
   DT_CHECK_GOTO(sum_across(across, h, c + 1, dev), st, fail);
   count = h[c];
@@ -473,20 +486,21 @@ dt_status dt_op_sync_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *bet
   DT_CHECK_GOTO(channel_tensor(h, c, dev, &mean), st, fail);
   /* pass 2: the squared deviations -> the (biased) variance */
   if (n * hw > 0)
-    DT_CHECK_GOTO(channel_squares(xc, mean, n, c, hw, h + c), st, fail);
+    DT_CHECK_GOTO(channel_squares(x32, mean, n, c, hw, h + c), st, fail);
+  dt_tensor_release(x32);
+  x32 = NULL;
   DT_CHECK_GOTO(sum_across(across, h + c, c, dev), st, fail);
   for (int64_t i = 0; i < c; i++)
     h[c + i] /= count;
   DT_CHECK_GOTO(channel_tensor(h + c, c, dev, &var), st, fail);
   /* y from those statistics: the kernel's eval mode with them as the
    * running ones (it saves mean and 1 / sqrt(var + eps)) */
-  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), DT_DTYPE_F32, dev, &y), st,
-                fail);
+  DT_CHECK_GOTO(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), ydt, dev, &y), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &invstd), st, fail);
   if (n * c * hw > 0)
     DT_CHECK_GOTO(
-        dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(x), DT_F32(xc), DT_F32(y), DT_DTYPE_F32,
-                                       DT_F32(gc), DT_F32(bc), DT_F32(mean), DT_F32(var), NULL,
+        dt_kernel_batch_norm2d_forward(DT_TENSOR_EXEC(xc), dt_tensor_data(xc), dt_tensor_data(y),
+                                       ydt, DT_F32(gc), DT_F32(bc), DT_F32(mean), DT_F32(var), NULL,
                                        DT_F32(invstd), n, c, hw, false, momentum, eps),
         st, fail);
   else if (c > 0)
@@ -505,7 +519,7 @@ dt_status dt_op_sync_batch_norm2d(dt_tensor *x, dt_tensor *gamma, dt_tensor *bet
                      {n, c, hw, gamma != NULL, beta != NULL, eps, count, *across});
   st = dt_ops_take(&y, out);
 fail:
-  DT_RELEASE_TENSORS(invstd, var, mean, y, bc, gc, xc);
+  DT_RELEASE_TENSORS(invstd, var, mean, y, bc, gc, x32, xc);
   free(h);
   return st;
 }

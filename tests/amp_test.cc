@@ -667,6 +667,12 @@ TEST(AutocastOps, NormsAndSoftmaxesOfHalfInputsEqualTheWidenedPathBitForBit) {
       {"layer_norm",
        {{rows, true}, {d, false}, {d, false}},
        [](auto &x, dt_tensor **o) { return dt_op_layer_norm(x[0], x[1], x[2], 1e-5f, o); }},
+      {"sync_batch_norm2d (one process)",
+       {{{4, 6, 5, 5}, true}, {{6}, false}, {{6}, false}},
+       [](auto &x, dt_tensor **o) {
+         const dt_sum_across one = {[](dt_tensor *, void *) { return DT_OK; }, nullptr};
+         return dt_op_sync_batch_norm2d(x[0], x[1], x[2], nullptr, nullptr, 0.1f, 1e-5f, &one, o);
+       }},
       {"batch_norm2d (training)",
        {{{4, 6, 5, 5}, true}, {{6}, false}, {{6}, false}},
        [](auto &x, dt_tensor **o) {

@@ -791,6 +791,7 @@ std::vector<OpCase> Build() {
          {X({3, 4, 3, 3}).Range(-2, 2)},
          BatchNorm(1),
          kNormalisation});
+    add({"sync_batch_norm2d", "autocast_two_processes", d, bn, SyncBatchNorm(2), kNormalisation});
     add({"batch_norm2d",
          "autocast_train_16x64x16x16",
          d,
