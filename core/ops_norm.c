@@ -96,22 +96,24 @@ static dt_status per_channel(const dt_exec *ex, dt_binary_op op, dt_tensor *a, d
 }
 
 /* This process's gradients of a batch norm in training: *dx (n, c, hw;
- * the training formula over this batch, of x's dtype), *dgamma = sum dy
- * (x - mean) invstd and *dbeta = sum dy (c), from the saved mean and
+ * the training formula over this batch, of x's dtype; dx NULL: not
+ * computed, for the callers with a formula of their own), *dgamma = sum
+ * dy (x - mean) invstd and *dbeta = sum dy (c), from the saved mean and
  * invstd. x and gy may be 16-bit (the kernel reads them as they are). */
 static dt_status local_grads(dt_tensor *x, dt_tensor *gy, dt_tensor *gamma, dt_tensor *mean,
                              dt_tensor *invstd, int64_t n, int64_t c, int64_t hw, float eps,
                              dt_tensor **dx, dt_tensor **dgamma, dt_tensor **dbeta) {
   dt_device dev = dt_tensor_device(gy);
   const dt_exec ex = dt_tensor_exec(x), *ex32 = DT_TENSOR_EXEC(mean);
-  DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x), dev, dx));
+  if (dx)
+    DT_CHECK(dt_tensor_empty(dt_tensor_shape(x), dt_tensor_ndim(x), dt_tensor_dtype(x), dev, dx));
   DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dgamma));
   DT_CHECK(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, dbeta));
   if (n * hw > 0 && c > 0)
     return dt_kernel_batch_norm2d_backward(&ex, dt_tensor_data(x), dt_tensor_data(gy),
                                            dt_tensor_dtype(gy), DT_F32(gamma), DT_F32(mean),
-                                           DT_F32(invstd), dt_tensor_data(*dx), DT_F32(*dgamma),
-                                           DT_F32(*dbeta), n, c, hw, eps);
+                                           DT_F32(invstd), dx ? dt_tensor_data(*dx) : NULL,
+                                           DT_F32(*dgamma), DT_F32(*dbeta), n, c, hw, eps);
   if (c > 0) { /* no samples: the parameter gradients are zero */
     DT_CHECK(dt_kernel_fill(ex32, DT_F32(*dgamma), 0.0f, c));
     DT_CHECK(dt_kernel_fill(ex32, DT_F32(*dbeta), 0.0f, c));
@@ -130,17 +132,17 @@ static dt_status batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tensor **g
   dt_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL, *scale = NULL, *gy32 = NULL;
   dt_status st;
   /* dgamma and dbeta are the same in both modes; dx is the training
-   * formula, replaced below in eval mode. */
-  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
-                fail);
+   * formula, or in eval mode the one below. */
+  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, training ? &dx : NULL,
+                            &dgamma, &dbeta),
+                st, fail);
+  if (!training)
+    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
   if (!training && n * hw > 0 && c > 0) {
     /* eval: y = gamma * invstd * (x - mean) + beta is affine in x:
      * dx (n, c, hw) = dy * scale (c), scale = gamma * invstd, in f32 (the
      * engine rounds it to a 16-bit x's dtype) */
-    dt_tensor_release(dx);
-    dx = NULL;
     DT_CHECK_GOTO(dt_ops_widen(gy, &gy32), st, fail);
-    DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
     DT_CHECK_GOTO(dt_tensor_empty(&c, 1, DT_DTYPE_F32, dev, &scale), st, fail);
     DT_CHECK_GOTO(per_channel(ex32, DT_BINARY_MUL, gamma, invstd, scale, 1, c, 1), st, fail);
     DT_CHECK_GOTO(per_channel(ex32, DT_BINARY_MUL, gy32, scale, dx, n, c, hw), st, fail);
@@ -392,13 +394,11 @@ static dt_status sync_batch_norm_backward(dt_node *node, dt_tensor *gy, dt_tenso
   DT_CHECK_GOTO(st, st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &tmp), st, fail);
   /* this process's sum dy (dbeta) and sum dy (x - mean) invstd (dgamma):
-   * the parameters' gradients, which DDP averages as any other; the local
-   * dx is replaced below by the formula over every process, in f32 (the
-   * engine rounds it to a 16-bit x's dtype) */
-  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, &dx, &dgamma, &dbeta), st,
-                fail);
-  dt_tensor_release(dx);
-  dx = NULL;
+   * the parameters' gradients, which DDP averages as any other; dx is the
+   * formula over every process below, in f32 (the engine rounds it to a
+   * 16-bit x's dtype) */
+  DT_CHECK_GOTO(local_grads(x, gy, gamma, mean, invstd, n, c, hw, s->eps, NULL, &dgamma, &dbeta),
+                st, fail);
   DT_CHECK_GOTO(dt_ops_empty_like(x, dev, &dx), st, fail);
   DT_CHECK_GOTO(dt_ops_widen(x, &x32), st, fail);
   DT_CHECK_GOTO(dt_ops_widen(gy, &gy32), st, fail);

@@ -397,6 +397,17 @@ dt_status dt_cuda_gemm(const dt_exec *ex, bool trans_a, bool trans_b, int m, int
   return DT_OK;
 }
 
+/* The 16-bit linear's GEMM: y (m,n) = x (m,k) @ w^T, w (n,k), all of
+ * `dtype`, with the bias and the epilogue `epi` (bias, EPI_NONE or a GELU
+ * one; aux for the latter set by the caller). */
+static half_gemm linear_gemm_of(dt_dtype dtype, int m, int n, int k, const void *x, const void *w,
+                                const void *bias, void *y, int epi) {
+  half_gemm g = half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, dtype, 0.0f, y, n, 0, dtype, 1);
+  g.bias = bias;
+  g.epi = epi;
+  return g;
+}
+
 // x (m,k), w (n,k), bias (n) or NULL -> y (m,n), all of ex->dtype (f16/bf16); f32 accumulation,
 // the bias added before the one rounding: cuBLASLt's bias epilogue
 dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const float *x,
@@ -404,11 +415,7 @@ dt_status dt_cuda_linear_forward(const dt_exec *ex, int m, int n, int k, const f
   if (m == 0 || n == 0)
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
-  /* y (m,n) = x (m,k) @ w^T, w (n,k) */
-  half_gemm g =
-      half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
-  g.bias = bias;
-  g.epi = bias ? EPI_BIAS : EPI_NONE;
+  half_gemm g = linear_gemm_of(ex->dtype, m, n, k, x, w, bias, y, bias ? EPI_BIAS : EPI_NONE);
   /* cuBLASLt's bias epilogue reads the bias 16 bytes at a time: a bias at
    * a lesser alignment (a 16-bit linear's bias in the packed working copy,
    * LeNet's fc1.b and fc2.b at 8 bytes) takes the fallback below */
@@ -466,10 +473,8 @@ dt_status dt_cuda_linear_gelu_forward(const dt_exec *ex, int m, int n, int k, co
     return DT_OK;
   DT_CUDA_EXEC(ex, ctx, stream);
   half_gemm g =
-      half_gemm_of(0, 1, m, n, k, 1.0f, x, k, 0, w, k, 0, ex->dtype, 0.0f, y, n, 0, ex->dtype, 1);
-  g.bias = bias;
+      linear_gemm_of(ex->dtype, m, n, k, x, w, bias, y, bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX);
   g.aux = pre;
-  g.epi = bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX;
   int usable = 0;
   if (gelu_epilogue_fits(&g))
     DT_CHECK(lt_usable(ctx, &g, &usable));
