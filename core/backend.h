@@ -90,13 +90,18 @@ void dt_strided_plan_build(dt_strided_plan *p, int ndim, const int64_t *shape, c
 /* The plan of a binary op: operand 0 the contiguous output, 1 a, 2 b. */
 void dt_binary_plan(const dt_binary_args *args, dt_strided_plan *p);
 
-/* A 2-D convolution / pooling geometry (NCHW). */
+/* A 2-D convolution / pooling geometry. nhwc 0: the activations (x, y,
+ * dx, dy) are NCHW; 1: channels-last, (N, H, W, C) in memory. The filters
+ * are (OC, C, KH, KW) either way (torchvision's layout; a backend that
+ * wants them channels-last too transposes them itself), and a max
+ * pooling's argmax is the flat index into H*W either way. */
 typedef struct dt_conv2d_geom {
   int n, c, h, w; /* input */
   int oc, kh, kw; /* filters (oc unused for pooling) */
   int sh, sw;     /* stride */
   int ph, pw;     /* padding */
   int oh, ow;     /* output */
+  int nhwc;       /* 0 or 1: the activations' layout */
 } dt_conv2d_geom;
 
 /* A 16-bit copy an f32 kernel writes beside its result (the optimizer's

@@ -145,6 +145,20 @@ void dt_cpu_exp_shifted(const float *x, float shift, float scale, float *y, int6
 void dt_cpu_gelu(const float *x, float *y, int64_t n);
 void dt_cpu_gelu_backward(const float *x, const float *dy, float *dx, int64_t n);
 
+/* Channels-last convolution and pooling (g->nhwc, core/cpu_kernels_conv_nhwc.c):
+ * the NCHW kernels on transposed copies. The conv backward accumulates dw
+ * (conv2d_backward_acc) when `accumulate`; the pooling is max pooling
+ * when argmax is not NULL, average pooling when it is. */
+dt_status dt_cpu_conv2d_nhwc_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                     const float *w, const float *bias, float *y, void *workspace);
+dt_status dt_cpu_conv2d_nhwc_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                      const float *w, const float *dy, float *dx, float *dw,
+                                      float *db, void *workspace, int accumulate);
+dt_status dt_cpu_pool2d_nhwc_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
+                                     float *y, int32_t *argmax);
+dt_status dt_cpu_pool2d_nhwc_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
+                                      const int32_t *argmax, float *dx);
+
 /* The kernels (cpu_kernels_*.c), one per DT_KERNEL of core/op_table.def:
  *   dt_status dt_cpu_<name>(const dt_exec *ex, <params>);
  * Arguments were checked by the dispatch (core/kernels.c). */

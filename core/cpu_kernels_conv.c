@@ -588,6 +588,8 @@ static dt_status batched_backward(const dt_conv2d_geom *g, const float *x, const
 // x (n,c,h,w), w (oc,c,kh,kw), bias (oc) or NULL -> y (n,oc,oh,ow)
 dt_status dt_cpu_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                 const float *w, const float *bias, float *y, void *workspace) {
+  if (g->nhwc)
+    return dt_cpu_conv2d_nhwc_forward(ex, g, x, w, bias, y, workspace);
   if (dt_dtype_is_half(ex->dtype))
     return dt_cpu_conv2d_half_forward(ex, g, x, w, bias, y, workspace);
   (void)workspace;
@@ -749,6 +751,8 @@ static dt_status conv2d_backward_f32(const dt_conv2d_geom *g, const float *x, co
 dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                  const float *w, const float *dy, float *dx, float *dw, float *db,
                                  void *workspace) {
+  if (g->nhwc)
+    return dt_cpu_conv2d_nhwc_backward(ex, g, x, w, dy, dx, dw, db, workspace, 0);
   if (dt_dtype_is_half(ex->dtype))
     return dt_cpu_conv2d_half_backward(ex, g, x, w, dy, dx, dw, db, workspace);
   return conv2d_backward_f32(g, x, w, dy, dx, dw, 0, db);
@@ -757,6 +761,7 @@ dt_status dt_cpu_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, con
 dt_status dt_cpu_conv2d_backward_acc(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                      const float *w, const float *dy, float *dx, float *dw,
                                      float *db, void *workspace) {
-  (void)ex, (void)workspace;
+  if (g->nhwc)
+    return dt_cpu_conv2d_nhwc_backward(ex, g, x, w, dy, dx, dw, db, workspace, 1);
   return conv2d_backward_f32(g, x, w, dy, dx, dw, 1, db);
 }

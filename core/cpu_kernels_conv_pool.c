@@ -266,6 +266,8 @@ static int max_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 // x (n,c,h,w) -> y (n,c,oh,ow), argmax (n,c,oh,ow) flat index into h*w or NULL
 dt_status dt_cpu_max_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                     float *y, int32_t *argmax) {
+  if (g->nhwc)
+    return dt_cpu_pool2d_nhwc_forward(ex, g, x, y, argmax);
   return pool_forward_planes("max_pool2d_forward", ex, g, x, y, max_pool_forward_plane, argmax);
 }
 
@@ -289,6 +291,8 @@ static int max_pool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int
 // dy (n,c,oh,ow), argmax -> dx (n,c,h,w) overwritten
 dt_status dt_cpu_max_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                      const int32_t *argmax, float *dx) {
+  if (g->nhwc)
+    return dt_cpu_pool2d_nhwc_backward(ex, g, dy, argmax, dx);
   const int64_t hw = (int64_t)g->h * g->w;
   int bad;
   DT_CHECK(pool_backward_planes("max_pool2d_backward", ex, g, dy, dx, max_pool_backward_plane,
@@ -330,6 +334,8 @@ static int avg_pool_forward_plane(const dt_conv2d_geom *g, const void *ctx, int6
 // x (n,c,h,w) -> y (n,c,oh,ow)
 dt_status dt_cpu_avg_pool2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                     float *y) {
+  if (g->nhwc)
+    return dt_cpu_pool2d_nhwc_forward(ex, g, x, y, NULL);
   return pool_forward_planes("avg_pool2d_forward", ex, g, x, y, avg_pool_forward_plane, NULL);
 }
 
@@ -354,6 +360,8 @@ static int avg_pool_backward_plane(const dt_conv2d_geom *g, const void *ctx, int
 // dy (n,c,oh,ow) -> dx (n,c,h,w) overwritten
 dt_status dt_cpu_avg_pool2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                      float *dx) {
+  if (g->nhwc)
+    return dt_cpu_pool2d_nhwc_backward(ex, g, dy, NULL, dx);
   int bad; /* the average has no bad planes */
   return pool_backward_planes("avg_pool2d_backward", ex, g, dy, dx, avg_pool_backward_plane, NULL,
                               &bad);

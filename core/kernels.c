@@ -172,11 +172,13 @@ static dt_status dt_kcheck_classifier(dt_dtype target_dtype, int64_t n, int64_t 
  * padding <= kernel / 2. */
 static dt_status dt_kcheck_geom(const char *op, const dt_conv2d_geom *g, bool conv) {
   if (g->n < 0 || g->c < (conv ? 1 : 0) || g->h <= 0 || g->w <= 0 || g->kh <= 0 || g->kw <= 0 ||
-      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0))
+      g->sh <= 0 || g->sw <= 0 || g->ph < 0 || g->pw < 0 || (conv && g->oc <= 0) ||
+      (g->nhwc != 0 && g->nhwc != 1))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: bad geometry: n=%d c=%d h=%d w=%d oc=%d kernel %dx%d stride %dx%d "
-                    "padding %dx%d",
-                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw);
+                    "padding %dx%d nhwc %d",
+                    op, g->n, g->c, g->h, g->w, g->oc, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                    g->nhwc);
   if (!conv && (2 * g->ph > g->kh || 2 * g->pw > g->kw))
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: padding %dx%d is more than half the kernel %dx%d (as PyTorch, pad <= "

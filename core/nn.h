@@ -45,6 +45,15 @@ dt_status dt_nn_flatten(dt_module **out);
 /* stride 0 means stride = kernel (PyTorch's default); padding <= kernel/2. */
 dt_status dt_nn_max_pool2d(int kernel, int stride, int padding, dt_module **out);
 dt_status dt_nn_avg_pool2d(int kernel, int stride, int padding, dt_module **out);
+/* Channels-last (PyTorch's model.to(memory_format=torch.channels_last)):
+ * every Conv2d, BatchNorm2d, MaxPool2d and AvgPool2d at or below m takes
+ * and returns (N, H, W, C) activations with `on` (dt_op_conv2d_nhwc, the
+ * pools' _nhwc ops, batch norm over the (N*H*W, C) view), NCHW again with
+ * !on. The parameters, buffers and checkpoints are the same either way; a
+ * model's own code must permute its input (and take means over dims 1
+ * and 2 rather than 2 and 3). Forward hooks of those modules see the
+ * channels-last tensors. Returns the number of modules set. */
+int dt_nn_set_channels_last(dt_module *m, bool on);
 /* Dropout draws from its own generator seeded with `seed`; identity in eval
  * mode. p in [0, 1). */
 dt_status dt_nn_dropout(float p, uint64_t seed, dt_module **out);

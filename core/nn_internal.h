@@ -2,6 +2,7 @@
 #ifndef DT_CORE_NN_INTERNAL_H
 #define DT_CORE_NN_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/module.h"
@@ -44,6 +45,11 @@ dt_status dt_module_call_recorded(dt_module *m, dt_tensor *input, dt_tensor **ou
 /* dt_module_call of a module with recompute on, in grad mode
  * (core/nn_recompute.c). */
 dt_status dt_nn_recompute_call(dt_module *m, dt_tensor *input, dt_tensor **output);
+
+/* Sets the channels-last flag of m when it is a Conv2d (1), a BatchNorm2d
+ * (1), else 0 (dt_nn_set_channels_last walks the tree with these). */
+int dt_nn_conv2d_channels_last(dt_module *m, bool on);
+int dt_nn_batch_norm_channels_last(dt_module *m, bool on);
 
 /* The generator of a Dropout module (dt_nn_dropout), NULL for any other. */
 dt_generator *dt_nn_dropout_generator(dt_module *m);

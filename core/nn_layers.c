@@ -1,5 +1,6 @@
 /* Parameter-free modules (ReLU, GELU, Tanh, Flatten, MaxPool2d, AvgPool2d,
  * Dropout) and Embedding. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,20 +39,24 @@ dt_status dt_nn_gelu(dt_module **out) { return create_unary(&gelu_vtable, &gelu_
 dt_status dt_nn_tanh(dt_module **out) { return create_unary(&tanh_vtable, &tanh_op, out); }
 dt_status dt_nn_flatten(dt_module **out) { return create_unary(&flatten_vtable, &flatten_op, out); }
 
-/* ---- pooling: x (N,C,H,W) -> (N,C,OH,OW) ---- */
+/* ---- pooling: x (N,C,H,W) -> (N,C,OH,OW); channels-last (N,H,W,C) ->
+ * (N,OH,OW,C) ---- */
 
 typedef struct pool_impl {
   int kernel, stride, padding;
+  bool channels_last;
 } pool_impl;
 
 static dt_status max_pool_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   pool_impl *p = dt_module_impl(m);
-  return dt_op_max_pool2d(x, p->kernel, p->stride, p->padding, y);
+  return (p->channels_last ? dt_op_max_pool2d_nhwc : dt_op_max_pool2d)(x, p->kernel, p->stride,
+                                                                       p->padding, y);
 }
 
 static dt_status avg_pool_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   pool_impl *p = dt_module_impl(m);
-  return dt_op_avg_pool2d(x, p->kernel, p->stride, p->padding, y);
+  return (p->channels_last ? dt_op_avg_pool2d_nhwc : dt_op_avg_pool2d)(x, p->kernel, p->stride,
+                                                                       p->padding, y);
 }
 
 static const dt_module_vtable max_pool_vtable = {"MaxPool2d", max_pool_forward, free};
@@ -68,7 +73,7 @@ static dt_status create_pool(const dt_module_vtable *vt, int kernel, int stride,
                     vt->type_name, kernel, stride, padding);
   pool_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
-    *impl = (pool_impl){kernel, stride, padding};
+    *impl = (pool_impl){kernel, stride, padding, false};
   return dt_nn_create(vt, impl, out);
 }
 
@@ -78,6 +83,20 @@ dt_status dt_nn_max_pool2d(int kernel, int stride, int padding, dt_module **out)
 
 dt_status dt_nn_avg_pool2d(int kernel, int stride, int padding, dt_module **out) {
   return create_pool(&avg_pool_vtable, kernel, stride, padding, out);
+}
+
+int dt_nn_set_channels_last(dt_module *m, bool on) {
+  if (m == NULL)
+    return 0;
+  const char *type = dt_module_type_name(m);
+  int count = dt_nn_conv2d_channels_last(m, on) + dt_nn_batch_norm_channels_last(m, on);
+  if (type == max_pool_vtable.type_name || type == avg_pool_vtable.type_name) {
+    ((pool_impl *)dt_module_impl(m))->channels_last = on;
+    count++;
+  }
+  for (int i = 0; i < dt_module_num_children(m); i++)
+    count += dt_nn_set_channels_last(dt_module_child_at(m, i), on);
+  return count;
 }
 
 /* ---- dropout: x -> x * mask / (1 - p) in training, x in eval ---- */

@@ -2,6 +2,7 @@
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), biases the same bound (PyTorch's
  * reset_parameters). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "core/nn.h"
@@ -14,6 +15,7 @@ typedef struct linear_impl {
 
 typedef struct conv2d_impl {
   int in_channels, out_channels, kernel, stride, padding, has_bias;
+  bool channels_last; /* x (N,H,W,C): dt_op_conv2d_nhwc */
 } conv2d_impl;
 
 /* x (..., in) -> (..., out) */
@@ -56,15 +58,23 @@ dt_status dt_nn_linear(int in_features, int out_features, int bias, dt_generator
   return dt_nn_finish_create(m, st, out);
 }
 
-/* x (N,C,H,W) -> (N,OC,OH,OW) */
+/* x (N,C,H,W) -> (N,OC,OH,OW); channels-last (N,H,W,C) -> (N,OH,OW,OC) */
 static dt_status conv2d_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
   conv2d_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
   DT_CHECK(dt_nn_weight_bias(m, impl->has_bias, &w, &b));
-  return dt_op_conv2d(x, w, b, impl->stride, impl->padding, y);
+  return (impl->channels_last ? dt_op_conv2d_nhwc : dt_op_conv2d)(x, w, b, impl->stride,
+                                                                  impl->padding, y);
 }
 
 static const dt_module_vtable conv2d_vtable = {"Conv2d", conv2d_forward, free};
+
+int dt_nn_conv2d_channels_last(dt_module *m, bool on) {
+  if (dt_module_type_name(m) != conv2d_vtable.type_name)
+    return 0;
+  ((conv2d_impl *)dt_module_impl(m))->channels_last = on;
+  return 1;
+}
 
 dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride, int padding,
                        int bias, dt_generator *gen, dt_module **out) {
@@ -76,7 +86,7 @@ dt_status dt_nn_conv2d(int in_channels, int out_channels, int kernel, int stride
                     in_channels, out_channels, kernel, stride, padding);
   conv2d_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
-    *impl = (conv2d_impl){in_channels, out_channels, kernel, stride, padding, bias ? 1 : 0};
+    *impl = (conv2d_impl){in_channels, out_channels, kernel, stride, padding, bias ? 1 : 0, false};
   dt_module *m = NULL;
   DT_CHECK(dt_nn_create(&conv2d_vtable, impl, &m));
   int64_t wshape[4] = {out_channels, in_channels, kernel, kernel};

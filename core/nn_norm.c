@@ -11,6 +11,7 @@ typedef struct batch_norm_impl {
   float eps, momentum;
   bool synced; /* training statistics over every process of `across` */
   dt_sum_across across;
+  bool channels_last; /* x (N,H,W,C): normalised as its (N*H*W, C) view */
 } batch_norm_impl;
 
 typedef struct layer_norm_impl {
@@ -33,8 +34,27 @@ static dt_status increment_counter(dt_tensor *counter) {
   return st;
 }
 
-/* x (N,C,H,W) or (N,C) -> same shape */
-static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
+/* Channels-last x (N,H,W,C) as the (N*H*W, C) view the batch norm ops
+ * take (C channels: the statistics are per column), in *flat; x itself
+ * (retained) otherwise. */
+static dt_status batch_norm_input(const batch_norm_impl *impl, dt_tensor *x, dt_tensor **flat) {
+  if (!impl->channels_last) {
+    dt_tensor_retain(x);
+    *flat = x;
+    return DT_OK;
+  }
+  if (dt_tensor_ndim(x) != 4 || dt_tensor_dim(x, 3) != impl->channels) {
+    char d[96];
+    return DT_ERROR(DT_ERR_SHAPE,
+                    "BatchNorm2d(%d), channels-last: expected x (N, H, W, %d), got %s",
+                    impl->channels, impl->channels, dt_tensor_describe(x, d, sizeof d));
+  }
+  int64_t shape[2] = {dt_tensor_numel(x) / impl->channels, impl->channels};
+  return dt_tensor_reshape(x, shape, 2, flat);
+}
+
+/* x (N,C,H,W) or (N,C) -> same shape; channels-last x (N,H,W,C) too */
+static dt_status batch_norm_forward(dt_module *m, dt_tensor *x_in, dt_tensor **y) {
   batch_norm_impl *impl = dt_module_impl(m);
   dt_tensor *w = NULL, *b = NULL;
   DT_CHECK(dt_nn_weight_bias(m, 1, &w, &b));
@@ -49,12 +69,24 @@ static dt_status batch_norm_forward(dt_module *m, dt_tensor *x, dt_tensor **y) {
    * ones a second time. */
   int rerun = training && dt_nn_recomputing();
   dt_tensor *run_mean = rerun ? NULL : mean, *run_var = rerun ? NULL : var;
+  dt_tensor *x = NULL, *flat_y = NULL;
+  DT_CHECK(batch_norm_input(impl, x_in, &x));
+  dt_status st;
   if (training && impl->synced)
-    DT_CHECK(dt_op_sync_batch_norm2d(x, w, b, run_mean, run_var, impl->momentum, impl->eps,
-                                     &impl->across, y));
+    st = dt_op_sync_batch_norm2d(x, w, b, run_mean, run_var, impl->momentum, impl->eps,
+                                 &impl->across, &flat_y);
   else
-    DT_CHECK(
-        dt_op_batch_norm2d(x, w, b, run_mean, run_var, training, impl->momentum, impl->eps, y));
+    st = dt_op_batch_norm2d(x, w, b, run_mean, run_var, training, impl->momentum, impl->eps,
+                            &flat_y);
+  dt_tensor_release(x);
+  DT_CHECK(st);
+  if (impl->channels_last) {
+    st = dt_tensor_reshape(flat_y, dt_tensor_shape(x_in), 4, y);
+    dt_tensor_release(flat_y);
+    DT_CHECK(st);
+  } else {
+    *y = flat_y;
+  }
   if (training && !rerun) {
     dt_status st = increment_counter(count);
     if (st != DT_OK) {
@@ -92,7 +124,7 @@ dt_status dt_nn_batch_norm2d(int channels, float eps, float momentum, dt_module 
                     channels, (double)eps, (double)momentum);
   batch_norm_impl *impl = malloc(sizeof *impl);
   if (impl != NULL)
-    *impl = (batch_norm_impl){channels, eps, momentum, false, {NULL, NULL}};
+    *impl = (batch_norm_impl){channels, eps, momentum, false, {NULL, NULL}, false};
   dt_module *m = NULL;
   DT_CHECK(dt_nn_create(&batch_norm_vtable, impl, &m));
   return dt_nn_finish_create(m, batch_norm_init(m, channels), out);
@@ -111,6 +143,13 @@ int dt_nn_batch_norm_set_sync(dt_module *m, const dt_sum_across *across) {
   for (int i = 0; i < dt_module_num_children(m); i++)
     count += dt_nn_batch_norm_set_sync(dt_module_child_at(m, i), across);
   return count;
+}
+
+int dt_nn_batch_norm_channels_last(dt_module *m, bool on) {
+  if (dt_module_type_name(m) != batch_norm_vtable.type_name)
+    return 0;
+  ((batch_norm_impl *)dt_module_impl(m))->channels_last = on;
+  return 1;
 }
 
 /* x (..., features) -> same shape */

@@ -1,4 +1,4 @@
-/* Convolution and pooling, NCHW. */
+/* Convolution and pooling, NCHW or channels-last (NHWC). */
 #include <limits.h>
 #include <string.h>
 
@@ -6,13 +6,14 @@
 
 /* Geometry of a conv / pool: fills g (oc = 0 for pooling) and checks that
  * the output is non-empty and the sizes fit the kernels' int fields. */
-static dt_status make_geom(const char *op, const dt_tensor *x, int oc, int kh, int kw, int stride,
-                           int padding, dt_conv2d_geom *g) {
+static dt_status make_geom(const char *op, const dt_tensor *x, int nhwc, int oc, int kh, int kw,
+                           int stride, int padding, dt_conv2d_geom *g) {
   char bx[128];
   const int64_t *s = dt_tensor_shape(x);
   if (dt_tensor_ndim(x) != 4)
-    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s is not 4-D: expected (N, C, H, W)", op,
-                    dt_shape_format(s, dt_tensor_ndim(x), bx, sizeof bx));
+    return DT_ERROR(DT_ERR_SHAPE, "%s: input %s is not 4-D: expected (N, %s)", op,
+                    dt_shape_format(s, dt_tensor_ndim(x), bx, sizeof bx),
+                    nhwc ? "H, W, C" : "C, H, W");
   if (stride < 1 || padding < 0 || kh < 1 || kw < 1)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: kernel %dx%d, stride %d, padding %d: kernel and stride must be >= 1, "
@@ -24,9 +25,10 @@ static dt_status make_geom(const char *op, const dt_tensor *x, int oc, int kh, i
                       dt_shape_format(s, 4, bx, sizeof bx));
   memset(g, 0, sizeof *g);
   g->n = (int)s[0];
-  g->c = (int)s[1];
-  g->h = (int)s[2];
-  g->w = (int)s[3];
+  g->c = (int)s[nhwc ? 3 : 1];
+  g->h = (int)s[nhwc ? 1 : 2];
+  g->w = (int)s[nhwc ? 2 : 3];
+  g->nhwc = nhwc;
   g->oc = oc;
   g->kh = kh;
   g->kw = kw;
@@ -106,34 +108,44 @@ fail:
   return dt_ops_grads_result(st, (dt_tensor *[]){dx, dw, db}, has_bias ? 3 : 2, grad_in);
 }
 
-dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride, int padding,
-                       dt_tensor **out) {
-  static const char *op = "dt_op_conv2d";
+/* The activations' shape (N, C, H, W), or (N, H, W, C) channels-last. */
+static void activation_shape(int nhwc, int64_t n, int64_t c, int64_t h, int64_t w, int64_t *s) {
+  s[0] = n;
+  s[nhwc ? 3 : 1] = c;
+  s[nhwc ? 1 : 2] = h;
+  s[nhwc ? 2 : 3] = w;
+}
+
+static dt_status conv2d(const char *op, int nhwc, dt_tensor *x, dt_tensor *weight, dt_tensor *bias,
+                        int stride, int padding, dt_tensor **out) {
   if (!x || !weight || !out)
     return DT_ERROR(DT_ERR_INVALID_ARG, "%s: NULL argument (x and weight are required)", op);
   dt_tensor *ins[3] = {x, weight, bias};
   DT_CHECK(dt_ops_check_float_inputs(op, ins, 3));
   const int64_t *sw = dt_tensor_shape(weight);
   char bx[128], bw[128], bb[128];
-  if (dt_tensor_ndim(weight) != 4 || dt_tensor_ndim(x) != 4 || sw[1] != dt_tensor_shape(x)[1] ||
-      sw[0] > INT_MAX || sw[2] > INT_MAX || sw[3] > INT_MAX)
+  if (dt_tensor_ndim(weight) != 4 || dt_tensor_ndim(x) != 4 ||
+      sw[1] != dt_tensor_shape(x)[nhwc ? 3 : 1] || sw[0] > INT_MAX || sw[2] > INT_MAX ||
+      sw[3] > INT_MAX)
     return DT_ERROR(DT_ERR_SHAPE,
-                    "%s: input %s and weight %s do not match: expected x (N, C, H, W) and "
+                    "%s: input %s and weight %s do not match: expected x (N, %s) and "
                     "weight (OC, C, KH, KW)",
                     op, dt_shape_format(dt_tensor_shape(x), dt_tensor_ndim(x), bx, sizeof bx),
-                    dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw));
+                    dt_shape_format(sw, dt_tensor_ndim(weight), bw, sizeof bw),
+                    nhwc ? "H, W, C" : "C, H, W");
   if (bias && (dt_tensor_ndim(bias) != 1 || dt_tensor_shape(bias)[0] != sw[0]))
     return DT_ERROR(DT_ERR_SHAPE, "%s: bias %s does not match weight %s: expected bias (%lld)", op,
                     dt_shape_format(dt_tensor_shape(bias), dt_tensor_ndim(bias), bb, sizeof bb),
                     dt_shape_format(sw, 4, bw, sizeof bw), (long long)sw[0]);
   dt_conv2d_geom g;
-  DT_CHECK(make_geom(op, x, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
+  DT_CHECK(make_geom(op, x, nhwc, (int)sw[0], (int)sw[2], (int)sw[3], stride, padding, &g));
 
   dt_device dev = dt_tensor_device(x);
   dt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *ws = NULL;
   dt_node *node = NULL;
   dt_status st;
-  int64_t oshape[4] = {g.n, g.oc, g.oh, g.ow};
+  int64_t oshape[4];
+  activation_shape(nhwc, g.n, g.oc, g.oh, g.ow, oshape);
   /* under autocast xc, wc are 16-bit (kept for the backward) and the
    * kernels take them as they are: f32 accumulation, a 16-bit result */
   DT_CHECK_GOTO(dt_ops_autocast_input(op, x, &xc), st, fail);
@@ -143,7 +155,8 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
     DT_CHECK_GOTO(dt_ops_widen(bias, &bc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, dtype, dev, &y), st, fail);
   DT_CHECK_GOTO(alloc_workspace(dev, dtype, &g, &ws), st, fail);
-  /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow) */
+  /* x (n,c,h,w), w (oc,c,kh,kw), bias (oc) -> y (n,oc,oh,ow); channels-last
+   * x (n,h,w,c) -> y (n,oh,ow,oc) */
   DT_CHECK_GOTO(dt_kernel_conv2d_forward(DT_TENSOR_EXEC(xc), &g, dt_tensor_data(xc),
                                          dt_tensor_data(wc), bc ? DT_F32(bc) : NULL,
                                          dt_tensor_data(y), ws ? dt_tensor_data(ws) : NULL),
@@ -158,6 +171,16 @@ dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int str
 fail:
   DT_RELEASE_TENSORS(ws, y, bc, wc, xc);
   return st;
+}
+
+dt_status dt_op_conv2d(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride, int padding,
+                       dt_tensor **out) {
+  return conv2d("dt_op_conv2d", 0, x, weight, bias, stride, padding, out);
+}
+
+dt_status dt_op_conv2d_nhwc(dt_tensor *x, dt_tensor *weight, dt_tensor *bias, int stride,
+                            int padding, dt_tensor **out) {
+  return conv2d("dt_op_conv2d_nhwc", 1, x, weight, bias, stride, padding, out);
 }
 
 /* ---- pooling ---- */
@@ -175,7 +198,8 @@ static dt_status pool_backward(dt_node *node, dt_tensor *gy, dt_tensor **grad_in
   const dt_exec ex = dt_tensor_exec(gy);
   dt_tensor *dx = NULL;
   dt_status st;
-  int64_t xshape[4] = {g.n, g.c, g.h, g.w};
+  int64_t xshape[4];
+  activation_shape(g.nhwc, g.n, g.c, g.h, g.w, xshape);
   /* dx in gy's dtype (y's, which is x's): the kernel rounds it once */
   DT_CHECK(dt_tensor_empty(xshape, 4, dt_tensor_dtype(gy), dev, &dx));
   if (dt_tensor_numel(dx) > 0) {
@@ -194,13 +218,13 @@ fail:
   return st;
 }
 
-static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, int stride,
+static dt_status pool2d(const char *op, int is_max, int nhwc, dt_tensor *x, int kernel, int stride,
                         int padding, dt_tensor **out) {
   /* A 16-bit x goes to the kernels as it is: they pool in f32 and round y
    * (and the backward's dx) once, so no widened copy of x exists. */
   DT_CHECK(dt_ops_check_float_unary(op, x, out));
   dt_conv2d_geom g;
-  DT_CHECK(make_geom(op, x, 0, kernel, kernel, stride, padding, &g));
+  DT_CHECK(make_geom(op, x, nhwc, 0, kernel, kernel, stride, padding, &g));
   if (2 * padding > kernel)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "%s: padding %d is more than half the kernel %d: windows would lie wholly "
@@ -211,10 +235,12 @@ static dt_status pool2d(const char *op, int is_max, dt_tensor *x, int kernel, in
   dt_tensor *xc = NULL, *y = NULL, *argmax = NULL;
   dt_node *node = NULL;
   dt_status st;
-  int64_t oshape[4] = {g.n, g.c, g.oh, g.ow};
+  int64_t oshape[4];
+  activation_shape(nhwc, g.n, g.c, g.oh, g.ow, oshape);
   DT_CHECK_GOTO(dt_ops_contiguous(x, &xc), st, fail);
   DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, dt_tensor_dtype(x), dev, &y), st, fail);
-  /* x (n,c,h,w) -> y (n,c,oh,ow) [, argmax (n,c,oh,ow) flat index in h*w] */
+  /* x (n,c,h,w) -> y (n,c,oh,ow) [, argmax (n,c,oh,ow) flat index in h*w];
+   * channels-last: x (n,h,w,c) -> y and argmax (n,oh,ow,c) */
   if (is_max) {
     DT_CHECK_GOTO(dt_tensor_empty(oshape, 4, DT_DTYPE_I32, dev, &argmax), st, fail);
     if (dt_tensor_numel(y) > 0)
@@ -237,9 +263,19 @@ fail:
 }
 
 dt_status dt_op_max_pool2d(dt_tensor *x, int kernel, int stride, int padding, dt_tensor **out) {
-  return pool2d("dt_op_max_pool2d", 1, x, kernel, stride, padding, out);
+  return pool2d("dt_op_max_pool2d", 1, 0, x, kernel, stride, padding, out);
 }
 
 dt_status dt_op_avg_pool2d(dt_tensor *x, int kernel, int stride, int padding, dt_tensor **out) {
-  return pool2d("dt_op_avg_pool2d", 0, x, kernel, stride, padding, out);
+  return pool2d("dt_op_avg_pool2d", 0, 0, x, kernel, stride, padding, out);
+}
+
+dt_status dt_op_max_pool2d_nhwc(dt_tensor *x, int kernel, int stride, int padding,
+                                dt_tensor **out) {
+  return pool2d("dt_op_max_pool2d_nhwc", 1, 1, x, kernel, stride, padding, out);
+}
+
+dt_status dt_op_avg_pool2d_nhwc(dt_tensor *x, int kernel, int stride, int padding,
+                                dt_tensor **out) {
+  return pool2d("dt_op_avg_pool2d_nhwc", 0, 1, x, kernel, stride, padding, out);
 }

@@ -246,15 +246,15 @@ static dt_status plan_create(dt_cuda_ctx *ctx, const dt_conv2d_geom *g, int tf32
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&p->bias), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateFilterDescriptor(&p->w), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateConvolutionDescriptor(&p->conv), st, fail);
-  DT_CUDNN_CHECK_GOTO(
-      cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, g->n, g->c, g->h, g->w), st, fail);
-  DT_CUDNN_CHECK_GOTO(
-      cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, g->n, g->oc, g->oh, g->ow), st, fail);
+  /* channels-last: x, y and the filters NHWC (the filters transposed into
+   * the workspace, filter_area) */
+  const cudnnTensorFormat_t f = g->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->x, f, t, g->n, g->c, g->h, g->w), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(p->y, f, t, g->n, g->oc, g->oh, g->ow), st, fail);
   DT_CUDNN_CHECK_GOTO(
       cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, g->oc, 1, 1), st,
       fail);
-  DT_CUDNN_CHECK_GOTO(
-      cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, g->oc, g->c, g->kh, g->kw), st, fail);
+  DT_CUDNN_CHECK_GOTO(cudnnSetFilter4dDescriptor(p->w, t, f, g->oc, g->c, g->kh, g->kw), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnSetConvolution2dDescriptor(p->conv, g->ph, g->pw, g->sh, g->sw, 1, 1,
                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                       st, fail);
@@ -314,6 +314,25 @@ unlock:
   return st;
 }
 
+/* A channels-last plan's room for its filters in (oc, kh, kw, c) order at
+ * the start of the workspace (cuDNN's workspace follows it); 0 for NCHW. */
+static size_t filter_area(const conv_plan *p) {
+  const dt_conv2d_geom *g = &p->g;
+  if (!g->nhwc)
+    return 0;
+  size_t bytes = (size_t)g->oc * g->c * g->kh * g->kw * dt_dtype_size(p->dtype);
+  return (bytes + 255) & ~(size_t)255;
+}
+
+/* The filters of p between (oc, c, kh, kw) and the workspace's (oc, kh,
+ * kw, c): to_krsc 1 from src into the area, 0 from the area into dst. */
+static dt_status filter_move(cudaStream_t stream, const conv_plan *p, const void *src, void *dst,
+                             int to_krsc) {
+  const dt_conv2d_geom *g = &p->g;
+  return dt_cuda_filter_layout(stream, dt_dtype_size(p->dtype), src, dst, g->oc, g->c,
+                               (int64_t)g->kh * g->kw, to_krsc);
+}
+
 dt_status dt_cuda_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, size_t *bytes) {
   *bytes = 0;
   if (g->n == 0)
@@ -327,7 +346,7 @@ dt_status dt_cuda_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, s
     ws = p->ws_bwd_data;
   if (p->ws_bwd_filter > ws)
     ws = p->ws_bwd_filter;
-  *bytes = ws;
+  *bytes = filter_area(p) + ws;
   return DT_OK;
 }
 
@@ -374,17 +393,26 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
   conv_plan *p = NULL;
   DT_CHECK(plan_get(ctx, g, ex->dtype, &p));
   void *ws = NULL, *tmp = NULL;
-  DT_CHECK(conv_begin(ctx, stream, workspace, p->ws_fwd, &ws, &tmp));
+  const size_t area = filter_area(p);
+  DT_CHECK(conv_begin(ctx, stream, workspace, area + p->ws_fwd, &ws, &tmp));
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
+  if (area) {
+    DT_CHECK_GOTO(filter_move(stream, p, w, ws, 1), st, unlock);
+    w = ws;
+    ws = (char *)ws + area;
+  }
   DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->fwd_math), st, unlock);
   DT_CUDNN_CHECK_GOTO(cudnnConvolutionForward(ctx->cudnn, &one, p->x, x, p->w, w, p->conv, p->fwd,
                                               ws, p->ws_fwd, &zero, p->y, y),
                       st, unlock);
   if (bias && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(cudnnAddTensor(ctx->cudnn, &one, p->bias, bias, &one, p->y, y), st, unlock);
-  else if (bias)
-    st = dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc, (int64_t)g->oh * g->ow);
+  else if (bias) /* channels-last: (n oh ow, oc, 1) */
+    st = g->nhwc ? dt_cuda_conv_bias_forward(stream, p->dtype, bias, y,
+                                             (int64_t)g->n * g->oh * g->ow, g->oc, 1)
+                 : dt_cuda_conv_bias_forward(stream, p->dtype, bias, y, g->n, g->oc,
+                                             (int64_t)g->oh * g->ow);
 unlock:
   return conv_end(ctx, tmp, st);
 }
@@ -421,10 +449,19 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
   if (dw && p->ws_bwd_filter > need)
     need = p->ws_bwd_filter;
   void *ws = NULL, *tmp = NULL;
-  DT_CHECK(conv_begin(ctx, stream, workspace, need, &ws, &tmp));
+  /* channels-last: the area holds the filters for dx, then dw before it
+   * is moved out */
+  const size_t area = filter_area(p);
+  DT_CHECK(conv_begin(ctx, stream, workspace, area + need, &ws, &tmp));
+  void *krsc = ws;
+  ws = (char *)ws + area;
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
   if (dx) {
+    if (area) {
+      DT_CHECK_GOTO(filter_move(stream, p, w, krsc, 1), st, unlock);
+      w = krsc;
+    }
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), st, unlock);
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dy, p->conv, p->bwd_data, ws,
@@ -435,14 +472,19 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math), st, unlock);
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, x, p->y, dy, p->conv, p->bwd_filter,
-                                       ws, p->ws_bwd_filter, &zero, p->w, dw),
+                                       ws, p->ws_bwd_filter, &zero, p->w, area ? krsc : dw),
         st, unlock);
+    if (area)
+      DT_CHECK_GOTO(filter_move(stream, p, krsc, dw, 0), st, unlock);
   }
   if (db && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(
         cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dy, &zero, p->bias, db), st, unlock);
   else if (db)
-    st = dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc, (int64_t)g->oh * g->ow);
+    st = g->nhwc ? dt_cuda_conv_bias_backward(stream, p->dtype, dy, db,
+                                              (int64_t)g->n * g->oh * g->ow, g->oc, 1)
+                 : dt_cuda_conv_bias_backward(stream, p->dtype, dy, db, g->n, g->oc,
+                                              (int64_t)g->oh * g->ow);
 unlock:
   return conv_end(ctx, tmp, st);
 }
@@ -457,7 +499,11 @@ unlock:
  * answers NOT_SUPPORTED or BAD_PARAM to, run the f32 path on f32 copies
  * (cast kernels) in scratch memory, rounding the result once. */
 
-/* Descriptors of x viewed as (n, c, hw, 1) and of the per-channel vectors. */
+/* Descriptors of x viewed as (n, c, hw, 1) and of the per-channel vectors.
+ * With hw 1 (a (N, C) input, or channels-last activations normalised as
+ * their (N*H*W, C) view) the same memory is described as NHWC, so cuDNN
+ * can pick its channels-last kernels rather than read a stride-c column
+ * per channel. */
 typedef struct bn_desc {
   cudnnTensorDescriptor_t x, bn;
 } bn_desc;
@@ -478,9 +524,10 @@ static dt_status bn_desc_create(int64_t n, int64_t c, int64_t hw, dt_dtype t, bn
   dt_status st = DT_OK;
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->x), st, fail);
   DT_CUDNN_CHECK_GOTO(cudnnCreateTensorDescriptor(&d->bn), st, fail);
-  DT_CUDNN_CHECK_GOTO(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, cudnn_type(t), (int)n,
-                                                 (int)c, (int)hw, 1),
-                      st, fail);
+  DT_CUDNN_CHECK_GOTO(
+      cudnnSetTensor4dDescriptor(d->x, hw == 1 ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                 cudnn_type(t), (int)n, (int)c, (int)hw, 1),
+      st, fail);
   /* f32 for a 16-bit x too */
   DT_CUDNN_CHECK_GOTO(cudnnDeriveBNTensorDescriptor(d->bn, d->x, CUDNN_BATCHNORM_SPATIAL), st,
                       fail);

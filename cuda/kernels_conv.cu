@@ -18,31 +18,62 @@ static __device__ __forceinline__ void covering(int iy, int s, int p, int k, int
   *hi = h < on - 1 ? h : on - 1;
 }
 
-/* Input element t of a backward gather: its plane, its position in the
- * plane, and the outputs [oy0, oy1] x [ox0, ox1] whose windows contain it. */
+/* Input element t of a backward gather (in x's memory order): its position
+ * in its (h, w) plane, the outputs [oy0, oy1] x [ox0, ox1] whose windows
+ * contain it, and where its plane's outputs lie: dy (and argmax) of output
+ * position o at gbase + o * gstep (NCHW: a plane of its own, step 1;
+ * channels-last: the channel's column, step c). */
 struct pool_gather {
-  int64_t plane;
+  int64_t gbase, gstep;
   int pos, oy0, oy1, ox0, ox1;
 };
 
 static __device__ __forceinline__ pool_gather pool_gather_of(const dt_conv2d_geom &g, int64_t t) {
   pool_gather p;
-  p.plane = t / ((int64_t)g.h * g.w);
-  p.pos = (int)(t - p.plane * g.h * g.w);
+  const int64_t hw = (int64_t)g.h * g.w, ohw = (int64_t)g.oh * g.ow;
+  if (g.nhwc) {
+    const int64_t r = t / g.c, c = t - r * g.c, n = r / hw;
+    p.pos = (int)(r - n * hw);
+    p.gbase = n * ohw * g.c + c;
+    p.gstep = g.c;
+  } else {
+    const int64_t plane = t / hw;
+    p.pos = (int)(t - plane * hw);
+    p.gbase = plane * ohw;
+    p.gstep = 1;
+  }
   const int iy = p.pos / g.w, ix = p.pos - iy * g.w;
   covering(iy, g.sh, g.ph, g.kh, g.oh, &p.oy0, &p.oy1);
   covering(ix, g.sw, g.pw, g.kw, g.ow, &p.ox0, &p.ox1);
   return p;
 }
 
-// x (n,c,h,w) -> y (n,c,oh,ow) of T, argmax (n,c,oh,ow) flat index into h*w or NULL
+/* Output t of a forward (in y's memory order): its position in the (oh,
+ * ow) plane, and its input plane: x of input position i at *xbase + i *
+ * *xstep. */
+static __device__ __forceinline__ int pool_output_of(const dt_conv2d_geom &g, int64_t t,
+                                                     int64_t *xbase, int64_t *xstep) {
+  const int64_t hw = (int64_t)g.h * g.w, ohw = (int64_t)g.oh * g.ow;
+  if (g.nhwc) {
+    const int64_t r = t / g.c, c = t - r * g.c, n = r / ohw;
+    *xbase = n * hw * g.c + c;
+    *xstep = g.c;
+    return (int)(r - n * ohw);
+  }
+  const int64_t plane = t / ohw;
+  *xbase = plane * hw;
+  *xstep = 1;
+  return (int)(t - plane * ohw);
+}
+
+// x (n,c,h,w) -> y (n,c,oh,ow) of T, argmax (n,c,oh,ow) flat index into h*w or NULL;
+// channels-last: x (n,h,w,c) -> y, argmax (n,oh,ow,c)
 template <typename T>
 static __global__ void max_pool_forward_kernel(dt_conv2d_geom g, const T *x, T *y, int32_t *argmax,
                                                int64_t total) {
   DT_GRID_STRIDE(t, total) {
-    int64_t plane = t / ((int64_t)g.oh * g.ow);
-    int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
-    const T *xp = x + plane * g.h * g.w;
+    int64_t xbase, xs;
+    const int rem = pool_output_of(g, t, &xbase, &xs), oy = rem / g.ow, ox = rem - oy * g.ow;
     int y0 = oy * g.sh - g.ph, y1 = min(y0 + g.kh, g.h);
     int x0 = ox * g.sw - g.pw, x1 = min(x0 + g.kw, g.w);
     y0 = max(y0, 0);
@@ -52,7 +83,7 @@ static __global__ void max_pool_forward_kernel(dt_conv2d_geom g, const T *x, T *
     bool nan = false;
     for (int iy = y0; iy < y1 && !nan; iy++)
       for (int ix = x0; ix < x1; ix++) {
-        float v = dt_load_f32(xp, iy * g.w + ix);
+        float v = dt_load_f32(x, xbase + (iy * g.w + ix) * xs);
         if (v > best || v != v) { /* NaN wins, as PyTorch */
           best = v;
           at = iy * g.w + ix;
@@ -75,13 +106,13 @@ static __global__ void max_pool_backward_kernel(dt_conv2d_geom g, const T *dy,
                                                 const int32_t *argmax, T *dx, int64_t total) {
   DT_GRID_STRIDE(t, total) {
     const pool_gather p = pool_gather_of(g, t);
-    const T *gp = dy + p.plane * g.oh * g.ow;
-    const int32_t *ap = argmax + p.plane * g.oh * g.ow;
     float s = 0.0f;
     for (int oy = p.oy0; oy <= p.oy1; oy++)
-      for (int ox = p.ox0; ox <= p.ox1; ox++)
-        if (ap[oy * g.ow + ox] == p.pos)
-          s += dt_load_f32(gp, oy * g.ow + ox);
+      for (int ox = p.ox0; ox <= p.ox1; ox++) {
+        const int64_t o = p.gbase + (oy * g.ow + ox) * p.gstep;
+        if (argmax[o] == p.pos)
+          s += dt_load_f32(dy, o);
+      }
     dt_store_f32(dx, t, s);
   }
 }
@@ -97,15 +128,14 @@ static __device__ __forceinline__ float avg_divisor(const dt_conv2d_geom &g, int
 template <typename T>
 static __global__ void avg_pool_forward_kernel(dt_conv2d_geom g, const T *x, T *y, int64_t total) {
   DT_GRID_STRIDE(t, total) {
-    int64_t plane = t / ((int64_t)g.oh * g.ow);
-    int rem = (int)(t - plane * g.oh * g.ow), oy = rem / g.ow, ox = rem - oy * g.ow;
-    const T *xp = x + plane * g.h * g.w;
+    int64_t xbase, xs;
+    const int rem = pool_output_of(g, t, &xbase, &xs), oy = rem / g.ow, ox = rem - oy * g.ow;
     int y0 = max(oy * g.sh - g.ph, 0), y1 = min(oy * g.sh - g.ph + g.kh, g.h);
     int x0 = max(ox * g.sw - g.pw, 0), x1 = min(ox * g.sw - g.pw + g.kw, g.w);
     float s = 0.0f;
     for (int iy = y0; iy < y1; iy++)
       for (int ix = x0; ix < x1; ix++)
-        s += dt_load_f32(xp, iy * g.w + ix);
+        s += dt_load_f32(x, xbase + (iy * g.w + ix) * xs);
     dt_store_f32(y, t, s / avg_divisor(g, oy, ox));
   }
 }
@@ -116,11 +146,10 @@ static __global__ void avg_pool_backward_kernel(dt_conv2d_geom g, const T *dy, T
                                                 int64_t total) {
   DT_GRID_STRIDE(t, total) {
     const pool_gather p = pool_gather_of(g, t);
-    const T *gp = dy + p.plane * g.oh * g.ow;
     float s = 0.0f;
     for (int oy = p.oy0; oy <= p.oy1; oy++)
       for (int ox = p.ox0; ox <= p.ox1; ox++)
-        s += dt_load_f32(gp, oy * g.ow + ox) / avg_divisor(g, oy, ox);
+        s += dt_load_f32(dy, p.gbase + (oy * g.ow + ox) * p.gstep) / avg_divisor(g, oy, ox);
     dt_store_f32(dx, t, s);
   }
 }
@@ -215,6 +244,43 @@ extern "C" dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dt
   else
     conv_bias_backward_kernel<<<blocks, DT_THREADS, 0, stream>>>((const __nv_bfloat16 *)dy, db, n,
                                                                  oc, hw);
+  DT_CUDA_CHECK_LAUNCH();
+  return DT_OK;
+}
+
+/* ---- the filters of a channels-last convolution (cuda/dnn.c) ---- */
+
+// w (oc, c, khw) <-> (oc, khw, c), i over dst; to_krsc 1: into channels-last
+template <typename T>
+static __global__ void filter_layout_kernel(const T *src, T *dst, int64_t c, int64_t khw,
+                                            int to_krsc, int64_t total) {
+  const int64_t per = c * khw;
+  DT_GRID_STRIDE(i, total) {
+    const int64_t o = i / per, r = i - o * per;
+    int64_t from;
+    if (to_krsc) {
+      const int64_t k = r / c;
+      from = (r - k * c) * khw + k;
+    } else {
+      const int64_t ci = r / khw;
+      from = (r - ci * khw) * c + ci;
+    }
+    dst[i] = src[o * per + from];
+  }
+}
+
+extern "C" dt_status dt_cuda_filter_layout(cudaStream_t stream, size_t elem_size, const void *src,
+                                           void *dst, int64_t oc, int64_t c, int64_t khw,
+                                           int to_krsc) {
+  const int64_t total = oc * c * khw;
+  if (total == 0)
+    return DT_OK;
+  if (elem_size == 2)
+    filter_layout_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(
+        (const uint16_t *)src, (uint16_t *)dst, c, khw, to_krsc, total);
+  else
+    filter_layout_kernel<<<dt_grid_for(total), DT_THREADS, 0, stream>>>(
+        (const uint32_t *)src, (uint32_t *)dst, c, khw, to_krsc, total);
   DT_CUDA_CHECK_LAUNCH();
   return DT_OK;
 }

@@ -139,6 +139,12 @@ dt_status dt_bench_run(const dt_bench_config *cfg, dt_bench_result *out) {
   if (cfg->ctx > 0)
     DT_CHECK(dt_task_with_context(found, cfg->ctx, &ctx_task));
   DT_CHECK(dt_cli_task_image_shape(&ctx_task, cfg->image_size, cfg->channels));
+  if (cfg->channels_last && !ctx_task.residual_bn)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "--channels-last: model %s has no convolutions in residual blocks to run "
+                    "channels-last (it is for the resnet* models)",
+                    ctx_task.name);
+  ctx_task.channels_last = cfg->channels_last;
   dt_step_config sc = DT_STEP_CONFIG_DEFAULT;
   sc.loss = task->loss;
   sc.clip = task->defaults ? task->defaults->clip : 0.0f; /* the step train takes */
@@ -297,6 +303,7 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
       dt_cli_flag_precision(&cfg.precision),
       dt_cli_flag_stochastic_rounding(&cfg.stochastic_rounding),
       dt_cli_flag_recompute(&cfg.recompute),
+      dt_cli_flag_channels_last(&cfg.channels_last),
       dt_cli_flag_max_memory(&cfg.max_memory_mib),
       dt_cli_flag_seed(&cfg.seed, "seed for the model and the synthetic batch"),
       DT_CLI_DDP_FLAGS(&comm_backend, &cfg.comm_timeout, &cfg.bucket_cap_mb, &cfg.first_bucket_mb,
@@ -358,13 +365,14 @@ int dt_cli_bench(int argc, char **argv, dt_pg *pg, FILE *err) {
              r.input_shape[2], r.input_shape[0]);
   printf(
       "dtrain bench: model %s (%lld parameters)%s batch %d steps %d warmup %d optimizer %s "
-      "device %s precision %s threads %d%s%s\n",
+      "device %s precision %s threads %d%s%s%s\n",
       cfg.model, (long long)r.parameters, images, r.batch, cfg.steps, cfg.warmup, cfg.optimizer,
       dt_device_format(r.device, dev, sizeof dev),
       cfg.precision                     ? cfg.precision
       : r.device.type == DT_DEVICE_CUDA ? "tf32"
                                         : "fp32",
-      dt_cpu_num_threads(), dt_threads_note(), cfg.recompute ? " recompute" : "");
+      dt_cpu_num_threads(), dt_threads_note(), cfg.recompute ? " recompute" : "",
+      cfg.channels_last ? " channels-last" : "");
   if (cfg.batch == 0)
     printf(
         "batch auto: %d (the seed's rule min(%.1f MiB free / %.3f MiB per sample x 0.9) = %d; "

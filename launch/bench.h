@@ -59,6 +59,7 @@ typedef struct dt_bench_config {
   bool stochastic_rounding;  /* of the 16-bit working copy of the weights (bf16, fp16) */
   float split_bucket_mb;     /* DDP: split the last bucket's parameters above this (0 = off) */
   const char *bucket_update; /* DDP: "each" bucket as it arrives, or "last" (one update) */
+  bool channels_last;        /* resnet*: NHWC activations */
   bool recompute;            /* each transformer block's activations recomputed in backward */
   int max_memory_mib; /* the device's memory cap in MiB (dt_train_cap_device_memory), 0 = none */
   int image_size, channels; /* the ResNets: the synthetic images' size, channels (0: the model's) */

@@ -260,6 +260,13 @@ dt_flag dt_cli_flag_recompute(bool *target) {
                                "memory, the same gradients, one more forward of the blocks)");
 }
 
+dt_flag dt_cli_flag_channels_last(bool *target) {
+  return (dt_flag)DT_BOOL_FLAG("channels-last", target,
+                               "resnet*: (N, H, W, C) activations through every convolution, batch "
+                               "norm and pooling (cuDNN's NHWC kernels on a GPU; the same weights "
+                               "and checkpoints)");
+}
+
 dt_flag dt_cli_flag_max_memory(int *target) {
   return (dt_flag)DT_INT_FLAG(
       "max-memory", target, "MIB",

@@ -77,6 +77,8 @@ dt_flag dt_cli_flag_precision(const char **target);
 dt_flag dt_cli_flag_stochastic_rounding(bool *target);
 /* --recompute: activation recomputation per transformer block (train, bench). */
 dt_flag dt_cli_flag_recompute(bool *target);
+/* --channels-last (train, bench): the ResNets' activations NHWC. */
+dt_flag dt_cli_flag_channels_last(bool *target);
 /* --max-memory MIB: the device's memory cap (train, bench; at least 1). */
 dt_flag dt_cli_flag_max_memory(int *target);
 /* After parsing: --precision `precision` (NULL: the default) suits the

@@ -253,6 +253,7 @@ static int cli_train(int argc, char **argv, dt_pg *pg, FILE *err) {
       DT_BOOL_FLAG("zero-init-residual", &cfg.zero_init_residual,
                    "resnet*: the last BatchNorm of each residual block starts at weight 0 "
                    "(torchvision's zero_init_residual)"),
+      dt_cli_flag_channels_last(&cfg.channels_last),
       DT_BOOL_FLAG("sync-bn", &cfg.sync_bn,
                    "resnet*: BatchNorm statistics over every DDP rank's micro-batch (PyTorch's "
                    "SyncBatchNorm); one process: nothing to do; not with --mode dp"),

@@ -58,6 +58,11 @@ typedef struct dt_resnet_config {
   int num_classes;
   int small_stem;
   int zero_init_residual;
+  /* Channels-last: the model permutes its NCHW input once to (N, H, W, C)
+   * and runs every convolution, batch norm and pooling channels-last
+   * (dt_nn_set_channels_last; cuDNN's NHWC kernels on a GPU). The same
+   * parameters, names and checkpoints, and the same logits to rounding. */
+  int channels_last;
 } dt_resnet_config;
 
 /* images (N, in_channels, H, W) -> logits (N, num_classes); another

@@ -152,10 +152,21 @@ static dt_status resnet_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
     return DT_ERROR(DT_ERR_SHAPE, "ResNet takes images (N, %d, H, W), got %s", r->cfg.in_channels,
                     dt_tensor_describe(x, d, sizeof d));
   }
-  static const int spatial[2] = {2, 3};
+  const bool cl = r->cfg.channels_last;
+  static const int spatial[2] = {2, 3}, spatial_cl[2] = {1, 2};
+  static const int to_nhwc[4] = {0, 2, 3, 1};
   dt_status st = DT_OK;
   dt_tensor *a = NULL, *b = NULL;
-  DT_CHECK_GOTO(dt_module_call(r->conv1, x, &a), st, done);
+  if (cl) { /* (N, C, H, W) -> (N, H, W, C), once */
+    DT_CHECK_GOTO(dt_tensor_permute(x, to_nhwc, &b), st, done);
+    DT_CHECK_GOTO(dt_tensor_contiguous(b, &a), st, done);
+    dt_tensor_release(b);
+    b = a;
+    a = NULL;
+  }
+  DT_CHECK_GOTO(dt_module_call(r->conv1, cl ? b : x, &a), st, done);
+  dt_tensor_release(b);
+  b = NULL;
   DT_CHECK_GOTO(dt_module_call(r->bn1, a, &b), st, done);
   dt_tensor_release(a);
   a = NULL;
@@ -172,7 +183,7 @@ static dt_status resnet_forward(dt_module *m, dt_tensor *x, dt_tensor **out) {
   dt_tensor_release(b);
   b = NULL;
   /* AdaptiveAvgPool2d(1) and flatten: the mean over H and W, (N, C) */
-  DT_CHECK_GOTO(dt_op_mean(a, spatial, 2, false, &b), st, done);
+  DT_CHECK_GOTO(dt_op_mean(a, cl ? spatial_cl : spatial, 2, false, &b), st, done);
   DT_CHECK_GOTO(dt_module_call(r->fc, b, out), st, done);
 done:
   dt_tensor_release(b);
@@ -205,7 +216,10 @@ static dt_status build_resnet(dt_module *model, void *impl, dt_generator *gen) {
       in = planes * expansion;
     }
   }
-  return dt_models_attach(model, "fc", dt_nn_linear(in, c->num_classes, 1, gen, &m), &m, &r->fc);
+  DT_CHECK(dt_models_attach(model, "fc", dt_nn_linear(in, c->num_classes, 1, gen, &m), &m, &r->fc));
+  if (c->channels_last)
+    dt_nn_set_channels_last(model, true);
+  return DT_OK;
 }
 
 static bool ends_with(const char *s, const char *suffix) {

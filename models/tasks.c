@@ -171,6 +171,7 @@ static dt_status resnet_config(const dt_task *task, dt_resnet_config *c) {
   c->num_classes = task->num_classes;
   c->small_stem = task->small_stem;
   c->zero_init_residual = task->zero_init_residual;
+  c->channels_last = task->channels_last;
   return DT_OK;
 }
 

@@ -126,6 +126,9 @@ struct dt_task {
   bool small_stem;
   bool zero_init_residual;
   bool residual_bn;
+  /* ResNets: channels-last activations (dt_resnet_config's; the trainer
+   * sets it on its copy). */
+  bool channels_last;
   /* The model takes images of any channel count and size, and any number
    * of classes (adaptive pooling before its head: the ResNets): an image
    * folder sets input_shape and num_classes on the trainer's copy. */

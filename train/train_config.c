@@ -246,6 +246,11 @@ static dt_status check_task(const dt_train_config *c) {
                     "`zero_init_residual`: model %s has no residual blocks ending in a BatchNorm "
                     "(it is for the resnet* models)",
                     t->name);
+  if (c->channels_last && !t->residual_bn)
+    return DT_ERROR(DT_ERR_INVALID_ARG,
+                    "`channels_last`: model %s has no convolutions in residual blocks to run "
+                    "channels-last (it is for the resnet* models)",
+                    t->name);
   if (c->sync_bn && !t->residual_bn)
     return DT_ERROR(DT_ERR_INVALID_ARG,
                     "`sync_bn`: model %s has no BatchNorm (it is for the resnet* models)", t->name);

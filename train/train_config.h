@@ -126,6 +126,10 @@ typedef struct dt_train_config {
    * block starts at weight 0, so each block starts as the identity
    * (torchvision's zero_init_residual; Goyal et al. 2017). */
   bool zero_init_residual;
+  /* ResNets (the task's residual_bn): channels-last activations, (N, H, W,
+   * C), through every convolution, batch norm and pooling (cuDNN's NHWC
+   * kernels on a GPU; transposes around the NCHW kernels on the CPU). */
+  bool channels_last;
   /* SyncBatchNorm: BatchNorm's training statistics over every DDP rank's
    * micro-batch (the process group's allreduce, forward and backward), as
    * PyTorch's SyncBatchNorm; models with BatchNorm (the resnet* tasks).

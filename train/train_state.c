@@ -384,6 +384,7 @@ dt_status dt_train_state_create(const dt_train_config *c, train_state *s) {
   if (c->ctx > 0)
     DT_CHECK(dt_task_with_context(c->task, c->ctx, &s->task_ctx));
   s->task_ctx.zero_init_residual = c->zero_init_residual;
+  s->task_ctx.channels_last = c->channels_last;
   s->task = &s->task_ctx;
   s->data = c->data ? c->data : &s->task->data[0];
   if (c->image_folder) {
