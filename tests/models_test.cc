@@ -2,6 +2,7 @@
 // parameter, creation by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -270,6 +271,85 @@ TEST(Models, ResNetTrainsOnGreyImages) {
       << dt_last_error();
   dt_tensor_release(x);
   dt_module_destroy(m);
+}
+
+// One training step and an eval forward of a model built from cfg, on the
+// same images and labels: the logits of both, every parameter's gradient
+// and the buffers after the step, in the model's order.
+struct StepResult {
+  std::vector<float> train_logits, eval_logits;
+  std::vector<std::vector<float>> grads, buffers;
+};
+
+StepResult ResNetStep(dt_resnet_config cfg, int64_t n, int64_t side) {
+  StepResult r;
+  dt_module *m = nullptr;
+  EXPECT_EQ(dt_model_resnet(&cfg, 7, &m), DT_OK) << dt_last_error();
+  std::vector<float> v((size_t)(n * cfg.in_channels * side * side));
+  for (size_t i = 0; i < v.size(); i++)
+    v[i] = (float)((i * 2654435761u) % 1000u) / 500.0f - 1.0f;
+  dt_tensor *x = MakeTensor(v, {n, cfg.in_channels, side, side});
+  std::vector<int64_t> labels((size_t)n);
+  for (int64_t i = 0; i < n; i++)
+    labels[(size_t)i] = i % cfg.num_classes;
+  dt_tensor *target = nullptr, *logits = nullptr, *loss = nullptr;
+  EXPECT_EQ(dt_tensor_from_host(labels.data(), &n, 1, DT_DTYPE_I64, DT_CPU, &target), DT_OK)
+      << dt_last_error();
+  EXPECT_EQ(dt_module_call(m, x, &logits), DT_OK) << dt_last_error();
+  r.train_logits = ToVector(logits);
+  EXPECT_EQ(dt_op_cross_entropy(logits, target, DT_REDUCTION_MEAN, DT_IGNORE_INDEX, &loss), DT_OK)
+      << dt_last_error();
+  EXPECT_EQ(dt_backward(loss, nullptr), DT_OK) << dt_last_error();
+  for (int i = 0; i < dt_module_num_parameters(m); i++)
+    r.grads.push_back(ToVector(dt_tensor_grad(dt_module_parameter_at(m, i, nullptr))));
+  for (int i = 0; i < dt_module_num_buffers(m); i++) {
+    dt_tensor *b = dt_module_buffer_at(m, i, nullptr);
+    if (dt_tensor_dtype(b) == DT_DTYPE_F32)
+      r.buffers.push_back(ToVector(b));
+  }
+  dt_module_train(m, 0);
+  dt_tensor *eval = nullptr;
+  EXPECT_EQ(dt_module_call(m, x, &eval), DT_OK) << dt_last_error();
+  r.eval_logits = ToVector(eval);
+  for (dt_tensor *t : {eval, loss, logits, target, x})
+    dt_tensor_release(t);
+  dt_module_destroy(m);
+  return r;
+}
+
+void ExpectClose(const std::vector<float> &got, const std::vector<float> &want, float tol,
+                 const std::string &what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (float w : want)
+    scale = std::max(scale, (double)std::fabs(w));
+  for (size_t i = 0; i < got.size(); i++)
+    ASSERT_NEAR(got[i], want[i], tol * (scale + 1e-6)) << what << " element " << i;
+}
+
+// Channels-last (dt_resnet_config.channels_last, --channels-last) is the
+// same model: the same parameters, and the NCHW model's logits, gradients
+// and running statistics to rounding (the batch norms sum their
+// statistics in another order), with the max-pool stem and the small one.
+TEST(Models, ResNetChannelsLastMatchesNchw) {
+  for (int small : {0, 1}) {
+    dt_resnet_config cfg;
+    ASSERT_DT_OK(dt_resnet_config_named("resnet18", &cfg));
+    cfg.num_classes = 10;
+    cfg.small_stem = small;
+    StepResult want = ResNetStep(cfg, 4, small ? 12 : 40);
+    cfg.channels_last = 1;
+    StepResult got = ResNetStep(cfg, 4, small ? 12 : 40);
+    std::string s = small ? "small stem: " : "stem with max-pool: ";
+    ExpectClose(got.train_logits, want.train_logits, 1e-4f, s + "training logits");
+    ExpectClose(got.eval_logits, want.eval_logits, 1e-4f, s + "eval logits");
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (size_t i = 0; i < got.grads.size(); i++)
+      ExpectClose(got.grads[i], want.grads[i], 1e-3f, s + "gradient " + std::to_string(i));
+    ASSERT_EQ(got.buffers.size(), want.buffers.size());
+    for (size_t i = 0; i < got.buffers.size(); i++)
+      ExpectClose(got.buffers[i], want.buffers[i], 1e-4f, s + "buffer " + std::to_string(i));
+  }
 }
 
 }  // namespace

@@ -118,6 +118,13 @@ OpFn Conv2d(int stride, int padding) {
   };
 }
 
+// channels-last: x (N, H, W, C), the weight (OC, C, KH, KW) as ever
+OpFn Conv2dNhwc(int stride, int padding) {
+  return [stride, padding](const V &x, dt_tensor **out) {
+    return dt_op_conv2d_nhwc(x[0], x[1], Opt(x, 2), stride, padding, out);
+  };
+}
+
 OpFn Pool(dt_status (*f)(dt_tensor *, int, int, int, dt_tensor **), int k, int s, int p) {
   return [f, k, s, p](const V &x, dt_tensor **out) { return f(x[0], k, s, p, out); };
 }
@@ -378,6 +385,20 @@ std::vector<OpCase> Build() {
        {X({2, 16, 15, 13}), X({32, 16, 3, 3}), X({32})}, Conv2d(2, 1), kReduction, kParityOnly},
       {"conv2d", "pointwise_3x8x7x7", F32, {X({3, 8, 7, 7}), X({4, 8, 1, 1}), X({4})},
        Conv2d(1, 0), kReduction, kParityOnly},
+      // channels-last: the geometries above with x (N, H, W, C)
+      {"conv2d_nhwc", "bias", F32, {X({1, 5, 5, 1}), X({2, 1, 3, 3}), X({2})}, Conv2dNhwc(1, 0),
+       kReduction},
+      {"conv2d_nhwc", "bias_stride2_pad1", F32, {X({2, 6, 5, 3}), X({4, 3, 3, 3}), X({4})},
+       Conv2dNhwc(2, 1), kReduction},
+      {"conv2d_nhwc", "rect_kernel_no_bias_pad1", F32, {X({2, 5, 6, 2}), X({3, 2, 2, 3})},
+       Conv2dNhwc(1, 1), kReduction},
+      {"conv2d_nhwc", "pointwise", F32, {X({2, 3, 3, 4}), X({3, 4, 1, 1}), X({3})},
+       Conv2dNhwc(1, 0), kReduction},
+      {"conv2d_nhwc", "2x15x13x16_3x3_stride2_pad1", F32,
+       {X({2, 15, 13, 16}), X({32, 16, 3, 3}), X({32})}, Conv2dNhwc(2, 1), kReduction,
+       kParityOnly},
+      {"conv2d_nhwc", "8x14x14x64_3x3_pad1_no_bias", F32, {X({8, 14, 14, 64}), X({64, 64, 3, 3})},
+       Conv2dNhwc(1, 1), kReduction, kParityOnly},
 
       // normalisation
       {"batch_norm2d", "eval_affine", F32,
@@ -597,6 +618,23 @@ std::vector<OpCase> Build() {
                                     : X(g.x).Distinct(0.05f);
     add({"max_pool2d", v, F32, {x}, Pool(dt_op_max_pool2d, g.k, g.s, g.p), kExact, g.flags});
     add({"avg_pool2d", v, F32, {X(g.x)}, Pool(dt_op_avg_pool2d, g.k, g.s, g.p), kExact, g.flags});
+    // channels-last: x (N, H, W, C), the same windows
+    Input xl = x;
+    xl.shape = {g.x[0], g.x[2], g.x[3], g.x[1]};
+    add({"max_pool2d_nhwc",
+         v,
+         F32,
+         {xl},
+         Pool(dt_op_max_pool2d_nhwc, g.k, g.s, g.p),
+         kExact,
+         g.flags});
+    add({"avg_pool2d_nhwc",
+         v,
+         F32,
+         {X(xl.shape)},
+         Pool(dt_op_avg_pool2d_nhwc, g.k, g.s, g.p),
+         kExact,
+         g.flags});
   }
 
   // normalisation, small
@@ -806,6 +844,28 @@ std::vector<OpCase> Build() {
          {X({2, 3, 12, 12}), X({4, 3, 5, 5}), X({4})},
          Conv2d(1, 2),
          kReduction});
+    add({"conv2d_nhwc",
+         "autocast_2x12x12x3_5x5_pad2",
+         d,
+         {X({2, 12, 12, 3}), X({4, 3, 5, 5}), X({4})},
+         Conv2dNhwc(1, 2),
+         kReduction});
+    // a ResNet-50 stage-3 bottleneck's 1x1 and 3x3 shapes at batch 4: cuDNN's
+    // NHWC tensor-core kernels on a GPU
+    add({"conv2d_nhwc",
+         "autocast_4x14x14x256_1x1_to_64",
+         d,
+         {X({4, 14, 14, 256}), X({64, 256, 1, 1})},
+         Conv2dNhwc(1, 0),
+         kReduction,
+         kParityOnly});
+    add({"conv2d_nhwc",
+         "autocast_4x14x14x64_3x3_stride2",
+         d,
+         {X({4, 14, 14, 64}), X({64, 64, 3, 3})},
+         Conv2dNhwc(2, 1),
+         kReduction,
+         kParityOnly});
   }
 
   // 16-bit activations: every op with a 16-bit input (Half(): a
@@ -837,6 +897,12 @@ std::vector<OpCase> Build() {
          d,
          {X({2, 3, 8, 8}).Half(), X({4, 3, 3, 3}), X({4})},
          Conv2d(1, 1),
+         kReduction},
+        {"conv2d_nhwc",
+         "half_x",
+         d,
+         {X({2, 8, 8, 3}).Half(), X({4, 3, 3, 3}), X({4})},
+         Conv2dNhwc(1, 1),
          kReduction},
         {"add", "half_both_broadcast", d, {X({4, 5}).Half(), X({5}).Half()}, Binary(dt_op_add)},
         {"add", "half_plus_f32", d, {X({4, 5}).Half(), X({4, 5})}, Binary(dt_op_add)},
@@ -893,6 +959,17 @@ std::vector<OpCase> Build() {
          d,
          {X({1, 3, 6, 5}).Half()},
          Pool(dt_op_avg_pool2d, 3, 1, 1)},
+        // ResNet's stem pooling, channels-last
+        {"max_pool2d_nhwc",
+         "half_3x3_s2_pad1",
+         d,
+         {X({2, 9, 9, 4}).Distinct(0.01f).Half()},
+         Pool(dt_op_max_pool2d_nhwc, 3, 2, 1)},
+        {"avg_pool2d_nhwc",
+         "half_3x3_s1_pad1",
+         d,
+         {X({1, 6, 5, 3}).Half()},
+         Pool(dt_op_avg_pool2d_nhwc, 3, 1, 1)},
         // LeNet's first pooling at batch 8: the kernels' threads, the CUDA
         // grid (max pooling's threads are in cpu_half_rows_test: this many
         // values tie in 16 bits where the f32 reference's do not)

@@ -467,7 +467,8 @@ TEST(OpTableCoverage, AutocastPolicyCoversEveryOp) {
       EXPECT_TRUE(f16.count(op)) << op << " runs in f16 under autocast but has no f16 row";
     }
   }
-  EXPECT_EQ(low, 5) << "GEMM (matmul, linear, the GELU MLP), convolution and attention";
+  EXPECT_EQ(low, 6)
+      << "GEMM (matmul, linear, the GELU MLP), convolution (both layouts) and attention";
   EXPECT_EQ(dt_autocast_policy_of("dt_op_layer_norm"), DT_AUTOCAST_NORM);
   EXPECT_EQ(dt_autocast_policy_of("dt_op_softmax"), DT_AUTOCAST_F32);
 }
