@@ -358,14 +358,15 @@ bench_gpt2_bf16_flash 20
 plan_gpt2_bf16 20
 bench_torch_gpt2_bf16 40
 cuda_train_step_test 60
-cuda_allocator_test 10
+cuda_allocator_test 5
 cuda_loader_test 15
 dist_nccl_test 20
 dist_gpu_staged 20
 zero_vs_ddp 30
-train_lenet_cuda_bf16 20
-bench_dtrain_resnet50_bf16 20
+train_lenet_cuda_bf16 15
+bench_dtrain_resnet50_bf16 15
 bench_torch_resnet50_bf16 20
+bench_dtrain_resnet50_bf16_cl 15
 PLAN
   [ "${1:-0}" = 1 ] || return 0
   cat <<'PLAN'
@@ -417,6 +418,7 @@ gpt2_goal() {
 bench_config() {
   case "$1" in
     resnet50_bf16) echo "resnet50 32 30 5 bf16 --image-size 224 --channels 3" ;;
+    resnet50_bf16_cl) echo "resnet50 32 30 5 bf16 --image-size 224 --channels 3 --channels-last" ;;
     resnet50) echo "resnet50 32 30 5 fp32 --image-size 224 --channels 3" ;;
     mlp) echo "mlp 128 300 20 fp32" ;;
     lenet) echo "lenet 64 300 20 fp32" ;;
@@ -587,10 +589,14 @@ run_step() {
         cli_has bench --precision || { skipped_row "$name" "dtrain bench --precision"; return 0; }
         extra="$extra --precision bf16"
       fi
+      if [ "${extra#*--channels-last}" != "$extra" ]; then
+        cli_has bench --channels-last || { skipped_row "$name" "dtrain bench --channels-last"; return 0; }
+      fi
       if [ "${name#bench_dtrain_}" != "$name" ]; then
         # shellcheck disable=SC2086 # $extra is a list of flags
         step "$name" "$cap" plain "$dtrain" bench --model "$model" --batch "$batch" --steps "$n" \
           --warmup "$warm" --device cuda:0 $extra
+        [ "$tag" != resnet50_bf16_cl ] || layout_line
       else
         # shellcheck disable=SC2086
         step "$name" "$cap" plain env LD_LIBRARY_PATH="$orig_ld" "$python" "$b/bench_torch.py" \
@@ -600,6 +606,24 @@ run_step() {
     *) summary_rows+=("$name|not run|-|-|-|0|no such step in this script") ;;
   esac
   return 0
+}
+
+# layout_line (inside run): ResNet-50 bf16 channels-last against NCHW,
+# from the two bench logs (issue 28: NHWC is the default candidate only
+# where this ratio is above 1).
+layout_line() {
+  local nchw nhwc
+  nchw=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_resnet50_bf16.log" 2>/dev/null)
+  nhwc=$(sed -n 's/^steps_per_s=\([0-9.]*\).*/\1/p' "$logs/bench_dtrain_resnet50_bf16_cl.log" 2>/dev/null)
+  {
+    echo
+    echo "## ResNet-50 bf16, batch 32, 224 px: channels-last against NCHW"
+    echo
+    echo '```'
+    echo "NCHW steps_per_s=${nchw:-n/a}  channels-last steps_per_s=${nhwc:-n/a}  ratio=$(awk -v a="${nhwc:-0}" -v b="${nchw:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')"
+    echo '```'
+  } >>"$logs/extra.md"
+  write_summary running
 }
 
 # bench_row TAG MODEL BATCH PRECISION (inside run): the dtrain / PyTorch
