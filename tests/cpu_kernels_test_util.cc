@@ -24,7 +24,7 @@ Vec randn(size_t n, uint64_t seed, float lo, float hi) {
 
 dt_conv2d_geom geom(int n, int c, int h, int w, int oc, int kh, int kw, int sh, int sw, int ph,
                     int pw) {
-  dt_conv2d_geom g;
+  dt_conv2d_geom g{};
   g.n = n, g.c = c, g.h = h, g.w = w, g.oc = oc, g.kh = kh, g.kw = kw;
   g.sh = sh, g.sw = sw, g.ph = ph, g.pw = pw;
   g.oh = (h + 2 * ph - kh) / sh + 1;

@@ -7,7 +7,9 @@
 # model.safetensors with load_state_dict(strict=True) (every parameter and
 # buffer, the same names and shapes) and, in evaluation mode, reproduce
 # dtrain's logits on 8 test images (ckpt_logits_tool) within 1e-4;
-# --zero-init-residual zeroes the blocks' last BatchNorm weights.
+# --zero-init-residual zeroes the blocks' last BatchNorm weights;
+# --channels-last trains the same weights (to rounding) into the same
+# checkpoint layout.
 set -uo pipefail
 # shellcheck source=tests/check_lib.sh
 . "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../check_lib.sh"
@@ -30,6 +32,38 @@ for model in resnet18 resnet50 resnet18-small; do
   expect_cmd "$model: torchvision loads model.safetensors strictly and gives the same logits" \
     "$py" "$script" "$ckpt" "$model" 2 "$tmp/$model.inputs" "$tmp/$model.logits"
 done
+
+# --channels-last: the same 2 steps of resnet18 with NHWC activations give
+# resnet18's checkpoint to rounding (every parameter and buffer), which
+# torchvision loads and evaluates to dtrain's logits; models without
+# residual convolutions refuse it.
+run train --model resnet18 --channels-last --max-steps 2 --batch 16 --lr 0.001 --min-lr 0 \
+  --log-interval 0 --eval-batch 32 --data-dir "$data" --run-dir "$tmp/cl"
+expect 0 out "^test_accuracy=0\.[0-9]{4}$" "resnet18 --channels-last: 2 steps and an evaluation"
+expect_cmd "--channels-last: the NCHW run's weights and buffers to rounding" "$py" - \
+  "$(dirname "$script")" "$tmp/resnet18/checkpoints/step_00000002/model.safetensors" \
+  "$tmp/cl/checkpoints/step_00000002/model.safetensors" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from ckpt_numpy import read_safetensors
+a, b = read_safetensors(sys.argv[2]), read_safetensors(sys.argv[3])
+assert sorted(a) == sorted(b), "the names differ"
+worst = 0.0
+for k in a:
+    d = abs(a[k].astype("float64") - b[k].astype("float64")).max() if a[k].size else 0.0
+    scale = abs(a[k].astype("float64")).max() if a[k].size else 0.0
+    worst = max(worst, d / (scale + 1e-6))
+    assert d <= 1e-4 * (scale + 1e-6), f"{k}: differs by {d} (scale {scale})"
+print(f"{len(a)} tensors, worst relative difference {worst:.2e}")
+PY
+ckpt="$tmp/cl/checkpoints/step_00000002"
+check "resnet18 --channels-last: dtrain's logits in evaluation mode" \
+  "$logits_tool" "$ckpt" "$data" 8 "$tmp/cl.logits" resnet18 "$tmp/cl.inputs"
+expect_cmd "resnet18 --channels-last: torchvision loads it strictly, the same logits" \
+  "$py" "$script" "$ckpt" resnet18 2 "$tmp/cl.inputs" "$tmp/cl.logits"
+run train --model lenet --channels-last --max-steps 1 --run-dir "$tmp/cl-lenet"
+expect 2 err "^dtrain train: --channels-last: model lenet has no convolutions in residual blocks" \
+  "--channels-last on LeNet: refused, naming the flag"
 
 # --zero-init-residual: every block's last BatchNorm weight starts at 0
 # (a step at lr 0 keeps it there), the others at 1; models without such
