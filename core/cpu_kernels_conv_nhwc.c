@@ -44,11 +44,18 @@ static void transpose(const void *src, void *dst, int64_t n, int64_t rows, int64
     transpose_k(src, dst, n, rows, cols, 2);
 }
 
-/* The NCHW twin of a channels-last geometry. */
-static dt_conv2d_geom nchw_of(const dt_conv2d_geom *g) {
-  dt_conv2d_geom c = *g;
-  c.nhwc = 0;
-  return c;
+/* A channels-last call: the NCHW twin of its geometry, the element size,
+ * the input and output plane sizes. */
+typedef struct nhwc_call {
+  dt_conv2d_geom c;
+  size_t es;
+  int64_t hw, ohw;
+} nhwc_call;
+
+static nhwc_call call_of(const dt_exec *ex, const dt_conv2d_geom *g) {
+  nhwc_call k = {*g, dt_dtype_size(ex->dtype), (int64_t)g->h * g->w, (int64_t)g->oh * g->ow};
+  k.c.nhwc = 0;
+  return k;
 }
 
 /* A buffer of `elems` es-byte elements (NULL when `want` is NULL); with
@@ -78,14 +85,14 @@ static void free_all(void **p, int n) {
 
 dt_status dt_cpu_conv2d_nhwc_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                      const float *w, const float *bias, float *y, void *workspace) {
-  const dt_conv2d_geom c = nchw_of(g);
-  const size_t es = dt_dtype_size(ex->dtype);
-  const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  const nhwc_call k = call_of(ex, g);
+  const size_t es = k.es;
+  const int64_t hw = k.hw, ohw = k.ohw;
   void *b[2] = {NULL, NULL}; /* x, y in NCHW */
   dt_status st;
   DT_CHECK_GOTO(scratch("conv2d_forward", x, x, g->n, hw, g->c, es, &b[0]), st, done);
   DT_CHECK_GOTO(scratch("conv2d_forward", y, NULL, g->n, ohw, g->oc, es, &b[1]), st, done);
-  DT_CHECK_GOTO(dt_cpu_conv2d_forward(ex, &c, b[0], w, bias, b[1], workspace), st, done);
+  DT_CHECK_GOTO(dt_cpu_conv2d_forward(ex, &k.c, b[0], w, bias, b[1], workspace), st, done);
   transpose(b[1], y, g->n, g->oc, ohw, es);
 done:
   free_all(b, 2);
@@ -95,9 +102,9 @@ done:
 dt_status dt_cpu_conv2d_nhwc_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                       const float *w, const float *dy, float *dx, float *dw,
                                       float *db, void *workspace, int accumulate) {
-  const dt_conv2d_geom c = nchw_of(g);
-  const size_t es = dt_dtype_size(ex->dtype);
-  const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  const nhwc_call k = call_of(ex, g);
+  const size_t es = k.es;
+  const int64_t hw = k.hw, ohw = k.ohw;
   void *b[3] = {NULL, NULL, NULL}; /* x, dy, dx in NCHW */
   dt_status st;
   /* x is read for dw only */
@@ -105,7 +112,7 @@ dt_status dt_cpu_conv2d_nhwc_backward(const dt_exec *ex, const dt_conv2d_geom *g
   DT_CHECK_GOTO(scratch("conv2d_backward", dy, dy, g->n, ohw, g->oc, es, &b[1]), st, done);
   DT_CHECK_GOTO(scratch("conv2d_backward", dx, NULL, g->n, hw, g->c, es, &b[2]), st, done);
   DT_CHECK_GOTO((accumulate ? dt_cpu_conv2d_backward_acc : dt_cpu_conv2d_backward)(
-                    ex, &c, b[0], w, b[1], b[2], dw, db, workspace),
+                    ex, &k.c, b[0], w, b[1], b[2], dw, db, workspace),
                 st, done);
   if (dx)
     transpose(b[2], dx, g->n, g->c, hw, es);
@@ -116,18 +123,18 @@ done:
 
 dt_status dt_cpu_pool2d_nhwc_forward(const dt_exec *ex, const dt_conv2d_geom *g, const float *x,
                                      float *y, int32_t *argmax) {
-  const dt_conv2d_geom c = nchw_of(g);
-  const size_t es = dt_dtype_size(ex->dtype);
-  const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  const nhwc_call k = call_of(ex, g);
+  const size_t es = k.es;
+  const int64_t hw = k.hw, ohw = k.ohw;
   void *b[3] = {NULL, NULL, NULL}; /* x, y, argmax in NCHW */
   dt_status st;
   DT_CHECK_GOTO(scratch("pool2d_forward", x, x, g->n, hw, g->c, es, &b[0]), st, done);
   DT_CHECK_GOTO(scratch("pool2d_forward", y, NULL, g->n, ohw, g->c, es, &b[1]), st, done);
   DT_CHECK_GOTO(scratch("pool2d_forward", argmax, NULL, g->n, ohw, g->c, 4, &b[2]), st, done);
   if (argmax)
-    DT_CHECK_GOTO(dt_cpu_max_pool2d_forward(ex, &c, b[0], b[1], b[2]), st, done);
+    DT_CHECK_GOTO(dt_cpu_max_pool2d_forward(ex, &k.c, b[0], b[1], b[2]), st, done);
   else
-    DT_CHECK_GOTO(dt_cpu_avg_pool2d_forward(ex, &c, b[0], b[1]), st, done);
+    DT_CHECK_GOTO(dt_cpu_avg_pool2d_forward(ex, &k.c, b[0], b[1]), st, done);
   transpose(b[1], y, g->n, g->c, ohw, es);
   if (argmax)
     transpose(b[2], argmax, g->n, g->c, ohw, 4);
@@ -138,18 +145,18 @@ done:
 
 dt_status dt_cpu_pool2d_nhwc_backward(const dt_exec *ex, const dt_conv2d_geom *g, const float *dy,
                                       const int32_t *argmax, float *dx) {
-  const dt_conv2d_geom c = nchw_of(g);
-  const size_t es = dt_dtype_size(ex->dtype);
-  const int64_t hw = (int64_t)g->h * g->w, ohw = (int64_t)g->oh * g->ow;
+  const nhwc_call k = call_of(ex, g);
+  const size_t es = k.es;
+  const int64_t hw = k.hw, ohw = k.ohw;
   void *b[3] = {NULL, NULL, NULL}; /* dy, argmax, dx in NCHW */
   dt_status st;
   DT_CHECK_GOTO(scratch("pool2d_backward", dy, dy, g->n, ohw, g->c, es, &b[0]), st, done);
   DT_CHECK_GOTO(scratch("pool2d_backward", argmax, argmax, g->n, ohw, g->c, 4, &b[1]), st, done);
   DT_CHECK_GOTO(scratch("pool2d_backward", dx, NULL, g->n, hw, g->c, es, &b[2]), st, done);
   if (argmax)
-    DT_CHECK_GOTO(dt_cpu_max_pool2d_backward(ex, &c, b[0], b[1], b[2]), st, done);
+    DT_CHECK_GOTO(dt_cpu_max_pool2d_backward(ex, &k.c, b[0], b[1], b[2]), st, done);
   else
-    DT_CHECK_GOTO(dt_cpu_avg_pool2d_backward(ex, &c, b[0], b[2]), st, done);
+    DT_CHECK_GOTO(dt_cpu_avg_pool2d_backward(ex, &k.c, b[0], b[2]), st, done);
   transpose(b[2], dx, g->n, g->c, hw, es);
 done:
   free_all(b, 3);
