@@ -206,8 +206,10 @@ class CudaTrainStep : public ::testing::TestWithParam<const char *> {
   void TearDown() override { dt_cuda_set_tf32(1); }
 
   // Runs `steps` steps on both devices and compares after each.
-  // A language model runs at context `ctx` (0: its own).
-  void RunAndCompare(const char *model, int steps, bool tf32, int batch = 0, int ctx = 16) {
+  // A language model runs at context `ctx` (0: its own); a ResNet
+  // channels-last with `channels_last`.
+  void RunAndCompare(const char *model, int steps, bool tf32, int batch = 0, int ctx = 16,
+                     bool channels_last = false) {
     dt_cuda_set_tf32(tf32 ? 1 : 0);
     const uint64_t seed = 1234;
     const dt_task *found = nullptr;
@@ -216,6 +218,7 @@ class CudaTrainStep : public ::testing::TestWithParam<const char *> {
     if (found->max_context > 0 && ctx > 0) {
       OK(dt_task_with_context(found, ctx, &at_ctx));
     }
+    at_ctx.channels_last = channels_last;
     const dt_task *task = &at_ctx;
     Trainer cpu, gpu;
     ASSERT_NO_FATAL_FAILURE(MakeTrainer(task, seed, DT_CPU, &cpu));
@@ -290,6 +293,22 @@ class CudaTrainStepGpt2 : public CudaTrainStep {};
 // the 6.4M-row embedding makes each comparison slow on the CPU self-check).
 TEST_F(CudaTrainStepGpt2, Gpt2TinyOneSgdStepMatchesCpuWithTf32Off) {
   RunAndCompare("gpt2-tiny", 1, false);
+}
+
+// resnet18-small (the 3x3 stem) on 28 px grey images, batch 16: cuDNN's
+// convolutions and batch norms, NCHW and channels-last (cuDNN's NHWC
+// descriptors, the filters transposed in the workspace, batch norm over
+// the (N*H*W, C) view) against the CPU, one step each, held to the
+// relative L2 error per tensor (batch norm's normalisation magnifies
+// summation-order differences in the small gradients).
+class CudaTrainStepResNet : public CudaTrainStep {};
+
+TEST_F(CudaTrainStepResNet, Resnet18SmallStepIsCloseNchw) {
+  RunAndCompare("resnet18-small", 1, true, 16);
+}
+
+TEST_F(CudaTrainStepResNet, Resnet18SmallStepIsCloseChannelsLast) {
+  RunAndCompare("resnet18-small", 1, true, 16, 16, true);
 }
 
 TEST_F(CudaTrainStepGpt2, Gpt2OneStepAtT1024IsCloseWithTf32On) {
