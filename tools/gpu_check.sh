@@ -39,7 +39,8 @@
 #   124M step at T=1024, once), the allocator and loader suites, NCCL and
 #   the host-staged backend (2 ranks under the bundled mpirun, with dtrain
 #   launch's MCA settings), ZeRO 1/2 against DDP, LeNet-5 in bf16 on
-#   cuda:0, ResNet-50 bf16 at 224 px beside torchvision's. Each step runs
+#   cuda:0, ResNet-50 bf16 at 224 px beside torchvision's, then
+#   channels-last (--channels-last) with its ratio to NCHW. Each step runs
 #   within its cap, and the caps add up to at most 450 s; --extended adds
 #   fp32 training, launch, traces, the other bench rows and ResNet-50 bf16
 #   fed from a PNG folder (dtrain's loader against torchvision's
