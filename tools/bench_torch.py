@@ -393,11 +393,16 @@ def main():
                    help="CUDA only: TF32 for f32 matmuls/convolutions (dtrain's default: 1)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="fp32 (TF32 per --tf32 on CUDA), or autocast to bf16/fp16")
+    p.add_argument("--channels-last", action="store_true",
+                   help="resnet*: the model and the batch in torch.channels_last memory format "
+                        "(dtrain bench --channels-last's twin)")
     p.add_argument("--world", type=int, default=1,
                    help="CPU: ranks of PyTorch DDP (gloo on localhost), 1 = no DDP")
     p.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.channels_last and args.model.split("-")[0] not in RESNETS:
+        raise SystemExit("bench_torch: --channels-last is for the resnet* models")
     if args.world < 1:
         raise SystemExit("bench_torch: --world must be >= 1")
     if args.world > 1 and args.rank < 0:
@@ -473,6 +478,9 @@ def main():
         loss_fn = nn.CrossEntropyLoss()
         x = torch.randn(args.batch, channels, size, size).to(device)
         y = torch.randint(0, 10, (args.batch,)).to(device)
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
     if args.data:
         if gpt or args.model.split("-")[0] not in RESNETS:
             raise SystemExit("bench_torch: --data is for the resnet* models")

@@ -394,6 +394,7 @@ bench_dtrain_resnet50 120
 bench_torch_resnet50 180
 train_resnet50_bf16_folder 180
 torch_resnet50_bf16_folder 180
+bench_torch_resnet50_bf16_cl 20
 PLAN
 }
 
