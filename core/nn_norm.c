@@ -88,7 +88,7 @@ static dt_status batch_norm_forward(dt_module *m, dt_tensor *x_in, dt_tensor **y
     *y = flat_y;
   }
   if (training && !rerun) {
-    dt_status st = increment_counter(count);
+    st = increment_counter(count);
     if (st != DT_OK) {
       dt_tensor_release(*y);
       *y = NULL;
