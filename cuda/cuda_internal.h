@@ -186,11 +186,6 @@ dt_status dt_cuda_conv_bias_forward(cudaStream_t stream, dt_dtype dtype, const f
                                     int64_t n, int64_t oc, int64_t hw);
 dt_status dt_cuda_conv_bias_backward(cudaStream_t stream, dt_dtype dtype, const void *dy, float *db,
                                      int64_t n, int64_t oc, int64_t hw);
-/* A convolution's filters (kernels_conv.cu), elem_size-byte elements: (oc,
- * c, khw) into channels-last (oc, khw, c) with to_krsc 1 (cuDNN's NHWC
- * filter format), back with 0. */
-dt_status dt_cuda_filter_layout(cudaStream_t stream, size_t elem_size, const void *src, void *dst,
-                                int64_t oc, int64_t c, int64_t khw, int to_krsc);
 
 #ifdef __cplusplus
 }

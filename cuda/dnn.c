@@ -325,12 +325,18 @@ static size_t filter_area(const conv_plan *p) {
 }
 
 /* The filters of p between (oc, c, kh, kw) and the workspace's (oc, kh,
- * kw, c): to_krsc 1 from src into the area, 0 from the area into dst. */
-static dt_status filter_move(cudaStream_t stream, const conv_plan *p, const void *src, void *dst,
+ * kw, c), by the strided copy on ex's stream: to_krsc 1 from src into the
+ * area, 0 from the area into dst. */
+static dt_status filter_move(const dt_exec *ex, const conv_plan *p, const void *src, void *dst,
                              int to_krsc) {
   const dt_conv2d_geom *g = &p->g;
-  return dt_cuda_filter_layout(stream, dt_dtype_size(p->dtype), src, dst, g->oc, g->c,
-                               (int64_t)g->kh * g->kw, to_krsc);
+  const int64_t c = g->c, khw = (int64_t)g->kh * g->kw, per = c * khw;
+  /* in dst's order: (oc, khw, c) into channels-last, (oc, c, khw) back */
+  const int64_t shape[3] = {g->oc, to_krsc ? khw : c, to_krsc ? c : khw};
+  const int64_t dst_strides[3] = {per, to_krsc ? c : khw, 1};
+  const int64_t src_strides[3] = {per, 1, to_krsc ? khw : c};
+  return dt_cuda_copy_strided(ex, dst, dst_strides, src, src_strides, shape, 3,
+                              dt_dtype_size(p->dtype));
 }
 
 dt_status dt_cuda_conv2d_workspace(const dt_exec *ex, const dt_conv2d_geom *g, size_t *bytes) {
@@ -398,7 +404,7 @@ dt_status dt_cuda_conv2d_forward(const dt_exec *ex, const dt_conv2d_geom *g, con
   const float one = 1.0f, zero = 0.0f;
   dt_status st = DT_OK;
   if (area) {
-    DT_CHECK_GOTO(filter_move(stream, p, w, ws, 1), st, unlock);
+    DT_CHECK_GOTO(filter_move(ex, p, w, ws, 1), st, unlock);
     w = ws;
     ws = (char *)ws + area;
   }
@@ -459,7 +465,7 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
   dt_status st = DT_OK;
   if (dx) {
     if (area) {
-      DT_CHECK_GOTO(filter_move(stream, p, w, krsc, 1), st, unlock);
+      DT_CHECK_GOTO(filter_move(ex, p, w, krsc, 1), st, unlock);
       w = krsc;
     }
     DT_CUDNN_CHECK_GOTO(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math), st, unlock);
@@ -475,7 +481,7 @@ dt_status dt_cuda_conv2d_backward(const dt_exec *ex, const dt_conv2d_geom *g, co
                                        ws, p->ws_bwd_filter, &zero, p->w, area ? krsc : dw),
         st, unlock);
     if (area)
-      DT_CHECK_GOTO(filter_move(stream, p, krsc, dw, 0), st, unlock);
+      DT_CHECK_GOTO(filter_move(ex, p, krsc, dw, 0), st, unlock);
   }
   if (db && p->dtype == DT_DTYPE_F32)
     DT_CUDNN_CHECK_GOTO(
